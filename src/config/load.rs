@@ -1,0 +1,303 @@
+//! Reading a config file: TOML syntax, then types, then cross-references.
+//! Every error names the file, the line and the key, and suggests the
+//! nearest known key when an unknown one looks like a typo.
+
+use super::{Config, Mode};
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+use toml::de::{DeTable, DeValue};
+
+/// A configuration error, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<embedded>`).
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// Dotted key path such as `listener[0].address`, when known.
+    pub key: Option<String>,
+    /// What is wrong, and what would be right.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads and checks the config file at `path`.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: None,
+        key: None,
+        message: format!("cannot read the config file: {e}"),
+    })?;
+    parse_str(&text, &file)
+}
+
+/// Parses and checks config text; `file` is used in error messages.
+pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
+    let locate = |span: Option<Range<usize>>, key: Option<String>, message: String| ConfigError {
+        file: file.to_string(),
+        line: span.map(|s| line_of(text, s.start)),
+        key,
+        message,
+    };
+    let de = toml::de::Deserializer::parse(text).map_err(|e| locate(e.span(), None, e.message().trim().to_string()))?;
+    let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.inner();
+        let key = (path != ".").then(|| path.clone());
+        locate(inner.span(), key, explain(inner.message().trim()))
+    })?;
+    let tree = DeTable::parse(text).map_err(|e| locate(e.span(), None, e.message().to_string()))?;
+    let span_of = |path: &[Seg]| find_span(tree.get_ref(), path);
+    validate(&config).map_err(|(path, msg)| {
+        let key = render_path(&path);
+        locate(span_of(&path), Some(key), msg)
+    })?;
+    Ok(config)
+}
+
+/// One step of a key path used to locate a value in the file.
+#[derive(Debug, Clone)]
+enum Seg {
+    Key(&'static str),
+    Index(usize),
+}
+
+fn render_path(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+fn find_span(root: &DeTable<'_>, path: &[Seg]) -> Option<Range<usize>> {
+    let (Seg::Key(first), rest) = path.split_first()? else {
+        return None;
+    };
+    let mut cur = root.get(*first)?;
+    for seg in rest {
+        cur = match (seg, cur.get_ref()) {
+            (Seg::Key(k), DeValue::Table(t)) => t.get(*k)?,
+            (Seg::Index(i), DeValue::Array(a)) => a.get(*i)?,
+            _ => return Some(cur.span()),
+        };
+    }
+    Some(cur.span())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// Turns serde's "unknown field `x`, expected one of `a`, `b`" into a message
+/// with a "did you mean" when one known name is close to the typo.
+fn explain(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((unknown, tail)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+    let best = expected
+        .iter()
+        .map(|k| (strsim::jaro_winkler(unknown, k), *k))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((_, k)) => format!("unknown key `{unknown}`, did you mean `{k}`?"),
+        None if expected.is_empty() => format!("unknown key `{unknown}`"),
+        None => format!("unknown key `{unknown}` (known keys here: {})", expected.join(", ")),
+    }
+}
+
+type Invalid = (Vec<Seg>, String);
+
+/// Checks that are about more than one value: references, duplicates, ranges.
+fn validate(c: &Config) -> Result<(), Invalid> {
+    use Seg::{Index, Key};
+    if c.listener.is_empty() {
+        return Err((vec![Key("listener")], "at least one [[listener]] is needed".into()));
+    }
+    for (i, l) in c.listener.iter().enumerate() {
+        if c.listener[..i].iter().any(|o| o.address == l.address) {
+            return Err((
+                vec![Key("listener"), Index(i), Key("address")],
+                format!("address {} is used by two listeners", l.address),
+            ));
+        }
+        if l.mode == Mode::Reverse && c.rule.is_empty() {
+            return Err((
+                vec![Key("listener"), Index(i), Key("mode")],
+                "a reverse listener needs at least one [[rule]] to route requests".into(),
+            ));
+        }
+    }
+    for (i, u) in c.upstream.iter().enumerate() {
+        if c.upstream[..i].iter().any(|o| o.name == u.name) {
+            return Err((
+                vec![Key("upstream"), Index(i), Key("name")],
+                format!("upstream `{}` is defined twice", u.name),
+            ));
+        }
+        if u.servers.is_empty() {
+            return Err((
+                vec![Key("upstream"), Index(i), Key("servers")],
+                "an upstream needs at least one server".into(),
+            ));
+        }
+        for (j, s) in u.servers.iter().enumerate() {
+            if let Err(e) = crate::upstream::ServerAddr::parse(s) {
+                return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e));
+            }
+        }
+    }
+    for (i, r) in c.rule.iter().enumerate() {
+        if !c.upstream.iter().any(|u| u.name == r.upstream) {
+            let known: Vec<&str> = c.upstream.iter().map(|u| u.name.as_str()).collect();
+            return Err((
+                vec![Key("rule"), Index(i), Key("upstream")],
+                format!(
+                    "no [[upstream]] is named `{}` (defined: {})",
+                    r.upstream,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        }
+        if let Some(p) = &r.path
+            && !p.starts_with('/')
+        {
+            return Err((
+                vec![Key("rule"), Index(i), Key("path")],
+                format!("path prefix {p:?} must start with '/'"),
+            ));
+        }
+        if let Some(h) = &r.host
+            && (h.is_empty() || (h.contains('*') && h != "*" && !(h.starts_with("*.") && !h[2..].contains('*'))))
+        {
+            return Err((
+                vec![Key("rule"), Index(i), Key("host")],
+                format!("host {h:?} must be a name, `*.domain` or `*`"),
+            ));
+        }
+    }
+    if tracing_level(&c.log.level).is_none() {
+        return Err((
+            vec![Key("log"), Key("level")],
+            format!(
+                "unknown level {:?} (use error, warn, info, debug or trace)",
+                c.log.level
+            ),
+        ));
+    }
+    if c.limits.max_headers == 0 {
+        return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
+    }
+    if c.limits.max_request_line.bytes() > c.limits.max_header_size.bytes() {
+        return Err((
+            vec![Key("limits"), Key("max_request_line")],
+            "cannot be larger than limits.max_header_size".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The tracing level named by `log.level`, if it is a known one.
+pub fn tracing_level(name: &str) -> Option<tracing::Level> {
+    match name.to_ascii_lowercase().as_str() {
+        "error" => Some(tracing::Level::ERROR),
+        "warn" | "warning" => Some(tracing::Level::WARN),
+        "info" => Some(tracing::Level::INFO),
+        "debug" => Some(tracing::Level::DEBUG),
+        "trace" => Some(tracing::Level::TRACE),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = parse_str("", "t.toml").unwrap();
+        assert_eq!(c.listener.len(), 1);
+        assert_eq!(c.listener[0].address.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.keepalive.max_requests, 100);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_suggests() {
+        let e = parse_str(
+            "[server]\nworkers = 1\n\n[[listener]]\nadress = \"127.0.0.1:1\"\n",
+            "p.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.key.as_deref(), Some("listener[0].adress"), "{e}");
+        assert!(e.to_string().contains("did you mean `address`"), "{e}");
+        assert!(e.to_string().starts_with("p.toml:5:"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_names_line_and_key() {
+        let e = parse_str("[keepalive]\n\ntimeout = \"15 fortnights\"\n", "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(e.key.as_deref(), Some("keepalive.timeout"), "{e}");
+        let e = parse_str("[access]\nallow = [\"10.0.0.0/33\"]\n", "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn rule_with_unknown_upstream_is_located() {
+        let text =
+            "[[upstream]]\nname = \"a\"\nservers = [\"127.0.0.1:1\"]\n\n[[rule]]\nhost = \"x\"\nupstream = \"b\"\n";
+        let e = parse_str(text, "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
+        assert_eq!(e.key.as_deref(), Some("rule[0].upstream"));
+        assert!(e.message.contains("no [[upstream]] is named `b`"), "{e}");
+    }
+
+    #[test]
+    fn syntax_error_names_line() {
+        let e = parse_str("[server]\nworkers = = 2\n", "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn printed_config_parses_back() {
+        let c = parse_str("", "t.toml").unwrap();
+        let again = parse_str(&c.to_toml(), "printed").unwrap();
+        assert_eq!(again.to_toml(), c.to_toml());
+    }
+}

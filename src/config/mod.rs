@@ -1,0 +1,351 @@
+//! The configuration: one TOML file, every key with a default, so that
+//! `portico run` with no file at all is a safe loopback-only forward proxy.
+//!
+//! `load` reads and checks a file (errors name the file, line and key);
+//! the types here are the effective configuration the server runs on.
+
+mod load;
+pub mod units;
+
+pub use load::{ConfigError, load_file, parse_str, tracing_level};
+pub use units::{Dur, Size};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Process-wide settings.
+    pub server: ServerConfig,
+    /// Listening sockets; one forward-proxy listener on 127.0.0.1:8080 when none is given.
+    pub listener: Vec<ListenerConfig>,
+    /// Who may use the proxy.
+    pub access: AccessConfig,
+    /// Persistent client connections.
+    pub keepalive: KeepAliveConfig,
+    /// Request size limits and the header read timeout.
+    pub limits: LimitsConfig,
+    /// Forward-proxy behaviour: Via, X-Forwarded-For, CONNECT.
+    pub proxy: ProxyConfig,
+    /// How Portico talks to origin servers: timeouts, pooling, TLS trust.
+    pub origin: OriginConfig,
+    /// Named groups of origin servers for reverse proxying.
+    pub upstream: Vec<UpstreamConfig>,
+    /// Reverse-proxy routes, checked in order; the first match wins.
+    pub rule: Vec<RuleConfig>,
+    /// Access and error logs.
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            listener: vec![ListenerConfig::default()],
+            access: AccessConfig::default(),
+            keepalive: KeepAliveConfig::default(),
+            limits: LimitsConfig::default(),
+            proxy: ProxyConfig::default(),
+            origin: OriginConfig::default(),
+            upstream: Vec::new(),
+            rule: Vec::new(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Async worker threads; 0 = one per core.
+    pub workers: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { workers: 0 }
+    }
+}
+
+/// What a listener does with the requests it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Clients use Portico as their proxy: absolute-form targets and CONNECT.
+    Forward,
+    /// Portico stands in front of origin servers, routed by `[[rule]]`.
+    Reverse,
+    /// Traffic redirected to Portico without the client knowing: the target is the `Host`.
+    Transparent,
+}
+
+/// `[[listener]]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    /// Address and port to bind.
+    pub address: SocketAddr,
+    /// forward | reverse | transparent.
+    pub mode: Mode,
+    /// Listen backlog passed to listen(2) (the kernel caps it at net.core.somaxconn).
+    pub listen_queue: u32,
+    /// Set TCP_NODELAY on accepted connections.
+    pub nodelay: bool,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            address: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            mode: Mode::Forward,
+            listen_queue: 8192,
+            nodelay: true,
+        }
+    }
+}
+
+/// `[access]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessConfig {
+    /// Client networks allowed to use the proxy (CIDR or single addresses).
+    pub allow: Vec<IpNet>,
+    /// Client networks allowed to use administrative functions.
+    pub admin_allow: Vec<IpNet>,
+}
+
+fn loopback_nets() -> Vec<IpNet> {
+    let v4 = ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).map(IpNet::V4);
+    let v6 = ipnet::Ipv6Net::new(std::net::Ipv6Addr::LOCALHOST, 128).map(IpNet::V6);
+    [v4, v6].into_iter().flatten().collect()
+}
+
+impl Default for AccessConfig {
+    fn default() -> Self {
+        AccessConfig {
+            allow: loopback_nets(),
+            admin_allow: loopback_nets(),
+        }
+    }
+}
+
+/// `[keepalive]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeepAliveConfig {
+    /// How long an idle persistent connection is kept open.
+    pub timeout: Dur,
+    /// Requests served on one connection before it is closed; 0 = unlimited.
+    pub max_requests: u32,
+}
+
+impl Default for KeepAliveConfig {
+    fn default() -> Self {
+        KeepAliveConfig {
+            timeout: Dur::secs(15),
+            max_requests: 100,
+        }
+    }
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Longest request line accepted (414 beyond it).
+    pub max_request_line: Size,
+    /// Largest request head (request line and headers) accepted (431 beyond it).
+    pub max_header_size: Size,
+    /// Most header fields accepted in one request (431 beyond it).
+    pub max_headers: usize,
+    /// Time allowed to receive a complete request head once its first byte arrived.
+    pub header_timeout: Dur,
+    /// Largest request body accepted; 0 = unlimited (413 beyond it).
+    pub max_body_size: Size,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_request_line: Size(8 << 10),
+            max_header_size: Size(64 << 10),
+            max_headers: 100,
+            header_timeout: Dur::secs(10),
+            max_body_size: Size(0),
+        }
+    }
+}
+
+/// What to do with `X-Forwarded-For` on requests sent upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardedFor {
+    /// Append the client address to any value the client sent.
+    Append,
+    /// Replace any value with the client address alone.
+    Replace,
+    /// Remove the header (hide clients from origins).
+    Remove,
+    /// Forward whatever the client sent, unchanged.
+    Pass,
+}
+
+/// `[proxy]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// The pseudonym in the `Via` header Portico adds (`Via: 1.1 <via>`).
+    pub via: String,
+    /// X-Forwarded-For handling: append | replace | remove | pass.
+    pub x_forwarded_for: ForwardedFor,
+    /// Ports CONNECT may open tunnels to; others get 403.
+    pub connect_ports: Vec<u16>,
+    /// A CONNECT tunnel with no bytes either way for this long is closed.
+    pub tunnel_idle_timeout: Dur,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            via: "portico".to_string(),
+            x_forwarded_for: ForwardedFor::Append,
+            connect_ports: vec![443],
+            tunnel_idle_timeout: Dur::secs(300),
+        }
+    }
+}
+
+/// `[origin]`: settings for connections to origin servers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OriginConfig {
+    /// Time allowed to resolve and connect (and finish TLS) to an origin (504 beyond it).
+    pub connect_timeout: Dur,
+    /// Time allowed from sending the request until the response head arrives (504 beyond it).
+    pub first_byte_timeout: Dur,
+    /// Longest silence allowed while a response body is arriving.
+    pub idle_timeout: Dur,
+    /// How long an idle pooled connection to an origin is kept.
+    pub pool_idle_timeout: Dur,
+    /// Idle pooled connections kept per origin.
+    pub pool_max_idle: usize,
+    /// Trust the system's root certificates for https origins.
+    pub system_roots: bool,
+    /// Extra PEM certificates trusted for https origins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for OriginConfig {
+    fn default() -> Self {
+        OriginConfig {
+            connect_timeout: Dur::secs(10),
+            first_byte_timeout: Dur::secs(60),
+            idle_timeout: Dur::secs(60),
+            pool_idle_timeout: Dur::secs(90),
+            pool_max_idle: 64,
+            system_roots: true,
+            ca_file: None,
+        }
+    }
+}
+
+/// How the `Host` header is set on requests to an upstream group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostHeader {
+    /// Keep the client's `Host` (name-based virtual hosts on the origin).
+    Preserve,
+    /// Set `Host` to the chosen server's address.
+    Rewrite,
+}
+
+/// `[[upstream]]`: a named group of origin servers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// The name rules refer to.
+    pub name: String,
+    /// Servers as `host:port`, `http://host:port` or `https://host:port`.
+    pub servers: Vec<String>,
+    /// preserve | rewrite.
+    #[serde(default = "default_host_header")]
+    pub host_header: HostHeader,
+    /// How long a server that failed to connect is skipped.
+    #[serde(default = "default_down_time")]
+    pub down_time: Dur,
+    /// Retry idempotent requests without a body once on another server when a connect fails.
+    #[serde(default = "default_true")]
+    pub retry: bool,
+}
+
+fn default_host_header() -> HostHeader {
+    HostHeader::Preserve
+}
+fn default_down_time() -> Dur {
+    Dur::secs(10)
+}
+fn default_true() -> bool {
+    true
+}
+
+/// `[[rule]]`: a reverse-proxy route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Host to match: exact (`www.example.com`), wildcard (`*.example.com`) or `*`; absent = any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Path prefix to match; absent = any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The `[[upstream]]` group that serves matching requests.
+    pub upstream: String,
+}
+
+/// Access log line formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// NCSA Combined Log Format (Common plus Referer and User-Agent).
+    Combined,
+    /// NCSA Common Log Format.
+    Common,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Access log file; empty string disables it.
+    pub access: PathBuf,
+    /// combined | common.
+    pub format: LogFormat,
+    /// Error log level: error | warn | info | debug | trace.
+    pub level: String,
+    /// Error log file; empty = standard error.
+    pub error: PathBuf,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            access: PathBuf::from("access.log"),
+            format: LogFormat::Combined,
+            level: "info".to_string(),
+            error: PathBuf::new(),
+        }
+    }
+}
+
+impl Config {
+    /// The effective configuration as TOML, with every default filled in.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
+    }
+}

@@ -1,0 +1,225 @@
+//! One client connection: wait (holding no buffer) for a request, read its
+//! head, hand the exchange to the handler, then keep the connection for the
+//! next request or close it.
+
+use super::body::BodyReader;
+use super::head::{HeadError, HeadLimits, RequestHead, parse_request};
+use super::io::read_buf;
+use super::response::ResponseWriter;
+use bytes::BytesMut;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Connection-level settings, fixed per listener.
+#[derive(Debug, Clone)]
+pub struct ConnSettings {
+    /// Head size limits.
+    pub limits: HeadLimits,
+    /// Time allowed to receive a whole head once its first byte is in.
+    pub header_timeout: Duration,
+    /// Time an idle persistent connection is kept.
+    pub keepalive_timeout: Duration,
+    /// Requests per connection; 0 = unlimited.
+    pub max_requests: u32,
+    /// Largest request body; 0 = unlimited.
+    pub max_body: u64,
+    /// Longest silence while a request body is arriving.
+    pub body_idle_timeout: Duration,
+}
+
+/// Everything the handler gets for one request.
+pub struct Exchange<'a> {
+    /// The parsed request head.
+    pub head: RequestHead,
+    /// The request body, read on demand.
+    pub body: BodyReader<'a>,
+    /// Where the response goes.
+    pub out: ResponseWriter<'a>,
+    /// The client connection itself, for CONNECT tunnels.
+    pub stream: &'a TcpStream,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The local address the client connected to.
+    pub local: SocketAddr,
+    /// Requests served earlier on this connection.
+    pub served: u32,
+}
+
+/// What the handler did with the connection.
+pub enum Outcome {
+    /// A response was sent; the connection may be reused if it allows.
+    Done,
+    /// The connection was taken over (tunnel) or must be closed.
+    Close,
+}
+
+/// Serves requests; implemented by the proxy.
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request.
+    fn handle(&self, ex: &mut Exchange<'_>) -> impl std::future::Future<Output = Outcome> + Send;
+    /// Called for a request head that could not be parsed: answer it.
+    fn reject(&self, ex: RejectInfo<'_>) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// A request that was rejected before it could be parsed.
+pub struct RejectInfo<'a> {
+    /// Why.
+    pub error: HeadError,
+    /// Where to write the error response.
+    pub out: ResponseWriter<'a>,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The first line of what the client sent, for the log (lossy, truncated).
+    pub first_line: String,
+}
+
+/// Serves one client connection until it closes.
+pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &ConnSettings, handler: &H) {
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(_) => return,
+    };
+    let mut carry: Option<BytesMut> = None;
+    let mut served: u32 = 0;
+    loop {
+        if carry.is_none() {
+            // Idle: hold no buffer until the client sends something.
+            let wait = if served == 0 {
+                settings.header_timeout
+            } else {
+                settings.keepalive_timeout
+            };
+            match tokio::time::timeout(wait, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+        let buf = carry.take().unwrap_or_default();
+        // Boxed so an idle connection's task holds only this small loop.
+        let next = Box::pin(serve_one(&stream, buf, peer, local, served, settings, handler)).await;
+        match next {
+            Some(rest) => {
+                served += 1;
+                if settings.max_requests > 0 && served >= settings.max_requests {
+                    return;
+                }
+                carry = (!rest.is_empty()).then_some(rest);
+            }
+            None => return,
+        }
+    }
+}
+
+/// Serves one request; returns the unread bytes (pipelined requests) when
+/// the connection can be reused.
+async fn serve_one<H: Handler>(
+    stream: &TcpStream,
+    mut buf: BytesMut,
+    peer: SocketAddr,
+    local: SocketAddr,
+    served: u32,
+    settings: &ConnSettings,
+    handler: &H,
+) -> Option<BytesMut> {
+    let deadline = Instant::now() + settings.header_timeout;
+    let (head, used) = match read_head(stream, &mut buf, &settings.limits, deadline).await {
+        Ok(Some(x)) => x,
+        Ok(None) => return None,
+        Err(error) => {
+            let first_line = String::from_utf8_lossy(buf[..].split(|&b| b == b'\n').next().unwrap_or(&[]))
+                .chars()
+                .take(200)
+                .collect::<String>()
+                .trim_end()
+                .to_string();
+            let mut out = ResponseWriter::new(stream, http::Version::HTTP_11, &http::Method::GET, false);
+            out.close_after();
+            handler
+                .reject(RejectInfo {
+                    error,
+                    out,
+                    peer,
+                    first_line,
+                })
+                .await;
+            return None;
+        }
+    };
+    let _ = buf.split_to(used);
+    let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
+    let keep_alive = head.keep_alive && !last_allowed;
+    let out = ResponseWriter::new(stream, head.version, &head.method, keep_alive);
+    let framing = head.body;
+    let body = BodyReader::new(
+        stream,
+        &mut buf,
+        framing,
+        settings.max_body,
+        settings.limits.max_head,
+        settings.body_idle_timeout,
+    );
+    let mut ex = Exchange {
+        head,
+        body,
+        out,
+        stream,
+        peer,
+        local,
+        served,
+    };
+    let outcome = handler.handle(&mut ex).await;
+    let reusable = matches!(outcome, Outcome::Done) && ex.out.keep_alive() && ex.out.is_finished();
+    if !reusable {
+        return None;
+    }
+    // A body the handler did not read must be consumed before the next request.
+    if !ex.body.is_done() && !ex.body.drain(64 << 10).await {
+        return None;
+    }
+    drop(ex);
+    Some(buf)
+}
+
+/// Errors reading a head: answer with the status, or just close.
+async fn read_head(
+    stream: &TcpStream,
+    buf: &mut BytesMut,
+    limits: &HeadLimits,
+    deadline: Instant,
+) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let mut scanned = 0;
+    loop {
+        // Parse only when a new line arrived or a limit may be crossed, so a
+        // client trickling bytes cannot make us rescan the head per byte.
+        let new_line = buf[scanned..].contains(&b'\n');
+        if new_line || buf.len() > limits.max_request_line || buf.len() > limits.max_head {
+            if let Some(parsed) = parse_request(buf, limits)? {
+                return Ok(Some(parsed));
+            }
+        }
+        scanned = buf.len();
+        let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 16 << 10);
+        match tokio::time::timeout_at(deadline, read_buf(stream, buf, want)).await {
+            Err(_) if buf.is_empty() => return Ok(None),
+            Err(_) => {
+                return Err(HeadError {
+                    status: http::StatusCode::REQUEST_TIMEOUT,
+                    reason: "timed out reading the request head",
+                });
+            }
+            Ok(Err(_)) => return Ok(None),
+            Ok(Ok(0)) => {
+                if buf.iter().all(|b| *b == b'\r' || *b == b'\n') {
+                    return Ok(None);
+                }
+                return Err(HeadError {
+                    status: http::StatusCode::BAD_REQUEST,
+                    reason: "connection closed mid-head",
+                });
+            }
+            Ok(Ok(_)) => {}
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! Request heads: parsing on `httparse` plus the framing rules of RFC 9112
+//! that keep a proxy safe from request smuggling. Pure functions over
+//! bytes (no I/O), so they are fuzzed directly.
+
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+
+/// Size limits applied while reading a request head.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    /// Longest request line (414 beyond it).
+    pub max_request_line: usize,
+    /// Largest head, request line and header fields together (431 beyond it).
+    pub max_head: usize,
+    /// Most header fields (431 beyond it).
+    pub max_headers: usize,
+}
+
+impl Default for HeadLimits {
+    fn default() -> Self {
+        HeadLimits {
+            max_request_line: 8 << 10,
+            max_head: 64 << 10,
+            max_headers: 100,
+        }
+    }
+}
+
+/// How the request body is delimited (RFC 9112 section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body.
+    Empty,
+    /// `Content-Length: n` (n > 0).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// A parsed and checked request head.
+#[derive(Debug, Clone)]
+pub struct RequestHead {
+    /// The method.
+    pub method: Method,
+    /// The request target exactly as sent (origin, absolute, authority or asterisk form).
+    pub target: String,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// Header fields in order, names lower-cased.
+    pub headers: HeaderMap,
+    /// How the body is framed.
+    pub body: BodyFraming,
+    /// Whether the client wants the connection kept open after this exchange.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` was sent.
+    pub expect_continue: bool,
+}
+
+/// Why a head was rejected: the status to answer with and a reason for the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadError {
+    /// 400, 414, 417, 431, 501 or 505.
+    pub status: StatusCode,
+    /// A short, specific reason, safe to show to the client.
+    pub reason: &'static str,
+}
+
+fn bad(reason: &'static str) -> HeadError {
+    HeadError {
+        status: StatusCode::BAD_REQUEST,
+        reason,
+    }
+}
+
+const STACK_HEADERS: usize = 128;
+
+/// Tries to parse one request head at the start of `buf`.
+///
+/// Returns `Ok(None)` when more bytes are needed, or the head and the number
+/// of bytes it took (leading empty lines included). Any framing the proxy
+/// could misread differently from an origin is rejected.
+pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    // RFC 9112 2.2: ignore empty lines received before the request line.
+    let mut start = 0;
+    while buf[start..].starts_with(b"\r\n") {
+        start += 2;
+    }
+    if buf.len() > start && buf[start] == b'\n' {
+        return Err(bad("bare LF before request line"));
+    }
+    let data = &buf[start..];
+
+    match memchr(b'\n', data) {
+        None if data.len() > limits.max_request_line => {
+            return Err(HeadError {
+                status: StatusCode::URI_TOO_LONG,
+                reason: "request line too long",
+            });
+        }
+        None => return Ok(None),
+        Some(i) if i + 1 > limits.max_request_line => {
+            return Err(HeadError {
+                status: StatusCode::URI_TOO_LONG,
+                reason: "request line too long",
+            });
+        }
+        Some(_) => {}
+    }
+
+    let Some(end) = find_head_end(data) else {
+        if data.len() > limits.max_head {
+            return Err(HeadError {
+                status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                reason: "request head too large",
+            });
+        }
+        // Reject bare CR/LF early rather than waiting for a terminator that
+        // a confused peer may never send.
+        check_line_endings(data)?;
+        return Ok(None);
+    };
+    if end > limits.max_head {
+        return Err(HeadError {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            reason: "request head too large",
+        });
+    }
+    let head_bytes = &data[..end];
+    check_line_endings(head_bytes)?;
+
+    let head = if limits.max_headers <= STACK_HEADERS {
+        let mut storage = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        parse_fields(head_bytes, &mut storage[..limits.max_headers])?
+    } else {
+        let mut storage = vec![httparse::EMPTY_HEADER; limits.max_headers];
+        parse_fields(head_bytes, &mut storage)?
+    };
+    Ok(Some((head, start + end)))
+}
+
+fn parse_fields<'b>(head_bytes: &'b [u8], storage: &mut [httparse::Header<'b>]) -> Result<RequestHead, HeadError> {
+    let mut req = httparse::Request::new(storage);
+    match req.parse(head_bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(bad("incomplete request head")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError {
+                status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                reason: "too many header fields",
+            });
+        }
+        Err(httparse::Error::Version) => {
+            return Err(HeadError {
+                status: StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                reason: "unsupported HTTP version",
+            });
+        }
+        Err(httparse::Error::HeaderName) => return Err(bad("invalid header field name")),
+        Err(httparse::Error::HeaderValue) => return Err(bad("invalid header field value")),
+        Err(httparse::Error::NewLine) => return Err(bad("invalid line ending")),
+        Err(httparse::Error::Token) => return Err(bad("invalid method or request target")),
+        Err(_) => return Err(bad("malformed request line")),
+    }
+    let method = Method::from_bytes(req.method.unwrap_or("").as_bytes()).map_err(|_| bad("invalid method"))?;
+    let target = req.path.unwrap_or("").to_string();
+    let version = match req.version {
+        Some(0) => Version::HTTP_10,
+        Some(1) => Version::HTTP_11,
+        _ => {
+            return Err(HeadError {
+                status: StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                reason: "unsupported HTTP version",
+            });
+        }
+    };
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad("invalid header field name"))?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| bad("invalid header field value"))?;
+        headers.append(name, value);
+    }
+
+    check_target(&method, &target)?;
+    let body = framing(&headers, version)?;
+
+    let hosts = headers.get_all(HOST).iter().count();
+    if hosts > 1 {
+        return Err(bad("more than one Host header"));
+    }
+    if hosts == 0 && version == Version::HTTP_11 {
+        return Err(bad("HTTP/1.1 request without Host header"));
+    }
+    if let Some(h) = headers.get(HOST)
+        && !h.is_empty()
+        && h.to_str()
+            .ok()
+            .and_then(|s| s.parse::<http::uri::Authority>().ok())
+            .is_none_or(|a| a.as_str().contains('@'))
+    {
+        return Err(bad("invalid Host header"));
+    }
+
+    let (mut close, mut keep) = (false, false);
+    for token in list_tokens(&headers, &CONNECTION) {
+        close |= token.eq_ignore_ascii_case("close");
+        keep |= token.eq_ignore_ascii_case("keep-alive");
+    }
+    let keep_alive = !close && (version == Version::HTTP_11 || keep);
+
+    let mut expect_continue = false;
+    for value in headers.get_all(EXPECT) {
+        if value.as_bytes().eq_ignore_ascii_case(b"100-continue") {
+            expect_continue = version == Version::HTTP_11;
+        } else {
+            return Err(HeadError {
+                status: StatusCode::EXPECTATION_FAILED,
+                reason: "unsupported expectation",
+            });
+        }
+    }
+
+    Ok(RequestHead {
+        method,
+        target,
+        version,
+        headers,
+        body,
+        keep_alive,
+        expect_continue,
+    })
+}
+
+/// The request target must have the form its method allows (RFC 9112 3.2).
+fn check_target(method: &Method, target: &str) -> Result<(), HeadError> {
+    if target.is_empty() {
+        return Err(bad("empty request target"));
+    }
+    if *method == Method::CONNECT {
+        // authority-form: host:port, nothing else.
+        let ok = target
+            .parse::<http::uri::Authority>()
+            .ok()
+            .is_some_and(|a| a.port_u16().is_some() && !a.as_str().contains('@') && !a.host().is_empty());
+        return if ok {
+            Ok(())
+        } else {
+            Err(bad("CONNECT target must be host:port"))
+        };
+    }
+    if target == "*" {
+        return if *method == Method::OPTIONS {
+            Ok(())
+        } else {
+            Err(bad("asterisk-form target is only for OPTIONS"))
+        };
+    }
+    if target.starts_with('/') {
+        return Ok(());
+    }
+    match target.parse::<http::Uri>() {
+        Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => Ok(()),
+        _ => Err(bad("invalid request target")),
+    }
+}
+
+/// Decides the body framing, rejecting every ambiguous combination.
+fn framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, HeadError> {
+    let has_te = headers.contains_key(TRANSFER_ENCODING);
+    let has_cl = headers.contains_key(CONTENT_LENGTH);
+    if has_te {
+        if version == Version::HTTP_10 {
+            return Err(bad("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        if has_cl {
+            return Err(bad("both Transfer-Encoding and Content-Length"));
+        }
+        let codings: Vec<&str> = list_tokens(headers, &TRANSFER_ENCODING).collect();
+        let chunked_count = codings.iter().filter(|c| c.eq_ignore_ascii_case("chunked")).count();
+        let last_chunked = codings.last().is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+        if codings.is_empty() || !last_chunked || chunked_count > 1 {
+            return Err(bad("Transfer-Encoding must end with chunked, once"));
+        }
+        if codings.len() > 1 {
+            return Err(HeadError {
+                status: StatusCode::NOT_IMPLEMENTED,
+                reason: "transfer codings other than chunked are not supported",
+            });
+        }
+        return Ok(BodyFraming::Chunked);
+    }
+    if has_cl {
+        let mut length: Option<u64> = None;
+        for value in headers.get_all(CONTENT_LENGTH) {
+            let text = value.to_str().map_err(|_| bad("invalid Content-Length"))?;
+            for part in text.split(',') {
+                let part = part.trim_matches([' ', '\t']);
+                if part.is_empty() || part.len() > 18 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad("invalid Content-Length"));
+                }
+                let n: u64 = part.parse().map_err(|_| bad("invalid Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(bad("conflicting Content-Length values"));
+                }
+                length = Some(n);
+            }
+        }
+        return Ok(match length {
+            Some(0) | None => BodyFraming::Empty,
+            Some(n) => BodyFraming::Length(n),
+        });
+    }
+    Ok(BodyFraming::Empty)
+}
+
+/// The comma-separated tokens of every field named `name`, trimmed.
+pub fn list_tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> + 'a {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim_matches([' ', '\t']))
+        .filter(|t| !t.is_empty())
+}
+
+/// Every LF must follow a CR and every CR must precede an LF (no bare CR or
+/// LF: both are classic smuggling vectors between parsers that disagree).
+fn check_line_endings(bytes: &[u8]) -> Result<(), HeadError> {
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'\n' if i == 0 || bytes[i - 1] != b'\r' => return Err(bad("bare LF in request head")),
+            b'\r' if i + 1 < bytes.len() && bytes[i + 1] != b'\n' => return Err(bad("bare CR in request head")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Offset just past the blank line that ends the head, if it is in `data`.
+fn find_head_end(data: &[u8]) -> Option<usize> {
+    data.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Option<(RequestHead, usize)>, HeadError> {
+        parse_request(s.as_bytes(), &HeadLimits::default())
+    }
+    fn status(s: &str) -> u16 {
+        parse(s).expect_err("should be rejected").status.as_u16()
+    }
+
+    #[test]
+    fn simple_get() {
+        let (h, n) = parse("GET /a?b HTTP/1.1\r\nHost: x\r\n\r\nrest").unwrap().unwrap();
+        assert_eq!(n, 30);
+        assert_eq!(h.method, Method::GET);
+        assert_eq!(h.target, "/a?b");
+        assert!(h.keep_alive);
+        assert_eq!(h.body, BodyFraming::Empty);
+    }
+
+    #[test]
+    fn partial_heads_wait() {
+        assert!(parse("GET / HTTP/1.1\r\nHost: x\r\n").unwrap().is_none());
+        assert!(parse("GET / HT").unwrap().is_none());
+    }
+
+    #[test]
+    fn leading_empty_lines_are_skipped() {
+        let (h, n) = parse("\r\n\r\nGET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert_eq!(n, 22);
+        assert!(!h.keep_alive);
+    }
+
+    #[test]
+    fn content_length_rules() {
+        let (h, _) = parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyFraming::Length(5));
+        let (h, _) = parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyFraming::Length(5));
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 6\r\n\r\n"),
+            400
+        );
+        assert_eq!(status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n"), 400);
+        assert_eq!(status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\n"), 400);
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n"),
+            400
+        );
+    }
+
+    #[test]
+    fn transfer_encoding_rules() {
+        let (h, _) = parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyFraming::Chunked);
+        let (h, _) = parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ChUnKeD\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyFraming::Chunked);
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            501
+        );
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n"),
+            400
+        );
+        assert_eq!(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+        assert_eq!(status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn obs_fold_and_bare_line_endings_are_rejected() {
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\nHost: x\n\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\rX: y\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\r\nX: y\n\r\n"), 400);
+        assert_eq!(status("\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        // A bare LF is caught even before the head is complete.
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\nX: "), 400);
+    }
+
+    #[test]
+    fn oversized_heads() {
+        let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(9000));
+        assert_eq!(status(&long), 414);
+        let unterminated = format!("GET /{}", "a".repeat(9000));
+        assert_eq!(status(&unterminated), 414);
+        let big = format!("GET / HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n", "b".repeat(70_000));
+        assert_eq!(status(&big), 431);
+        let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n")), 431);
+    }
+
+    #[test]
+    fn host_rules() {
+        assert_eq!(status("GET / HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: u@h\r\n\r\n"), 400);
+        assert!(parse("GET / HTTP/1.0\r\n\r\n").unwrap().is_some());
+    }
+
+    #[test]
+    fn targets_and_versions() {
+        assert!(
+            parse("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(status("CONNECT example.com HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("CONNECT /x HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert!(parse("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n").unwrap().is_some());
+        assert_eq!(status("GET * HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert!(
+            parse("GET http://h:1/p HTTP/1.1\r\nHost: h:1\r\n\r\n")
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(status("GET h/p HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 505);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n"), 417);
+        let (h, _) = parse("PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.expect_continue);
+    }
+
+    #[test]
+    fn connection_tokens() {
+        let (h, _) = parse("GET / HTTP/1.1\r\nHost: x\r\nConnection: foo, Close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        let (h, _) = parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.keep_alive);
+    }
+}

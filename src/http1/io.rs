@@ -1,0 +1,77 @@
+//! Readiness-based reads and writes on a shared `&TcpStream`.
+//!
+//! Reading and writing through `&TcpStream` (rather than split halves) lets
+//! the request-body reader and the response writer of one exchange run
+//! concurrently in one task, and lets an idle connection wait for
+//! readability while holding no buffer at all.
+
+use bytes::BytesMut;
+use std::io::{self, IoSlice};
+use tokio::net::TcpStream;
+
+/// Reads whatever is available into `buf` (growing it by up to `chunk`
+/// bytes); returns 0 at end of stream.
+pub async fn read_buf(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+    loop {
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(chunk);
+        }
+        match stream.try_read_buf(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.readable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes all of `data`.
+pub async fn write_all(stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match stream.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of the given slices, in order, with as few syscalls as the
+/// kernel allows (a response head and its first body bytes go out in one).
+pub async fn write_all_vectored(stream: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+    let mut idx = 0; // first slice not completely written
+    let mut off = 0; // bytes of parts[idx] already written
+    while idx < parts.len() {
+        if parts[idx].len() == off {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let mut slices = [IoSlice::new(&[]); 8];
+        let mut count = 0;
+        for (k, part) in parts[idx..].iter().enumerate().take(slices.len()) {
+            slices[k] = IoSlice::new(if k == 0 { &part[off..] } else { part });
+            count = k + 1;
+        }
+        match stream.try_write_vectored(&slices[..count]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(mut n) => {
+                while n > 0 && idx < parts.len() {
+                    let left = parts[idx].len() - off;
+                    if n >= left {
+                        n -= left;
+                        idx += 1;
+                        off = 0;
+                    } else {
+                        off += n;
+                        n = 0;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! Portico's own client-facing HTTP/1 layer, on `httparse`.
+//!
+//! Why our own: an idle keep-alive connection here holds no buffer (it waits
+//! for readability first, then takes one), and per-connection state is a few
+//! hundred bytes; see docs/ARCHITECTURE.md. It is also the most
+//! security-sensitive code in the server: `head` and `chunked` enforce the
+//! RFC 9112 framing rules and are fuzzed (fuzz/).
+
+mod body;
+pub mod chunked;
+mod conn;
+pub mod head;
+mod io;
+mod response;
+
+pub use body::{BodyError, BodyFrame, BodyReader};
+pub use conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo, serve};
+pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
+pub use io::{read_buf, write_all};
+pub use response::{BodyLen, ResponseWriter};

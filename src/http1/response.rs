@@ -1,0 +1,205 @@
+//! Writing a response to the client: the head, then the body in the framing
+//! the client's version allows (Content-Length, chunked, or until close).
+
+use super::chunked::{chunk_header, last_chunk};
+use super::io::{write_all, write_all_vectored};
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use std::io;
+use tokio::net::TcpStream;
+
+/// What the handler knows about the length of the body it will send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLen {
+    /// Exactly this many bytes.
+    Known(u64),
+    /// Unknown until the end (streamed from an origin that sent no length).
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body may follow (HEAD, 1xx, 204, 304).
+    None,
+    Length,
+    Chunked,
+    Close,
+}
+
+/// Writes one response to the client connection.
+pub struct ResponseWriter<'a> {
+    stream: &'a TcpStream,
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+    framing: Framing,
+    pending_head: Option<Vec<u8>>,
+    status: Option<StatusCode>,
+    body_bytes: u64,
+    finished: bool,
+}
+
+impl<'a> ResponseWriter<'a> {
+    pub(super) fn new(stream: &'a TcpStream, version: Version, method: &Method, keep_alive: bool) -> Self {
+        ResponseWriter {
+            stream,
+            version,
+            head_request: *method == Method::HEAD,
+            keep_alive,
+            framing: Framing::None,
+            pending_head: None,
+            status: None,
+            body_bytes: 0,
+            finished: false,
+        }
+    }
+
+    /// The status sent, once a head has been sent.
+    pub fn status(&self) -> Option<StatusCode> {
+        self.status
+    }
+
+    /// Body bytes written so far (for the access log).
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes
+    }
+
+    /// Whether the connection stays open after this response.
+    pub fn keep_alive(&self) -> bool {
+        self.keep_alive
+    }
+
+    /// True once a final response head has been queued or sent.
+    pub fn head_sent(&self) -> bool {
+        self.status.is_some()
+    }
+
+    /// True once the response is complete.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Asks for the connection to be closed after this response.
+    pub fn close_after(&mut self) {
+        self.keep_alive = false;
+    }
+
+    /// Sends `100 Continue` to a client that asked for it.
+    pub async fn send_continue(&mut self) -> io::Result<()> {
+        write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
+    }
+
+    /// Queues the response head (written together with the first body bytes).
+    /// `headers` must already be free of hop-by-hop fields; framing fields
+    /// are set here from `len`, except for bodiless responses (HEAD, 204,
+    /// 304), whose `Content-Length` is passed as given.
+    pub fn send_head(&mut self, status: StatusCode, mut headers: HeaderMap, len: BodyLen) {
+        let bodiless = self.head_request
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        headers.remove(TRANSFER_ENCODING);
+        headers.remove(CONNECTION);
+        self.framing = if bodiless {
+            if status == StatusCode::NO_CONTENT || status.is_informational() {
+                headers.remove(CONTENT_LENGTH);
+            }
+            Framing::None
+        } else {
+            match len {
+                BodyLen::Known(n) => {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+                    Framing::Length
+                }
+                BodyLen::Unknown if self.version == Version::HTTP_11 => {
+                    headers.remove(CONTENT_LENGTH);
+                    headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+                    Framing::Chunked
+                }
+                BodyLen::Unknown => {
+                    headers.remove(CONTENT_LENGTH);
+                    self.keep_alive = false;
+                    Framing::Close
+                }
+            }
+        };
+        if !headers.contains_key(DATE) {
+            headers.insert(DATE, crate::util::http_date_now());
+        }
+        if !self.keep_alive {
+            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        } else if self.version == Version::HTTP_10 {
+            headers.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
+        }
+        let mut out = Vec::with_capacity(256);
+        // RFC 9110 2.5: answer with our own highest minor version (1.1), which
+        // HTTP/1.0 clients accept; the framing above is what keeps it valid for them.
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for (name, value) in &headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        self.pending_head = Some(out);
+        self.status = Some(status);
+    }
+
+    /// Writes body bytes (and the queued head, if not yet written).
+    pub async fn send_data(&mut self, data: &[u8]) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let head = self.pending_head.take();
+        let head = head.as_deref().unwrap_or(&[]);
+        match self.framing {
+            Framing::None => return write_all(self.stream, head).await,
+            Framing::Length | Framing::Close => write_all_vectored(self.stream, &[head, data]).await?,
+            Framing::Chunked => {
+                let size = chunk_header(data.len());
+                write_all_vectored(self.stream, &[head, &size, data, b"\r\n"]).await?
+            }
+        }
+        self.body_bytes += data.len() as u64;
+        Ok(())
+    }
+
+    /// Ends the response (with trailers, for a chunked body).
+    pub async fn finish(&mut self, trailers: Option<&HeaderMap>) -> io::Result<()> {
+        let head = self.pending_head.take();
+        let head = head.as_deref().unwrap_or(&[]);
+        if self.framing == Framing::Chunked {
+            write_all_vectored(self.stream, &[head, &last_chunk(trailers)]).await?;
+        } else if !head.is_empty() {
+            write_all(self.stream, head).await?;
+        }
+        self.finished = true;
+        Ok(())
+    }
+
+    /// Writes a head made by the caller (the `200 Connection established`
+    /// of a CONNECT tunnel, which must carry no framing fields).
+    pub async fn send_raw_head(&mut self, status: StatusCode, head: &[u8]) -> io::Result<()> {
+        self.status = Some(status);
+        self.keep_alive = false;
+        write_all(self.stream, head).await
+    }
+
+    /// Counts bytes sent outside `send_data` (tunnelled bytes) for the log.
+    pub fn add_body_bytes(&mut self, n: u64) {
+        self.body_bytes += n;
+    }
+
+    /// Sends a complete response with a small in-memory body.
+    pub async fn send_full(&mut self, status: StatusCode, headers: HeaderMap, body: Bytes) -> io::Result<()> {
+        self.send_head(status, headers, BodyLen::Known(body.len() as u64));
+        self.send_data(&body).await?;
+        self.finish(None).await
+    }
+}

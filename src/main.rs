@@ -1,0 +1,65 @@
+//! The `portico` command line.
+
+use clap::{Parser, Subcommand};
+use portico::config::{self, Config};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "portico",
+    version,
+    about = "A caching web proxy server: forward, reverse and transparent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (on embedded defaults when no config file is given).
+    Run {
+        /// Config file (TOML).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Print the effective configuration, defaults filled in, and exit.
+        #[arg(long)]
+        print_config: bool,
+    },
+    /// Check a config file and exit non-zero if it has an error.
+    Check {
+        /// Config file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+}
+
+fn load(path: Option<&PathBuf>) -> Result<Config, String> {
+    match path {
+        Some(p) => config::load_file(p).map_err(|e| e.to_string()),
+        None => Ok(Config::default()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config, print_config } => load(config.as_ref()).and_then(|c| {
+            if print_config {
+                print!("{}", c.to_toml());
+                Ok(())
+            } else {
+                portico::server::run(c)
+            }
+        }),
+        Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("portico: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

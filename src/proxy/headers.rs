@@ -1,0 +1,161 @@
+//! Header rewriting between client and origin (RFC 9110 7.6): hop-by-hop
+//! fields removed, `Via` added, `X-Forwarded-For`, `Max-Forwards`.
+
+use crate::config::ForwardedFor;
+use crate::http1::head::list_tokens;
+use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, TE, TRAILER, TRANSFER_ENCODING, UPGRADE, VIA};
+use http::{HeaderMap, HeaderValue, Version};
+use std::net::IpAddr;
+
+/// Fields that describe one connection, never forwarded.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Removes the hop-by-hop fields, including every field named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = list_tokens(headers, &CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // Already covered above, but named so a reader sees the RFC's list.
+    let _ = (&TE, &TRAILER, &TRANSFER_ENCODING, &UPGRADE);
+}
+
+/// Appends our `Via` entry (`1.1 portico`, or `1.0 portico` for a message
+/// received as HTTP/1.0).
+pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
+    let proto = if received == Version::HTTP_10 { "1.0" } else { "1.1" };
+    let entry = format!("{proto} {pseudonym}");
+    let combined = match headers.get(VIA).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing}, {entry}"),
+        _ => entry,
+    };
+    if let Ok(v) = HeaderValue::from_str(&combined) {
+        headers.remove(VIA);
+        headers.insert(VIA, v);
+    }
+}
+
+/// True if the request already passed through a proxy calling itself
+/// `pseudonym` (a forwarding loop).
+pub fn via_contains(headers: &HeaderMap, pseudonym: &str) -> bool {
+    list_tokens(headers, &VIA).any(|entry| entry.split_whitespace().nth(1).is_some_and(|p| p == pseudonym))
+}
+
+/// Applies the `X-Forwarded-For` policy for a request from `client`.
+pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) {
+    let name = HeaderName::from_static("x-forwarded-for");
+    let ip = match client {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(client),
+        v4 => v4,
+    };
+    match policy {
+        ForwardedFor::Pass => {}
+        ForwardedFor::Remove => {
+            headers.remove(&name);
+        }
+        ForwardedFor::Replace => {
+            headers.insert(
+                name,
+                HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown")),
+            );
+        }
+        ForwardedFor::Append => {
+            let prior: Vec<&str> = headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
+            let value = if prior.is_empty() {
+                ip.to_string()
+            } else {
+                format!("{}, {ip}", prior.join(", "))
+            };
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
+        }
+    }
+}
+
+/// The `Max-Forwards` value, if present and valid.
+pub fn max_forwards(headers: &HeaderMap) -> Option<u64> {
+    headers.get(MAX_FORWARDS)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// Decrements `Max-Forwards` (the caller checked it is above zero).
+pub fn decrement_max_forwards(headers: &mut HeaderMap) {
+    if let Some(n) = max_forwards(headers) {
+        headers.insert(MAX_FORWARDS, HeaderValue::from(n.saturating_sub(1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn hop_by_hop_including_connection_named() {
+        let mut h = map(&[
+            ("connection", "x-secret, close"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic x"),
+            ("x-keep", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get("x-keep").unwrap(), "yes");
+    }
+
+    #[test]
+    fn via_is_appended() {
+        let mut h = map(&[("via", "1.0 fred")]);
+        add_via(&mut h, Version::HTTP_11, "portico");
+        assert_eq!(h.get("via").unwrap(), "1.0 fred, 1.1 portico");
+        assert!(via_contains(&h, "portico"));
+        assert!(!via_contains(&h, "port"));
+    }
+
+    #[test]
+    fn x_forwarded_for_policies() {
+        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut h = map(&[("x-forwarded-for", "10.0.0.1")]);
+        forwarded_for(&mut h, ip, ForwardedFor::Append);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 127.0.0.2");
+        forwarded_for(&mut h, ip, ForwardedFor::Replace);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "127.0.0.2");
+        forwarded_for(&mut h, ip, ForwardedFor::Remove);
+        assert!(h.get("x-forwarded-for").is_none());
+    }
+
+    #[test]
+    fn max_forwards_decrements() {
+        let mut h = map(&[("max-forwards", "3")]);
+        decrement_max_forwards(&mut h);
+        assert_eq!(max_forwards(&h), Some(2));
+    }
+}

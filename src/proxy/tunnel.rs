@@ -1,0 +1,108 @@
+//! CONNECT tunnels: a TCP connection to an allowed port, then bytes copied
+//! both ways until both sides have closed, or neither has sent anything
+//! for `proxy.tunnel_idle_timeout`.
+
+use super::Shared;
+use super::reply::error_page;
+use crate::http1::{Exchange, Outcome, read_buf, write_all};
+use crate::upstream::ConnectErrorKind;
+use bytes::BytesMut;
+use http::StatusCode;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+/// Serves a CONNECT request.
+pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Outcome {
+    if !sh.config.proxy.connect_ports.contains(&port) {
+        tracing::warn!(client = %ex.peer.ip(), "CONNECT to {host}:{port} refused: port not in proxy.connect_ports");
+        ex.out.close_after();
+        let _ = error_page(
+            &mut ex.out,
+            StatusCode::FORBIDDEN,
+            "CONNECT to this port is not allowed",
+        )
+        .await;
+        return Outcome::Close;
+    }
+    let upstream = match sh.upstream.connector().tcp(host, port).await {
+        Ok(s) => s,
+        Err(e) => {
+            let status = if e.kind == ConnectErrorKind::Timeout {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            tracing::warn!(client = %ex.peer.ip(), "CONNECT {host}:{port}: {e}");
+            ex.out.close_after();
+            let _ = error_page(&mut ex.out, status, &e.to_string()).await;
+            return Outcome::Close;
+        }
+    };
+    if ex
+        .out
+        .send_raw_head(StatusCode::OK, b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return Outcome::Close;
+    }
+    // Bytes the client sent right after the CONNECT head (e.g. a TLS
+    // ClientHello) are already in our buffer.
+    let early = ex.body.take_buffered();
+    if !early.is_empty() && write_all(&upstream, &early).await.is_err() {
+        return Outcome::Close;
+    }
+    let idle = sh.config.proxy.tunnel_idle_timeout.get();
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let (up, down) = tokio::join!(
+        pipe(ex.stream, &upstream, &last, start, idle),
+        pipe(&upstream, ex.stream, &last, start, idle)
+    );
+    ex.out.add_body_bytes(down);
+    tracing::debug!(
+        "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",
+        up + early.len() as u64
+    );
+    Outcome::Close
+}
+
+/// Copies `from` to `to` until end of stream (then half-closes `to`), an
+/// error, or an idle period on both directions; returns the bytes copied.
+async fn pipe(from: &TcpStream, to: &TcpStream, last: &AtomicU64, start: Instant, idle: Duration) -> u64 {
+    let mut buf = BytesMut::with_capacity(16 << 10);
+    let mut total = 0u64;
+    loop {
+        let read = tokio::time::timeout(idle, read_buf(from, &mut buf, 16 << 10)).await;
+        let n = match read {
+            Err(_) => {
+                // Quiet this way; is the other way active?
+                let since = start.elapsed().as_millis() as u64 - last.load(Ordering::Relaxed);
+                if since < idle.as_millis() as u64 {
+                    continue;
+                }
+                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(from).shutdown(Shutdown::Both);
+                return total;
+            }
+            Ok(Ok(0)) => {
+                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Write);
+                return total;
+            }
+            Ok(Err(_)) => {
+                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
+                return total;
+            }
+            Ok(Ok(n)) => n,
+        };
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if write_all(to, &buf[..n]).await.is_err() {
+            let _ = socket2::SockRef::from(from).shutdown(Shutdown::Read);
+            return total;
+        }
+        total += n as u64;
+        buf.clear();
+    }
+}

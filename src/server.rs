@@ -1,0 +1,78 @@
+//! Starting and stopping the server: runtime, logs, listeners.
+
+use crate::config::Config;
+use crate::http1::{ConnSettings, HeadLimits};
+use crate::listen::{accept_loop, bind};
+use crate::proxy::{ListenerHandler, Shared};
+use std::sync::Arc;
+
+/// Runs the server on `config` until SIGINT or SIGTERM.
+pub fn run(config: Config) -> Result<(), String> {
+    crate::log::init_error_log(&config.log)?;
+    // Bind before starting anything else, so a busy port fails start-up
+    // with a clear message and nothing half-running.
+    let mut sockets = Vec::with_capacity(config.listener.len());
+    for l in &config.listener {
+        sockets.push((l.clone(), bind(l)?));
+    }
+    let workers = if config.server.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        config.server.workers
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("portico-worker")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async move {
+        let settings = Arc::new(conn_settings(&config));
+        let shared = Arc::new(Shared::new(config)?);
+        for (cfg, socket) in sockets {
+            let listener =
+                tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
+            tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
+            let handler = Arc::new(ListenerHandler {
+                mode: cfg.mode,
+                shared: shared.clone(),
+            });
+            tokio::spawn(accept_loop(listener, cfg.nodelay, settings.clone(), handler));
+        }
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        Ok::<(), String>(())
+    })?;
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    Ok(())
+}
+
+fn conn_settings(c: &Config) -> ConnSettings {
+    ConnSettings {
+        limits: HeadLimits {
+            max_request_line: c.limits.max_request_line.as_usize(),
+            max_head: c.limits.max_header_size.as_usize(),
+            max_headers: c.limits.max_headers,
+        },
+        header_timeout: c.limits.header_timeout.get(),
+        keepalive_timeout: c.keepalive.timeout.get(),
+        max_requests: c.keepalive.max_requests,
+        max_body: c.limits.max_body_size.bytes(),
+        body_idle_timeout: c.origin.idle_timeout.get(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

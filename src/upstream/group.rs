@@ -1,0 +1,194 @@
+//! Reverse-proxy server groups: round-robin over the servers that are up; a
+//! server whose connect failed is skipped for `down_time` (passive health
+//! check).
+
+use crate::config::{HostHeader, UpstreamConfig};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// One origin server of a group: scheme and authority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAddr {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+}
+
+impl ServerAddr {
+    /// Parses `host:port`, `http://host[:port]` or `https://host[:port]`.
+    pub fn parse(text: &str) -> Result<ServerAddr, String> {
+        let with_scheme = if text.contains("://") {
+            text.to_string()
+        } else {
+            format!("http://{text}")
+        };
+        let uri: http::Uri = with_scheme
+            .parse()
+            .map_err(|e| format!("invalid server {text:?}: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("invalid server {text:?}"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("invalid server {text:?}: scheme must be http or https"));
+        }
+        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+            return Err(format!("invalid server {text:?}: no path allowed, only host and port"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("invalid server {text:?}: no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("invalid server {text:?}: user info is not allowed"));
+        }
+        Ok(ServerAddr { scheme, authority })
+    }
+
+    /// The absolute URI for `path_and_query` on this server.
+    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+}
+
+struct Server {
+    addr: ServerAddr,
+    /// Milliseconds since the group's epoch until which the server is skipped.
+    down_until: AtomicU64,
+}
+
+/// A named group of origin servers.
+pub struct Group {
+    /// The group's name.
+    pub name: String,
+    servers: Vec<Server>,
+    next: AtomicUsize,
+    epoch: Instant,
+    down_time: Duration,
+    /// How the Host header is set.
+    pub host_header: HostHeader,
+    /// Whether idempotent requests are retried on another server.
+    pub retry: bool,
+}
+
+impl Group {
+    /// Builds a group from its (already validated) config.
+    pub fn new(cfg: &UpstreamConfig) -> Result<Group, String> {
+        let servers = cfg
+            .servers
+            .iter()
+            .map(|s| {
+                ServerAddr::parse(s).map(|addr| Server {
+                    addr,
+                    down_until: AtomicU64::new(0),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Group {
+            name: cfg.name.clone(),
+            servers,
+            next: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            down_time: cfg.down_time.get(),
+            host_header: cfg.host_header,
+            retry: cfg.retry,
+        })
+    }
+
+    /// Number of servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// True if the group has no servers (never, once validated).
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The next server in turn that is up and not `exclude`; if every
+    /// server is down, the next in turn anyway (better a try than a refusal).
+    pub fn pick(&self, exclude: Option<usize>) -> usize {
+        let n = self.servers.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
+        let candidates = (0..n)
+            .map(|k| (start + k) % n)
+            .filter(|&i| Some(i) != exclude || n == 1);
+        let mut fallback = None;
+        for i in candidates {
+            if self.servers[i].down_until.load(Ordering::Relaxed) <= now {
+                return i;
+            }
+            fallback.get_or_insert(i);
+        }
+        fallback.unwrap_or(start % n)
+    }
+
+    /// The address of server `i`.
+    pub fn server(&self, i: usize) -> &ServerAddr {
+        &self.servers[i].addr
+    }
+
+    /// Marks server `i` down for the group's `down_time`.
+    pub fn mark_down(&self, i: usize) {
+        let until = self.now_ms() + u64::try_from(self.down_time.as_millis()).unwrap_or(u64::MAX / 2);
+        self.servers[i].down_until.store(until, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Dur;
+
+    fn group(n: usize) -> Group {
+        Group::new(&UpstreamConfig {
+            name: "g".into(),
+            servers: (0..n).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect(),
+            host_header: HostHeader::Preserve,
+            down_time: Dur::secs(60),
+            retry: true,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn round_robin_skips_down_servers() {
+        let g = group(3);
+        let picks: Vec<usize> = (0..6).map(|_| g.pick(None)).collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+        g.mark_down(1);
+        let picks: Vec<usize> = (0..4).map(|_| g.pick(None)).collect();
+        assert!(!picks.contains(&1), "{picks:?}");
+        assert_ne!(g.pick(Some(0)), 0);
+    }
+
+    #[test]
+    fn all_down_still_picks_one() {
+        let g = group(2);
+        g.mark_down(0);
+        g.mark_down(1);
+        assert!(g.pick(None) < 2);
+    }
+
+    #[test]
+    fn server_addresses() {
+        assert_eq!(
+            ServerAddr::parse("h:81").unwrap().uri("/x?y").unwrap().to_string(),
+            "http://h:81/x?y"
+        );
+        assert_eq!(ServerAddr::parse("https://h").unwrap().scheme, http::uri::Scheme::HTTPS);
+        assert!(ServerAddr::parse("ftp://h").is_err());
+        assert!(ServerAddr::parse("http://h/path").is_err());
+        assert!(ServerAddr::parse("u@h:1").is_err());
+    }
+}

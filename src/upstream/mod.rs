@@ -1,0 +1,118 @@
+//! The upstream side: origin connections (DNS, TCP, TLS), the pooled HTTP/1.1
+//! client (hyper), and reverse-proxy server groups with round-robin and
+//! passive health checks.
+
+mod body;
+mod connect;
+mod group;
+
+pub use body::{BodySender, ProxyBody};
+pub use connect::{ConnectError, ConnectErrorKind, Connector, tls_config};
+pub use group::{Group, ServerAddr};
+
+use crate::config::OriginConfig;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why an upstream exchange failed before a response head arrived.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// The origin could not be reached.
+    Connect(ConnectError),
+    /// The origin did not answer in time.
+    Timeout(String),
+    /// The origin broke the exchange (closed, sent garbage).
+    Failed(String),
+    /// The client's request body failed while being forwarded.
+    ClientBody(String),
+}
+
+impl UpstreamError {
+    /// True when nothing reached the origin, so retrying elsewhere is safe.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamError::Connect(e) => e.fmt(f),
+            UpstreamError::Timeout(s) | UpstreamError::Failed(s) | UpstreamError::ClientBody(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The pooled client every request to an origin goes through.
+pub struct Upstream {
+    client: Client<Connector, ProxyBody>,
+    connector: Connector,
+    first_byte_timeout: Duration,
+    /// Longest silence allowed while a response body arrives.
+    pub idle_timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the client from `[origin]`.
+    pub fn new(cfg: &OriginConfig) -> Result<Upstream, String> {
+        let tls = tls_config(cfg.system_roots, cfg.ca_file.as_deref())?;
+        let connector = Connector::new(Arc::new(tls), cfg.connect_timeout.get());
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout.get())
+            .pool_max_idle_per_host(cfg.pool_max_idle)
+            .pool_timer(TokioTimer::new())
+            .build(connector.clone());
+        Ok(Upstream {
+            client,
+            connector,
+            first_byte_timeout: cfg.first_byte_timeout.get(),
+            idle_timeout: cfg.idle_timeout.get(),
+        })
+    }
+
+    /// The connector, for CONNECT tunnels.
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    /// Sends `req` (absolute URI) and waits for the response head.
+    pub async fn send(&self, req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+            Err(_) => Err(UpstreamError::Timeout(format!(
+                "origin sent no response within {}",
+                humantime::format_duration(self.first_byte_timeout)
+            ))),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify(e)),
+        }
+    }
+}
+
+/// Finds what really went wrong inside hyper's error chain.
+fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    while let Some(s) = source {
+        if let Some(c) = s.downcast_ref::<ConnectError>() {
+            return UpstreamError::Connect(ConnectError {
+                kind: c.kind,
+                target: c.target.clone(),
+                detail: c.detail.clone(),
+            });
+        }
+        if let Some(b) = s.downcast_ref::<body::ClientBodyError>() {
+            return UpstreamError::ClientBody(b.to_string());
+        }
+        source = s.source();
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    UpstreamError::Failed(text)
+}
