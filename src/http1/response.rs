@@ -36,6 +36,7 @@ pub struct ResponseWriter<'a> {
     framing: Framing,
     pending_head: Option<Vec<u8>>,
     status: Option<StatusCode>,
+    declared: u64,
     body_bytes: u64,
     finished: bool,
 }
@@ -50,6 +51,7 @@ impl<'a> ResponseWriter<'a> {
             framing: Framing::None,
             pending_head: None,
             status: None,
+            declared: 0,
             body_bytes: 0,
             finished: false,
         }
@@ -109,6 +111,7 @@ impl<'a> ResponseWriter<'a> {
         } else {
             match len {
                 BodyLen::Known(n) => {
+                    self.declared = n;
                     headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
                     Framing::Length
                 }
@@ -160,6 +163,15 @@ impl<'a> ResponseWriter<'a> {
         let head = head.as_deref().unwrap_or(&[]);
         match self.framing {
             Framing::None => return write_all(self.stream, head).await,
+            Framing::Length if self.body_bytes + data.len() as u64 > self.declared => {
+                // Never write past the announced length: the excess would be
+                // read by the client as the start of the next response.
+                self.keep_alive = false;
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "body longer than its Content-Length",
+                ));
+            }
             Framing::Length | Framing::Close => write_all_vectored(self.stream, &[head, data]).await?,
             Framing::Chunked => {
                 let size = chunk_header(data.len());
@@ -172,6 +184,13 @@ impl<'a> ResponseWriter<'a> {
 
     /// Ends the response (with trailers, for a chunked body).
     pub async fn finish(&mut self, trailers: Option<&HeaderMap>) -> io::Result<()> {
+        if self.framing == Framing::Length && self.body_bytes != self.declared {
+            self.keep_alive = false;
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "body shorter than its Content-Length",
+            ));
+        }
         let head = self.pending_head.take();
         let head = head.as_deref().unwrap_or(&[]);
         if self.framing == Framing::Chunked {

@@ -101,6 +101,7 @@ fn failure(e: UpstreamError) -> Failure {
     let status = match &e {
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::ClientBody(b) if b.too_large => StatusCode::PAYLOAD_TOO_LARGE,
         UpstreamError::ClientBody(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::BAD_GATEWAY,
     };
@@ -152,20 +153,11 @@ async fn exchange(
             (b, Some(s))
         }
     };
-    let max_body = sh.config.limits.max_body_size.bytes();
-    if let BodyFraming::Length(n) = ex.head.body
-        && max_body > 0
-        && n > max_body
-    {
-        return Err(UpstreamError::ClientBody(format!(
-            "request body of {n} bytes exceeds limits.max_body_size"
-        )));
-    }
     if ex.head.expect_continue && sender.is_some() {
         ex.out
             .send_continue()
             .await
-            .map_err(|e| UpstreamError::ClientBody(e.to_string()))?;
+            .map_err(|e| UpstreamError::Failed(format!("client connection failed: {e}")))?;
     }
     let client_version = ex.head.version;
     let request = Request::from_parts(parts, body);
@@ -212,7 +204,7 @@ async fn pump(reader: &mut BodyReader<'_>, sender: Option<BodySender>) {
             Ok(None) => return,
             Err(e) => {
                 tracing::warn!("request body failed: {e}");
-                sender.fail(e.to_string()).await;
+                sender.fail(&e).await;
                 return;
             }
         }

@@ -97,6 +97,19 @@ impl ListenerHandler {
         {
             return reply::max_forwards_zero(ex).await;
         }
+        let max_body = sh.config.limits.max_body_size.bytes();
+        if let crate::http1::BodyFraming::Length(n) = ex.head.body
+            && max_body > 0
+            && n > max_body
+        {
+            return self
+                .fail(
+                    ex,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body exceeds limits.max_body_size",
+                )
+                .await;
+        }
         let target = match classify(&ex.head, self.mode, &sh.rules) {
             Ok(t) => t,
             Err((status, reason)) => return self.fail(ex, status, reason).await,

@@ -10,12 +10,17 @@ use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
 /// The client's body failed while it was being forwarded.
-#[derive(Debug)]
-pub struct ClientBodyError(pub String);
+#[derive(Debug, Clone)]
+pub struct ClientBodyError {
+    /// What went wrong.
+    pub message: String,
+    /// The body went over `limits.max_body_size` (413 rather than 400).
+    pub too_large: bool,
+}
 
 impl std::fmt::Display for ClientBodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "client request body: {}", self.0)
+        write!(f, "client request body: {}", self.message)
     }
 }
 
@@ -71,8 +76,12 @@ impl BodySender {
     }
 
     /// Aborts the upstream request because the client's body failed.
-    pub async fn fail(&self, why: String) {
-        let _ = self.tx.send(Err(ClientBodyError(why))).await;
+    pub async fn fail(&self, why: &crate::http1::BodyError) {
+        let err = ClientBodyError {
+            message: why.to_string(),
+            too_large: matches!(why, crate::http1::BodyError::TooLarge),
+        };
+        let _ = self.tx.send(Err(err)).await;
     }
 }
 
@@ -99,7 +108,10 @@ impl Body for ProxyBody {
             Poll::Ready(None) => {
                 this.rx = None;
                 match this.length {
-                    Some(n) if this.sent < n => Poll::Ready(Some(Err(ClientBodyError("body ended early".into())))),
+                    Some(n) if this.sent < n => Poll::Ready(Some(Err(ClientBodyError {
+                        message: "body ended early".into(),
+                        too_large: false,
+                    }))),
                     _ => Poll::Ready(None),
                 }
             }

@@ -6,7 +6,7 @@ mod body;
 mod connect;
 mod group;
 
-pub use body::{BodySender, ProxyBody};
+pub use body::{BodySender, ClientBodyError, ProxyBody};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, tls_config};
 pub use group::{Group, ServerAddr};
 
@@ -27,7 +27,7 @@ pub enum UpstreamError {
     /// The origin broke the exchange (closed, sent garbage).
     Failed(String),
     /// The client's request body failed while being forwarded.
-    ClientBody(String),
+    ClientBody(ClientBodyError),
 }
 
 impl UpstreamError {
@@ -41,7 +41,8 @@ impl std::fmt::Display for UpstreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UpstreamError::Connect(e) => e.fmt(f),
-            UpstreamError::Timeout(s) | UpstreamError::Failed(s) | UpstreamError::ClientBody(s) => f.write_str(s),
+            UpstreamError::Timeout(s) | UpstreamError::Failed(s) => f.write_str(s),
+            UpstreamError::ClientBody(e) => e.fmt(f),
         }
     }
 }
@@ -103,7 +104,7 @@ fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
             });
         }
         if let Some(b) = s.downcast_ref::<body::ClientBodyError>() {
-            return UpstreamError::ClientBody(b.to_string());
+            return UpstreamError::ClientBody(b.clone());
         }
         source = s.source();
     }
