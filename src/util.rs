@@ -8,7 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// second per thread (no lock on the request path).
 pub fn http_date_now() -> HeaderValue {
     thread_local! {
-        static CACHE: RefCell<(u64, HeaderValue)> = RefCell::new((u64::MAX, HeaderValue::from_static("")));
+        static CACHE: RefCell<(u64, HeaderValue)> =
+            const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
     }
     let now = SystemTime::now();
     let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

@@ -203,7 +203,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
         if let Some(h) = &r.host
-            && (h.is_empty() || (h.contains('*') && h != "*" && !(h.starts_with("*.") && !h[2..].contains('*'))))
+            && !valid_host_pattern(h)
         {
             return Err((
                 vec![Key("rule"), Index(i), Key("host")],
@@ -230,6 +230,15 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         ));
     }
     Ok(())
+}
+
+/// `name`, `*.domain` or `*`: a wildcard only as the whole first label.
+fn valid_host_pattern(h: &str) -> bool {
+    match h.strip_prefix("*.") {
+        _ if h == "*" => true,
+        Some(rest) => !rest.is_empty() && !rest.contains('*'),
+        None => !h.is_empty() && !h.contains('*'),
+    }
 }
 
 /// The tracing level named by `log.level`, if it is a known one.

@@ -59,17 +59,11 @@ impl Default for Config {
 }
 
 /// `[server]`
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Async worker threads; 0 = one per core.
     pub workers: usize,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig { workers: 0 }
-    }
 }
 
 /// What a listener does with the requests it receives.

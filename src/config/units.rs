@@ -62,7 +62,7 @@ impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
         for (mult, name) in UNITS {
-            if self.0 >= mult && self.0 % mult == 0 {
+            if self.0 >= mult && self.0.is_multiple_of(mult) {
                 return write!(f, "{}{}", self.0 / mult, name);
             }
         }

@@ -292,8 +292,11 @@ pub fn last_chunk(trailers: Option<&HeaderMap>) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// Decodes `input` fed in pieces of `step` bytes; returns body, trailers, leftover.
-    fn run(input: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>, Vec<u8>), ChunkError> {
+    /// Body, trailers and the bytes left after the body.
+    type DecodedBody = (Vec<u8>, Option<HeaderMap>, Vec<u8>);
+
+    /// Decodes `input` fed in pieces of `step` bytes.
+    fn run(input: &[u8], step: usize) -> Result<DecodedBody, ChunkError> {
         let mut dec = ChunkedDecoder::new(4096);
         let mut buf = BytesMut::new();
         let mut body = Vec::new();

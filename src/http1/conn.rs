@@ -194,10 +194,10 @@ async fn read_head(
         // Parse only when a new line arrived or a limit may be crossed, so a
         // client trickling bytes cannot make us rescan the head per byte.
         let new_line = buf[scanned..].contains(&b'\n');
-        if new_line || buf.len() > limits.max_request_line || buf.len() > limits.max_head {
-            if let Some(parsed) = parse_request(buf, limits)? {
-                return Ok(Some(parsed));
-            }
+        if (new_line || buf.len() > limits.max_request_line || buf.len() > limits.max_head)
+            && let Some(parsed) = parse_request(buf, limits)?
+        {
+            return Ok(Some(parsed));
         }
         scanned = buf.len();
         let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 16 << 10);

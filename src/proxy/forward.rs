@@ -5,9 +5,10 @@
 use super::Shared;
 use super::headers::{add_via, decrement_max_forwards, forwarded_for, strip_hop_by_hop};
 use crate::config::HostHeader;
+use crate::http1::head::list_tokens;
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
 use crate::upstream::{BodySender, ConnectErrorKind, Group, ProxyBody, UpstreamError};
-use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION};
+use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -113,7 +114,13 @@ fn failure(e: UpstreamError) -> Failure {
 fn request_parts(ex: &Exchange<'_>, sh: &Shared, uri: Uri, host: HeaderValue) -> Result<http::request::Parts, Failure> {
     let head = &ex.head;
     let mut headers = head.headers.clone();
+    let accepts_trailers = list_tokens(&headers, &TE).any(|t| t.eq_ignore_ascii_case("trailers"));
     strip_hop_by_hop(&mut headers);
+    if accepts_trailers {
+        // TE is hop-by-hop, but Portico passes trailers on to this client,
+        // so it may say so to the origin on the client's behalf.
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
     // The expectation is met hop by hop: Portico sends 100 Continue itself.
     headers.remove(EXPECT);
     headers.insert(HOST, host);

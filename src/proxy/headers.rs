@@ -3,7 +3,7 @@
 
 use crate::config::ForwardedFor;
 use crate::http1::head::list_tokens;
-use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, TE, TRAILER, TRANSFER_ENCODING, UPGRADE, VIA};
+use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, VIA};
 use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
 
@@ -31,8 +31,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    // Already covered above, but named so a reader sees the RFC's list.
-    let _ = (&TE, &TRAILER, &TRANSFER_ENCODING, &UPGRADE);
 }
 
 /// Appends our `Via` entry (`1.1 portico`, or `1.0 portico` for a message

@@ -1,0 +1,47 @@
+//! Shared integration-test harness for Portico.
+//!
+//! Everything runs on real sockets bound to 127.0.0.1 with ephemeral ports.
+//! Helpers that touch the network are `async` and meant to be called from
+//! `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` tests, so
+//! in-process origins keep being served while a test waits on a client.
+//!
+//! - [`Portico`]: the real binary, started from a TOML config.
+//! - [`Origin`]: scripted hyper-based HTTP/1.1 origin (plain or TLS).
+//! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
+//! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
+
+// Not every test file uses every helper.
+#![allow(dead_code, unused_imports)]
+
+mod client;
+mod origin;
+mod portico;
+mod raw_origin;
+
+pub use client::{
+    Framing, ParsedResponse, RawClient, curl, parse_head_response, parse_response, parse_responses, raw_request,
+    raw_request_timeout,
+};
+pub use origin::{Body, Origin, Request, Response, pattern_matches};
+pub use portico::{Portico, listener_addrs};
+pub use raw_origin::{Blackhole, RawOrigin, chunked_body, read_request_head};
+
+use std::net::TcpListener;
+
+/// Returns a TCP port on 127.0.0.1 that was free a moment ago
+/// (bound to port 0, read back, released).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port");
+    listener.local_addr().expect("local_addr of ephemeral listener").port()
+}
+
+/// `"127.0.0.1:<free port>"`, ready to paste into a config.
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// An address where nothing listens (bound, then dropped): connecting to it
+/// is refused, which makes it a "dead origin".
+pub fn dead_addr() -> String {
+    free_addr()
+}

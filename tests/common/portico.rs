@@ -1,0 +1,210 @@
+//! Running the real `portico` binary.
+
+use std::fs::{self, File};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running `portico run -c <dir>/portico.toml`; killed on Drop.
+pub struct Portico {
+    child: Child,
+    dir: TempDir,
+    config_path: PathBuf,
+    listeners: Vec<SocketAddr>,
+}
+
+/// Writes `config_toml` (with `{dir}` replaced by the temp dir path) to
+/// `<tempdir>/portico.toml`; returns the dir, the path and the final text.
+fn write_config(config_toml: &str) -> (TempDir, PathBuf, String) {
+    let dir = tempfile::Builder::new()
+        .prefix("portico-test-")
+        .tempdir()
+        .expect("create temp dir for portico config");
+    let dir_str = dir.path().to_str().expect("temp dir path is not UTF-8");
+    let text = config_toml.replace("{dir}", dir_str);
+    let path = dir.path().join("portico.toml");
+    fs::write(&path, &text).expect("write portico.toml");
+    (dir, path, text)
+}
+
+/// The `address` of every `[[listener]]` in a config, with unspecified
+/// IPs (`0.0.0.0`, `[::]`) replaced by loopback so they can be dialled.
+/// Panics with the config text if it is not valid TOML.
+pub fn listener_addrs(config_toml: &str) -> Vec<SocketAddr> {
+    let table: toml::Table = config_toml
+        .parse()
+        .unwrap_or_else(|e| panic!("config is not valid TOML: {e}\n{config_toml}"));
+    let Some(listeners) = table.get("listener") else {
+        return Vec::new();
+    };
+    let listeners = listeners
+        .as_array()
+        .expect("`listener` must be an array of tables ([[listener]])");
+    listeners
+        .iter()
+        .map(|l| {
+            let text = l
+                .get("address")
+                .and_then(|a| a.as_str())
+                .expect("every [[listener]] needs address = \"host:port\"");
+            let mut addr = text
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .unwrap_or_else(|| panic!("listener address {text:?} does not resolve"));
+            if addr.ip().is_unspecified() {
+                addr.set_ip(match addr.ip() {
+                    IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+                    IpAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            addr
+        })
+        .collect()
+}
+
+impl Portico {
+    /// Writes the config (see [`Portico::dir`] for `{dir}`), starts portico,
+    /// and waits up to 10 s until every `[[listener]] address` accepts TCP
+    /// connections. Panics with portico's stderr if it exits or times out.
+    pub async fn start(config_toml: &str) -> Portico {
+        let (dir, config_path, text) = write_config(config_toml);
+        let listeners = listener_addrs(&text);
+        let out = File::create(dir.path().join("portico.stdout")).expect("create stdout file");
+        let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+        let mut portico = Portico {
+            child,
+            dir,
+            config_path,
+            listeners,
+        };
+        portico.wait_listening().await;
+        portico
+    }
+
+    async fn wait_listening(&mut self) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        for addr in self.listeners.clone() {
+            loop {
+                if let Some(status) = self.child.try_wait().expect("try_wait on portico") {
+                    panic!(
+                        "portico exited ({status}) before listening on {addr}\n{}",
+                        self.output_report()
+                    );
+                }
+                let attempt = tokio::net::TcpStream::connect(addr);
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), attempt).await {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    panic!(
+                        "portico did not listen on {addr} within {STARTUP_TIMEOUT:?}\n{}",
+                        self.output_report()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    fn output_report(&self) -> String {
+        format!(
+            "--- portico stderr ---\n{}\n--- portico stdout ---\n{}",
+            self.stderr(),
+            self.stdout()
+        )
+    }
+
+    /// Runs `portico check -c <tempdir>/portico.toml` (with `{dir}`
+    /// replaced) and returns its output. Blocking; it is short.
+    pub fn check(config_toml: &str) -> Output {
+        let (_dir, config_path, _) = write_config(config_toml);
+        Command::new(BIN)
+            .arg("check")
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {BIN} check: {e}"))
+    }
+
+    /// Process id of the running portico.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// False once portico has exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The temp dir holding the config and captured output; `{dir}` in the
+    /// config text is replaced by this path (e.g. `access = "{dir}/access.log"`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Path of the written config file.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The first listener's address (panics if the config had none).
+    pub fn addr(&self) -> SocketAddr {
+        *self.listeners.first().expect("config has no [[listener]]")
+    }
+
+    /// Everything portico wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(self.dir().join("portico.stderr")).unwrap_or_default()
+    }
+
+    /// Everything portico wrote to stdout so far.
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(self.dir().join("portico.stdout")).unwrap_or_default()
+    }
+
+    /// Current resident set size (VmRSS) in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS")
+    }
+
+    /// Peak resident set size (VmHWM) in KiB.
+    pub fn hwm_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM")
+    }
+
+    fn proc_status_kib(&self, key: &str) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path} (has portico exited?): {e}"));
+        status
+            .lines()
+            .find_map(|line| {
+                let value = line.strip_prefix(key)?.strip_prefix(':')?;
+                value.trim().strip_suffix("kB")?.trim().parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no {key} line in {path}"))
+    }
+}
+
+impl Drop for Portico {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

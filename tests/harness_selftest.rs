@@ -1,0 +1,315 @@
+//! Self-test of the integration-test harness (everything except `Portico`,
+//! which needs the real proxy).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn get(path: &str, extra: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: origin\r\n{extra}Connection: close\r\n\r\n").into_bytes()
+}
+
+async fn echo_origin() -> Origin {
+    Origin::start(|req| async move {
+        Response::ok(format!("{} {} {}", req.method, req.uri, req.body.len()))
+            .header("x-origin", "yes")
+            .header("set-cookie", "a=1")
+            .header("set-cookie", "b=2")
+    })
+    .await
+}
+
+#[test]
+fn free_port_and_addr_are_bindable() {
+    let port = free_port();
+    assert_ne!(port, 0);
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("free_port is bindable");
+    let addr = free_addr();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    std::net::TcpListener::bind(&addr).expect("free_addr is bindable");
+}
+
+#[test]
+fn listener_addrs_parses_config() {
+    let cfg = "[[listener]]\naddress = \"127.0.0.1:8001\"\n\n[[listener]]\naddress = \"0.0.0.0:8002\"\n\n[cache]\npath = \"{dir}/cache\"\n";
+    let addrs: Vec<String> = listener_addrs(cfg).iter().map(|a| a.to_string()).collect();
+    assert_eq!(addrs, ["127.0.0.1:8001", "127.0.0.1:8002"]);
+    assert!(listener_addrs("[cache]\n").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_answers_curl_and_raw() {
+    let origin = echo_origin().await;
+
+    let out = curl(&["-i", &format!("{}/hello?x=1", origin.url())]).await;
+    assert!(out.status.success(), "curl failed: {out:?}");
+    let text = stdout(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("x-origin: yes"), "{text}");
+    assert!(text.ends_with("GET /hello?x=1 0"), "{text}");
+
+    let out = curl(&["-d", "payload", &format!("{}/post", origin.url())]).await;
+    assert_eq!(stdout(&out), "POST /post 7");
+
+    let resp = parse_response(&raw_request(origin.addr(), &get("/raw", "X-Test: 1\r\n")).await);
+    assert_eq!((resp.version.as_str(), resp.status), ("HTTP/1.1", 200));
+    assert_eq!(resp.reason, "OK");
+    assert_eq!(resp.framing, Framing::ContentLength(10));
+    assert_eq!(resp.body_str(), "GET /raw 0");
+    assert_eq!(resp.headers_all("Set-Cookie"), ["a=1", "b=2"]);
+
+    assert_eq!(origin.count(), 3);
+    let reqs = origin.requests();
+    assert_eq!(reqs[1].method, "POST");
+    assert_eq!(&reqs[1].body[..], b"payload");
+    assert_eq!(reqs[2].uri, "/raw");
+    assert_eq!(reqs[2].header("x-test"), Some("1"));
+    assert_eq!(reqs[2].version, http::Version::HTTP_11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_with_raw_client() {
+    let origin = echo_origin().await;
+    let mut client = RawClient::connect(origin.addr()).await;
+    client.send(b"GET /1 HTTP/1.1\r\nHost: o\r\n\r\n").await;
+    assert_eq!(client.read_response().await.body_str(), "GET /1 0");
+    client.send(b"HEAD /2 HTTP/1.1\r\nHost: o\r\n\r\n").await;
+    let head = client.read_head_response().await;
+    assert_eq!((head.status, head.framing), (200, Framing::NoBody));
+    client
+        .send(b"GET /3 HTTP/1.1\r\nHost: o\r\n\r\nGET /4 HTTP/1.1\r\nHost: o\r\n\r\n")
+        .await;
+    assert_eq!(client.read_response().await.body_str(), "GET /3 0");
+    assert_eq!(client.read_response().await.body_str(), "GET /4 0");
+    assert_eq!((origin.count(), origin.connections()), (4, 1));
+    assert!(origin.wait_count(4, Duration::from_secs(1)).await);
+    assert!(!origin.wait_count(5, Duration::from_millis(50)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_response_with_trailers_is_framed_right() {
+    let origin = Origin::start(|_| async {
+        Response::ok("")
+            .header("content-type", "text/plain")
+            .chunked(["ab", "cde"], &[("x-checksum", "123")])
+    })
+    .await;
+
+    let raw = raw_request(origin.addr(), &get("/", "TE: trailers\r\n")).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
+    assert!(
+        text.ends_with("\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\nx-checksum: 123\r\n\r\n"),
+        "{text}"
+    );
+    let resp = parse_response(&raw);
+    assert_eq!(resp.framing, Framing::Chunked);
+    assert_eq!(resp.body_str(), "abcde");
+    assert_eq!(resp.header("trailer"), Some("x-checksum"));
+    assert_eq!(resp.trailer("X-Checksum"), Some("123"));
+
+    // Without `TE: trailers` hyper drops the trailers but keeps the framing.
+    let resp = parse_response(&raw_request(origin.addr(), &get("/", "")).await);
+    assert_eq!((resp.framing, resp.body_str().as_str()), (Framing::Chunked, "abcde"));
+    assert!(resp.trailers.is_empty());
+
+    let out = curl(&[&origin.url()]).await;
+    assert_eq!(stdout(&out), "abcde");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delays_are_applied() {
+    let origin = Origin::start(|_| async {
+        Response::new(200)
+            .chunked(["a", "b", "c"], &[])
+            .delay(Duration::from_millis(300))
+            .chunk_delay(Duration::from_millis(100))
+    })
+    .await;
+    let mut client = RawClient::connect(origin.addr()).await;
+    let started = Instant::now();
+    client.send(&get("/", "")).await;
+    let resp = client.read_response().await;
+    assert_eq!(resp.body_str(), "abc");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    // The request is recorded before the delay starts.
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_origin_works_with_curl_cacert() {
+    let origin = Origin::start_tls(|req| async move { Response::ok(format!("tls {}", req.uri)) }).await;
+    let ca = origin.ca_pem_path().to_str().expect("utf-8 path").to_owned();
+    let port = origin.addr().port();
+    assert_eq!(origin.url(), format!("https://127.0.0.1:{port}"));
+
+    for host in ["localhost", "127.0.0.1"] {
+        let out = curl(&["--cacert", &ca, &format!("https://{host}:{port}/x")]).await;
+        assert!(out.status.success(), "curl {host}: {out:?}");
+        assert_eq!(stdout(&out), "tls /x");
+    }
+    // Untrusted without the CA (curl exit 60: peer certificate problem).
+    let out = curl(&[&format!("https://localhost:{port}/")]).await;
+    assert_eq!(out.status.code(), Some(60), "{out:?}");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_origin_ca_is_trusted_by_rustls() {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let origin = Origin::start_tls(|_| async { Response::ok("hi") }).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(origin.ca_pem_path()).expect("read CA PEM"))
+        .expect("add CA to root store");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(origin.addr()).await.expect("connect");
+    let name = ServerName::try_from("localhost").expect("server name");
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with origin");
+    tls.write_all(&get("/", "")).await.expect("write");
+    let mut raw = Vec::new();
+    tls.read_to_end(&mut raw).await.expect("read");
+    assert_eq!(parse_response(&raw).body_str(), "hi");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_100mib_stream_arrives_whole() {
+    const LEN: u64 = 100 * 1024 * 1024;
+    let origin = Origin::start(|req| async move {
+        match req.uri.path() {
+            "/chunked" => Response::new(200).generated_chunked(LEN),
+            _ => Response::new(200).generated(LEN),
+        }
+    })
+    .await;
+
+    let out = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download}",
+        &format!("{}/cl", origin.url()),
+    ])
+    .await;
+    assert_eq!(stdout(&out), format!("200 {LEN}"), "{out:?}");
+
+    let mut client = RawClient::connect(origin.addr()).await;
+    client.timeout = Duration::from_secs(30);
+    client.send(&get("/chunked", "")).await;
+    let resp = client.read_response().await;
+    assert_eq!(resp.framing, Framing::Chunked);
+    assert_eq!(resp.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &resp.body), "generated body content is wrong");
+    assert!(pattern_matches(1000, &resp.body[1000..2000]));
+    assert!(!pattern_matches(1, &resp.body[..100]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_accepts_but_never_answers_and_dead_addr_refuses() {
+    let hole = Blackhole::start().await;
+    let started = Instant::now();
+    let got = raw_request_timeout(hole.addr(), &get("/", ""), Duration::from_millis(500)).await;
+    assert!(got.is_empty(), "blackhole answered: {got:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(hole.accepted(), 1);
+
+    let out = curl(&["--max-time", "1", &format!("http://{}/", hole.addr())]).await;
+    assert_eq!(out.status.code(), Some(28), "expected curl timeout: {out:?}");
+    assert_eq!(hole.accepted(), 2);
+
+    let dead = dead_addr();
+    assert!(tokio::net::TcpStream::connect(&dead).await.is_err());
+    let out = curl(&[&format!("http://{dead}/")]).await;
+    assert_eq!(out.status.code(), Some(7), "expected connection refused: {out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_origin_sends_hand_framed_bytes() {
+    let origin = RawOrigin::start(|mut stream| async move {
+        let head = read_request_head(&mut stream).await;
+        assert!(head.starts_with(b"GET /r HTTP/1.1\r\n"));
+        let mut resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        resp.extend(chunked_body(&[b"hand", b"", b"made"], &[("x-t", "1")]));
+        stream.write_all(&resp).await.expect("raw origin write");
+    })
+    .await;
+    let resp = parse_response(&raw_request(origin.addr(), &get("/r", "")).await);
+    assert_eq!(resp.body_str(), "handmade");
+    assert_eq!(resp.trailer("x-t"), Some("1"));
+    assert_eq!(origin.connections(), 1);
+}
+
+#[test]
+fn parser_handles_the_three_framings() {
+    let cl = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A:  b \r\n\r\nhelloEXTRA");
+    assert_eq!(
+        (cl.framing, cl.body_str().as_str()),
+        (Framing::ContentLength(5), "hello")
+    );
+    assert_eq!(cl.header("x-a"), Some("b"));
+
+    let chunked = parse_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 99\r\n\r\n\
+          4;ext=1\r\nWiki\r\nA\r\n pedia in \r\n0\r\nExpires: never\r\nX-Sum: 9\r\n\r\n",
+    );
+    assert_eq!(chunked.framing, Framing::Chunked);
+    assert_eq!(chunked.body_str(), "Wiki pedia in ");
+    assert_eq!(chunked.trailers.len(), 2);
+    assert_eq!(chunked.trailer("x-sum"), Some("9"));
+
+    let close = parse_response(b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\nuntil\r\nclose");
+    assert_eq!(
+        (close.framing, close.body_str().as_str()),
+        (Framing::Close, "until\r\nclose")
+    );
+    assert_eq!(close.version, "HTTP/1.0");
+
+    let no_body = parse_response(b"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n\r\n");
+    assert_eq!((no_body.framing, no_body.body.len()), (Framing::NoBody, 0));
+    let head = parse_head_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n");
+    assert_eq!(head.framing, Framing::NoBody);
+
+    let all = parse_responses(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naHTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    );
+    let statuses: Vec<u16> = all.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [100, 200, 404]);
+}
+
+#[test]
+#[should_panic(expected = "truncated body: Content-Length 10, got 3")]
+fn parser_rejects_truncated_content_length() {
+    parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc");
+}
+
+#[test]
+#[should_panic(expected = "truncated chunk data")]
+fn parser_rejects_truncated_chunked() {
+    parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab");
+}
+
+#[test]
+#[should_panic(expected = "conflicting Content-Length")]
+fn parser_rejects_conflicting_lengths() {
+    parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab");
+}
