@@ -103,11 +103,41 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
             Some(rest) => {
                 served += 1;
                 if settings.max_requests > 0 && served >= settings.max_requests {
-                    return;
+                    break;
                 }
                 carry = (!rest.is_empty()).then_some(rest);
             }
-            None => return,
+            None => break,
+        }
+    }
+    // Boxed: its read buffer must not enlarge every idle connection's task.
+    Box::pin(lingering_close(&stream)).await;
+}
+
+/// Closes our side, then reads and discards whatever the client still
+/// sends for a short while before the socket is dropped. Closing a socket
+/// with unread input makes the kernel send a reset, which can destroy the
+/// response (an error page for a request whose body we did not read) before
+/// the client has read it.
+async fn lingering_close(stream: &TcpStream) {
+    if socket2::SockRef::from(stream)
+        .shutdown(std::net::Shutdown::Write)
+        .is_err()
+    {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut discard = [0u8; 4096];
+    let mut total = 0usize;
+    while total < (256 << 10) {
+        match tokio::time::timeout_at(deadline, stream.readable()).await {
+            Ok(Ok(())) => match stream.try_read(&mut discard) {
+                Ok(0) => return,
+                Ok(n) => total += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            },
+            _ => return,
         }
     }
 }
@@ -198,6 +228,15 @@ async fn read_head(
             && let Some(parsed) = parse_request(buf, limits)?
         {
             return Ok(Some(parsed));
+        }
+        // `parse_request` skips leading empty lines without counting them,
+        // so a head that is still incomplete past the limit can only be a run
+        // of blank lines: refuse it rather than buffer (and rescan) it forever.
+        if buf.len() > limits.max_head {
+            return Err(HeadError {
+                status: http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                reason: "request head too large",
+            });
         }
         scanned = buf.len();
         let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 16 << 10);

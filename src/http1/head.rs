@@ -313,12 +313,16 @@ fn framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, HeadErr
 }
 
 /// The comma-separated tokens of every field named `name`, trimmed.
+///
+/// Elements holding obs-text (bytes 0x80 and up) are skipped one by one; a
+/// whole field value is never dropped for one such element, or a
+/// `Connection: \x90, close` would lose its `close`.
 pub fn list_tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(name)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|t| std::str::from_utf8(t).ok().filter(|t| t.is_ascii()))
         .map(|t| t.trim_matches([' ', '\t']))
         .filter(|t| !t.is_empty())
 }
@@ -506,5 +510,19 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn obs_text_does_not_hide_connection_tokens() {
+        // Found by fuzz/request_head: the whole value used to be skipped.
+        let (h, _) = parse_request(
+            b"T / HTTP/1.1\r\nHost:\r\nConnection:\x90,Close\r\n\r\n",
+            &HeadLimits::default(),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!h.keep_alive);
+        let tokens: Vec<&str> = list_tokens(&h.headers, &CONNECTION).collect();
+        assert_eq!(tokens, ["Close"]);
     }
 }

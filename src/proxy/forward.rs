@@ -8,7 +8,7 @@ use crate::config::HostHeader;
 use crate::http1::head::list_tokens;
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
 use crate::upstream::{BodySender, ConnectErrorKind, Group, ProxyBody, UpstreamError};
-use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE};
+use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -123,6 +123,11 @@ fn request_parts(ex: &Exchange<'_>, sh: &Shared, uri: Uri, host: HeaderValue) ->
     }
     // The expectation is met hop by hop: Portico sends 100 Continue itself.
     headers.remove(EXPECT);
+    if head.body == BodyFraming::Chunked {
+        // Said explicitly: hyper assumes a GET or HEAD body of unknown length
+        // is empty and would silently drop it.
+        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
     headers.insert(HOST, host);
     add_via(&mut headers, head.version, &sh.config.proxy.via);
     forwarded_for(&mut headers, ex.peer.ip(), sh.config.proxy.x_forwarded_for);

@@ -7,13 +7,15 @@ use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, VIA};
 use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
 
-/// Fields that describe one connection, never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
+/// Fields that describe one connection, never forwarded. `Trailer` is not
+/// one of them (RFC 9110 6.6.2, 7.6.1): it announces the trailer fields of
+/// a chunked body, which are forwarded, and hyper only sends request
+/// trailers that a `Trailer` field announces.
+const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
     "proxy-authorization",
@@ -127,6 +129,14 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert_eq!(h.get("x-keep").unwrap(), "yes");
+    }
+
+    #[test]
+    fn trailer_announcement_is_end_to_end() {
+        let mut h = map(&[("transfer-encoding", "chunked"), ("trailer", "x-checksum")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get("trailer").unwrap(), "x-checksum");
     }
 
     #[test]

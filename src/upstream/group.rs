@@ -120,12 +120,19 @@ impl Group {
         let n = self.servers.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
-        let candidates = (0..n)
-            .map(|k| (start + k) % n)
-            .filter(|&i| Some(i) != exclude || n == 1);
         let mut fallback = None;
-        for i in candidates {
+        for k in 0..n {
+            let i = start.wrapping_add(k) % n;
+            if Some(i) == exclude && n > 1 {
+                continue;
+            }
             if self.servers[i].down_until.load(Ordering::Relaxed) <= now {
+                // The servers skipped over gave their turn to this one: move
+                // the rotation past it too, or the server after a down one
+                // would get the down one's share as well as its own.
+                if k > 0 {
+                    self.next.fetch_add(k, Ordering::Relaxed);
+                }
                 return i;
             }
             fallback.get_or_insert(i);
@@ -170,6 +177,21 @@ mod tests {
         let picks: Vec<usize> = (0..4).map(|_| g.pick(None)).collect();
         assert!(!picks.contains(&1), "{picks:?}");
         assert_ne!(g.pick(Some(0)), 0);
+    }
+
+    #[test]
+    fn up_servers_share_evenly_around_a_down_one() {
+        let g = group(3);
+        g.mark_down(0);
+        let picks: Vec<usize> = (0..6).map(|_| g.pick(None)).collect();
+        assert_eq!(picks, vec![1, 2, 1, 2, 1, 2]);
+        g.mark_down(2);
+        g.mark_down(1);
+        // All down: still rotates.
+        let picks: Vec<usize> = (0..3).map(|_| g.pick(None)).collect();
+        let mut sorted = picks.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2], "{picks:?}");
     }
 
     #[test]
