@@ -298,6 +298,21 @@ mod tests {
     }
 
     #[test]
+    fn networks_take_cidr_or_single_addresses() {
+        let c = parse_str(
+            "[access]\nallow = [\"127.0.0.0/8\", \"::1\", \"192.0.2.7\"]\n",
+            "p.toml",
+        )
+        .unwrap();
+        let shown: Vec<String> = c.access.allow.iter().map(|n| n.to_string()).collect();
+        assert_eq!(shown, ["127.0.0.0/8", "::1/128", "192.0.2.7/32"]);
+        let e = parse_str("[access]\n\nallow = [\"10.0.0.0/8\", \"nope\"]\n", "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(e.key.as_deref(), Some("access.allow"), "{e}");
+        assert!(e.message.contains("invalid network \"nope\""), "{e}");
+    }
+
+    #[test]
     fn syntax_error_names_line() {
         let e = parse_str("[server]\nworkers = = 2\n", "p.toml").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");

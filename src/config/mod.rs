@@ -108,9 +108,30 @@ impl Default for ListenerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AccessConfig {
     /// Client networks allowed to use the proxy (CIDR or single addresses).
+    #[serde(deserialize_with = "networks")]
     pub allow: Vec<IpNet>,
     /// Client networks allowed to use administrative functions.
+    #[serde(deserialize_with = "networks")]
     pub admin_allow: Vec<IpNet>,
+}
+
+/// A list of networks written as CIDR (`10.0.0.0/8`) or single addresses
+/// (`::1`, `192.0.2.7`, taken as /32 or /128).
+fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    let items = Vec::<String>::deserialize(d)?;
+    items
+        .iter()
+        .map(|text| {
+            let t = text.trim();
+            t.parse::<IpNet>()
+                .or_else(|_| t.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "invalid network {text:?}: write an address (\"192.0.2.7\", \"::1\") or CIDR (\"10.0.0.0/8\")"
+                    ))
+                })
+        })
+        .collect()
 }
 
 fn loopback_nets() -> Vec<IpNet> {
