@@ -23,6 +23,9 @@ pub enum Target {
         group: usize,
         /// Origin-form target to send.
         path_and_query: String,
+        /// The host the client asked for: the absolute target's authority
+        /// (which replaces `Host`, RFC 9112 3.2.2) or the `Host` header.
+        host: String,
     },
 }
 
@@ -168,7 +171,11 @@ pub fn classify(head: &RequestHead, mode: Mode, rules: &Rules) -> Result<Target,
             let group = rules
                 .find(&host_only(&host), path)
                 .ok_or((StatusCode::NOT_FOUND, "no route matches this host and path"))?;
-            Ok(Target::Group { group, path_and_query })
+            Ok(Target::Group {
+                group,
+                path_and_query,
+                host,
+            })
         }
     }
 }

@@ -9,12 +9,6 @@ use std::sync::Arc;
 /// Runs the server on `config` until SIGINT or SIGTERM.
 pub fn run(config: Config) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
-    // Bind before starting anything else, so a busy port fails start-up
-    // with a clear message and nothing half-running.
-    let mut sockets = Vec::with_capacity(config.listener.len());
-    for l in &config.listener {
-        sockets.push((l.clone(), bind(l)?));
-    }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -26,6 +20,19 @@ pub fn run(config: Config) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    // Catch SIGTERM and SIGINT before any socket listens: once a client (or
+    // a supervisor) can see us listening, a signal must mean a clean
+    // shutdown, not the default action of killing the process.
+    let signals = {
+        let _enter = runtime.enter();
+        Signals::install()
+    };
+    // Bind before serving anything, so a busy port fails start-up with a
+    // clear message and nothing half-running.
+    let mut sockets = Vec::with_capacity(config.listener.len());
+    for l in &config.listener {
+        sockets.push((l.clone(), bind(l)?));
+    }
     runtime.block_on(async move {
         let settings = Arc::new(conn_settings(&config));
         let shared = Arc::new(Shared::new(config)?);
@@ -39,7 +46,7 @@ pub fn run(config: Config) -> Result<(), String> {
             });
             tokio::spawn(accept_loop(listener, cfg.nodelay, settings.clone(), handler));
         }
-        shutdown_signal().await;
+        signals.recv().await;
         tracing::info!("shutting down");
         Ok::<(), String>(())
     })?;
@@ -62,17 +69,42 @@ fn conn_settings(c: &Config) -> ConnSettings {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM and SIGINT, registered as soon as they are created.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Registers the handlers; must run inside the runtime.
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let register = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("cannot catch {name}: {e}");
+                None
+            }
+        };
+        Signals {
+            term: register(SignalKind::terminate(), "SIGTERM"),
+            int: register(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    /// Waits for either signal.
+    async fn recv(mut self) {
+        async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            () = one(&mut self.term) => {}
+            () = one(&mut self.int) => {}
         }
     }
 }

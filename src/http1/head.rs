@@ -274,6 +274,15 @@ fn framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, HeadErr
         if has_cl {
             return Err(bad("both Transfer-Encoding and Content-Length"));
         }
+        // A coding with obs-text is no token: skipping it would leave a
+        // `chunked` that another parser does not see as the final coding.
+        if headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .any(|v| !v.as_bytes().is_ascii())
+        {
+            return Err(bad("invalid Transfer-Encoding"));
+        }
         let codings: Vec<&str> = list_tokens(headers, &TRANSFER_ENCODING).collect();
         let chunked_count = codings.iter().filter(|c| c.eq_ignore_ascii_case("chunked")).count();
         let last_chunked = codings.last().is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
@@ -441,6 +450,20 @@ mod tests {
         );
         assert_eq!(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
         assert_eq!(status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn transfer_encoding_with_obs_text_is_rejected() {
+        // Found by fuzz/request_head: the element (or, before, the whole
+        // field) holding obs-text was skipped and the head taken as chunked.
+        for head in [
+            &b"T / HTTP/1.1\r\nHost:\r\nTransfer-Encoding:chunked,\xff\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\x80\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \xffx\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let err = parse_request(head, &HeadLimits::default()).expect_err("should be rejected");
+            assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        }
     }
 
     #[test]

@@ -25,7 +25,13 @@ pub async fn to_origin(ex: &mut Exchange<'_>, sh: &Shared, uri: Uri) -> Result<(
 
 /// Reverse proxying to a server of `group`, retrying an idempotent request
 /// without a body once on another server when the connect fails.
-pub async fn to_group(ex: &mut Exchange<'_>, sh: &Shared, group: &Group, path_and_query: &str) -> Result<(), Failure> {
+pub async fn to_group(
+    ex: &mut Exchange<'_>,
+    sh: &Shared,
+    group: &Group,
+    path_and_query: &str,
+    public_host: &str,
+) -> Result<(), Failure> {
     let retriable = group.retry
         && group.len() > 1
         && ex.head.body == BodyFraming::Empty
@@ -33,7 +39,9 @@ pub async fn to_group(ex: &mut Exchange<'_>, sh: &Shared, group: &Group, path_an
             ex.head.method,
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
         );
-    let client_host = ex.head.headers.get(HOST).cloned();
+    let client_host = (!public_host.is_empty())
+        .then(|| HeaderValue::from_str(public_host).ok())
+        .flatten();
     let mut failed: Option<usize> = None;
     loop {
         let idx = group.pick(failed);

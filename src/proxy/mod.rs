@@ -117,9 +117,11 @@ impl ListenerHandler {
         let result = match target {
             Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
             Target::Origin(uri) => forward::to_origin(ex, sh, uri).await,
-            Target::Group { group, path_and_query } => {
-                forward::to_group(ex, sh, &sh.groups[group], &path_and_query).await
-            }
+            Target::Group {
+                group,
+                path_and_query,
+                host,
+            } => forward::to_group(ex, sh, &sh.groups[group], &path_and_query, &host).await,
         };
         match result {
             Ok(()) => Outcome::Done,

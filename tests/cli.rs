@@ -1,0 +1,463 @@
+//! The `portico` command line: `check` error reports, `run --print-config`,
+//! start-up failures, and `run` on the embedded defaults.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `portico check` on `config` and asserts it fails with one error
+/// naming the file, `line` and `key`, and containing `message`.
+fn assert_check_error(config: &str, line: usize, key: &str, message: &str) {
+    let out = Portico::check(config);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success(),
+        "check accepted:\n{config}\nstdout: {}",
+        stdout(&out)
+    );
+    assert!(
+        err.contains(&format!("portico.toml:{line}: key `{key}`: ")),
+        "want line {line} and key `{key}` in: {err}"
+    );
+    assert!(err.contains(message), "want {message:?} in: {err}");
+    assert!(err.starts_with("portico: "), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Runs the binary with `args` in `cwd` and returns its output.
+fn run_portico(args: &[&str], cwd: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {BIN}: {e}"))
+}
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("portico-cli-")
+        .tempdir()
+        .expect("create temp dir")
+}
+
+/// Kills the child on drop, so a failed assertion leaves no process behind.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits for `child` to exit; panics if it is still running after 20 s
+/// (a guard against a hang, not a timing assertion).
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "portico kept running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn check_reports_unknown_key_with_suggestion() {
+    let config = "# a comment\n\n[[listener]]\nadress = \"127.0.0.1:8000\"\n";
+    assert_check_error(
+        config,
+        4,
+        "listener[0].adress",
+        "unknown key `adress`, did you mean `address`?",
+    );
+}
+
+#[test]
+fn check_reports_wrong_type_bad_duration_bad_cidr_unknown_upstream() {
+    assert_check_error(
+        "[[listener]]\naddress = \"127.0.0.1:8000\"\nlisten_queue = \"big\"\n",
+        3,
+        "listener[0].listen_queue",
+        "invalid type: string \"big\"",
+    );
+    assert_check_error(
+        "[server]\nworkers = 1\n\n[keepalive]\ntimeout = \"15 fortnights\"\n",
+        5,
+        "keepalive.timeout",
+        "15 fortnights",
+    );
+    assert_check_error(
+        "[keepalive]\nmax_requests = 5\ntimeout = 15\n",
+        3,
+        "keepalive.timeout",
+        "invalid type",
+    );
+    // A bad network: the key is the list (`access.allow`) or its element
+    // (`access.allow[1]`), on the line where it is written.
+    let out =
+        Portico::check("[access]\nadmin_allow = [\"127.0.0.0/8\"]\n\nallow = [\"127.0.0.0/8\", \"10.0.0.0/33\"]\n");
+    let err = stderr(&out);
+    assert!(!out.status.success(), "check accepted a /33");
+    assert!(err.contains("portico.toml:4: key `access.allow"), "{err}");
+    assert!(err.contains("invalid"), "{err}");
+    assert_check_error(
+        "[[upstream]]\nname = \"a\"\nservers = [\"127.0.0.1:1\"]\n\n[[rule]]\nhost = \"x\"\nupstream = \"b\"\n",
+        7,
+        "rule[0].upstream",
+        "no [[upstream]] is named `b` (defined: a)",
+    );
+}
+
+#[test]
+fn check_accepts_a_valid_config() {
+    let config = r#"
+[[listener]]
+address = "127.0.0.1:8000"
+mode = "reverse"
+
+[[listener]]
+address = "127.0.0.1:8001"
+
+[access]
+allow = ["127.0.0.0/8", "::1/128", "10.0.0.0/8"]
+
+[keepalive]
+timeout = "1m 30s"
+
+[limits]
+max_body_size = "10MiB"
+
+[[upstream]]
+name = "web"
+servers = ["127.0.0.1:9000", "https://localhost:9443"]
+host_header = "rewrite"
+
+[[rule]]
+host = "*.example.com"
+path = "/"
+upstream = "web"
+"#;
+    let out = Portico::check(config);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).trim_end().ends_with("portico.toml: OK"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn check_accepts_single_addresses_in_allow() {
+    let out = Portico::check("[access]\nallow = [\"192.0.2.7\", \"::1\", \"10.0.0.0/8\"]\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn print_config_without_file_shows_the_defaults() {
+    let dir = temp_dir();
+    let out = run_portico(&["run", "--print-config"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for want in [
+        "address = \"127.0.0.1:8080\"",
+        "mode = \"forward\"",
+        "[keepalive]\ntimeout = \"15s\"\nmax_requests = 100\n",
+        "connect_ports = [443]",
+        "tunnel_idle_timeout = \"5m\"",
+        "max_header_size = \"64KiB\"",
+    ] {
+        assert!(text.contains(want), "want {want:?} in:\n{text}");
+    }
+    // It printed and exited: nothing was started, no access log created.
+    assert!(!dir.path().join("access.log").exists());
+
+    let check = Portico::check(&text);
+    assert!(check.status.success(), "{}\n{text}", stderr(&check));
+}
+
+#[test]
+fn print_config_with_file_fills_in_the_rest() {
+    let dir = temp_dir();
+    let file = dir.path().join("mine.toml");
+    std::fs::write(
+        &file,
+        r#"[[listener]]
+address = "127.0.0.1:9999"
+mode = "reverse"
+
+[keepalive]
+max_requests = 7
+
+[proxy]
+connect_ports = [443, 8443]
+
+[[upstream]]
+name = "web"
+servers = ["127.0.0.1:9000"]
+
+[[rule]]
+host = "*.example.com"
+upstream = "web"
+"#,
+    )
+    .expect("write config");
+    let out = run_portico(
+        &["run", "-c", file.to_str().expect("utf-8"), "--print-config"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let printed: toml::Table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("printed config is not TOML: {e}\n{text}"));
+    let get = |path: &str| -> toml::Value {
+        let mut cur = toml::Value::Table(printed.clone());
+        for seg in path.split('.') {
+            cur = match seg.parse::<usize>() {
+                Ok(i) => cur.get(i).cloned(),
+                Err(_) => cur.get(seg).cloned(),
+            }
+            .unwrap_or_else(|| panic!("no `{path}` in:\n{text}"));
+        }
+        cur
+    };
+    let s = |v: &str| toml::Value::String(v.to_owned());
+    let i = toml::Value::Integer;
+    // From the file.
+    assert_eq!(get("listener.0.address"), s("127.0.0.1:9999"));
+    assert_eq!(get("listener.0.mode"), s("reverse"));
+    assert_eq!(get("keepalive.max_requests"), i(7));
+    assert_eq!(get("proxy.connect_ports"), toml::Value::Array(vec![i(443), i(8443)]));
+    assert_eq!(get("upstream.0.name"), s("web"));
+    assert_eq!(get("upstream.0.servers.0"), s("127.0.0.1:9000"));
+    assert_eq!(get("rule.0.host"), s("*.example.com"));
+    assert_eq!(get("rule.0.upstream"), s("web"));
+    // Every other default filled in.
+    assert_eq!(get("listener.0.listen_queue"), i(8192));
+    assert_eq!(get("listener.0.nodelay"), toml::Value::Boolean(true));
+    assert_eq!(get("keepalive.timeout"), s("15s"));
+    assert_eq!(get("upstream.0.host_header"), s("preserve"));
+    assert_eq!(get("upstream.0.down_time"), s("10s"));
+    assert_eq!(get("upstream.0.retry"), toml::Value::Boolean(true));
+    assert_eq!(get("limits.max_header_size"), s("64KiB"));
+    assert_eq!(get("proxy.tunnel_idle_timeout"), s("5m"));
+    assert_eq!(get("origin.first_byte_timeout"), s("1m"));
+    assert_eq!(get("access.allow.0"), s("127.0.0.0/8"));
+    assert_eq!(get("log.format"), s("combined"));
+    assert_eq!(get("server.workers"), i(0));
+    assert_eq!(printed["listener"].as_array().map(Vec::len), Some(1), "{text}");
+    assert!(!text.contains("127.0.0.1:8080"), "{text}");
+
+    let check = Portico::check(&text);
+    assert!(check.status.success(), "{}\n{text}", stderr(&check));
+}
+
+#[test]
+fn busy_port_fails_start_up_with_a_clear_message() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("local_addr");
+    let dir = temp_dir();
+    let file = dir.path().join("portico.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[log]\naccess = \"{}/access.log\"\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write config");
+    let child = Command::new(BIN)
+        .args(["run", "-c", file.to_str().expect("utf-8")])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut child = KillOnDrop(child);
+    let status = wait_exit(&mut child.0);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+    assert!(!status.success(), "{status}: {err}");
+    assert!(err.contains(&format!("cannot bind listener {addr}")), "{err}");
+    drop(held);
+}
+
+#[test]
+fn unusable_resources_fail_start_up() {
+    let dir = temp_dir();
+    let d = dir.path().display();
+    let cases = [
+        (
+            format!("[origin]\nca_file = \"{d}/missing.pem\"\n"),
+            format!("cannot read origin.ca_file {d}/missing.pem"),
+        ),
+        (
+            "[log]\naccess = \"/nonexistent-portico-dir/access.log\"\n".to_string(),
+            "cannot open access log /nonexistent-portico-dir/access.log".to_string(),
+        ),
+    ];
+    for (extra, want) in cases {
+        let file = dir.path().join("portico.toml");
+        let log = if extra.contains("[log]") {
+            String::new()
+        } else {
+            format!("[log]\naccess = \"{d}/access.log\"\n")
+        };
+        std::fs::write(
+            &file,
+            format!("[[listener]]\naddress = \"{}\"\n\n{log}{extra}", free_addr()),
+        )
+        .expect("write config");
+        let mut child = KillOnDrop(
+            Command::new(BIN)
+                .args(["run", "-c", file.to_str().expect("utf-8")])
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn portico"),
+        );
+        let status = wait_exit(&mut child.0);
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+        assert!(!status.success(), "{status}: {err}");
+        assert!(err.contains(&want), "want {want:?} in: {err}");
+    }
+    // `check` does not read ca_file.
+    let out = Portico::check("[origin]\nca_file = \"/nonexistent-portico-dir/ca.pem\"\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn check_on_a_missing_file_names_it() {
+    let dir = temp_dir();
+    let out = run_portico(&["check", "-c", "no-such-portico.toml"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stderr(&out).starts_with("portico: no-such-portico.toml: cannot read the config file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_without_config_proxies_on_8080() {
+    const DEFAULT: &str = "127.0.0.1:8080";
+    match std::net::TcpListener::bind(DEFAULT) {
+        Ok(probe) => drop(probe),
+        Err(e) => {
+            eprintln!("SKIPPED run_without_config_proxies_on_8080: {DEFAULT} is in use ({e})");
+            return;
+        }
+    }
+    let origin =
+        Origin::start(
+            |req| async move { Response::ok(format!("{} via {}", req.uri, req.header("via").unwrap_or("-"))) },
+        )
+        .await;
+    // The default access log is relative to the working directory.
+    let dir = temp_dir();
+    let child = Command::new(BIN)
+        .arg("run")
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut child = KillOnDrop(child);
+
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err);
+            if err.contains("cannot bind listener 127.0.0.1:8080") {
+                eprintln!("SKIPPED run_without_config_proxies_on_8080: 8080 was taken meanwhile: {err}");
+                return;
+            }
+            panic!("portico exited ({status}): {err}");
+        }
+        if tokio::net::TcpStream::connect(DEFAULT).await.is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "portico did not listen on {DEFAULT}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let out = curl(&["-x", "http://127.0.0.1:8080", &format!("{}/default", origin.url())]).await;
+    if child.0.try_wait().expect("try_wait").is_some() {
+        eprintln!("SKIPPED run_without_config_proxies_on_8080: portico exited (8080 taken by someone else?)");
+        return;
+    }
+    assert!(out.status.success(), "curl: {out:?}");
+    assert_eq!(stdout(&out), "/default via 1.1 portico");
+    assert_eq!(origin.count(), 1);
+}
+
+#[test]
+fn sigterm_stops_portico_cleanly() {
+    let dir = temp_dir();
+    let addr = free_addr();
+    let file = dir.path().join("portico.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[log]\naccess = \"{}/access.log\"\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write config");
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "-c", file.to_str().expect("utf-8")])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn portico"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(child.0.try_wait().expect("try_wait").is_none(), "portico exited early");
+        assert!(Instant::now() < deadline, "portico did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(kill.success());
+    let status = wait_exit(&mut child.0);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+    assert!(status.success(), "{status}: {err}");
+    assert!(err.contains("shutting down"), "{err}");
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "still listening after exit"
+    );
+}
