@@ -5,86 +5,190 @@
 use super::Shared;
 use super::headers::{add_via, decrement_max_forwards, forwarded_for, strip_hop_by_hop};
 use crate::config::HostHeader;
+use crate::http1::RequestHead;
 use crate::http1::head::list_tokens;
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
-use crate::upstream::{BodySender, ConnectErrorKind, Group, ProxyBody, UpstreamError};
+use crate::upstream::{BodySender, ConnectErrorKind, ProxyBody, UpstreamError};
 use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use std::net::IpAddr;
 
 /// A failure to report to the client as an error page.
 pub type Failure = (StatusCode, String);
 
-/// Forward (or transparent) proxying: the origin is named by the URI.
-pub async fn to_origin(ex: &mut Exchange<'_>, sh: &Shared, uri: Uri) -> Result<(), Failure> {
-    let host = HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?;
-    let parts = request_parts(ex, sh, uri, host)?;
-    exchange(ex, sh, parts, None).await.map_err(failure)
+/// Where a request goes upstream.
+#[derive(Debug, Clone)]
+pub enum Dest {
+    /// The origin named by the absolute URI (forward and transparent proxying).
+    Origin(Uri),
+    /// A server of an upstream group (reverse proxying).
+    Group {
+        /// Index into the shared group list.
+        group: usize,
+        /// Origin-form target.
+        path_and_query: String,
+        /// The host the client asked for (public name, for Host and Location).
+        public_host: String,
+    },
 }
 
-/// Reverse proxying to a server of `group`, retrying an idempotent request
-/// without a body once on another server when the connect fails.
-pub async fn to_group(
-    ex: &mut Exchange<'_>,
-    sh: &Shared,
-    group: &Group,
-    path_and_query: &str,
-    public_host: &str,
-) -> Result<(), Failure> {
-    let retriable = group.retry
-        && group.len() > 1
-        && ex.head.body == BodyFraming::Empty
-        && matches!(
-            ex.head.method,
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-        );
-    let client_host = (!public_host.is_empty())
-        .then(|| HeaderValue::from_str(public_host).ok())
-        .flatten();
-    let mut failed: Option<usize> = None;
-    loop {
-        let idx = group.pick(failed);
-        let server = group.server(idx);
-        let uri = server.uri(path_and_query).map_err(|_| bad_uri())?;
-        let host = match (group.host_header, &client_host) {
-            (HostHeader::Preserve, Some(h)) => h.clone(),
-            _ => HeaderValue::from_str(server.authority.as_str()).map_err(|_| bad_uri())?,
+/// One try at sending a request: where, with which Host, and how to
+/// rewrite the response's Location.
+struct Attempt {
+    uri: Uri,
+    host: HeaderValue,
+    rewrite: Option<LocationRewrite>,
+    server: Option<usize>,
+}
+
+impl Dest {
+    /// The scheme, authority and path the client asked for (the cache key's parts).
+    pub fn public_url(&self) -> (String, String, String) {
+        match self {
+            Dest::Origin(uri) => (
+                uri.scheme_str().unwrap_or("http").to_string(),
+                uri.authority().map_or(String::new(), |a| a.as_str().to_string()),
+                uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
+            ),
+            Dest::Group {
+                path_and_query,
+                public_host,
+                ..
+            } => ("http".to_string(), public_host.clone(), path_and_query.clone()),
+        }
+    }
+
+    /// The next attempt; `failed` is the server whose connect failed last.
+    fn attempt(&self, sh: &Shared, failed: Option<usize>) -> Result<Attempt, Failure> {
+        match self {
+            Dest::Origin(uri) => Ok(Attempt {
+                host: HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?,
+                uri: uri.clone(),
+                rewrite: None,
+                server: None,
+            }),
+            Dest::Group {
+                group,
+                path_and_query,
+                public_host,
+            } => {
+                let group = &sh.groups[*group];
+                let idx = group.pick(failed);
+                let server = group.server(idx);
+                let client_host = (!public_host.is_empty())
+                    .then(|| HeaderValue::from_str(public_host).ok())
+                    .flatten();
+                let host = match (group.host_header, &client_host) {
+                    (HostHeader::Preserve, Some(h)) => h.clone(),
+                    _ => HeaderValue::from_str(server.authority.as_str()).map_err(|_| bad_uri())?,
+                };
+                let rewrite = (!public_host.is_empty()).then(|| LocationRewrite {
+                    from: format!("{}://{}", server.scheme, server.authority),
+                    to: format!("http://{public_host}"),
+                });
+                Ok(Attempt {
+                    uri: server.uri(path_and_query).map_err(|_| bad_uri())?,
+                    host,
+                    rewrite,
+                    server: Some(idx),
+                })
+            }
+        }
+    }
+
+    /// After a failed attempt: marks a group server down on connect
+    /// failures and says whether to try another server (once, for an
+    /// idempotent request without a body).
+    fn retry_after(&self, sh: &Shared, attempt: &Attempt, head: &RequestHead, e: &UpstreamError, tried: bool) -> bool {
+        let (Dest::Group { group, .. }, Some(idx)) = (self, attempt.server) else {
+            return false;
         };
-        let public = client_host
-            .as_ref()
-            .and_then(|h| h.to_str().ok())
-            .map(|h| format!("http://{h}"));
-        let rewrite = public.map(|public| LocationRewrite {
-            from: format!("{}://{}", server.scheme, server.authority),
-            to: public,
-        });
-        let parts = request_parts(ex, sh, uri, host)?;
-        match exchange(ex, sh, parts, rewrite.as_ref()).await {
+        if !e.is_connect() {
+            return false;
+        }
+        let group = &sh.groups[*group];
+        tracing::warn!(upstream = %group.name, server = %group.server(idx).authority, "marking server down: {e}");
+        group.mark_down(idx);
+        !tried
+            && group.retry
+            && group.len() > 1
+            && head.body == BodyFraming::Empty
+            && matches!(
+                head.method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+            )
+    }
+}
+
+/// Forwards the request (its body streamed) and streams the response back.
+pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<(), Failure> {
+    let mut failed = None;
+    loop {
+        let attempt = dest.attempt(sh, failed)?;
+        let parts = request_parts(
+            &ex.head,
+            ex.peer.ip(),
+            sh,
+            attempt.uri.clone(),
+            attempt.host.clone(),
+            None,
+        )?;
+        match exchange(ex, sh, parts, attempt.rewrite.as_ref()).await {
             Ok(()) => return Ok(()),
-            Err(e) if e.is_connect() => {
-                tracing::warn!(upstream = %group.name, server = %server.authority, "marking server down: {e}");
-                group.mark_down(idx);
-                if retriable && failed.is_none() {
-                    failed = Some(idx);
+            Err(e) => {
+                if dest.retry_after(sh, &attempt, &ex.head, &e, failed.is_some()) {
+                    failed = attempt.server;
                     continue;
                 }
                 return Err(failure(e));
             }
-            Err(e) => return Err(failure(e)),
+        }
+    }
+}
+
+/// Sends a request without a body (the client's head, plus `extra` header
+/// fields such as validators) and returns the origin's response, with the
+/// Location rewrite to apply to it. Used by the cache, also from
+/// background revalidation tasks, so it borrows no connection.
+pub async fn fetch(
+    sh: &Shared,
+    head: &RequestHead,
+    client: IpAddr,
+    dest: &Dest,
+    extra: Option<&HeaderMap>,
+) -> Result<(http::Response<Incoming>, Option<LocationRewrite>), Failure> {
+    let mut failed = None;
+    loop {
+        let attempt = dest.attempt(sh, failed)?;
+        let parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
+        let request = Request::from_parts(parts, ProxyBody::empty());
+        match sh.upstream.send(request).await {
+            Ok(response) => return Ok((response, attempt.rewrite)),
+            Err(e) => {
+                if dest.retry_after(sh, &attempt, head, &e, failed.is_some()) {
+                    failed = attempt.server;
+                    continue;
+                }
+                return Err(failure(e));
+            }
         }
     }
 }
 
 /// Rewrites `Location`/`Content-Location` pointing at the origin server
 /// back to the public name the client used.
+#[derive(Debug, Clone)]
 pub struct LocationRewrite {
     from: String,
     to: String,
 }
 
 impl LocationRewrite {
-    fn apply(&self, headers: &mut HeaderMap) {
+    /// Rewrites the fields in `headers`.
+    pub fn apply(&self, headers: &mut HeaderMap) {
         for name in [LOCATION, CONTENT_LOCATION] {
             let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) else {
                 continue;
@@ -106,7 +210,8 @@ fn bad_uri() -> Failure {
     (StatusCode::BAD_REQUEST, "invalid request URI or Host".into())
 }
 
-fn failure(e: UpstreamError) -> Failure {
+/// The error page status and reason for an upstream failure.
+pub fn failure(e: UpstreamError) -> Failure {
     let status = match &e {
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -119,8 +224,14 @@ fn failure(e: UpstreamError) -> Failure {
 
 /// The request to send upstream: the client's, with hop-by-hop fields
 /// removed and Via / X-Forwarded-For / Max-Forwards applied.
-fn request_parts(ex: &Exchange<'_>, sh: &Shared, uri: Uri, host: HeaderValue) -> Result<http::request::Parts, Failure> {
-    let head = &ex.head;
+fn request_parts(
+    head: &RequestHead,
+    client: IpAddr,
+    sh: &Shared,
+    uri: Uri,
+    host: HeaderValue,
+    extra: Option<&HeaderMap>,
+) -> Result<http::request::Parts, Failure> {
     let mut headers = head.headers.clone();
     let accepts_trailers = list_tokens(&headers, &TE).any(|t| t.eq_ignore_ascii_case("trailers"));
     strip_hop_by_hop(&mut headers);
@@ -138,7 +249,12 @@ fn request_parts(ex: &Exchange<'_>, sh: &Shared, uri: Uri, host: HeaderValue) ->
     }
     headers.insert(HOST, host);
     add_via(&mut headers, head.version, &sh.config.proxy.via);
-    forwarded_for(&mut headers, ex.peer.ip(), sh.config.proxy.x_forwarded_for);
+    forwarded_for(&mut headers, client, sh.config.proxy.x_forwarded_for);
+    if let Some(extra) = extra {
+        for (name, value) in extra {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
     if head.method == Method::TRACE || head.method == Method::OPTIONS {
         decrement_max_forwards(&mut headers);
     }

@@ -114,15 +114,20 @@ impl ListenerHandler {
             Ok(t) => t,
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
-        let result = match target {
+        let dest = match target {
             Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
-            Target::Origin(uri) => forward::to_origin(ex, sh, uri).await,
+            Target::Origin(uri) => forward::Dest::Origin(uri),
             Target::Group {
                 group,
                 path_and_query,
                 host,
-            } => forward::to_group(ex, sh, &sh.groups[group], &path_and_query, &host).await,
+            } => forward::Dest::Group {
+                group,
+                path_and_query,
+                public_host: host,
+            },
         };
+        let result = forward::forward(ex, sh, &dest).await;
         match result {
             Ok(()) => Outcome::Done,
             Err((status, reason)) => self.fail(ex, status, &reason).await,
