@@ -7,6 +7,7 @@
 //! docs/ARCHITECTURE.md walks through it.
 
 pub mod access;
+pub mod cache;
 pub mod config;
 pub mod http1;
 pub mod listen;

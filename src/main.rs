@@ -33,6 +33,8 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Disk cache maintenance: gc, list, purge, verify (safe while a server runs).
+    Cache(portico::cache::admin::CacheArgs),
 }
 
 fn load(path: Option<&PathBuf>) -> Result<Config, String> {
@@ -54,6 +56,13 @@ fn main() -> ExitCode {
             }
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
+        Command::Cache(args) => {
+            match load(args.config.as_ref()).and_then(|c| portico::cache::admin::run(&c.cache, &args.command)) {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::FAILURE,
+                Err(e) => Err(e),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

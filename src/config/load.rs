@@ -211,6 +211,38 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    let [low, high] = c.cache.watermarks;
+    if low >= high || high > 100 {
+        return Err((
+            vec![Key("cache"), Key("watermarks")],
+            format!("[low, high] must satisfy low < high <= 100, got [{low}, {high}]"),
+        ));
+    }
+    for (i, level) in c.cache.levels.iter().enumerate() {
+        if *level == 0 || *level > 4096 {
+            return Err((
+                vec![Key("cache"), Key("levels"), Index(i)],
+                format!("{level} directories: must be between 1 and 4096"),
+            ));
+        }
+    }
+    for (i, r) in c.cache.refresh.iter().enumerate() {
+        if let Err(e) = regex::Regex::new(&r.pattern) {
+            return Err((
+                vec![Key("cache"), Key("refresh"), Index(i), Key("pattern")],
+                format!("invalid regular expression: {e}"),
+            ));
+        }
+        if r.min > r.max {
+            return Err((
+                vec![Key("cache"), Key("refresh"), Index(i), Key("min")],
+                "min is above max".into(),
+            ));
+        }
+    }
+    if c.cache.max_ttl.get() > std::time::Duration::ZERO && c.cache.min_ttl > c.cache.max_ttl {
+        return Err((vec![Key("cache"), Key("min_ttl")], "min_ttl is above max_ttl".into()));
+    }
     if tracing_level(&c.log.level).is_none() {
         return Err((
             vec![Key("log"), Key("level")],

@@ -37,6 +37,8 @@ pub struct Config {
     pub upstream: Vec<UpstreamConfig>,
     /// Reverse-proxy routes, checked in order; the first match wins.
     pub rule: Vec<RuleConfig>,
+    /// The HTTP cache.
+    pub cache: CacheConfig,
     /// Access and error logs.
     pub log: LogConfig,
 }
@@ -53,6 +55,7 @@ impl Default for Config {
             origin: OriginConfig::default(),
             upstream: Vec::new(),
             rule: Vec::new(),
+            cache: CacheConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -321,6 +324,122 @@ pub struct RuleConfig {
     pub path: Option<String>,
     /// The `[[upstream]]` group that serves matching requests.
     pub upstream: String,
+}
+
+/// How the disk tier's garbage collector runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GcMode {
+    /// A background task keeps disk use between the watermarks.
+    Auto,
+    /// No background task: run `portico cache gc` (e.g. from cron).
+    Scheduled,
+}
+
+/// When the disk tier calls fsync on a new object before publishing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fsync {
+    /// Never: fastest; a crash may lose recent objects (never corrupt them:
+    /// every object is checksummed and published by rename).
+    Never,
+    /// Before the rename that publishes each object.
+    Always,
+}
+
+/// A Squid-style refresh pattern: heuristic freshness for responses that
+/// carry `Last-Modified` but no explicit lifetime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefreshPattern {
+    /// Regular expression matched against the cache key URL.
+    pub pattern: String,
+    /// Lifetime never below this.
+    pub min: Dur,
+    /// Lifetime = this percentage of the time since `Last-Modified`.
+    pub percent: u32,
+    /// Lifetime never above this.
+    pub max: Dur,
+}
+
+/// `[cache]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Cache responses at all.
+    pub enabled: bool,
+    /// Memory tier budget (default: 1/16 of the machine's RAM, at most 4GiB).
+    pub memory: Size,
+    /// Largest object admitted to the memory tier.
+    pub max_memory_object: Size,
+    /// Disk tier directory (relative to the working directory).
+    pub dir: PathBuf,
+    /// Disk tier budget; 0 disables the disk tier.
+    pub disk: Size,
+    /// Largest object stored at all.
+    pub max_object_size: Size,
+    /// Directory levels under `dir`: first-level and second-level directory counts.
+    pub levels: [u16; 2],
+    /// auto | scheduled.
+    pub gc: GcMode,
+    /// Low and high watermarks, percent of `disk`: GC starts above high and stops at low.
+    pub watermarks: [u8; 2],
+    /// never | always.
+    pub fsync: Fsync,
+    /// Heuristic freshness rules, first match wins; none = no heuristic freshness.
+    pub refresh: Vec<RefreshPattern>,
+    /// Name of the response header saying HIT, MISS, STALE or REVALIDATED; empty = none.
+    pub status_header: String,
+    /// Override (breaks RFC 9111): ignore client `Cache-Control: no-cache` / `Pragma: no-cache`.
+    pub ignore_reload: bool,
+    /// Override (breaks RFC 9111): store responses marked `no-store` or `private`.
+    pub ignore_no_store: bool,
+    /// Cache responses to URLs with a query string.
+    pub cache_query: bool,
+    /// Leave the query string out of the cache key.
+    pub ignore_query_in_key: bool,
+    /// Override (breaks RFC 9111): freshness lifetime at least this.
+    pub min_ttl: Dur,
+    /// Override (breaks RFC 9111): freshness lifetime at most this; 0 = no limit.
+    pub max_ttl: Dur,
+}
+
+/// 1/16 of physical memory, between 16MiB and 4GiB.
+fn default_memory_budget() -> Size {
+    // SAFETY: sysconf only reads system configuration; it has no
+    // preconditions and returns -1 on error, which is handled.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let ram = if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        1 << 30
+    };
+    Size((ram / 16).clamp(16 << 20, 4 << 30) & !((1 << 20) - 1))
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            memory: default_memory_budget(),
+            max_memory_object: Size(1 << 20),
+            dir: PathBuf::from("portico-cache"),
+            disk: Size(1 << 30),
+            max_object_size: Size(1 << 30),
+            levels: [16, 256],
+            gc: GcMode::Auto,
+            watermarks: [90, 95],
+            fsync: Fsync::Never,
+            refresh: Vec::new(),
+            status_header: "X-Cache".to_string(),
+            ignore_reload: false,
+            ignore_no_store: false,
+            cache_query: true,
+            ignore_query_in_key: false,
+            min_ttl: Dur::secs(0),
+            max_ttl: Dur::secs(0),
+        }
+    }
 }
 
 /// Access log line formats.

@@ -109,7 +109,9 @@ impl ChunkedDecoder {
                         return Ok(Decoded::Done);
                     }
                     let Some(end) = find_trailer_end(buf) else {
-                        if buf.len() > self.max_trailers {
+                        // A lone CR may still become the CRLF of an empty
+                        // trailer section, which no limit refuses.
+                        if buf.len() > self.max_trailers && buf[..] != b"\r"[..] {
                             return Err(ChunkError("trailer section too large"));
                         }
                         check_endings(buf)?;
@@ -297,7 +299,12 @@ mod tests {
 
     /// Decodes `input` fed in pieces of `step` bytes.
     fn run(input: &[u8], step: usize) -> Result<DecodedBody, ChunkError> {
-        let mut dec = ChunkedDecoder::new(4096);
+        run_limited(input, step, 4096)
+    }
+
+    /// Like `run`, with a trailer section of at most `max_trailers` bytes.
+    fn run_limited(input: &[u8], step: usize, max_trailers: usize) -> Result<DecodedBody, ChunkError> {
+        let mut dec = ChunkedDecoder::new(max_trailers);
         let mut buf = BytesMut::new();
         let mut body = Vec::new();
         let mut trailers = None;
@@ -327,6 +334,26 @@ mod tests {
             assert_eq!(body, b"hello!");
             assert_eq!(trailers.unwrap().get("x-sum").unwrap(), "1");
             assert!(b"NEXT".starts_with(&rest));
+        }
+    }
+
+    #[test]
+    fn trailer_limit_does_not_depend_on_the_split() {
+        // Found by fuzz/chunked_body: fed byte by byte with a zero trailer
+        // limit, the first byte of the final CRLF was taken as an oversized
+        // trailer section, while the same body in one piece was accepted.
+        let input = b"5\r\nhello\r\n0\r\n\r\nNEXT";
+        for step in [1, 2, 3, 100] {
+            let (body, trailers, rest) = run_limited(input, step, 0).unwrap();
+            assert_eq!(body, b"hello");
+            assert!(trailers.is_none());
+            assert!(b"NEXT".starts_with(&rest));
+        }
+        for step in [1, 2, 100] {
+            assert_eq!(
+                run_limited(b"0\r\nX: 1\r\n\r\n", step, 0).unwrap_err(),
+                ChunkError("trailer section too large")
+            );
         }
     }
 

@@ -91,9 +91,11 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
             } else {
                 settings.keepalive_timeout
             };
-            match tokio::time::timeout(wait, stream.readable()).await {
-                Ok(Ok(())) => {}
-                _ => return,
+            if !tokio::time::timeout(wait, bytes_waiting(&stream))
+                .await
+                .unwrap_or(false)
+            {
+                break;
             }
         }
         let buf = carry.take().unwrap_or_default();
@@ -112,6 +114,29 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
     }
     // Boxed: its read buffer must not enlarge every idle connection's task.
     Box::pin(lingering_close(&stream)).await;
+}
+
+/// Waits until the client has sent something (true) or closed (false),
+/// holding no buffer. Readiness can be reported spuriously (tokio says so,
+/// and a fresh connection often is), so it is confirmed by peeking one byte
+/// before the caller takes a buffer: otherwise every connection that has
+/// not sent its request yet would hold a read buffer.
+async fn bytes_waiting(stream: &TcpStream) -> bool {
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    loop {
+        if stream.readable().await.is_err() {
+            return false;
+        }
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(stream).peek(&mut one)
+        });
+        match peeked {
+            Ok(0) => return false,
+            Ok(_) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Closes our side, then reads and discards whatever the client still
@@ -239,7 +264,8 @@ async fn read_head(
             });
         }
         scanned = buf.len();
-        let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 16 << 10);
+        // Most heads fit in 4 KiB: start there, grow for larger ones.
+        let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 4 << 10);
         match tokio::time::timeout_at(deadline, read_buf(stream, buf, want)).await {
             Err(_) if buf.is_empty() => return Ok(None),
             Err(_) => {

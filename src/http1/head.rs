@@ -85,6 +85,14 @@ pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<(RequestH
     while buf[start..].starts_with(b"\r\n") {
         start += 2;
     }
+    // They count against the head limit, or a client could send them
+    // without end while the caller keeps buffering.
+    if start > limits.max_head {
+        return Err(HeadError {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            reason: "too many empty lines before the request",
+        });
+    }
     if buf.len() > start && buf[start] == b'\n' {
         return Err(bad("bare LF before request line"));
     }
@@ -377,6 +385,19 @@ mod tests {
         assert_eq!(h.target, "/a?b");
         assert!(h.keep_alive);
         assert_eq!(h.body, BodyFraming::Empty);
+    }
+
+    #[test]
+    fn leading_empty_lines_are_limited() {
+        // Found by fuzz/request_head: they were skipped without limit, so
+        // the caller kept buffering them.
+        assert_eq!(status(&"\r\n".repeat(40_000)), 431);
+        let limits = HeadLimits {
+            max_head: 4,
+            ..HeadLimits::default()
+        };
+        assert!(parse_request(b"\r\n\r\n", &limits).unwrap().is_none());
+        assert_eq!(parse_request(b"\r\n\r\n\r\n", &limits).unwrap_err().status, 431);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub struct ResponseWriter<'a> {
     pending_head: Option<Vec<u8>>,
     status: Option<StatusCode>,
     declared: u64,
+    locations: HeaderMap,
     body_bytes: u64,
     finished: bool,
 }
@@ -52,6 +53,7 @@ impl<'a> ResponseWriter<'a> {
             pending_head: None,
             status: None,
             declared: 0,
+            locations: HeaderMap::new(),
             body_bytes: 0,
             finished: false,
         }
@@ -70,6 +72,12 @@ impl<'a> ResponseWriter<'a> {
     /// Whether the connection stays open after this response.
     pub fn keep_alive(&self) -> bool {
         self.keep_alive
+    }
+
+    /// The `Location` and `Content-Location` fields of the response sent
+    /// (what a cache needs to invalidate after an unsafe request).
+    pub fn sent_headers(&self) -> &HeaderMap {
+        &self.locations
     }
 
     /// True once a final response head has been queued or sent.
@@ -127,6 +135,11 @@ impl<'a> ResponseWriter<'a> {
                 }
             }
         };
+        for name in [http::header::LOCATION, http::header::CONTENT_LOCATION] {
+            if let Some(v) = headers.get(&name) {
+                self.locations.insert(name, v.clone());
+            }
+        }
         if !headers.contains_key(DATE) {
             headers.insert(DATE, crate::util::http_date_now());
         }

@@ -68,23 +68,31 @@ impl AccessLog {
 
 fn writer(file: std::fs::File, rx: mpsc::Receiver<String>) {
     let mut out = std::io::BufWriter::with_capacity(64 << 10, file);
-    loop {
-        // Flush whenever the queue runs dry, so the file is current within
-        // a fraction of a second without a write per line under load.
-        let line = match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) => line,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = out.flush();
-                continue;
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
+    let write = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
         if let Err(e) = out.write_all(line.as_bytes()) {
             tracing::error!("access log write failed: {e}");
         }
-        if rx.try_recv().is_err_and(|e| e == mpsc::TryRecvError::Empty) {
-            let _ = out.flush();
+    };
+    loop {
+        let line = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        write(&mut out, line);
+        // Write whatever else is queued, then flush once the queue runs dry,
+        // so the file is current without a write per line under load.
+        loop {
+            match rx.try_recv() {
+                Ok(line) => write(&mut out, line),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    let _ = out.flush();
+                    return;
+                }
+            }
         }
+        let _ = out.flush();
     }
     let _ = out.flush();
 }
@@ -142,6 +150,34 @@ fn format_line(format: LogFormat, r: &AccessRecord<'_>, now: SystemTime) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_queued_line_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::open(&path, LogFormat::Common).unwrap();
+        let r = AccessRecord {
+            client: "127.0.0.1".parse().unwrap(),
+            user: None,
+            request_line: "GET / HTTP/1.1",
+            status: 200,
+            bytes: 1,
+            referer: None,
+            user_agent: None,
+        };
+        for _ in 0..1000 {
+            log.record(&r);
+        }
+        let mut lines = 0;
+        for _ in 0..100 {
+            lines = std::fs::read_to_string(&path).unwrap_or_default().lines().count();
+            if lines == 1000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(lines, 1000);
+    }
 
     #[test]
     fn combined_line() {

@@ -1,8 +1,10 @@
 //! The request pipeline: access check, classify and route, then forward to
 //! an origin (or tunnel), and log. One [`ListenerHandler`] per listener.
 
+mod cached;
 mod forward;
 mod headers;
+mod purge;
 mod reply;
 mod tunnel;
 
@@ -20,10 +22,13 @@ pub struct Shared {
     /// The configuration in force.
     pub config: Config,
     allow: AllowList,
+    admin: AllowList,
     rules: Rules,
     groups: Vec<Group>,
     upstream: Upstream,
     access_log: AccessLog,
+    /// The HTTP cache, unless `cache.enabled = false`.
+    pub cache: Option<crate::cache::Cache>,
 }
 
 impl Shared {
@@ -33,10 +38,16 @@ impl Shared {
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
         Ok(Shared {
             allow: AllowList::new(&config.access.allow),
+            admin: AllowList::new(&config.access.admin_allow),
             rules,
             groups,
             upstream: Upstream::new(&config.origin)?,
             access_log: AccessLog::open(&config.log.access, config.log.format)?,
+            cache: if config.cache.enabled {
+                Some(crate::cache::Cache::new(&config.cache)?)
+            } else {
+                None
+            },
             config,
         })
     }
@@ -127,7 +138,11 @@ impl ListenerHandler {
                 public_host: host,
             },
         };
-        let result = forward::forward(ex, sh, &dest).await;
+        let result = if purge::is_purge(&ex.head.method) {
+            purge::purge(ex, sh, &dest).await
+        } else {
+            cached::serve(ex, &self.shared, dest).await
+        };
         match result {
             Ok(()) => Outcome::Done,
             Err((status, reason)) => self.fail(ex, status, &reason).await,

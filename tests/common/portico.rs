@@ -78,7 +78,10 @@ impl Portico {
         let listeners = listener_addrs(&text);
         let out = File::create(dir.path().join("portico.stdout")).expect("create stdout file");
         let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
+        // Run in the temp dir, so relative paths (the default cache
+        // directory, access.log) never land in the repository.
         let child = Command::new(BIN)
+            .current_dir(dir.path())
             .arg("run")
             .arg("-c")
             .arg(&config_path)
@@ -133,8 +136,9 @@ impl Portico {
     /// Runs `portico check -c <tempdir>/portico.toml` (with `{dir}`
     /// replaced) and returns its output. Blocking; it is short.
     pub fn check(config_toml: &str) -> Output {
-        let (_dir, config_path, _) = write_config(config_toml);
+        let (dir, config_path, _) = write_config(config_toml);
         Command::new(BIN)
+            .current_dir(dir.path())
             .arg("check")
             .arg("-c")
             .arg(&config_path)

@@ -1,0 +1,225 @@
+//! The in-memory index of the disk tier: object id -> size on disk, last
+//! access, access count, expiry hint, key check, kept in 64 independently
+//! locked shards (plain `std::sync::Mutex<HashMap>`: each critical section
+//! is a hash lookup, so a sharded mutex is as fast as `dashmap` without the
+//! extra dependency). Ids are already xxh3 hashes, so the maps hash them by
+//! taking their low 64 bits; the shard is chosen by the top bits.
+//!
+//! The totals (objects, bytes) are kept in `DiskStats` and changed under
+//! the shard lock together with the entry, so they always match the maps.
+
+use super::DiskStats;
+use crate::cache::key::ObjectId;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const SHARDS: usize = 64;
+
+/// Hashes an id (already uniformly distributed) by its low 64 bits.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+}
+
+type Map = HashMap<u128, Entry, BuildHasherDefault<IdHasher>>;
+
+/// One object in the index (32 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// File size on disk (header, meta, body, trailer).
+    pub size: u64,
+    /// Last access, unix seconds.
+    pub last_access: u32,
+    /// Expiry hint, unix seconds (0 = unknown), saturated to u32.
+    pub expires: u32,
+    /// Accesses since it was indexed (saturating).
+    pub hits: u32,
+    /// Which version of the object this is (changes on every commit).
+    pub generation: u32,
+    /// The metadata's key hashes to the object's id; when false no lookup
+    /// can ever find the object, so the GC evicts it first.
+    pub key_ok: bool,
+}
+
+/// The sharded map.
+pub struct Index {
+    shards: Box<[Mutex<Map>]>,
+    generation: AtomicU32,
+    stats: Arc<DiskStats>,
+}
+
+impl Index {
+    /// An empty index whose totals live in `stats`.
+    pub fn new(stats: Arc<DiskStats>) -> Index {
+        Index {
+            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+            generation: AtomicU32::new(1),
+            stats,
+        }
+    }
+
+    fn shard(&self, id: ObjectId) -> MutexGuard<'_, Map> {
+        let i = (id.0 >> 122) as usize % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh generation number for a new entry.
+    pub fn next_generation(&self) -> u32 {
+        self.generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn added(&self, e: &Entry) {
+        self.stats.objects.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(e.size, Ordering::Relaxed);
+    }
+
+    fn removed(&self, e: &Entry) {
+        self.stats.objects.fetch_sub(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_sub(e.size, Ordering::Relaxed);
+    }
+
+    /// Inserts or replaces; returns the replaced entry.
+    pub fn insert(&self, id: ObjectId, e: Entry) -> Option<Entry> {
+        let mut s = self.shard(id);
+        let old = s.insert(id.0, e);
+        if let Some(o) = &old {
+            self.removed(o);
+        }
+        self.added(&e);
+        old
+    }
+
+    /// Inserts unless the id is already indexed (the scan uses this, so an
+    /// object committed while the scan runs is not counted twice).
+    pub fn insert_if_absent(&self, id: ObjectId, e: Entry) -> bool {
+        let mut s = self.shard(id);
+        if s.contains_key(&id.0) {
+            return false;
+        }
+        s.insert(id.0, e);
+        self.added(&e);
+        true
+    }
+
+    /// Removes an entry.
+    pub fn remove(&self, id: ObjectId) -> Option<Entry> {
+        let old = self.shard(id).remove(&id.0);
+        if let Some(o) = &old {
+            self.removed(o);
+        }
+        old
+    }
+
+    /// Removes the entry only if it is still the given generation.
+    pub fn remove_generation(&self, id: ObjectId, generation: u32) -> Option<Entry> {
+        let mut s = self.shard(id);
+        if s.get(&id.0).is_some_and(|e| e.generation == generation) {
+            let old = s.remove(&id.0);
+            if let Some(o) = &old {
+                self.removed(o);
+            }
+            return old;
+        }
+        None
+    }
+
+    /// The entry for an id.
+    pub fn get(&self, id: ObjectId) -> Option<Entry> {
+        self.shard(id).get(&id.0).copied()
+    }
+
+    /// Records an access; false if the id is not indexed.
+    pub fn touch(&self, id: ObjectId, now: u32) -> bool {
+        match self.shard(id).get_mut(&id.0) {
+            Some(e) => {
+                e.last_access = e.last_access.max(now);
+                e.hits = e.hits.saturating_add(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Calls `f` with every entry, one shard locked at a time (each lock
+    /// is held only while that shard is copied by `f`).
+    pub fn for_each(&self, mut f: impl FnMut(ObjectId, &Entry)) {
+        for shard in self.shards.iter() {
+            let s = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, e) in s.iter() {
+                f(ObjectId(*id), e);
+            }
+        }
+    }
+
+    /// Number of entries (counted from the maps, for tests).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(size: u64) -> Entry {
+        Entry {
+            size,
+            last_access: 10,
+            expires: 0,
+            hits: 0,
+            generation: 1,
+            key_ok: true,
+        }
+    }
+
+    #[test]
+    fn accounting() {
+        let stats = Arc::new(DiskStats::default());
+        let idx = Index::new(stats.clone());
+        let total = |s: &DiskStats| (s.objects.load(Ordering::Relaxed), s.bytes.load(Ordering::Relaxed));
+        assert!(idx.insert(ObjectId(1), entry(100)).is_none());
+        assert!(idx.insert(ObjectId(2 << 126), entry(50)).is_none());
+        assert_eq!(total(&stats), (2, 150));
+        // Replacing adjusts by the difference.
+        assert_eq!(idx.insert(ObjectId(1), entry(70)).map(|e| e.size), Some(100));
+        assert_eq!(total(&stats), (2, 120));
+        // The scan does not count an object twice.
+        assert!(!idx.insert_if_absent(ObjectId(1), entry(999)));
+        assert!(idx.insert_if_absent(ObjectId(3), entry(5)));
+        assert_eq!(total(&stats), (3, 125));
+        assert!(idx.touch(ObjectId(3), 20));
+        assert_eq!(idx.get(ObjectId(3)).map(|e| (e.hits, e.last_access)), Some((1, 20)));
+        assert!(!idx.touch(ObjectId(4), 20));
+        assert!(idx.remove_generation(ObjectId(3), 7).is_none());
+        assert!(idx.remove_generation(ObjectId(3), 1).is_some());
+        assert_eq!(idx.remove(ObjectId(1)).map(|e| e.size), Some(70));
+        assert!(idx.remove(ObjectId(1)).is_none());
+        assert_eq!(total(&stats), (1, 50));
+        assert_eq!(idx.len(), 1);
+        let mut seen = vec![];
+        idx.for_each(|id, e| seen.push((id, e.size)));
+        assert_eq!(seen, vec![(ObjectId(2 << 126), 50)]);
+    }
+}

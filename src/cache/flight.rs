@@ -1,0 +1,441 @@
+//! Request collapsing: concurrent misses for one key make one origin fetch.
+//! The first request (the leader) fetches; the others (followers) wait for
+//! its response head and then read the body from the shared spool as it
+//! arrives, each at its own pace.
+//!
+//! The spool is bounded: while it holds at most [`SPOOL_LIMIT`] bytes it
+//! keeps the whole body, so a follower may join from the first byte; past
+//! that, chunks every follower has read are dropped (a large object does not
+//! sit in memory while it streams to the client and the disk), and a request
+//! that joins afterwards is *late*: it waits for the fetch to end, then
+//! looks the (now stored) object up or fetches for itself.
+
+use super::key::ObjectId;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+use tokio::sync::Notify;
+
+/// Body bytes a flight keeps for followers that have not joined yet; past
+/// this, only what joined followers still have to read is kept.
+pub const SPOOL_LIMIT: u64 = 1 << 20;
+
+/// The response head the leader got, as followers will send it.
+#[derive(Debug, Clone)]
+pub struct SharedHead {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers as stored (hop-by-hop removed, Via added).
+    pub headers: HeaderMap,
+    /// Content length if known.
+    pub length: Option<u64>,
+    /// The response's Vary field names (empty if it does not vary).
+    pub vary: Vec<String>,
+    /// The leader's request values for those fields: a follower whose
+    /// request differs must fetch its own variant.
+    pub variant: Vec<(String, Option<String>)>,
+    /// When the leader's request was sent and its response head arrived
+    /// (RFC 9111 4.2.3), for the `Age` followers send.
+    pub request_time: SystemTime,
+    /// See `request_time`.
+    pub response_time: SystemTime,
+}
+
+/// How a fetch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Still arriving.
+    Running,
+    /// Complete.
+    Complete,
+    /// Broken mid-way (followers must cut their clients off).
+    Failed,
+    /// The response cannot be shared (not storable, or the leader gave up
+    /// before a head arrived): followers fetch for themselves.
+    NotShared,
+}
+
+#[derive(Debug)]
+struct State {
+    head: Option<Arc<SharedHead>>,
+    /// Body chunks not yet dropped; `chunks[0]` is chunk number `base`.
+    chunks: VecDeque<Bytes>,
+    base: usize,
+    /// Bytes in `chunks`.
+    spooled: u64,
+    /// Chunks have been (or are being) dropped: new followers are late.
+    trimming: bool,
+    /// Each joined follower's next chunk number; None once it is gone.
+    cursors: Vec<Option<usize>>,
+    ending: Ending,
+}
+
+impl State {
+    /// Drops the chunks every joined follower has read.
+    fn trim(&mut self) {
+        let end = self.base + self.chunks.len();
+        let keep_from = self.cursors.iter().flatten().copied().min().unwrap_or(end);
+        while self.base < keep_from {
+            let Some(c) = self.chunks.pop_front() else { break };
+            self.spooled -= c.len() as u64;
+            self.base += 1;
+        }
+    }
+}
+
+/// One fetch in flight.
+#[derive(Debug)]
+pub struct Flight {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Flight {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.lock());
+        self.changed.notify_waiters();
+    }
+}
+
+/// The leader's handle: publishes the head and the body; dropping it
+/// without `finish` tells followers the fetch failed (or was not shared).
+pub struct Leader {
+    flights: Arc<Flights>,
+    id: ObjectId,
+    flight: Arc<Flight>,
+    ended: bool,
+}
+
+impl Leader {
+    /// The response head is known and shareable.
+    pub fn head(&self, head: SharedHead) {
+        self.flight.update(|s| s.head = Some(Arc::new(head)));
+    }
+
+    /// More body bytes.
+    pub fn data(&self, chunk: Bytes) {
+        self.flight.update(|s| {
+            s.spooled += chunk.len() as u64;
+            s.chunks.push_back(chunk);
+            if s.spooled > SPOOL_LIMIT {
+                s.trimming = true;
+            }
+            if s.trimming {
+                s.trim();
+            }
+        });
+    }
+
+    /// Ends the fetch.
+    pub fn finish(mut self, ending: Ending) {
+        self.end(ending);
+    }
+
+    fn end(&mut self, ending: Ending) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.flights.remove(self.id, &self.flight);
+        self.flight.update(|s| s.ending = ending);
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        let head_known = self.flight.lock().head.is_some();
+        self.end(if head_known { Ending::Failed } else { Ending::NotShared });
+    }
+}
+
+/// A follower's view of a flight.
+pub struct Follower {
+    flight: Arc<Flight>,
+    /// Its slot in the flight's cursors; None for a late follower (joined
+    /// after chunks were dropped), which cannot stream.
+    slot: Option<usize>,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            let mut s = self.flight.lock();
+            s.cursors[slot] = None;
+            if s.trimming {
+                s.trim();
+            }
+        }
+    }
+}
+
+/// What a follower gets next.
+#[derive(Debug)]
+pub enum Next {
+    /// Body bytes.
+    Data(Bytes),
+    /// The body is complete.
+    End,
+    /// The fetch broke: cut the client off.
+    Failed,
+}
+
+impl Follower {
+    /// Waits for the head; None when the response is not shared, and for
+    /// a late follower once the fetch has ended: look the object up again
+    /// or fetch it yourself.
+    pub async fn head(&mut self) -> Option<Arc<SharedHead>> {
+        loop {
+            let notified = self.flight.changed.notified();
+            {
+                let s = self.flight.lock();
+                if s.ending != Ending::Running && (self.slot.is_none() || s.head.is_none()) {
+                    return None;
+                }
+                if let (Some(h), Some(_)) = (&s.head, self.slot) {
+                    return Some(h.clone());
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// The next piece of the body.
+    pub async fn next(&mut self) -> Next {
+        let Some(slot) = self.slot else {
+            return Next::Failed;
+        };
+        loop {
+            let notified = self.flight.changed.notified();
+            {
+                let mut s = self.flight.lock();
+                let next = s.cursors[slot].unwrap_or(usize::MAX);
+                if let Some(c) = next.checked_sub(s.base).and_then(|i| s.chunks.get(i)).cloned() {
+                    s.cursors[slot] = Some(next + 1);
+                    if s.trimming {
+                        s.trim();
+                    }
+                    return Next::Data(c);
+                }
+                match s.ending {
+                    Ending::Running => {}
+                    Ending::Complete => return Next::End,
+                    Ending::Failed | Ending::NotShared => return Next::Failed,
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The fetches in flight, by object id.
+#[derive(Debug, Default)]
+pub struct Flights {
+    map: Mutex<HashMap<ObjectId, Arc<Flight>>>,
+}
+
+/// Leading a new fetch, or following one under way.
+pub enum Role {
+    /// Fetch, and publish through this handle.
+    Leader(Leader),
+    /// Wait for the leader.
+    Follower(Follower),
+}
+
+impl Flights {
+    /// Joins the fetch for `id`, or starts one.
+    pub fn join(self: &Arc<Self>, id: ObjectId) -> Role {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(&id) {
+            // Joined from the first chunk, unless chunks are being dropped
+            // (decided under the same lock, so none is dropped unseen).
+            let mut s = f.lock();
+            let slot = (!s.trimming).then(|| {
+                let base = s.base;
+                s.cursors.push(Some(base));
+                s.cursors.len() - 1
+            });
+            drop(s);
+            return Role::Follower(Follower {
+                flight: f.clone(),
+                slot,
+            });
+        }
+        let flight = Arc::new(Flight {
+            state: Mutex::new(State {
+                head: None,
+                chunks: VecDeque::new(),
+                base: 0,
+                spooled: 0,
+                trimming: false,
+                cursors: Vec::new(),
+                ending: Ending::Running,
+            }),
+            changed: Notify::new(),
+        });
+        map.insert(id, flight.clone());
+        Role::Leader(Leader {
+            flights: self.clone(),
+            id,
+            flight,
+            ended: false,
+        })
+    }
+
+    fn remove(&self, id: ObjectId, flight: &Arc<Flight>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&id).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            map.remove(&id);
+        }
+    }
+
+    /// Fetches in flight now.
+    pub fn len(&self) -> usize {
+        self.map.lock().map_or(0, |m| m.len())
+    }
+
+    /// True if none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn followers_stream_what_the_leader_publishes() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(leader) = flights.join(ObjectId(1)) else {
+            panic!("first is leader")
+        };
+        let Role::Follower(mut f) = flights.join(ObjectId(1)) else {
+            panic!("second follows")
+        };
+        let task = tokio::spawn(async move {
+            let head = f.head().await.expect("shared");
+            let mut body = Vec::new();
+            loop {
+                match f.next().await {
+                    Next::Data(d) => body.extend_from_slice(&d),
+                    Next::End => return (head.status, body),
+                    Next::Failed => panic!("failed"),
+                }
+            }
+        });
+        leader.head(SharedHead {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            length: Some(6),
+            vary: Vec::new(),
+            variant: Vec::new(),
+            request_time: SystemTime::now(),
+            response_time: SystemTime::now(),
+        });
+        leader.data(Bytes::from_static(b"abc"));
+        tokio::task::yield_now().await;
+        leader.data(Bytes::from_static(b"def"));
+        leader.finish(Ending::Complete);
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, b"abcdef");
+        assert!(flights.is_empty());
+        // A new request after the end leads a new fetch.
+        assert!(matches!(flights.join(ObjectId(1)), Role::Leader(_)));
+    }
+
+    #[tokio::test]
+    async fn dropped_leader_releases_followers() {
+        let flights = Arc::new(Flights::default());
+        let leader = flights.join(ObjectId(2));
+        let Role::Follower(mut f) = flights.join(ObjectId(2)) else {
+            panic!()
+        };
+        drop(leader);
+        assert!(f.head().await.is_none());
+    }
+
+    fn head_of(len: Option<u64>) -> SharedHead {
+        SharedHead {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            length: len,
+            vary: Vec::new(),
+            variant: Vec::new(),
+            request_time: SystemTime::now(),
+            response_time: SystemTime::now(),
+        }
+    }
+
+    fn spooled(f: &Arc<Flight>) -> u64 {
+        f.lock().spooled
+    }
+
+    #[tokio::test]
+    async fn spool_is_bounded_and_late_followers_wait_for_the_end() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(leader) = flights.join(ObjectId(3)) else {
+            panic!("first is leader")
+        };
+        let Role::Follower(mut early) = flights.join(ObjectId(3)) else {
+            panic!("second follows")
+        };
+        let flight = leader.flight.clone();
+        leader.head(head_of(None));
+        let chunk = Bytes::from(vec![7u8; 64 << 10]);
+        let n = (SPOOL_LIMIT as usize / chunk.len()) * 3;
+        // The early follower reads nothing yet: everything is kept for it.
+        for _ in 0..n {
+            leader.data(chunk.clone());
+        }
+        assert_eq!(spooled(&flight), (n * chunk.len()) as u64);
+        // Past the limit a new follower is late.
+        let Role::Follower(mut late) = flights.join(ObjectId(3)) else {
+            panic!("joins")
+        };
+        // As the early follower reads, what it read is dropped.
+        assert!(early.head().await.is_some());
+        for _ in 0..n {
+            assert!(matches!(early.next().await, Next::Data(d) if d.len() == chunk.len()));
+        }
+        assert_eq!(spooled(&flight), 0);
+        // With no follower left, nothing is kept at all.
+        drop(early);
+        for _ in 0..n {
+            leader.data(chunk.clone());
+            assert_eq!(spooled(&flight), 0);
+        }
+        let waiting = tokio::spawn(async move { late.head().await.is_none() });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "a late follower waits for the end");
+        leader.finish(Ending::Complete);
+        assert!(waiting.await.unwrap(), "then looks up or fetches itself");
+    }
+
+    #[tokio::test]
+    async fn small_bodies_are_kept_whole_for_followers_joining_late() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(leader) = flights.join(ObjectId(4)) else {
+            panic!("first is leader")
+        };
+        leader.head(head_of(Some(6)));
+        leader.data(Bytes::from_static(b"abc"));
+        leader.data(Bytes::from_static(b"def"));
+        let Role::Follower(mut f) = flights.join(ObjectId(4)) else {
+            panic!("follows")
+        };
+        leader.finish(Ending::Complete);
+        assert!(f.head().await.is_some());
+        let mut body = Vec::new();
+        while let Next::Data(d) = f.next().await {
+            body.extend_from_slice(&d);
+        }
+        assert_eq!(body, b"abcdef");
+    }
+}

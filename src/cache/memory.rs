@@ -1,0 +1,151 @@
+//! The memory tier: hot objects held whole in memory, admitted and evicted
+//! by quick_cache's size-aware S3-FIFO-style policy (a one-hit wonder does
+//! not push out objects that are used again), so a hit costs a hash lookup
+//! and an `Arc` clone, never a disk read.
+
+use super::key::ObjectId;
+use super::object::StoredMeta;
+use bytes::Bytes;
+use quick_cache::Weighter;
+use quick_cache::sync::Cache;
+use std::sync::Arc;
+
+/// A whole object in memory.
+#[derive(Debug)]
+pub struct MemObject {
+    /// Its metadata.
+    pub meta: StoredMeta,
+    /// Its body.
+    pub body: Bytes,
+}
+
+impl MemObject {
+    /// Approximate memory held: body, key and headers.
+    pub fn weight(&self) -> u64 {
+        let headers: usize = self
+            .meta
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .sum();
+        (self.body.len() + self.meta.key.len() + headers + 128) as u64
+    }
+}
+
+#[derive(Clone)]
+struct ByWeight;
+
+impl Weighter<ObjectId, Arc<MemObject>> for ByWeight {
+    fn weight(&self, _key: &ObjectId, val: &Arc<MemObject>) -> u64 {
+        val.weight().max(1)
+    }
+}
+
+/// The memory tier.
+pub struct MemoryTier {
+    cache: Cache<ObjectId, Arc<MemObject>, ByWeight>,
+    max_object: u64,
+}
+
+impl MemoryTier {
+    /// A tier holding at most `budget` bytes, admitting objects up to `max_object` bytes.
+    pub fn new(budget: u64, max_object: u64) -> MemoryTier {
+        // quick_cache wants an item-count estimate; assume ~16 KiB objects.
+        let estimate = usize::try_from((budget / (16 << 10)).clamp(64, 4 << 20)).unwrap_or(1 << 20);
+        MemoryTier {
+            cache: Cache::with_weighter(estimate, budget.max(1), ByWeight),
+            max_object,
+        }
+    }
+
+    /// The object, if held.
+    pub fn get(&self, id: ObjectId) -> Option<Arc<MemObject>> {
+        self.cache.get(&id)
+    }
+
+    /// True if an object of `len` body bytes may be admitted.
+    pub fn admits(&self, len: u64) -> bool {
+        len <= self.max_object
+    }
+
+    /// Stores (or replaces) an object; too large ones are ignored.
+    pub fn insert(&self, id: ObjectId, obj: Arc<MemObject>) {
+        if self.admits(obj.body.len() as u64) {
+            self.cache.insert(id, obj);
+        }
+    }
+
+    /// Drops an object.
+    pub fn remove(&self, id: ObjectId) {
+        self.cache.remove(&id);
+    }
+
+    /// Objects held.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// True if nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// Bytes held (by the weight estimate).
+    pub fn bytes(&self) -> u64 {
+        self.cache.weight()
+    }
+
+    /// Drops every object whose key URL starts with `prefix`; returns how many.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let n = std::cell::Cell::new(0);
+        self.cache.retain(|_, v| {
+            let keep = !v.meta.key.starts_with(prefix);
+            n.set(n.get() + usize::from(!keep));
+            keep
+        });
+        n.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, StatusCode};
+    use std::time::SystemTime;
+
+    fn obj(key: &str, len: usize) -> Arc<MemObject> {
+        Arc::new(MemObject {
+            meta: StoredMeta {
+                key: key.into(),
+                variant: vec![],
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                request_time: SystemTime::now(),
+                response_time: SystemTime::now(),
+            },
+            body: Bytes::from(vec![b'x'; len]),
+        })
+    }
+
+    #[test]
+    fn budget_is_respected_and_large_objects_refused() {
+        let tier = MemoryTier::new(1 << 20, 64 << 10);
+        for i in 0..100u128 {
+            tier.insert(ObjectId(i), obj("http://h/x", 32 << 10));
+        }
+        assert!(tier.bytes() <= 1 << 20, "{}", tier.bytes());
+        assert!(tier.len() < 100);
+        tier.insert(ObjectId(999), obj("http://h/big", 128 << 10));
+        assert!(tier.get(ObjectId(999)).is_none());
+    }
+
+    #[test]
+    fn purge_by_prefix() {
+        let tier = MemoryTier::new(1 << 20, 64 << 10);
+        tier.insert(ObjectId(1), obj("http://a/1", 10));
+        tier.insert(ObjectId(2), obj("http://a/2", 10));
+        tier.insert(ObjectId(3), obj("http://b/1", 10));
+        assert_eq!(tier.purge_prefix("http://a/"), 2);
+        assert!(tier.get(ObjectId(3)).is_some());
+    }
+}

@@ -1,0 +1,17 @@
+//! The HTTP cache (RFC 9111, shared cache): a library with no knowledge of
+//! sockets. `key` names objects, `object` is their stored metadata,
+//! `policy` decides what may be stored and served, `memory` and `disk` are
+//! the two tiers; `admin` holds the offline operations of `portico cache`.
+
+pub mod admin;
+pub mod disk;
+pub mod flight;
+pub mod key;
+pub mod memory;
+pub mod object;
+pub mod policy;
+pub mod range;
+mod tiers;
+
+pub use key::{CacheKey, ObjectId};
+pub use tiers::{Cache, CacheStats, RangeReader, StoreSink, Stored, StoredBody};

@@ -1,0 +1,203 @@
+//! What the cache stores about a response besides its body: status, headers,
+//! the times RFC 9111's age calculation needs, and the request header values
+//! a `Vary` variant was selected with. Shared by the memory and disk tiers;
+//! `encode`/`decode` give the byte form the disk tier writes.
+
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Stored response metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMeta {
+    /// The primary cache key (normalised absolute URL), kept to detect hash
+    /// collisions and for listing and purging by prefix.
+    pub key: String,
+    /// For a `Vary` variant: each varying request field (lower-case name)
+    /// and the value the request had (None when absent).
+    pub variant: Vec<(String, Option<String>)>,
+    /// Response status.
+    pub status: StatusCode,
+    /// Response headers as stored (hop-by-hop fields removed).
+    pub headers: HeaderMap,
+    /// When the request that fetched this response was sent (RFC 9111 4.2.3 request_time).
+    pub request_time: SystemTime,
+    /// When the response was received (response_time).
+    pub response_time: SystemTime,
+}
+
+/// Why stored metadata could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(pub &'static str);
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "corrupt cache metadata: {}", self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+const VERSION: u8 = 1;
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn from_millis(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&b[..b.len().min(u32::MAX as usize)]);
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.data.len() < n {
+            return Err(DecodeError("truncated"));
+        }
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError("invalid UTF-8"))
+    }
+}
+
+impl StoredMeta {
+    /// The byte form written to disk.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256 + self.key.len());
+        out.push(VERSION);
+        put_bytes(&mut out, self.key.as_bytes());
+        out.extend_from_slice(&self.status.as_u16().to_le_bytes());
+        out.extend_from_slice(&millis(self.request_time).to_le_bytes());
+        out.extend_from_slice(&millis(self.response_time).to_le_bytes());
+        out.extend_from_slice(&u32::try_from(self.variant.len()).unwrap_or(0).to_le_bytes());
+        for (name, value) in &self.variant {
+            put_bytes(&mut out, name.as_bytes());
+            match value {
+                Some(v) => {
+                    out.push(1);
+                    put_bytes(&mut out, v.as_bytes());
+                }
+                None => out.push(0),
+            }
+        }
+        out.extend_from_slice(&u32::try_from(self.headers.len()).unwrap_or(0).to_le_bytes());
+        for (name, value) in &self.headers {
+            put_bytes(&mut out, name.as_str().as_bytes());
+            put_bytes(&mut out, value.as_bytes());
+        }
+        out
+    }
+
+    /// Parses what `encode` wrote.
+    pub fn decode(data: &[u8]) -> Result<StoredMeta, DecodeError> {
+        let mut r = Reader { data };
+        if r.u8()? != VERSION {
+            return Err(DecodeError("unknown metadata version"));
+        }
+        let key = r.string()?;
+        let status = StatusCode::from_u16(r.u16()?).map_err(|_| DecodeError("invalid status"))?;
+        let request_time = from_millis(r.u64()?);
+        let response_time = from_millis(r.u64()?);
+        let nvariant = r.u32()? as usize;
+        let mut variant = Vec::with_capacity(nvariant.min(64));
+        for _ in 0..nvariant {
+            let name = r.string()?;
+            let value = match r.u8()? {
+                0 => None,
+                1 => Some(r.string()?),
+                _ => return Err(DecodeError("invalid variant flag")),
+            };
+            variant.push((name, value));
+        }
+        let nheaders = r.u32()? as usize;
+        let mut headers = HeaderMap::with_capacity(nheaders.min(256));
+        for _ in 0..nheaders {
+            let name = HeaderName::from_bytes(r.bytes()?).map_err(|_| DecodeError("invalid header name"))?;
+            let value = HeaderValue::from_bytes(r.bytes()?).map_err(|_| DecodeError("invalid header value"))?;
+            headers.append(name, value);
+        }
+        if !r.data.is_empty() {
+            return Err(DecodeError("trailing bytes"));
+        }
+        Ok(StoredMeta {
+            key,
+            variant,
+            status,
+            headers,
+            request_time,
+            response_time,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StoredMeta {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        headers.append("set-thing", HeaderValue::from_static("a"));
+        headers.append("set-thing", HeaderValue::from_static("b"));
+        StoredMeta {
+            key: "http://example.com/a?b".into(),
+            variant: vec![
+                ("accept-encoding".into(), Some("gzip".into())),
+                ("x-absent".into(), None),
+            ],
+            status: StatusCode::OK,
+            headers,
+            request_time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            response_time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_456),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        assert_eq!(StoredMeta::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn truncated_or_extended_is_an_error() {
+        let bytes = sample().encode();
+        for cut in [0, 1, 5, bytes.len() / 2, bytes.len() - 1] {
+            assert!(StoredMeta::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(StoredMeta::decode(&longer).is_err());
+    }
+}

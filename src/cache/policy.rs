@@ -1,0 +1,2197 @@
+//! The decisions of an RFC 9111 **shared** cache, as pure functions over
+//! `http` types: no I/O, no async and no clock (every function that needs
+//! "now" takes it as a parameter). All times and ages are whole seconds, as
+//! RFC 9111 computes them.
+//!
+//! How the pieces fit, for one client request:
+//!
+//! 1. **lookup**: the caller builds the [`CacheKey`] and finds the stored
+//!    response. When it varies, [`vary_fields`] of the stored headers and
+//!    [`variant_of`] the request give the [`StoredMeta::variant`] to look up
+//!    (`CacheKey::variant_id`); [`variant_matches`] confirms a candidate.
+//!    Nothing stored: a miss; answer 504 if [`only_if_cached`], else fetch (5).
+//! 2. **evaluate**: [`Policy::evaluate`] gives a [`Decision`]:
+//!    `Fresh` / `Stale` serve (3); `StaleWhileRevalidate` serves (3) and
+//!    starts one background revalidation (4); `Revalidate` revalidates (4)
+//!    before answering; `GatewayTimeout` answers 504.
+//! 3. **serve**: [`check_preconditions`] may turn the answer into a 304
+//!    (headers from [`not_modified_headers`]) or a 412; otherwise
+//!    [`crate::cache::range::plan`] picks 200, 206 or 416. Every answer from
+//!    the cache carries `Age: `[`age_header`]. `HEAD` is served from the
+//!    stored `GET` response.
+//! 4. **revalidate**: send the request upstream with
+//!    [`conditional_headers`] and classify the answer with [`revalidation`]:
+//!    `NotModified` → [`update_from_304`], store the updated metadata, serve
+//!    it (3); `Replace` → a fetched response (5); `ServerError` → serve the
+//!    stored response while `now <= stale_if_error_until`, else pass the
+//!    error on; `Mismatch` → fetch again without the conditional headers.
+//! 5. **fetch and store**: [`Policy::storable`] says whether an origin
+//!    response may be stored, or why not; store it as a [`StoredMeta`] whose
+//!    `variant` is `variant_of(vary_fields(response), request)` and whose
+//!    `request_time` / `response_time` are taken as RFC 9111 4.2.3 defines
+//!    them (just before sending the request, just after the response head).
+//! 6. **invalidate**: after an unsafe request succeeds,
+//!    [`Policy::invalidations`] lists the keys to remove (every variant).
+//!
+//! Configuration (refresh patterns, the overrides that break the spec) is
+//! compiled once into a [`Policy`]; the functions that need none are free.
+
+use crate::cache::key::CacheKey;
+use crate::cache::object::StoredMeta;
+use crate::config::CacheConfig;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode};
+use regex::{Regex, RegexSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// RFC 9111 1.2.2: a delta-seconds value too large to represent, or a
+/// calculation that overflows, counts as 2^31 seconds.
+const DELTA_MAX: u64 = 1 << 31;
+
+// ---------------------------------------------------------------------------
+// Policy: the configured part.
+// ---------------------------------------------------------------------------
+
+/// One compiled refresh pattern (all in seconds).
+#[derive(Debug, Clone, Copy)]
+struct Refresh {
+    min: u64,
+    percent: u64,
+    max: u64,
+}
+
+/// The cache configuration compiled for the decisions that depend on it:
+/// storability, freshness lifetime, evaluation and invalidation.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    patterns: RegexSet,
+    refresh: Vec<Refresh>,
+    ignore_reload: bool,
+    ignore_no_store: bool,
+    cache_query: bool,
+    ignore_query_in_key: bool,
+    min_ttl: u64,
+    max_ttl: Option<u64>,
+}
+
+/// Why a response may not be stored (for logs and cache-status debugging).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotStorable(pub &'static str);
+
+impl std::fmt::Display for NotStorable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// What to do with a stored response for a request ([`Policy::evaluate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Fresh and acceptable to the request: serve it.
+    Fresh,
+    /// Stale, but the request's `max-stale` accepts it: serve it without
+    /// contacting the origin.
+    Stale,
+    /// Stale within the response's `stale-while-revalidate` window (RFC
+    /// 5861): serve it now and start one background revalidation.
+    StaleWhileRevalidate,
+    /// Validate with the origin before serving ([`conditional_headers`]).
+    Revalidate {
+        /// Why, for logs: "stale", "request no-cache", "response no-cache",
+        /// "request max-age", "request min-fresh".
+        reason: &'static str,
+        /// When `stale-if-error` (RFC 5861, response or request) applies:
+        /// if the origin cannot be reached or answers 500, 502, 503 or 504
+        /// at a time `<=` this one, serve the stored response instead.
+        /// `None` when the stored response must not be served on errors.
+        stale_if_error_until: Option<SystemTime>,
+    },
+    /// The request has `only-if-cached` (RFC 9111 5.2.1.7) and the stored
+    /// response cannot be used without the origin: answer 504.
+    GatewayTimeout,
+}
+
+impl Policy {
+    /// Compiles the refresh patterns and reads the overrides of `[cache]`.
+    /// Fails on an invalid regular expression or a `min` above `max`.
+    pub fn new(cfg: &CacheConfig) -> Result<Policy, String> {
+        let mut refresh = Vec::with_capacity(cfg.refresh.len());
+        for (i, p) in cfg.refresh.iter().enumerate() {
+            Regex::new(&p.pattern).map_err(|e| format!("cache.refresh[{i}].pattern: {e}"))?;
+            if p.min.get() > p.max.get() {
+                return Err(format!(
+                    "cache.refresh[{i}]: min ({}) is greater than max ({})",
+                    p.min, p.max
+                ));
+            }
+            refresh.push(Refresh {
+                min: p.min.get().as_secs(),
+                percent: u64::from(p.percent),
+                max: p.max.get().as_secs(),
+            });
+        }
+        let patterns =
+            RegexSet::new(cfg.refresh.iter().map(|p| &p.pattern)).map_err(|e| format!("cache.refresh: {e}"))?;
+        let max_ttl = (!cfg.max_ttl.get().is_zero()).then(|| cfg.max_ttl.get().as_secs());
+        if max_ttl.is_some_and(|max| cfg.min_ttl.get().as_secs() > max) {
+            return Err(format!(
+                "cache.min_ttl ({}) is greater than cache.max_ttl ({})",
+                cfg.min_ttl, cfg.max_ttl
+            ));
+        }
+        Ok(Policy {
+            patterns,
+            refresh,
+            ignore_reload: cfg.ignore_reload,
+            ignore_no_store: cfg.ignore_no_store,
+            cache_query: cfg.cache_query,
+            ignore_query_in_key: cfg.ignore_query_in_key,
+            min_ttl: cfg.min_ttl.get().as_secs(),
+            max_ttl,
+        })
+    }
+
+    /// Whether the response to a request may be stored (RFC 9111 section 3,
+    /// shared cache), or why not. `key` is the request's cache key (its URL
+    /// decides `cache_query` and the refresh pattern).
+    ///
+    /// Only complete responses to `GET` are stored (HEAD is served from
+    /// them); `no-store` and `private` forbid storing unless
+    /// `ignore_no_store`; `Authorization` needs `public`, `s-maxage` or
+    /// `must-revalidate` (3.5); the status must be cacheable by default or
+    /// the response carry explicit freshness or `public`; `Vary: *` is never
+    /// stored; a response with neither explicit freshness nor a validator is
+    /// stored only when the refresh patterns or `min_ttl` give it a lifetime.
+    pub fn storable(
+        &self,
+        method: &Method,
+        key: &CacheKey,
+        req_headers: &HeaderMap,
+        status: StatusCode,
+        resp_headers: &HeaderMap,
+    ) -> Result<(), NotStorable> {
+        if method != Method::GET {
+            return Err(NotStorable("request method is not GET"));
+        }
+        if status.is_informational() {
+            return Err(NotStorable("interim response"));
+        }
+        if status == StatusCode::PARTIAL_CONTENT {
+            return Err(NotStorable("partial content"));
+        }
+        if status == StatusCode::NOT_MODIFIED {
+            return Err(NotStorable("304 carries no content"));
+        }
+        if !self.cache_query && key.url().contains('?') {
+            return Err(NotStorable("URL has a query string (cache_query = false)"));
+        }
+        let rq = Directives::of(req_headers);
+        let rs = Directives::of(resp_headers);
+        if !self.ignore_no_store {
+            if rq.has("no-store") {
+                return Err(NotStorable("request Cache-Control: no-store"));
+            }
+            if rs.has("no-store") {
+                return Err(NotStorable("response Cache-Control: no-store"));
+            }
+            // 5.2.2.7: the qualified form private="field" is treated like
+            // the unqualified one (we do not strip fields).
+            if rs.has("private") {
+                return Err(NotStorable("response Cache-Control: private"));
+            }
+        }
+        // 3.5: a shared cache stores responses to authenticated requests only
+        // when the response says a shared cache may.
+        if req_headers.contains_key(header::AUTHORIZATION)
+            && !(rs.has("public") || rs.has("s-maxage") || rs.has("must-revalidate"))
+        {
+            return Err(NotStorable("request has Authorization"));
+        }
+        if vary_fields(resp_headers).is_none() {
+            return Err(NotStorable("Vary: *"));
+        }
+        let explicit = rs.has("s-maxage") || rs.has("max-age") || resp_headers.contains_key(header::EXPIRES);
+        if !(heuristically_cacheable(status) || explicit || rs.has("public")) {
+            return Err(NotStorable("status not cacheable by default and no explicit freshness"));
+        }
+        let validator = resp_headers.contains_key(header::ETAG) || resp_headers.contains_key(header::LAST_MODIFIED);
+        // Without explicit freshness or Last-Modified the date does not enter
+        // the lifetime: only a refresh pattern's min or min_ttl can give one.
+        if !explicit && !validator && self.lifetime(key.url(), status, resp_headers, 0) == 0 {
+            return Err(NotStorable("no freshness information and no validator"));
+        }
+        Ok(())
+    }
+
+    /// The freshness lifetime of a stored response (RFC 9111 4.2.1):
+    /// `s-maxage`, else `max-age`, else `Expires - Date`, else the heuristic
+    /// of the first refresh pattern matching the key URL (4.2.2, only for
+    /// statuses cacheable by default or `public`): `percent`% of
+    /// `Date - Last-Modified` clamped to `[min, max]`, or `min` when there is
+    /// no `Last-Modified` (Squid's rule); no pattern, no heuristic. Finally the
+    /// `min_ttl` / `max_ttl` overrides clamp it (breaking the spec).
+    ///
+    /// An invalid `max-age` / `s-maxage` value or `Expires` date gives 0
+    /// (stale); of duplicated directives the first counts.
+    pub fn freshness_lifetime(&self, meta: &StoredMeta) -> Duration {
+        Duration::from_secs(self.lifetime(&meta.key, meta.status, &meta.headers, date_value(meta)))
+    }
+
+    /// Lifetime in seconds; `date` is the Date value in seconds.
+    fn lifetime(&self, key: &str, status: StatusCode, headers: &HeaderMap, date: u64) -> u64 {
+        self.lifetime_with(key, status, headers, &Directives::of(headers), date)
+    }
+
+    /// `lifetime` with the response's Cache-Control already parsed.
+    fn lifetime_with(&self, key: &str, status: StatusCode, headers: &HeaderMap, cc: &Directives, date: u64) -> u64 {
+        let base = match explicit_lifetime(cc, headers, date) {
+            Some(explicit) => explicit,
+            None => self.heuristic(key, status, cc, headers, date),
+        };
+        let base = base.max(self.min_ttl);
+        self.max_ttl.map_or(base, |max| base.min(max))
+    }
+
+    /// RFC 9111 4.2.2 with Squid-style refresh patterns.
+    fn heuristic(&self, key: &str, status: StatusCode, cc: &Directives, headers: &HeaderMap, date: u64) -> u64 {
+        if !(heuristically_cacheable(status) || cc.has("public")) {
+            return 0;
+        }
+        let Some(index) = self.patterns.matches(key).iter().next() else {
+            return 0;
+        };
+        let rule = self.refresh[index];
+        match headers.get(header::LAST_MODIFIED).and_then(parse_http_date) {
+            Some(last_modified) => {
+                let since = date.saturating_sub(last_modified);
+                (since.saturating_mul(rule.percent) / 100).clamp(rule.min, rule.max)
+            }
+            None => rule.min,
+        }
+    }
+
+    /// Decides how a stored response may answer a request (RFC 9111 4.2,
+    /// 5.2.1, 5.2.2, RFC 5861). The caller has already selected the right
+    /// variant ([`variant_matches`]).
+    ///
+    /// In order: response `no-cache` (any form), request `no-cache` (or
+    /// `Pragma: no-cache` without Cache-Control; both ignored with
+    /// `ignore_reload`), request `max-age` (`max-age=0` always revalidates)
+    /// and `min-fresh` force revalidation; a fresh response is served; a
+    /// stale one is served when the request's `max-stale` allows it, or
+    /// served while revalidating within `stale-while-revalidate`, unless the
+    /// response has `must-revalidate`, `proxy-revalidate` or `s-maxage`
+    /// (4.2.4); otherwise it is revalidated. With `only-if-cached`, a
+    /// revalidation becomes `GatewayTimeout`.
+    pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
+        let rq = Directives::of(req_headers);
+        let rs = Directives::of(&meta.headers);
+        let age = current_age_secs(meta, now);
+        let lifetime = self.lifetime_with(&meta.key, meta.status, &meta.headers, &rs, date_value(meta));
+        // 4.2.4: these forbid serving the response stale, whatever the client says.
+        let no_stale =
+            rs.has("no-cache") || rs.has("must-revalidate") || rs.has("proxy-revalidate") || rs.has("s-maxage");
+        let stale_if_error_until = if no_stale {
+            None
+        } else {
+            // RFC 5861 4: stale-if-error in the response or the request.
+            let window = match (
+                rs.delta("stale-if-error").flatten(),
+                rq.delta("stale-if-error").flatten(),
+            ) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            window.map(|window| {
+                let stale_at = secs(now).saturating_add(lifetime).saturating_sub(age);
+                UNIX_EPOCH + Duration::from_secs(stale_at.saturating_add(window))
+            })
+        };
+        let revalidate = |reason: &'static str| {
+            if rq.has("only-if-cached") {
+                Decision::GatewayTimeout
+            } else {
+                Decision::Revalidate {
+                    reason,
+                    stale_if_error_until,
+                }
+            }
+        };
+
+        // 5.2.2.4: no-cache, with or without field names.
+        if rs.has("no-cache") {
+            return revalidate("response no-cache");
+        }
+        if !self.ignore_reload && request_no_cache(req_headers, &rq) {
+            return revalidate("request no-cache");
+        }
+        // 5.2.1.1: an invalid request max-age is ignored.
+        if let Some(max_age) = rq.delta("max-age").flatten()
+            && (max_age == 0 || age > max_age)
+        {
+            return revalidate("request max-age");
+        }
+        if lifetime > age {
+            // 5.2.1.3: min-fresh wants at least that much freshness left.
+            if let Some(min_fresh) = rq.delta("min-fresh").flatten()
+                && lifetime - age < min_fresh
+            {
+                return revalidate("request min-fresh");
+            }
+            return Decision::Fresh;
+        }
+        let staleness = age - lifetime;
+        if !no_stale {
+            // 5.2.1.2: max-stale without a value accepts any staleness; an
+            // invalid value is ignored.
+            match rq.value("max-stale") {
+                Some(None) => return Decision::Stale,
+                Some(Some(value)) if parse_delta(value.as_bytes()).is_some_and(|max| staleness <= max) => {
+                    return Decision::Stale;
+                }
+                _ => {}
+            }
+            if let Some(window) = rs.delta("stale-while-revalidate").flatten()
+                && staleness < window
+            {
+                return Decision::StaleWhileRevalidate;
+            }
+        }
+        revalidate("stale")
+    }
+
+    /// The keys whose stored responses must be removed after a request with
+    /// an unsafe method (anything but GET, HEAD, OPTIONS, TRACE) got a 2xx
+    /// or 3xx response (RFC 9111 4.4): the target, and the `Location` and
+    /// `Content-Location` URIs (relative references resolved against the
+    /// target) when they share its origin. Empty otherwise.
+    pub fn invalidations(
+        &self,
+        method: &Method,
+        target: &CacheKey,
+        status: StatusCode,
+        resp_headers: &HeaderMap,
+    ) -> Vec<CacheKey> {
+        let safe = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method);
+        if safe || !(status.is_success() || status.is_redirection()) {
+            return Vec::new();
+        }
+        let mut keys = vec![target.clone()];
+        let origin = origin_of(target.url());
+        for name in [header::LOCATION, header::CONTENT_LOCATION] {
+            if let Some(value) = resp_headers.get(&name)
+                && let Ok(text) = value.to_str()
+                && let Some(url) = resolve_reference(target.url(), text)
+                && let Some(key) = CacheKey::from_url(&url, self.ignore_query_in_key)
+                && origin_of(key.url()) == origin
+                && !keys.contains(&key)
+            {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+}
+
+/// Whether the request says `only-if-cached` (RFC 9111 5.2.1.7): on a miss
+/// the caller answers 504 without contacting the origin.
+pub fn only_if_cached(req_headers: &HeaderMap) -> bool {
+    Directives::of(req_headers).has("only-if-cached")
+}
+
+/// Request `no-cache`, or `Pragma: no-cache` when there is no Cache-Control (5.4).
+fn request_no_cache(req_headers: &HeaderMap, rq: &Directives) -> bool {
+    if req_headers.contains_key(header::CACHE_CONTROL) {
+        return rq.has("no-cache");
+    }
+    req_headers.get_all(header::PRAGMA).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|item| item.trim_ascii().eq_ignore_ascii_case(b"no-cache"))
+    })
+}
+
+/// Statuses cacheable by default, i.e. open to heuristic freshness (RFC 9110 15.1).
+fn heuristically_cacheable(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// `s-maxage`, `max-age` or `Expires - Date`, in seconds; `None` when the
+/// response has none of them.
+fn explicit_lifetime(cc: &Directives, headers: &HeaderMap, date: u64) -> Option<u64> {
+    // 4.2.1: invalid freshness information makes the response stale.
+    if let Some(value) = cc.delta("s-maxage") {
+        return Some(value.unwrap_or(0));
+    }
+    if let Some(value) = cc.delta("max-age") {
+        return Some(value.unwrap_or(0));
+    }
+    // 5.3: an invalid Expires (e.g. "0") means already expired.
+    let expires = headers.get(header::EXPIRES)?;
+    Some(parse_http_date(expires).map_or(0, |expires| expires.saturating_sub(date)))
+}
+
+// ---------------------------------------------------------------------------
+// Age (RFC 9111 4.2.3).
+// ---------------------------------------------------------------------------
+
+/// Seconds since the epoch (0 before it).
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The `Date` value in seconds, or `response_time` when it is missing or
+/// invalid (RFC 9110 6.6.1: a recipient adds the time it received it).
+fn date_value(meta: &StoredMeta) -> u64 {
+    meta.headers
+        .get(header::DATE)
+        .and_then(parse_http_date)
+        .unwrap_or_else(|| secs(meta.response_time))
+}
+
+/// `apparent_age = max(0, response_time - date_value)`.
+pub fn apparent_age(meta: &StoredMeta) -> Duration {
+    Duration::from_secs(secs(meta.response_time).saturating_sub(date_value(meta)))
+}
+
+/// `response_delay = response_time - request_time`.
+pub fn response_delay(meta: &StoredMeta) -> Duration {
+    Duration::from_secs(secs(meta.response_time).saturating_sub(secs(meta.request_time)))
+}
+
+/// `corrected_age_value = age_value + response_delay`, where `age_value` is
+/// the stored `Age` header (0 when missing or invalid).
+pub fn corrected_age_value(meta: &StoredMeta) -> Duration {
+    let age_value = meta
+        .headers
+        .get(header::AGE)
+        .and_then(|v| parse_delta(v.as_bytes().trim_ascii()))
+        .unwrap_or(0);
+    Duration::from_secs(age_value).saturating_add(response_delay(meta))
+}
+
+/// `corrected_initial_age = max(apparent_age, corrected_age_value)`.
+pub fn corrected_initial_age(meta: &StoredMeta) -> Duration {
+    apparent_age(meta).max(corrected_age_value(meta))
+}
+
+/// `resident_time = now - response_time`.
+pub fn resident_time(meta: &StoredMeta, now: SystemTime) -> Duration {
+    Duration::from_secs(secs(now).saturating_sub(secs(meta.response_time)))
+}
+
+/// `current_age = corrected_initial_age + resident_time`.
+pub fn current_age(meta: &StoredMeta, now: SystemTime) -> Duration {
+    corrected_initial_age(meta).saturating_add(resident_time(meta, now))
+}
+
+fn current_age_secs(meta: &StoredMeta, now: SystemTime) -> u64 {
+    current_age(meta, now).as_secs()
+}
+
+/// The `Age` header value to send with a response served from the cache:
+/// `current_age` in whole seconds, at most 2^31 (RFC 9111 5.1).
+pub fn age_header(meta: &StoredMeta, now: SystemTime) -> HeaderValue {
+    HeaderValue::from(current_age_secs(meta, now).min(DELTA_MAX))
+}
+
+// ---------------------------------------------------------------------------
+// Revalidation (RFC 9111 4.3).
+// ---------------------------------------------------------------------------
+
+/// The conditional header fields for revalidating a stored response (4.3.1):
+/// `If-None-Match` from its `ETag` and `If-Modified-Since` from its
+/// `Last-Modified`. Insert them into the upstream request, replacing any the
+/// client sent. Empty when the response has no validator (the request is
+/// then an ordinary fetch).
+pub fn conditional_headers(meta: &StoredMeta) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    if let Some(etag) = meta.headers.get(header::ETAG) {
+        out.insert(header::IF_NONE_MATCH, etag.clone());
+    }
+    if let Some(last_modified) = meta.headers.get(header::LAST_MODIFIED) {
+        out.insert(header::IF_MODIFIED_SINCE, last_modified.clone());
+    }
+    out
+}
+
+/// How to treat the origin's answer to a revalidation ([`revalidation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revalidation {
+    /// A 304 for the stored response: apply [`update_from_304`], store the
+    /// updated metadata and serve the stored response.
+    NotModified,
+    /// A 304 whose validators do not match the stored response: it cannot
+    /// be used; fetch again without conditional headers.
+    Mismatch,
+    /// 500, 502, 503 or 504: serve the stored response if
+    /// `Decision::Revalidate::stale_if_error_until` allows, else this answer.
+    ServerError,
+    /// Any other answer replaces the stored response: send it to the client,
+    /// store it if [`Policy::storable`], else remove the stored one.
+    Replace,
+}
+
+/// Classifies the origin's answer to a revalidation of `meta`.
+///
+/// A 304 applies (RFC 9111 4.3.4, simplified for one stored response per
+/// variant) when its `ETag` matches the stored one (a strong 304 tag needs a
+/// strong, equal stored tag; a weak one compares weakly), else when its
+/// `Last-Modified` equals the stored one, else when it has no validator at
+/// all (it answers the conditional request we made for this response).
+pub fn revalidation(meta: &StoredMeta, status: StatusCode, resp_headers: &HeaderMap) -> Revalidation {
+    match status.as_u16() {
+        304 => {
+            let applies = if let Some(new) = first_etag(resp_headers) {
+                first_etag(&meta.headers).is_some_and(|old| {
+                    if new.weak {
+                        old.weak_eq(&new)
+                    } else {
+                        old.strong_eq(&new)
+                    }
+                })
+            } else if let Some(new) = resp_headers.get(header::LAST_MODIFIED) {
+                let old = meta.headers.get(header::LAST_MODIFIED).and_then(parse_http_date);
+                old.is_some() && old == parse_http_date(new)
+            } else {
+                true
+            };
+            if applies {
+                Revalidation::NotModified
+            } else {
+                Revalidation::Mismatch
+            }
+        }
+        500 | 502 | 503 | 504 => Revalidation::ServerError,
+        _ => Revalidation::Replace,
+    }
+}
+
+/// Fields a 304 never updates: framing and content coding describe the
+/// stored body, hop-by-hop fields are not stored (RFC 9111 3.1, 3.2).
+const NOT_UPDATED: [HeaderName; 10] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Applies a 304 to the stored response (RFC 9111 3.2, 4.3.4): every field
+/// in the 304 replaces the stored field of that name, except the framing,
+/// coding and hop-by-hop ones (`Content-Length`, `Content-Encoding`,
+/// `Content-Range`, `Transfer-Encoding`, `Connection` and the fields it
+/// names, ...); other stored fields are kept. The stored `Age` is dropped
+/// when the 304 has none, and `Date` becomes `response_time` when the 304
+/// has none, so the age is computed afresh from the new times.
+pub fn update_from_304(
+    meta: &mut StoredMeta,
+    not_modified: &HeaderMap,
+    request_time: SystemTime,
+    response_time: SystemTime,
+) {
+    let connection_named: Vec<Vec<u8>> = not_modified
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|name| name.trim_ascii().to_ascii_lowercase())
+        .collect();
+    for name in not_modified.keys() {
+        if NOT_UPDATED.contains(name) || connection_named.iter().any(|n| n == name.as_str().as_bytes()) {
+            continue;
+        }
+        meta.headers.remove(name);
+        for value in not_modified.get_all(name) {
+            meta.headers.append(name.clone(), value.clone());
+        }
+    }
+    if !not_modified.contains_key(header::AGE) {
+        meta.headers.remove(header::AGE);
+    }
+    if !not_modified.contains_key(header::DATE) {
+        let date = HeaderValue::from_str(&httpdate::fmt_http_date(response_time));
+        if let Ok(date) = date {
+            meta.headers.insert(header::DATE, date);
+        }
+    }
+    meta.request_time = request_time;
+    meta.response_time = response_time;
+}
+
+// ---------------------------------------------------------------------------
+// Client conditional requests answered from the cache (RFC 9110 13).
+// ---------------------------------------------------------------------------
+
+/// The outcome of a client's preconditions against a stored response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// No precondition stops the request: serve the stored response
+    /// (then `Range` / `If-Range`, see `range::plan`).
+    Proceed,
+    /// Answer 304 with [`not_modified_headers`] (and `Age`).
+    NotModified,
+    /// Answer 412 Precondition Failed.
+    Failed,
+}
+
+/// Evaluates `If-Match`, `If-Unmodified-Since`, `If-None-Match` and
+/// `If-Modified-Since` in the order of RFC 9110 13.2.2 against a stored
+/// response. Preconditions are ignored when the stored status is not 2xx
+/// (13.2.1). `If-None-Match` uses the weak comparison (`*` matches any
+/// stored response) and gives 304 for GET/HEAD, 412 otherwise;
+/// `If-Modified-Since` counts only without `If-None-Match`, for GET/HEAD,
+/// with a valid date, and compares `Last-Modified`, else `Date`, else the
+/// time received (RFC 9111 4.3.2). `If-Match` (strong comparison) and
+/// `If-Unmodified-Since` give 412 when they fail.
+pub fn check_preconditions(method: &Method, req_headers: &HeaderMap, meta: &StoredMeta) -> Precondition {
+    if !meta.status.is_success() {
+        return Precondition::Proceed;
+    }
+    let stored_etag = first_etag(&meta.headers);
+    let last_modified = meta.headers.get(header::LAST_MODIFIED).and_then(parse_http_date);
+    let get_or_head = method == Method::GET || method == Method::HEAD;
+
+    // 13.1.1 If-Match: strong comparison; "*" matches any current representation.
+    if req_headers.contains_key(header::IF_MATCH) {
+        let values = req_headers.get_all(header::IF_MATCH);
+        let star = values.iter().any(is_star);
+        let matched = star
+            || stored_etag.is_some_and(|stored| {
+                values
+                    .iter()
+                    .any(|v| etag_list(v.as_bytes()).iter().any(|t| t.strong_eq(&stored)))
+            });
+        if !matched {
+            return Precondition::Failed;
+        }
+    } else if let Some(since) = req_headers.get(header::IF_UNMODIFIED_SINCE).and_then(parse_http_date) {
+        // 13.1.4: ignored when the representation has no modification date.
+        if last_modified.is_some_and(|lm| lm > since) {
+            return Precondition::Failed;
+        }
+    }
+
+    if req_headers.contains_key(header::IF_NONE_MATCH) {
+        // 13.1.2: weak comparison.
+        let values = req_headers.get_all(header::IF_NONE_MATCH);
+        let star = values.iter().any(is_star);
+        let matched = star
+            || stored_etag.is_some_and(|stored| {
+                values
+                    .iter()
+                    .any(|v| etag_list(v.as_bytes()).iter().any(|t| t.weak_eq(&stored)))
+            });
+        if matched {
+            return if get_or_head {
+                Precondition::NotModified
+            } else {
+                Precondition::Failed
+            };
+        }
+    } else if get_or_head && let Some(since) = req_headers.get(header::IF_MODIFIED_SINCE).and_then(parse_http_date) {
+        let modified = last_modified.unwrap_or_else(|| date_value(meta));
+        if modified <= since {
+            return Precondition::NotModified;
+        }
+    }
+    Precondition::Proceed
+}
+
+/// The stored fields a 304 answered from the cache carries (RFC 9110
+/// 15.4.5): `Cache-Control`, `Content-Location`, `Date`, `ETag`, `Expires`,
+/// `Vary` and `Last-Modified`. The caller adds `Age` and its own fields.
+pub fn not_modified_headers(stored: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in [
+        header::CACHE_CONTROL,
+        header::CONTENT_LOCATION,
+        header::DATE,
+        header::ETAG,
+        header::EXPIRES,
+        header::VARY,
+        header::LAST_MODIFIED,
+    ] {
+        for value in stored.get_all(&name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+fn is_star(value: &HeaderValue) -> bool {
+    value.as_bytes().trim_ascii() == b"*"
+}
+
+// ---------------------------------------------------------------------------
+// Vary (RFC 9111 4.1).
+// ---------------------------------------------------------------------------
+
+/// The field names of a response's `Vary`, lower-cased, deduplicated and
+/// sorted (so the same set always gives the same variant id); empty when the
+/// response does not vary; `None` when `Vary` contains `*` (never matches,
+/// never stored).
+pub fn vary_fields(resp_headers: &HeaderMap) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for value in resp_headers.get_all(header::VARY) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let item = item.trim_ascii();
+            if item == b"*" {
+                return None;
+            }
+            if !item.is_empty() {
+                names.push(String::from_utf8_lossy(item).to_ascii_lowercase());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// The request's value of each varying field, exactly as
+/// [`StoredMeta::variant`] stores it: `(name, None)` when the request lacks
+/// the field, else its field lines, each trimmed, joined with `", "`.
+pub fn variant_of(fields: &[String], req_headers: &HeaderMap) -> Vec<(String, Option<String>)> {
+    fields
+        .iter()
+        .map(|name| (name.clone(), normalised_value(name, req_headers)))
+        .collect()
+}
+
+fn normalised_value(name: &str, headers: &HeaderMap) -> Option<String> {
+    let mut lines = headers.get_all(name).iter().peekable();
+    lines.peek()?;
+    let parts: Vec<String> = lines
+        .map(|v| String::from_utf8_lossy(v.as_bytes().trim_ascii()).into_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    Some(parts.join(", "))
+}
+
+/// Whether a stored variant was selected by the same values of its varying
+/// fields as this request has (RFC 9111 4.1). A response that does not vary
+/// matches every request.
+pub fn variant_matches(meta: &StoredMeta, req_headers: &HeaderMap) -> bool {
+    meta.variant
+        .iter()
+        .all(|(name, value)| normalised_value(name, req_headers) == *value)
+}
+
+// ---------------------------------------------------------------------------
+// Invalidation helpers (RFC 9111 4.4, RFC 3986 5.2).
+// ---------------------------------------------------------------------------
+
+/// `scheme://authority` of a normalised URL.
+fn origin_of(url: &str) -> &str {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..].find(['/', '?', '#']).map_or(url.len(), |i| start + i);
+    &url[..end]
+}
+
+/// Resolves a URI reference against an absolute base URL (RFC 3986 5.2.2,
+/// fragment dropped). `None` when the base is not absolute.
+fn resolve_reference(base: &str, reference: &str) -> Option<String> {
+    let reference = reference.trim();
+    let reference = reference.split('#').next().unwrap_or("");
+    if has_scheme(reference) {
+        return Some(reference.to_string());
+    }
+    let (scheme, rest) = base.split_once("://")?;
+    if let Some(network_path) = reference.strip_prefix("//") {
+        return Some(format!("{scheme}://{network_path}"));
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path_and_query) = rest.split_at(authority_end);
+    let path_and_query = path_and_query.split('#').next().unwrap_or("");
+    let (base_path, base_query) = path_and_query.split_at(path_and_query.find('?').unwrap_or(path_and_query.len()));
+    let base_path = if base_path.is_empty() { "/" } else { base_path };
+    let (ref_path, ref_query) = reference.split_at(reference.find('?').unwrap_or(reference.len()));
+    let target = if reference.is_empty() {
+        format!("{base_path}{base_query}")
+    } else if ref_path.is_empty() {
+        format!("{base_path}{ref_query}")
+    } else if ref_path.starts_with('/') {
+        format!("{}{ref_query}", remove_dot_segments(ref_path))
+    } else {
+        let dir = &base_path[..base_path.rfind('/').map_or(0, |i| i + 1)];
+        format!("{}{ref_query}", remove_dot_segments(&format!("{dir}{ref_path}")))
+    };
+    let target = if target.starts_with('/') {
+        target
+    } else {
+        format!("/{target}")
+    };
+    Some(format!("{scheme}://{authority}{target}"))
+}
+
+/// `scheme ":"` at the start (RFC 3986 3.1).
+fn has_scheme(reference: &str) -> bool {
+    match reference.find(':') {
+        Some(colon) if colon > 0 => {
+            let scheme = &reference.as_bytes()[..colon];
+            scheme[0].is_ascii_alphabetic()
+                && scheme
+                    .iter()
+                    .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+/// RFC 3986 5.2.4 for an absolute path.
+fn remove_dot_segments(path: &str) -> String {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut out: Vec<&str> = Vec::with_capacity(segments.len());
+    let last = segments.len().saturating_sub(1);
+    for (i, segment) in segments.iter().enumerate().skip(1) {
+        match *segment {
+            "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => {
+                out.push(s);
+                continue;
+            }
+        }
+        if i == last {
+            out.push("");
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+// ---------------------------------------------------------------------------
+// Field parsing shared with `range`.
+// ---------------------------------------------------------------------------
+
+/// An HTTP-date (any of the three formats) as seconds since the epoch.
+pub(crate) fn parse_http_date(value: &HeaderValue) -> Option<u64> {
+    let text = value.to_str().ok()?.trim();
+    httpdate::parse_http_date(text).ok().map(secs)
+}
+
+/// delta-seconds (RFC 9111 1.2.2): digits only; too large counts as 2^31.
+fn parse_delta(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &digit in text {
+        n = n * 10 + u64::from(digit - b'0');
+        if n >= DELTA_MAX {
+            return Some(DELTA_MAX);
+        }
+    }
+    Some(n)
+}
+
+/// An entity tag (RFC 9110 8.8.3), the opaque part without its quotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ETag<'a> {
+    /// `W/` prefix.
+    pub weak: bool,
+    /// Between the quotes (or the whole value for a non-conforming unquoted tag).
+    pub tag: &'a [u8],
+}
+
+impl ETag<'_> {
+    /// Strong comparison: both strong and equal (RFC 9110 8.8.3.2).
+    pub fn strong_eq(&self, other: &ETag<'_>) -> bool {
+        !self.weak && !other.weak && self.tag == other.tag
+    }
+
+    /// Weak comparison: equal opaque tags.
+    pub fn weak_eq(&self, other: &ETag<'_>) -> bool {
+        self.tag == other.tag
+    }
+}
+
+/// Parses a comma-separated list of entity tags; commas inside quotes are
+/// part of the tag. Unquoted items are accepted as opaque tags (lenient).
+pub(crate) fn etag_list(s: &[u8]) -> Vec<ETag<'_>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        while i < s.len() && (s[i] == b',' || s[i].is_ascii_whitespace()) {
+            i += 1;
+        }
+        if i >= s.len() {
+            break;
+        }
+        let weak = s[i..].starts_with(b"W/");
+        if weak {
+            i += 2;
+        }
+        if i < s.len() && s[i] == b'"' {
+            let start = i + 1;
+            let end = s[start..]
+                .iter()
+                .position(|&b| b == b'"')
+                .map_or(s.len(), |p| start + p);
+            out.push(ETag {
+                weak,
+                tag: &s[start..end],
+            });
+            i = end + 1;
+            // Skip anything up to the next comma.
+            while i < s.len() && s[i] != b',' {
+                i += 1;
+            }
+        } else {
+            let start = i;
+            while i < s.len() && s[i] != b',' {
+                i += 1;
+            }
+            out.push(ETag {
+                weak,
+                tag: s[start..i].trim_ascii(),
+            });
+        }
+    }
+    out
+}
+
+/// The stored response's entity tag (its first `ETag` field).
+pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
+    headers
+        .get(header::ETAG)
+        .and_then(|v| etag_list(v.as_bytes()).into_iter().next())
+}
+
+/// Cache-Control directives of all field lines, in order: lower-cased names
+/// and unquoted values.
+struct Directives(Vec<(String, Option<String>)>);
+
+impl Directives {
+    fn of(headers: &HeaderMap) -> Directives {
+        let mut out = Vec::new();
+        for value in headers.get_all(header::CACHE_CONTROL) {
+            parse_directives(value.as_bytes(), &mut out);
+        }
+        Directives(out)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
+    }
+
+    /// The first occurrence: `Some(None)` present without a value.
+    fn value(&self, name: &str) -> Option<Option<&str>> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_deref())
+    }
+
+    /// The first occurrence as delta-seconds: `Some(None)` when present but
+    /// missing or invalid.
+    fn delta(&self, name: &str) -> Option<Option<u64>> {
+        self.value(name).map(|v| v.and_then(|v| parse_delta(v.as_bytes())))
+    }
+}
+
+/// Parses one Cache-Control field line: `name[=token|"quoted"]` items
+/// separated by commas, whitespace tolerated around names and values.
+fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
+    let mut i = 0;
+    while i < s.len() {
+        while i < s.len() && (s[i] == b',' || s[i].is_ascii_whitespace()) {
+            i += 1;
+        }
+        let start = i;
+        while i < s.len() && s[i] != b'=' && s[i] != b',' {
+            i += 1;
+        }
+        let name = String::from_utf8_lossy(s[start..i].trim_ascii()).to_ascii_lowercase();
+        let mut value = None;
+        if i < s.len() && s[i] == b'=' {
+            i += 1;
+            while i < s.len() && (s[i] == b' ' || s[i] == b'\t') {
+                i += 1;
+            }
+            if i < s.len() && s[i] == b'"' {
+                i += 1;
+                let mut v = Vec::new();
+                while i < s.len() && s[i] != b'"' {
+                    if s[i] == b'\\' && i + 1 < s.len() {
+                        i += 1;
+                    }
+                    v.push(s[i]);
+                    i += 1;
+                }
+                value = Some(String::from_utf8_lossy(&v).into_owned());
+                while i < s.len() && s[i] != b',' {
+                    i += 1;
+                }
+            } else {
+                let vstart = i;
+                while i < s.len() && s[i] != b',' {
+                    i += 1;
+                }
+                value = Some(String::from_utf8_lossy(s[vstart..i].trim_ascii()).into_owned());
+            }
+        }
+        if !name.is_empty() {
+            out.push((name, value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Dur, RefreshPattern};
+
+    /// A fixed "epoch" for the tests, on a whole second.
+    const T0: u64 = 1_700_000_000;
+
+    fn t(s: i64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(T0.checked_add_signed(s).unwrap())
+    }
+
+    fn http_date(s: i64) -> String {
+        httpdate::fmt_http_date(t(s))
+    }
+
+    fn hm(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        h
+    }
+
+    /// A 200 for http://example.com/a fetched at t(0) (request sent and
+    /// response received in the same second).
+    fn meta(headers: &[(&str, &str)]) -> StoredMeta {
+        meta_with(StatusCode::OK, headers)
+    }
+
+    fn meta_with(status: StatusCode, headers: &[(&str, &str)]) -> StoredMeta {
+        StoredMeta {
+            key: "http://example.com/a".into(),
+            variant: Vec::new(),
+            status,
+            headers: hm(headers),
+            request_time: t(0),
+            response_time: t(0),
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy::new(&CacheConfig::default()).unwrap()
+    }
+
+    fn policy_with(f: impl FnOnce(&mut CacheConfig)) -> Policy {
+        let mut cfg = CacheConfig::default();
+        f(&mut cfg);
+        Policy::new(&cfg).unwrap()
+    }
+
+    fn pattern(re: &str, min: u64, percent: u32, max: u64) -> RefreshPattern {
+        RefreshPattern {
+            pattern: re.into(),
+            min: Dur::secs(min),
+            percent,
+            max: Dur::secs(max),
+        }
+    }
+
+    fn key() -> CacheKey {
+        CacheKey::new("http", "example.com", "/a", false)
+    }
+
+    fn store(p: &Policy, req: &[(&str, &str)], status: u16, resp: &[(&str, &str)]) -> Result<(), NotStorable> {
+        p.storable(
+            &Method::GET,
+            &key(),
+            &hm(req),
+            StatusCode::from_u16(status).unwrap(),
+            &hm(resp),
+        )
+    }
+
+    fn lifetime(p: &Policy, m: &StoredMeta) -> u64 {
+        p.freshness_lifetime(m).as_secs()
+    }
+
+    fn revalidate(reason: &'static str) -> Decision {
+        Decision::Revalidate {
+            reason,
+            stale_if_error_until: None,
+        }
+    }
+
+    // ----- Policy::new
+
+    #[test]
+    fn policy_new_rejects_bad_patterns_and_inverted_limits() {
+        let bad = Policy::new(&CacheConfig {
+            refresh: vec![pattern("(", 0, 10, 10)],
+            ..CacheConfig::default()
+        });
+        assert!(bad.unwrap_err().contains("cache.refresh[0].pattern"));
+        let inverted = Policy::new(&CacheConfig {
+            refresh: vec![pattern(".", 20, 10, 10)],
+            ..CacheConfig::default()
+        });
+        assert!(inverted.unwrap_err().contains("min"));
+        let ttl = Policy::new(&CacheConfig {
+            min_ttl: Dur::secs(60),
+            max_ttl: Dur::secs(10),
+            ..CacheConfig::default()
+        });
+        assert!(ttl.unwrap_err().contains("min_ttl"));
+        // max_ttl 0 means no limit, so any min_ttl is fine.
+        assert!(
+            Policy::new(&CacheConfig {
+                min_ttl: Dur::secs(60),
+                ..CacheConfig::default()
+            })
+            .is_ok()
+        );
+    }
+
+    // ----- Storability (RFC 9111 3)
+
+    #[test]
+    fn stores_get_responses_with_freshness_or_validator() {
+        let p = policy();
+        assert_eq!(store(&p, &[], 200, &[("cache-control", "max-age=60")]), Ok(()));
+        assert_eq!(store(&p, &[], 200, &[("etag", "\"x\"")]), Ok(()));
+        assert_eq!(store(&p, &[], 200, &[("last-modified", &http_date(-100))]), Ok(()));
+        assert_eq!(store(&p, &[], 404, &[("expires", &http_date(60))]), Ok(()));
+        assert_eq!(store(&p, &[], 200, &[("cache-control", "max-age=0")]), Ok(()));
+    }
+
+    #[test]
+    fn only_get_is_stored() {
+        let p = policy();
+        for method in [Method::HEAD, Method::POST, Method::PUT, Method::OPTIONS] {
+            let r = p.storable(
+                &method,
+                &key(),
+                &HeaderMap::new(),
+                StatusCode::OK,
+                &hm(&[("cache-control", "max-age=60")]),
+            );
+            assert_eq!(r, Err(NotStorable("request method is not GET")), "{method}");
+        }
+    }
+
+    #[test]
+    fn interim_partial_and_not_modified_are_not_stored() {
+        let p = policy();
+        let fresh = [("cache-control", "max-age=60")];
+        assert!(store(&p, &[], 100, &fresh).is_err());
+        assert_eq!(store(&p, &[], 206, &fresh), Err(NotStorable("partial content")));
+        assert!(store(&p, &[], 304, &fresh).is_err());
+    }
+
+    #[test]
+    fn no_store_in_request_or_response_prevents_storing() {
+        let p = policy();
+        let fresh = [("cache-control", "max-age=60")];
+        assert_eq!(
+            store(&p, &[("cache-control", "no-store")], 200, &fresh),
+            Err(NotStorable("request Cache-Control: no-store"))
+        );
+        assert_eq!(
+            store(&p, &[], 200, &[("cache-control", "max-age=60, no-store")]),
+            Err(NotStorable("response Cache-Control: no-store"))
+        );
+    }
+
+    #[test]
+    fn private_in_any_form_prevents_storing() {
+        let p = policy();
+        for cc in [
+            "private",
+            "max-age=60, private",
+            "private=\"set-cookie, x-user\", max-age=60",
+            "PRIVATE",
+        ] {
+            assert_eq!(
+                store(&p, &[], 200, &[("cache-control", cc)]),
+                Err(NotStorable("response Cache-Control: private")),
+                "{cc}"
+            );
+        }
+    }
+
+    #[test]
+    fn ignore_no_store_override_stores_no_store_and_private() {
+        let p = policy_with(|c| c.ignore_no_store = true);
+        assert_eq!(
+            store(
+                &p,
+                &[("cache-control", "no-store")],
+                200,
+                &[("cache-control", "max-age=60")]
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            store(&p, &[], 200, &[("cache-control", "no-store, max-age=60")]),
+            Ok(())
+        );
+        assert_eq!(store(&p, &[], 200, &[("cache-control", "private, max-age=60")]), Ok(()));
+    }
+
+    #[test]
+    fn authorization_needs_public_s_maxage_or_must_revalidate() {
+        let p = policy();
+        let auth = [("authorization", "Basic YTpi")];
+        assert_eq!(
+            store(&p, &auth, 200, &[("cache-control", "max-age=60")]),
+            Err(NotStorable("request has Authorization"))
+        );
+        for cc in [
+            "public, max-age=60",
+            "s-maxage=60",
+            "max-age=60, must-revalidate",
+            "Public, max-age=60",
+        ] {
+            assert_eq!(store(&p, &auth, 200, &[("cache-control", cc)]), Ok(()), "{cc}");
+        }
+    }
+
+    #[test]
+    fn status_must_be_cacheable_by_default_or_explicitly_fresh_or_public() {
+        let p = policy();
+        for status in [200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501] {
+            assert_eq!(store(&p, &[], status, &[("etag", "\"v\"")]), Ok(()), "{status}");
+        }
+        for status in [201, 302, 307, 400, 403, 500, 503] {
+            assert_eq!(
+                store(&p, &[], status, &[("etag", "\"v\"")]),
+                Err(NotStorable("status not cacheable by default and no explicit freshness")),
+                "{status}"
+            );
+        }
+        assert_eq!(store(&p, &[], 302, &[("cache-control", "max-age=60")]), Ok(()));
+        assert_eq!(store(&p, &[], 500, &[("cache-control", "s-maxage=60")]), Ok(()));
+        assert_eq!(store(&p, &[], 307, &[("expires", &http_date(60))]), Ok(()));
+        assert_eq!(
+            store(&p, &[], 302, &[("cache-control", "public"), ("etag", "\"v\"")]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn vary_star_is_not_stored() {
+        let p = policy();
+        let r = store(
+            &p,
+            &[],
+            200,
+            &[("cache-control", "max-age=60"), ("vary", "accept-encoding, *")],
+        );
+        assert_eq!(r, Err(NotStorable("Vary: *")));
+        let r = store(
+            &p,
+            &[],
+            200,
+            &[("cache-control", "max-age=60"), ("vary", "accept-encoding")],
+        );
+        assert_eq!(r, Ok(()));
+    }
+
+    #[test]
+    fn query_strings_follow_cache_query() {
+        let with_query = CacheKey::new("http", "example.com", "/a?b=1", false);
+        let fresh = hm(&[("cache-control", "max-age=60")]);
+        let check = |p: &Policy| p.storable(&Method::GET, &with_query, &HeaderMap::new(), StatusCode::OK, &fresh);
+        assert_eq!(check(&policy()), Ok(()));
+        let p = policy_with(|c| c.cache_query = false);
+        assert!(check(&p).unwrap_err().0.contains("query"));
+        assert_eq!(store(&p, &[], 200, &[("cache-control", "max-age=60")]), Ok(()));
+    }
+
+    #[test]
+    fn no_freshness_and_no_validator_needs_a_refresh_lifetime() {
+        // Nothing configured: no heuristic freshness, nothing to revalidate with.
+        let why = Err(NotStorable("no freshness information and no validator"));
+        assert_eq!(store(&policy(), &[], 200, &[("content-type", "text/plain")]), why);
+        // A matching pattern with a min gives a lifetime.
+        let p = policy_with(|c| c.refresh = vec![pattern(r"^http://example\.com/", 60, 20, 3600)]);
+        assert_eq!(store(&p, &[], 200, &[]), Ok(()));
+        // A pattern with min 0 does not; nor does one that does not match.
+        let p = policy_with(|c| c.refresh = vec![pattern(".", 0, 20, 3600)]);
+        assert_eq!(store(&p, &[], 200, &[]), why);
+        let p = policy_with(|c| c.refresh = vec![pattern("other", 60, 20, 3600)]);
+        assert_eq!(store(&p, &[], 200, &[]), why);
+        // The min_ttl override also gives one.
+        let p = policy_with(|c| c.min_ttl = Dur::secs(30));
+        assert_eq!(store(&p, &[], 200, &[]), Ok(()));
+    }
+
+    #[test]
+    fn directives_are_case_insensitive_and_span_field_lines() {
+        let p = policy();
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "Max-Age=60"), ("cache-control", "No-Store")]
+            )
+            .is_err()
+        );
+        assert!(
+            store(
+                &p,
+                &[("cache-control", "max-age=0"), ("cache-control", "NO-STORE")],
+                200,
+                &[]
+            )
+            .is_err()
+        );
+    }
+
+    // ----- Freshness lifetime (RFC 9111 4.2.1, 4.2.2)
+
+    #[test]
+    fn s_maxage_beats_max_age_beats_expires() {
+        let p = policy();
+        let expires = http_date(1000);
+        let date = http_date(0);
+        let m = meta(&[
+            ("date", &date),
+            ("expires", &expires),
+            ("cache-control", "max-age=100, s-maxage=10"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 10);
+        let m = meta(&[("date", &date), ("expires", &expires), ("cache-control", "max-age=100")]);
+        assert_eq!(lifetime(&p, &m), 100);
+        let m = meta(&[("date", &date), ("expires", &expires)]);
+        assert_eq!(lifetime(&p, &m), 1000);
+    }
+
+    #[test]
+    fn expires_is_relative_to_date_or_response_time() {
+        let p = policy();
+        // Date is 10 s behind our clock: the lifetime is Expires - Date.
+        let m = meta(&[("date", &http_date(-10)), ("expires", &http_date(50))]);
+        assert_eq!(lifetime(&p, &m), 60);
+        // No Date: response_time stands in for it.
+        let m = meta(&[("expires", &http_date(50))]);
+        assert_eq!(lifetime(&p, &m), 50);
+    }
+
+    #[test]
+    fn expires_in_the_past_or_invalid_is_already_expired() {
+        let p = policy();
+        let m = meta(&[("date", &http_date(0)), ("expires", &http_date(-60))]);
+        assert_eq!(lifetime(&p, &m), 0);
+        for bad in ["0", "-1", "yesterday", ""] {
+            let m = meta(&[("date", &http_date(0)), ("expires", bad)]);
+            assert_eq!(lifetime(&p, &m), 0, "{bad:?}");
+        }
+        // Obsolete date formats are valid (RFC 9110 5.6.7).
+        let m = meta(&[
+            ("date", "Sunday, 06-Nov-94 08:49:37 GMT"),
+            ("expires", "Sun Nov  6 08:50:37 1994"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 60);
+    }
+
+    #[test]
+    fn max_age_zero_and_invalid_max_age_are_stale() {
+        let p = policy();
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=0")])), 0);
+        for cc in [
+            "max-age=abc",
+            "max-age=",
+            "max-age",
+            "max-age=-1",
+            "max-age=1.5",
+            "s-maxage=x, max-age=60",
+        ] {
+            let m = meta(&[("cache-control", cc), ("expires", &http_date(3600))]);
+            assert_eq!(lifetime(&p, &m), 0, "{cc}");
+        }
+    }
+
+    #[test]
+    fn quoted_duplicated_and_huge_delta_seconds() {
+        let p = policy();
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=\"3600\"")])), 3600);
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age = 30")])), 30);
+        // The first occurrence counts, across field lines too.
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=10, max-age=20")])), 10);
+        let m = meta(&[
+            ("cache-control", "public"),
+            ("cache-control", "max-age=5"),
+            ("cache-control", "max-age=9"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 5);
+        // Overflowing values count as 2^31 (RFC 9111 1.2.2).
+        let m = meta(&[("cache-control", "max-age=99999999999999999999999999")]);
+        assert_eq!(lifetime(&p, &m), 1 << 31);
+        // A quoted value may contain commas without splitting the list.
+        let m = meta(&[("cache-control", "no-cache=\"a, max-age=1\", max-age=7")]);
+        assert_eq!(lifetime(&p, &m), 7);
+    }
+
+    #[test]
+    fn heuristic_freshness_uses_the_first_matching_refresh_pattern() {
+        let p = policy_with(|c| {
+            c.refresh = vec![
+                pattern(r"\.gif$", 0, 50, 100_000),
+                pattern(r"^http://example\.com/", 60, 10, 3600),
+                pattern(".", 0, 100, 1_000_000),
+            ]
+        });
+        let lm_1000 = http_date(-1000);
+        let date = http_date(0);
+        // 10% of 1000 s.
+        let m = meta(&[("date", &date), ("last-modified", &lm_1000)]);
+        assert_eq!(lifetime(&p, &m), 100);
+        // Clamped to min and max.
+        let m = meta(&[("date", &date), ("last-modified", &http_date(-100))]);
+        assert_eq!(lifetime(&p, &m), 60);
+        let m = meta(&[("date", &date), ("last-modified", &http_date(-1_000_000))]);
+        assert_eq!(lifetime(&p, &m), 3600);
+        // The first pattern wins for .gif.
+        let mut gif = meta(&[("date", &date), ("last-modified", &lm_1000)]);
+        gif.key = "http://example.com/x.gif".into();
+        assert_eq!(lifetime(&p, &gif), 500);
+        // Without Last-Modified: the pattern's min (Squid's rule).
+        assert_eq!(lifetime(&p, &meta(&[("date", &date)])), 60);
+        // Date missing: response_time.
+        let m = meta(&[("last-modified", &lm_1000)]);
+        assert_eq!(lifetime(&p, &m), 100);
+        // Last-Modified after Date: zero age, so min.
+        let m = meta(&[("date", &date), ("last-modified", &http_date(50))]);
+        assert_eq!(lifetime(&p, &m), 60);
+        // Explicit freshness wins over the heuristic.
+        let m = meta(&[
+            ("date", &date),
+            ("last-modified", &lm_1000),
+            ("cache-control", "max-age=5"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 5);
+    }
+
+    #[test]
+    fn heuristic_needs_a_pattern_and_a_cacheable_status_or_public() {
+        let lm = http_date(-1000);
+        let date = http_date(0);
+        let m = meta(&[("date", &date), ("last-modified", &lm)]);
+        assert_eq!(lifetime(&policy(), &m), 0, "no pattern, no heuristic");
+        let p = policy_with(|c| c.refresh = vec![pattern("nomatch", 0, 10, 3600)]);
+        assert_eq!(lifetime(&p, &m), 0);
+        let p = policy_with(|c| c.refresh = vec![pattern(".", 0, 10, 3600)]);
+        assert_eq!(
+            lifetime(
+                &p,
+                &meta_with(StatusCode::NOT_FOUND, &[("date", &date), ("last-modified", &lm)])
+            ),
+            100
+        );
+        assert_eq!(
+            lifetime(
+                &p,
+                &meta_with(StatusCode::FOUND, &[("date", &date), ("last-modified", &lm)])
+            ),
+            0
+        );
+        let public = meta_with(
+            StatusCode::FOUND,
+            &[("date", &date), ("last-modified", &lm), ("cache-control", "public")],
+        );
+        assert_eq!(lifetime(&p, &public), 100);
+    }
+
+    #[test]
+    fn min_and_max_ttl_overrides_clamp_the_lifetime() {
+        let p = policy_with(|c| {
+            c.min_ttl = Dur::secs(30);
+            c.max_ttl = Dur::secs(600);
+        });
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=0")])), 30);
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=100")])), 100);
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=86400")])), 600);
+        assert_eq!(lifetime(&p, &meta(&[])), 30);
+    }
+
+    // ----- Age (RFC 9111 4.2.3)
+
+    #[test]
+    fn age_calculation_follows_4_2_3() {
+        // Request sent at -5, response received at 0 with Date -3 and Age 10.
+        let mut m = meta(&[("date", &http_date(-3)), ("age", "10")]);
+        m.request_time = t(-5);
+        assert_eq!(apparent_age(&m).as_secs(), 3);
+        assert_eq!(response_delay(&m).as_secs(), 5);
+        assert_eq!(corrected_age_value(&m).as_secs(), 15);
+        assert_eq!(corrected_initial_age(&m).as_secs(), 15);
+        assert_eq!(resident_time(&m, t(100)).as_secs(), 100);
+        assert_eq!(current_age(&m, t(100)).as_secs(), 115);
+        assert_eq!(age_header(&m, t(100)), "115");
+        // A Date far behind dominates a small Age.
+        let m = meta(&[("date", &http_date(-60)), ("age", "1")]);
+        assert_eq!(corrected_initial_age(&m).as_secs(), 60);
+    }
+
+    #[test]
+    fn age_with_missing_or_odd_fields() {
+        // No Date, no Age: age is the resident time.
+        let m = meta(&[]);
+        assert_eq!(current_age(&m, t(42)).as_secs(), 42);
+        // Date in the future (clock skew): apparent age 0.
+        let m = meta(&[("date", &http_date(30))]);
+        assert_eq!(apparent_age(&m).as_secs(), 0);
+        // Invalid Age is ignored; now before response_time gives 0.
+        let m = meta(&[("age", "soon")]);
+        assert_eq!(current_age(&m, t(-10)).as_secs(), 0);
+        // The Age header is capped at 2^31.
+        let m = meta(&[("age", "99999999999999")]);
+        assert_eq!(age_header(&m, t(1_000_000)), "2147483648");
+    }
+
+    // ----- Evaluation (RFC 9111 4.2, 5.2)
+
+    #[test]
+    fn fresh_then_stale() {
+        let p = policy();
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(59)), Decision::Fresh);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(60)), revalidate("stale"));
+        // max-age=0: stale at once.
+        let m = meta(&[("cache-control", "max-age=0")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(0)), revalidate("stale"));
+        // Age from upstream counts.
+        let m = meta(&[("cache-control", "max-age=60"), ("age", "50")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(10)), revalidate("stale"));
+    }
+
+    #[test]
+    fn request_no_cache_and_pragma_force_revalidation_unless_ignore_reload() {
+        let p = policy();
+        let m = meta(&[("cache-control", "max-age=600")]);
+        let no_cache = hm(&[("cache-control", "no-cache")]);
+        assert_eq!(p.evaluate(&no_cache, &m, t(1)), revalidate("request no-cache"));
+        let pragma = hm(&[("pragma", "no-cache")]);
+        assert_eq!(p.evaluate(&pragma, &m, t(1)), revalidate("request no-cache"));
+        // Pragma is ignored when Cache-Control is present (RFC 9111 5.4).
+        let both = hm(&[("pragma", "no-cache"), ("cache-control", "max-stale=10")]);
+        assert_eq!(p.evaluate(&both, &m, t(1)), Decision::Fresh);
+        let ignoring = policy_with(|c| c.ignore_reload = true);
+        assert_eq!(ignoring.evaluate(&no_cache, &m, t(1)), Decision::Fresh);
+        assert_eq!(ignoring.evaluate(&pragma, &m, t(1)), Decision::Fresh);
+    }
+
+    #[test]
+    fn request_max_age() {
+        let p = policy();
+        let m = meta(&[("cache-control", "max-age=600")]);
+        let req = hm(&[("cache-control", "max-age=30")]);
+        assert_eq!(p.evaluate(&req, &m, t(30)), Decision::Fresh);
+        assert_eq!(p.evaluate(&req, &m, t(31)), revalidate("request max-age"));
+        let zero = hm(&[("cache-control", "max-age=0")]);
+        assert_eq!(p.evaluate(&zero, &m, t(0)), revalidate("request max-age"));
+        let invalid = hm(&[("cache-control", "max-age=soon")]);
+        assert_eq!(p.evaluate(&invalid, &m, t(31)), Decision::Fresh);
+    }
+
+    #[test]
+    fn request_max_stale_with_and_without_value() {
+        let p = policy();
+        let m = meta(&[("cache-control", "max-age=60")]);
+        let any = hm(&[("cache-control", "max-stale")]);
+        assert_eq!(p.evaluate(&any, &m, t(100_000)), Decision::Stale);
+        let ten = hm(&[("cache-control", "max-stale=10")]);
+        assert_eq!(p.evaluate(&ten, &m, t(70)), Decision::Stale);
+        assert_eq!(p.evaluate(&ten, &m, t(71)), revalidate("stale"));
+        let invalid = hm(&[("cache-control", "max-stale=x")]);
+        assert_eq!(p.evaluate(&invalid, &m, t(61)), revalidate("stale"));
+        // Fresh stays Fresh.
+        assert_eq!(p.evaluate(&ten, &m, t(1)), Decision::Fresh);
+    }
+
+    #[test]
+    fn request_min_fresh() {
+        let p = policy();
+        let m = meta(&[("cache-control", "max-age=60")]);
+        let req = hm(&[("cache-control", "min-fresh=20")]);
+        assert_eq!(p.evaluate(&req, &m, t(40)), Decision::Fresh);
+        assert_eq!(p.evaluate(&req, &m, t(41)), revalidate("request min-fresh"));
+    }
+
+    #[test]
+    fn response_no_cache_in_any_form_forces_revalidation() {
+        let p = policy();
+        for cc in [
+            "no-cache, max-age=600",
+            "no-cache=\"set-cookie\", max-age=600",
+            "max-age=600, NO-CACHE=x",
+        ] {
+            let m = meta(&[("cache-control", cc)]);
+            assert_eq!(
+                p.evaluate(&HeaderMap::new(), &m, t(1)),
+                revalidate("response no-cache"),
+                "{cc}"
+            );
+        }
+    }
+
+    #[test]
+    fn must_revalidate_proxy_revalidate_and_s_maxage_forbid_serving_stale() {
+        let p = policy();
+        let max_stale = hm(&[("cache-control", "max-stale, stale-if-error=600")]);
+        for cc in [
+            "max-age=60, must-revalidate, stale-while-revalidate=600, stale-if-error=600",
+            "max-age=60, proxy-revalidate, stale-while-revalidate=600",
+            "s-maxage=60, stale-while-revalidate=600, stale-if-error=600",
+        ] {
+            let m = meta(&[("cache-control", cc)]);
+            assert_eq!(p.evaluate(&max_stale, &m, t(30)), Decision::Fresh, "{cc}");
+            assert_eq!(p.evaluate(&max_stale, &m, t(61)), revalidate("stale"), "{cc}");
+        }
+    }
+
+    #[test]
+    fn stale_while_revalidate_window() {
+        let p = policy();
+        let m = meta(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(59)), Decision::Fresh);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(60)), Decision::StaleWhileRevalidate);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(89)), Decision::StaleWhileRevalidate);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(90)), revalidate("stale"));
+        // A request that insists on validation does not get the stale response.
+        let no_cache = hm(&[("cache-control", "no-cache")]);
+        assert_eq!(p.evaluate(&no_cache, &m, t(61)), revalidate("request no-cache"));
+    }
+
+    #[test]
+    fn stale_if_error_from_response_or_request() {
+        let p = policy();
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-if-error=300"),
+        ]);
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(100)),
+            Decision::Revalidate {
+                reason: "stale",
+                stale_if_error_until: Some(t(360)),
+            }
+        );
+        // From the request only; the larger window wins when both say.
+        let m = meta(&[("cache-control", "max-age=60")]);
+        let req = hm(&[("cache-control", "stale-if-error=100")]);
+        assert_eq!(
+            p.evaluate(&req, &m, t(70)),
+            Decision::Revalidate {
+                reason: "stale",
+                stale_if_error_until: Some(t(160)),
+            }
+        );
+        let m = meta(&[("cache-control", "max-age=60, stale-if-error=10")]);
+        let Decision::Revalidate {
+            stale_if_error_until, ..
+        } = p.evaluate(&req, &m, t(61))
+        else {
+            panic!("expected revalidation");
+        };
+        assert_eq!(stale_if_error_until, Some(t(160)));
+        // Also attached when a fresh response is revalidated at the client's request.
+        let m = meta(&[("cache-control", "max-age=60, stale-if-error=10")]);
+        let Decision::Revalidate {
+            stale_if_error_until, ..
+        } = p.evaluate(&hm(&[("cache-control", "no-cache")]), &m, t(5))
+        else {
+            panic!("expected revalidation");
+        };
+        assert_eq!(stale_if_error_until, Some(t(70)));
+        // Response no-cache forbids it.
+        let m = meta(&[("cache-control", "no-cache, stale-if-error=300")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+    }
+
+    #[test]
+    fn only_if_cached_turns_revalidation_into_504() {
+        let p = policy();
+        let req = hm(&[("cache-control", "only-if-cached")]);
+        assert!(only_if_cached(&req));
+        assert!(!only_if_cached(&hm(&[("cache-control", "no-cache")])));
+        let m = meta(&[("cache-control", "max-age=60")]);
+        assert_eq!(p.evaluate(&req, &m, t(1)), Decision::Fresh);
+        assert_eq!(p.evaluate(&req, &m, t(61)), Decision::GatewayTimeout);
+        let req = hm(&[("cache-control", "only-if-cached, max-stale")]);
+        assert_eq!(p.evaluate(&req, &m, t(61)), Decision::Stale);
+    }
+
+    // ----- Revalidation (RFC 9111 4.3)
+
+    #[test]
+    fn conditional_headers_from_validators() {
+        let lm = http_date(-100);
+        let m = meta(&[("etag", "W/\"v1\""), ("last-modified", &lm)]);
+        let h = conditional_headers(&m);
+        assert_eq!(h.get(header::IF_NONE_MATCH).unwrap(), "W/\"v1\"");
+        assert_eq!(h.get(header::IF_MODIFIED_SINCE).unwrap(), lm.as_str());
+        assert!(conditional_headers(&meta(&[("cache-control", "max-age=1")])).is_empty());
+    }
+
+    #[test]
+    fn revalidation_outcomes() {
+        let lm = http_date(-100);
+        let strong = meta(&[("etag", "\"v1\""), ("last-modified", &lm)]);
+        let weak = meta(&[("etag", "W/\"v1\"")]);
+        let not_modified = StatusCode::NOT_MODIFIED;
+        assert_eq!(
+            revalidation(&strong, not_modified, &hm(&[("etag", "\"v1\"")])),
+            Revalidation::NotModified
+        );
+        assert_eq!(
+            revalidation(&strong, not_modified, &hm(&[("etag", "\"v2\"")])),
+            Revalidation::Mismatch
+        );
+        assert_eq!(
+            revalidation(&strong, not_modified, &hm(&[("etag", "W/\"v1\"")])),
+            Revalidation::NotModified
+        );
+        assert_eq!(
+            revalidation(&weak, not_modified, &hm(&[("etag", "\"v1\"")])),
+            Revalidation::Mismatch
+        );
+        assert_eq!(
+            revalidation(&weak, not_modified, &hm(&[("etag", "W/\"v1\"")])),
+            Revalidation::NotModified
+        );
+        assert_eq!(
+            revalidation(&strong, not_modified, &hm(&[("last-modified", &lm)])),
+            Revalidation::NotModified
+        );
+        let other = http_date(-50);
+        assert_eq!(
+            revalidation(&strong, not_modified, &hm(&[("last-modified", &other)])),
+            Revalidation::Mismatch
+        );
+        assert_eq!(
+            revalidation(&weak, not_modified, &hm(&[("last-modified", &lm)])),
+            Revalidation::Mismatch
+        );
+        assert_eq!(
+            revalidation(&strong, not_modified, &HeaderMap::new()),
+            Revalidation::NotModified
+        );
+        for status in [500, 502, 503, 504] {
+            let status = StatusCode::from_u16(status).unwrap();
+            assert_eq!(
+                revalidation(&strong, status, &HeaderMap::new()),
+                Revalidation::ServerError
+            );
+        }
+        for status in [200, 404, 501, 302] {
+            let status = StatusCode::from_u16(status).unwrap();
+            assert_eq!(revalidation(&strong, status, &HeaderMap::new()), Revalidation::Replace);
+        }
+    }
+
+    #[test]
+    fn update_from_304_replaces_fields_but_not_framing() {
+        let mut m = meta(&[
+            ("date", &http_date(-100)),
+            ("age", "30"),
+            ("cache-control", "max-age=10"),
+            ("etag", "\"v1\""),
+            ("content-length", "1234"),
+            ("content-encoding", "gzip"),
+            ("content-type", "text/html"),
+            ("x-multi", "a"),
+            ("x-multi", "b"),
+        ]);
+        let update = hm(&[
+            ("cache-control", "max-age=600"),
+            ("content-length", "0"),
+            ("content-encoding", "br"),
+            ("x-multi", "c"),
+            ("x-new", "n"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+        ]);
+        update_from_304(&mut m, &update, t(1000), t(1001));
+        assert_eq!(m.headers.get("cache-control").unwrap(), "max-age=600");
+        assert_eq!(m.headers.get("content-length").unwrap(), "1234");
+        assert_eq!(m.headers.get("content-encoding").unwrap(), "gzip");
+        assert_eq!(m.headers.get("content-type").unwrap(), "text/html");
+        assert_eq!(m.headers.get("etag").unwrap(), "\"v1\"");
+        let multi: Vec<_> = m.headers.get_all("x-multi").iter().collect();
+        assert_eq!(multi, ["c"]);
+        assert_eq!(m.headers.get("x-new").unwrap(), "n");
+        for hop in ["connection", "x-hop", "keep-alive"] {
+            assert!(!m.headers.contains_key(hop), "{hop}");
+        }
+        // The old Age is gone, Date is the new response time, times reset.
+        assert!(!m.headers.contains_key("age"));
+        assert_eq!(m.headers.get("date").unwrap(), http_date(1001).as_str());
+        assert_eq!((m.request_time, m.response_time), (t(1000), t(1001)));
+        assert_eq!(current_age(&m, t(1001)).as_secs(), 1);
+        assert_eq!(policy().evaluate(&HeaderMap::new(), &m, t(1001)), Decision::Fresh);
+        // A 304 with its own Date and Age keeps them.
+        update_from_304(
+            &mut m,
+            &hm(&[("date", &http_date(1999)), ("age", "3")]),
+            t(2000),
+            t(2000),
+        );
+        assert_eq!(m.headers.get("date").unwrap(), http_date(1999).as_str());
+        assert_eq!(m.headers.get("age").unwrap(), "3");
+    }
+
+    // ----- Client conditionals (RFC 9110 13)
+
+    #[test]
+    fn if_none_match_uses_weak_comparison_lists_and_star() {
+        let m = meta(&[("etag", "W/\"v1\"")]);
+        let get = Method::GET;
+        let check = |inm: &str| check_preconditions(&get, &hm(&[("if-none-match", inm)]), &m);
+        assert_eq!(check("W/\"v1\""), Precondition::NotModified);
+        assert_eq!(check("\"v1\""), Precondition::NotModified);
+        assert_eq!(check("\"a\", \"b,c\" , W/\"v1\""), Precondition::NotModified);
+        assert_eq!(check("\"v2\""), Precondition::Proceed);
+        assert_eq!(check("*"), Precondition::NotModified);
+        // Several field lines.
+        let req = hm(&[("if-none-match", "\"x\""), ("if-none-match", "W/\"v1\"")]);
+        assert_eq!(check_preconditions(&get, &req, &m), Precondition::NotModified);
+        // HEAD too; other methods fail.
+        let req = hm(&[("if-none-match", "*")]);
+        assert_eq!(check_preconditions(&Method::HEAD, &req, &m), Precondition::NotModified);
+        assert_eq!(check_preconditions(&Method::POST, &req, &m), Precondition::Failed);
+        // No stored ETag: only * matches.
+        let plain = meta(&[]);
+        assert_eq!(
+            check_preconditions(&get, &hm(&[("if-none-match", "\"v1\"")]), &plain),
+            Precondition::Proceed
+        );
+        assert_eq!(
+            check_preconditions(&get, &hm(&[("if-none-match", "*")]), &plain),
+            Precondition::NotModified
+        );
+    }
+
+    #[test]
+    fn if_modified_since() {
+        let lm = http_date(-100);
+        let m = meta(&[("last-modified", &lm), ("etag", "\"v1\"")]);
+        let get = Method::GET;
+        let ims = |d: &str| hm(&[("if-modified-since", d)]);
+        assert_eq!(check_preconditions(&get, &ims(&lm), &m), Precondition::NotModified);
+        assert_eq!(
+            check_preconditions(&get, &ims(&http_date(0)), &m),
+            Precondition::NotModified
+        );
+        assert_eq!(
+            check_preconditions(&get, &ims(&http_date(-101)), &m),
+            Precondition::Proceed
+        );
+        assert_eq!(check_preconditions(&get, &ims("not a date"), &m), Precondition::Proceed);
+        assert_eq!(check_preconditions(&Method::POST, &ims(&lm), &m), Precondition::Proceed);
+        // Ignored when If-None-Match is present.
+        let req = hm(&[("if-none-match", "\"other\""), ("if-modified-since", &lm)]);
+        assert_eq!(check_preconditions(&get, &req, &m), Precondition::Proceed);
+        // No Last-Modified: Date, else the time received (RFC 9111 4.3.2).
+        let dated = meta(&[("date", &http_date(-50))]);
+        assert_eq!(
+            check_preconditions(&get, &ims(&http_date(-50)), &dated),
+            Precondition::NotModified
+        );
+        assert_eq!(
+            check_preconditions(&get, &ims(&http_date(-51)), &dated),
+            Precondition::Proceed
+        );
+        let undated = meta(&[]);
+        assert_eq!(
+            check_preconditions(&get, &ims(&http_date(0)), &undated),
+            Precondition::NotModified
+        );
+    }
+
+    #[test]
+    fn if_match_and_if_unmodified_since_fail_with_412() {
+        let lm = http_date(-100);
+        let m = meta(&[("etag", "\"v1\""), ("last-modified", &lm)]);
+        let weak = meta(&[("etag", "W/\"v1\"")]);
+        let get = Method::GET;
+        let im = |v: &str| hm(&[("if-match", v)]);
+        assert_eq!(check_preconditions(&get, &im("\"v1\""), &m), Precondition::Proceed);
+        assert_eq!(
+            check_preconditions(&get, &im("\"v0\", \"v1\""), &m),
+            Precondition::Proceed
+        );
+        assert_eq!(check_preconditions(&get, &im("*"), &m), Precondition::Proceed);
+        assert_eq!(check_preconditions(&get, &im("\"v2\""), &m), Precondition::Failed);
+        assert_eq!(check_preconditions(&get, &im("W/\"v1\""), &m), Precondition::Failed);
+        assert_eq!(check_preconditions(&get, &im("\"v1\""), &weak), Precondition::Failed);
+        let ius = |d: &str| hm(&[("if-unmodified-since", d)]);
+        assert_eq!(check_preconditions(&get, &ius(&lm), &m), Precondition::Proceed);
+        assert_eq!(
+            check_preconditions(&get, &ius(&http_date(-101)), &m),
+            Precondition::Failed
+        );
+        assert_eq!(check_preconditions(&get, &ius("garbage"), &m), Precondition::Proceed);
+        // If-Match takes precedence over If-Unmodified-Since.
+        let req = hm(&[("if-match", "\"v1\""), ("if-unmodified-since", &http_date(-101))]);
+        assert_eq!(check_preconditions(&get, &req, &m), Precondition::Proceed);
+        // If-Match passes, If-None-Match then decides.
+        let req = hm(&[("if-match", "\"v1\""), ("if-none-match", "\"v1\"")]);
+        assert_eq!(check_preconditions(&get, &req, &m), Precondition::NotModified);
+    }
+
+    #[test]
+    fn preconditions_are_ignored_for_non_2xx_stored_responses() {
+        let m = meta_with(StatusCode::NOT_FOUND, &[("etag", "\"v1\"")]);
+        let req = hm(&[("if-none-match", "\"v1\""), ("if-match", "\"zz\"")]);
+        assert_eq!(check_preconditions(&Method::GET, &req, &m), Precondition::Proceed);
+    }
+
+    #[test]
+    fn not_modified_headers_keep_only_the_listed_fields() {
+        let stored = hm(&[
+            ("cache-control", "max-age=60"),
+            ("content-location", "/a.en"),
+            ("date", "Tue, 14 Nov 2023 22:13:20 GMT"),
+            ("etag", "\"v1\""),
+            ("expires", "Tue, 14 Nov 2023 22:14:20 GMT"),
+            ("vary", "accept"),
+            ("vary", "accept-encoding"),
+            ("last-modified", "Tue, 14 Nov 2023 22:00:00 GMT"),
+            ("content-type", "text/html"),
+            ("content-length", "99"),
+            ("set-cookie", "a=b"),
+        ]);
+        let h = not_modified_headers(&stored);
+        assert_eq!(h.len(), 8);
+        assert_eq!(h.get_all("vary").iter().count(), 2);
+        for gone in ["content-type", "content-length", "set-cookie"] {
+            assert!(!h.contains_key(gone), "{gone}");
+        }
+    }
+
+    // ----- Vary (RFC 9111 4.1)
+
+    #[test]
+    fn vary_fields_are_lowercased_sorted_and_star_detected() {
+        let h = hm(&[
+            ("vary", "Accept-Encoding, User-Agent"),
+            ("vary", "accept-encoding,Accept"),
+        ]);
+        assert_eq!(
+            vary_fields(&h).unwrap(),
+            ["accept", "accept-encoding", "user-agent"].map(String::from)
+        );
+        assert_eq!(vary_fields(&HeaderMap::new()).unwrap(), Vec::<String>::new());
+        assert_eq!(vary_fields(&hm(&[("vary", "accept"), ("vary", " * ")])), None);
+    }
+
+    #[test]
+    fn variant_values_combine_lines_and_trim() {
+        let fields = ["accept-encoding", "accept-language", "x-absent"].map(String::from);
+        let req = hm(&[
+            ("accept-encoding", " gzip"),
+            ("accept-encoding", "br  "),
+            ("accept-language", "en"),
+        ]);
+        assert_eq!(
+            variant_of(&fields, &req),
+            vec![
+                ("accept-encoding".into(), Some("gzip, br".into())),
+                ("accept-language".into(), Some("en".into())),
+                ("x-absent".into(), None),
+            ]
+        );
+        // Present but empty differs from absent.
+        let empty = hm(&[("accept-language", "")]);
+        assert_eq!(
+            variant_of(&fields[1..2], &empty),
+            vec![("accept-language".into(), Some(String::new()))]
+        );
+    }
+
+    #[test]
+    fn variant_matching() {
+        let fields = vary_fields(&hm(&[("vary", "Accept-Encoding")])).unwrap();
+        let mut m = meta(&[("vary", "Accept-Encoding")]);
+        m.variant = variant_of(&fields, &hm(&[("accept-encoding", "gzip, br")]));
+        assert!(variant_matches(&m, &hm(&[("accept-encoding", "gzip, br")])));
+        assert!(variant_matches(
+            &m,
+            &hm(&[("accept-encoding", "gzip"), ("accept-encoding", " br")])
+        ));
+        assert!(!variant_matches(&m, &hm(&[("accept-encoding", "gzip")])));
+        assert!(!variant_matches(&m, &HeaderMap::new()));
+        let mut absent = meta(&[]);
+        absent.variant = variant_of(&fields, &HeaderMap::new());
+        assert!(variant_matches(&absent, &HeaderMap::new()));
+        assert!(!variant_matches(&absent, &hm(&[("accept-encoding", "gzip")])));
+        // Not varying: matches anything.
+        assert!(variant_matches(&meta(&[]), &hm(&[("accept-encoding", "gzip")])));
+    }
+
+    // ----- Invalidation (RFC 9111 4.4)
+
+    fn urls(keys: Vec<CacheKey>) -> Vec<String> {
+        keys.into_iter().map(|k| k.url().to_string()).collect()
+    }
+
+    #[test]
+    fn unsafe_methods_invalidate_on_success_only() {
+        let p = policy();
+        let target = CacheKey::new("http", "example.com", "/a/b", false);
+        let none = HeaderMap::new();
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+            assert_eq!(
+                urls(p.invalidations(&method, &target, StatusCode::OK, &none)),
+                ["http://example.com/a/b"]
+            );
+        }
+        assert_eq!(
+            p.invalidations(&Method::POST, &target, StatusCode::SEE_OTHER, &none)
+                .len(),
+            1
+        );
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(p.invalidations(&method, &target, StatusCode::OK, &none).is_empty());
+        }
+        for status in [
+            StatusCode::NOT_FOUND,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            StatusCode::CONTINUE,
+        ] {
+            assert!(p.invalidations(&Method::POST, &target, status, &none).is_empty());
+        }
+    }
+
+    #[test]
+    fn location_and_content_location_of_the_same_origin_are_invalidated() {
+        let p = policy();
+        let target = CacheKey::new("http", "example.com", "/a/b?x=1", false);
+        let resp = hm(&[
+            ("location", "../c?y#frag"),
+            ("content-location", "http://EXAMPLE.com:80/d"),
+        ]);
+        assert_eq!(
+            urls(p.invalidations(&Method::POST, &target, StatusCode::CREATED, &resp)),
+            [
+                "http://example.com/a/b?x=1",
+                "http://example.com/c?y",
+                "http://example.com/d"
+            ]
+        );
+        // Other origins (host, port or scheme) are left alone.
+        for other in [
+            "http://other.com/a",
+            "https://example.com/a",
+            "http://example.com:8080/a",
+            "//other.com/x",
+        ] {
+            let resp = hm(&[("location", other)]);
+            assert_eq!(
+                p.invalidations(&Method::PUT, &target, StatusCode::OK, &resp).len(),
+                1,
+                "{other}"
+            );
+        }
+        // Same URL as the target is listed once.
+        let resp = hm(&[("content-location", "/a/b?x=1")]);
+        assert_eq!(p.invalidations(&Method::PUT, &target, StatusCode::OK, &resp).len(), 1);
+        // The key follows ignore_query_in_key.
+        let p = policy_with(|c| c.ignore_query_in_key = true);
+        let resp = hm(&[("location", "/e?z=1")]);
+        assert_eq!(
+            urls(p.invalidations(&Method::POST, &target, StatusCode::OK, &resp))[1],
+            "http://example.com/e"
+        );
+    }
+
+    #[test]
+    fn relative_references_resolve_per_rfc_3986() {
+        let base = "http://a/b/c/d;p?q";
+        for (reference, expected) in [
+            ("g", "http://a/b/c/g"),
+            ("./g", "http://a/b/c/g"),
+            ("g/", "http://a/b/c/g/"),
+            ("/g", "http://a/g"),
+            ("//g", "http://g"),
+            ("?y", "http://a/b/c/d;p?y"),
+            ("g?y", "http://a/b/c/g?y"),
+            ("#s", "http://a/b/c/d;p?q"),
+            ("", "http://a/b/c/d;p?q"),
+            (".", "http://a/b/c/"),
+            ("..", "http://a/b/"),
+            ("../g", "http://a/b/g"),
+            ("../../../g", "http://a/g"),
+            ("/./g", "http://a/g"),
+            ("g;x=1/../y", "http://a/b/c/y"),
+            ("https://x/y", "https://x/y"),
+        ] {
+            assert_eq!(
+                resolve_reference(base, reference).as_deref(),
+                Some(expected),
+                "{reference:?}"
+            );
+        }
+        assert_eq!(origin_of("http://h:81/x?y"), "http://h:81");
+        assert_eq!(origin_of("http://h?y"), "http://h");
+    }
+
+    // ----- Parsing helpers
+
+    #[test]
+    fn entity_tag_lists() {
+        let tags = etag_list(b"\"a\", W/\"b,c\",  \"\" ,unquoted");
+        let view: Vec<(bool, &[u8])> = tags.iter().map(|t| (t.weak, t.tag)).collect();
+        assert_eq!(
+            view,
+            [
+                (false, &b"a"[..]),
+                (true, &b"b,c"[..]),
+                (false, &b""[..]),
+                (false, &b"unquoted"[..])
+            ]
+        );
+        let strong = ETag { weak: false, tag: b"x" };
+        let weak = ETag { weak: true, tag: b"x" };
+        assert!(strong.strong_eq(&strong) && !strong.strong_eq(&weak) && !weak.strong_eq(&weak));
+        assert!(strong.weak_eq(&weak) && weak.weak_eq(&weak));
+    }
+
+    #[test]
+    fn directive_parsing() {
+        let mut out = Vec::new();
+        parse_directives(
+            br#"Max-Age=5, no-cache="a, b", private, x="q\"uote", ,s-maxage = 7 "#,
+            &mut out,
+        );
+        let view: Vec<(&str, Option<&str>)> = out.iter().map(|(n, v)| (n.as_str(), v.as_deref())).collect();
+        assert_eq!(
+            view,
+            [
+                ("max-age", Some("5")),
+                ("no-cache", Some("a, b")),
+                ("private", None),
+                ("x", Some("q\"uote")),
+                ("s-maxage", Some("7")),
+            ]
+        );
+        assert_eq!(parse_delta(b"0"), Some(0));
+        assert_eq!(parse_delta(b"2147483647"), Some(2_147_483_647));
+        assert_eq!(parse_delta(b"2147483649"), Some(1 << 31));
+        assert_eq!(parse_delta(b"+5"), None);
+        assert_eq!(parse_delta(b""), None);
+    }
+}

@@ -1,0 +1,573 @@
+//! The cache as the proxy sees it: one object store over the memory tier
+//! (hot, whole objects) and the disk tier (everything, streamed), with the
+//! policy, the fetches in flight and the counters.
+//!
+//! Vary: a response with `Vary` is stored under its variant's id
+//! (`CacheKey::variant_id`), and a small *marker* under the primary id
+//! records the varying field names and the variants stored, so a lookup
+//! finds the right variant and an invalidation removes them all.
+
+use super::disk::{BodyReader, DiskStore, DiskWriter};
+use super::flight::Flights;
+use super::key::{CacheKey, ObjectId};
+use super::memory::{MemObject, MemoryTier};
+use super::object::StoredMeta;
+use super::policy::{self, Policy};
+use crate::config::CacheConfig;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Header that marks a stored object as a Vary marker (never served).
+const MARKER: &str = "x-portico-vary-marker";
+
+/// Cache counters, kept with relaxed atomics (no lock on the request path).
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Lookups of cacheable requests.
+    pub lookups: AtomicU64,
+    /// Served fresh from the cache.
+    pub hits: AtomicU64,
+    /// Not found.
+    pub misses: AtomicU64,
+    /// Conditional requests sent to origins.
+    pub revalidations: AtomicU64,
+    /// Served stale.
+    pub stale_served: AtomicU64,
+    /// Requests that waited for another's fetch instead of fetching.
+    pub collapsed: AtomicU64,
+    /// Objects stored.
+    pub stored: AtomicU64,
+    /// Body bytes served from the cache.
+    pub bytes_served: AtomicU64,
+    /// Objects removed by invalidation or purge.
+    pub invalidated: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl CacheStats {
+    /// Counts a lookup.
+    pub fn lookup(&self) {
+        bump(&self.lookups);
+    }
+    /// Counts a hit.
+    pub fn hit(&self) {
+        bump(&self.hits);
+    }
+    /// Counts a miss.
+    pub fn miss(&self) {
+        bump(&self.misses);
+    }
+    /// Counts a revalidation.
+    pub fn revalidation(&self) {
+        bump(&self.revalidations);
+    }
+    /// Counts a stale answer.
+    pub fn stale(&self) {
+        bump(&self.stale_served);
+    }
+    /// Counts a collapsed request.
+    pub fn collapsed(&self) {
+        bump(&self.collapsed);
+    }
+    /// Counts a stored object.
+    pub fn stored(&self) {
+        bump(&self.stored);
+    }
+    /// Counts body bytes served from the cache.
+    pub fn served(&self, bytes: u64) {
+        self.bytes_served.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A stored response found by a lookup.
+pub struct Stored {
+    /// The id it is stored under.
+    pub id: ObjectId,
+    /// Its metadata.
+    pub meta: StoredMeta,
+    /// Body length.
+    pub len: u64,
+    /// Where the body is.
+    pub body: StoredBody,
+}
+
+/// Where a stored body is.
+pub enum StoredBody {
+    /// Whole, in memory.
+    Memory(Bytes),
+    /// In a file of the disk tier, read on demand, front to back (the
+    /// reader and how far it has read).
+    Disk(std::sync::Mutex<Option<DiskCursor>>),
+}
+
+/// Reads a range of a stored body in chunks.
+pub struct RangeReader<'a> {
+    source: &'a StoredBody,
+    range: Range<u64>,
+}
+
+impl StoredBody {
+    /// The bytes in `range`, chunk by chunk. A disk body is read front to
+    /// back; a range that starts before the bytes already read (ranges asked
+    /// in decreasing order) reopens the object, which must not have changed.
+    pub fn read(&self, range: Range<u64>) -> RangeReader<'_> {
+        RangeReader { source: self, range }
+    }
+}
+
+impl RangeReader<'_> {
+    /// The next chunk; None at the end of the range.
+    pub async fn next(&mut self) -> Option<std::io::Result<Bytes>> {
+        if self.range.is_empty() {
+            return None;
+        }
+        match self.source {
+            StoredBody::Memory(b) => {
+                let start = usize::try_from(self.range.start).ok()?.min(b.len());
+                let end = usize::try_from(self.range.end).ok()?.min(b.len());
+                self.range.start = self.range.end;
+                (start < end).then(|| Ok(b.slice(start..end)))
+            }
+            StoredBody::Disk(cell) => {
+                // The reader is taken out while awaiting (a std Mutex is not
+                // held across the await) and put back after.
+                let taken = cell.lock().ok()?.take();
+                let mut state = taken?;
+                let result = state.next_in(&mut self.range).await;
+                if let Ok(mut guard) = cell.lock() {
+                    *guard = Some(state);
+                }
+                result
+            }
+        }
+    }
+}
+
+/// A disk body being read front to back, with the unread rest of the last
+/// chunk (`carry` holds the bytes from offset `base`).
+pub struct DiskCursor {
+    reader: BodyReader,
+    base: u64,
+    carry: Bytes,
+    /// To read from the start again (a range before one already sent): the
+    /// object as it was opened.
+    origin: Box<Reopen>,
+}
+
+struct Reopen {
+    store: DiskStore,
+    id: ObjectId,
+    meta: StoredMeta,
+    body_len: u64,
+}
+
+impl DiskCursor {
+    /// Opens the object again and reads from the start, provided it is the
+    /// very object first opened (not replaced or updated since).
+    async fn rewind(&mut self) -> std::io::Result<()> {
+        let o = &self.origin;
+        match o.store.open(o.id).await {
+            Some(found) if found.meta == o.meta && found.body_len == o.body_len => {
+                self.reader = found.body;
+                self.base = 0;
+                self.carry = Bytes::new();
+                Ok(())
+            }
+            _ => Err(std::io::Error::other(
+                "stored object changed while its ranges were sent",
+            )),
+        }
+    }
+
+    async fn next_in(&mut self, range: &mut Range<u64>) -> Option<std::io::Result<Bytes>> {
+        loop {
+            if range.is_empty() {
+                return None;
+            }
+            // Ranges asked in decreasing order (kept so, RFC 9110 14.6).
+            if range.start < self.base
+                && let Err(e) = self.rewind().await
+            {
+                return Some(Err(e));
+            }
+            if self.carry.is_empty() {
+                match self.reader.chunk().await {
+                    Ok(Some(c)) => self.carry = c,
+                    Ok(None) => return None,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let len = self.carry.len() as u64;
+            if range.start >= self.base + len {
+                self.base += len;
+                self.carry = Bytes::new();
+                continue;
+            }
+            let from = (range.start - self.base) as usize;
+            let to = (range.end - self.base).min(len) as usize;
+            let out = self.carry.slice(from..to);
+            self.carry = self.carry.slice(to..);
+            self.base += to as u64;
+            range.start = self.base;
+            return Some(Ok(out));
+        }
+    }
+}
+
+/// The cache.
+pub struct Cache {
+    /// The RFC 9111 decisions, configured.
+    pub policy: Policy,
+    /// Fetches in flight (request collapsing).
+    pub flights: Arc<Flights>,
+    /// Counters.
+    pub stats: CacheStats,
+    /// The response header naming what the cache did, if enabled.
+    pub status_header: Option<HeaderName>,
+    memory: MemoryTier,
+    disk: Option<DiskStore>,
+    max_object: u64,
+    ignore_query: bool,
+    marker_lock: tokio::sync::Mutex<()>,
+}
+
+/// Unix seconds at which a stored response stops being fresh (the disk
+/// tier's GC evicts expired objects first).
+fn expires_hint(policy: &Policy, meta: &StoredMeta) -> u64 {
+    let lifetime = policy.freshness_lifetime(meta);
+    let age = policy::current_age(meta, SystemTime::now());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    now + lifetime.saturating_sub(age).as_secs()
+}
+
+impl Cache {
+    /// Builds the cache from `[cache]`; starts the disk tier (its index
+    /// rebuild and GC run in the background).
+    pub fn new(cfg: &CacheConfig) -> Result<Cache, String> {
+        let policy = Policy::new(cfg)?;
+        let disk = if cfg.disk.bytes() > 0 {
+            Some(DiskStore::start(cfg).map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?)
+        } else {
+            None
+        };
+        let status_header = if cfg.status_header.is_empty() {
+            None
+        } else {
+            Some(
+                HeaderName::from_bytes(cfg.status_header.as_bytes())
+                    .map_err(|_| format!("cache.status_header {:?} is not a header name", cfg.status_header))?,
+            )
+        };
+        Ok(Cache {
+            policy,
+            flights: Arc::new(Flights::default()),
+            stats: CacheStats::default(),
+            status_header,
+            memory: MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes()),
+            disk,
+            max_object: cfg.max_object_size.bytes(),
+            ignore_query: cfg.ignore_query_in_key,
+            marker_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Largest object stored.
+    pub fn max_object_size(&self) -> u64 {
+        self.max_object
+    }
+
+    /// The memory tier.
+    pub fn memory(&self) -> &MemoryTier {
+        &self.memory
+    }
+
+    /// The disk tier, if enabled.
+    pub fn disk(&self) -> Option<&DiskStore> {
+        self.disk.as_ref()
+    }
+
+    /// The key for a request URL.
+    pub fn key(&self, scheme: &str, authority: &str, path_and_query: &str) -> CacheKey {
+        CacheKey::new(scheme, authority, path_and_query, self.ignore_query)
+    }
+
+    /// The stored object under `id`: memory first, then disk (small disk
+    /// objects are promoted to memory).
+    async fn get(&self, id: ObjectId) -> Option<Stored> {
+        if let Some(obj) = self.memory.get(id) {
+            return Some(Stored {
+                id,
+                len: obj.body.len() as u64,
+                meta: obj.meta.clone(),
+                body: StoredBody::Memory(obj.body.clone()),
+            });
+        }
+        let disk = self.disk.as_ref()?;
+        let mut found = disk.open(id).await?;
+        disk.touch(id);
+        if self.memory.admits(found.body_len) {
+            let mut body = BytesMut::with_capacity(usize::try_from(found.body_len).unwrap_or(0));
+            loop {
+                match found.body.chunk().await {
+                    Ok(Some(c)) => body.extend_from_slice(&c),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("disk cache object {id}: {e}");
+                        return None;
+                    }
+                }
+            }
+            let body = body.freeze();
+            self.memory.insert(
+                id,
+                Arc::new(MemObject {
+                    meta: found.meta.clone(),
+                    body: body.clone(),
+                }),
+            );
+            return Some(Stored {
+                id,
+                len: found.body_len,
+                meta: found.meta,
+                body: StoredBody::Memory(body),
+            });
+        }
+        Some(Stored {
+            id,
+            len: found.body_len,
+            meta: found.meta.clone(),
+            body: StoredBody::Disk(std::sync::Mutex::new(Some(DiskCursor {
+                reader: found.body,
+                base: 0,
+                carry: Bytes::new(),
+                origin: Box::new(Reopen {
+                    store: disk.clone(),
+                    id,
+                    meta: found.meta,
+                    body_len: found.body_len,
+                }),
+            }))),
+        })
+    }
+
+    /// The stored response for a request, following a Vary marker to the
+    /// request's variant.
+    pub async fn lookup(&self, key: &CacheKey, req_headers: &HeaderMap) -> Option<Stored> {
+        let primary = self.get(key.id()).await?;
+        if primary.meta.key != key.url() {
+            return None; // a 128-bit hash collision: treat as a miss
+        }
+        let Some(fields) = primary.meta.headers.get(MARKER) else {
+            return policy::variant_matches(&primary.meta, req_headers).then_some(primary);
+        };
+        let fields: Vec<String> = fields
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .map(|f| f.trim().to_string())
+            .filter(|f| !f.is_empty())
+            .collect();
+        let variant = policy::variant_of(&fields, req_headers);
+        let found = self.get(key.variant_id(&variant)).await?;
+        (found.meta.key == key.url() && found.meta.variant == variant).then_some(found)
+    }
+
+    /// Starts storing a response as it streams: `vary` is its Vary field
+    /// list (empty when it does not vary), `length` its announced length.
+    pub async fn sink(&self, key: &CacheKey, meta: StoredMeta, vary: &[String], length: Option<u64>) -> StoreSink<'_> {
+        let id = key.variant_id(&meta.variant);
+        if !vary.is_empty() {
+            self.write_marker(key, vary, id).await;
+        }
+        let to_memory = length.is_none_or(|n| self.memory.admits(n));
+        let disk = match &self.disk {
+            Some(d) => match d.writer(id, &meta).await {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(key = key.url(), "cannot store on disk: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+        StoreSink {
+            cache: self,
+            id,
+            meta,
+            memory: to_memory.then(Vec::new),
+            size: 0,
+            disk,
+        }
+    }
+
+    /// Records under the primary id that `key` varies on `vary`, and that
+    /// `variant` is one of its stored variants.
+    async fn write_marker(&self, key: &CacheKey, vary: &[String], variant: ObjectId) {
+        // Read, add, write back: one at a time, or concurrent stores of two
+        // variants would each drop the other's id.
+        let _one_at_a_time = self.marker_lock.lock().await;
+        let primary = key.id();
+        let mut variants: Vec<ObjectId> = Vec::new();
+        if let Some(old) = self.get(primary).await
+            && old.meta.headers.contains_key(MARKER)
+        {
+            variants = marker_ids(&old).await;
+        }
+        if !variants.contains(&variant) {
+            variants.push(variant);
+        }
+        let body: String = variants.iter().map(|v| format!("{v}\n")).collect();
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&vary.join(", ")) {
+            headers.insert(HeaderName::from_static(MARKER), v);
+        }
+        let now = SystemTime::now();
+        let meta = StoredMeta {
+            key: key.url().to_string(),
+            variant: Vec::new(),
+            status: StatusCode::OK,
+            headers,
+            request_time: now,
+            response_time: now,
+        };
+        let body = Bytes::from(body);
+        if let Some(d) = &self.disk
+            && let Ok(mut w) = d.writer(primary, &meta).await
+            && w.write(&body).await.is_ok()
+        {
+            let _ = w.commit(u64::MAX / 2).await;
+        }
+        self.memory.insert(primary, Arc::new(MemObject { meta, body }));
+    }
+
+    /// Replaces a stored response's metadata after a 304 and returns it
+    /// ready to serve.
+    pub async fn update(&self, stored: Stored, meta: StoredMeta) -> Stored {
+        self.update_meta(stored.id, meta.clone()).await;
+        Stored { meta, ..stored }
+    }
+
+    /// Replaces the stored metadata of `id` (both tiers).
+    pub async fn update_meta(&self, id: ObjectId, meta: StoredMeta) {
+        if let Some(obj) = self.memory.get(id) {
+            self.memory.insert(
+                id,
+                Arc::new(MemObject {
+                    meta: meta.clone(),
+                    body: obj.body.clone(),
+                }),
+            );
+        }
+        if let Some(d) = &self.disk
+            && let Err(e) = d.update_meta(id, &meta, expires_hint(&self.policy, &meta)).await
+        {
+            tracing::warn!("cannot update cached object {id}: {e}");
+        }
+    }
+
+    /// Removes everything stored for `key` (every variant); true if
+    /// anything was stored.
+    pub async fn invalidate(&self, key: &CacheKey) -> bool {
+        let primary = key.id();
+        let Some(found) = self.get(primary).await else {
+            return false;
+        };
+        let mut ids = vec![primary];
+        if found.meta.headers.contains_key(MARKER) {
+            ids.extend(marker_ids(&found).await);
+        }
+        for id in ids {
+            self.memory.remove(id);
+            if let Some(d) = &self.disk {
+                d.remove(id).await;
+            }
+            self.stats.invalidated.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// The variant ids a Vary marker lists, wherever its body is (a marker
+/// larger than `max_memory_object` is only on disk).
+async fn marker_ids(marker: &Stored) -> Vec<ObjectId> {
+    let mut body = Vec::new();
+    let mut chunks = marker.body.read(0..marker.len);
+    while let Some(Ok(c)) = chunks.next().await {
+        body.extend_from_slice(&c);
+    }
+    parse_ids(&body)
+}
+
+fn parse_ids(body: &[u8]) -> Vec<ObjectId> {
+    std::str::from_utf8(body)
+        .unwrap_or("")
+        .lines()
+        .filter_map(ObjectId::from_hex)
+        .collect()
+}
+
+/// Stores one response while it streams: whole in memory when small, to a
+/// temporary file on disk (published on `commit`).
+pub struct StoreSink<'a> {
+    cache: &'a Cache,
+    id: ObjectId,
+    meta: StoredMeta,
+    memory: Option<Vec<Bytes>>,
+    size: u64,
+    disk: Option<DiskWriter>,
+}
+
+impl StoreSink<'_> {
+    /// Adds body bytes; false once the object cannot be stored any more
+    /// (too large, disk error), after which the sink should be dropped.
+    pub async fn data(&mut self, data: &Bytes) -> bool {
+        self.size += data.len() as u64;
+        if self.size > self.cache.max_object {
+            return false;
+        }
+        if let Some(chunks) = self.memory.as_mut() {
+            if self.cache.memory.admits(self.size) {
+                chunks.push(data.clone());
+            } else {
+                self.memory = None;
+            }
+        }
+        if let Some(w) = self.disk.as_mut()
+            && let Err(e) = w.write(data).await
+        {
+            tracing::warn!(key = self.meta.key, "disk cache write failed: {e}");
+            self.disk = None;
+        }
+        self.memory.is_some() || self.disk.is_some()
+    }
+
+    /// The body is complete: publish the object.
+    pub async fn commit(self) {
+        let expires = expires_hint(&self.cache.policy, &self.meta);
+        if let Some(chunks) = self.memory {
+            let mut body = BytesMut::with_capacity(usize::try_from(self.size).unwrap_or(0));
+            for c in chunks {
+                body.extend_from_slice(&c);
+            }
+            self.cache.memory.insert(
+                self.id,
+                Arc::new(MemObject {
+                    meta: self.meta.clone(),
+                    body: body.freeze(),
+                }),
+            );
+        }
+        if let Some(w) = self.disk
+            && let Err(e) = w.commit(expires).await
+        {
+            tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
+        }
+    }
+}

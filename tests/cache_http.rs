@@ -1,0 +1,1928 @@
+//! The HTTP cache (RFC 9111, shared cache) end to end: the real `portico`
+//! binary as a forward proxy (reverse for the Host test) with scripted
+//! origins behind it. Every test checks what the client got (status, body,
+//! `X-Cache`, `Age`, ...) and whether and how the origin was asked.
+//!
+//! Staleness comes from short lifetimes (`max-age=1`) and sleeping just past
+//! them; nothing here asserts how long anything took.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+/// Just past a `max-age=1` lifetime (ages are whole seconds).
+const PAST_ONE_SECOND: Duration = Duration::from_millis(1100);
+/// Bound on every wait for something the proxy does in the background.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A forward proxy with a cache under its temp dir; `cache_extra` is more
+/// `[cache]` keys, `more` further sections.
+async fn proxy_with(cache_extra: &str, more: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"64MiB\"\n{cache_extra}\n\n{more}"
+    ))
+    .await
+}
+
+async fn proxy(cache_extra: &str) -> Portico {
+    proxy_with(cache_extra, "").await
+}
+
+/// Sends `METHOD http://origin/path` through the proxy with `headers` and
+/// `Connection: close`, and parses the answer.
+async fn send(p: &Portico, method: &str, origin: SocketAddr, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    let mut req = format!("{method} http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\n");
+    for (name, value) in headers {
+        req += &format!("{name}: {value}\r\n");
+    }
+    req += "Connection: close\r\n\r\n";
+    let bytes = raw_request(p.addr(), req.as_bytes()).await;
+    if method == "HEAD" {
+        parse_head_response(&bytes)
+    } else {
+        parse_response(&bytes)
+    }
+}
+
+async fn get(p: &Portico, origin: &Origin, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    send(p, "GET", origin.addr(), path, headers).await
+}
+
+fn x_cache(r: &ParsedResponse) -> &str {
+    r.header("x-cache").unwrap_or("<none>")
+}
+
+/// Asserts status, body and X-Cache of a response.
+#[track_caller]
+fn check(r: &ParsedResponse, status: u16, body: &str, cache: &str) {
+    assert_eq!(
+        r.status,
+        status,
+        "status; headers {:?}, body {:?}",
+        r.headers,
+        r.body_str()
+    );
+    assert_eq!(r.body_str(), body, "body; headers {:?}", r.headers);
+    assert_eq!(x_cache(r), cache, "X-Cache; headers {:?}", r.headers);
+}
+
+/// An origin answering every request with `resp`.
+async fn fixed(resp: Response) -> Origin {
+    Origin::start(move |_| {
+        let r = resp.clone();
+        async move { r }
+    })
+    .await
+}
+
+/// An origin answering `"<body> #n"` (n counts requests from 1) with `headers`.
+async fn counting(body: &'static str, headers: &'static [(&'static str, &'static str)]) -> Origin {
+    let n = Arc::new(AtomicUsize::new(0));
+    Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let mut r = Response::ok(format!("{body} #{n}"));
+            for (k, v) in headers {
+                r = r.header(k, v);
+            }
+            r
+        }
+    })
+    .await
+}
+
+fn http_date(t: SystemTime) -> String {
+    httpdate::fmt_http_date(t)
+}
+
+fn day_ago() -> String {
+    http_date(SystemTime::now() - Duration::from_secs(86_400))
+}
+
+/// `n` bytes of the harness pattern (byte `i` is `i % 251`).
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Storability.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storable_200_with_max_age_is_served_from_cache() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #1", "MISS");
+    let hit = get(&p, &origin, "/a", &[]).await;
+    check(&hit, 200, "body #1", "HIT");
+    assert_eq!(hit.header("cache-control"), Some("max-age=60"));
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_store_response_is_not_stored() {
+    let origin = counting("body", &[("Cache-Control", "no-store, max-age=60")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_no_store_is_not_stored() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60")]).await;
+    let p = proxy("").await;
+    let no_store = [("Cache-Control", "no-store")];
+    check(&get(&p, &origin, "/a", &no_store).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #2", "MISS");
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #2", "HIT");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_miss_is_not_stored() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60")]).await;
+    let p = proxy("").await;
+    let head = send(&p, "HEAD", origin.addr(), "/h", &[]).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(x_cache(&head), "MISS");
+    check(&get(&p, &origin, "/h", &[]).await, 200, "body #2", "MISS");
+    check(&get(&p, &origin, "/h", &[]).await, 200, "body #2", "HIT");
+    assert_eq!(origin.count(), 2);
+    assert_eq!(origin.requests()[0].method, "HEAD");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_response_is_not_stored() {
+    let origin = counting("body", &[("Cache-Control", "private, max-age=60")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/a", &[]).await, 200, "body #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_request_is_stored_only_with_public_or_s_maxage() {
+    let origin = Origin::start(|req| async move {
+        let cc = match req.uri.path() {
+            "/plain" => "max-age=60",
+            "/public" => "public, max-age=60",
+            _ => "s-maxage=60",
+        };
+        Response::ok(format!(
+            "{} {}",
+            req.uri.path(),
+            req.header("authorization").unwrap_or("-")
+        ))
+        .header("Cache-Control", cc)
+    })
+    .await;
+    let p = proxy("").await;
+    let auth = [("Authorization", "Basic dTpw")];
+
+    // max-age alone: not stored, both go to the origin.
+    check(
+        &get(&p, &origin, "/plain", &auth).await,
+        200,
+        "/plain Basic dTpw",
+        "MISS",
+    );
+    check(
+        &get(&p, &origin, "/plain", &auth).await,
+        200,
+        "/plain Basic dTpw",
+        "MISS",
+    );
+    assert_eq!(origin.count(), 2);
+
+    // public or s-maxage: stored.
+    for path in ["/public", "/shared"] {
+        let body = format!("{path} Basic dTpw");
+        check(&get(&p, &origin, path, &auth).await, 200, &body, "MISS");
+        check(&get(&p, &origin, path, &auth).await, 200, &body, "HIT");
+    }
+    assert_eq!(origin.count(), 4);
+    assert!(
+        origin
+            .requests()
+            .iter()
+            .all(|r| r.header("authorization") == Some("Basic dTpw"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_with_max_age_is_stored() {
+    let origin = fixed(Response::new(404).body("gone").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/missing", &[]).await, 404, "gone", "MISS");
+    check(&get(&p, &origin, "/missing", &[]).await, 404, "gone", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_response_is_not_stored() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Response::ok(format!("{} {} #{n}", req.method, String::from_utf8_lossy(&req.body)))
+                .header("Cache-Control", "max-age=60")
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let (o, paddr) = (origin.addr(), p.addr());
+    let post = |_: u32| async move {
+        let req =
+            format!("POST http://{o}/p HTTP/1.1\r\nHost: {o}\r\nContent-Length: 4\r\nConnection: close\r\n\r\ndata");
+        parse_response(&raw_request(paddr, req.as_bytes()).await)
+    };
+    check(&post(1).await, 200, "POST data #1", "<none>");
+    check(&post(2).await, 200, "POST data #2", "<none>");
+    // Nor is a GET of the same URL answered from it.
+    check(&get(&p, &origin, "/p", &[]).await, 200, "GET  #3", "MISS");
+    assert_eq!(origin.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_star_is_not_stored() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60"), ("Vary", "*")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/v", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/v", &[]).await, 200, "body #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_without_freshness_or_validator_is_not_stored() {
+    // Not even with a refresh pattern whose min is 0: no heuristic lifetime
+    // without Last-Modified (the cache-tests convention).
+    let origin = counting("body", &[("Content-Type", "text/plain")]).await;
+    let p = proxy("refresh = [{ pattern = \".\", min = \"0s\", percent = 10, max = \"1h\" }]").await;
+    check(&get(&p, &origin, "/n", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/n", &[]).await, 200, "body #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_pattern_gives_last_modified_heuristic_freshness() {
+    let lm = day_ago();
+    let origin = Origin::start(move |_| {
+        let lm = lm.clone();
+        async move { Response::ok("heuristic").header("Last-Modified", &lm) }
+    })
+    .await;
+    let p = proxy("refresh = [{ pattern = \".\", min = \"0s\", percent = 10, max = \"1h\" }]").await;
+    check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "MISS");
+    check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "HIT");
+    assert_eq!(origin.count(), 1);
+
+    // Without a refresh pattern there is no heuristic freshness: the stored
+    // response is stale at once and is revalidated.
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "MISS");
+    let again = get(&p, &origin, "/h", &[]).await;
+    assert_ne!(x_cache(&again), "HIT");
+    assert_eq!(origin.count(), 3);
+    assert!(origin.requests()[2].header("if-modified-since").is_some());
+}
+
+// ---------------------------------------------------------------------------
+// Freshness.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s_maxage_wins_over_max_age() {
+    let origin = counting("body", &[("Cache-Control", "s-maxage=60, max-age=0")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/s", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/s", &[]).await, 200, "body #1", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expires_in_the_future_is_fresh() {
+    let origin = Origin::start(|_| async {
+        Response::ok("expires").header("Expires", &http_date(SystemTime::now() + Duration::from_secs(3600)))
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/e", &[]).await, 200, "expires", "MISS");
+    check(&get(&p, &origin, "/e", &[]).await, 200, "expires", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expires_in_the_past_is_not_fresh() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Response::ok(format!("expired #{n}"))
+                .header("Expires", &http_date(SystemTime::now() - Duration::from_secs(3600)))
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/e", &[]).await, 200, "expired #1", "MISS");
+    check(&get(&p, &origin, "/e", &[]).await, 200, "expired #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_header_on_hits_counts_the_origin_age() {
+    let origin = fixed(
+        Response::ok("aged")
+            .header("Cache-Control", "max-age=3600")
+            .header("Age", "30"),
+    )
+    .await;
+    let p = proxy("").await;
+    let miss = get(&p, &origin, "/age", &[]).await;
+    check(&miss, 200, "aged", "MISS");
+    let hit = get(&p, &origin, "/age", &[]).await;
+    check(&hit, 200, "aged", "HIT");
+    let ages = hit.headers_all("age");
+    assert_eq!(ages.len(), 1, "exactly one Age: {:?}", hit.headers);
+    let age: u64 = ages[0]
+        .parse()
+        .unwrap_or_else(|_| panic!("Age is not an integer: {:?}", ages[0]));
+    assert!(age >= 30, "Age {age} < the origin's 30");
+    assert!(age < 3600, "Age {age} is absurd");
+    assert_eq!(origin.count(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Revalidation.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_etag_is_revalidated_and_304_refreshes_headers_and_freshness() {
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"v1\"") {
+            Response::new(304)
+                .header("ETag", "\"v1\"")
+                .header("X-Version", "2")
+                .header("Cache-Control", "max-age=60")
+        } else {
+            Response::ok("stored body")
+                .header("ETag", "\"v1\"")
+                .header("X-Version", "1")
+                .header("Cache-Control", "max-age=1")
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let first = get(&p, &origin, "/r", &[]).await;
+    check(&first, 200, "stored body", "MISS");
+    assert_eq!(first.header("x-version"), Some("1"));
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+
+    let revalidated = get(&p, &origin, "/r", &[]).await;
+    check(&revalidated, 200, "stored body", "REVALIDATED");
+    assert_eq!(revalidated.header("x-version"), Some("2"), "{:?}", revalidated.headers);
+    assert_eq!(revalidated.header("etag"), Some("\"v1\""));
+    assert_eq!(origin.count(), 2);
+    let reqs = origin.requests();
+    assert_eq!(reqs[0].header("if-none-match"), None);
+    assert_eq!(reqs[1].header("if-none-match"), Some("\"v1\""));
+
+    // The 304 refreshed the stored response: fresh again.
+    let hit = get(&p, &origin, "/r", &[]).await;
+    check(&hit, 200, "stored body", "HIT");
+    assert_eq!(hit.header("x-version"), Some("2"));
+    assert_eq!(hit.header("cache-control"), Some("max-age=60"));
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_last_modified_is_revalidated_and_200_replaces_it() {
+    let lm = day_ago();
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let lm = lm.clone();
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Response::ok("old body")
+                    .header("Last-Modified", &lm)
+                    .header("Cache-Control", "max-age=1")
+            } else {
+                Response::ok("new body")
+                    .header("Last-Modified", &http_date(SystemTime::now()))
+                    .header("Cache-Control", "max-age=60")
+            }
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let first = get(&p, &origin, "/lm", &[]).await;
+    check(&first, 200, "old body", "MISS");
+    let lm = first.header("last-modified").expect("Last-Modified").to_string();
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+
+    let replaced = get(&p, &origin, "/lm", &[]).await;
+    check(&replaced, 200, "new body", "MISS");
+    assert_eq!(origin.count(), 2);
+    let reqs = origin.requests();
+    assert_eq!(reqs[1].header("if-modified-since"), Some(lm.as_str()));
+    assert_eq!(reqs[1].header("if-none-match"), None);
+
+    check(&get(&p, &origin, "/lm", &[]).await, 200, "new body", "HIT");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_no_cache_is_revalidated_every_time() {
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"nc\"") {
+            Response::new(304).header("ETag", "\"nc\"")
+        } else {
+            Response::ok("must check")
+                .header("ETag", "\"nc\"")
+                .header("Cache-Control", "no-cache, max-age=600")
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/nc", &[]).await, 200, "must check", "MISS");
+    for n in 2..=3 {
+        check(&get(&p, &origin, "/nc", &[]).await, 200, "must check", "REVALIDATED");
+        assert_eq!(origin.count(), n);
+        assert_eq!(origin.requests()[n - 1].header("if-none-match"), Some("\"nc\""));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revalidation_of_a_disk_object_updates_it_on_disk() {
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"d1\"") {
+            Response::new(304)
+                .header("ETag", "\"d1\"")
+                .header("X-Version", "2")
+                .header("Cache-Control", "max-age=60")
+        } else {
+            Response::ok("")
+                .generated(100 << 10)
+                .header("ETag", "\"d1\"")
+                .header("X-Version", "1")
+                .header("Cache-Control", "max-age=1")
+        }
+    })
+    .await;
+    let p = proxy("max_memory_object = \"4KiB\"").await;
+    let first = get(&p, &origin, "/disk", &[]).await;
+    assert_eq!((first.status, x_cache(&first)), (200, "MISS"));
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let r = get(&p, &origin, "/disk", &[]).await;
+    assert_eq!(
+        (r.status, x_cache(&r), r.header("x-version")),
+        (200, "REVALIDATED", Some("2"))
+    );
+    assert_eq!(r.body, pattern(100 << 10));
+    let r = get(&p, &origin, "/disk", &[]).await;
+    assert_eq!((r.status, x_cache(&r), r.header("x-version")), (200, "HIT", Some("2")));
+    assert_eq!(r.body, pattern(100 << 10));
+    let r = get(&p, &origin, "/disk", &[("Range", "bytes=1000-1009")]).await;
+    assert_eq!((r.status, x_cache(&r)), (206, "HIT"));
+    assert_eq!(r.body, &pattern(1010)[1000..]);
+    assert_eq!(origin.count(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Client conditional requests answered from the cache.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn if_none_match_with_stored_etag_gets_304_from_cache() {
+    let origin = fixed(
+        Response::ok("tagged")
+            .header("ETag", "\"abc\"")
+            .header("Cache-Control", "max-age=60"),
+    )
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/c", &[]).await, 200, "tagged", "MISS");
+    let nm = get(&p, &origin, "/c", &[("If-None-Match", "\"xyz\", \"abc\"")]).await;
+    check(&nm, 304, "", "HIT");
+    assert_eq!(nm.header("etag"), Some("\"abc\""));
+    assert!(nm.header("age").is_some());
+    // A different tag gets the full response.
+    check(
+        &get(&p, &origin, "/c", &[("If-None-Match", "\"other\"")]).await,
+        200,
+        "tagged",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn if_modified_since_after_last_modified_gets_304_from_cache() {
+    let lm = day_ago();
+    let origin = fixed(
+        Response::ok("dated")
+            .header("Last-Modified", &lm)
+            .header("Cache-Control", "max-age=60"),
+    )
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/d", &[]).await, 200, "dated", "MISS");
+    let now = http_date(SystemTime::now());
+    let nm = get(&p, &origin, "/d", &[("If-Modified-Since", &now)]).await;
+    check(&nm, 304, "", "HIT");
+    assert_eq!(nm.header("last-modified"), Some(lm.as_str()));
+    // Earlier than Last-Modified: the full response.
+    let before = http_date(SystemTime::now() - Duration::from_secs(2 * 86_400));
+    check(
+        &get(&p, &origin, "/d", &[("If-Modified-Since", &before)]).await,
+        200,
+        "dated",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// HEAD.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_served_from_the_stored_get() {
+    let origin = fixed(Response::ok("twelve bytes").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/head", &[]).await, 200, "twelve bytes", "MISS");
+    let bytes = raw_request(
+        p.addr(),
+        format!(
+            "HEAD http://{o}/head HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n",
+            o = origin.addr()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let head = parse_head_response(&bytes);
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-length"), Some("12"));
+    assert_eq!(x_cache(&head), "HIT");
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").expect("head end") + 4;
+    assert_eq!(bytes.len(), end, "HEAD answer carries no body");
+    assert_eq!(origin.count(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Ranges from a stored object.
+// ---------------------------------------------------------------------------
+
+/// One part of a multipart/byteranges body.
+struct Part {
+    /// Content-Range: first and last byte (inclusive) and the total length.
+    first: usize,
+    last: usize,
+    total: usize,
+    /// Content-Type, if any.
+    ctype: Option<String>,
+    bytes: Vec<u8>,
+}
+
+/// Parses a multipart/byteranges body: each part's Content-Range (start,
+/// end inclusive, total), Content-Type and bytes. Strict: every byte of the
+/// body must be accounted for.
+fn parse_byteranges(body: &[u8], boundary: &str) -> Vec<Part> {
+    let mut parts = Vec::new();
+    let delimiter = format!("--{boundary}");
+    let mut pos = 0;
+    loop {
+        if parts.is_empty() {
+            assert!(
+                body[pos..].starts_with(delimiter.as_bytes()),
+                "body starts with the delimiter"
+            );
+        } else {
+            assert!(
+                body[pos..].starts_with(format!("\r\n{delimiter}").as_bytes()),
+                "CRLF delimiter after a part"
+            );
+            pos += 2;
+        }
+        pos += delimiter.len();
+        if body[pos..].starts_with(b"--") {
+            assert_eq!(&body[pos..], b"--\r\n", "closing delimiter ends the body");
+            return parts;
+        }
+        assert!(body[pos..].starts_with(b"\r\n"));
+        pos += 2;
+        let head_end = pos
+            + body[pos..]
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .expect("part head end");
+        let head = std::str::from_utf8(&body[pos..head_end]).expect("part head is text");
+        let mut range = None;
+        let mut ctype = None;
+        for line in head.split("\r\n") {
+            let (name, value) = line.split_once(':').expect("part field");
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-range") {
+                let spec = value.strip_prefix("bytes ").expect("bytes unit");
+                let (r, total) = spec.split_once('/').unwrap();
+                let (a, b) = r.split_once('-').unwrap();
+                range = Some((
+                    a.parse::<usize>().unwrap(),
+                    b.parse::<usize>().unwrap(),
+                    total.parse::<usize>().unwrap(),
+                ));
+            } else if name.eq_ignore_ascii_case("content-type") {
+                ctype = Some(value.to_string());
+            }
+        }
+        let (a, b, total) = range.expect("part has Content-Range");
+        pos = head_end + 4;
+        let len = b - a + 1;
+        parts.push(Part {
+            first: a,
+            last: b,
+            total,
+            ctype,
+            bytes: body[pos..pos + len].to_vec(),
+        });
+        pos += len;
+    }
+}
+
+/// Single, multiple and unsatisfiable ranges of a stored `len`-byte object.
+async fn check_ranges(p: &Portico, origin: &Origin, path: &str, len: usize) {
+    let full = pattern(len);
+    let first = get(p, origin, path, &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, full);
+    assert_eq!(x_cache(&first), "MISS");
+
+    // One range (crossing a 64 KiB read chunk when the object is that large).
+    let (a, b) = if len > 70_000 { (65_000, 70_000) } else { (100, 199) };
+    let single = get(p, origin, path, &[("Range", &format!("bytes={a}-{b}"))]).await;
+    assert_eq!(single.status, 206, "{:?}", single.headers);
+    assert_eq!(x_cache(&single), "HIT");
+    assert_eq!(
+        single.header("content-range"),
+        Some(format!("bytes {a}-{b}/{len}").as_str())
+    );
+    assert_eq!(single.header("content-length"), Some((b - a + 1).to_string().as_str()));
+    assert_eq!(single.body, &full[a..=b]);
+
+    // A suffix range.
+    let suffix = get(p, origin, path, &[("Range", "bytes=-10")]).await;
+    assert_eq!(suffix.status, 206);
+    assert_eq!(
+        suffix.header("content-range"),
+        Some(format!("bytes {}-{}/{len}", len - 10, len - 1).as_str())
+    );
+    assert_eq!(suffix.body, &full[len - 10..]);
+
+    // Several ranges: multipart/byteranges, every part checked.
+    let asked = [(0usize, 9usize), (len / 2, len / 2 + 99), (len - 5, len - 1)];
+    let spec = asked
+        .iter()
+        .map(|(a, b)| format!("{a}-{b}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let multi = get(p, origin, path, &[("Range", &format!("bytes={spec}"))]).await;
+    assert_eq!(multi.status, 206, "{:?}", multi.headers);
+    assert_eq!(x_cache(&multi), "HIT");
+    assert!(multi.header("content-range").is_none());
+    let ctype = multi.header("content-type").expect("Content-Type");
+    let boundary = ctype
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap_or_else(|| panic!("multipart type: {ctype}"));
+    assert_eq!(
+        multi.header("content-length"),
+        Some(multi.body.len().to_string().as_str())
+    );
+    let parts = parse_byteranges(&multi.body, boundary);
+    assert_eq!(parts.len(), asked.len());
+    for (part, (ea, eb)) in parts.iter().zip(asked) {
+        assert_eq!((part.first, part.last, part.total), (ea, eb, len));
+        assert_eq!(part.ctype.as_deref(), Some("application/octet-stream"));
+        assert_eq!(part.bytes.as_slice(), &full[ea..=eb], "part {ea}-{eb}");
+    }
+
+    // Several ranges asked in decreasing order: the parts come in that order.
+    let asked = [(len - 100, len - 1), (len / 2, len / 2 + 9), (0usize, 9usize)];
+    let spec = asked
+        .iter()
+        .map(|(a, b)| format!("{a}-{b}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let multi = get(p, origin, path, &[("Range", &format!("bytes={spec}"))]).await;
+    assert_eq!(multi.status, 206, "{:?}", multi.headers);
+    let ctype = multi.header("content-type").expect("Content-Type");
+    let boundary = ctype
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect("multipart");
+    let parts = parse_byteranges(&multi.body, boundary);
+    assert_eq!(parts.len(), asked.len());
+    for (part, (ea, eb)) in parts.iter().zip(asked) {
+        assert_eq!((part.first, part.last), (ea, eb));
+        assert_eq!(part.bytes.as_slice(), &full[ea..=eb], "part {ea}-{eb}");
+    }
+
+    // If-Range with the stored validator: the range; with another: all of it.
+    let etag = first.header("etag").expect("ETag").to_string();
+    let ir = get(p, origin, path, &[("Range", "bytes=0-4"), ("If-Range", &etag)]).await;
+    assert_eq!(ir.status, 206);
+    assert_eq!(ir.body, &full[..5]);
+    let ir = get(p, origin, path, &[("Range", "bytes=0-4"), ("If-Range", "\"other\"")]).await;
+    assert_eq!(ir.status, 200);
+    assert_eq!(ir.body, full);
+
+    // Unsatisfiable.
+    let none = get(p, origin, path, &[("Range", &format!("bytes={len}-"))]).await;
+    assert_eq!(none.status, 416);
+    assert_eq!(none.header("content-range"), Some(format!("bytes */{len}").as_str()));
+    assert!(none.body.is_empty());
+    assert_eq!(origin.count(), 1, "every range answered from the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_of_a_memory_object() {
+    let origin = fixed(
+        Response::ok("")
+            .generated(1000)
+            .header("Cache-Control", "max-age=60")
+            .header("ETag", "\"r1\"")
+            .header("Content-Type", "application/octet-stream"),
+    )
+    .await;
+    let p = proxy("").await;
+    check_ranges(&p, &origin, "/small", 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_of_a_disk_object() {
+    let len = 100 << 10;
+    let origin = fixed(
+        Response::ok("")
+            .generated(len as u64)
+            .header("Cache-Control", "max-age=60")
+            .header("ETag", "\"r1\"")
+            .header("Content-Type", "application/octet-stream"),
+    )
+    .await;
+    let p = proxy("max_memory_object = \"4KiB\"").await;
+    check_ranges(&p, &origin, "/large", len).await;
+    // It is served from the disk tier: the object file exists there.
+    let files = object_files(&p.dir().join("cache"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(std::fs::metadata(&files[0]).unwrap().len() > len as u64);
+}
+
+/// Object files (32 hex digit names) under a cache directory's levels.
+fn object_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let path = e.path();
+            if e.file_name() == "tmp" {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if e.file_name().len() == 32 {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_from_the_cache_keep_a_persistent_connection_in_step() {
+    // Every kind of answer the cache makes (200, HEAD, 304, 206 single and
+    // multipart, 416, 412), one after another and pipelined on one
+    // connection, for a memory object and a disk object: each must be
+    // framed exactly, or the next one would be read wrong.
+    let origin = Origin::start(|req| async move {
+        let len = if req.uri.path() == "/big" { 100 << 10 } else { 1000 };
+        Response::ok("")
+            .generated(len)
+            .header("Cache-Control", "max-age=60")
+            .header("ETag", "\"k\"")
+            .header("Content-Type", "application/octet-stream")
+    })
+    .await;
+    let p = proxy("max_memory_object = \"4KiB\"").await;
+    let o = origin.addr();
+    let mut c = RawClient::connect(p.addr()).await;
+    for (path, len) in [("/small", 1000usize), ("/big", 100 << 10)] {
+        let full = pattern(len);
+        let req = |method: &str, extra: &str| format!("{method} http://{o}{path} HTTP/1.1\r\nHost: {o}\r\n{extra}\r\n");
+        c.send(req("GET", "").as_bytes()).await;
+        let r = c.read_response().await;
+        assert_eq!((r.status, x_cache(&r)), (200, "MISS"));
+        assert_eq!(r.body, full);
+        // One at a time, then all of them pipelined.
+        for pipelined in [false, true] {
+            let asks = [
+                req("GET", ""),
+                req("HEAD", ""),
+                req("GET", "If-None-Match: \"k\"\r\n"),
+                req("GET", "Range: bytes=10-19\r\n"),
+                req("GET", "Range: bytes=0-0,-1\r\n"),
+                req("GET", &format!("Range: bytes={len}-\r\n")),
+                req("GET", "If-Match: \"nope\"\r\n"),
+            ];
+            if pipelined {
+                c.send(asks.concat().as_bytes()).await;
+            }
+            for (i, ask) in asks.iter().enumerate() {
+                if !pipelined {
+                    c.send(ask.as_bytes()).await;
+                }
+                let r = if i == 1 {
+                    c.read_head_response().await
+                } else {
+                    c.read_response().await
+                };
+                let want = [200, 200, 304, 206, 206, 416, 412][i];
+                assert_eq!(
+                    r.status, want,
+                    "{path} answer {i} (pipelined {pipelined}): {:?}",
+                    r.headers
+                );
+                match i {
+                    0 => assert_eq!(r.body, full),
+                    1 => assert_eq!(r.header("content-length"), Some(len.to_string().as_str())),
+                    3 => assert_eq!(r.body, &full[10..20]),
+                    4 => {
+                        let ctype = r.header("content-type").unwrap();
+                        let boundary = ctype.strip_prefix("multipart/byteranges; boundary=").unwrap();
+                        let parts = parse_byteranges(&r.body, boundary);
+                        assert_eq!(parts.len(), 2);
+                        assert_eq!(parts[0].bytes, &full[..1]);
+                        assert_eq!(parts[1].bytes, &full[len - 1..]);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert_eq!(origin.count(), 2);
+    assert!(!c.is_eof());
+}
+
+// ---------------------------------------------------------------------------
+// Vary.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keeps_one_variant_per_request_value() {
+    let origin = Origin::start(|req| async move {
+        let ae = req.header("accept-encoding").unwrap_or("none").to_string();
+        Response::ok(format!("variant {ae}"))
+            .header("Vary", "Accept-Encoding")
+            .header("Cache-Control", "max-age=60")
+    })
+    .await;
+    let p = proxy("").await;
+    let gzip = [("Accept-Encoding", "gzip")];
+    check(&get(&p, &origin, "/v", &gzip).await, 200, "variant gzip", "MISS");
+    check(&get(&p, &origin, "/v", &[]).await, 200, "variant none", "MISS");
+    assert_eq!(origin.count(), 2);
+    check(&get(&p, &origin, "/v", &gzip).await, 200, "variant gzip", "HIT");
+    check(&get(&p, &origin, "/v", &[]).await, 200, "variant none", "HIT");
+    assert_eq!(origin.count(), 2);
+    check(
+        &get(&p, &origin, "/v", &[("Accept-Encoding", "br")]).await,
+        200,
+        "variant br",
+        "MISS",
+    );
+    assert_eq!(origin.count(), 3);
+    check(&get(&p, &origin, "/v", &gzip).await, 200, "variant gzip", "HIT");
+    assert_eq!(origin.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_for_different_variants_get_their_own() {
+    // A request that finds another variant's fetch under way follows the
+    // fetch of its own variant: one origin request per variant. (The slow
+    // origin keeps every request inside the first fetch.)
+    let origin = Origin::start(|req| async move {
+        let ae = req.header("accept-encoding").unwrap_or("none").to_string();
+        Response::ok(format!("variant {ae}"))
+            .header("Vary", "Accept-Encoding")
+            .header("Cache-Control", "max-age=60")
+            .delay(Duration::from_millis(1000))
+    })
+    .await;
+    let p = proxy("").await;
+    let (paddr, oaddr) = (p.addr(), origin.addr());
+    let tasks: Vec<_> = ["gzip", "br", "gzip", "br"]
+        .into_iter()
+        .map(|ae| {
+            tokio::spawn(async move {
+                let req = format!(
+                    "GET http://{oaddr}/cv HTTP/1.1\r\nHost: {oaddr}\r\nAccept-Encoding: {ae}\r\nConnection: close\r\n\r\n"
+                );
+                (ae, parse_response(&raw_request(paddr, req.as_bytes()).await))
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (ae, r) = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body_str(), format!("variant {ae}"));
+    }
+    assert_eq!(origin.count(), 2, "one fetch per variant");
+    check(
+        &get(&p, &origin, "/cv", &[("Accept-Encoding", "gzip")]).await,
+        200,
+        "variant gzip",
+        "HIT",
+    );
+    check(
+        &get(&p, &origin, "/cv", &[("Accept-Encoding", "br")]).await,
+        200,
+        "variant br",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Unsafe methods invalidate.
+// ---------------------------------------------------------------------------
+
+/// An origin counting GETs per path and answering POSTs with 200 (and a
+/// `Location` naming the request's `X-Location`, if any).
+async fn invalidation_origin() -> Origin {
+    let n = Arc::new(AtomicUsize::new(0));
+    Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if req.method != "GET" {
+                if req.header("x-fail").is_some() {
+                    return Response::new(500).body("failed");
+                }
+                let mut r = Response::ok("posted");
+                if let Some(loc) = req.header("x-location") {
+                    r = r.header("Location", loc);
+                }
+                r
+            } else {
+                Response::ok(format!("{} #{n}", req.uri.path())).header("Cache-Control", "max-age=60")
+            }
+        }
+    })
+    .await
+}
+
+async fn post(p: &Portico, origin: &Origin, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    let mut all = headers.to_vec();
+    all.push(("Content-Length", "0"));
+    send(p, "POST", origin.addr(), path, &all).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_invalidates_its_target() {
+    let origin = invalidation_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/x", &[]).await, 200, "/x #1", "MISS");
+    check(&get(&p, &origin, "/x", &[]).await, 200, "/x #1", "HIT");
+    let posted = post(&p, &origin, "/x", &[]).await;
+    assert_eq!(posted.status, 200);
+    assert_eq!(posted.body_str(), "posted");
+    check(&get(&p, &origin, "/x", &[]).await, 200, "/x #3", "MISS");
+    assert_eq!(origin.count(), 3);
+    // DELETE too.
+    let deleted = send(&p, "DELETE", origin.addr(), "/x", &[]).await;
+    assert_eq!(deleted.status, 200);
+    check(&get(&p, &origin, "/x", &[]).await, 200, "/x #5", "MISS");
+    // An unsafe request that fails changes nothing.
+    let failed = post(&p, &origin, "/x", &[("X-Fail", "1")]).await;
+    assert_eq!(failed.status, 500);
+    check(&get(&p, &origin, "/x", &[]).await, 200, "/x #5", "HIT");
+    assert_eq!(origin.count(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_location_invalidates_that_url() {
+    let origin = invalidation_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/y", &[]).await, 200, "/y #1", "MISS");
+    check(&get(&p, &origin, "/z", &[]).await, 200, "/z #2", "MISS");
+    let posted = post(&p, &origin, "/x", &[("X-Location", "/y")]).await;
+    assert_eq!(posted.status, 200);
+    assert_eq!(posted.header("location"), Some("/y"));
+    check(&get(&p, &origin, "/y", &[]).await, 200, "/y #4", "MISS");
+    // Others are left alone.
+    check(&get(&p, &origin, "/z", &[]).await, 200, "/z #2", "HIT");
+    assert_eq!(origin.count(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_invalidates_every_variant() {
+    post_invalidates_every_variant_with("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_invalidates_every_variant_of_disk_only_objects() {
+    // Objects (and the list of variants) too large for the memory tier.
+    post_invalidates_every_variant_with("max_memory_object = \"16B\"").await;
+}
+
+async fn post_invalidates_every_variant_with(cache_extra: &str) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let ae = req.header("accept-encoding").unwrap_or("none").to_string();
+            Response::ok(format!("{ae} #{n}"))
+                .header("Vary", "Accept-Encoding")
+                .header("Cache-Control", "max-age=60")
+        }
+    })
+    .await;
+    let p = proxy(cache_extra).await;
+    let gzip = [("Accept-Encoding", "gzip")];
+    check(&get(&p, &origin, "/x", &gzip).await, 200, "gzip #1", "MISS");
+    check(&get(&p, &origin, "/x", &[]).await, 200, "none #2", "MISS");
+    check(&get(&p, &origin, "/x", &gzip).await, 200, "gzip #1", "HIT");
+    assert_eq!(post(&p, &origin, "/x", &[]).await.status, 200);
+    check(&get(&p, &origin, "/x", &gzip).await, 200, "gzip #4", "MISS");
+    check(&get(&p, &origin, "/x", &[]).await, 200, "none #5", "MISS");
+    assert_eq!(origin.count(), 5);
+}
+
+// ---------------------------------------------------------------------------
+// Request directives.
+// ---------------------------------------------------------------------------
+
+/// An origin whose response has an ETag and max-age=60, answering 304 to a
+/// matching If-None-Match.
+async fn etag_origin() -> Origin {
+    Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"e1\"") {
+            Response::new(304)
+                .header("ETag", "\"e1\"")
+                .header("Cache-Control", "max-age=60")
+        } else {
+            Response::ok("etagged")
+                .header("ETag", "\"e1\"")
+                .header("Cache-Control", "max-age=60")
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_no_cache_revalidates() {
+    let origin = etag_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/nc", &[]).await, 200, "etagged", "MISS");
+    let r = get(&p, &origin, "/nc", &[("Cache-Control", "no-cache")]).await;
+    check(&r, 200, "etagged", "REVALIDATED");
+    assert_eq!(origin.count(), 2);
+    assert_eq!(origin.requests()[1].header("if-none-match"), Some("\"e1\""));
+    // Pragma: no-cache (without Cache-Control) too.
+    check(
+        &get(&p, &origin, "/nc", &[("Pragma", "no-cache")]).await,
+        200,
+        "etagged",
+        "REVALIDATED",
+    );
+    assert_eq!(origin.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_no_cache_is_ignored_with_ignore_reload() {
+    let origin = etag_origin().await;
+    let p = proxy("ignore_reload = true").await;
+    check(&get(&p, &origin, "/nc", &[]).await, 200, "etagged", "MISS");
+    check(
+        &get(&p, &origin, "/nc", &[("Cache-Control", "no-cache")]).await,
+        200,
+        "etagged",
+        "HIT",
+    );
+    check(
+        &get(&p, &origin, "/nc", &[("Pragma", "no-cache")]).await,
+        200,
+        "etagged",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_max_age_zero_revalidates() {
+    let origin = etag_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/ma", &[]).await, 200, "etagged", "MISS");
+    check(
+        &get(&p, &origin, "/ma", &[("Cache-Control", "max-age=0")]).await,
+        200,
+        "etagged",
+        "REVALIDATED",
+    );
+    assert_eq!(origin.count(), 2);
+    assert_eq!(origin.requests()[1].header("if-none-match"), Some("\"e1\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_if_cached_miss_is_504_without_contacting_the_origin() {
+    let origin = etag_origin().await;
+    let p = proxy("").await;
+    let r = get(&p, &origin, "/oic", &[("Cache-Control", "only-if-cached")]).await;
+    assert_eq!(r.status, 504, "{:?}", r.headers);
+    assert_eq!(origin.count(), 0);
+    // Once stored, it is served.
+    check(&get(&p, &origin, "/oic", &[]).await, 200, "etagged", "MISS");
+    check(
+        &get(&p, &origin, "/oic", &[("Cache-Control", "only-if-cached")]).await,
+        200,
+        "etagged",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_stale_serves_a_stale_response_without_the_origin() {
+    let origin = counting("body", &[("Cache-Control", "max-age=1"), ("ETag", "\"s\"")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/ms", &[]).await, 200, "body #1", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let stale = get(&p, &origin, "/ms", &[("Cache-Control", "max-stale=60")]).await;
+    check(&stale, 200, "body #1", "STALE");
+    let age: u64 = stale.header("age").expect("Age").parse().unwrap();
+    assert!(age >= 1, "a stale response is at least max-age old: {age}");
+    check(
+        &get(&p, &origin, "/ms", &[("Cache-Control", "max-stale")]).await,
+        200,
+        "body #1",
+        "STALE",
+    );
+    // only-if-cached: stale and no max-stale is a 504, never the origin.
+    let r = get(&p, &origin, "/ms", &[("Cache-Control", "only-if-cached")]).await;
+    assert_eq!(r.status, 504);
+    let r = get(&p, &origin, "/ms", &[("Cache-Control", "only-if-cached, max-stale")]).await;
+    check(&r, 200, "body #1", "STALE");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_fresh_beyond_the_remaining_freshness_goes_to_the_origin() {
+    let origin = etag_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/mf", &[]).await, 200, "etagged", "MISS");
+    check(
+        &get(&p, &origin, "/mf", &[("Cache-Control", "min-fresh=10")]).await,
+        200,
+        "etagged",
+        "HIT",
+    );
+    assert_eq!(origin.count(), 1);
+    let r = get(&p, &origin, "/mf", &[("Cache-Control", "min-fresh=120")]).await;
+    check(&r, 200, "etagged", "REVALIDATED");
+    assert_eq!(origin.count(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Stale responses and origin errors.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn must_revalidate_is_not_served_stale_when_the_origin_is_down() {
+    let origin =
+        fixed(Response::ok("strict").header("Cache-Control", "max-age=1, must-revalidate, stale-if-error=60")).await;
+    let addr = origin.addr();
+    let p = proxy("").await;
+    check(&send(&p, "GET", addr, "/mr", &[]).await, 200, "strict", "MISS");
+    drop(origin);
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let r = send(&p, "GET", addr, "/mr", &[]).await;
+    assert!(r.status == 502 || r.status == 504, "{} {:?}", r.status, r.headers);
+    assert_ne!(r.body_str(), "strict");
+    assert_ne!(x_cache(&r), "STALE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_serves_stale_when_the_origin_is_down() {
+    let origin = fixed(Response::ok("fallback").header("Cache-Control", "max-age=1, stale-if-error=60")).await;
+    let addr = origin.addr();
+    let p = proxy("").await;
+    check(&send(&p, "GET", addr, "/sie", &[]).await, 200, "fallback", "MISS");
+    drop(origin);
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    check(&send(&p, "GET", addr, "/sie", &[]).await, 200, "fallback", "STALE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_serves_stale_when_the_origin_answers_503() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Response::ok("good").header("Cache-Control", "max-age=1, stale-if-error=60")
+            } else {
+                Response::new(503).body("down")
+            }
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/503", &[]).await, 200, "good", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    check(&get(&p, &origin, "/503", &[]).await, 200, "good", "STALE");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_serves_stale_and_refreshes_once_in_the_background() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Response::ok("v1").header("Cache-Control", "max-age=1, stale-while-revalidate=30")
+            } else {
+                Response::ok("v2").header("Cache-Control", "max-age=60")
+            }
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/swr", &[]).await, 200, "v1", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    check(&get(&p, &origin, "/swr", &[]).await, 200, "v1", "STALE");
+    assert!(
+        origin.wait_count(2, WAIT).await,
+        "the background revalidation reached the origin"
+    );
+
+    // Until the refresh is stored, the stale one may still be served; then a HIT.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = get(&p, &origin, "/swr", &[]).await;
+        if x_cache(&r) == "HIT" {
+            check(&r, 200, "v2", "HIT");
+            break;
+        }
+        check(&r, 200, "v1", "STALE");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refreshed response was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(origin.count(), 2, "exactly one background request");
+}
+
+/// An origin whose first response is `v1` (max-age=1,
+/// stale-while-revalidate=30) and later ones `v2` (max-age=60); it honours
+/// `Range` with a 206, as real servers do.
+async fn swr_origin() -> Origin {
+    let n = Arc::new(AtomicUsize::new(0));
+    Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body: &[u8] = if n == 0 { b"v1 body" } else { b"v2 body" };
+            let cc = if n == 0 {
+                "max-age=1, stale-while-revalidate=30"
+            } else {
+                "max-age=60"
+            };
+            if let Some(spec) = req.header("range").and_then(|r| r.strip_prefix("bytes=")) {
+                let (a, b) = spec.split_once('-').unwrap();
+                let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                return Response::new(206)
+                    .body(body[a..=b].to_vec())
+                    .header("Content-Range", &format!("bytes {a}-{b}/{}", body.len()))
+                    .header("Cache-Control", cc);
+            }
+            Response::ok(body).header("Cache-Control", cc)
+        }
+    })
+    .await
+}
+
+/// After a stale answer that started a background refresh, polls until the
+/// refreshed response is served (bounded); no other request may reach the origin.
+async fn wait_refreshed(p: &Portico, origin: &Origin) {
+    assert!(
+        origin.wait_count(2, WAIT).await,
+        "the background refresh reached the origin"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = get(p, origin, "/swr", &[]).await;
+        if x_cache(&r) == "HIT" {
+            check(&r, 200, "v2 body", "HIT");
+            break;
+        }
+        check(&r, 200, "v1 body", "STALE");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refreshed response was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(origin.count(), 2, "exactly one background request");
+    let refresh = &origin.requests()[1];
+    assert_eq!(refresh.method, "GET");
+    assert_eq!(refresh.header("range"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_started_by_head_refreshes_with_get() {
+    let origin = swr_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/swr", &[]).await, 200, "v1 body", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let head = send(&p, "HEAD", origin.addr(), "/swr", &[]).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(x_cache(&head), "STALE");
+    assert_eq!(head.header("content-length"), Some("7"));
+    wait_refreshed(&p, &origin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_started_by_a_range_refreshes_the_whole_response() {
+    let origin = swr_origin().await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/swr", &[]).await, 200, "v1 body", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let part = get(&p, &origin, "/swr", &[("Range", "bytes=0-1")]).await;
+    check(&part, 206, "v1", "STALE");
+    assert_eq!(part.header("content-range"), Some("bytes 0-1/7"));
+    wait_refreshed(&p, &origin).await;
+}
+
+// ---------------------------------------------------------------------------
+// Request collapsing.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_collapse_into_one_origin_request() {
+    const LEN: u64 = 256 << 10;
+    let origin = fixed(
+        Response::ok("")
+            .generated(LEN)
+            .header("Cache-Control", "max-age=60")
+            .delay(Duration::from_millis(500)),
+    )
+    .await;
+    let p = proxy("").await;
+    let (paddr, oaddr) = (p.addr(), origin.addr());
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(async move {
+                let req = format!("GET http://{oaddr}/collapse HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request_timeout(paddr, req.as_bytes(), Duration::from_secs(30)).await)
+            })
+        })
+        .collect();
+    let mut misses = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len() as u64, LEN);
+        assert!(pattern_matches(0, &r.body), "body corrupt");
+        match x_cache(&r) {
+            "MISS" => misses += 1,
+            "HIT" => {}
+            other => panic!("X-Cache {other}"),
+        }
+    }
+    assert_eq!(origin.count(), 1);
+    assert_eq!(misses, 1, "only the leader fetched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_for_an_unstorable_response_each_go_to_the_origin() {
+    // Nothing to share: the waiting requests fetch for themselves, and
+    // every client gets its own, complete answer.
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Response::ok(format!("private #{n}"))
+                .header("Cache-Control", "private")
+                .delay(Duration::from_millis(300))
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let (paddr, oaddr) = (p.addr(), origin.addr());
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            tokio::spawn(async move {
+                let req = format!("GET http://{oaddr}/u HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request(paddr, req.as_bytes()).await)
+            })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!((r.status, x_cache(&r)), (200, "MISS"));
+        bodies.push(r.body_str());
+    }
+    bodies.sort();
+    let want: Vec<String> = (1..=5).map(|n| format!("private #{n}")).collect();
+    assert_eq!(bodies, want, "each got its own response");
+    assert_eq!(origin.count(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collapsed_followers_get_an_age_no_less_than_the_origin_age() {
+    let origin = fixed(
+        Response::ok("aged")
+            .header("Cache-Control", "max-age=3600")
+            .header("Age", "30")
+            .delay(Duration::from_millis(300)),
+    )
+    .await;
+    let p = proxy("").await;
+    let (paddr, oaddr) = (p.addr(), origin.addr());
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let req = format!("GET http://{oaddr}/age HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request(paddr, req.as_bytes()).await)
+            })
+        })
+        .collect();
+    let mut hits = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.body_str(), "aged");
+        let ages = r.headers_all("age");
+        assert_eq!(ages.len(), 1, "{:?}", r.headers);
+        let age: u64 = ages[0].parse().unwrap();
+        assert!(age >= 30, "{}: Age {age} understates the origin's 30", x_cache(&r));
+        hits += usize::from(x_cache(&r) == "HIT");
+    }
+    assert_eq!(hits, 3);
+    assert_eq!(origin.count(), 1);
+}
+
+/// A raw client connection reading a response incrementally.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    eof: bool,
+}
+
+impl Conn {
+    async fn get(proxy: SocketAddr, origin: SocketAddr, path: &str) -> Conn {
+        let mut stream = TcpStream::connect(proxy).await.unwrap();
+        let req = format!("GET http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.unwrap();
+        Conn {
+            stream,
+            buf: Vec::new(),
+            eof: false,
+        }
+    }
+
+    fn head_end(&self) -> Option<usize> {
+        self.buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+    }
+
+    /// Reads until the head and at least `n` bytes after it have arrived;
+    /// panics after 5 s.
+    async fn read_head_and(&mut self, n: usize) -> (String, Vec<u8>) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(end) = self.head_end()
+                && self.buf.len() >= end + n
+            {
+                let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+                return (head, self.buf[end..].to_vec());
+            }
+            let mut tmp = [0u8; 65536];
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut tmp)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => panic!("closed early; have {:?}", String::from_utf8_lossy(&self.buf)),
+                Ok(Ok(k)) => self.buf.extend_from_slice(&tmp[..k]),
+                Err(_) => panic!("timed out; have {:?}", String::from_utf8_lossy(&self.buf)),
+            }
+        }
+    }
+
+    /// Reads until the peer closes (or 5 s pass); all bytes received.
+    async fn finish(mut self) -> (Vec<u8>, bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut tmp = [0u8; 65536];
+        while !self.eof {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut tmp)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => self.eof = true,
+                Ok(Ok(k)) => self.buf.extend_from_slice(&tmp[..k]),
+                Err(_) => break,
+            }
+        }
+        (self.buf, self.eof)
+    }
+}
+
+fn head_field<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.split("\r\n").find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// An origin whose first response sends its head and `first`, then waits
+/// for `release` before sending `rest` (or, with `fail`, closing instead);
+/// later requests get the whole body at once. `got` is notified when the
+/// first request has arrived. Counts requests.
+struct HeldOrigin {
+    raw: RawOrigin,
+    got: Arc<Notify>,
+    release: Arc<Notify>,
+    requests: Arc<AtomicUsize>,
+}
+
+impl HeldOrigin {
+    async fn start(chunked: bool, first: &'static [u8], rest: &'static [u8], fail: bool) -> HeldOrigin {
+        let got = Arc::new(Notify::new());
+        let release = Arc::new(Notify::new());
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (g, r, n) = (got.clone(), release.clone(), requests.clone());
+        let raw = RawOrigin::start(move |mut s| {
+            let (got, release, n) = (g.clone(), r.clone(), n.clone());
+            async move {
+                read_request_head(&mut s).await;
+                let i = n.fetch_add(1, Ordering::SeqCst);
+                let framing = if chunked {
+                    "Transfer-Encoding: chunked".to_string()
+                } else {
+                    format!("Content-Length: {}", first.len() + rest.len())
+                };
+                let head = format!("HTTP/1.1 200 OK\r\n{framing}\r\nCache-Control: max-age=60\r\n\r\n");
+                let enc = |b: &[u8]| if chunked { chunked_piece(b) } else { b.to_vec() };
+                let mut out = head.into_bytes();
+                out.extend(enc(first));
+                if i > 0 {
+                    out.extend(enc(rest));
+                    if chunked {
+                        out.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    let _ = s.write_all(&out).await;
+                    return;
+                }
+                let _ = s.write_all(&out).await;
+                got.notify_one();
+                release.notified().await;
+                if fail {
+                    return; // closes the connection mid-body
+                }
+                let mut out = enc(rest);
+                if chunked {
+                    out.extend_from_slice(b"0\r\n\r\n");
+                }
+                let _ = s.write_all(&out).await;
+                // Let the proxy read the end before the connection closes.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        HeldOrigin {
+            raw,
+            got,
+            release,
+            requests,
+        }
+    }
+}
+
+fn chunked_piece(b: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", b.len()).into_bytes();
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collapsed_followers_get_the_body_as_it_arrives() {
+    let origin = HeldOrigin::start(false, b"first part|", b"the rest", false).await;
+    let p = proxy("").await;
+    let o = origin.raw.addr();
+
+    let mut leader = Conn::get(p.addr(), o, "/stream").await;
+    tokio::time::timeout(WAIT, origin.got.notified())
+        .await
+        .expect("origin got the request");
+    let (head, body) = leader.read_head_and(11).await;
+    assert_eq!(head_field(&head, "x-cache"), Some("MISS"));
+    assert_eq!(body, b"first part|");
+
+    // The origin still holds the rest: a second request follows the fetch
+    // and gets the head and the first part now.
+    let mut follower = Conn::get(p.addr(), o, "/stream").await;
+    let (fhead, fbody) = follower.read_head_and(11).await;
+    assert!(fhead.starts_with("HTTP/1.1 200"), "{fhead}");
+    assert_eq!(head_field(&fhead, "x-cache"), Some("HIT"), "{fhead}");
+    assert_eq!(head_field(&fhead, "content-length"), Some("19"));
+    assert_eq!(fbody, b"first part|");
+
+    origin.release.notify_one();
+    for conn in [leader, follower] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof);
+        let r = parse_response(&bytes);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body_str(), "first part|the rest");
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+    // And it was stored.
+    let again = send(&p, "GET", o, "/stream", &[]).await;
+    check(&again, 200, "first part|the rest", "HIT");
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+}
+
+/// The origin breaks the first response mid-body: the leader's and the
+/// follower's clients are cut off (never a short response that looks
+/// complete), nothing is stored, and the next request fetches again.
+async fn leader_failure(chunked: bool) {
+    let origin = HeldOrigin::start(chunked, b"partial|", b"and the missing rest", true).await;
+    let p = proxy("").await;
+    let o = origin.raw.addr();
+
+    let mut leader = Conn::get(p.addr(), o, "/broken").await;
+    tokio::time::timeout(WAIT, origin.got.notified())
+        .await
+        .expect("origin got the request");
+    let (head, _) = leader.read_head_and(if chunked { 1 } else { 8 }).await;
+    assert_eq!(head_field(&head, "x-cache"), Some("MISS"));
+    let mut follower = Conn::get(p.addr(), o, "/broken").await;
+    let (fhead, _) = follower.read_head_and(1).await;
+    assert_eq!(head_field(&fhead, "x-cache"), Some("HIT"), "{fhead}");
+
+    origin.release.notify_one();
+    for (who, conn) in [("leader", leader), ("follower", follower)] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof, "{who}: connection closed");
+        let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        let body = &bytes[end..];
+        if chunked {
+            assert_eq!(head_field(&head, "transfer-encoding"), Some("chunked"), "{who}: {head}");
+            assert!(
+                !body.ends_with(b"0\r\n\r\n"),
+                "{who}: a broken body must not end with the last chunk"
+            );
+        } else {
+            let len: usize = head_field(&head, "content-length").unwrap().parse().unwrap();
+            assert_eq!(len, 28);
+            assert!(body.len() < len, "{who}: got the whole body from a broken fetch?");
+        }
+        assert!(!String::from_utf8_lossy(body).contains("missing rest"));
+    }
+
+    let again = send(&p, "GET", o, "/broken", &[]).await;
+    check(&again, 200, "partial|and the missing rest", "MISS");
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
+    check(
+        &send(&p, "GET", o, "/broken", &[]).await,
+        200,
+        "partial|and the missing rest",
+        "HIT",
+    );
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failure_cuts_followers_off_content_length() {
+    leader_failure(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failure_cuts_followers_off_chunked() {
+    leader_failure(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_miss_does_not_hold_its_body_in_memory() {
+    // Stored on disk while it streams: neither the store nor the collapsing
+    // spool may keep the 64 MiB body in memory.
+    const LEN: u64 = 64 << 20;
+    let origin = fixed(Response::ok("").generated(LEN).header("Cache-Control", "max-age=60")).await;
+    let p = proxy("").await;
+    let before = p.hwm_kib();
+    let req = format!(
+        "GET http://{o}/big HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n",
+        o = origin.addr()
+    );
+    let r = parse_response(&raw_request_timeout(p.addr(), req.as_bytes(), Duration::from_secs(60)).await);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &r.body));
+    let grown = p.hwm_kib().saturating_sub(before);
+    assert!(
+        grown < 24 << 10,
+        "peak memory grew by {grown} KiB for a {LEN}-byte miss"
+    );
+    let r = parse_response(&raw_request_timeout(p.addr(), req.as_bytes(), Duration::from_secs(60)).await);
+    assert_eq!(x_cache(&r), "HIT");
+    assert_eq!(r.body.len() as u64, LEN);
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_follower_of_a_large_fetch_waits_and_is_served_from_the_cache() {
+    // 8 MiB trickled in 64 KiB pieces: a request arriving once more than
+    // the collapsing spool has streamed cannot start from the first byte;
+    // it waits for the fetch and gets the stored object, without a second
+    // origin request.
+    const LEN: u64 = 8 << 20;
+    let origin = fixed(
+        Response::ok("")
+            .generated(LEN)
+            .header("Cache-Control", "max-age=60")
+            .chunk_delay(Duration::from_millis(5)),
+    )
+    .await;
+    let p = proxy("").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/late").await;
+    let (head, _) = leader.read_head_and(2 << 20).await;
+    assert_eq!(head_field(&head, "x-cache"), Some("MISS"));
+    let late = tokio::spawn({
+        let (paddr, oaddr) = (p.addr(), origin.addr());
+        async move {
+            let req = format!("GET http://{oaddr}/late HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request_timeout(paddr, req.as_bytes(), Duration::from_secs(30)).await)
+        }
+    });
+    let (bytes, eof) = leader.finish().await;
+    assert!(eof);
+    let r = parse_response(&bytes);
+    assert_eq!(r.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &r.body));
+    let r = late.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(x_cache(&r), "HIT");
+    assert_eq!(r.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &r.body));
+    assert_eq!(origin.count(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// The status header.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_header_name_is_configurable() {
+    let origin = fixed(Response::ok("named").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("status_header = \"X-Portico-Cache\"").await;
+    let miss = get(&p, &origin, "/n", &[]).await;
+    assert_eq!(miss.header("x-portico-cache"), Some("MISS"));
+    assert_eq!(miss.header("x-cache"), None);
+    let hit = get(&p, &origin, "/n", &[]).await;
+    assert_eq!(hit.body_str(), "named");
+    assert_eq!(hit.header("x-portico-cache"), Some("HIT"));
+    assert_eq!(hit.header("x-cache"), None);
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_header_can_be_disabled() {
+    let origin = fixed(Response::ok("quiet").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("status_header = \"\"").await;
+    let miss = get(&p, &origin, "/q", &[]).await;
+    let hit = get(&p, &origin, "/q", &[]).await;
+    for r in [&miss, &hit] {
+        assert_eq!(r.body_str(), "quiet");
+        assert!(
+            !r.headers
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case("x-cache") || v == "HIT" || v == "MISS"),
+            "{:?}",
+            r.headers
+        );
+    }
+    assert!(hit.header("age").is_some(), "the second answer came from the cache");
+    assert_eq!(origin.count(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Operator overrides.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_no_store_stores_a_no_store_response() {
+    let origin = counting("body", &[("Cache-Control", "no-store, max-age=60")]).await;
+    let p = proxy("ignore_no_store = true").await;
+    check(&get(&p, &origin, "/ns", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/ns", &[]).await, 200, "body #1", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ttl_makes_a_max_age_zero_response_fresh() {
+    let origin = counting("body", &[("Cache-Control", "max-age=0")]).await;
+    let p = proxy("min_ttl = \"60s\"").await;
+    check(&get(&p, &origin, "/min", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/min", &[]).await, 200, "body #1", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_ttl_makes_a_long_lived_response_stale() {
+    let origin = counting("body", &[("Cache-Control", "max-age=3600")]).await;
+    let p = proxy("max_ttl = \"1s\"").await;
+    check(&get(&p, &origin, "/max", &[]).await, 200, "body #1", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    check(&get(&p, &origin, "/max", &[]).await, 200, "body #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_query_false_does_not_store_query_urls() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60")]).await;
+    let p = proxy("cache_query = false").await;
+    check(&get(&p, &origin, "/q?x=1", &[]).await, 200, "body #1", "MISS");
+    check(&get(&p, &origin, "/q?x=1", &[]).await, 200, "body #2", "MISS");
+    // Without a query it is stored as usual.
+    check(&get(&p, &origin, "/q", &[]).await, 200, "body #3", "MISS");
+    check(&get(&p, &origin, "/q", &[]).await, 200, "body #3", "HIT");
+    assert_eq!(origin.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_query_in_key_shares_one_object() {
+    let origin =
+        Origin::start(
+            |req| async move { Response::ok(format!("for {}", req.uri)).header("Cache-Control", "max-age=60") },
+        )
+        .await;
+    let p = proxy("ignore_query_in_key = true").await;
+    check(&get(&p, &origin, "/q?x=1", &[]).await, 200, "for /q?x=1", "MISS");
+    check(&get(&p, &origin, "/q?x=2", &[]).await, 200, "for /q?x=1", "HIT");
+    assert_eq!(origin.count(), 1);
+    assert_eq!(origin.requests()[0].uri, "/q?x=1", "the origin still gets the query");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_cache_stores_nothing() {
+    let origin = counting("body", &[("Cache-Control", "max-age=60")]).await;
+    let p = proxy("enabled = false").await;
+    for n in 1..=2 {
+        let r = get(&p, &origin, "/off", &[]).await;
+        check(&r, 200, &format!("body #{n}"), "<none>");
+        assert_eq!(r.header("age"), None);
+    }
+    assert_eq!(origin.count(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Reverse mode.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_mode_keys_objects_by_public_host() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Response::ok(format!("{} #{n}", req.header("host").unwrap_or("-"))).header("Cache-Control", "max-age=60")
+        }
+    })
+    .await;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"reverse\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"64MiB\"\n\n\
+         [[upstream]]\nname = \"site\"\nservers = [\"{}\"]\n\n\
+         [[rule]]\nhost = \"*\"\nupstream = \"site\"\n",
+        origin.addr()
+    ))
+    .await;
+    let paddr = p.addr();
+    let get_host = |host: &'static str| async move {
+        let req = format!("GET /page HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        parse_response(&raw_request(paddr, req.as_bytes()).await)
+    };
+    check(&get_host("a.example").await, 200, "a.example #1", "MISS");
+    check(&get_host("b.example").await, 200, "b.example #2", "MISS");
+    check(&get_host("a.example").await, 200, "a.example #1", "HIT");
+    check(&get_host("b.example").await, 200, "b.example #2", "HIT");
+    assert_eq!(origin.count(), 2);
+    drop(p);
+}

@@ -1,0 +1,307 @@
+//! The disk tier through the real binary across restarts: objects survive
+//! a stop, damaged files are never served, and a `kill -9` in the middle of
+//! storing a large response leaves nothing that could be served corrupt.
+//! Each test runs Portico twice (or more) on one cache directory.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A forward proxy whose disk cache lives in `cache_dir` (shared between
+/// runs); `extra` is more `[cache]` keys.
+async fn proxy(cache_dir: &Path, extra: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{}\"\nmemory = \"64MiB\"\n{extra}\n",
+        cache_dir.display()
+    ))
+    .await
+}
+
+async fn get(p: &Portico, origin: &Origin, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    let o = origin.addr();
+    let mut req = format!("GET http://{o}{path} HTTP/1.1\r\nHost: {o}\r\n");
+    for (name, value) in headers {
+        req += &format!("{name}: {value}\r\n");
+    }
+    req += "Connection: close\r\n\r\n";
+    parse_response(&raw_request_timeout(p.addr(), req.as_bytes(), Duration::from_secs(60)).await)
+}
+
+fn x_cache(r: &ParsedResponse) -> &str {
+    r.header("x-cache").unwrap_or("<none>")
+}
+
+/// Object files (named by 32 hex digits) under the cache's level directories.
+fn object_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let path = e.path();
+            if e.file_name() == "tmp" {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if e.file_name().len() == 32 {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn tmp_files(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root.join("tmp"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An origin serving `/small` (text), `/large` (100 KiB of the pattern)
+/// and `/vary` (by Accept-Encoding), each fresh for an hour; bodies carry
+/// the request number so a refetch shows.
+async fn origin() -> Origin {
+    let n = Arc::new(AtomicUsize::new(0));
+    Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let r = match req.uri.path() {
+                "/large" => Response::ok("").generated(100 << 10),
+                "/vary" => Response::ok(format!("vary {} #{n}", req.header("accept-encoding").unwrap_or("none")))
+                    .header("Vary", "Accept-Encoding"),
+                path => Response::ok(format!("{path} #{n}")),
+            };
+            r.header("Cache-Control", "max-age=3600")
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_survive_a_restart() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let gzip = [("Accept-Encoding", "gzip")];
+    {
+        // max_memory_object small: /large lives on disk only.
+        let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
+        let r = get(&p, &origin, "/small", &[]).await;
+        assert_eq!((r.body_str().as_str(), x_cache(&r)), ("/small #1", "MISS"));
+        let r = get(&p, &origin, "/large", &[]).await;
+        assert_eq!(x_cache(&r), "MISS");
+        let r = get(&p, &origin, "/vary", &gzip).await;
+        assert_eq!((r.body_str().as_str(), x_cache(&r)), ("vary gzip #3", "MISS"));
+        assert_eq!(origin.count(), 3);
+    } // stopped
+
+    let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
+    let r = get(&p, &origin, "/small", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("/small #1", "HIT"));
+    assert!(r.header("age").is_some());
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert_eq!(r.body.len(), 100 << 10);
+    assert!(pattern_matches(0, &r.body));
+    let r = get(&p, &origin, "/vary", &gzip).await;
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("vary gzip #3", "HIT"));
+    assert_eq!(origin.count(), 3, "everything came from the disk tier");
+    // The other variant was never stored.
+    let r = get(&p, &origin, "/vary", &[]).await;
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("vary none #4", "MISS"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_object_is_not_served_after_restart() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    {
+        let p = proxy(cache.path(), "").await;
+        assert_eq!(get(&p, &origin, "/small", &[]).await.body_str(), "/small #1");
+    }
+    let files = object_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap();
+    let len = file.metadata().unwrap().len();
+    file.set_len(len - 3).unwrap();
+    drop(file);
+
+    let p = proxy(cache.path(), "").await;
+    let r = get(&p, &origin, "/small", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("/small #2", "MISS"));
+    assert_eq!(origin.count(), 2);
+    // Stored again, whole.
+    let r = get(&p, &origin, "/small", &[]).await;
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("/small #2", "HIT"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_object_is_never_served_complete_after_restart() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    {
+        let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
+        assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    }
+    let files = object_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    // Flip one body byte in the middle of the file (the size stays right:
+    // only the checksum can tell).
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
+    // Streamed from disk, the damage shows at the end: the client must be
+    // cut off (short body, connection closed), never given a complete 200.
+    let o = origin.addr();
+    let req = format!("GET http://{o}/large HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+    let mut c = RawClient::connect(p.addr()).await;
+    c.send(req.as_bytes()).await;
+    let bytes = c.read_to_end().await;
+    assert!(c.is_eof(), "the connection is closed");
+    let end = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head")
+        + 4;
+    let body = &bytes[end..];
+    let head = parse_head_response(&bytes);
+    assert_eq!(head.status, 200);
+    assert_eq!(x_cache(&head), "HIT");
+    assert_eq!(head.header("content-length"), Some("102400"));
+    assert!(body.len() < 100 << 10, "a corrupt object was served whole");
+    // The corrupt file is gone: the next request fetches a good copy.
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), 100 << 10);
+    assert!(pattern_matches(0, &r.body));
+    assert_eq!(origin.count(), 2);
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert!(pattern_matches(0, &r.body) && r.body.len() == 100 << 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_during_a_large_store_leaves_nothing_corrupt() {
+    const LEN: u64 = 64 << 20;
+    let cache = tempfile::tempdir().unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    // The first response trickles (64 KiB every 2 ms, ~2 s in all) so the
+    // kill lands mid-way; later ones come at full speed.
+    let origin = Origin::start(move |_| {
+        let first = n.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            let r = Response::ok("").generated(LEN).header("Cache-Control", "max-age=3600");
+            if first {
+                r.chunk_delay(Duration::from_millis(2))
+            } else {
+                r
+            }
+        }
+    })
+    .await;
+    let o = origin.addr();
+    let req = format!("GET http://{o}/huge HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+
+    let p = proxy(cache.path(), "").await;
+    let old_pid = p.pid();
+    let mut client = TcpStream::connect(p.addr()).await.unwrap();
+    client.write_all(req.as_bytes()).await.unwrap();
+    // Read until 8 MiB arrived: the object is being written to a tmp file.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got < 8 << 20 {
+        match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => panic!("proxy closed after {got} bytes"),
+            Ok(Ok(k)) => got += k,
+            Err(_) => panic!("only {got} bytes arrived"),
+        }
+    }
+    assert!(!tmp_files(cache.path()).is_empty(), "a tmp file is being written");
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    assert_eq!(unsafe { libc::kill(old_pid as i32, libc::SIGKILL) }, 0);
+    drop(p); // reaps it
+    drop(client);
+    assert!(object_files(cache.path()).is_empty(), "nothing was published");
+
+    let p = proxy(cache.path(), "").await;
+    let r = get(&p, &origin, "/huge", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(x_cache(&r), "MISS");
+    assert_eq!(r.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &r.body), "body corrupt");
+    assert_eq!(origin.count(), 2);
+    // Stored whole this time, and served whole.
+    let r = get(&p, &origin, "/huge", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert_eq!(r.body.len() as u64, LEN);
+    assert!(pattern_matches(0, &r.body), "body corrupt");
+    assert_eq!(origin.count(), 2);
+    // The killed writer's tmp file is cleaned up by the new instance.
+    let marker = format!(".{old_pid}.");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tmp_files(cache.path()).iter().any(|f| f.contains(&marker)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stale tmp files left: {:?}",
+            tmp_files(cache.path())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_updated_by_a_304_survive_a_restart() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"u1\"") {
+            Response::new(304)
+                .header("ETag", "\"u1\"")
+                .header("X-Version", "2")
+                .header("Cache-Control", "max-age=3600")
+        } else {
+            Response::ok("kept body")
+                .header("ETag", "\"u1\"")
+                .header("X-Version", "1")
+                .header("Cache-Control", "max-age=1")
+        }
+    })
+    .await;
+    {
+        let p = proxy(cache.path(), "").await;
+        let r = get(&p, &origin, "/u", &[]).await;
+        assert_eq!((x_cache(&r), r.header("x-version")), ("MISS", Some("1")));
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let r = get(&p, &origin, "/u", &[]).await;
+        assert_eq!((x_cache(&r), r.header("x-version")), ("REVALIDATED", Some("2")));
+        assert_eq!(r.body_str(), "kept body");
+    }
+    let p = proxy(cache.path(), "").await;
+    let r = get(&p, &origin, "/u", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!((x_cache(&r), r.header("x-version")), ("HIT", Some("2")));
+    assert_eq!(r.header("cache-control"), Some("max-age=3600"));
+    assert_eq!(r.body_str(), "kept body");
+    assert_eq!(origin.count(), 2);
+}
