@@ -1926,3 +1926,65 @@ async fn reverse_mode_keys_objects_by_public_host() {
     assert_eq!(origin.count(), 2);
     drop(p);
 }
+
+/// The first fetch fails before any response head (the origin closes the
+/// connection after a pause): one waiter retries and the others follow
+/// its fetch, so the origin sees two requests, not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failing_before_its_head_is_retried_by_one_waiter() {
+    let requests = Arc::new(AtomicUsize::new(0));
+    let n = requests.clone();
+    let raw = RawOrigin::start(move |mut s| {
+        let n = n.clone();
+        async move {
+            read_request_head(&mut s).await;
+            if n.fetch_add(1, Ordering::SeqCst) == 0 {
+                // Long enough for the other clients to join the flight.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                return; // closed without a response
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let body = "retried";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nCache-Control: max-age=60\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes()).await;
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let origin = raw.addr();
+    let first = {
+        let addr = p.addr();
+        tokio::spawn(async move {
+            let req = format!("GET http://{origin}/r HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request(addr, req.as_bytes()).await)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut waiters = Vec::new();
+    for _ in 0..10 {
+        let addr = p.addr();
+        waiters.push(tokio::spawn(async move {
+            let req = format!("GET http://{origin}/r HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request(addr, req.as_bytes()).await)
+        }));
+    }
+    let first = first.await.expect("first client");
+    assert_eq!(first.status, 502, "the failed leader's client gets the error");
+    for w in waiters {
+        let r = w.await.expect("waiter");
+        assert_eq!(
+            (r.status, r.body_str()),
+            (200, "retried".to_string()),
+            "{:?}",
+            r.headers
+        );
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        2,
+        "one failed fetch, one retry for all waiters"
+    );
+}

@@ -52,9 +52,12 @@ pub enum Ending {
     Complete,
     /// Broken mid-way (followers must cut their clients off).
     Failed,
-    /// The response cannot be shared (not storable, or the leader gave up
-    /// before a head arrived): followers fetch for themselves.
+    /// The response cannot be shared (not storable): followers fetch for
+    /// themselves.
     NotShared,
+    /// The leader failed before a response head arrived (origin down,
+    /// timeout): one follower retries and the others follow it.
+    Abandoned,
 }
 
 #[derive(Debug)]
@@ -150,7 +153,7 @@ impl Leader {
 impl Drop for Leader {
     fn drop(&mut self) {
         let head_known = self.flight.lock().head.is_some();
-        self.end(if head_known { Ending::Failed } else { Ending::NotShared });
+        self.end(if head_known { Ending::Failed } else { Ending::Abandoned });
     }
 }
 
@@ -205,6 +208,12 @@ impl Follower {
         }
     }
 
+    /// True when the leader failed before any response head: the caller
+    /// should join again, so one waiter retries and the rest follow it.
+    pub fn abandoned(&self) -> bool {
+        self.flight.lock().ending == Ending::Abandoned
+    }
+
     /// The next piece of the body.
     pub async fn next(&mut self) -> Next {
         let Some(slot) = self.slot else {
@@ -225,7 +234,7 @@ impl Follower {
                 match s.ending {
                     Ending::Running => {}
                     Ending::Complete => return Next::End,
-                    Ending::Failed | Ending::NotShared => return Next::Failed,
+                    Ending::Failed | Ending::NotShared | Ending::Abandoned => return Next::Failed,
                 }
             }
             notified.await;
@@ -359,6 +368,9 @@ mod tests {
         };
         drop(leader);
         assert!(f.head().await.is_none());
+        assert!(f.abandoned(), "a leader gone before its head abandons the flight");
+        // Rejoining makes exactly one new leader.
+        assert!(matches!(flights.join(ObjectId(2)), Role::Leader(_)));
     }
 
     fn head_of(len: Option<u64>) -> SharedHead {

@@ -160,8 +160,10 @@ async fn fetch_and_store(
 ) -> Result<(), Failure> {
     let mut flight = key.id();
     let mut leader = None;
-    // The primary key's flight, then at most that of our variant.
-    for _ in 0..2 {
+    // The primary key's flight, then at most that of our variant, and a
+    // rejoin after a leader that failed before its response head (so one
+    // waiter retries and the others follow it, not all at once).
+    for _ in 0..4 {
         let mut follower = match cache.flights.join(flight) {
             Role::Leader(l) => {
                 leader = Some(l);
@@ -182,6 +184,7 @@ async fn fetch_and_store(
                 }
                 flight = own;
             }
+            None if follower.abandoned() => continue,
             None => {
                 // The fetch ended without sharing its body with us (we
                 // joined late, or it was not storable): it may be stored now.
@@ -273,7 +276,9 @@ async fn store_and_send(
         Err(why) => {
             tracing::debug!(key = key.url(), "not stored: {why}");
             // Followers fetch for themselves.
-            leader = None;
+            if let Some(l) = leader.take() {
+                l.finish(Ending::NotShared);
+            }
         }
     }
     if let Some(name) = &cache.status_header {
