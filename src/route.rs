@@ -21,6 +21,8 @@ pub enum Target {
     Group {
         /// Index into the group list.
         group: usize,
+        /// Index of the `[[rule]]` that matched.
+        rule: usize,
         /// Origin-form target to send.
         path_and_query: String,
         /// The host the client asked for: the absolute target's authority
@@ -78,11 +80,13 @@ impl Rules {
         Ok(Rules { rules: out })
     }
 
-    /// The group of the first rule matching `host` (lower-case, no port) and `path`.
-    pub fn find(&self, host: &str, path: &str) -> Option<usize> {
+    /// The group and index of the first rule matching `host` (lower-case,
+    /// no port) and `path`.
+    pub fn find(&self, host: &str, path: &str) -> Option<(usize, usize)> {
         self.rules
             .iter()
-            .find(|r| {
+            .enumerate()
+            .find(|(_, r)| {
                 let host_ok = match &r.host {
                     HostMatch::Any => true,
                     HostMatch::Exact(h) => h == host,
@@ -90,7 +94,7 @@ impl Rules {
                 };
                 host_ok && r.path.as_deref().is_none_or(|p| path.starts_with(p))
             })
-            .map(|r| r.group)
+            .map(|(i, r)| (r.group, i))
     }
 }
 
@@ -168,11 +172,12 @@ pub fn classify(head: &RequestHead, mode: Mode, rules: &Rules) -> Result<Target,
                 (host, head.target.clone())
             };
             let path = path_and_query.split('?').next().unwrap_or("/");
-            let group = rules
+            let (group, rule) = rules
                 .find(&host_only(&host), path)
                 .ok_or((StatusCode::NOT_FOUND, "no route matches this host and path"))?;
             Ok(Target::Group {
                 group,
+                rule,
                 path_and_query,
                 host,
             })
@@ -206,6 +211,7 @@ mod tests {
             host: host.map(String::from),
             path: path.map(String::from),
             upstream: up.into(),
+            cache: None,
         };
         let cfg = vec![
             r(Some("www.example.com"), Some("/api/"), "api"),
@@ -220,11 +226,11 @@ mod tests {
     #[test]
     fn first_match_wins() {
         let r = rules();
-        assert_eq!(r.find("www.example.com", "/api/v1"), Some(0));
-        assert_eq!(r.find("www.example.com", "/other"), Some(1));
-        assert_eq!(r.find("a.example.org", "/"), Some(2));
+        assert_eq!(r.find("www.example.com", "/api/v1").map(|(g, _)| g), Some(0));
+        assert_eq!(r.find("www.example.com", "/other").map(|(g, _)| g), Some(1));
+        assert_eq!(r.find("a.example.org", "/").map(|(g, _)| g), Some(2));
         assert_eq!(r.find("example.org", "/"), None);
-        assert_eq!(r.find("else.net", "/static/x.css"), Some(3));
+        assert_eq!(r.find("else.net", "/static/x.css").map(|(g, _)| g), Some(3));
         assert_eq!(r.find("else.net", "/"), None);
     }
 

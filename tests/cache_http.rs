@@ -1988,3 +1988,80 @@ async fn leader_failing_before_its_head_is_retried_by_one_waiter() {
         "one failed fetch, one retry for all waiters"
     );
 }
+
+/// `cache = {...}` on a `[[rule]]` overrides `[cache]` for that route only:
+/// a `max-age=0` response is fresh for a minute on `/pinned/` (min_ttl),
+/// is revalidated elsewhere, and `/live/` bypasses the cache altogether.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_cache_overrides_apply_to_their_route_only() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("body {}", req.uri))
+            .header("cache-control", "max-age=0")
+            .header("etag", "\"v1\"")
+    })
+    .await;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        r#"[[listener]]
+address = "{addr}"
+mode = "reverse"
+
+[log]
+access = "{{dir}}/access.log"
+
+[cache]
+dir = "{{dir}}/cache"
+
+[[upstream]]
+name = "o"
+servers = ["{o}"]
+
+[[rule]]
+path = "/pinned/"
+upstream = "o"
+cache = {{ min_ttl = "60s" }}
+
+[[rule]]
+path = "/live/"
+upstream = "o"
+cache = {{ enabled = false }}
+
+[[rule]]
+upstream = "o"
+"#,
+        o = origin.addr()
+    ))
+    .await;
+    let get = |path: &'static str| {
+        let addr = p.addr();
+        async move {
+            let req = format!("GET {path} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request(addr, req.as_bytes()).await)
+        }
+    };
+    check(&get("/pinned/a").await, 200, "body /pinned/a", "MISS");
+    check(&get("/pinned/a").await, 200, "body /pinned/a", "HIT");
+    check(&get("/other").await, 200, "body /other", "MISS");
+    // Stale at once there: revalidated (this origin ignores validators and
+    // answers 200 again, so the new response replaces the stored one).
+    check(&get("/other").await, 200, "body /other", "MISS");
+    let conditional = origin
+        .requests()
+        .iter()
+        .filter(|r| r.uri == "/other")
+        .filter(|r| r.header("if-none-match") == Some("\"v1\""))
+        .count();
+    assert_eq!(conditional, 1, "the second /other was a revalidation");
+    let live = get("/live/x").await;
+    assert_eq!((live.status, live.body_str()), (200, "body /live/x".to_string()));
+    assert!(live.header("x-cache").is_none(), "bypassed: {:?}", live.headers);
+    get("/live/x").await;
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+    assert_eq!(
+        paths.iter().filter(|p| p.as_str() == "/pinned/a").count(),
+        1,
+        "{paths:?}"
+    );
+    assert_eq!(paths.iter().filter(|p| p.as_str() == "/other").count(), 2, "{paths:?}");
+    assert_eq!(paths.iter().filter(|p| p.as_str() == "/live/x").count(), 2, "{paths:?}");
+}

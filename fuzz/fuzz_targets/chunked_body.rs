@@ -49,13 +49,21 @@ fn decode(input: &[u8], max_trailers: usize, max_data: usize, mut next_piece: im
         match result {
             Err(_) => {
                 assert!(!dec.is_done());
-                return Outcome { body, trailers, end: End::Error };
+                return Outcome {
+                    body,
+                    trailers,
+                    end: End::Error,
+                };
             }
             Ok(Decoded::Data(d)) => {
                 assert!(!d.is_empty(), "empty Data");
                 assert!(d.len() <= max_data.max(1), "Data over max_data");
                 assert!(trailers.is_none(), "Data after Trailers");
-                assert_eq!(&d[..], &input[consumed - d.len()..consumed], "Data is not the bytes consumed");
+                assert_eq!(
+                    &d[..],
+                    &input[consumed - d.len()..consumed],
+                    "Data is not the bytes consumed"
+                );
                 body.extend_from_slice(&d);
             }
             Ok(Decoded::Trailers(t)) => {
@@ -73,16 +81,28 @@ fn decode(input: &[u8], max_trailers: usize, max_data: usize, mut next_piece: im
                     assert_eq!(dec.decode(&mut buf, max_data), Ok(Decoded::Done), "not Done after Done");
                     assert_eq!(buf.len(), left, "consumed after Done");
                 }
-                return Outcome { body, trailers, end: End::Done(consumed) };
+                return Outcome {
+                    body,
+                    trailers,
+                    end: End::Done(consumed),
+                };
             }
             Ok(Decoded::NeedMore) => {
                 assert!(!dec.is_done());
                 assert!(trailers.is_none(), "NeedMore after Trailers");
                 // Asking again without new input changes nothing.
-                assert_eq!(dec.decode(&mut buf, max_data), Ok(Decoded::NeedMore), "NeedMore not stable");
+                assert_eq!(
+                    dec.decode(&mut buf, max_data),
+                    Ok(Decoded::NeedMore),
+                    "NeedMore not stable"
+                );
                 assert_eq!(buf.len(), fed - consumed, "consumed on a repeated NeedMore");
                 if fed == input.len() {
-                    return Outcome { body, trailers, end: End::Incomplete };
+                    return Outcome {
+                        body,
+                        trailers,
+                        end: End::Incomplete,
+                    };
                 }
                 let piece = match next_piece() {
                     0 => input.len() - fed,

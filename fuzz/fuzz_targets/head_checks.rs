@@ -143,11 +143,20 @@ pub fn check(buf: &[u8], limits: &HeadLimits) -> Option<(RequestHead, usize)> {
     // Request line.
     assert!(head.version == Version::HTTP_10 || head.version == Version::HTTP_11);
     assert!(!head.target.is_empty());
-    assert!(!head.target.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()));
+    assert!(
+        !head
+            .target
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    );
 
     // Framing, from the raw fields.
     let fields = raw_fields(raw);
-    assert_eq!(fields.len(), head.headers.len(), "field count differs from the raw head");
+    assert_eq!(
+        fields.len(),
+        head.headers.len(),
+        "field count differs from the raw head"
+    );
     let te = values(&fields, "transfer-encoding");
     let cl = values(&fields, "content-length");
     let cl_elems = elements(&cl);
@@ -155,7 +164,10 @@ pub fn check(buf: &[u8], limits: &HeadLimits) -> Option<(RequestHead, usize)> {
         .iter()
         .map(|e| {
             assert!(e.iter().all(u8::is_ascii_digit), "non-numeric Content-Length accepted");
-            std::str::from_utf8(e).unwrap().parse::<u64>().expect("Content-Length overflow accepted")
+            std::str::from_utf8(e)
+                .unwrap()
+                .parse::<u64>()
+                .expect("Content-Length overflow accepted")
         })
         .collect();
     cl_distinct.sort_unstable();
@@ -183,7 +195,10 @@ pub fn check(buf: &[u8], limits: &HeadLimits) -> Option<(RequestHead, usize)> {
         }
         BodyFraming::Empty => {
             assert!(te.is_empty(), "Empty with Transfer-Encoding");
-            assert!(cl_distinct.is_empty() || cl_distinct == [0], "Empty with a non-zero Content-Length");
+            assert!(
+                cl_distinct.is_empty() || cl_distinct == [0],
+                "Empty with a non-zero Content-Length"
+            );
         }
     }
 

@@ -223,8 +223,11 @@ impl DiskCursor {
 
 /// The cache.
 pub struct Cache {
-    /// The RFC 9111 decisions, configured.
+    /// The RFC 9111 decisions, configured by `[cache]`.
     pub policy: Policy,
+    /// Per-route policies (`cache = {...}` in a `[[rule]]`): None = `policy`;
+    /// the flag says whether the route uses the cache at all.
+    routes: Vec<(bool, Option<Policy>)>,
     /// Fetches in flight (request collapsing).
     pub flights: Arc<Flights>,
     /// Counters.
@@ -250,8 +253,21 @@ fn expires_hint(policy: &Policy, meta: &StoredMeta) -> u64 {
 impl Cache {
     /// Builds the cache from `[cache]`; starts the disk tier (its index
     /// rebuild and GC run in the background).
-    pub fn new(cfg: &CacheConfig) -> Result<Cache, String> {
+    pub fn new(cfg: &CacheConfig, route_overrides: &[Option<crate::config::CacheOverrides>]) -> Result<Cache, String> {
         let policy = Policy::new(cfg)?;
+        let routes = route_overrides
+            .iter()
+            .enumerate()
+            .map(|(i, o)| match o {
+                None => Ok((true, None)),
+                Some(o) => {
+                    let c = o.apply(cfg);
+                    Policy::new(&c)
+                        .map(|p| (c.enabled, Some(p)))
+                        .map_err(|e| format!("rule[{i}].cache: {e}"))
+                }
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let disk = if cfg.disk.bytes() > 0 {
             Some(DiskStore::start(cfg).map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?)
         } else {
@@ -267,6 +283,7 @@ impl Cache {
         };
         Ok(Cache {
             policy,
+            routes,
             flights: Arc::new(Flights::default()),
             stats: CacheStats::default(),
             status_header,
@@ -276,6 +293,19 @@ impl Cache {
             ignore_query: cfg.ignore_query_in_key,
             marker_lock: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The policy for requests routed by rule `route` (None: not routed by a rule).
+    pub fn policy_for(&self, route: Option<usize>) -> &Policy {
+        route
+            .and_then(|r| self.routes.get(r))
+            .and_then(|(_, p)| p.as_ref())
+            .unwrap_or(&self.policy)
+    }
+
+    /// Whether requests routed by rule `route` use the cache.
+    pub fn enabled_for(&self, route: Option<usize>) -> bool {
+        route.and_then(|r| self.routes.get(r)).is_none_or(|(on, _)| *on)
     }
 
     /// Largest object stored.

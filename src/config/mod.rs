@@ -324,6 +324,60 @@ pub struct RuleConfig {
     pub path: Option<String>,
     /// The `[[upstream]]` group that serves matching requests.
     pub upstream: String,
+    /// Cache settings for this route, overriding `[cache]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheOverrides>,
+}
+
+/// Per-route cache settings (`cache = { ... }` in a `[[rule]]`); each key
+/// left out keeps the `[cache]` value.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheOverrides {
+    /// `false`: requests on this route bypass the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// As `cache.ignore_reload`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_reload: Option<bool>,
+    /// As `cache.ignore_no_store`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_no_store: Option<bool>,
+    /// As `cache.cache_query`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_query: Option<bool>,
+    /// As `cache.min_ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ttl: Option<Dur>,
+    /// As `cache.max_ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ttl: Option<Dur>,
+}
+
+impl CacheOverrides {
+    /// `base` with these overrides applied.
+    pub fn apply(&self, base: &CacheConfig) -> CacheConfig {
+        let mut c = base.clone();
+        if let Some(v) = self.enabled {
+            c.enabled = v;
+        }
+        if let Some(v) = self.ignore_reload {
+            c.ignore_reload = v;
+        }
+        if let Some(v) = self.ignore_no_store {
+            c.ignore_no_store = v;
+        }
+        if let Some(v) = self.cache_query {
+            c.cache_query = v;
+        }
+        if let Some(v) = self.min_ttl {
+            c.min_ttl = v;
+        }
+        if let Some(v) = self.max_ttl {
+            c.max_ttl = v;
+        }
+        c
+    }
 }
 
 /// How the disk tier's garbage collector runs.

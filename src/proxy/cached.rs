@@ -8,7 +8,7 @@ use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
 use super::headers::{add_via, strip_hop_by_hop};
 use crate::cache::flight::{Ending, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
-use crate::cache::policy::{self, Decision, Precondition, Revalidation};
+use crate::cache::policy::{self, Decision, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
 use crate::cache::{Cache, CacheKey, StoreSink, Stored};
 use crate::http1::{BodyFraming, BodyLen, Exchange, RequestHead};
@@ -48,16 +48,17 @@ impl CacheStatus {
 
 /// Serves a request that may involve the cache.
 pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Result<(), Failure> {
-    let Some(cache) = sh.cache.as_ref() else {
+    let Some(cache) = sh.cache.as_ref().filter(|c| c.enabled_for(dest.route())) else {
         return forward(ex, sh, &dest).await;
     };
+    let policy = cache.policy_for(dest.route());
     let (scheme, authority, pq) = dest.public_url();
     let key = cache.key(&scheme, &authority, &pq);
     let method = ex.head.method.clone();
     if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
         let result = forward(ex, sh, &dest).await;
         if let Some(status) = ex.out.status() {
-            for k in cache.policy.invalidations(&method, &key, status, ex.out.sent_headers()) {
+            for k in policy.invalidations(&method, &key, status, ex.out.sent_headers()) {
                 cache.invalidate(&k).await;
             }
         }
@@ -66,7 +67,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Resul
     cache.stats.lookup();
     let now = SystemTime::now();
     if let Some(stored) = cache.lookup(&key, &ex.head.headers).await {
-        match cache.policy.evaluate(&ex.head.headers, &stored.meta, now) {
+        match policy.evaluate(&ex.head.headers, &stored.meta, now) {
             Decision::Fresh => {
                 cache.stats.hit();
                 return send_stored(ex, cache, stored, CacheStatus::Hit).await;
@@ -141,7 +142,20 @@ async fn revalidate(
         Revalidation::Mismatch => fetch_and_store(ex, sh, cache, dest, key).await,
         Revalidation::ServerError | Revalidation::Replace => {
             let response = http::Response::from_parts(parts, body);
-            store_and_send(ex, sh, cache, key, response, rewrite, request_time, response_time, None).await;
+            let policy = cache.policy_for(dest.route());
+            store_and_send(
+                ex,
+                sh,
+                cache,
+                policy,
+                key,
+                response,
+                rewrite,
+                request_time,
+                response_time,
+                None,
+            )
+            .await;
             Ok(())
         }
     }
@@ -190,7 +204,10 @@ async fn fetch_and_store(
                 // joined late, or it was not storable): it may be stored now.
                 drop(follower);
                 if let Some(stored) = cache.lookup(key, &ex.head.headers).await
-                    && cache.policy.evaluate(&ex.head.headers, &stored.meta, SystemTime::now()) == Decision::Fresh
+                    && cache
+                        .policy_for(dest.route())
+                        .evaluate(&ex.head.headers, &stored.meta, SystemTime::now())
+                        == Decision::Fresh
                 {
                     cache.stats.collapsed();
                     return send_stored(ex, cache, stored, CacheStatus::Hit).await;
@@ -206,6 +223,7 @@ async fn fetch_and_store(
         ex,
         sh,
         cache,
+        cache.policy_for(dest.route()),
         key,
         response,
         rewrite,
@@ -224,6 +242,7 @@ async fn store_and_send(
     ex: &mut Exchange<'_>,
     sh: &Shared,
     cache: &Cache,
+    policy: &Policy,
     key: &CacheKey,
     response: http::Response<hyper::body::Incoming>,
     rewrite: Option<LocationRewrite>,
@@ -239,8 +258,7 @@ async fn store_and_send(
         r.apply(&mut headers);
     }
     let length = body.size_hint().exact();
-    let storable = cache
-        .policy
+    let storable = policy
         .storable(&ex.head.method, key, &ex.head.headers, parts.status, &headers)
         .and_then(|()| match length {
             Some(n) if n > cache.max_object_size() => Err(policy::NotStorable("larger than cache.max_object_size")),
@@ -590,7 +608,7 @@ fn spawn_revalidation(
                     r.apply(&mut headers);
                 }
                 if cache
-                    .policy
+                    .policy_for(dest.route())
                     .storable(&head.method, &key, &head.headers, parts.status, &headers)
                     .is_err()
                 {

@@ -28,6 +28,8 @@ pub enum Dest {
     Group {
         /// Index into the shared group list.
         group: usize,
+        /// Index of the `[[rule]]` that routed here.
+        rule: usize,
         /// Origin-form target.
         path_and_query: String,
         /// The host the client asked for (public name, for Host and Location).
@@ -45,6 +47,14 @@ struct Attempt {
 }
 
 impl Dest {
+    /// The `[[rule]]` that routed the request, if any.
+    pub fn route(&self) -> Option<usize> {
+        match self {
+            Dest::Origin(_) => None,
+            Dest::Group { rule, .. } => Some(*rule),
+        }
+    }
+
     /// The scheme, authority and path the client asked for (the cache key's parts).
     pub fn public_url(&self) -> (String, String, String) {
         match self {
@@ -74,6 +84,7 @@ impl Dest {
                 group,
                 path_and_query,
                 public_host,
+                ..
             } => {
                 let group = &sh.groups[*group];
                 let idx = group.pick(failed);

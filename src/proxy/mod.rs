@@ -44,7 +44,8 @@ impl Shared {
             upstream: Upstream::new(&config.origin)?,
             access_log: AccessLog::open(&config.log.access, config.log.format)?,
             cache: if config.cache.enabled {
-                Some(crate::cache::Cache::new(&config.cache)?)
+                let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
+                Some(crate::cache::Cache::new(&config.cache, &overrides)?)
             } else {
                 None
             },
@@ -130,10 +131,12 @@ impl ListenerHandler {
             Target::Origin(uri) => forward::Dest::Origin(uri),
             Target::Group {
                 group,
+                rule,
                 path_and_query,
                 host,
             } => forward::Dest::Group {
                 group,
+                rule,
                 path_and_query,
                 public_host: host,
             },
