@@ -56,13 +56,23 @@ fn main() -> ExitCode {
             }
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
-        Command::Cache(args) => {
-            match load(args.config.as_ref()).and_then(|c| portico::cache::admin::run(&c.cache, &args.command)) {
-                Ok(true) => Ok(()),
+        Command::Cache(args) => match load(args.config.as_ref()) {
+            Err(e) => Err(e),
+            Ok(c) => match portico::cache::admin::run(&c.cache, &args.command) {
+                Ok(true) => {
+                    // The files are gone; a running server may still hold the
+                    // object in its memory tier, which only it can clear.
+                    if let portico::cache::admin::CacheCommand::Purge { url, prefix } = &args.command
+                        && let Some(target) = prefix.as_ref().or(url.as_ref())
+                    {
+                        println!("{}", portico::proxy::purge_running(&c, target, prefix.is_some()));
+                    }
+                    Ok(())
+                }
                 Ok(false) => return ExitCode::FAILURE,
                 Err(e) => Err(e),
-            }
-        }
+            },
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2065,3 +2065,37 @@ upstream = "o"
     assert_eq!(paths.iter().filter(|p| p.as_str() == "/other").count(), 2, "{paths:?}");
     assert_eq!(paths.iter().filter(|p| p.as_str() == "/live/x").count(), 2, "{paths:?}");
 }
+
+/// `portico cache purge URL` removes the files and also asks the running
+/// server to drop its memory copy, so the next request really is a miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_purge_command_also_clears_the_running_server() {
+    let origin = counting("page", &[("cache-control", "max-age=60")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/purge-me", &[]).await, 200, "page #1", "MISS");
+    check(&get(&p, &origin, "/purge-me", &[]).await, 200, "page #1", "HIT");
+    let url = format!("http://{}/purge-me", origin.addr());
+    let out = tokio::task::spawn_blocking({
+        let config = p.config_path().to_path_buf();
+        let dir = p.dir().to_path_buf();
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+                .current_dir(dir)
+                .args(["cache", "purge", &url, "-c"])
+                .arg(config)
+                .output()
+                .expect("run portico cache purge")
+        }
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("dropped it from memory too"), "{stdout}");
+    check(&get(&p, &origin, "/purge-me", &[]).await, 200, "page #2", "MISS");
+    assert_eq!(origin.count(), 2);
+}

@@ -5,6 +5,8 @@ mod cached;
 mod forward;
 mod headers;
 mod purge;
+
+pub use purge::purge_running;
 mod reply;
 mod tunnel;
 

@@ -52,3 +52,44 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
     }
     Ok(())
 }
+
+/// Asks a running Portico (the first listener of `config`) to drop `url`,
+/// or everything under it with `prefix`, from its cache: `portico cache
+/// purge` removes the disk files itself, but only the server can clear its
+/// memory tier. Returns what happened, for the operator.
+pub fn purge_running(config: &crate::config::Config, url: &str, prefix: bool) -> String {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let Some(listener) = config.listener.first() else {
+        return "no listener configured: only the disk was purged".into();
+    };
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return format!("{url} is not a URL: only the disk was purged");
+    };
+    let host = uri.authority().map_or("", |a| a.as_str());
+    let target = match listener.mode {
+        crate::config::Mode::Forward => url.to_string(),
+        _ => uri.path_and_query().map_or("/", |p| p.as_str()).to_string(),
+    };
+    let extra = if prefix { "Portico-Purge: prefix\r\n" } else { "" };
+    let request = format!("PURGE {target} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    let addr = listener.address;
+    let mut stream = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        Ok(s) => s,
+        Err(_) => return format!("no server answering on {addr}: only the disk was purged"),
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut answer = Vec::new();
+    if stream.write_all(request.as_bytes()).is_err() || (stream.read_to_end(&mut answer).is_err() && answer.is_empty())
+    {
+        return format!("the server on {addr} did not answer the PURGE");
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split_whitespace().nth(1).unwrap_or("?");
+    match status {
+        "200" => format!("the server on {addr} dropped it from memory too"),
+        "404" => format!("the server on {addr} did not hold it in memory"),
+        "403" => format!("the server on {addr} refused the PURGE (this host is not in access.admin_allow)"),
+        other => format!("the server on {addr} answered {other} to the PURGE"),
+    }
+}
