@@ -13,8 +13,9 @@ use std::sync::Arc;
 /// A whole object in memory.
 #[derive(Debug)]
 pub struct MemObject {
-    /// Its metadata.
-    pub meta: StoredMeta,
+    /// Its metadata, shared with every answer served from it (a hit copies
+    /// no headers).
+    pub meta: Arc<StoredMeta>,
     /// Its body.
     pub body: Bytes,
 }
@@ -115,14 +116,14 @@ mod tests {
 
     fn obj(key: &str, len: usize) -> Arc<MemObject> {
         Arc::new(MemObject {
-            meta: StoredMeta {
+            meta: Arc::new(StoredMeta {
                 key: key.into(),
                 variant: vec![],
                 status: StatusCode::OK,
                 headers: HeaderMap::new(),
                 request_time: SystemTime::now(),
                 response_time: SystemTime::now(),
-            },
+            }),
             body: Bytes::from(vec![b'x'; len]),
         })
     }

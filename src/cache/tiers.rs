@@ -90,8 +90,8 @@ impl CacheStats {
 pub struct Stored {
     /// The id it is stored under.
     pub id: ObjectId,
-    /// Its metadata.
-    pub meta: StoredMeta,
+    /// Its metadata (shared with the memory tier).
+    pub meta: Arc<StoredMeta>,
     /// Body length.
     pub len: u64,
     /// Where the body is.
@@ -164,7 +164,7 @@ pub struct DiskCursor {
 struct Reopen {
     store: DiskStore,
     id: ObjectId,
-    meta: StoredMeta,
+    meta: Arc<StoredMeta>,
     body_len: u64,
 }
 
@@ -174,7 +174,7 @@ impl DiskCursor {
     async fn rewind(&mut self) -> std::io::Result<()> {
         let o = &self.origin;
         match o.store.open(o.id).await {
-            Some(found) if found.meta == o.meta && found.body_len == o.body_len => {
+            Some(found) if found.meta == *o.meta && found.body_len == o.body_len => {
                 self.reader = found.body;
                 self.base = 0;
                 self.carry = Bytes::new();
@@ -340,12 +340,13 @@ impl Cache {
             });
         }
         let disk = self.disk.as_ref()?;
-        let mut found = disk.open(id).await?;
+        let found = disk.open(id).await?;
         disk.touch(id);
-        if self.memory.admits(found.body_len) {
-            let mut body = BytesMut::with_capacity(usize::try_from(found.body_len).unwrap_or(0));
+        let (meta, body_len, mut reader) = (Arc::new(found.meta), found.body_len, found.body);
+        if self.memory.admits(body_len) {
+            let mut body = BytesMut::with_capacity(usize::try_from(body_len).unwrap_or(0));
             loop {
-                match found.body.chunk().await {
+                match reader.chunk().await {
                     Ok(Some(c)) => body.extend_from_slice(&c),
                     Ok(None) => break,
                     Err(e) => {
@@ -358,30 +359,30 @@ impl Cache {
             self.memory.insert(
                 id,
                 Arc::new(MemObject {
-                    meta: found.meta.clone(),
+                    meta: meta.clone(),
                     body: body.clone(),
                 }),
             );
             return Some(Stored {
                 id,
-                len: found.body_len,
-                meta: found.meta,
+                len: body_len,
+                meta,
                 body: StoredBody::Memory(body),
             });
         }
         Some(Stored {
             id,
-            len: found.body_len,
-            meta: found.meta.clone(),
+            len: body_len,
+            meta: meta.clone(),
             body: StoredBody::Disk(std::sync::Mutex::new(Some(DiskCursor {
-                reader: found.body,
+                reader,
                 base: 0,
                 carry: Bytes::new(),
                 origin: Box::new(Reopen {
                     store: disk.clone(),
                     id,
-                    meta: found.meta,
-                    body_len: found.body_len,
+                    meta,
+                    body_len,
                 }),
             }))),
         })
@@ -474,18 +475,25 @@ impl Cache {
         {
             let _ = w.commit(u64::MAX / 2).await;
         }
-        self.memory.insert(primary, Arc::new(MemObject { meta, body }));
+        self.memory.insert(
+            primary,
+            Arc::new(MemObject {
+                meta: Arc::new(meta),
+                body,
+            }),
+        );
     }
 
     /// Replaces a stored response's metadata after a 304 and returns it
     /// ready to serve.
     pub async fn update(&self, stored: Stored, meta: StoredMeta) -> Stored {
+        let meta = Arc::new(meta);
         self.update_meta(stored.id, meta.clone()).await;
         Stored { meta, ..stored }
     }
 
     /// Replaces the stored metadata of `id` (both tiers).
-    pub async fn update_meta(&self, id: ObjectId, meta: StoredMeta) {
+    pub async fn update_meta(&self, id: ObjectId, meta: Arc<StoredMeta>) {
         if let Some(obj) = self.memory.get(id) {
             self.memory.insert(
                 id,
@@ -589,7 +597,7 @@ impl StoreSink<'_> {
             self.cache.memory.insert(
                 self.id,
                 Arc::new(MemObject {
-                    meta: self.meta.clone(),
+                    meta: Arc::new(self.meta.clone()),
                     body: body.freeze(),
                 }),
             );

@@ -96,11 +96,6 @@ impl<'a> BodyReader<'a> {
         matches!(self.state, State::Done)
     }
 
-    /// Bytes of body read so far.
-    pub fn received(&self) -> u64 {
-        self.received
-    }
-
     /// The next piece of the body, or `None` at its end.
     pub async fn frame(&mut self) -> Result<Option<BodyFrame>, BodyError> {
         loop {

@@ -4,8 +4,8 @@
 //! client. Unsafe methods pass through and invalidate what they change.
 
 use super::Shared;
-use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
-use super::headers::{add_via, strip_hop_by_hop};
+use super::forward::{Dest, Failure, LocationRewrite, fetch, forward, response_headers};
+use super::headers::strip_hop_by_hop;
 use crate::cache::flight::{Ending, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
 use crate::cache::policy::{self, Decision, Policy, Precondition, Revalidation};
@@ -128,7 +128,7 @@ async fn revalidate(
     let (parts, body) = response.into_parts();
     match policy::revalidation(&stored.meta, parts.status, &parts.headers) {
         Revalidation::NotModified => {
-            let mut meta = stored.meta.clone();
+            let mut meta = StoredMeta::clone(&stored.meta);
             let mut fresh = parts.headers;
             strip_hop_by_hop(&mut fresh);
             policy::update_from_304(&mut meta, &fresh, request_time, response_time);
@@ -251,12 +251,7 @@ async fn store_and_send(
     leader: Option<crate::cache::flight::Leader>,
 ) {
     let (parts, mut body) = response.into_parts();
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
-    add_via(&mut headers, parts.version, &sh.config.proxy.via);
-    if let Some(r) = &rewrite {
-        r.apply(&mut headers);
-    }
+    let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
     let length = body.size_hint().exact();
     let storable = policy
         .storable(&ex.head.method, key, &ex.head.headers, parts.status, &headers)
@@ -580,7 +575,13 @@ fn spawn_revalidation(
     ] {
         head.headers.remove(name);
     }
-    let (sh, dest, key, meta, id) = (sh.clone(), dest.clone(), key.clone(), stored.meta.clone(), stored.id);
+    let (sh, dest, key, meta, id) = (
+        sh.clone(),
+        dest.clone(),
+        key.clone(),
+        StoredMeta::clone(&stored.meta),
+        stored.id,
+    );
     tokio::spawn(async move {
         let _leader = leader;
         let Some(cache) = sh.cache.as_ref() else { return };
@@ -598,15 +599,10 @@ fn spawn_revalidation(
                 let mut fresh = parts.headers;
                 strip_hop_by_hop(&mut fresh);
                 policy::update_from_304(&mut meta, &fresh, request_time, response_time);
-                cache.update_meta(id, meta).await;
+                cache.update_meta(id, Arc::new(meta)).await;
             }
             Revalidation::Replace => {
-                let mut headers = parts.headers;
-                strip_hop_by_hop(&mut headers);
-                add_via(&mut headers, parts.version, &sh.config.proxy.via);
-                if let Some(r) = &rewrite {
-                    r.apply(&mut headers);
-                }
+                let headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
                 if cache
                     .policy_for(dest.route())
                     .storable(&head.method, &key, &head.headers, parts.status, &headers)

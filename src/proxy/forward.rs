@@ -306,7 +306,6 @@ async fn exchange(
             .await
             .map_err(|e| UpstreamError::Failed(format!("client connection failed: {e}")))?;
     }
-    let client_version = ex.head.version;
     let request = Request::from_parts(parts, body);
     let reader = &mut ex.body;
     let out = &mut ex.out;
@@ -314,7 +313,7 @@ async fn exchange(
     let pump = pump(reader, sender);
     let respond = async {
         let response = sh.upstream.send(request).await?;
-        stream_response(out, response, client_version, sh, rewrite).await;
+        stream_response(out, response, sh, rewrite).await;
         Ok::<(), UpstreamError>(())
     };
     tokio::pin!(pump, respond);
@@ -358,27 +357,37 @@ async fn pump(reader: &mut BodyReader<'_>, sender: Option<BodySender>) {
     }
 }
 
+/// The origin's response headers as Portico passes them on: hop-by-hop
+/// fields removed, `Via` added, `Location`/`Content-Location` rewritten
+/// back to the public host (reverse proxying).
+pub fn response_headers(
+    mut headers: HeaderMap,
+    received: Version,
+    sh: &Shared,
+    rewrite: Option<&LocationRewrite>,
+) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    add_via(&mut headers, received, &sh.config.proxy.via);
+    if let Some(r) = rewrite {
+        r.apply(&mut headers);
+    }
+    headers
+}
+
 /// Sends the origin's response to the client, streaming the body frame by
 /// frame. Failures after the head is sent can only end the connection.
 async fn stream_response(
     out: &mut ResponseWriter<'_>,
     response: http::Response<hyper::body::Incoming>,
-    client_version: Version,
     sh: &Shared,
     rewrite: Option<&LocationRewrite>,
 ) {
     let (parts, mut body) = response.into_parts();
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
-    add_via(&mut headers, parts.version, &sh.config.proxy.via);
-    if let Some(r) = rewrite {
-        r.apply(&mut headers);
-    }
+    let headers = response_headers(parts.headers, parts.version, sh, rewrite);
     let len = match body.size_hint().exact() {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,
     };
-    let _ = client_version;
     out.send_head(parts.status, headers, len);
     let idle = sh.upstream.idle_timeout;
     let mut trailers = None;
