@@ -15,5 +15,6 @@ pub mod log;
 pub mod proxy;
 pub mod route;
 pub mod server;
+pub mod stats;
 pub mod upstream;
 pub mod util;

@@ -212,6 +212,7 @@ mod tests {
             path: path.map(String::from),
             upstream: up.into(),
             cache: None,
+            bucket: None,
         };
         let cfg = vec![
             r(Some("www.example.com"), Some("/api/"), "api"),

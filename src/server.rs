@@ -36,12 +36,14 @@ pub fn run(config: Config) -> Result<(), String> {
     runtime.block_on(async move {
         let settings = Arc::new(conn_settings(&config));
         let shared = Arc::new(Shared::new(config)?);
-        for (cfg, socket) in sockets {
+        spawn_log_reopen(shared.clone());
+        for (index, (cfg, socket)) in sockets.into_iter().enumerate() {
             let listener =
                 tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
             tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
             let handler = Arc::new(ListenerHandler {
                 mode: cfg.mode,
+                index,
                 shared: shared.clone(),
             });
             tokio::spawn(accept_loop(listener, cfg.nodelay, settings.clone(), handler));
@@ -52,6 +54,22 @@ pub fn run(config: Config) -> Result<(), String> {
     })?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
+}
+
+/// SIGUSR1 reopens the access log (after rotation renamed it).
+fn spawn_log_reopen(shared: Arc<Shared>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::user_defined1()) {
+        Ok(mut usr1) => {
+            tokio::spawn(async move {
+                while usr1.recv().await.is_some() {
+                    tracing::info!("SIGUSR1: reopening the access log");
+                    shared.access_log.reopen();
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot catch SIGUSR1 (log reopen): {e}"),
+    }
 }
 
 fn conn_settings(c: &Config) -> ConnSettings {

@@ -11,7 +11,7 @@ const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md");
 
 /// Keys that `--print-config` cannot show: `[[upstream]]` and `[[rule]]` are
 /// empty by default, and `origin.ca_file` is unset by default.
-const UNPRINTED_KEYS: [&str; 10] = [
+const UNPRINTED_KEYS: [&str; 11] = [
     "upstream.name",
     "upstream.servers",
     "upstream.host_header",
@@ -21,6 +21,7 @@ const UNPRINTED_KEYS: [&str; 10] = [
     "rule.path",
     "rule.upstream",
     "rule.cache",
+    "rule.bucket",
     "origin.ca_file",
 ];
 

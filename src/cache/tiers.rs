@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Header that marks a stored object as a Vary marker (never served).
-const MARKER: &str = "x-portico-vary-marker";
+pub(crate) const MARKER: &str = "x-portico-vary-marker";
 
 /// Cache counters, kept with relaxed atomics (no lock on the request path).
 #[derive(Debug, Default)]
@@ -239,6 +239,7 @@ pub struct Cache {
     max_object: u64,
     ignore_query: bool,
     marker_lock: tokio::sync::Mutex<()>,
+    running: std::sync::atomic::AtomicBool,
 }
 
 /// Unix seconds at which a stored response stops being fresh (the disk
@@ -292,6 +293,7 @@ impl Cache {
             max_object: cfg.max_object_size.bytes(),
             ignore_query: cfg.ignore_query_in_key,
             marker_lock: tokio::sync::Mutex::new(()),
+            running: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -306,6 +308,17 @@ impl Cache {
     /// Whether requests routed by rule `route` use the cache.
     pub fn enabled_for(&self, route: Option<usize>) -> bool {
         route.and_then(|r| self.routes.get(r)).is_none_or(|(on, _)| *on)
+    }
+
+    /// False after [`Cache::set_running`]`(false)` (`/nsc?stop`): requests
+    /// then bypass the cache.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops serving from and storing into the cache at run time.
+    pub fn set_running(&self, on: bool) {
+        self.running.store(on, Ordering::Relaxed);
     }
 
     /// Largest object stored.

@@ -41,6 +41,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Access and error logs.
     pub log: LogConfig,
+    /// Statistics and the monitoring endpoints.
+    pub monitor: MonitorConfig,
 }
 
 impl Default for Config {
@@ -57,6 +59,7 @@ impl Default for Config {
             rule: Vec::new(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
+            monitor: MonitorConfig::default(),
         }
     }
 }
@@ -257,6 +260,8 @@ pub struct OriginConfig {
     /// Extra PEM certificates trusted for https origins.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// Origin names whose addresses are cached (for their DNS lifetime); 0 = no cache.
+    pub dns_cache_entries: usize,
 }
 
 impl Default for OriginConfig {
@@ -269,6 +274,7 @@ impl Default for OriginConfig {
             pool_max_idle: 64,
             system_roots: true,
             ca_file: None,
+            dns_cache_entries: 1024,
         }
     }
 }
@@ -327,6 +333,9 @@ pub struct RuleConfig {
     /// Cache settings for this route, overriding `[cache]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheOverrides>,
+    /// Performance bucket for requests on this route (default: `default-bucket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
 }
 
 /// Per-route cache settings (`cache = { ... }` in a `[[rule]]`); each key
@@ -504,6 +513,10 @@ pub enum LogFormat {
     Combined,
     /// NCSA Common Log Format.
     Common,
+    /// Squid's native format (time, elapsed, client, cache result/status, bytes, method, URL, ...).
+    Squid,
+    /// The `log.custom_format` string.
+    Custom,
 }
 
 /// `[log]`
@@ -512,8 +525,10 @@ pub enum LogFormat {
 pub struct LogConfig {
     /// Access log file; empty string disables it.
     pub access: PathBuf,
-    /// combined | common.
+    /// combined | common | squid | custom.
     pub format: LogFormat,
+    /// The line format when `format = "custom"` (`%h %t "%r" %s %b %D`...).
+    pub custom_format: String,
     /// Error log level: error | warn | info | debug | trace.
     pub level: String,
     /// Error log file; empty = standard error.
@@ -525,8 +540,44 @@ impl Default for LogConfig {
         LogConfig {
             access: PathBuf::from("access.log"),
             format: LogFormat::Combined,
+            custom_format: "%h %l %u %t \"%r\" %>s %b %D %C".to_string(),
             level: "info".to_string(),
             error: PathBuf::new(),
+        }
+    }
+}
+
+/// `[monitor]`: statistics and the endpoints Portico answers itself
+/// (admin clients only). An empty path disables that endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// Per-stage timing (performance buckets) and latency histograms.
+    pub enabled: bool,
+    /// perfdump (plain text).
+    pub perf: String,
+    /// XML statistics.
+    pub stats_xml: String,
+    /// Prometheus exposition.
+    pub metrics: String,
+    /// Cache status and control.
+    pub nsc: String,
+    /// Live dashboard (HTML).
+    pub dashboard: String,
+    /// JSON statistics (the dashboard polls it).
+    pub json: String,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            enabled: true,
+            perf: "/.perf".to_string(),
+            stats_xml: "/stats-xml".to_string(),
+            metrics: "/metrics".to_string(),
+            nsc: "/nsc".to_string(),
+            dashboard: "/.dashboard".to_string(),
+            json: "/.stats.json".to_string(),
         }
     }
 }

@@ -36,6 +36,15 @@ pub enum CacheStatus {
 }
 
 impl CacheStatus {
+    fn outcome(self) -> crate::stats::CacheOutcome {
+        match self {
+            CacheStatus::Hit => crate::stats::CacheOutcome::Hit,
+            CacheStatus::Miss => crate::stats::CacheOutcome::Miss,
+            CacheStatus::Stale => crate::stats::CacheOutcome::Stale,
+            CacheStatus::Revalidated => crate::stats::CacheOutcome::Revalidated,
+        }
+    }
+
     fn value(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             CacheStatus::Hit => "HIT",
@@ -48,7 +57,11 @@ impl CacheStatus {
 
 /// Serves a request that may involve the cache.
 pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Result<(), Failure> {
-    let Some(cache) = sh.cache.as_ref().filter(|c| c.enabled_for(dest.route())) else {
+    let Some(cache) = sh
+        .cache
+        .as_ref()
+        .filter(|c| c.is_running() && c.enabled_for(dest.route()))
+    else {
         return forward(ex, sh, &dest).await;
     };
     let policy = cache.policy_for(dest.route());
@@ -66,7 +79,10 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Resul
     }
     cache.stats.lookup();
     let now = SystemTime::now();
-    if let Some(stored) = cache.lookup(&key, &ex.head.headers).await {
+    let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
+    let found = cache.lookup(&key, &ex.head.headers).await;
+    drop(lookup_stage);
+    if let Some(stored) = found {
         match policy.evaluate(&ex.head.headers, &stored.meta, now) {
             Decision::Fresh => {
                 cache.stats.hit();
@@ -297,6 +313,8 @@ async fn store_and_send(
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Miss.value());
     }
+    crate::stats::note_cache(crate::stats::CacheOutcome::Miss);
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let len = match length {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,
@@ -388,6 +406,8 @@ async fn send_followed(
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Hit.value());
     }
+    crate::stats::note_cache(crate::stats::CacheOutcome::Hit);
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let len = match head.length {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,
@@ -414,9 +434,25 @@ async fn send_followed(
     Ok(())
 }
 
+/// Answers from a stored response (timed as the send stage, its body
+/// bytes counted as served from the cache).
+async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+    crate::stats::note_cache(status.outcome());
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
+    let before = ex.out.body_bytes();
+    let result = send_stored_now(ex, cache, stored, status).await;
+    cache.stats.served(ex.out.body_bytes() - before);
+    result
+}
+
 /// Answers from a stored response: preconditions (304/412), ranges
 /// (206/416), HEAD, with `Age` and the cache status header.
-async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+async fn send_stored_now(
+    ex: &mut Exchange<'_>,
+    cache: &Cache,
+    stored: Stored,
+    status: CacheStatus,
+) -> Result<(), Failure> {
     let now = SystemTime::now();
     let mut headers = stored.meta.headers.clone();
     headers.insert(AGE, policy::age_header(&stored.meta, now));
@@ -444,7 +480,6 @@ async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, statu
     }
     x_cache(&mut headers);
     let len = stored.len;
-    cache.stats.served(len);
     match range::plan(
         &ex.head.method,
         &ex.head.headers,

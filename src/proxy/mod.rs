@@ -4,6 +4,7 @@
 mod cached;
 mod forward;
 mod headers;
+pub mod monitor;
 mod purge;
 
 pub use purge::purge_running;
@@ -28,9 +29,17 @@ pub struct Shared {
     rules: Rules,
     groups: Vec<Group>,
     upstream: Upstream,
-    access_log: AccessLog,
+    /// The access log writer.
+    pub access_log: AccessLog,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
+    /// Request statistics and performance buckets.
+    pub stats: crate::stats::Stats,
+    /// The performance bucket of each `[[rule]]` (index into the stats' buckets).
+    rule_buckets: Vec<usize>,
+    /// Counters of the connection layer (queue, keep-alive, blocking pool),
+    /// installed by the server when it has them.
+    pub conn: std::sync::OnceLock<Arc<dyn crate::stats::ConnSource>>,
 }
 
 impl Shared {
@@ -38,13 +47,23 @@ impl Shared {
     pub fn new(config: Config) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        let bucket_names: Vec<String> = config.rule.iter().filter_map(|r| r.bucket.clone()).collect();
+        let stats = crate::stats::Stats::new(config.monitor.enabled, config.listener.len(), &bucket_names);
+        let rule_buckets = config
+            .rule
+            .iter()
+            .map(|r| r.bucket.as_deref().map_or(0, |b| stats.bucket_index(b)))
+            .collect();
         Ok(Shared {
+            stats,
+            rule_buckets,
+            conn: std::sync::OnceLock::new(),
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
             groups,
             upstream: Upstream::new(&config.origin)?,
-            access_log: AccessLog::open(&config.log.access, config.log.format)?,
+            access_log: AccessLog::open(&config.log.access, config.log.format, &config.log.custom_format)?,
             cache: if config.cache.enabled {
                 let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
                 Some(crate::cache::Cache::new(&config.cache, &overrides)?)
@@ -60,14 +79,42 @@ impl Shared {
 pub struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
+    /// Position of the listener in the config (for per-listener counters).
+    pub index: usize,
     /// State shared by all listeners.
     pub shared: Arc<Shared>,
 }
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
-        let outcome = self.serve(ex).await;
-        self.log(ex);
+        let started = std::time::Instant::now();
+        let sh = &*self.shared;
+        sh.stats.begin(self.index, ex.served > 0);
+        if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local) {
+            let outcome = monitor::serve(ep, &query, ex, sh).await;
+            sh.stats.admin_request();
+            self.log(ex, started);
+            return outcome;
+        }
+        let outcome = if sh.stats.enabled {
+            crate::stats::timed(&sh.stats, async {
+                let outcome = self.serve(ex).await;
+                let _log = crate::stats::stage(crate::stats::Stage::Log);
+                self.log(ex, started);
+                outcome
+            })
+            .await
+        } else {
+            let outcome = self.serve(ex).await;
+            self.log(ex, started);
+            outcome
+        };
+        sh.stats.end(
+            &ex.head.method,
+            ex.out.status().map_or(0, |s| s.as_u16()),
+            ex.body.received(),
+            ex.out.body_bytes(),
+        );
         outcome
     }
 
@@ -79,6 +126,7 @@ impl Handler for ListenerHandler {
         } else {
             rej.first_line.clone()
         };
+        self.shared.stats.rejected(rej.error.status.as_u16());
         self.shared.access_log.record(&AccessRecord {
             client: rej.peer.ip(),
             user: None,
@@ -87,6 +135,9 @@ impl Handler for ListenerHandler {
             bytes: rej.out.body_bytes(),
             referer: None,
             user_agent: None,
+            elapsed: std::time::Duration::ZERO,
+            cache: None,
+            headers: None,
         });
     }
 }
@@ -94,6 +145,7 @@ impl Handler for ListenerHandler {
 impl ListenerHandler {
     async fn serve(&self, ex: &mut Exchange<'_>) -> Outcome {
         let sh = &*self.shared;
+        let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
         }
@@ -124,10 +176,21 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        drop(access);
+        let route = crate::stats::stage(crate::stats::Stage::Route);
         let target = match classify(&ex.head, self.mode, &sh.rules) {
             Ok(t) => t,
-            Err((status, reason)) => return self.fail(ex, status, reason).await,
+            Err((status, reason)) => {
+                drop(route);
+                return self.fail(ex, status, reason).await;
+            }
         };
+        if let Target::Group { rule, .. } = &target
+            && let Some(b) = sh.rule_buckets.get(*rule)
+        {
+            crate::stats::set_bucket(*b);
+        }
+        drop(route);
         let dest = match target {
             Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
             Target::Origin(uri) => forward::Dest::Origin(uri),
@@ -170,7 +233,7 @@ impl ListenerHandler {
         }
     }
 
-    fn log(&self, ex: &Exchange<'_>) {
+    fn log(&self, ex: &Exchange<'_>, started: std::time::Instant) {
         let h = &ex.head;
         let version = if h.version == http::Version::HTTP_10 {
             "HTTP/1.0"
@@ -187,6 +250,9 @@ impl ListenerHandler {
             bytes: ex.out.body_bytes(),
             referer: header(http::header::REFERER),
             user_agent: header(http::header::USER_AGENT),
+            elapsed: started.elapsed(),
+            cache: crate::stats::current_cache().map(|c| c.name()),
+            headers: Some(&h.headers),
         });
     }
 }
