@@ -246,10 +246,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
         if let Some((other, _)) = paths[..i].iter().find(|(_, q)| q == p) {
-            return Err((
-                vec![Key("monitor"), Key(key)],
-                format!("{p:?} is also monitor.{other}"),
-            ));
+            return Err((vec![Key("monitor"), Key(key)], format!("{p:?} is also monitor.{other}")));
         }
     }
     let [low, high] = c.cache.watermarks;

@@ -186,7 +186,12 @@ impl AccessLog {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
         if tx.try_send(line).is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            if self.counters.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(1000) {
+            if self
+                .counters
+                .dropped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1000)
+            {
                 tracing::warn!("access log queue full: lines are being dropped");
             }
         }

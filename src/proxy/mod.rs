@@ -89,13 +89,14 @@ impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
         let started = std::time::Instant::now();
         let sh = &*self.shared;
-        sh.stats.begin(self.index, ex.served > 0);
         if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local) {
-            let outcome = monitor::serve(ep, &query, ex, sh).await;
+            // Kept out of the request counters, so reading them does not change them.
             sh.stats.admin_request();
+            let outcome = monitor::serve(ep, &query, ex, sh).await;
             self.log(ex, started);
             return outcome;
         }
+        sh.stats.begin(self.index, ex.served > 0);
         let outcome = if sh.stats.enabled {
             crate::stats::timed(&sh.stats, async {
                 let outcome = self.serve(ex).await;

@@ -135,13 +135,15 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
     }
     if let Some(d) = s.cache.as_ref().and_then(|c| c.disk.as_ref())
         && d.high_watermark > 0
-        && d.bytes * 100 >= d.high_watermark * 98
+        && (d.evictions > 0 || d.bytes * 100 >= d.high_watermark * 98)
     {
+        // Evictions mean usage reached the high watermark (GC then brings
+        // it down to the low one, so the current size alone can miss it).
         say(
             "disk-near-watermark",
             format!(
-                "The disk cache holds {} of {} bytes, at its high watermark ({} bytes); GC has run {} times and evicted {} objects. Raise cache.disk (or lower cache.max_object_size) if evicted objects are wanted again.",
-                d.bytes, d.limit, d.high_watermark, d.gc_runs, d.evictions
+                "The disk cache reached its high watermark ({} of {} bytes): it holds {} bytes now, GC has run {} times and evicted {} objects. Raise cache.disk (or lower cache.max_object_size) if evicted objects are wanted again.",
+                d.high_watermark, d.limit, d.bytes, d.gc_runs, d.evictions
             ),
         );
     }
@@ -334,6 +336,8 @@ mod tests {
         assert_eq!(rules(&s), ["disk-near-watermark"]);
         s.cache.as_mut().unwrap().disk.as_mut().unwrap().bytes = 500;
         assert!(rules(&s).is_empty());
+        s.cache.as_mut().unwrap().disk.as_mut().unwrap().evictions = 3;
+        assert_eq!(rules(&s), ["disk-near-watermark"]);
     }
 
     #[test]

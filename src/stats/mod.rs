@@ -230,7 +230,6 @@ impl Stats {
     /// A request answered by a monitoring endpoint (kept out of the request counters).
     pub fn admin_request(&self) {
         self.admin_requests.fetch_add(1, Ordering::Relaxed);
-        self.active.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Adds a finished request's timings to its bucket and the histograms.
@@ -270,7 +269,6 @@ impl Stats {
             response_time: self.response_time.snapshot(),
         };
         let sessions = SessionInfo {
-            // A monitoring request reading this is itself in service.
             active: l(&self.active),
             peak: l(&self.peak_active),
             limit: None,
