@@ -95,6 +95,8 @@ async fn ten_hits_five_misses_show_66_67_percent_on_every_view() {
 
     let perf = text(&p, "/.perf").await;
     assert!(perf.contains("Cache Hit Ratio              10/15 ( 66.67%)"), "{perf}");
+    // Every body is 8 bytes ("/objN #1"): 80 served from the cache, 40 fetched.
+    assert!(perf.contains("Byte Hit Ratio               80/120 ( 66.67%)"), "{perf}");
     for section in [
         "ConnectionQueue:",
         "ListenSocket ls1:",

@@ -45,6 +45,9 @@ pub struct CacheStats {
     pub bytes_served: AtomicU64,
     /// Objects removed by invalidation or purge.
     pub invalidated: AtomicU64,
+    /// Body bytes fetched from origins for lookups that missed (the other
+    /// half of the byte hit ratio).
+    pub bytes_fetched: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -83,6 +86,10 @@ impl CacheStats {
     /// Counts body bytes served from the cache.
     pub fn served(&self, bytes: u64) {
         self.bytes_served.fetch_add(bytes, Ordering::Relaxed);
+    }
+    /// Counts body bytes fetched from an origin after a miss.
+    pub fn fetched(&self, bytes: u64) {
+        self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 

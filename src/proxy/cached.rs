@@ -343,6 +343,7 @@ async fn store_and_send(
                 continue;
             }
         };
+        cache.stats.fetched(data.len() as u64);
         if let Some(s) = sink.as_mut()
             && !s.data(&data).await
         {

@@ -245,6 +245,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             stored: l(&st.stored),
             invalidated: l(&st.invalidated),
             bytes_served: l(&st.bytes_served),
+            bytes_fetched: l(&st.bytes_fetched),
             memory_entries: c.memory().len() as u64,
             memory_bytes: c.memory().bytes(),
             memory_limit: cfg.cache.memory.bytes(),

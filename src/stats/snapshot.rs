@@ -224,6 +224,8 @@ pub struct CacheInfo {
     pub invalidated: u64,
     /// Body bytes served from the cache.
     pub bytes_served: u64,
+    /// Body bytes fetched from origins after misses.
+    pub bytes_fetched: u64,
     /// Objects in the memory tier.
     pub memory_entries: u64,
     /// Bytes in the memory tier.
@@ -244,6 +246,11 @@ impl CacheInfo {
     /// hits / lookups, percent.
     pub fn hit_ratio(&self) -> f64 {
         percent(self.hits, self.lookups)
+    }
+
+    /// Bytes served from the cache / (those + bytes fetched after misses), percent.
+    pub fn byte_hit_ratio(&self) -> f64 {
+        percent(self.bytes_served, self.bytes_served + self.bytes_fetched)
     }
 }
 

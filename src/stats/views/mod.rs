@@ -7,7 +7,7 @@ pub mod prom;
 pub mod xml;
 
 use super::advisor::Advice;
-use super::snapshot::{Snapshot, percent};
+use super::snapshot::Snapshot;
 use serde::Serialize;
 
 /// The dashboard page (self-contained: inline CSS and JS, canvas plots).
@@ -42,7 +42,7 @@ pub fn json(s: &Snapshot, advice: &[Advice]) -> String {
     let derived = Derived {
         requests: s.requests.total,
         hit_ratio: c.map_or(0.0, |c| c.hit_ratio()),
-        byte_hit_ratio: c.map_or(0.0, |c| percent(c.bytes_served, s.requests.bytes_out)),
+        byte_hit_ratio: c.map_or(0.0, |c| c.byte_hit_ratio()),
         p50_ms: s.requests.response_time.quantile_us(0.5) as f64 / 1000.0,
         p99_ms: s.requests.response_time.quantile_us(0.99) as f64 / 1000.0,
         queue_length: s.connection_queue.as_ref().map(|q| q.current),

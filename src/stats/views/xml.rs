@@ -240,6 +240,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
                 a("countRevalidations", c.revalidations),
                 a("countCollapsed", c.collapsed),
                 a("countContentHits", c.bytes_served),
+                a("countContentMisses", c.bytes_fetched),
                 a("percentHitRatio", format!("{:.2}", c.hit_ratio())),
             ],
         ),
