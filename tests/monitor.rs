@@ -440,3 +440,42 @@ async fn keep_alive_hits_and_per_listener_requests_are_counted() {
     assert!(perf.contains("KeepAliveHits        2\n"), "{perf}");
     assert!(perf.contains("Requests                 3\n"), "{perf}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_cache_entries_and_hit_ratio() {
+    // The origin closes every connection, so each request opens a new one
+    // and looks `localhost` up: the first from the resolver, then cached.
+    let o = Origin::start(|_| async { Response::ok("d").header("Connection", "close") }).await;
+    let p = proxy("").await;
+    for i in 0..3 {
+        let r = get_via(&p, &format!("http://localhost:{}/n{i}", o.addr().port())).await;
+        assert_eq!(r.status, 200, "{}", r.body_str());
+    }
+    let perf = text(&p, "/.perf").await;
+    assert!(perf.contains("CacheEntries     1/1024\n"), "{perf}");
+    assert!(perf.contains("HitRatio         2/3 ( 66.67%)\n"), "{perf}");
+    let xml = text(&p, "/stats-xml").await;
+    assert!(xml.contains("countCacheHits=\"2\" countCacheMisses=\"1\""), "{xml}");
+    let metrics = text(&p, "/metrics").await;
+    assert!(metrics.contains("portico_dns_lookups_total 3\n") && metrics.contains("portico_dns_cache_hits_total 2\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn low_dns_hit_ratio_advice() {
+    // Two names for this host alternate through a one-entry DNS cache:
+    // each lookup evicts the other name, so nothing is ever a hit.
+    let o = Origin::start(|_| async { Response::ok("d").header("Connection", "close") }).await;
+    let p = proxy("[origin]\ndns_cache_entries = 1\n").await;
+    let port = o.addr().port();
+    for i in 0..12 {
+        for host in ["localhost", "localhost."] {
+            let r = get_via(&p, &format!("http://{host}:{port}/n{i}")).await;
+            assert_eq!(r.status, 200, "{host}: {}", r.body_str());
+        }
+    }
+    let perf = text(&p, "/.perf").await;
+    assert!(
+        perf.contains("[low-dns-hit-ratio] DNS cache hit ratio is 0/24 (0.00%) with 1/1 entries. The cache is full"),
+        "{perf}"
+    );
+}

@@ -336,7 +336,8 @@ pub struct UpstreamInfo {
     pub other_errors: u64,
     /// Time to open a connection.
     pub connect_time: HistSnapshot,
-    /// Time from sending the request to the response head (connect excluded).
+    /// Time from sending the request to the response head (including the
+    /// connect when a new connection was opened; connect_time has that part).
     pub first_byte_time: HistSnapshot,
 }
 

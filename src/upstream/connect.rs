@@ -143,7 +143,7 @@ pub struct UpstreamStats {
     pub other_errors: AtomicU64,
     /// Time to open a connection.
     pub connect_time: Histogram,
-    /// Time to the response head, connect excluded.
+    /// Time to the response head (a new connection's connect included).
     pub first_byte_time: Histogram,
     /// Names looked up (IP literals excluded).
     pub dns_lookups: AtomicU64,

@@ -432,7 +432,7 @@ pub fn render(s: &Snapshot) -> String {
     );
     o.histogram(
         "portico_upstream_first_byte_seconds",
-        "Time from sending a request to the response head (connect excluded).",
+        "Time from sending a request to the response head (a new connection's connect included).",
         &u.first_byte_time,
     );
 
