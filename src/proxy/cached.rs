@@ -266,6 +266,9 @@ async fn store_and_send(
     response_time: SystemTime,
     leader: Option<crate::cache::flight::Leader>,
 ) {
+    // Preparing the store (opening the disk writer) is part of sending a miss.
+    crate::stats::note_cache(crate::stats::CacheOutcome::Miss);
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
     let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
     let length = body.size_hint().exact();
@@ -313,8 +316,6 @@ async fn store_and_send(
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Miss.value());
     }
-    crate::stats::note_cache(crate::stats::CacheOutcome::Miss);
-    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let len = match length {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,

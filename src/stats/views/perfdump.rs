@@ -77,7 +77,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "KeepAliveInfo:\n{RULE}");
     let count = match (ka.count, ka.max) {
         (Some(c), Some(m)) => format!("{c}/{m}"),
-        (c, m) => format!("{}/{}", na(c), na(m)),
+        (Some(c), None) => c.to_string(),
+        _ => "n/a".to_string(),
     };
     let _ = writeln!(o, "{:<20} {count}", "KeepAliveCount");
     let _ = writeln!(o, "{:<20} {}", "KeepAliveHits", ka.hits);
