@@ -101,7 +101,8 @@ def ensure_installed(peers):
 
 
 def find_oha():
-    for c in (shutil.which("oha"), os.path.expanduser("~/.cargo/bin/oha")):
+    cargo_home = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
+    for c in (shutil.which("oha"), os.path.join(cargo_home, "bin", "oha")):
         if c and os.access(c, os.X_OK):
             return c
     return None
@@ -1711,6 +1712,11 @@ def main():
         else:
             log(f"kept {tmp}")
     log(f"total {time.time() - t_start:.0f} s")
+    if args.smoke:
+        bad = {s for s, _, _ in failures}
+        ran = [s for s in args.scenarios]
+        print(f"bench smoke: {len([s for s in ran if s not in bad])} passed, "
+              f"{len([s for s in ran if s in bad])} failed")
     if failures:
         for s, p, e in failures:
             log(f"FAILURE {s} {p}: {e}")
