@@ -1029,7 +1029,9 @@ def run_oha(oha, urls, opts, duration, proxy_pid, origin_pid):
         "p50_ms": (lat.get("p50") or 0.0) * 1000, "p99_ms": (lat.get("p99") or 0.0) * 1000,
         "err_pct": pct(sent - ok), "s503_pct": pct(s503), "other_status_pct": pct(other),
         "timeout_pct": pct(errs["timeouts"]), "conn_err_pct": pct(errs["conn_errors"]),
-        "proxy_cpu": c["proxy_cpu"], "load_cpu": c["load_cpu"], "other_cpu": c["other_cpu"],
+        # CPU 1 holds oha and the origin: together they are the load side
+        "proxy_cpu": c["proxy_cpu"], "load_cpu": c["load_cpu"] + c["origin_cpu"],
+        "oha_cpu": c["load_cpu"], "other_cpu": c["other_cpu"],
         "errors_seen": j.get("errorDistribution", {}),
     }
 
@@ -1040,10 +1042,11 @@ def run_rate(peer, tmp, args, ctx, origin):
     daemon = start_peer(peer, tmp, args.portico_bin)
     try:
         port = PORTS[peer]
+        prefix = "/ns" if args.rate_load == "miss" else ""
         urls = os.path.join(tmp, f"urls-{port}.txt")
         with open(urls, "w") as f:
-            f.write("".join(f"http://127.0.0.1:{port}{p}\n" for p in ctx["paths"]))
-        warm_bad = warm_hits(port, ctx["paths"])
+            f.write("".join(f"http://127.0.0.1:{port}{prefix}{p}\n" for p in ctx["paths"]))
+        warm_bad = warm_hits(port, ctx["paths"]) if args.rate_load == "hits" else 0
         or0 = origin_requests()
         whole = CpuMeter(daemon.pid, origin.pid)
         pk = run_oha(ctx["oha"], urls, ["-c", str(args.connections)], args.rate_peak,
@@ -1074,8 +1077,12 @@ def run_rate(peer, tmp, args, ctx, origin):
                 raise RuntimeError(f"{peer} died at the {pct}% step: {daemon.tail()}")
         c = whole.stop()
         origin_during = origin_requests() - or0 - 1
-        if origin_during:
+        ok_total = pk["ok"] + sum(s["ok"] for s in steps)
+        if args.rate_load == "hits" and origin_during:
             problems.append(f"origin saw {origin_during} requests during a hit run")
+        if args.rate_load == "miss" and origin_during < ok_total:
+            problems.append(f"origin saw {origin_during} requests for {ok_total} 2xx "
+                            f"responses: not every request was a miss")
         r = {"peak_rps": peak, "peak_p99_ms": pk["p99_ms"], "peak_load_cpu": pk["load_cpu"],
              "peak_proxy_cpu": pk["proxy_cpu"], "steps": steps, "origin_during": origin_during,
              "other_cpu": c["other_cpu"], "warm_bad": warm_bad, "problems": problems,
@@ -1249,8 +1256,8 @@ def report_idle(scenario, results, peers, args):
          "open − RSS before them) / connections, in KiB (1 KiB = 1,024 bytes). RSS is read once "
          "the listener's accept queue is empty and RSS has settled. Kernel socket buffers are "
          "not in RSS. **Lower is better.** Medians over rounds; spread is min–max.\n",
-         "| proxy | KiB/conn, no request yet | spread | KiB/conn, after one request | spread "
-         "| baseline RSS MiB | runs |",
+         "| proxy | KiB/conn, no request yet (lower is better) | spread | KiB/conn, after one "
+         "request (lower is better) | spread | baseline RSS MiB | runs |",
          "|---|---:|---:|---:|---:|---:|---:|"]
     m = {p: {k: med(results[p], k) for k in ("fresh_per_conn", "used_per_conn", "base_kib")}
          for p in peers}
@@ -1288,8 +1295,10 @@ def report_idle(scenario, results, peers, args):
 def report_rate(scenario, results, peers, args):
     extra = [f"- Load: oha, open loop (`-q RATE --latency-correction`, latency counted from "
              f"each request's scheduled send time), up to {args.rate_connections} connections, "
-             f"request timeout {args.rate_timeout} s, URLs uniform random over the 10,000 "
-             f"cached objects (after a warm-up pass), {args.rate_step}s per step; the peak is a "
+             f"request timeout {args.rate_timeout} s, URLs uniform random over " +
+             ("the 10,000 cached objects (after a warm-up pass)" if args.rate_load == "hits" else
+              "the 10,000 no-store objects under /ns/ (every request a miss, `--rate-load miss`)") +
+             f", {args.rate_step}s per step; the peak is a "
              f"closed-loop oha run ({args.connections} connections, {args.rate_peak}s) of the "
              f"same load just before the steps; load generator and origin on CPU {LOAD_CPU}, "
              f"proxy on CPU {PROXY_CPU}; {args.rounds} interleaved round(s)"]
@@ -1298,7 +1307,8 @@ def report_rate(scenario, results, peers, args):
          "requests / requests sent, split into 503 responses, other non-2xx statuses, "
          "timeouts (no response within the request timeout) and connection errors (refused, "
          "reset, closed without a response). Mean and p99 are over the responses received. "
-         "`load CPU` near 1.00 means the load generator, not the proxy, was the limit.\n"]
+         "`load CPU` is CPU 1's oha and origin together: near 1.00, the load side, not the "
+         "proxy, was the limit.\n"]
     summary = []
     for p in peers:
         rs = results[p]
@@ -1325,17 +1335,32 @@ def report_rate(scenario, results, peers, args):
         L.append("")
         last = [r["steps"][-1] for r in rs if r["steps"]]
         if last:
-            gp = statistics.median(s["goodput_pct"] for s in last)
+            q = {k: statistics.median(s[k] for s in last) for k in
+                 ("goodput_pct", "s503_pct", "err_pct", "proxy_cpu", "load_cpu")}
             clean = all(s["other_status"] + s["timeouts"] + s["conn_errors"] == 0 for s in last)
-            summary.append((p, peak, gp, clean, statistics.median(s["load_cpu"] for s in last)))
-    L.append("## Overload (issue 6: at 150% of peak, goodput >= 95% of peak and every failure "
-             "a clean 503)\n")
-    L.append("| proxy | peak req/s | goodput at the last step, % of peak | failures only 503 | "
-             "met | load CPU at the last step |")
-    L.append("|---|---:|---:|---|---|---:|")
-    for p, peak, gp, clean, lc in summary:
-        L.append(f"| {p} | {peak:,.0f} | {gp:.1f}% | {'yes' if clean else 'no'} | "
-                 f"{'yes' if gp >= 95 and clean else 'no'} | {lc:.2f} |")
+            q["peak_load_cpu"] = med(rs, "peak_load_cpu")
+            summary.append((p, peak, q["goodput_pct"], clean, q, med(rs, "peak_proxy_cpu")))
+    last_pct = args.rate_steps[-1] if args.rate_steps else 0
+    L.append(f"## Overload (issue 6: at 150% of peak, goodput >= 95% of peak and every failure "
+             f"a clean 503); last step here: {last_pct}%\n")
+    L.append("A step only overloads the proxy if the proxy, not the load generator, was the "
+             "limit: `bound by` says which CPU was near 1.00 (proxy CPU >= 0.9 at the peak and "
+             "at the last step: proxy; else load CPU >= 0.9 at either: load generator). The "
+             "verdict (`met`) is given only when the proxy was the limit.\n")
+    L.append("| proxy | peak req/s | proxy CPU at peak | goodput at the last step, % of peak | "
+             "503 % | failures only 503 | proxy CPU | load CPU | bound by | met |")
+    L.append("|---|---:|---:|---:|---:|---|---:|---:|---|---|")
+    for p, peak, gp, clean, q, pcpu in summary:
+        if pcpu >= 0.9 and q["proxy_cpu"] >= 0.9:
+            bound = "proxy"
+        elif q["load_cpu"] >= 0.9 or q["peak_load_cpu"] >= 0.9:
+            bound = "load generator"
+        else:
+            bound = "neither (other load?)"
+        met = ("yes" if gp >= 95 and clean else "no") if bound == "proxy" else "n/a"
+        L.append(f"| {p} | {peak:,.0f} | {pcpu:.2f} | {gp:.1f}% | {q['s503_pct']:.2f} | "
+                 f"{'yes' if clean else 'no'} | {q['proxy_cpu']:.2f} | {q['load_cpu']:.2f} | "
+                 f"{bound} | {met} |")
     L.append("")
     others = [s for s in summary if s[0] != "portico"]
     mine = [s for s in summary if s[0] == "portico"]
@@ -1567,6 +1592,9 @@ def main():
     ap.add_argument("--rate-timeout", type=float, default=2.0,
                     help="rate: request timeout in seconds; slower counts as a timeout "
                          "(default 2)")
+    ap.add_argument("--rate-load", choices=["hits", "miss"], default="hits",
+                    help="rate: URLs of the hits scenario (cached, after a warm-up) or of the "
+                         "miss scenario (no-store: every request to the origin); default hits")
     ap.add_argument("--rule-counts", type=int_list, default=RULE_COUNTS,
                     help="rules: rule counts (default 10,100,1000,10000)")
     ap.add_argument("--rule-kind", choices=["path", "regex"], default="path",
