@@ -2,10 +2,13 @@
 """Portico benchmark suite (DESIGN.md section 3). Entry point: bench/run.
 
 Runs Portico, nginx, Varnish and Squid as caching reverse proxies for the same
-origin (nginx serving a generated object set from a temp dir) on loopback
-ports, pins the proxy under test to CPU 0 and the load generator (wrk), the
-origin and this script to CPU 1, interleaves the runs and writes medians to
-bench/results/<scenario>.md. Peer configurations: bench/peers/*.md.
+origin (nginx serving a generated object set from a work dir) on loopback
+ports, pins the proxy under test to CPU 0 and the load generator (wrk, or oha
+for `rate`), the origin and this script to CPU 1, interleaves the runs and
+writes medians to bench/results/<scenario>.md (.json, .png). Scenarios: hot,
+hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
+(Portico only, wrk). What each measures: bench/README.md. Peer
+configurations: bench/peers/*.md.
 """
 import argparse
 import concurrent.futures
@@ -1316,11 +1319,13 @@ def report_rate(scenario, results, peers, args):
         L.append(f"### {p}\n")
         L.append(f"Closed-loop peak: {peak:,.0f} req/s "
                  f"({fmt_spread([r['peak_rps'] for r in rs], lambda v: f'{v:,.0f}')}), "
-                 f"p99 {med(rs, 'peak_p99_ms'):.2f} ms, load CPU {med(rs, 'peak_load_cpu'):.2f}.\n")
+                 f"p99 {med(rs, 'peak_p99_ms'):.2f} ms, proxy CPU "
+                 f"{med(rs, 'peak_proxy_cpu'):.2f}, load CPU {med(rs, 'peak_load_cpu'):.2f}, "
+                 f"other CPU over the whole run {med(rs, 'other_cpu'):.2f}.\n")
         L.append("| target % | target req/s | throughput | goodput | goodput % of peak | "
                  "mean ms | p99 ms | errors % | 503 % | other status % | timeouts % | "
-                 "conn errors % | proxy CPU | load CPU |")
-        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "conn errors % | proxy CPU | load CPU | other CPU |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for si, pct in enumerate(args.rate_steps):
             st = [r["steps"][si] for r in rs if si < len(r["steps"])]
             if not st:
@@ -1331,7 +1336,8 @@ def report_rate(scenario, results, peers, args):
                      f"{q['goodput']:,.0f} | {q['goodput_pct']:.1f}% | {q['mean_ms']:.2f} | "
                      f"{q['p99_ms']:.2f} | {q['err_pct']:.2f} | {q['s503_pct']:.2f} | "
                      f"{q['other_status_pct']:.2f} | {q['timeout_pct']:.2f} | "
-                     f"{q['conn_err_pct']:.2f} | {q['proxy_cpu']:.2f} | {q['load_cpu']:.2f} |")
+                     f"{q['conn_err_pct']:.2f} | {q['proxy_cpu']:.2f} | {q['load_cpu']:.2f} | "
+                     f"{q['other_cpu']:.2f} |")
         L.append("")
         last = [r["steps"][-1] for r in rs if r["steps"]]
         if last:
