@@ -1171,7 +1171,7 @@ def write_report(scenario, results, args, vers, outdir, command):
             L.append(f"- {k}: {vers.get(k)}")
     if PORTICO_EXTRA:
         L.append(f"- Portico config: --portico-extra {PORTICO_EXTRA_PATH} merged in: "
-                 f"`{json.dumps(PORTICO_EXTRA)}`")
+                 f"`{json.dumps(PORTICO_EXTRA, default=str)}`")
     L.append("")
     L += body
     L.append("Peer configurations and the reasons for each setting: `bench/peers/`.")
@@ -1180,7 +1180,7 @@ def write_report(scenario, results, args, vers, outdir, command):
         f.write("\n".join(L) + "\n")
     with open(os.path.join(outdir, f"{scenario}.json"), "w") as f:
         json.dump({"command": command, "versions": vers, "portico_extra": PORTICO_EXTRA,
-                   "results": results}, f, indent=1)
+                   "results": results}, f, indent=1, default=str)
     log(f"wrote {path}")
     if args.chart:
         try:
