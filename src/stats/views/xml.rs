@@ -184,7 +184,10 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             &[
                 a("threadPoolId", "thread-pool-0"),
                 a("countIdleThreads", p.idle),
-                a("countThreads", p.peak),
+                a("countThreads", p.threads),
+                a("peakThreads", p.peak),
+                a("countJobs", p.jobs),
+                a("countRefused", p.refused),
                 a("maxThreads", p.limit),
                 a("countQueued", p.queue),
                 a("peakQueued", p.queue_peak),
@@ -217,6 +220,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             a("countFlushes", opt(ka.flushes)),
             a("countRefusals", opt(ka.refusals)),
             a("countTimeouts", opt(ka.timeouts)),
+            a("countHeaderTimeouts", opt(ka.header_timeouts)),
             a("secondsTimeout", ka.timeout_secs),
         ],
     );
