@@ -2,18 +2,23 @@
 """Portico benchmark suite (DESIGN.md section 3). Entry point: bench/run.
 
 Runs Portico, nginx, Varnish and Squid as caching reverse proxies for the same
-origin (nginx serving a generated object set from a temp dir) on loopback
-ports, pins the proxy under test to CPU 0 and the load generator (wrk), the
-origin and this script to CPU 1, interleaves the runs and writes medians to
-bench/results/<scenario>.md. Peer configurations: bench/peers/*.md.
+origin (nginx serving a generated object set from a work dir) on loopback
+ports, pins the proxy under test to CPU 0 and the load generator (wrk, or oha
+for `rate`), the origin and this script to CPU 1, interleaves the runs and
+writes medians to bench/results/<scenario>.md (.json, .png). Scenarios: hot,
+hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
+(Portico only, wrk). What each measures: bench/README.md. Peer
+configurations: bench/peers/*.md.
 """
 import argparse
+import concurrent.futures
 import datetime
 import http.client
 import json
 import os
 import random
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -29,8 +34,25 @@ PEERS_DIR = os.path.join(HERE, "peers")
 
 SCENARIOS = {
     "hot": "the single 38,314-byte page, keep-alive, 64 connections",
-    "hits": "uniform random over 10,000 cached objects (exp. sizes, mean 13 KiB), keep-alive, 64 connections",
+    "hits": "uniform random over 10,000 cached objects (exp. sizes, mean 13 KiB), keep-alive, "
+            "64 connections",
+    "close": "hits without keep-alive: uniform random over the 10,000 cached objects, "
+             "a new connection per request (Connection: close), 64 connections",
+    "miss": "every request a miss: uniform random over the 10,000 objects served by the origin "
+            "with Cache-Control: no-store, keep-alive, 64 connections",
+    "idle": "memory per idle keep-alive connection: 10,000 connections held open, "
+            "before any request and after one request each",
+    "rate": "open-loop fixed-rate load (oha) at 25-150% of the closed-loop peak, hits over "
+            "the 10,000 objects (also issue 6's overload benchmark)",
+    "rules": "Portico only: 10, 100, 1,000, 10,000 [[rule]] entries, every request matching "
+             "the last rule (the seed's assign-name table)",
 }
+WRK_SCENARIOS = ("hot", "hits", "close", "miss")
+RULE_COUNTS = [10, 100, 1000, 10000]
+# The seed's assign-name table (000_f9f418d007bffb8d.txt, "Configuration and Performance"):
+# response time in ms for a single request, cache enabled, content server on the local network.
+SEED_RULES_MS = {10: 1.05, 100: 1.45, 1000: 4.3, 10000: 32.5}
+RATE_STEPS = [25, 50, 75, 100, 120, 150]   # percent of the closed-loop peak
 PEERS = ["portico", "nginx", "varnish", "squid"]
 PORTS = {"origin": 28080, "portico": 28081, "nginx": 28082, "varnish": 28083, "squid": 28084}
 PROXY_CPU = "0"   # proxy under test
@@ -44,6 +66,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 APT_PACKAGES = {"nginx": "nginx-light", "varnishd": "varnish", "squid": "squid",
                 "wrk": "wrk", "curl": "curl", "taskset": "util-linux"}
+PEER_COMMANDS = {"nginx": "nginx", "varnish": "varnishd", "squid": "squid"}
 
 
 def log(msg):
@@ -52,9 +75,16 @@ def log(msg):
 
 # ---------------------------------------------------------------- setup
 
-def ensure_installed():
-    missing = sorted({pkg for cmd, pkg in APT_PACKAGES.items() if shutil.which(cmd) is None
-                      and not os.path.exists(f"/usr/sbin/{cmd}")})
+def have(cmd):
+    return shutil.which(cmd) is not None or os.path.exists(f"/usr/sbin/{cmd}")
+
+
+def ensure_installed(peers):
+    """apt-get what is missing: the origin (nginx), wrk, curl, taskset, and the
+    peers asked for (so a Portico-only run does not install Varnish or Squid)."""
+    cmds = ["nginx", "wrk", "curl", "taskset"] + [PEER_COMMANDS[p] for p in peers
+                                                 if p in PEER_COMMANDS]
+    missing = sorted({APT_PACKAGES[c] for c in cmds if not have(c)})
     if not missing:
         return
     if os.geteuid() != 0:
@@ -71,6 +101,28 @@ def ensure_installed():
             break
         subprocess.run(["service", svc, "stop"], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
+
+
+def find_oha():
+    cargo_home = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
+    for c in (shutil.which("oha"), os.path.join(cargo_home, "bin", "oha")):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def ensure_oha(install):
+    """oha (open-loop fixed-rate load for `rate`), from crates.io with cargo
+    install when missing (a few minutes of compiling, once)."""
+    oha = find_oha()
+    if oha or not install:
+        return oha
+    log("installing oha: cargo install oha --locked (once; compiles for a few minutes)")
+    p = subprocess.run(["cargo", "install", "oha", "--locked"])
+    if p.returncode != 0:
+        log("cargo install oha failed: the rate scenario cannot run")
+        return None
+    return find_oha()
 
 
 def build_portico():
@@ -91,7 +143,10 @@ def generate_objects(root):
 
     def write(path, size):
         off = rng.randrange(0, len(block) - min(size, len(block)) + 1)
-        data = (block * (size // len(block) + 2))[off:off + size]
+        if off + size <= len(block):   # always, for these sizes (same bytes, no copy of the block)
+            data = block[off:off + size]
+        else:
+            data = (block * (size // len(block) + 2))[off:off + size]
         with open(path, "wb") as f:
             f.write(data)
         os.utime(path, (mtime, mtime))
@@ -233,14 +288,14 @@ def http_get(port, path, conn=None):
     return r.status, headers, body
 
 
-def wait_ready(port, daemon, timeout=20):
+def wait_ready(port, daemon, timeout=20, path="/page"):
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:
         if daemon is not None and not daemon.alive():
             raise RuntimeError(f"{daemon.name} exited: {daemon.tail()}")
         try:
-            status, _, body = http_get(port, "/page")
+            status, _, body = http_get(port, path)
             if status == 200 and len(body) == PAGE_SIZE:
                 return
             last = f"status {status}, {len(body)} bytes"
@@ -275,6 +330,13 @@ http {{
         listen 127.0.0.1:{PORTS['origin']} backlog=4096;
         root {data};
         location / {{ add_header Cache-Control "max-age=120"; }}
+        # miss scenario: the same files under /ns/, never stored by a shared cache
+        location /ns/ {{ alias {data}/; add_header Cache-Control "no-store"; }}
+        # rules scenario: /r00042/page is /page (the route prefix is dropped)
+        location ~ ^/r[0-9]+/ {{
+            rewrite ^/r[0-9]+(/.*)$ $1 break;
+            add_header Cache-Control "max-age=120";
+        }}
         location = /__status {{ stub_status; }}
     }}
 }}
@@ -349,45 +411,130 @@ max_filedescriptors 65536
 """
 
 
-def portico_conf(d):
-    return f"""# Portico under test (bench/peers/portico.md)
-[server]
-workers = 1
-
-[[listener]]
-address = "127.0.0.1:{PORTS['portico']}"
-mode = "reverse"
-
-[keepalive]
-max_requests = 0
-
-[[upstream]]
-name = "origin"
-servers = ["127.0.0.1:{PORTS['origin']}"]
-
-[[rule]]
-upstream = "origin"
-
-[cache]
-memory = "1GiB"
-dir = "{d}/cache"
-
-[log]
-access = ""
-level = "warn"
-"""
+def portico_conf(d, rules=None, rule_kind="path"):
+    """Portico's config as a dict (written as TOML by toml_dump). `rules`: None
+    for the one catch-all route, or N for the rules scenario: N [[rule]]
+    entries with distinct prefixes /r00000/.., all but the last routed to a
+    dead decoy upstream, so only a match of the LAST rule gives a 200."""
+    conf = {
+        "server": {"workers": 1},
+        "listener": [{"address": f"127.0.0.1:{PORTS['portico']}", "mode": "reverse"}],
+        # idle scenario: connections must stay open (silent or idle) while memory is read
+        "keepalive": {"max_requests": 0, "timeout": "120s"},
+        "limits": {"header_timeout": "120s"},
+        "upstream": [{"name": "origin", "servers": [f"127.0.0.1:{PORTS['origin']}"]}],
+        "cache": {"memory": "1GiB", "dir": f"{d}/cache"},
+        "log": {"access": "", "level": "warn"},
+    }
+    if rules is None:
+        conf["rule"] = [{"upstream": "origin"}]
+    else:
+        conf["upstream"].append({"name": "decoy", "servers": ["127.0.0.1:9"]})
+        conf["rule"] = []
+        for i in range(rules):
+            rule = {"path": f"/r{i:05d}/"} if rule_kind == "path" else {"regex": f"^/r{i:05d}/"}
+            rule["upstream"] = "origin" if i == rules - 1 else "decoy"
+            conf["rule"].append(rule)
+    return conf
 
 
-def start_peer(name, tmp, portico_bin):
+def merge_conf(base, extra):
+    """--portico-extra: tables merged key by key (extra wins), arrays of tables
+    ([[rule]], [[upstream]], [[listener]]) appended."""
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merge_conf(base[k], v)
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v) \
+                and isinstance(base.get(k), list):
+            base[k] = base[k] + v
+        else:
+            base[k] = v
+    return base
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)   # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (datetime.datetime, datetime.date, datetime.time)):
+        return v.isoformat()
+    raise ValueError(f"cannot write {v!r} as TOML")
+
+
+def toml_dump(conf, header=""):
+    """The subset of TOML Portico's config uses: top-level tables, arrays of
+    tables, scalars, lists and inline tables inside them."""
+    out = [header] if header else []
+    for k, v in conf.items():
+        if not isinstance(v, (dict, list)) or (isinstance(v, list) and not
+                                               all(isinstance(x, dict) for x in v)):
+            out.append(f"{k} = {toml_value(v)}")
+    for k, v in conf.items():
+        if isinstance(v, dict):
+            out.append(f"\n[{k}]")
+            out.extend(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for t in v:
+                out.append(f"\n[[{k}]]")
+                out.extend(f"{kk} = {toml_value(vv)}" for kk, vv in t.items())
+    return "\n".join(out) + "\n"
+
+
+PORTICO_EXTRA = None   # dict from --portico-extra FILE
+PORTICO_EXTRA_PATH = None
+
+
+def write_portico_conf(d, rules=None, rule_kind="path"):
+    conf = portico_conf(d, rules, rule_kind)
+    header = "# Portico under test (bench/peers/portico.md)"
+    if PORTICO_EXTRA:
+        merge_conf(conf, PORTICO_EXTRA)
+        header += f"\n# with --portico-extra {PORTICO_EXTRA_PATH} merged in"
+    path = os.path.join(d, "portico.toml")
+    with open(path, "w") as f:
+        f.write(toml_dump(conf, header))
+    return path
+
+
+def portico_check(portico_bin, conf_path, rule_kind="path"):
+    """`portico check` before starting, so a config this build does not know
+    (a key from an unmerged branch) fails with Portico's own message."""
+    p = subprocess.run([portico_bin, "check", "-c", conf_path], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode == 0:
+        return
+    msg = (p.stdout + p.stderr).strip()
+    hint = ""
+    if rule_kind == "regex" and "regex" in msg:
+        hint = ("\nthis Portico build has no `regex` matcher on [[rule]] (issue 7's rules "
+                "engine is not merged into it): use --rule-kind path, or a newer --portico-bin")
+    elif PORTICO_EXTRA:
+        hint = (f"\nthe config includes --portico-extra {PORTICO_EXTRA_PATH}: a key this build "
+                f"does not know? (e.g. [server] max_requests / queue_size before issue 6 lands)")
+    raise RuntimeError(f"portico check rejected the generated config {conf_path}:\n"
+                       f"{msg[-1500:]}{hint}")
+
+
+def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path"):
     d = os.path.join(tmp, name)
     if os.path.exists(d):
         shutil.rmtree(d)   # fresh cache for every run
     os.makedirs(d)
     os.chmod(d, 0o777)     # nginx workers / squid / varnish child drop privileges
+    ready_path = "/page"
     if name == "portico":
-        conf = os.path.join(d, "portico.toml")
-        open(conf, "w").write(portico_conf(d))
+        conf = write_portico_conf(d, rules, rule_kind)
+        portico_check(portico_bin, conf, rule_kind)
         argv = [portico_bin, "run", "-c", conf]
+        if rules is not None:
+            ready_path = f"/r{rules - 1:05d}/page"
     elif name == "nginx":
         conf = os.path.join(d, "nginx.conf")
         open(conf, "w").write(nginx_conf(d))
@@ -396,7 +543,7 @@ def start_peer(name, tmp, portico_bin):
         argv = ["varnishd", "-F", "-n", f"{d}/varnish", "-a", f"127.0.0.1:{PORTS['varnish']}",
                 "-b", f"127.0.0.1:{PORTS['origin']}", "-s", "malloc,1G", "-T", "none",
                 "-p", "thread_pools=1", "-p", "thread_pool_min=200",
-                "-p", "thread_pool_max=1000"]
+                "-p", "thread_pool_max=1000", "-p", "timeout_idle=120"]
     elif name == "squid":
         conf = os.path.join(d, "squid.conf")
         open(conf, "w").write(squid_conf(d))
@@ -407,7 +554,7 @@ def start_peer(name, tmp, portico_bin):
         raise RuntimeError(f"port {PORTS[name]} is in use")
     daemon = Daemon(name, argv, PROXY_CPU, d)
     try:
-        wait_ready(PORTS[name], daemon)
+        wait_ready(PORTS[name], daemon, path=ready_path)
     except Exception:
         daemon.stop()
         raise
@@ -467,72 +614,117 @@ end
 """
 
 
+WRK_MISS = r"""
+local paths = {}
+for line in io.lines("%(paths)s") do paths[#paths + 1] = "/ns" .. line end
+local counter = 0
+setup = function(thread)
+  counter = counter + 1
+  thread:set("tid", counter)
+end
+init = function(args)
+  math.randomseed(%(seed)d + (tid or 0))
+end
+request = function()
+  return wrk.format("GET", paths[math.random(#paths)])
+end
+"""
+
+
 def write_wrk_scripts(tmp, paths):
     pfile = os.path.join(tmp, "paths.txt")
     with open(pfile, "w") as f:
         f.write("\n".join(paths) + "\n")
-    hot = os.path.join(tmp, "hot.lua")
-    open(hot, "w").write(WRK_DONE)
-    hits = os.path.join(tmp, "hits.lua")
-    open(hits, "w").write(WRK_RANDOM % {"paths": pfile, "seed": SEED} + WRK_DONE)
-    return {"hot": hot, "hits": hits}
+    out = {}
+    for name, body in (("hot", WRK_DONE),
+                       ("hits", WRK_RANDOM % {"paths": pfile, "seed": SEED} + WRK_DONE),
+                       ("miss", WRK_MISS % {"paths": pfile, "seed": SEED} + WRK_DONE)):
+        out[name] = os.path.join(tmp, f"{name}.lua")
+        with open(out[name], "w") as f:
+            f.write(body)
+    out["close"] = out["hits"]
+    return out
 
 
-def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid):
+class CpuMeter:
+    """CPU used over an interval by the proxy tree, the origin tree, this
+    script's children (the load generator), this script, and everything else."""
+
+    def __init__(self, proxy_pid, origin_pid):
+        self.proxy_pid, self.origin_pid = proxy_pid, origin_pid
+        self.ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.self0 = resource.getrusage(resource.RUSAGE_SELF)
+        self.p0, self.o0 = tree_jiffies(proxy_pid), tree_jiffies(origin_pid)
+        self.m0 = machine_busy_jiffies()
+        self.t0 = time.time()
+
+    def stop(self):
+        p1, o1, m1 = tree_jiffies(self.proxy_pid), tree_jiffies(self.origin_pid), \
+            machine_busy_jiffies()
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.time() - self.t0
+        proxy_s = (p1 - self.p0) / CLK_TCK
+        load_s = (ru1.ru_utime + ru1.ru_stime) - (self.ru0.ru_utime + self.ru0.ru_stime)
+        self_s = (self1.ru_utime + self1.ru_stime) - (self.self0.ru_utime + self.self0.ru_stime)
+        origin_s = (o1 - self.o0) / CLK_TCK
+        other_s = (m1 - self.m0) / CLK_TCK - proxy_s - load_s - origin_s - self_s
+        return {"wall_s": wall, "proxy_s": proxy_s, "proxy_cpu": proxy_s / wall,
+                "load_cpu": load_s / wall, "origin_cpu": origin_s / wall,
+                "other_cpu": max(0.0, other_s / wall)}
+
+
+def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=()):
     argv = ["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{conns}", f"-d{duration}s",
-            "--latency", "--timeout", "5s", "-s", script, f"http://127.0.0.1:{port}{path}"]
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    p0, o0, m0, or0 = tree_jiffies(proxy_pid), tree_jiffies(origin_pid), machine_busy_jiffies(), \
-        origin_requests()
-    t0 = time.time()
+            "--latency", "--timeout", "5s", "-s", script]
+    for h in headers:
+        argv += ["-H", h]
+    argv.append(f"http://127.0.0.1:{port}{path}")
+    or0 = origin_requests()
+    cpu = CpuMeter(proxy_pid, origin_pid)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
-    t1 = time.time()
-    p1, o1, m1, or1 = tree_jiffies(proxy_pid), tree_jiffies(origin_pid), machine_busy_jiffies(), \
-        origin_requests()
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    self1 = resource.getrusage(resource.RUSAGE_SELF)
+    c = cpu.stop()
+    or1 = origin_requests()
     line = [x for x in out.stdout.splitlines() if x.startswith("WRKJSON ")]
     if out.returncode != 0 or not line:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout[-500:]} {out.stderr[-500:]}")
     r = json.loads(line[0][8:])
-    wall = t1 - t0
     secs = r["duration_us"] / 1e6
-    proxy_s = (p1 - p0) / CLK_TCK
-    load_s = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
-    self_s = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
-    origin_s = (o1 - o0) / CLK_TCK
-    other_s = (m1 - m0) / CLK_TCK - proxy_s - load_s - origin_s - self_s
     r.update({
         "rps": r["requests"] / secs,
-        "proxy_cpu": proxy_s / wall,               # cores
-        "rps_per_core": r["requests"] / proxy_s if proxy_s > 0 else 0.0,
-        "wrk_cpu": load_s / wall,
-        "other_cpu": max(0.0, other_s / wall),
+        "proxy_cpu": c["proxy_cpu"],               # cores
+        "rps_per_core": r["requests"] / c["proxy_s"] if c["proxy_s"] > 0 else 0.0,
+        "cpu_us_per_req": c["proxy_s"] * 1e6 / r["requests"] if r["requests"] else 0.0,
+        "wrk_cpu": c["load_cpu"],
+        "other_cpu": c["other_cpu"],
         "origin_requests": or1 - or0 - 1,  # minus the first status request
         "errors": r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"],
     })
     return r
 
 
-def warm_hits(port, paths):
-    """Fetch each object once through the proxy (keep-alive, sequential)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    bad = 0
-    for p in paths:
-        for attempt in range(2):
-            try:
-                status, _, _ = http_get(port, p, conn)
-                break
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        else:
-            status = 0
-        if status != 200:
-            bad += 1
-    conn.close()
-    return bad
+def warm_hits(port, paths, workers=8):
+    """Fetch each object once through the proxy: `workers` keep-alive
+    connections, each walking its share of the list in order."""
+    def walk(share):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        bad = 0
+        for p in share:
+            for attempt in range(2):
+                try:
+                    status, _, _ = http_get(port, p, conn)
+                    break
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            else:
+                status = 0
+            if status != 200:
+                bad += 1
+        conn.close()
+        return bad
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return sum(ex.map(walk, [paths[i::workers] for i in range(workers)]))
 
 
 def cache_status(h):
@@ -543,13 +735,13 @@ def cache_status(h):
     return xc
 
 
-def sample_hits(port, paths, n=200):
+def sample_hits(port, paths, n=200, prefix=""):
     """X-Cache on a seeded sample of responses: (hits, sampled, header seen)."""
     rng = random.Random(SEED + 1)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     hits = seen = 0
     for _ in range(n):
-        _, h, _ = http_get(port, rng.choice(paths), conn)
+        _, h, _ = http_get(port, prefix + rng.choice(paths), conn)
         xc = cache_status(h)
         if xc is not None:
             seen += 1
@@ -559,33 +751,355 @@ def sample_hits(port, paths, n=200):
     return hits, n, seen
 
 
-def run_one(scenario, peer, tmp, args, paths, scripts, origin):
+def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
+    """hot, hits, close, miss: one wrk run against a freshly started peer, with
+    the scenario's checks. Returns the result with `problems` (failed checks)."""
     daemon = start_peer(peer, tmp, args.portico_bin)
     try:
-        info = {}
+        info, problems, headers = {}, [], []
+        port, paths = PORTS[peer], ctx["paths"]
         if scenario == "hot":
-            http_get(PORTS[peer], "/page")            # warm-up: the miss
-            _, h, _ = http_get(PORTS[peer], "/page")  # should be a hit
+            http_get(port, "/page")            # warm-up: the miss
+            _, h, _ = http_get(port, "/page")  # should be a hit
             info["warm_xcache"] = cache_status(h)
             path = "/page"
-        else:
+        elif scenario in ("hits", "close"):
             t = time.time()
-            info["warm_bad"] = warm_hits(PORTS[peer], paths)
+            info["warm_bad"] = warm_hits(port, paths)
             info["warm_s"] = round(time.time() - t, 1)
             path = "/"
-        r = run_wrk(PORTS[peer], path, scripts[scenario], args.duration, args.connections,
-                    daemon.pid, origin.pid)
-        if scenario == "hits":
-            h, n, seen = sample_hits(PORTS[peer], paths)
-            info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
-            info["sample_hit_ok"] = (h == n) if seen else None
-        else:
-            info["sample_hit_ok"] = (info["warm_xcache"] or "HIT").upper().startswith("HIT")
+            if scenario == "close":
+                headers = ["Connection: close"]
+        else:  # miss: nothing to warm; every request must reach the origin
+            path = "/"
+        r = run_wrk(port, path, ctx["scripts"][scenario], args.duration, args.connections,
+                    daemon.pid, origin.pid, headers)
         r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
         r["origin_during"] = r["origin_requests"]
+        if scenario in ("hits", "close"):
+            h, n, seen = sample_hits(port, paths)
+            info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
+            if seen and h != n:
+                problems.append(f"X-Cache sample: {h}/{n} HIT")
+            if info["warm_bad"]:
+                problems.append(f"{info['warm_bad']} warm-up requests failed")
+        elif scenario == "hot":
+            xc = info["warm_xcache"]
+            info["sample_hits"] = xc or "no X-Cache"
+            if xc is not None and not xc.upper().startswith("HIT"):
+                problems.append(f"second request for /page was not a hit: X-Cache {xc}")
+        if scenario == "miss":
+            h, n, seen = sample_hits(port, paths, n=20, prefix="/ns")
+            info["sample_hits"] = f"{h}/{n} HIT" if seen else "no X-Cache"
+            if h:
+                problems.append(f"{h} of {n} sampled no-store responses were hits")
+            # wrk counts completed responses; requests still in flight when it
+            # stops reached the origin but are not counted, so origin >= requests.
+            if r["origin_during"] < r["requests"]:
+                problems.append(f"origin saw {r['origin_during']} requests for "
+                                f"{r['requests']} responses: not every request was a miss")
+        elif r["origin_during"] != 0:
+            problems.append(f"origin saw {r['origin_during']} requests during a hit run")
+        if r["errors"]:
+            problems.append(f"{r['errors']} wrk errors (socket errors or non-2xx)")
+        if r["requests"] == 0:
+            problems.append("no requests completed")
         r.update(info)
+        r["problems"] = problems
+        r["summary"] = (f"{r['rps']:,.0f} req/s, p50 {r['p50_us']/1000:.2f} ms, "
+                        f"p99 {r['p99_us']/1000:.2f} ms, proxy CPU {r['proxy_cpu']:.2f}, "
+                        f"{r['rps_per_core']:,.0f} req/s/core, errors {r['errors']}, "
+                        f"origin reqs during run {r['origin_during']}, "
+                        f"other CPU {r['other_cpu']:.2f}, X-Cache {info.get('sample_hits')}")
         if not daemon.alive():
             raise RuntimeError(f"{peer} died during the run: {daemon.tail()}")
+        return r
+    finally:
+        daemon.stop()
+
+
+# ---- idle
+
+def listen_backlog(port):
+    """Connections waiting in the accept queue of the listener on 127.0.0.1:port
+    (rx_queue of the LISTEN socket in /proc/net/tcp), or None."""
+    want = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == want and fields[3] == "0A":
+                return int(fields[4].split(":")[1], 16)
+    return None
+
+
+def settle_rss(pid, port, max_wait=10.0):
+    """The proxy's RSS once its accept queue is empty and RSS has stopped
+    moving (two reads 0.5 s apart within 1%)."""
+    deadline = time.time() + max_wait
+    time.sleep(0.5)
+    while (listen_backlog(port) or 0) > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    prev = tree_rss_kib(pid)
+    while time.time() < deadline:
+        time.sleep(0.5)
+        cur = tree_rss_kib(pid)
+        if abs(cur - prev) <= 0.01 * prev:
+            return cur
+        prev = cur
+    return prev
+
+
+def read_response(s):
+    """Status of one HTTP/1.1 response read whole from socket s (Content-Length
+    or chunked), or raise."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("connection closed before a response head")
+        buf += chunk
+    head, body = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    if "content-length" in hdrs:
+        need = int(hdrs["content-length"]) - len(body)
+        while need > 0:
+            chunk = s.recv(min(need, 262144))
+            if not chunk:
+                raise RuntimeError("connection closed inside a response body")
+            need -= len(chunk)
+    elif "chunked" in hdrs.get("transfer-encoding", "").lower():
+        while not body.endswith(b"0\r\n\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError("connection closed inside a chunked body")
+            body = body[-8:] + chunk
+    return status
+
+
+def run_idle(peer, tmp, args, ctx, origin):
+    """RSS above baseline per idle connection: N connections opened and left
+    silent (`fresh`), then one GET /page on each, read whole, connection kept
+    idle (`used`)."""
+    daemon = start_peer(peer, tmp, args.portico_bin)
+    n = args.idle_connections
+    port = PORTS[peer]
+    socks = []
+    try:
+        for _ in range(3):                  # the page is cached before the baseline
+            http_get(port, "/page")
+        base = settle_rss(daemon.pid, port)
+        t = time.time()
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=15)
+            socks.append(s)
+        open_s = time.time() - t
+        fresh = settle_rss(daemon.pid, port)
+        req = f"GET /page HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        bad = 0
+        for i in range(0, n, 100):          # batches: no proxy sees 10,000 requests at once
+            batch = socks[i:i + 100]
+            for s in batch:
+                s.sendall(req)
+            for s in batch:
+                try:
+                    if read_response(s) != 200:
+                        bad += 1
+                except (OSError, RuntimeError):
+                    bad += 1
+        used = settle_rss(daemon.pid, port)
+        # Still open? A connection the proxy closed is readable (EOF).
+        poller = select.poll()
+        for s in socks:
+            poller.register(s, select.POLLIN)
+        closed = len(poller.poll(0))
+        problems = []
+        if bad:
+            problems.append(f"{bad} of {n} requests on the idle connections failed")
+        if closed:
+            problems.append(f"{closed} of {n} connections were closed by the proxy "
+                            f"before the end of the measurement")
+        if not daemon.alive():
+            raise RuntimeError(f"{peer} died during the run: {daemon.tail()}")
+        r = {"connections": n, "base_kib": base, "fresh_kib": fresh, "used_kib": used,
+             "fresh_per_conn": (fresh - base) / n, "used_per_conn": (used - base) / n,
+             "open_s": round(open_s, 1), "bad": bad, "closed": closed, "other_cpu": 0.0,
+             "problems": problems}
+        r["summary"] = (f"{n} connections: {r['fresh_per_conn']:.2f} KiB/conn before any "
+                        f"request, {r['used_per_conn']:.2f} KiB/conn after one request "
+                        f"(RSS {base/1024:.1f} -> {fresh/1024:.1f} -> {used/1024:.1f} MiB); "
+                        f"failed {bad}, closed early {closed}")
+        return r
+    finally:
+        for s in socks:
+            s.close()
+        daemon.stop()
+
+
+# ---- rules
+
+def run_rules(count, tmp, args, ctx, origin):
+    """Portico with `count` [[rule]] entries, every request matching the last:
+    throughput at --connections, and single-request latency on one connection."""
+    t = time.time()
+    daemon = start_peer("portico", tmp, args.portico_bin, rules=count, rule_kind=args.rule_kind)
+    start_s = time.time() - t
+    try:
+        port, path = PORTS["portico"], f"/r{count - 1:05d}/page"
+        problems = []
+        st, h, body = http_get(port, path)   # warm-up (a miss), ready check already passed
+        st, h, body = http_get(port, path)
+        xc = cache_status(h)
+        if st != 200 or len(body) != PAGE_SIZE:
+            problems.append(f"{path}: status {st}, {len(body)} bytes")
+        if xc is not None and not xc.upper().startswith("HIT"):
+            problems.append(f"second request for {path} was not a hit: X-Cache {xc}")
+        r = run_wrk(port, path, ctx["scripts"]["hot"], args.duration, args.connections,
+                    daemon.pid, origin.pid)
+        single = run_wrk(port, path, ctx["scripts"]["hot"], max(1, args.duration // 2), 1,
+                         daemon.pid, origin.pid)
+        r["single_p50_us"], r["single_p99_us"] = single["p50_us"], single["p99_us"]
+        r["single_mean_us"], r["single_rps"] = single["mean_us"], single["rps"]
+        r["other_cpu"] = max(r["other_cpu"], single["other_cpu"])
+        r["errors"] += single["errors"]
+        r["origin_during"] = r["origin_requests"] + single["origin_requests"]
+        r["start_s"] = round(start_s, 2)
+        r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
+        r["rules"] = count
+        if r["errors"]:
+            problems.append(f"{r['errors']} wrk errors (a 502 means a decoy rule matched)")
+        if r["origin_during"]:
+            problems.append(f"origin saw {r['origin_during']} requests during a hit run")
+        if not daemon.alive():
+            raise RuntimeError(f"portico died during the run: {daemon.tail()}")
+        r["problems"] = problems
+        r["summary"] = (f"{count} rules: {r['rps']:,.0f} req/s, {r['cpu_us_per_req']:.1f} CPU "
+                        f"us/request, p50 {r['p50_us']/1000:.2f} ms, p99 {r['p99_us']/1000:.2f} "
+                        f"ms; one connection: p50 {r['single_p50_us']/1000:.3f} ms, p99 "
+                        f"{r['single_p99_us']/1000:.3f} ms; started in {start_s:.2f} s; "
+                        f"errors {r['errors']}, other CPU {r['other_cpu']:.2f}")
+        return r
+    finally:
+        daemon.stop()
+
+
+def classify_oha_errors(dist):
+    """oha's errorDistribution (message -> count) as timeouts, connection
+    errors, and requests aborted by the end of the step (not failures)."""
+    out = {"timeouts": 0, "conn_errors": 0, "aborted": 0}
+    for msg, n in dist.items():
+        m = msg.lower()
+        if "deadline" in m:
+            out["aborted"] += n
+        elif "timeout" in m or "timed out" in m:
+            out["timeouts"] += n
+        else:
+            out["conn_errors"] += n
+    return out
+
+
+def run_oha(oha, urls, opts, duration, proxy_pid, origin_pid):
+    argv = ["taskset", "-c", LOAD_CPU, oha, "--no-tui", "--output-format", "json",
+            "--urls-from-file", "-z", f"{duration}s"] + opts + [urls]
+    cpu = CpuMeter(proxy_pid, origin_pid)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    c = cpu.stop()
+    try:
+        j = json.loads(out.stdout)
+    except ValueError:
+        raise RuntimeError(f"oha failed ({out.returncode}): {out.stdout[-300:]} "
+                           f"{out.stderr[-500:]}")
+    statuses = {int(k): v for k, v in j.get("statusCodeDistribution", {}).items()}
+    errs = classify_oha_errors(j.get("errorDistribution", {}))
+    secs = j["summary"]["total"] or duration
+    responses = sum(statuses.values())
+    ok = sum(v for k, v in statuses.items() if 200 <= k < 300)
+    s503 = statuses.get(503, 0)
+    other = responses - ok - s503
+    sent = responses + errs["timeouts"] + errs["conn_errors"]
+    pct = (lambda n: 100.0 * n / sent) if sent else (lambda n: 0.0)
+    lat = j.get("latencyPercentiles", {})
+    return {
+        "secs": secs, "responses": responses, "ok": ok, "s503": s503, "other_status": other,
+        "timeouts": errs["timeouts"], "conn_errors": errs["conn_errors"],
+        "aborted": errs["aborted"], "sent": sent,
+        "throughput": responses / secs, "goodput": ok / secs,
+        "mean_ms": (j["summary"].get("average") or 0.0) * 1000,
+        "p50_ms": (lat.get("p50") or 0.0) * 1000, "p99_ms": (lat.get("p99") or 0.0) * 1000,
+        "err_pct": pct(sent - ok), "s503_pct": pct(s503), "other_status_pct": pct(other),
+        "timeout_pct": pct(errs["timeouts"]), "conn_err_pct": pct(errs["conn_errors"]),
+        # CPU 1 holds oha and the origin: together they are the load side
+        "proxy_cpu": c["proxy_cpu"], "load_cpu": c["load_cpu"] + c["origin_cpu"],
+        "oha_cpu": c["load_cpu"], "other_cpu": c["other_cpu"],
+        "errors_seen": j.get("errorDistribution", {}),
+    }
+
+
+def run_rate(peer, tmp, args, ctx, origin):
+    """Closed-loop peak with oha, then open-loop fixed-rate steps at
+    --rate-steps percent of it, against one freshly started, warmed peer."""
+    daemon = start_peer(peer, tmp, args.portico_bin)
+    try:
+        port = PORTS[peer]
+        prefix = "/ns" if args.rate_load == "miss" else ""
+        urls = os.path.join(tmp, f"urls-{port}.txt")
+        with open(urls, "w") as f:
+            f.write("".join(f"http://127.0.0.1:{port}{prefix}{p}\n" for p in ctx["paths"]))
+        warm_bad = warm_hits(port, ctx["paths"]) if args.rate_load == "hits" else 0
+        or0 = origin_requests()
+        whole = CpuMeter(daemon.pid, origin.pid)
+        pk = run_oha(ctx["oha"], urls, ["-c", str(args.connections)], args.rate_peak,
+                     daemon.pid, origin.pid)
+        peak = pk["goodput"]
+        problems = []
+        if warm_bad:
+            problems.append(f"{warm_bad} warm-up requests failed")
+        if peak <= 0:
+            raise RuntimeError(f"closed-loop peak run got no 2xx responses: {pk}")
+        if pk["ok"] != pk["sent"]:
+            problems.append(f"closed-loop peak run: {pk['sent'] - pk['ok']} failed requests "
+                            f"({pk['errors_seen']}, statuses 503 {pk['s503']}, other "
+                            f"{pk['other_status']})")
+        steps = []
+        for pct in args.rate_steps:
+            target = peak * pct / 100.0
+            s = run_oha(ctx["oha"], urls,
+                        ["-q", f"{target:.0f}", "-c", str(args.rate_connections),
+                         "--latency-correction", "-t", f"{args.rate_timeout}s"],
+                        args.rate_step, daemon.pid, origin.pid)
+            s["pct"], s["target"] = pct, target
+            s["goodput_pct"] = 100.0 * s["goodput"] / peak
+            steps.append(s)
+            if s["responses"] == 0:
+                problems.append(f"{pct}% step: no responses")
+            if not daemon.alive():
+                raise RuntimeError(f"{peer} died at the {pct}% step: {daemon.tail()}")
+        c = whole.stop()
+        origin_during = origin_requests() - or0 - 1
+        ok_total = pk["ok"] + sum(s["ok"] for s in steps)
+        if args.rate_load == "hits" and origin_during:
+            problems.append(f"origin saw {origin_during} requests during a hit run")
+        if args.rate_load == "miss" and origin_during < ok_total:
+            problems.append(f"origin saw {origin_during} requests for {ok_total} 2xx "
+                            f"responses: not every request was a miss")
+        r = {"peak_rps": peak, "peak_p99_ms": pk["p99_ms"], "peak_load_cpu": pk["load_cpu"],
+             "peak_proxy_cpu": pk["proxy_cpu"], "steps": steps, "origin_during": origin_during,
+             "other_cpu": c["other_cpu"], "warm_bad": warm_bad, "problems": problems,
+             "rss_mib": tree_rss_kib(daemon.pid) / 1024}
+        last = steps[-1] if steps else None
+        r["summary"] = (f"peak {peak:,.0f} req/s (load CPU {pk['load_cpu']:.2f}, proxy CPU "
+                        f"{pk['proxy_cpu']:.2f}); " + "; ".join(
+                            f"{s['pct']}%: {s['goodput']:,.0f} ok/s ({s['goodput_pct']:.0f}%), "
+                            f"p99 {s['p99_ms']:.1f} ms, err {s['err_pct']:.1f}%"
+                            for s in steps) + f"; other CPU {c['other_cpu']:.2f}")
+        if last and (last["timeouts"] or last["conn_errors"] or last["other_status"]):
+            r["summary"] += (f"; last step errors: 503 {last['s503']}, other status "
+                             f"{last['other_status']}, timeouts {last['timeouts']}, conn "
+                             f"{last['conn_errors']} {last['errors_seen']}")
         return r
     finally:
         daemon.stop()
@@ -620,6 +1134,7 @@ def versions(portico_bin, given):
         "varnish": cmd(["varnishd", "-V"]),
         "squid": cmd(["squid", "-v"]),
         "wrk": cmd(["wrk", "-v"]),
+        "oha": cmd([find_oha() or "oha", "--version"]),
     }
 
 
@@ -639,125 +1154,488 @@ def fmt_spread(vals, fmt):
 
 def write_report(scenario, results, args, vers, outdir, command):
     os.makedirs(outdir, exist_ok=True)
-    peers = [p for p in args.peers if results.get(p)]
-    med = {p: {k: statistics.median(r[k] for r in results[p])
-               for k in ("rps", "p50_us", "p99_us", "proxy_cpu", "rps_per_core", "other_cpu")}
-           for p in peers}
-    others = [p for p in peers if p != "portico"]
-    best = max(others, key=lambda p: med[p]["rps"]) if others else None
-    best_core = max(others, key=lambda p: med[p]["rps_per_core"]) if others else None
-    L = []
-    L.append(f"# Scenario `{scenario}`: {SCENARIOS[scenario]}\n")
-    L.append(f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    L.append(f"- Command: `{command}`")
-    L.append(f"- Machine: {machine()}")
-    L.append(f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency` on CPU "
-             f"{LOAD_CPU} (with the origin); proxy under test on CPU {PROXY_CPU}; "
-             f"{args.rounds} interleaved round(s), fresh cache per run")
-    for k, v in vers.items():
-        L.append(f"- {k}: {v}")
+    subjects = [p for p in results if results.get(p)]
+    L = [f"# Scenario `{scenario}`: {SCENARIOS[scenario]}\n",
+         f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+         f"- Command: `{command}`",
+         f"- Machine: {machine()}"]
+    body, extra = {"idle": report_idle, "rate": report_rate,
+                   "rules": report_rules}.get(scenario, report_wrk)(scenario, results, subjects,
+                                                                       args)
+    L += extra
+    want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
+            "rules": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid")}.get(
+        scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
+    for k in want:
+        if k in ("portico", "wrk", "oha") or k in subjects:
+            L.append(f"- {k}: {vers.get(k)}")
+    if PORTICO_EXTRA:
+        L.append(f"- Portico config: --portico-extra {PORTICO_EXTRA_PATH} merged in: "
+                 f"`{json.dumps(PORTICO_EXTRA, default=str)}`")
     L.append("")
-    L.append("Medians over rounds; spread is min–max. `proxy CPU` is the proxy's whole process "
-             "tree (utime+stime from /proc) over the run, in cores; `req/s per core` = "
-             "requests / proxy CPU seconds. `other CPU` is everything else on the machine "
-             "(not proxy, wrk, origin, this script).\n")
-    L.append("| proxy | req/s | spread | p50 ms | p99 ms | p99 spread | proxy CPU | "
-             "req/s per proxy core | other CPU | runs |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for p in peers:
-        rs, m = results[p], med[p]
-        L.append(f"| {p} | {m['rps']:,.0f} | {fmt_spread([r['rps'] for r in rs], lambda v: f'{v:,.0f}')} "
-                 f"| {m['p50_us']/1000:.2f} | {m['p99_us']/1000:.2f} "
-                 f"| {fmt_spread([r['p99_us']/1000 for r in rs], lambda v: f'{v:.2f}')} "
-                 f"| {m['proxy_cpu']:.2f} | {m['rps_per_core']:,.0f} | {m['other_cpu']:.2f} | {len(rs)} |")
-    L.append("")
-    if "portico" in med and best:
-        pm = med["portico"]
-        L.append(f"Portico / best peer: req/s {pm['rps']/med[best]['rps']:.2f}x ({best}), "
-                 f"req/s per proxy core {pm['rps_per_core']/med[best_core]['rps_per_core']:.2f}x "
-                 f"({best_core}), p99 {pm['p99_us']/med[best]['p99_us']:.2f}x of {best}'s.\n")
-    L.append("## Checks\n")
-    L.append("| proxy | round | errors (non-2xx/socket) | origin requests during run | "
-             "X-Cache sample | RSS MiB after | wrk CPU | other CPU | attempts |")
-    L.append("|---|---:|---:|---:|---|---:|---:|---:|---:|")
-    for p in peers:
-        for i, r in enumerate(results[p]):
-            xs = r.get("sample_hits") or r.get("warm_xcache") or "—"
-            L.append(f"| {p} | {i+1} | {r['errors']} | {r['origin_during']} | {xs} | "
-                     f"{r['rss_mib']:.0f} | {r['wrk_cpu']:.2f} | {r['other_cpu']:.2f} | "
-                     f"{r.get('attempts', 1)} |")
-    noisy = [(p, i + 1) for p in peers for i, r in enumerate(results[p]) if r["other_cpu"] > 0.3]
-    L.append("")
-    if noisy:
-        L.append("Noisy runs (other CPU > 0.3 core): " +
-                 ", ".join(f"{p} round {i}" for p, i in noisy) + ".")
+    L += body
     L.append("Peer configurations and the reasons for each setting: `bench/peers/`.")
     path = os.path.join(outdir, f"{scenario}.md")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
     with open(os.path.join(outdir, f"{scenario}.json"), "w") as f:
-        json.dump({"command": command, "versions": vers, "results": results}, f, indent=1)
+        json.dump({"command": command, "versions": vers, "portico_extra": PORTICO_EXTRA,
+                   "results": results}, f, indent=1, default=str)
     log(f"wrote {path}")
     if args.chart:
-        chart(scenario, results, peers, outdir)
+        try:
+            chart(scenario, results, subjects, outdir, args)
+        except ImportError:
+            log("matplotlib not installed (pip install matplotlib): no chart")
     return "\n".join(L)
 
 
-def chart(scenario, results, peers, outdir):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("matplotlib not installed (pip install matplotlib): no chart")
+def med(rs, key):
+    return statistics.median(r[key] for r in rs)
+
+
+def report_wrk(scenario, results, peers, args):
+    extra = [f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency"
+             + (" -H 'Connection: close'" if scenario == "close" else "")
+             + f"` on CPU {LOAD_CPU} (with the origin); proxy under test on CPU {PROXY_CPU}; "
+             f"{args.rounds} interleaved round(s), fresh cache per run"]
+    m = {p: {k: med(results[p], k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu",
+                                              "rps_per_core", "other_cpu")} for p in peers}
+    others = [p for p in peers if p != "portico"]
+    best = max(others, key=lambda p: m[p]["rps"]) if others else None
+    best_core = max(others, key=lambda p: m[p]["rps_per_core"]) if others else None
+    L = ["Medians over rounds; spread is min–max. `proxy CPU` is the proxy's whole process "
+         "tree (utime+stime from /proc) over the run, in cores; `req/s per core` = "
+         "requests / proxy CPU seconds. `other CPU` is everything else on the machine "
+         "(not proxy, wrk, origin, this script).\n"]
+    if scenario == "miss":
+        L.append("Every request goes through the proxy to the origin (no-store), and the "
+                 "origin (nginx, on the load CPU with wrk) is part of each request's cost: a "
+                 "proxy CPU well under 1.00 means the origin or wrk was the limit.\n")
+    L.append("| proxy | req/s | spread | p50 ms | p99 ms | p99 spread | proxy CPU | "
+             "req/s per proxy core | other CPU | runs |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for p in peers:
+        rs, q = results[p], m[p]
+        L.append(f"| {p} | {q['rps']:,.0f} | {fmt_spread([r['rps'] for r in rs], lambda v: f'{v:,.0f}')} "
+                 f"| {q['p50_us']/1000:.2f} | {q['p99_us']/1000:.2f} "
+                 f"| {fmt_spread([r['p99_us']/1000 for r in rs], lambda v: f'{v:.2f}')} "
+                 f"| {q['proxy_cpu']:.2f} | {q['rps_per_core']:,.0f} | {q['other_cpu']:.2f} | {len(rs)} |")
+    L.append("")
+    if "portico" in m and best:
+        pm = m["portico"]
+        L.append(f"Portico / best peer: req/s {pm['rps']/m[best]['rps']:.2f}x ({best}), "
+                 f"req/s per proxy core {pm['rps_per_core']/m[best_core]['rps_per_core']:.2f}x "
+                 f"({best_core}), p99 {pm['p99_us']/m[best]['p99_us']:.2f}x of {best}'s "
+                 f"(higher is better for req/s, lower for p99).\n")
+    L.append("## Checks\n")
+    L.append("| proxy | round | requests | errors (non-2xx/socket) | origin requests during run | "
+             "X-Cache sample | RSS MiB after | wrk CPU | other CPU | attempts |")
+    L.append("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for p in peers:
+        for i, r in enumerate(results[p]):
+            L.append(f"| {p} | {i+1} | {r['requests']:,} | {r['errors']} | {r['origin_during']:,} | "
+                     f"{r.get('sample_hits') or '—'} | {r['rss_mib']:.0f} | {r['wrk_cpu']:.2f} | "
+                     f"{r['other_cpu']:.2f} | {r.get('attempts', 1)} |")
+    L.append("")
+    if scenario == "miss":
+        L.append("A miss run passes when the origin served at least as many requests as wrk "
+                 "counted responses (requests still in flight when wrk stops reach the origin "
+                 "but are not counted).\n")
+    noisy = [(p, i + 1) for p in peers for i, r in enumerate(results[p]) if r["other_cpu"] > 0.3]
+    if noisy:
+        L.append("Noisy runs (other CPU > 0.3 core): " +
+                 ", ".join(f"{p} round {i}" for p, i in noisy) + ".\n")
+    return L, extra
+
+
+def report_idle(scenario, results, peers, args):
+    n = args.idle_connections
+    extra = [f"- Load: {n:,} connections opened one after another by the harness (CPU "
+             f"{LOAD_CPU}) and left silent; then one `GET /page` (38,314 bytes, a cache hit) "
+             f"on each, read whole, in batches of 100, the connection kept open; proxy under "
+             f"test on CPU {PROXY_CPU}; {args.rounds} interleaved round(s), fresh process per run"]
+    L = ["Memory per idle connection = (RSS of the proxy's process tree with the connections "
+         "open − RSS before them) / connections, in KiB (1 KiB = 1,024 bytes). RSS is read once "
+         "the listener's accept queue is empty and RSS has settled. Kernel socket buffers are "
+         "not in RSS. **Lower is better.** Medians over rounds; spread is min–max.\n",
+         "| proxy | KiB/conn, no request yet (lower is better) | spread | KiB/conn, after one "
+         "request (lower is better) | spread | baseline RSS MiB | runs |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
+    m = {p: {k: med(results[p], k) for k in ("fresh_per_conn", "used_per_conn", "base_kib")}
+         for p in peers}
+    for p in peers:
+        rs = results[p]
+        L.append(f"| {p} | {m[p]['fresh_per_conn']:.2f} | "
+                 f"{fmt_spread([r['fresh_per_conn'] for r in rs], lambda v: f'{v:.2f}')} | "
+                 f"{m[p]['used_per_conn']:.2f} | "
+                 f"{fmt_spread([r['used_per_conn'] for r in rs], lambda v: f'{v:.2f}')} | "
+                 f"{m[p]['base_kib']/1024:.1f} | {len(rs)} |")
+    L.append("")
+    others = [p for p in peers if p != "portico"]
+    if "portico" in m and others:
+        parts = []
+        for k, label in (("fresh_per_conn", "no request yet"), ("used_per_conn",
+                                                                 "after one request")):
+            best = min(others, key=lambda p: m[p][k])
+            ratio = m["portico"][k] / m[best][k] if m[best][k] > 0 else float("inf")
+            parts.append(f"{label} {ratio:.2f}x of {best}'s ({m['portico'][k]:.2f} vs "
+                         f"{m[best][k]:.2f} KiB)")
+        L.append("Portico / best peer (lower is better): " + "; ".join(parts) + ".\n")
+    L.append("## Checks\n")
+    L.append("| proxy | round | connections | open took s | RSS MiB before / silent / after "
+             "requests | failed requests | closed by proxy |")
+    L.append("|---|---:|---:|---:|---|---:|---:|")
+    for p in peers:
+        for i, r in enumerate(results[p]):
+            L.append(f"| {p} | {i+1} | {r['connections']:,} | {r['open_s']} | "
+                     f"{r['base_kib']/1024:.1f} / {r['fresh_kib']/1024:.1f} / "
+                     f"{r['used_kib']/1024:.1f} | {r['bad']} | {r['closed']} |")
+    L.append("")
+    return L, extra
+
+
+def report_rate(scenario, results, peers, args):
+    extra = [f"- Load: oha, open loop (`-q RATE --latency-correction`, latency counted from "
+             f"each request's scheduled send time), up to {args.rate_connections} connections, "
+             f"request timeout {args.rate_timeout} s, URLs uniform random over " +
+             ("the 10,000 cached objects (after a warm-up pass)" if args.rate_load == "hits" else
+              "the 10,000 no-store objects under /ns/ (every request a miss, `--rate-load miss`)") +
+             f", {args.rate_step}s per step; the peak is a "
+             f"closed-loop oha run ({args.connections} connections, {args.rate_peak}s) of the "
+             f"same load just before the steps; load generator and origin on CPU {LOAD_CPU}, "
+             f"proxy on CPU {PROXY_CPU}; {args.rounds} interleaved round(s)"]
+    L = ["Per step, medians over rounds. `throughput` = responses/s of any status; `goodput` "
+         "= 2xx responses/s, and as % of the closed-loop peak (2xx/s). `errors %` = failed "
+         "requests / requests sent, split into 503 responses, other non-2xx statuses, "
+         "timeouts (no response within the request timeout) and connection errors (refused, "
+         "reset, closed without a response). Mean and p99 are over the responses received. "
+         "`load CPU` is CPU 1's oha and origin together: near 1.00, the load side, not the "
+         "proxy, was the limit.\n"]
+    summary = []
+    for p in peers:
+        rs = results[p]
+        peak = med(rs, "peak_rps")
+        L.append(f"### {p}\n")
+        L.append(f"Closed-loop peak: {peak:,.0f} req/s "
+                 f"({fmt_spread([r['peak_rps'] for r in rs], lambda v: f'{v:,.0f}')}), "
+                 f"p99 {med(rs, 'peak_p99_ms'):.2f} ms, proxy CPU "
+                 f"{med(rs, 'peak_proxy_cpu'):.2f}, load CPU {med(rs, 'peak_load_cpu'):.2f}, "
+                 f"other CPU over the whole run {med(rs, 'other_cpu'):.2f}.\n")
+        L.append("| target % | target req/s | throughput | goodput | goodput % of peak | "
+                 "mean ms | p99 ms | errors % | 503 % | other status % | timeouts % | "
+                 "conn errors % | proxy CPU | load CPU | other CPU |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for si, pct in enumerate(args.rate_steps):
+            st = [r["steps"][si] for r in rs if si < len(r["steps"])]
+            if not st:
+                continue
+            q = {k: statistics.median(s[k] for s in st) for k in st[0] if
+                 isinstance(st[0][k], (int, float))}
+            L.append(f"| {pct}% | {q['target']:,.0f} | {q['throughput']:,.0f} | "
+                     f"{q['goodput']:,.0f} | {q['goodput_pct']:.1f}% | {q['mean_ms']:.2f} | "
+                     f"{q['p99_ms']:.2f} | {q['err_pct']:.2f} | {q['s503_pct']:.2f} | "
+                     f"{q['other_status_pct']:.2f} | {q['timeout_pct']:.2f} | "
+                     f"{q['conn_err_pct']:.2f} | {q['proxy_cpu']:.2f} | {q['load_cpu']:.2f} | "
+                     f"{q['other_cpu']:.2f} |")
+        L.append("")
+        last = [r["steps"][-1] for r in rs if r["steps"]]
+        if last:
+            q = {k: statistics.median(s[k] for s in last) for k in
+                 ("goodput_pct", "s503_pct", "err_pct", "proxy_cpu", "load_cpu")}
+            clean = all(s["other_status"] + s["timeouts"] + s["conn_errors"] == 0 for s in last)
+            q["peak_load_cpu"] = med(rs, "peak_load_cpu")
+            summary.append((p, peak, q["goodput_pct"], clean, q, med(rs, "peak_proxy_cpu")))
+    last_pct = args.rate_steps[-1] if args.rate_steps else 0
+    L.append(f"## Overload (issue 6: at 150% of peak, goodput >= 95% of peak and every failure "
+             f"a clean 503); last step here: {last_pct}%\n")
+    L.append("A step only overloads the proxy if the proxy, not the load generator, was the "
+             "limit: `bound by` says which CPU was near 1.00 (proxy CPU >= 0.9 at the peak and "
+             "at the last step: proxy; else load CPU >= 0.9 at either: load generator). The "
+             "verdict (`met`) is given only when the proxy was the limit.\n")
+    L.append("| proxy | peak req/s | proxy CPU at peak | goodput at the last step, % of peak | "
+             "503 % | failures only 503 | proxy CPU | load CPU | bound by | met |")
+    L.append("|---|---:|---:|---:|---:|---|---:|---:|---|---|")
+    for p, peak, gp, clean, q, pcpu in summary:
+        if pcpu >= 0.9 and q["proxy_cpu"] >= 0.9:
+            bound = "proxy"
+        elif q["load_cpu"] >= 0.9 or q["peak_load_cpu"] >= 0.9:
+            bound = "load generator"
+        else:
+            bound = "neither (other load?)"
+        met = ("yes" if gp >= 95 and clean else "no") if bound == "proxy" else "n/a"
+        L.append(f"| {p} | {peak:,.0f} | {pcpu:.2f} | {gp:.1f}% | {q['s503_pct']:.2f} | "
+                 f"{'yes' if clean else 'no'} | {q['proxy_cpu']:.2f} | {q['load_cpu']:.2f} | "
+                 f"{bound} | {met} |")
+    L.append("")
+    others = [s for s in summary if s[0] != "portico"]
+    mine = [s for s in summary if s[0] == "portico"]
+    if mine and others:
+        best = max(others, key=lambda s: s[1])
+        L.append(f"Portico / best peer: closed-loop peak {mine[0][1]/best[1]:.2f}x ({best[0]}); "
+                 f"goodput at the last step {mine[0][2]:.1f}% of its peak vs {best[0]}'s "
+                 f"{best[2]:.1f}%.\n")
+    return L, extra
+
+
+def report_rules(scenario, results, subjects, args):
+    extra = [f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency` for "
+             f"throughput, then `wrk -t1 -c1 -d{max(1, args.duration // 2)}s` for the latency "
+             f"of a single request; `GET /rNNNNN/page` (38,314 bytes, a cache hit) matching "
+             f"the LAST of N `[[rule]]` entries (`{args.rule_kind}` matchers, distinct "
+             f"prefixes /r00000/.., all others routed to a dead decoy upstream, so a wrong "
+             f"match is a 502 and fails the run); Portico on CPU {PROXY_CPU}, wrk on CPU "
+             f"{LOAD_CPU}; {args.rounds} interleaved round(s)"]
+    L = ["Medians over rounds. `CPU µs/request` = Portico's CPU time / requests in the "
+         f"throughput run; `+% vs {int(subjects[0]):,}` compares it with the first count "
+         "(issue 7's target: 10,000 rules cost < 5% more than 10). `one connection` is wrk "
+         "with a single connection: the time for one request with nothing queued, the "
+         "seed's measure (its figures: regex assign-name rules, cache enabled, content "
+         "server on the local network, the seed's hardware and network, so compare the "
+         "growth, not the absolute numbers).\n",
+         f"| rules | req/s | spread | CPU µs/request | +% vs {int(subjects[0]):,} | p50 ms | "
+         "p99 ms | "
+         "one connection p50 ms | one connection p99 ms | seed ms (assign-name) | "
+         "started in s | runs |",
+         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    base = None
+    for s in subjects:
+        rs = results[s]
+        n = int(s)
+        cpu = med(rs, "cpu_us_per_req")
+        if base is None:
+            base = cpu
+        seed = SEED_RULES_MS.get(n)
+        L.append(f"| {n:,} | {med(rs, 'rps'):,.0f} | "
+                 f"{fmt_spread([r['rps'] for r in rs], lambda v: f'{v:,.0f}')} | {cpu:.2f} | "
+                 f"{(cpu / base - 1) * 100:+.1f}% | {med(rs, 'p50_us')/1000:.2f} | "
+                 f"{med(rs, 'p99_us')/1000:.2f} | {med(rs, 'single_p50_us')/1000:.3f} | "
+                 f"{med(rs, 'single_p99_us')/1000:.3f} | {seed if seed else '—'} | "
+                 f"{med(rs, 'start_s'):.2f} | {len(rs)} |")
+    L.append("")
+    L.append("## Checks\n")
+    L.append("| rules | round | requests | errors | origin requests during runs | other CPU |")
+    L.append("|---:|---:|---:|---:|---:|---:|")
+    for s in subjects:
+        for i, r in enumerate(results[s]):
+            L.append(f"| {int(s):,} | {i+1} | {r['requests']:,} | {r['errors']} | "
+                     f"{r['origin_during']} | {r['other_cpu']:.2f} |")
+    L.append("")
+    return L, extra
+
+
+def chart(scenario, results, subjects, outdir, args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    color = ["#c0392b" if p == "portico" else "#7f8c8d" for p in subjects]
+
+    def bars(ax, key, label, scale=1.0):
+        meds = [med(results[p], key) * scale for p in subjects]
+        lo = [m - min(r[key] for r in results[p]) * scale for m, p in zip(meds, subjects)]
+        hi = [max(r[key] for r in results[p]) * scale - m for m, p in zip(meds, subjects)]
+        ax.bar(subjects, meds, yerr=[lo, hi], capsize=4, color=color)
+        ax.set_title(label, fontsize=9)
+
+    if scenario in WRK_SCENARIOS:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        bars(axes[0], "rps", "requests/s (higher is better)")
+        bars(axes[1], "rps_per_core", "requests/s per proxy core (higher is better)")
+    elif scenario == "idle":
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        bars(axes[0], "fresh_per_conn", "KiB per idle connection, no request yet (lower is better)")
+        bars(axes[1], "used_per_conn", "KiB per idle connection, after one request (lower is better)")
+    elif scenario == "rate":
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        top = 0
+        for p in subjects:
+            rs = results[p]
+            xs, gp, tp, p99 = [], [], [], []
+            for si, pct in enumerate(args.rate_steps):
+                st = [r["steps"][si] for r in rs if si < len(r["steps"])]
+                if st:
+                    xs.append(statistics.median(s["target"] for s in st))
+                    gp.append(statistics.median(s["goodput"] for s in st))
+                    tp.append(statistics.median(s["throughput"] for s in st))
+                    p99.append(statistics.median(s["p99_ms"] for s in st))
+            top = max([top] + xs)
+            kw = {"color": "#c0392b", "linewidth": 2.5} if p == "portico" else {}
+            line, = axes[0].plot(xs, gp, marker="o", label=f"{p} 2xx/s", **kw)
+            if any(abs(a - b) > 0.5 for a, b in zip(gp, tp)):   # 503s etc. shown dashed
+                axes[0].plot(xs, tp, "--", color=line.get_color(), label=f"{p} all responses/s")
+            axes[1].plot(xs, p99, marker="o", label=p, color=line.get_color(),
+                         linewidth=kw.get("linewidth", 1.5))
+        axes[0].plot([0, top], [0, top], ":", color="#999", label="offered")
+        axes[0].set_xlabel("target rate, requests/s (25-150% of each proxy's peak)")
+        axes[0].set_ylabel("throughput, requests/s")
+        axes[0].set_title("throughput vs target rate (higher is better)", fontsize=9)
+        axes[1].set_xlabel("target rate, requests/s")
+        axes[1].set_ylabel("p99 ms (log)")
+        axes[1].set_yscale("log")
+        axes[1].set_title("p99 response time vs target rate (lower is better)", fontsize=9)
+        axes[0].legend(fontsize=8)
+        axes[1].legend(fontsize=8)
+    elif scenario == "rules":
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        ns = [int(s) for s in subjects]
+        axes[0].plot(ns, [med(results[s], "rps") for s in subjects], marker="o", color="#c0392b",
+                     label="Portico req/s")
+        axes[0].set_xscale("log")
+        axes[0].set_ylim(bottom=0)
+        axes[0].set_xlabel("rules")
+        axes[0].set_title("requests/s (higher is better)", fontsize=9)
+        axes[1].plot(ns, [med(results[s], "single_p50_us") / 1000 for s in subjects],
+                     marker="o", color="#c0392b", label="Portico, one request (p50)")
+        sn = [n for n in ns if n in SEED_RULES_MS]
+        axes[1].plot(sn, [SEED_RULES_MS[n] for n in sn], marker="s", color="#7f8c8d",
+                     label="seed: assign-name regex rules")
+        axes[1].set_xscale("log")
+        axes[1].set_yscale("log")
+        axes[1].set_xlabel("rules")
+        axes[1].set_ylabel("ms (log)")
+        axes[1].set_title("response time of one request (lower is better)", fontsize=9)
+        axes[1].legend(fontsize=8)
+    else:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label, scale in ((axes[0], "rps", "requests/s", 1),
-                                  (axes[1], "rps_per_core", "requests/s per proxy core", 1)):
-        meds = [statistics.median(r[key] for r in results[p]) for p in peers]
-        lo = [m - min(r[key] for r in results[p]) for m, p in zip(meds, peers)]
-        hi = [max(r[key] for r in results[p]) - m for m, p in zip(meds, peers)]
-        ax.bar(peers, meds, yerr=[lo, hi], capsize=4,
-               color=["#c0392b" if p == "portico" else "#7f8c8d" for p in peers])
-        ax.set_title(label)
     fig.suptitle(f"{scenario}: {SCENARIOS[scenario]}", fontsize=9)
     fig.tight_layout()
     path = os.path.join(outdir, f"{scenario}.png")
     fig.savefig(path, dpi=100)
+    plt.close(fig)
     log(f"wrote {path}")
 
 
 # ---------------------------------------------------------------- main
 
+def run_one(scenario, subject, tmp, args, ctx, origin):
+    if scenario in WRK_SCENARIOS:
+        return run_wrk_scenario(scenario, subject, tmp, args, ctx, origin)
+    if scenario == "idle":
+        return run_idle(subject, tmp, args, ctx, origin)
+    if scenario == "rate":
+        return run_rate(subject, tmp, args, ctx, origin)
+    if scenario == "rules":
+        return run_rules(int(subject), tmp, args, ctx, origin)
+    raise ValueError(scenario)
+
+
+def default_tmp_dir():
+    """tmpfs when there is room: creating 10,000 files (object set, nginx's and
+    Portico's disk caches) on a shared virtual disk costs ~1 ms each and
+    varies with the neighbours' I/O; hits are served from the page cache
+    either way."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize >= 2 << 30 and os.access("/dev/shm", os.W_OK):
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
+
+
+def precheck_portico(args):
+    """Fail at once, not once per run, when this Portico rejects the config
+    the harness would give it (--portico-extra, --rule-kind regex)."""
+    d = tempfile.mkdtemp(prefix="portico-bench-check-")
+    try:
+        portico_check(args.portico_bin, write_portico_conf(d))
+        if "rules" in args.scenarios:
+            portico_check(args.portico_bin, write_portico_conf(d, 2, args.rule_kind),
+                          args.rule_kind)
+    except RuntimeError as e:
+        sys.exit(f"bench: {e}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def int_list(s):
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {s!r}")
+
+
+def raise_nofile(need):
+    """Open-files limit for this process and the proxies it starts (they
+    inherit it): at least `need`, raising the hard limit too when root."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(need, 65536)
+    if hard != resource.RLIM_INFINITY and hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want
+        except (ValueError, OSError):
+            want = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
+
+
 def main():
+    global NGINX_TCP_NOPUSH, PORTICO_EXTRA, PORTICO_EXTRA_PATH
     ap = argparse.ArgumentParser(
         prog="bench/run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Portico against nginx, Varnish and Squid as caching reverse proxies.",
         epilog="scenarios:\n" + "\n".join(f"  {k:6} {v}" for k, v in SCENARIOS.items()) +
                "\npeers:\n  " + ", ".join(PEERS) + " (configs and reasons: bench/peers/)\n\n"
-               "examples:\n  bench/run --smoke                 # CI: every scenario, few seconds, Portico only\n"
-               "  bench/run hot hits --rounds 3     # full run, tables in bench/results/\n"
-               "  bench/run hot --peers varnish --rounds 1 --duration 5   # one peer, < 1 minute")
+               "examples:\n"
+               "  bench/run --smoke                      # CI: every scenario, a few seconds, "
+               "Portico only\n"
+               "  bench/run --rounds 3 --chart           # full run (~20 min), tables and "
+               "charts in bench/results/\n"
+               "  bench/run hot --peers varnish --rounds 1 --duration 5   # one peer, < 1 minute\n"
+               "  bench/run rate --peers portico --portico-extra bench/overload.toml "
+               "--out /tmp/ovl\n"
+               "  bench/run rules --rule-kind regex --portico-bin PATH   # once [[rule]] "
+               "regex exists")
     ap.add_argument("scenarios", nargs="*", help="scenarios to run (default: all)")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated (default: all)")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="interleaved rounds (default 3)")
-    ap.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
-    ap.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--duration", type=int, default=8,
+                    help="seconds per wrk run (hot, hits, close, miss, rules; default 8)")
+    ap.add_argument("--connections", type=int, default=64,
+                    help="closed-loop connections (wrk, and oha's peak run; default 64)")
+    ap.add_argument("--idle-connections", type=int, default=10000,
+                    help="idle: connections held open (default 10000)")
+    ap.add_argument("--rate-steps", type=int_list, default=RATE_STEPS,
+                    help="rate: percent of the peak (default 25,50,75,100,120,150)")
+    ap.add_argument("--rate-step", type=int, default=4, help="rate: seconds per step (default 4)")
+    ap.add_argument("--rate-peak", type=int, default=3,
+                    help="rate: seconds of the closed-loop peak run (default 3)")
+    ap.add_argument("--rate-connections", type=int, default=1000,
+                    help="rate: most connections oha opens (default 1000)")
+    ap.add_argument("--rate-timeout", type=float, default=2.0,
+                    help="rate: request timeout in seconds; slower counts as a timeout "
+                         "(default 2)")
+    ap.add_argument("--rate-load", choices=["hits", "miss"], default="hits",
+                    help="rate: URLs of the hits scenario (cached, after a warm-up) or of the "
+                         "miss scenario (no-store: every request to the origin); default hits")
+    ap.add_argument("--rule-counts", type=int_list, default=RULE_COUNTS,
+                    help="rules: rule counts (default 10,100,1000,10000)")
+    ap.add_argument("--rule-kind", choices=["path", "regex"], default="path",
+                    help="rules: `path` prefixes (default) or `regex` matchers (needs issue 7's "
+                         "rules engine)")
+    ap.add_argument("--portico-extra", metavar="FILE",
+                    help="TOML merged into Portico's generated config (tables key by key, "
+                         "arrays of tables appended), e.g. [server] max_requests / queue_size")
     ap.add_argument("--smoke", action="store_true",
-                    help="every scenario, 3 s, Portico only, 1 round; exit 1 if Portico fails")
+                    help="every scenario for a few seconds, Portico only, 1 round; "
+                         "exit 1 if a check fails")
     ap.add_argument("--redo", type=int, default=1,
                     help="redo a run up to N times when other processes used > 0.3 core "
                          "during it; the quietest attempt is kept (default 1)")
     ap.add_argument("--nginx-tcp-nopush", action="store_true",
                     help="nginx peer with tcp_nopush on (Debian's stock setting; default off, "
                          "see bench/peers/nginx.md)")
-    ap.add_argument("--no-install", action="store_true", help="do not apt-get install")
+    ap.add_argument("--no-install", action="store_true",
+                    help="do not apt-get / cargo install anything")
     ap.add_argument("--portico-bin", help="use this binary instead of cargo build --release")
     ap.add_argument("--out", default=os.path.join(HERE, "results"),
                     help="where <scenario>.md/.json/.png go (default bench/results)")
     ap.add_argument("--chart", action="store_true", help="also write <scenario>.png (matplotlib)")
+    ap.add_argument("--tmp-dir", help="where the work dir (object set, configs, the proxies' "
+                    "disk caches) goes (default /dev/shm when it has 2 GiB free, else $TMPDIR "
+                    "or /tmp)")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (configs, logs)")
     args = ap.parse_args()
     command = "bench/run " + " ".join(sys.argv[1:])
@@ -770,16 +1648,42 @@ def main():
         if p not in PEERS:
             ap.error(f"unknown peer {p!r} (have: {', '.join(PEERS)})")
     if args.smoke:
-        args.peers, args.rounds, args.duration = ["portico"], 1, 3
+        args.peers, args.rounds, args.duration, args.redo = ["portico"], 1, 2, 0
+        args.rate_step, args.rate_peak = 1, 2
         args.out = os.path.join(tempfile.gettempdir(), "portico-bench-smoke")
-    global NGINX_TCP_NOPUSH
+    if args.rate_load == "miss":
+        SCENARIOS["rate"] = SCENARIOS["rate"].replace(
+            "hits over the 10,000 objects", "misses over the 10,000 no-store objects")
+    if args.idle_connections != 10000:
+        SCENARIOS["idle"] = SCENARIOS["idle"].replace(
+            "10,000", f"{args.idle_connections:,}")
+    if any(n < 1 or n > 99999 for n in args.rule_counts):
+        ap.error("--rule-counts: each between 1 and 99999")
+    if args.portico_extra:
+        import tomllib   # Python 3.11+
+        PORTICO_EXTRA_PATH = args.portico_extra
+        try:
+            with open(args.portico_extra, "rb") as f:
+                PORTICO_EXTRA = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            ap.error(f"--portico-extra {args.portico_extra}: {e}")
     if args.nginx_tcp_nopush:
         NGINX_TCP_NOPUSH = "on"
     if os.cpu_count() < 2:
         sys.exit("bench: needs at least 2 CPUs (proxy on CPU 0, load on CPU 1)")
+    if "rules" in args.scenarios and "portico" not in args.peers:
+        log("rules: Portico only, and Portico is not among --peers: skipped")
+        args.scenarios.remove("rules")
 
     if not args.no_install:
-        ensure_installed()
+        ensure_installed(args.peers)
+    oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
+    if "rate" in args.scenarios and not oha:
+        msg = "rate: oha not found (cargo install oha --locked)"
+        if args.smoke:
+            sys.exit(f"bench: {msg}")
+        log(f"{msg}: skipped")
+        args.scenarios.remove("rate")
     bin_given = bool(args.portico_bin)
     if args.portico_bin:
         args.portico_bin = os.path.abspath(args.portico_bin)
@@ -788,14 +1692,19 @@ def main():
     elif "portico" in args.peers:
         args.portico_bin = build_portico()
     os.sched_setaffinity(0, {int(LOAD_CPU)})
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    want = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    nofile = raise_nofile(args.idle_connections + 1024)
+    if "idle" in args.scenarios and nofile < args.idle_connections + 256:
+        sys.exit(f"bench: open-files limit {nofile} too low for --idle-connections "
+                 f"{args.idle_connections}")
 
-    tmp = tempfile.mkdtemp(prefix="portico-bench-")
+    if "portico" in args.peers:
+        precheck_portico(args)
+    tmp = tempfile.mkdtemp(prefix="portico-bench-", dir=args.tmp_dir or default_tmp_dir())
+    log(f"work dir {tmp} (object set, configs, caches)")
     os.chmod(tmp, 0o755)
     origin = None
     failures = []
+    t_start = time.time()
     try:
         data = os.path.join(tmp, "data")
         log(f"generating object set in {data} (seed {SEED})")
@@ -803,56 +1712,60 @@ def main():
         subprocess.run(["chmod", "-R", "a+rX", data], check=True)
         log(f"{len(paths)} objects, mean {statistics.mean(sizes):.0f} B, "
             f"max {max(sizes)} B, total {sum(sizes) / 2**20:.1f} MiB")
-        scripts = write_wrk_scripts(tmp, paths)
+        ctx = {"paths": paths, "scripts": write_wrk_scripts(tmp, paths), "oha": oha}
         origin = start_origin(tmp, data)   # origin first (Squid's first forward may fail otherwise)
         vers = versions(args.portico_bin, bin_given)
         for scenario in args.scenarios:
-            results = {p: [] for p in args.peers}
+            t_scen = time.time()
+            subjects = ([str(n) for n in args.rule_counts] if scenario == "rules"
+                        else list(args.peers))
+            who = (lambda s: "portico") if scenario == "rules" else (lambda s: s)
+            results = {s: [] for s in subjects}
             for rnd in range(args.rounds):
-                for peer in args.peers:           # interleaved: P, n, v, s, P, n, v, s, ...
+                for subj in subjects:           # interleaved: P, n, v, s, P, n, v, s, ...
+                    label = f"{scenario} {subj}{' rules' if scenario == 'rules' else ''} " \
+                            f"round {rnd+1}"
                     r = None
                     for attempt in range(1 + max(0, args.redo)):
                         try:
-                            a = run_one(scenario, peer, tmp, args, paths, scripts, origin)
+                            a = run_one(scenario, subj, tmp, args, ctx, origin)
                         except Exception as e:
-                            log(f"{scenario} {peer} round {rnd+1}: FAILED: {e}")
-                            failures.append((scenario, peer, str(e)))
+                            log(f"{label}: FAILED: {e}")
+                            failures.append((scenario, who(subj), f"{subj}: {e}"))
+                            r = None
                             break
                         a["attempts"] = attempt + 1
                         if r is None or a["other_cpu"] < r["other_cpu"]:
                             r = a
                         if a["other_cpu"] <= 0.3:
                             break
-                        log(f"{scenario} {peer} round {rnd+1}: noisy (other CPU "
-                            f"{a['other_cpu']:.2f} core)" +
+                        log(f"{label}: noisy (other CPU {a['other_cpu']:.2f} core)" +
                             (", redoing" if attempt < args.redo else ""))
                     if r is None:
                         continue
-                    results[peer].append(r)
-                    log(f"{scenario} {peer} round {rnd+1}: {r['rps']:,.0f} req/s, "
-                        f"p50 {r['p50_us']/1000:.2f} ms, p99 {r['p99_us']/1000:.2f} ms, "
-                        f"proxy CPU {r['proxy_cpu']:.2f}, {r['rps_per_core']:,.0f} req/s/core, "
-                        f"errors {r['errors']}, origin reqs during run {r['origin_during']}, "
-                        f"other CPU {r['other_cpu']:.2f}"
-                        + (f", sample {r.get('sample_hits')}" if scenario == "hits" else ""))
-                    if r["errors"]:
-                        failures.append((scenario, peer, f"{r['errors']} wrk errors"))
-                    if r["requests"] == 0:
-                        failures.append((scenario, peer, "no requests completed"))
-                    if scenario == "hits" and (r["origin_during"] != 0 or r.get("warm_bad")):
-                        failures.append((scenario, peer, f"origin saw {r['origin_during']} requests "
-                                         f"during the hit run; warm-up failures {r.get('warm_bad')}"))
-                    if r.get("sample_hit_ok") is False:
-                        failures.append((scenario, peer, f"X-Cache not HIT: "
-                                         f"{r.get('sample_hits') or r.get('warm_xcache')}"))
+                    problems = r.pop("problems")
+                    results[subj].append(r)
+                    log(f"{label}: {r.pop('summary')}")
+                    for pr in problems:
+                        log(f"{label}: CHECK FAILED: {pr}")
+                        failures.append((scenario, who(subj), f"{subj} round {rnd+1}: {pr}"))
             if any(results.values()):
                 print(write_report(scenario, results, args, vers, args.out, command))
                 print()
+            log(f"{scenario}: {time.time() - t_scen:.0f} s")
     finally:
         if origin:
             origin.stop()
         if not args.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log(f"kept {tmp}")
+    log(f"total {time.time() - t_start:.0f} s")
+    if args.smoke:
+        bad = {s for s, _, _ in failures}
+        ran = [s for s in args.scenarios]
+        print(f"bench smoke: {len([s for s in ran if s not in bad])} passed, "
+              f"{len([s for s in ran if s in bad])} failed")
     if failures:
         for s, p, e in failures:
             log(f"FAILURE {s} {p}: {e}")

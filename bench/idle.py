@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Memory per idle keep-alive connection of a running proxy (the `idle`
-scenario of DESIGN.md section 3; the full benchmark suite will run it beside
-nginx, Varnish and Squid).
+"""Memory per idle keep-alive connection of a proxy that is already running,
+e.g. a forward proxy you started by hand. The benchmark suite's `idle`
+scenario (`bench/run idle`, run_idle in bench.py) does the same against
+Portico, nginx, Varnish and Squid as reverse proxies, side by side.
 
 usage: bench/idle.py PORT PID COUNT [URL]
 
