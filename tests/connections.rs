@@ -119,9 +119,17 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
             raw_request_timeout(addr, &req, Duration::from_secs(30)).await
         }));
     }
-    while arrived.load(Ordering::SeqCst) < 2 {
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "the two slow requests never reached the origin"
+    );
     let c = counters(&p).await;
     assert_eq!(int(&c, "connection_queue", "in_service"), 2);
 
@@ -489,4 +497,51 @@ async fn counters_are_for_admin_clients_and_the_listener_itself() {
     assert_eq!(parse_response(&raw).body_str(), "fast /.portico/counters");
     let c = counters(&p).await;
     assert!(c["keepalive"]["count"].is_u64(), "{c}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_timeout_zero_turns_keepalive_off() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\ntimeout = \"0s\"\n").await;
+    let mut client = RawClient::connect(p.addr()).await;
+    client.send(&get(&origin, "/once", "")).await;
+    let resp = client.read_response().await;
+    assert_eq!((resp.status, resp.header("connection")), (200, Some("close")));
+    assert!(client.read_to_end().await.is_empty());
+    assert!(client.is_eof());
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "refusals"), 1);
+    assert_eq!(num(&c, "keepalive", "timeout_secs"), 0.0);
+}
+
+#[test]
+fn busy_page_settings_are_checked() {
+    let out =
+        Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\nbusy_body = \"x\"\nbusy_file = \"/etc/hostname\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listener[0].busy_file") && err.contains("not both"),
+        "{err}"
+    );
+    // An unreadable busy_file stops start-up with its name.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\naddress = \"{}\"\nbusy_file = \"/nonexistent/busy.html\"\n[log]\naccess = \"\"\n[cache]\nenabled = false\n",
+            free_addr()
+        ),
+    )
+    .expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir.path())
+        .args(["run", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run portico");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read busy_file /nonexistent/busy.html"), "{err}");
 }
