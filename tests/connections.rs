@@ -545,3 +545,33 @@ fn busy_page_settings_are_checked() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot read busy_file /nonexistent/busy.html"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_is_dropped() {
+    let (origin, gate, arrived) = gated_origin().await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
+    let addr = p.addr();
+    let req = get(&origin, "/slow", "Connection: close\r\n");
+    let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut leaving = RawClient::connect(addr).await;
+    leaving.send(&get(&origin, "/abandoned", "")).await;
+    counters_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
+    drop(leaving);
+    let c = counters_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
+    assert_eq!(int(&c, "connection_queue", "abandoned"), 1);
+    assert_eq!(int(&c, "connection_queue", "in_service"), 1);
+    // The next request after the slow one is served; the abandoned one never
+    // reaches the origin.
+    gate.add_permits(2);
+    assert_eq!(parse_response(&slow.await.expect("join")).status, 200);
+    let raw = raw_request(addr, &get(&origin, "/next", "Connection: close\r\n")).await;
+    assert_eq!(parse_response(&raw).status, 200);
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.path().to_string()).collect();
+    assert_eq!(paths, ["/slow", "/next"]);
+}
