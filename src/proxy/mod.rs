@@ -2,6 +2,7 @@
 //! an origin (or tunnel), and log. One [`ListenerHandler`] per listener.
 
 mod cached;
+pub mod counters;
 mod forward;
 mod headers;
 mod purge;
@@ -11,8 +12,11 @@ mod reply;
 mod tunnel;
 
 use crate::access::AllowList;
-use crate::config::{Config, Mode};
+use crate::admit::{Admission, Permit};
+use crate::blocking::BlockingPool;
+use crate::config::{Config, ListenerConfig, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
+use crate::keepalive::KeepAlive;
 use crate::log::{AccessLog, AccessRecord};
 use crate::route::{Rules, Target, classify};
 use crate::upstream::{Group, Upstream};
@@ -31,14 +35,28 @@ pub struct Shared {
     access_log: AccessLog,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
+    /// Admission (`server.max_requests`) and the connection queue.
+    pub admission: Admission,
+    /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
+    pub keepalive: Arc<KeepAlive>,
+    /// The blocking pool the disk cache runs its file I/O on.
+    pub blocking: BlockingPool,
 }
 
 impl Shared {
-    /// Builds the shared state; fails on a resource that cannot be opened.
+    /// Builds the shared state from a config whose machine-sized limits
+    /// are already resolved (`sizing::resolve`); fails on a resource that
+    /// cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        let blocking = BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue);
         Ok(Shared {
+            admission: Admission::new(config.server.max_requests, config.server.queue_size),
+            keepalive: Arc::new(KeepAlive::new(
+                config.keepalive.max_connections,
+                config.keepalive.timeout.get(),
+            )),
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
@@ -47,10 +65,11 @@ impl Shared {
             access_log: AccessLog::open(&config.log.access, config.log.format)?,
             cache: if config.cache.enabled {
                 let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
-                Some(crate::cache::Cache::new(&config.cache, &overrides)?)
+                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
             } else {
                 None
             },
+            blocking,
             config,
         })
     }
@@ -62,11 +81,55 @@ pub struct ListenerHandler {
     pub mode: Mode,
     /// State shared by all listeners.
     pub shared: Arc<Shared>,
+    /// This listener's busy (503) response.
+    pub busy: reply::BusyPage,
+}
+
+impl ListenerHandler {
+    /// The handler of listener `cfg`; fails if its `busy_file` cannot be read.
+    pub fn new(cfg: &ListenerConfig, shared: Arc<Shared>) -> Result<ListenerHandler, String> {
+        Ok(ListenerHandler {
+            mode: cfg.mode,
+            busy: reply::BusyPage::for_listener(cfg, &shared.config.server)?,
+            shared,
+        })
+    }
 }
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
-        let outcome = self.serve(ex).await;
+        if counters::wanted(ex, self.mode) {
+            let outcome = counters::serve(ex, &self.shared).await;
+            self.log(ex);
+            return outcome;
+        }
+        // Admission: the request is in service from here until its
+        // response is done, or waits in the connection queue, or (queue
+        // full) gets a busy 503 at once. A queued request whose client goes
+        // away leaves the queue: serving it would only waste a place.
+        let admitted = tokio::select! {
+            biased;
+            admitted = self.shared.admission.admit() => admitted,
+            () = crate::http1::client_closed(ex.stream) => {
+                self.shared.admission.abandoned();
+                return Outcome::Close;
+            }
+        };
+        let mut permit = match admitted {
+            Ok(p) => Some(p),
+            Err(_) => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);
+                // Closed after it: the request body, if any, is unread
+                // (the lingering close drains it, so the client sees the
+                // 503, not a reset), and a saturated server sheds connections.
+                ex.out.close_after();
+                let _ = reply::busy(&mut ex.out, &self.busy, None).await;
+                self.log(ex);
+                return Outcome::Close;
+            }
+        };
+        let outcome = self.serve(ex, &mut permit).await;
+        drop(permit);
         self.log(ex);
         outcome
     }
@@ -92,7 +155,7 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    async fn serve(&self, ex: &mut Exchange<'_>) -> Outcome {
+    async fn serve(&self, ex: &mut Exchange<'_>, permit: &mut Option<Permit<'_>>) -> Outcome {
         let sh = &*self.shared;
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
@@ -129,7 +192,7 @@ impl ListenerHandler {
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
         let dest = match target {
-            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
+            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port, permit).await,
             Target::Origin(uri) => forward::Dest::Origin(uri),
             Target::Group {
                 group,
@@ -146,7 +209,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, &self.shared, dest).await
+            cached::serve(ex, &self.shared, dest, &self.busy).await
         };
         match result {
             Ok(()) => Outcome::Done,
