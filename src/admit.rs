@@ -38,6 +38,7 @@ pub struct Admission {
     peak: AtomicUsize,
     total_queued: AtomicU64,
     overflows: AtomicU64,
+    abandoned: AtomicU64,
     queue_time_us: AtomicU64,
     admitted: AtomicU64,
     in_service_peak: AtomicUsize,
@@ -102,6 +103,7 @@ impl Admission {
             peak: AtomicUsize::new(0),
             total_queued: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
             admitted: AtomicU64::new(0),
             in_service_peak: AtomicUsize::new(0),
@@ -138,9 +140,19 @@ impl Admission {
         Ok(self.admitted(permit))
     }
 
+    /// A queued request was given up because its client went away (the
+    /// caller dropped the `admit` future for that reason).
+    pub fn abandoned(&self) {
+        self.abandoned.fetch_add(1, Relaxed);
+    }
+
     fn admitted<'a>(&'a self, permit: SemaphorePermit<'a>) -> Permit<'a> {
         self.admitted.fetch_add(1, Relaxed);
-        self.in_service_peak.fetch_max(self.in_service(), Relaxed);
+        let in_service = self.in_service();
+        // Read first: a write to this shared line only when the peak moves.
+        if in_service > self.in_service_peak.load(Relaxed) {
+            self.in_service_peak.fetch_max(in_service, Relaxed);
+        }
         Permit { _permit: permit }
     }
 
@@ -169,6 +181,7 @@ impl Admission {
             limit: self.queue_limit,
             total_queued,
             overflows: self.overflows.load(Relaxed),
+            abandoned: self.abandoned.load(Relaxed),
             queue_time_us,
             avg_queueing_delay_ms: if total_queued == 0 {
                 0.0
@@ -200,6 +213,9 @@ pub struct ConnectionQueue {
     pub total_queued: u64,
     /// Requests refused with 503 because the queue was full ("Number of Connections Overflowed").
     pub overflows: u64,
+    /// Queued requests given up because their client closed the connection
+    /// while waiting (never sent to an origin).
+    pub abandoned: u64,
     /// Total time requests spent queued, in microseconds ("Ticks Spent").
     pub queue_time_us: u64,
     /// `queue_time_us / total_queued` in milliseconds ("Average Queueing Delay").

@@ -122,9 +122,17 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
             raw_request_timeout(addr, &req, Duration::from_secs(30)).await
         }));
     }
-    while arrived.load(Ordering::SeqCst) < 2 {
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "the two slow requests never reached the origin"
+    );
     let c = counters(&p).await;
     assert_eq!(int(&c, "connection_queue", "in_service"), 2);
 
@@ -492,4 +500,81 @@ async fn counters_are_for_admin_clients_and_the_listener_itself() {
     assert_eq!(parse_response(&raw).body_str(), "fast /.stats.json");
     let c = counters(&p).await;
     assert!(c["keepalive"]["count"].is_u64(), "{c}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_timeout_zero_turns_keepalive_off() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\ntimeout = \"0s\"\n").await;
+    let mut client = RawClient::connect(p.addr()).await;
+    client.send(&get(&origin, "/once", "")).await;
+    let resp = client.read_response().await;
+    assert_eq!((resp.status, resp.header("connection")), (200, Some("close")));
+    assert!(client.read_to_end().await.is_empty());
+    assert!(client.is_eof());
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "refusals"), 1);
+    assert_eq!(num(&c, "keepalive", "timeout_secs"), 0.0);
+}
+
+#[test]
+fn busy_page_settings_are_checked() {
+    let out =
+        Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\nbusy_body = \"x\"\nbusy_file = \"/etc/hostname\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listener[0].busy_file") && err.contains("not both"),
+        "{err}"
+    );
+    // An unreadable busy_file stops start-up with its name.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\naddress = \"{}\"\nbusy_file = \"/nonexistent/busy.html\"\n[log]\naccess = \"\"\n[cache]\nenabled = false\n",
+            free_addr()
+        ),
+    )
+    .expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir.path())
+        .args(["run", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run portico");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read busy_file /nonexistent/busy.html"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_is_dropped() {
+    let (origin, gate, arrived) = gated_origin().await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
+    let addr = p.addr();
+    let req = get(&origin, "/slow", "Connection: close\r\n");
+    let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut leaving = RawClient::connect(addr).await;
+    leaving.send(&get(&origin, "/abandoned", "")).await;
+    counters_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
+    drop(leaving);
+    let c = counters_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
+    assert_eq!(int(&c, "connection_queue", "abandoned"), 1);
+    assert_eq!(int(&c, "connection_queue", "in_service"), 1);
+    // The next request after the slow one is served; the abandoned one never
+    // reaches the origin.
+    gate.add_permits(2);
+    assert_eq!(parse_response(&slow.await.expect("join")).status, 200);
+    let raw = raw_request(addr, &get(&origin, "/next", "Connection: close\r\n")).await;
+    assert_eq!(parse_response(&raw).status, 200);
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.path().to_string()).collect();
+    assert_eq!(paths, ["/slow", "/next"]);
 }

@@ -152,6 +152,29 @@ async fn bytes_waiting(stream: &TcpStream) -> bool {
     }
 }
 
+/// Completes when the client has closed the connection (or it failed),
+/// never while the client is still there. Bytes already waiting (a
+/// pipelined request, a body) mean the client is still there: it then stays
+/// pending for good, rather than spin on a socket that stays readable.
+/// Costs nothing until the socket becomes readable.
+pub async fn client_closed(stream: &TcpStream) {
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(stream).peek(&mut one)
+        });
+        match peeked {
+            Ok(0) => return,
+            Ok(_) => std::future::pending::<()>().await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+    }
+}
+
 /// Closes our side, then reads and discards whatever the client still
 /// sends for a short while before the socket is dropped. Closing a socket
 /// with unread input makes the kernel send a reset, which can destroy the

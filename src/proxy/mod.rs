@@ -181,8 +181,17 @@ impl ListenerHandler {
     async fn admit_and_serve(&self, ex: &mut Exchange<'_>) -> Outcome {
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
-        // full) gets a busy 503 at once.
-        let mut permit = match self.shared.admission.admit().await {
+        // full) gets a busy 503 at once. A queued request whose client goes
+        // away leaves the queue: serving it would only waste a place.
+        let admitted = tokio::select! {
+            biased;
+            admitted = self.shared.admission.admit() => admitted,
+            () = crate::http1::client_closed(ex.stream) => {
+                self.shared.admission.abandoned();
+                return Outcome::Close;
+            }
+        };
+        let mut permit = match admitted {
             Ok(p) => Some(p),
             Err(_) => {
                 tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);

@@ -266,6 +266,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         limit: q.limit as u64,
         total_queued: q.total_queued,
         overflows: q.overflows,
+        abandoned: q.abandoned,
         queue_time_us: q.queue_time_us,
         avg_1: q.avg_1min,
         avg_5: q.avg_5min,

@@ -139,6 +139,8 @@ pub struct ConnectionQueueInfo {
     pub total_queued: u64,
     /// Connections refused because the queue was full (503).
     pub overflows: u64,
+    /// Queued requests whose client went away before admission.
+    pub abandoned: u64,
     /// Total time spent queued, microseconds.
     pub queue_time_us: u64,
     /// Average queue length over 1, 5 and 15 minutes.

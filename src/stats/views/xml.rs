@@ -170,6 +170,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
                 a("peakQueued", q.peak),
                 a("maxQueued", q.limit),
                 a("countOverflows", q.overflows),
+                a("countAbandoned", q.abandoned),
                 a("countTotalQueued", q.total_queued),
                 a("ticksTotalQueued", q.queue_time_us),
                 a("countQueued1MinuteAverage", format!("{:.2}", q.avg_1)),
