@@ -10,7 +10,10 @@ Opens COUNT connections to 127.0.0.1:PORT. With URL, each connection first
 sends one keep-alive request through the proxy (absolute-form, so the proxy
 must be a forward proxy) and reads the response head; without URL the
 connections send nothing. Then it reports the proxy's RSS growth divided by
-COUNT. Loopback only; raise `ulimit -n` above COUNT first.
+COUNT. Loopback only; raise `ulimit -n` above COUNT first. Portico keeps
+at most `keepalive.max_connections` idle connections (sized from the
+open-files limit: 7,476 for a limit of 20,000) and closes the oldest beyond
+it, so set it above COUNT for the URL variant.
 """
 import socket
 import sys

@@ -23,7 +23,8 @@ enum Command {
         /// Config file (TOML).
         #[arg(short, long)]
         config: Option<PathBuf>,
-        /// Print the effective configuration, defaults filled in, and exit.
+        /// Print the effective configuration, defaults filled in (limits
+        /// sized from the machine resolved), and exit.
         #[arg(long)]
         print_config: bool,
     },
@@ -56,8 +57,11 @@ fn load(path: Option<&PathBuf>) -> Result<Config, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config, print_config } => load(config.as_ref()).and_then(|c| {
+        Command::Run { config, print_config } => load(config.as_ref()).and_then(|mut c| {
             if print_config {
+                let files = portico::sizing::raise_open_files();
+                let said = portico::sizing::resolve(&mut c, files.now);
+                println!("# sizing: {said}");
                 print!("{}", c.to_toml());
                 Ok(())
             } else {

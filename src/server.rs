@@ -7,8 +7,15 @@ use crate::proxy::{ListenerHandler, Shared};
 use std::sync::Arc;
 
 /// Runs the server on `config` until SIGINT or SIGTERM.
-pub fn run(config: Config) -> Result<(), String> {
+pub fn run(mut config: Config) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
+    // Connections are bounded by file descriptors: use all the hard limit
+    // allows, and size the connection limits left at 0 from it.
+    let files = crate::sizing::raise_open_files();
+    if files.now > files.before {
+        tracing::info!("open-files limit raised from {} to {}", files.before, files.now);
+    }
+    tracing::info!("sizing: {}", crate::sizing::resolve(&mut config, files.now));
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -34,18 +41,14 @@ pub fn run(config: Config) -> Result<(), String> {
         sockets.push((l.clone(), bind(l)?));
     }
     runtime.block_on(async move {
-        let settings = Arc::new(conn_settings(&config));
         let shared = Arc::new(Shared::new(config)?);
         spawn_log_reopen(shared.clone());
+        let settings = Arc::new(conn_settings(&shared));
         for (index, (cfg, socket)) in sockets.into_iter().enumerate() {
             let listener =
                 tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
             tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
-            let handler = Arc::new(ListenerHandler {
-                mode: cfg.mode,
-                index,
-                shared: shared.clone(),
-            });
+            let handler = Arc::new(ListenerHandler::new(index, &cfg, shared.clone())?);
             tokio::spawn(accept_loop(listener, cfg.nodelay, settings.clone(), handler));
         }
         signals.recv().await;
@@ -72,7 +75,8 @@ fn spawn_log_reopen(shared: Arc<Shared>) {
     }
 }
 
-fn conn_settings(c: &Config) -> ConnSettings {
+fn conn_settings(shared: &Shared) -> ConnSettings {
+    let c = &shared.config;
     ConnSettings {
         limits: HeadLimits {
             max_request_line: c.limits.max_request_line.as_usize(),
@@ -80,7 +84,7 @@ fn conn_settings(c: &Config) -> ConnSettings {
             max_headers: c.limits.max_headers,
         },
         header_timeout: c.limits.header_timeout.get(),
-        keepalive_timeout: c.keepalive.timeout.get(),
+        keepalive: shared.keepalive.clone(),
         max_requests: c.keepalive.max_requests,
         max_body: c.limits.max_body_size.bytes(),
         body_idle_timeout: c.origin.idle_timeout.get(),

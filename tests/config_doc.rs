@@ -109,7 +109,13 @@ fn documented_rows(section: &str) -> BTreeMap<String, String> {
 }
 
 /// Keys whose printed default depends on the machine (the doc says how).
-const MACHINE_DEPENDENT: [&str; 1] = ["cache.memory"];
+const MACHINE_DEPENDENT: [&str; 5] = [
+    "cache.memory",
+    "server.max_requests",
+    "server.queue_size",
+    "server.blocking_queue",
+    "keepalive.max_connections",
+];
 
 /// All key paths: top-level tables plus their keys.
 fn known_keys() -> BTreeMap<String, Option<Value>> {

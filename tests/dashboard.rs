@@ -96,12 +96,14 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         "v-disk",
         "v-uperr",
         "v-bytehit",
+        "v-queue",
+        "v-idle",
     ] {
         let v = element_text(&dom, id);
         assert!(v.parse::<f64>().is_ok(), "{id} = {v:?}");
     }
-    // Nothing counts a connection queue or idle connections yet.
-    assert_eq!(element_text(&dom, "v-queue"), "n/a");
+    // Nothing waits in the connection queue.
+    assert_eq!(element_text(&dom, "v-queue"), "0.00");
     // 12 proxied requests, plus whatever the browser asked for itself (/favicon.ico).
     let status = element_text(&dom, "status");
     let requests: u64 = status

@@ -479,3 +479,105 @@ async fn low_dns_hit_ratio_advice() {
         "{perf}"
     );
 }
+
+/// Polls /.perf until it contains `needle` (5 s at most).
+async fn perf_when(p: &Portico, needle: &str) -> String {
+    let mut perf = String::new();
+    for _ in 0..100 {
+        perf = text(p, "/.perf").await;
+        if perf.contains(needle) {
+            return perf;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("/.perf never showed {needle:?}\n{perf}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_at_its_limit_and_max_requests_reached_advice() {
+    // The origin holds every response until the test releases it.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (g, a) = (gate.clone(), arrived.clone());
+    let o = Origin::start(move |_| {
+        let (g, a) = (g.clone(), a.clone());
+        async move {
+            a.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = g.acquire().await {
+                p.forget();
+            }
+            Response::ok("slow")
+        }
+    })
+    .await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 1\n").await;
+    let addr = p.addr();
+    let slow = |path: &'static str| {
+        let req = format!("GET {}{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", o.url());
+        tokio::spawn(async move { raw_request_timeout(addr, req.as_bytes(), Duration::from_secs(30)).await })
+    };
+    let first = slow("/in-service");
+    while arrived.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = slow("/queued");
+    // Readable while saturated: the monitoring pages bypass admission.
+    let queue = |v: &str| format!("{:<40} {v}\n", "Current/Peak/Limit Queue Length");
+    perf_when(&p, &queue("1/1/1")).await;
+    assert_eq!(get_via(&p, &format!("{}/overflow", o.url())).await.status, 503);
+    gate.add_permits(2);
+    for t in [first, second] {
+        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
+    }
+    let perf = perf_when(&p, &queue("0/1/1")).await;
+    assert!(
+        perf.contains(&format!("{:<40} 1\n", "Connections Overflowed")),
+        "{perf}"
+    );
+    assert!(perf.contains("Peak/Limit Sessions          1/1\n"), "{perf}");
+    assert!(
+        perf.contains("[queue-near-limit] The connection queue peaked at 1/1 (100.0% of its limit) and 1 connections were refused."),
+        "{perf}"
+    );
+    assert!(perf.contains("[max-requests-reached] 1 requests waited"), "{perf}");
+    let metrics = text(&p, "/metrics").await;
+    assert!(
+        metrics.contains("portico_connection_queue_overflows_total 1\n"),
+        "{metrics}"
+    );
+    promtool_check(&metrics);
+    let xml = text(&p, "/stats-xml").await;
+    assert!(
+        xml.contains("<connection-queue-bucket ") && xml.contains("countOverflows=\"1\""),
+        "{xml}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_flushes_and_refusals_advice() {
+    let o = Origin::start(|_| async { Response::ok("k") }).await;
+    let p = proxy("[keepalive]\nmax_connections = 1\n").await;
+    // Three connections each go idle in turn; the set holds one, so the
+    // second and third flush the one before: 2 flushes, 0 hits.
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        let mut c = RawClient::connect(p.addr()).await;
+        c.send(format!("GET {}/f{i} HTTP/1.1\r\nHost: x\r\n\r\n", o.url()).as_bytes())
+            .await;
+        assert_eq!(c.read_response().await.status, 200);
+        clients.push(c);
+        perf_when(&p, "KeepAliveCount       1/1\n").await;
+    }
+    let perf = perf_when(&p, "KeepAliveFlushes     2\n").await;
+    assert!(
+        perf.contains("[keepalive-flushes] Keep-alive flushes (2) exceed keep-alive hits (0)"),
+        "{perf}"
+    );
+    // The set is full: a connection that is not kept is a refusal that counts.
+    get_via(&p, &format!("{}/closing", o.url())).await;
+    let perf = perf_when(&p, "KeepAliveRefusals    1\n").await;
+    assert!(
+        perf.contains("[keepalive-refusals] 1 connections were not kept alive"),
+        "{perf}"
+    );
+}

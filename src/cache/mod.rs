@@ -14,4 +14,4 @@ pub mod range;
 mod tiers;
 
 pub use key::{CacheKey, ObjectId};
-pub use tiers::{Cache, CacheStats, RangeReader, StoreSink, Stored, StoredBody};
+pub use tiers::{Cache, CacheStats, PoolBusy, RangeReader, StoreSink, Stored, StoredBody};

@@ -13,6 +13,7 @@ use super::key::{CacheKey, ObjectId};
 use super::memory::{MemObject, MemoryTier};
 use super::object::StoredMeta;
 use super::policy::{self, Policy};
+use crate::blocking::BlockingPool;
 use crate::config::CacheConfig;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -92,6 +93,10 @@ impl CacheStats {
         self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
     }
 }
+
+/// A lookup needed the disk and the blocking pool's work queue was full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolBusy;
 
 /// A stored response found by a lookup.
 pub struct Stored {
@@ -260,8 +265,12 @@ fn expires_hint(policy: &Policy, meta: &StoredMeta) -> u64 {
 
 impl Cache {
     /// Builds the cache from `[cache]`; starts the disk tier (its index
-    /// rebuild and GC run in the background).
-    pub fn new(cfg: &CacheConfig, route_overrides: &[Option<crate::config::CacheOverrides>]) -> Result<Cache, String> {
+    /// rebuild and GC run in the background) with its file I/O on `pool`.
+    pub fn new(
+        cfg: &CacheConfig,
+        route_overrides: &[Option<crate::config::CacheOverrides>],
+        pool: BlockingPool,
+    ) -> Result<Cache, String> {
         let policy = Policy::new(cfg)?;
         let routes = route_overrides
             .iter()
@@ -277,7 +286,10 @@ impl Cache {
             })
             .collect::<Result<Vec<_>, String>>()?;
         let disk = if cfg.disk.bytes() > 0 {
-            Some(DiskStore::start(cfg).map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?)
+            Some(
+                DiskStore::start_with_pool(cfg, pool)
+                    .map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?,
+            )
         } else {
             None
         };
@@ -351,16 +363,40 @@ impl Cache {
     /// The stored object under `id`: memory first, then disk (small disk
     /// objects are promoted to memory).
     async fn get(&self, id: ObjectId) -> Option<Stored> {
+        self.get_or_busy(id, false).await.ok().flatten()
+    }
+
+    /// `get`; with `refuse_when_busy`, a disk read that would wait in a
+    /// full blocking-pool queue is refused with `PoolBusy` instead.
+    async fn get_or_busy(&self, id: ObjectId, refuse_when_busy: bool) -> Result<Option<Stored>, PoolBusy> {
         if let Some(obj) = self.memory.get(id) {
-            return Some(Stored {
+            return Ok(Some(Stored {
                 id,
                 len: obj.body.len() as u64,
                 meta: obj.meta.clone(),
                 body: StoredBody::Memory(obj.body.clone()),
-            });
+            }));
         }
-        let disk = self.disk.as_ref()?;
-        let found = disk.open(id).await?;
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(None);
+        };
+        let found = if refuse_when_busy {
+            disk.try_open(id).await.map_err(|_| PoolBusy)?
+        } else {
+            disk.open(id).await
+        };
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        Ok(self.stored_from_disk(disk, id, found).await)
+    }
+
+    async fn stored_from_disk(
+        &self,
+        disk: &DiskStore,
+        id: ObjectId,
+        found: crate::cache::disk::DiskObject,
+    ) -> Option<Stored> {
         disk.touch(id);
         let (meta, body_len, mut reader) = (Arc::new(found.meta), found.body_len, found.body);
         if self.memory.admits(body_len) {
@@ -409,14 +445,18 @@ impl Cache {
     }
 
     /// The stored response for a request, following a Vary marker to the
-    /// request's variant.
-    pub async fn lookup(&self, key: &CacheKey, req_headers: &HeaderMap) -> Option<Stored> {
-        let primary = self.get(key.id()).await?;
+    /// request's variant. `PoolBusy` when the disk tier would have to be
+    /// read and the blocking pool's queue is full: the request gets a busy
+    /// response rather than waiting.
+    pub async fn lookup(&self, key: &CacheKey, req_headers: &HeaderMap) -> Result<Option<Stored>, PoolBusy> {
+        let Some(primary) = self.get_or_busy(key.id(), true).await? else {
+            return Ok(None);
+        };
         if primary.meta.key != key.url() {
-            return None; // a 128-bit hash collision: treat as a miss
+            return Ok(None); // a 128-bit hash collision: treat as a miss
         }
         let Some(fields) = primary.meta.headers.get(MARKER) else {
-            return policy::variant_matches(&primary.meta, req_headers).then_some(primary);
+            return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
         };
         let fields: Vec<String> = fields
             .to_str()
@@ -426,8 +466,11 @@ impl Cache {
             .filter(|f| !f.is_empty())
             .collect();
         let variant = policy::variant_of(&fields, req_headers);
-        let found = self.get(key.variant_id(&variant)).await?;
-        (found.meta.key == key.url() && found.meta.variant == variant).then_some(found)
+        // This request already holds a place on the disk: wait, do not refuse.
+        let Some(found) = self.get(key.variant_id(&variant)).await else {
+            return Ok(None);
+        };
+        Ok((found.meta.key == key.url() && found.meta.variant == variant).then_some(found))
     }
 
     /// Starts storing a response as it streams: `vary` is its Vary field

@@ -152,6 +152,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 format!("address {} is used by two listeners", l.address),
             ));
         }
+        if !l.busy_body.is_empty() && !l.busy_file.as_os_str().is_empty() {
+            return Err((
+                vec![Key("listener"), Index(i), Key("busy_file")],
+                "set busy_body or busy_file, not both".into(),
+            ));
+        }
         if l.mode == Mode::Reverse && c.rule.is_empty() {
             return Err((
                 vec![Key("listener"), Index(i), Key("mode")],
@@ -288,6 +294,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 "unknown level {:?} (use error, warn, info, debug or trace)",
                 c.log.level
             ),
+        ));
+    }
+    if c.server.blocking_threads == 0 {
+        return Err((
+            vec![Key("server"), Key("blocking_threads")],
+            "must be at least 1 (disk I/O needs a thread)".into(),
         ));
     }
     if c.limits.max_headers == 0 {

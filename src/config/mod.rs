@@ -65,11 +65,35 @@ impl Default for Config {
 }
 
 /// `[server]`
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Async worker threads; 0 = one per core.
     pub workers: usize,
+    /// Requests in service at once; 0 = sized from the open-files limit.
+    pub max_requests: usize,
+    /// Requests that may wait for `max_requests` (the connection queue);
+    /// 0 = sized from the open-files limit.
+    pub queue_size: usize,
+    /// `Retry-After` of a busy (503) response.
+    pub busy_retry_after: Dur,
+    /// Threads of the blocking pool (disk I/O).
+    pub blocking_threads: usize,
+    /// Jobs that may wait for a blocking-pool thread; 0 = as `max_requests`.
+    pub blocking_queue: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            workers: 0,
+            max_requests: 0,
+            queue_size: 0,
+            busy_retry_after: Dur::secs(5),
+            blocking_threads: 64,
+            blocking_queue: 0,
+        }
+    }
 }
 
 /// What a listener does with the requests it receives.
@@ -96,6 +120,10 @@ pub struct ListenerConfig {
     pub listen_queue: u32,
     /// Set TCP_NODELAY on accepted connections.
     pub nodelay: bool,
+    /// Body of this listener's busy (503) responses; empty = the built-in page.
+    pub busy_body: String,
+    /// File whose content is the body of busy responses (read at start-up); empty = none.
+    pub busy_file: PathBuf,
 }
 
 impl Default for ListenerConfig {
@@ -105,6 +133,8 @@ impl Default for ListenerConfig {
             mode: Mode::Forward,
             listen_queue: 8192,
             nodelay: true,
+            busy_body: String::new(),
+            busy_file: PathBuf::new(),
         }
     }
 }
@@ -163,6 +193,9 @@ pub struct KeepAliveConfig {
     pub timeout: Dur,
     /// Requests served on one connection before it is closed; 0 = unlimited.
     pub max_requests: u32,
+    /// Idle persistent connections kept at most (the oldest is closed
+    /// beyond it); 0 = sized from the open-files limit.
+    pub max_connections: usize,
 }
 
 impl Default for KeepAliveConfig {
@@ -170,6 +203,7 @@ impl Default for KeepAliveConfig {
         KeepAliveConfig {
             timeout: Dur::secs(15),
             max_requests: 100,
+            max_connections: 0,
         }
     }
 }

@@ -6,8 +6,10 @@ use super::body::BodyReader;
 use super::head::{HeadError, HeadLimits, RequestHead, parse_request};
 use super::io::read_buf;
 use super::response::ResponseWriter;
+use crate::keepalive::KeepAlive;
 use bytes::BytesMut;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -19,8 +21,8 @@ pub struct ConnSettings {
     pub limits: HeadLimits,
     /// Time allowed to receive a whole head once its first byte is in.
     pub header_timeout: Duration,
-    /// Time an idle persistent connection is kept.
-    pub keepalive_timeout: Duration,
+    /// The keep-alive subsystem: idle connections, their timeout, counters.
+    pub keepalive: Arc<KeepAlive>,
     /// Requests per connection; 0 = unlimited.
     pub max_requests: u32,
     /// Largest request body; 0 = unlimited.
@@ -81,21 +83,32 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
         Ok(a) => a,
         Err(_) => return,
     };
+    let ka = &*settings.keepalive;
     let mut carry: Option<BytesMut> = None;
     let mut served: u32 = 0;
     loop {
         if carry.is_none() {
             // Idle: hold no buffer until the client sends something.
-            let wait = if served == 0 {
-                settings.header_timeout
+            let ready = if served == 0 {
+                tokio::time::timeout(settings.header_timeout, bytes_waiting(&stream)).await
             } else {
-                settings.keepalive_timeout
+                // Between requests the connection is in the keep-alive set,
+                // which may close it (flush) to make room for a newer one;
+                // the guard leaves the set before the socket is closed.
+                let _idle = ka.enter(&stream);
+                tokio::time::timeout(ka.timeout(), bytes_waiting(&stream)).await
             };
-            if !tokio::time::timeout(wait, bytes_waiting(&stream))
-                .await
-                .unwrap_or(false)
-            {
-                break;
+            match ready {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) if served == 0 => {
+                    ka.header_timed_out();
+                    break;
+                }
+                Err(_) => {
+                    ka.timed_out();
+                    break;
+                }
             }
         }
         let buf = carry.take().unwrap_or_default();
@@ -135,6 +148,29 @@ async fn bytes_waiting(stream: &TcpStream) -> bool {
             Ok(_) => return true,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return false,
+        }
+    }
+}
+
+/// Completes when the client has closed the connection (or it failed),
+/// never while the client is still there. Bytes already waiting (a
+/// pipelined request, a body) mean the client is still there: it then stays
+/// pending for good, rather than spin on a socket that stays readable.
+/// Costs nothing until the socket becomes readable.
+pub async fn client_closed(stream: &TcpStream) {
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(stream).peek(&mut one)
+        });
+        match peeked {
+            Ok(0) => return,
+            Ok(_) => std::future::pending::<()>().await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
         }
     }
 }
@@ -183,6 +219,9 @@ async fn serve_one<H: Handler>(
         Ok(Some(x)) => x,
         Ok(None) => return None,
         Err(error) => {
+            if error.status == http::StatusCode::REQUEST_TIMEOUT {
+                settings.keepalive.header_timed_out();
+            }
             let first_line = String::from_utf8_lossy(buf[..].split(|&b| b == b'\n').next().unwrap_or(&[]))
                 .chars()
                 .take(200)
@@ -203,8 +242,11 @@ async fn serve_one<H: Handler>(
         }
     };
     let _ = buf.split_to(used);
+    if served > 0 {
+        settings.keepalive.hit();
+    }
     let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
-    let keep_alive = head.keep_alive && !last_allowed;
+    let keep_alive = head.keep_alive && !last_allowed && settings.keepalive.enabled();
     let out = ResponseWriter::new(stream, head.version, &head.method, keep_alive);
     let framing = head.body;
     let body = BodyReader::new(
@@ -225,8 +267,11 @@ async fn serve_one<H: Handler>(
         served,
     };
     let outcome = handler.handle(&mut ex).await;
-    let reusable = matches!(outcome, Outcome::Done) && ex.out.keep_alive() && ex.out.is_finished();
-    if !reusable {
+    let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();
+    if complete && !ex.out.keep_alive() {
+        settings.keepalive.refusal();
+    }
+    if !(complete && ex.out.keep_alive()) {
         return None;
     }
     // A body the handler did not read must be consumed before the next request.

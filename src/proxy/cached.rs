@@ -6,6 +6,7 @@
 use super::Shared;
 use super::forward::{Dest, Failure, LocationRewrite, fetch, forward, response_headers};
 use super::headers::strip_hop_by_hop;
+use super::reply::{self, BusyPage};
 use crate::cache::flight::{Ending, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
 use crate::cache::policy::{self, Decision, Policy, Precondition, Revalidation};
@@ -55,8 +56,9 @@ impl CacheStatus {
     }
 }
 
-/// Serves a request that may involve the cache.
-pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Result<(), Failure> {
+/// Serves a request that may involve the cache. `busy` is the page sent
+/// when the disk tier cannot take the lookup now (blocking pool queue full).
+pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &BusyPage) -> Result<(), Failure> {
     let Some(cache) = sh
         .cache
         .as_ref()
@@ -82,6 +84,13 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest) -> Resul
     let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
     let found = cache.lookup(&key, &ex.head.headers).await;
     drop(lookup_stage);
+    let Ok(found) = found else {
+        tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
+        // A GET or HEAD without a body: the connection can stay open.
+        // The rules engine will pass the route's own busy page here.
+        let _ = reply::busy(&mut ex.out, busy, None).await;
+        return Ok(());
+    };
     if let Some(stored) = found {
         match policy.evaluate(&ex.head.headers, &stored.meta, now) {
             Decision::Fresh => {
@@ -219,7 +228,7 @@ async fn fetch_and_store(
                 // The fetch ended without sharing its body with us (we
                 // joined late, or it was not storable): it may be stored now.
                 drop(follower);
-                if let Some(stored) = cache.lookup(key, &ex.head.headers).await
+                if let Ok(Some(stored)) = cache.lookup(key, &ex.head.headers).await
                     && cache
                         .policy_for(dest.route())
                         .evaluate(&ex.head.headers, &stored.meta, SystemTime::now())

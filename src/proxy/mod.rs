@@ -12,8 +12,11 @@ mod reply;
 mod tunnel;
 
 use crate::access::AllowList;
-use crate::config::{Config, Mode};
+use crate::admit::{Admission, Permit};
+use crate::blocking::BlockingPool;
+use crate::config::{Config, ListenerConfig, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
+use crate::keepalive::KeepAlive;
 use crate::log::{AccessLog, AccessRecord};
 use crate::route::{Rules, Target, classify};
 use crate::upstream::{Group, Upstream};
@@ -37,13 +40,18 @@ pub struct Shared {
     pub stats: crate::stats::Stats,
     /// The performance bucket of each `[[rule]]` (index into the stats' buckets).
     rule_buckets: Vec<usize>,
-    /// Counters of the connection layer (queue, keep-alive, blocking pool),
-    /// installed by the server when it has them.
-    pub conn: std::sync::OnceLock<Arc<dyn crate::stats::ConnSource>>,
+    /// Admission (`server.max_requests`) and the connection queue.
+    pub admission: Admission,
+    /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
+    pub keepalive: Arc<KeepAlive>,
+    /// The blocking pool the disk cache runs its file I/O on.
+    pub blocking: BlockingPool,
 }
 
 impl Shared {
-    /// Builds the shared state; fails on a resource that cannot be opened.
+    /// Builds the shared state from a config whose machine-sized limits
+    /// are already resolved (`sizing::resolve`); fails on a resource that
+    /// cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
@@ -54,10 +62,15 @@ impl Shared {
             .iter()
             .map(|r| r.bucket.as_deref().map_or(0, |b| stats.bucket_index(b)))
             .collect();
+        let blocking = BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue);
         Ok(Shared {
             stats,
             rule_buckets,
-            conn: std::sync::OnceLock::new(),
+            admission: Admission::new(config.server.max_requests, config.server.queue_size),
+            keepalive: Arc::new(KeepAlive::new(
+                config.keepalive.max_connections,
+                config.keepalive.timeout.get(),
+            )),
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
@@ -66,10 +79,11 @@ impl Shared {
             access_log: AccessLog::open(&config.log.access, config.log.format, &config.log.custom_format)?,
             cache: if config.cache.enabled {
                 let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
-                Some(crate::cache::Cache::new(&config.cache, &overrides)?)
+                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
             } else {
                 None
             },
+            blocking,
             config,
         })
     }
@@ -83,30 +97,48 @@ pub struct ListenerHandler {
     pub index: usize,
     /// State shared by all listeners.
     pub shared: Arc<Shared>,
+    /// This listener's busy (503) response.
+    pub busy: reply::BusyPage,
+}
+
+impl ListenerHandler {
+    /// The handler of listener `cfg`, the `index`th in the config; fails if
+    /// its `busy_file` cannot be read.
+    pub fn new(index: usize, cfg: &ListenerConfig, shared: Arc<Shared>) -> Result<ListenerHandler, String> {
+        Ok(ListenerHandler {
+            mode: cfg.mode,
+            index,
+            busy: reply::BusyPage::for_listener(cfg, &shared.config.server)?,
+            shared,
+        })
+    }
 }
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
         let started = std::time::Instant::now();
         let sh = &*self.shared;
-        if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local) {
-            // Kept out of the request counters, so reading them does not change them.
+        if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
+            // Before admission, so the statistics can be read when the
+            // server is saturated; kept out of the request counters (and
+            // closed after, out of the keep-alive ones), so reading them
+            // does not change them.
             sh.stats.admin_request();
             let outcome = monitor::serve(ep, &query, ex, sh).await;
             self.log(ex, started);
             return outcome;
         }
-        sh.stats.begin(self.index, ex.served > 0);
+        sh.stats.begin(self.index);
         let outcome = if sh.stats.enabled {
             crate::stats::timed(&sh.stats, async {
-                let outcome = self.serve(ex).await;
+                let outcome = self.admit_and_serve(ex).await;
                 let _log = crate::stats::stage(crate::stats::Stage::Log);
                 self.log(ex, started);
                 outcome
             })
             .await
         } else {
-            let outcome = self.serve(ex).await;
+            let outcome = self.admit_and_serve(ex).await;
             self.log(ex, started);
             outcome
         };
@@ -144,7 +176,39 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    async fn serve(&self, ex: &mut Exchange<'_>) -> Outcome {
+    /// Admission, then the pipeline. Time spent waiting in the connection
+    /// queue is the access stage's latency in the performance buckets.
+    async fn admit_and_serve(&self, ex: &mut Exchange<'_>) -> Outcome {
+        // Admission: the request is in service from here until its
+        // response is done, or waits in the connection queue, or (queue
+        // full) gets a busy 503 at once. A queued request whose client goes
+        // away leaves the queue: serving it would only waste a place.
+        let admitted = tokio::select! {
+            biased;
+            admitted = self.shared.admission.admit() => admitted,
+            () = crate::http1::client_closed(ex.stream) => {
+                self.shared.admission.abandoned();
+                return Outcome::Close;
+            }
+        };
+        let mut permit = match admitted {
+            Ok(p) => Some(p),
+            Err(_) => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);
+                // Closed after it: the request body, if any, is unread
+                // (the lingering close drains it, so the client sees the
+                // 503, not a reset), and a saturated server sheds connections.
+                ex.out.close_after();
+                let _ = reply::busy(&mut ex.out, &self.busy, None).await;
+                return Outcome::Close;
+            }
+        };
+        let outcome = self.serve(ex, &mut permit).await;
+        drop(permit);
+        outcome
+    }
+
+    async fn serve(&self, ex: &mut Exchange<'_>, permit: &mut Option<Permit<'_>>) -> Outcome {
         let sh = &*self.shared;
         let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
@@ -193,7 +257,7 @@ impl ListenerHandler {
         }
         drop(route);
         let dest = match target {
-            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
+            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port, permit).await,
             Target::Origin(uri) => forward::Dest::Origin(uri),
             Target::Group {
                 group,
@@ -210,7 +274,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, &self.shared, dest).await
+            cached::serve(ex, &self.shared, dest, &self.busy).await
         };
         match result {
             Ok(()) => Outcome::Done,

@@ -5,7 +5,7 @@
 //! clients. Each is a view over one [`Snapshot`] built here.
 
 use super::Shared;
-use crate::config::MonitorConfig;
+use crate::config::{Mode, MonitorConfig};
 use crate::http1::{Exchange, Outcome, RequestHead};
 use crate::stats::{self, Snapshot, advisor, views};
 use bytes::Bytes;
@@ -31,30 +31,42 @@ pub enum Endpoint {
     Json,
 }
 
-/// The endpoint and query string a request names, if it names one.
-pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr) -> Option<(Endpoint, String)> {
+/// True if `authority` (`host[:port]`, default port `default_port`) names
+/// the listener at `local`.
+fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
+    let port = authority.port_u16().unwrap_or(default_port);
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let ours = match host.parse::<IpAddr>() {
+        Ok(ip) => ip == local.ip(),
+        Err(_) => host.eq_ignore_ascii_case("localhost") && local.ip().is_loopback(),
+    };
+    ours && port == local.port()
+}
+
+/// The endpoint and query string a request names, if it names one. On a
+/// transparent listener an origin-form request belongs to the site in its
+/// `Host`, so it is ours only when that `Host` names the listener itself.
+pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr, mode: Mode) -> Option<(Endpoint, String)> {
     if head.method != Method::GET && head.method != Method::HEAD {
         return None;
     }
     let target = head.target.as_str();
     let path_and_query = if target.starts_with('/') {
+        if mode == Mode::Transparent {
+            let host = head.headers.get(http::header::HOST)?.to_str().ok()?;
+            if !names_us(&host.parse().ok()?, 80, local) {
+                return None;
+            }
+        }
         target
     } else {
         let uri: http::Uri = target.parse().ok()?;
-        let authority = uri.authority()?;
-        let port = authority
-            .port_u16()
-            .unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
-                443
-            } else {
-                80
-            });
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let ours = match host.parse::<IpAddr>() {
-            Ok(ip) => ip == local.ip(),
-            Err(_) => host.eq_ignore_ascii_case("localhost") && local.ip().is_loopback(),
+        let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            443
+        } else {
+            80
         };
-        if !ours || port != local.port() {
+        if !names_us(uri.authority()?, default_port, local) {
             return None;
         }
         let start = target.find("://").map(|i| i + 3)?;
@@ -85,6 +97,9 @@ fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
 
 /// Answers a monitoring request.
 pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared) -> Outcome {
+    // Closed after the answer: a monitoring request never holds a
+    // keep-alive slot, and is left out of the keep-alive counters.
+    ex.out.close_after();
     if !sh.admin.allows(ex.peer.ip()) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
         return match super::reply::error_page(
@@ -94,8 +109,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
         )
         .await
         {
-            Ok(()) => Outcome::Done,
-            Err(_) => Outcome::Close,
+            Ok(()) | Err(_) => Outcome::Close,
         };
     }
     let mut message = None;
@@ -130,7 +144,10 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
             "text/xml; charset=utf-8",
         ),
         Endpoint::Metrics => (views::prom::render(&snap), "text/plain; version=0.0.4; charset=utf-8"),
-        Endpoint::Json => (views::json(&snap, &advisor::advise(&snap)), "application/json"),
+        Endpoint::Json => (
+            views::json(&snap, &advisor::advise(&snap), conn_counters(sh)),
+            "application/json",
+        ),
         Endpoint::Dashboard => (views::dashboard(&sh.config.monitor.json), "text/html; charset=utf-8"),
         Endpoint::Nsc => {
             let list = param(query, "list").is_some().then(|| nsc_list(sh));
@@ -146,10 +163,26 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     if let Some(n) = param(query, "refresh").and_then(|v| v.parse::<u32>().ok()) {
         headers.insert("refresh", HeaderValue::from(n));
     }
-    match ex.out.send_full(StatusCode::OK, headers, Bytes::from(body)).await {
-        Ok(()) => Outcome::Done,
-        Err(_) => Outcome::Close,
-    }
+    let _ = ex.out.send_full(StatusCode::OK, headers, Bytes::from(body)).await;
+    Outcome::Close
+}
+
+/// The connection layer's own snapshots, with their field names, in the
+/// JSON document (`connection`): the detail the plain views summarise.
+#[derive(serde::Serialize)]
+struct ConnCounters {
+    connection_queue: crate::admit::ConnectionQueue,
+    keepalive: crate::keepalive::KeepAliveInfo,
+    blocking_pool: crate::blocking::NativePool,
+}
+
+fn conn_counters(sh: &Shared) -> serde_json::Value {
+    serde_json::to_value(ConnCounters {
+        connection_queue: sh.admission.snapshot(),
+        keepalive: sh.keepalive.snapshot(),
+        blocking_pool: sh.blocking.snapshot(),
+    })
+    .unwrap_or_default()
 }
 
 /// Objects listed by `/nsc?list` (at most this many).
@@ -184,7 +217,7 @@ fn nsc_list(sh: &Shared) -> Vec<views::nsc::NscEntry> {
 /// Everything the views show, read now.
 pub fn snapshot(sh: &Shared) -> Snapshot {
     let cfg = &sh.config;
-    let (requests, mut sessions, buckets, keepalive_hits, per_listener) = sh.stats.snapshot_requests();
+    let (requests, mut sessions, buckets, per_listener) = sh.stats.snapshot_requests();
     let proc_facts = stats::process::read();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -222,15 +255,48 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             requests: per_listener.get(i).copied().unwrap_or(0),
         })
         .collect();
-    let conn = sh.conn.get();
-    let mut keepalive = conn.and_then(|c| c.keepalive()).unwrap_or_default();
-    keepalive.hits = keepalive_hits;
-    keepalive.timeout_secs = cfg.keepalive.timeout.get().as_secs_f64();
-    keepalive.max_requests = u64::from(cfg.keepalive.max_requests);
-    if let Some((limit, waited)) = conn.and_then(|c| c.admission()) {
-        sessions.limit = Some(limit);
-        sessions.waited = Some(waited);
-    }
+    let q = sh.admission.snapshot();
+    sessions.active = q.in_service as u64;
+    sessions.peak = q.in_service_peak as u64;
+    sessions.limit = Some(q.max_requests as u64);
+    sessions.waited = Some(q.total_queued);
+    let connection_queue = stats::ConnectionQueueInfo {
+        current: q.current as u64,
+        peak: q.peak as u64,
+        limit: q.limit as u64,
+        total_queued: q.total_queued,
+        overflows: q.overflows,
+        abandoned: q.abandoned,
+        queue_time_us: q.queue_time_us,
+        avg_1: q.avg_1min,
+        avg_5: q.avg_5min,
+        avg_15: q.avg_15min,
+    };
+    let k = sh.keepalive.snapshot();
+    let keepalive = stats::KeepAliveInfo {
+        count: Some(k.count as u64),
+        max: Some(k.max as u64),
+        hits: k.hits,
+        flushes: Some(k.flushes),
+        refusals: Some(k.refusals),
+        timeouts: Some(k.timeouts),
+        header_timeouts: Some(k.header_timeouts),
+        timeout_secs: k.timeout_secs,
+        max_requests: u64::from(cfg.keepalive.max_requests),
+    };
+    let b = sh.blocking.snapshot();
+    let native_pool = stats::PoolInfo {
+        name: "NativePool".to_string(),
+        idle: b.idle_threads as u64,
+        threads: b.threads as u64,
+        peak: b.peak_threads as u64,
+        limit: b.max_threads as u64,
+        queue: b.queue_length as u64,
+        queue_peak: b.queue_peak as u64,
+        queue_limit: b.queue_limit as u64,
+        jobs: b.jobs,
+        refused: b.refused,
+    };
     let cache = sh.cache.as_ref().map(|c| {
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
         let st = &c.stats;
@@ -304,9 +370,9 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         requests,
         sessions,
         listeners,
-        connection_queue: conn.and_then(|c| c.connection_queue()),
+        connection_queue: Some(connection_queue),
         keepalive,
-        native_pool: conn.and_then(|c| c.native_pool()),
+        native_pool: Some(native_pool),
         cache,
         dns,
         upstream,
@@ -335,7 +401,7 @@ mod tests {
     fn finds_endpoints_in_origin_and_own_absolute_form() {
         let cfg = MonitorConfig::default();
         let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), local);
+        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), local, Mode::Forward);
         assert_eq!(
             ep(Method::GET, "/.perf?refresh=5"),
             Some((Endpoint::Perf, "refresh=5".into()))
@@ -358,7 +424,19 @@ mod tests {
             perf: String::new(),
             ..MonitorConfig::default()
         };
-        assert_eq!(endpoint(&off, &head(Method::GET, "/.perf"), local), None);
+        assert_eq!(endpoint(&off, &head(Method::GET, "/.perf"), local, Mode::Forward), None);
+        // Transparent: only with a Host naming the listener.
+        let mut h = head(Method::GET, "/.perf");
+        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("example.com"));
+        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert_eq!(
+            endpoint(&cfg, &h, local, Mode::Transparent).map(|x| x.0),
+            Some(Endpoint::Perf)
+        );
     }
 
     #[test]

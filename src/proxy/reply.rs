@@ -1,9 +1,10 @@
-//! Responses Portico makes itself: error pages and the `Max-Forwards: 0`
-//! answers to TRACE and OPTIONS.
+//! Responses Portico makes itself: error pages, busy (503) pages and the
+//! `Max-Forwards: 0` answers to TRACE and OPTIONS.
 
+use crate::config::{ListenerConfig, ServerConfig};
 use crate::http1::{Exchange, Outcome, ResponseWriter};
 use bytes::Bytes;
-use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 /// Sends a short HTML error page naming the reason.
@@ -51,4 +52,53 @@ pub async fn max_forwards_zero(ex: &mut Exchange<'_>) -> Outcome {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
+}
+
+/// The body and `Retry-After` of a busy (503) response: what the seed's
+/// busy function sends when the server cannot take a request now.
+#[derive(Debug, Clone)]
+pub struct BusyPage {
+    body: Bytes,
+    retry_after: HeaderValue,
+}
+
+impl BusyPage {
+    /// A listener's page: its `busy_body`, else the content of its
+    /// `busy_file` (read now: an unreadable file fails start-up), else a
+    /// short built-in HTML page.
+    pub fn for_listener(l: &ListenerConfig, server: &ServerConfig) -> Result<BusyPage, String> {
+        let secs = server.busy_retry_after.get().as_secs_f64().ceil() as u64;
+        let body = if !l.busy_body.is_empty() {
+            Bytes::from(l.busy_body.clone())
+        } else if !l.busy_file.as_os_str().is_empty() {
+            std::fs::read(&l.busy_file).map(Bytes::from).map_err(|e| {
+                format!(
+                    "listener {}: cannot read busy_file {}: {e}",
+                    l.address,
+                    l.busy_file.display()
+                )
+            })?
+        } else {
+            Bytes::from(format!(
+                "<!DOCTYPE html>\n<html><head><title>503 Service Unavailable</title></head>\n<body><h1>503 Service Unavailable</h1>\n<p>The server is busy. Please try again in {secs} seconds.</p>\n<hr><address>portico</address></body></html>\n"
+            ))
+        };
+        Ok(BusyPage {
+            body,
+            retry_after: HeaderValue::from(secs),
+        })
+    }
+}
+
+/// Sends a busy response: 503 with `Retry-After`, the body of `route_page`
+/// when the request's route names one (the rules engine's hook), else the
+/// listener's `page`. Whether the connection stays open is the caller's choice.
+pub async fn busy(out: &mut ResponseWriter<'_>, page: &BusyPage, route_page: Option<&BusyPage>) -> std::io::Result<()> {
+    let page = route_page.unwrap_or(page);
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(RETRY_AFTER, page.retry_after.clone());
+    out.send_full(StatusCode::SERVICE_UNAVAILABLE, headers, page.body.clone())
+        .await
 }

@@ -4,6 +4,7 @@
 
 use super::Shared;
 use super::reply::error_page;
+use crate::admit::Permit;
 use crate::http1::{Exchange, Outcome, read_buf, write_all};
 use crate::upstream::ConnectErrorKind;
 use bytes::BytesMut;
@@ -13,8 +14,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
-/// Serves a CONNECT request.
-pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Outcome {
+/// Serves a CONNECT request. Its admission `permit` is given back once the
+/// tunnel is established: a tunnel is a byte pump that may last hours, and
+/// must not hold a place among the requests in service.
+pub async fn run(
+    ex: &mut Exchange<'_>,
+    sh: &Shared,
+    host: &str,
+    port: u16,
+    permit: &mut Option<Permit<'_>>,
+) -> Outcome {
     if !sh.config.proxy.connect_ports.contains(&port) {
         tracing::warn!(client = %ex.peer.ip(), "CONNECT to {host}:{port} refused: port not in proxy.connect_ports");
         ex.out.close_after();
@@ -48,6 +57,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, host: &str, port: u16) -> O
     {
         return Outcome::Close;
     }
+    permit.take();
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();

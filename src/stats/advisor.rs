@@ -59,14 +59,20 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // Refusals also count clients that asked to close; only when the idle
+    // set is at its limit (or flushing) is the limit the cause.
+    let set_full = matches!((ka.count, ka.max), (Some(c), Some(m)) if m > 0 && c >= m);
     if let Some(refusals) = ka.refusals
         && refusals > 0
+        && (ka.flushes.unwrap_or(0) > 0 || set_full)
     {
         say(
             "keepalive-refusals",
             format!(
-                "{refusals} connections could not be kept alive because {} idle connections were already held. Raise keepalive.max_connections.",
-                ka.max.map_or("the maximum of".to_string(), |m| m.to_string())
+                "{refusals} connections were not kept alive while the keep-alive set was full ({}/{} idle, {} flushed). Raise keepalive.max_connections.",
+                ka.count.unwrap_or(0),
+                ka.max.unwrap_or(0),
+                ka.flushes.unwrap_or(0)
             ),
         );
     }
@@ -245,9 +251,17 @@ mod tests {
         let mut s = Snapshot::default();
         s.keepalive.refusals = Some(4);
         s.keepalive.max = Some(200);
+        s.keepalive.count = Some(12);
+        // Clients that closed themselves are no reason to raise the limit.
+        assert!(rules(&s).is_empty());
+        s.keepalive.count = Some(200);
         let a = advise(&s);
         assert_eq!(a[0].rule, "keepalive-refusals");
-        assert!(a[0].text.contains("4 connections") && a[0].text.contains("200"));
+        assert!(
+            a[0].text.contains("4 connections") && a[0].text.contains("200/200"),
+            "{}",
+            a[0].text
+        );
     }
 
     #[test]

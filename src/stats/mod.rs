@@ -145,7 +145,6 @@ pub struct Stats {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     admin_requests: AtomicU64,
-    keepalive_hits: AtomicU64,
     active: AtomicU64,
     peak_active: AtomicU64,
     per_listener: Vec<AtomicU64>,
@@ -175,7 +174,6 @@ impl Stats {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             admin_requests: AtomicU64::new(0),
-            keepalive_hits: AtomicU64::new(0),
             active: AtomicU64::new(0),
             peak_active: AtomicU64::new(0),
             per_listener: (0..listeners).map(|_| AtomicU64::new(0)).collect(),
@@ -196,14 +194,10 @@ impl Stats {
         self.started
     }
 
-    /// A request started on listener `listener`; `kept_alive`: not the
-    /// connection's first request.
-    pub fn begin(&self, listener: usize, kept_alive: bool) {
+    /// A request started on listener `listener`.
+    pub fn begin(&self, listener: usize) {
         if let Some(c) = self.per_listener.get(listener) {
             c.fetch_add(1, Ordering::Relaxed);
-        }
-        if kept_alive {
-            self.keepalive_hits.fetch_add(1, Ordering::Relaxed);
         }
         let now = self.active.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak_active.fetch_max(now, Ordering::Relaxed);
@@ -223,7 +217,7 @@ impl Stats {
 
     /// A request head that could not be parsed, answered with `status`.
     pub fn rejected(&self, status: u16) {
-        self.begin(usize::MAX, false);
+        self.begin(usize::MAX);
         self.end(&http::Method::from_bytes(b"INVALID").unwrap_or_default(), status, 0, 0);
     }
 
@@ -255,8 +249,9 @@ impl Stats {
         }
     }
 
-    /// Request counters, sessions and buckets as plain data.
-    pub fn snapshot_requests(&self) -> (RequestStats, SessionInfo, BucketReport, u64, Vec<u64>) {
+    /// Request counters, sessions (requests in the handler; the admission
+    /// layer's figures replace them), buckets and per-listener requests.
+    pub fn snapshot_requests(&self) -> (RequestStats, SessionInfo, BucketReport, Vec<u64>) {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let requests = RequestStats {
             total: l(&self.requests),
@@ -303,7 +298,7 @@ impl Stats {
                 .collect(),
         };
         let per_listener = self.per_listener.iter().map(l).collect();
-        (requests, sessions, buckets, l(&self.keepalive_hits), per_listener)
+        (requests, sessions, buckets, per_listener)
     }
 }
 
@@ -461,29 +456,6 @@ pub fn fetch(addr: &str, path: &str) -> Result<String, String> {
     }
 }
 
-/// Optional sources for the sections other subsystems count (connection
-/// queue, keep-alive manager, blocking pool): the server installs one when
-/// it has them; until then those sections show as not available.
-pub trait ConnSource: Send + Sync {
-    /// The connection queue.
-    fn connection_queue(&self) -> Option<ConnectionQueueInfo> {
-        None
-    }
-    /// Keep-alive counters (count, max, flushes, refusals, timeouts); `hits`
-    /// and the settings are filled in by the caller.
-    fn keepalive(&self) -> Option<KeepAliveInfo> {
-        None
-    }
-    /// The blocking pool.
-    fn native_pool(&self) -> Option<PoolInfo> {
-        None
-    }
-    /// Admission limit and requests that waited for it.
-    fn admission(&self) -> Option<(u64, u64)> {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,7 +463,7 @@ mod tests {
     #[tokio::test]
     async fn stages_land_in_the_chosen_bucket() {
         let stats = Stats::new(true, 1, &["api".to_string()]);
-        stats.begin(0, false);
+        stats.begin(0);
         timed(&stats, async {
             {
                 let _g = stage(Stage::Access);
@@ -506,7 +478,7 @@ mod tests {
         })
         .await;
         stats.end(&http::Method::GET, 200, 0, 10);
-        let (req, sessions, report, _, per_listener) = stats.snapshot_requests();
+        let (req, sessions, report, per_listener) = stats.snapshot_requests();
         assert_eq!(req.total, 1);
         assert_eq!(RequestStats::count(&req.by_cache, "MISS"), 1);
         assert_eq!(RequestStats::count(&req.by_status, "2xx"), 1);

@@ -139,6 +139,8 @@ pub struct ConnectionQueueInfo {
     pub total_queued: u64,
     /// Connections refused because the queue was full (503).
     pub overflows: u64,
+    /// Queued requests whose client went away before admission.
+    pub abandoned: u64,
     /// Total time spent queued, microseconds.
     pub queue_time_us: u64,
     /// Average queue length over 1, 5 and 15 minutes.
@@ -176,6 +178,8 @@ pub struct KeepAliveInfo {
     pub refusals: Option<u64>,
     /// Idle connections closed by the timeout.
     pub timeouts: Option<u64>,
+    /// Connections closed because a request head did not arrive in time (slowloris).
+    pub header_timeouts: Option<u64>,
     /// The idle timeout, seconds.
     pub timeout_secs: f64,
     /// Requests per connection (0 = unlimited).
@@ -189,6 +193,8 @@ pub struct PoolInfo {
     pub name: String,
     /// Idle threads.
     pub idle: u64,
+    /// Threads alive now.
+    pub threads: u64,
     /// Most threads at once.
     pub peak: u64,
     /// Most threads allowed.
@@ -199,6 +205,10 @@ pub struct PoolInfo {
     pub queue_peak: u64,
     /// Most work allowed to wait.
     pub queue_limit: u64,
+    /// Jobs accepted since start.
+    pub jobs: u64,
+    /// Jobs refused because the queue was full (busy 503).
+    pub refused: u64,
 }
 
 /// The HTTP cache.

@@ -14,9 +14,9 @@
 //! - **GC** (`gc`): keeps the bytes used between the watermarks, on its own
 //!   thread, evicting expired objects first, then the least valuable.
 //!
-//! All file I/O is blocking; the async methods run it with
-//! `tokio::task::spawn_blocking`, never on the async workers. Methods named
-//! `*_blocking` do it on the calling thread (CLI, tests, blocking pool).
+//! All file I/O is blocking; the async methods run it on the blocking pool
+//! (`crate::blocking`, the seeds' NativePool), never on the async workers.
+//! Methods named `*_blocking` do it on the calling thread (CLI, tests).
 //!
 //! Concurrency: every change of an object's file and index entry (commit,
 //! remove, eviction, the scan indexing a file) holds that id's stripe of
@@ -35,6 +35,7 @@ pub use format::{Corrupt, Envelope, Layout, Trailer};
 pub use gc::{Evicted, GcReport};
 pub use scan::{ObjectFile, for_each_object_file};
 
+use crate::blocking::{BlockingPool, PoolError};
 use crate::cache::key::{CacheKey, ObjectId};
 use crate::cache::object::StoredMeta;
 use crate::config::{CacheConfig, Fsync, GcMode};
@@ -295,6 +296,7 @@ struct Inner {
     gc_signal: Arc<GcSignal>,
     gc_running: Mutex<()>,
     scan_notify: tokio::sync::Notify,
+    pool: BlockingPool,
 }
 
 impl Drop for Inner {
@@ -461,6 +463,7 @@ impl Inner {
                 })),
                 remaining: env.trailer.body_len,
                 failed: None,
+                pool: self.pool.clone(),
             },
         })
     }
@@ -579,8 +582,8 @@ impl Inner {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(io_other)
+async fn blocking<T: Send + 'static>(pool: &BlockingPool, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    pool.run(f).await.map_err(io_other)
 }
 
 /// The disk tier. Cheap to clone (a shared handle); the background scan
@@ -599,7 +602,7 @@ impl std::fmt::Debug for DiskStore {
 }
 
 impl DiskStore {
-    fn create(cfg: &CacheConfig) -> io::Result<DiskStore> {
+    fn create(cfg: &CacheConfig, pool: BlockingPool) -> io::Result<DiskStore> {
         if cfg.disk.bytes() == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -629,6 +632,7 @@ impl DiskStore {
             gc_signal: Arc::new(GcSignal::default()),
             gc_running: Mutex::new(()),
             scan_notify: tokio::sync::Notify::new(),
+            pool,
         };
         Ok(DiskStore { inner: Arc::new(inner) })
     }
@@ -639,7 +643,12 @@ impl DiskStore {
     /// `gc = "auto"` another keeps usage between the watermarks. Fails if
     /// `cfg.disk` is 0 or the directory cannot be created.
     pub fn start(cfg: &CacheConfig) -> io::Result<DiskStore> {
-        let store = Self::create(cfg)?;
+        Self::start_with_pool(cfg, BlockingPool::shared_default())
+    }
+
+    /// `start`, running the file I/O of the async methods on `pool`.
+    pub fn start_with_pool(cfg: &CacheConfig, pool: BlockingPool) -> io::Result<DiskStore> {
+        let store = Self::create(cfg, pool)?;
         let weak = Arc::downgrade(&store.inner);
         std::thread::Builder::new()
             .name("portico-disk-scan".into())
@@ -655,7 +664,7 @@ impl DiskStore {
     /// directory; starts no GC thread, and leaves objects stored under other
     /// levels where they are (not indexed; see `DiskStats::scan_misplaced`).
     pub fn start_offline(cfg: &CacheConfig, on_progress: &mut dyn FnMut(&ScanProgress)) -> io::Result<DiskStore> {
-        let store = Self::create(cfg)?;
+        let store = Self::create(cfg, BlockingPool::shared_default())?;
         scan::run(Arc::downgrade(&store.inner), false, on_progress);
         Ok(store)
     }
@@ -723,7 +732,25 @@ impl DiskStore {
         if inner.index.get(id).is_none() && inner.scan_done() {
             return inner.miss();
         }
-        blocking(move || inner.open_blocking(id)).await.ok().flatten()
+        blocking(&self.inner.pool, move || inner.open_blocking(id))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// `open` as the start of a request's use of the disk: refused with
+    /// `PoolError::Busy` when the blocking pool's work queue is full (the
+    /// request then gets a busy response instead of waiting).
+    pub async fn try_open(&self, id: ObjectId) -> Result<Option<DiskObject>, PoolError> {
+        let inner = self.inner.clone();
+        if inner.index.get(id).is_none() && inner.scan_done() {
+            return Ok(inner.miss());
+        }
+        match self.inner.pool.try_run(move || inner.open_blocking(id)).await {
+            Ok(found) => Ok(found),
+            Err(PoolError::Busy) => Err(PoolError::Busy),
+            Err(PoolError::Failed) => Ok(None),
+        }
     }
 
     /// `open` on the calling thread.
@@ -736,7 +763,7 @@ impl DiskStore {
     pub async fn writer(&self, id: ObjectId, meta: &StoredMeta) -> io::Result<DiskWriter> {
         let inner = self.inner.clone();
         let meta = meta.clone();
-        let st = blocking(move || inner.new_write_state(id, &meta)).await??;
+        let st = blocking(&self.inner.pool, move || inner.new_write_state(id, &meta)).await??;
         Ok(self.wrap_writer(id, st))
     }
 
@@ -753,6 +780,7 @@ impl DiskStore {
             buf: Vec::new(),
             body_len: 0,
             max: self.inner.max_object,
+            pool: self.inner.pool.clone(),
         }
     }
 
@@ -765,7 +793,7 @@ impl DiskStore {
     pub async fn update_meta(&self, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
         let inner = self.inner.clone();
         let meta = meta.clone();
-        blocking(move || inner.update_meta_blocking(id, &meta, expires)).await?
+        blocking(&self.inner.pool, move || inner.update_meta_blocking(id, &meta, expires)).await?
     }
 
     /// `update_meta` on the calling thread.
@@ -776,7 +804,9 @@ impl DiskStore {
     /// Removes an object; true if there was one.
     pub async fn remove(&self, id: ObjectId) -> bool {
         let inner = self.inner.clone();
-        blocking(move || inner.remove_blocking(id)).await.unwrap_or(false)
+        blocking(&self.inner.pool, move || inner.remove_blocking(id))
+            .await
+            .unwrap_or(false)
     }
 
     /// `remove` on the calling thread.
@@ -794,7 +824,9 @@ impl DiskStore {
             return false;
         }
         let inner = self.inner.clone();
-        blocking(move || inner.contains_blocking(id)).await.unwrap_or(false)
+        blocking(&self.inner.pool, move || inner.contains_blocking(id))
+            .await
+            .unwrap_or(false)
     }
 
     /// `contains` on the calling thread.
@@ -816,7 +848,7 @@ impl DiskStore {
     pub async fn gc(&self) -> GcReport {
         let inner = self.inner.clone();
         let low = inner.budget.low;
-        blocking(move || inner.gc_pass(low, false, &mut |_| {}))
+        blocking(&self.inner.pool, move || inner.gc_pass(low, false, &mut |_| {}))
             .await
             .unwrap_or_default()
     }
@@ -913,6 +945,7 @@ pub struct BodyReader {
     state: Option<Box<ReadState>>,
     remaining: u64,
     failed: Option<io::ErrorKind>,
+    pool: BlockingPool,
 }
 
 impl std::fmt::Debug for BodyReader {
@@ -950,7 +983,7 @@ impl BodyReader {
     /// The next chunk; Ok(None) at the end (after the checksum matched).
     pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
         let mut st = self.take()?;
-        let (st, r) = blocking(move || {
+        let (st, r) = blocking(&self.pool, move || {
             let r = st.next();
             (st, r)
         })
@@ -1040,6 +1073,7 @@ pub struct DiskWriter {
     buf: Vec<u8>,
     body_len: u64,
     max: u64,
+    pool: BlockingPool,
 }
 
 impl std::fmt::Debug for DiskWriter {
@@ -1080,7 +1114,7 @@ impl DiskWriter {
     async fn write_out(&mut self, data: Option<Bytes>) -> io::Result<()> {
         let mut st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
         let mut buf = std::mem::take(&mut self.buf);
-        let (st, buf, r) = blocking(move || {
+        let (st, buf, r) = blocking(&self.pool, move || {
             let r = match &data {
                 Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
                 None => st.write_body(&buf),
@@ -1137,7 +1171,7 @@ impl DiskWriter {
         let st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
         let buf = std::mem::take(&mut self.buf);
         let id = self.id;
-        blocking(move || st.commit(id, &buf, expires)).await?
+        blocking(&self.pool, move || st.commit(id, &buf, expires)).await?
     }
 
     /// `commit` on the calling thread.

@@ -34,10 +34,13 @@ struct Doc<'a> {
     derived: Derived,
     advice: &'a [Advice],
     snapshot: &'a Snapshot,
+    connection: serde_json::Value,
 }
 
-/// The JSON document the dashboard polls: derived figures, advice, and the whole snapshot.
-pub fn json(s: &Snapshot, advice: &[Advice]) -> String {
+/// The JSON document the dashboard polls: derived figures, advice, the
+/// whole snapshot, and `connection`: the connection layer's own detailed
+/// counters (null when not given).
+pub fn json(s: &Snapshot, advice: &[Advice], connection: serde_json::Value) -> String {
     let c = s.cache.as_ref();
     let derived = Derived {
         requests: s.requests.total,
@@ -56,6 +59,7 @@ pub fn json(s: &Snapshot, advice: &[Advice]) -> String {
         derived,
         advice,
         snapshot: s,
+        connection,
     })
     .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

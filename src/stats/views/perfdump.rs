@@ -45,6 +45,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             );
             let _ = writeln!(o, "{:<40} {}", "Total Connections Queued", q.total_queued);
             let _ = writeln!(o, "{:<40} {}", "Connections Overflowed", q.overflows);
+            let _ = writeln!(o, "{:<40} {}", "Connections Abandoned", q.abandoned);
             let _ = writeln!(
                 o,
                 "{:<40} {:.2}, {:.2}, {:.2}",
@@ -85,6 +86,9 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "{:<20} {}", "KeepAliveFlushes", na(ka.flushes));
     let _ = writeln!(o, "{:<20} {}", "KeepAliveRefusals", na(ka.refusals));
     let _ = writeln!(o, "{:<20} {}", "KeepAliveTimeouts", na(ka.timeouts));
+    if let Some(h) = ka.header_timeouts {
+        let _ = writeln!(o, "{:<20} {h}", "HeaderTimeouts");
+    }
     let _ = writeln!(o, "{:<20} {} seconds", "KeepAliveTimeout", ka.timeout_secs);
     let _ = writeln!(o, "{:<20} {}", "MaxKeepAliveRequests", ka.max_requests);
     o.push('\n');
@@ -185,6 +189,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
                 "{:<30} {}/{}/{}",
                 "Work Queue Length/Peak/Limit", p.queue, p.queue_peak, p.queue_limit
             );
+            let _ = writeln!(o, "{:<30} {} ({} refused: busy 503)", "Jobs", p.jobs, p.refused);
         }
         None => {
             let _ = writeln!(o, "(not reported)");

@@ -194,6 +194,12 @@ pub fn render(s: &Snapshot) -> String {
             q.overflows,
         );
         o.one(
+            "portico_connection_queue_abandoned_total",
+            "counter",
+            "Queued requests whose client went away before admission.",
+            q.abandoned,
+        );
+        o.one(
             "portico_connection_queue_wait_seconds_total",
             "counter",
             "Time connections spent queued.",

@@ -170,6 +170,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
                 a("peakQueued", q.peak),
                 a("maxQueued", q.limit),
                 a("countOverflows", q.overflows),
+                a("countAbandoned", q.abandoned),
                 a("countTotalQueued", q.total_queued),
                 a("ticksTotalQueued", q.queue_time_us),
                 a("countQueued1MinuteAverage", format!("{:.2}", q.avg_1)),
@@ -184,7 +185,10 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             &[
                 a("threadPoolId", "thread-pool-0"),
                 a("countIdleThreads", p.idle),
-                a("countThreads", p.peak),
+                a("countThreads", p.threads),
+                a("peakThreads", p.peak),
+                a("countJobs", p.jobs),
+                a("countRefused", p.refused),
                 a("maxThreads", p.limit),
                 a("countQueued", p.queue),
                 a("peakQueued", p.queue_peak),
@@ -217,6 +221,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             a("countFlushes", opt(ka.flushes)),
             a("countRefusals", opt(ka.refusals)),
             a("countTimeouts", opt(ka.timeouts)),
+            a("countHeaderTimeouts", opt(ka.header_timeouts)),
             a("secondsTimeout", ka.timeout_secs),
         ],
     );

@@ -1,0 +1,285 @@
+//! Admission: at most `server.max_requests` requests in service at once
+//! (the seed's RqThrottle, its "maximum threads"), and the connection queue
+//! in front of it.
+//!
+//! A request holds a permit from the moment its head has been read until
+//! its response is done (a CONNECT tunnel gives it back once established:
+//! the tunnel is a byte pump, not a request). A request that finds every
+//! permit taken waits in the **connection queue**, bounded by
+//! `server.queue_size`, and is served in arrival order; when the queue is
+//! full it is refused at once (the caller answers 503 with `Retry-After`),
+//! so overload shows as quick, clean refusals rather than timeouts.
+//!
+//! The hot path (a permit is free) is one atomic operation on the
+//! semaphore; the counters are relaxed atomics. Only queueing, which
+//! happens when the server is already saturated, takes a small lock, to
+//! keep the 1/5/15-minute queue-length averages.
+
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Instant;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// Time constants of the queue-length averages: 1, 5 and 15 minutes.
+const AVG_PERIODS: [f64; 3] = [60.0, 300.0, 900.0];
+
+/// The request cannot be admitted now: the connection queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
+
+/// The gate in front of request processing, with its counters.
+#[derive(Debug)]
+pub struct Admission {
+    permits: Semaphore,
+    max_requests: usize,
+    queue_limit: usize,
+    queued: AtomicUsize,
+    peak: AtomicUsize,
+    total_queued: AtomicU64,
+    overflows: AtomicU64,
+    abandoned: AtomicU64,
+    queue_time_us: AtomicU64,
+    admitted: AtomicU64,
+    in_service_peak: AtomicUsize,
+    load: Mutex<QueueLoad>,
+}
+
+/// A request in service; dropping it lets the next one in.
+#[derive(Debug)]
+pub struct Permit<'a> {
+    _permit: SemaphorePermit<'a>,
+}
+
+/// Exponentially damped averages of the queue length, in continuous time:
+/// between two changes the length `n` is constant, so each average moves
+/// towards it as `avg = n + (avg - n) * exp(-dt / T)`. The same time
+/// constants as Unix load averages, but exact (updated at every change
+/// rather than sampled every 5 s), and no timer task is needed.
+#[derive(Debug)]
+struct QueueLoad {
+    at: Instant,
+    length: f64,
+    avg: [f64; 3],
+}
+
+impl QueueLoad {
+    fn advance(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        for (avg, period) in self.avg.iter_mut().zip(AVG_PERIODS) {
+            *avg = self.length + (*avg - self.length) * (-dt / period).exp();
+        }
+        self.at = now;
+    }
+}
+
+/// Leaves the queue when dropped (admitted, or the request went away).
+struct Waiting<'a> {
+    admission: &'a Admission,
+    since: Instant,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let a = self.admission;
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(self.since);
+        a.queue_time_us
+            .fetch_add(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX), Relaxed);
+        a.queued.fetch_sub(1, Relaxed);
+        a.change_length(now, -1.0);
+    }
+}
+
+impl Admission {
+    /// `max_requests` in service at once, `queue_limit` waiting (both at least 1).
+    pub fn new(max_requests: usize, queue_limit: usize) -> Admission {
+        let max_requests = max_requests.clamp(1, Semaphore::MAX_PERMITS);
+        Admission {
+            permits: Semaphore::new(max_requests),
+            max_requests,
+            queue_limit: queue_limit.max(1),
+            queued: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            total_queued: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            queue_time_us: AtomicU64::new(0),
+            admitted: AtomicU64::new(0),
+            in_service_peak: AtomicUsize::new(0),
+            load: Mutex::new(QueueLoad {
+                at: Instant::now(),
+                length: 0.0,
+                avg: [0.0; 3],
+            }),
+        }
+    }
+
+    /// Admits a request: at once if a permit is free, else after waiting in
+    /// the connection queue (first come, first served); `QueueFull` at once
+    /// if the queue has no room.
+    pub async fn admit(&self) -> Result<Permit<'_>, QueueFull> {
+        if let Ok(p) = self.permits.try_acquire() {
+            return Ok(self.admitted(p));
+        }
+        let length = self.queued.fetch_add(1, Relaxed) + 1;
+        if length > self.queue_limit {
+            self.queued.fetch_sub(1, Relaxed);
+            self.overflows.fetch_add(1, Relaxed);
+            return Err(QueueFull);
+        }
+        self.peak.fetch_max(length, Relaxed);
+        self.total_queued.fetch_add(1, Relaxed);
+        let since = Instant::now();
+        self.change_length(since, 1.0);
+        let waiting = Waiting { admission: self, since };
+        // The semaphore is never closed, so acquire cannot fail; if it ever
+        // did, refusing the request is the safe answer.
+        let permit = self.permits.acquire().await.map_err(|_| QueueFull)?;
+        drop(waiting);
+        Ok(self.admitted(permit))
+    }
+
+    /// A queued request was given up because its client went away (the
+    /// caller dropped the `admit` future for that reason).
+    pub fn abandoned(&self) {
+        self.abandoned.fetch_add(1, Relaxed);
+    }
+
+    fn admitted<'a>(&'a self, permit: SemaphorePermit<'a>) -> Permit<'a> {
+        self.admitted.fetch_add(1, Relaxed);
+        let in_service = self.in_service();
+        // Read first: a write to this shared line only when the peak moves.
+        if in_service > self.in_service_peak.load(Relaxed) {
+            self.in_service_peak.fetch_max(in_service, Relaxed);
+        }
+        Permit { _permit: permit }
+    }
+
+    fn in_service(&self) -> usize {
+        self.max_requests.saturating_sub(self.permits.available_permits())
+    }
+
+    fn change_length(&self, now: Instant, delta: f64) {
+        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        load.advance(now);
+        load.length = (load.length + delta).max(0.0);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> ConnectionQueue {
+        let avg = {
+            let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+            load.advance(Instant::now());
+            load.avg
+        };
+        let total_queued = self.total_queued.load(Relaxed);
+        let queue_time_us = self.queue_time_us.load(Relaxed);
+        ConnectionQueue {
+            current: self.queued.load(Relaxed),
+            peak: self.peak.load(Relaxed),
+            limit: self.queue_limit,
+            total_queued,
+            overflows: self.overflows.load(Relaxed),
+            abandoned: self.abandoned.load(Relaxed),
+            queue_time_us,
+            avg_queueing_delay_ms: if total_queued == 0 {
+                0.0
+            } else {
+                queue_time_us as f64 / total_queued as f64 / 1000.0
+            },
+            avg_1min: avg[0],
+            avg_5min: avg[1],
+            avg_15min: avg[2],
+            in_service: self.in_service(),
+            in_service_peak: self.in_service_peak.load(Relaxed),
+            max_requests: self.max_requests,
+            total_admitted: self.admitted.load(Relaxed),
+        }
+    }
+}
+
+/// The connection queue and admission counters (the seed's ConnectionQueue
+/// section of perfdump, plus the requests in service).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionQueue {
+    /// Requests waiting in the queue now ("Current Queue Length").
+    pub current: usize,
+    /// Most requests ever waiting at once ("Peak Queue Length").
+    pub peak: usize,
+    /// Queue capacity, `server.queue_size` ("Limit"); beyond it requests get 503.
+    pub limit: usize,
+    /// Requests that ever waited in the queue ("Total Connections Queued").
+    pub total_queued: u64,
+    /// Requests refused with 503 because the queue was full ("Number of Connections Overflowed").
+    pub overflows: u64,
+    /// Queued requests given up because their client closed the connection
+    /// while waiting (never sent to an origin).
+    pub abandoned: u64,
+    /// Total time requests spent queued, in microseconds ("Ticks Spent").
+    pub queue_time_us: u64,
+    /// `queue_time_us / total_queued` in milliseconds ("Average Queueing Delay").
+    pub avg_queueing_delay_ms: f64,
+    /// Queue length averaged over about the last minute (exponentially damped).
+    pub avg_1min: f64,
+    /// Queue length averaged over about the last 5 minutes.
+    pub avg_5min: f64,
+    /// Queue length averaged over about the last 15 minutes.
+    pub avg_15min: f64,
+    /// Requests in service now (holding a permit).
+    pub in_service: usize,
+    /// Most requests ever in service at once.
+    pub in_service_peak: usize,
+    /// `server.max_requests`: the most requests in service at once.
+    pub max_requests: usize,
+    /// Requests admitted since start (with or without queueing).
+    pub total_admitted: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn queues_then_overflows_then_admits_in_order() {
+        let a = Admission::new(1, 1);
+        let first = a.admit().await.expect("a free permit");
+        let a2 = &a;
+        let mut second = Box::pin(a2.admit());
+        // Polling once puts the second request in the queue.
+        assert!(futures_poll_once(second.as_mut()).await.is_none());
+        assert_eq!(a.snapshot().current, 1);
+        assert_eq!(a.admit().await.err(), Some(QueueFull));
+        drop(first);
+        let _p = second.await.expect("admitted after the first finished");
+        let s = a.snapshot();
+        assert_eq!((s.current, s.peak, s.limit), (0, 1, 1));
+        assert_eq!((s.total_queued, s.overflows, s.total_admitted), (1, 1, 2));
+        assert_eq!((s.in_service, s.in_service_peak, s.max_requests), (1, 1, 1));
+        assert!(s.avg_1min >= 0.0 && s.avg_1min <= 1.0);
+    }
+
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let mut f = f;
+        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await
+    }
+
+    #[test]
+    fn averages_move_towards_the_length() {
+        let start = Instant::now();
+        let mut l = QueueLoad {
+            at: start,
+            length: 2.0,
+            avg: [0.0; 3],
+        };
+        l.advance(start + Duration::from_secs(60));
+        // After one time constant: 2 * (1 - 1/e).
+        assert!((l.avg[0] - 2.0 * (1.0 - (-1.0f64).exp())).abs() < 1e-9);
+        assert!(l.avg[0] > l.avg[1] && l.avg[1] > l.avg[2] && l.avg[2] > 0.0);
+    }
+}

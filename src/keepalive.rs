@@ -1,0 +1,200 @@
+//! The keep-alive subsystem: which idle persistent connections are kept,
+//! and its counters (the seed's KeepAliveInfo).
+//!
+//! There are no keep-alive threads and no poll interval: each idle
+//! connection's own task waits for readability holding no buffer
+//! (`http1::conn`), and the kernel's epoll is the "poller". What is left to
+//! manage is the bound: at most `keepalive.max_connections` connections may
+//! sit idle. When one more becomes idle, the oldest idle one is closed (a
+//! **flush**). The idle set is an ordered map from a sequence number (the
+//! order connections became idle) to the socket's file descriptor, so a
+//! flush is `pop_first` plus `shutdown(2)` on that socket, which wakes its
+//! task to see end-of-stream and close. An idle connection costs one map
+//! entry (about 16 bytes) beside its task.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Idle persistent connections and the keep-alive counters.
+#[derive(Debug)]
+pub struct KeepAlive {
+    max: usize,
+    timeout: Duration,
+    /// Idle connections, oldest first: sequence number -> socket.
+    idle: Mutex<BTreeMap<u64, RawFd>>,
+    next_seq: AtomicU64,
+    count: AtomicUsize,
+    hits: AtomicU64,
+    flushes: AtomicU64,
+    refusals: AtomicU64,
+    timeouts: AtomicU64,
+    header_timeouts: AtomicU64,
+}
+
+/// A connection's place in the idle set; leaving it (drop) removes the
+/// entry. It must be dropped before the socket is closed, so that a flush
+/// never shuts down a descriptor number the kernel has already reused.
+#[derive(Debug)]
+pub struct Idle<'a> {
+    keepalive: &'a KeepAlive,
+    seq: u64,
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        let ka = self.keepalive;
+        let mut idle = ka.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.remove(&self.seq).is_some() {
+            ka.count.store(idle.len(), Relaxed);
+        }
+    }
+}
+
+impl KeepAlive {
+    /// At most `max` idle connections (at least 1), each kept `timeout`;
+    /// a zero `timeout` turns keep-alive off.
+    pub fn new(max: usize, timeout: Duration) -> KeepAlive {
+        KeepAlive {
+            max: max.max(1),
+            timeout,
+            idle: Mutex::new(BTreeMap::new()),
+            next_seq: AtomicU64::new(0),
+            count: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            header_timeouts: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether connections are kept between requests at all.
+    pub fn enabled(&self) -> bool {
+        !self.timeout.is_zero()
+    }
+
+    /// How long an idle connection is kept.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Enters `socket` into the idle set, closing the oldest idle
+    /// connections if the set is full. The caller must keep the socket open
+    /// until the returned guard is dropped.
+    pub fn enter<S: AsRawFd>(&self, socket: &S) -> Idle<'_> {
+        let seq = self.next_seq.fetch_add(1, Relaxed);
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while idle.len() >= self.max {
+            let Some((_, fd)) = idle.pop_first() else { break };
+            // SAFETY: `fd` belongs to a connection whose `Idle` guard has not
+            // been dropped (it would have removed the entry, under this same
+            // lock), and the guard is dropped before its socket is closed:
+            // so `fd` is still that open socket. shutdown(2) only ends the
+            // TCP connection; the owning task sees end-of-stream and closes.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+            self.flushes.fetch_add(1, Relaxed);
+        }
+        idle.insert(seq, socket.as_raw_fd());
+        self.count.store(idle.len(), Relaxed);
+        Idle { keepalive: self, seq }
+    }
+
+    /// A request arrived on a connection that had served one before.
+    pub fn hit(&self) {
+        self.hits.fetch_add(1, Relaxed);
+    }
+
+    /// A completed response's connection is closed instead of kept.
+    pub fn refusal(&self) {
+        self.refusals.fetch_add(1, Relaxed);
+    }
+
+    /// An idle connection was closed after `keepalive.timeout`.
+    pub fn timed_out(&self) {
+        self.timeouts.fetch_add(1, Relaxed);
+    }
+
+    /// A connection was closed because no complete request head arrived
+    /// within `limits.header_timeout`.
+    pub fn header_timed_out(&self) {
+        self.header_timeouts.fetch_add(1, Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> KeepAliveInfo {
+        KeepAliveInfo {
+            count: self.count.load(Relaxed),
+            max: self.max,
+            hits: self.hits.load(Relaxed),
+            flushes: self.flushes.load(Relaxed),
+            refusals: self.refusals.load(Relaxed),
+            timeouts: self.timeouts.load(Relaxed),
+            timeout_secs: self.timeout.as_secs_f64(),
+            header_timeouts: self.header_timeouts.load(Relaxed),
+        }
+    }
+}
+
+/// The keep-alive counters (the seed's KeepAliveInfo section of perfdump).
+#[derive(Debug, Clone, Serialize)]
+pub struct KeepAliveInfo {
+    /// Idle persistent connections now ("KeepAliveCount", first number).
+    pub count: usize,
+    /// `keepalive.max_connections` ("KeepAliveCount", second number).
+    pub max: usize,
+    /// Requests that arrived on a connection kept alive, i.e. not the first on it ("KeepAliveHits").
+    pub hits: u64,
+    /// Idle connections closed to make room for a newer one ("KeepAliveFlushes").
+    pub flushes: u64,
+    /// Connections closed after a complete response instead of kept: the
+    /// client did not ask for keep-alive (HTTP/1.0 without it,
+    /// `Connection: close`), `keepalive.max_requests` was reached,
+    /// keep-alive is off, or the response needed a close (an HTTP/1.0
+    /// body of unknown length, an error that ends the connection)
+    /// ("KeepAliveRefusals").
+    pub refusals: u64,
+    /// Idle connections closed after `keepalive.timeout` ("KeepAliveTimeouts").
+    pub timeouts: u64,
+    /// `keepalive.timeout` in seconds ("KeepAliveTimeout").
+    pub timeout_secs: f64,
+    /// Connections closed because a request head was not complete within
+    /// `limits.header_timeout` (slow or silent clients, slowloris).
+    pub header_timeouts: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn a_full_set_closes_the_oldest() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(addr).unwrap());
+            servers.push(listener.accept().unwrap().0);
+        }
+        let ka = KeepAlive::new(2, Duration::from_secs(15));
+        let first = ka.enter(&servers[0]);
+        let _second = ka.enter(&servers[1]);
+        assert_eq!(ka.snapshot().count, 2);
+        let _third = ka.enter(&servers[2]);
+        let s = ka.snapshot();
+        assert_eq!((s.count, s.max, s.flushes), (2, 2, 1));
+        // The oldest connection's client sees end-of-stream.
+        let mut buf = [0u8; 1];
+        assert_eq!(clients[0].read(&mut buf).unwrap(), 0);
+        drop(first); // already flushed: nothing left to remove
+        assert_eq!(ka.snapshot().count, 2);
+    }
+}

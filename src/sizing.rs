@@ -1,0 +1,151 @@
+//! Sizing from the machine, as the seed does: raise the open-files limit,
+//! then derive the connection limits left at 0 in the config from it.
+//!
+//! Every connection costs a file descriptor, and a request in service can
+//! cost three (client, origin, disk cache file), so the open-files limit is
+//! what really bounds how many connections a proxy can hold. The formulas
+//! (docs/CONFIG.md, "Sizing") split it so that the three limits together
+//! fit in it: with `usable = nofile - 64` (64 kept for logs, the listeners,
+//! the cache's own files), `max_requests = usable / 6` (3 descriptors
+//! each: half of `usable`), `queue_size = usable / 8` (1 each: an eighth),
+//! `keepalive.max_connections = usable * 3 / 8` (1 each: the rest).
+
+use crate::config::Config;
+
+/// Descriptors kept out of the split for logs, listeners and cache files.
+const RESERVED: u64 = 64;
+/// No derived limit goes below this, however low the open-files limit.
+const FLOOR: u64 = 16;
+
+/// The open-files limit before and after start-up raised it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFiles {
+    /// Soft limit the process was started with.
+    pub before: u64,
+    /// Soft limit now (the hard limit, when raising it worked).
+    pub now: u64,
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (capped at 1 << 20,
+/// which is Linux's usual `nr_open`, so an "unlimited" hard limit does not
+/// make setrlimit fail). Returns the limits; on failure the soft limit is
+/// kept and reported unchanged.
+// rlim_t is u64 on the 64-bit targets we build for, u32 on some others.
+#[allow(clippy::useless_conversion)]
+pub fn raise_open_files() -> OpenFiles {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and has no other
+    // preconditions.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return OpenFiles {
+            before: 1024,
+            now: 1024,
+        };
+    }
+    let before = u64::from(lim.rlim_cur);
+    let target = u64::from(lim.rlim_max).min(1 << 20);
+    if target > before {
+        let raised = libc::rlimit {
+            rlim_cur: libc::rlim_t::try_from(target).unwrap_or(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we pass; raising the soft
+        // limit up to the hard limit needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return OpenFiles { before, now: target };
+        }
+    }
+    OpenFiles { before, now: before }
+}
+
+/// The values derived from an open-files limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Derived {
+    /// Default `server.max_requests`.
+    pub max_requests: usize,
+    /// Default `server.queue_size`.
+    pub queue_size: usize,
+    /// Default `keepalive.max_connections`.
+    pub keepalive_connections: usize,
+}
+
+/// The formulas of the module documentation.
+pub fn derive(nofile: u64) -> Derived {
+    let usable = nofile.saturating_sub(RESERVED);
+    let pick = |n: u64| usize::try_from(n.max(FLOOR)).unwrap_or(usize::MAX);
+    Derived {
+        max_requests: pick(usable / 6),
+        queue_size: pick(usable / 8),
+        keepalive_connections: pick(usable * 3 / 8),
+    }
+}
+
+/// Replaces the config's sized-from-the-machine zeros (`server.max_requests`,
+/// `server.queue_size`, `keepalive.max_connections`, `server.blocking_queue`)
+/// with their values for `nofile`; returns a description of what was chosen.
+pub fn resolve(config: &mut Config, nofile: u64) -> String {
+    let d = derive(nofile);
+    let mut parts = Vec::new();
+    let mut fill = |value: &mut usize, derived: usize, name: &str| {
+        let how = if *value == 0 {
+            *value = derived;
+            "derived"
+        } else {
+            "configured"
+        };
+        parts.push(format!("{name} = {value} ({how})"));
+    };
+    fill(&mut config.server.max_requests, d.max_requests, "server.max_requests");
+    fill(&mut config.server.queue_size, d.queue_size, "server.queue_size");
+    fill(
+        &mut config.keepalive.max_connections,
+        d.keepalive_connections,
+        "keepalive.max_connections",
+    );
+    let max_requests = config.server.max_requests;
+    fill(&mut config.server.blocking_queue, max_requests, "server.blocking_queue");
+    format!("open files {nofile}: {}", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_split_the_limit() {
+        let d = derive(20_000);
+        assert_eq!(d.max_requests, 19_936 / 6);
+        assert_eq!(d.queue_size, 19_936 / 8);
+        assert_eq!(d.keepalive_connections, 19_936 * 3 / 8);
+        // Together they fit in the limit: 3 per request, 1 per other connection.
+        assert!(3 * d.max_requests + d.queue_size + d.keepalive_connections <= 20_000);
+    }
+
+    #[test]
+    fn floors_apply_to_tiny_limits() {
+        let d = derive(10);
+        assert_eq!((d.max_requests, d.queue_size, d.keepalive_connections), (16, 16, 16));
+    }
+
+    #[test]
+    fn only_zeros_are_replaced() {
+        let mut c = Config::default();
+        c.server.queue_size = 7;
+        let said = resolve(&mut c, 1064);
+        assert_eq!(c.server.max_requests, 166);
+        assert_eq!(c.server.queue_size, 7);
+        assert_eq!(c.keepalive.max_connections, 375);
+        assert_eq!(c.server.blocking_queue, 166);
+        assert!(said.contains("server.queue_size = 7 (configured)"), "{said}");
+        assert!(said.contains("server.max_requests = 166 (derived)"), "{said}");
+    }
+
+    #[test]
+    fn raising_never_lowers() {
+        let r = raise_open_files();
+        assert!(r.now >= r.before);
+    }
+}

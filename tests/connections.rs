@@ -1,0 +1,580 @@
+//! Connection handling through the real binary: admission and the
+//! connection queue (busy 503 with Retry-After), the keep-alive subsystem
+//! (flushes oldest first, timeouts, hits, refusals, slowloris cut-off), the
+//! blocking pool under disk-cache traffic, and sizing from the machine.
+//! Every counter is read from the monitoring JSON (`GET /.stats.json`, its
+//! `connection` part: the connection layer's own snapshots).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
+
+/// A forward listener on a free port with `extra` config sections.
+async fn proxy(extra: &str) -> Portico {
+    proxy_with(extra, "").await
+}
+
+/// As [`proxy`], with `listener_extra` keys in the `[[listener]]` table.
+async fn proxy_with(extra: &str, listener_extra: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n{listener_extra}\n\n[log]\naccess = \"{{dir}}/access.log\"\n\n{extra}"
+    ))
+    .await
+}
+
+/// The connection counters from the monitoring JSON.
+async fn counters(p: &Portico) -> Value {
+    let addr = p.addr();
+    let raw = raw_request(
+        addr,
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    let resp = parse_response(&raw);
+    assert_eq!(resp.status, 200, "counters: {}", resp.body_str());
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    let doc: Value = serde_json::from_slice(&resp.body)
+        .unwrap_or_else(|e| panic!("counters are not JSON: {e}\n{}", resp.body_str()));
+    doc["connection"].clone()
+}
+
+/// Polls the counters until `ready` holds for them (10 s at most).
+async fn counters_when(p: &Portico, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..1000 {
+        let c = counters(p).await;
+        if ready(&c) {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("counters never showed {what}: {}", counters(p).await);
+}
+
+fn num(v: &Value, section: &str, key: &str) -> f64 {
+    v[section][key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no number {section}.{key} in {v}"))
+}
+
+fn int(v: &Value, section: &str, key: &str) -> u64 {
+    v[section][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer {section}.{key} in {v}"))
+}
+
+/// An absolute-form GET through the proxy for `origin` + `path`.
+fn get(origin: &Origin, path: &str, headers: &str) -> Vec<u8> {
+    let o = origin.addr();
+    format!("GET http://{o}{path} HTTP/1.1\r\nHost: {o}\r\n{headers}\r\n").into_bytes()
+}
+
+/// An origin whose responses wait until the test adds permits to `gate`;
+/// `arrived` counts the requests it has received.
+async fn gated_origin() -> (Origin, Arc<Semaphore>, Arc<AtomicUsize>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (g, a) = (gate.clone(), arrived.clone());
+    let origin = Origin::start(move |req| {
+        let (g, a) = (g.clone(), a.clone());
+        async move {
+            a.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = g.acquire().await {
+                p.forget();
+            }
+            Response::ok(format!("slow {}", req.uri.path()))
+        }
+    })
+    .await;
+    (origin, gate, arrived)
+}
+
+async fn fast_origin() -> Origin {
+    Origin::start(|req| async move { Response::ok(format!("fast {}", req.uri.path())) }).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
+    let (origin, gate, arrived) = gated_origin().await;
+    let p = proxy_with(
+        "[server]\nmax_requests = 2\nqueue_size = 1\nbusy_retry_after = \"7s\"\n\n[cache]\nenabled = false\n",
+        "busy_body = \"<p>too busy, come back later</p>\"",
+    )
+    .await;
+    let addr = p.addr();
+    let before = counters(&p).await;
+    assert_eq!(int(&before, "connection_queue", "max_requests"), 2);
+    assert_eq!(int(&before, "connection_queue", "limit"), 1);
+
+    // Two slow requests take both places in service.
+    let mut in_service = Vec::new();
+    for i in 0..2 {
+        let req = get(&origin, &format!("/slow{i}"), "Connection: close\r\n");
+        in_service.push(tokio::spawn(async move {
+            raw_request_timeout(addr, &req, Duration::from_secs(30)).await
+        }));
+    }
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "the two slow requests never reached the origin"
+    );
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "connection_queue", "in_service"), 2);
+
+    // The third waits in the connection queue.
+    let req = get(&origin, "/queued", "Connection: close\r\n");
+    let queued = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    let c = counters_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
+    assert_eq!(int(&c, "connection_queue", "total_queued"), 1);
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "a queued request must not reach the origin"
+    );
+
+    // The fourth finds the queue full: 503 at once, Retry-After, the
+    // listener's busy body, and a clean close (no reset).
+    let raw = raw_request(addr, &get(&origin, "/overflow", "")).await;
+    let resp = parse_response(&raw);
+    assert_eq!(resp.status, 503);
+    assert_eq!(resp.header("retry-after"), Some("7"));
+    assert_eq!(resp.header("connection"), Some("close"));
+    assert_eq!(resp.body_str(), "<p>too busy, come back later</p>");
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "connection_queue", "overflows"), 1);
+
+    // Let the origin answer: everything admitted is served, the queued one last.
+    gate.add_permits(3);
+    for t in in_service {
+        let resp = parse_response(&t.await.expect("join"));
+        assert_eq!(resp.status, 200);
+    }
+    let resp = parse_response(&queued.await.expect("join"));
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "slow /queued"));
+
+    let c = counters_when(&p, "an empty queue", |c| c["connection_queue"]["in_service"] == 0).await;
+    let q = "connection_queue";
+    assert_eq!(int(&c, q, "current"), 0);
+    assert_eq!(int(&c, q, "peak"), 1);
+    assert_eq!(int(&c, q, "total_queued"), 1);
+    assert_eq!(int(&c, q, "overflows"), 1);
+    assert_eq!(int(&c, q, "in_service_peak"), 2);
+    assert_eq!(int(&c, q, "total_admitted"), 3);
+    assert!(int(&c, q, "queue_time_us") > 0, "{c}");
+    assert!(num(&c, q, "avg_queueing_delay_ms") > 0.0, "{c}");
+    for avg in ["avg_1min", "avg_5min", "avg_15min"] {
+        assert!(num(&c, q, avg) > 0.0, "{avg} did not move: {c}");
+    }
+    assert!(num(&c, q, "avg_1min") > num(&c, q, "avg_15min"), "{c}");
+    // The 503 is in the access log (written by a background thread).
+    let needle = "/overflow HTTP/1.1\" 503";
+    let mut log = String::new();
+    for _ in 0..200 {
+        log = std::fs::read_to_string(p.dir().join("access.log")).unwrap_or_default();
+        if log.contains(needle) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(log.contains(needle), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_beyond_the_limit_are_closed_oldest_first() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\nmax_connections = 2\n").await;
+    let mut clients = Vec::new();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let mut c = RawClient::connect(p.addr()).await;
+        c.send(&get(&origin, &format!("/{name}"), "")).await;
+        assert_eq!(c.read_response().await.status, 200);
+        clients.push(c);
+        // Each becomes idle in turn, so their age order is a, b, c. The
+        // set holds two: c's arrival flushes a.
+        let idle = (i + 1).min(2) as u64;
+        counters_when(&p, "the connection idle", |c| c["keepalive"]["count"] == idle).await;
+    }
+    let mut oldest = clients.remove(0);
+    oldest.timeout = Duration::from_secs(10);
+    assert!(oldest.read_to_end().await.is_empty());
+    assert!(oldest.is_eof(), "the oldest idle connection was not closed");
+    // The newer ones still work (and their second requests are hits).
+    for (c, name) in clients.iter_mut().zip(["b", "c"]) {
+        c.send(&get(&origin, &format!("/{name}2"), "")).await;
+        let resp = c.read_response().await;
+        assert_eq!((resp.status, resp.body_str()), (200, format!("fast /{name}2")));
+    }
+    let c = counters_when(&p, "two idle connections", |c| c["keepalive"]["count"] == 2).await;
+    assert_eq!(int(&c, "keepalive", "max"), 2);
+    assert_eq!(int(&c, "keepalive", "flushes"), 1);
+    assert_eq!(int(&c, "keepalive", "hits"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_is_cut_off_while_others_are_served() {
+    let origin = fast_origin().await;
+    let p = proxy("[limits]\nheader_timeout = \"1s\"\n").await;
+    // A client that trickles its head, one header line at a time.
+    let mut slow = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let o = origin.addr();
+    slow.write_all(format!("GET http://{o}/slow HTTP/1.1\r\nHost: {o}\r\n").as_bytes())
+        .await
+        .expect("write");
+    let (mut reader, mut writer) = slow.into_split();
+    let trickle = tokio::spawn(async move {
+        for i in 0..200 {
+            if writer.write_all(format!("X-Slow-{i}: a\r\n").as_bytes()).await.is_err() {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        200
+    });
+    // A client that says nothing at all.
+    let mut silent = RawClient::connect(p.addr()).await;
+    silent.timeout = Duration::from_secs(15);
+    // Meanwhile others are served.
+    for i in 0..3 {
+        let raw = raw_request(p.addr(), &get(&origin, &format!("/other{i}"), "Connection: close\r\n")).await;
+        assert_eq!(parse_response(&raw).status, 200);
+    }
+    // The trickler gets 408 and the connection closes.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the slowloris connection was never closed");
+    assert_eq!(parse_response(&got).status, 408);
+    let sent = trickle.await.expect("join");
+    assert!(sent < 200, "the trickler was never cut off");
+    // The silent one is closed without a response.
+    assert!(silent.read_to_end().await.is_empty());
+    assert!(silent.is_eof());
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "header_timeouts"), 2, "{c}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_hits_and_refusals_are_counted() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\ntimeout = \"1s\"\nmax_requests = 3\n").await;
+    let c = counters(&p).await;
+    assert_eq!(num(&c, "keepalive", "timeout_secs"), 1.0);
+
+    // Three requests on one connection: two hits; the third response
+    // closes it (max_requests): one refusal.
+    let mut client = RawClient::connect(p.addr()).await;
+    for i in 0..3 {
+        client.send(&get(&origin, &format!("/k{i}"), "")).await;
+        let resp = client.read_response().await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("connection") == Some("close"), i == 2);
+    }
+    assert!(client.read_to_end().await.is_empty());
+    // HTTP/1.0 without keep-alive, and HTTP/1.1 with Connection: close: refusals.
+    let o = origin.addr();
+    let raw = raw_request(p.addr(), format!("GET http://{o}/old HTTP/1.0\r\n\r\n").as_bytes()).await;
+    assert_eq!(parse_response(&raw).status, 200);
+    let raw = raw_request(p.addr(), &get(&origin, "/close", "Connection: close\r\n")).await;
+    assert_eq!(parse_response(&raw).status, 200);
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "hits"), 2);
+    assert_eq!(int(&c, "keepalive", "refusals"), 3);
+    assert_eq!(int(&c, "keepalive", "timeouts"), 0);
+
+    // A kept connection left idle past keepalive.timeout is closed and counted.
+    let mut idle = RawClient::connect(p.addr()).await;
+    idle.timeout = Duration::from_secs(15);
+    idle.send(&get(&origin, "/idle", "")).await;
+    assert_eq!(idle.read_response().await.status, 200);
+    assert!(idle.read_to_end().await.is_empty());
+    assert!(idle.is_eof(), "the idle connection was not closed");
+    let c = counters_when(&p, "a keep-alive timeout", |c| c["keepalive"]["timeouts"] == 1).await;
+    assert_eq!(int(&c, "keepalive", "count"), 0);
+    assert_eq!(int(&c, "keepalive", "refusals"), 3);
+}
+
+/// The one object file under a disk cache directory (tmp files excluded).
+fn object_file(dir: &Path) -> PathBuf {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read cache dir").flatten() {
+            let path = entry.path();
+            let kind = entry.file_type().expect("file type");
+            if kind.is_dir() && entry.file_name() != "tmp" {
+                stack.push(path);
+            } else if kind.is_file() {
+                found.push(path);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "expected one cached object: {found:?}");
+    found.remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full() {
+    let origin =
+        Origin::start(|_| async move { Response::ok(vec![b'x'; 10_000]).header("cache-control", "max-age=3600") })
+            .await;
+    let files = tempfile::tempdir().expect("tempdir");
+    let busy_file = files.path().join("busy.html");
+    std::fs::write(&busy_file, "<p>disk busy</p>").expect("write busy file");
+    let p = proxy_with(
+        "[server]\nblocking_threads = 1\nblocking_queue = 1\n\n[cache]\ndir = \"{dir}/cache\"\nmax_memory_object = \"1KiB\"\n",
+        &format!("busy_file = \"{}\"", busy_file.display()),
+    )
+    .await;
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "blocking_pool", "max_threads"), 1);
+    assert_eq!(int(&c, "blocking_pool", "queue_limit"), 1);
+
+    // A miss stores the object on disk; a hit reads it back (it is too big
+    // for the memory tier): both run on the pool.
+    for want in ["MISS", "HIT"] {
+        let raw = raw_request(p.addr(), &get(&origin, "/big", "Connection: close\r\n")).await;
+        let resp = parse_response(&raw);
+        assert_eq!((resp.status, resp.header("x-cache")), (200, Some(want)));
+        assert_eq!(resp.body.len(), 10_000);
+    }
+    let c = counters_when(&p, "an idle pool thread", |c| c["blocking_pool"]["idle_threads"] == 1).await;
+    assert!(int(&c, "blocking_pool", "jobs") >= 3, "{c}");
+    assert_eq!(int(&c, "blocking_pool", "threads"), 1);
+    assert_eq!(int(&c, "blocking_pool", "peak_threads"), 1);
+
+    // Swap the object's file for a FIFO: opening it blocks the pool's only
+    // thread until the test opens the other end.
+    let file = object_file(&p.dir().join("cache"));
+    std::fs::remove_file(&file).expect("remove object");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let addr = p.addr();
+    let req = get(&origin, "/big", "Connection: close\r\n");
+    let stuck = tokio::spawn({
+        let req = req.clone();
+        async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await }
+    });
+    counters_when(&p, "the pool thread busy", |c| {
+        c["blocking_pool"]["threads"] == 1 && c["blocking_pool"]["idle_threads"] == 0
+    })
+    .await;
+    let queued = tokio::spawn({
+        let req = req.clone();
+        async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await }
+    });
+    counters_when(&p, "a queued disk job", |c| c["blocking_pool"]["queue_length"] == 1).await;
+    // The work queue is full: the next lookup is refused with a busy 503.
+    let raw = raw_request(p.addr(), &req).await;
+    let resp = parse_response(&raw);
+    assert_eq!(resp.status, 503);
+    assert_eq!(resp.header("retry-after"), Some("5"));
+    assert_eq!(resp.body_str(), "<p>disk busy</p>");
+
+    // Release the thread: the FIFO reads as a corrupt object, so both
+    // waiting requests are served from the origin.
+    let writer = std::fs::OpenOptions::new().write(true).open(&file).expect("open FIFO");
+    drop(writer);
+    for t in [stuck, queued] {
+        let resp = parse_response(&t.await.expect("join"));
+        assert_eq!((resp.status, resp.body.len()), (200, 10_000));
+    }
+    let c = counters_when(&p, "the queue drained", |c| c["blocking_pool"]["idle_threads"] == 1).await;
+    let b = "blocking_pool";
+    assert_eq!(int(&c, b, "queue_length"), 0);
+    assert_eq!(int(&c, b, "queue_peak"), 1);
+    assert_eq!(int(&c, b, "refused"), 1);
+    assert_eq!(int(&c, b, "peak_threads"), 1);
+}
+
+/// The open-files limit a started portico runs with: the hard limit
+/// (capped at 1 << 20), as `sizing::raise_open_files` sets it.
+fn nofile_after_raise() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    #[allow(clippy::useless_conversion)]
+    u64::from(lim.rlim_max).min(1 << 20)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_sized_from_the_open_files_limit() {
+    let nofile = nofile_after_raise();
+    let usable = nofile - 64;
+    let (max_requests, queue_size, keepalive) = (usable / 6, usable / 8, usable * 3 / 8);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .args(["run", "--print-config"])
+        .output()
+        .expect("run portico");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!(
+            "# sizing: open files {nofile}: server.max_requests = {max_requests} (derived)"
+        )),
+        "{text}"
+    );
+    let printed: toml::Table = text.parse().expect("printed config is TOML");
+    assert_eq!(
+        printed["server"]["max_requests"].as_integer(),
+        Some(max_requests as i64)
+    );
+    assert_eq!(printed["server"]["queue_size"].as_integer(), Some(queue_size as i64));
+    assert_eq!(
+        printed["server"]["blocking_queue"].as_integer(),
+        Some(max_requests as i64)
+    );
+    assert_eq!(
+        printed["keepalive"]["max_connections"].as_integer(),
+        Some(keepalive as i64)
+    );
+
+    // A running server uses the same values, says so in its log, and keeps
+    // the ones the config sets.
+    let p = proxy("[server]\nqueue_size = 7\n").await;
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "connection_queue", "max_requests"), max_requests);
+    assert_eq!(int(&c, "connection_queue", "limit"), 7);
+    assert_eq!(int(&c, "keepalive", "max"), keepalive);
+    assert_eq!(int(&c, "blocking_pool", "queue_limit"), max_requests);
+    assert!(
+        p.stderr().contains(&format!("sizing: open files {nofile}: server.max_requests = {max_requests} (derived), server.queue_size = 7 (configured)")),
+        "{}",
+        p.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_for_admin_clients_and_the_listener_itself() {
+    let origin = fast_origin().await;
+    // Nobody is an admin: 403.
+    let p = proxy("[access]\nadmin_allow = []\n").await;
+    let addr = p.addr();
+    let raw = raw_request(
+        addr,
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(parse_response(&raw).status, 403);
+    // On a transparent listener the path of another host is proxied, not answered.
+    let t = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{t}\"\nmode = \"transparent\"\n\n[log]\naccess = \"\"\n"
+    ))
+    .await;
+    let o = origin.addr();
+    let raw = raw_request(
+        p.addr(),
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(parse_response(&raw).body_str(), "fast /.stats.json");
+    let c = counters(&p).await;
+    assert!(c["keepalive"]["count"].is_u64(), "{c}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_timeout_zero_turns_keepalive_off() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\ntimeout = \"0s\"\n").await;
+    let mut client = RawClient::connect(p.addr()).await;
+    client.send(&get(&origin, "/once", "")).await;
+    let resp = client.read_response().await;
+    assert_eq!((resp.status, resp.header("connection")), (200, Some("close")));
+    assert!(client.read_to_end().await.is_empty());
+    assert!(client.is_eof());
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "refusals"), 1);
+    assert_eq!(num(&c, "keepalive", "timeout_secs"), 0.0);
+}
+
+#[test]
+fn busy_page_settings_are_checked() {
+    let out =
+        Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\nbusy_body = \"x\"\nbusy_file = \"/etc/hostname\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listener[0].busy_file") && err.contains("not both"),
+        "{err}"
+    );
+    // An unreadable busy_file stops start-up with its name.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\naddress = \"{}\"\nbusy_file = \"/nonexistent/busy.html\"\n[log]\naccess = \"\"\n[cache]\nenabled = false\n",
+            free_addr()
+        ),
+    )
+    .expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir.path())
+        .args(["run", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run portico");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read busy_file /nonexistent/busy.html"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_is_dropped() {
+    let (origin, gate, arrived) = gated_origin().await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
+    let addr = p.addr();
+    let req = get(&origin, "/slow", "Connection: close\r\n");
+    let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut leaving = RawClient::connect(addr).await;
+    leaving.send(&get(&origin, "/abandoned", "")).await;
+    counters_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
+    drop(leaving);
+    let c = counters_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
+    assert_eq!(int(&c, "connection_queue", "abandoned"), 1);
+    assert_eq!(int(&c, "connection_queue", "in_service"), 1);
+    // The next request after the slow one is served; the abandoned one never
+    // reaches the origin.
+    gate.add_permits(2);
+    assert_eq!(parse_response(&slow.await.expect("join")).status, 200);
+    let raw = raw_request(addr, &get(&origin, "/next", "Connection: close\r\n")).await;
+    assert_eq!(parse_response(&raw).status, 200);
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.path().to_string()).collect();
+    assert_eq!(paths, ["/slow", "/next"]);
+}
