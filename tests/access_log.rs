@@ -186,3 +186,31 @@ async fn a_bad_custom_format_is_refused_and_empty_access_disables() {
         .collect();
     assert!(files.is_empty(), "{files:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_names_are_resolved_off_the_request_path_when_asked() {
+    let o = Origin::start(|_| async { Response::ok("x") }).await;
+    let p = proxy("access = \"{dir}/access.log\"\nformat = \"common\"\nresolve_clients = true").await;
+    for i in 0..3 {
+        get(&p, &format!("{}/r{i}", o.url()), "").await;
+    }
+    let l = lines(&p.dir().join("access.log"), 3).await;
+    assert_eq!(l.len(), 3);
+    // 127.0.0.1 is named in /etc/hosts on any Debian machine.
+    for line in &l {
+        assert!(line.starts_with("localhost - - ["), "{line}");
+    }
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(perf.contains("ClientDNSCacheInfo:"), "{perf}");
+    assert!(
+        perf.contains("CacheEntries     1/1024\nHitRatio         2/3 ( 66.67%)"),
+        "{perf}"
+    );
+}

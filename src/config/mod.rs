@@ -563,6 +563,8 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// The line format when `format = "custom"` (`%h %t "%r" %s %b %D`...).
     pub custom_format: String,
+    /// Log client host names (reverse DNS, cached) instead of addresses.
+    pub resolve_clients: bool,
     /// Error log level: error | warn | info | debug | trace.
     pub level: String,
     /// Error log file; empty = standard error.
@@ -575,6 +577,7 @@ impl Default for LogConfig {
             access: PathBuf::from("access.log"),
             format: LogFormat::Combined,
             custom_format: "%h %l %u %t \"%r\" %>s %b %D %C".to_string(),
+            resolve_clients: false,
             level: "info".to_string(),
             error: PathBuf::new(),
         }

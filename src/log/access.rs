@@ -46,6 +46,9 @@ struct Counters {
     dropped: AtomicU64,
     queued: AtomicU64,
     reopen: AtomicBool,
+    client_lookups: AtomicU64,
+    client_hits: AtomicU64,
+    client_entries: AtomicU64,
 }
 
 /// One piece of a custom format.
@@ -72,6 +75,7 @@ enum Token {
 /// Handle to the access log writer thread; cheap to share.
 pub struct AccessLog {
     tx: Option<mpsc::SyncSender<String>>,
+    resolve: bool,
     format: LogFormat,
     custom: Vec<Token>,
     counters: Arc<Counters>,
@@ -147,8 +151,15 @@ fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 impl AccessLog {
-    /// Opens (appends to) `path`; an empty path disables the log.
-    pub fn open(path: &Path, format: LogFormat, custom_format: &str) -> Result<AccessLog, String> {
+    /// Opens (appends to) `path`; an empty path disables the log. With
+    /// `resolve_clients`, the writer thread replaces client addresses by
+    /// their names (reverse DNS, cached), off the request path.
+    pub fn open(
+        path: &Path,
+        format: LogFormat,
+        custom_format: &str,
+        resolve_clients: bool,
+    ) -> Result<AccessLog, String> {
         let custom = if format == LogFormat::Custom {
             parse_format(custom_format).map_err(|e| format!("log.custom_format: {e}"))?
         } else {
@@ -158,6 +169,7 @@ impl AccessLog {
         if path.as_os_str().is_empty() {
             return Ok(AccessLog {
                 tx: None,
+                resolve: false,
                 format,
                 custom,
                 counters,
@@ -173,6 +185,7 @@ impl AccessLog {
             .map_err(|e| format!("cannot start the access log thread: {e}"))?;
         Ok(AccessLog {
             tx: Some(tx),
+            resolve: resolve_clients,
             format,
             custom,
             counters,
@@ -182,7 +195,14 @@ impl AccessLog {
     /// Records one request; never waits (a full queue drops the line and counts it).
     pub fn record(&self, r: &AccessRecord<'_>) {
         let Some(tx) = &self.tx else { return };
-        let line = format_line(self.format, &self.custom, r, SystemTime::now());
+        // A client to resolve is marked for the writer thread, which
+        // replaces it by its name (never the request's task: DNS can be slow).
+        let client = if self.resolve {
+            format!("{MARK}{}{MARK}", r.client)
+        } else {
+            r.client.to_string()
+        };
+        let line = format_line(self.format, &self.custom, r, &client, SystemTime::now());
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
         if tx.try_send(line).is_err() {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -206,6 +226,11 @@ impl AccessLog {
     pub fn info(&self) -> crate::stats::AccessLogInfo {
         let c = &self.counters;
         crate::stats::AccessLogInfo {
+            resolve_clients: self.resolve,
+            client_dns_entries: c.client_entries.load(Ordering::Relaxed),
+            client_dns_max_entries: CLIENT_CACHE as u64,
+            client_dns_lookups: c.client_lookups.load(Ordering::Relaxed),
+            client_dns_hits: c.client_hits.load(Ordering::Relaxed),
             enabled: self.tx.is_some(),
             format: format!("{:?}", self.format).to_lowercase(),
             lines: c.lines.load(Ordering::Relaxed),
@@ -216,10 +241,91 @@ impl AccessLog {
     }
 }
 
+/// Marks a client address the writer is to resolve.
+const MARK: char = '\u{1}';
+/// Client names kept (the seed's ClientDNSCacheInfo default).
+const CLIENT_CACHE: usize = 1024;
+/// How long a client name is kept (reverse lookups carry no TTL here).
+const CLIENT_TTL: Duration = Duration::from_secs(300);
+
+/// The writer thread's client-name cache.
+struct ClientNames {
+    map: std::collections::HashMap<IpAddr, (String, std::time::Instant)>,
+}
+
+impl ClientNames {
+    /// `line` with its marked address replaced by the client's name (or the address).
+    fn resolve(&mut self, line: String, c: &Counters) -> String {
+        let Some(start) = line.find(MARK) else { return line };
+        let Some(len) = line[start + 1..].find(MARK) else {
+            return line;
+        };
+        let addr = &line[start + 1..start + 1 + len];
+        let name = match addr.parse::<IpAddr>() {
+            Ok(ip) => {
+                c.client_lookups.fetch_add(1, Ordering::Relaxed);
+                let now = std::time::Instant::now();
+                match self.map.get(&ip) {
+                    Some((name, until)) if *until > now => {
+                        c.client_hits.fetch_add(1, Ordering::Relaxed);
+                        name.clone()
+                    }
+                    _ => {
+                        let name = reverse_dns(ip).unwrap_or_else(|| addr.to_string());
+                        if self.map.len() >= CLIENT_CACHE {
+                            self.map.retain(|_, (_, u)| *u > now);
+                            if self.map.len() >= CLIENT_CACHE {
+                                self.map.clear();
+                            }
+                        }
+                        self.map.insert(ip, (name.clone(), now + CLIENT_TTL));
+                        c.client_entries.store(self.map.len() as u64, Ordering::Relaxed);
+                        name
+                    }
+                }
+            }
+            Err(_) => addr.to_string(),
+        };
+        format!("{}{name}{}", &line[..start], &line[start + len + 2..])
+    }
+}
+
+/// The name of `ip` by reverse lookup (getnameinfo: hosts file and DNS), if any.
+fn reverse_dns(ip: IpAddr) -> Option<String> {
+    let sa = socket2::SockAddr::from(std::net::SocketAddr::new(ip, 0));
+    let mut host = [0 as libc::c_char; 1025];
+    // SAFETY: `sa` is a valid socket address of the length given; `host` is
+    // a writable buffer of the length given; no service buffer is asked for.
+    let rc = unsafe {
+        libc::getnameinfo(
+            sa.as_ptr().cast(),
+            sa.len(),
+            host.as_mut_ptr(),
+            host.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: on success getnameinfo wrote a NUL-terminated string into `host`.
+    let name = unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) };
+    name.to_str()
+        .ok()
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic()))
+        .map(String::from)
+}
+
 fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc<Counters>) {
     let mut out = std::io::BufWriter::with_capacity(64 << 10, file);
-    let write = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
+    let mut names = ClientNames {
+        map: std::collections::HashMap::new(),
+    };
+    let mut write = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
         c.queued.fetch_sub(1, Ordering::Relaxed);
+        let line = names.resolve(line, &c);
         match out.write_all(line.as_bytes()) {
             Ok(()) => {
                 c.lines.fetch_add(1, Ordering::Relaxed);
@@ -301,7 +407,7 @@ fn parts(line: &str) -> (&str, &str, &str) {
     )
 }
 
-fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, now: SystemTime) -> String {
+fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client: &str, now: SystemTime) -> String {
     let bytes_clf = if r.bytes == 0 {
         "-".to_string()
     } else {
@@ -312,7 +418,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, now: S
         LogFormat::Common | LogFormat::Combined => {
             let mut line = format!(
                 "{} - {} [{}] {} {} {}",
-                r.client,
+                client,
                 user,
                 clf_time(now),
                 quoted(Some(r.request_line)),
@@ -349,7 +455,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, now: S
                 t.as_secs(),
                 t.subsec_millis(),
                 r.elapsed.as_millis(),
-                r.client,
+                client,
                 result,
                 r.status,
                 r.bytes,
@@ -365,7 +471,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, now: S
             for t in custom {
                 match t {
                     Token::Text(x) => s.push_str(x),
-                    Token::Client => s.push_str(&r.client.to_string()),
+                    Token::Client => s.push_str(client),
                     Token::User => s.push_str(user),
                     Token::Time => {
                         s.push('[');
@@ -434,7 +540,7 @@ mod tests {
     fn every_queued_line_is_written_and_counted() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("access.log");
-        let log = AccessLog::open(&path, LogFormat::Common, "").unwrap();
+        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
         for _ in 0..1000 {
             log.record(&record(1));
         }
@@ -447,7 +553,7 @@ mod tests {
     fn reopen_after_rename_writes_to_a_new_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("access.log");
-        let log = AccessLog::open(&path, LogFormat::Common, "").unwrap();
+        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
         log.record(&record(1));
         assert_eq!(wait_lines(&path, 1), 1);
         let old = dir.path().join("access.log.1");
@@ -464,13 +570,19 @@ mod tests {
         let r = record(1234);
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(971_185_336_250);
         assert_eq!(
-            format_line(LogFormat::Combined, &[], &r, t),
+            format_line(LogFormat::Combined, &[], &r, "127.0.0.1", t),
             "127.0.0.1 - - [10/Oct/2000:13:42:16 +0000] \"GET http://h/ HTTP/1.1\" 200 1234 \"-\" \"curl/8 \\\"x\\\"\"\n"
         );
-        let common = format_line(LogFormat::Common, &[], &AccessRecord { bytes: 0, ..record(0) }, t);
+        let common = format_line(
+            LogFormat::Common,
+            &[],
+            &AccessRecord { bytes: 0, ..record(0) },
+            "127.0.0.1",
+            t,
+        );
         assert!(common.ends_with("\" 200 -\n"), "{common}");
         assert_eq!(
-            format_line(LogFormat::Squid, &[], &r, t),
+            format_line(LogFormat::Squid, &[], &r, "127.0.0.1", t),
             "971185336.250      1 127.0.0.1 TCP_HIT/200 1234 GET http://h/ - HIER_NONE/- -\n"
         );
         let mut headers = HeaderMap::new();
@@ -483,6 +595,7 @@ mod tests {
                 headers: Some(&headers),
                 ..record(1234)
             },
+            "127.0.0.1",
             t,
         );
         assert_eq!(

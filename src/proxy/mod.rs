@@ -76,7 +76,12 @@ impl Shared {
             rules,
             groups,
             upstream: Upstream::new(&config.origin)?,
-            access_log: AccessLog::open(&config.log.access, config.log.format, &config.log.custom_format)?,
+            access_log: AccessLog::open(
+                &config.log.access,
+                config.log.format,
+                &config.log.custom_format,
+                config.log.resolve_clients,
+            )?,
             cache: if config.cache.enabled {
                 let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
                 Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)

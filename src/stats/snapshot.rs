@@ -378,6 +378,16 @@ pub struct AccessLogInfo {
     pub queued: u64,
     /// Queue capacity.
     pub queue_limit: u64,
+    /// Client addresses are logged as names (`log.resolve_clients`).
+    pub resolve_clients: bool,
+    /// Client names cached.
+    pub client_dns_entries: u64,
+    /// Most client names cached.
+    pub client_dns_max_entries: u64,
+    /// Client addresses looked up.
+    pub client_dns_lookups: u64,
+    /// Answered from the client-name cache.
+    pub client_dns_hits: u64,
 }
 
 /// The performance buckets report.

@@ -207,6 +207,24 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     }
     o.push('\n');
 
+    let al = &s.access_log;
+    let _ = writeln!(o, "ClientDNSCacheInfo:\n{RULE}");
+    let _ = writeln!(o, "{:<16} {}", "enabled", if al.resolve_clients { "yes" } else { "no" });
+    if al.resolve_clients {
+        let _ = writeln!(
+            o,
+            "{:<16} {}/{}",
+            "CacheEntries", al.client_dns_entries, al.client_dns_max_entries
+        );
+        let _ = writeln!(
+            o,
+            "{:<16} {}",
+            "HitRatio",
+            ratio(al.client_dns_hits, al.client_dns_lookups)
+        );
+    }
+    o.push('\n');
+
     let u = &s.upstream;
     let _ = writeln!(o, "UpstreamInfo:\n{RULE}");
     let _ = writeln!(o, "{:<28} {}", "Requests", u.requests);
@@ -260,7 +278,6 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         ms(r.response_time.quantile_us(0.5) as f64),
         ms(r.response_time.quantile_us(0.99) as f64)
     );
-    let al = &s.access_log;
     let _ = writeln!(
         o,
         "{:<28} {} ({} lines, {} dropped)",

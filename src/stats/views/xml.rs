@@ -209,7 +209,20 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             a("flagAsyncEnabled", 1),
         ],
     );
-    o.leaf("client-dns-bucket", &[a("flagCacheEnabled", 0)]);
+    let al = &s.access_log;
+    o.leaf(
+        "client-dns-bucket",
+        &[
+            a("flagCacheEnabled", u8::from(al.resolve_clients)),
+            a("countCacheEntries", al.client_dns_entries),
+            a("maxCacheEntries", al.client_dns_max_entries),
+            a("countCacheHits", al.client_dns_hits),
+            a(
+                "countCacheMisses",
+                al.client_dns_lookups - al.client_dns_hits.min(al.client_dns_lookups),
+            ),
+        ],
+    );
     let ka = &s.keepalive;
     let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
     o.leaf(
