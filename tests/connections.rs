@@ -411,6 +411,22 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     assert_eq!(int(&c, b, "queue_peak"), 1);
     assert_eq!(int(&c, b, "refused"), 1);
     assert_eq!(int(&c, b, "peak_threads"), 1);
+    // The tuning advisor saw the queueing (seed: raise NativePoolMaxThreads).
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(
+        perf.contains(
+            "[blocking-pool-queueing] Work waited for a NativePool thread (queue peak 1/1, threads peak 1/1)"
+        ),
+        "{perf}"
+    );
+    assert!(perf.contains("Work Queue Length/Peak/Limit   0/1/1\n"), "{perf}");
 }
 
 /// The open-files limit a started portico runs with: the hard limit
