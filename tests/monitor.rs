@@ -581,3 +581,21 @@ async fn keepalive_flushes_and_refusals_advice() {
         "{perf}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunnels_are_counted_but_not_timed() {
+    let o = Origin::start(|_| async { Response::ok("t") }).await;
+    let port = o.addr().port();
+    let p = proxy(&format!("[proxy]\nconnect_ports = [{port}]\n")).await;
+    let mut c = RawClient::connect(p.addr()).await;
+    c.send(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+        .await;
+    let head = c.read_head_response().await;
+    assert_eq!(head.status, 200);
+    drop(c);
+    let perf = perf_when(&p, "By Method                    CONNECT 1\n").await;
+    assert!(
+        perf.contains("Total number of requests:                              0\n"),
+        "{perf}"
+    );
+}

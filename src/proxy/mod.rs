@@ -134,7 +134,9 @@ impl Handler for ListenerHandler {
             return outcome;
         }
         sh.stats.begin(self.index);
-        let outcome = if sh.stats.enabled {
+        // A CONNECT tunnel lasts as long as the client likes: timing it
+        // would swamp the response-time histogram and the buckets.
+        let outcome = if sh.stats.enabled && ex.head.method != Method::CONNECT {
             crate::stats::timed(&sh.stats, async {
                 let outcome = self.admit_and_serve(ex).await;
                 let _log = crate::stats::stage(crate::stats::Stage::Log);
