@@ -9,11 +9,14 @@
 pub mod access;
 pub mod cache;
 pub mod config;
+pub mod drain;
 pub mod http1;
 pub mod listen;
 pub mod log;
 pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod server;
+pub mod supervisor;
 pub mod upstream;
 pub mod util;

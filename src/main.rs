@@ -26,6 +26,10 @@ enum Command {
         /// Print the effective configuration, defaults filled in, and exit.
         #[arg(long)]
         print_config: bool,
+        /// Internal: run as worker process I of a multi-process server
+        /// (the supervisor starts workers with it).
+        #[arg(long, hide = true, value_name = "I")]
+        worker: Option<usize>,
     },
     /// Check a config file and exit non-zero if it has an error.
     Check {
@@ -47,12 +51,20 @@ fn load(path: Option<&PathBuf>) -> Result<Config, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config, print_config } => load(config.as_ref()).and_then(|c| {
+        Command::Run {
+            config,
+            print_config,
+            worker,
+        } => load(config.as_ref()).and_then(|c| {
             if print_config {
                 print!("{}", c.to_toml());
                 Ok(())
             } else {
-                portico::server::run(c)
+                let opts = portico::server::RunOptions {
+                    config_path: config,
+                    worker,
+                };
+                portico::server::run(c, opts)
             }
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),

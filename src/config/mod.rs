@@ -62,11 +62,26 @@ impl Default for Config {
 }
 
 /// `[server]`
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Async worker threads; 0 = one per core.
     pub workers: usize,
+    /// Worker processes; 1 = one process, no supervisor; N > 1 = a supervisor
+    /// and N workers sharing the listeners with SO_REUSEPORT.
+    pub processes: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish before the process exits anyway.
+    pub shutdown_timeout: Dur,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            workers: 0,
+            processes: 1,
+            shutdown_timeout: Dur::secs(30),
+        }
+    }
 }
 
 /// What a listener does with the requests it receives.

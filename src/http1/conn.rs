@@ -91,10 +91,12 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
             } else {
                 settings.keepalive_timeout
             };
-            if !tokio::time::timeout(wait, bytes_waiting(&stream))
-                .await
-                .unwrap_or(false)
-            {
+            // A drain (SIGTERM) closes idle connections at once.
+            let ready = tokio::select! {
+                r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r.unwrap_or(false),
+                () = crate::drain::started() => false,
+            };
+            if !ready {
                 break;
             }
         }

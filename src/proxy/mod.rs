@@ -27,8 +27,8 @@ pub struct Shared {
     admin: AllowList,
     rules: Rules,
     groups: Vec<Group>,
-    upstream: Upstream,
-    access_log: AccessLog,
+    upstream: Arc<Upstream>,
+    access_log: Arc<AccessLog>,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
 }
@@ -36,21 +36,46 @@ pub struct Shared {
 impl Shared {
     /// Builds the shared state; fails on a resource that cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
+        Self::build(config, None)
+    }
+
+    /// The state for a reloaded `config`, sharing what did not change with
+    /// `self`: the cache's stored objects always (its policy and the routes'
+    /// overrides are rebuilt), the origin client and its pooled connections
+    /// when `[origin]` is unchanged, the access log when its file and format are.
+    pub fn renew(&self, config: Config) -> Result<Shared, String> {
+        Self::build(config, Some(self))
+    }
+
+    fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        let upstream = match old {
+            Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),
+            _ => Arc::new(Upstream::new(&config.origin)?),
+        };
+        let access_log = match old {
+            Some(o) if o.config.log.access == config.log.access && o.config.log.format == config.log.format => {
+                o.access_log.clone()
+            }
+            _ => Arc::new(AccessLog::open(&config.log.access, config.log.format)?),
+        };
+        let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
+        // The stored objects outlive a reload (`cache.enabled` only changes on a restart).
+        let cache = match old.map(|o| o.cache.as_ref()) {
+            Some(Some(c)) => Some(c.reconfigure(&config.cache, &overrides)?),
+            Some(None) => None,
+            None if config.cache.enabled => Some(crate::cache::Cache::new(&config.cache, &overrides)?),
+            None => None,
+        };
         Ok(Shared {
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
             groups,
-            upstream: Upstream::new(&config.origin)?,
-            access_log: AccessLog::open(&config.log.access, config.log.format)?,
-            cache: if config.cache.enabled {
-                let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
-                Some(crate::cache::Cache::new(&config.cache, &overrides)?)
-            } else {
-                None
-            },
+            upstream,
+            access_log,
+            cache,
             config,
         })
     }
@@ -60,14 +85,16 @@ impl Shared {
 pub struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
-    /// State shared by all listeners.
-    pub shared: Arc<Shared>,
+    /// State shared by all listeners; a reload swaps in a new one. Each
+    /// request takes the one current when it starts and keeps it to the end.
+    pub shared: Arc<arc_swap::ArcSwap<Shared>>,
 }
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
-        let outcome = self.serve(ex).await;
-        self.log(ex);
+        let sh = self.shared.load_full();
+        let outcome = self.serve(ex, &sh).await;
+        self.log(ex, &sh);
         outcome
     }
 
@@ -79,7 +106,7 @@ impl Handler for ListenerHandler {
         } else {
             rej.first_line.clone()
         };
-        self.shared.access_log.record(&AccessRecord {
+        self.shared.load().access_log.record(&AccessRecord {
             client: rej.peer.ip(),
             user: None,
             request_line: &line,
@@ -92,8 +119,8 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    async fn serve(&self, ex: &mut Exchange<'_>) -> Outcome {
-        let sh = &*self.shared;
+    async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>) -> Outcome {
+        let sh = &**shared;
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
         }
@@ -146,7 +173,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, &self.shared, dest).await
+            cached::serve(ex, shared, dest).await
         };
         match result {
             Ok(()) => Outcome::Done,
@@ -170,7 +197,7 @@ impl ListenerHandler {
         }
     }
 
-    fn log(&self, ex: &Exchange<'_>) {
+    fn log(&self, ex: &Exchange<'_>, sh: &Shared) {
         let h = &ex.head;
         let version = if h.version == http::Version::HTTP_10 {
             "HTTP/1.0"
@@ -179,7 +206,7 @@ impl ListenerHandler {
         };
         let request_line = format!("{} {} {version}", h.method, h.target);
         let header = |name: http::header::HeaderName| h.headers.get(name).and_then(|v| v.to_str().ok());
-        self.shared.access_log.record(&AccessRecord {
+        sh.access_log.record(&AccessRecord {
             client: ex.peer.ip(),
             user: None,
             request_line: &request_line,
