@@ -59,7 +59,13 @@ impl Running {
         sockets: Vec<(ListenerConfig, std::net::TcpListener)>,
     ) -> Result<Running, String> {
         let config = per_process(config);
-        let shared = Arc::new(ArcSwap::from_pointee(Shared::new(config.clone())?));
+        let state = Shared::new(config.clone())?;
+        if config.server.processes > 1
+            && let Some(disk) = state.cache.as_ref().and_then(|c| c.disk())
+        {
+            disk.set_shared_dir(true);
+        }
+        let shared = Arc::new(ArcSwap::from_pointee(state));
         let mut running = Running {
             config,
             config_path,
@@ -86,7 +92,12 @@ impl Running {
     fn spawn(&mut self, cfg: ListenerConfig, socket: std::net::TcpListener) -> Result<(), String> {
         let listener =
             tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
-        tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
+        tracing::info!(
+            "{}listening on {} ({:?} proxy)",
+            crate::supervisor::tag(),
+            cfg.address,
+            cfg.mode
+        );
         let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(accept_loop(listener, serving.clone(), stopped));
@@ -116,7 +127,10 @@ impl Running {
         let new = match crate::config::load_file(&path) {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!("reload failed, still running on the previous config: {e}");
+                tracing::error!(
+                    "{}reload failed, still running on the previous config: {e}",
+                    crate::supervisor::tag()
+                );
                 return;
             }
         };
@@ -156,7 +170,8 @@ impl Running {
                 Some(cfg) => {
                     if cfg.listen_queue != slot.cfg.listen_queue {
                         tracing::warn!(
-                            "reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
+                            "{}reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
+                            crate::supervisor::tag(),
                             cfg.address,
                             slot.cfg.listen_queue,
                             cfg.listen_queue,
@@ -167,7 +182,11 @@ impl Running {
                     kept.push(Slot { cfg, ..slot });
                 }
                 None => {
-                    tracing::info!("reload: listener {} removed: no longer accepting", slot.cfg.address);
+                    tracing::info!(
+                        "{}reload: listener {} removed: no longer accepting",
+                        crate::supervisor::tag(),
+                        slot.cfg.address
+                    );
                     let _ = slot.stop.send(true);
                     removed.push(slot.cfg.address);
                 }
@@ -206,7 +225,8 @@ fn keep_restart_only(old: &Config, new: &mut Config) {
         ($($($field:ident).+),+ $(,)?) => {$(
             if !crate::util::same_value(&old.$($field).+, &new.$($field).+) {
                 tracing::warn!(
-                    "reload: `{}` changed ({:?} -> {:?}): needs restart; keeping {:?}",
+                    "{}reload: `{}` changed ({:?} -> {:?}): needs restart; keeping {:?}",
+                    crate::supervisor::tag(),
                     stringify!($($field).+).replace(' ', ""),
                     old.$($field).+,
                     new.$($field).+,

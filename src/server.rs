@@ -29,7 +29,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     }
     if let Some(i) = opts.worker {
         crate::supervisor::set_worker_index(i);
-        tracing::info!("worker {i} starting (pid {})", std::process::id());
+        tracing::info!("worker {i} (pid {}) starting", std::process::id());
     }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -58,7 +58,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
             match signals.next().await {
                 Sig::Hup => running.reload(),
                 Sig::Term(name) => {
-                    tracing::info!("{name}: draining");
+                    tracing::info!("{}{name}: draining", crate::supervisor::tag());
                     break;
                 }
             }
@@ -77,19 +77,23 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
     let timeout = running.config().server.shutdown_timeout;
     let open = crate::drain::open_connections();
     if open > 0 {
-        tracing::info!("waiting up to {timeout} for {open} open connections to finish");
+        tracing::info!(
+            "{}waiting up to {timeout} for {open} open connections to finish",
+            crate::supervisor::tag()
+        );
     }
     let deadline = tokio::time::sleep(timeout.get());
     tokio::pin!(deadline);
     loop {
         tokio::select! {
             () = crate::drain::all_closed() => {
-                tracing::info!("all connections finished; exiting");
+                tracing::info!("{}all connections finished; exiting", crate::supervisor::tag());
                 return Ok(());
             }
             () = &mut deadline => {
                 tracing::warn!(
-                    "server.shutdown_timeout ({timeout}) passed with {} connections open; exiting",
+                    "{}server.shutdown_timeout ({timeout}) passed with {} connections open; exiting",
+                    crate::supervisor::tag(),
                     crate::drain::open_connections()
                 );
                 return Ok(());

@@ -50,6 +50,12 @@ pub(crate) fn set_worker_index(i: usize) {
     let _ = WORKER.set(i);
 }
 
+/// `"worker I: "` in a worker process, else empty: a prefix for the error
+/// log lines that several workers write alike (they share the log).
+pub fn tag() -> String {
+    worker_index().map_or_else(String::new, |i| format!("worker {i}: "))
+}
+
 struct Worker {
     pid: Option<u32>,
     started: Instant,
@@ -118,7 +124,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                         }
                         let delay = if w.started.elapsed() < QUICK_EXIT {
                             w.quick_failures += 1;
-                            Duration::from_millis(100 << w.quick_failures.min(9)).min(Duration::from_secs(30))
+                            let doublings = (w.quick_failures - 1).min(9);
+                            Duration::from_millis(100 << doublings).min(Duration::from_secs(30))
                         } else {
                             w.quick_failures = 0;
                             Duration::ZERO

@@ -247,6 +247,11 @@ async fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_e
         .await
         .expect("portico did not exit");
     assert!(status.success(), "exit status {status}\n{}", p.stderr());
+    let log = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
+    assert!(
+        log.contains("\"GET /slow HTTP/1.1\" 200"),
+        "the drained request was not logged:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,4 +296,35 @@ async fn shutdown_timeout_bounds_the_drain() {
         p.stderr()
     );
     slow.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_keeps_restart_only_settings_and_applies_the_rest() {
+    let a = origin("a", Duration::ZERO).await;
+    let b = origin("b", Duration::ZERO).await;
+    let addr = free_addr();
+    let p = Portico::start(&config(&[&addr], &a, &b, "a", "[server]\nworkers = 2\n")).await;
+    rewrite(&p, &config(&[&addr], &a, &b, "b", "[server]\nworkers = 3\n"));
+    p.signal(libc::SIGHUP);
+    let switched = eventually(Duration::from_secs(5), || async {
+        get(p.addr(), "/x").await.is_some_and(|r| r.body_str() == "b /x")
+    })
+    .await;
+    assert!(switched, "{}", p.stderr());
+    let err = p.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("`server.workers` changed"))
+        .unwrap_or_else(|| panic!("no warning\n{err}"));
+    assert!(
+        line.contains("WARN") && line.contains("(2 -> 3): needs restart; keeping 2"),
+        "{line}"
+    );
+    // The runtime still has its 2 worker threads.
+    let threads = std::fs::read_dir(format!("/proc/{}/task", p.pid()))
+        .expect("task dir")
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "portico-worker"))
+        .count();
+    assert_eq!(threads, 2);
 }
