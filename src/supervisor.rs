@@ -159,13 +159,17 @@ fn start(exe: &PathBuf, config_path: Option<&PathBuf>, i: usize, w: &mut Worker,
         .process_group(0)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only
-    // calls prctl, which is async-signal-safe; it allocates nothing.
+    // calls prctl and signal, which are async-signal-safe; it allocates nothing.
     unsafe {
         cmd.pre_exec(|| {
             // The supervisor gone (even by SIGKILL) means the worker drains and exits.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // A SIGHUP forwarded before the worker has installed its handler
+            // must not kill it (the default action); it reads the file at
+            // start anyway. Its own handler replaces this once installed.
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
             Ok(())
         });
     }
