@@ -195,7 +195,14 @@ impl Running {
         self.slots = kept;
         let added_addrs: Vec<SocketAddr> = added.iter().map(|(c, _)| c.address).collect();
         for (cfg, socket) in added {
-            self.spawn(cfg, socket)?;
+            let addr = cfg.address;
+            // Past the point of no return: the new config is in force.
+            if let Err(e) = self.spawn(cfg, socket) {
+                tracing::error!(
+                    "{}reload: cannot serve added listener {addr}: {e}",
+                    crate::supervisor::tag()
+                );
+            }
         }
         Ok(format!(
             "{} listeners ({} added, {} removed)",
@@ -220,7 +227,7 @@ fn per_process(mut c: Config) -> Config {
 
 /// Settings a running process cannot change: `new` gets the old value back,
 /// and each change is logged as needing a restart.
-fn keep_restart_only(old: &Config, new: &mut Config) {
+pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
     macro_rules! keep {
         ($($($field:ident).+),+ $(,)?) => {$(
             if !crate::util::same_value(&old.$($field).+, &new.$($field).+) {

@@ -49,6 +49,10 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         let _enter = runtime.enter();
         Signals::install()
     };
+    let config = match (opts.worker, &opts.config_path) {
+        (Some(_), Some(path)) => reread(config, path),
+        _ => config,
+    };
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
     let sockets = bind_all(&config)?;
@@ -58,7 +62,10 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
             match signals.next().await {
                 Sig::Hup => running.reload(),
                 Sig::Term(name) => {
-                    tracing::info!("{}{name}: draining", crate::supervisor::tag());
+                    tracing::info!(
+                        "{}{name}: shutting down (draining connections)",
+                        crate::supervisor::tag()
+                    );
                     break;
                 }
             }
@@ -67,6 +74,31 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// A worker reads its config file again once its SIGHUP handler is in
+/// place: a reload the supervisor forwarded before then was ignored (see
+/// `supervisor::start`), and the file may have changed since it was loaded.
+fn reread(config: Config, path: &std::path::Path) -> Config {
+    match crate::config::load_file(path) {
+        Ok(mut new) if !crate::util::same_value(&new, &config) => {
+            crate::reload::keep_restart_only(&config, &mut new);
+            tracing::info!(
+                "{}{} changed while starting: using it",
+                crate::supervisor::tag(),
+                path.display()
+            );
+            new
+        }
+        Ok(_) => config,
+        Err(e) => {
+            tracing::error!(
+                "{}{e}: the file changed while starting and is invalid; using the version read first",
+                crate::supervisor::tag()
+            );
+            config
+        }
+    }
 }
 
 /// Stops accepting and waits for the open connections to finish, for at
