@@ -15,11 +15,16 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
+/// Shards of the "draining started" notification: every idle connection
+/// registers with one while it waits, and a single `Notify` would make all
+/// worker threads take the same lock on every keep-alive request.
+const SHARDS: usize = 32;
+
 struct State {
     draining: AtomicBool,
     open: AtomicUsize,
     /// Woken when draining starts.
-    started: Notify,
+    started: [Notify; SHARDS],
     /// Woken when the last connection closes during a drain.
     idle: Notify,
 }
@@ -27,14 +32,16 @@ struct State {
 static STATE: LazyLock<State> = LazyLock::new(|| State {
     draining: AtomicBool::new(false),
     open: AtomicUsize::new(0),
-    started: Notify::new(),
+    started: std::array::from_fn(|_| Notify::new()),
     idle: Notify::new(),
 });
 
 /// Starts draining: every waiter on [`started`] wakes.
 pub fn start() {
     STATE.draining.store(true, Ordering::SeqCst);
-    STATE.started.notify_waiters();
+    for n in &STATE.started {
+        n.notify_waiters();
+    }
     if STATE.open.load(Ordering::SeqCst) == 0 {
         STATE.idle.notify_waiters();
     }
@@ -46,8 +53,10 @@ pub fn is_draining() -> bool {
 }
 
 /// Resolves once draining has started (at once if it already has).
-pub async fn started() {
-    let notified = STATE.started.notified();
+/// `spread` picks the shard to wait on (any number that differs between
+/// connections, e.g. the client's port).
+pub async fn started(spread: usize) {
+    let notified = STATE.started[spread % SHARDS].notified();
     tokio::pin!(notified);
     // Registered before the flag is checked, so a start in between is not missed.
     notified.as_mut().enable();

@@ -94,7 +94,7 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
             // A drain (SIGTERM) closes idle connections at once.
             let ready = tokio::select! {
                 r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r.unwrap_or(false),
-                () = crate::drain::started() => false,
+                () = crate::drain::started(usize::from(peer.port())) => false,
             };
             if !ready {
                 break;
