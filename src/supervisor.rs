@@ -10,7 +10,9 @@
 //!
 //! - A worker that exits is restarted and the event logged (warn) with its
 //!   exit status or signal; one that dies within [`QUICK_EXIT`] of starting
-//!   is restarted after a delay doubling from 100 ms up to 30 s.
+//!   is restarted after a delay doubling from 100 ms up to 30 s. A worker
+//!   whose very first run ends within [`QUICK_EXIT`] with a failure status
+//!   stops the whole server (start-up failed, as it would in one process).
 //! - SIGTERM / SIGINT: forwarded to every worker (each drains); the
 //!   supervisor waits for them all and exits 0. A second one is forwarded
 //!   too (the workers then exit at once).
@@ -60,6 +62,8 @@ struct Worker {
     pid: Option<u32>,
     started: Instant,
     quick_failures: u32,
+    /// Still its first run (never restarted).
+    first_run: bool,
 }
 
 enum Event {
@@ -91,14 +95,16 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                 pid: None,
                 started: Instant::now(),
                 quick_failures: 0,
+                first_run: true,
             });
             start(&exe, config_path.as_ref(), i, &mut workers[i], &mut events);
         }
         let mut stopping = false;
+        let mut failure: Option<String> = None;
         loop {
             if stopping && workers.iter().all(|w| w.pid.is_none()) {
                 tracing::info!("all workers have exited; supervisor exiting");
-                return Ok(());
+                return failure.map_or(Ok(()), Err);
             }
             tokio::select! {
                 sig = signals.next() => match sig {
@@ -114,6 +120,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                     Ok(Event::Exited(i, status)) => {
                         let w = &mut workers[i];
                         let pid = w.pid.take().unwrap_or(0);
+                        // A worker whose first run fails at once (exit status
+                        // not 0: a file it cannot open, a port it cannot
+                        // bind) would fail again: stop, as a single process would.
+                        let failed_at_start = w.first_run
+                            && w.started.elapsed() < QUICK_EXIT
+                            && status.as_ref().is_ok_and(|s| s.code().is_some_and(|c| c != 0));
                         let status = match status {
                             Ok(s) => describe(s),
                             Err(e) => format!("wait failed: {e}"),
@@ -122,6 +134,14 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                             tracing::info!("worker {i} (pid {pid}) exited: {status}");
                             continue;
                         }
+                        if failed_at_start {
+                            tracing::error!("worker {i} (pid {pid}) failed at start-up ({status}); stopping");
+                            stopping = true;
+                            signal_all(&workers, libc::SIGTERM);
+                            failure = Some(format!("worker {i} failed at start-up ({status}); see its error above"));
+                            continue;
+                        }
+                        w.first_run = false;
                         let delay = if w.started.elapsed() < QUICK_EXIT {
                             w.quick_failures += 1;
                             let doublings = (w.quick_failures - 1).min(9);

@@ -392,3 +392,89 @@ async fn workers_share_the_disk_tier() {
     assert_eq!(seen, all);
     assert_eq!(a.count(), 1, "fetched once for both workers");
 }
+
+/// Runs `portico run` on `config` (with `{dir}` set to `dir`) to its exit.
+async fn run_to_exit(dir: &std::path::Path, config: &str) -> std::process::Output {
+    let path = dir.join("portico.toml");
+    std::fs::write(&path, config.replace("{dir}", dir.to_str().expect("utf-8"))).expect("write config");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir)
+        .arg("run")
+        .arg("-c")
+        .arg(&path)
+        .output();
+    tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("portico exits")
+        .expect("run portico")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_failing_at_start_up_stops_the_server() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The supervisor does not open the access log; each worker fails to.
+    let config = config(&free_addr(), &a, &b, "a").replace("{dir}/access.log", "{dir}/missing/access.log");
+    let out = run_to_exit(dir.path(), &config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot open access log"), "{err}");
+    assert!(err.contains("failed at start-up (exit status 1)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let addr = free_addr();
+    let config = config(&addr, &a, &b, "a").replace("{dir}/access.log", "{dir}/logs/access.log");
+    // Started with the log in {dir}; the file then names logs/, which is missing.
+    let p = Portico::start(&config.replace("{dir}/logs/access.log", "{dir}/access.log")).await;
+    let pids = both_started(&p).await;
+    // From now on a (re)starting worker opens {dir}/logs/access.log, which is missing.
+    let text = config.replace("{dir}", p.dir().to_str().expect("utf-8"));
+    std::fs::write(p.config_path(), text).expect("rewrite config");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pids[&0] as i32, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let delays = loop {
+        let log = p.stderr();
+        let delays: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("worker 0 (pid ") && l.contains("restarting it in "))
+            .filter_map(|l| l.rsplit("restarting it in ").next().map(str::to_string))
+            .collect();
+        if delays.len() >= 4 {
+            break delays;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The first exit (SIGKILL) may or may not count as quick; the failures
+    // after it do, and each waits twice as long as the one before.
+    let ms: Vec<u64> = delays
+        .iter()
+        .map(|d| d.trim_end_matches("ms").parse().unwrap_or(0))
+        .collect();
+    assert!(
+        ms[1..4].windows(2).all(|w| w[1] == 2 * w[0] && w[0] >= 100),
+        "{delays:?}"
+    );
+    assert!(p.stderr().contains("cannot open access log"), "{}", p.stderr());
+    // Fixed: worker 0 comes back and serves.
+    std::fs::create_dir(p.dir().join("logs")).expect("mkdir logs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = worker_pids(&p);
+        let live: BTreeSet<u32> = now.values().copied().filter(|pid| process_exists(*pid)).collect();
+        if live.len() == 2 && !live.contains(&pids[&0]) {
+            let (by, resp) = get_via(p.addr(), "/after", &live).await;
+            if resp.status == 200 && by == Some(now[&0]) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "worker 0 did not come back\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
