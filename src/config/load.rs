@@ -217,6 +217,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    if c.server.processes == 0 || c.server.processes > 1024 {
+        return Err((
+            vec![Key("server"), Key("processes")],
+            format!("{} processes: must be between 1 and 1024", c.server.processes),
+        ));
+    }
     let [low, high] = c.cache.watermarks;
     if low >= high || high > 100 {
         return Err((

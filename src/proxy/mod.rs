@@ -8,7 +8,7 @@ mod headers;
 mod purge;
 
 pub use purge::purge_running;
-mod reply;
+pub(crate) mod reply;
 mod tunnel;
 
 use crate::access::AllowList;
@@ -31,12 +31,12 @@ pub struct Shared {
     admin: AllowList,
     rules: Rules,
     groups: Vec<Group>,
-    upstream: Upstream,
-    access_log: AccessLog,
+    upstream: Arc<Upstream>,
+    access_log: Arc<AccessLog>,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
     /// Admission (`server.max_requests`) and the connection queue.
-    pub admission: Admission,
+    pub admission: Arc<Admission>,
     /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
     pub keepalive: Arc<KeepAlive>,
     /// The blocking pool the disk cache runs its file I/O on.
@@ -48,27 +48,68 @@ impl Shared {
     /// are already resolved (`sizing::resolve`); fails on a resource that
     /// cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
+        Self::build(config, None)
+    }
+
+    /// The state for a reloaded `config`, sharing what did not change with
+    /// `self`: the cache's stored objects always (its policy and the routes'
+    /// overrides are rebuilt), the origin client and its pooled connections
+    /// when `[origin]` is unchanged, the access log when its file and format are.
+    pub fn renew(&self, config: Config) -> Result<Shared, String> {
+        Self::build(config, Some(self))
+    }
+
+    fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
-        let blocking = BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue);
-        Ok(Shared {
-            admission: Admission::new(config.server.max_requests, config.server.queue_size),
-            keepalive: Arc::new(KeepAlive::new(
+        // Admission, the keep-alive set and the blocking pool belong to the
+        // process: a reload keeps them (and their counters); their limits
+        // need a restart (`reload::keep_restart_only`).
+        let blocking = match old {
+            Some(o) => o.blocking.clone(),
+            None => BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue),
+        };
+        let admission = match old {
+            Some(o) => o.admission.clone(),
+            None => Arc::new(Admission::new(config.server.max_requests, config.server.queue_size)),
+        };
+        let keepalive = match old {
+            Some(o) => o.keepalive.clone(),
+            None => Arc::new(KeepAlive::new(
                 config.keepalive.max_connections,
                 config.keepalive.timeout.get(),
             )),
+        };
+        let upstream = match old {
+            Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),
+            _ => Arc::new(Upstream::new(&config.origin)?),
+        };
+        let access_log = match old {
+            Some(o) if o.config.log.access == config.log.access && o.config.log.format == config.log.format => {
+                o.access_log.clone()
+            }
+            _ => Arc::new(AccessLog::open(&config.log.access, config.log.format)?),
+        };
+        let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
+        // The stored objects outlive a reload (`cache.enabled` only changes on a restart).
+        let cache = match old.map(|o| o.cache.as_ref()) {
+            Some(Some(c)) => Some(c.reconfigure(&config.cache, &overrides)?),
+            Some(None) => None,
+            None if config.cache.enabled => {
+                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
+            }
+            None => None,
+        };
+        Ok(Shared {
+            admission,
+            keepalive,
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
             groups,
-            upstream: Upstream::new(&config.origin)?,
-            access_log: AccessLog::open(&config.log.access, config.log.format)?,
-            cache: if config.cache.enabled {
-                let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
-                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
-            } else {
-                None
-            },
+            upstream,
+            access_log,
+            cache,
             blocking,
             config,
         })
@@ -79,18 +120,23 @@ impl Shared {
 pub struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
-    /// State shared by all listeners.
-    pub shared: Arc<Shared>,
+    /// State shared by all listeners; a reload swaps in a new one. Each
+    /// request takes the one current when it starts and keeps it to the end.
+    pub shared: Arc<arc_swap::ArcSwap<Shared>>,
     /// This listener's busy (503) response.
     pub busy: reply::BusyPage,
 }
 
 impl ListenerHandler {
     /// The handler of listener `cfg`; fails if its `busy_file` cannot be read.
-    pub fn new(cfg: &ListenerConfig, shared: Arc<Shared>) -> Result<ListenerHandler, String> {
+    pub fn new(
+        cfg: &ListenerConfig,
+        server: &crate::config::ServerConfig,
+        shared: Arc<arc_swap::ArcSwap<Shared>>,
+    ) -> Result<ListenerHandler, String> {
         Ok(ListenerHandler {
             mode: cfg.mode,
-            busy: reply::BusyPage::for_listener(cfg, &shared.config.server)?,
+            busy: reply::BusyPage::for_listener(cfg, server)?,
             shared,
         })
     }
@@ -98,9 +144,10 @@ impl ListenerHandler {
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
+        let sh = self.shared.load_full();
         if counters::wanted(ex, self.mode) {
-            let outcome = counters::serve(ex, &self.shared).await;
-            self.log(ex);
+            let outcome = counters::serve(ex, &sh).await;
+            self.log(ex, &sh);
             return outcome;
         }
         // Admission: the request is in service from here until its
@@ -109,9 +156,9 @@ impl Handler for ListenerHandler {
         // away leaves the queue: serving it would only waste a place.
         let admitted = tokio::select! {
             biased;
-            admitted = self.shared.admission.admit() => admitted,
+            admitted = sh.admission.admit() => admitted,
             () = crate::http1::client_closed(ex.stream) => {
-                self.shared.admission.abandoned();
+                sh.admission.abandoned();
                 return Outcome::Close;
             }
         };
@@ -124,13 +171,13 @@ impl Handler for ListenerHandler {
                 // 503, not a reset), and a saturated server sheds connections.
                 ex.out.close_after();
                 let _ = reply::busy(&mut ex.out, &self.busy, None).await;
-                self.log(ex);
+                self.log(ex, &sh);
                 return Outcome::Close;
             }
         };
-        let outcome = self.serve(ex, &mut permit).await;
+        let outcome = self.serve(ex, &sh, &mut permit).await;
         drop(permit);
-        self.log(ex);
+        self.log(ex, &sh);
         outcome
     }
 
@@ -142,7 +189,7 @@ impl Handler for ListenerHandler {
         } else {
             rej.first_line.clone()
         };
-        self.shared.access_log.record(&AccessRecord {
+        self.shared.load().access_log.record(&AccessRecord {
             client: rej.peer.ip(),
             user: None,
             request_line: &line,
@@ -155,8 +202,8 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    async fn serve(&self, ex: &mut Exchange<'_>, permit: &mut Option<Permit<'_>>) -> Outcome {
-        let sh = &*self.shared;
+    async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>, permit: &mut Option<Permit<'_>>) -> Outcome {
+        let sh = &**shared;
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
         }
@@ -209,7 +256,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, &self.shared, dest, &self.busy).await
+            cached::serve(ex, shared, dest, &self.busy).await
         };
         match result {
             Ok(()) => Outcome::Done,
@@ -233,7 +280,7 @@ impl ListenerHandler {
         }
     }
 
-    fn log(&self, ex: &Exchange<'_>) {
+    fn log(&self, ex: &Exchange<'_>, sh: &Shared) {
         let h = &ex.head;
         let version = if h.version == http::Version::HTTP_10 {
             "HTTP/1.0"
@@ -242,7 +289,7 @@ impl ListenerHandler {
         };
         let request_line = format!("{} {} {version}", h.method, h.target);
         let header = |name: http::header::HeaderName| h.headers.get(name).and_then(|v| v.to_str().ok());
-        self.shared.access_log.record(&AccessRecord {
+        sh.access_log.record(&AccessRecord {
             client: ex.peer.ip(),
             user: None,
             request_line: &request_line,
