@@ -328,3 +328,51 @@ async fn sighup_keeps_restart_only_settings_and_applies_the_rest() {
         .count();
     assert_eq!(threads, 2);
 }
+
+/// The process's admission counters (`GET /.portico/counters`).
+async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
+    let raw = raw_request(
+        addr,
+        format!("GET /.portico/counters HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    let resp = parse_response(&raw);
+    assert_eq!(resp.status, 200, "{}", resp.body_str());
+    let v: serde_json::Value = serde_json::from_slice(&resp.body).expect("counters are JSON");
+    v["connection_queue"].clone()
+}
+
+#[tokio::test]
+async fn sighup_keeps_the_admission_limits_and_counters_of_the_process() {
+    let a = origin("a", Duration::ZERO).await;
+    let b = origin("b", Duration::ZERO).await;
+    let addr = free_addr();
+    let p = Portico::start(&config(&[&addr], &a, &b, "a", "[server]\nmax_requests = 4\n")).await;
+    for _ in 0..3 {
+        assert_eq!(
+            get(p.addr(), "/x").await.map(|r| r.body_str()),
+            Some("a /x".to_string())
+        );
+    }
+    let before = connection_queue(p.addr()).await;
+    assert_eq!(before["max_requests"], 4, "{before}");
+    assert_eq!(before["total_admitted"], 3, "{before}");
+    rewrite(&p, &config(&[&addr], &a, &b, "b", "[server]\nmax_requests = 8\n"));
+    p.signal(libc::SIGHUP);
+    let switched = eventually(Duration::from_secs(5), || async {
+        get(p.addr(), "/x").await.is_some_and(|r| r.body_str() == "b /x")
+    })
+    .await;
+    assert!(switched, "{}", p.stderr());
+    // Same queue, same counters: the requests before the reload still count,
+    // and the limit needs a restart.
+    let after = connection_queue(p.addr()).await;
+    assert_eq!(after["max_requests"], 4, "{after}");
+    assert!(after["total_admitted"].as_u64() > Some(3), "{after}");
+    let err = p.stderr();
+    assert!(
+        err.lines()
+            .any(|l| l.contains("`server.max_requests` changed (4 -> 8): needs restart; keeping 4")),
+        "{err}"
+    );
+}
