@@ -3,18 +3,24 @@
 
 use crate::config::ListenerConfig;
 use crate::http1::{ConnSettings, Handler, serve};
+use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// Binds a listener; the error names the address and what went wrong.
-pub fn bind(cfg: &ListenerConfig) -> Result<std::net::TcpListener, String> {
+/// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
+/// process binds the same address and the kernel spreads connections.
+pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
     let addr = cfg.address;
     let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {e}");
     let socket =
         Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| fail("create", e))?;
     socket.set_reuse_address(true).map_err(|e| fail("configure", e))?;
+    if reuse_port {
+        socket.set_reuse_port(true).map_err(|e| fail("configure", e))?;
+    }
     if addr.is_ipv6() {
         socket.set_only_v6(true).map_err(|e| fail("configure", e))?;
     }
@@ -25,15 +31,36 @@ pub fn bind(cfg: &ListenerConfig) -> Result<std::net::TcpListener, String> {
     Ok(socket.into())
 }
 
-/// Accepts connections forever, serving each on its own task.
+/// What an accept loop gives each new connection; replaced as a whole when
+/// a reload changes the listener's settings (connections keep the one they
+/// were accepted with; the handler picks up a new config per request).
+pub struct Serving<H> {
+    /// Set TCP_NODELAY on accepted connections.
+    pub nodelay: bool,
+    /// Timeouts and limits for the connection.
+    pub settings: Arc<ConnSettings>,
+    /// Serves its requests.
+    pub handler: Arc<H>,
+}
+
+/// Accepts connections until `stop` is set (or its sender dropped), serving
+/// each on its own task; the listening socket is closed on return, so new
+/// connection attempts are refused from then on.
 pub async fn accept_loop<H: Handler>(
     listener: TcpListener,
-    nodelay: bool,
-    settings: Arc<ConnSettings>,
-    handler: Arc<H>,
+    serving: Arc<ArcSwap<Serving<H>>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            biased;
+            r = stop.wait_for(|s| *s) => {
+                let _ = r;
+                return;
+            }
+            r = listener.accept() => r,
+        };
+        let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors or similar: back off instead of spinning.
@@ -42,13 +69,14 @@ pub async fn accept_loop<H: Handler>(
                 continue;
             }
         };
-        if nodelay {
+        let serving = serving.load_full();
+        if serving.nodelay {
             let _ = stream.set_nodelay(true);
         }
-        let settings = settings.clone();
-        let handler = handler.clone();
+        let open = crate::drain::track();
         tokio::spawn(async move {
-            serve(stream, peer, &settings, &*handler).await;
+            serve(stream, peer, &serving.settings, &*serving.handler).await;
+            drop(open);
         });
     }
 }

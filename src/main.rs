@@ -27,6 +27,10 @@ enum Command {
         /// sized from the machine resolved), and exit.
         #[arg(long)]
         print_config: bool,
+        /// Internal: run as worker process I of a multi-process server
+        /// (the supervisor starts workers with it).
+        #[arg(long, hide = true, value_name = "I")]
+        worker: Option<usize>,
     },
     /// Check a config file and exit non-zero if it has an error.
     Check {
@@ -57,7 +61,11 @@ fn load(path: Option<&PathBuf>) -> Result<Config, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config, print_config } => load(config.as_ref()).and_then(|mut c| {
+        Command::Run {
+            config,
+            print_config,
+            worker,
+        } => load(config.as_ref()).and_then(|mut c| {
             if print_config {
                 let files = portico::sizing::raise_open_files();
                 let said = portico::sizing::resolve(&mut c, files.now);
@@ -65,7 +73,11 @@ fn main() -> ExitCode {
                 print!("{}", c.to_toml());
                 Ok(())
             } else {
-                portico::server::run(c)
+                let opts = portico::server::RunOptions {
+                    config_path: config,
+                    worker,
+                };
+                portico::server::run(c, opts)
             }
         }),
         Command::Stats { addr, config } => load(config.as_ref()).and_then(|c| {

@@ -1,21 +1,36 @@
-//! Starting and stopping the server: runtime, logs, listeners.
+//! Starting and stopping the server: runtime, logs, listeners, signals.
+//!
+//! Signals: SIGHUP reloads the config (`reload.rs`); SIGTERM or SIGINT
+//! drains (`drain.rs`): the listeners close at once, idle connections
+//! close, busy ones finish their current response (sent with
+//! `Connection: close`), and the process exits when none is left or
+//! `server.shutdown_timeout` has passed; a second SIGTERM or SIGINT exits
+//! at once. With `processes = N > 1` and no `--worker`, `run` is the
+//! supervisor instead (`supervisor.rs`).
 
 use crate::config::Config;
-use crate::http1::{ConnSettings, HeadLimits};
-use crate::listen::{accept_loop, bind};
-use crate::proxy::{ListenerHandler, Shared};
-use std::sync::Arc;
+use crate::reload::{Running, bind_all};
+use std::path::PathBuf;
 
-/// Runs the server on `config` until SIGINT or SIGTERM.
-pub fn run(mut config: Config) -> Result<(), String> {
+/// How `portico run` was invoked.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The config file, re-read on SIGHUP; None = embedded defaults.
+    pub config_path: Option<PathBuf>,
+    /// Set in a worker process started by the supervisor: its index.
+    pub worker: Option<usize>,
+}
+
+/// Runs the server on `config` until SIGINT or SIGTERM (then drains).
+pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
-    // Connections are bounded by file descriptors: use all the hard limit
-    // allows, and size the connection limits left at 0 from it.
-    let files = crate::sizing::raise_open_files();
-    if files.now > files.before {
-        tracing::info!("open-files limit raised from {} to {}", files.before, files.now);
+    if opts.worker.is_none() && config.server.processes > 1 {
+        return crate::supervisor::run(config, opts.config_path);
     }
-    tracing::info!("sizing: {}", crate::sizing::resolve(&mut config, files.now));
+    if let Some(i) = opts.worker {
+        crate::supervisor::set_worker_index(i);
+        tracing::info!("worker {i} (pid {}) starting", std::process::id());
+    }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -27,79 +42,146 @@ pub fn run(mut config: Config) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    // Catch SIGTERM and SIGINT before any socket listens: once a client (or
-    // a supervisor) can see us listening, a signal must mean a clean
-    // shutdown, not the default action of killing the process.
-    let signals = {
+    // Catch the signals before any socket listens: once a client (or a
+    // supervisor) can see us listening, a signal must mean a clean
+    // shutdown or a reload, not the default action of killing the process.
+    let mut signals = {
         let _enter = runtime.enter();
         Signals::install()
     };
+    let mut config = match (opts.worker, &opts.config_path) {
+        (Some(_), Some(path)) => reread(config, path),
+        _ => config,
+    };
+    // Connections are bounded by file descriptors: use all the hard limit
+    // allows, and size the connection limits left at 0 from it.
+    let files = crate::sizing::raise_open_files();
+    if files.now > files.before {
+        tracing::info!(
+            "{}open-files limit raised from {} to {}",
+            crate::supervisor::tag(),
+            files.before,
+            files.now
+        );
+    }
+    tracing::info!(
+        "{}sizing: {}",
+        crate::supervisor::tag(),
+        crate::sizing::resolve(&mut config, files.now)
+    );
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
-    let mut sockets = Vec::with_capacity(config.listener.len());
-    for l in &config.listener {
-        sockets.push((l.clone(), bind(l)?));
-    }
-    runtime.block_on(async move {
-        let shared = Arc::new(Shared::new(config)?);
-        spawn_log_reopen(shared.clone());
-        let settings = Arc::new(conn_settings(&shared));
-        for (index, (cfg, socket)) in sockets.into_iter().enumerate() {
-            let listener =
-                tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
-            tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
-            let handler = Arc::new(ListenerHandler::new(index, &cfg, shared.clone())?);
-            tokio::spawn(accept_loop(listener, cfg.nodelay, settings.clone(), handler));
-        }
-        signals.recv().await;
-        tracing::info!("shutting down");
-        Ok::<(), String>(())
-    })?;
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    Ok(())
-}
-
-/// SIGUSR1 reopens the access log (after rotation renamed it).
-fn spawn_log_reopen(shared: Arc<Shared>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::user_defined1()) {
-        Ok(mut usr1) => {
-            tokio::spawn(async move {
-                while usr1.recv().await.is_some() {
-                    tracing::info!("SIGUSR1: reopening the access log");
-                    shared.access_log.reopen();
+    let sockets = bind_all(&config)?;
+    let result = runtime.block_on(async move {
+        let mut running = Running::start(config, opts.config_path, sockets)?;
+        loop {
+            match signals.next().await {
+                Sig::Hup => running.reload(),
+                Sig::Usr1 => running.reopen_logs(),
+                Sig::Term(name) => {
+                    tracing::info!(
+                        "{}{name}: shutting down (draining connections)",
+                        crate::supervisor::tag()
+                    );
+                    break;
                 }
-            });
+            }
         }
-        Err(e) => tracing::warn!("cannot catch SIGUSR1 (log reopen): {e}"),
+        drain(&mut running, &mut signals).await
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
+/// A worker reads its config file again once its SIGHUP handler is in
+/// place: a reload the supervisor forwarded before then was ignored (see
+/// `supervisor::start`), and the file may have changed since it was loaded.
+fn reread(config: Config, path: &std::path::Path) -> Config {
+    match crate::config::load_file(path) {
+        Ok(mut new) if !crate::util::same_value(&new, &config) => {
+            crate::reload::keep_restart_only(&config, &mut new);
+            tracing::info!(
+                "{}{} changed while starting: using it",
+                crate::supervisor::tag(),
+                path.display()
+            );
+            new
+        }
+        Ok(_) => config,
+        Err(e) => {
+            tracing::error!(
+                "{}{e}: the file changed while starting and is invalid; using the version read first",
+                crate::supervisor::tag()
+            );
+            config
+        }
     }
 }
 
-fn conn_settings(shared: &Shared) -> ConnSettings {
-    let c = &shared.config;
-    ConnSettings {
-        limits: HeadLimits {
-            max_request_line: c.limits.max_request_line.as_usize(),
-            max_head: c.limits.max_header_size.as_usize(),
-            max_headers: c.limits.max_headers,
-        },
-        header_timeout: c.limits.header_timeout.get(),
-        keepalive: shared.keepalive.clone(),
-        max_requests: c.keepalive.max_requests,
-        max_body: c.limits.max_body_size.bytes(),
-        body_idle_timeout: c.origin.idle_timeout.get(),
+/// Stops accepting and waits for the open connections to finish, for at
+/// most `server.shutdown_timeout`; a second SIGTERM/SIGINT ends it at once.
+async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), String> {
+    crate::drain::start();
+    running.stop_listening();
+    let timeout = running.config().server.shutdown_timeout;
+    let open = crate::drain::open_connections();
+    if open > 0 {
+        tracing::info!(
+            "{}waiting up to {timeout} for {open} open connections to finish",
+            crate::supervisor::tag()
+        );
+    }
+    let deadline = tokio::time::sleep(timeout.get());
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = crate::drain::all_closed() => {
+                tracing::info!("{}all connections finished; exiting", crate::supervisor::tag());
+                return Ok(());
+            }
+            () = &mut deadline => {
+                tracing::warn!(
+                    "{}server.shutdown_timeout ({timeout}) passed with {} connections open; exiting",
+                    crate::supervisor::tag(),
+                    crate::drain::open_connections()
+                );
+                return Ok(());
+            }
+            sig = signals.next() => match sig {
+                Sig::Hup => tracing::warn!("SIGHUP ignored: shutting down"),
+                Sig::Usr1 => running.reopen_logs(),
+                Sig::Term(name) => {
+                    return Err(format!(
+                        "second {name}: exiting at once with {} connections open",
+                        crate::drain::open_connections()
+                    ));
+                }
+            },
+        }
     }
 }
 
-/// SIGTERM and SIGINT, registered as soon as they are created.
-struct Signals {
+/// A signal the server acts on.
+pub(crate) enum Sig {
+    /// SIGHUP: reload.
+    Hup,
+    /// SIGUSR1: reopen the access log (after rotation).
+    Usr1,
+    /// SIGTERM or SIGINT (named): shut down.
+    Term(&'static str),
+}
+
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR1, registered as soon as they are created.
+pub(crate) struct Signals {
     term: Option<tokio::signal::unix::Signal>,
     int: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    usr1: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     /// Registers the handlers; must run inside the runtime.
-    fn install() -> Signals {
+    pub(crate) fn install() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
         let register = |kind: SignalKind, name: &str| match signal(kind) {
             Ok(s) => Some(s),
@@ -111,22 +193,28 @@ impl Signals {
         Signals {
             term: register(SignalKind::terminate(), "SIGTERM"),
             int: register(SignalKind::interrupt(), "SIGINT"),
+            hup: register(SignalKind::hangup(), "SIGHUP"),
+            usr1: register(SignalKind::user_defined1(), "SIGUSR1"),
         }
     }
 
-    /// Waits for either signal.
-    async fn recv(mut self) {
+    /// Waits for the next signal.
+    pub(crate) async fn next(&mut self) -> Sig {
         async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
             match s {
                 Some(s) => {
-                    s.recv().await;
+                    if s.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
                 }
                 None => std::future::pending().await,
             }
         }
         tokio::select! {
-            () = one(&mut self.term) => {}
-            () = one(&mut self.int) => {}
+            () = one(&mut self.term) => Sig::Term("SIGTERM"),
+            () = one(&mut self.int) => Sig::Term("SIGINT"),
+            () = one(&mut self.hup) => Sig::Hup,
+            () = one(&mut self.usr1) => Sig::Usr1,
         }
     }
 }

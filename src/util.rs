@@ -41,3 +41,10 @@ pub fn html_escape(text: &str) -> String {
     }
     out
 }
+
+/// Whether two config values are equal, compared by their `Debug` text (the
+/// config types are compared rarely, on a reload, so they need not derive
+/// `PartialEq`; their `Debug` output shows every field).
+pub fn same_value<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}

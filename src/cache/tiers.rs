@@ -243,15 +243,16 @@ pub struct Cache {
     /// Fetches in flight (request collapsing).
     pub flights: Arc<Flights>,
     /// Counters.
-    pub stats: CacheStats,
+    pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
     pub status_header: Option<HeaderName>,
-    memory: MemoryTier,
+    memory: Arc<MemoryTier>,
     disk: Option<DiskStore>,
     max_object: u64,
     ignore_query: bool,
-    marker_lock: tokio::sync::Mutex<()>,
-    running: std::sync::atomic::AtomicBool,
+    marker_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Shared with the reconfigured caches of later reloads.
+    running: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Unix seconds at which a stored response stops being fresh (the disk
@@ -271,6 +272,39 @@ impl Cache {
         route_overrides: &[Option<crate::config::CacheOverrides>],
         pool: BlockingPool,
     ) -> Result<Cache, String> {
+        let disk = if cfg.disk.bytes() > 0 {
+            Some(
+                DiskStore::start_with_pool(cfg, pool)
+                    .map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?,
+            )
+        } else {
+            None
+        };
+        let storage = Cache {
+            policy: Policy::new(cfg)?,
+            routes: Vec::new(),
+            flights: Arc::new(Flights::default()),
+            stats: Arc::default(),
+            status_header: None,
+            memory: Arc::new(MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes())),
+            disk,
+            max_object: 0,
+            ignore_query: false,
+            marker_lock: Arc::default(),
+            running: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        };
+        storage.reconfigure(cfg, route_overrides)
+    }
+
+    /// A cache over the same stored objects, fetches in flight and counters
+    /// as `self`, with the policy settings of `cfg` and the routes'
+    /// overrides (a config reload). The storage settings (memory and disk
+    /// sizes, directory, levels, GC) stay those `self` was built with.
+    pub fn reconfigure(
+        &self,
+        cfg: &CacheConfig,
+        route_overrides: &[Option<crate::config::CacheOverrides>],
+    ) -> Result<Cache, String> {
         let policy = Policy::new(cfg)?;
         let routes = route_overrides
             .iter()
@@ -285,14 +319,6 @@ impl Cache {
                 }
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let disk = if cfg.disk.bytes() > 0 {
-            Some(
-                DiskStore::start_with_pool(cfg, pool)
-                    .map_err(|e| format!("cannot open the disk cache {}: {e}", cfg.dir.display()))?,
-            )
-        } else {
-            None
-        };
         let status_header = if cfg.status_header.is_empty() {
             None
         } else {
@@ -304,15 +330,15 @@ impl Cache {
         Ok(Cache {
             policy,
             routes,
-            flights: Arc::new(Flights::default()),
-            stats: CacheStats::default(),
+            flights: self.flights.clone(),
+            stats: self.stats.clone(),
             status_header,
-            memory: MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes()),
-            disk,
+            memory: self.memory.clone(),
+            disk: self.disk.clone(),
             max_object: cfg.max_object_size.bytes(),
             ignore_query: cfg.ignore_query_in_key,
-            marker_lock: tokio::sync::Mutex::new(()),
-            running: std::sync::atomic::AtomicBool::new(true),
+            marker_lock: self.marker_lock.clone(),
+            running: self.running.clone(),
         })
     }
 

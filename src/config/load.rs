@@ -217,6 +217,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    if c.server.processes == 0 || c.server.processes > 1024 {
+        return Err((
+            vec![Key("server"), Key("processes")],
+            format!("{} processes: must be between 1 and 1024", c.server.processes),
+        ));
+    }
     for (i, r) in c.rule.iter().enumerate() {
         if let Some(b) = &r.bucket
             && (b.is_empty() || !b.bytes().all(|x| x.is_ascii_alphanumeric() || b"-_.".contains(&x)))

@@ -81,6 +81,11 @@ pub struct ServerConfig {
     pub blocking_threads: usize,
     /// Jobs that may wait for a blocking-pool thread; 0 = as `max_requests`.
     pub blocking_queue: usize,
+    /// Worker processes; 1 = one process, no supervisor; N > 1 = a supervisor
+    /// and N workers sharing the listeners with SO_REUSEPORT.
+    pub processes: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish before the process exits anyway.
+    pub shutdown_timeout: Dur,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +97,8 @@ impl Default for ServerConfig {
             busy_retry_after: Dur::secs(5),
             blocking_threads: 64,
             blocking_queue: 0,
+            processes: 1,
+            shutdown_timeout: Dur::secs(30),
         }
     }
 }

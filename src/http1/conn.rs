@@ -89,14 +89,22 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
     loop {
         if carry.is_none() {
             // Idle: hold no buffer until the client sends something.
+            // A drain (SIGTERM) closes idle connections at once.
+            let drained = crate::drain::started(usize::from(peer.port()));
             let ready = if served == 0 {
-                tokio::time::timeout(settings.header_timeout, bytes_waiting(&stream)).await
+                tokio::select! {
+                    r = tokio::time::timeout(settings.header_timeout, bytes_waiting(&stream)) => r,
+                    () = drained => Ok(false),
+                }
             } else {
                 // Between requests the connection is in the keep-alive set,
                 // which may close it (flush) to make room for a newer one;
                 // the guard leaves the set before the socket is closed.
                 let _idle = ka.enter(&stream);
-                tokio::time::timeout(ka.timeout(), bytes_waiting(&stream)).await
+                tokio::select! {
+                    r = tokio::time::timeout(ka.timeout(), bytes_waiting(&stream)) => r,
+                    () = drained => Ok(false),
+                }
             };
             match ready {
                 Ok(true) => {}

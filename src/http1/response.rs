@@ -143,6 +143,10 @@ impl<'a> ResponseWriter<'a> {
         if !headers.contains_key(DATE) {
             headers.insert(DATE, crate::util::http_date_now());
         }
+        // Draining (SIGTERM): this is the connection's last response.
+        if crate::drain::is_draining() {
+            self.keep_alive = false;
+        }
         if !self.keep_alive {
             headers.insert(CONNECTION, HeaderValue::from_static("close"));
         } else if self.version == Version::HTTP_10 {

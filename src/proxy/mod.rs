@@ -8,7 +8,7 @@ pub mod monitor;
 mod purge;
 
 pub use purge::purge_running;
-mod reply;
+pub(crate) mod reply;
 mod tunnel;
 
 use crate::access::AllowList;
@@ -31,17 +31,17 @@ pub struct Shared {
     admin: AllowList,
     rules: Rules,
     groups: Vec<Group>,
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     /// The access log writer.
-    pub access_log: AccessLog,
+    pub access_log: Arc<AccessLog>,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
     /// Request statistics and performance buckets.
-    pub stats: crate::stats::Stats,
+    pub stats: Arc<crate::stats::Stats>,
     /// The performance bucket of each `[[rule]]` (index into the stats' buckets).
     rule_buckets: Vec<usize>,
     /// Admission (`server.max_requests`) and the connection queue.
-    pub admission: Admission,
+    pub admission: Arc<Admission>,
     /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
     pub keepalive: Arc<KeepAlive>,
     /// The blocking pool the disk cache runs its file I/O on.
@@ -53,41 +53,103 @@ impl Shared {
     /// are already resolved (`sizing::resolve`); fails on a resource that
     /// cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
+        Self::build(config, None)
+    }
+
+    /// The state for a reloaded `config`, sharing what did not change with
+    /// `self`: the cache's stored objects always (its policy and the routes'
+    /// overrides are rebuilt), the origin client and its pooled connections
+    /// when `[origin]` is unchanged, the access log when its file and format are.
+    pub fn renew(&self, config: Config) -> Result<Shared, String> {
+        Self::build(config, Some(self))
+    }
+
+    fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        // Admission, the keep-alive set and the blocking pool belong to the
+        // process: a reload keeps them (and their counters); their limits
+        // need a restart (`reload::keep_restart_only`).
+        let blocking = match old {
+            Some(o) => o.blocking.clone(),
+            None => BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue),
+        };
+        let admission = match old {
+            Some(o) => o.admission.clone(),
+            None => Arc::new(Admission::new(config.server.max_requests, config.server.queue_size)),
+        };
+        let keepalive = match old {
+            Some(o) => o.keepalive.clone(),
+            None => Arc::new(KeepAlive::new(
+                config.keepalive.max_connections,
+                config.keepalive.timeout.get(),
+            )),
+        };
+        let upstream = match old {
+            Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),
+            _ => Arc::new(Upstream::new(&config.origin)?),
+        };
+        let access_log = match old {
+            Some(o)
+                if o.config.log.access == config.log.access
+                    && o.config.log.format == config.log.format
+                    && o.config.log.custom_format == config.log.custom_format
+                    && o.config.log.resolve_clients == config.log.resolve_clients =>
+            {
+                o.access_log.clone()
+            }
+            _ => Arc::new(AccessLog::open(
+                &config.log.access,
+                config.log.format,
+                &config.log.custom_format,
+                config.log.resolve_clients,
+            )?),
+        };
+        // The statistics outlive a reload unless what they are laid out by
+        // changed (listeners, buckets, monitor.enabled): then they restart.
         let bucket_names: Vec<String> = config.rule.iter().filter_map(|r| r.bucket.clone()).collect();
-        let stats = crate::stats::Stats::new(config.monitor.enabled, config.listener.len(), &bucket_names);
+        let layout = |c: &Config| {
+            (
+                c.monitor.enabled,
+                c.listener.iter().map(|l| l.address).collect::<Vec<_>>(),
+                c.rule.iter().filter_map(|r| r.bucket.clone()).collect::<Vec<_>>(),
+            )
+        };
+        let stats = match old {
+            Some(o) if layout(&o.config) == layout(&config) => o.stats.clone(),
+            _ => Arc::new(crate::stats::Stats::new(
+                config.monitor.enabled,
+                config.listener.len(),
+                &bucket_names,
+            )),
+        };
         let rule_buckets = config
             .rule
             .iter()
             .map(|r| r.bucket.as_deref().map_or(0, |b| stats.bucket_index(b)))
             .collect();
-        let blocking = BlockingPool::new(config.server.blocking_threads, config.server.blocking_queue);
+        let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
+        // The stored objects outlive a reload (`cache.enabled` only changes on a restart).
+        let cache = match old.map(|o| o.cache.as_ref()) {
+            Some(Some(c)) => Some(c.reconfigure(&config.cache, &overrides)?),
+            Some(None) => None,
+            None if config.cache.enabled => {
+                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
+            }
+            None => None,
+        };
         Ok(Shared {
             stats,
             rule_buckets,
-            admission: Admission::new(config.server.max_requests, config.server.queue_size),
-            keepalive: Arc::new(KeepAlive::new(
-                config.keepalive.max_connections,
-                config.keepalive.timeout.get(),
-            )),
+            admission,
+            keepalive,
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
             groups,
-            upstream: Upstream::new(&config.origin)?,
-            access_log: AccessLog::open(
-                &config.log.access,
-                config.log.format,
-                &config.log.custom_format,
-                config.log.resolve_clients,
-            )?,
-            cache: if config.cache.enabled {
-                let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
-                Some(crate::cache::Cache::new(&config.cache, &overrides, blocking.clone())?)
-            } else {
-                None
-            },
+            upstream,
+            access_log,
+            cache,
             blocking,
             config,
         })
@@ -100,20 +162,26 @@ pub struct ListenerHandler {
     pub mode: Mode,
     /// Position of the listener in the config (for per-listener counters).
     pub index: usize,
-    /// State shared by all listeners.
-    pub shared: Arc<Shared>,
+    /// State shared by all listeners; a reload swaps in a new one. Each
+    /// request takes the one current when it starts and keeps it to the end.
+    pub shared: Arc<arc_swap::ArcSwap<Shared>>,
     /// This listener's busy (503) response.
     pub busy: reply::BusyPage,
 }
 
 impl ListenerHandler {
-    /// The handler of listener `cfg`, the `index`th in the config; fails if
-    /// its `busy_file` cannot be read.
-    pub fn new(index: usize, cfg: &ListenerConfig, shared: Arc<Shared>) -> Result<ListenerHandler, String> {
+    /// The handler of listener `cfg`, the `index`th of the config; fails
+    /// if its `busy_file` cannot be read.
+    pub fn new(
+        index: usize,
+        cfg: &ListenerConfig,
+        server: &crate::config::ServerConfig,
+        shared: Arc<arc_swap::ArcSwap<Shared>>,
+    ) -> Result<ListenerHandler, String> {
         Ok(ListenerHandler {
             mode: cfg.mode,
             index,
-            busy: reply::BusyPage::for_listener(cfg, &shared.config.server)?,
+            busy: reply::BusyPage::for_listener(cfg, server)?,
             shared,
         })
     }
@@ -122,15 +190,15 @@ impl ListenerHandler {
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
         let started = std::time::Instant::now();
-        let sh = &*self.shared;
+        let sh = self.shared.load_full();
         if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
             // Before admission, so the statistics can be read when the
             // server is saturated; kept out of the request counters (and
             // closed after, out of the keep-alive ones), so reading them
             // does not change them.
             sh.stats.admin_request();
-            let outcome = monitor::serve(ep, &query, ex, sh).await;
-            self.log(ex, started);
+            let outcome = monitor::serve(ep, &query, ex, &sh).await;
+            self.log(ex, &sh, started);
             return outcome;
         }
         sh.stats.begin(self.index);
@@ -138,15 +206,15 @@ impl Handler for ListenerHandler {
         // would swamp the response-time histogram and the buckets.
         let outcome = if sh.stats.enabled && ex.head.method != Method::CONNECT {
             crate::stats::timed(&sh.stats, async {
-                let outcome = self.admit_and_serve(ex).await;
+                let outcome = self.admit_and_serve(ex, &sh).await;
                 let _log = crate::stats::stage(crate::stats::Stage::Log);
-                self.log(ex, started);
+                self.log(ex, &sh, started);
                 outcome
             })
             .await
         } else {
-            let outcome = self.admit_and_serve(ex).await;
-            self.log(ex, started);
+            let outcome = self.admit_and_serve(ex, &sh).await;
+            self.log(ex, &sh, started);
             outcome
         };
         sh.stats.end(
@@ -166,8 +234,9 @@ impl Handler for ListenerHandler {
         } else {
             rej.first_line.clone()
         };
-        self.shared.stats.rejected(rej.error.status.as_u16());
-        self.shared.access_log.record(&AccessRecord {
+        let sh = self.shared.load();
+        sh.stats.rejected(rej.error.status.as_u16());
+        sh.access_log.record(&AccessRecord {
             client: rej.peer.ip(),
             user: None,
             request_line: &line,
@@ -185,16 +254,16 @@ impl Handler for ListenerHandler {
 impl ListenerHandler {
     /// Admission, then the pipeline. Time spent waiting in the connection
     /// queue is the access stage's latency in the performance buckets.
-    async fn admit_and_serve(&self, ex: &mut Exchange<'_>) -> Outcome {
+    async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
         // full) gets a busy 503 at once. A queued request whose client goes
         // away leaves the queue: serving it would only waste a place.
         let admitted = tokio::select! {
             biased;
-            admitted = self.shared.admission.admit() => admitted,
+            admitted = sh.admission.admit() => admitted,
             () = crate::http1::client_closed(ex.stream) => {
-                self.shared.admission.abandoned();
+                sh.admission.abandoned();
                 return Outcome::Close;
             }
         };
@@ -210,13 +279,13 @@ impl ListenerHandler {
                 return Outcome::Close;
             }
         };
-        let outcome = self.serve(ex, &mut permit).await;
+        let outcome = self.serve(ex, sh, &mut permit).await;
         drop(permit);
         outcome
     }
 
-    async fn serve(&self, ex: &mut Exchange<'_>, permit: &mut Option<Permit<'_>>) -> Outcome {
-        let sh = &*self.shared;
+    async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>, permit: &mut Option<Permit<'_>>) -> Outcome {
+        let sh = &**shared;
         let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
@@ -281,7 +350,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, &self.shared, dest, &self.busy).await
+            cached::serve(ex, shared, dest, &self.busy).await
         };
         match result {
             Ok(()) => Outcome::Done,
@@ -305,7 +374,7 @@ impl ListenerHandler {
         }
     }
 
-    fn log(&self, ex: &Exchange<'_>, started: std::time::Instant) {
+    fn log(&self, ex: &Exchange<'_>, sh: &Shared, started: std::time::Instant) {
         let h = &ex.head;
         let version = if h.version == http::Version::HTTP_10 {
             "HTTP/1.0"
@@ -314,7 +383,7 @@ impl ListenerHandler {
         };
         let request_line = format!("{} {} {version}", h.method, h.target);
         let header = |name: http::header::HeaderName| h.headers.get(name).and_then(|v| v.to_str().ok());
-        self.shared.access_log.record(&AccessRecord {
+        sh.access_log.record(&AccessRecord {
             client: ex.peer.ip(),
             user: None,
             request_line: &request_line,

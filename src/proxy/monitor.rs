@@ -226,7 +226,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
     let server = stats::ServerInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         pid: std::process::id(),
-        process_index: None,
+        process_index: crate::supervisor::worker_index(),
         uptime_secs: sh.stats.started().elapsed().as_secs_f64(),
         time_unix: now,
         workers: if cfg.server.workers == 0 {

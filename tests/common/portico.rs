@@ -157,6 +157,29 @@ impl Portico {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends signal `sig` (e.g. `libc::SIGHUP`) to portico.
+    pub fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.pid()).expect("pid fits in pid_t");
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}) failed: {}", std::io::Error::last_os_error());
+    }
+
+    /// Waits up to `timeout` for portico to exit; its status, or None if it
+    /// is still running.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait on portico") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The temp dir holding the config and captured output; `{dir}` in the
     /// config text is replaced by this path (e.g. `access = "{dir}/access.log"`).
     pub fn dir(&self) -> &Path {

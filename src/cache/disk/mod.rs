@@ -297,6 +297,9 @@ struct Inner {
     gc_running: Mutex<()>,
     scan_notify: tokio::sync::Notify,
     pool: BlockingPool,
+    /// Other server processes write to the same directory (multi-process
+    /// mode): an id missing from our index may still be on disk.
+    shared_dir: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -394,7 +397,8 @@ impl Inner {
     }
 
     fn contains_blocking(&self, id: ObjectId) -> bool {
-        self.index.get(id).is_some() || (!self.scan_done() && fs::symlink_metadata(self.layout.path_of(id)).is_ok())
+        self.index.get(id).is_some()
+            || (self.may_exist_unindexed() && fs::symlink_metadata(self.layout.path_of(id)).is_ok())
     }
 
     fn miss(&self) -> Option<DiskObject> {
@@ -402,9 +406,15 @@ impl Inner {
         None
     }
 
+    /// Whether a lookup of an id not in the index must still look at the
+    /// file (during the start-up scan, or when other processes write here).
+    fn may_exist_unindexed(&self) -> bool {
+        !self.scan_done() || self.shared_dir.load(Ordering::Relaxed)
+    }
+
     fn open_blocking(self: &Arc<Self>, id: ObjectId) -> Option<DiskObject> {
         let entry = self.index.get(id);
-        if entry.is_none() && self.scan_done() {
+        if entry.is_none() && !self.may_exist_unindexed() {
             return self.miss();
         }
         let path = self.layout.path_of(id);
@@ -441,6 +451,21 @@ impl Inner {
             Ok(_) => return corrupt("empty key"),
             Err(e) => return corrupt(e.0),
         };
+        if entry.is_none() && self.scan_done() {
+            // Written by another process since our scan: count it from now
+            // on, so our GC keeps what we serve within our budget.
+            self.index.insert_if_absent(
+                id,
+                Entry {
+                    size: env.file_len,
+                    last_access: secs32(now_secs()),
+                    expires: secs32(env.trailer.expires),
+                    hits: 0,
+                    generation: self.index.next_generation(),
+                    key_ok: key_matches(id, &meta),
+                },
+            );
+        }
         self.index.touch(id, secs32(now_secs()));
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         Some(DiskObject {
@@ -633,6 +658,7 @@ impl DiskStore {
             gc_running: Mutex::new(()),
             scan_notify: tokio::sync::Notify::new(),
             pool,
+            shared_dir: AtomicBool::new(false),
         };
         Ok(DiskStore { inner: Arc::new(inner) })
     }
@@ -657,6 +683,15 @@ impl DiskStore {
             gc::spawn(Arc::downgrade(&store.inner), store.inner.gc_signal.clone())?;
         }
         Ok(store)
+    }
+
+    /// Tells the store that other server processes use the same directory
+    /// (`server.processes > 1`): a lookup then checks the file even when
+    /// the id is not in this process's index (objects they stored after our
+    /// start-up scan), and indexes what it finds. Costs a failed `open` on
+    /// the blocking pool per disk miss.
+    pub fn set_shared_dir(&self, shared: bool) {
+        self.inner.shared_dir.store(shared, Ordering::Relaxed);
     }
 
     /// Opens the store for offline work (`portico cache ...`): scans on the
@@ -729,7 +764,7 @@ impl DiskStore {
     /// Counts as an access (`touch`).
     pub async fn open(&self, id: ObjectId) -> Option<DiskObject> {
         let inner = self.inner.clone();
-        if inner.index.get(id).is_none() && inner.scan_done() {
+        if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return inner.miss();
         }
         blocking(&self.inner.pool, move || inner.open_blocking(id))
@@ -743,7 +778,7 @@ impl DiskStore {
     /// request then gets a busy response instead of waiting).
     pub async fn try_open(&self, id: ObjectId) -> Result<Option<DiskObject>, PoolError> {
         let inner = self.inner.clone();
-        if inner.index.get(id).is_none() && inner.scan_done() {
+        if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return Ok(inner.miss());
         }
         match self.inner.pool.try_run(move || inner.open_blocking(id)).await {
@@ -1262,6 +1297,29 @@ mod tests {
             (1, fs::metadata(store.path_of(id2)).unwrap().len())
         );
         assert!(store.open_blocking(id).is_none());
+    }
+
+    #[test]
+    fn a_shared_dir_finds_objects_another_process_stored_after_its_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let b = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let id = ObjectId(7);
+        let mut w = a.writer_blocking(id, &meta("http://h/")).unwrap();
+        w.write_blocking(b"body").unwrap();
+        w.commit_blocking(0).unwrap();
+        // Not in b's index, and b's scan is over: b does not look.
+        assert!(b.open_blocking(id).is_none());
+        b.set_shared_dir(true);
+        let found = b.open_blocking(id).expect("found on disk");
+        assert_eq!(found.body_len, 4);
+        assert_eq!(found.meta.key, "http://h/");
+        // Now counted in b's index (its GC budget).
+        assert_eq!(b.stats().snapshot().objects, 1);
+        // Removed by a: b forgets it.
+        fs::remove_file(a.path_of(id)).unwrap();
+        assert!(b.open_blocking(id).is_none());
+        assert_eq!(b.stats().snapshot().objects, 0);
     }
 
     #[test]

@@ -1,0 +1,322 @@
+//! The running server's listeners and shared state, and the config reload
+//! (SIGHUP) that replaces them without dropping a connection.
+//!
+//! A reload reads the file again; an invalid file changes nothing (the
+//! error, with the loader's `FILE:LINE` message, goes to the error log).
+//! Otherwise a new `proxy::Shared` is built (rules, upstream groups, access
+//! lists, access log, cache policy; the cached objects are kept) and
+//! swapped in atomically: each request uses the state current when it
+//! started, so requests in flight finish on the old config and new ones get
+//! the new one. Listeners are matched by address: a kept one keeps its
+//! socket (no rebind, no refused connection) and its new settings apply to
+//! connections accepted after the reload; an added one is bound (a bind
+//! failure aborts the whole reload); a removed one stops accepting and its
+//! connections finish. Settings that need a restart keep their old value,
+//! with a warning.
+
+use crate::config::{Config, ListenerConfig};
+use crate::http1::{ConnSettings, HeadLimits};
+use crate::listen::{Serving, accept_loop, bind};
+use crate::proxy::{ListenerHandler, Shared};
+use arc_swap::ArcSwap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// One listening socket's accept loop.
+struct Slot {
+    cfg: ListenerConfig,
+    serving: Arc<ArcSwap<Serving<ListenerHandler>>>,
+    stop: watch::Sender<bool>,
+}
+
+/// The server as it runs: config, shared state, listeners.
+pub struct Running {
+    config: Config,
+    config_path: Option<PathBuf>,
+    shared: Arc<ArcSwap<Shared>>,
+    slots: Vec<Slot>,
+}
+
+/// Binds every listener of `config` (SO_REUSEPORT when it runs several
+/// processes); the first failure is returned.
+pub fn bind_all(config: &Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
+    let reuse_port = config.server.processes > 1;
+    config
+        .listener
+        .iter()
+        .map(|l| bind(l, reuse_port).map(|s| (l.clone(), s)))
+        .collect()
+}
+
+impl Running {
+    /// Builds the shared state and starts an accept loop on each bound
+    /// socket; must run inside the runtime.
+    pub fn start(
+        config: Config,
+        config_path: Option<PathBuf>,
+        sockets: Vec<(ListenerConfig, std::net::TcpListener)>,
+    ) -> Result<Running, String> {
+        let config = per_process(config);
+        let state = Shared::new(config.clone())?;
+        if config.server.processes > 1
+            && let Some(disk) = state.cache.as_ref().and_then(|c| c.disk())
+        {
+            disk.set_shared_dir(true);
+        }
+        let shared = Arc::new(ArcSwap::from_pointee(state));
+        let mut running = Running {
+            config,
+            config_path,
+            shared,
+            slots: Vec::new(),
+        };
+        for (cfg, socket) in sockets {
+            running.spawn(cfg, socket)?;
+        }
+        Ok(running)
+    }
+
+    /// What listener `cfg` serves with under `config`; fails if its
+    /// `busy_file` cannot be read.
+    fn serving(&self, cfg: &ListenerConfig, config: &Config) -> Result<Serving<ListenerHandler>, String> {
+        let keepalive = self.shared.load().keepalive.clone();
+        Ok(Serving {
+            nodelay: cfg.nodelay,
+            settings: Arc::new(conn_settings(config, keepalive)),
+            handler: Arc::new(ListenerHandler::new(
+                config
+                    .listener
+                    .iter()
+                    .position(|l| l.address == cfg.address)
+                    .unwrap_or(0),
+                cfg,
+                &config.server,
+                self.shared.clone(),
+            )?),
+        })
+    }
+
+    fn spawn(&mut self, cfg: ListenerConfig, socket: std::net::TcpListener) -> Result<(), String> {
+        let listener =
+            tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
+        tracing::info!(
+            "{}listening on {} ({:?} proxy)",
+            crate::supervisor::tag(),
+            cfg.address,
+            cfg.mode
+        );
+        let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)?));
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(accept_loop(listener, serving.clone(), stopped));
+        self.slots.push(Slot { cfg, serving, stop });
+        Ok(())
+    }
+
+    /// The configuration in force (per process: see [`per_process`]).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Closes every listening socket (new connections are refused);
+    /// connections already accepted go on.
+    pub fn stop_listening(&mut self) {
+        for slot in self.slots.drain(..) {
+            let _ = slot.stop.send(true);
+        }
+    }
+
+    /// SIGUSR1: the access log is reopened (log rotation renamed it).
+    pub fn reopen_logs(&self) {
+        tracing::info!("{}SIGUSR1: reopening the access log", crate::supervisor::tag());
+        self.shared.load().access_log.reopen();
+    }
+
+    /// SIGHUP: re-reads the config file and applies it, or logs why not.
+    pub fn reload(&mut self) {
+        let Some(path) = self.config_path.clone() else {
+            tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
+            return;
+        };
+        let new = match crate::config::load_file(&path) {
+            Ok(mut c) => {
+                // Limits left at 0 are sized as at start-up, so they compare
+                // equal to the running ones (they need a restart to change).
+                crate::sizing::resolve(&mut c, crate::sizing::raise_open_files().now);
+                c
+            }
+            Err(e) => {
+                tracing::error!(
+                    "{}reload failed, still running on the previous config: {e}",
+                    crate::supervisor::tag()
+                );
+                return;
+            }
+        };
+        match self.apply(per_process(new)) {
+            Ok(summary) => tracing::info!("reloaded {}: {summary}", path.display()),
+            Err(e) => tracing::error!(
+                "reload of {} failed, still running on the previous config: {e}",
+                path.display()
+            ),
+        }
+    }
+
+    fn apply(&mut self, mut new: Config) -> Result<String, String> {
+        keep_restart_only(&self.config, &mut new);
+        let shared = self.shared.load().renew(new.clone())?;
+        // A listener's busy page is read now, so an unreadable `busy_file`
+        // fails the reload before anything changes.
+        for l in &new.listener {
+            crate::proxy::reply::BusyPage::for_listener(l, &new.server)?;
+        }
+        // Bind the added listeners before changing anything, so a busy port
+        // leaves the running config whole.
+        let reuse_port = new.server.processes > 1;
+        let mut added = Vec::new();
+        for l in &new.listener {
+            if !self.slots.iter().any(|s| s.cfg.address == l.address) {
+                added.push((l.clone(), bind(l, reuse_port)?));
+            }
+        }
+        self.shared.store(Arc::new(shared));
+        self.config = new;
+        let mut removed = Vec::new();
+        let mut kept = Vec::new();
+        for slot in std::mem::take(&mut self.slots) {
+            match self
+                .config
+                .listener
+                .iter()
+                .find(|l| l.address == slot.cfg.address)
+                .cloned()
+            {
+                Some(cfg) => {
+                    if cfg.listen_queue != slot.cfg.listen_queue {
+                        tracing::warn!(
+                            "{}reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
+                            crate::supervisor::tag(),
+                            cfg.address,
+                            slot.cfg.listen_queue,
+                            cfg.listen_queue,
+                            slot.cfg.listen_queue
+                        );
+                    }
+                    match self.serving(&cfg, &self.config) {
+                        Ok(serving) => {
+                            slot.serving.store(Arc::new(serving));
+                            kept.push(Slot { cfg, ..slot });
+                        }
+                        Err(e) => {
+                            // Checked before the swap (below), so only a file
+                            // that vanished in between gets here.
+                            tracing::error!(
+                                "{}reload: listener {}: {e}; keeping its previous settings",
+                                crate::supervisor::tag(),
+                                cfg.address
+                            );
+                            kept.push(slot);
+                        }
+                    }
+                }
+                None => {
+                    tracing::info!(
+                        "{}reload: listener {} removed: no longer accepting",
+                        crate::supervisor::tag(),
+                        slot.cfg.address
+                    );
+                    let _ = slot.stop.send(true);
+                    removed.push(slot.cfg.address);
+                }
+            }
+        }
+        self.slots = kept;
+        let added_addrs: Vec<SocketAddr> = added.iter().map(|(c, _)| c.address).collect();
+        for (cfg, socket) in added {
+            let addr = cfg.address;
+            // Past the point of no return: the new config is in force.
+            if let Err(e) = self.spawn(cfg, socket) {
+                tracing::error!(
+                    "{}reload: cannot serve added listener {addr}: {e}",
+                    crate::supervisor::tag()
+                );
+            }
+        }
+        Ok(format!(
+            "{} listeners ({} added, {} removed)",
+            self.slots.len(),
+            added_addrs.len(),
+            removed.len()
+        ))
+    }
+}
+
+/// The config a process runs on: with `processes = N`, each worker's disk
+/// tier keeps what it knows of within `cache.disk / N`, so the shared
+/// directory as a whole stays within `cache.disk` (each process's index
+/// counts the objects it wrote and those it found at start).
+fn per_process(mut c: Config) -> Config {
+    let n = c.server.processes.max(1) as u64;
+    if n > 1 {
+        c.cache.disk = crate::config::Size(c.cache.disk.bytes() / n);
+    }
+    c
+}
+
+/// Settings a running process cannot change: `new` gets the old value back,
+/// and each change is logged as needing a restart.
+pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
+    macro_rules! keep {
+        ($($($field:ident).+),+ $(,)?) => {$(
+            if !crate::util::same_value(&old.$($field).+, &new.$($field).+) {
+                tracing::warn!(
+                    "{}reload: `{}` changed ({:?} -> {:?}): needs restart; keeping {:?}",
+                    crate::supervisor::tag(),
+                    stringify!($($field).+).replace(' ', ""),
+                    old.$($field).+,
+                    new.$($field).+,
+                    old.$($field).+
+                );
+                new.$($field).+ = old.$($field).+.clone();
+            }
+        )+};
+    }
+    keep!(
+        server.workers,
+        server.processes,
+        cache.enabled,
+        cache.memory,
+        cache.max_memory_object,
+        cache.dir,
+        cache.disk,
+        cache.levels,
+        cache.gc,
+        cache.watermarks,
+        cache.fsync,
+        server.max_requests,
+        server.queue_size,
+        server.blocking_threads,
+        server.blocking_queue,
+        keepalive.max_connections,
+        keepalive.timeout,
+        log.error,
+        log.level,
+    );
+}
+
+/// Connection settings from the config, with the process's keep-alive subsystem.
+pub fn conn_settings(c: &Config, keepalive: Arc<crate::keepalive::KeepAlive>) -> ConnSettings {
+    ConnSettings {
+        limits: HeadLimits {
+            max_request_line: c.limits.max_request_line.as_usize(),
+            max_head: c.limits.max_header_size.as_usize(),
+            max_headers: c.limits.max_headers,
+        },
+        header_timeout: c.limits.header_timeout.get(),
+        keepalive,
+        max_requests: c.keepalive.max_requests,
+        max_body: c.limits.max_body_size.bytes(),
+        body_idle_timeout: c.origin.idle_timeout.get(),
+    }
+}

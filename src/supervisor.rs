@@ -1,0 +1,271 @@
+//! Multi-process mode (`server.processes = N > 1`): `portico run` becomes a
+//! supervisor that starts N worker processes and keeps them running.
+//!
+//! Each worker is this same binary run as `portico run --worker I -c FILE`
+//! (with `PORTICO_WORKER=I` in its environment). Every worker binds every
+//! listener itself with SO_REUSEPORT, so the kernel spreads new connections
+//! over the workers; the supervisor serves nothing. Workers run in their
+//! own process group (a terminal's Ctrl-C reaches the supervisor only, which
+//! forwards it once) and get SIGTERM if the supervisor dies.
+//!
+//! - A worker that exits is restarted and the event logged (warn) with its
+//!   exit status or signal; one that dies within [`QUICK_EXIT`] of starting
+//!   is restarted after a delay doubling from 100 ms up to 30 s. A worker
+//!   whose very first run ends within [`QUICK_EXIT`] with a failure status
+//!   stops the whole server (start-up failed, as it would in one process).
+//! - SIGTERM / SIGINT: forwarded to every worker (each drains); the
+//!   supervisor waits for them all and exits 0. A second one is forwarded
+//!   too (the workers then exit at once).
+//! - SIGHUP: the supervisor validates the file once; if it is invalid the
+//!   error is logged and nothing changes, else SIGHUP goes to every worker,
+//!   which reloads itself.
+//!
+//! Shared between the processes: the listeners (SO_REUSEPORT) and the disk
+//! tier's directory (tmp files are named by pid, objects are published by
+//! rename, so concurrent writers never see each other's partial files; see
+//! `reload::per_process` for its budget). Per process: the memory tier,
+//! the upstream connection pools, the counters.
+
+use crate::config::Config;
+use crate::server::{Sig, Signals};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// A worker that exits sooner than this after starting counts as failing
+/// at once: its restart is delayed, more each time.
+pub const QUICK_EXIT: Duration = Duration::from_secs(5);
+
+static WORKER: OnceLock<usize> = OnceLock::new();
+
+/// This process's worker index (0..N-1) in multi-process mode; None in a
+/// single-process server or the supervisor. (For statistics views: each
+/// worker counts its own traffic.)
+pub fn worker_index() -> Option<usize> {
+    WORKER.get().copied()
+}
+
+/// Records this process's worker index (once, at start).
+pub(crate) fn set_worker_index(i: usize) {
+    let _ = WORKER.set(i);
+}
+
+/// `"worker I: "` in a worker process, else empty: a prefix for the error
+/// log lines that several workers write alike (they share the log).
+pub fn tag() -> String {
+    worker_index().map_or_else(String::new, |i| format!("worker {i}: "))
+}
+
+struct Worker {
+    pid: Option<u32>,
+    started: Instant,
+    quick_failures: u32,
+    /// Still its first run (never restarted).
+    first_run: bool,
+}
+
+enum Event {
+    Exited(usize, std::io::Result<ExitStatus>),
+    Restart(usize),
+}
+
+/// Runs the supervisor until SIGTERM/SIGINT and every worker has exited.
+pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
+    let n = config.server.processes;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let mut signals = {
+        let _enter = runtime.enter();
+        Signals::install()
+    };
+    // Fail start-up (rather than restart workers forever) when a listener
+    // cannot be bound: bind each one once here, then let go of it.
+    drop(crate::reload::bind_all(&config)?);
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
+    tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
+    runtime.block_on(async move {
+        let mut events: JoinSet<Event> = JoinSet::new();
+        let mut workers: Vec<Worker> = Vec::with_capacity(n);
+        for i in 0..n {
+            workers.push(Worker {
+                pid: None,
+                started: Instant::now(),
+                quick_failures: 0,
+                first_run: true,
+            });
+            start(&exe, config_path.as_ref(), i, &mut workers[i], &mut events);
+        }
+        let mut stopping = false;
+        let mut failure: Option<String> = None;
+        loop {
+            if stopping && workers.iter().all(|w| w.pid.is_none()) {
+                tracing::info!("all workers have exited; supervisor exiting");
+                return failure.map_or(Ok(()), Err);
+            }
+            tokio::select! {
+                sig = signals.next() => match sig {
+                    Sig::Term(name) => {
+                        tracing::info!("{name}: stopping the workers");
+                        stopping = true;
+                        signal_all(&workers, libc::SIGTERM);
+                    }
+                    Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
+                    Sig::Hup => reload(&config, config_path.as_ref(), &workers),
+                    // Each worker writes the access log: each reopens it.
+                    Sig::Usr1 => signal_all(&workers, libc::SIGUSR1),
+                },
+                Some(event) = events.join_next() => match event {
+                    Ok(Event::Exited(i, status)) => {
+                        let w = &mut workers[i];
+                        let pid = w.pid.take().unwrap_or(0);
+                        // A worker whose first run fails at once (exit status
+                        // not 0: a file it cannot open, a port it cannot
+                        // bind) would fail again: stop, as a single process would.
+                        let failed_at_start = w.first_run
+                            && w.started.elapsed() < QUICK_EXIT
+                            && status.as_ref().is_ok_and(|s| s.code().is_some_and(|c| c != 0));
+                        let status = match status {
+                            Ok(s) => describe(s),
+                            Err(e) => format!("wait failed: {e}"),
+                        };
+                        if stopping {
+                            tracing::info!("worker {i} (pid {pid}) exited: {status}");
+                            continue;
+                        }
+                        if failed_at_start {
+                            tracing::error!("worker {i} (pid {pid}) failed at start-up ({status}); stopping");
+                            stopping = true;
+                            signal_all(&workers, libc::SIGTERM);
+                            failure = Some(format!("worker {i} failed at start-up ({status}); see its error above"));
+                            continue;
+                        }
+                        w.first_run = false;
+                        let delay = if w.started.elapsed() < QUICK_EXIT {
+                            w.quick_failures += 1;
+                            let doublings = (w.quick_failures - 1).min(9);
+                            Duration::from_millis(100 << doublings).min(Duration::from_secs(30))
+                        } else {
+                            w.quick_failures = 0;
+                            Duration::ZERO
+                        };
+                        tracing::warn!("worker {i} (pid {pid}) exited: {status}; restarting it in {delay:?}");
+                        events.spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            Event::Restart(i)
+                        });
+                    }
+                    Ok(Event::Restart(i)) if !stopping => {
+                        start(&exe, config_path.as_ref(), i, &mut workers[i], &mut events);
+                    }
+                    Ok(Event::Restart(_)) => {}
+                    Err(e) => tracing::error!("supervisor task failed: {e}"),
+                },
+            }
+        }
+    })
+}
+
+/// Starts worker `i`; a failure to start is an exit, so it is retried.
+fn start(exe: &PathBuf, config_path: Option<&PathBuf>, i: usize, w: &mut Worker, events: &mut JoinSet<Event>) {
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("run").arg("--worker").arg(i.to_string());
+    if let Some(p) = config_path {
+        cmd.arg("-c").arg(p);
+    }
+    cmd.env("PORTICO_WORKER", i.to_string())
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(false);
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls prctl and signal, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The supervisor gone (even by SIGKILL) means the worker drains and exits.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A SIGHUP forwarded before the worker has installed its handler
+            // must not kill it (the default action); it reads the file at
+            // start anyway. Its own handler replaces this once installed.
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    w.started = Instant::now();
+    match cmd.spawn() {
+        Ok(mut child) => {
+            w.pid = child.id();
+            tracing::info!("worker {i} started (pid {})", w.pid.unwrap_or(0));
+            events.spawn(async move { Event::Exited(i, child.wait().await) });
+        }
+        Err(e) => {
+            w.pid = Some(0);
+            let err = std::io::Error::new(e.kind(), format!("cannot start: {e}"));
+            events.spawn(async move { Event::Exited(i, Err(err)) });
+        }
+    }
+}
+
+/// Validates the config file once, then asks every worker to reload it.
+fn reload(config: &Config, config_path: Option<&PathBuf>, workers: &[Worker]) {
+    let Some(path) = config_path else {
+        tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
+        return;
+    };
+    match crate::config::load_file(path) {
+        Err(e) => tracing::error!("reload failed, still running on the previous config: {e}"),
+        Ok(new) => {
+            if new.server.processes != config.server.processes {
+                tracing::warn!(
+                    "reload: `server.processes` changed ({} -> {}): needs restart; keeping {}",
+                    config.server.processes,
+                    new.server.processes,
+                    config.server.processes
+                );
+            }
+            tracing::info!("SIGHUP: {} is valid; the workers reload it", path.display());
+            signal_all(workers, libc::SIGHUP);
+        }
+    }
+}
+
+fn signal_all(workers: &[Worker], sig: libc::c_int) {
+    for pid in workers.iter().filter_map(|w| w.pid) {
+        if let Ok(pid) = libc::pid_t::try_from(pid)
+            && pid > 0
+        {
+            // SAFETY: kill has no memory-safety preconditions; the pid is a
+            // child of ours not yet reaped (its exit event clears it).
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// "exit status 1" or "killed by signal 9 (SIGKILL)".
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exit status {code}");
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGINT => " (SIGINT)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("killed by signal {sig}{name}")
+        }
+        None => format!("{status}"),
+    }
+}

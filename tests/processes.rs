@@ -1,0 +1,480 @@
+//! Multi-process mode through the real binary: `processes = 2` starts a
+//! supervisor and two workers sharing the listener (SO_REUSEPORT); both
+//! serve, each with its own memory tier; a worker killed with SIGKILL is
+//! restarted; SIGTERM and SIGHUP to the supervisor reach every worker.
+//!
+//! Which worker served a connection is read from /proc: the process holding
+//! the server side of the connection's socket.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An origin answering `<name> <path>`, cacheable for 10 minutes; `/slow`
+/// answers after 2 s.
+async fn origin(name: &'static str) -> Origin {
+    Origin::start(move |req| async move {
+        let resp = Response::ok(format!("{name} {}", req.uri)).header("Cache-Control", "max-age=600");
+        if req.uri.path() == "/slow" {
+            resp.delay(Duration::from_secs(2))
+        } else {
+            resp
+        }
+    })
+    .await
+}
+
+/// Two worker processes, one reverse listener routing to upstream `to`
+/// (`a` or `b`), memory-only cache.
+fn config(addr: &str, a: &Origin, b: &Origin, to: &str) -> String {
+    config_with_disk(addr, a, b, to, "0B")
+}
+
+/// As [`config`], with a disk tier of `disk` under `{dir}/cache`.
+fn config_with_disk(addr: &str, a: &Origin, b: &Origin, to: &str, disk: &str) -> String {
+    format!(
+        "[server]\nprocesses = 2\nworkers = 1\n\n\
+         [[listener]]\naddress = \"{addr}\"\nmode = \"reverse\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndisk = \"{disk}\"\ndir = \"{{dir}}/cache\"\n\n\
+         [[upstream]]\nname = \"a\"\nservers = [\"{}\"]\n\n\
+         [[upstream]]\nname = \"b\"\nservers = [\"{}\"]\n\n\
+         [[rule]]\nhost = \"*\"\nupstream = \"{to}\"\n",
+        a.addr(),
+        b.addr()
+    )
+}
+
+/// The pid of each worker index, from the supervisor's
+/// `worker I started (pid P)` lines (the latest per index).
+fn worker_pids(p: &Portico) -> BTreeMap<usize, u32> {
+    let mut pids = BTreeMap::new();
+    for line in p.stderr().lines() {
+        let Some(rest) = line.split("worker ").nth(1) else {
+            continue;
+        };
+        let Some((index, rest)) = rest.split_once(" started (pid ") else {
+            continue;
+        };
+        let (Ok(i), Some(Ok(pid))) = (index.parse(), rest.strip_suffix(')').map(str::parse)) else {
+            continue;
+        };
+        pids.insert(i, pid);
+    }
+    pids
+}
+
+/// Waits until the supervisor has logged a start for workers 0 and 1.
+async fn both_started(p: &Portico) -> BTreeMap<usize, u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = worker_pids(p);
+        if pids.len() == 2 {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "workers not started\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `127.0.0.1:port` as written in /proc/net/tcp.
+fn proc_addr(a: SocketAddr) -> String {
+    let SocketAddr::V4(v4) = a else { panic!("IPv4 only") };
+    format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
+}
+
+/// The inode of the server side of the connection from `client` to `server`,
+/// once a process has accepted it (0 while it waits in the accept queue).
+fn server_inode(server: SocketAddr, client: SocketAddr) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (proc_addr(server), proc_addr(client));
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() > 9 && f[1] == local && f[2] == remote)
+            .then(|| f[9].parse().ok())
+            .flatten()
+            .filter(|inode| *inode != 0)
+    })
+}
+
+/// Which of `pids` holds socket `inode` open.
+fn owner(pids: &BTreeSet<u32>, inode: u64) -> Option<u32> {
+    let target = format!("socket:[{inode}]");
+    pids.iter().copied().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_str() == Some(target.as_str())))
+        })
+    })
+}
+
+/// `GET path` on a new connection: the pid (among `pids`) that accepted it
+/// and the response.
+async fn get_via(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, ParsedResponse) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let client = stream.local_addr().expect("local addr");
+    let mut served_by = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while served_by.is_none() && Instant::now() < deadline {
+        served_by = server_inode(addr, client).and_then(|inode| owner(pids, inode));
+        if served_by.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let req = format!("GET {path} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.expect("write request");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .expect("read response");
+    (served_by, parse_response(&buf))
+}
+
+fn process_exists(pid: u32) -> bool {
+    // A zombie still has a /proc entry; its state is Z.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_serve_from_both_workers_and_survive_kill_9() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let addr = p.addr();
+    let pids = both_started(&p).await;
+    let all: BTreeSet<u32> = pids.values().copied().collect();
+    assert!(!all.contains(&p.pid()), "the supervisor is not a worker");
+
+    // New connections land on both workers; each has its own memory tier,
+    // so the cacheable page is fetched once per worker.
+    let mut seen = BTreeSet::new();
+    let mut misses = 0;
+    for _ in 0..200 {
+        let (by, resp) = get_via(addr, "/page", &all).await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.body_str(), "a /page");
+        misses += usize::from(resp.header("x-cache") == Some("MISS"));
+        seen.insert(by.expect("a worker accepted the connection"));
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen, all, "not every worker served a connection");
+    assert_eq!(misses, 2, "one miss per worker's memory tier");
+    assert_eq!(a.requests().iter().filter(|r| r.uri.path() == "/page").count(), 2);
+
+    // SIGKILL one worker: the supervisor logs it and starts another.
+    let victim = pids[&0];
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let replacement = loop {
+        let now = worker_pids(&p);
+        if now[&0] != victim {
+            break now[&0];
+        }
+        assert!(Instant::now() < deadline, "worker 0 not restarted\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let log = p.stderr();
+    let exit_line = log
+        .lines()
+        .find(|l| l.contains(&format!("worker 0 (pid {victim}) exited")))
+        .unwrap_or_else(|| panic!("no exit logged\n{log}"));
+    assert!(exit_line.contains("WARN"), "{exit_line}");
+    assert!(exit_line.contains("killed by signal 9 (SIGKILL)"), "{exit_line}");
+    assert!(!process_exists(victim));
+
+    // Requests keep succeeding, and the new worker takes its share.
+    let live: BTreeSet<u32> = [pids[&1], replacement].into();
+    let mut seen = BTreeSet::new();
+    for _ in 0..200 {
+        let (by, resp) = get_via(addr, "/page", &live).await;
+        assert_eq!(resp.status, 200, "{}", p.stderr());
+        assert_eq!(resp.body_str(), "a /page");
+        seen.insert(by.expect("a live worker accepted the connection"));
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen, live, "the restarted worker does not serve");
+    // Its memory tier started empty.
+    assert_eq!(a.requests().iter().filter(|r| r.uri.path() == "/page").count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_supervisor_drains_every_worker_and_exits_0() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let addr = p.addr();
+    let pids = both_started(&p).await;
+    let before = a.count();
+    let slow = tokio::spawn(async move {
+        let mut c = RawClient::connect(addr).await;
+        c.send(b"GET /slow HTTP/1.1\r\nHost: www.example.com\r\n\r\n").await;
+        c.read_response().await
+    });
+    assert!(a.wait_count(before + 1, Duration::from_secs(5)).await);
+    p.signal(libc::SIGTERM);
+    let refused = {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            if TcpStream::connect(addr).await.is_err() {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(refused, "still accepting after SIGTERM");
+    let resp = slow.await.expect("slow request");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body_str(), "a /slow");
+    assert_eq!(resp.header("connection"), Some("close"));
+    let status = p
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("supervisor did not exit");
+    assert!(status.success(), "{status}\n{}", p.stderr());
+    for pid in pids.values() {
+        assert!(!process_exists(*pid), "worker {pid} still running");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invalid() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let addr = free_addr();
+    let p = Portico::start(&config(&addr, &a, &b, "a")).await;
+    let pids = both_started(&p).await;
+    let all: BTreeSet<u32> = pids.values().copied().collect();
+    let text = config(&addr, &a, &b, "b").replace("{dir}", p.dir().to_str().expect("utf-8"));
+    std::fs::write(p.config_path(), text).expect("rewrite config");
+    // Sent at once: a worker may still be starting (its handler not yet
+    // installed); it must end up on the new config all the same.
+    p.signal(libc::SIGHUP);
+    let mut on_b = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while on_b != all {
+        assert!(
+            Instant::now() < deadline,
+            "workers on b: {on_b:?} of {all:?}\n{}",
+            p.stderr()
+        );
+        let (by, resp) = get_via(p.addr(), &format!("/w{i}"), &all).await;
+        if resp.body_str() == format!("b /w{i}") {
+            on_b.insert(by.expect("accepted"));
+        }
+        i += 1;
+    }
+    for i in 0..20 {
+        let (by, resp) = get_via(p.addr(), &format!("/x{i}"), &all).await;
+        assert_eq!(
+            resp.body_str(),
+            format!("b /x{i}"),
+            "worker {by:?} went back to the old route"
+        );
+    }
+
+    // An invalid file: the supervisor says why and the workers keep running on b.
+    std::fs::write(p.config_path(), "[server]\nprocesses = 0\n").expect("rewrite config");
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.stderr().contains("reload failed") {
+        assert!(Instant::now() < deadline, "no reload error\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = p.stderr();
+    assert_eq!(
+        log.matches("reload failed").count(),
+        1,
+        "only the supervisor reads it:\n{log}"
+    );
+    assert!(log.contains("portico.toml:2: key `server.processes`"), "{log}");
+    for i in 0..10 {
+        let (_, resp) = get_via(p.addr(), &format!("/y{i}"), &all).await;
+        assert_eq!(resp.body_str(), format!("b /y{i}"));
+    }
+    assert_eq!(worker_pids(&p), pids, "no worker was restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_port_fails_start_up_instead_of_restarting_workers() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("portico.toml");
+    std::fs::write(
+        &path,
+        config(&addr, &a, &b, "a").replace("{dir}", dir.path().to_str().expect("utf-8")),
+    )
+    .expect("write config");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("-c")
+        .arg(&path)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), out)
+        .await
+        .expect("portico exits")
+        .expect("run portico");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot bind listener {addr}")), "{err}");
+    assert!(!err.contains("worker 0 started"), "{err}");
+}
+
+/// Object files in the disk tier (everything under `cache/` but `tmp/`).
+fn disk_objects(dir: &std::path::Path) -> usize {
+    fn walk(p: &std::path::Path) -> usize {
+        std::fs::read_dir(p).map_or(0, |d| {
+            d.flatten()
+                .map(|e| {
+                    let path = e.path();
+                    if path.is_dir() {
+                        if e.file_name() == "tmp" { 0 } else { walk(&path) }
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+    }
+    walk(&dir.join("cache"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_share_the_disk_tier() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let p = Portico::start(&config_with_disk(&free_addr(), &a, &b, "a", "64MiB")).await;
+    let all: BTreeSet<u32> = both_started(&p).await.values().copied().collect();
+    let (_, first) = get_via(p.addr(), "/page", &all).await;
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    // Published (renamed into place) once the body is complete.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while disk_objects(p.dir()) == 0 {
+        assert!(Instant::now() < deadline, "object never reached the disk tier");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Whichever worker a new connection lands on finds it: on disk, or in
+    // the memory tier of the worker that fetched or read it.
+    let mut seen = BTreeSet::new();
+    for _ in 0..200 {
+        let (by, resp) = get_via(p.addr(), "/page", &all).await;
+        assert_eq!(resp.body_str(), "a /page");
+        assert_eq!(resp.header("x-cache"), Some("HIT"));
+        seen.insert(by.expect("accepted"));
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen, all);
+    assert_eq!(a.count(), 1, "fetched once for both workers");
+}
+
+/// Runs `portico run` on `config` (with `{dir}` set to `dir`) to its exit.
+async fn run_to_exit(dir: &std::path::Path, config: &str) -> std::process::Output {
+    let path = dir.join("portico.toml");
+    std::fs::write(&path, config.replace("{dir}", dir.to_str().expect("utf-8"))).expect("write config");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir)
+        .arg("run")
+        .arg("-c")
+        .arg(&path)
+        .output();
+    tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("portico exits")
+        .expect("run portico")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_failing_at_start_up_stops_the_server() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The supervisor does not open the access log; each worker fails to.
+    let config = config(&free_addr(), &a, &b, "a").replace("{dir}/access.log", "{dir}/missing/access.log");
+    let out = run_to_exit(dir.path(), &config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot open access log"), "{err}");
+    assert!(err.contains("failed at start-up (exit status 1)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let addr = free_addr();
+    let config = config(&addr, &a, &b, "a").replace("{dir}/access.log", "{dir}/logs/access.log");
+    // Started with the log in {dir}; the file then names logs/, which is missing.
+    let p = Portico::start(&config.replace("{dir}/logs/access.log", "{dir}/access.log")).await;
+    let pids = both_started(&p).await;
+    // From now on a (re)starting worker opens {dir}/logs/access.log, which is missing.
+    let text = config.replace("{dir}", p.dir().to_str().expect("utf-8"));
+    std::fs::write(p.config_path(), text).expect("rewrite config");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pids[&0] as i32, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let delays = loop {
+        let log = p.stderr();
+        let delays: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("worker 0 (pid ") && l.contains("restarting it in "))
+            .filter_map(|l| l.rsplit("restarting it in ").next().map(str::to_string))
+            .collect();
+        if delays.len() >= 4 {
+            break delays;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The first exit (SIGKILL) may or may not count as quick; the failures
+    // after it do, and each waits twice as long as the one before.
+    let ms: Vec<u64> = delays
+        .iter()
+        .map(|d| d.trim_end_matches("ms").parse().unwrap_or(0))
+        .collect();
+    assert!(
+        ms[1..4].windows(2).all(|w| w[1] == 2 * w[0] && w[0] >= 100),
+        "{delays:?}"
+    );
+    assert!(p.stderr().contains("cannot open access log"), "{}", p.stderr());
+    // Fixed: worker 0 comes back and serves.
+    std::fs::create_dir(p.dir().join("logs")).expect("mkdir logs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = worker_pids(&p);
+        let live: BTreeSet<u32> = now.values().copied().filter(|pid| process_exists(*pid)).collect();
+        if live.len() == 2 && !live.contains(&pids[&0]) {
+            let (by, resp) = get_via(p.addr(), "/after", &live).await;
+            if resp.status == 200 && by == Some(now[&0]) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "worker 0 did not come back\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
