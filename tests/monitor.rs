@@ -599,3 +599,45 @@ async fn connect_tunnels_are_counted_but_not_timed() {
         "{perf}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_survive_a_reload_and_name_the_worker() {
+    let o = origin("max-age=600").await;
+    let addr = free_addr();
+    let text_of = |cap: &str| {
+        format!(
+            "[server]\nprocesses = 2\n\n[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+             [log]\naccess = \"\"\n\n[cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\nmax_ttl = \"{cap}\"\n"
+        )
+    };
+    let p = Portico::start(&text_of("1h")).await;
+    // Each worker process keeps its own statistics: a page names its worker.
+    let perf = text(&p, "/.perf").await;
+    assert!(perf.lines().next().is_some_and(|l| l.contains(", worker ")), "{perf}");
+    let xml = text(&p, "/stats-xml").await;
+    assert!(xml.contains("workerIndex=\""), "{xml}");
+
+    // One worker, for the reload part: its counters outlive a SIGHUP.
+    drop(p);
+    let addr = free_addr();
+    let single = |cap: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\naccess = \"\"\n\n\
+             [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\nmax_ttl = \"{cap}\"\n"
+        )
+    };
+    let p = Portico::start(&single("1h")).await;
+    ten_hits_five_misses(&p, &o).await;
+    std::fs::write(
+        p.config_path(),
+        single("2h").replace("{dir}", p.dir().to_str().expect("utf-8")),
+    )
+    .expect("rewrite config");
+    p.signal(libc::SIGHUP);
+    let perf = perf_when(&p, "Maximum Age                  7200\n").await;
+    assert!(perf.contains("Cache Hit Ratio              10/15 ( 66.67%)"), "{perf}");
+    assert!(
+        perf.contains("Total number of requests:                             15"),
+        "{perf}"
+    );
+}
