@@ -14,6 +14,7 @@ pub mod listen;
 pub mod log;
 pub mod proxy;
 pub mod route;
+pub mod rules;
 pub mod server;
 pub mod upstream;
 pub mod util;

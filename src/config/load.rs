@@ -152,10 +152,10 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 format!("address {} is used by two listeners", l.address),
             ));
         }
-        if l.mode == Mode::Reverse && c.rule.is_empty() {
+        if l.mode == Mode::Reverse && c.rule.iter().all(|r| r.upstream.is_none()) {
             return Err((
                 vec![Key("listener"), Index(i), Key("mode")],
-                "a reverse listener needs at least one [[rule]] to route requests".into(),
+                "a reverse listener needs at least one [[rule]] with an `upstream` to route requests".into(),
             ));
         }
     }
@@ -178,38 +178,18 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             }
         }
     }
-    for (i, r) in c.rule.iter().enumerate() {
-        if !c.upstream.iter().any(|u| u.name == r.upstream) {
-            let known: Vec<&str> = c.upstream.iter().map(|u| u.name.as_str()).collect();
-            return Err((
-                vec![Key("rule"), Index(i), Key("upstream")],
-                format!(
-                    "no [[upstream]] is named `{}` (defined: {})",
-                    r.upstream,
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            ));
-        }
-        if let Some(p) = &r.path
-            && !p.starts_with('/')
-        {
-            return Err((
-                vec![Key("rule"), Index(i), Key("path")],
-                format!("path prefix {p:?} must start with '/'"),
-            ));
-        }
-        if let Some(h) = &r.host
-            && !valid_host_pattern(h)
-        {
-            return Err((
-                vec![Key("rule"), Index(i), Key("host")],
-                format!("host {h:?} must be a name, `*.domain` or `*`"),
-            ));
-        }
+    // Rules are compiled here too (and thrown away) so that `portico check`
+    // reports a bad regex or header name with its line, as `run` would.
+    if let Err(e) = crate::rules::Rules::compile(c) {
+        let path = e
+            .path
+            .iter()
+            .map(|s| match s {
+                crate::rules::PathSeg::Key(k) => Seg::Key(k),
+                crate::rules::PathSeg::Index(i) => Seg::Index(*i),
+            })
+            .collect();
+        return Err((path, e.message));
     }
     let [low, high] = c.cache.watermarks;
     if low >= high || high > 100 {
@@ -262,15 +242,6 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         ));
     }
     Ok(())
-}
-
-/// `name`, `*.domain` or `*`: a wildcard only as the whole first label.
-fn valid_host_pattern(h: &str) -> bool {
-    match h.strip_prefix("*.") {
-        _ if h == "*" => true,
-        Some(rest) => !rest.is_empty() && !rest.contains('*'),
-        None => !h.is_empty() && !h.contains('*'),
-    }
 }
 
 /// The tracing level named by `log.level`, if it is a known one.

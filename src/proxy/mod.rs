@@ -14,7 +14,8 @@ use crate::access::AllowList;
 use crate::config::{Config, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
 use crate::log::{AccessLog, AccessRecord};
-use crate::route::{Rules, Target, classify};
+use crate::route::{Target, classify};
+use crate::rules::Rules;
 use crate::upstream::{Group, Upstream};
 use http::{Method, StatusCode};
 use std::sync::Arc;
@@ -25,7 +26,8 @@ pub struct Shared {
     pub config: Config,
     allow: AllowList,
     admin: AllowList,
-    rules: Rules,
+    /// The compiled `[[rule]]`s.
+    pub rules: Rules,
     groups: Vec<Group>,
     upstream: Upstream,
     access_log: AccessLog,
@@ -37,7 +39,8 @@ impl Shared {
     /// Builds the shared state; fails on a resource that cannot be opened.
     pub fn new(config: Config) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
-        let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        // Groups are built in config order, which is how rules name them.
+        let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
         Ok(Shared {
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
@@ -124,24 +127,77 @@ impl ListenerHandler {
                 )
                 .await;
         }
-        let target = match classify(&ex.head, self.mode, &sh.rules) {
-            Ok(t) => t,
+        let target = match classify(&ex.head, self.mode) {
+            Ok(Target::Tunnel { host, port }) => return tunnel::run(ex, sh, &host, port).await,
+            Ok(Target::Http(t)) => t,
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
-        let dest = match target {
-            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port).await,
-            Target::Origin(uri) => forward::Dest::Origin(uri),
-            Target::Group {
+        let mut route = sh.rules.route(&crate::rules::Request {
+            method: &ex.head.method,
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+            path_and_query: &target.path_and_query,
+            client: ex.peer.ip(),
+            headers: &ex.head.headers,
+        });
+        ex.out.edit_headers(std::mem::take(&mut route.response_headers));
+        if let Some(status) = route.deny {
+            return self.fail(ex, status, "denied by a routing rule").await;
+        }
+        if let Some(redirect) = &route.redirect {
+            return reply::redirect(ex, redirect).await;
+        }
+        for e in &route.request_headers {
+            e.apply(&mut ex.head.headers);
+        }
+        let path_and_query = match route.path_and_query.take() {
+            Some(pq) if pq.parse::<http::uri::PathAndQuery>().is_err() => {
+                return self
+                    .fail(
+                        ex,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "a routing rule rewrote the URL into an invalid one",
+                    )
+                    .await;
+            }
+            Some(pq) => Some(pq),
+            None => None,
+        };
+        let to = match (route.upstream, target.origin) {
+            (Some(group), _) => forward::To::Group {
                 group,
-                rule,
-                path_and_query,
-                host,
-            } => forward::Dest::Group {
-                group,
-                rule,
-                path_and_query,
-                public_host: host,
+                path_and_query: path_and_query.unwrap_or(target.path_and_query),
+                public_host: target.authority,
             },
+            (None, Some(uri)) => match path_and_query {
+                None => forward::To::Origin(uri),
+                Some(pq) => {
+                    let mut parts = uri.into_parts();
+                    parts.path_and_query = pq.parse().ok();
+                    match http::Uri::from_parts(parts) {
+                        Ok(uri) => forward::To::Origin(uri),
+                        Err(_) => {
+                            return self
+                                .fail(
+                                    ex,
+                                    StatusCode::INTERNAL_SERVER_ERROR,
+                                    "a routing rule rewrote the URL into an invalid one",
+                                )
+                                .await;
+                        }
+                    }
+                }
+            },
+            (None, None) => {
+                return self
+                    .fail(ex, StatusCode::NOT_FOUND, "no route matches this host and path")
+                    .await;
+            }
+        };
+        let dest = forward::Dest {
+            to,
+            cache_rule: route.cache_rule,
         };
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await

@@ -52,3 +52,23 @@ pub async fn max_forwards_zero(ex: &mut Exchange<'_>) -> Outcome {
         Err(_) => Outcome::Close,
     }
 }
+
+/// A redirect chosen by a routing rule: `Location` and a short HTML body.
+pub async fn redirect(ex: &mut Exchange<'_>, redirect: &crate::rules::Redirect) -> Outcome {
+    let Ok(location) = HeaderValue::from_str(&redirect.location) else {
+        let reason = "a routing rule produced an invalid redirect location";
+        return match error_page(&mut ex.out, StatusCode::INTERNAL_SERVER_ERROR, reason).await {
+            Ok(()) => Outcome::Done,
+            Err(_) => Outcome::Close,
+        };
+    };
+    let href = crate::util::html_escape(&redirect.location);
+    let body = format!("<!DOCTYPE html>\n<html><body><a href=\"{href}\">{href}</a></body></html>\n");
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::LOCATION, location);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    match ex.out.send_full(redirect.status, headers, Bytes::from(body)).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
+}
