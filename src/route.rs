@@ -43,7 +43,8 @@ pub struct HttpTarget {
 pub type Refusal = (StatusCode, &'static str);
 
 impl HttpTarget {
-    fn from_uri(uri: Uri) -> HttpTarget {
+    /// The target of an absolute-form request for `uri`.
+    pub fn from_uri(uri: Uri) -> HttpTarget {
         let scheme = if uri.scheme_str() == Some("https") {
             "https"
         } else {

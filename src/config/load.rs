@@ -72,6 +72,18 @@ pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// The 1-based line of each `[[rule]]` in config text (0 when unknown), for
+/// tools that show rules to people (`portico rules test`).
+pub fn rule_lines(text: &str) -> Vec<usize> {
+    let Ok(tree) = DeTable::parse(text) else {
+        return Vec::new();
+    };
+    match tree.get_ref().get("rule").map(|v| v.get_ref()) {
+        Some(DeValue::Array(items)) => items.iter().map(|v| line_of(text, v.span().start)).collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// One step of a key path used to locate a value in the file.
 #[derive(Debug, Clone)]
 enum Seg {

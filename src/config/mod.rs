@@ -7,7 +7,7 @@
 mod load;
 pub mod units;
 
-pub use load::{ConfigError, load_file, parse_str, tracing_level};
+pub use load::{ConfigError, load_file, parse_str, rule_lines, tracing_level};
 pub use units::{Dur, Size};
 
 use ipnet::IpNet;

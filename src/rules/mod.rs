@@ -16,10 +16,12 @@
 
 mod actions;
 mod compile;
+mod explain;
 mod matcher;
 
 pub use actions::{HeaderEdits, Redirect};
 pub use compile::{PathSeg, RuleError};
+pub use explain::{Probe, explain};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
