@@ -15,6 +15,7 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method};
+use portico::config::Mode;
 use portico::rules::{Request, Rules};
 use std::hint::black_box;
 use std::time::Duration;
@@ -94,6 +95,7 @@ fn bench(c: &mut Criterion) {
             path_and_query: &path,
             client,
             headers: &headers,
+            mode: Mode::Reverse,
         };
         assert_eq!(rules.route(&req).matched, [last]);
         group.bench_with_input(BenchmarkId::new("regex", n), &n, |b, _| {
@@ -126,6 +128,7 @@ fn bench(c: &mut Criterion) {
             path_and_query: &path,
             client,
             headers: &mix_headers,
+            mode: Mode::Reverse,
         };
         assert_eq!(rules.route(&req).matched, [last]);
         group.bench_with_input(BenchmarkId::new("mix", n), &n, |b, _| {
@@ -146,6 +149,7 @@ fn bench(c: &mut Criterion) {
             path_and_query: &path,
             client,
             headers: &headers,
+            mode: Mode::Reverse,
         };
         assert_eq!(rules.route(&req).matched, [last]);
         group.bench_with_input(BenchmarkId::new("set", n), &n, |b, _| {

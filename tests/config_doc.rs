@@ -27,6 +27,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "rule.port",
     "rule.client",
     "rule.header",
+    "rule.mode",
     "rule.continue",
     "rule.rewrite",
     "rule.request_headers",

@@ -312,6 +312,11 @@ async fn forward_listener_rules_deny_route_and_match_scheme() {
     let g = named_origin("group").await;
     let addr = free_addr();
     let rules = r#"
+# A reverse-only catch-all: never applies on this forward listener.
+[[rule]]
+mode = "reverse"
+upstream = "g"
+
 [[rule]]
 host = "*.blocked.test"
 deny = 403
@@ -337,7 +342,7 @@ upstream = "g"
     // An https URL (no TLS needed: the rule sends it to the plain-HTTP group).
     let r = send(a, "GET https://secure.test/z HTTP/1.1\r\nHost: secure.test\r\n\r\n").await;
     assert_eq!(body(&r), "200 group /z");
-    // No rule: straight to the origin in the URL.
+    // No rule (the first is for reverse listeners): straight to the origin in the URL.
     let o_addr = o.addr();
     let r = send(a, &format!("GET http://{o_addr}/d HTTP/1.1\r\nHost: {o_addr}\r\n\r\n")).await;
     assert_eq!(body(&r), "200 direct /d");

@@ -340,6 +340,9 @@ pub struct RuleConfig {
     /// Client networks (CIDR or addresses), any of which matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "client_networks")]
     pub client: Vec<IpNet>,
+    /// Listener modes, any of which matches (`"reverse"`, `["forward", "transparent"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub mode: Vec<Mode>,
     /// Request header conditions, all of which must hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
     pub header: Vec<HeaderMatchConfig>,

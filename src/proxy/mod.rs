@@ -140,6 +140,7 @@ impl ListenerHandler {
             path_and_query: &target.path_and_query,
             client: ex.peer.ip(),
             headers: &ex.head.headers,
+            mode: self.mode,
         });
         ex.out.edit_headers(std::mem::take(&mut route.response_headers));
         if let Some(status) = route.deny {

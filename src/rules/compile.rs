@@ -65,6 +65,7 @@ pub(super) struct Rule {
     pub schemes: Vec<Box<str>>,
     pub ports: Vec<u16>,
     pub clients: Vec<IpNet>,
+    pub modes: Vec<crate::config::Mode>,
     pub headers: Vec<(HeaderName, HeaderCond)>,
     /// The index key the rule is filed under.
     pub primary: Primary,
@@ -183,6 +184,18 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
         let nets: Vec<String> = r.client.iter().map(|n| n.to_string()).collect();
         describe.push(format!("client = {nets:?}"));
     }
+    if !r.mode.is_empty() {
+        let names: Vec<&str> = r
+            .mode
+            .iter()
+            .map(|m| match m {
+                crate::config::Mode::Forward => "forward",
+                crate::config::Mode::Reverse => "reverse",
+                crate::config::Mode::Transparent => "transparent",
+            })
+            .collect();
+        describe.push(format!("mode = {names:?}"));
+    }
     let mut headers = Vec::new();
     for (j, h) in r.header.iter().enumerate() {
         let here = |key: &'static str, msg: String| {
@@ -227,6 +240,7 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
         schemes,
         ports: r.port.clone(),
         clients: r.client.clone(),
+        modes: r.mode.clone(),
         headers,
         primary: Primary::Always,
         actions,

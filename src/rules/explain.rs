@@ -59,6 +59,7 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
         path_and_query: &target.path_and_query,
         client: probe.client,
         headers: &headers,
+        mode,
     };
     let route = rules.route(&req);
     let mode_name = match mode {

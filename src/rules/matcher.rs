@@ -301,6 +301,7 @@ impl Rule {
             && (self.methods.is_empty() || self.methods.contains(req.method))
             && (self.schemes.is_empty() || self.schemes.iter().any(|s| **s == *req.scheme))
             && (self.ports.is_empty() || self.ports.contains(&req.port))
+            && (self.modes.is_empty() || self.modes.contains(&req.mode))
             && (self.clients.is_empty() || self.clients.iter().any(|n| n.contains(&canonical(req.client))))
             && self.headers.iter().all(|(name, cond)| {
                 let mut values = req.headers.get_all(name).iter();

@@ -45,6 +45,8 @@ pub struct Request<'a> {
     pub client: IpAddr,
     /// The request's header fields.
     pub headers: &'a HeaderMap,
+    /// The mode of the listener that received it.
+    pub mode: crate::config::Mode,
 }
 
 impl Request<'_> {
@@ -158,6 +160,7 @@ mod tests {
             path_and_query: pq,
             client: "127.0.0.1".parse().unwrap(),
             headers,
+            mode: crate::config::Mode::Reverse,
         }
     }
 
@@ -285,6 +288,7 @@ upstream = "b"
 [[rule]]
 port = 8080
 scheme = "http"
+mode = ["reverse", "transparent"]
 upstream = "a"
 "#,
         );
@@ -292,6 +296,10 @@ upstream = "a"
         let mut req = get("h", "/", &h);
         assert!(r.route(&req).matched.is_empty());
         req.port = 8080;
+        assert_eq!(r.route(&req).matched, [3]);
+        req.mode = crate::config::Mode::Forward;
+        assert!(r.route(&req).matched.is_empty());
+        req.mode = crate::config::Mode::Transparent;
         assert_eq!(r.route(&req).matched, [3]);
         req.client = "::ffff:10.1.2.3".parse().unwrap();
         assert_eq!(r.route(&req).deny, Some(StatusCode::FORBIDDEN));
