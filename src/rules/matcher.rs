@@ -5,7 +5,8 @@
 //! - exact host: a hash map from the host to its rules;
 //! - wildcard host (`*.example.com`): a hash map from the suffix
 //!   (`.example.com`), looked up once per dot of the request's host;
-//! - path prefix: a byte trie walked along the path;
+//! - path prefix: a byte trie walked along the path; an anchored regex
+//!   (`^/api/v[12]/`) is filed there under its literal prefixes too;
 //! - regex literal: a literal every match of the regex must contain
 //!   (extracted with regex-syntax's prefix/suffix extractor); all literals
 //!   go into one Aho-Corasick automaton run once over the path and query;
@@ -45,6 +46,8 @@ pub(super) enum Primary {
     Host,
     Suffix,
     Path,
+    /// An anchored regex, filed in the path trie under its literal prefix.
+    Prefix,
     Literal,
     Set,
 }
@@ -56,6 +59,7 @@ impl fmt::Display for Primary {
             Primary::Host => "exact-host table",
             Primary::Suffix => "wildcard-host table",
             Primary::Path => "path-prefix trie",
+            Primary::Prefix => "path-prefix trie (the regex's literal prefix)",
             Primary::Literal => "regex literal (Aho-Corasick)",
             Primary::Set => "RegexSet",
         })
@@ -123,11 +127,18 @@ pub(super) struct Index {
 }
 
 /// Literals one of which every match of `pattern` contains, if there is a
-/// short, useful list of them (none shorter than 2 bytes).
-pub(super) fn required_literals(pattern: &str) -> Option<Vec<Vec<u8>>> {
+/// short, useful list of them (none shorter than 2 bytes). The flag says
+/// the regex is anchored at the start (`^...`), so the literals are
+/// prefixes of the path and query, not just somewhere in it.
+pub(super) fn required_literals(pattern: &str) -> Option<(Vec<Vec<u8>>, bool)> {
     let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
-    let mut best: Option<Vec<Vec<u8>>> = None;
+    let anchored = hir
+        .properties()
+        .look_set_prefix()
+        .contains(regex_syntax::hir::Look::Start);
+    let mut best: Option<(Vec<Vec<u8>>, bool)> = None;
     for kind in [ExtractKind::Prefix, ExtractKind::Suffix] {
+        let prefix = matches!(kind, ExtractKind::Prefix);
         let mut ex = Extractor::new();
         ex.kind(kind);
         let mut seq = ex.extract(&hir);
@@ -136,15 +147,26 @@ pub(super) fn required_literals(pattern: &str) -> Option<Vec<Vec<u8>>> {
         if lits.is_empty() || lits.len() > 16 || lits.iter().any(|l| l.len() < 2) {
             continue;
         }
-        let shortest = lits.iter().map(|l| l.len()).min().unwrap_or(0);
+        let lits: Vec<Vec<u8>> = lits.iter().map(|l| l.as_bytes().to_vec()).collect();
+        if prefix && anchored {
+            // A prefix of the path: the trie finds it exactly, whatever its length.
+            return Some((lits, true));
+        }
+        let shortest = lits.iter().map(Vec::len).min().unwrap_or(0);
         let better = best
             .as_ref()
-            .is_none_or(|b| b.iter().map(Vec::len).min().unwrap_or(0) < shortest);
+            .is_none_or(|b| b.0.iter().map(Vec::len).min().unwrap_or(0) < shortest);
         if better {
-            best = Some(lits.iter().map(|l| l.as_bytes().to_vec()).collect());
+            best = Some((lits, false));
         }
     }
     best
+}
+
+/// The part of an anchored literal the path trie can check: the trie walks
+/// the path only, so the literal stops at the query.
+fn path_part(lit: &[u8]) -> &[u8] {
+    lit.iter().position(|&b| b == b'?').map_or(lit, |q| &lit[..q])
 }
 
 impl Index {
@@ -156,7 +178,7 @@ impl Index {
         let mut suffix_n: HashMap<&str, usize> = HashMap::new();
         let mut path_n: HashMap<&str, usize> = HashMap::new();
         let mut lit_n: HashMap<&[u8], usize> = HashMap::new();
-        let lits: Vec<Option<Vec<Vec<u8>>>> = rules
+        let lits: Vec<Option<(Vec<Vec<u8>>, bool)>> = rules
             .iter()
             .map(|r| r.regex.as_ref().and_then(|re| required_literals(re.as_str())))
             .collect();
@@ -169,7 +191,7 @@ impl Index {
             if let Some(p) = &r.path {
                 *path_n.entry(p).or_default() += 1;
             }
-            for lit in l.iter().flatten() {
+            for lit in l.iter().flat_map(|l| &l.0) {
                 *lit_n.entry(lit.as_slice()).or_default() += 1;
             }
         }
@@ -184,10 +206,10 @@ impl Index {
             if let Some(p) = &r.path {
                 options.push((path_n[&**p], Primary::Path));
             }
-            if let Some(l) = l {
+            if let Some((l, anchored)) = l {
                 let shared = l.iter().map(|x| lit_n[x.as_slice()]).max().unwrap_or(0);
                 if shared <= CROWDED {
-                    options.push((shared, Primary::Literal));
+                    options.push((shared, if *anchored { Primary::Prefix } else { Primary::Literal }));
                 }
             }
             let best = options.into_iter().min_by_key(|o| o.0).map(|o| o.1);
@@ -208,8 +230,13 @@ impl Index {
                 (Primary::Host, HostMatch::Exact(h)) => index.exact.entry(h.clone()).or_default().push(id),
                 (Primary::Suffix, HostMatch::Suffix(s)) => index.suffix.entry(s.clone()).or_default().push(id),
                 (Primary::Path, _) => index.paths.insert(rule.path.as_deref().unwrap_or("/").as_bytes(), id),
+                (Primary::Prefix, _) => {
+                    for lit in lits[id as usize].iter().flat_map(|l| &l.0) {
+                        index.paths.insert(path_part(lit), id);
+                    }
+                }
                 (Primary::Literal, _) => {
-                    for lit in lits[id as usize].iter().flatten() {
+                    for lit in lits[id as usize].iter().flat_map(|l| &l.0) {
                         let n = lit_rules.len();
                         let k = *lit_ids.entry(lit.clone()).or_insert(n);
                         if k == n {
@@ -253,9 +280,10 @@ impl Index {
         Ok(index)
     }
 
-    /// The rules that may match `req`, in rule order, without duplicates.
-    pub fn candidates(&self, req: &Request<'_>) -> Vec<u32> {
-        let mut out = Vec::with_capacity(16);
+    /// Fills `out` with the rules that may match `req`, in rule order,
+    /// without duplicates.
+    pub fn candidates(&self, req: &Request<'_>, out: &mut Vec<u32>) {
+        out.clear();
         out.extend_from_slice(&self.always);
         if !self.exact.is_empty()
             && let Some(list) = self.exact.get(req.host)
@@ -273,7 +301,7 @@ impl Index {
                 }
             }
         }
-        self.paths.collect(req.path().as_bytes(), &mut out);
+        self.paths.collect(req.path().as_bytes(), out);
         if let Some((ac, lists)) = &self.literals {
             for m in ac.find_overlapping_iter(req.path_and_query) {
                 out.extend_from_slice(&lists[m.pattern().as_usize()]);
@@ -284,7 +312,6 @@ impl Index {
         }
         out.sort_unstable();
         out.dedup();
-        out
     }
 }
 

@@ -109,20 +109,26 @@ impl Rules {
         if self.rules.is_empty() {
             return route;
         }
-        let candidates = self.index.candidates(req);
-        let mut rewritten: Option<String> = None;
-        for id in candidates {
-            let rule = &self.rules[id as usize];
-            if !rule.matches(req) {
-                continue;
-            }
-            route.matched.push(id as usize);
-            rule.actions
-                .add_to(&mut route, &mut rewritten, req, rule.regex.as_ref(), id as usize);
-            if !rule.actions.continue_ {
-                break;
-            }
+        thread_local! {
+            // Reused per thread: routing allocates only its result.
+            static CANDIDATES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        let mut rewritten: Option<String> = None;
+        CANDIDATES.with_borrow_mut(|candidates| {
+            self.index.candidates(req, candidates);
+            for &id in candidates.iter() {
+                let rule = &self.rules[id as usize];
+                if !rule.matches(req) {
+                    continue;
+                }
+                route.matched.push(id as usize);
+                rule.actions
+                    .add_to(&mut route, &mut rewritten, req, rule.regex.as_ref(), id as usize);
+                if !rule.actions.continue_ {
+                    break;
+                }
+            }
+        });
         route.path_and_query = rewritten;
         route
     }
@@ -236,10 +242,13 @@ upstream = "a"
         assert_eq!(matcher_literals("[a-z]+\\.jpg$"), Some(vec![b".jpg".to_vec()]));
         assert_eq!(matcher_literals(".*"), None);
         assert_eq!(matcher_literals("^/"), None, "one byte is no filter");
+        assert_eq!(matcher::required_literals("^/a").map(|l| l.1), Some(true), "anchored");
+        assert_eq!(matcher::required_literals("/a").map(|l| l.1), Some(false));
+        assert_eq!(matcher::required_literals("(?m)^/a").map(|l| l.1), Some(false));
     }
 
     fn matcher_literals(p: &str) -> Option<Vec<Vec<u8>>> {
-        matcher::required_literals(p)
+        matcher::required_literals(p).map(|l| l.0)
     }
 
     #[test]
