@@ -12,8 +12,13 @@
 //!   to show what the fallback costs.
 //!
 //! Run: `cargo bench --bench rules` (medians in target/criterion/).
+//!
+//! On a shared, noisy machine sequential runs drift; `RULES_PAIRED=1 cargo
+//! bench --bench rules` instead alternates 10-rule and 10,000-rule rounds
+//! in one process and prints the median cost of each and their ratio;
+//! `RULES_LOOP=path:10000:1000000` loops for `perf stat` (see `looped`).
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use http::{HeaderMap, Method};
 use portico::config::Mode;
 use portico::rules::{Request, Rules};
@@ -71,93 +76,157 @@ fn mix_rule(i: usize) -> (String, String, String, Method) {
     }
 }
 
+/// A scenario at `n` rules: the compiled rules and a request matching the last.
+struct Case {
+    rules: Rules,
+    method: Method,
+    host: String,
+    path: String,
+    headers: HeaderMap,
+}
+
+impl Case {
+    fn request(&self) -> Request<'_> {
+        Request {
+            method: &self.method,
+            scheme: "http",
+            host: &self.host,
+            port: 80,
+            path_and_query: &self.path,
+            client: "127.0.0.1".parse().expect("address"),
+            headers: &self.headers,
+            mode: Mode::Reverse,
+        }
+    }
+}
+
+const SCENARIOS: [&str; 4] = ["regex", "path", "mix", "set"];
+
+fn case(scenario: &str, n: usize) -> Case {
+    let last = n - 1;
+    let mut headers = HeaderMap::new();
+    headers.insert("user-agent", "bench/1".parse().expect("value"));
+    let rule = |i: usize| -> String {
+        match scenario {
+            "regex" => format!("regex = \"^/r{i:05}/\""),
+            "path" => format!("path = \"/r{i:05}/\""),
+            "mix" => mix_rule(i).0,
+            _ => format!("regex = \"^/s/[0-9]+/{i}/[a-z]+$\""),
+        }
+    };
+    let text: String = (0..n)
+        .map(|i| format!("[[rule]]\n{}\nupstream = \"o\"\n", rule(i)))
+        .collect();
+    let rules = config(&text);
+    let (method, host, path) = match scenario {
+        "regex" | "path" => (
+            Method::GET,
+            "www.example.com".to_string(),
+            format!("/r{last:05}/index.html?x=1"),
+        ),
+        "mix" => {
+            let (_, host, path, method) = mix_rule(last);
+            headers.insert("x-t", last.to_string().parse().expect("value"));
+            (method, host, path)
+        }
+        _ => (Method::GET, "www.example.com".to_string(), format!("/s/42/{last}/page")),
+    };
+    let c = Case {
+        rules,
+        method,
+        host,
+        path,
+        headers,
+    };
+    assert_eq!(c.rules.route(&c.request()).matched, [last], "{scenario} {n}");
+    c
+}
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("rules");
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
-    let client = "127.0.0.1".parse().expect("address");
-    let mut headers = HeaderMap::new();
-    headers.insert("x-t", "0".parse().expect("value"));
-    headers.insert("user-agent", "bench/1".parse().expect("value"));
     for n in SIZES {
-        let last = n - 1;
-        // regex: ^/rNNNN/
-        let text: String = (0..n)
-            .map(|i| format!("[[rule]]\nregex = \"^/r{i:05}/\"\nupstream = \"o\"\n"))
-            .collect();
-        let rules = config(&text);
-        let path = format!("/r{last:05}/index.html?x=1");
-        let req = Request {
-            method: &Method::GET,
-            scheme: "http",
-            host: "www.example.com",
-            port: 80,
-            path_and_query: &path,
-            client,
-            headers: &headers,
-            mode: Mode::Reverse,
-        };
-        assert_eq!(rules.route(&req).matched, [last]);
-        group.bench_with_input(BenchmarkId::new("regex", n), &n, |b, _| {
-            b.iter(|| black_box(rules.route(black_box(&req))))
-        });
-
-        // path: /rNNNN/
-        let text: String = (0..n)
-            .map(|i| format!("[[rule]]\npath = \"/r{i:05}/\"\nupstream = \"o\"\n"))
-            .collect();
-        let rules = config(&text);
-        assert_eq!(rules.route(&req).matched, [last]);
-        group.bench_with_input(BenchmarkId::new("path", n), &n, |b, _| {
-            b.iter(|| black_box(rules.route(black_box(&req))))
-        });
-
-        // mix
-        let text: String = (0..n)
-            .map(|i| format!("[[rule]]\n{}\nupstream = \"o\"\n", mix_rule(i).0))
-            .collect();
-        let rules = config(&text);
-        let (_, host, path, method) = mix_rule(last);
-        let mut mix_headers = headers.clone();
-        mix_headers.insert("x-t", last.to_string().parse().expect("value"));
-        let req = Request {
-            method: &method,
-            scheme: "http",
-            host: &host,
-            port: 80,
-            path_and_query: &path,
-            client,
-            headers: &mix_headers,
-            mode: Mode::Reverse,
-        };
-        assert_eq!(rules.route(&req).matched, [last]);
-        group.bench_with_input(BenchmarkId::new("mix", n), &n, |b, _| {
-            b.iter(|| black_box(rules.route(black_box(&req))))
-        });
-
-        // set: no usable literal, all in the RegexSet.
-        let text: String = (0..n)
-            .map(|i| format!("[[rule]]\nregex = \"^/s/[0-9]+/{i}/[a-z]+$\"\nupstream = \"o\"\n"))
-            .collect();
-        let rules = config(&text);
-        let path = format!("/s/42/{last}/page");
-        let req = Request {
-            method: &Method::GET,
-            scheme: "http",
-            host: "www.example.com",
-            port: 80,
-            path_and_query: &path,
-            client,
-            headers: &headers,
-            mode: Mode::Reverse,
-        };
-        assert_eq!(rules.route(&req).matched, [last]);
-        group.bench_with_input(BenchmarkId::new("set", n), &n, |b, _| {
-            b.iter(|| black_box(rules.route(black_box(&req))))
-        });
+        for scenario in SCENARIOS {
+            let case = case(scenario, n);
+            let req = case.request();
+            group.bench_with_input(BenchmarkId::new(scenario, n), &n, |b, _| {
+                b.iter(|| black_box(case.rules.route(black_box(&req))))
+            });
+        }
     }
     group.finish();
 }
 
+/// Alternates rounds at 10 and 10,000 rules; prints medians and the ratio.
+fn paired() {
+    const ROUNDS: usize = 101;
+    const PER_ROUND: u32 = 20_000;
+    println!("scenario   10 rules ns   10,000 rules ns   ratio (median of per-round ratios)");
+    for scenario in SCENARIOS {
+        let small = case(scenario, 10);
+        let large = case(scenario, 10_000);
+        let time = |c: &Case| {
+            let req = c.request();
+            let start = std::time::Instant::now();
+            for _ in 0..PER_ROUND {
+                black_box(c.rules.route(black_box(&req)));
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(PER_ROUND)
+        };
+        let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            // Alternate which goes first, so drift hits both alike.
+            let (x, y) = if round % 2 == 0 {
+                let x = time(&small);
+                (x, time(&large))
+            } else {
+                let y = time(&large);
+                (time(&small), y)
+            };
+            a.push(x);
+            b.push(y);
+            r.push(y / x);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "{scenario:<8} {:>11.1} {:>17.1} {:>9.3}",
+            median(&mut a),
+            median(&mut b),
+            median(&mut r)
+        );
+    }
+}
+
+/// `RULES_LOOP=scenario:rules:count`: routes `count` times and exits, for
+/// `perf stat` (instructions per route are immune to the machine's noise:
+/// run it with count 0 and with a large count, and divide the difference).
+fn looped(spec: &str) {
+    let mut parts = spec.split(':');
+    let scenario = parts.next().unwrap_or("path");
+    let n: usize = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
+    let count: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    let c = case(scenario, n);
+    let req = c.request();
+    for _ in 0..count {
+        black_box(c.rules.route(black_box(&req)));
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("RULES_LOOP") {
+        looped(&spec);
+        return;
+    }
+    if std::env::var_os("RULES_PAIRED").is_some() {
+        paired();
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);

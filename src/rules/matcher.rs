@@ -66,49 +66,99 @@ impl fmt::Display for Primary {
     }
 }
 
-/// A byte trie of path prefixes; each node lists the rules whose prefix ends there.
+/// A byte trie of path prefixes; each node lists the rules whose prefix
+/// ends there. Built with vectors per node, then flattened into a few
+/// arrays so a walk touches adjacent memory, not two scattered allocations
+/// per byte.
 #[derive(Debug, Default)]
 struct Trie {
-    nodes: Vec<Node>,
-}
-
-#[derive(Debug, Default)]
-struct Node {
-    /// (byte, child node), sorted by byte.
+    /// Per node: its edges `edges[e0..e1]`, rules `rules[r0..r1]`, and its
+    /// dense child table in `dense` (or `NO_TABLE`).
+    nodes: Vec<[u32; 5]>,
+    /// (byte, child), sorted by byte within each node.
     edges: Vec<(u8, u32)>,
     rules: Vec<u32>,
+    /// Child by byte (`NONE` = no child) for nodes with many children, so
+    /// a step costs one load however wide the node: a binary search over
+    /// ten digits at each level made 10,000 rules 8% dearer than 10.
+    dense: Vec<[u32; 256]>,
 }
 
-impl Trie {
+const NO_TABLE: u32 = u32::MAX;
+const NONE: u32 = u32::MAX;
+/// Nodes with at least this many children get a dense table.
+const DENSE_FROM: usize = 4;
+
+/// A node while the trie is built: (byte, child) edges sorted by byte, and rules.
+type BuildNode = (Vec<(u8, u32)>, Vec<u32>);
+
+/// The trie while it is being built.
+#[derive(Debug, Default)]
+struct TrieBuilder {
+    nodes: Vec<BuildNode>,
+}
+
+impl TrieBuilder {
     fn insert(&mut self, prefix: &[u8], rule: u32) {
         if self.nodes.is_empty() {
-            self.nodes.push(Node::default());
+            self.nodes.push(Default::default());
         }
         let mut n = 0usize;
         for &b in prefix {
-            n = match self.nodes[n].edges.binary_search_by_key(&b, |e| e.0) {
-                Ok(k) => self.nodes[n].edges[k].1 as usize,
+            n = match self.nodes[n].0.binary_search_by_key(&b, |e| e.0) {
+                Ok(k) => self.nodes[n].0[k].1 as usize,
                 Err(k) => {
                     let id = self.nodes.len();
-                    self.nodes.push(Node::default());
-                    self.nodes[n].edges.insert(k, (b, id as u32));
+                    self.nodes.push(Default::default());
+                    self.nodes[n].0.insert(k, (b, id as u32));
                     id
                 }
             };
         }
-        self.nodes[n].rules.push(rule);
+        self.nodes[n].1.push(rule);
     }
 
+    fn finish(self) -> Trie {
+        let mut t = Trie::default();
+        for (edges, rules) in self.nodes {
+            let table = if edges.len() >= DENSE_FROM {
+                let mut d = [NONE; 256];
+                for &(b, child) in &edges {
+                    d[b as usize] = child;
+                }
+                t.dense.push(d);
+                t.dense.len() as u32 - 1
+            } else {
+                NO_TABLE
+            };
+            let e0 = t.edges.len() as u32;
+            t.edges.extend(edges);
+            let r0 = t.rules.len() as u32;
+            t.rules.extend(rules);
+            t.nodes
+                .push([e0, t.edges.len() as u32, r0, t.rules.len() as u32, table]);
+        }
+        t
+    }
+}
+
+impl Trie {
     /// Adds the rules of every prefix of `path` to `out`.
     fn collect(&self, path: &[u8], out: &mut Vec<u32>) {
         let Some(mut node) = self.nodes.first() else { return };
-        out.extend_from_slice(&node.rules);
+        out.extend_from_slice(&self.rules[node[2] as usize..node[3] as usize]);
         for &b in path {
-            match node.edges.binary_search_by_key(&b, |e| e.0) {
-                Ok(k) => node = &self.nodes[node.edges[k].1 as usize],
-                Err(_) => return,
+            let child = if node[4] != NO_TABLE {
+                self.dense[node[4] as usize][b as usize]
+            } else {
+                let edges = &self.edges[node[0] as usize..node[1] as usize];
+                edges.iter().find(|e| e.0 == b).map_or(NONE, |e| e.1)
+            };
+            if child == NONE {
+                return;
             }
-            out.extend_from_slice(&node.rules);
+            node = &self.nodes[child as usize];
+            out.extend_from_slice(&self.rules[node[2] as usize..node[3] as usize]);
         }
     }
 }
@@ -220,6 +270,7 @@ impl Index {
             });
         }
         let mut index = Index::default();
+        let mut paths = TrieBuilder::default();
         let mut lit_ids: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut lit_rules: Vec<Vec<u32>> = Vec::new();
         let mut set_patterns = Vec::new();
@@ -229,10 +280,10 @@ impl Index {
             match (&primary, &rule.host) {
                 (Primary::Host, HostMatch::Exact(h)) => index.exact.entry(h.clone()).or_default().push(id),
                 (Primary::Suffix, HostMatch::Suffix(s)) => index.suffix.entry(s.clone()).or_default().push(id),
-                (Primary::Path, _) => index.paths.insert(rule.path.as_deref().unwrap_or("/").as_bytes(), id),
+                (Primary::Path, _) => paths.insert(rule.path.as_deref().unwrap_or("/").as_bytes(), id),
                 (Primary::Prefix, _) => {
                     for lit in lits[id as usize].iter().flat_map(|l| &l.0) {
-                        index.paths.insert(path_part(lit), id);
+                        paths.insert(path_part(lit), id);
                     }
                 }
                 (Primary::Literal, _) => {
@@ -255,6 +306,7 @@ impl Index {
             }
             rule.primary = primary;
         }
+        index.paths = paths.finish();
         if !lit_rules.is_empty() {
             let mut pats: Vec<(usize, Vec<u8>)> = lit_ids.into_iter().map(|(l, k)| (k, l)).collect();
             pats.sort_unstable_by_key(|p| p.0);
