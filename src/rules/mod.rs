@@ -85,9 +85,14 @@ pub struct Route {
     pub redirect: Option<Redirect>,
 }
 
-/// The compiled `[[rule]]` list.
-#[derive(Debug, Default)]
+/// The compiled `[[rule]]` list (cheap to clone: shared).
+#[derive(Debug, Default, Clone)]
 pub struct Rules {
+    inner: Arc<Compiled>,
+}
+
+#[derive(Debug, Default)]
+struct Compiled {
     rules: Vec<compile::Rule>,
     index: matcher::Index,
 }
@@ -95,18 +100,18 @@ pub struct Rules {
 impl Rules {
     /// Number of rules.
     pub fn len(&self) -> usize {
-        self.rules.len()
+        self.inner.rules.len()
     }
 
     /// True when there are no rules.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.inner.rules.is_empty()
     }
 
     /// Routes one request: the rules that match and their actions.
     pub fn route(&self, req: &Request<'_>) -> Route {
         let mut route = Route::default();
-        if self.rules.is_empty() {
+        if self.inner.rules.is_empty() {
             return route;
         }
         thread_local! {
@@ -115,9 +120,9 @@ impl Rules {
         }
         let mut rewritten: Option<String> = None;
         CANDIDATES.with_borrow_mut(|candidates| {
-            self.index.candidates(req, candidates);
+            self.inner.index.candidates(req, candidates);
             for &id in candidates.iter() {
-                let rule = &self.rules[id as usize];
+                let rule = &self.inner.rules[id as usize];
                 if !rule.matches(req) {
                     continue;
                 }
@@ -135,12 +140,15 @@ impl Rules {
 
     /// The matchers of rule `i` as config text (`host = "a", path = "/x/"`).
     pub fn describe_matchers(&self, i: usize) -> String {
-        self.rules.get(i).map_or_else(String::new, |r| r.describe.clone())
+        self.inner.rules.get(i).map_or_else(String::new, |r| r.describe.clone())
     }
 
     /// Which index key rule `i` is filed under (for `portico rules test`).
     pub fn index_key(&self, i: usize) -> String {
-        self.rules.get(i).map_or_else(String::new, |r| r.primary.to_string())
+        self.inner
+            .rules
+            .get(i)
+            .map_or_else(String::new, |r| r.primary.to_string())
     }
 }
 
@@ -258,7 +266,7 @@ upstream = "a"
             text += &format!("[[rule]]\nregex = \"^/shared/[0-9]+/{i}$\"\nupstream = \"a\"\n");
         }
         let r = rules(&text);
-        assert!(r.rules.iter().all(|x| x.primary == matcher::Primary::Set));
+        assert!(r.inner.rules.iter().all(|x| x.primary == matcher::Primary::Set));
         let h = HeaderMap::new();
         assert_eq!(r.route(&get("h", "/shared/123/57", &h)).matched, [57]);
         assert!(r.route(&get("h", "/shared/1/570", &h)).matched.is_empty());
