@@ -371,4 +371,41 @@ redirect = { to = "https://new.test/${rest}", status = 301 }
         let e = bad("[[rule]]\nrewrite = { to = \"/x\" }\n");
         assert!(e.contains("rewrite needs a `regex`"), "{e}");
     }
+
+    #[test]
+    fn every_rule_key_survives_print_config() {
+        let text = format!(
+            "{UPSTREAMS}{}",
+            r#"
+[[rule]]
+host = "*.a.test"
+path = "/p/"
+regex = "^/p/(.*)"
+method = "GET"
+scheme = ["http", "https"]
+port = 8080
+client = "10.0.0.0/8"
+mode = "reverse"
+header = [{ name = "X-A" }, { name = "X-B", value = "1" }, { name = "X-C", regex = "^a" }]
+continue = true
+upstream = "a"
+rewrite = { to = "/q/$1" }
+request_headers = { set = { X-Set = "1" }, remove = ["Cookie"] }
+response_headers = { remove = ["Server"] }
+cache = { min_ttl = "1m" }
+bucket = "b"
+busy_body = "busy"
+
+[[rule]]
+redirect = { to = "/x" }
+"#
+        );
+        let c = parse_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        let printed = c.to_toml();
+        let again = parse_str(&printed, "printed").unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again.to_toml(), printed);
+        assert_eq!(again.rule[0].header.len(), 3);
+        assert!(again.rule[0].continue_);
+        assert_eq!(again.rule[1].redirect.as_ref().map(|r| r.status), Some(302));
+    }
 }
