@@ -328,6 +328,10 @@ upstream = "g"
 [[rule]]
 host = "routed.test"
 upstream = "g"
+
+[[rule]]
+path = "/old/"
+rewrite = { regex = "^/old/", to = "/new/" }
 "#;
     let p = Portico::start(&config(&addr, "forward", &upstreams(&[("g", &g)]), rules)).await;
     let a = p.addr();
@@ -346,6 +350,13 @@ upstream = "g"
     let o_addr = o.addr();
     let r = send(a, &format!("GET http://{o_addr}/d HTTP/1.1\r\nHost: {o_addr}\r\n\r\n")).await;
     assert_eq!(body(&r), "200 direct /d");
+    // A rewrite without an upstream: still the origin in the URL, new path.
+    let r = send(
+        a,
+        &format!("GET http://{o_addr}/old/e?f=1 HTTP/1.1\r\nHost: {o_addr}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(body(&r), "200 direct /new/e?f=1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
