@@ -476,6 +476,21 @@ async fn limits_are_sized_from_the_open_files_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_sized_whatever_the_log_level() {
+    // Regression: the sizing once ran inside an info-level log macro, so at
+    // `level = "warn"` it never ran and the keep-alive set held 1 connection.
+    let usable = nofile_after_raise() - 64;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\nlevel = \"warn\"\n"
+    ))
+    .await;
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "connection_queue", "max_requests"), usable / 6);
+    assert_eq!(int(&c, "keepalive", "max"), usable * 3 / 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_are_for_admin_clients_and_the_listener_itself() {
     let origin = fast_origin().await;
     // Nobody is an admin: 403.
