@@ -420,7 +420,7 @@ def portico_conf(d, rules=None, rule_kind="path"):
         "server": {"workers": 1},
         "listener": [{"address": f"127.0.0.1:{PORTS['portico']}", "mode": "reverse"}],
         # idle scenario: connections must stay open (silent or idle) while memory is read
-        "keepalive": {"max_requests": 0, "timeout": "120s"},
+        "keepalive": {"max_requests": 0, "timeout": "120s", "max_connections": 20000},
         "limits": {"header_timeout": "120s"},
         "upstream": [{"name": "origin", "servers": [f"127.0.0.1:{PORTS['origin']}"]}],
         "cache": {"memory": "1GiB", "dir": f"{d}/cache"},

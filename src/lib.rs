@@ -22,6 +22,7 @@ pub mod log;
 pub mod proxy;
 pub mod reload;
 pub mod route;
+pub mod rules;
 pub mod server;
 pub mod sizing;
 pub mod stats;

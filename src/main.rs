@@ -49,6 +49,65 @@ enum Command {
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
+    /// Routing rules: `rules test` shows which rule a request matches.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Show which [[rule]] a request matches and the actions that result.
+    Test {
+        /// Config file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The request's absolute URL: http://host[:port]/path?query.
+        url: String,
+        /// Request method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+        /// Client address.
+        #[arg(long, default_value = "127.0.0.1")]
+        client: std::net::IpAddr,
+        /// A request header field, 'Name: value' (repeatable).
+        #[arg(long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// Listener mode: forward, reverse or transparent (default: the first listener's).
+        #[arg(long)]
+        mode: Option<String>,
+    },
+}
+
+fn rules_test(command: RulesCommand) -> Result<(), String> {
+    let RulesCommand::Test {
+        config,
+        url,
+        method,
+        client,
+        headers,
+        mode,
+    } = command;
+    let c = load(Some(&config))?;
+    let text = std::fs::read_to_string(&config).unwrap_or_default();
+    let mode = match mode.as_deref() {
+        None => None,
+        Some("forward") => Some(config::Mode::Forward),
+        Some("reverse") => Some(config::Mode::Reverse),
+        Some("transparent") => Some(config::Mode::Transparent),
+        Some(m) => return Err(format!("--mode {m:?}: use forward, reverse or transparent")),
+    };
+    let probe = portico::rules::Probe {
+        url,
+        method,
+        client,
+        headers,
+        mode,
+    };
+    let out = portico::rules::explain(&c, &config.display().to_string(), &config::rule_lines(&text), &probe)?;
+    print!("{out}");
+    Ok(())
 }
 
 fn load(path: Option<&PathBuf>) -> Result<Config, String> {
@@ -94,6 +153,7 @@ fn main() -> ExitCode {
             portico::stats::fetch(&addr, path).map(|text| print!("{text}"))
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
+        Command::Rules { command } => rules_test(command),
         Command::Cache(args) => match load(args.config.as_ref()) {
             Err(e) => Err(e),
             Ok(c) => match portico::cache::admin::run(&c.cache, &args.command) {

@@ -1,11 +1,12 @@
-//! Classify and route: what kind of request this is (forward, CONNECT,
-//! reverse, transparent) and where it goes.
+//! Classify: what kind of request this is (CONNECT, or an HTTP request on a
+//! forward, reverse or transparent listener) and the URL the routing rules
+//! (`crate::rules`) look at.
 
-use crate::config::{Mode, RuleConfig};
+use crate::config::Mode;
 use crate::http1::RequestHead;
 use http::{Method, StatusCode, Uri};
 
-/// Where a request goes.
+/// What the request asks for.
 #[derive(Debug)]
 pub enum Target {
     /// A CONNECT tunnel to `host:port`.
@@ -15,87 +16,61 @@ pub enum Target {
         /// Port.
         port: u16,
     },
-    /// Straight to the origin named in the URI (forward and transparent proxying).
-    Origin(Uri),
-    /// To a server of upstream group `group`, with this path and query.
-    Group {
-        /// Index into the group list.
-        group: usize,
-        /// Index of the `[[rule]]` that matched.
-        rule: usize,
-        /// Origin-form target to send.
-        path_and_query: String,
-        /// The host the client asked for: the absolute target's authority
-        /// (which replaces `Host`, RFC 9112 3.2.2) or the `Host` header.
-        host: String,
-    },
+    /// An HTTP request, to be routed by the rules.
+    Http(HttpTarget),
+}
+
+/// An HTTP request's URL, as the rules see it.
+#[derive(Debug)]
+pub struct HttpTarget {
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    /// The authority the client asked for: the absolute target's (which
+    /// replaces `Host`, RFC 9112 3.2.2) or the `Host` header (may be empty).
+    pub authority: String,
+    /// The host, lower-case, without port or trailing dot.
+    pub host: String,
+    /// Explicit port, else the scheme's default.
+    pub port: u16,
+    /// Origin-form path and query.
+    pub path_and_query: String,
+    /// Where the request goes when no rule names an upstream: the origin
+    /// URI (forward and transparent listeners); None on reverse listeners.
+    pub origin: Option<Uri>,
 }
 
 /// A request that cannot be routed: status and reason.
 pub type Refusal = (StatusCode, &'static str);
 
-/// How a host is matched by a rule.
-#[derive(Debug, Clone)]
-enum HostMatch {
-    Any,
-    Exact(String),
-    /// `*.example.com`: stored as `.example.com`.
-    Suffix(String),
-}
-
-#[derive(Debug, Clone)]
-struct Rule {
-    host: HostMatch,
-    path: Option<String>,
-    group: usize,
-}
-
-/// The reverse-proxy routes, in config order.
-#[derive(Debug, Clone, Default)]
-pub struct Rules {
-    rules: Vec<Rule>,
-}
-
-impl Rules {
-    /// Compiles the rules; `group_index` maps upstream names to indexes.
-    pub fn new(rules: &[RuleConfig], group_index: impl Fn(&str) -> Option<usize>) -> Result<Rules, String> {
-        let mut out = Vec::with_capacity(rules.len());
-        for (i, r) in rules.iter().enumerate() {
-            let group =
-                group_index(&r.upstream).ok_or_else(|| format!("rule {i}: unknown upstream `{}`", r.upstream))?;
-            let host = match r.host.as_deref().map(str::to_ascii_lowercase) {
-                None => HostMatch::Any,
-                Some(h) if h == "*" => HostMatch::Any,
-                Some(h) => match h.strip_prefix('*') {
-                    Some(suffix) => HostMatch::Suffix(suffix.to_string()),
-                    None => HostMatch::Exact(h),
-                },
-            };
-            out.push(Rule {
-                host,
-                path: r.path.clone(),
-                group,
-            });
+impl HttpTarget {
+    /// The target of an absolute-form request for `uri`.
+    pub fn from_uri(uri: Uri) -> HttpTarget {
+        let scheme = if uri.scheme_str() == Some("https") {
+            "https"
+        } else {
+            "http"
+        };
+        let authority = uri.authority().map_or(String::new(), |a| a.as_str().to_string());
+        HttpTarget {
+            scheme,
+            host: host_only(&authority),
+            port: port_of(&authority, scheme),
+            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()).to_string(),
+            authority,
+            origin: Some(uri),
         }
-        Ok(Rules { rules: out })
     }
+}
 
-    /// The group and index of the first rule matching `host` (lower-case,
-    /// no port) and `path`.
-    pub fn find(&self, host: &str, path: &str) -> Option<(usize, usize)> {
-        self.rules
-            .iter()
-            .enumerate()
-            .find(|(_, r)| {
-                let host_ok = match &r.host {
-                    HostMatch::Any => true,
-                    HostMatch::Exact(h) => h == host,
-                    HostMatch::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
-                };
-                host_ok && r.path.as_deref().is_none_or(|p| path.starts_with(p))
-            })
-            .map(|(i, r)| (r.group, i))
-    }
+/// The port in an authority, else the scheme's default.
+fn port_of(authority: &str, scheme: &str) -> u16 {
+    let port = if authority.starts_with('[') {
+        authority.split_once("]:").map(|(_, p)| p)
+    } else {
+        authority.rsplit_once(':').map(|(_, p)| p)
+    };
+    port.and_then(|p| p.parse().ok())
+        .unwrap_or(if scheme == "https" { 443 } else { 80 })
 }
 
 /// The host part of a Host header value, lower-cased, without port.
@@ -109,8 +84,9 @@ fn host_only(authority: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// Decides where the request goes, for a listener in `mode`.
-pub fn classify(head: &RequestHead, mode: Mode, rules: &Rules) -> Result<Target, Refusal> {
+/// Decides what the request asks for, for a listener in `mode`; the rules
+/// (`crate::rules`) then decide where it goes.
+pub fn classify(head: &RequestHead, mode: Mode) -> Result<Target, Refusal> {
     if head.method == Method::CONNECT {
         if mode != Mode::Forward {
             return Err((
@@ -139,11 +115,11 @@ pub fn classify(head: &RequestHead, mode: Mode, rules: &Rules) -> Result<Target,
                     "not a proxy request: the target must be an absolute URI",
                 ));
             }
-            absolute_uri(&head.target).map(Target::Origin)
+            absolute_uri(&head.target).map(|u| Target::Http(HttpTarget::from_uri(u)))
         }
         Mode::Transparent => {
             if absolute {
-                return absolute_uri(&head.target).map(Target::Origin);
+                return absolute_uri(&head.target).map(|u| Target::Http(HttpTarget::from_uri(u)));
             }
             let host = head
                 .headers
@@ -154,33 +130,34 @@ pub fn classify(head: &RequestHead, mode: Mode, rules: &Rules) -> Result<Target,
             let target = if head.target == "*" { "/" } else { head.target.as_str() };
             format!("http://{host}{target}")
                 .parse::<Uri>()
-                .map(Target::Origin)
+                .map(|u| Target::Http(HttpTarget::from_uri(u)))
                 .map_err(|_| (StatusCode::BAD_REQUEST, "invalid Host header or target"))
         }
         Mode::Reverse => {
-            let (host, path_and_query) = if absolute {
-                let uri = absolute_uri(&head.target)?;
-                let pq = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-                (uri.authority().map(|a| a.as_str().to_string()).unwrap_or_default(), pq)
+            if absolute {
+                let mut t = HttpTarget::from_uri(absolute_uri(&head.target)?);
+                t.origin = None;
+                return Ok(Target::Http(t));
+            }
+            let authority = head
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let path_and_query = if head.target == "*" {
+                "/".to_string()
             } else {
-                let host = head
-                    .headers
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                (host, head.target.clone())
+                head.target.clone()
             };
-            let path = path_and_query.split('?').next().unwrap_or("/");
-            let (group, rule) = rules
-                .find(&host_only(&host), path)
-                .ok_or((StatusCode::NOT_FOUND, "no route matches this host and path"))?;
-            Ok(Target::Group {
-                group,
-                rule,
+            Ok(Target::Http(HttpTarget {
+                scheme: "http",
+                host: host_only(&authority),
+                port: port_of(&authority, "http"),
+                authority,
                 path_and_query,
-                host,
-            })
+                origin: None,
+            }))
         }
     }
 }
@@ -206,39 +183,20 @@ fn absolute_uri(target: &str) -> Result<Uri, Refusal> {
 mod tests {
     use super::*;
 
-    fn rules() -> Rules {
-        let r = |host: Option<&str>, path: Option<&str>, up: &str| RuleConfig {
-            host: host.map(String::from),
-            path: path.map(String::from),
-            upstream: up.into(),
-            cache: None,
-            bucket: None,
-        };
-        let cfg = vec![
-            r(Some("www.example.com"), Some("/api/"), "api"),
-            r(Some("www.example.com"), None, "web"),
-            r(Some("*.example.org"), None, "org"),
-            r(Some("*"), Some("/static/"), "static"),
-        ];
-        let names = ["api", "web", "org", "static"];
-        Rules::new(&cfg, |n| names.iter().position(|x| *x == n)).unwrap()
-    }
-
-    #[test]
-    fn first_match_wins() {
-        let r = rules();
-        assert_eq!(r.find("www.example.com", "/api/v1").map(|(g, _)| g), Some(0));
-        assert_eq!(r.find("www.example.com", "/other").map(|(g, _)| g), Some(1));
-        assert_eq!(r.find("a.example.org", "/").map(|(g, _)| g), Some(2));
-        assert_eq!(r.find("example.org", "/"), None);
-        assert_eq!(r.find("else.net", "/static/x.css").map(|(g, _)| g), Some(3));
-        assert_eq!(r.find("else.net", "/"), None);
-    }
-
     #[test]
     fn host_only_strips_port_and_case() {
         assert_eq!(host_only("WWW.Example.com:8080"), "www.example.com");
         assert_eq!(host_only("[::1]:80"), "[::1]");
         assert_eq!(host_only("example.com."), "example.com");
+    }
+
+    #[test]
+    fn port_of_authority() {
+        assert_eq!(port_of("a.test:8080", "http"), 8080);
+        assert_eq!(port_of("a.test", "http"), 80);
+        assert_eq!(port_of("a.test", "https"), 443);
+        assert_eq!(port_of("[::1]:81", "http"), 81);
+        assert_eq!(port_of("[::1]", "https"), 443);
+        assert_eq!(port_of("", "http"), 80);
     }
 }

@@ -64,11 +64,10 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
             files.now
         );
     }
-    tracing::info!(
-        "{}sizing: {}",
-        crate::supervisor::tag(),
-        crate::sizing::resolve(&mut config, files.now)
-    );
+    // Outside the log macro: its arguments are not evaluated when the
+    // level is above info, and the sizing must happen regardless.
+    let sized = crate::sizing::resolve(&mut config, files.now);
+    tracing::info!("{}sizing: {sized}", crate::supervisor::tag());
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
     let sockets = bind_all(&config)?;

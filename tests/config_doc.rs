@@ -11,7 +11,7 @@ const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md");
 
 /// Keys that `--print-config` cannot show: `[[upstream]]` and `[[rule]]` are
 /// empty by default, and `origin.ca_file` is unset by default.
-const UNPRINTED_KEYS: [&str; 11] = [
+const UNPRINTED_KEYS: &[&str] = &[
     "upstream.name",
     "upstream.servers",
     "upstream.host_header",
@@ -21,7 +21,21 @@ const UNPRINTED_KEYS: [&str; 11] = [
     "rule.path",
     "rule.upstream",
     "rule.cache",
+    "rule.regex",
+    "rule.method",
+    "rule.scheme",
+    "rule.port",
+    "rule.client",
+    "rule.header",
+    "rule.mode",
+    "rule.continue",
+    "rule.rewrite",
+    "rule.request_headers",
+    "rule.response_headers",
     "rule.bucket",
+    "rule.busy_body",
+    "rule.deny",
+    "rule.redirect",
     "origin.ca_file",
 ];
 
@@ -122,7 +136,7 @@ fn known_keys() -> BTreeMap<String, Option<Value>> {
     let mut printed = BTreeMap::new();
     collect("", &printed_defaults(), &mut printed);
     let mut keys: BTreeMap<String, Option<Value>> = printed.into_iter().map(|(k, v)| (k, Some(v))).collect();
-    for key in UNPRINTED_KEYS {
+    for &key in UNPRINTED_KEYS {
         keys.entry(key.to_string()).or_insert(None);
     }
     keys

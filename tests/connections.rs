@@ -105,7 +105,8 @@ async fn fast_origin() -> Origin {
 async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     let (origin, gate, arrived) = gated_origin().await;
     let p = proxy_with(
-        "[server]\nmax_requests = 2\nqueue_size = 1\nbusy_retry_after = \"7s\"\n\n[cache]\nenabled = false\n",
+        "[server]\nmax_requests = 2\nqueue_size = 1\nbusy_retry_after = \"7s\"\n\n[cache]\nenabled = false\n\n\
+         [[rule]]\npath = \"/special/\"\nbusy_body = \"<p>special: busy</p>\"\n",
         "busy_body = \"<p>too busy, come back later</p>\"",
     )
     .await;
@@ -157,6 +158,10 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     assert_eq!(resp.body_str(), "<p>too busy, come back later</p>");
     let c = counters(&p).await;
     assert_eq!(int(&c, "connection_queue", "overflows"), 1);
+    // A route that names its own busy body gets it instead.
+    let resp = parse_response(&raw_request(addr, &get(&origin, "/special/x", "")).await);
+    assert_eq!((resp.status, resp.header("retry-after")), (503, Some("7")));
+    assert_eq!(resp.body_str(), "<p>special: busy</p>");
 
     // Let the origin answer: everything admitted is served, the queued one last.
     gate.add_permits(3);
@@ -172,7 +177,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     assert_eq!(int(&c, q, "current"), 0);
     assert_eq!(int(&c, q, "peak"), 1);
     assert_eq!(int(&c, q, "total_queued"), 1);
-    assert_eq!(int(&c, q, "overflows"), 1);
+    assert_eq!(int(&c, q, "overflows"), 2);
     assert_eq!(int(&c, q, "in_service_peak"), 2);
     assert_eq!(int(&c, q, "total_admitted"), 3);
     assert!(int(&c, q, "queue_time_us") > 0, "{c}");
@@ -487,6 +492,21 @@ async fn limits_are_sized_from_the_open_files_limit() {
         "{}",
         p.stderr()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_sized_whatever_the_log_level() {
+    // Regression: the sizing once ran inside an info-level log macro, so at
+    // `level = "warn"` it never ran and the keep-alive set held 1 connection.
+    let usable = nofile_after_raise() - 64;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\nlevel = \"warn\"\n"
+    ))
+    .await;
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "connection_queue", "max_requests"), usable / 6);
+    assert_eq!(int(&c, "keepalive", "max"), usable * 3 / 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 mod load;
 pub mod units;
 
-pub use load::{ConfigError, load_file, parse_str, tracing_level};
+pub use load::{ConfigError, load_file, parse_str, rule_lines, tracing_level};
 pub use units::{Dur, Size};
 
 use ipnet::IpNet;
@@ -35,7 +35,7 @@ pub struct Config {
     pub origin: OriginConfig,
     /// Named groups of origin servers for reverse proxying.
     pub upstream: Vec<UpstreamConfig>,
-    /// Reverse-proxy routes, checked in order; the first match wins.
+    /// Routing rules, checked in order; the first match wins.
     pub rule: Vec<RuleConfig>,
     /// The HTTP cache.
     pub cache: CacheConfig,
@@ -359,8 +359,11 @@ fn default_true() -> bool {
     true
 }
 
-/// `[[rule]]`: a reverse-proxy route.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `[[rule]]`: a routing rule. Rules are tried in file order and the first
+/// that matches wins (`continue = true` lets a rule add its actions and go
+/// on). Every matcher is optional; those given must all match. See
+/// docs/CONFIG.md and `crate::rules`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     /// Host to match: exact (`www.example.com`), wildcard (`*.example.com`) or `*`; absent = any.
@@ -369,14 +372,172 @@ pub struct RuleConfig {
     /// Path prefix to match; absent = any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Regular expression matched against the path and query (`/a/b?x=1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Request methods, any of which matches (`"GET"` or `["GET", "HEAD"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub method: Vec<String>,
+    /// URL schemes, any of which matches (`"http"`, `"https"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub scheme: Vec<String>,
+    /// URL ports (explicit, or 80/443 by scheme), any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub port: Vec<u16>,
+    /// Client networks (CIDR or addresses), any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "client_networks")]
+    pub client: Vec<IpNet>,
+    /// Listener modes, any of which matches (`"reverse"`, `["forward", "transparent"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub mode: Vec<Mode>,
+    /// Request header conditions, all of which must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub header: Vec<HeaderMatchConfig>,
+    /// After this rule's actions, go on with the next rules.
+    #[serde(default, rename = "continue", skip_serializing_if = "is_false")]
+    pub continue_: bool,
     /// The `[[upstream]]` group that serves matching requests.
-    pub upstream: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// Rewrite of the path and query sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<RewriteConfig>,
+    /// Request header fields set or removed before the request goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<HeaderEditConfig>,
+    /// Response header fields set or removed before the response goes to the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<HeaderEditConfig>,
     /// Cache settings for this route, overriding `[cache]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheOverrides>,
-    /// Performance bucket for requests on this route (default: `default-bucket`).
+    /// Performance bucket the request is timed in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<String>,
+    /// Body of the 503 busy response for requests on this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_body: Option<String>,
+    /// Answer with this error status instead of serving the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<u16>,
+    /// Answer with a redirect instead of serving the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<RedirectConfig>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `header = { name = "X", value = "v" }` in a `[[rule]]`: presence when
+/// neither `value` nor `regex` is given.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatchConfig {
+    /// Header field name (case-insensitive).
+    pub name: String,
+    /// Exact value one of the fields must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Regular expression one of the field values must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+}
+
+/// `rewrite = { regex = "...", to = "..." }` in a `[[rule]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewriteConfig {
+    /// The part of the path and query to replace; absent = the rule's `regex`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Replacement; `$1`, `${name}` insert captures.
+    pub to: String,
+}
+
+/// `request_headers` / `response_headers = { set = {...}, remove = [...] }`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderEditConfig {
+    /// Fields to set (replacing any of the same name).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub set: std::collections::BTreeMap<String, String>,
+    /// Fields to remove (applied before `set`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+/// `redirect = { to = "...", status = 302 }` in a `[[rule]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedirectConfig {
+    /// The `Location`; `$1`, `${name}` insert captures of the rule's `regex`.
+    pub to: String,
+    /// 301, 302, 303, 307 or 308.
+    #[serde(default = "default_redirect_status")]
+    pub status: u16,
+}
+
+fn default_redirect_status() -> u16 {
+    302
+}
+
+/// A value or a list of values (`method = "GET"` or `method = ["GET", "HEAD"]`).
+fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    use serde::de::{self, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a value or a list of values")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(out)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<T>, A::Error> {
+            T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|v| vec![v])
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<T>, E> {
+            T::deserialize(v.into_deserializer()).map(|v| vec![v])
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<Vec<T>, E> {
+            T::deserialize(v.into_deserializer()).map(|v| vec![v])
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Vec<T>, E> {
+            T::deserialize(v.into_deserializer()).map(|v| vec![v])
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Vec<T>, E> {
+            T::deserialize(v.into_deserializer()).map(|v| vec![v])
+        }
+    }
+    d.deserialize_any(V(std::marker::PhantomData))
+}
+
+/// One network: CIDR, or a single address taken as /32 or /128.
+fn parse_network(text: &str) -> Result<IpNet, String> {
+    let t = text.trim();
+    t.parse::<IpNet>()
+        .or_else(|_| t.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            format!("invalid network {text:?}: write an address (\"192.0.2.7\", \"::1\") or CIDR (\"10.0.0.0/8\")")
+        })
+}
+
+/// `client = "10.0.0.0/8"` or a list, as `[access] allow`.
+fn client_networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    let items: Vec<String> = one_or_many(d)?;
+    items
+        .iter()
+        .map(|t| parse_network(t).map_err(serde::de::Error::custom))
+        .collect()
 }
 
 /// Per-route cache settings (`cache = { ... }` in a `[[rule]]`); each key

@@ -40,6 +40,8 @@ pub struct ResponseWriter<'a> {
     locations: HeaderMap,
     body_bytes: u64,
     finished: bool,
+    /// Header edits of the routing rules, applied to whatever head is sent.
+    edits: Vec<std::sync::Arc<crate::rules::HeaderEdits>>,
 }
 
 impl<'a> ResponseWriter<'a> {
@@ -56,6 +58,7 @@ impl<'a> ResponseWriter<'a> {
             locations: HeaderMap::new(),
             body_bytes: 0,
             finished: false,
+            edits: Vec::new(),
         }
     }
 
@@ -100,11 +103,20 @@ impl<'a> ResponseWriter<'a> {
         write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
     }
 
+    /// Response header edits (from the routing rules) to apply to the head
+    /// this writer sends, whatever produces it (origin, cache, error page).
+    pub fn edit_headers(&mut self, edits: Vec<std::sync::Arc<crate::rules::HeaderEdits>>) {
+        self.edits = edits;
+    }
+
     /// Queues the response head (written together with the first body bytes).
     /// `headers` must already be free of hop-by-hop fields; framing fields
     /// are set here from `len`, except for bodiless responses (HEAD, 204,
     /// 304), whose `Content-Length` is passed as given.
     pub fn send_head(&mut self, status: StatusCode, mut headers: HeaderMap, len: BodyLen) {
+        for e in &self.edits {
+            e.apply(&mut headers);
+        }
         let bodiless = self.head_request
             || status.is_informational()
             || status == StatusCode::NO_CONTENT

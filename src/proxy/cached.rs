@@ -87,7 +87,6 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     let Ok(found) = found else {
         tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
         // A GET or HEAD without a body: the connection can stay open.
-        // The rules engine will pass the route's own busy page here.
         let _ = reply::busy(&mut ex.out, busy, None).await;
         return Ok(());
     };

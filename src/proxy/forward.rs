@@ -19,17 +19,24 @@ use std::net::IpAddr;
 /// A failure to report to the client as an error page.
 pub type Failure = (StatusCode, String);
 
-/// Where a request goes upstream.
+/// Where a request goes upstream, and the rule whose cache settings apply.
 #[derive(Debug, Clone)]
-pub enum Dest {
+pub struct Dest {
+    /// The origin or group.
+    pub to: To,
+    /// The `[[rule]]` whose `cache = {...}` applies, if any.
+    pub cache_rule: Option<usize>,
+}
+
+/// The origin or group a request goes to.
+#[derive(Debug, Clone)]
+pub enum To {
     /// The origin named by the absolute URI (forward and transparent proxying).
     Origin(Uri),
-    /// A server of an upstream group (reverse proxying).
+    /// A server of an upstream group (chosen by a rule).
     Group {
         /// Index into the shared group list.
         group: usize,
-        /// Index of the `[[rule]]` that routed here.
-        rule: usize,
         /// Origin-form target.
         path_and_query: String,
         /// The host the client asked for (public name, for Host and Location).
@@ -47,23 +54,20 @@ struct Attempt {
 }
 
 impl Dest {
-    /// The `[[rule]]` that routed the request, if any.
+    /// The `[[rule]]` whose cache settings apply, if any.
     pub fn route(&self) -> Option<usize> {
-        match self {
-            Dest::Origin(_) => None,
-            Dest::Group { rule, .. } => Some(*rule),
-        }
+        self.cache_rule
     }
 
     /// The scheme, authority and path the client asked for (the cache key's parts).
     pub fn public_url(&self) -> (String, String, String) {
-        match self {
-            Dest::Origin(uri) => (
+        match &self.to {
+            To::Origin(uri) => (
                 uri.scheme_str().unwrap_or("http").to_string(),
                 uri.authority().map_or(String::new(), |a| a.as_str().to_string()),
                 uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
             ),
-            Dest::Group {
+            To::Group {
                 path_and_query,
                 public_host,
                 ..
@@ -73,18 +77,17 @@ impl Dest {
 
     /// The next attempt; `failed` is the server whose connect failed last.
     fn attempt(&self, sh: &Shared, failed: Option<usize>) -> Result<Attempt, Failure> {
-        match self {
-            Dest::Origin(uri) => Ok(Attempt {
+        match &self.to {
+            To::Origin(uri) => Ok(Attempt {
                 host: HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?,
                 uri: uri.clone(),
                 rewrite: None,
                 server: None,
             }),
-            Dest::Group {
+            To::Group {
                 group,
                 path_and_query,
                 public_host,
-                ..
             } => {
                 let group = &sh.groups[*group];
                 let idx = group.pick(failed);
@@ -114,7 +117,7 @@ impl Dest {
     /// failures and says whether to try another server (once, for an
     /// idempotent request without a body).
     fn retry_after(&self, sh: &Shared, attempt: &Attempt, head: &RequestHead, e: &UpstreamError, tried: bool) -> bool {
-        let (Dest::Group { group, .. }, Some(idx)) = (self, attempt.server) else {
+        let (To::Group { group, .. }, Some(idx)) = (&self.to, attempt.server) else {
             return false;
         };
         if !e.is_connect() {

@@ -18,7 +18,8 @@ use crate::config::{Config, ListenerConfig, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
 use crate::keepalive::KeepAlive;
 use crate::log::{AccessLog, AccessRecord};
-use crate::route::{Rules, Target, classify};
+use crate::route::{Target, classify};
+use crate::rules::Rules;
 use crate::upstream::{Group, Upstream};
 use http::{Method, StatusCode};
 use std::sync::Arc;
@@ -29,7 +30,8 @@ pub struct Shared {
     pub config: Config,
     allow: AllowList,
     admin: AllowList,
-    rules: Rules,
+    /// The compiled `[[rule]]`s.
+    pub rules: Rules,
     groups: Vec<Group>,
     upstream: Arc<Upstream>,
     /// The access log writer.
@@ -38,8 +40,6 @@ pub struct Shared {
     pub cache: Option<crate::cache::Cache>,
     /// Request statistics and performance buckets.
     pub stats: Arc<crate::stats::Stats>,
-    /// The performance bucket of each `[[rule]]` (index into the stats' buckets).
-    rule_buckets: Vec<usize>,
     /// Admission (`server.max_requests`) and the connection queue.
     pub admission: Arc<Admission>,
     /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
@@ -66,7 +66,8 @@ impl Shared {
 
     fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
-        let rules = Rules::new(&config.rule, |name| groups.iter().position(|g| g.name == name))?;
+        // Groups are built in config order, which is how rules name them.
+        let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
         // Admission, the keep-alive set and the blocking pool belong to the
         // process: a reload keeps them (and their counters); their limits
         // need a restart (`reload::keep_restart_only`).
@@ -123,11 +124,7 @@ impl Shared {
                 &bucket_names,
             )),
         };
-        let rule_buckets = config
-            .rule
-            .iter()
-            .map(|r| r.bucket.as_deref().map_or(0, |b| stats.bucket_index(b)))
-            .collect();
+
         let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
         // The stored objects outlive a reload (`cache.enabled` only changes on a restart).
         let cache = match old.map(|o| o.cache.as_ref()) {
@@ -140,7 +137,6 @@ impl Shared {
         };
         Ok(Shared {
             stats,
-            rule_buckets,
             admission,
             keepalive,
             allow: AllowList::new(&config.access.allow),
@@ -275,7 +271,8 @@ impl ListenerHandler {
                 // (the lingering close drains it, so the client sees the
                 // 503, not a reset), and a saturated server sheds connections.
                 ex.out.close_after();
-                let _ = reply::busy(&mut ex.out, &self.busy, None).await;
+                let route_busy = self.route_busy_page(ex, sh);
+                let _ = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
                 return Outcome::Close;
             }
         };
@@ -318,43 +315,117 @@ impl ListenerHandler {
                 .await;
         }
         drop(access);
-        let route = crate::stats::stage(crate::stats::Stage::Route);
-        let target = match classify(&ex.head, self.mode, &sh.rules) {
-            Ok(t) => t,
+        let route_stage = crate::stats::stage(crate::stats::Stage::Route);
+        let target = match classify(&ex.head, self.mode) {
+            Ok(Target::Tunnel { host, port }) => {
+                drop(route_stage);
+                return tunnel::run(ex, sh, &host, port, permit).await;
+            }
+            Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
-                drop(route);
+                drop(route_stage);
                 return self.fail(ex, status, reason).await;
             }
         };
-        if let Target::Group { rule, .. } = &target
-            && let Some(b) = sh.rule_buckets.get(*rule)
-        {
-            crate::stats::set_bucket(*b);
+        let mut route = self.route(ex, sh, &target);
+        if let Some(b) = &route.bucket {
+            crate::stats::set_bucket(sh.stats.bucket_index(b));
         }
-        drop(route);
-        let dest = match target {
-            Target::Tunnel { host, port } => return tunnel::run(ex, sh, &host, port, permit).await,
-            Target::Origin(uri) => forward::Dest::Origin(uri),
-            Target::Group {
-                group,
-                rule,
-                path_and_query,
-                host,
-            } => forward::Dest::Group {
-                group,
-                rule,
-                path_and_query,
-                public_host: host,
-            },
+        drop(route_stage);
+        ex.out.edit_headers(std::mem::take(&mut route.response_headers));
+        if let Some(status) = route.deny {
+            return self.fail(ex, status, "denied by a routing rule").await;
+        }
+        if let Some(redirect) = &route.redirect {
+            return reply::redirect(ex, redirect).await;
+        }
+        for e in &route.request_headers {
+            e.apply(&mut ex.head.headers);
+        }
+        let path_and_query = match route.path_and_query.take() {
+            Some(pq) if pq.parse::<http::uri::PathAndQuery>().is_err() => {
+                return self
+                    .fail(
+                        ex,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "a routing rule rewrote the URL into an invalid one",
+                    )
+                    .await;
+            }
+            Some(pq) => Some(pq),
+            None => None,
         };
+        let to = match (route.upstream, target.origin) {
+            (Some(group), _) => forward::To::Group {
+                group,
+                path_and_query: path_and_query.unwrap_or(target.path_and_query),
+                public_host: target.authority,
+            },
+            (None, Some(uri)) => match path_and_query {
+                None => forward::To::Origin(uri),
+                Some(pq) => {
+                    let mut parts = uri.into_parts();
+                    parts.path_and_query = pq.parse().ok();
+                    match http::Uri::from_parts(parts) {
+                        Ok(uri) => forward::To::Origin(uri),
+                        Err(_) => {
+                            return self
+                                .fail(
+                                    ex,
+                                    StatusCode::INTERNAL_SERVER_ERROR,
+                                    "a routing rule rewrote the URL into an invalid one",
+                                )
+                                .await;
+                        }
+                    }
+                }
+            },
+            (None, None) => {
+                return self
+                    .fail(ex, StatusCode::NOT_FOUND, "no route matches this host and path")
+                    .await;
+            }
+        };
+        let dest = forward::Dest {
+            to,
+            cache_rule: route.cache_rule,
+        };
+        let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
             purge::purge(ex, sh, &dest).await
         } else {
-            cached::serve(ex, shared, dest, &self.busy).await
+            cached::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };
         match result {
             Ok(()) => Outcome::Done,
             Err((status, reason)) => self.fail(ex, status, &reason).await,
+        }
+    }
+
+    /// The routing rules' verdict on `target`.
+    fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &crate::route::HttpTarget) -> crate::rules::Route {
+        sh.rules.route(&crate::rules::Request {
+            method: &ex.head.method,
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+            path_and_query: &target.path_and_query,
+            client: ex.peer.ip(),
+            headers: &ex.head.headers,
+            mode: self.mode,
+        })
+    }
+
+    /// The busy page of the request's route, if its rules name one
+    /// (`busy_body`). Only a busy response needs it before routing (the
+    /// connection queue is full), so only that path pays for routing twice.
+    fn route_busy_page(&self, ex: &Exchange<'_>, sh: &Shared) -> Option<reply::BusyPage> {
+        match classify(&ex.head, self.mode) {
+            Ok(Target::Http(target)) => {
+                let body = self.route(ex, sh, &target).busy_body?;
+                Some(self.busy.with_body(body))
+            }
+            _ => None,
         }
     }
 

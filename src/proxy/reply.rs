@@ -90,6 +90,16 @@ impl BusyPage {
     }
 }
 
+impl BusyPage {
+    /// This page with another body (a route's `busy_body`), same `Retry-After`.
+    pub fn with_body(&self, body: Bytes) -> BusyPage {
+        BusyPage {
+            body,
+            retry_after: self.retry_after.clone(),
+        }
+    }
+}
+
 /// Sends a busy response: 503 with `Retry-After`, the body of `route_page`
 /// when the request's route names one (the rules engine's hook), else the
 /// listener's `page`. Whether the connection stays open is the caller's choice.
@@ -101,4 +111,24 @@ pub async fn busy(out: &mut ResponseWriter<'_>, page: &BusyPage, route_page: Opt
     headers.insert(RETRY_AFTER, page.retry_after.clone());
     out.send_full(StatusCode::SERVICE_UNAVAILABLE, headers, page.body.clone())
         .await
+}
+
+/// A redirect chosen by a routing rule: `Location` and a short HTML body.
+pub async fn redirect(ex: &mut Exchange<'_>, redirect: &crate::rules::Redirect) -> Outcome {
+    let Ok(location) = HeaderValue::from_str(&redirect.location) else {
+        let reason = "a routing rule produced an invalid redirect location";
+        return match error_page(&mut ex.out, StatusCode::INTERNAL_SERVER_ERROR, reason).await {
+            Ok(()) => Outcome::Done,
+            Err(_) => Outcome::Close,
+        };
+    };
+    let href = crate::util::html_escape(&redirect.location);
+    let body = format!("<!DOCTYPE html>\n<html><body><a href=\"{href}\">{href}</a></body></html>\n");
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::LOCATION, location);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    match ex.out.send_full(redirect.status, headers, Bytes::from(body)).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
 }

@@ -1,0 +1,431 @@
+//! Config -> [`Rules`]: checks every rule (errors name the rule and key, so
+//! the config loader can give the line) and builds the index.
+
+use super::Rules;
+use super::actions::{Actions, HeaderEdits, Rewrite};
+use super::matcher::{HostMatch, Index, Primary};
+use crate::config::{Config, HeaderEditConfig, RuleConfig};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, StatusCode};
+use ipnet::IpNet;
+use regex::Regex;
+use std::fmt;
+use std::sync::Arc;
+
+/// One step of the key path of a rule error (`rule[3].header[1].regex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    /// A table key.
+    Key(&'static str),
+    /// An array element.
+    Index(usize),
+}
+
+/// A rule that cannot be compiled: where (key path from the top of the
+/// file) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    /// `rule`, index, key...
+    pub path: Vec<PathSeg>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, seg) in self.path.iter().enumerate() {
+            match seg {
+                PathSeg::Key(k) if i == 0 => write!(f, "{k}")?,
+                PathSeg::Key(k) => write!(f, ".{k}")?,
+                PathSeg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// A header condition of a rule.
+#[derive(Debug)]
+pub(super) enum HeaderCond {
+    Present,
+    Equals(Vec<u8>),
+    Matches(Regex),
+}
+
+/// One compiled rule: its matchers and actions.
+#[derive(Debug)]
+pub(super) struct Rule {
+    pub host: HostMatch,
+    pub path: Option<Box<str>>,
+    pub regex: Option<Regex>,
+    pub methods: Vec<Method>,
+    pub schemes: Vec<Box<str>>,
+    pub ports: Vec<u16>,
+    pub clients: Vec<IpNet>,
+    pub modes: Vec<crate::config::Mode>,
+    pub headers: Vec<(HeaderName, HeaderCond)>,
+    /// The index key the rule is filed under.
+    pub primary: Primary,
+    pub actions: Actions,
+    /// The matchers as config text.
+    pub describe: String,
+}
+
+/// Request header fields Portico manages itself (framing, connection,
+/// routing): a rule may not set or remove them.
+const MANAGED_REQUEST: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "trailer",
+];
+/// Response header fields that carry framing: a rule may not touch them.
+const MANAGED_RESPONSE: [&str; 6] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "trailer",
+];
+
+type Fail = (Vec<PathSeg>, String);
+
+fn at(i: usize, key: &'static str, message: impl Into<String>) -> Fail {
+    (
+        vec![PathSeg::Key("rule"), PathSeg::Index(i), PathSeg::Key(key)],
+        message.into(),
+    )
+}
+
+impl Rules {
+    /// Compiles the `[[rule]]` list of `config` (upstream names are
+    /// resolved against its `[[upstream]]` list, in order).
+    ///
+    /// `portico run` compiles the same rules twice (the config check, then
+    /// the server), which for 10,000 regexes is ~0.4 s each; the last result
+    /// is kept, keyed by a 128-bit hash of the rules and upstream names, so
+    /// the second compile is a lookup. The result depends on the config only.
+    pub fn compile(config: &Config) -> Result<Rules, RuleError> {
+        static LAST: std::sync::Mutex<Option<(u128, Rules)>> = std::sync::Mutex::new(None);
+        let names: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
+        let key = xxhash_rust::xxh3::xxh3_128(format!("{:?}{names:?}", config.rule).as_bytes());
+        if let Ok(last) = LAST.lock()
+            && let Some((k, rules)) = last.as_ref()
+            && *k == key
+        {
+            return Ok(rules.clone());
+        }
+        let rules = Self::compile_fresh(config)?;
+        if let Ok(mut last) = LAST.lock() {
+            *last = Some((key, rules.clone()));
+        }
+        Ok(rules)
+    }
+
+    fn compile_fresh(config: &Config) -> Result<Rules, RuleError> {
+        let mut rules = Vec::with_capacity(config.rule.len());
+        for (i, r) in config.rule.iter().enumerate() {
+            rules.push(compile_rule(i, r, config).map_err(|(path, message)| RuleError { path, message })?);
+        }
+        let index = Index::build(&mut rules).map_err(|message| RuleError {
+            path: vec![PathSeg::Key("rule")],
+            message,
+        })?;
+        Ok(Rules {
+            inner: Arc::new(super::Compiled { rules, index }),
+        })
+    }
+}
+
+fn regex(i: usize, key: &'static str, pattern: &str) -> Result<Regex, Fail> {
+    Regex::new(pattern).map_err(|e| at(i, key, format!("invalid regular expression: {e}")))
+}
+
+fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail> {
+    let mut describe = Vec::new();
+    let host = match r.host.as_deref() {
+        None => HostMatch::Any,
+        Some(h) => {
+            describe.push(format!("host = {h:?}"));
+            if !valid_host_pattern(h) {
+                return Err(at(i, "host", format!("host {h:?} must be a name, `*.domain` or `*`")));
+            }
+            let h = h.trim_end_matches('.').to_ascii_lowercase();
+            match h.strip_prefix('*') {
+                _ if h == "*" => HostMatch::Any,
+                Some(suffix) => HostMatch::Suffix(suffix.into()),
+                None => HostMatch::Exact(h.into()),
+            }
+        }
+    };
+    if let Some(p) = &r.path {
+        describe.push(format!("path = {p:?}"));
+        if !p.starts_with('/') {
+            return Err(at(i, "path", format!("path prefix {p:?} must start with '/'")));
+        }
+    }
+    let re = match &r.regex {
+        Some(p) => {
+            describe.push(format!("regex = {p:?}"));
+            Some(regex(i, "regex", p)?)
+        }
+        None => None,
+    };
+    let mut methods = Vec::new();
+    for m in &r.method {
+        methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| at(i, "method", format!("{m:?} is not a method")))?);
+    }
+    if !r.method.is_empty() {
+        describe.push(format!("method = {:?}", r.method));
+    }
+    let mut schemes = Vec::new();
+    for s in &r.scheme {
+        let s = s.to_ascii_lowercase();
+        if s != "http" && s != "https" {
+            return Err(at(i, "scheme", format!("scheme {s:?}: use \"http\" or \"https\"")));
+        }
+        schemes.push(s.into_boxed_str());
+    }
+    if !r.scheme.is_empty() {
+        describe.push(format!("scheme = {:?}", r.scheme));
+    }
+    if r.port.contains(&0) {
+        return Err(at(i, "port", "port 0 never matches"));
+    }
+    if !r.port.is_empty() {
+        describe.push(format!("port = {:?}", r.port));
+    }
+    if !r.client.is_empty() {
+        let nets: Vec<String> = r.client.iter().map(|n| n.to_string()).collect();
+        describe.push(format!("client = {nets:?}"));
+    }
+    if !r.mode.is_empty() {
+        let names: Vec<&str> = r
+            .mode
+            .iter()
+            .map(|m| match m {
+                crate::config::Mode::Forward => "forward",
+                crate::config::Mode::Reverse => "reverse",
+                crate::config::Mode::Transparent => "transparent",
+            })
+            .collect();
+        describe.push(format!("mode = {names:?}"));
+    }
+    let mut headers = Vec::new();
+    for (j, h) in r.header.iter().enumerate() {
+        let here = |key: &'static str, msg: String| {
+            (
+                vec![
+                    PathSeg::Key("rule"),
+                    PathSeg::Index(i),
+                    PathSeg::Key("header"),
+                    PathSeg::Index(j),
+                    PathSeg::Key(key),
+                ],
+                msg,
+            )
+        };
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| here("name", format!("{:?} is not a header field name", h.name)))?;
+        let cond = match (&h.value, &h.regex) {
+            (Some(_), Some(_)) => return Err(here("regex", "give `value` or `regex`, not both".into())),
+            (Some(v), None) => {
+                describe.push(format!("header {} = {v:?}", h.name));
+                HeaderCond::Equals(v.as_bytes().to_vec())
+            }
+            (None, Some(p)) => {
+                describe.push(format!("header {} ~ {p:?}", h.name));
+                HeaderCond::Matches(
+                    Regex::new(p).map_err(|e| here("regex", format!("invalid regular expression: {e}")))?,
+                )
+            }
+            (None, None) => {
+                describe.push(format!("header {} present", h.name));
+                HeaderCond::Present
+            }
+        };
+        headers.push((name, cond));
+    }
+    let actions = compile_actions(i, r, config, re.as_ref())?;
+    Ok(Rule {
+        host,
+        path: r.path.as_deref().map(Into::into),
+        regex: re,
+        methods,
+        schemes,
+        ports: r.port.clone(),
+        clients: r.client.clone(),
+        modes: r.mode.clone(),
+        headers,
+        primary: Primary::Always,
+        actions,
+        describe: if describe.is_empty() {
+            "(no matchers: every request)".to_string()
+        } else {
+            describe.join(", ")
+        },
+    })
+}
+
+fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option<&Regex>) -> Result<Actions, Fail> {
+    let upstream = match &r.upstream {
+        None => None,
+        Some(name) => Some(config.upstream.iter().position(|u| &u.name == name).ok_or_else(|| {
+            let known: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
+            at(
+                i,
+                "upstream",
+                format!(
+                    "no [[upstream]] is named `{name}` (defined: {})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            )
+        })?),
+    };
+    let rewrite = match &r.rewrite {
+        None => None,
+        Some(rw) => {
+            let regex = match (&rw.regex, rule_regex) {
+                (Some(p), _) => regex(i, "rewrite", p)?,
+                (None, Some(re)) => re.clone(),
+                (None, None) => {
+                    return Err(at(
+                        i,
+                        "rewrite",
+                        "rewrite needs a `regex`, in the rewrite or as the rule's own `regex`",
+                    ));
+                }
+            };
+            if !rw.to.starts_with('/') {
+                return Err(at(i, "rewrite", format!("`to` = {:?} must start with '/'", rw.to)));
+            }
+            Some(Rewrite {
+                regex,
+                to: rw.to.clone(),
+            })
+        }
+    };
+    let request_headers = edits(i, "request_headers", r.request_headers.as_ref(), &MANAGED_REQUEST)?;
+    let response_headers = edits(i, "response_headers", r.response_headers.as_ref(), &MANAGED_RESPONSE)?;
+    let deny = match r.deny {
+        None => None,
+        Some(code) => match StatusCode::from_u16(code) {
+            Ok(s) if (400..=599).contains(&code) => Some(s),
+            _ => return Err(at(i, "deny", format!("{code}: deny takes an error status, 400 to 599"))),
+        },
+    };
+    let redirect = match &r.redirect {
+        None => None,
+        Some(rd) => {
+            let status = match rd.status {
+                301 | 302 | 303 | 307 | 308 => StatusCode::from_u16(rd.status).ok(),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                at(
+                    i,
+                    "redirect",
+                    format!("status {}: use 301, 302, 303, 307 or 308", rd.status),
+                )
+            })?;
+            if rd.to.is_empty() || HeaderValue::from_str(&rd.to).is_err() {
+                return Err(at(i, "redirect", format!("`to` = {:?} is not a valid Location", rd.to)));
+            }
+            Some((status, rd.to.clone()))
+        }
+    };
+    let ends = if deny.is_some() {
+        Some("deny")
+    } else if redirect.is_some() {
+        Some("redirect")
+    } else {
+        None
+    };
+    if let Some(key) = ends {
+        if deny.is_some() && redirect.is_some() {
+            return Err(at(i, "redirect", "a rule cannot both deny and redirect"));
+        }
+        if r.continue_ {
+            return Err(at(
+                i,
+                key,
+                format!("`{key}` answers the request: `continue = true` cannot go on"),
+            ));
+        }
+        if r.upstream.is_some() || r.rewrite.is_some() {
+            return Err(at(
+                i,
+                key,
+                format!("`{key}` answers the request itself: `upstream` and `rewrite` would have no effect"),
+            ));
+        }
+    }
+    if r.bucket.as_deref().is_some_and(str::is_empty) {
+        return Err(at(i, "bucket", "bucket name is empty"));
+    }
+    Ok(Actions {
+        continue_: r.continue_,
+        upstream,
+        rewrite,
+        request_headers,
+        response_headers,
+        cache: r.cache.is_some(),
+        bucket: r.bucket.as_deref().map(Arc::from),
+        busy_body: r.busy_body.as_ref().map(|b| Bytes::from(b.clone())),
+        deny,
+        redirect,
+    })
+}
+
+fn edits(
+    i: usize,
+    key: &'static str,
+    cfg: Option<&HeaderEditConfig>,
+    managed: &[&str],
+) -> Result<Option<Arc<HeaderEdits>>, Fail> {
+    let Some(cfg) = cfg else { return Ok(None) };
+    let name = |n: &str| {
+        let name = HeaderName::from_bytes(n.as_bytes())
+            .map_err(|_| at(i, key, format!("{n:?} is not a header field name")))?;
+        if managed.contains(&name.as_str()) {
+            return Err(at(
+                i,
+                key,
+                format!("`{name}` is managed by Portico and cannot be set or removed"),
+            ));
+        }
+        Ok(name)
+    };
+    let mut out = HeaderEdits::default();
+    for n in &cfg.remove {
+        out.remove.push(name(n)?);
+    }
+    for (n, v) in &cfg.set {
+        let value =
+            HeaderValue::from_str(v).map_err(|_| at(i, key, format!("{v:?} is not a valid value for `{n}`")))?;
+        out.set.push((name(n)?, value));
+    }
+    Ok(Some(Arc::new(out)))
+}
+
+/// `name`, `*.domain` or `*`: a wildcard only as the whole first label.
+pub(crate) fn valid_host_pattern(h: &str) -> bool {
+    match h.strip_prefix("*.") {
+        _ if h == "*" => true,
+        Some(rest) => !rest.is_empty() && !rest.contains('*'),
+        None => !h.is_empty() && !h.contains('*'),
+    }
+}

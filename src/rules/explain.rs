@@ -1,0 +1,144 @@
+//! `portico rules test`: which rule a request matches and what it does,
+//! in words (the operator's "why did this request go there").
+
+use super::{Request, Rules};
+use crate::config::{Config, Mode};
+use crate::route::HttpTarget;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use std::fmt::Write;
+use std::net::IpAddr;
+
+/// A request to try against the rules.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// Absolute URL (`http://host[:port]/path?query`).
+    pub url: String,
+    /// Method.
+    pub method: String,
+    /// Client address.
+    pub client: IpAddr,
+    /// `Name: value` header fields.
+    pub headers: Vec<String>,
+    /// Listener mode; None = the config's first listener's.
+    pub mode: Option<Mode>,
+}
+
+/// Routes `probe` through `config`'s rules and describes the result.
+/// `file` and `lines` (from `config::rule_lines`) locate each rule.
+pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> Result<String, String> {
+    let rules = Rules::compile(config).map_err(|e| e.to_string())?;
+    let uri: Uri = probe
+        .url
+        .parse()
+        .map_err(|e| format!("{:?} is not a URL: {e}", probe.url))?;
+    if !matches!(uri.scheme_str(), Some("http") | Some("https")) || uri.host().is_none() {
+        return Err(format!("{:?}: give an absolute http:// or https:// URL", probe.url));
+    }
+    let method =
+        Method::from_bytes(probe.method.as_bytes()).map_err(|_| format!("{:?} is not a method", probe.method))?;
+    let mut headers = HeaderMap::new();
+    for h in &probe.headers {
+        let (name, value) = h
+            .split_once(':')
+            .ok_or_else(|| format!("header {h:?}: write it as 'Name: value'"))?;
+        let name =
+            HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
+        let value = HeaderValue::from_str(value.trim()).map_err(|_| format!("{value:?} is not a header value"))?;
+        headers.append(name, value);
+    }
+    let mode = probe
+        .mode
+        .or_else(|| config.listener.first().map(|l| l.mode))
+        .unwrap_or(Mode::Forward);
+    let target = HttpTarget::from_uri(uri);
+    let req = Request {
+        method: &method,
+        scheme: target.scheme,
+        host: &target.host,
+        port: target.port,
+        path_and_query: &target.path_and_query,
+        client: probe.client,
+        headers: &headers,
+        mode,
+    };
+    let route = rules.route(&req);
+    let mode_name = match mode {
+        Mode::Forward => "forward",
+        Mode::Reverse => "reverse",
+        Mode::Transparent => "transparent",
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "request: {method} {} from {} on a {mode_name} listener ({} rules)",
+        probe.url,
+        probe.client,
+        rules.len()
+    );
+    let origin = format!("{}://{}{}", target.scheme, target.authority, target.path_and_query);
+    if route.matched.is_empty() {
+        let default = match mode {
+            Mode::Reverse => "404 (on a reverse listener only a rule with an `upstream` routes a request)".to_string(),
+            _ => format!("straight to the origin {origin}"),
+        };
+        let _ = writeln!(out, "no rule matched: default route: {default}");
+        return Ok(out);
+    }
+    for &i in &route.matched {
+        let line = lines.get(i).copied().filter(|l| *l > 0);
+        let place = line.map_or_else(String::new, |l| format!(" ({file}:{l})"));
+        let cont = if config.rule[i].continue_ { " [continue]" } else { "" };
+        let _ = writeln!(out, "matched rule {i}{place}: {}{cont}", rules.describe_matchers(i));
+        let _ = writeln!(out, "  indexed by: {}", rules.index_key(i));
+    }
+    let _ = writeln!(out, "actions:");
+    if let Some(d) = route.deny {
+        let _ = writeln!(out, "  deny: {}", d.as_u16());
+    } else if let Some(r) = &route.redirect {
+        let _ = writeln!(out, "  redirect: {} {}", r.status.as_u16(), r.location);
+    } else {
+        match route.upstream {
+            Some(g) => {
+                let name = config.upstream.get(g).map_or("?", |u| u.name.as_str());
+                let _ = writeln!(out, "  upstream: {name}");
+            }
+            None if mode == Mode::Reverse => {
+                let _ = writeln!(out, "  upstream: none: 404 (no matching rule chose an upstream)");
+            }
+            None => {
+                let _ = writeln!(out, "  upstream: none: straight to the origin");
+            }
+        }
+        match &route.path_and_query {
+            Some(pq) => {
+                let _ = writeln!(out, "  url: {} -> {pq}", target.path_and_query);
+            }
+            None => {
+                let _ = writeln!(out, "  url: {} (not rewritten)", target.path_and_query);
+            }
+        }
+    }
+    for (label, list) in [
+        ("request headers", &route.request_headers),
+        ("response headers", &route.response_headers),
+    ] {
+        if !list.is_empty() {
+            let text: Vec<String> = list.iter().map(|e| e.describe()).collect();
+            let _ = writeln!(out, "  {label}: {}", text.join("; "));
+        }
+    }
+    if let Some(i) = route.cache_rule
+        && let Some(o) = &config.rule[i].cache
+    {
+        let text = toml::to_string(o).unwrap_or_default();
+        let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        let _ = writeln!(out, "  cache (rule {i}): {}", keys.join(", "));
+    }
+    if let Some(b) = &route.bucket {
+        let _ = writeln!(out, "  bucket: {b}");
+    }
+    if let Some(b) = &route.busy_body {
+        let _ = writeln!(out, "  busy body: {} bytes", b.len());
+    }
+    Ok(out)
+}

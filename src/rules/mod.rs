@@ -1,0 +1,411 @@
+//! The routing rules engine (`[[rule]]`, DESIGN 1.5, the seeds' assign-name).
+//!
+//! Rules are kept in config order; the first rule whose matchers all hold
+//! wins, and a rule with `continue = true` adds its actions and lets the
+//! next rules match too. [`Rules::compile`] turns the config into one
+//! matcher at load time (`compile.rs`): each rule is filed under one
+//! *index key* (an exact host, a wildcard host suffix, a path prefix, a
+//! literal its regex needs, or the shared `RegexSet`), chosen so that few
+//! rules share a key. A request looks each key up once (`matcher.rs`), which
+//! yields the few candidate rules whose index key holds, and only those are
+//! checked in full, lowest index first. So the cost of a request does not
+//! grow with the number of rules, unlike the seeds' one-regex-per-rule scan.
+//!
+//! Compilation is a pure function of the config (a reload builds a new
+//! [`Rules`]); matching allocates only the small result.
+
+mod actions;
+mod compile;
+mod explain;
+mod matcher;
+
+pub use actions::{HeaderEdits, Redirect};
+pub use compile::{PathSeg, RuleError};
+pub use explain::{Probe, explain};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// What the rules look at: one request, as the listener understood it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The request method.
+    pub method: &'a Method,
+    /// `http` or `https` (the absolute URI's scheme; `http` for origin-form).
+    pub scheme: &'a str,
+    /// Host, lower-case, without port or trailing dot.
+    pub host: &'a str,
+    /// The URL's port: explicit, else 80 (http) or 443 (https).
+    pub port: u16,
+    /// Path and query, origin-form (`/a/b?x=1`), as received.
+    pub path_and_query: &'a str,
+    /// The client's address.
+    pub client: IpAddr,
+    /// The request's header fields.
+    pub headers: &'a HeaderMap,
+    /// The mode of the listener that received it.
+    pub mode: crate::config::Mode,
+}
+
+impl Request<'_> {
+    /// The path: `path_and_query` up to the `?`.
+    pub fn path(&self) -> &str {
+        self.path_and_query.split('?').next().unwrap_or("/")
+    }
+}
+
+/// The outcome of routing one request: which rules matched and the actions
+/// they add up to. Later matching rules (after a `continue`) override the
+/// single-valued actions of earlier ones; header edits and rewrites apply
+/// in rule order.
+#[derive(Debug, Clone, Default)]
+pub struct Route {
+    /// Indexes of the rules that matched, in order; the last one stopped the
+    /// search unless every one had `continue = true`.
+    pub matched: Vec<usize>,
+    /// Upstream group (index into `[[upstream]]`), if a rule chose one.
+    pub upstream: Option<usize>,
+    /// The path and query to send, when a rewrite changed it.
+    pub path_and_query: Option<String>,
+    /// Request header edits, in the order to apply them.
+    pub request_headers: Vec<Arc<HeaderEdits>>,
+    /// Response header edits, in the order to apply them.
+    pub response_headers: Vec<Arc<HeaderEdits>>,
+    /// The rule whose `cache = {...}` overrides apply (its index).
+    pub cache_rule: Option<usize>,
+    /// Performance bucket name (`bucket = "..."`).
+    pub bucket: Option<Arc<str>>,
+    /// Body for a 503 busy response on this route (`busy_body = "..."`).
+    pub busy_body: Option<Bytes>,
+    /// Refuse the request with this status (`deny = 403`).
+    pub deny: Option<StatusCode>,
+    /// Answer with this redirect.
+    pub redirect: Option<Redirect>,
+}
+
+/// The compiled `[[rule]]` list (cheap to clone: shared).
+#[derive(Debug, Default, Clone)]
+pub struct Rules {
+    inner: Arc<Compiled>,
+}
+
+#[derive(Debug, Default)]
+struct Compiled {
+    rules: Vec<compile::Rule>,
+    index: matcher::Index,
+}
+
+impl Rules {
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.inner.rules.len()
+    }
+
+    /// True when there are no rules.
+    pub fn is_empty(&self) -> bool {
+        self.inner.rules.is_empty()
+    }
+
+    /// Routes one request: the rules that match and their actions.
+    pub fn route(&self, req: &Request<'_>) -> Route {
+        let mut route = Route::default();
+        if self.inner.rules.is_empty() {
+            return route;
+        }
+        thread_local! {
+            // Reused per thread: routing allocates only its result.
+            static CANDIDATES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut rewritten: Option<String> = None;
+        CANDIDATES.with_borrow_mut(|candidates| {
+            self.inner.index.candidates(req, candidates);
+            for &id in candidates.iter() {
+                let rule = &self.inner.rules[id as usize];
+                if !rule.matches(req) {
+                    continue;
+                }
+                route.matched.push(id as usize);
+                rule.actions
+                    .add_to(&mut route, &mut rewritten, req, rule.regex.as_ref(), id as usize);
+                if !rule.actions.continue_ {
+                    break;
+                }
+            }
+        });
+        route.path_and_query = rewritten;
+        route
+    }
+
+    /// The matchers of rule `i` as config text (`host = "a", path = "/x/"`).
+    pub fn describe_matchers(&self, i: usize) -> String {
+        self.inner.rules.get(i).map_or_else(String::new, |r| r.describe.clone())
+    }
+
+    /// Which index key rule `i` is filed under (for `portico rules test`).
+    pub fn index_key(&self, i: usize) -> String {
+        self.inner
+            .rules
+            .get(i)
+            .map_or_else(String::new, |r| r.primary.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_str;
+
+    const UPSTREAMS: &str = "[[upstream]]\nname = \"a\"\nservers = [\"127.0.0.1:1\"]\n\n[[upstream]]\nname = \"b\"\nservers = [\"127.0.0.1:2\"]\n\n";
+
+    fn rules(text: &str) -> Rules {
+        let c = parse_str(&format!("{UPSTREAMS}{text}"), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        Rules::compile(&c).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn get<'a>(host: &'a str, pq: &'a str, headers: &'a HeaderMap) -> Request<'a> {
+        static GET: Method = Method::GET;
+        Request {
+            method: &GET,
+            scheme: "http",
+            host,
+            port: 80,
+            path_and_query: pq,
+            client: "127.0.0.1".parse().unwrap(),
+            headers,
+            mode: crate::config::Mode::Reverse,
+        }
+    }
+
+    #[test]
+    fn first_match_wins_across_index_kinds() {
+        let r = rules(
+            r#"
+[[rule]]
+host = "www.example.com"
+path = "/api/"
+upstream = "a"
+[[rule]]
+host = "www.example.com"
+upstream = "b"
+[[rule]]
+host = "*.example.org"
+upstream = "a"
+[[rule]]
+path = "/static/"
+upstream = "b"
+[[rule]]
+regex = "\\.jpg$"
+upstream = "a"
+[[rule]]
+regex = "^/(x|y)+z"
+upstream = "b"
+"#,
+        );
+        let h = HeaderMap::new();
+        let m = |host, pq| r.route(&get(host, pq, &h)).matched;
+        assert_eq!(m("www.example.com", "/api/v1"), [0]);
+        assert_eq!(m("www.example.com", "/other"), [1]);
+        assert_eq!(m("a.b.example.org", "/"), [2]);
+        assert!(m("example.org", "/").is_empty());
+        assert_eq!(m("else.net", "/static/x.jpg"), [3]);
+        assert_eq!(m("else.net", "/img/x.jpg"), [4]);
+        assert!(m("else.net", "/img/x.jpgs").is_empty());
+        assert_eq!(m("else.net", "/xyxyz"), [5]);
+    }
+
+    #[test]
+    fn continue_adds_actions_and_later_rules_override() {
+        let r = rules(
+            r#"
+[[rule]]
+continue = true
+bucket = "all"
+upstream = "a"
+response_headers = { set = { X-One = "1" } }
+[[rule]]
+path = "/b/"
+upstream = "b"
+rewrite = { regex = "^/b/", to = "/" }
+[[rule]]
+upstream = "a"
+"#,
+        );
+        let h = HeaderMap::new();
+        let route = r.route(&get("h", "/b/c?d", &h));
+        assert_eq!(route.matched, [0, 1]);
+        assert_eq!(route.upstream, Some(1));
+        assert_eq!(route.bucket.as_deref(), Some("all"));
+        assert_eq!(route.path_and_query.as_deref(), Some("/c?d"));
+        assert_eq!(route.response_headers.len(), 1);
+        let route = r.route(&get("h", "/x", &h));
+        assert_eq!(route.matched, [0, 2]);
+        assert_eq!(route.path_and_query, None);
+    }
+
+    #[test]
+    fn literals_are_extracted_from_prefix_or_suffix() {
+        assert_eq!(matcher_literals("^/r12/"), Some(vec![b"/r12/".to_vec()]));
+        assert_eq!(matcher_literals("[a-z]+\\.jpg$"), Some(vec![b".jpg".to_vec()]));
+        assert_eq!(matcher_literals(".*"), None);
+        assert_eq!(matcher_literals("^/"), None, "one byte is no filter");
+        assert_eq!(matcher::required_literals("^/a").map(|l| l.1), Some(true), "anchored");
+        assert_eq!(matcher::required_literals("/a").map(|l| l.1), Some(false));
+        assert_eq!(matcher::required_literals("(?m)^/a").map(|l| l.1), Some(false));
+    }
+
+    fn matcher_literals(p: &str) -> Option<Vec<Vec<u8>>> {
+        matcher::required_literals(p).map(|l| l.0)
+    }
+
+    #[test]
+    fn crowded_literals_go_to_the_regex_set_and_still_match_in_order() {
+        let mut text = String::new();
+        for i in 0..100 {
+            text += &format!("[[rule]]\nregex = \"^/shared/[0-9]+/{i}$\"\nupstream = \"a\"\n");
+        }
+        let r = rules(&text);
+        assert!(r.inner.rules.iter().all(|x| x.primary == matcher::Primary::Set));
+        let h = HeaderMap::new();
+        assert_eq!(r.route(&get("h", "/shared/123/57", &h)).matched, [57]);
+        assert!(r.route(&get("h", "/shared/1/570", &h)).matched.is_empty());
+    }
+
+    #[test]
+    fn many_rules_match_the_last_one() {
+        let mut text = String::new();
+        for i in 0..2000 {
+            if i % 2 == 0 {
+                text += &format!("[[rule]]\npath = \"/r{i:04}/\"\nupstream = \"a\"\n");
+            } else {
+                text += &format!("[[rule]]\nregex = \"^/r{i:04}/\"\nupstream = \"b\"\n");
+            }
+        }
+        let r = rules(&text);
+        let h = HeaderMap::new();
+        assert_eq!(r.route(&get("h", "/r1999/x", &h)).matched, [1999]);
+        assert_eq!(r.route(&get("h", "/r1998/x", &h)).matched, [1998]);
+        assert!(r.route(&get("h", "/r2000/x", &h)).matched.is_empty());
+    }
+
+    #[test]
+    fn other_matchers_checked_on_candidates() {
+        let r = rules(
+            r#"
+[[rule]]
+method = ["POST", "PUT"]
+deny = 405
+[[rule]]
+client = "10.0.0.0/8"
+deny = 403
+[[rule]]
+header = [{ name = "X-Beta" }, { name = "Cookie", regex = "beta=1" }]
+upstream = "b"
+[[rule]]
+port = 8080
+scheme = "http"
+mode = ["reverse", "transparent"]
+upstream = "a"
+"#,
+        );
+        let mut h = HeaderMap::new();
+        let mut req = get("h", "/", &h);
+        assert!(r.route(&req).matched.is_empty());
+        req.port = 8080;
+        assert_eq!(r.route(&req).matched, [3]);
+        req.mode = crate::config::Mode::Forward;
+        assert!(r.route(&req).matched.is_empty());
+        req.mode = crate::config::Mode::Transparent;
+        assert_eq!(r.route(&req).matched, [3]);
+        req.client = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(r.route(&req).deny, Some(StatusCode::FORBIDDEN));
+        static POST: Method = Method::POST;
+        req.method = &POST;
+        assert_eq!(r.route(&req).matched, [0]);
+        h.insert("x-beta", "yes".parse().unwrap());
+        h.insert("cookie", "a=2; beta=1".parse().unwrap());
+        let req = get("h", "/", &h);
+        assert_eq!(r.route(&req).matched, [2]);
+    }
+
+    #[test]
+    fn redirect_expands_captures() {
+        let r = rules(
+            r#"
+[[rule]]
+regex = "^/old/(?P<rest>.*)$"
+redirect = { to = "https://new.test/${rest}", status = 301 }
+"#,
+        );
+        let h = HeaderMap::new();
+        let route = r.route(&get("h", "/old/a/b?c=1", &h));
+        assert_eq!(
+            route.redirect,
+            Some(Redirect {
+                status: StatusCode::MOVED_PERMANENTLY,
+                location: "https://new.test/a/b?c=1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn errors_name_the_rule_and_key() {
+        let bad = |text: &str| {
+            let c = parse_str(&format!("{UPSTREAMS}{text}"), "t.toml").unwrap_err();
+            c.to_string()
+        };
+        let e = bad("[[rule]]\nupstream = \"a\"\n\n[[rule]]\nregex = \"(unclosed\"\n");
+        assert!(
+            e.starts_with("t.toml:13: key `rule[1].regex`: invalid regular expression"),
+            "{e}"
+        );
+        let e = bad("[[rule]]\nheader = { name = \"X\", regex = \"[\" }\n");
+        assert!(e.contains("key `rule[0].header[0].regex`"), "{e}");
+        let e = bad("[[rule]]\ndeny = 200\n");
+        assert!(e.contains("key `rule[0].deny`"), "{e}");
+        let e = bad("[[rule]]\ndeny = 403\ncontinue = true\n");
+        assert!(e.contains("cannot go on"), "{e}");
+        let e = bad("[[rule]]\nrequest_headers = { set = { Host = \"x\" } }\n");
+        assert!(e.contains("managed by Portico"), "{e}");
+        let e = bad("[[rule]]\nrewrite = { to = \"/x\" }\n");
+        assert!(e.contains("rewrite needs a `regex`"), "{e}");
+    }
+
+    #[test]
+    fn every_rule_key_survives_print_config() {
+        let text = format!(
+            "{UPSTREAMS}{}",
+            r#"
+[[rule]]
+host = "*.a.test"
+path = "/p/"
+regex = "^/p/(.*)"
+method = "GET"
+scheme = ["http", "https"]
+port = 8080
+client = "10.0.0.0/8"
+mode = "reverse"
+header = [{ name = "X-A" }, { name = "X-B", value = "1" }, { name = "X-C", regex = "^a" }]
+continue = true
+upstream = "a"
+rewrite = { to = "/q/$1" }
+request_headers = { set = { X-Set = "1" }, remove = ["Cookie"] }
+response_headers = { remove = ["Server"] }
+cache = { min_ttl = "1m" }
+bucket = "b"
+busy_body = "busy"
+
+[[rule]]
+redirect = { to = "/x" }
+"#
+        );
+        let c = parse_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        let printed = c.to_toml();
+        let again = parse_str(&printed, "printed").unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again.to_toml(), printed);
+        assert_eq!(again.rule[0].header.len(), 3);
+        assert!(again.rule[0].continue_);
+        assert_eq!(again.rule[1].redirect.as_ref().map(|r| r.status), Some(302));
+    }
+}
