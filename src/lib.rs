@@ -25,6 +25,7 @@ pub mod route;
 pub mod rules;
 pub mod server;
 pub mod sizing;
+pub mod stats;
 pub mod supervisor;
 pub mod upstream;
 pub mod util;

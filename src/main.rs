@@ -40,6 +40,15 @@ enum Command {
     },
     /// Disk cache maintenance: gc, list, purge, verify (safe while a server runs).
     Cache(portico::cache::admin::CacheArgs),
+    /// Print the perfdump and tuning advice of a running server.
+    Stats {
+        /// Server address (default: the config's first listener, else 127.0.0.1:8080).
+        #[arg(long)]
+        addr: Option<String>,
+        /// Config file, for the listener address and the perfdump path.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
     /// Routing rules: `rules test` shows which rule a request matches.
     Rules {
         #[command(subcommand)]
@@ -129,6 +138,19 @@ fn main() -> ExitCode {
                 };
                 portico::server::run(c, opts)
             }
+        }),
+        Command::Stats { addr, config } => load(config.as_ref()).and_then(|c| {
+            let addr = addr.unwrap_or_else(|| {
+                c.listener
+                    .first()
+                    .map_or("127.0.0.1:8080".to_string(), |l| l.address.to_string())
+            });
+            let path = if c.monitor.perf.is_empty() {
+                "/.perf"
+            } else {
+                c.monitor.perf.as_str()
+            };
+            portico::stats::fetch(&addr, path).map(|text| print!("{text}"))
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
         Command::Rules { command } => rules_test(command),

@@ -85,7 +85,16 @@ impl Running {
         Ok(Serving {
             nodelay: cfg.nodelay,
             settings: Arc::new(conn_settings(config, keepalive)),
-            handler: Arc::new(ListenerHandler::new(cfg, &config.server, self.shared.clone())?),
+            handler: Arc::new(ListenerHandler::new(
+                config
+                    .listener
+                    .iter()
+                    .position(|l| l.address == cfg.address)
+                    .unwrap_or(0),
+                cfg,
+                &config.server,
+                self.shared.clone(),
+            )?),
         })
     }
 
@@ -116,6 +125,12 @@ impl Running {
         for slot in self.slots.drain(..) {
             let _ = slot.stop.send(true);
         }
+    }
+
+    /// SIGUSR1: the access log is reopened (log rotation renamed it).
+    pub fn reopen_logs(&self) {
+        tracing::info!("{}SIGUSR1: reopening the access log", crate::supervisor::tag());
+        self.shared.load().access_log.reopen();
     }
 
     /// SIGHUP: re-reads the config file and applies it, or logs why not.

@@ -76,6 +76,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         loop {
             match signals.next().await {
                 Sig::Hup => running.reload(),
+                Sig::Usr1 => running.reopen_logs(),
                 Sig::Term(name) => {
                     tracing::info!(
                         "{}{name}: shutting down (draining connections)",
@@ -147,6 +148,7 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
             }
             sig = signals.next() => match sig {
                 Sig::Hup => tracing::warn!("SIGHUP ignored: shutting down"),
+                Sig::Usr1 => running.reopen_logs(),
                 Sig::Term(name) => {
                     return Err(format!(
                         "second {name}: exiting at once with {} connections open",
@@ -162,15 +164,18 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
 pub(crate) enum Sig {
     /// SIGHUP: reload.
     Hup,
+    /// SIGUSR1: reopen the access log (after rotation).
+    Usr1,
     /// SIGTERM or SIGINT (named): shut down.
     Term(&'static str),
 }
 
-/// SIGTERM, SIGINT and SIGHUP, registered as soon as they are created.
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR1, registered as soon as they are created.
 pub(crate) struct Signals {
     term: Option<tokio::signal::unix::Signal>,
     int: Option<tokio::signal::unix::Signal>,
     hup: Option<tokio::signal::unix::Signal>,
+    usr1: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
@@ -188,6 +193,7 @@ impl Signals {
             term: register(SignalKind::terminate(), "SIGTERM"),
             int: register(SignalKind::interrupt(), "SIGINT"),
             hup: register(SignalKind::hangup(), "SIGHUP"),
+            usr1: register(SignalKind::user_defined1(), "SIGUSR1"),
         }
     }
 
@@ -207,6 +213,7 @@ impl Signals {
             () = one(&mut self.term) => Sig::Term("SIGTERM"),
             () = one(&mut self.int) => Sig::Term("SIGINT"),
             () = one(&mut self.hup) => Sig::Hup,
+            () = one(&mut self.usr1) => Sig::Usr1,
         }
     }
 }

@@ -115,6 +115,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => reload(&config, config_path.as_ref(), &workers),
+                    // Each worker writes the access log: each reopens it.
+                    Sig::Usr1 => signal_all(&workers, libc::SIGUSR1),
                 },
                 Some(event) = events.join_next() => match event {
                     Ok(Event::Exited(i, status)) => {

@@ -2,7 +2,8 @@
 //! connection queue (busy 503 with Retry-After), the keep-alive subsystem
 //! (flushes oldest first, timeouts, hits, refusals, slowloris cut-off), the
 //! blocking pool under disk-cache traffic, and sizing from the machine.
-//! Every counter is read from `GET /.portico/counters`.
+//! Every counter is read from the monitoring JSON (`GET /.stats.json`, its
+//! `connection` part: the connection layer's own snapshots).
 
 mod common;
 
@@ -30,18 +31,20 @@ async fn proxy_with(extra: &str, listener_extra: &str) -> Portico {
     .await
 }
 
-/// The counters endpoint's JSON.
+/// The connection counters from the monitoring JSON.
 async fn counters(p: &Portico) -> Value {
     let addr = p.addr();
     let raw = raw_request(
         addr,
-        format!("GET /.portico/counters HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
     )
     .await;
     let resp = parse_response(&raw);
     assert_eq!(resp.status, 200, "counters: {}", resp.body_str());
     assert_eq!(resp.header("content-type"), Some("application/json"));
-    serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("counters are not JSON: {e}\n{}", resp.body_str()))
+    let doc: Value = serde_json::from_slice(&resp.body)
+        .unwrap_or_else(|e| panic!("counters are not JSON: {e}\n{}", resp.body_str()));
+    doc["connection"].clone()
 }
 
 /// Polls the counters until `ready` holds for them (10 s at most).
@@ -413,6 +416,22 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     assert_eq!(int(&c, b, "queue_peak"), 1);
     assert_eq!(int(&c, b, "refused"), 1);
     assert_eq!(int(&c, b, "peak_threads"), 1);
+    // The tuning advisor saw the queueing (seed: raise NativePoolMaxThreads).
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(
+        perf.contains(
+            "[blocking-pool-queueing] Work waited for a NativePool thread (queue peak 1/1, threads peak 1/1)"
+        ),
+        "{perf}"
+    );
+    assert!(perf.contains("Work Queue Length/Peak/Limit   0/1/1\n"), "{perf}");
 }
 
 /// The open-files limit a started portico runs with: the hard limit
@@ -498,7 +517,7 @@ async fn counters_are_for_admin_clients_and_the_listener_itself() {
     let addr = p.addr();
     let raw = raw_request(
         addr,
-        format!("GET /.portico/counters HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
     )
     .await;
     assert_eq!(parse_response(&raw).status, 403);
@@ -511,10 +530,10 @@ async fn counters_are_for_admin_clients_and_the_listener_itself() {
     let o = origin.addr();
     let raw = raw_request(
         p.addr(),
-        format!("GET /.portico/counters HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
-    assert_eq!(parse_response(&raw).body_str(), "fast /.portico/counters");
+    assert_eq!(parse_response(&raw).body_str(), "fast /.stats.json");
     let c = counters(&p).await;
     assert!(c["keepalive"]["count"].is_u64(), "{c}");
 }

@@ -329,17 +329,17 @@ async fn sighup_keeps_restart_only_settings_and_applies_the_rest() {
     assert_eq!(threads, 2);
 }
 
-/// The process's admission counters (`GET /.portico/counters`).
+/// The process's admission counters (the monitoring JSON's `connection` part).
 async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
     let raw = raw_request(
         addr,
-        format!("GET /.portico/counters HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
     let resp = parse_response(&raw);
     assert_eq!(resp.status, 200, "{}", resp.body_str());
     let v: serde_json::Value = serde_json::from_slice(&resp.body).expect("counters are JSON");
-    v["connection_queue"].clone()
+    v["connection"]["connection_queue"].clone()
 }
 
 #[tokio::test]

@@ -96,6 +96,26 @@ impl MemoryTier {
         self.cache.weight()
     }
 
+    /// Drops every object; returns how many were held.
+    pub fn clear(&self) -> usize {
+        let n = self.cache.len();
+        self.cache.clear();
+        n
+    }
+
+    /// Up to `limit` objects held: id, key URL, body size, whether it is a
+    /// Vary marker (for the /nsc listing).
+    pub fn list(&self, limit: usize) -> Vec<(ObjectId, String, u64, bool)> {
+        self.cache
+            .iter()
+            .take(limit)
+            .map(|(id, obj)| {
+                let marker = obj.meta.headers.contains_key(super::tiers::MARKER);
+                (id, obj.meta.key.clone(), obj.body.len() as u64, marker)
+            })
+            .collect()
+    }
+
     /// Drops every object whose key URL starts with `prefix`; returns how many.
     pub fn purge_prefix(&self, prefix: &str) -> usize {
         let n = std::cell::Cell::new(0);

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Header that marks a stored object as a Vary marker (never served).
-const MARKER: &str = "x-portico-vary-marker";
+pub(crate) const MARKER: &str = "x-portico-vary-marker";
 
 /// Cache counters, kept with relaxed atomics (no lock on the request path).
 #[derive(Debug, Default)]
@@ -46,6 +46,9 @@ pub struct CacheStats {
     pub bytes_served: AtomicU64,
     /// Objects removed by invalidation or purge.
     pub invalidated: AtomicU64,
+    /// Body bytes fetched from origins for lookups that missed (the other
+    /// half of the byte hit ratio).
+    pub bytes_fetched: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -84,6 +87,10 @@ impl CacheStats {
     /// Counts body bytes served from the cache.
     pub fn served(&self, bytes: u64) {
         self.bytes_served.fetch_add(bytes, Ordering::Relaxed);
+    }
+    /// Counts body bytes fetched from an origin after a miss.
+    pub fn fetched(&self, bytes: u64) {
+        self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
@@ -244,6 +251,8 @@ pub struct Cache {
     max_object: u64,
     ignore_query: bool,
     marker_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Shared with the reconfigured caches of later reloads.
+    running: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Unix seconds at which a stored response stops being fresh (the disk
@@ -282,6 +291,7 @@ impl Cache {
             max_object: 0,
             ignore_query: false,
             marker_lock: Arc::default(),
+            running: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         storage.reconfigure(cfg, route_overrides)
     }
@@ -328,6 +338,7 @@ impl Cache {
             max_object: cfg.max_object_size.bytes(),
             ignore_query: cfg.ignore_query_in_key,
             marker_lock: self.marker_lock.clone(),
+            running: self.running.clone(),
         })
     }
 
@@ -342,6 +353,17 @@ impl Cache {
     /// Whether requests routed by rule `route` use the cache.
     pub fn enabled_for(&self, route: Option<usize>) -> bool {
         route.and_then(|r| self.routes.get(r)).is_none_or(|(on, _)| *on)
+    }
+
+    /// False after [`Cache::set_running`]`(false)` (`/nsc?stop`): requests
+    /// then bypass the cache.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops serving from and storing into the cache at run time.
+    pub fn set_running(&self, on: bool) {
+        self.running.store(on, Ordering::Relaxed);
     }
 
     /// Largest object stored.

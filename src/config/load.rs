@@ -228,6 +228,44 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             format!("{} processes: must be between 1 and 1024", c.server.processes),
         ));
     }
+    for (i, r) in c.rule.iter().enumerate() {
+        if let Some(b) = &r.bucket
+            && (b.is_empty() || !b.bytes().all(|x| x.is_ascii_alphanumeric() || b"-_.".contains(&x)))
+        {
+            return Err((
+                vec![Key("rule"), Index(i), Key("bucket")],
+                format!("bucket name {b:?}: use letters, digits, '-', '_' or '.'"),
+            ));
+        }
+    }
+    if c.log.format == crate::config::LogFormat::Custom
+        && let Err(e) = crate::log::check_format(&c.log.custom_format)
+    {
+        return Err((vec![Key("log"), Key("custom_format")], e));
+    }
+    let m = &c.monitor;
+    let paths = [
+        ("perf", &m.perf),
+        ("stats_xml", &m.stats_xml),
+        ("metrics", &m.metrics),
+        ("nsc", &m.nsc),
+        ("dashboard", &m.dashboard),
+        ("json", &m.json),
+    ];
+    for (i, (key, p)) in paths.iter().enumerate() {
+        if p.is_empty() {
+            continue;
+        }
+        if !p.starts_with('/') || p.contains('?') || p.contains(char::is_whitespace) {
+            return Err((
+                vec![Key("monitor"), Key(key)],
+                format!("{p:?} must be a path starting with '/' (or \"\" to disable)"),
+            ));
+        }
+        if let Some((other, _)) = paths[..i].iter().find(|(_, q)| q == p) {
+            return Err((vec![Key("monitor"), Key(key)], format!("{p:?} is also monitor.{other}")));
+        }
+    }
     let [low, high] = c.cache.watermarks;
     if low >= high || high > 100 {
         return Err((

@@ -41,6 +41,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Access and error logs.
     pub log: LogConfig,
+    /// Statistics and the monitoring endpoints.
+    pub monitor: MonitorConfig,
 }
 
 impl Default for Config {
@@ -57,6 +59,7 @@ impl Default for Config {
             rule: Vec::new(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
+            monitor: MonitorConfig::default(),
         }
     }
 }
@@ -298,6 +301,8 @@ pub struct OriginConfig {
     /// Extra PEM certificates trusted for https origins.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// Origin names whose addresses are cached (for their DNS lifetime); 0 = no cache.
+    pub dns_cache_entries: usize,
 }
 
 impl Default for OriginConfig {
@@ -310,6 +315,7 @@ impl Default for OriginConfig {
             pool_max_idle: 64,
             system_roots: true,
             ca_file: None,
+            dns_cache_entries: 1024,
         }
     }
 }
@@ -709,6 +715,10 @@ pub enum LogFormat {
     Combined,
     /// NCSA Common Log Format.
     Common,
+    /// Squid's native format (time, elapsed, client, cache result/status, bytes, method, URL, ...).
+    Squid,
+    /// The `log.custom_format` string.
+    Custom,
 }
 
 /// `[log]`
@@ -717,8 +727,12 @@ pub enum LogFormat {
 pub struct LogConfig {
     /// Access log file; empty string disables it.
     pub access: PathBuf,
-    /// combined | common.
+    /// combined | common | squid | custom.
     pub format: LogFormat,
+    /// The line format when `format = "custom"` (`%h %t "%r" %s %b %D`...).
+    pub custom_format: String,
+    /// Log client host names (reverse DNS, cached) instead of addresses.
+    pub resolve_clients: bool,
     /// Error log level: error | warn | info | debug | trace.
     pub level: String,
     /// Error log file; empty = standard error.
@@ -730,8 +744,45 @@ impl Default for LogConfig {
         LogConfig {
             access: PathBuf::from("access.log"),
             format: LogFormat::Combined,
+            custom_format: "%h %l %u %t \"%r\" %>s %b %D %C".to_string(),
+            resolve_clients: false,
             level: "info".to_string(),
             error: PathBuf::new(),
+        }
+    }
+}
+
+/// `[monitor]`: statistics and the endpoints Portico answers itself
+/// (admin clients only). An empty path disables that endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// Per-stage timing (performance buckets) and latency histograms.
+    pub enabled: bool,
+    /// perfdump (plain text).
+    pub perf: String,
+    /// XML statistics.
+    pub stats_xml: String,
+    /// Prometheus exposition.
+    pub metrics: String,
+    /// Cache status and control.
+    pub nsc: String,
+    /// Live dashboard (HTML).
+    pub dashboard: String,
+    /// JSON statistics (the dashboard polls it).
+    pub json: String,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            enabled: true,
+            perf: "/.perf".to_string(),
+            stats_xml: "/stats-xml".to_string(),
+            metrics: "/metrics".to_string(),
+            nsc: "/nsc".to_string(),
+            dashboard: "/.dashboard".to_string(),
+            json: "/.stats.json".to_string(),
         }
     }
 }

@@ -91,6 +91,11 @@ impl<'a> BodyReader<'a> {
         }
     }
 
+    /// Body bytes received so far (decoded; for the statistics).
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
     /// True once the whole body has been read (or there was none).
     pub fn is_done(&self) -> bool {
         matches!(self.state, State::Done)

@@ -1,11 +1,17 @@
-//! The access log: one line per request in NCSA Common or Combined format.
-//! Lines are formatted on the request's task and written by a dedicated
-//! thread through a buffer, so a slow disk never stalls a request.
+//! The access log: one line per request in NCSA Common or Combined format,
+//! Squid's native format, or a custom format string. Lines are formatted
+//! on the request's task and handed to a dedicated writer thread through a
+//! bounded queue: a request never waits for the disk; when the queue is
+//! full the line is dropped and counted. SIGUSR1 asks the writer to reopen
+//! the file (after log rotation renamed it).
 
 use crate::config::LogFormat;
+use http::HeaderMap;
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
@@ -25,55 +31,319 @@ pub struct AccessRecord<'a> {
     pub referer: Option<&'a str>,
     /// `User-Agent` header.
     pub user_agent: Option<&'a str>,
+    /// Time from the request head to now.
+    pub elapsed: Duration,
+    /// What the cache did (HIT, MISS, ...), if known.
+    pub cache: Option<&'static str>,
+    /// The request's header fields, for `%{Name}i` in custom formats.
+    pub headers: Option<&'a HeaderMap>,
+}
+
+/// Writer counters, shared with the statistics.
+#[derive(Default)]
+struct Counters {
+    lines: AtomicU64,
+    dropped: AtomicU64,
+    queued: AtomicU64,
+    reopen: AtomicBool,
+    client_lookups: AtomicU64,
+    client_hits: AtomicU64,
+    client_entries: AtomicU64,
+}
+
+/// One piece of a custom format.
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Text(String),
+    Client,
+    User,
+    Time,
+    RequestLine,
+    Status,
+    BytesClf,
+    Bytes,
+    Micros,
+    Millis,
+    Seconds,
+    Method,
+    Target,
+    Protocol,
+    Cache,
+    Header(String),
 }
 
 /// Handle to the access log writer thread; cheap to share.
 pub struct AccessLog {
     tx: Option<mpsc::SyncSender<String>>,
+    resolve: bool,
     format: LogFormat,
+    custom: Vec<Token>,
+    counters: Arc<Counters>,
 }
 
-/// Lines queued beyond this are dropped (and counted in the error log)
-/// rather than letting memory grow when the disk cannot keep up.
+/// Lines queued beyond this are dropped (and counted) rather than letting
+/// memory grow, or a request wait, when the disk cannot keep up.
 const QUEUE: usize = 65536;
 
-impl AccessLog {
-    /// Opens (appends to) `path`; an empty path disables the log.
-    pub fn open(path: &Path, format: LogFormat) -> Result<AccessLog, String> {
-        if path.as_os_str().is_empty() {
-            return Ok(AccessLog { tx: None, format });
+/// Parses a custom format (`%h %l %u %t "%r" %>s %b %D %C %{Name}i`...).
+fn parse_format(f: &str) -> Result<Vec<Token>, String> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut chars = f.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            text.push(c);
+            continue;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| format!("cannot open access log {}: {e}", path.display()))?;
+        if chars.peek() == Some(&'>') {
+            chars.next();
+        }
+        let Some(d) = chars.next() else {
+            return Err("format ends with a lone %".into());
+        };
+        let tok = match d {
+            '%' => {
+                text.push('%');
+                continue;
+            }
+            'h' | 'a' => Token::Client,
+            'l' => Token::Text("-".into()),
+            'u' => Token::User,
+            't' => Token::Time,
+            'r' => Token::RequestLine,
+            's' => Token::Status,
+            'b' => Token::BytesClf,
+            'B' => Token::Bytes,
+            'D' => Token::Micros,
+            'M' => Token::Millis,
+            'T' => Token::Seconds,
+            'm' => Token::Method,
+            'U' => Token::Target,
+            'H' => Token::Protocol,
+            'C' => Token::Cache,
+            '{' => {
+                let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
+                match chars.next() {
+                    Some('i') if !name.is_empty() => Token::Header(name.to_ascii_lowercase()),
+                    _ => return Err(format!("%{{{name}}} must be followed by i (a request header)")),
+                }
+            }
+            other => return Err(format!("unknown format directive %{other}")),
+        };
+        if !text.is_empty() {
+            out.push(Token::Text(std::mem::take(&mut text)));
+        }
+        out.push(tok);
+    }
+    if !text.is_empty() {
+        out.push(Token::Text(text));
+    }
+    Ok(out)
+}
+
+/// Checks a custom format string (for config validation).
+pub fn check_format(f: &str) -> Result<(), String> {
+    parse_format(f).map(|_| ())
+}
+
+fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
+}
+
+impl AccessLog {
+    /// Opens (appends to) `path`; an empty path disables the log. With
+    /// `resolve_clients`, the writer thread replaces client addresses by
+    /// their names (reverse DNS, cached), off the request path.
+    pub fn open(
+        path: &Path,
+        format: LogFormat,
+        custom_format: &str,
+        resolve_clients: bool,
+    ) -> Result<AccessLog, String> {
+        let custom = if format == LogFormat::Custom {
+            parse_format(custom_format).map_err(|e| format!("log.custom_format: {e}"))?
+        } else {
+            Vec::new()
+        };
+        let counters = Arc::new(Counters::default());
+        if path.as_os_str().is_empty() {
+            return Ok(AccessLog {
+                tx: None,
+                resolve: false,
+                format,
+                custom,
+                counters,
+            });
+        }
+        let file = open_file(path).map_err(|e| format!("cannot open access log {}: {e}", path.display()))?;
         let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
+        let c = counters.clone();
+        let path = path.to_path_buf();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(file, rx))
+            .spawn(move || writer(file, path, rx, c))
             .map_err(|e| format!("cannot start the access log thread: {e}"))?;
-        Ok(AccessLog { tx: Some(tx), format })
+        Ok(AccessLog {
+            tx: Some(tx),
+            resolve: resolve_clients,
+            format,
+            custom,
+            counters,
+        })
     }
 
-    /// Records one request.
+    /// Records one request; never waits (a full queue drops the line and counts it).
     pub fn record(&self, r: &AccessRecord<'_>) {
         let Some(tx) = &self.tx else { return };
-        let line = format_line(self.format, r, SystemTime::now());
-        if let Err(mpsc::TrySendError::Full(_)) = tx.try_send(line) {
-            tracing::warn!("access log queue full: a line was dropped");
+        // A client to resolve is marked for the writer thread, which
+        // replaces it by its name (never the request's task: DNS can be slow).
+        let client = if self.resolve {
+            format!("{MARK}{}{MARK}", r.client)
+        } else {
+            r.client.to_string()
+        };
+        let line = format_line(self.format, &self.custom, r, &client, SystemTime::now());
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        if tx.try_send(line).is_err() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            if self
+                .counters
+                .dropped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1000)
+            {
+                tracing::warn!("access log queue full: lines are being dropped");
+            }
+        }
+    }
+
+    /// Asks the writer to reopen the file (SIGUSR1, after rotation).
+    pub fn reopen(&self) {
+        self.counters.reopen.store(true, Ordering::Relaxed);
+    }
+
+    /// The writer's counters.
+    pub fn info(&self) -> crate::stats::AccessLogInfo {
+        let c = &self.counters;
+        crate::stats::AccessLogInfo {
+            resolve_clients: self.resolve,
+            client_dns_entries: c.client_entries.load(Ordering::Relaxed),
+            client_dns_max_entries: CLIENT_CACHE as u64,
+            client_dns_lookups: c.client_lookups.load(Ordering::Relaxed),
+            client_dns_hits: c.client_hits.load(Ordering::Relaxed),
+            enabled: self.tx.is_some(),
+            format: format!("{:?}", self.format).to_lowercase(),
+            lines: c.lines.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            queued: c.queued.load(Ordering::Relaxed),
+            queue_limit: QUEUE as u64,
         }
     }
 }
 
-fn writer(file: std::fs::File, rx: mpsc::Receiver<String>) {
+/// Marks a client address the writer is to resolve.
+const MARK: char = '\u{1}';
+/// Client names kept (the seed's ClientDNSCacheInfo default).
+const CLIENT_CACHE: usize = 1024;
+/// How long a client name is kept (reverse lookups carry no TTL here).
+const CLIENT_TTL: Duration = Duration::from_secs(300);
+
+/// The writer thread's client-name cache.
+struct ClientNames {
+    map: std::collections::HashMap<IpAddr, (String, std::time::Instant)>,
+}
+
+impl ClientNames {
+    /// `line` with its marked address replaced by the client's name (or the address).
+    fn resolve(&mut self, line: String, c: &Counters) -> String {
+        let Some(start) = line.find(MARK) else { return line };
+        let Some(len) = line[start + 1..].find(MARK) else {
+            return line;
+        };
+        let addr = &line[start + 1..start + 1 + len];
+        let name = match addr.parse::<IpAddr>() {
+            Ok(ip) => {
+                c.client_lookups.fetch_add(1, Ordering::Relaxed);
+                let now = std::time::Instant::now();
+                match self.map.get(&ip) {
+                    Some((name, until)) if *until > now => {
+                        c.client_hits.fetch_add(1, Ordering::Relaxed);
+                        name.clone()
+                    }
+                    _ => {
+                        let name = reverse_dns(ip).unwrap_or_else(|| addr.to_string());
+                        if self.map.len() >= CLIENT_CACHE {
+                            self.map.retain(|_, (_, u)| *u > now);
+                            if self.map.len() >= CLIENT_CACHE {
+                                self.map.clear();
+                            }
+                        }
+                        self.map.insert(ip, (name.clone(), now + CLIENT_TTL));
+                        c.client_entries.store(self.map.len() as u64, Ordering::Relaxed);
+                        name
+                    }
+                }
+            }
+            Err(_) => addr.to_string(),
+        };
+        format!("{}{name}{}", &line[..start], &line[start + len + 2..])
+    }
+}
+
+/// The name of `ip` by reverse lookup (getnameinfo: hosts file and DNS), if any.
+fn reverse_dns(ip: IpAddr) -> Option<String> {
+    let sa = socket2::SockAddr::from(std::net::SocketAddr::new(ip, 0));
+    let mut host = [0 as libc::c_char; 1025];
+    // SAFETY: `sa` is a valid socket address of the length given; `host` is
+    // a writable buffer of the length given; no service buffer is asked for.
+    let rc = unsafe {
+        libc::getnameinfo(
+            sa.as_ptr().cast(),
+            sa.len(),
+            host.as_mut_ptr(),
+            host.len() as libc::socklen_t,
+            std::ptr::null_mut(),
+            0,
+            libc::NI_NAMEREQD,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: on success getnameinfo wrote a NUL-terminated string into `host`.
+    let name = unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) };
+    name.to_str()
+        .ok()
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic()))
+        .map(String::from)
+}
+
+fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc<Counters>) {
     let mut out = std::io::BufWriter::with_capacity(64 << 10, file);
-    let write = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
-        if let Err(e) = out.write_all(line.as_bytes()) {
-            tracing::error!("access log write failed: {e}");
+    let mut names = ClientNames {
+        map: std::collections::HashMap::new(),
+    };
+    let mut write = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
+        c.queued.fetch_sub(1, Ordering::Relaxed);
+        let line = names.resolve(line, &c);
+        match out.write_all(line.as_bytes()) {
+            Ok(()) => {
+                c.lines.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::error!("access log write failed: {e}"),
         }
     };
     loop {
+        if c.reopen.swap(false, Ordering::Relaxed) {
+            let _ = out.flush();
+            match open_file(&path) {
+                Ok(f) => {
+                    out = std::io::BufWriter::with_capacity(64 << 10, f);
+                    tracing::info!("access log reopened: {}", path.display());
+                }
+                Err(e) => tracing::error!("cannot reopen access log {}: {e}", path.display()),
+            }
+        }
         let line = match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(line) => line,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
@@ -109,6 +379,13 @@ fn quoted(v: Option<&str>) -> String {
     let Some(v) = v else { return "\"-\"".into() };
     let mut s = String::with_capacity(v.len() + 2);
     s.push('"');
+    s.push_str(&escaped(v));
+    s.push('"');
+    s
+}
+
+fn escaped(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
             '"' => s.push_str("\\\""),
@@ -117,32 +394,113 @@ fn quoted(v: Option<&str>) -> String {
             c => s.push(c),
         }
     }
-    s.push('"');
     s
 }
 
-fn format_line(format: LogFormat, r: &AccessRecord<'_>, now: SystemTime) -> String {
-    let bytes = if r.bytes == 0 {
+/// The request line's method, target and protocol.
+fn parts(line: &str) -> (&str, &str, &str) {
+    let mut it = line.splitn(3, ' ');
+    (
+        it.next().unwrap_or("-"),
+        it.next().unwrap_or("-"),
+        it.next().unwrap_or("-"),
+    )
+}
+
+fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client: &str, now: SystemTime) -> String {
+    let bytes_clf = if r.bytes == 0 {
         "-".to_string()
     } else {
         r.bytes.to_string()
     };
     let user = r.user.filter(|u| !u.is_empty()).unwrap_or("-");
-    let mut line = format!(
-        "{} - {} [{}] {} {} {}",
-        r.client,
-        user,
-        clf_time(now),
-        quoted(Some(r.request_line)),
-        r.status,
-        bytes
-    );
-    if format == LogFormat::Combined {
-        line.push(' ');
-        line.push_str(&quoted(r.referer));
-        line.push(' ');
-        line.push_str(&quoted(r.user_agent));
-    }
+    let mut line = match format {
+        LogFormat::Common | LogFormat::Combined => {
+            let mut line = format!(
+                "{} - {} [{}] {} {} {}",
+                client,
+                user,
+                clf_time(now),
+                quoted(Some(r.request_line)),
+                r.status,
+                bytes_clf
+            );
+            if format == LogFormat::Combined {
+                line.push(' ');
+                line.push_str(&quoted(r.referer));
+                line.push(' ');
+                line.push_str(&quoted(r.user_agent));
+            }
+            line
+        }
+        LogFormat::Squid => {
+            // time.ms elapsed-ms client result/status bytes method URL user hierarchy type
+            let t = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            let (method, target, _) = parts(r.request_line);
+            let result = match r.cache {
+                Some("HIT") => "TCP_HIT",
+                Some("MISS") => "TCP_MISS",
+                Some("STALE") => "TCP_STALE_HIT",
+                Some("REVALIDATED") => "TCP_REFRESH_UNMODIFIED",
+                _ if method == "CONNECT" => "TCP_TUNNEL",
+                _ => "TCP_MISS",
+            };
+            let hier = if r.cache == Some("HIT") || r.cache == Some("STALE") {
+                "HIER_NONE/-"
+            } else {
+                "HIER_DIRECT/-"
+            };
+            format!(
+                "{}.{:03} {:>6} {} {}/{:03} {} {} {} {} {} -",
+                t.as_secs(),
+                t.subsec_millis(),
+                r.elapsed.as_millis(),
+                client,
+                result,
+                r.status,
+                r.bytes,
+                escaped(method),
+                escaped(target),
+                user,
+                hier
+            )
+        }
+        LogFormat::Custom => {
+            let mut s = String::new();
+            let (method, target, protocol) = parts(r.request_line);
+            for t in custom {
+                match t {
+                    Token::Text(x) => s.push_str(x),
+                    Token::Client => s.push_str(client),
+                    Token::User => s.push_str(user),
+                    Token::Time => {
+                        s.push('[');
+                        s.push_str(&clf_time(now));
+                        s.push(']');
+                    }
+                    Token::RequestLine => s.push_str(&escaped(r.request_line)),
+                    Token::Status => s.push_str(&r.status.to_string()),
+                    Token::BytesClf => s.push_str(&bytes_clf),
+                    Token::Bytes => s.push_str(&r.bytes.to_string()),
+                    Token::Micros => s.push_str(&r.elapsed.as_micros().to_string()),
+                    Token::Millis => s.push_str(&r.elapsed.as_millis().to_string()),
+                    Token::Seconds => s.push_str(&r.elapsed.as_secs().to_string()),
+                    Token::Method => s.push_str(&escaped(method)),
+                    Token::Target => s.push_str(&escaped(target)),
+                    Token::Protocol => s.push_str(&escaped(protocol)),
+                    Token::Cache => s.push_str(r.cache.unwrap_or("-")),
+                    Token::Header(name) => {
+                        let v = r
+                            .headers
+                            .and_then(|h| h.get(name.as_str()))
+                            .and_then(|v| v.to_str().ok());
+                        s.push_str(&v.map_or_else(|| "-".to_string(), escaped));
+                    }
+                }
+            }
+            s
+        }
+    };
     line.push('\n');
     line
 }
@@ -151,51 +509,101 @@ fn format_line(format: LogFormat, r: &AccessRecord<'_>, now: SystemTime) -> Stri
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_queued_line_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("access.log");
-        let log = AccessLog::open(&path, LogFormat::Common).unwrap();
-        let r = AccessRecord {
-            client: "127.0.0.1".parse().unwrap(),
-            user: None,
-            request_line: "GET / HTTP/1.1",
-            status: 200,
-            bytes: 1,
-            referer: None,
-            user_agent: None,
-        };
-        for _ in 0..1000 {
-            log.record(&r);
-        }
-        let mut lines = 0;
-        for _ in 0..100 {
-            lines = std::fs::read_to_string(&path).unwrap_or_default().lines().count();
-            if lines == 1000 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(lines, 1000);
-    }
-
-    #[test]
-    fn combined_line() {
-        let r = AccessRecord {
+    fn record(bytes: u64) -> AccessRecord<'static> {
+        AccessRecord {
             client: "127.0.0.1".parse().unwrap(),
             user: None,
             request_line: "GET http://h/ HTTP/1.1",
             status: 200,
-            bytes: 1234,
+            bytes,
             referer: None,
             user_agent: Some("curl/8 \"x\""),
-        };
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(971_185_336);
+            elapsed: Duration::from_micros(1500),
+            cache: Some("HIT"),
+            headers: None,
+        }
+    }
+
+    fn wait_lines(path: &Path, n: usize) -> usize {
+        let mut lines = 0;
+        for _ in 0..100 {
+            lines = std::fs::read_to_string(path).unwrap_or_default().lines().count();
+            if lines == n {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        lines
+    }
+
+    #[test]
+    fn every_queued_line_is_written_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
+        for _ in 0..1000 {
+            log.record(&record(1));
+        }
+        assert_eq!(wait_lines(&path, 1000), 1000);
+        let info = log.info();
+        assert_eq!((info.lines, info.dropped, info.queued), (1000, 0, 0));
+    }
+
+    #[test]
+    fn reopen_after_rename_writes_to_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
+        log.record(&record(1));
+        assert_eq!(wait_lines(&path, 1), 1);
+        let old = dir.path().join("access.log.1");
+        std::fs::rename(&path, &old).unwrap();
+        log.reopen();
+        std::thread::sleep(Duration::from_millis(400));
+        log.record(&record(2));
+        assert_eq!(wait_lines(&path, 1), 1);
+        assert_eq!(wait_lines(&old, 1), 1);
+    }
+
+    #[test]
+    fn combined_common_squid_and_custom_lines() {
+        let r = record(1234);
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(971_185_336_250);
         assert_eq!(
-            format_line(LogFormat::Combined, &r, t),
+            format_line(LogFormat::Combined, &[], &r, "127.0.0.1", t),
             "127.0.0.1 - - [10/Oct/2000:13:42:16 +0000] \"GET http://h/ HTTP/1.1\" 200 1234 \"-\" \"curl/8 \\\"x\\\"\"\n"
         );
-        let common = format_line(LogFormat::Common, &AccessRecord { bytes: 0, ..r }, t);
+        let common = format_line(
+            LogFormat::Common,
+            &[],
+            &AccessRecord { bytes: 0, ..record(0) },
+            "127.0.0.1",
+            t,
+        );
         assert!(common.ends_with("\" 200 -\n"), "{common}");
+        assert_eq!(
+            format_line(LogFormat::Squid, &[], &r, "127.0.0.1", t),
+            "971185336.250      1 127.0.0.1 TCP_HIT/200 1234 GET http://h/ - HIER_NONE/- -\n"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("x-trace", "abc".parse().unwrap());
+        let custom = parse_format("%h \"%r\" %>s %B %D %C %m %U %H %{X-Trace}i %{Missing}i 100%%").unwrap();
+        let line = format_line(
+            LogFormat::Custom,
+            &custom,
+            &AccessRecord {
+                headers: Some(&headers),
+                ..record(1234)
+            },
+            "127.0.0.1",
+            t,
+        );
+        assert_eq!(
+            line,
+            "127.0.0.1 \"GET http://h/ HTTP/1.1\" 200 1234 1500 HIT GET http://h/ HTTP/1.1 abc - 100%\n"
+        );
+        assert!(check_format("%q").is_err());
+        assert!(check_format("%{X}o").is_err());
+        assert!(check_format("50%").is_err());
     }
 }

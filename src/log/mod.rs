@@ -2,7 +2,7 @@
 
 mod access;
 
-pub use access::{AccessLog, AccessRecord};
+pub use access::{AccessLog, AccessRecord, check_format};
 
 use crate::config::LogConfig;
 

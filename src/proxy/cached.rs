@@ -37,6 +37,15 @@ pub enum CacheStatus {
 }
 
 impl CacheStatus {
+    fn outcome(self) -> crate::stats::CacheOutcome {
+        match self {
+            CacheStatus::Hit => crate::stats::CacheOutcome::Hit,
+            CacheStatus::Miss => crate::stats::CacheOutcome::Miss,
+            CacheStatus::Stale => crate::stats::CacheOutcome::Stale,
+            CacheStatus::Revalidated => crate::stats::CacheOutcome::Revalidated,
+        }
+    }
+
     fn value(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             CacheStatus::Hit => "HIT",
@@ -50,7 +59,11 @@ impl CacheStatus {
 /// Serves a request that may involve the cache. `busy` is the page sent
 /// when the disk tier cannot take the lookup now (blocking pool queue full).
 pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &BusyPage) -> Result<(), Failure> {
-    let Some(cache) = sh.cache.as_ref().filter(|c| c.enabled_for(dest.route())) else {
+    let Some(cache) = sh
+        .cache
+        .as_ref()
+        .filter(|c| c.is_running() && c.enabled_for(dest.route()))
+    else {
         return forward(ex, sh, &dest).await;
     };
     let policy = cache.policy_for(dest.route());
@@ -68,7 +81,10 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     }
     cache.stats.lookup();
     let now = SystemTime::now();
-    let Ok(found) = cache.lookup(&key, &ex.head.headers).await else {
+    let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
+    let found = cache.lookup(&key, &ex.head.headers).await;
+    drop(lookup_stage);
+    let Ok(found) = found else {
         tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
         // A GET or HEAD without a body: the connection can stay open.
         let _ = reply::busy(&mut ex.out, busy, None).await;
@@ -258,6 +274,9 @@ async fn store_and_send(
     response_time: SystemTime,
     leader: Option<crate::cache::flight::Leader>,
 ) {
+    // Preparing the store (opening the disk writer) is part of sending a miss.
+    crate::stats::note_cache(crate::stats::CacheOutcome::Miss);
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
     let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
     let length = body.size_hint().exact();
@@ -333,6 +352,7 @@ async fn store_and_send(
                 continue;
             }
         };
+        cache.stats.fetched(data.len() as u64);
         if let Some(s) = sink.as_mut()
             && !s.data(&data).await
         {
@@ -396,6 +416,8 @@ async fn send_followed(
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Hit.value());
     }
+    crate::stats::note_cache(crate::stats::CacheOutcome::Hit);
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let len = match head.length {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,
@@ -422,9 +444,25 @@ async fn send_followed(
     Ok(())
 }
 
+/// Answers from a stored response (timed as the send stage, its body
+/// bytes counted as served from the cache).
+async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+    crate::stats::note_cache(status.outcome());
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
+    let before = ex.out.body_bytes();
+    let result = send_stored_now(ex, cache, stored, status).await;
+    cache.stats.served(ex.out.body_bytes() - before);
+    result
+}
+
 /// Answers from a stored response: preconditions (304/412), ranges
 /// (206/416), HEAD, with `Age` and the cache status header.
-async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+async fn send_stored_now(
+    ex: &mut Exchange<'_>,
+    cache: &Cache,
+    stored: Stored,
+    status: CacheStatus,
+) -> Result<(), Failure> {
     let now = SystemTime::now();
     let mut headers = stored.meta.headers.clone();
     headers.insert(AGE, policy::age_header(&stored.meta, now));
@@ -452,7 +490,6 @@ async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, statu
     }
     x_cache(&mut headers);
     let len = stored.len;
-    cache.stats.served(len);
     match range::plan(
         &ex.head.method,
         &ex.head.headers,

@@ -385,6 +385,7 @@ async fn stream_response(
     sh: &Shared,
     rewrite: Option<&LocationRewrite>,
 ) {
+    let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
     let headers = response_headers(parts.headers, parts.version, sh, rewrite);
     let len = match body.size_hint().exact() {

@@ -2,9 +2,9 @@
 //! an origin (or tunnel), and log. One [`ListenerHandler`] per listener.
 
 mod cached;
-pub mod counters;
 mod forward;
 mod headers;
+pub mod monitor;
 mod purge;
 
 pub use purge::purge_running;
@@ -34,9 +34,12 @@ pub struct Shared {
     pub rules: Rules,
     groups: Vec<Group>,
     upstream: Arc<Upstream>,
-    access_log: Arc<AccessLog>,
+    /// The access log writer.
+    pub access_log: Arc<AccessLog>,
     /// The HTTP cache, unless `cache.enabled = false`.
     pub cache: Option<crate::cache::Cache>,
+    /// Request statistics and performance buckets.
+    pub stats: Arc<crate::stats::Stats>,
     /// Admission (`server.max_requests`) and the connection queue.
     pub admission: Arc<Admission>,
     /// The keep-alive subsystem (shared with the connections' `ConnSettings`).
@@ -88,11 +91,40 @@ impl Shared {
             _ => Arc::new(Upstream::new(&config.origin)?),
         };
         let access_log = match old {
-            Some(o) if o.config.log.access == config.log.access && o.config.log.format == config.log.format => {
+            Some(o)
+                if o.config.log.access == config.log.access
+                    && o.config.log.format == config.log.format
+                    && o.config.log.custom_format == config.log.custom_format
+                    && o.config.log.resolve_clients == config.log.resolve_clients =>
+            {
                 o.access_log.clone()
             }
-            _ => Arc::new(AccessLog::open(&config.log.access, config.log.format)?),
+            _ => Arc::new(AccessLog::open(
+                &config.log.access,
+                config.log.format,
+                &config.log.custom_format,
+                config.log.resolve_clients,
+            )?),
         };
+        // The statistics outlive a reload unless what they are laid out by
+        // changed (listeners, buckets, monitor.enabled): then they restart.
+        let bucket_names: Vec<String> = config.rule.iter().filter_map(|r| r.bucket.clone()).collect();
+        let layout = |c: &Config| {
+            (
+                c.monitor.enabled,
+                c.listener.iter().map(|l| l.address).collect::<Vec<_>>(),
+                c.rule.iter().filter_map(|r| r.bucket.clone()).collect::<Vec<_>>(),
+            )
+        };
+        let stats = match old {
+            Some(o) if layout(&o.config) == layout(&config) => o.stats.clone(),
+            _ => Arc::new(crate::stats::Stats::new(
+                config.monitor.enabled,
+                config.listener.len(),
+                &bucket_names,
+            )),
+        };
+
         let overrides: Vec<_> = config.rule.iter().map(|r| r.cache.clone()).collect();
         // The stored objects outlive a reload (`cache.enabled` only changes on a restart).
         let cache = match old.map(|o| o.cache.as_ref()) {
@@ -104,6 +136,7 @@ impl Shared {
             None => None,
         };
         Ok(Shared {
+            stats,
             admission,
             keepalive,
             allow: AllowList::new(&config.access.allow),
@@ -123,6 +156,8 @@ impl Shared {
 pub struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
+    /// Position of the listener in the config (for per-listener counters).
+    pub index: usize,
     /// State shared by all listeners; a reload swaps in a new one. Each
     /// request takes the one current when it starts and keeps it to the end.
     pub shared: Arc<arc_swap::ArcSwap<Shared>>,
@@ -131,14 +166,17 @@ pub struct ListenerHandler {
 }
 
 impl ListenerHandler {
-    /// The handler of listener `cfg`; fails if its `busy_file` cannot be read.
+    /// The handler of listener `cfg`, the `index`th of the config; fails
+    /// if its `busy_file` cannot be read.
     pub fn new(
+        index: usize,
         cfg: &ListenerConfig,
         server: &crate::config::ServerConfig,
         shared: Arc<arc_swap::ArcSwap<Shared>>,
     ) -> Result<ListenerHandler, String> {
         Ok(ListenerHandler {
             mode: cfg.mode,
+            index,
             busy: reply::BusyPage::for_listener(cfg, server)?,
             shared,
         })
@@ -147,12 +185,72 @@ impl ListenerHandler {
 
 impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
+        let started = std::time::Instant::now();
         let sh = self.shared.load_full();
-        if counters::wanted(ex, self.mode) {
-            let outcome = counters::serve(ex, &sh).await;
-            self.log(ex, &sh);
+        if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
+            // Before admission, so the statistics can be read when the
+            // server is saturated; kept out of the request counters (and
+            // closed after, out of the keep-alive ones), so reading them
+            // does not change them.
+            sh.stats.admin_request();
+            let outcome = monitor::serve(ep, &query, ex, &sh).await;
+            self.log(ex, &sh, started);
             return outcome;
         }
+        sh.stats.begin(self.index);
+        // A CONNECT tunnel lasts as long as the client likes: timing it
+        // would swamp the response-time histogram and the buckets.
+        let outcome = if sh.stats.enabled && ex.head.method != Method::CONNECT {
+            crate::stats::timed(&sh.stats, async {
+                let outcome = self.admit_and_serve(ex, &sh).await;
+                let _log = crate::stats::stage(crate::stats::Stage::Log);
+                self.log(ex, &sh, started);
+                outcome
+            })
+            .await
+        } else {
+            let outcome = self.admit_and_serve(ex, &sh).await;
+            self.log(ex, &sh, started);
+            outcome
+        };
+        sh.stats.end(
+            &ex.head.method,
+            ex.out.status().map_or(0, |s| s.as_u16()),
+            ex.body.received(),
+            ex.out.body_bytes(),
+        );
+        outcome
+    }
+
+    async fn reject(&self, mut rej: RejectInfo<'_>) {
+        tracing::warn!(client = %rej.peer.ip(), status = rej.error.status.as_u16(), "rejected request: {} ({:?})", rej.error.reason, rej.first_line);
+        let _ = reply::error_page(&mut rej.out, rej.error.status, rej.error.reason).await;
+        let line = if rej.first_line.is_empty() {
+            "-".to_string()
+        } else {
+            rej.first_line.clone()
+        };
+        let sh = self.shared.load();
+        sh.stats.rejected(rej.error.status.as_u16());
+        sh.access_log.record(&AccessRecord {
+            client: rej.peer.ip(),
+            user: None,
+            request_line: &line,
+            status: rej.error.status.as_u16(),
+            bytes: rej.out.body_bytes(),
+            referer: None,
+            user_agent: None,
+            elapsed: std::time::Duration::ZERO,
+            cache: None,
+            headers: None,
+        });
+    }
+}
+
+impl ListenerHandler {
+    /// Admission, then the pipeline. Time spent waiting in the connection
+    /// queue is the access stage's latency in the performance buckets.
+    async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
         // full) gets a busy 503 at once. A queued request whose client goes
@@ -173,41 +271,19 @@ impl Handler for ListenerHandler {
                 // (the lingering close drains it, so the client sees the
                 // 503, not a reset), and a saturated server sheds connections.
                 ex.out.close_after();
-                let route_busy = self.route_busy_page(ex, &sh);
+                let route_busy = self.route_busy_page(ex, sh);
                 let _ = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
-                self.log(ex, &sh);
                 return Outcome::Close;
             }
         };
-        let outcome = self.serve(ex, &sh, &mut permit).await;
+        let outcome = self.serve(ex, sh, &mut permit).await;
         drop(permit);
-        self.log(ex, &sh);
         outcome
     }
 
-    async fn reject(&self, mut rej: RejectInfo<'_>) {
-        tracing::warn!(client = %rej.peer.ip(), status = rej.error.status.as_u16(), "rejected request: {} ({:?})", rej.error.reason, rej.first_line);
-        let _ = reply::error_page(&mut rej.out, rej.error.status, rej.error.reason).await;
-        let line = if rej.first_line.is_empty() {
-            "-".to_string()
-        } else {
-            rej.first_line.clone()
-        };
-        self.shared.load().access_log.record(&AccessRecord {
-            client: rej.peer.ip(),
-            user: None,
-            request_line: &line,
-            status: rej.error.status.as_u16(),
-            bytes: rej.out.body_bytes(),
-            referer: None,
-            user_agent: None,
-        });
-    }
-}
-
-impl ListenerHandler {
     async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>, permit: &mut Option<Permit<'_>>) -> Outcome {
         let sh = &**shared;
+        let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
             return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
         }
@@ -238,12 +314,24 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        drop(access);
+        let route_stage = crate::stats::stage(crate::stats::Stage::Route);
         let target = match classify(&ex.head, self.mode) {
-            Ok(Target::Tunnel { host, port }) => return tunnel::run(ex, sh, &host, port, permit).await,
+            Ok(Target::Tunnel { host, port }) => {
+                drop(route_stage);
+                return tunnel::run(ex, sh, &host, port, permit).await;
+            }
             Ok(Target::Http(t)) => t,
-            Err((status, reason)) => return self.fail(ex, status, reason).await,
+            Err((status, reason)) => {
+                drop(route_stage);
+                return self.fail(ex, status, reason).await;
+            }
         };
         let mut route = self.route(ex, sh, &target);
+        if let Some(b) = &route.bucket {
+            crate::stats::set_bucket(sh.stats.bucket_index(b));
+        }
+        drop(route_stage);
         ex.out.edit_headers(std::mem::take(&mut route.response_headers));
         if let Some(status) = route.deny {
             return self.fail(ex, status, "denied by a routing rule").await;
@@ -357,7 +445,7 @@ impl ListenerHandler {
         }
     }
 
-    fn log(&self, ex: &Exchange<'_>, sh: &Shared) {
+    fn log(&self, ex: &Exchange<'_>, sh: &Shared, started: std::time::Instant) {
         let h = &ex.head;
         let version = if h.version == http::Version::HTTP_10 {
             "HTTP/1.0"
@@ -374,6 +462,9 @@ impl ListenerHandler {
             bytes: ex.out.body_bytes(),
             referer: header(http::header::REFERER),
             user_agent: header(http::header::USER_AGENT),
+            elapsed: started.elapsed(),
+            cache: crate::stats::current_cache().map(|c| c.name()),
+            headers: Some(&h.headers),
         });
     }
 }

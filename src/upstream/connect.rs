@@ -2,16 +2,19 @@
 //! connect timeout, and TLS (rustls) for `https` origins. Used by the pooled
 //! HTTP client and by CONNECT tunnels.
 
+use crate::stats::Histogram;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -117,17 +120,117 @@ impl AsyncWrite for Conn {
     }
 }
 
+/// Counters of the upstream side (relaxed atomics; histograms lock-free).
+#[derive(Default)]
+pub struct UpstreamStats {
+    /// Requests sent.
+    pub requests: AtomicU64,
+    /// Response heads received.
+    pub responses: AtomicU64,
+    /// Connections opened.
+    pub connects: AtomicU64,
+    /// Connect failures: DNS.
+    pub dns_errors: AtomicU64,
+    /// Connect failures: refused or unreachable.
+    pub connect_errors: AtomicU64,
+    /// Connect failures: timeout.
+    pub connect_timeouts: AtomicU64,
+    /// Connect failures: TLS.
+    pub tls_errors: AtomicU64,
+    /// No response head in time.
+    pub response_timeouts: AtomicU64,
+    /// Other failures before a response head.
+    pub other_errors: AtomicU64,
+    /// Time to open a connection.
+    pub connect_time: Histogram,
+    /// Time to the response head (a new connection's connect included).
+    pub first_byte_time: Histogram,
+    /// Names looked up (IP literals excluded).
+    pub dns_lookups: AtomicU64,
+    /// Answered from the DNS cache.
+    pub dns_hits: AtomicU64,
+    /// Lookups that failed.
+    pub dns_failures: AtomicU64,
+}
+
+impl UpstreamStats {
+    /// Counts a connect failure by kind.
+    pub fn connect_failed(&self, kind: ConnectErrorKind) {
+        let c = match kind {
+            ConnectErrorKind::Dns => &self.dns_errors,
+            ConnectErrorKind::Refused => &self.connect_errors,
+            ConnectErrorKind::Timeout => &self.connect_timeouts,
+            ConnectErrorKind::Tls => &self.tls_errors,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Resolved origin names, kept for their DNS lifetime. Consulted only when
+/// a new connection is opened (pooled connections skip it), so a mutex is
+/// no cost on the request path; it exists to be counted (entries, hit
+/// ratio: the seed's HostDNSCacheInfo), which hickory's own cache is not.
+pub struct DnsCache {
+    max: usize,
+    map: Mutex<HashMap<String, (Vec<IpAddr>, std::time::Instant)>>,
+}
+
+impl DnsCache {
+    fn get(&self, name: &str) -> Option<Vec<IpAddr>> {
+        let map = self.map.lock().ok()?;
+        let (ips, until) = map.get(name)?;
+        (std::time::Instant::now() < *until).then(|| ips.clone())
+    }
+
+    fn put(&self, name: &str, ips: Vec<IpAddr>, until: std::time::Instant) {
+        if self.max == 0 {
+            return;
+        }
+        let Ok(mut map) = self.map.lock() else { return };
+        if map.len() >= self.max && !map.contains_key(name) {
+            // Full: drop expired names, else the one expiring soonest.
+            let now = std::time::Instant::now();
+            map.retain(|_, (_, u)| *u > now);
+            if map.len() >= self.max
+                && let Some(k) = map.iter().min_by_key(|(_, (_, u))| *u).map(|(k, _)| k.clone())
+            {
+                map.remove(&k);
+            }
+        }
+        map.insert(name.to_string(), (ips, until));
+    }
+
+    /// Names cached now (expired ones included until replaced).
+    pub fn len(&self) -> usize {
+        self.map.lock().map_or(0, |m| m.len())
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most names kept.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
 /// Resolves and connects; cheap to clone (shared resolver and TLS config).
 #[derive(Clone)]
 pub struct Connector {
     resolver: Option<Arc<TokioResolver>>,
     tls: TlsConnector,
     connect_timeout: Duration,
+    /// Counters, shared with the pooled client.
+    pub stats: Arc<UpstreamStats>,
+    /// The DNS cache.
+    pub dns: Arc<DnsCache>,
 }
 
 impl Connector {
     /// A connector with the system resolver (if one is configured) and the given TLS trust.
-    pub fn new(tls: Arc<rustls::ClientConfig>, connect_timeout: Duration) -> Self {
+    pub fn new(tls: Arc<rustls::ClientConfig>, connect_timeout: Duration, dns_cache_entries: usize) -> Self {
         let resolver = match TokioResolver::builder_tokio() {
             Ok(b) => b.build().ok(),
             Err(e) => {
@@ -147,6 +250,11 @@ impl Connector {
             resolver,
             tls: TlsConnector::from(tls),
             connect_timeout,
+            stats: Arc::default(),
+            dns: Arc::new(DnsCache {
+                max: dns_cache_entries,
+                map: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
@@ -161,16 +269,26 @@ impl Connector {
             target: format!("{host}:{port}"),
             detail,
         };
+        self.stats.dns_lookups.fetch_add(1, Ordering::Relaxed);
+        if let Some(ips) = self.dns.get(bare) {
+            self.stats.dns_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect());
+        }
+        let failed = |e: ConnectError| {
+            self.stats.dns_failures.fetch_add(1, Ordering::Relaxed);
+            e
+        };
         let resolver = self
             .resolver
             .as_ref()
-            .ok_or_else(|| err("no resolver configured".into()))?;
-        let lookup = resolver.lookup_ip(bare).await.map_err(|e| err(e.to_string()))?;
-        let addrs: Vec<SocketAddr> = lookup.iter().map(|ip| SocketAddr::new(ip, port)).collect();
-        if addrs.is_empty() {
-            return Err(err("no addresses".into()));
+            .ok_or_else(|| failed(err("no resolver configured".into())))?;
+        let lookup = resolver.lookup_ip(bare).await.map_err(|e| failed(err(e.to_string())))?;
+        let ips: Vec<IpAddr> = lookup.iter().collect();
+        if ips.is_empty() {
+            return Err(failed(err("no addresses".into())));
         }
-        Ok(addrs)
+        self.dns.put(bare, ips.clone(), lookup.valid_until());
+        Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect())
     }
 
     /// Opens a TCP connection to `host:port`, trying each resolved address in
@@ -208,8 +326,25 @@ impl Connector {
         }
     }
 
-    /// Opens a connection for `uri` (scheme http or https).
+    /// Opens a connection for `uri` (scheme http or https), counted and
+    /// timed (into the request's upstream-connect stage when it runs on the
+    /// request's task).
     pub async fn open(&self, uri: &http::Uri) -> Result<Conn, ConnectError> {
+        let started = std::time::Instant::now();
+        let result = self.open_uncounted(uri).await;
+        let spent = started.elapsed();
+        match &result {
+            Ok(_) => {
+                self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.stats.connect_time.record(spent);
+            }
+            Err(e) => self.stats.connect_failed(e.kind),
+        }
+        crate::stats::nested(crate::stats::Stage::UpstreamConnect, spent);
+        result
+    }
+
+    async fn open_uncounted(&self, uri: &http::Uri) -> Result<Conn, ConnectError> {
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let host = uri.host().unwrap_or("");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });

@@ -7,7 +7,7 @@ mod connect;
 mod group;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
-pub use connect::{ConnectError, ConnectErrorKind, Connector, tls_config};
+pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, tls_config};
 pub use group::{Group, ServerAddr};
 
 use crate::config::OriginConfig;
@@ -60,7 +60,7 @@ impl Upstream {
     /// Builds the client from `[origin]`.
     pub fn new(cfg: &OriginConfig) -> Result<Upstream, String> {
         let tls = tls_config(cfg.system_roots, cfg.ca_file.as_deref())?;
-        let connector = Connector::new(Arc::new(tls), cfg.connect_timeout.get());
+        let connector = Connector::new(Arc::new(tls), cfg.connect_timeout.get(), cfg.dns_cache_entries);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(cfg.pool_idle_timeout.get())
             .pool_max_idle_per_host(cfg.pool_max_idle)
@@ -79,16 +79,42 @@ impl Upstream {
         &self.connector
     }
 
+    /// Counters and the DNS cache.
+    pub fn stats(&self) -> (&UpstreamStats, &DnsCache) {
+        (&self.connector.stats, &self.connector.dns)
+    }
+
     /// Sends `req` (absolute URI) and waits for the response head.
     pub async fn send(&self, req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
-            Err(_) => Err(UpstreamError::Timeout(format!(
-                "origin sent no response within {}",
-                humantime::format_duration(self.first_byte_timeout)
-            ))),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(e)),
-        }
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = &self.connector.stats;
+        stats.requests.fetch_add(1, Relaxed);
+        let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+            Err(_) => {
+                stats.response_timeouts.fetch_add(1, Relaxed);
+                Err(UpstreamError::Timeout(format!(
+                    "origin sent no response within {}",
+                    humantime::format_duration(self.first_byte_timeout)
+                )))
+            }
+            Ok(Ok(resp)) => {
+                stats.responses.fetch_add(1, Relaxed);
+                stats.first_byte_time.record(started.elapsed());
+                Ok(resp)
+            }
+            Ok(Err(e)) => {
+                let e = classify(e);
+                // Connect failures were counted by the connector.
+                if !e.is_connect() {
+                    stats.other_errors.fetch_add(1, Relaxed);
+                }
+                Err(e)
+            }
+        };
+        drop(stage);
+        result
     }
 }
 

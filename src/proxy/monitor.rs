@@ -1,0 +1,448 @@
+//! The monitoring endpoints Portico answers itself (`[monitor]` paths):
+//! perfdump, stats-xml, Prometheus, /nsc, the dashboard and its JSON. On any
+//! listener, for origin-form targets (or absolute-form ones naming the
+//! listener's own address), GET or HEAD, and only for `access.admin_allow`
+//! clients. Each is a view over one [`Snapshot`] built here.
+
+use super::Shared;
+use crate::config::{Mode, MonitorConfig};
+use crate::http1::{Exchange, Outcome, RequestHead};
+use crate::stats::{self, Snapshot, advisor, views};
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Which view a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// perfdump text.
+    Perf,
+    /// XML.
+    StatsXml,
+    /// Prometheus.
+    Metrics,
+    /// Cache status and control.
+    Nsc,
+    /// HTML dashboard.
+    Dashboard,
+    /// JSON.
+    Json,
+}
+
+/// True if `authority` (`host[:port]`, default port `default_port`) names
+/// the listener at `local`.
+fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
+    let port = authority.port_u16().unwrap_or(default_port);
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let ours = match host.parse::<IpAddr>() {
+        Ok(ip) => ip == local.ip(),
+        Err(_) => host.eq_ignore_ascii_case("localhost") && local.ip().is_loopback(),
+    };
+    ours && port == local.port()
+}
+
+/// The endpoint and query string a request names, if it names one. On a
+/// transparent listener an origin-form request belongs to the site in its
+/// `Host`, so it is ours only when that `Host` names the listener itself.
+pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr, mode: Mode) -> Option<(Endpoint, String)> {
+    if head.method != Method::GET && head.method != Method::HEAD {
+        return None;
+    }
+    let target = head.target.as_str();
+    let path_and_query = if target.starts_with('/') {
+        if mode == Mode::Transparent {
+            let host = head.headers.get(http::header::HOST)?.to_str().ok()?;
+            if !names_us(&host.parse().ok()?, 80, local) {
+                return None;
+            }
+        }
+        target
+    } else {
+        let uri: http::Uri = target.parse().ok()?;
+        let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            443
+        } else {
+            80
+        };
+        if !names_us(uri.authority()?, default_port, local) {
+            return None;
+        }
+        let start = target.find("://").map(|i| i + 3)?;
+        target[start..].find('/').map_or("/", |i| &target[start + i..])
+    };
+    let (path, query) = path_and_query.split_once('?').unwrap_or((path_and_query, ""));
+    let which = [
+        (&cfg.perf, Endpoint::Perf),
+        (&cfg.stats_xml, Endpoint::StatsXml),
+        (&cfg.metrics, Endpoint::Metrics),
+        (&cfg.nsc, Endpoint::Nsc),
+        (&cfg.dashboard, Endpoint::Dashboard),
+        (&cfg.json, Endpoint::Json),
+    ]
+    .into_iter()
+    .find(|(p, _)| !p.is_empty() && p.as_str() == path)?
+    .1;
+    Some((which, query.to_string()))
+}
+
+fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|kv| match kv.split_once('=') {
+        Some((k, v)) if k == name => Some(v),
+        None if kv == name => Some(""),
+        _ => None,
+    })
+}
+
+/// Answers a monitoring request.
+pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared) -> Outcome {
+    // Closed after the answer: a monitoring request never holds a
+    // keep-alive slot, and is left out of the keep-alive counters.
+    ex.out.close_after();
+    if !sh.admin.allows(ex.peer.ip()) {
+        tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
+        return match super::reply::error_page(
+            &mut ex.out,
+            StatusCode::FORBIDDEN,
+            "monitoring is allowed only from access.admin_allow addresses",
+        )
+        .await
+        {
+            Ok(()) | Err(_) => Outcome::Close,
+        };
+    }
+    let mut message = None;
+    if ep == Endpoint::Nsc
+        && let Some(cache) = &sh.cache
+    {
+        if param(query, "stop").is_some() {
+            cache.set_running(false);
+            message = Some("The cache was stopped: requests go to origins until ?start.".to_string());
+        } else if param(query, "start").is_some() {
+            cache.set_running(true);
+            message = Some("The cache was started.".to_string());
+        } else if param(query, "restart").is_some() {
+            let n = cache.memory().clear();
+            cache.set_running(true);
+            message = Some(format!(
+                "The cache was restarted: {n} objects dropped from memory (the disk tier is kept)."
+            ));
+        }
+        if let Some(m) = &message {
+            tracing::info!(client = %ex.peer.ip(), "/nsc: {m}");
+        }
+    }
+    let snap = snapshot(sh);
+    let (body, kind) = match ep {
+        Endpoint::Perf => (
+            views::perfdump::render(&snap, &advisor::advise(&snap)),
+            "text/plain; charset=utf-8",
+        ),
+        Endpoint::StatsXml => (
+            views::xml::render(&snap, &views::xml::filter(query)),
+            "text/xml; charset=utf-8",
+        ),
+        Endpoint::Metrics => (views::prom::render(&snap), "text/plain; version=0.0.4; charset=utf-8"),
+        Endpoint::Json => (
+            views::json(&snap, &advisor::advise(&snap), conn_counters(sh)),
+            "application/json",
+        ),
+        Endpoint::Dashboard => (views::dashboard(&sh.config.monitor.json), "text/html; charset=utf-8"),
+        Endpoint::Nsc => {
+            let list = param(query, "list").is_some().then(|| nsc_list(sh));
+            (
+                views::nsc::render(&snap, &sh.config.cache, list.as_deref(), message.as_deref()),
+                "text/plain; charset=utf-8",
+            )
+        }
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(n) = param(query, "refresh").and_then(|v| v.parse::<u32>().ok()) {
+        headers.insert("refresh", HeaderValue::from(n));
+    }
+    let _ = ex.out.send_full(StatusCode::OK, headers, Bytes::from(body)).await;
+    Outcome::Close
+}
+
+/// The connection layer's own snapshots, with their field names, in the
+/// JSON document (`connection`): the detail the plain views summarise.
+#[derive(serde::Serialize)]
+struct ConnCounters {
+    connection_queue: crate::admit::ConnectionQueue,
+    keepalive: crate::keepalive::KeepAliveInfo,
+    blocking_pool: crate::blocking::NativePool,
+}
+
+fn conn_counters(sh: &Shared) -> serde_json::Value {
+    serde_json::to_value(ConnCounters {
+        connection_queue: sh.admission.snapshot(),
+        keepalive: sh.keepalive.snapshot(),
+        blocking_pool: sh.blocking.snapshot(),
+    })
+    .unwrap_or_default()
+}
+
+/// Objects listed by `/nsc?list` (at most this many).
+const LIST_LIMIT: usize = 10_000;
+
+fn nsc_list(sh: &Shared) -> Vec<views::nsc::NscEntry> {
+    let Some(cache) = &sh.cache else { return Vec::new() };
+    let mut list: Vec<_> = cache
+        .memory()
+        .list(LIST_LIMIT)
+        .into_iter()
+        .map(|(id, key, size, marker)| {
+            let mut flags = String::from("C");
+            if cache.disk().is_some_and(|d| d.entry(id).is_some()) {
+                flags.push('F');
+            }
+            if marker {
+                flags.push('V');
+            }
+            views::nsc::NscEntry {
+                key,
+                flags,
+                size,
+                id: id.to_string(),
+            }
+        })
+        .collect();
+    list.sort_by(|a, b| a.key.cmp(&b.key));
+    list
+}
+
+/// Everything the views show, read now.
+pub fn snapshot(sh: &Shared) -> Snapshot {
+    let cfg = &sh.config;
+    let (requests, mut sessions, buckets, per_listener) = sh.stats.snapshot_requests();
+    let proc_facts = stats::process::read();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let server = stats::ServerInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        process_index: crate::supervisor::worker_index(),
+        uptime_secs: sh.stats.started().elapsed().as_secs_f64(),
+        time_unix: now,
+        workers: if cfg.server.workers == 0 {
+            cpus
+        } else {
+            cfg.server.workers
+        },
+        threads: proc_facts.threads,
+        rss_bytes: proc_facts.rss,
+        peak_rss_bytes: proc_facts.peak_rss,
+        cpu_user_secs: proc_facts.user,
+        cpu_system_secs: proc_facts.system,
+        open_fds: proc_facts.fds,
+        cpus,
+    };
+    let listeners = cfg
+        .listener
+        .iter()
+        .enumerate()
+        .map(|(i, l)| stats::ListenerInfo {
+            name: format!("ls{}", i + 1),
+            address: format!("http://{}", l.address),
+            mode: format!("{:?}", l.mode).to_lowercase(),
+            acceptor_threads: 1,
+            listen_queue: u64::from(l.listen_queue),
+            requests: per_listener.get(i).copied().unwrap_or(0),
+        })
+        .collect();
+    let q = sh.admission.snapshot();
+    sessions.active = q.in_service as u64;
+    sessions.peak = q.in_service_peak as u64;
+    sessions.limit = Some(q.max_requests as u64);
+    sessions.waited = Some(q.total_queued);
+    let connection_queue = stats::ConnectionQueueInfo {
+        current: q.current as u64,
+        peak: q.peak as u64,
+        limit: q.limit as u64,
+        total_queued: q.total_queued,
+        overflows: q.overflows,
+        abandoned: q.abandoned,
+        queue_time_us: q.queue_time_us,
+        avg_1: q.avg_1min,
+        avg_5: q.avg_5min,
+        avg_15: q.avg_15min,
+    };
+    let k = sh.keepalive.snapshot();
+    let keepalive = stats::KeepAliveInfo {
+        count: Some(k.count as u64),
+        max: Some(k.max as u64),
+        hits: k.hits,
+        flushes: Some(k.flushes),
+        refusals: Some(k.refusals),
+        timeouts: Some(k.timeouts),
+        header_timeouts: Some(k.header_timeouts),
+        timeout_secs: k.timeout_secs,
+        max_requests: u64::from(cfg.keepalive.max_requests),
+    };
+    let b = sh.blocking.snapshot();
+    let native_pool = stats::PoolInfo {
+        name: "NativePool".to_string(),
+        idle: b.idle_threads as u64,
+        threads: b.threads as u64,
+        peak: b.peak_threads as u64,
+        limit: b.max_threads as u64,
+        queue: b.queue_length as u64,
+        queue_peak: b.queue_peak as u64,
+        queue_limit: b.queue_limit as u64,
+        jobs: b.jobs,
+        refused: b.refused,
+    };
+    let cache = sh.cache.as_ref().map(|c| {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+        let st = &c.stats;
+        stats::CacheInfo {
+            running: c.is_running(),
+            lookups: l(&st.lookups),
+            hits: l(&st.hits),
+            misses: l(&st.misses),
+            stale: l(&st.stale_served),
+            revalidations: l(&st.revalidations),
+            collapsed: l(&st.collapsed),
+            stored: l(&st.stored),
+            invalidated: l(&st.invalidated),
+            bytes_served: l(&st.bytes_served),
+            bytes_fetched: l(&st.bytes_fetched),
+            memory_entries: c.memory().len() as u64,
+            memory_bytes: c.memory().bytes(),
+            memory_limit: cfg.cache.memory.bytes(),
+            max_memory_object: cfg.cache.max_memory_object.bytes(),
+            max_age_secs: cfg.cache.max_ttl.get().as_secs(),
+            min_age_secs: cfg.cache.min_ttl.get().as_secs(),
+            disk: c.disk().map(|d| {
+                let ds = d.stats().snapshot();
+                let budget = d.budget();
+                stats::DiskInfo {
+                    dir: cfg.cache.dir.display().to_string(),
+                    objects: ds.objects,
+                    bytes: ds.bytes,
+                    limit: budget.disk,
+                    high_watermark: budget.high,
+                    low_watermark: budget.low,
+                    reads: ds.reads,
+                    misses: ds.misses,
+                    writes: ds.writes,
+                    write_aborts: ds.write_aborts,
+                    evictions: ds.evictions,
+                    gc_runs: ds.gc_runs,
+                    checksum_failures: ds.checksum_failures,
+                    corrupt_removed: ds.corrupt_removed,
+                    index_ready: ds.scan.done,
+                }
+            }),
+        }
+    });
+    let (up, dns_cache) = sh.upstream.stats();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+    let dns = stats::DnsInfo {
+        enabled: dns_cache.max() > 0,
+        entries: dns_cache.len() as u64,
+        max_entries: dns_cache.max() as u64,
+        lookups: l(&up.dns_lookups),
+        hits: l(&up.dns_hits),
+        failures: l(&up.dns_failures),
+    };
+    let upstream = stats::UpstreamInfo {
+        requests: l(&up.requests),
+        responses: l(&up.responses),
+        connects: l(&up.connects),
+        dns_errors: l(&up.dns_errors),
+        connect_errors: l(&up.connect_errors),
+        connect_timeouts: l(&up.connect_timeouts),
+        tls_errors: l(&up.tls_errors),
+        response_timeouts: l(&up.response_timeouts),
+        other_errors: l(&up.other_errors),
+        connect_time: up.connect_time.snapshot(),
+        first_byte_time: up.first_byte_time.snapshot(),
+    };
+    Snapshot {
+        stats_enabled: sh.stats.enabled,
+        server,
+        requests,
+        sessions,
+        listeners,
+        connection_queue: Some(connection_queue),
+        keepalive,
+        native_pool: Some(native_pool),
+        cache,
+        dns,
+        upstream,
+        buckets,
+        access_log: sh.access_log.info(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(method: Method, target: &str) -> RequestHead {
+        RequestHead {
+            method,
+            target: target.to_string(),
+            version: http::Version::HTTP_11,
+            headers: HeaderMap::new(),
+            body: crate::http1::BodyFraming::Empty,
+            keep_alive: true,
+            expect_continue: false,
+        }
+    }
+
+    #[test]
+    fn finds_endpoints_in_origin_and_own_absolute_form() {
+        let cfg = MonitorConfig::default();
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), local, Mode::Forward);
+        assert_eq!(
+            ep(Method::GET, "/.perf?refresh=5"),
+            Some((Endpoint::Perf, "refresh=5".into()))
+        );
+        assert_eq!(ep(Method::HEAD, "/metrics").map(|x| x.0), Some(Endpoint::Metrics));
+        assert_eq!(
+            ep(Method::GET, "http://127.0.0.1:8080/stats-xml?thread=0").map(|x| x.0),
+            Some(Endpoint::StatsXml)
+        );
+        assert_eq!(
+            ep(Method::GET, "http://localhost:8080/nsc").map(|x| x.0),
+            Some(Endpoint::Nsc)
+        );
+        // Another host's /metrics is proxied, not answered here.
+        assert_eq!(ep(Method::GET, "http://127.0.0.1:9000/metrics"), None);
+        assert_eq!(ep(Method::GET, "http://example.com/.perf"), None);
+        assert_eq!(ep(Method::POST, "/.perf"), None);
+        assert_eq!(ep(Method::GET, "/.perfx"), None);
+        let off = MonitorConfig {
+            perf: String::new(),
+            ..MonitorConfig::default()
+        };
+        assert_eq!(endpoint(&off, &head(Method::GET, "/.perf"), local, Mode::Forward), None);
+        // Transparent: only with a Host naming the listener.
+        let mut h = head(Method::GET, "/.perf");
+        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("example.com"));
+        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert_eq!(
+            endpoint(&cfg, &h, local, Mode::Transparent).map(|x| x.0),
+            Some(Endpoint::Perf)
+        );
+    }
+
+    #[test]
+    fn query_parameters() {
+        assert_eq!(param("list&refresh=3", "refresh"), Some("3"));
+        assert_eq!(param("list&refresh=3", "list"), Some(""));
+        assert_eq!(param("listing", "list"), None);
+    }
+}

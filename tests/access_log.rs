@@ -1,0 +1,216 @@
+//! The access log as written by the real binary: GoAccess (Debian) parses
+//! every line of a Combined log, SIGUSR1 reopens the file after rotation,
+//! the Squid and custom formats, and `access = ""`.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+async fn proxy(log: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\n{log}\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\n"
+    ))
+    .await
+}
+
+async fn send(p: &Portico, raw: &str) -> ParsedResponse {
+    parse_response(&raw_request(p.addr(), raw.as_bytes()).await)
+}
+
+async fn get(p: &Portico, url: &str, extra: &str) -> ParsedResponse {
+    send(
+        p,
+        &format!("GET {url} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// Waits until `path` holds `n` lines; returns them.
+async fn lines(path: &Path, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goaccess_parses_every_line_of_a_combined_log() {
+    let o = Origin::start(|req| async move {
+        match req.uri.path() {
+            "/missing" => Response::new(404).body("no"),
+            _ => Response::ok("hello").header("Cache-Control", "max-age=60"),
+        }
+    })
+    .await;
+    let p = proxy("access = \"{dir}/access.log\"\nformat = \"combined\"").await;
+    let url = o.url();
+    get(&p, &format!("{url}/a"), "").await;
+    get(&p, &format!("{url}/a"), "Referer: http://example.com/page?q=1\r\n").await;
+    get(
+        &p,
+        &format!("{url}/missing"),
+        "User-Agent: Mozilla/5.0 (X11; \"quoted\")\r\n",
+    )
+    .await;
+    get(&p, &format!("{url}/q?x=%20y&z=1"), "").await;
+    get(&p, &format!("http://{}/gone", dead_addr()), "").await;
+    raw_request(p.addr(), format!("HEAD {url}/a HTTP/1.0\r\n\r\n").as_bytes()).await;
+    send(
+        &p,
+        &format!("POST {url}/post HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"),
+    )
+    .await;
+    // A head that cannot be parsed is logged too (400).
+    raw_request(p.addr(), b"BROKEN\r\n\r\n").await;
+    let path = p.dir().join("access.log");
+    let logged = lines(&path, 8).await;
+    assert_eq!(logged.len(), 8, "{logged:#?}");
+
+    let report = p.dir().join("report.json");
+    let out = tokio::process::Command::new("goaccess")
+        .arg(&path)
+        .args(["--log-format=COMBINED", "--no-global-config", "-o"])
+        .arg(&report)
+        .output()
+        .await
+        .expect("goaccess not found: install Debian package `goaccess` (.ci/run does)");
+    assert!(
+        out.status.success(),
+        "goaccess: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("goaccess report")).expect("JSON");
+    let general = &json["general"];
+    assert_eq!(general["total_requests"], 8, "{general}\n{logged:#?}");
+    assert_eq!(general["valid_requests"], 8, "{general}\n{logged:#?}");
+    assert_eq!(general["failed_requests"], 0, "{general}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_reopens_the_log_after_rotation() {
+    let o = Origin::start(|_| async { Response::ok("x") }).await;
+    let p = proxy("access = \"{dir}/access.log\"").await;
+    let path = p.dir().join("access.log");
+    get(&p, &format!("{}/before", o.url()), "").await;
+    assert_eq!(lines(&path, 1).await.len(), 1);
+
+    let rotated = p.dir().join("access.log.1");
+    std::fs::rename(&path, &rotated).expect("rotate");
+    let status = std::process::Command::new("kill")
+        .args(["-USR1", &p.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    // The writer reopens within its 200 ms wake-up; wait for the new file.
+    for _ in 0..50 {
+        if path.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(path.exists(), "no new access.log after SIGUSR1");
+    get(&p, &format!("{}/after", o.url()), "").await;
+    let new = lines(&path, 1).await;
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert!(new[0].contains("/after"), "{new:?}");
+    let old = lines(&rotated, 1).await;
+    assert_eq!(old.len(), 1);
+    assert!(old[0].contains("/before"));
+    assert!(p.stderr().contains("reopening the access log"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_format() {
+    let o = Origin::start(|_| async { Response::ok("12345").header("Cache-Control", "max-age=60") }).await;
+    let p = proxy("access = \"{dir}/access.log\"\nformat = \"squid\"").await;
+    get(&p, &format!("{}/s", o.url()), "").await;
+    get(&p, &format!("{}/s", o.url()), "").await;
+    let l = lines(&p.dir().join("access.log"), 2).await;
+    assert_eq!(l.len(), 2);
+    let url = format!("{}/s", o.url());
+    for (line, result) in l.iter().zip(["TCP_MISS/200", "TCP_HIT/200"]) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 10, "{line}");
+        assert!(
+            f[0].contains('.') && f[0].split('.').all(|x| x.parse::<u64>().is_ok()),
+            "{line}"
+        );
+        assert!(f[1].parse::<u64>().is_ok(), "{line}");
+        assert_eq!(&f[2..7], ["127.0.0.1", result, "5", "GET", url.as_str()], "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_format() {
+    let o = Origin::start(|_| async { Response::ok("abc") }).await;
+    let p = proxy(
+        "access = \"{dir}/access.log\"\nformat = \"custom\"\ncustom_format = \"%m %U %>s %B %{X-Trace}i cache=%C\"",
+    )
+    .await;
+    get(&p, &format!("{}/c", o.url()), "X-Trace: t-42\r\n").await;
+    let l = lines(&p.dir().join("access.log"), 1).await;
+    assert_eq!(l, [format!("GET {}/c 200 3 t-42 cache=MISS", o.url())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_custom_format_is_refused_and_empty_access_disables() {
+    let out = Portico::check("[log]\nformat = \"custom\"\ncustom_format = \"%h %q\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("log.custom_format") && err.contains("%q"), "{err}");
+
+    let o = Origin::start(|_| async { Response::ok("x") }).await;
+    let p = proxy("access = \"\"").await;
+    assert_eq!(get(&p, &format!("{}/x", o.url()), "").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let files: Vec<_> = std::fs::read_dir(p.dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("access"))
+        .collect();
+    assert!(files.is_empty(), "{files:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_names_are_resolved_off_the_request_path_when_asked() {
+    let o = Origin::start(|_| async { Response::ok("x") }).await;
+    let p = proxy("access = \"{dir}/access.log\"\nformat = \"common\"\nresolve_clients = true").await;
+    for i in 0..3 {
+        get(&p, &format!("{}/r{i}", o.url()), "").await;
+    }
+    let l = lines(&p.dir().join("access.log"), 3).await;
+    assert_eq!(l.len(), 3);
+    // 127.0.0.1 is named in /etc/hosts on any Debian machine.
+    for line in &l {
+        assert!(line.starts_with("localhost - - ["), "{line}");
+    }
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(perf.contains("ClientDNSCacheInfo:"), "{perf}");
+    assert!(
+        perf.contains("CacheEntries     1/1024\nHitRatio         2/3 ( 66.67%)"),
+        "{perf}"
+    );
+}
