@@ -243,6 +243,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     {
         return Err((vec![Key("log"), Key("custom_format")], e));
     }
+    if c.log.access_queue == 0 {
+        return Err((
+            vec![Key("log"), Key("access_queue")],
+            "must be at least 1 (lines the writer may have queued)".to_string(),
+        ));
+    }
     let m = &c.monitor;
     let paths = [
         ("perf", &m.perf),

@@ -95,7 +95,8 @@ impl Shared {
                 if o.config.log.access == config.log.access
                     && o.config.log.format == config.log.format
                     && o.config.log.custom_format == config.log.custom_format
-                    && o.config.log.resolve_clients == config.log.resolve_clients =>
+                    && o.config.log.resolve_clients == config.log.resolve_clients
+                    && o.config.log.access_queue == config.log.access_queue =>
             {
                 o.access_log.clone()
             }
@@ -104,6 +105,7 @@ impl Shared {
                 config.log.format,
                 &config.log.custom_format,
                 config.log.resolve_clients,
+                config.log.access_queue,
             )?),
         };
         // The statistics outlive a reload unless what they are laid out by
