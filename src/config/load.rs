@@ -204,8 +204,15 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
         for (j, s) in u.servers.iter().enumerate() {
-            if let Err(e) = crate::upstream::ServerAddr::parse(s) {
-                return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e));
+            match crate::upstream::ServerAddr::parse(s) {
+                Err(e) => return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e)),
+                Ok(a) if u.parent && a.scheme != http::uri::Scheme::HTTP => {
+                    return Err((
+                        vec![Key("upstream"), Index(i), Key("servers"), Index(j)],
+                        format!("parent proxy {s:?}: parent proxies are reached over plain TCP; write host:port"),
+                    ));
+                }
+                Ok(_) => {}
             }
         }
     }
