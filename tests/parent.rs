@@ -158,7 +158,11 @@ async fn rule_matched_requests_reach_the_parent_in_absolute_form_others_go_direc
     // Forward listener, no rule matches: straight to the origin.
     let r = send(
         fwd,
-        &format!("GET {}/direct HTTP/1.1\r\nHost: {}\r\n\r\n", origin.url(), origin.addr()),
+        &format!(
+            "GET {}/direct HTTP/1.1\r\nHost: {}\r\n\r\n",
+            origin.url(),
+            origin.addr()
+        ),
     )
     .await;
     assert_eq!(r.status, 200);
@@ -268,6 +272,28 @@ async fn connect_and_https_origins_are_tunnelled_through_the_parent() {
     assert_eq!(r.status, 200, "{}\n{}", r.body_str(), portico.stderr());
     assert_eq!(r.body_str(), "tls /s");
     assert_eq!(parent.lines()[1], format!("CONNECT localhost:{tport} HTTP/1.1"));
+
+    // The parent cannot reach the far end and answers 502: the client gets
+    // a 502 naming the parent's answer, and the parent stays up.
+    let dead_port = dead_addr().rsplit_once(':').map_or(0, |(_, p)| p.parse().unwrap_or(0));
+    let r = send(
+        addr,
+        &format!("GET https://localhost:{dead_port}/x HTTP/1.1\r\nHost: localhost:{dead_port}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.body_str());
+    assert!(r.body_str().contains("did not open a tunnel"), "{}", r.body_str());
+    assert!(
+        !portico.stderr().contains("marking server down"),
+        "{}",
+        portico.stderr()
+    );
+    let r = send(
+        addr,
+        &format!("GET https://localhost:{tport}/again HTTP/1.1\r\nHost: localhost:{tport}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.body_str(), "tls /again");
 }
 
 #[test]
@@ -293,7 +319,10 @@ fn check_accepts_parent_groups_and_rejects_unknown_or_https_parents() {
     let out = Portico::check(&https);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("upstream[0].servers[0]") && err.contains("plain TCP"), "{err}");
+    assert!(
+        err.contains("upstream[0].servers[0]") && err.contains("plain TCP"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -315,7 +344,66 @@ fn rules_test_names_the_parent() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        stdout.contains("upstream: parents (parent proxies: 127.0.0.1:3128): GET http://www.example.com/a in absolute form"),
+        stdout.contains(
+            "upstream: parents (parent proxies: 127.0.0.1:3128): GET http://www.example.com/a in absolute form"
+        ),
         "{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portico_parent_with_another_via_name_serves_and_both_vias_reach_the_origin() {
+    let origin = Origin::start(|req| async move {
+        let via = req.header("via").unwrap_or("").to_string();
+        Response::ok(format!("origin {} via [{via}]", req.uri))
+    })
+    .await;
+    let upper = free_addr();
+    let upper_config = format!(
+        "[[listener]]\naddress = \"{upper}\"\nmode = \"forward\"\n\n[proxy]\nvia = \"portico-parent\"\n\n[cache]\nenabled = false\n"
+    );
+    let _upper = Portico::start(&upper_config).await;
+    let lower = free_addr();
+    let lower_config = format!(
+        "[[listener]]\naddress = \"{lower}\"\nmode = \"forward\"\n\n[proxy]\nvia = \"portico-child\"\n\n[cache]\nenabled = false\n\n{}\
+         [[rule]]\nupstream = \"parents\"\n",
+        parents_group(std::slice::from_ref(&upper))
+    );
+    let lower_portico = Portico::start(&lower_config).await;
+    let r = send(
+        lower.parse().unwrap(),
+        &format!("GET {}/chain HTTP/1.1\r\nHost: {}\r\n\r\n", origin.url(), origin.addr()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}\n{}", r.body_str(), lower_portico.stderr());
+    let body = r.body_str();
+    assert!(body.starts_with("origin /chain via ["), "{body}");
+    let child = body.find("portico-child").unwrap_or(usize::MAX);
+    let parent = body.find("portico-parent").unwrap_or(usize::MAX);
+    assert!(
+        child < parent && parent < usize::MAX,
+        "child's Via, then the parent's: {body}"
+    );
+    // The response's Via lists both too.
+    let via = r.headers_all("via").join(", ");
+    assert!(via.contains("portico-child") && via.contains("portico-parent"), "{via}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_that_loops_back_is_detected_by_via() {
+    let addr = free_addr();
+    // Portico as its own parent, both with the same Via name: the request
+    // comes back carrying our Via entry, which answers 508.
+    let config = format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n\n{}\
+         [[rule]]\nupstream = \"parents\"\n",
+        parents_group(std::slice::from_ref(&addr))
+    );
+    let _portico = Portico::start(&config).await;
+    let r = send(
+        addr.parse().unwrap(),
+        "GET http://loop.test/ HTTP/1.1\r\nHost: loop.test\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 508, "{}", r.body_str());
 }

@@ -102,7 +102,12 @@ impl Dest {
                     .parents
                     .get(*group)
                     .and_then(|servers| servers.get(idx))
-                    .ok_or_else(|| (StatusCode::INTERNAL_SERVER_ERROR, "parent proxy client missing".to_string()))?;
+                    .ok_or_else(|| {
+                        (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "parent proxy client missing".to_string(),
+                        )
+                    })?;
                 Ok(Attempt {
                     // The parent fetches the origin: Host is the origin's.
                     host: HeaderValue::from_str(origin.authority().map_or("", |a| a.as_str()))

@@ -388,13 +388,19 @@ impl ListenerHandler {
                 let origin = match origin {
                     Some(uri) => Some(uri),
                     None if !target.authority.is_empty() => {
-                        format!("http://{}{}", target.authority, target.path_and_query).parse().ok()
+                        format!("{}://{}{}", target.scheme, target.authority, target.path_and_query)
+                            .parse()
+                            .ok()
                     }
                     None => None,
                 };
                 let Some(origin) = origin else {
                     return self
-                        .fail(ex, StatusCode::BAD_REQUEST, "no Host header to name the origin to the parent proxy")
+                        .fail(
+                            ex,
+                            StatusCode::BAD_REQUEST,
+                            "no Host header to name the origin to the parent proxy",
+                        )
                         .await;
                 };
                 match with_path(origin, path_and_query) {

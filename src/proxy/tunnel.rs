@@ -39,7 +39,12 @@ pub async fn run(
         return Outcome::Close;
     }
     let opened = match parent {
-        None => sh.upstream.connector().tcp(host, port).await.map(|s| (s, bytes::Bytes::new())),
+        None => sh
+            .upstream
+            .connector()
+            .tcp(host, port)
+            .await
+            .map(|s| (s, bytes::Bytes::new())),
         Some(g) => through_parent(sh, g, host, port).await,
     };
     let (upstream, parent_early) = match opened {

@@ -104,7 +104,7 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
                     let how = if target.scheme == "https" {
                         format!("CONNECT {}:{} through the parent, then TLS", target.host, target.port)
                     } else {
-                        format!("GET {}://{}{pq} in absolute form", target.scheme, target.authority)
+                        format!("{method} {}://{}{pq} in absolute form", target.scheme, target.authority)
                     };
                     let _ = writeln!(
                         out,

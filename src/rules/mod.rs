@@ -424,6 +424,12 @@ redirect = { to = "/x" }
         let e = parse_str(&PARENTS.replace("proxy2.test:3128", "https://proxy2.test"), "t.toml").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("upstream[1].servers[1]"), "{e}");
         assert!(e.message.contains("plain TCP"), "{e}");
+        let e = parse_str(
+            &PARENTS.replace("parent = true", "parent = true\nhost_header = \"rewrite\""),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("upstream[1].host_header"), "{e}");
         let e = parse_str(&PARENTS.replace("parent = true", "parent = \"yes\""), "t.toml").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("upstream[1].parent"), "{e}");
     }
@@ -446,7 +452,10 @@ redirect = { to = "/x" }
             "{out}"
         );
         let out = explain(&c, "t.toml", &[], &probe("https://www.via.test/a")).unwrap();
-        assert!(out.contains("CONNECT www.via.test:443 through the parent, then TLS"), "{out}");
+        assert!(
+            out.contains("CONNECT www.via.test:443 through the parent, then TLS"),
+            "{out}"
+        );
         let out = explain(&c, "t.toml", &[], &probe("http://other.test/a")).unwrap();
         assert!(out.contains("no rule matched"), "{out}");
     }

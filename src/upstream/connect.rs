@@ -382,10 +382,7 @@ impl Connector {
                     return Err(ConnectError {
                         kind: ConnectErrorKind::Parent,
                         target: format!("{host}:{port}"),
-                        detail: format!(
-                            "parent {} sent data before the TLS handshake",
-                            parent.authority
-                        ),
+                        detail: format!("parent {} sent data before the TLS handshake", parent.authority),
                     });
                 }
                 tcp
@@ -550,4 +547,19 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_status;
+
+    #[test]
+    fn connect_answer_status_lines() {
+        assert_eq!(connect_status("HTTP/1.1 200 Connection established"), Some(200));
+        assert_eq!(connect_status("HTTP/1.0 200"), Some(200));
+        assert_eq!(connect_status("HTTP/1.1 407 Proxy Authentication Required"), Some(407));
+        assert_eq!(connect_status("SSH-2.0-OpenSSH"), None);
+        assert_eq!(connect_status("HTTP/1.1 20 short"), None);
+        assert_eq!(connect_status("HTTP/2 200"), None);
+    }
 }
