@@ -1,9 +1,11 @@
 //! Parent proxies (`[[upstream]] parent = true`) through the real binary: a
-//! rule-matched request reaches the parent in absolute form (forward and
-//! reverse listeners) while others go straight to the origin; a refused
-//! parent is skipped for the next one; responses via a parent are cached;
-//! CONNECT and `https://` origins are tunnelled through the parent; and
-//! `portico check` / `portico rules test` on parent configs.
+//! rule-matched request reaches the parent in absolute form (forward,
+//! reverse and transparent listeners) while others go straight to the
+//! origin; a refused parent is skipped for the next one; responses via a
+//! parent are cached; CONNECT and `https://` origins are tunnelled through
+//! the parent; a Portico parent with another Via name serves, one with the
+//! same name is a loop (508); and `portico check` / `portico rules test` on
+//! parent configs.
 //!
 //! The parent here is a fake proxy written in the test: it records each
 //! request head it gets and answers a canned response whose body is the
@@ -129,8 +131,10 @@ async fn rule_matched_requests_reach_the_parent_in_absolute_form_others_go_direc
     let origin = Origin::start(|req| async move { Response::ok(format!("origin {}", req.uri)) }).await;
     let fwd = free_addr();
     let rev = free_addr();
+    let tra = free_addr();
     let config = format!(
         "[[listener]]\naddress = \"{fwd}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"{rev}\"\nmode = \"reverse\"\n\n\
+         [[listener]]\naddress = \"{tra}\"\nmode = \"transparent\"\n\n\
          [proxy]\nvia = \"portico-child\"\n\n[cache]\nenabled = false\n\n{}\
          [[rule]]\nhost = \"*.via.test\"\nupstream = \"parents\"\n\n\
          [[rule]]\nmode = \"reverse\"\nupstream = \"parents\"\n",
@@ -139,6 +143,7 @@ async fn rule_matched_requests_reach_the_parent_in_absolute_form_others_go_direc
     let portico = Portico::start(&config).await;
     let fwd: SocketAddr = fwd.parse().unwrap();
     let rev: SocketAddr = rev.parse().unwrap();
+    let tra: SocketAddr = tra.parse().unwrap();
 
     // Forward listener, rule matches: the parent gets the absolute URL.
     let r = send(
@@ -175,6 +180,12 @@ async fn rule_matched_requests_reach_the_parent_in_absolute_form_others_go_direc
     assert_eq!(r.body_str(), "GET http://Site.Test/r?x HTTP/1.1");
     let heads = parent.heads();
     assert_eq!(field(&heads[1], "host"), Some("Site.Test"), "{}", heads[1]);
+
+    // Transparent listener: the URL is made of Host and the target too.
+    let r = send(tra, "GET /t HTTP/1.1\r\nHost: www.via.test\r\n\r\n").await;
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(r.body_str(), "GET http://www.via.test/t HTTP/1.1");
+    assert_eq!(parent.heads().len(), 3);
     assert_eq!(origin.count(), 1);
 }
 
