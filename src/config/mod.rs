@@ -347,6 +347,10 @@ pub struct UpstreamConfig {
     /// Retry idempotent requests without a body once on another server when a connect fails.
     #[serde(default = "default_true")]
     pub retry: bool,
+    /// The servers are parent proxies, not origins: requests go to them in
+    /// absolute form (`GET http://origin/path`), CONNECT tunnels through them.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub parent: bool,
 }
 
 fn default_host_header() -> HostHeader {
