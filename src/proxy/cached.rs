@@ -64,14 +64,14 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         .as_ref()
         .filter(|c| c.is_running() && c.enabled_for(dest.route()))
     else {
-        return forward(ex, sh, &dest).await;
+        return Box::pin(forward(ex, sh, &dest)).await;
     };
     let policy = cache.policy_for(dest.route());
     let (scheme, authority, pq) = dest.public_url();
     let key = cache.key(&scheme, &authority, &pq);
     let method = ex.head.method.clone();
     if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
-        let result = forward(ex, sh, &dest).await;
+        let result = Box::pin(forward(ex, sh, &dest)).await;
         if let Some(status) = ex.out.status() {
             for k in policy.invalidations(&method, &key, status, ex.out.sent_headers()) {
                 cache.invalidate(&k).await;
@@ -113,14 +113,14 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
             }
             Decision::Revalidate {
                 stale_if_error_until, ..
-            } => return revalidate(ex, sh, cache, &dest, &key, stored, stale_if_error_until).await,
+            } => return Box::pin(revalidate(ex, sh, cache, &dest, &key, stored, stale_if_error_until)).await,
         }
     }
     cache.stats.miss();
     if policy::only_if_cached(&ex.head.headers) {
         return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
     }
-    fetch_and_store(ex, sh, cache, &dest, &key).await
+    Box::pin(fetch_and_store(ex, sh, cache, &dest, &key)).await
 }
 
 /// Validates a stored response with the origin, then serves the stored

@@ -219,7 +219,7 @@ impl Handler for ListenerHandler {
             // closed after, out of the keep-alive ones), so reading them
             // does not change them.
             sh.stats.admin_request();
-            let outcome = monitor::serve(ep, &query, ex, &sh).await;
+            let outcome = Box::pin(monitor::serve(ep, &query, ex, &sh)).await;
             self.log(ex, &sh, started);
             return outcome;
         }
@@ -346,7 +346,7 @@ impl ListenerHandler {
             Ok(Target::Tunnel { host, port }) => {
                 let parent = self.tunnel_parent(ex, sh, &host, port);
                 drop(route_stage);
-                return tunnel::run(ex, sh, &host, port, parent, permit).await;
+                return Box::pin(tunnel::run(ex, sh, &host, port, parent, permit)).await;
             }
             Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
@@ -447,7 +447,7 @@ impl ListenerHandler {
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
-            purge::purge(ex, sh, &dest).await
+            Box::pin(purge::purge(ex, sh, &dest)).await
         } else {
             cached::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };

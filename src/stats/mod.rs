@@ -17,7 +17,10 @@ pub use hist::{HistSnapshot, Histogram};
 pub use snapshot::*;
 
 use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// The clock the per-stage timing reads, about a dozen times per request:
@@ -357,14 +360,35 @@ tokio::task_local! {
 
 /// Runs one request's future with a timer; on completion its timings go
 /// to `stats`. The caller skips this when statistics are off.
-pub async fn timed<F: std::future::Future>(stats: &Stats, fut: F) -> F::Output {
-    TIMER
-        .scope(Box::new(RefCell::new(RequestTimer::new())), async {
-            let out = fut.await;
-            let _ = TIMER.try_with(|t| stats.record(&t.borrow()));
-            out
-        })
-        .await
+///
+/// A plain function returning a hand-written future, not an `async fn`:
+/// an `async fn` (or block) that takes `fut` by value holds it twice in its
+/// state (the argument and the awaited copy), which tripled the size of the
+/// request's future (22 KB instead of 7), and the connection copies that
+/// future into a box once per request.
+pub fn timed<'a, F: Future + 'a>(stats: &'a Stats, fut: F) -> impl Future<Output = F::Output> + 'a {
+    TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), Recorded { stats, fut })
+}
+
+pin_project_lite::pin_project! {
+    /// A timed request's future: when it completes, still inside the
+    /// timer's scope, its timings are added to the statistics.
+    struct Recorded<'a, F> {
+        stats: &'a Stats,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Recorded<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.fut.poll(cx));
+        let _ = TIMER.try_with(|t| this.stats.record(&t.borrow()));
+        Poll::Ready(out)
+    }
 }
 
 /// Times a stage until the guard is dropped; does nothing outside a timed request.
