@@ -187,7 +187,10 @@ struct RemoveOnDrop(PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+        // Already gone when the last worker out removed it (`workers::leave`).
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
             tracing::warn!("cannot remove {}: {e}", self.0.display());
         }
     }

@@ -615,3 +615,31 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
     assert!(status.success(), "{status}\n{}", p.stderr());
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_no_statistics_directory() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let pids = both_started(&p).await;
+    let dir = std::env::temp_dir().join(format!("portico-{}-stats", p.pid()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dir.join("worker-0.json").exists() || !dir.join("worker-1.json").exists() {
+        assert!(Instant::now() < deadline, "no figures written to {}", dir.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The workers get SIGTERM when the supervisor dies, and the last one
+    // out removes the directory.
+    p.signal(libc::SIGKILL);
+    let _ = p.wait_exit(Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.values().any(|pid| process_exists(*pid)) || dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} left behind\n{}",
+            dir.display(),
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

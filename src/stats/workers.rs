@@ -87,6 +87,19 @@ pub fn write(dir: &Path, index: usize, report: &Report) -> std::io::Result<()> {
     result
 }
 
+/// At a worker's exit: removes its file, then the directory if that left it
+/// empty. The supervisor removes the directory when it exits; this covers a
+/// supervisor killed outright (the workers get SIGTERM and exit cleanly),
+/// so the last worker out leaves no directory behind.
+pub fn leave() {
+    let (Some(dir), Some(index)) = (dir(), crate::supervisor::worker_index()) else {
+        return;
+    };
+    let _ = std::fs::remove_file(file(&dir, index));
+    // Fails (and is meant to) while another worker's file is there.
+    let _ = std::fs::remove_dir(&dir);
+}
+
 /// True if process `pid` exists (and is not a zombie waiting to be reaped).
 fn running(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else {

@@ -320,8 +320,8 @@ fn processes(o: &mut String, s: &Snapshot) {
     let _ = writeln!(o, "Processes:\n{RULE}");
     let _ = writeln!(
         o,
-        "{:<8}{:>9}{:>12}{:>8}{:>14}{:>10}{:>10}{:>8}  {}",
-        "worker", "pid", "requests", "active", "rss bytes", "cpu s", "up s", "age s", "status"
+        "{:<8}{:>9}{:>12}{:>8}{:>14}{:>10}{:>10}{:>8}  status",
+        "worker", "pid", "requests", "active", "rss bytes", "cpu s", "up s", "age s"
     );
     for p in &s.processes {
         if p.counted {
