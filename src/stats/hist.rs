@@ -92,15 +92,10 @@ pub struct HistSnapshot {
     /// Their sum in microseconds.
     pub sum_us: u64,
     /// Per-bucket counts (see [`BUCKETS`]); empty for an empty histogram built by hand.
-    /// Serialized sparsely as `[[bucket, count], ...]` (non-zero buckets only):
+    /// Serialized sparsely as `[[bucket index, count], ...]` (non-zero buckets only):
     /// worker processes exchange their histograms this way, and the JSON
     /// document stays short.
-    #[serde(
-        rename = "buckets",
-        serialize_with = "sparse_out",
-        deserialize_with = "sparse_in",
-        default
-    )]
+    #[serde(serialize_with = "sparse_out", deserialize_with = "sparse_in", default)]
     pub counts: Vec<u64>,
 }
 
