@@ -173,6 +173,10 @@ async fn a_bad_custom_format_is_refused_and_empty_access_disables() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("log.custom_format") && err.contains("%q"), "{err}");
+    let out = Portico::check("[log]\naccess_queue = 0\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":2: key `log.access_queue`: must be at least 1"), "{err}");
 
     let o = Origin::start(|_| async { Response::ok("x") }).await;
     let p = proxy("access = \"\"").await;
@@ -213,4 +217,77 @@ async fn client_names_are_resolved_off_the_request_path_when_asked() {
         perf.contains("CacheEntries     1/1024\nHitRatio         2/3 ( 66.67%)"),
         "{perf}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_cannot_keep_up_drops_lines_never_requests_and_the_advisor_says_so() {
+    use std::os::unix::fs::OpenOptionsExt;
+    // The access log is a pipe nobody reads: once the pipe and the
+    // writer's buffer are full, the writer thread blocks for good, as on a
+    // disk that stopped answering.
+    let fifo_dir = tempfile::tempdir().expect("tempdir");
+    let fifo = fifo_dir.path().join("access.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    // Held open for reading (never read) so the server's open for writing
+    // does not wait for a reader.
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("open fifo");
+    let o = Origin::start(|_| async { Response::ok("x").header("Cache-Control", "max-age=600") }).await;
+    let p = proxy(&format!("access = \"{}\"\naccess_queue = 16", fifo.display())).await;
+    // Long User-Agents make long Combined lines: about 300 requests fill
+    // the 64 KiB pipe and the writer's 64 KiB buffer.
+    let ua = "u".repeat(1000);
+    let url = format!("{}/obj", o.url());
+    let mut c = RawClient::connect(p.addr()).await;
+    for i in 0..1000 {
+        // A new connection now and then: keepalive.max_requests ends each one.
+        if i % 50 == 0 {
+            c = RawClient::connect(p.addr()).await;
+        }
+        c.send(format!("GET {url} HTTP/1.1\r\nHost: x\r\nUser-Agent: {ua}{i}\r\n\r\n").as_bytes())
+            .await;
+        // Every request is answered, whatever the log does.
+        assert_eq!(c.read_response().await.status, 200, "request {i}");
+    }
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    // "Access Log                   combined (N lines, D dropped)"
+    let dropped: u64 = perf
+        .lines()
+        .find(|l| l.starts_with("Access Log"))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Access Log line in {perf}"));
+    assert!(dropped > 500, "dropped {dropped}\n{perf}");
+    assert!(perf.contains("[access-log-slow] The access log"), "{perf}");
+    assert!(perf.contains(&format!("{dropped} lines dropped")), "{perf}");
+    let metrics = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    // The monitoring requests are logged (and dropped) too.
+    let in_metrics: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("portico_access_log_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no dropped counter in {metrics}"));
+    assert!(in_metrics >= dropped, "{in_metrics} < {dropped}");
 }

@@ -17,6 +17,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "upstream.host_header",
     "upstream.down_time",
     "upstream.retry",
+    "upstream.parent",
     "rule.host",
     "rule.path",
     "rule.upstream",

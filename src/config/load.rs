@@ -203,9 +203,23 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 "an upstream needs at least one server".into(),
             ));
         }
+        if u.parent && u.host_header == crate::config::HostHeader::Rewrite {
+            return Err((
+                vec![Key("upstream"), Index(i), Key("host_header")],
+                "a parent proxy is sent the origin's Host: host_header = \"rewrite\" does not apply to a parent group"
+                    .into(),
+            ));
+        }
         for (j, s) in u.servers.iter().enumerate() {
-            if let Err(e) = crate::upstream::ServerAddr::parse(s) {
-                return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e));
+            match crate::upstream::ServerAddr::parse(s) {
+                Err(e) => return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e)),
+                Ok(a) if u.parent && a.scheme != http::uri::Scheme::HTTP => {
+                    return Err((
+                        vec![Key("upstream"), Index(i), Key("servers"), Index(j)],
+                        format!("parent proxy {s:?}: parent proxies are reached over plain TCP; write host:port"),
+                    ));
+                }
+                Ok(_) => {}
             }
         }
     }
@@ -242,6 +256,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         && let Err(e) = crate::log::check_format(&c.log.custom_format)
     {
         return Err((vec![Key("log"), Key("custom_format")], e));
+    }
+    if c.log.access_queue == 0 {
+        return Err((
+            vec![Key("log"), Key("access_queue")],
+            "must be at least 1 (lines the writer may have queued)".to_string(),
+        ));
     }
     let m = &c.monitor;
     let paths = [

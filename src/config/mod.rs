@@ -347,6 +347,10 @@ pub struct UpstreamConfig {
     /// Retry idempotent requests without a body once on another server when a connect fails.
     #[serde(default = "default_true")]
     pub retry: bool,
+    /// The servers are parent proxies, not origins: requests go to them in
+    /// absolute form (`GET http://origin/path`), CONNECT tunnels through them.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub parent: bool,
 }
 
 fn default_host_header() -> HostHeader {
@@ -733,6 +737,9 @@ pub struct LogConfig {
     pub custom_format: String,
     /// Log client host names (reverse DNS, cached) instead of addresses.
     pub resolve_clients: bool,
+    /// Lines the access-log writer may have queued before new ones are
+    /// dropped (and counted).
+    pub access_queue: usize,
     /// Error log level: error | warn | info | debug | trace.
     pub level: String,
     /// Error log file; empty = standard error.
@@ -746,6 +753,7 @@ impl Default for LogConfig {
             format: LogFormat::Combined,
             custom_format: "%h %l %u %t \"%r\" %>s %b %D %C".to_string(),
             resolve_clients: false,
+            access_queue: crate::log::DEFAULT_QUEUE,
             level: "info".to_string(),
             error: PathBuf::new(),
         }

@@ -79,11 +79,14 @@ pub struct AccessLog {
     format: LogFormat,
     custom: Vec<Token>,
     counters: Arc<Counters>,
+    /// Length of the writer's queue.
+    queue_limit: u64,
 }
 
-/// Lines queued beyond this are dropped (and counted) rather than letting
-/// memory grow, or a request wait, when the disk cannot keep up.
-const QUEUE: usize = 65536;
+/// Default length of the writer's queue (`log.access_queue`): lines queued
+/// beyond it are dropped (and counted) rather than letting memory grow, or a
+/// request wait, when the disk cannot keep up.
+pub const DEFAULT_QUEUE: usize = 65536;
 
 /// Parses a custom format (`%h %l %u %t "%r" %>s %b %D %C %{Name}i`...).
 fn parse_format(f: &str) -> Result<Vec<Token>, String> {
@@ -159,6 +162,7 @@ impl AccessLog {
         format: LogFormat,
         custom_format: &str,
         resolve_clients: bool,
+        queue: usize,
     ) -> Result<AccessLog, String> {
         let custom = if format == LogFormat::Custom {
             parse_format(custom_format).map_err(|e| format!("log.custom_format: {e}"))?
@@ -173,10 +177,11 @@ impl AccessLog {
                 format,
                 custom,
                 counters,
+                queue_limit: 0,
             });
         }
         let file = open_file(path).map_err(|e| format!("cannot open access log {}: {e}", path.display()))?;
-        let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
+        let (tx, rx) = mpsc::sync_channel::<String>(queue.max(1));
         let c = counters.clone();
         let path = path.to_path_buf();
         std::thread::Builder::new()
@@ -189,6 +194,7 @@ impl AccessLog {
             format,
             custom,
             counters,
+            queue_limit: queue.max(1) as u64,
         })
     }
 
@@ -236,7 +242,7 @@ impl AccessLog {
             lines: c.lines.load(Ordering::Relaxed),
             dropped: c.dropped.load(Ordering::Relaxed),
             queued: c.queued.load(Ordering::Relaxed),
-            queue_limit: QUEUE as u64,
+            queue_limit: self.queue_limit,
         }
     }
 }
@@ -540,7 +546,7 @@ mod tests {
     fn every_queued_line_is_written_and_counted() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("access.log");
-        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
+        let log = AccessLog::open(&path, LogFormat::Common, "", false, DEFAULT_QUEUE).unwrap();
         for _ in 0..1000 {
             log.record(&record(1));
         }
@@ -553,7 +559,7 @@ mod tests {
     fn reopen_after_rename_writes_to_a_new_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("access.log");
-        let log = AccessLog::open(&path, LogFormat::Common, "", false).unwrap();
+        let log = AccessLog::open(&path, LogFormat::Common, "", false, DEFAULT_QUEUE).unwrap();
         log.record(&record(1));
         assert_eq!(wait_lines(&path, 1), 1);
         let old = dir.path().join("access.log.1");

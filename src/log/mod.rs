@@ -2,7 +2,7 @@
 
 mod access;
 
-pub use access::{AccessLog, AccessRecord, check_format};
+pub use access::{AccessLog, AccessRecord, DEFAULT_QUEUE, check_format};
 
 use crate::config::LogConfig;
 

@@ -1,6 +1,7 @@
-//! Forwarding a request to an origin and streaming the response back, with
-//! both bodies streamed (never held whole), and retry on another server of
-//! a group when a connect fails.
+//! Forwarding a request to an origin (directly, to a server of a group, or
+//! through a parent proxy) and streaming the response back, with both
+//! bodies streamed (never held whole), and retry on another server of a
+//! group when a connect fails.
 
 use super::Shared;
 use super::headers::{add_via, decrement_max_forwards, forwarded_for, strip_hop_by_hop};
@@ -8,7 +9,7 @@ use crate::config::HostHeader;
 use crate::http1::RequestHead;
 use crate::http1::head::list_tokens;
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
-use crate::upstream::{BodySender, ConnectErrorKind, ProxyBody, UpstreamError};
+use crate::upstream::{BodySender, ConnectErrorKind, ProxyBody, Upstream, UpstreamError};
 use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -42,15 +43,25 @@ pub enum To {
         /// The host the client asked for (public name, for Host and Location).
         public_host: String,
     },
+    /// The origin named by `origin`, fetched through a parent proxy of a
+    /// `parent = true` group (chosen by a rule).
+    Parent {
+        /// Index into the shared group list.
+        group: usize,
+        /// The origin's absolute URI, sent to the parent as the request target.
+        origin: Uri,
+    },
 }
 
 /// One try at sending a request: where, with which Host, and how to
 /// rewrite the response's Location.
-struct Attempt {
+struct Attempt<'a> {
     uri: Uri,
     host: HeaderValue,
     rewrite: Option<LocationRewrite>,
     server: Option<usize>,
+    /// The client that sends it: the direct one, or a parent server's.
+    upstream: &'a Upstream,
 }
 
 impl Dest {
@@ -62,7 +73,7 @@ impl Dest {
     /// The scheme, authority and path the client asked for (the cache key's parts).
     pub fn public_url(&self) -> (String, String, String) {
         match &self.to {
-            To::Origin(uri) => (
+            To::Origin(uri) | To::Parent { origin: uri, .. } => (
                 uri.scheme_str().unwrap_or("http").to_string(),
                 uri.authority().map_or(String::new(), |a| a.as_str().to_string()),
                 uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
@@ -76,14 +87,37 @@ impl Dest {
     }
 
     /// The next attempt; `failed` is the server whose connect failed last.
-    fn attempt(&self, sh: &Shared, failed: Option<usize>) -> Result<Attempt, Failure> {
+    fn attempt<'a>(&self, sh: &'a Shared, failed: Option<usize>) -> Result<Attempt<'a>, Failure> {
         match &self.to {
             To::Origin(uri) => Ok(Attempt {
                 host: HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?,
                 uri: uri.clone(),
                 rewrite: None,
                 server: None,
+                upstream: &sh.upstream,
             }),
+            To::Parent { group, origin } => {
+                let idx = sh.groups[*group].pick(failed);
+                let upstream = sh
+                    .parents
+                    .get(*group)
+                    .and_then(|servers| servers.get(idx))
+                    .ok_or_else(|| {
+                        (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "parent proxy client missing".to_string(),
+                        )
+                    })?;
+                Ok(Attempt {
+                    // The parent fetches the origin: Host is the origin's.
+                    host: HeaderValue::from_str(origin.authority().map_or("", |a| a.as_str()))
+                        .map_err(|_| bad_uri())?,
+                    uri: origin.clone(),
+                    rewrite: None,
+                    server: Some(idx),
+                    upstream,
+                })
+            }
             To::Group {
                 group,
                 path_and_query,
@@ -108,6 +142,7 @@ impl Dest {
                     host,
                     rewrite,
                     server: Some(idx),
+                    upstream: &sh.upstream,
                 })
             }
         }
@@ -117,10 +152,12 @@ impl Dest {
     /// failures and says whether to try another server (once, for an
     /// idempotent request without a body).
     fn retry_after(&self, sh: &Shared, attempt: &Attempt, head: &RequestHead, e: &UpstreamError, tried: bool) -> bool {
-        let (To::Group { group, .. }, Some(idx)) = (&self.to, attempt.server) else {
+        let (To::Group { group, .. } | To::Parent { group, .. }, Some(idx)) = (&self.to, attempt.server) else {
             return false;
         };
-        if !e.is_connect() {
+        // A parent that answered CONNECT with an error is up: the origin
+        // behind it is what failed, and another parent would likely fail too.
+        if !e.is_connect() || matches!(e, UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Parent) {
             return false;
         }
         let group = &sh.groups[*group];
@@ -150,7 +187,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             attempt.host.clone(),
             None,
         )?;
-        match exchange(ex, sh, parts, attempt.rewrite.as_ref()).await {
+        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref()).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 if dest.retry_after(sh, &attempt, &ex.head, &e, failed.is_some()) {
@@ -179,7 +216,7 @@ pub async fn fetch(
         let attempt = dest.attempt(sh, failed)?;
         let parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
         let request = Request::from_parts(parts, ProxyBody::empty());
-        match sh.upstream.send(request).await {
+        match attempt.upstream.send(request).await {
             Ok(response) => return Ok((response, attempt.rewrite)),
             Err(e) => {
                 if dest.retry_after(sh, &attempt, head, &e, failed.is_some()) {
@@ -289,6 +326,7 @@ fn request_parts(
 async fn exchange(
     ex: &mut Exchange<'_>,
     sh: &Shared,
+    upstream: &Upstream,
     parts: http::request::Parts,
     rewrite: Option<&LocationRewrite>,
 ) -> Result<(), UpstreamError> {
@@ -315,7 +353,7 @@ async fn exchange(
 
     let pump = pump(reader, sender);
     let respond = async {
-        let response = sh.upstream.send(request).await?;
+        let response = upstream.send(request).await?;
         stream_response(out, response, sh, rewrite).await;
         Ok::<(), UpstreamError>(())
     };

@@ -34,6 +34,9 @@ pub struct Shared {
     pub rules: Rules,
     groups: Vec<Group>,
     upstream: Arc<Upstream>,
+    /// For each group, one client per server when the group's servers are
+    /// parent proxies (`parent = true`); empty for origin groups.
+    parents: Vec<Vec<Upstream>>,
     /// The access log writer.
     pub access_log: Arc<AccessLog>,
     /// The HTTP cache, unless `cache.enabled = false`.
@@ -90,12 +93,22 @@ impl Shared {
             Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),
             _ => Arc::new(Upstream::new(&config.origin)?),
         };
+        // Rebuilt with the groups (a reload starts their pools afresh, as
+        // it does the groups' health).
+        let parents = groups
+            .iter()
+            .map(|g| match g.parent {
+                true => (0..g.len()).map(|i| upstream.via_parent(g.server(i))).collect(),
+                false => Vec::new(),
+            })
+            .collect();
         let access_log = match old {
             Some(o)
                 if o.config.log.access == config.log.access
                     && o.config.log.format == config.log.format
                     && o.config.log.custom_format == config.log.custom_format
-                    && o.config.log.resolve_clients == config.log.resolve_clients =>
+                    && o.config.log.resolve_clients == config.log.resolve_clients
+                    && o.config.log.access_queue == config.log.access_queue =>
             {
                 o.access_log.clone()
             }
@@ -104,6 +117,7 @@ impl Shared {
                 config.log.format,
                 &config.log.custom_format,
                 config.log.resolve_clients,
+                config.log.access_queue,
             )?),
         };
         // The statistics outlive a reload unless what they are laid out by
@@ -144,12 +158,24 @@ impl Shared {
             rules,
             groups,
             upstream,
+            parents,
             access_log,
             cache,
             blocking,
             config,
         })
     }
+}
+
+/// `uri` with its path and query replaced by `path_and_query`, if given
+/// (a rule's rewrite); None if the result is not a valid URI.
+fn with_path(uri: http::Uri, path_and_query: Option<String>) -> Option<http::Uri> {
+    let Some(pq) = path_and_query else {
+        return Some(uri);
+    };
+    let mut parts = uri.into_parts();
+    parts.path_and_query = Some(pq.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
 }
 
 /// Serves the requests of one listener.
@@ -318,8 +344,9 @@ impl ListenerHandler {
         let route_stage = crate::stats::stage(crate::stats::Stage::Route);
         let target = match classify(&ex.head, self.mode) {
             Ok(Target::Tunnel { host, port }) => {
+                let parent = self.tunnel_parent(ex, sh, &host, port);
                 drop(route_stage);
-                return tunnel::run(ex, sh, &host, port, permit).await;
+                return tunnel::run(ex, sh, &host, port, parent, permit).await;
             }
             Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
@@ -356,28 +383,56 @@ impl ListenerHandler {
             None => None,
         };
         let to = match (route.upstream, target.origin) {
+            (Some(group), origin) if sh.groups[group].parent => {
+                // The parent is sent the origin's absolute URL: the
+                // request's own (forward, transparent), or on a reverse
+                // listener the one made of Host and the target.
+                let origin = match origin {
+                    Some(uri) => Some(uri),
+                    None if !target.authority.is_empty() => {
+                        format!("{}://{}{}", target.scheme, target.authority, target.path_and_query)
+                            .parse()
+                            .ok()
+                    }
+                    None => None,
+                };
+                let Some(origin) = origin else {
+                    return self
+                        .fail(
+                            ex,
+                            StatusCode::BAD_REQUEST,
+                            "no Host header to name the origin to the parent proxy",
+                        )
+                        .await;
+                };
+                match with_path(origin, path_and_query) {
+                    Some(origin) => forward::To::Parent { group, origin },
+                    None => {
+                        return self
+                            .fail(
+                                ex,
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "a routing rule rewrote the URL into an invalid one",
+                            )
+                            .await;
+                    }
+                }
+            }
             (Some(group), _) => forward::To::Group {
                 group,
                 path_and_query: path_and_query.unwrap_or(target.path_and_query),
                 public_host: target.authority,
             },
-            (None, Some(uri)) => match path_and_query {
-                None => forward::To::Origin(uri),
-                Some(pq) => {
-                    let mut parts = uri.into_parts();
-                    parts.path_and_query = pq.parse().ok();
-                    match http::Uri::from_parts(parts) {
-                        Ok(uri) => forward::To::Origin(uri),
-                        Err(_) => {
-                            return self
-                                .fail(
-                                    ex,
-                                    StatusCode::INTERNAL_SERVER_ERROR,
-                                    "a routing rule rewrote the URL into an invalid one",
-                                )
-                                .await;
-                        }
-                    }
+            (None, Some(uri)) => match with_path(uri, path_and_query) {
+                Some(uri) => forward::To::Origin(uri),
+                None => {
+                    return self
+                        .fail(
+                            ex,
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "a routing rule rewrote the URL into an invalid one",
+                        )
+                        .await;
                 }
             },
             (None, None) => {
@@ -414,6 +469,28 @@ impl ListenerHandler {
             headers: &ex.head.headers,
             mode: self.mode,
         })
+    }
+
+    /// The parent group a CONNECT to `host:port` goes through: the rules'
+    /// `upstream`, if it names a `parent = true` group. A CONNECT is
+    /// matched with method `CONNECT`, no scheme and an empty path; of the
+    /// matching rules' actions only a parent `upstream` applies to it.
+    fn tunnel_parent(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Option<usize> {
+        if sh.rules.is_empty() {
+            return None;
+        }
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let route = sh.rules.route(&crate::rules::Request {
+            method: &ex.head.method,
+            scheme: "",
+            host: &host,
+            port,
+            path_and_query: "",
+            client: ex.peer.ip(),
+            headers: &ex.head.headers,
+            mode: self.mode,
+        });
+        route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent))
     }
 
     /// The busy page of the request's route, if its rules name one

@@ -1,6 +1,7 @@
-//! CONNECT tunnels: a TCP connection to an allowed port, then bytes copied
-//! both ways until both sides have closed, or neither has sent anything
-//! for `proxy.tunnel_idle_timeout`.
+//! CONNECT tunnels: a TCP connection to an allowed port (directly, or
+//! through a parent proxy's own CONNECT when a rule names a parent group),
+//! then bytes copied both ways until both sides have closed, or neither has
+//! sent anything for `proxy.tunnel_idle_timeout`.
 
 use super::Shared;
 use super::reply::error_page;
@@ -16,12 +17,14 @@ use tokio::net::TcpStream;
 
 /// Serves a CONNECT request. Its admission `permit` is given back once the
 /// tunnel is established: a tunnel is a byte pump that may last hours, and
-/// must not hold a place among the requests in service.
+/// must not hold a place among the requests in service. `parent` is the
+/// parent group (index) to tunnel through, if a rule chose one.
 pub async fn run(
     ex: &mut Exchange<'_>,
     sh: &Shared,
     host: &str,
     port: u16,
+    parent: Option<usize>,
     permit: &mut Option<Permit<'_>>,
 ) -> Outcome {
     if !sh.config.proxy.connect_ports.contains(&port) {
@@ -35,7 +38,16 @@ pub async fn run(
         .await;
         return Outcome::Close;
     }
-    let upstream = match sh.upstream.connector().tcp(host, port).await {
+    let opened = match parent {
+        None => sh
+            .upstream
+            .connector()
+            .tcp(host, port)
+            .await
+            .map(|s| (s, bytes::Bytes::new())),
+        Some(g) => through_parent(sh, g, host, port).await,
+    };
+    let (upstream, parent_early) = match opened {
         Ok(s) => s,
         Err(e) => {
             let status = if e.kind == ConnectErrorKind::Timeout {
@@ -58,6 +70,12 @@ pub async fn run(
         return Outcome::Close;
     }
     permit.take();
+    // Bytes the far end sent right after the parent's answer (a protocol
+    // where the server speaks first) were read with that answer.
+    if !parent_early.is_empty() && write_all(ex.stream, &parent_early).await.is_err() {
+        return Outcome::Close;
+    }
+    ex.out.add_body_bytes(parent_early.len() as u64);
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
@@ -77,6 +95,34 @@ pub async fn run(
         up + early.len() as u64
     );
     Outcome::Close
+}
+
+/// Opens the tunnel through a parent of group `g`, with the group's passive
+/// health check and one retry on another parent when a connect fails.
+async fn through_parent(
+    sh: &Shared,
+    g: usize,
+    host: &str,
+    port: u16,
+) -> Result<(TcpStream, bytes::Bytes), crate::upstream::ConnectError> {
+    let group = &sh.groups[g];
+    let mut failed = None;
+    loop {
+        let idx = group.pick(failed);
+        match sh.upstream.connector().tunnel_via(group.server(idx), host, port).await {
+            Ok(t) => return Ok(t),
+            // The parent answered (with an error): it is up.
+            Err(e) if e.kind == ConnectErrorKind::Parent => return Err(e),
+            Err(e) => {
+                tracing::warn!(upstream = %group.name, server = %group.server(idx).authority, "marking server down: {e}");
+                group.mark_down(idx);
+                if failed.is_some() || !group.retry || group.len() < 2 {
+                    return Err(e);
+                }
+                failed = Some(idx);
+            }
+        }
+    }
 }
 
 /// Copies `from` to `to` until end of stream (then half-closes `to`), an

@@ -98,10 +98,26 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
         let _ = writeln!(out, "  redirect: {} {}", r.status.as_u16(), r.location);
     } else {
         match route.upstream {
-            Some(g) => {
-                let name = config.upstream.get(g).map_or("?", |u| u.name.as_str());
-                let _ = writeln!(out, "  upstream: {name}");
-            }
+            Some(g) => match config.upstream.get(g) {
+                Some(u) if u.parent => {
+                    let pq = route.path_and_query.as_deref().unwrap_or(&target.path_and_query);
+                    let how = if target.scheme == "https" {
+                        format!("CONNECT {}:{} through the parent, then TLS", target.host, target.port)
+                    } else {
+                        format!("{method} {}://{}{pq} in absolute form", target.scheme, target.authority)
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  upstream: {} (parent proxies: {}): {how}",
+                        u.name,
+                        u.servers.join(", ")
+                    );
+                }
+                u => {
+                    let name = u.map_or("?", |u| u.name.as_str());
+                    let _ = writeln!(out, "  upstream: {name}");
+                }
+            },
             None if mode == Mode::Reverse => {
                 let _ = writeln!(out, "  upstream: none: 404 (no matching rule chose an upstream)");
             }

@@ -408,4 +408,87 @@ redirect = { to = "/x" }
         assert!(again.rule[0].continue_);
         assert_eq!(again.rule[1].redirect.as_ref().map(|r| r.status), Some(302));
     }
+
+    const PARENTS: &str = "[[listener]]\naddress = \"127.0.0.1:1\"\nmode = \"forward\"\n\n[[upstream]]\nname = \"origins\"\nservers = [\"127.0.0.1:3\"]\n\n[[upstream]]\nname = \"parents\"\nparent = true\nservers = [\"127.0.0.1:4\", \"proxy2.test:3128\"]\n\n[[rule]]\nhost = \"*.via.test\"\nupstream = \"parents\"\n";
+
+    #[test]
+    fn parent_groups_parse_print_and_validate() {
+        let c = parse_str(PARENTS, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.upstream[0].parent);
+        assert!(c.upstream[1].parent);
+        let printed = c.to_toml();
+        assert!(printed.contains("parent = true"), "{printed}");
+        let again = parse_str(&printed, "printed").unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert!(again.upstream[1].parent);
+        // Parents are proxies reached over plain TCP.
+        let e = parse_str(&PARENTS.replace("proxy2.test:3128", "https://proxy2.test"), "t.toml").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("upstream[1].servers[1]"), "{e}");
+        assert!(e.message.contains("plain TCP"), "{e}");
+        let e = parse_str(
+            &PARENTS.replace("parent = true", "parent = true\nhost_header = \"rewrite\""),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("upstream[1].host_header"), "{e}");
+        let e = parse_str(&PARENTS.replace("parent = true", "parent = \"yes\""), "t.toml").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("upstream[1].parent"), "{e}");
+    }
+
+    #[test]
+    fn explain_names_the_parent_and_the_absolute_form() {
+        let c = parse_str(PARENTS, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        let probe = |url: &str| Probe {
+            url: url.into(),
+            method: "GET".into(),
+            client: "127.0.0.1".parse().unwrap(),
+            headers: Vec::new(),
+            mode: None,
+        };
+        let out = explain(&c, "t.toml", &[], &probe("http://www.via.test:8080/a?b")).unwrap();
+        assert!(
+            out.contains(
+                "upstream: parents (parent proxies: 127.0.0.1:4, proxy2.test:3128): GET http://www.via.test:8080/a?b in absolute form"
+            ),
+            "{out}"
+        );
+        let out = explain(&c, "t.toml", &[], &probe("https://www.via.test/a")).unwrap();
+        assert!(
+            out.contains("CONNECT www.via.test:443 through the parent, then TLS"),
+            "{out}"
+        );
+        let out = explain(&c, "t.toml", &[], &probe("http://other.test/a")).unwrap();
+        assert!(out.contains("no rule matched"), "{out}");
+    }
+
+    #[test]
+    fn connect_requests_match_host_and_port_but_not_path_or_scheme() {
+        let r = rules(
+            r#"
+[[rule]]
+path = "/"
+upstream = "a"
+[[rule]]
+scheme = "https"
+upstream = "a"
+[[rule]]
+host = "x.test"
+port = 443
+upstream = "b"
+"#,
+        );
+        let h = HeaderMap::new();
+        // What `ListenerHandler::tunnel_parent` asks for a CONNECT.
+        let connect = |host, port| Request {
+            method: &Method::CONNECT,
+            scheme: "",
+            host,
+            port,
+            path_and_query: "",
+            client: "127.0.0.1".parse().unwrap(),
+            headers: &h,
+            mode: crate::config::Mode::Forward,
+        };
+        assert_eq!(r.route(&connect("x.test", 443)).matched, [2]);
+        assert!(r.route(&connect("x.test", 8443)).matched.is_empty());
+    }
 }

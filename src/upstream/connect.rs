@@ -1,6 +1,10 @@
 //! Opening connections to origin servers: DNS (hickory, cached), TCP with a
 //! connect timeout, and TLS (rustls) for `https` origins. Used by the pooled
-//! HTTP client and by CONNECT tunnels.
+//! HTTP client and by CONNECT tunnels. A connector made with
+//! [`Connector::via_parent`] dials a parent proxy instead: `http` origins
+//! get a plain connection to the parent marked as proxied (so hyper sends
+//! the request line in absolute form), `https` origins a `CONNECT` tunnel
+//! through the parent with TLS to the origin inside it.
 
 use crate::stats::Histogram;
 use hickory_resolver::TokioResolver;
@@ -33,6 +37,10 @@ pub enum ConnectErrorKind {
     Timeout,
     /// The TLS handshake failed (bad certificate, protocol mismatch).
     Tls,
+    /// The parent proxy was reached but did not open the `CONNECT` tunnel
+    /// (it answered with an error status, or not in HTTP). Not the parent's
+    /// fault as a server: it is not marked down for this.
+    Parent,
 }
 
 /// A failed connection attempt, with what was tried.
@@ -53,6 +61,7 @@ impl std::fmt::Display for ConnectError {
             ConnectErrorKind::Refused => "cannot connect to",
             ConnectErrorKind::Timeout => "timed out connecting to",
             ConnectErrorKind::Tls => "TLS handshake failed with",
+            ConnectErrorKind::Parent => "the parent proxy did not open a tunnel to",
         };
         write!(f, "{what} {}: {}", self.target, self.detail)
     }
@@ -64,20 +73,24 @@ impl std::error::Error for ConnectError {}
 pub enum Conn {
     /// `http://`
     Plain(TcpStream),
-    /// `https://`
+    /// `https://` (also through a parent's `CONNECT` tunnel)
     Tls(Box<TlsStream<TcpStream>>),
+    /// A connection to a parent proxy, for `http://` origins.
+    Proxied(TcpStream),
 }
 
 impl Connection for Conn {
     fn connected(&self) -> Connected {
-        Connected::new()
+        // Marked proxied, hyper writes the request line in absolute form
+        // (`GET http://origin/path HTTP/1.1`), which a proxy needs.
+        Connected::new().proxy(matches!(self, Conn::Proxied(_)))
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -86,19 +99,19 @@ impl AsyncRead for Conn {
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
@@ -108,13 +121,13 @@ impl AsyncWrite for Conn {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
-            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Plain(s) | Conn::Proxied(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
         }
     }
@@ -158,7 +171,7 @@ impl UpstreamStats {
     pub fn connect_failed(&self, kind: ConnectErrorKind) {
         let c = match kind {
             ConnectErrorKind::Dns => &self.dns_errors,
-            ConnectErrorKind::Refused => &self.connect_errors,
+            ConnectErrorKind::Refused | ConnectErrorKind::Parent => &self.connect_errors,
             ConnectErrorKind::Timeout => &self.connect_timeouts,
             ConnectErrorKind::Tls => &self.tls_errors,
         };
@@ -222,6 +235,8 @@ pub struct Connector {
     resolver: Option<Arc<TokioResolver>>,
     tls: TlsConnector,
     connect_timeout: Duration,
+    /// The parent proxy every connection goes through, if any.
+    parent: Option<Arc<super::ServerAddr>>,
     /// Counters, shared with the pooled client.
     pub stats: Arc<UpstreamStats>,
     /// The DNS cache.
@@ -250,11 +265,21 @@ impl Connector {
             resolver,
             tls: TlsConnector::from(tls),
             connect_timeout,
+            parent: None,
             stats: Arc::default(),
             dns: Arc::new(DnsCache {
                 max: dns_cache_entries,
                 map: Mutex::new(HashMap::new()),
             }),
+        }
+    }
+
+    /// The same connector (resolver, TLS trust, counters), but dialling the
+    /// parent proxy `parent` for every connection.
+    pub fn via_parent(&self, parent: super::ServerAddr) -> Connector {
+        Connector {
+            parent: Some(Arc::new(parent)),
+            ..self.clone()
         }
     }
 
@@ -348,7 +373,21 @@ impl Connector {
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let host = uri.host().unwrap_or("");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tcp = self.tcp(host, port).await?;
+        let tcp = match &self.parent {
+            None => self.tcp(host, port).await?,
+            Some(parent) if !https => return self.dial_parent(parent).await.map(Conn::Proxied),
+            Some(parent) => {
+                let (tcp, early) = self.tunnel_via(parent, host, port).await?;
+                if !early.is_empty() {
+                    return Err(ConnectError {
+                        kind: ConnectErrorKind::Parent,
+                        target: format!("{host}:{port}"),
+                        detail: format!("parent {} sent data before the TLS handshake", parent.authority),
+                    });
+                }
+                tcp
+            }
+        };
         if !https {
             return Ok(Conn::Plain(tcp));
         }
@@ -370,6 +409,94 @@ impl Connector {
             }),
         }
     }
+}
+
+impl Connector {
+    /// Opens a TCP connection to the parent proxy `parent`.
+    async fn dial_parent(&self, parent: &super::ServerAddr) -> Result<TcpStream, ConnectError> {
+        let host = parent.authority.host();
+        let port = parent.authority.port_u16().unwrap_or(80);
+        self.tcp(host, port).await
+    }
+
+    /// Opens a tunnel to `host:port` through the parent proxy `parent`:
+    /// connects to it, sends `CONNECT host:port`, and on a 2xx answer
+    /// returns the connection, with any bytes that came after the answer's
+    /// head (the far end speaking first). All within the connect timeout.
+    pub async fn tunnel_via(
+        &self,
+        parent: &super::ServerAddr,
+        host: &str,
+        port: u16,
+    ) -> Result<(TcpStream, bytes::Bytes), ConnectError> {
+        let mut tcp = self.dial_parent(parent).await?;
+        let target = format!("{host}:{port}");
+        let failed = |kind, detail: String| ConnectError {
+            kind,
+            target: target.clone(),
+            detail: format!("parent {}: {detail}", parent.authority),
+        };
+        let handshake = async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+            tcp.write_all(request.as_bytes())
+                .await
+                .map_err(|e| failed(ConnectErrorKind::Refused, format!("sending CONNECT: {e}")))?;
+            let mut buf = bytes::BytesMut::with_capacity(1024);
+            let end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                if buf.len() > 16 << 10 {
+                    return Err(failed(ConnectErrorKind::Parent, "answer head too long".into()));
+                }
+                match tcp.read_buf(&mut buf).await {
+                    Ok(0) => {
+                        return Err(failed(
+                            ConnectErrorKind::Refused,
+                            "closed the connection before answering CONNECT".into(),
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(failed(ConnectErrorKind::Refused, format!("reading its answer: {e}"))),
+                }
+            };
+            let head = buf.split_to(end);
+            let line = head[..].split(|&b| b == b'\r').next().unwrap_or_default();
+            let line = String::from_utf8_lossy(line).into_owned();
+            let status = connect_status(&line)
+                .ok_or_else(|| failed(ConnectErrorKind::Parent, format!("not an HTTP answer: {line:?}")))?;
+            if !(200..300).contains(&status) {
+                return Err(failed(ConnectErrorKind::Parent, format!("answered {line:?}")));
+            }
+            Ok(buf.freeze())
+        };
+        match tokio::time::timeout(self.connect_timeout, handshake).await {
+            Ok(Ok(early)) => Ok((tcp, early)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(failed(
+                ConnectErrorKind::Timeout,
+                format!(
+                    "no answer to CONNECT within {}",
+                    humantime::format_duration(self.connect_timeout)
+                ),
+            )),
+        }
+    }
+}
+
+/// The status code of an answer's status line (`HTTP/1.1 200 OK`).
+fn connect_status(line: &str) -> Option<u16> {
+    let mut words = line.split(' ');
+    let version = words.next()?;
+    if !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    let code = words.next()?;
+    if code.len() != 3 {
+        return None;
+    }
+    code.parse().ok()
 }
 
 impl tower_service::Service<http::Uri> for Connector {
@@ -420,4 +547,19 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_status;
+
+    #[test]
+    fn connect_answer_status_lines() {
+        assert_eq!(connect_status("HTTP/1.1 200 Connection established"), Some(200));
+        assert_eq!(connect_status("HTTP/1.0 200"), Some(200));
+        assert_eq!(connect_status("HTTP/1.1 407 Proxy Authentication Required"), Some(407));
+        assert_eq!(connect_status("SSH-2.0-OpenSSH"), None);
+        assert_eq!(connect_status("HTTP/1.1 20 short"), None);
+        assert_eq!(connect_status("HTTP/2 200"), None);
+    }
 }

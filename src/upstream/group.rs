@@ -1,6 +1,6 @@
-//! Reverse-proxy server groups: round-robin over the servers that are up; a
-//! server whose connect failed is skipped for `down_time` (passive health
-//! check).
+//! Server groups (origin servers, or parent proxies with `parent = true`):
+//! round-robin over the servers that are up; a server whose connect failed
+//! is skipped for `down_time` (passive health check).
 
 use crate::config::{HostHeader, UpstreamConfig};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -74,6 +74,8 @@ pub struct Group {
     pub host_header: HostHeader,
     /// Whether idempotent requests are retried on another server.
     pub retry: bool,
+    /// The servers are parent proxies (`parent = true`), not origins.
+    pub parent: bool,
 }
 
 impl Group {
@@ -97,6 +99,7 @@ impl Group {
             down_time: cfg.down_time.get(),
             host_header: cfg.host_header,
             retry: cfg.retry,
+            parent: cfg.parent,
         })
     }
 
@@ -164,6 +167,7 @@ mod tests {
             host_header: HostHeader::Preserve,
             down_time: Dur::secs(60),
             retry: true,
+            parent: false,
         })
         .unwrap()
     }

@@ -1,6 +1,6 @@
 //! The upstream side: origin connections (DNS, TCP, TLS), the pooled HTTP/1.1
-//! client (hyper), and reverse-proxy server groups with round-robin and
-//! passive health checks.
+//! client (hyper), server groups with round-robin and passive health
+//! checks, and clients that go through a parent proxy.
 
 mod body;
 mod connect;
@@ -51,6 +51,8 @@ impl std::fmt::Display for UpstreamError {
 pub struct Upstream {
     client: Client<Connector, ProxyBody>,
     connector: Connector,
+    pool_idle_timeout: Duration,
+    pool_max_idle: usize,
     first_byte_timeout: Duration,
     /// Longest silence allowed while a response body arrives.
     pub idle_timeout: Duration,
@@ -61,17 +63,40 @@ impl Upstream {
     pub fn new(cfg: &OriginConfig) -> Result<Upstream, String> {
         let tls = tls_config(cfg.system_roots, cfg.ca_file.as_deref())?;
         let connector = Connector::new(Arc::new(tls), cfg.connect_timeout.get(), cfg.dns_cache_entries);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout.get())
-            .pool_max_idle_per_host(cfg.pool_max_idle)
-            .pool_timer(TokioTimer::new())
-            .build(connector.clone());
         Ok(Upstream {
-            client,
+            client: Self::client(&connector, cfg.pool_idle_timeout.get(), cfg.pool_max_idle),
             connector,
+            pool_idle_timeout: cfg.pool_idle_timeout.get(),
+            pool_max_idle: cfg.pool_max_idle,
             first_byte_timeout: cfg.first_byte_timeout.get(),
             idle_timeout: cfg.idle_timeout.get(),
         })
+    }
+
+    fn client(connector: &Connector, idle: Duration, max_idle: usize) -> Client<Connector, ProxyBody> {
+        Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(idle)
+            .pool_max_idle_per_host(max_idle)
+            .pool_timer(TokioTimer::new())
+            .build(connector.clone())
+    }
+
+    /// A client with the same settings and counters whose every connection
+    /// goes to the parent proxy `parent`: requests keep the origin's
+    /// absolute URI, sent in absolute form for `http` origins, through a
+    /// `CONNECT` tunnel for `https` ones. One such client per parent server
+    /// keeps each pooled connection tied to the parent it was opened to
+    /// (hyper pools by the request's scheme and authority, the origin's).
+    pub fn via_parent(&self, parent: &ServerAddr) -> Upstream {
+        let connector = self.connector.via_parent(parent.clone());
+        Upstream {
+            client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
+            connector,
+            pool_idle_timeout: self.pool_idle_timeout,
+            pool_max_idle: self.pool_max_idle,
+            first_byte_timeout: self.first_byte_timeout,
+            idle_timeout: self.idle_timeout,
+        }
     }
 
     /// The connector, for CONNECT tunnels.
