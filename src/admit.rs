@@ -201,7 +201,7 @@ impl Admission {
 
 /// The connection queue and admission counters (the seed's ConnectionQueue
 /// section of perfdump, plus the requests in service).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ConnectionQueue {
     /// Requests waiting in the queue now ("Current Queue Length").
     pub current: usize,

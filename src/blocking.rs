@@ -248,7 +248,7 @@ impl Inner {
 }
 
 /// The blocking pool's counters (the seed's "Native pools" section of perfdump).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct NativePool {
     /// Threads waiting for work now ("Idle").
     pub idle_threads: usize,

@@ -142,7 +142,7 @@ impl KeepAlive {
 }
 
 /// The keep-alive counters (the seed's KeepAliveInfo section of perfdump).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct KeepAliveInfo {
     /// Idle persistent connections now ("KeepAliveCount", first number).
     pub count: usize,

@@ -66,6 +66,7 @@ impl Running {
             disk.set_shared_dir(true);
         }
         let shared = Arc::new(ArcSwap::from_pointee(state));
+        crate::proxy::monitor::spawn_figures_writer(shared.clone());
         let mut running = Running {
             config,
             config_path,

@@ -89,6 +89,8 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         drain(&mut running, &mut signals).await
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // After the runtime: its figures writer can no longer recreate the file.
+    crate::stats::workers::leave();
     result
 }
 

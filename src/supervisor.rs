@@ -23,8 +23,11 @@
 //! Shared between the processes: the listeners (SO_REUSEPORT) and the disk
 //! tier's directory (tmp files are named by pid, objects are published by
 //! rename, so concurrent writers never see each other's partial files; see
-//! `reload::per_process` for its budget). Per process: the memory tier,
-//! the upstream connection pools, the counters.
+//! `reload::per_process` for its budget), and a private directory (0700,
+//! under the temp dir, removed at exit) where each worker leaves its
+//! statistics once a second, so that whichever worker answers a monitoring
+//! request shows the sum over all (`stats::workers`). Per process: the
+//! memory tier, the upstream connection pools, the counters.
 
 use crate::config::Config;
 use crate::server::{Sig, Signals};
@@ -42,7 +45,7 @@ static WORKER: OnceLock<usize> = OnceLock::new();
 
 /// This process's worker index (0..N-1) in multi-process mode; None in a
 /// single-process server or the supervisor. (For statistics views: each
-/// worker counts its own traffic.)
+/// worker counts its own traffic; the views sum them, `stats::workers`.)
 pub fn worker_index() -> Option<usize> {
     WORKER.get().copied()
 }
@@ -87,6 +90,16 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     drop(crate::reload::bind_all(&config)?);
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
+    // Where the workers leave their statistics for each other (removed when
+    // the supervisor exits). Without it each worker shows only its own.
+    let stats_guard = match crate::stats::workers::make_dir() {
+        Ok(dir) => Some(RemoveOnDrop(dir)),
+        Err(e) => {
+            tracing::warn!("cannot make a statistics directory: {e}; each worker will show only its own statistics");
+            None
+        }
+    };
+    let stats_dir = stats_guard.as_ref().map(|d| &d.0);
     runtime.block_on(async move {
         let mut events: JoinSet<Event> = JoinSet::new();
         let mut workers: Vec<Worker> = Vec::with_capacity(n);
@@ -97,7 +110,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                 quick_failures: 0,
                 first_run: true,
             });
-            start(&exe, config_path.as_ref(), i, &mut workers[i], &mut events);
+            start(&exe, config_path.as_ref(), stats_dir, i, &mut workers[i], &mut events);
         }
         let mut stopping = false;
         let mut failure: Option<String> = None;
@@ -159,7 +172,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                         });
                     }
                     Ok(Event::Restart(i)) if !stopping => {
-                        start(&exe, config_path.as_ref(), i, &mut workers[i], &mut events);
+                        start(&exe, config_path.as_ref(), stats_dir, i, &mut workers[i], &mut events);
                     }
                     Ok(Event::Restart(_)) => {}
                     Err(e) => tracing::error!("supervisor task failed: {e}"),
@@ -169,12 +182,36 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     })
 }
 
+/// A directory removed (with its files) when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        // Already gone when the last worker out removed it (`workers::leave`).
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("cannot remove {}: {e}", self.0.display());
+        }
+    }
+}
+
 /// Starts worker `i`; a failure to start is an exit, so it is retried.
-fn start(exe: &PathBuf, config_path: Option<&PathBuf>, i: usize, w: &mut Worker, events: &mut JoinSet<Event>) {
+fn start(
+    exe: &PathBuf,
+    config_path: Option<&PathBuf>,
+    stats_dir: Option<&PathBuf>,
+    i: usize,
+    w: &mut Worker,
+    events: &mut JoinSet<Event>,
+) {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("run").arg("--worker").arg(i.to_string());
     if let Some(p) = config_path {
         cmd.arg("-c").arg(p);
+    }
+    if let Some(dir) = stats_dir {
+        cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
     cmd.env("PORTICO_WORKER", i.to_string())
         .stdin(std::process::Stdio::null())

@@ -478,3 +478,168 @@ async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A monitoring page fetched on a new connection: the worker pid that
+/// answered (among `pids`), the status and the body.
+async fn monitor_page(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, u16, String) {
+    let (by, resp) = get_via(addr, path, pids).await;
+    (by, resp.status, resp.body_str())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+fn total(doc: &serde_json::Value) -> u64 {
+    doc["snapshot"]["requests"]["total"].as_u64().expect("requests.total")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let addr = p.addr();
+    let pids = both_started(&p).await;
+    let all: BTreeSet<u32> = pids.values().copied().collect();
+
+    // Known traffic over many new connections, until both workers served some.
+    let mut served: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut sent = 0u64;
+    while sent < 30 || served.len() < 2 {
+        assert!(sent < 300, "one worker took every connection: {served:?}");
+        let (by, resp) = get_via(addr, &format!("/n{sent}"), &all).await;
+        assert_eq!(resp.status, 200);
+        *served.entry(by.expect("a worker accepted")).or_default() += 1;
+        sent += 1;
+    }
+
+    // Each worker publishes its figures once a second: wait until the sum
+    // has every request, then it must hold whichever worker answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, status, body) = monitor_page(addr, "/.stats.json", &all).await;
+        assert_eq!(status, 200, "{body}");
+        if total(&json(&body)) == sent {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sum never reached {sent}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut answered = BTreeSet::new();
+    for n in 0..100 {
+        let (by, _, body) = monitor_page(addr, "/.stats.json", &all).await;
+        let doc = json(&body);
+        assert_eq!(total(&doc), sent, "answered by {by:?}");
+        let procs = doc["processes"].as_array().expect("processes array");
+        assert_eq!(procs.len(), 2, "{body}");
+        for (i, proc) in procs.iter().enumerate() {
+            assert_eq!(proc["index"].as_u64(), Some(i as u64));
+            assert_eq!(proc["counted"].as_bool(), Some(true), "{proc}");
+            let pid = u32::try_from(proc["pid"].as_u64().expect("pid")).expect("pid");
+            assert_eq!(pid, pids[&i]);
+            assert_eq!(proc["requests"].as_u64(), Some(served[&pid]), "worker {i}");
+        }
+        answered.insert(by.expect("accepted"));
+        if answered.len() == 2 && n >= 5 {
+            break;
+        }
+    }
+    assert_eq!(answered, all, "both workers answered the statistics page");
+
+    // perfdump: the same sum, and a line per worker.
+    for _ in 0..4 {
+        let (_, status, text) = monitor_page(addr, "/.perf", &all).await;
+        assert_eq!(status, 200);
+        assert!(text.contains("summed over 2 of 2 processes"), "{text}");
+        assert!(
+            text.contains(&format!("\nRequests                     {sent}\n")),
+            "{text}"
+        );
+        let section = &text[text.find("Processes:").expect("Processes section")..];
+        for (i, pid) in &pids {
+            let line = section
+                .lines()
+                .find(|l| l.starts_with(&format!("{i} ")))
+                .unwrap_or_else(|| panic!("no line for worker {i}\n{text}"));
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(fields[1], pid.to_string(), "{line}");
+            assert_eq!(fields[2], served[pid].to_string(), "{line}");
+        }
+    }
+
+    // ?worker=I: one worker's own figures, which add up to the sum.
+    let mut by_worker = 0;
+    for (i, pid) in &pids {
+        let (_, status, body) = monitor_page(addr, &format!("/.stats.json?worker={i}"), &all).await;
+        assert_eq!(status, 200, "{body}");
+        let doc = json(&body);
+        assert_eq!(doc["snapshot"]["server"]["pid"].as_u64(), Some(u64::from(*pid)));
+        assert_eq!(doc["snapshot"]["server"]["process_index"].as_u64(), Some(*i as u64));
+        assert_eq!(doc["processes"].as_array().map(Vec::len), Some(0));
+        assert_eq!(total(&doc), served[pid]);
+        by_worker += total(&doc);
+        let (_, _, perf) = monitor_page(addr, &format!("/.perf?worker={i}"), &all).await;
+        assert!(perf.contains(&format!("(pid {pid}, worker {i})")), "{perf}");
+    }
+    assert_eq!(by_worker, sent);
+    let (_, status, body) = monitor_page(addr, "/.perf?worker=2", &all).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("0 to 1"), "{body}");
+
+    // stats-xml: one <process> per worker; /metrics: the summed counters.
+    let (_, _, xml) = monitor_page(addr, "/stats-xml", &all).await;
+    assert_eq!(xml.matches("<process ").count(), 2, "{xml}");
+    assert!(xml.contains("maxProcs=\"2\""), "{xml}");
+    for pid in pids.values() {
+        assert!(xml.contains(&format!("<process pid=\"{pid}\"")), "{xml}");
+    }
+    let (_, _, metrics) = monitor_page(addr, "/metrics", &all).await;
+    assert!(metrics.contains("\nportico_processes 2\n"), "{metrics}");
+    assert!(
+        metrics.contains(&format!("portico_requests_total{{method=\"GET\"}} {sent}\n")),
+        "{metrics}"
+    );
+
+    // The workers' figures live in the supervisor's private directory,
+    // removed when it exits.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("portico-{}-stats", p.pid()));
+    let mode = std::fs::metadata(&dir)
+        .expect("statistics directory")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    p.signal(libc::SIGTERM);
+    let status = p.wait_exit(Duration::from_secs(10)).await.expect("supervisor exits");
+    assert!(status.success(), "{status}\n{}", p.stderr());
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_no_statistics_directory() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let pids = both_started(&p).await;
+    let dir = std::env::temp_dir().join(format!("portico-{}-stats", p.pid()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dir.join("worker-0.json").exists() || !dir.join("worker-1.json").exists() {
+        assert!(Instant::now() < deadline, "no figures written to {}", dir.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The workers get SIGTERM when the supervisor dies, and the last one
+    // out removes the directory.
+    p.signal(libc::SIGKILL);
+    let _ = p.wait_exit(Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.values().any(|pid| process_exists(*pid)) || dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} left behind\n{}",
+            dir.display(),
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

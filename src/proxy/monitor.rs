@@ -7,7 +7,7 @@
 use super::Shared;
 use crate::config::{Mode, MonitorConfig};
 use crate::http1::{Exchange, Outcome, RequestHead};
-use crate::stats::{self, Snapshot, advisor, views};
+use crate::stats::{self, Snapshot, advisor, views, workers};
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -133,26 +133,38 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
             tracing::info!(client = %ex.peer.ip(), "/nsc: {m}");
         }
     }
-    let snap = snapshot(sh);
+    let figures = match figures(sh, query).await {
+        Ok(f) => f,
+        Err(why) => {
+            return match super::reply::error_page(&mut ex.out, StatusCode::NOT_FOUND, &why).await {
+                Ok(()) | Err(_) => Outcome::Close,
+            };
+        }
+    };
+    let snap = &figures.snapshot;
     let (body, kind) = match ep {
         Endpoint::Perf => (
-            views::perfdump::render(&snap, &advisor::advise(&snap)),
+            views::perfdump::render(snap, &advisor::advise(snap)),
             "text/plain; charset=utf-8",
         ),
         Endpoint::StatsXml => (
-            views::xml::render(&snap, &views::xml::filter(query)),
+            views::xml::render(snap, &figures.parts, &views::xml::filter(query)),
             "text/xml; charset=utf-8",
         ),
-        Endpoint::Metrics => (views::prom::render(&snap), "text/plain; version=0.0.4; charset=utf-8"),
+        Endpoint::Metrics => (views::prom::render(snap), "text/plain; version=0.0.4; charset=utf-8"),
         Endpoint::Json => (
-            views::json(&snap, &advisor::advise(&snap), conn_counters(sh)),
+            views::json(
+                snap,
+                &advisor::advise(snap),
+                serde_json::to_value(&figures.connection).unwrap_or_default(),
+            ),
             "application/json",
         ),
         Endpoint::Dashboard => (views::dashboard(&sh.config.monitor.json), "text/html; charset=utf-8"),
         Endpoint::Nsc => {
             let list = param(query, "list").is_some().then(|| nsc_list(sh));
             (
-                views::nsc::render(&snap, &sh.config.cache, list.as_deref(), message.as_deref()),
+                views::nsc::render(snap, &sh.config.cache, list.as_deref(), message.as_deref()),
                 "text/plain; charset=utf-8",
             )
         }
@@ -167,22 +179,86 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     Outcome::Close
 }
 
-/// The connection layer's own snapshots, with their field names, in the
-/// JSON document (`connection`): the detail the plain views summarise.
-#[derive(serde::Serialize)]
-struct ConnCounters {
-    connection_queue: crate::admit::ConnectionQueue,
-    keepalive: crate::keepalive::KeepAliveInfo,
-    blocking_pool: crate::blocking::NativePool,
+/// The figures a monitoring request asked for. One process: its own. A
+/// worker of several: the sum over all workers (`stats::workers`), or with
+/// `?worker=I` worker I's alone (an error, answered 404, when I is out of
+/// range or has no current figures).
+async fn figures(sh: &Shared, query: &str) -> Result<workers::Gathered, String> {
+    let own = report(sh);
+    let alone = |r: workers::Report| workers::Gathered {
+        parts: Vec::new(),
+        snapshot: r.snapshot,
+        connection: r.connection,
+    };
+    let Some(dir) = workers::dir() else {
+        return Ok(alone(own));
+    };
+    let n = sh.config.server.processes;
+    let Some(w) = param(query, "worker") else {
+        return tokio::task::spawn_blocking(move || workers::gather(own, n, &dir))
+            .await
+            .map_err(|e| format!("gathering the workers' figures failed: {e}"));
+    };
+    let i = w
+        .parse::<usize>()
+        .ok()
+        .filter(|i| *i < n)
+        .ok_or_else(|| format!("?worker= takes a worker index, 0 to {}", n.saturating_sub(1)))?;
+    if Some(i) == own.snapshot.server.process_index {
+        return Ok(alone(own));
+    }
+    let now = own.snapshot.server.time_unix;
+    tokio::task::spawn_blocking(move || workers::read(&dir, i, now))
+        .await
+        .map_err(|e| format!("reading worker {i}'s figures failed: {e}"))?
+        .map(alone)
+        .map_err(|why| format!("worker {i}: {why}"))
 }
 
-fn conn_counters(sh: &Shared) -> serde_json::Value {
-    serde_json::to_value(ConnCounters {
-        connection_queue: sh.admission.snapshot(),
-        keepalive: sh.keepalive.snapshot(),
-        blocking_pool: sh.blocking.snapshot(),
-    })
-    .unwrap_or_default()
+/// This process's figures: the snapshot and the connection layer's own
+/// counters (with their field names: the detail the plain views summarise).
+pub fn report(sh: &Shared) -> workers::Report {
+    workers::Report {
+        snapshot: snapshot(sh),
+        connection: workers::Connection {
+            connection_queue: sh.admission.snapshot(),
+            keepalive: sh.keepalive.snapshot(),
+            blocking_pool: sh.blocking.snapshot(),
+        },
+    }
+}
+
+/// In a worker of several (`stats::workers::dir` set): writes this
+/// process's figures for the other workers every [`workers::WRITE_EVERY`],
+/// on a blocking thread (reading /proc, serialising and writing stay off
+/// the runtime's threads). Runs until the runtime stops.
+pub fn spawn_figures_writer(shared: std::sync::Arc<arc_swap::ArcSwap<Shared>>) {
+    let (Some(dir), Some(index)) = (workers::dir(), crate::supervisor::worker_index()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(workers::WRITE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warned = false;
+        loop {
+            tick.tick().await;
+            let sh = shared.load_full();
+            let to = dir.clone();
+            let written = tokio::task::spawn_blocking(move || workers::write(&to, index, &report(&sh))).await;
+            match written {
+                Ok(Ok(())) => warned = false,
+                Ok(Err(e)) if !warned => {
+                    warned = true;
+                    tracing::warn!(
+                        "{}cannot write statistics for the other workers to {}: {e}",
+                        crate::supervisor::tag(),
+                        dir.display()
+                    );
+                }
+                _ => {}
+            }
+        }
+    });
 }
 
 /// Objects listed by `/nsc?list` (at most this many).
@@ -378,6 +454,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         upstream,
         buckets,
         access_log: sh.access_log.info(),
+        processes: Vec::new(),
     }
 }
 

@@ -7,7 +7,7 @@
 //! each power of two is split into 8 linear sub-buckets, so a percentile is
 //! within 12.5% of the true value, from 1 µs to about 2^32 µs (71 minutes).
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -85,15 +85,35 @@ impl Histogram {
 }
 
 /// A histogram's counts at one moment.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct HistSnapshot {
     /// Values recorded.
     pub count: u64,
     /// Their sum in microseconds.
     pub sum_us: u64,
     /// Per-bucket counts (see [`BUCKETS`]); empty for an empty histogram built by hand.
-    #[serde(skip)]
+    /// Serialized sparsely as `[[bucket index, count], ...]` (non-zero buckets only):
+    /// worker processes exchange their histograms this way, and the JSON
+    /// document stays short.
+    #[serde(serialize_with = "sparse_out", deserialize_with = "sparse_in", default)]
     pub counts: Vec<u64>,
+}
+
+fn sparse_out<S: Serializer>(counts: &[u64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(counts.iter().enumerate().filter(|(_, c)| **c > 0))
+}
+
+fn sparse_in<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    let pairs: Vec<(usize, u64)> = Vec::deserialize(d)?;
+    if pairs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut counts = vec![0; BUCKETS];
+    for (i, c) in pairs {
+        // A bucket index from another version's layout lands in the last bucket.
+        counts[i.min(BUCKETS - 1)] += c;
+    }
+    Ok(counts)
 }
 
 impl HistSnapshot {
@@ -121,6 +141,19 @@ impl HistSnapshot {
             }
         }
         lower(BUCKETS - 1)
+    }
+
+    /// Adds `other`'s values to these (bucket by bucket): the histogram of
+    /// both sets of values, as if one histogram had recorded them all.
+    pub fn merge(&mut self, other: &HistSnapshot) {
+        self.count += other.count;
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
     }
 
     /// Mean in microseconds (0 when empty).
@@ -176,6 +209,26 @@ mod tests {
             );
         }
         assert_eq!(HistSnapshot::default().quantile_us(0.5), 0);
+    }
+
+    #[test]
+    fn merged_histograms_equal_one_fed_all_values_and_survive_json() {
+        let (a, b) = ([3, 70, 900, 12_000], [1, 70, 5_000_000]);
+        let mut m = HistSnapshot::from_values(&a);
+        m.merge(&HistSnapshot::from_values(&b));
+        let all: Vec<u64> = a.iter().chain(&b).copied().collect();
+        let one = HistSnapshot::from_values(&all);
+        assert_eq!((m.count, m.sum_us, &m.counts), (one.count, one.sum_us, &one.counts));
+        let mut empty = HistSnapshot::default();
+        empty.merge(&one);
+        assert_eq!(empty.counts, one.counts);
+        let text = serde_json::to_string(&one).unwrap();
+        assert!(text.len() < 120, "sparse: {text}");
+        let back: HistSnapshot = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (back.count, back.sum_us, back.counts),
+            (one.count, one.sum_us, one.counts)
+        );
     }
 
     #[test]

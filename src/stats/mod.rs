@@ -6,12 +6,16 @@
 //! all) and added to its performance bucket once, when the request ends.
 //! `Snapshot` (`snapshot.rs`) is the plain-data copy all views read:
 //! perfdump, stats-xml, Prometheus, /nsc, JSON and the tuning advisor.
+//! With several worker processes the views show the sum over them
+//! (`sum.rs`), gathered from files the workers write (`workers.rs`).
 
 pub mod advisor;
 pub mod hist;
 pub mod process;
 pub mod snapshot;
+pub mod sum;
 pub mod views;
+pub mod workers;
 
 pub use hist::{HistSnapshot, Histogram};
 pub use snapshot::*;

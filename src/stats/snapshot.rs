@@ -4,10 +4,10 @@
 //! blocking pool) are `Option`s: a view shows what exists.
 
 use super::hist::HistSnapshot;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything the views show, at one moment.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Whether per-stage timing and histograms are collected (`monitor.enabled`).
     pub stats_enabled: bool,
@@ -35,10 +35,42 @@ pub struct Snapshot {
     pub buckets: BucketReport,
     /// The access log writer.
     pub access_log: AccessLogInfo,
+    /// In a figure summed over worker processes (`server.processes > 1`):
+    /// one entry per worker, counted or not; empty for one process's own
+    /// figures. Not part of the serialized snapshot (the JSON document
+    /// carries it at its top level).
+    #[serde(skip)]
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// One worker process in a summed snapshot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Worker index (0..N-1).
+    pub index: usize,
+    /// Process id (0 when unknown: no figures from it).
+    pub pid: u32,
+    /// Its figures are in the sum.
+    pub counted: bool,
+    /// `this process` (the one answering), `live`, or why it is left out
+    /// (`no figures yet`, `figures 12 s old`, `pid 123 not running`, an unreadable file).
+    pub status: String,
+    /// Age of its figures, seconds (0 for the answering process).
+    pub age_secs: f64,
+    /// Its requests (`requests.total`).
+    pub requests: u64,
+    /// Its requests in service now.
+    pub active: u64,
+    /// Its resident memory, bytes.
+    pub rss_bytes: u64,
+    /// Its CPU time (user + system), seconds.
+    pub cpu_secs: f64,
+    /// Seconds since it started.
+    pub uptime_secs: f64,
 }
 
 /// Process and runtime facts.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ServerInfo {
     /// Portico's version.
     pub version: String,
@@ -69,7 +101,7 @@ pub struct ServerInfo {
 }
 
 /// Request counters.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RequestStats {
     /// Requests answered (monitoring endpoints excluded).
     pub total: u64,
@@ -97,7 +129,7 @@ impl RequestStats {
 }
 
 /// Requests in service.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionInfo {
     /// In service now.
     pub active: u64,
@@ -110,7 +142,7 @@ pub struct SessionInfo {
 }
 
 /// One listening socket.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ListenerInfo {
     /// `ls1`, `ls2`, ... in config order.
     pub name: String,
@@ -127,7 +159,7 @@ pub struct ListenerInfo {
 }
 
 /// The connection queue (the seeds' ConnectionQueue).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConnectionQueueInfo {
     /// Connections waiting now.
     pub current: u64,
@@ -164,7 +196,7 @@ impl ConnectionQueueInfo {
 
 /// Persistent connections (the seeds' KeepAliveInfo). Fields the server
 /// cannot count yet are None.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct KeepAliveInfo {
     /// Idle persistent connections now.
     pub count: Option<u64>,
@@ -187,7 +219,7 @@ pub struct KeepAliveInfo {
 }
 
 /// A thread pool (the seeds' NativePool).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolInfo {
     /// Pool name.
     pub name: String,
@@ -212,7 +244,7 @@ pub struct PoolInfo {
 }
 
 /// The HTTP cache.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CacheInfo {
     /// Serving and storing (false after `/nsc?stop`).
     pub running: bool,
@@ -265,7 +297,7 @@ impl CacheInfo {
 }
 
 /// The disk tier.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DiskInfo {
     /// Directory.
     pub dir: String,
@@ -300,7 +332,7 @@ pub struct DiskInfo {
 }
 
 /// Name resolution (the seeds' HostDNSCacheInfo).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DnsInfo {
     /// The cache is on.
     pub enabled: bool,
@@ -324,7 +356,7 @@ impl DnsInfo {
 }
 
 /// Requests to origins.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UpstreamInfo {
     /// Requests sent.
     pub requests: u64,
@@ -364,7 +396,7 @@ impl UpstreamInfo {
 }
 
 /// The access log.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AccessLogInfo {
     /// Writing at all.
     pub enabled: bool,
@@ -391,7 +423,7 @@ pub struct AccessLogInfo {
 }
 
 /// The performance buckets report.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BucketReport {
     /// Requests timed.
     pub total_requests: u64,
@@ -402,7 +434,7 @@ pub struct BucketReport {
 }
 
 /// One bucket.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BucketInfo {
     /// Name.
     pub name: String,
@@ -421,7 +453,7 @@ pub struct BucketInfo {
 }
 
 /// One stage within a bucket.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StageInfo {
     /// Stage name.
     pub name: String,

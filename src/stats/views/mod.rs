@@ -35,11 +35,13 @@ struct Doc<'a> {
     advice: &'a [Advice],
     snapshot: &'a Snapshot,
     connection: serde_json::Value,
+    processes: &'a [super::snapshot::ProcessInfo],
 }
 
 /// The JSON document the dashboard polls: derived figures, advice, the
-/// whole snapshot, and `connection`: the connection layer's own detailed
-/// counters (null when not given).
+/// whole snapshot, `connection`: the connection layer's own detailed
+/// counters (null when not given), and `processes`: with several worker
+/// processes, one entry per worker (the snapshot being their sum), else empty.
 pub fn json(s: &Snapshot, advice: &[Advice], connection: serde_json::Value) -> String {
     let c = s.cache.as_ref();
     let derived = Derived {
@@ -60,6 +62,7 @@ pub fn json(s: &Snapshot, advice: &[Advice], connection: serde_json::Value) -> S
         advice,
         snapshot: s,
         connection,
+        processes: &s.processes,
     })
     .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

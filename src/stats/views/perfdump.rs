@@ -26,14 +26,28 @@ fn secs(us: u64) -> String {
 pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let mut o = String::new();
     let srv = &s.server;
-    let _ = writeln!(
-        o,
-        "Portico {} perfdump (pid {}{}), up {:.0} seconds\n",
-        srv.version,
-        srv.pid,
-        srv.process_index.map(|i| format!(", worker {i}")).unwrap_or_default(),
-        srv.uptime_secs
-    );
+    if s.processes.is_empty() {
+        let _ = writeln!(
+            o,
+            "Portico {} perfdump (pid {}{}), up {:.0} seconds\n",
+            srv.version,
+            srv.pid,
+            srv.process_index.map(|i| format!(", worker {i}")).unwrap_or_default(),
+            srv.uptime_secs
+        );
+    } else {
+        let counted = s.processes.iter().filter(|p| p.counted).count();
+        let _ = writeln!(
+            o,
+            "Portico {} perfdump, summed over {counted} of {} processes (answered by pid {}{}), up {:.0} seconds\n",
+            srv.version,
+            s.processes.len(),
+            srv.pid,
+            srv.process_index.map(|i| format!(", worker {i}")).unwrap_or_default(),
+            srv.uptime_secs
+        );
+        processes(&mut o, s);
+    }
 
     let _ = writeln!(o, "ConnectionQueue:\n{RULE}");
     match &s.connection_queue {
@@ -301,6 +315,36 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     o
 }
 
+/// One line per worker process: what was summed, and what was left out and why.
+fn processes(o: &mut String, s: &Snapshot) {
+    let _ = writeln!(o, "Processes:\n{RULE}");
+    let _ = writeln!(
+        o,
+        "{:<8}{:>9}{:>12}{:>8}{:>14}{:>10}{:>10}{:>8}  status",
+        "worker", "pid", "requests", "active", "rss bytes", "cpu s", "up s", "age s"
+    );
+    for p in &s.processes {
+        if p.counted {
+            let _ = writeln!(
+                o,
+                "{:<8}{:>9}{:>12}{:>8}{:>14}{:>10.2}{:>10.0}{:>8.1}  {}",
+                p.index, p.pid, p.requests, p.active, p.rss_bytes, p.cpu_secs, p.uptime_secs, p.age_secs, p.status
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "{:<8}{:>9}{:>12}{:>8}{:>14}{:>10}{:>10}{:>8}  not counted: {}",
+                p.index, "-", "-", "-", "-", "-", "-", "-", p.status
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "(figures below are summed over the counted processes; ?worker=I shows one)"
+    );
+    o.push('\n');
+}
+
 fn ms(us: f64) -> String {
     format!("{:.3}", us / 1000.0)
 }
@@ -442,5 +486,51 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("Number of Requests:                                    4    (100.00%)"));
+        assert!(!text.contains("Processes:") && !text.contains("summed"));
+    }
+
+    #[test]
+    fn a_summed_report_lists_every_process() {
+        let mut s = Snapshot::default();
+        s.server.pid = 11;
+        s.server.process_index = Some(1);
+        s.processes = vec![
+            ProcessInfo {
+                index: 0,
+                pid: 10,
+                counted: true,
+                status: "live".into(),
+                age_secs: 0.4,
+                requests: 7,
+                ..Default::default()
+            },
+            ProcessInfo {
+                index: 1,
+                pid: 11,
+                counted: true,
+                status: "this process".into(),
+                requests: 5,
+                ..Default::default()
+            },
+            ProcessInfo {
+                index: 2,
+                status: "figures 9 s old".into(),
+                ..Default::default()
+            },
+        ];
+        let text = render(&s, &[]);
+        assert!(
+            text.starts_with(&format!(
+                "Portico {} perfdump, summed over 2 of 3 processes (answered by pid 11, worker 1)",
+                s.server.version
+            )),
+            "{text}"
+        );
+        let at = text.find("Processes:").expect("section");
+        assert!(text[at..].find("ConnectionQueue:").is_some(), "before the others");
+        let line = |w: &str| text.lines().find(|l| l.starts_with(w)).unwrap_or_default().to_string();
+        assert!(line("0 ").contains(" 10 ") && line("0 ").contains(" 7 ") && line("0 ").ends_with("live"));
+        assert!(line("1 ").ends_with("this process"));
+        assert!(line("2 ").ends_with("not counted: figures 9 s old"), "{text}");
     }
 }

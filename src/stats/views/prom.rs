@@ -1,6 +1,7 @@
 //! `/metrics`: Prometheus text exposition (format 0.0.4), written by hand
 //! from the snapshot: every counter, gauge and latency histogram, names
-//! `portico_*` plus the standard `process_*` ones. Hand-rolled rather than
+//! `portico_*` plus the standard `process_*` ones (with several worker
+//! processes, summed over them: `portico_processes` says how many). Hand-rolled rather than
 //! prometheus-client because the values already live in our own atomics and
 //! histograms; a registry would only copy them.
 
@@ -73,6 +74,12 @@ pub fn render(s: &Snapshot) -> String {
     );
     o.one("portico_threads", "gauge", "OS threads of the process.", srv.threads);
     o.one("portico_workers", "gauge", "Async runtime worker threads.", srv.workers);
+    o.one(
+        "portico_processes",
+        "gauge",
+        "Worker processes whose figures are summed here (1: a single process, or ?worker=I).",
+        s.processes.iter().filter(|p| p.counted).count().max(1),
+    );
 
     let r = &s.requests;
     o.labelled(

@@ -2,7 +2,10 @@
 //! (connection-queue, thread-pool, profile, process, connection-queue-bucket,
 //! thread-pool-bucket, host-dns-bucket, client-dns-bucket, keepalive-bucket,
 //! cache-bucket, cpu-info, thread, request-bucket, profile-bucket).
-//! `?name=0` leaves element `name` (and what it holds) out.
+//! `?name=0` leaves element `name` (and what it holds) out. With several
+//! worker processes there is one `<process>` per worker (as the seed's
+//! multi-process server writes it), each with that worker's own figures,
+//! and the server-level figures (listen sockets) are their sum.
 
 use crate::stats::snapshot::{RequestStats, Snapshot};
 use std::collections::HashSet;
@@ -65,8 +68,9 @@ fn a(k: &'static str, v: impl ToString) -> (&'static str, String) {
 /// Ticks are microseconds (`ticksPerSecond`).
 const TICKS: u64 = 1_000_000;
 
-/// The document.
-pub fn render(s: &Snapshot, off: &HashSet<String>) -> String {
+/// The document: `s` for the server-level elements; one `<process>` per
+/// snapshot in `processes`, or one from `s` itself when that is empty.
+pub fn render(s: &Snapshot, processes: &[Snapshot], off: &HashSet<String>) -> String {
     let mut o = Out {
         text: String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"),
         off,
@@ -90,18 +94,18 @@ pub fn render(s: &Snapshot, off: &HashSet<String>) -> String {
                     a("timeStarted", started as u64),
                     a("secondsRunning", srv.uptime_secs as u64),
                     a("ticksPerSecond", TICKS),
-                    a("maxProcs", 1),
+                    a("maxProcs", s.processes.len().max(1)),
                     a("maxThreads", srv.workers),
                     a("flagProfilingEnabled", u8::from(s.stats_enabled)),
                 ],
-                |o| server_body(o, s),
+                |o| server_body(o, s, processes),
             );
         },
     );
     o.text
 }
 
-fn server_body(o: &mut Out<'_>, s: &Snapshot) {
+fn server_body(o: &mut Out<'_>, s: &Snapshot, processes: &[Snapshot]) {
     if s.connection_queue.is_some() {
         o.leaf("connection-queue", &[a("id", "cq1")]);
     }
@@ -129,22 +133,28 @@ fn server_body(o: &mut Out<'_>, s: &Snapshot) {
             ],
         );
     }
-    let srv = &s.server;
-    let mut attrs = vec![
-        a("pid", srv.pid),
-        a("mode", "active"),
-        a("timeStarted", (srv.time_unix - srv.uptime_secs) as u64),
-        a("sizeResident", srv.rss_bytes),
-        a("sizePeakResident", srv.peak_rss_bytes),
-        a("countThreads", srv.threads),
-        a("countOpenFiles", srv.open_fds),
-        a("secondsUser", format!("{:.2}", srv.cpu_user_secs)),
-        a("secondsSystem", format!("{:.2}", srv.cpu_system_secs)),
-    ];
-    if let Some(i) = srv.process_index {
-        attrs.push(a("workerIndex", i));
+    for p in if processes.is_empty() {
+        std::slice::from_ref(s)
+    } else {
+        processes
+    } {
+        let srv = &p.server;
+        let mut attrs = vec![
+            a("pid", srv.pid),
+            a("mode", "active"),
+            a("timeStarted", (srv.time_unix - srv.uptime_secs) as u64),
+            a("sizeResident", srv.rss_bytes),
+            a("sizePeakResident", srv.peak_rss_bytes),
+            a("countThreads", srv.threads),
+            a("countOpenFiles", srv.open_fds),
+            a("secondsUser", format!("{:.2}", srv.cpu_user_secs)),
+            a("secondsSystem", format!("{:.2}", srv.cpu_system_secs)),
+        ];
+        if let Some(i) = srv.process_index {
+            attrs.push(a("workerIndex", i));
+        }
+        o.node("process", &attrs, |o| process_body(o, p));
     }
-    o.node("process", &attrs, |o| process_body(o, s));
     for l in &s.listeners {
         o.leaf(
             "listen-socket",
@@ -345,17 +355,39 @@ mod tests {
             hits: 10,
             ..Default::default()
         });
-        let all = render(&s, &HashSet::new());
+        let all = render(&s, &[], &HashSet::new());
         assert!(all.contains("<thread ") && all.contains("<request-bucket ") && all.contains("<process "));
         assert!(
             all.contains("countHits=\"10\"") && all.contains("percentHitRatio=\"66.67\""),
             "{all}"
         );
-        let some = render(&s, &filter("thread=0&cpu-info=0&x=1"));
+        let some = render(&s, &[], &filter("thread=0&cpu-info=0&x=1"));
         assert!(!some.contains("<thread ") && !some.contains("<request-bucket ") && !some.contains("<cpu-info"));
         assert!(some.contains("<cache-bucket "));
-        let none = render(&s, &filter("process=0"));
+        let none = render(&s, &[], &filter("process=0"));
         assert!(!none.contains("<cache-bucket ") && !none.contains("<thread "));
         assert!(none.contains("</server>") && none.contains("</stats>"));
+    }
+
+    #[test]
+    fn one_process_element_per_worker() {
+        let part = |i: usize, pid: u32, n: u64| {
+            let mut p = Snapshot::default();
+            p.server.pid = pid;
+            p.server.process_index = Some(i);
+            p.requests.total = n;
+            p
+        };
+        let parts = [part(0, 10, 3), part(1, 11, 4)];
+        let mut sum = crate::stats::Snapshot::sum(&parts);
+        sum.processes = vec![Default::default(), Default::default()];
+        let text = render(&sum, &parts, &HashSet::new());
+        assert!(text.contains("maxProcs=\"2\""), "{text}");
+        assert_eq!(text.matches("<process ").count(), 2, "{text}");
+        let at = |pat: &str| text.find(pat).unwrap_or_else(|| panic!("{pat}\n{text}"));
+        assert!(at("pid=\"10\"") < at("countRequests=\"3\""));
+        assert!(at("countRequests=\"3\"") < at("pid=\"11\""));
+        assert!(at("pid=\"11\"") < at("countRequests=\"4\""));
+        assert!(text.contains("workerIndex=\"1\""));
     }
 }
