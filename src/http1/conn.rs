@@ -63,6 +63,11 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, ex: &mut Exchange<'_>) -> impl std::future::Future<Output = Outcome> + Send;
     /// Called for a request head that could not be parsed: answer it.
     fn reject(&self, ex: RejectInfo<'_>) -> impl std::future::Future<Output = ()> + Send;
+    /// Whether each request runs inside a statistics timer scope
+    /// ([`crate::stats::scope`]); asked once per request.
+    fn timed(&self) -> bool {
+        false
+    }
 }
 
 /// A request that was rejected before it could be parsed.
@@ -121,7 +126,14 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
         }
         let buf = carry.take().unwrap_or_default();
         // Boxed so an idle connection's task holds only this small loop.
-        let next = Box::pin(serve_one(&stream, buf, peer, local, served, settings, handler)).await;
+        let one = Box::pin(serve_one(&stream, buf, peer, local, served, settings, handler));
+        // The statistics timer wraps the box, so only a pointer moves (not
+        // the request's whole future, as wrapping it inside the handler would).
+        let next = if handler.timed() {
+            crate::stats::scope(one).await
+        } else {
+            one.await
+        };
         match next {
             Some(rest) => {
                 served += 1;

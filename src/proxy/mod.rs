@@ -225,20 +225,18 @@ impl Handler for ListenerHandler {
         }
         sh.stats.begin(self.index);
         // A CONNECT tunnel lasts as long as the client likes: timing it
-        // would swamp the response-time histogram and the buckets.
-        let outcome = if sh.stats.enabled && ex.head.method != Method::CONNECT {
-            crate::stats::timed(&sh.stats, async {
-                let outcome = self.admit_and_serve(ex, &sh).await;
-                let _log = crate::stats::stage(crate::stats::Stage::Log);
-                self.log(ex, &sh, started);
-                outcome
-            })
-            .await
-        } else {
-            let outcome = self.admit_and_serve(ex, &sh).await;
+        // would swamp the response-time histogram and the buckets. The
+        // timer's scope is the connection's (`timed` below), around the
+        // boxed request future.
+        let timing = sh.stats.enabled && ex.head.method != Method::CONNECT && crate::stats::restart_timer();
+        let outcome = self.admit_and_serve(ex, &sh).await;
+        {
+            let _log = crate::stats::stage(crate::stats::Stage::Log);
             self.log(ex, &sh, started);
-            outcome
-        };
+        }
+        if timing {
+            crate::stats::record_current(&sh.stats);
+        }
         sh.stats.end(
             &ex.head.method,
             ex.out.status().map_or(0, |s| s.as_u16()),
@@ -246,6 +244,10 @@ impl Handler for ListenerHandler {
             ex.out.body_bytes(),
         );
         outcome
+    }
+
+    fn timed(&self) -> bool {
+        self.shared.load().stats.enabled
     }
 
     async fn reject(&self, mut rej: RejectInfo<'_>) {

@@ -22,9 +22,7 @@ pub use snapshot::*;
 
 use std::cell::RefCell;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// The clock the per-stage timing reads, about a dozen times per request:
@@ -362,37 +360,30 @@ tokio::task_local! {
     static TIMER: Box<RefCell<RequestTimer>>;
 }
 
-/// Runs one request's future with a timer; on completion its timings go
-/// to `stats`. The caller skips this when statistics are off.
-///
-/// A plain function returning a hand-written future, not an `async fn`:
-/// an `async fn` (or block) that takes `fut` by value holds it twice in its
-/// state (the argument and the awaited copy), which tripled the size of the
-/// request's future (22 KB instead of 7), and the connection copies that
-/// future into a box once per request.
-pub fn timed<'a, F: Future + 'a>(stats: &'a Stats, fut: F) -> impl Future<Output = F::Output> + 'a {
-    TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), Recorded { stats, fut })
+/// Runs one request's future (already boxed: only a pointer moves into the
+/// scope) with a fresh timer that [`stage`], [`restart_timer`] and
+/// [`record_current`] reach. The connection skips this when statistics are off.
+pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), fut)
 }
 
-pin_project_lite::pin_project! {
-    /// A timed request's future: when it completes, still inside the
-    /// timer's scope, its timings are added to the statistics.
-    struct Recorded<'a, F> {
-        stats: &'a Stats,
-        #[pin]
-        fut: F,
-    }
+/// Starts the current request's timer afresh (when the handler begins, so
+/// reading the request head is not counted); false outside a [`scope`].
+pub fn restart_timer() -> bool {
+    TIMER
+        .try_with(|t| {
+            let mut t = t.borrow_mut();
+            let now = StageInstant::now();
+            t.start = now;
+            t.last = now;
+        })
+        .is_ok()
 }
 
-impl<F: Future> Future for Recorded<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let out = std::task::ready!(this.fut.poll(cx));
-        let _ = TIMER.try_with(|t| this.stats.record(&t.borrow()));
-        Poll::Ready(out)
-    }
+/// Adds the current request's timings to `stats` (when its response is
+/// done); nothing outside a [`scope`].
+pub fn record_current(stats: &Stats) {
+    let _ = TIMER.try_with(|t| stats.record(&t.borrow()));
 }
 
 /// Times a stage until the guard is dropped; does nothing outside a timed request.
@@ -506,7 +497,8 @@ mod tests {
     async fn stages_land_in_the_chosen_bucket() {
         let stats = Stats::new(true, 1, &["api".to_string()]);
         stats.begin(0);
-        timed(&stats, async {
+        scope(async {
+            assert!(restart_timer());
             {
                 let _g = stage(Stage::Access);
             }
@@ -517,6 +509,7 @@ mod tests {
             }
             set_bucket(stats.bucket_index("api"));
             note_cache(CacheOutcome::Miss);
+            record_current(&stats);
         })
         .await;
         stats.end(&http::Method::GET, 200, 0, 10);
@@ -540,6 +533,7 @@ mod tests {
 
     #[test]
     fn stages_outside_a_timed_request_do_nothing() {
+        assert!(!restart_timer());
         let _g = stage(Stage::Send);
         nested(Stage::UpstreamConnect, Duration::from_secs(1));
         set_bucket(3);
