@@ -375,32 +375,60 @@ fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc
 
 /// `[10/Oct/2000:13:55:36 +0000]` style timestamp (UTC).
 fn clf_time(t: SystemTime) -> String {
-    let dt = time::OffsetDateTime::from(t);
-    let fmt = time::macros::format_description!("[day]/[month repr:short]/[year]:[hour]:[minute]:[second] +0000");
-    dt.format(&fmt).unwrap_or_else(|_| "01/Jan/1970:00:00:00 +0000".into())
+    // Formatting a date costs more than the rest of a line: reuse this
+    // thread's text for the same second.
+    thread_local! {
+        static LAST: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != secs {
+            let dt = time::OffsetDateTime::from(t);
+            let fmt =
+                time::macros::format_description!("[day]/[month repr:short]/[year]:[hour]:[minute]:[second] +0000");
+            *last = (
+                secs,
+                dt.format(&fmt).unwrap_or_else(|_| "01/Jan/1970:00:00:00 +0000".into()),
+            );
+        }
+        last.1.clone()
+    })
 }
 
-/// Quotes a header value for the log: `"` and `\` escaped, control bytes as \xHH.
-fn quoted(v: Option<&str>) -> String {
-    let Some(v) = v else { return "\"-\"".into() };
-    let mut s = String::with_capacity(v.len() + 2);
-    s.push('"');
-    s.push_str(&escaped(v));
-    s.push('"');
-    s
+/// Appends a header value quoted for the log: `"` and `\` escaped, control
+/// bytes as \xHH; `"-"` for none.
+fn push_quoted(out: &mut String, v: Option<&str>) {
+    let Some(v) = v else {
+        out.push_str("\"-\"");
+        return;
+    };
+    out.push('"');
+    push_escaped(out, v);
+    out.push('"');
 }
 
+/// `v` with `"` and `\` escaped and control characters as \xHH.
 fn escaped(v: &str) -> String {
     let mut s = String::with_capacity(v.len());
+    push_escaped(&mut s, v);
+    s
+}
+
+fn push_escaped(out: &mut String, v: &str) {
+    // Almost every value needs no escaping: copy it whole.
+    if !v.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+        out.push_str(v);
+        return;
+    }
     for c in v.chars() {
         match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            c if c.is_control() => s.push_str(&format!("\\x{:02x}", c as u32)),
-            c => s.push(c),
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
         }
     }
-    s
 }
 
 /// The request line's method, target and protocol.
@@ -422,20 +450,23 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
     let user = r.user.filter(|u| !u.is_empty()).unwrap_or("-");
     let mut line = match format {
         LogFormat::Common | LogFormat::Combined => {
-            let mut line = format!(
-                "{} - {} [{}] {} {} {}",
-                client,
-                user,
-                clf_time(now),
-                quoted(Some(r.request_line)),
-                r.status,
-                bytes_clf
-            );
+            let mut line = String::with_capacity(160 + r.request_line.len());
+            line.push_str(client);
+            line.push_str(" - ");
+            line.push_str(user);
+            line.push_str(" [");
+            line.push_str(&clf_time(now));
+            line.push_str("] ");
+            push_quoted(&mut line, Some(r.request_line));
+            line.push(' ');
+            line.push_str(&r.status.to_string());
+            line.push(' ');
+            line.push_str(&bytes_clf);
             if format == LogFormat::Combined {
                 line.push(' ');
-                line.push_str(&quoted(r.referer));
+                push_quoted(&mut line, r.referer);
                 line.push(' ');
-                line.push_str(&quoted(r.user_agent));
+                push_quoted(&mut line, r.user_agent);
             }
             line
         }
@@ -569,6 +600,19 @@ mod tests {
         log.record(&record(2));
         assert_eq!(wait_lines(&path, 1), 1);
         assert_eq!(wait_lines(&old, 1), 1);
+    }
+
+    #[test]
+    fn the_date_follows_the_second_and_control_bytes_are_escaped() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(971_185_336);
+        let line = |t: SystemTime| format_line(LogFormat::Common, &[], &record(1), "h", t);
+        assert!(line(t).contains("[10/Oct/2000:13:42:16 +0000]"));
+        assert!(line(t + Duration::from_millis(999)).contains("[10/Oct/2000:13:42:16 +0000]"));
+        assert!(line(t + Duration::from_secs(1)).contains("[10/Oct/2000:13:42:17 +0000]"));
+        assert!(line(t).contains("[10/Oct/2000:13:42:16 +0000]"));
+        let mut out = String::new();
+        push_quoted(&mut out, Some("a\u{7}b\\c"));
+        assert_eq!(out, "\"a\\x07b\\\\c\"");
     }
 
     #[test]
