@@ -295,13 +295,22 @@ impl ListenerHandler {
             Ok(p) => Some(p),
             Err(_) => {
                 tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);
-                // Closed after it: the request body, if any, is unread
-                // (the lingering close drains it, so the client sees the
-                // 503, not a reset), and a saturated server sheds connections.
-                ex.out.close_after();
+                // A request with a body is closed after its 503: the body is
+                // unread (the lingering close drains it, so the client sees
+                // the 503, not a reset). One without keeps its connection:
+                // under overload a reconnect per refusal costs the server
+                // more than the 503 itself, and takes goodput with it.
+                let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
+                if has_body {
+                    ex.out.close_after();
+                }
                 let route_busy = self.route_busy_page(ex, sh);
-                let _ = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
-                return Outcome::Close;
+                let sent = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
+                return if has_body || sent.is_err() {
+                    Outcome::Close
+                } else {
+                    Outcome::Done
+                };
             }
         };
         let outcome = self.serve(ex, sh, &mut permit).await;
