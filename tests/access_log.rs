@@ -30,6 +30,12 @@ async fn get(p: &Portico, url: &str, extra: &str) -> ParsedResponse {
     .await
 }
 
+/// The body of a monitoring page (origin form, to the server's own address).
+async fn admin_page(p: &Portico, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
+    parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
+}
+
 /// Waits until `path` holds `n` lines; returns them.
 async fn lines(path: &Path, n: usize) -> Vec<String> {
     let mut got = Vec::new();
@@ -204,14 +210,7 @@ async fn client_names_are_resolved_off_the_request_path_when_asked() {
     for line in &l {
         assert!(line.starts_with("localhost - - ["), "{line}");
     }
-    let perf = parse_response(
-        &raw_request(
-            p.addr(),
-            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
-        )
-        .await,
-    )
-    .body_str();
+    let perf = admin_page(&p, "/.perf").await;
     assert!(perf.contains("ClientDNSCacheInfo:"), "{perf}");
     assert!(
         perf.contains("CacheEntries     1/1024\nHitRatio         2/3 ( 66.67%)"),
@@ -256,14 +255,7 @@ async fn a_log_that_cannot_keep_up_drops_lines_never_requests_and_the_advisor_sa
         // Every request is answered, whatever the log does.
         assert_eq!(c.read_response().await.status, 200, "request {i}");
     }
-    let perf = parse_response(
-        &raw_request(
-            p.addr(),
-            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
-        )
-        .await,
-    )
-    .body_str();
+    let perf = admin_page(&p, "/.perf").await;
     // "Access Log                   combined (N lines, D dropped)"
     let dropped: u64 = perf
         .lines()
@@ -275,14 +267,7 @@ async fn a_log_that_cannot_keep_up_drops_lines_never_requests_and_the_advisor_sa
     assert!(dropped > 500, "dropped {dropped}\n{perf}");
     assert!(perf.contains("[access-log-slow] The access log"), "{perf}");
     assert!(perf.contains(&format!("{dropped} lines dropped")), "{perf}");
-    let metrics = parse_response(
-        &raw_request(
-            p.addr(),
-            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
-        )
-        .await,
-    )
-    .body_str();
+    let metrics = admin_page(&p, "/metrics").await;
     // The monitoring requests are logged (and dropped) too.
     let in_metrics: u64 = metrics
         .lines()

@@ -380,15 +380,10 @@ impl ListenerHandler {
         for e in &route.request_headers {
             e.apply(&mut ex.head.headers);
         }
+        const BAD_REWRITE: &str = "a routing rule rewrote the URL into an invalid one";
         let path_and_query = match route.path_and_query.take() {
             Some(pq) if pq.parse::<http::uri::PathAndQuery>().is_err() => {
-                return self
-                    .fail(
-                        ex,
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "a routing rule rewrote the URL into an invalid one",
-                    )
-                    .await;
+                return self.fail(ex, StatusCode::INTERNAL_SERVER_ERROR, BAD_REWRITE).await;
             }
             Some(pq) => Some(pq),
             None => None,
@@ -407,50 +402,29 @@ impl ListenerHandler {
                     }
                     None => None,
                 };
-                let Some(origin) = origin else {
-                    return self
-                        .fail(
-                            ex,
-                            StatusCode::BAD_REQUEST,
-                            "no Host header to name the origin to the parent proxy",
-                        )
-                        .await;
-                };
-                match with_path(origin, path_and_query) {
-                    Some(origin) => forward::To::Parent { group, origin },
-                    None => {
-                        return self
-                            .fail(
-                                ex,
-                                StatusCode::INTERNAL_SERVER_ERROR,
-                                "a routing rule rewrote the URL into an invalid one",
-                            )
-                            .await;
-                    }
+                match origin {
+                    None => Err((
+                        StatusCode::BAD_REQUEST,
+                        "no Host header to name the origin to the parent proxy",
+                    )),
+                    Some(origin) => with_path(origin, path_and_query)
+                        .map(|origin| forward::To::Parent { group, origin })
+                        .ok_or((StatusCode::INTERNAL_SERVER_ERROR, BAD_REWRITE)),
                 }
             }
-            (Some(group), _) => forward::To::Group {
+            (Some(group), _) => Ok(forward::To::Group {
                 group,
                 path_and_query: path_and_query.unwrap_or(target.path_and_query),
                 public_host: target.authority,
-            },
-            (None, Some(uri)) => match with_path(uri, path_and_query) {
-                Some(uri) => forward::To::Origin(uri),
-                None => {
-                    return self
-                        .fail(
-                            ex,
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "a routing rule rewrote the URL into an invalid one",
-                        )
-                        .await;
-                }
-            },
-            (None, None) => {
-                return self
-                    .fail(ex, StatusCode::NOT_FOUND, "no route matches this host and path")
-                    .await;
-            }
+            }),
+            (None, Some(uri)) => with_path(uri, path_and_query)
+                .map(forward::To::Origin)
+                .ok_or((StatusCode::INTERNAL_SERVER_ERROR, BAD_REWRITE)),
+            (None, None) => Err((StatusCode::NOT_FOUND, "no route matches this host and path")),
+        };
+        let to = match to {
+            Ok(to) => to,
+            Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
         let dest = forward::Dest {
             to,
