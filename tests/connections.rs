@@ -422,7 +422,10 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     let c = counters_when(&p, "the queue drained", |c| c["blocking_pool"]["idle_threads"] == 1).await;
     let b = "blocking_pool";
     assert_eq!(int(&c, b, "queue_length"), 0);
-    assert_eq!(int(&c, b, "queue_peak"), 1);
+    // At least the queued lookup; the two origin fetches' disk writes may
+    // also queue behind each other (writes wait rather than being refused),
+    // depending on timing.
+    assert!(int(&c, b, "queue_peak") >= 1, "{c}");
     assert_eq!(int(&c, b, "refused"), 1);
     assert_eq!(int(&c, b, "peak_threads"), 1);
     // The tuning advisor saw the queueing (seed: raise NativePoolMaxThreads).
