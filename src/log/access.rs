@@ -374,7 +374,8 @@ fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc
 }
 
 /// `[10/Oct/2000:13:55:36 +0000]` style timestamp (UTC).
-fn clf_time(t: SystemTime) -> String {
+/// Appends the Common Log Format date of `t` (`10/Oct/2000:13:42:16 +0000`).
+fn push_clf_time(out: &mut String, t: SystemTime) {
     // Formatting a date costs more than the rest of a line: reuse this
     // thread's text for the same second.
     thread_local! {
@@ -392,7 +393,7 @@ fn clf_time(t: SystemTime) -> String {
                 dt.format(&fmt).unwrap_or_else(|_| "01/Jan/1970:00:00:00 +0000".into()),
             );
         }
-        last.1.clone()
+        out.push_str(&last.1);
     })
 }
 
@@ -455,7 +456,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
             line.push_str(" - ");
             line.push_str(user);
             line.push_str(" [");
-            line.push_str(&clf_time(now));
+            push_clf_time(&mut line, now);
             line.push_str("] ");
             push_quoted(&mut line, Some(r.request_line));
             line.push(' ');
@@ -512,7 +513,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                     Token::User => s.push_str(user),
                     Token::Time => {
                         s.push('[');
-                        s.push_str(&clf_time(now));
+                        push_clf_time(&mut s, now);
                         s.push(']');
                     }
                     Token::RequestLine => s.push_str(&escaped(r.request_line)),

@@ -52,6 +52,17 @@ fn add_opt(a: &mut Option<u64>, b: Option<u64>) {
     };
 }
 
+/// The first of `parts` with each of the others added to it by `add`; None
+/// if there are none.
+fn sum_with<T: Clone>(parts: &[T], add: impl Fn(&mut T, &T)) -> Option<T> {
+    let (first, rest) = parts.split_first()?;
+    let mut a = first.clone();
+    for b in rest {
+        add(&mut a, b);
+    }
+    Some(a)
+}
+
 fn add_hist(a: &mut HistSnapshot, b: &HistSnapshot) {
     a.merge(b);
 }
@@ -255,9 +266,7 @@ impl Snapshot {
 /// summed over processes by the same rules as [`Snapshot::sum`]; the
 /// average delay is recomputed from the summed totals.
 pub fn sum_connection_queue(parts: &[crate::admit::ConnectionQueue]) -> Option<crate::admit::ConnectionQueue> {
-    let (first, rest) = parts.split_first()?;
-    let mut a = first.clone();
-    for b in rest {
+    let mut a = sum_with(parts, |a, b| {
         a.current += b.current;
         a.peak += b.peak;
         a.limit += b.limit;
@@ -272,7 +281,7 @@ pub fn sum_connection_queue(parts: &[crate::admit::ConnectionQueue]) -> Option<c
         a.in_service_peak += b.in_service_peak;
         a.max_requests += b.max_requests;
         a.total_admitted += b.total_admitted;
-    }
+    })?;
     a.avg_queueing_delay_ms = if a.total_queued == 0 {
         0.0
     } else {
@@ -283,9 +292,7 @@ pub fn sum_connection_queue(parts: &[crate::admit::ConnectionQueue]) -> Option<c
 
 /// See [`sum_connection_queue`].
 pub fn sum_keepalive(parts: &[crate::keepalive::KeepAliveInfo]) -> Option<crate::keepalive::KeepAliveInfo> {
-    let (first, rest) = parts.split_first()?;
-    let mut a = first.clone();
-    for b in rest {
+    sum_with(parts, |a, b| {
         a.count += b.count;
         a.max += b.max;
         a.hits += b.hits;
@@ -293,15 +300,12 @@ pub fn sum_keepalive(parts: &[crate::keepalive::KeepAliveInfo]) -> Option<crate:
         a.refusals += b.refusals;
         a.timeouts += b.timeouts;
         a.header_timeouts += b.header_timeouts;
-    }
-    Some(a)
+    })
 }
 
 /// See [`sum_connection_queue`].
 pub fn sum_native_pool(parts: &[crate::blocking::NativePool]) -> Option<crate::blocking::NativePool> {
-    let (first, rest) = parts.split_first()?;
-    let mut a = first.clone();
-    for b in rest {
+    sum_with(parts, |a, b| {
         a.idle_threads += b.idle_threads;
         a.threads += b.threads;
         a.peak_threads += b.peak_threads;
@@ -311,8 +315,7 @@ pub fn sum_native_pool(parts: &[crate::blocking::NativePool]) -> Option<crate::b
         a.queue_limit += b.queue_limit;
         a.jobs += b.jobs;
         a.refused += b.refused;
-    }
-    Some(a)
+    })
 }
 
 #[cfg(test)]
