@@ -36,11 +36,25 @@ static STATE: LazyLock<State> = LazyLock::new(|| State {
     idle: Notify::new(),
 });
 
+/// Called when draining starts, for waiters outside the runtime.
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+static HOOKS: std::sync::Mutex<Vec<Hook>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `hook` when draining starts (the keep-alive poller's thread is
+/// woken this way to close the connections it holds).
+pub fn on_start(hook: Hook) {
+    HOOKS.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+}
+
 /// Starts draining: every waiter on [`started`] wakes.
 pub fn start() {
     STATE.draining.store(true, Ordering::SeqCst);
     for n in &STATE.started {
         n.notify_waiters();
+    }
+    for hook in HOOKS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        hook();
     }
     if STATE.open.load(Ordering::SeqCst) == 0 {
         STATE.idle.notify_waiters();

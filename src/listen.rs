@@ -1,13 +1,15 @@
 //! Listening sockets: bound with the configured backlog and options, then an
-//! accept loop per listener that hands each connection to its own task.
+//! accept loop per listener that hands each connection to its own task, and
+//! back from the keep-alive poller to a new task when its client sends again.
 
 use crate::config::ListenerConfig;
-use crate::http1::{ConnSettings, Handler, serve};
+use crate::http1::{ConnSettings, Handler, Start, serve};
+use crate::keepalive::poller::{Parked, Resume};
 use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Binds a listener; the error names the address and what went wrong.
 /// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
@@ -74,9 +76,46 @@ pub async fn accept_loop<H: Handler>(
             let _ = stream.set_nodelay(true);
         }
         let open = crate::drain::track();
-        tokio::spawn(async move {
-            serve(stream, peer, &serving.settings, &*serving.handler).await;
-            drop(open);
+        tokio::spawn(run(serving, stream, peer, Start::default(), open));
+    }
+}
+
+/// One task's share of a connection: serve it until it closes, or until it
+/// has been idle long enough to be handed to the keep-alive poller, which
+/// gives it a new task ([`Resume`]) when the client sends again.
+async fn run<H: Handler>(
+    serving: Arc<Serving<H>>,
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    start: Start,
+    open: crate::drain::ConnGuard,
+) {
+    let Some(idle) = serve(stream, peer, start, &serving.settings, &*serving.handler).await else {
+        return;
+    };
+    if let Some(poller) = serving.settings.keepalive.poller() {
+        let conn = Parked {
+            stream: idle.stream,
+            peer,
+            served: idle.served,
+            open,
+        };
+        poller.park(conn, idle.deadline, serving.clone());
+    }
+}
+
+impl<H: Handler> Resume for Serving<H> {
+    fn resume(self: Arc<Self>, conn: Parked, ready: bool, runtime: &tokio::runtime::Handle) {
+        runtime.spawn(async move {
+            // Registers the socket with this runtime's reactor again.
+            let Ok(stream) = TcpStream::from_std(conn.stream) else {
+                return;
+            };
+            let start = Start {
+                served: conn.served,
+                ready,
+            };
+            run(self, stream, conn.peer, start, conn.open).await;
         });
     }
 }

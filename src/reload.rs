@@ -301,6 +301,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         server.blocking_queue,
         keepalive.max_connections,
         keepalive.timeout,
+        keepalive.park_after,
         log.error,
         log.level,
     );

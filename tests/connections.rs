@@ -1,6 +1,7 @@
 //! Connection handling through the real binary: admission and the
 //! connection queue (busy 503 with Retry-After), the keep-alive subsystem
-//! (flushes oldest first, timeouts, hits, refusals, slowloris cut-off), the
+//! (flushes oldest first, timeouts, hits, refusals, slowloris cut-off, the
+//! poller that holds connections idle past `park_after`), the
 //! blocking pool under disk-cache traffic, and sizing from the machine.
 //! Every counter is read from the monitoring JSON (`GET /.stats.json`, its
 //! `connection` part: the connection layer's own snapshots).
@@ -237,6 +238,125 @@ async fn idle_connections_beyond_the_limit_are_closed_oldest_first() {
     assert_eq!(int(&c, "keepalive", "max"), 2);
     assert_eq!(int(&c, "keepalive", "flushes"), 1);
     assert_eq!(int(&c, "keepalive", "hits"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_handed_to_the_poller_and_back() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\npark_after = \"50ms\"\ntimeout = \"30s\"\n").await;
+    // 20 connections that served a request, 10 that never sent one.
+    let mut used = Vec::new();
+    for i in 0..20 {
+        let mut c = RawClient::connect(p.addr()).await;
+        c.send(&get(&origin, &format!("/u{i}"), "")).await;
+        assert_eq!(c.read_response().await.status, 200);
+        used.push(c);
+    }
+    let mut fresh = Vec::new();
+    for _ in 0..10 {
+        fresh.push(RawClient::connect(p.addr()).await);
+    }
+    let c = counters_when(&p, "every idle connection with the poller", |c| {
+        c["keepalive"]["parked"] == 20 && c["keepalive"]["parked_new"] == 10
+    })
+    .await;
+    assert_eq!(
+        int(&c, "keepalive", "count"),
+        20,
+        "new connections are not kept-alive ones: {c}"
+    );
+    assert!(int(&c, "keepalive", "parks") >= 30, "{c}");
+    assert_eq!(int(&c, "keepalive", "hits"), 0);
+    // The monitoring pages show the poller's share.
+    let addr = p.addr();
+    let perf = raw_request(addr, format!("GET /.perf HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await;
+    let perf = parse_response(&perf).body_str();
+    assert!(perf.contains("KeepAlivePolled      20 kept-alive, 10 new"), "{perf}");
+    let metrics = raw_request(
+        addr,
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    let metrics = parse_response(&metrics).body_str();
+    assert!(metrics.contains("portico_keepalive_polled_connections 20"), "{metrics}");
+
+    // Every one of them is served when its client speaks again: in order,
+    // with the right body, the used ones' requests counted as hits.
+    for (i, c) in used.iter_mut().enumerate() {
+        c.send(&get(&origin, &format!("/again{i}"), "")).await;
+    }
+    for (i, c) in fresh.iter_mut().enumerate() {
+        c.send(&get(&origin, &format!("/first{i}"), "")).await;
+    }
+    for (i, c) in used.iter_mut().enumerate() {
+        let resp = c.read_response().await;
+        assert_eq!((resp.status, resp.body_str()), (200, format!("fast /again{i}")));
+    }
+    for (i, c) in fresh.iter_mut().enumerate() {
+        let resp = c.read_response().await;
+        assert_eq!((resp.status, resp.body_str()), (200, format!("fast /first{i}")));
+    }
+    // All 30 idle again, all kept-alive now, and back with the poller.
+    let c = counters_when(&p, "the 30 connections parked again", |c| {
+        c["keepalive"]["parked"] == 30 && c["keepalive"]["parked_new"] == 0
+    })
+    .await;
+    assert_eq!(int(&c, "keepalive", "hits"), 20);
+    assert_eq!(int(&c, "keepalive", "count"), 30);
+    assert!(int(&c, "keepalive", "parks") >= 60, "{c}");
+    // A pipelined pair on a parked connection is answered in order.
+    let c0 = &mut used[0];
+    let mut two = get(&origin, "/p1", "");
+    two.extend_from_slice(&get(&origin, "/p2", ""));
+    c0.send(&two).await;
+    assert_eq!(c0.read_response().await.body_str(), "fast /p1");
+    assert_eq!(c0.read_response().await.body_str(), "fast /p2");
+    // A client that closes while parked is closed here too, uncounted.
+    drop(used.pop());
+    counters_when(&p, "the closed connection gone", |c| c["keepalive"]["count"] == 29).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poller_times_out_and_flushes_the_connections_it_holds() {
+    let origin = fast_origin().await;
+    let p = proxy(
+        "[keepalive]\npark_after = \"20ms\"\ntimeout = \"1s\"\nmax_connections = 2\n\n         [limits]\nheader_timeout = \"1s\"\n",
+    )
+    .await;
+    let mut clients = Vec::new();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let mut c = RawClient::connect(p.addr()).await;
+        c.timeout = Duration::from_secs(10);
+        c.send(&get(&origin, &format!("/{name}"), "")).await;
+        assert_eq!(c.read_response().await.status, 200);
+        clients.push(c);
+        // Parked in turn (a, b, c); the poller holds two: c's arrival in
+        // the idle set flushes a, the one the poller has held the longest.
+        let parked = (i + 1).min(2) as u64;
+        counters_when(&p, "the connection parked", |c| c["keepalive"]["parked"] == parked).await;
+    }
+    let c = counters(&p).await;
+    assert_eq!(int(&c, "keepalive", "flushes"), 1, "{c}");
+    assert!(clients[0].read_to_end().await.is_empty());
+    assert!(clients[0].is_eof(), "the oldest parked connection was not flushed");
+    // A silent new connection: the poller closes it after header_timeout.
+    let mut silent = RawClient::connect(p.addr()).await;
+    silent.timeout = Duration::from_secs(10);
+    counters_when(&p, "the new connection parked", |c| c["keepalive"]["parked_new"] == 1).await;
+    // b and c time out in the poller after keepalive.timeout.
+    for c in &mut clients[1..] {
+        assert!(c.read_to_end().await.is_empty());
+        assert!(c.is_eof(), "a parked connection outlived keepalive.timeout");
+    }
+    assert!(silent.read_to_end().await.is_empty());
+    assert!(silent.is_eof(), "a silent new connection outlived header_timeout");
+    let c = counters_when(&p, "two timeouts and a header timeout", |c| {
+        c["keepalive"]["timeouts"] == 2 && c["keepalive"]["header_timeouts"] == 1
+    })
+    .await;
+    assert_eq!(int(&c, "keepalive", "count"), 0, "{c}");
+    assert_eq!(int(&c, "keepalive", "parked"), 0, "{c}");
+    assert_eq!(int(&c, "keepalive", "parked_new"), 0, "{c}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

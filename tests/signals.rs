@@ -255,6 +255,45 @@ async fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_the_connections_the_keepalive_poller_holds_at_once() {
+    let a = origin("a", Duration::ZERO).await;
+    let b = origin("b", Duration::ZERO).await;
+    let addr = free_addr();
+    let mut p = Portico::start(&config(&[&addr], &a, &b, "a", "[keepalive]\npark_after = \"10ms\"\n")).await;
+    let addr = p.addr();
+    let mut kept = RawClient::connect(addr).await;
+    kept.send(b"GET /k HTTP/1.1\r\nHost: www.example.com\r\n\r\n").await;
+    assert_eq!(kept.read_response().await.body_str(), "a /k");
+    let mut fresh = RawClient::connect(addr).await;
+    let parked = eventually(Duration::from_secs(5), || async {
+        let ka = keepalive(addr).await;
+        ka["parked"] == 1 && ka["parked_new"] == 1
+    })
+    .await;
+    assert!(
+        parked,
+        "the idle connections were not handed to the poller: {}",
+        keepalive(addr).await
+    );
+    let t = Instant::now();
+    p.signal(libc::SIGTERM);
+    for c in [&mut kept, &mut fresh] {
+        c.timeout = Duration::from_secs(5);
+        assert!(
+            c.read_to_end().await.is_empty() && c.is_eof(),
+            "a parked connection was not closed"
+        );
+    }
+    let status = p.wait_exit(Duration::from_secs(5)).await.expect("portico did not exit");
+    assert!(status.success(), "exit status {status}\n{}", p.stderr());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the drain waited {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_exits_at_once() {
     let a = origin("a", Duration::from_secs(30)).await;
     let b = origin("b", Duration::ZERO).await;
@@ -329,8 +368,8 @@ async fn sighup_keeps_restart_only_settings_and_applies_the_rest() {
     assert_eq!(threads, 2);
 }
 
-/// The process's admission counters (the monitoring JSON's `connection` part).
-async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
+/// The process's connection-layer counters (the monitoring JSON's `connection` part).
+async fn connection_counters(addr: SocketAddr) -> serde_json::Value {
     let raw = raw_request(
         addr,
         format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
@@ -339,7 +378,17 @@ async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
     let resp = parse_response(&raw);
     assert_eq!(resp.status, 200, "{}", resp.body_str());
     let v: serde_json::Value = serde_json::from_slice(&resp.body).expect("counters are JSON");
-    v["connection"]["connection_queue"].clone()
+    v["connection"].clone()
+}
+
+/// The admission counters.
+async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
+    connection_counters(addr).await["connection_queue"].clone()
+}
+
+/// The keep-alive counters.
+async fn keepalive(addr: SocketAddr) -> serde_json::Value {
+    connection_counters(addr).await["keepalive"].clone()
 }
 
 #[tokio::test]

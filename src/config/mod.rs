@@ -203,6 +203,9 @@ pub struct KeepAliveConfig {
     /// Idle persistent connections kept at most (the oldest is closed
     /// beyond it); 0 = sized from the open-files limit.
     pub max_connections: usize,
+    /// How long an idle connection's own task waits for the next request
+    /// before handing the connection to the keep-alive poller.
+    pub park_after: Dur,
 }
 
 impl Default for KeepAliveConfig {
@@ -211,6 +214,7 @@ impl Default for KeepAliveConfig {
             timeout: Dur::secs(15),
             max_requests: 100,
             max_connections: 0,
+            park_after: Dur(std::time::Duration::from_millis(100)),
         }
     }
 }

@@ -82,23 +82,58 @@ pub struct RejectInfo<'a> {
     pub first_line: String,
 }
 
-/// Serves one client connection until it closes.
-pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &ConnSettings, handler: &H) {
-    let local = match stream.local_addr() {
-        Ok(a) => a,
-        Err(_) => return,
-    };
+/// Where a connection's task starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Start {
+    /// Requests served on the connection before (by earlier tasks).
+    pub served: u32,
+    /// The client has sent bytes already: read the request at once.
+    pub ready: bool,
+}
+
+/// A connection that stayed idle past `keepalive.park_after`, handed back
+/// to the caller (for the keep-alive poller) with its task about to end.
+#[derive(Debug)]
+pub struct GoneIdle {
+    /// The socket, taken off the runtime.
+    pub stream: std::net::TcpStream,
+    /// Requests served on it so far.
+    pub served: u32,
+    /// When it is to be closed if the client stays silent.
+    pub deadline: std::time::Instant,
+}
+
+/// Serves one client connection until it closes (None) or stays idle long
+/// enough to be handed to the keep-alive poller (the connection is returned).
+pub async fn serve<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    start: Start,
+    settings: &ConnSettings,
+    handler: &H,
+) -> Option<GoneIdle> {
+    let local = stream.local_addr().ok()?;
     let ka = &*settings.keepalive;
+    let park_after = ka.poller().map(|p| p.park_after());
     let mut carry: Option<BytesMut> = None;
-    let mut served: u32 = 0;
+    let mut served = start.served;
+    let mut ready = start.ready;
     loop {
-        if carry.is_none() {
-            // Idle: hold no buffer until the client sends something.
-            // A drain (SIGTERM) closes idle connections at once.
+        if carry.is_none() && !std::mem::take(&mut ready) {
+            // Idle: hold no buffer until the client sends something, and
+            // past `park_after` not even a task. A drain (SIGTERM) closes
+            // idle connections at once.
+            let full = if served == 0 {
+                settings.header_timeout
+            } else {
+                ka.timeout()
+            };
+            let wait = park_after.filter(|p| *p < full).unwrap_or(full);
+            let since = std::time::Instant::now();
             let drained = crate::drain::started(usize::from(peer.port()));
-            let ready = if served == 0 {
+            let bytes = if served == 0 {
                 tokio::select! {
-                    r = tokio::time::timeout(settings.header_timeout, bytes_waiting(&stream)) => r,
+                    r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r,
                     () = drained => Ok(false),
                 }
             } else {
@@ -107,13 +142,21 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
                 // the guard leaves the set before the socket is closed.
                 let _idle = ka.enter(&stream);
                 tokio::select! {
-                    r = tokio::time::timeout(ka.timeout(), bytes_waiting(&stream)) => r,
+                    r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r,
                     () = drained => Ok(false),
                 }
             };
-            match ready {
+            match bytes {
                 Ok(true) => {}
                 Ok(false) => break,
+                Err(_) if wait < full => {
+                    let stream = stream.into_std().ok()?;
+                    return Some(GoneIdle {
+                        stream,
+                        served,
+                        deadline: since + full,
+                    });
+                }
                 Err(_) if served == 0 => {
                     ka.header_timed_out();
                     break;
@@ -147,6 +190,7 @@ pub async fn serve<H: Handler>(stream: TcpStream, peer: SocketAddr, settings: &C
     }
     // Boxed: its read buffer must not enlarge every idle connection's task.
     Box::pin(lingering_close(&stream)).await;
+    None
 }
 
 /// Waits until the client has sent something (true) or closed (false),

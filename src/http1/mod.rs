@@ -14,7 +14,7 @@ mod io;
 mod response;
 
 pub use body::{BodyError, BodyFrame, BodyReader};
-pub use conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo, client_closed, serve};
+pub use conn::{ConnSettings, Exchange, GoneIdle, Handler, Outcome, RejectInfo, Start, client_closed, serve};
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
 pub use io::{read_buf, write_all};
 pub use response::{BodyLen, ResponseWriter};

@@ -84,10 +84,16 @@ impl Shared {
         };
         let keepalive = match old {
             Some(o) => o.keepalive.clone(),
-            None => Arc::new(KeepAlive::new(
-                config.keepalive.max_connections,
-                config.keepalive.timeout.get(),
-            )),
+            None => {
+                let ka = Arc::new(KeepAlive::new(
+                    config.keepalive.max_connections,
+                    config.keepalive.timeout.get(),
+                ));
+                if let Err(e) = ka.start_poller(config.keepalive.park_after.get()) {
+                    tracing::warn!("keep-alive poller not started ({e}): idle connections wait in their own tasks");
+                }
+                ka
+            }
         };
         let upstream = match old {
             Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),

@@ -212,6 +212,16 @@ pub struct KeepAliveInfo {
     pub timeouts: Option<u64>,
     /// Connections closed because a request head did not arrive in time (slowloris).
     pub header_timeouts: Option<u64>,
+    /// Of `count`, those held by the keep-alive poller now (idle past
+    /// `keepalive.park_after`); None without a poller.
+    #[serde(default)]
+    pub parked: Option<u64>,
+    /// New connections (no request yet) held by the keep-alive poller now.
+    #[serde(default)]
+    pub parked_new: Option<u64>,
+    /// Connections handed to the keep-alive poller since start.
+    #[serde(default)]
+    pub parks: Option<u64>,
     /// The idle timeout, seconds.
     pub timeout_secs: f64,
     /// Requests per connection (0 = unlimited).

@@ -145,6 +145,9 @@ impl Snapshot {
         add_opt(&mut a.refusals, b.refusals);
         add_opt(&mut a.timeouts, b.timeouts);
         add_opt(&mut a.header_timeouts, b.header_timeouts);
+        add_opt(&mut a.parked, b.parked);
+        add_opt(&mut a.parked_new, b.parked_new);
+        add_opt(&mut a.parks, b.parks);
 
         self.native_pool = match (self.native_pool.take(), &o.native_pool) {
             (Some(mut a), Some(b)) => {
@@ -300,6 +303,9 @@ pub fn sum_keepalive(parts: &[crate::keepalive::KeepAliveInfo]) -> Option<crate:
         a.refusals += b.refusals;
         a.timeouts += b.timeouts;
         a.header_timeouts += b.header_timeouts;
+        a.parked += b.parked;
+        a.parked_new += b.parked_new;
+        a.parks += b.parks;
     })
 }
 

@@ -103,6 +103,11 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     if let Some(h) = ka.header_timeouts {
         let _ = writeln!(o, "{:<20} {h}", "HeaderTimeouts");
     }
+    // The poller's share (the seed's keep-alive subsystem in high-concurrency mode).
+    if let (Some(p), Some(n), Some(t)) = (ka.parked, ka.parked_new, ka.parks) {
+        let _ = writeln!(o, "{:<20} {p} kept-alive, {n} new", "KeepAlivePolled");
+        let _ = writeln!(o, "{:<20} {t}", "KeepAliveHandoffs");
+    }
     let _ = writeln!(o, "{:<20} {} seconds", "KeepAliveTimeout", ka.timeout_secs);
     let _ = writeln!(o, "{:<20} {}", "MaxKeepAliveRequests", ka.max_requests);
     o.push('\n');

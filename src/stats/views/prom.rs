@@ -251,6 +251,24 @@ pub fn render(s: &Snapshot) -> String {
             ka.timeouts,
             "counter",
         ),
+        (
+            "portico_keepalive_polled_connections",
+            "Idle persistent connections held by the keep-alive poller.",
+            ka.parked,
+            "gauge",
+        ),
+        (
+            "portico_keepalive_polled_new_connections",
+            "New connections (no request yet) held by the keep-alive poller.",
+            ka.parked_new,
+            "gauge",
+        ),
+        (
+            "portico_keepalive_handoffs_total",
+            "Connections handed to the keep-alive poller.",
+            ka.parks,
+            "counter",
+        ),
     ] {
         if let Some(v) = v {
             o.one(name, kind, help, v);

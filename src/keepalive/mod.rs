@@ -1,22 +1,28 @@
 //! The keep-alive subsystem: which idle persistent connections are kept,
 //! and its counters (the seed's KeepAliveInfo).
 //!
-//! There are no keep-alive threads and no poll interval: each idle
-//! connection's own task waits for readability holding no buffer
-//! (`http1::conn`), and the kernel's epoll is the "poller". What is left to
-//! manage is the bound: at most `keepalive.max_connections` connections may
-//! sit idle. When one more becomes idle, the oldest idle one is closed (a
-//! **flush**). The idle set is an ordered map from a sequence number (the
-//! order connections became idle) to the socket's file descriptor, so a
-//! flush is `pop_first` plus `shutdown(2)` on that socket, which wakes its
-//! task to see end-of-stream and close. An idle connection costs one map
-//! entry (about 16 bytes) beside its task.
+//! An idle connection's own task first waits for the next request itself,
+//! holding no buffer (`http1::conn`; the seed's low-latency mode). Past
+//! `keepalive.park_after` it hands the bare socket to the keep-alive
+//! [`poller`] and ends (the seed's high-concurrency mode, without a mode
+//! switch: each connection moves on its own).
+//!
+//! At most `keepalive.max_connections` connections may sit idle. When one
+//! more becomes idle, the oldest idle one is closed (a **flush**): the one
+//! parked the longest, or, with none parked, the oldest of those still
+//! waiting in their tasks. Those are an ordered map from a sequence number
+//! (the order they became idle) to the socket's file descriptor, so a flush
+//! there is `pop_first` plus `shutdown(2)` on that socket, which wakes its
+//! task to see end-of-stream and close.
 
+pub mod poller;
+
+use poller::Poller;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Idle persistent connections and the keep-alive counters.
@@ -33,6 +39,7 @@ pub struct KeepAlive {
     refusals: AtomicU64,
     timeouts: AtomicU64,
     header_timeouts: AtomicU64,
+    poller: OnceLock<Arc<Poller>>,
 }
 
 /// A connection's place in the idle set; leaving it (drop) removes the
@@ -69,7 +76,25 @@ impl KeepAlive {
             refusals: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             header_timeouts: AtomicU64::new(0),
+            poller: OnceLock::new(),
         }
+    }
+
+    /// Starts the keep-alive poller (once; later calls do nothing): from
+    /// then on connections idle longer than `park_after` are handed to it.
+    /// Without it every idle connection waits in its own task.
+    pub fn start_poller(self: &Arc<Self>, park_after: Duration) -> std::io::Result<()> {
+        if self.poller.get().is_some() {
+            return Ok(());
+        }
+        let poller = Poller::start(self, park_after)?;
+        let _ = self.poller.set(poller);
+        Ok(())
+    }
+
+    /// The keep-alive poller, once started.
+    pub fn poller(&self) -> Option<&Arc<Poller>> {
+        self.poller.get()
     }
 
     /// Whether connections are kept between requests at all.
@@ -88,7 +113,13 @@ impl KeepAlive {
     pub fn enter<S: AsRawFd>(&self, socket: &S) -> Idle<'_> {
         let seq = self.next_seq.fetch_add(1, Relaxed);
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while idle.len() >= self.max {
+        let parked = || self.poller.get().map_or(0, |p| p.kept());
+        while idle.len() + parked() >= self.max {
+            // Parked connections have been idle longer than any in the map.
+            if self.poller.get().is_some_and(|p| p.close_oldest()) {
+                self.flushes.fetch_add(1, Relaxed);
+                continue;
+            }
             let Some((_, fd)) = idle.pop_first() else { break };
             // SAFETY: `fd` belongs to a connection whose `Idle` guard has not
             // been dropped (it would have removed the entry, under this same
@@ -128,8 +159,13 @@ impl KeepAlive {
 
     /// The counters now.
     pub fn snapshot(&self) -> KeepAliveInfo {
+        let p = self.poller.get();
+        let parked = p.map_or(0, |p| p.kept());
         KeepAliveInfo {
-            count: self.count.load(Relaxed),
+            count: self.count.load(Relaxed) + parked,
+            parked,
+            parked_new: p.map_or(0, |p| p.fresh()),
+            parks: p.map_or(0, |p| p.parks()),
             max: self.max,
             hits: self.hits.load(Relaxed),
             flushes: self.flushes.load(Relaxed),
@@ -148,6 +184,16 @@ pub struct KeepAliveInfo {
     pub count: usize,
     /// `keepalive.max_connections` ("KeepAliveCount", second number).
     pub max: usize,
+    /// Of `count`, those held by the keep-alive poller (idle longer than
+    /// `keepalive.park_after`).
+    #[serde(default)]
+    pub parked: usize,
+    /// New connections that have not sent a request yet, held by the poller.
+    #[serde(default)]
+    pub parked_new: usize,
+    /// Connections handed to the poller since start.
+    #[serde(default)]
+    pub parks: u64,
     /// Requests that arrived on a connection kept alive, i.e. not the first on it ("KeepAliveHits").
     pub hits: u64,
     /// Idle connections closed to make room for a newer one ("KeepAliveFlushes").

@@ -1,0 +1,456 @@
+//! The keep-alive poller: one thread and one epoll set holding every
+//! connection that has sat idle longer than `keepalive.park_after` (the
+//! seed's keep-alive subsystem in "high concurrency mode").
+//!
+//! A connection's own task waits for its next request only briefly (the
+//! seed's "low latency mode"): a client that is actively using the
+//! connection sends within microseconds, and handing the socket over and
+//! back would cost more than the wait. Past `park_after` the task hands the
+//! bare socket here and ends, so an idle connection no longer costs a task,
+//! its future, a timer entry and the runtime's registration: only one slot
+//! in a table (about 80 bytes). When the client sends, the slot is emptied
+//! and the connection gets a new task ([`Resume`]). Slots time out here too:
+//! a kept-alive one after `keepalive.timeout`, a new one that never sent its
+//! first request after `limits.header_timeout`.
+//!
+//! The tasks freed by parking leave their memory with the allocator, which
+//! keeps it; after a burst of parking, once parking has gone quiet, the
+//! poller asks glibc to give free pages back (`malloc_trim`), so the memory
+//! an idle connection holds is what the process's footprint shows.
+
+use super::KeepAlive;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The waker's token; slot tokens are `slot | generation << 32`.
+const WAKE: Token = Token(usize::MAX);
+/// Parks since the last trim that make a trim worth it (about 1.4 KiB freed each).
+const TRIM_AFTER: u64 = 256;
+/// How long parking must have been quiet before trimming.
+const TRIM_QUIET_MS: u64 = 50;
+
+/// An idle connection as the poller holds it.
+pub struct Parked {
+    /// The socket, non-blocking, registered with no runtime.
+    pub stream: std::net::TcpStream,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Requests served on it so far (0: it has not sent its first one).
+    pub served: u32,
+    /// Keeps the connection counted as open (for a drain).
+    pub open: crate::drain::ConnGuard,
+}
+
+/// Gives a connection whose client has sent something (`ready`) a task
+/// again; implemented by the accept loop's per-listener state. Called on
+/// the poller thread, so it only spawns.
+pub trait Resume: Send + Sync {
+    /// Serves `conn` from here on; `ready` is false when the wake-up may
+    /// have been spurious (the task then waits for bytes itself).
+    fn resume(self: Arc<Self>, conn: Parked, ready: bool, runtime: &tokio::runtime::Handle);
+}
+
+struct Entry {
+    conn: Parked,
+    /// Milliseconds since the poller's epoch when it is closed unasked.
+    deadline: u64,
+    resume: Arc<dyn Resume>,
+}
+
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+#[derive(Default)]
+struct Table {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Kept-alive slots, in the order they were parked: they share one
+    /// timeout, so this is also deadline order, and its front is the
+    /// connection idle the longest (the one a flush closes). Entries whose
+    /// slot moved on are skipped when met.
+    kept: VecDeque<(u32, u32)>,
+    /// New connections by deadline (their timeout is per listener).
+    fresh: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    kept_live: usize,
+    fresh_live: usize,
+    /// When the poller thread will next wake by itself (ms; MAX: never).
+    wake_at: u64,
+    parks_since_trim: u64,
+    last_park: u64,
+}
+
+impl Table {
+    fn insert(&mut self, entry: Entry, fresh: bool) -> (u32, u32) {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot::default());
+                // More than 4 billion parked sockets cannot exist (each is a descriptor).
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        let deadline = entry.deadline;
+        let slot = &mut self.slots[index as usize];
+        slot.entry = Some(entry);
+        let generation = slot.generation;
+        if fresh {
+            self.fresh.push(Reverse((deadline, index, generation)));
+            self.fresh_live += 1;
+        } else {
+            self.kept.push_back((index, generation));
+            self.kept_live += 1;
+        }
+        (index, generation)
+    }
+
+    /// Empties the slot if it still holds that generation's entry.
+    fn take(&mut self, index: u32, generation: u32) -> Option<Entry> {
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.generation != generation {
+            return None;
+        }
+        let entry = slot.entry.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(index);
+        if entry.conn.served == 0 {
+            self.fresh_live -= 1;
+        } else {
+            self.kept_live -= 1;
+        }
+        Some(entry)
+    }
+
+    fn is_live(&self, index: u32, generation: u32) -> bool {
+        self.slots
+            .get(index as usize)
+            .is_some_and(|s| s.generation == generation && s.entry.is_some())
+    }
+
+    /// The kept-alive connection idle the longest, taken out.
+    fn take_oldest_kept(&mut self) -> Option<Entry> {
+        while let Some((i, g)) = self.kept.pop_front() {
+            if let Some(e) = self.take(i, g) {
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    /// Entries past their deadline, taken out, with whether each was new.
+    fn take_expired(&mut self, now: u64, out: &mut Vec<Entry>) {
+        while let Some(&(i, g)) = self.kept.front() {
+            let deadline = match self.slots.get(i as usize) {
+                Some(s) if s.generation == g => s.entry.as_ref().map(|e| e.deadline),
+                _ => None,
+            };
+            match deadline {
+                Some(d) if d > now => break,
+                Some(_) => out.extend(self.take(i, g)),
+                None => {}
+            }
+            self.kept.pop_front();
+        }
+        while let Some(&Reverse((d, i, g))) = self.fresh.peek() {
+            if d > now && self.is_live(i, g) {
+                break;
+            }
+            self.fresh.pop();
+            if d <= now {
+                out.extend(self.take(i, g));
+            }
+        }
+        // Slots that were resumed or flushed leave stale order entries
+        // behind; drop them once they outnumber the live ones.
+        if self.kept.len() > 2 * self.kept_live + 1024 {
+            let slots = &self.slots;
+            self.kept.retain(|&(i, g)| {
+                slots
+                    .get(i as usize)
+                    .is_some_and(|s| s.generation == g && s.entry.is_some())
+            });
+        }
+        if self.fresh.len() > 2 * self.fresh_live + 1024 {
+            let slots = &self.slots;
+            self.fresh.retain(|Reverse((_, i, g))| {
+                slots
+                    .get(*i as usize)
+                    .is_some_and(|s| s.generation == *g && s.entry.is_some())
+            });
+        }
+    }
+
+    /// The earliest time the poller thread has work to do by itself.
+    fn next_wake(&self) -> u64 {
+        let kept = self
+            .kept
+            .iter()
+            .find_map(|&(i, g)| {
+                let s = self.slots.get(i as usize)?;
+                if s.generation != g {
+                    return None;
+                }
+                s.entry.as_ref().map(|e| e.deadline)
+            })
+            .unwrap_or(u64::MAX);
+        let fresh = self.fresh.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
+        let trim = if self.parks_since_trim >= TRIM_AFTER {
+            self.last_park + TRIM_QUIET_MS
+        } else {
+            u64::MAX
+        };
+        kept.min(fresh).min(trim)
+    }
+}
+
+/// The poller's shared half: parking and flushing from any thread.
+pub struct Poller {
+    table: Mutex<Table>,
+    registry: Registry,
+    waker: Waker,
+    epoch: Instant,
+    park_after: Duration,
+    /// Where resumed connections' tasks are spawned.
+    runtime: tokio::runtime::Handle,
+    parks: AtomicU64,
+    /// Kept-alive connections parked now (read without the lock).
+    kept: AtomicUsize,
+    /// New connections parked now.
+    fresh: AtomicUsize,
+}
+
+impl Poller {
+    /// Starts the poller thread for `keepalive`, parking connections idle
+    /// longer than `park_after`. Must be called inside the runtime that is
+    /// to serve the resumed connections.
+    pub(super) fn start(keepalive: &Arc<KeepAlive>, park_after: Duration) -> std::io::Result<Arc<Poller>> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
+        let poller = Arc::new(Poller {
+            table: Mutex::new(Table {
+                wake_at: u64::MAX,
+                ..Table::default()
+            }),
+            registry,
+            waker,
+            epoch: Instant::now(),
+            park_after,
+            runtime,
+            parks: AtomicU64::new(0),
+            kept: AtomicUsize::new(0),
+            fresh: AtomicUsize::new(0),
+        });
+        let thread = Arc::clone(&poller);
+        let ka = Arc::clone(keepalive);
+        std::thread::Builder::new()
+            .name("portico-keepalive".into())
+            .spawn(move || thread.run(poll, &ka))?;
+        let wake = Arc::clone(&poller);
+        crate::drain::on_start(Box::new(move || {
+            let _ = wake.waker.wake();
+        }));
+        Ok(poller)
+    }
+
+    /// How long a connection's task waits for bytes before parking it.
+    pub fn park_after(&self) -> Duration {
+        self.park_after
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, t: &Table) {
+        self.kept.store(t.kept_live, Relaxed);
+        self.fresh.store(t.fresh_live, Relaxed);
+    }
+
+    /// Kept-alive connections parked now.
+    pub fn kept(&self) -> usize {
+        self.kept.load(Relaxed)
+    }
+
+    /// New connections (no request yet) parked now.
+    pub fn fresh(&self) -> usize {
+        self.fresh.load(Relaxed)
+    }
+
+    /// Connections handed to the poller since start.
+    pub fn parks(&self) -> u64 {
+        self.parks.load(Relaxed)
+    }
+
+    /// Holds `conn` until its client sends (then `resume` gets it), its
+    /// `deadline` passes, or a flush or drain closes it. A socket that
+    /// cannot be watched is closed.
+    pub fn park(&self, conn: Parked, deadline: Instant, resume: Arc<dyn Resume>) {
+        if crate::drain::is_draining() {
+            return; // closed: a drain closes idle connections at once
+        }
+        let fd = conn.stream.as_raw_fd();
+        let fresh = conn.served == 0;
+        let deadline = u64::try_from(deadline.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX);
+        let now = self.now();
+        let (index, generation, wake) = {
+            let mut t = self.lock();
+            let (i, g) = t.insert(Entry { conn, deadline, resume }, fresh);
+            t.parks_since_trim += 1;
+            t.last_park = now;
+            let wake = deadline < t.wake_at || t.parks_since_trim == TRIM_AFTER;
+            if wake {
+                t.wake_at = t.wake_at.min(deadline);
+            }
+            self.publish(&t);
+            (i, g, wake)
+        };
+        self.parks.fetch_add(1, Relaxed);
+        // Registered after the slot is filled, so an event that comes at
+        // once finds it; epoll reports bytes that are already waiting.
+        let token = Token(index as usize | (generation as usize) << 32);
+        if self
+            .registry
+            .register(&mut SourceFd(&fd), token, Interest::READABLE)
+            .is_err()
+        {
+            let mut t = self.lock();
+            let gone = t.take(index, generation);
+            self.publish(&t);
+            drop(t);
+            drop(gone);
+            return;
+        }
+        if wake {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Closes the kept-alive connection parked the longest, if any (a flush).
+    pub fn close_oldest(&self) -> bool {
+        let mut t = self.lock();
+        let oldest = t.take_oldest_kept();
+        self.publish(&t);
+        drop(t);
+        oldest.is_some()
+    }
+
+    fn run(&self, mut poll: Poll, ka: &KeepAlive) {
+        let mut events = Events::with_capacity(1024);
+        let mut woken: Vec<Entry> = Vec::new();
+        let mut expired: Vec<Entry> = Vec::new();
+        loop {
+            let timeout = {
+                let mut t = self.lock();
+                let at = t.next_wake();
+                t.wake_at = at;
+                (at != u64::MAX).then(|| Duration::from_millis(at.saturating_sub(self.now())))
+            };
+            if let Err(e) = poll.poll(&mut events, timeout)
+                && e.kind() != std::io::ErrorKind::Interrupted
+            {
+                tracing::error!("keep-alive poller stopped: {e}");
+                return;
+            }
+            {
+                let mut t = self.lock();
+                for ev in events.iter() {
+                    if ev.token() == WAKE {
+                        continue;
+                    }
+                    let index = (ev.token().0 & 0xffff_ffff) as u32;
+                    let generation = (ev.token().0 >> 32) as u32;
+                    woken.extend(t.take(index, generation));
+                }
+                self.publish(&t);
+            }
+            for entry in woken.drain(..) {
+                self.wake(entry);
+            }
+            if crate::drain::is_draining() {
+                let mut t = self.lock();
+                let all: Vec<Entry> = t.slots.iter_mut().filter_map(|s| s.entry.take()).collect();
+                *t = Table {
+                    wake_at: u64::MAX,
+                    ..Table::default()
+                };
+                self.publish(&t);
+                drop(t);
+                drop(all);
+                continue;
+            }
+            let now = self.now();
+            let trim = {
+                let mut t = self.lock();
+                t.take_expired(now, &mut expired);
+                self.publish(&t);
+                let quiet = t.parks_since_trim >= TRIM_AFTER && now >= t.last_park + TRIM_QUIET_MS;
+                if quiet {
+                    t.parks_since_trim = 0;
+                }
+                quiet
+            };
+            for entry in expired.drain(..) {
+                if entry.conn.served == 0 {
+                    ka.header_timed_out();
+                } else {
+                    ka.timed_out();
+                }
+            }
+            if trim {
+                trim_heap();
+            }
+        }
+    }
+
+    /// The client of a parked connection sent something, closed, or failed.
+    fn wake(&self, entry: Entry) {
+        let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let ready = match socket2::SockRef::from(&entry.conn.stream).peek(&mut one) {
+            Ok(0) => return, // the client closed: so do we
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => return,
+        };
+        let fd = entry.conn.stream.as_raw_fd();
+        if self.registry.deregister(&mut SourceFd(&fd)).is_err() {
+            return;
+        }
+        entry.resume.resume(entry.conn, ready, &self.runtime);
+    }
+}
+
+impl std::fmt::Debug for Poller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Poller")
+            .field("park_after", &self.park_after)
+            .field("kept", &self.kept())
+            .field("fresh", &self.fresh())
+            .field("parks", &self.parks())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Gives the allocator's free pages back to the system.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer and only walks glibc's own
+    // arenas, under their locks; it is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
