@@ -98,6 +98,7 @@ async fn run<H: Handler>(
             stream: idle.stream,
             peer,
             served: idle.served,
+            waited: idle.waited,
             open,
         };
         poller.park(conn, idle.deadline, serving.clone());
@@ -114,6 +115,7 @@ impl<H: Handler> Resume for Serving<H> {
             let start = Start {
                 served: conn.served,
                 ready,
+                park_after: Some(conn.waited),
             };
             run(self, stream, conn.peer, start, conn.open).await;
         });

@@ -317,6 +317,42 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_a_steady_rhythm_is_not_parked_for_every_request() {
+    let origin = fast_origin().await;
+    let p = proxy("[keepalive]\npark_after = \"100ms\"\n").await;
+    let parks = |c: &Value| int(c, "keepalive", "parks");
+    // A request every 130 ms: the first pause parks the connection (past
+    // 100 ms), the client speaks 30 ms later, so its wait doubles to 200 ms
+    // and the following pauses are waited out in the task.
+    let mut steady = RawClient::connect(p.addr()).await;
+    let before = parks(&counters(&p).await);
+    for i in 0..9 {
+        steady.send(&get(&origin, &format!("/s{i}"), "")).await;
+        assert_eq!(steady.read_response().await.status, 200);
+        tokio::time::sleep(Duration::from_millis(130)).await;
+    }
+    let steady_parks = parks(&counters(&p).await) - before;
+    assert!(
+        (1..=3).contains(&steady_parks),
+        "9 requests 130 ms apart were parked {steady_parks} times"
+    );
+    drop(steady);
+    // A request every 400 ms: idle between requests, parked every time.
+    let mut slow = RawClient::connect(p.addr()).await;
+    slow.send(&get(&origin, "/first", "")).await;
+    assert_eq!(slow.read_response().await.status, 200);
+    let before = parks(&counters(&p).await);
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        slow.send(&get(&origin, &format!("/slow{i}"), "")).await;
+        assert_eq!(slow.read_response().await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let slow_parks = parks(&counters(&p).await) - before;
+    assert_eq!(slow_parks, 4, "4 pauses of 400 ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_poller_times_out_and_flushes_the_connections_it_holds() {
     let origin = fast_origin().await;
     let p = proxy(

@@ -89,6 +89,9 @@ pub struct Start {
     pub served: u32,
     /// The client has sent bytes already: read the request at once.
     pub ready: bool,
+    /// How long to wait for a request before parking, when the poller has
+    /// chosen one for this connection (None: `keepalive.park_after`).
+    pub park_after: Option<Duration>,
 }
 
 /// A connection that stayed idle past `keepalive.park_after`, handed back
@@ -101,6 +104,8 @@ pub struct GoneIdle {
     pub served: u32,
     /// When it is to be closed if the client stays silent.
     pub deadline: std::time::Instant,
+    /// How long it waited in its task before this.
+    pub waited: Duration,
 }
 
 /// Serves one client connection until it closes (None) or stays idle long
@@ -114,7 +119,7 @@ pub async fn serve<H: Handler>(
 ) -> Option<GoneIdle> {
     let local = stream.local_addr().ok()?;
     let ka = &*settings.keepalive;
-    let park_after = ka.poller().map(|p| p.park_after());
+    let park_after = ka.poller().map(|p| start.park_after.unwrap_or(p.park_after()));
     let mut carry: Option<BytesMut> = None;
     let mut served = start.served;
     let mut ready = start.ready;
@@ -155,6 +160,7 @@ pub async fn serve<H: Handler>(
                         stream,
                         served,
                         deadline: since + full,
+                        waited: wait,
                     });
                 }
                 Err(_) if served == 0 => {

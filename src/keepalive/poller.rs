@@ -9,7 +9,8 @@
 //! bare socket here and ends, so an idle connection no longer costs a task,
 //! its future, a timer entry and the runtime's registration: only one slot
 //! in a table (about 80 bytes). When the client sends, the slot is emptied
-//! and the connection gets a new task ([`Resume`]). Slots time out here too:
+//! and the connection gets a new task ([`Resume`]), whose wait adapts to the
+//! client's rhythm (`next_wait`). Slots time out here too:
 //! a kept-alive one after `keepalive.timeout`, a new one that never sent its
 //! first request after `limits.header_timeout`.
 //!
@@ -35,6 +36,9 @@ const WAKE: Token = Token(usize::MAX);
 const TRIM_AFTER: u64 = 256;
 /// How long parking must have been quiet before trimming.
 const TRIM_QUIET_MS: u64 = 50;
+/// A connection's wait before parking grows to at most this many times
+/// `park_after` (see [`Poller::next_wait`]).
+const MAX_WAIT_FACTOR: u32 = 32;
 
 /// An idle connection as the poller holds it.
 pub struct Parked {
@@ -44,6 +48,9 @@ pub struct Parked {
     pub peer: SocketAddr,
     /// Requests served on it so far (0: it has not sent its first one).
     pub served: u32,
+    /// How long its task waited before parking it; on resuming, how long
+    /// its next task is to wait.
+    pub waited: Duration,
     /// Keeps the connection counted as open (for a drain).
     pub open: crate::drain::ConnGuard,
 }
@@ -61,6 +68,8 @@ struct Entry {
     conn: Parked,
     /// Milliseconds since the poller's epoch when it is closed unasked.
     deadline: u64,
+    /// Milliseconds since the poller's epoch when it was parked.
+    parked_at: u64,
     resume: Arc<dyn Resume>,
 }
 
@@ -309,7 +318,13 @@ impl Poller {
         let now = self.now();
         let (index, generation, wake) = {
             let mut t = self.lock();
-            let (i, g) = t.insert(Entry { conn, deadline, resume }, fresh);
+            let entry = Entry {
+                conn,
+                deadline,
+                parked_at: now,
+                resume,
+            };
+            let (i, g) = t.insert(entry, fresh);
             t.parks_since_trim += 1;
             t.last_park = now;
             let wake = deadline < t.wake_at || t.parks_since_trim == TRIM_AFTER;
@@ -378,8 +393,9 @@ impl Poller {
                 }
                 self.publish(&t);
             }
+            let now = self.now();
             for entry in woken.drain(..) {
-                self.wake(entry);
+                self.wake(entry, now);
             }
             if crate::drain::is_draining() {
                 let mut t = self.lock();
@@ -418,7 +434,7 @@ impl Poller {
     }
 
     /// The client of a parked connection sent something, closed, or failed.
-    fn wake(&self, entry: Entry) {
+    fn wake(&self, mut entry: Entry, now: u64) {
         let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         let ready = match socket2::SockRef::from(&entry.conn.stream).peek(&mut one) {
             Ok(0) => return, // the client closed: so do we
@@ -430,6 +446,8 @@ impl Poller {
         if self.registry.deregister(&mut SourceFd(&fd)).is_err() {
             return;
         }
+        let parked = Duration::from_millis(now.saturating_sub(entry.parked_at));
+        entry.conn.waited = next_wait(self.park_after, entry.conn.waited, parked);
         entry.resume.resume(entry.conn, ready, &self.runtime);
     }
 }
@@ -445,6 +463,25 @@ impl std::fmt::Debug for Poller {
     }
 }
 
+/// How long a resumed connection's task is to wait before parking it
+/// again, given that its last task waited `waited` and the client then spoke
+/// `parked` after the parking. A client that spoke sooner than the task had
+/// waited (a request every 150 ms against a 100 ms wait) would be parked and
+/// resumed for every request, each costing `epoll_ctl` calls, a wake-up and
+/// a spawn: such a connection's wait doubles (up to `MAX_WAIT_FACTOR` times
+/// `base`, the configured `park_after`). One that stayed parked longer is
+/// idle between requests: back to `base`. The seed's server switched between
+/// its low-latency and high-concurrency modes on load; this decides per
+/// connection.
+fn next_wait(base: Duration, waited: Duration, parked: Duration) -> Duration {
+    if parked < waited {
+        let most = base.checked_mul(MAX_WAIT_FACTOR).unwrap_or(Duration::MAX);
+        waited.saturating_mul(2).clamp(base, most)
+    } else {
+        base
+    }
+}
+
 /// Gives the allocator's free pages back to the system.
 fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -452,5 +489,25 @@ fn trim_heap() {
     // arenas, under their locks; it is safe to call from any thread.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_resumed_soon_waits_longer_next_time() {
+        let ms = Duration::from_millis;
+        // Spoke 50 ms after a 100 ms wait: a 150 ms rhythm; wait 200 ms next.
+        assert_eq!(next_wait(ms(100), ms(100), ms(50)), ms(200));
+        assert_eq!(next_wait(ms(100), ms(200), ms(10)), ms(400));
+        // Capped at 32 times park_after.
+        assert_eq!(next_wait(ms(100), ms(3200), ms(10)), ms(3200));
+        // Parked longer than it waited: idle between requests, back to the base.
+        assert_eq!(next_wait(ms(100), ms(800), ms(5000)), ms(100));
+        // park_after 0 (park at once) stays 0; a huge one does not overflow.
+        assert_eq!(next_wait(ms(0), ms(0), ms(0)), ms(0));
+        assert_eq!(next_wait(Duration::MAX, Duration::MAX, ms(1)), Duration::MAX);
     }
 }
