@@ -94,7 +94,7 @@ impl KeepAlive {
 
     /// The keep-alive poller, once started.
     pub fn poller(&self) -> Option<&Arc<Poller>> {
-        self.poller.get()
+        self.poller.get().filter(|p| p.is_running())
     }
 
     /// Whether connections are kept between requests at all.

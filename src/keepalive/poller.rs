@@ -26,7 +26,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -235,6 +235,8 @@ pub struct Poller {
     kept: AtomicUsize,
     /// New connections parked now.
     fresh: AtomicUsize,
+    /// The poller thread has stopped: nothing may be parked any more.
+    stopped: AtomicBool,
 }
 
 impl Poller {
@@ -259,6 +261,7 @@ impl Poller {
             parks: AtomicU64::new(0),
             kept: AtomicUsize::new(0),
             fresh: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
         });
         let thread = Arc::clone(&poller);
         let ka = Arc::clone(keepalive);
@@ -275,6 +278,24 @@ impl Poller {
     /// How long a connection's task waits for bytes before parking it.
     pub fn park_after(&self) -> Duration {
         self.park_after
+    }
+
+    /// Whether connections can be parked (false once the thread stopped).
+    pub fn is_running(&self) -> bool {
+        !self.stopped.load(Relaxed)
+    }
+
+    /// Closes every parked connection.
+    fn close_all(&self) {
+        let mut t = self.lock();
+        let all: Vec<Entry> = t.slots.iter_mut().filter_map(|s| s.entry.take()).collect();
+        *t = Table {
+            wake_at: u64::MAX,
+            ..Table::default()
+        };
+        self.publish(&t);
+        drop(t);
+        drop(all);
     }
 
     fn now(&self) -> u64 {
@@ -309,7 +330,7 @@ impl Poller {
     /// `deadline` passes, or a flush or drain closes it. A socket that
     /// cannot be watched is closed.
     pub fn park(&self, conn: Parked, deadline: Instant, resume: Arc<dyn Resume>) {
-        if crate::drain::is_draining() {
+        if crate::drain::is_draining() || !self.is_running() {
             return; // closed: a drain closes idle connections at once
         }
         let fd = conn.stream.as_raw_fd();
@@ -378,7 +399,11 @@ impl Poller {
             if let Err(e) = poll.poll(&mut events, timeout)
                 && e.kind() != std::io::ErrorKind::Interrupted
             {
-                tracing::error!("keep-alive poller stopped: {e}");
+                // Connections it held cannot be woken: close them, and
+                // let idle connections wait in their own tasks from now on.
+                tracing::error!("keep-alive poller stopped: {e}; idle connections now wait in their own tasks");
+                self.stopped.store(true, Relaxed);
+                self.close_all();
                 return;
             }
             {
@@ -398,15 +423,7 @@ impl Poller {
                 self.wake(entry, now);
             }
             if crate::drain::is_draining() {
-                let mut t = self.lock();
-                let all: Vec<Entry> = t.slots.iter_mut().filter_map(|s| s.entry.take()).collect();
-                *t = Table {
-                    wake_at: u64::MAX,
-                    ..Table::default()
-                };
-                self.publish(&t);
-                drop(t);
-                drop(all);
+                self.close_all();
                 continue;
             }
             let now = self.now();
