@@ -1,6 +1,7 @@
 //! One client connection: wait (holding no buffer) for a request, read its
 //! head, hand the exchange to the handler, then keep the connection for the
-//! next request or close it.
+//! next request or close it. A connection idle past `keepalive.park_after`
+//! is returned to the caller instead, for the keep-alive poller.
 
 use super::body::BodyReader;
 use super::head::{HeadError, HeadLimits, RequestHead, parse_request};

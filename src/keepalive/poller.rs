@@ -371,7 +371,9 @@ impl Poller {
             drop(gone);
             return;
         }
-        if wake {
+        // A drain that began since the check above has already swept the
+        // table: wake the thread to sweep this one too.
+        if wake || crate::drain::is_draining() {
             let _ = self.waker.wake();
         }
     }
