@@ -142,8 +142,18 @@ async fn sigusr1_reopens_the_log_after_rotation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn squid_format() {
+    squid_format_with("").await;
+}
+
+/// The cache's result in the line does not depend on the statistics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_format_with_statistics_off() {
+    squid_format_with("\n\n[monitor]\nenabled = false").await;
+}
+
+async fn squid_format_with(extra: &str) {
     let o = Origin::start(|_| async { Response::ok("12345").header("Cache-Control", "max-age=60") }).await;
-    let p = proxy("access = \"{dir}/access.log\"\nformat = \"squid\"").await;
+    let p = proxy(&format!("access = \"{{dir}}/access.log\"\nformat = \"squid\"{extra}")).await;
     get(&p, &format!("{}/s", o.url()), "").await;
     get(&p, &format!("{}/s", o.url()), "").await;
     let l = lines(&p.dir().join("access.log"), 2).await;
@@ -159,6 +169,14 @@ async fn squid_format() {
         assert!(f[1].parse::<u64>().is_ok(), "{line}");
         assert_eq!(&f[2..7], ["127.0.0.1", result, "5", "GET", url.as_str()], "{line}");
     }
+    // The miss came from the origin, the hit from nowhere.
+    assert_eq!(
+        l[0].split_whitespace().nth(8),
+        Some("HIER_DIRECT/127.0.0.1"),
+        "{}",
+        l[0]
+    );
+    assert_eq!(l[1].split_whitespace().nth(8), Some("HIER_NONE/-"), "{}", l[1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,6 +117,28 @@ async fn send(addr: SocketAddr, request: &str) -> ParsedResponse {
     parse_response(&raw_request(addr, req.as_bytes()).await)
 }
 
+/// Waits until the access log at `path` holds `n` lines; returns them.
+async fn log_lines(path: &std::path::Path, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    got
+}
+
+/// The Squid log line's hierarchy field.
+fn hierarchy(line: &str) -> &str {
+    line.split_whitespace().nth(8).unwrap_or("")
+}
+
 fn parents_group(servers: &[String]) -> String {
     let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
@@ -195,7 +217,8 @@ async fn a_refused_parent_is_skipped_for_the_next_one() {
     let dead = dead_addr();
     let addr = free_addr();
     let config = format!(
-        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n\n{}\
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\nformat = \"squid\"\n\n{}\
          [[rule]]\nhost = \"*\"\nupstream = \"parents\"\n",
         parents_group(&[dead.clone(), parent.addr().to_string()])
     );
@@ -207,6 +230,12 @@ async fn a_refused_parent_is_skipped_for_the_next_one() {
         assert_eq!(r.body_str(), format!("GET http://a.test/{i} HTTP/1.1"));
     }
     assert_eq!(parent.lines().len(), 3);
+    // The Squid log names the parent that answered (picked round-robin).
+    let lines = log_lines(&portico.dir().join("access.log"), 3).await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for line in &lines {
+        assert_eq!(hierarchy(line), "ROUNDROBIN_PARENT/127.0.0.1", "{line}");
+    }
     let log = portico.stderr();
     assert!(
         log.contains("marking server down") && log.contains(&dead),
@@ -219,11 +248,12 @@ async fn responses_via_a_parent_are_cached_under_the_origin_url() {
     let parent = Parent::start().await;
     let addr = free_addr();
     let config = format!(
-        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\ndir = \"{{dir}}/cache\"\n\n{}\
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\ndir = \"{{dir}}/cache\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\nformat = \"squid\"\n\n{}\
          [[rule]]\nhost = \"c.test\"\nupstream = \"parents\"\n",
         parents_group(&[parent.addr().to_string()])
     );
-    let _portico = Portico::start(&config).await;
+    let portico = Portico::start(&config).await;
     let addr: SocketAddr = addr.parse().unwrap();
     let request = "GET http://c.test/page HTTP/1.1\r\nHost: c.test\r\n\r\n";
     let first = send(addr, request).await;
@@ -234,6 +264,13 @@ async fn responses_via_a_parent_are_cached_under_the_origin_url() {
     assert_eq!(second.header("x-cache"), Some("HIT"));
     assert_eq!(second.body_str(), "GET http://c.test/page HTTP/1.1");
     assert_eq!(parent.lines().len(), 1, "the second answer came from the cache");
+    // The Squid log: the miss from the group's only parent, the hit from nowhere.
+    let lines = log_lines(&portico.dir().join("access.log"), 2).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].contains(" TCP_MISS/200 "), "{}", lines[0]);
+    assert_eq!(hierarchy(&lines[0]), "FIRST_PARENT/127.0.0.1", "{}", lines[0]);
+    assert!(lines[1].contains(" TCP_HIT/200 "), "{}", lines[1]);
+    assert_eq!(hierarchy(&lines[1]), "HIER_NONE/-", "{}", lines[1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,13 @@ pub struct Exchange<'a> {
     pub local: SocketAddr,
     /// Requests served earlier on this connection.
     pub served: u32,
+    /// What the cache did for the request (HIT, MISS, ...), noted by the
+    /// handler for its access-log line; this layer never reads it.
+    pub cache_result: Option<&'static str>,
+    /// Where the response came from, as the Squid log's hierarchy field
+    /// (`HIER_DIRECT/host`, `FIRST_PARENT/host`, ...), noted by the handler
+    /// when it contacted an upstream; this layer never reads it.
+    pub hierarchy: Option<String>,
 }
 
 /// What the handler did with the connection.
@@ -336,6 +343,8 @@ async fn serve_one<H: Handler>(
         peer,
         local,
         served,
+        cache_result: None,
+        hierarchy: None,
     };
     let outcome = handler.handle(&mut ex).await;
     let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();

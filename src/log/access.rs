@@ -35,6 +35,9 @@ pub struct AccessRecord<'a> {
     pub elapsed: Duration,
     /// What the cache did (HIT, MISS, ...), if known.
     pub cache: Option<&'static str>,
+    /// Where the response came from (`HIER_DIRECT/host`, `FIRST_PARENT/host`,
+    /// ...; the Squid format's hierarchy field); None: answered here.
+    pub hierarchy: Option<&'a str>,
     /// The request's header fields, for `%{Name}i` in custom formats.
     pub headers: Option<&'a HeaderMap>,
 }
@@ -483,10 +486,11 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 _ if method == "CONNECT" => "TCP_TUNNEL",
                 _ => "TCP_MISS",
             };
-            let hier = if r.cache == Some("HIT") || r.cache == Some("STALE") {
-                "HIER_NONE/-"
-            } else {
-                "HIER_DIRECT/-"
+            // A hit, or a response made here (an error page, a monitoring
+            // page), fetched nothing: Squid's HIER_NONE.
+            let hier = match (r.cache, r.hierarchy) {
+                (Some("HIT" | "STALE"), _) | (_, None) => "HIER_NONE/-",
+                (_, Some(h)) => h,
             };
             format!(
                 "{}.{:03} {:>6} {} {}/{:03} {} {} {} {} {} -",
@@ -558,6 +562,7 @@ mod tests {
             user_agent: Some("curl/8 \"x\""),
             elapsed: Duration::from_micros(1500),
             cache: Some("HIT"),
+            hierarchy: None,
             headers: None,
         }
     }

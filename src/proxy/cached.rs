@@ -139,7 +139,10 @@ async fn revalidate(
     let request_time = SystemTime::now();
     let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
     let (response, rewrite) = match fetch(sh, &ex.head, ex.peer.ip(), dest, Some(&conditional)).await {
-        Ok(r) => r,
+        Ok((response, rewrite, hierarchy)) => {
+            ex.hierarchy = Some(hierarchy);
+            (response, rewrite)
+        }
         Err(failure) => {
             if stale_ok(SystemTime::now()) {
                 cache.stats.stale();
@@ -241,7 +244,8 @@ async fn fetch_and_store(
         }
     }
     let request_time = SystemTime::now();
-    let (response, rewrite) = fetch(sh, &ex.head, ex.peer.ip(), dest, None).await?;
+    let (response, rewrite, hierarchy) = fetch(sh, &ex.head, ex.peer.ip(), dest, None).await?;
+    ex.hierarchy = Some(hierarchy);
     let response_time = SystemTime::now();
     store_and_send(
         ex,
@@ -275,7 +279,7 @@ async fn store_and_send(
     leader: Option<crate::cache::flight::Leader>,
 ) {
     // Preparing the store (opening the disk writer) is part of sending a miss.
-    crate::stats::note_cache(crate::stats::CacheOutcome::Miss);
+    note_cache(ex, crate::stats::CacheOutcome::Miss);
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
     let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
@@ -416,7 +420,7 @@ async fn send_followed(
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Hit.value());
     }
-    crate::stats::note_cache(crate::stats::CacheOutcome::Hit);
+    note_cache(ex, crate::stats::CacheOutcome::Hit);
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let len = match head.length {
         Some(n) => BodyLen::Known(n),
@@ -444,10 +448,17 @@ async fn send_followed(
     Ok(())
 }
 
+/// Notes what the cache did, for the statistics and the access log (which
+/// must have it even with statistics off).
+fn note_cache(ex: &mut Exchange<'_>, outcome: crate::stats::CacheOutcome) {
+    ex.cache_result = Some(outcome.name());
+    crate::stats::note_cache(outcome);
+}
+
 /// Answers from a stored response (timed as the send stage, its body
 /// bytes counted as served from the cache).
 async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
-    crate::stats::note_cache(status.outcome());
+    note_cache(ex, status.outcome());
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let before = ex.out.body_bytes();
     let result = send_stored_now(ex, cache, stored, status).await;
@@ -633,7 +644,7 @@ fn spawn_revalidation(
         cache.stats.revalidation();
         let conditional = policy::conditional_headers(&meta);
         let request_time = SystemTime::now();
-        let Ok((response, rewrite)) = fetch(&sh, &head, client, &dest, Some(&conditional)).await else {
+        let Ok((response, rewrite, _)) = fetch(&sh, &head, client, &dest, Some(&conditional)).await else {
             return;
         };
         let response_time = SystemTime::now();

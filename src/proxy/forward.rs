@@ -148,6 +148,15 @@ impl Dest {
         }
     }
 
+    /// The Squid log's hierarchy field for `attempt`: a parent (the only
+    /// one of its group, or one picked round-robin) or the origin server.
+    fn hierarchy(&self, sh: &Shared, attempt: &Attempt) -> String {
+        match (&self.to, attempt.server) {
+            (To::Parent { group, .. }, Some(idx)) => parent_hierarchy(sh, *group, idx),
+            _ => format!("HIER_DIRECT/{}", attempt.uri.host().unwrap_or("-")),
+        }
+    }
+
     /// After a failed attempt: marks a group server down on connect
     /// failures and says whether to try another server (once, for an
     /// idempotent request without a body).
@@ -179,6 +188,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
+        ex.hierarchy = Some(dest.hierarchy(sh, &attempt));
         let parts = request_parts(
             &ex.head,
             ex.peer.ip(),
@@ -200,9 +210,21 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
     }
 }
 
+/// The Squid log's hierarchy field for server `idx` of parent group `group`.
+pub fn parent_hierarchy(sh: &Shared, group: usize, idx: usize) -> String {
+    let g = &sh.groups[group];
+    let code = if g.len() > 1 {
+        "ROUNDROBIN_PARENT"
+    } else {
+        "FIRST_PARENT"
+    };
+    format!("{code}/{}", g.server(idx).authority.host())
+}
+
 /// Sends a request without a body (the client's head, plus `extra` header
 /// fields such as validators) and returns the origin's response, with the
-/// Location rewrite to apply to it. Used by the cache, also from
+/// Location rewrite to apply to it and where it came from (the Squid log's
+/// hierarchy field). Used by the cache, also from
 /// background revalidation tasks, so it borrows no connection.
 pub async fn fetch(
     sh: &Shared,
@@ -210,14 +232,17 @@ pub async fn fetch(
     client: IpAddr,
     dest: &Dest,
     extra: Option<&HeaderMap>,
-) -> Result<(http::Response<Incoming>, Option<LocationRewrite>), Failure> {
+) -> Result<(http::Response<Incoming>, Option<LocationRewrite>, String), Failure> {
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
         let parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
         let request = Request::from_parts(parts, ProxyBody::empty());
         match attempt.upstream.send(request).await {
-            Ok(response) => return Ok((response, attempt.rewrite)),
+            Ok(response) => {
+                let hierarchy = dest.hierarchy(sh, &attempt);
+                return Ok((response, attempt.rewrite, hierarchy));
+            }
             Err(e) => {
                 if dest.retry_after(sh, &attempt, head, &e, failed.is_some()) {
                     failed = attempt.server;

@@ -276,6 +276,7 @@ impl Handler for ListenerHandler {
             user_agent: None,
             elapsed: std::time::Duration::ZERO,
             cache: None,
+            hierarchy: None,
             headers: None,
         });
     }
@@ -531,7 +532,8 @@ impl ListenerHandler {
             referer: header(http::header::REFERER),
             user_agent: header(http::header::USER_AGENT),
             elapsed: started.elapsed(),
-            cache: crate::stats::current_cache().map(|c| c.name()),
+            cache: ex.cache_result,
+            hierarchy: ex.hierarchy.as_deref(),
             headers: Some(&h.headers),
         });
     }

@@ -39,13 +39,15 @@ pub async fn run(
         return Outcome::Close;
     }
     let opened = match parent {
-        None => sh
-            .upstream
-            .connector()
-            .tcp(host, port)
-            .await
-            .map(|s| (s, bytes::Bytes::new())),
-        Some(g) => through_parent(sh, g, host, port).await,
+        None => {
+            ex.hierarchy = Some(format!("HIER_DIRECT/{host}"));
+            sh.upstream
+                .connector()
+                .tcp(host, port)
+                .await
+                .map(|s| (s, bytes::Bytes::new()))
+        }
+        Some(g) => through_parent(ex, sh, g, host, port).await,
     };
     let (upstream, parent_early) = match opened {
         Ok(s) => s,
@@ -100,6 +102,7 @@ pub async fn run(
 /// Opens the tunnel through a parent of group `g`, with the group's passive
 /// health check and one retry on another parent when a connect fails.
 async fn through_parent(
+    ex: &mut Exchange<'_>,
     sh: &Shared,
     g: usize,
     host: &str,
@@ -109,6 +112,7 @@ async fn through_parent(
     let mut failed = None;
     loop {
         let idx = group.pick(failed);
+        ex.hierarchy = Some(super::forward::parent_hierarchy(sh, g, idx));
         match sh.upstream.connector().tunnel_via(group.server(idx), host, port).await {
             Ok(t) => return Ok(t),
             // The parent answered (with an error): it is up.

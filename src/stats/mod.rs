@@ -444,11 +444,6 @@ pub fn note_cache(outcome: CacheOutcome) {
     let _ = TIMER.try_with(|t| t.borrow_mut().cache = Some(outcome));
 }
 
-/// What the cache did for the current request, if noted (and timed).
-pub fn current_cache() -> Option<CacheOutcome> {
-    TIMER.try_with(|t| t.borrow().cache).ok().flatten()
-}
-
 impl CacheOutcome {
     /// HIT, MISS, STALE or REVALIDATED.
     pub fn name(self) -> &'static str {
