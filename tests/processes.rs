@@ -643,3 +643,51 @@ async fn a_killed_supervisor_leaves_no_statistics_directory() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Whether worker `i`'s cache is running, from its own figures.
+async fn cache_running(addr: SocketAddr, i: usize, pids: &BTreeSet<u32>) -> Option<bool> {
+    let (_, status, body) = monitor_page(addr, &format!("/.stats.json?worker={i}"), pids).await;
+    assert_eq!(status, 200, "{body}");
+    json(&body)["snapshot"]["cache"]["running"].as_bool()
+}
+
+/// Waits until both workers' caches are `running` (10 s at most).
+async fn both_caches(addr: SocketAddr, running: bool, pids: &BTreeSet<u32>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = [cache_running(addr, 0, pids).await, cache_running(addr, 1, pids).await];
+        if now == [Some(running), Some(running)] {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers' caches running: {now:?}, wanted {running}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nsc_stop_and_start_reach_every_worker() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let addr = p.addr();
+    let pids = both_started(&p).await;
+    let all: BTreeSet<u32> = pids.values().copied().collect();
+    both_caches(addr, true, &all).await;
+
+    // Whichever worker answers ?stop, both stop; then both start again.
+    let (_, status, body) = monitor_page(addr, "/nsc?stop", &all).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("The other workers follow within a second."), "{body}");
+    both_caches(addr, false, &all).await;
+    let (_, status, body) = monitor_page(addr, "/nsc?start", &all).await;
+    assert_eq!(status, 200, "{body}");
+    both_caches(addr, true, &all).await;
+    let log = p.stderr();
+    assert!(
+        log.contains("/nsc (from another worker): The cache was stopped"),
+        "{log}"
+    );
+}

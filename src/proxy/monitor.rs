@@ -116,21 +116,22 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     if ep == Endpoint::Nsc
         && let Some(cache) = &sh.cache
     {
-        if param(query, "stop").is_some() {
-            cache.set_running(false);
-            message = Some("The cache was stopped: requests go to origins until ?start.".to_string());
+        let action = if param(query, "stop").is_some() {
+            Some(workers::NscAction::Stop)
         } else if param(query, "start").is_some() {
-            cache.set_running(true);
-            message = Some("The cache was started.".to_string());
+            Some(workers::NscAction::Start)
         } else if param(query, "restart").is_some() {
-            let n = cache.memory().clear();
-            cache.set_running(true);
-            message = Some(format!(
-                "The cache was restarted: {n} objects dropped from memory (the disk tier is kept)."
-            ));
-        }
-        if let Some(m) = &message {
+            Some(workers::NscAction::Restart)
+        } else {
+            None
+        };
+        if let Some(action) = action {
+            let mut m = apply_nsc(cache, action);
+            if publish_nsc(action).await {
+                m.push_str(" The other workers follow within a second.");
+            }
             tracing::info!(client = %ex.peer.ip(), "/nsc: {m}");
+            message = Some(m);
         }
     }
     let figures = match figures(sh, query).await {
@@ -228,8 +229,57 @@ pub fn report(sh: &Shared) -> workers::Report {
     }
 }
 
+/// The newest `/nsc` command this worker has taken (its `seq`).
+static NSC_TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Takes an `/nsc` action on this process's cache; says what was done.
+fn apply_nsc(cache: &crate::cache::Cache, action: workers::NscAction) -> String {
+    match action {
+        workers::NscAction::Stop => {
+            cache.set_running(false);
+            "The cache was stopped: requests go to origins until ?start.".to_string()
+        }
+        workers::NscAction::Start => {
+            cache.set_running(true);
+            "The cache was started.".to_string()
+        }
+        workers::NscAction::Restart => {
+            let n = cache.memory().clear();
+            cache.set_running(true);
+            format!("The cache was restarted: {n} objects dropped from memory (the disk tier is kept).")
+        }
+    }
+}
+
+/// In a worker of several: hands `action`, just taken here, to the other
+/// workers. False in a single process, or if it could not be written
+/// (logged).
+async fn publish_nsc(action: workers::NscAction) -> bool {
+    let (Some(dir), Some(index)) = (workers::dir(), crate::supervisor::worker_index()) else {
+        return false;
+    };
+    let seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    NSC_TAKEN.fetch_max(seq, Relaxed);
+    let command = workers::NscCommand { seq, action };
+    let written = tokio::task::spawn_blocking(move || workers::publish_nsc(&dir, index, &command)).await;
+    match written {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "{}/nsc: cannot hand the action to the other workers: {e}",
+                crate::supervisor::tag()
+            );
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 /// In a worker of several (`stats::workers::dir` set): writes this
 /// process's figures for the other workers every [`workers::WRITE_EVERY`],
+/// and takes the `/nsc` actions another worker took since the last time,
 /// on a blocking thread (reading /proc, serialising and writing stay off
 /// the runtime's threads). Runs until the runtime stops.
 pub fn spawn_figures_writer(shared: std::sync::Arc<arc_swap::ArcSwap<Shared>>) {
@@ -244,8 +294,20 @@ pub fn spawn_figures_writer(shared: std::sync::Arc<arc_swap::ArcSwap<Shared>>) {
             tick.tick().await;
             let sh = shared.load_full();
             let to = dir.clone();
-            let written = tokio::task::spawn_blocking(move || workers::write(&to, index, &report(&sh))).await;
-            match written {
+            let taken = NSC_TAKEN.load(Relaxed);
+            let written = tokio::task::spawn_blocking(move || {
+                let written = workers::write(&to, index, &report(&sh));
+                (written, workers::newest_nsc(&to, taken))
+            })
+            .await;
+            if let Ok((_, Some(command))) = &written
+                && NSC_TAKEN.fetch_max(command.seq, Relaxed) < command.seq
+                && let Some(cache) = &shared.load().cache
+            {
+                let m = apply_nsc(cache, command.action);
+                tracing::info!("{}/nsc (from another worker): {m}", crate::supervisor::tag());
+            }
+            match written.map(|(w, _)| w) {
                 Ok(Ok(())) => warned = false,
                 Ok(Err(e)) if !warned => {
                     warned = true;

@@ -10,6 +10,11 @@
 //! A file older than [`STALE_AFTER`], or whose pid is no longer running, is
 //! left out of the sum and listed as such.
 //!
+//! The same directory carries `/nsc?stop|start|restart` to every worker: the
+//! worker that answers takes the action and writes it as `nsc-I.json` (an
+//! [`NscCommand`]); each worker looks for a newer one than it last took
+//! every [`WRITE_EVERY`] and takes it too.
+//!
 //! A single-process server has no directory and writes nothing.
 
 use super::snapshot::{ProcessInfo, Snapshot};
@@ -87,6 +92,58 @@ pub fn write(dir: &Path, index: usize, report: &Report) -> std::io::Result<()> {
     result
 }
 
+/// What `/nsc` was asked to do with the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NscAction {
+    /// Stop caching (requests go to origins).
+    Stop,
+    /// Start caching again.
+    Start,
+    /// Empty the memory tier and start caching.
+    Restart,
+}
+
+/// An `/nsc` action one worker took, for the others to take too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NscCommand {
+    /// When it was taken (nanoseconds since the Unix epoch): its order.
+    pub seq: u64,
+    /// The action.
+    pub action: NscAction,
+}
+
+fn nsc_file(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("nsc-{index}.json"))
+}
+
+/// Publishes `command`, taken by worker `index`, to the other workers (a
+/// tmp file renamed over the last one). Blocking.
+pub fn publish_nsc(dir: &Path, index: usize, command: &NscCommand) -> std::io::Result<()> {
+    let text = serde_json::to_vec(command).map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!(".nsc-{index}.{}.tmp", std::process::id()));
+    let result = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, nsc_file(dir, index)));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The newest command any worker published after `after` (a `seq`), if
+/// any. Blocking.
+pub fn newest_nsc(dir: &Path, after: u64) -> Option<NscCommand> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("nsc-") && name.ends_with(".json")
+        })
+        .filter_map(|e| serde_json::from_slice::<NscCommand>(&std::fs::read(e.path()).ok()?).ok())
+        .filter(|c| c.seq > after)
+        .max_by_key(|c| c.seq)
+}
+
 /// At a worker's exit: removes its file, then the directory if that left it
 /// empty. The supervisor removes the directory when it exits; this covers a
 /// supervisor killed outright (the workers get SIGTERM and exit cleanly),
@@ -96,6 +153,7 @@ pub fn leave() {
         return;
     };
     let _ = std::fs::remove_file(file(&dir, index));
+    let _ = std::fs::remove_file(nsc_file(&dir, index));
     // Fails (and is meant to) while another worker's file is there.
     let _ = std::fs::remove_dir(&dir);
 }
@@ -271,5 +329,30 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| n.starts_with("worker-")), "{names:?}");
+    }
+
+    #[test]
+    fn the_newest_nsc_command_of_any_worker_is_taken_once() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(newest_nsc(dir.path(), 0), None);
+        let stop = NscCommand {
+            seq: 10,
+            action: NscAction::Stop,
+        };
+        let start = NscCommand {
+            seq: 20,
+            action: NscAction::Start,
+        };
+        publish_nsc(dir.path(), 1, &start).unwrap();
+        publish_nsc(dir.path(), 0, &stop).unwrap();
+        assert_eq!(newest_nsc(dir.path(), 0), Some(start));
+        assert_eq!(newest_nsc(dir.path(), 20), None, "already taken");
+        // A worker's next command replaces its last one.
+        let restart = NscCommand {
+            seq: 30,
+            action: NscAction::Restart,
+        };
+        publish_nsc(dir.path(), 0, &restart).unwrap();
+        assert_eq!(newest_nsc(dir.path(), 20), Some(restart));
     }
 }
