@@ -153,7 +153,7 @@ impl Dest {
     fn hierarchy(&self, sh: &Shared, attempt: &Attempt) -> String {
         match (&self.to, attempt.server) {
             (To::Parent { group, .. }, Some(idx)) => parent_hierarchy(sh, *group, idx),
-            _ => format!("HIER_DIRECT/{}", attempt.uri.host().unwrap_or("-")),
+            _ => ["HIER_DIRECT/", attempt.uri.host().unwrap_or("-")].concat(),
         }
     }
 
@@ -218,7 +218,7 @@ pub fn parent_hierarchy(sh: &Shared, group: usize, idx: usize) -> String {
     } else {
         "FIRST_PARENT"
     };
-    format!("{code}/{}", g.server(idx).authority.host())
+    [code, "/", g.server(idx).authority.host()].concat()
 }
 
 /// Sends a request without a body (the client's head, plus `extra` header
