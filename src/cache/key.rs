@@ -39,19 +39,23 @@ impl CacheKey {
     /// lower-cased, the default port dropped, an empty path made `/`, the
     /// query dropped when `ignore_query`.
     pub fn new(scheme: &str, authority: &str, path_and_query: &str, ignore_query: bool) -> CacheKey {
-        let scheme = scheme.to_ascii_lowercase();
-        let mut authority = authority.to_ascii_lowercase();
-        let default_port = if scheme == "https" { ":443" } else { ":80" };
-        if authority.ends_with(default_port) && !authority.ends_with("]") {
-            authority.truncate(authority.len() - default_port.len());
-        }
+        // One allocation and no `core::fmt`: this runs for every cacheable request.
+        let https = scheme.eq_ignore_ascii_case("https");
+        let default_port = if https { ":443" } else { ":80" };
+        let authority = match authority.len().checked_sub(default_port.len()) {
+            Some(cut) if authority.get(cut..).is_some_and(|t| t == default_port) => &authority[..cut],
+            _ => authority,
+        };
         let mut pq = if path_and_query.is_empty() { "/" } else { path_and_query };
         if ignore_query {
             pq = pq.split('?').next().unwrap_or("/");
         }
-        CacheKey {
-            url: format!("{scheme}://{authority}{pq}"),
-        }
+        let mut url = String::with_capacity(scheme.len() + 3 + authority.len() + pq.len());
+        url.extend(scheme.chars().map(|c| c.to_ascii_lowercase()));
+        url.push_str("://");
+        url.extend(authority.chars().map(|c| c.to_ascii_lowercase()));
+        url.push_str(pq);
+        CacheKey { url }
     }
 
     /// Parses an absolute URL (as `portico cache purge URL` takes it).

@@ -209,7 +209,7 @@ impl AccessLog {
         let client = if self.resolve {
             format!("{MARK}{}{MARK}", r.client)
         } else {
-            r.client.to_string()
+            crate::util::ip_text(r.client)
         };
         let line = format_line(self.format, &self.custom, r, &client, SystemTime::now());
         self.counters.queued.fetch_add(1, Ordering::Relaxed);

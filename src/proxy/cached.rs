@@ -68,7 +68,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     };
     let policy = cache.policy_for(dest.route());
     let (scheme, authority, pq) = dest.public_url();
-    let key = cache.key(&scheme, &authority, &pq);
+    let key = cache.key(scheme, authority, pq);
     let method = ex.head.method.clone();
     if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
         let result = Box::pin(forward(ex, sh, &dest)).await;

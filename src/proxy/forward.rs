@@ -71,18 +71,18 @@ impl Dest {
     }
 
     /// The scheme, authority and path the client asked for (the cache key's parts).
-    pub fn public_url(&self) -> (String, String, String) {
+    pub fn public_url(&self) -> (&str, &str, &str) {
         match &self.to {
             To::Origin(uri) | To::Parent { origin: uri, .. } => (
-                uri.scheme_str().unwrap_or("http").to_string(),
-                uri.authority().map_or(String::new(), |a| a.as_str().to_string()),
-                uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
+                uri.scheme_str().unwrap_or("http"),
+                uri.authority().map_or("", |a| a.as_str()),
+                uri.path_and_query().map_or("/", |p| p.as_str()),
             ),
             To::Group {
                 path_and_query,
                 public_host,
                 ..
-            } => ("http".to_string(), public_host.clone(), path_and_query.clone()),
+            } => ("http", public_host, path_and_query),
         }
     }
 

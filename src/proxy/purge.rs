@@ -27,7 +27,7 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
         return Err((StatusCode::NOT_FOUND, "the cache is disabled".into()));
     };
     let (scheme, authority, pq) = dest.public_url();
-    let key = cache.key(&scheme, &authority, &pq);
+    let key = cache.key(scheme, authority, pq);
     let by_prefix = ex
         .head
         .headers
