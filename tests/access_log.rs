@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -34,23 +33,6 @@ async fn get(p: &Portico, url: &str, extra: &str) -> ParsedResponse {
 async fn admin_page(p: &Portico, path: &str) -> String {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
     parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
-}
-
-/// Waits until `path` holds `n` lines; returns them.
-async fn lines(path: &Path, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    for _ in 0..100 {
-        got = std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect();
-        if got.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    got
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +65,7 @@ async fn goaccess_parses_every_line_of_a_combined_log() {
     // A head that cannot be parsed is logged too (400).
     raw_request(p.addr(), b"BROKEN\r\n\r\n").await;
     let path = p.dir().join("access.log");
-    let logged = lines(&path, 8).await;
+    let logged = file_lines(&path, 8).await;
     assert_eq!(logged.len(), 8, "{logged:#?}");
 
     let report = p.dir().join("report.json");
@@ -113,7 +95,7 @@ async fn sigusr1_reopens_the_log_after_rotation() {
     let p = proxy("access = \"{dir}/access.log\"").await;
     let path = p.dir().join("access.log");
     get(&p, &format!("{}/before", o.url()), "").await;
-    assert_eq!(lines(&path, 1).await.len(), 1);
+    assert_eq!(file_lines(&path, 1).await.len(), 1);
 
     let rotated = p.dir().join("access.log.1");
     std::fs::rename(&path, &rotated).expect("rotate");
@@ -131,10 +113,10 @@ async fn sigusr1_reopens_the_log_after_rotation() {
     }
     assert!(path.exists(), "no new access.log after SIGUSR1");
     get(&p, &format!("{}/after", o.url()), "").await;
-    let new = lines(&path, 1).await;
+    let new = file_lines(&path, 1).await;
     assert_eq!(new.len(), 1, "{new:?}");
     assert!(new[0].contains("/after"), "{new:?}");
-    let old = lines(&rotated, 1).await;
+    let old = file_lines(&rotated, 1).await;
     assert_eq!(old.len(), 1);
     assert!(old[0].contains("/before"));
     assert!(p.stderr().contains("reopening the access log"));
@@ -156,7 +138,7 @@ async fn squid_format_with(extra: &str) {
     let p = proxy(&format!("access = \"{{dir}}/access.log\"\nformat = \"squid\"{extra}")).await;
     get(&p, &format!("{}/s", o.url()), "").await;
     get(&p, &format!("{}/s", o.url()), "").await;
-    let l = lines(&p.dir().join("access.log"), 2).await;
+    let l = file_lines(&p.dir().join("access.log"), 2).await;
     assert_eq!(l.len(), 2);
     let url = format!("{}/s", o.url());
     for (line, result) in l.iter().zip(["TCP_MISS/200", "TCP_HIT/200"]) {
@@ -187,7 +169,7 @@ async fn custom_format() {
     )
     .await;
     get(&p, &format!("{}/c", o.url()), "X-Trace: t-42\r\n").await;
-    let l = lines(&p.dir().join("access.log"), 1).await;
+    let l = file_lines(&p.dir().join("access.log"), 1).await;
     assert_eq!(l, [format!("GET {}/c 200 3 t-42 cache=MISS", o.url())]);
 }
 
@@ -222,7 +204,7 @@ async fn client_names_are_resolved_off_the_request_path_when_asked() {
     for i in 0..3 {
         get(&p, &format!("{}/r{i}", o.url()), "").await;
     }
-    let l = lines(&p.dir().join("access.log"), 3).await;
+    let l = file_lines(&p.dir().join("access.log"), 3).await;
     assert_eq!(l.len(), 3);
     // 127.0.0.1 is named in /etc/hosts on any Debian machine.
     for line in &l {

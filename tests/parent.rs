@@ -117,23 +117,6 @@ async fn send(addr: SocketAddr, request: &str) -> ParsedResponse {
     parse_response(&raw_request(addr, req.as_bytes()).await)
 }
 
-/// Waits until the access log at `path` holds `n` lines; returns them.
-async fn log_lines(path: &std::path::Path, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    for _ in 0..100 {
-        got = std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect();
-        if got.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    got
-}
-
 /// The Squid log line's hierarchy field.
 fn hierarchy(line: &str) -> &str {
     line.split_whitespace().nth(8).unwrap_or("")
@@ -231,7 +214,7 @@ async fn a_refused_parent_is_skipped_for_the_next_one() {
     }
     assert_eq!(parent.lines().len(), 3);
     // The Squid log names the parent that answered (picked round-robin).
-    let lines = log_lines(&portico.dir().join("access.log"), 3).await;
+    let lines = file_lines(&portico.dir().join("access.log"), 3).await;
     assert_eq!(lines.len(), 3, "{lines:?}");
     for line in &lines {
         assert_eq!(hierarchy(line), "ROUNDROBIN_PARENT/127.0.0.1", "{line}");
@@ -265,7 +248,7 @@ async fn responses_via_a_parent_are_cached_under_the_origin_url() {
     assert_eq!(second.body_str(), "GET http://c.test/page HTTP/1.1");
     assert_eq!(parent.lines().len(), 1, "the second answer came from the cache");
     // The Squid log: the miss from the group's only parent, the hit from nowhere.
-    let lines = log_lines(&portico.dir().join("access.log"), 2).await;
+    let lines = file_lines(&portico.dir().join("access.log"), 2).await;
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains(" TCP_MISS/200 "), "{}", lines[0]);
     assert_eq!(hierarchy(&lines[0]), "FIRST_PARENT/127.0.0.1", "{}", lines[0]);

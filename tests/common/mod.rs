@@ -45,3 +45,21 @@ pub fn free_addr() -> String {
 pub fn dead_addr() -> String {
     free_addr()
 }
+
+/// Waits until the file at `path` (an access log, written by its own
+/// thread) holds `n` lines, 5 s at most; returns the lines it has.
+pub async fn file_lines(path: &std::path::Path, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    got
+}
