@@ -83,6 +83,17 @@ async fn both_started(p: &Portico) -> BTreeMap<usize, u32> {
     }
 }
 
+/// Origins `a` and `b`, a two-worker server routing to `a` (both workers
+/// started), each worker's pid by index, and the set of those pids.
+async fn two_workers() -> (Origin, Origin, Portico, BTreeMap<usize, u32>, BTreeSet<u32>) {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let pids = both_started(&p).await;
+    let all = pids.values().copied().collect();
+    (a, b, p, pids, all)
+}
+
 /// `127.0.0.1:port` as written in /proc/net/tcp.
 fn proc_addr(a: SocketAddr) -> String {
     let SocketAddr::V4(v4) = a else { panic!("IPv4 only") };
@@ -148,12 +159,8 @@ fn process_exists(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_serve_from_both_workers_and_survive_kill_9() {
-    let a = origin("a").await;
-    let b = origin("b").await;
-    let p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let (a, _b, p, pids, all) = two_workers().await;
     let addr = p.addr();
-    let pids = both_started(&p).await;
-    let all: BTreeSet<u32> = pids.values().copied().collect();
     assert!(!all.contains(&p.pid()), "the supervisor is not a worker");
 
     // New connections land on both workers; each has its own memory tier,
@@ -496,12 +503,8 @@ fn total(doc: &serde_json::Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
-    let a = origin("a").await;
-    let b = origin("b").await;
-    let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let (_a, _b, mut p, pids, all) = two_workers().await;
     let addr = p.addr();
-    let pids = both_started(&p).await;
-    let all: BTreeSet<u32> = pids.values().copied().collect();
 
     // Known traffic over many new connections, until both workers served some.
     let mut served: BTreeMap<u32, u64> = BTreeMap::new();
@@ -669,12 +672,8 @@ async fn both_caches(addr: SocketAddr, running: bool, pids: &BTreeSet<u32>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nsc_stop_and_start_reach_every_worker() {
-    let a = origin("a").await;
-    let b = origin("b").await;
-    let p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
+    let (_a, _b, p, _, all) = two_workers().await;
     let addr = p.addr();
-    let pids = both_started(&p).await;
-    let all: BTreeSet<u32> = pids.values().copied().collect();
     both_caches(addr, true, &all).await;
 
     // Whichever worker answers ?stop, both stop; then both start again.

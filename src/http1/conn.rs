@@ -142,7 +142,6 @@ pub async fn serve<H: Handler>(
                 ka.timeout()
             };
             let wait = park_after.filter(|p| *p < full).unwrap_or(full);
-            let since = std::time::Instant::now();
             let drained = crate::drain::started(usize::from(peer.port()));
             let bytes = if served == 0 {
                 tokio::select! {
@@ -164,10 +163,12 @@ pub async fn serve<H: Handler>(
                 Ok(false) => break,
                 Err(_) if wait < full => {
                     let stream = stream.into_std().ok()?;
+                    // Read the clock only here, not on every idle wait:
+                    // `wait` has just passed, so `full - wait` is left.
                     return Some(GoneIdle {
                         stream,
                         served,
-                        deadline: since + full,
+                        deadline: std::time::Instant::now() + (full - wait),
                         waited: wait,
                     });
                 }
