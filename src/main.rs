@@ -63,7 +63,8 @@ enum RulesCommand {
         /// Config file (TOML).
         #[arg(short, long)]
         config: PathBuf,
-        /// The request's absolute URL: http://host[:port]/path?query.
+        /// The request's absolute URL: http://host[:port]/path?query; with
+        /// --method CONNECT, the tunnel's host:port (or an https:// URL).
         url: String,
         /// Request method.
         #[arg(long, default_value = "GET")]

@@ -255,3 +255,107 @@ async fn idle_tunnel_is_closed() {
     assert!(rest.is_empty(), "{rest:?}");
     assert!(!portico.stderr().contains("panicked"), "{}", portico.stderr());
 }
+
+/// Runs `portico rules test` on the config of `portico` for a CONNECT to
+/// `target` with `args`; returns what it printed.
+fn rules_test_connect(portico: &Portico, target: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .args(["rules", "test", "-c"])
+        .arg(portico.config_path())
+        .args([target, "--method", "CONNECT"])
+        .args(args)
+        .output()
+        .expect("run portico rules test");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends `CONNECT target` (plus `extra` header lines) and returns the answer's head and body.
+async fn connect_answer(portico: &Portico, target: &str, extra: &str) -> ParsedResponse {
+    let mut c = RawClient::connect(portico.addr()).await;
+    c.send(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n").as_bytes())
+        .await;
+    c.read_response().await
+}
+
+/// The bug of the access-control issue: a `deny` rule for every host did
+/// not stop a CONNECT (the tunnel was attempted) while `rules test`
+/// reported `deny: 403`. Now the server and `rules test` match a CONNECT
+/// the same way: `deny` refuses it, `redirect` is refused with a reason,
+/// header conditions hold, and no byte reaches the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_deny_and_redirect_stop_connect_as_rules_test_says() {
+    let origin = echo_origin().await;
+    let port = origin.addr().port();
+    let target = format!("127.0.0.1:{port}");
+    let rules = format!(
+        "[proxy]\nconnect_ports = [{port}]\n\n\
+         [[rule]]\nhost = \"*\"\nheader = {{ name = \"User-Agent\", regex = \"(?i)badbot\" }}\ndeny = 451\n\n\
+         [[rule]]\nhost = \"127.0.0.1\"\nport = {port}\nheader = {{ name = \"X-Go-Elsewhere\" }}\n\
+         redirect = {{ to = \"https://elsewhere.test/\" }}\nresponse_headers = {{ set = {{ X-Rule = \"redirect\" }} }}\n\n\
+         [[rule]]\nhost = \"127.0.0.1\"\nheader = {{ name = \"X-Allowed\", value = \"yes\" }}\n\n\
+         [[rule]]\nhost = \"*\"\ndeny = 403\n"
+    );
+    let portico = Portico::start(&forward_config(&rules)).await;
+
+    // Matches no header condition: the catch-all deny.
+    let r = connect_answer(&portico, &target, "").await;
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert!(r.body_str().contains("denied by a routing rule"), "{}", r.body_str());
+    let s = rules_test_connect(&portico, &target, &[]);
+    assert!(s.contains(&format!("request: CONNECT {target} from 127.0.0.1")), "{s}");
+    assert!(s.contains("matched rule 3 ("), "{s}");
+    assert!(s.contains("  deny: 403 (the tunnel is refused)"), "{s}");
+
+    // A header condition on the CONNECT request itself.
+    let r = connect_answer(&portico, &target, "User-Agent: BadBot/1.0\r\n").await;
+    assert_eq!(r.status, 451, "{}", r.body_str());
+    let s = rules_test_connect(&portico, &target, &["--header", "User-Agent: BadBot/1.0"]);
+    assert!(s.contains("matched rule 0 (") && s.contains("  deny: 451"), "{s}");
+
+    // A redirect cannot apply to a tunnel: refused, with the reason, and
+    // the rule's response headers still apply to the answer.
+    let r = connect_answer(&portico, &target, "X-Go-Elsewhere: 1\r\n").await;
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert!(
+        r.body_str().contains("a CONNECT tunnel cannot be redirected"),
+        "{}",
+        r.body_str()
+    );
+    assert_eq!(r.header("x-rule"), Some("redirect"));
+    assert!(r.header("location").is_none());
+    let s = rules_test_connect(&portico, &target, &["--header", "X-Go-Elsewhere: 1"]);
+    assert!(
+        s.contains("  refused: 403: a routing rule redirects this request, but a CONNECT tunnel cannot be redirected"),
+        "{s}"
+    );
+
+    // Nothing was tunnelled so far.
+    assert_eq!(origin.connections(), 0, "a refused CONNECT reached the target");
+
+    // The rule that lets it through (no action): the tunnel works.
+    let s = rules_test_connect(&portico, &target, &["--header", "X-Allowed: yes"]);
+    assert!(
+        s.contains("matched rule 2 (") && s.contains(&format!("tunnel straight to {target}")),
+        "{s}"
+    );
+    let mut c = TcpStream::connect(portico.addr()).await.expect("connect");
+    c.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nX-Allowed: yes\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut got = Vec::new();
+    read_at_least(&mut c, &mut got, ESTABLISHED.len()).await;
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&got));
+    c.write_all(b"ping").await.expect("send");
+    let mut echoed = Vec::new();
+    read_at_least(&mut c, &mut echoed, 4).await;
+    assert_eq!(echoed, b"ping");
+    assert_eq!(origin.connections(), 1);
+
+    // `rules test` accepts an https:// URL for the target too (port 443).
+    let s = rules_test_connect(&portico, "https://blocked.test/", &[]);
+    assert!(
+        s.contains("request: CONNECT blocked.test:443") && s.contains("  deny: 403"),
+        "{s}"
+    );
+}

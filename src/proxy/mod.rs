@@ -362,8 +362,18 @@ impl ListenerHandler {
         let route_stage = crate::stats::stage(crate::stats::Stage::Route);
         let target = match classify(&ex.head, self.mode) {
             Ok(Target::Tunnel { host, port }) => {
-                let parent = self.tunnel_parent(ex, sh, &host, port);
+                let mut route = self.tunnel_route(ex, sh, &host, port);
                 drop(route_stage);
+                ex.out.edit_headers(std::mem::take(&mut route.response_headers));
+                if let Some(status) = route.deny {
+                    return self.fail(ex, status, "denied by a routing rule").await;
+                }
+                if route.redirect.is_some() {
+                    return self
+                        .fail(ex, StatusCode::FORBIDDEN, crate::rules::REDIRECT_REFUSED_FOR_CONNECT)
+                        .await;
+                }
+                let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
                 return Box::pin(tunnel::run(ex, sh, &host, port, parent, permit)).await;
             }
             Ok(Target::Http(t)) => t,
@@ -463,26 +473,25 @@ impl ListenerHandler {
         })
     }
 
-    /// The parent group a CONNECT to `host:port` goes through: the rules'
-    /// `upstream`, if it names a `parent = true` group. A CONNECT is
-    /// matched with method `CONNECT`, no scheme and an empty path; of the
-    /// matching rules' actions only a parent `upstream` applies to it.
-    fn tunnel_parent(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Option<usize> {
+    /// The rules' verdict on a CONNECT to `host:port`
+    /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
+    /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
+    /// `response_headers` edit the answer, and an `upstream` naming a
+    /// `parent = true` group tunnels through a parent; the others (an
+    /// upstream that is not a parent group, rewrites, request headers,
+    /// cache settings) have nothing to act on.
+    fn tunnel_route(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> crate::rules::Route {
         if sh.rules.is_empty() {
-            return None;
+            return crate::rules::Route::default();
         }
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let route = sh.rules.route(&crate::rules::Request {
-            method: &ex.head.method,
-            scheme: "",
-            host: &host,
+        let host = crate::rules::tunnel_host(host);
+        sh.rules.route(&crate::rules::Request::tunnel(
+            &host,
             port,
-            path_and_query: "",
-            client: ex.peer.ip(),
-            headers: &ex.head.headers,
-            mode: self.mode,
-        });
-        route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent))
+            ex.peer.ip(),
+            &ex.head.headers,
+            self.mode,
+        ))
     }
 
     /// The busy page of the request's route, if its rules name one

@@ -49,6 +49,43 @@ pub struct Request<'a> {
     pub mode: crate::config::Mode,
 }
 
+/// Why a CONNECT that a `redirect` rule matches is refused: a tunnel's
+/// answer is a 2xx or an error, never a redirect a client would follow.
+pub const REDIRECT_REFUSED_FOR_CONNECT: &str =
+    "a routing rule redirects this request, but a CONNECT tunnel cannot be redirected";
+
+impl<'a> Request<'a> {
+    /// The request the rules see for a `CONNECT host:port`: method
+    /// `CONNECT`, no scheme and an empty path, so that only `host`, `port`,
+    /// `method`, `client`, `mode` and `header` matchers can hold. `host`
+    /// must already be in [`tunnel_host`] form. The server and
+    /// `portico rules test` both build it here, so they cannot disagree.
+    pub fn tunnel(
+        host: &'a str,
+        port: u16,
+        client: IpAddr,
+        headers: &'a HeaderMap,
+        mode: crate::config::Mode,
+    ) -> Request<'a> {
+        Request {
+            method: &Method::CONNECT,
+            scheme: "",
+            host,
+            port,
+            path_and_query: "",
+            client,
+            headers,
+            mode,
+        }
+    }
+}
+
+/// A CONNECT target's host as the rules compare it: lower-case, without
+/// a trailing dot (like [`Request::host`] of an HTTP request).
+pub fn tunnel_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
 impl Request<'_> {
     /// The path: `path_and_query` up to the `?`.
     pub fn path(&self) -> &str {
