@@ -346,10 +346,16 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        if ex.head.method == Method::TRACE && !sh.config.proxy.allow_trace {
+            // Neither answered nor forwarded: an echo of the request hands
+            // its credentials to whatever script sent it (cross-site tracing).
+            tracing::info!(client = %ex.peer.ip(), "TRACE {}: refused (proxy.allow_trace = false)", ex.head.target);
+            return reply::trace_refused(ex).await;
+        }
         if (ex.head.method == Method::TRACE || ex.head.method == Method::OPTIONS)
             && headers::max_forwards(&ex.head.headers) == Some(0)
         {
-            return reply::max_forwards_zero(ex).await;
+            return reply::max_forwards_zero(ex, sh.config.proxy.allow_trace).await;
         }
         let max_body = sh.config.limits.max_body_size.bytes();
         if let crate::http1::BodyFraming::Length(n) = ex.head.body
