@@ -121,3 +121,115 @@ impl<H: Handler> Resume for Serving<H> {
         });
     }
 }
+
+/// The addresses this process's listeners are bound to (their bound
+/// addresses, not the configured text), kept current across reloads by
+/// `reload::Running`. The upstream side refuses to connect to any of them
+/// (`is_own_address`): a request Portico sent to itself would arrive from
+/// Portico's own address, which may be an admin address, and so be served
+/// monitoring pages or `/nsc` control the original client may not have.
+/// A process-wide list because every origin client (the direct one, the
+/// parents', the tunnels') must see the same listeners, whatever config
+/// generation it was built from. In multi-process mode each worker binds
+/// every listener (SO_REUSEPORT), so each holds the same list.
+static OWN_ADDRESSES: std::sync::RwLock<Vec<std::net::SocketAddr>> = std::sync::RwLock::new(Vec::new());
+
+/// Replaces the list of this process's listening addresses.
+pub fn set_own_addresses(addrs: Vec<std::net::SocketAddr>) {
+    match OWN_ADDRESSES.write() {
+        Ok(mut own) => *own = addrs,
+        // A panic while holding the lock cannot leave a half-written Vec
+        // (the assignment is the only write): take it over.
+        Err(poisoned) => *poisoned.into_inner() = addrs,
+    }
+}
+
+/// True if a connection to `dest` would reach one of this process's own
+/// listeners: the same port, and the listener's address, or any local
+/// address when the listener is bound to the wildcard address of `dest`'s
+/// family. IPv4-mapped IPv6 addresses (`::ffff:127.0.0.1`) count as the
+/// IPv4 address they carry, and the unspecified address as loopback (the
+/// kernel connects `0.0.0.0` and `::` to the host itself).
+pub fn is_own_address(dest: std::net::SocketAddr) -> bool {
+    let own = match OWN_ADDRESSES.read() {
+        Ok(own) => own,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    matches_listener(&own, dest, is_local_ip)
+}
+
+/// [`is_own_address`] against the listening addresses `own`, with
+/// `is_local` deciding whether an address belongs to this host.
+fn matches_listener(
+    own: &[std::net::SocketAddr],
+    dest: std::net::SocketAddr,
+    is_local: impl Fn(std::net::IpAddr) -> bool,
+) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match dest.ip().to_canonical() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    own.iter().filter(|l| l.port() == dest.port()).any(|l| {
+        let bound = l.ip().to_canonical();
+        bound == ip || (bound.is_unspecified() && bound.is_ipv4() == ip.is_ipv4() && is_local(ip))
+    })
+}
+
+/// True if `ip` is an address of this host: loopback, or one a socket can
+/// be bound to (the kernel refuses to bind an address no interface has).
+/// Only asked for a destination on the port of a wildcard listener, so the
+/// system call is rare.
+fn is_local_ip(ip: std::net::IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_listener;
+    use std::net::SocketAddr;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("test address")
+    }
+
+    #[test]
+    fn own_listener_in_every_spelling() {
+        let own = [addr("127.0.0.1:8080"), addr("[::1]:8081")];
+        let never_local = |_| false;
+        for dest in [
+            "127.0.0.1:8080",
+            "[::ffff:127.0.0.1]:8080",
+            "0.0.0.0:8080",
+            "[::1]:8081",
+            "[::]:8081",
+        ] {
+            assert!(matches_listener(&own, addr(dest), never_local), "{dest}");
+        }
+        // Another port, or another loopback address, is another server.
+        for dest in ["127.0.0.1:8081", "127.0.0.2:8080", "[::1]:8080", "192.0.2.1:8080"] {
+            assert!(!matches_listener(&own, addr(dest), never_local), "{dest}");
+        }
+    }
+
+    #[test]
+    fn wildcard_listener_matches_local_addresses_of_its_family() {
+        let own = [addr("0.0.0.0:8080"), addr("[::]:8081")];
+        let local = |ip: std::net::IpAddr| ip.is_loopback() || ip.to_string() == "192.0.2.7";
+        assert!(matches_listener(&own, addr("127.0.0.5:8080"), local));
+        assert!(matches_listener(&own, addr("192.0.2.7:8080"), local));
+        assert!(matches_listener(&own, addr("[::ffff:192.0.2.7]:8080"), local));
+        assert!(matches_listener(&own, addr("[::1]:8081"), local));
+        assert!(!matches_listener(&own, addr("192.0.2.8:8080"), local));
+        // The IPv6 wildcard listener is IPv6-only (`listen::bind`).
+        assert!(!matches_listener(&own, addr("127.0.0.1:8081"), local));
+        assert!(!matches_listener(&own, addr("[::1]:8080"), local));
+    }
+
+    #[test]
+    fn every_loopback_address_is_local() {
+        assert!(super::is_local_ip("127.0.0.5".parse().expect("ip")));
+        assert!(!super::is_local_ip("192.0.2.1".parse().expect("ip")));
+    }
+}

@@ -27,6 +27,9 @@ use tokio::sync::watch;
 /// One listening socket's accept loop.
 struct Slot {
     cfg: ListenerConfig,
+    /// The address the socket is bound to (what `listen::is_own_address`
+    /// compares against).
+    local: SocketAddr,
     serving: Arc<ArcSwap<Serving<ListenerHandler>>>,
     stop: watch::Sender<bool>,
 }
@@ -73,6 +76,9 @@ impl Running {
             shared,
             slots: Vec::new(),
         };
+        // Before any accept loop runs, so the very first request is
+        // already checked against them.
+        crate::listen::set_own_addresses(sockets.iter().map(|(c, s)| bound_address(c, s)).collect());
         for (cfg, socket) in sockets {
             running.spawn(cfg, socket)?;
         }
@@ -100,6 +106,7 @@ impl Running {
     }
 
     fn spawn(&mut self, cfg: ListenerConfig, socket: std::net::TcpListener) -> Result<(), String> {
+        let local = bound_address(&cfg, &socket);
         let listener =
             tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
         tracing::info!(
@@ -111,8 +118,21 @@ impl Running {
         let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)?));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(accept_loop(listener, serving.clone(), stopped));
-        self.slots.push(Slot { cfg, serving, stop });
+        self.slots.push(Slot {
+            cfg,
+            local,
+            serving,
+            stop,
+        });
         Ok(())
+    }
+
+    /// Tells the upstream side which addresses are this process's own: the
+    /// listeners' and `extra` (listeners bound but not yet serving).
+    fn publish_own_addresses(&self, extra: &[SocketAddr]) {
+        let mut own: Vec<SocketAddr> = self.slots.iter().map(|s| s.local).collect();
+        own.extend_from_slice(extra);
+        crate::listen::set_own_addresses(own);
     }
 
     /// The configuration in force (per process: see [`per_process`]).
@@ -181,6 +201,11 @@ impl Running {
                 added.push((l.clone(), bind(l, reuse_port)?));
             }
         }
+        // Known as ours from the moment they are bound: a connection to
+        // one waits in its backlog until its accept loop starts, and must
+        // already be refused as a loop.
+        let bound: Vec<SocketAddr> = added.iter().map(|(c, s)| bound_address(c, s)).collect();
+        self.publish_own_addresses(&bound);
         self.shared.store(Arc::new(shared));
         self.config = new;
         let mut removed = Vec::new();
@@ -244,6 +269,7 @@ impl Running {
                 );
             }
         }
+        self.publish_own_addresses(&[]);
         Ok(format!(
             "{} listeners ({} added, {} removed)",
             self.slots.len(),
@@ -251,6 +277,12 @@ impl Running {
             removed.len()
         ))
     }
+}
+
+/// The address `socket` is bound to; the configured one if the system
+/// cannot say (they differ only for port 0).
+fn bound_address(cfg: &ListenerConfig, socket: &std::net::TcpListener) -> SocketAddr {
+    socket.local_addr().unwrap_or(cfg.address)
 }
 
 /// The config a process runs on: with `processes = N`, each worker's disk

@@ -474,15 +474,54 @@ async fn hop_by_hop_response_fields_are_not_forwarded() {
     assert_eq!(resp.header("via"), Some("1.1 portico"));
 }
 
+/// TRACE served, as it was before `proxy.allow_trace` existed.
+const TRACE_ON: &str = "[proxy]\nallow_trace = true\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_is_refused_with_405_and_no_echo_by_default() {
+    let origin = echo_origin().await;
+    let p = proxy("").await;
+    for max_forwards in ["Max-Forwards: 0\r\n", "Max-Forwards: 5\r\n", ""] {
+        let headers = format!(
+            "{max_forwards}Cookie: session=s3cr3t\r\nAuthorization: Basic c2VjcmV0\r\nX-Echo: yes\r\nConnection: close\r\n"
+        );
+        let raw = request("TRACE", origin.addr(), "/t", &headers, b"");
+        let resp = parse_response(&raw_request(p.addr(), &raw).await);
+        assert_eq!(resp.status, 405, "{max_forwards:?}: {}", resp.body_str());
+        let allow = resp.header("allow").expect("Allow header on a 405").to_owned();
+        assert!(allow.split(',').any(|m| m.trim() == "GET"), "Allow: {allow}");
+        assert!(!allow.split(',').any(|m| m.trim() == "TRACE"), "Allow: {allow}");
+        assert_ne!(resp.header("content-type"), Some("message/http"));
+        let body = resp.body_str();
+        for echoed in ["s3cr3t", "c2VjcmV0", "X-Echo", "x-echo"] {
+            assert!(!body.contains(echoed), "{echoed} echoed: {body}");
+        }
+        assert!(body.contains("proxy.allow_trace"), "{body}");
+    }
+    assert_eq!((origin.count(), origin.connections()), (0, 0), "origin was contacted");
+    // OPTIONS answered here does not offer TRACE either.
+    let raw = request(
+        "OPTIONS",
+        origin.addr(),
+        "/o",
+        "Max-Forwards: 0\r\nConnection: close\r\n",
+        b"",
+    );
+    let resp = parse_response(&raw_request(p.addr(), &raw).await);
+    assert_eq!(resp.status, 200);
+    let allow = resp.header("allow").expect("Allow header").to_owned();
+    assert!(!allow.contains("TRACE"), "Allow: {allow}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_with_max_forwards_0_is_answered_by_the_proxy() {
     let origin = echo_origin().await;
-    let p = proxy("").await;
+    let p = proxy(TRACE_ON).await;
     let raw = request(
         "TRACE",
         origin.addr(),
         "/t",
-        "Max-Forwards: 0\r\nAuthorization: Basic c2VjcmV0\r\nX-Echo: yes\r\nConnection: close\r\n",
+        "Max-Forwards: 0\r\nAuthorization: Basic c2VjcmV0\r\nCookie: session=s3cr3t\r\nX-Echo: yes\r\nConnection: close\r\n",
         b"",
     );
     let resp = parse_response(&raw_request(p.addr(), &raw).await);
@@ -496,6 +535,7 @@ async fn trace_with_max_forwards_0_is_answered_by_the_proxy() {
     );
     assert!(body.to_ascii_lowercase().contains("x-echo: yes\r\n"), "{body:?}");
     assert!(!body.contains("c2VjcmV0"), "credentials echoed: {body:?}");
+    assert!(!body.contains("s3cr3t"), "cookie echoed: {body:?}");
     assert!(!body.to_ascii_lowercase().contains("authorization"), "{body:?}");
     assert_eq!((origin.count(), origin.connections()), (0, 0), "origin was contacted");
 }
@@ -524,7 +564,7 @@ async fn options_with_max_forwards_0_is_answered_with_allow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_with_max_forwards_5_is_forwarded_with_4() {
     let origin = echo_origin().await;
-    let p = proxy("").await;
+    let p = proxy(TRACE_ON).await;
     let raw = request(
         "TRACE",
         origin.addr(),

@@ -273,6 +273,11 @@ pub struct ProxyConfig {
     pub connect_ports: Vec<u16>,
     /// A CONNECT tunnel with no bytes either way for this long is closed.
     pub tunnel_idle_timeout: Dur,
+    /// Whether TRACE is served (answered here at `Max-Forwards: 0`, else
+    /// forwarded); off, it gets 405. Off by default: TRACE echoes the
+    /// request's fields back, credentials and cookies included when an
+    /// origin answers it (cross-site tracing), and nginx refuses it too.
+    pub allow_trace: bool,
 }
 
 impl Default for ProxyConfig {
@@ -282,6 +287,7 @@ impl Default for ProxyConfig {
             x_forwarded_for: ForwardedFor::Append,
             connect_ports: vec![443],
             tunnel_idle_timeout: Dur::secs(300),
+            allow_trace: false,
         }
     }
 }

@@ -290,6 +290,7 @@ fn bad_uri() -> Failure {
 pub fn failure(e: UpstreamError) -> Failure {
     let status = match &e {
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Loop => StatusCode::LOOP_DETECTED,
         UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
         UpstreamError::ClientBody(b) if b.too_large => StatusCode::PAYLOAD_TOO_LARGE,
         UpstreamError::ClientBody(_) => StatusCode::BAD_REQUEST,

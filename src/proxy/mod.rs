@@ -219,7 +219,13 @@ impl Handler for ListenerHandler {
     async fn handle(&self, ex: &mut Exchange<'_>) -> Outcome {
         let started = std::time::Instant::now();
         let sh = self.shared.load_full();
-        if let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
+        // A request that already passed through Portico (our Via entry) is
+        // never a monitoring request, whoever sent it: Portico may have sent
+        // it to itself on a client's behalf, from an admin address the
+        // client does not have. `serve` answers it 508 (forwarding loop)
+        // before anything else, PURGE included.
+        let looped = headers::via_contains(&ex.head.headers, &sh.config.proxy.via);
+        if !looped && let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
             // Before admission, so the statistics can be read when the
             // server is saturated; kept out of the request counters (and
             // closed after, out of the keep-alive ones), so reading them
@@ -340,10 +346,16 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        if ex.head.method == Method::TRACE && !sh.config.proxy.allow_trace {
+            // Neither answered nor forwarded: an echo of the request hands
+            // its credentials to whatever script sent it (cross-site tracing).
+            tracing::info!(client = %ex.peer.ip(), "TRACE {}: refused (proxy.allow_trace = false)", ex.head.target);
+            return reply::trace_refused(ex).await;
+        }
         if (ex.head.method == Method::TRACE || ex.head.method == Method::OPTIONS)
             && headers::max_forwards(&ex.head.headers) == Some(0)
         {
-            return reply::max_forwards_zero(ex).await;
+            return reply::max_forwards_zero(ex, sh.config.proxy.allow_trace).await;
         }
         let max_body = sh.config.limits.max_body_size.bytes();
         if let crate::http1::BodyFraming::Length(n) = ex.head.body

@@ -7,22 +7,49 @@ use bytes::Bytes;
 use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+/// The methods Portico passes on, for `Allow` (RFC 9110 10.2.1).
+const ALLOW_ALL: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH, CONNECT";
+/// The same without TRACE, when `proxy.allow_trace` is off.
+const ALLOW_NO_TRACE: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
+
 /// Sends a short HTML error page naming the reason.
 pub async fn error_page(out: &mut ResponseWriter<'_>, status: StatusCode, reason: &str) -> std::io::Result<()> {
+    error_page_with(out, status, reason, HeaderMap::new()).await
+}
+
+/// [`error_page`] with extra header fields (`Allow` for a 405).
+pub async fn error_page_with(
+    out: &mut ResponseWriter<'_>,
+    status: StatusCode,
+    reason: &str,
+    mut headers: HeaderMap,
+) -> std::io::Result<()> {
     let title = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or("Error"));
     let body = format!(
         "<!DOCTYPE html>\n<html><head><title>{title}</title></head>\n<body><h1>{title}</h1>\n<p>{}</p>\n<hr><address>portico</address></body></html>\n",
         crate::util::html_escape(reason)
     );
-    let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     out.send_full(status, headers, Bytes::from(body)).await
 }
 
+/// TRACE while `proxy.allow_trace` is off: 405 with the methods that are
+/// allowed. Nothing of the request is echoed, and nothing is forwarded.
+pub async fn trace_refused(ex: &mut Exchange<'_>) -> Outcome {
+    let mut headers = HeaderMap::new();
+    headers.insert(ALLOW, HeaderValue::from_static(ALLOW_NO_TRACE));
+    let reason = "TRACE is not allowed on this proxy (proxy.allow_trace = false)";
+    match error_page_with(&mut ex.out, StatusCode::METHOD_NOT_ALLOWED, reason, headers).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
+}
+
 /// TRACE or OPTIONS with `Max-Forwards: 0`: answered here, not forwarded
-/// (RFC 9110 7.6.2).
-pub async fn max_forwards_zero(ex: &mut Exchange<'_>) -> Outcome {
+/// (RFC 9110 7.6.2). `allow_trace` (`proxy.allow_trace`) decides whether
+/// OPTIONS lists TRACE among the allowed methods.
+pub async fn max_forwards_zero(ex: &mut Exchange<'_>, allow_trace: bool) -> Outcome {
     let mut headers = HeaderMap::new();
     let body = if ex.head.method == Method::TRACE {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("message/http"));
@@ -42,10 +69,8 @@ pub async fn max_forwards_zero(ex: &mut Exchange<'_>) -> Outcome {
         }
         Bytes::from(echo)
     } else {
-        headers.insert(
-            ALLOW,
-            HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH, CONNECT"),
-        );
+        let allow = if allow_trace { ALLOW_ALL } else { ALLOW_NO_TRACE };
+        headers.insert(ALLOW, HeaderValue::from_static(allow));
         Bytes::new()
     };
     match ex.out.send_full(StatusCode::OK, headers, body).await {

@@ -52,10 +52,10 @@ pub async fn run(
     let (upstream, parent_early) = match opened {
         Ok(s) => s,
         Err(e) => {
-            let status = if e.kind == ConnectErrorKind::Timeout {
-                StatusCode::GATEWAY_TIMEOUT
-            } else {
-                StatusCode::BAD_GATEWAY
+            let status = match e.kind {
+                ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                ConnectErrorKind::Loop => StatusCode::LOOP_DETECTED,
+                _ => StatusCode::BAD_GATEWAY,
             };
             tracing::warn!(client = %ex.peer.ip(), "CONNECT {host}:{port}: {e}");
             ex.out.close_after();

@@ -41,6 +41,11 @@ pub enum ConnectErrorKind {
     /// (it answered with an error status, or not in HTTP). Not the parent's
     /// fault as a server: it is not marked down for this.
     Parent,
+    /// The address is one of Portico's own listeners (`listen::is_own_address`):
+    /// not connected to, as the request would come back to Portico from
+    /// Portico's own address, a forwarding loop and a way around
+    /// `access.admin_allow`. Answered 508 (Loop Detected, RFC 5842 7.2).
+    Loop,
 }
 
 /// A failed connection attempt, with what was tried.
@@ -56,7 +61,11 @@ pub struct ConnectError {
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kind == ConnectErrorKind::Loop {
+            return write!(f, "forwarding loop detected: {} {}", self.target, self.detail);
+        }
         let what = match self.kind {
+            ConnectErrorKind::Loop => "",
             ConnectErrorKind::Dns => "cannot resolve",
             ConnectErrorKind::Refused => "cannot connect to",
             ConnectErrorKind::Timeout => "timed out connecting to",
@@ -171,7 +180,7 @@ impl UpstreamStats {
     pub fn connect_failed(&self, kind: ConnectErrorKind) {
         let c = match kind {
             ConnectErrorKind::Dns => &self.dns_errors,
-            ConnectErrorKind::Refused | ConnectErrorKind::Parent => &self.connect_errors,
+            ConnectErrorKind::Refused | ConnectErrorKind::Parent | ConnectErrorKind::Loop => &self.connect_errors,
             ConnectErrorKind::Timeout => &self.connect_timeouts,
             ConnectErrorKind::Tls => &self.tls_errors,
         };
@@ -289,6 +298,9 @@ impl Connector {
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
+        if let Some(ip) = numeric_ipv4(bare) {
+            return Ok(vec![SocketAddr::new(IpAddr::V4(ip), port)]);
+        }
         let err = |detail: String| ConnectError {
             kind: ConnectErrorKind::Dns,
             target: format!("{host}:{port}"),
@@ -322,6 +334,22 @@ impl Connector {
         let target = format!("{host}:{port}");
         let attempt = async {
             let addrs = self.resolve(host, port).await?;
+            // After resolution, so that no spelling of our own address
+            // (`127.1`, `[::ffff:127.0.0.1]`, `localhost`, a name that
+            // resolves to this host) gets through; refused whole, not
+            // skipped, as such a name can only be a mistake or an attack.
+            if let Some(own) = addrs.iter().find(|a| crate::listen::is_own_address(**a)) {
+                let detail = if own.to_string() == target {
+                    "is this proxy's own listening address".to_string()
+                } else {
+                    format!("is this proxy's own listening address ({own})")
+                };
+                return Err(ConnectError {
+                    kind: ConnectErrorKind::Loop,
+                    target: target.clone(),
+                    detail,
+                });
+            }
             let mut last = String::new();
             for addr in addrs {
                 match TcpStream::connect(addr).await {
@@ -485,6 +513,51 @@ impl Connector {
     }
 }
 
+/// The IPv4 address a host written as numbers stands for, the way
+/// `inet_aton(3)`, browsers and curl read it (the WHATWG URL standard's IPv4
+/// parser): one to four parts separated by dots, each decimal, octal
+/// (leading `0`) or hexadecimal (`0x`), the last filling the remaining
+/// bytes: `127.1`, `2130706433`, `0x7f.1` all mean 127.0.0.1. Such a host
+/// is no DNS name (no top-level domain is numeric), and sending it to DNS
+/// would both leak it and let it past the own-address check.
+fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let number = |p: &str| -> Option<u64> {
+        if p.is_empty() || p.len() > 20 {
+            return None;
+        }
+        if let Some(hex) = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")) {
+            return if hex.is_empty() {
+                Some(0)
+            } else {
+                u64::from_str_radix(hex, 16).ok()
+            };
+        }
+        if p.len() > 1 && p.starts_with('0') {
+            return u64::from_str_radix(&p[1..], 8).ok();
+        }
+        p.parse().ok()
+    };
+    let values = parts.iter().map(|p| number(p)).collect::<Option<Vec<u64>>>()?;
+    let (last, first) = values.split_last()?;
+    if first.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let rest_bits = 8 * (4 - first.len() as u32);
+    if *last >= 1u64 << rest_bits {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for (i, v) in first.iter().enumerate() {
+        n |= v << (24 - 8 * i);
+    }
+    u32::try_from(n | last).ok().map(std::net::Ipv4Addr::from)
+}
+
 /// The status code of an answer's status line (`HTTP/1.1 200 OK`).
 fn connect_status(line: &str) -> Option<u16> {
     let mut words = line.split(' ');
@@ -551,7 +624,37 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::connect_status;
+    use super::{connect_status, numeric_ipv4};
+
+    #[test]
+    fn numeric_hosts_are_ipv4_addresses() {
+        let lo = Some(std::net::Ipv4Addr::LOCALHOST);
+        for host in [
+            "127.1",
+            "127.0.1",
+            "2130706433",
+            "0x7f000001",
+            "0x7f.1",
+            "0177.0.0.1",
+            "127.0.0.1.",
+        ] {
+            assert_eq!(numeric_ipv4(host), lo, "{host}");
+        }
+        assert_eq!(numeric_ipv4("0"), Some(std::net::Ipv4Addr::UNSPECIFIED));
+        for name in [
+            "localhost",
+            "example.com",
+            "1.example",
+            "127.0.0.1.1",
+            "256.1",
+            "4294967296",
+            "08",
+            "",
+            "1..1",
+        ] {
+            assert_eq!(numeric_ipv4(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn connect_answer_status_lines() {

@@ -25,6 +25,13 @@ pub async fn raw_request_timeout(addr: impl ToSocketAddrs, request: &[u8], timeo
     client.read_to_end().await
 }
 
+/// [`raw_request`] from the local address `src` (see [`RawClient::connect_from`]).
+pub async fn raw_request_from(src: std::net::IpAddr, addr: std::net::SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut client = RawClient::connect_from(src, addr).await;
+    client.send(request).await;
+    client.read_to_end().await
+}
+
 /// A raw TCP connection for keep-alive / pipelining tests: send bytes,
 /// read one parsed response at a time.
 pub struct RawClient {
@@ -39,6 +46,31 @@ impl RawClient {
     /// Connects to `addr` (panics with the error if refused).
     pub async fn connect(addr: impl ToSocketAddrs) -> RawClient {
         let stream = TcpStream::connect(addr).await.expect("raw client: connect failed");
+        RawClient {
+            stream,
+            buf: Vec::new(),
+            eof: false,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Connects to `addr` from the local address `src` (port chosen by
+    /// the system), e.g. `127.0.0.3` to be a client other than 127.0.0.1
+    /// (every 127.0.0.0/8 address is local). Panics if refused.
+    pub async fn connect_from(src: std::net::IpAddr, addr: std::net::SocketAddr) -> RawClient {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .expect("raw client: create socket");
+        socket
+            .bind(std::net::SocketAddr::new(src, 0))
+            .unwrap_or_else(|e| panic!("raw client: bind {src}: {e}"));
+        let stream = socket
+            .connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("raw client: connect {src} -> {addr}: {e}"));
         RawClient {
             stream,
             buf: Vec::new(),

@@ -20,7 +20,7 @@ mod raw_origin;
 
 pub use client::{
     Framing, ParsedResponse, RawClient, curl, parse_head_response, parse_response, parse_responses, raw_request,
-    raw_request_timeout,
+    raw_request_from, raw_request_timeout,
 };
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
 pub use portico::{Portico, listener_addrs};
