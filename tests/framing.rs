@@ -564,3 +564,49 @@ async fn content_length_is_sent_upstream_once_and_canonical() {
     assert!(origin.take().await.is_empty());
     assert_eq!(origin.connections(), 1);
 }
+
+/// `OPTIONS *` asks about the server, `OPTIONS /` about one resource: the
+/// asterisk form goes upstream unchanged (RFC 9112 3.2.4), from a reverse
+/// listener, and a forward proxy turns `OPTIONS http://host:port` (empty
+/// path) into `OPTIONS *` as the last proxy before the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_asterisk_is_forwarded_as_asterisk() {
+    let origin = RecordingOrigin::start().await;
+    let a = origin.addr();
+    let forward = portico("").await;
+    let reverse = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"reverse\"\n\n\
+         [[upstream]]\nname = \"o\"\nservers = [\"{a}\"]\n\n[[rule]]\nupstream = \"o\"\n",
+        free_addr()
+    ))
+    .await;
+    let cases = [
+        (
+            &reverse,
+            "OPTIONS * HTTP/1.1\r\nHost: site.test\r\n".to_string(),
+            "OPTIONS * HTTP/1.1",
+        ),
+        (
+            &reverse,
+            "OPTIONS / HTTP/1.1\r\nHost: site.test\r\n".to_string(),
+            "OPTIONS / HTTP/1.1",
+        ),
+        (
+            &forward,
+            format!("OPTIONS http://{a} HTTP/1.1\r\nHost: {a}\r\n"),
+            "OPTIONS * HTTP/1.1",
+        ),
+        (
+            &forward,
+            format!("OPTIONS http://{a}/ HTTP/1.1\r\nHost: {a}\r\n"),
+            "OPTIONS / HTTP/1.1",
+        ),
+    ];
+    for (p, head, line) in cases {
+        let resp = accepted(p, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert_eq!(resp.status, 200, "{head:?}");
+        let got = origin.take().await;
+        assert_eq!(got.len(), 1, "{head:?}: {got:?}");
+        assert_eq!(got[0].line, line, "{head:?}");
+    }
+}

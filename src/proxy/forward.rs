@@ -193,7 +193,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             &ex.head,
             ex.peer.ip(),
             sh,
-            attempt.uri.clone(),
+            asterisk_form(&ex.head, dest, attempt.uri.clone()),
             attempt.host.clone(),
             None,
         )?;
@@ -208,6 +208,32 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             }
         }
     }
+}
+
+/// `uri` with the asterisk-form target (`OPTIONS *`) when the client asked
+/// about the server as a whole, not about its resource `/` (RFC 9112
+/// 3.2.4): with `OPTIONS *`, or with an absolute-form OPTIONS whose URI has
+/// an empty path and no query, which the last proxy must send on as
+/// `OPTIONS *`. A parent proxy is not the last one: it gets the absolute
+/// form, which hyper can only write with a `/` path. A routing rule that
+/// rewrote the path wins.
+fn asterisk_form(head: &RequestHead, dest: &Dest, uri: Uri) -> Uri {
+    let whole_server = head.target == "*"
+        || head
+            .target
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.contains(['/', '?']));
+    if head.method != Method::OPTIONS
+        || !whole_server
+        || matches!(dest.to, To::Parent { .. })
+        || uri.path_and_query().is_some_and(|p| p.as_str() != "/")
+    {
+        return uri;
+    }
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+    // hyper-util writes the path of this absolute URI in origin form: `*`.
+    Uri::from_parts(parts).unwrap_or(uri)
 }
 
 /// The Squid log's hierarchy field for server `idx` of parent group `group`.
