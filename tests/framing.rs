@@ -510,3 +510,103 @@ async fn leading_empty_lines_beyond_the_head_limit_are_rejected() {
     }
     assert_eq!(origin.count(), 0, "request behind 128 KiB of blank lines was served");
 }
+
+// ---------------------------------------------------------------- what the origin is sent
+
+/// A POST through the forward proxy to `origin` with the given framing
+/// field lines and body, on its own connection.
+fn post_to(origin: &RecordingOrigin, fields: &str, body: &str) -> Vec<u8> {
+    let a = origin.addr();
+    format!("POST http://{a}/up HTTP/1.1\r\nHost: {a}\r\n{fields}Connection: close\r\n\r\n{body}").into_bytes()
+}
+
+/// RFC 9110 8.6 lets a client send `Content-Length: 5, 5` (or the field
+/// twice, or `005`); an origin that reads such a list as 0, or as invalid,
+/// sees other message boundaries than Portico on a pooled connection. The
+/// origin must get exactly one canonical `Content-Length: 5`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_is_sent_upstream_once_and_canonical() {
+    let origin = RecordingOrigin::start().await;
+    let p = portico("").await;
+    for fields in [
+        "Content-Length: 5, 5\r\n",
+        "Content-Length: 5\r\nContent-Length: 5\r\n",
+        "Content-Length: 005\r\n",
+        "Content-Length: 5,5\r\nContent-Length: 05\r\n",
+    ] {
+        let resp = accepted(&p, &post_to(&origin, fields, "hello")).await;
+        assert_eq!(resp.status, 200, "{fields:?}: {resp:?}");
+        let got = origin.take().await;
+        assert_eq!(got.len(), 1, "{fields:?}: {got:?}");
+        assert_eq!(
+            got[0].error,
+            None,
+            "{fields:?}: {:?}",
+            String::from_utf8_lossy(&got[0].raw)
+        );
+        assert_eq!(got[0].headers_all("content-length"), ["5"], "{fields:?}");
+        assert_eq!(got[0].body, b"hello");
+        let head = String::from_utf8_lossy(&got[0].raw).to_ascii_lowercase();
+        assert_eq!(head.matches("content-length").count(), 1, "{head}");
+    }
+    // An empty body keeps its explicit, canonical zero length.
+    let resp = accepted(&p, &post_to(&origin, "Content-Length: 0, 00\r\n", "")).await;
+    assert_eq!(resp.status, 200);
+    let got = origin.take().await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].headers_all("content-length"), ["0"]);
+    // Different values: 400, and nothing reaches the origin.
+    for fields in ["Content-Length: 5, 6\r\n", "Content-Length: 5\r\nContent-Length: 6\r\n"] {
+        let (bytes, closed) = exchange(&p, &post_to(&origin, fields, "hello!")).await;
+        assert_eq!(parse_response(&bytes).status, 400, "{fields:?}");
+        assert!(closed);
+    }
+    assert!(origin.take().await.is_empty());
+    assert_eq!(origin.connections(), 1);
+}
+
+/// `OPTIONS *` asks about the server, `OPTIONS /` about one resource: the
+/// asterisk form goes upstream unchanged (RFC 9112 3.2.4), from a reverse
+/// listener, and a forward proxy turns `OPTIONS http://host:port` (empty
+/// path) into `OPTIONS *` as the last proxy before the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_asterisk_is_forwarded_as_asterisk() {
+    let origin = RecordingOrigin::start().await;
+    let a = origin.addr();
+    let forward = portico("").await;
+    let reverse = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"reverse\"\n\n\
+         [[upstream]]\nname = \"o\"\nservers = [\"{a}\"]\n\n[[rule]]\nupstream = \"o\"\n",
+        free_addr()
+    ))
+    .await;
+    let cases = [
+        (
+            &reverse,
+            "OPTIONS * HTTP/1.1\r\nHost: site.test\r\n".to_string(),
+            "OPTIONS * HTTP/1.1",
+        ),
+        (
+            &reverse,
+            "OPTIONS / HTTP/1.1\r\nHost: site.test\r\n".to_string(),
+            "OPTIONS / HTTP/1.1",
+        ),
+        (
+            &forward,
+            format!("OPTIONS http://{a} HTTP/1.1\r\nHost: {a}\r\n"),
+            "OPTIONS * HTTP/1.1",
+        ),
+        (
+            &forward,
+            format!("OPTIONS http://{a}/ HTTP/1.1\r\nHost: {a}\r\n"),
+            "OPTIONS / HTTP/1.1",
+        ),
+    ];
+    for (p, head, line) in cases {
+        let resp = accepted(p, format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+        assert_eq!(resp.status, 200, "{head:?}");
+        let got = origin.take().await;
+        assert_eq!(got.len(), 1, "{head:?}: {got:?}");
+        assert_eq!(got[0].line, line, "{head:?}");
+    }
+}

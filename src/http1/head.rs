@@ -306,27 +306,56 @@ fn framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, HeadErr
         return Ok(BodyFraming::Chunked);
     }
     if has_cl {
-        let mut length: Option<u64> = None;
-        for value in headers.get_all(CONTENT_LENGTH) {
-            let text = value.to_str().map_err(|_| bad("invalid Content-Length"))?;
-            for part in text.split(',') {
-                let part = part.trim_matches([' ', '\t']);
-                if part.is_empty() || part.len() > 18 || !part.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad("invalid Content-Length"));
-                }
-                let n: u64 = part.parse().map_err(|_| bad("invalid Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(bad("conflicting Content-Length values"));
-                }
-                length = Some(n);
-            }
-        }
-        return Ok(match length {
+        return Ok(match content_length(headers).map_err(bad)? {
             Some(0) | None => BodyFraming::Empty,
             Some(n) => BodyFraming::Length(n),
         });
     }
     Ok(BodyFraming::Empty)
+}
+
+/// The one length that every `Content-Length` field and list element in
+/// `headers` states (RFC 9110 8.6 allows `5, 5` or the field twice), or
+/// None without the field. A value that is not 1 to 18 digits, an empty
+/// element, or two different values are an error, with its reason.
+///
+/// Whoever passes a message on sends this number once, as
+/// `Content-Length: 5`, never the fields as received: a next hop that
+/// reads `5, 5` or `005` differently would see other message boundaries.
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let text = value.to_str().map_err(|_| "invalid Content-Length")?;
+        for part in text.split(',') {
+            let part = part.trim_matches([' ', '\t']);
+            if part.is_empty() || part.len() > 18 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err("invalid Content-Length");
+            }
+            let n: u64 = part.parse().map_err(|_| "invalid Content-Length")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length values");
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Replaces the `Content-Length` fields of a message passed on by one
+/// canonical field (`Content-Length: 5` for `5, 5`, `005` or the field
+/// twice), or removes them when they state no valid length.
+pub fn normalise_content_length(headers: &mut HeaderMap) {
+    if !headers.contains_key(CONTENT_LENGTH) {
+        return;
+    }
+    match content_length(headers) {
+        Ok(Some(n)) => {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        _ => {
+            headers.remove(CONTENT_LENGTH);
+        }
+    }
 }
 
 /// The comma-separated tokens of every field named `name`, trimmed.
@@ -437,6 +466,23 @@ mod tests {
             status("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n"),
             400
         );
+    }
+
+    #[test]
+    fn content_length_is_normalised_to_one_field() {
+        let mut h = HeaderMap::new();
+        for v in ["5, 5", "005", "5"] {
+            h.append(CONTENT_LENGTH, HeaderValue::from_static(v));
+        }
+        normalise_content_length(&mut h);
+        assert_eq!(h.get_all(CONTENT_LENGTH).iter().collect::<Vec<_>>(), ["5"]);
+        // No valid length: no field at all, rather than one passed on as received.
+        h.append(CONTENT_LENGTH, HeaderValue::from_static("6"));
+        normalise_content_length(&mut h);
+        assert!(!h.contains_key(CONTENT_LENGTH));
+        h.insert(CONTENT_LENGTH, HeaderValue::from_static("+5"));
+        normalise_content_length(&mut h);
+        assert!(!h.contains_key(CONTENT_LENGTH));
     }
 
     #[test]

@@ -127,6 +127,9 @@ impl<'a> ResponseWriter<'a> {
             if status == StatusCode::NO_CONTENT || status.is_informational() {
                 headers.remove(CONTENT_LENGTH);
             }
+            // Passed on, but as one canonical field (never `5, 5` or
+            // `005`), like every length Portico sends.
+            super::head::normalise_content_length(&mut headers);
             Framing::None
         } else {
             match len {

@@ -7,10 +7,10 @@ use super::Shared;
 use super::headers::{add_via, decrement_max_forwards, forwarded_for, strip_hop_by_hop};
 use crate::config::HostHeader;
 use crate::http1::RequestHead;
-use crate::http1::head::list_tokens;
+use crate::http1::head::{list_tokens, normalise_content_length};
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
 use crate::upstream::{BodySender, ConnectErrorKind, ProxyBody, Upstream, UpstreamError};
-use http::header::{CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -193,7 +193,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             &ex.head,
             ex.peer.ip(),
             sh,
-            attempt.uri.clone(),
+            asterisk_form(&ex.head, dest, attempt.uri.clone()),
             attempt.host.clone(),
             None,
         )?;
@@ -208,6 +208,32 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             }
         }
     }
+}
+
+/// `uri` with the asterisk-form target (`OPTIONS *`) when the client asked
+/// about the server as a whole, not about its resource `/` (RFC 9112
+/// 3.2.4): with `OPTIONS *`, or with an absolute-form OPTIONS whose URI has
+/// an empty path and no query, which the last proxy must send on as
+/// `OPTIONS *`. A parent proxy is not the last one: it gets the absolute
+/// form, which hyper can only write with a `/` path. A routing rule that
+/// rewrote the path wins.
+fn asterisk_form(head: &RequestHead, dest: &Dest, uri: Uri) -> Uri {
+    let whole_server = head.target == "*"
+        || head
+            .target
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.contains(['/', '?']));
+    if head.method != Method::OPTIONS
+        || !whole_server
+        || matches!(dest.to, To::Parent { .. })
+        || uri.path_and_query().is_some_and(|p| p.as_str() != "/")
+    {
+        return uri;
+    }
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+    // hyper-util writes the path of this absolute URI in origin form: `*`.
+    Uri::from_parts(parts).unwrap_or(uri)
 }
 
 /// The Squid log's hierarchy field for server `idx` of parent group `group`.
@@ -319,10 +345,27 @@ fn request_parts(
     }
     // The expectation is met hop by hop: Portico sends 100 Continue itself.
     headers.remove(EXPECT);
-    if head.body == BodyFraming::Chunked {
+    // The framing sent upstream is exactly the one Portico read the body
+    // by, in one canonical field: never the client's fields as received.
+    // hyper would pass `Content-Length: 5, 5` (or `005`, or the field
+    // twice) through verbatim, and an origin reading it another way sees
+    // other message boundaries on a connection pooled across clients.
+    headers.remove(CONTENT_LENGTH);
+    match head.body {
+        BodyFraming::Length(n) => {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
         // Said explicitly: hyper assumes a GET or HEAD body of unknown length
         // is empty and would silently drop it.
-        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        BodyFraming::Chunked => {
+            headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        }
+        // A `Content-Length: 0` the client sent (a POST without a body) is
+        // kept: some origins refuse a POST without a length (411).
+        BodyFraming::Empty if head.headers.contains_key(CONTENT_LENGTH) => {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        BodyFraming::Empty => {}
     }
     headers.insert(HOST, host);
     add_via(&mut headers, head.version, &sh.config.proxy.via);
@@ -434,6 +477,9 @@ pub fn response_headers(
     rewrite: Option<&LocationRewrite>,
 ) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
+    // What is stored and sent carries one canonical length field; the
+    // response writer then sets it from the body actually sent.
+    normalise_content_length(&mut headers);
     add_via(&mut headers, received, &sh.config.proxy.via);
     if let Some(r) = rewrite {
         r.apply(&mut headers);

@@ -24,7 +24,7 @@ pub use client::{
 };
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
 pub use portico::{Portico, listener_addrs};
-pub use raw_origin::{Blackhole, RawOrigin, chunked_body, read_request_head};
+pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
 
 use std::net::TcpListener;
 
