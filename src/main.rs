@@ -157,7 +157,7 @@ fn main() -> ExitCode {
         Command::Rules { command } => rules_test(command),
         Command::Cache(args) => match load(args.config.as_ref()) {
             Err(e) => Err(e),
-            Ok(c) => match portico::cache::admin::run(&c.cache, &args.command) {
+            Ok(c) => match portico::cache::admin::run(&c.cache, c.upstream.iter().any(|u| !u.parent), &args.command) {
                 Ok(true) => {
                     // The files are gone; a running server may still hold the
                     // object in its memory tier, which only it can clear.

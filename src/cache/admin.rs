@@ -8,15 +8,20 @@
 //! survives. Progress bars (indicatif) go to standard error and only when
 //! it is a terminal; results go to standard output.
 //!
+//! URLs are public URLs: `purge URL` and `--prefix` match the URL of every
+//! key, whichever `[[upstream]]` group the key names (`crate::cache::key`),
+//! so a purge removes every copy of a page, reverse-proxied or not; `list`
+//! shows the group as `upstream:<name>` after the other fields.
+//!
 //! Costs: `list`, `purge --prefix` and `verify` read every object's
-//! metadata (`verify` every byte). `purge URL` costs one file read when the
-//! URL's plain object exists and has no `Vary` (then it can have no
-//! variants); otherwise the variants' ids are unknowable (they hash request
-//! header values), so it reads every object's metadata: O(objects), about
-//! what `list` costs.
+//! metadata (`verify` every byte). `purge URL` costs one file read when no
+//! `[[upstream]]` group is configured and the URL's plain object exists and
+//! has no `Vary` (then it can have no variants or other copies); otherwise
+//! the variants' ids are unknowable (they hash request header values), so
+//! it reads every object's metadata: O(objects), about what `list` costs.
 
 use super::disk::{self, DiskStore, Evicted, GcReport, ObjectFile, ScanProgress, format};
-use super::key::{CacheKey, ObjectId};
+use super::key::{self, CacheKey, ObjectId};
 use super::object::StoredMeta;
 use crate::config::CacheConfig;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -45,14 +50,15 @@ pub enum CacheCommand {
     /// Safe while a server runs.
     Gc,
     /// List stored objects sorted by key: URL, status, body bytes, stored
-    /// time, expiry hint (and the Vary variant, if any).
+    /// time, expiry hint (and the Vary variant and the upstream group, if any).
     List {
         /// Only keys starting with this (normalised: lower-case scheme and host).
         #[arg(long)]
         prefix: Option<String>,
     },
-    /// Remove the object stored for URL and all its Vary variants, or every
-    /// object whose key URL starts with --prefix; prints the count.
+    /// Remove the objects stored for URL (all its Vary variants, from its
+    /// origin and from every upstream group), or every object whose key URL
+    /// starts with --prefix; prints the count.
     #[command(group(clap::ArgGroup::new("what").required(true).args(["url", "prefix"])))]
     Purge {
         /// Absolute URL (normalised like a cache key).
@@ -73,8 +79,11 @@ pub enum CacheCommand {
 pub struct ListEntry {
     /// Its id (file name).
     pub id: ObjectId,
-    /// The key URL.
+    /// The key's (public) URL.
     pub key: String,
+    /// The upstream group the object was fetched from, if it was not the
+    /// URL's origin.
+    pub upstream: Option<String>,
     /// The Vary variant it was selected with.
     pub variant: Vec<(String, Option<String>)>,
     /// Response status.
@@ -169,11 +178,13 @@ pub fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry
     let mut out = Vec::new();
     walk(root, &ProgressBar::hidden(), &mut |of| {
         if let Some((env, meta)) = read_object(&of.path)
-            && prefix.is_none_or(|p| meta.key.starts_with(p))
+            && prefix.is_none_or(|p| key::url_of(&meta.key).starts_with(p))
         {
+            let key = CacheKey::from_text(&meta.key);
             out.push(ListEntry {
                 id: of.id,
-                key: meta.key,
+                upstream: key.as_ref().and_then(|k| k.upstream()).map(str::to_string),
+                key: key.as_ref().map_or(&*meta.key, |k| k.url()).to_string(),
                 variant: meta.variant,
                 status: meta.status.as_u16(),
                 body_len: env.trailer.body_len,
@@ -183,21 +194,24 @@ pub fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry
             });
         }
     })?;
-    out.sort_by(|a, b| (&a.key, &a.variant).cmp(&(&b.key, &b.variant)));
+    out.sort_by(|a, b| (&a.key, &a.upstream, &a.variant).cmp(&(&b.key, &b.upstream, &b.variant)));
     Ok(out)
 }
 
-/// Removes every object (all variants) whose key is exactly `url`'s
-/// normalised form. See the module doc for the cost.
-pub fn purge_url(cfg: &CacheConfig, url: &str) -> io::Result<PurgeReport> {
+/// Removes every object (all variants, every upstream group's) whose key
+/// URL is exactly `url`'s normalised form. `upstreams` says whether any
+/// `[[upstream]]` group is configured (then copies under other ids may
+/// exist). See the module doc for the cost.
+pub fn purge_url(cfg: &CacheConfig, url: &str, upstreams: bool) -> io::Result<PurgeReport> {
     let root = existing_dir(cfg)?;
     let key = CacheKey::from_url(url, cfg.ignore_query_in_key)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("not an absolute URL: {url}")))?;
     let layout = disk::Layout::new(root, cfg.levels);
     let plain = layout.path_of(key.id());
     let mut report = PurgeReport::default();
-    if let Some((env, meta)) = read_object(&plain)
-        && meta.key == key.url()
+    if !upstreams
+        && let Some((env, meta)) = read_object(&plain)
+        && meta.key == key.text()
         && meta.variant.is_empty()
         && !meta.headers.contains_key(http::header::VARY)
     {
@@ -207,13 +221,13 @@ pub fn purge_url(cfg: &CacheConfig, url: &str) -> io::Result<PurgeReport> {
         }
         return Ok(report);
     }
-    purge_where(root, &mut |k| k == key.url(), false)
+    purge_where(root, &mut |k| key::url_of(k) == key.url(), false)
 }
 
 /// Removes every object whose key URL starts with `prefix`.
 pub fn purge_prefix(cfg: &CacheConfig, prefix: &str, progress: bool) -> io::Result<PurgeReport> {
     let root = existing_dir(cfg)?;
-    purge_where(root, &mut |k| k.starts_with(prefix), progress)
+    purge_where(root, &mut |k| key::url_of(k).starts_with(prefix), progress)
 }
 
 fn purge_where(root: &Path, matches: &mut dyn FnMut(&str) -> bool, progress: bool) -> io::Result<PurgeReport> {
@@ -332,7 +346,8 @@ fn variant_text(variant: &[(String, Option<String>)]) -> String {
     parts.join(";")
 }
 
-/// Formats one `list` line: `URL STATUS BODY-BYTES STORED EXPIRES [vary:...]`.
+/// Formats one `list` line: `URL STATUS BODY-BYTES STORED EXPIRES
+/// [vary:...] [upstream:NAME]`.
 pub fn list_line(e: &ListEntry) -> String {
     let expires = if e.expires == 0 {
         "-".to_string()
@@ -351,12 +366,17 @@ pub fn list_line(e: &ListEntry) -> String {
         line.push_str(" vary:");
         line.push_str(&variant_text(&e.variant));
     }
+    if let Some(group) = &e.upstream {
+        line.push_str(" upstream:");
+        line.push_str(group);
+    }
     line
 }
 
-/// Runs a `portico cache` subcommand, printing its results. Ok(false)
-/// means it ran but found a problem (verify: corrupt objects): exit 1.
-pub fn run(cfg: &CacheConfig, cmd: &CacheCommand) -> Result<bool, String> {
+/// Runs a `portico cache` subcommand, printing its results; `upstreams`
+/// says whether the config has `[[upstream]]` groups. Ok(false) means it
+/// ran but found a problem (verify: corrupt objects): exit 1.
+pub fn run(cfg: &CacheConfig, upstreams: bool, cmd: &CacheCommand) -> Result<bool, String> {
     use std::io::IsTerminal;
     let progress = io::stderr().is_terminal();
     let dir = cfg.dir.display().to_string();
@@ -390,7 +410,7 @@ pub fn run(cfg: &CacheConfig, cmd: &CacheCommand) -> Result<bool, String> {
         CacheCommand::Purge { url, prefix } => {
             let r = match (url, prefix) {
                 (_, Some(p)) => purge_prefix(cfg, p, progress),
-                (Some(u), None) => purge_url(cfg, u),
+                (Some(u), None) => purge_url(cfg, u, upstreams),
                 (None, None) => return Err("purge needs a URL or --prefix".into()),
             }
             .map_err(err)?;

@@ -116,11 +116,12 @@ impl MemoryTier {
             .collect()
     }
 
-    /// Drops every object whose key URL starts with `prefix`; returns how many.
+    /// Drops every object whose key URL starts with `prefix` (whatever
+    /// upstream group the key names); returns how many.
     pub fn purge_prefix(&self, prefix: &str) -> usize {
         let n = std::cell::Cell::new(0);
         self.cache.retain(|_, v| {
-            let keep = !v.meta.key.starts_with(prefix);
+            let keep = !crate::cache::key::url_of(&v.meta.key).starts_with(prefix);
             n.set(n.get() + usize::from(!keep));
             keep
         });
@@ -166,7 +167,10 @@ mod tests {
         tier.insert(ObjectId(1), obj("http://a/1", 10));
         tier.insert(ObjectId(2), obj("http://a/2", 10));
         tier.insert(ObjectId(3), obj("http://b/1", 10));
-        assert_eq!(tier.purge_prefix("http://a/"), 2);
+        tier.insert(ObjectId(4), obj("http://a/3 upstream=g", 10));
+        tier.insert(ObjectId(5), obj("http://b/a/ upstream=http://a/", 10));
+        assert_eq!(tier.purge_prefix("http://a/"), 3);
         assert!(tier.get(ObjectId(3)).is_some());
+        assert!(tier.get(ObjectId(5)).is_some());
     }
 }

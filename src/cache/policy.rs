@@ -36,7 +36,7 @@
 //! Configuration (refresh patterns, the overrides that break the spec) is
 //! compiled once into a [`Policy`]; the functions that need none are free.
 
-use crate::cache::key::CacheKey;
+use crate::cache::key::{CacheKey, url_of};
 use crate::cache::object::StoredMeta;
 use crate::config::CacheConfig;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -234,7 +234,7 @@ impl Policy {
     /// An invalid `max-age` / `s-maxage` value or `Expires` date gives 0
     /// (stale); of duplicated directives the first counts.
     pub fn freshness_lifetime(&self, meta: &StoredMeta) -> Duration {
-        Duration::from_secs(self.lifetime(&meta.key, meta.status, &meta.headers, date_value(meta)))
+        Duration::from_secs(self.lifetime(url_of(&meta.key), meta.status, &meta.headers, date_value(meta)))
     }
 
     /// Lifetime in seconds; `date` is the Date value in seconds.
@@ -287,7 +287,7 @@ impl Policy {
         let rq = Directives::of(req_headers);
         let rs = Directives::of(&meta.headers);
         let age = current_age_secs(meta, now);
-        let lifetime = self.lifetime_with(&meta.key, meta.status, &meta.headers, &rs, date_value(meta));
+        let lifetime = self.lifetime_with(url_of(&meta.key), meta.status, &meta.headers, &rs, date_value(meta));
         // 4.2.4: these forbid serving the response stale, whatever the client says.
         let no_stale =
             rs.has("no-cache") || rs.has("must-revalidate") || rs.has("proxy-revalidate") || rs.has("s-maxage");
@@ -364,7 +364,8 @@ impl Policy {
     /// an unsafe method (anything but GET, HEAD, OPTIONS, TRACE) got a 2xx
     /// or 3xx response (RFC 9111 4.4): the target, and the `Location` and
     /// `Content-Location` URIs (relative references resolved against the
-    /// target) when they share its origin. Empty otherwise.
+    /// target) when they share its origin, as fetched from the target's
+    /// upstream group if it has one. Empty otherwise.
     pub fn invalidations(
         &self,
         method: &Method,
@@ -384,6 +385,8 @@ impl Policy {
                 && let Some(url) = resolve_reference(target.url(), text)
                 && let Some(key) = CacheKey::from_url(&url, self.ignore_query_in_key)
                 && origin_of(key.url()) == origin
+                // Fetched from the same place as the target (its upstream group).
+                && let key = target.same_upstream(key)
                 && !keys.contains(&key)
             {
                 keys.push(key);
@@ -1466,6 +1469,9 @@ mod tests {
         let mut gif = meta(&[("date", &date), ("last-modified", &lm_1000)]);
         gif.key = "http://example.com/x.gif".into();
         assert_eq!(lifetime(&p, &gif), 500);
+        // Patterns match the URL, not the upstream group the key names.
+        gif.key = "http://example.com/x.gif upstream=images".into();
+        assert_eq!(lifetime(&p, &gif), 500);
         // Without Last-Modified: the pattern's min (Squid's rule).
         assert_eq!(lifetime(&p, &meta(&[("date", &date)])), 60);
         // Date missing: response_time.
@@ -2115,6 +2121,22 @@ mod tests {
         assert_eq!(
             urls(p.invalidations(&Method::POST, &target, StatusCode::OK, &resp))[1],
             "http://example.com/e"
+        );
+    }
+
+    #[test]
+    fn urls_invalidated_with_the_target_are_those_fetched_from_the_same_upstream() {
+        let p = policy();
+        let target = CacheKey::new("http", "example.com", "/a/b", false).in_upstream("backend");
+        let resp = hm(&[("location", "/c")]);
+        let keys = p.invalidations(&Method::POST, &target, StatusCode::CREATED, &resp);
+        let texts: Vec<&str> = keys.iter().map(CacheKey::text).collect();
+        assert_eq!(
+            texts,
+            [
+                "http://example.com/a/b upstream=backend",
+                "http://example.com/c upstream=backend"
+            ]
         );
     }
 

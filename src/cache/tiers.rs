@@ -478,7 +478,7 @@ impl Cache {
         let Some(primary) = self.get_or_busy(key.id(), true).await? else {
             return Ok(None);
         };
-        if primary.meta.key != key.url() {
+        if primary.meta.key != key.text() {
             return Ok(None); // a 128-bit hash collision: treat as a miss
         }
         let Some(fields) = primary.meta.headers.get(MARKER) else {
@@ -496,7 +496,7 @@ impl Cache {
         let Some(found) = self.get(key.variant_id(&variant)).await else {
             return Ok(None);
         };
-        Ok((found.meta.key == key.url() && found.meta.variant == variant).then_some(found))
+        Ok((found.meta.key == key.text() && found.meta.variant == variant).then_some(found))
     }
 
     /// Starts storing a response as it streams: `vary` is its Vary field
@@ -511,7 +511,7 @@ impl Cache {
             Some(d) => match d.writer(id, &meta).await {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    tracing::warn!(key = key.url(), "cannot store on disk: {e}");
+                    tracing::warn!(key = key.text(), "cannot store on disk: {e}");
                     None
                 }
             },
@@ -550,7 +550,7 @@ impl Cache {
         }
         let now = SystemTime::now();
         let meta = StoredMeta {
-            key: key.url().to_string(),
+            key: key.text().to_string(),
             variant: Vec::new(),
             status: StatusCode::OK,
             headers,

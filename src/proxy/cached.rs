@@ -56,6 +56,17 @@ impl CacheStatus {
     }
 }
 
+/// The cache key of a request going to `dest`: the public URL, and the
+/// upstream group it is fetched from when that is not the URL's origin.
+pub(super) fn key_for(cache: &Cache, sh: &Shared, dest: &Dest) -> CacheKey {
+    let (scheme, authority, pq) = dest.public_url();
+    let key = cache.key(scheme, authority, pq);
+    match dest.fetched_from(sh) {
+        Some(group) => key.in_upstream(group),
+        None => key,
+    }
+}
+
 /// Serves a request that may involve the cache. `busy` is the page sent
 /// when the disk tier cannot take the lookup now (blocking pool queue full).
 pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &BusyPage) -> Result<(), Failure> {
@@ -67,8 +78,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         return Box::pin(forward(ex, sh, &dest)).await;
     };
     let policy = cache.policy_for(dest.route());
-    let (scheme, authority, pq) = dest.public_url();
-    let key = cache.key(scheme, authority, pq);
+    let key = key_for(cache, sh, &dest);
     let method = ex.head.method.clone();
     if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
         let result = Box::pin(forward(ex, sh, &dest)).await;
@@ -297,7 +307,7 @@ async fn store_and_send(
             let vary = policy::vary_fields(&headers).unwrap_or_default();
             let variant = policy::variant_of(&vary, &ex.head.headers);
             let meta = StoredMeta {
-                key: key.url().to_string(),
+                key: key.text().to_string(),
                 variant: variant.clone(),
                 status: parts.status,
                 headers: headers.clone(),
@@ -318,7 +328,7 @@ async fn store_and_send(
             }
         }
         Err(why) => {
-            tracing::debug!(key = key.url(), "not stored: {why}");
+            tracing::debug!(key = key.text(), "not stored: {why}");
             // Followers fetch for themselves.
             if let Some(l) = leader.take() {
                 l.finish(Ending::NotShared);
@@ -341,11 +351,11 @@ async fn store_and_send(
             Ok(Some(Ok(frame))) => frame,
             Ok(None) => break Ending::Complete,
             Ok(Some(Err(e))) => {
-                tracing::warn!(key = key.url(), "origin response body failed: {e}");
+                tracing::warn!(key = key.text(), "origin response body failed: {e}");
                 break Ending::Failed;
             }
             Err(_) => {
-                tracing::warn!(key = key.url(), "origin response body stalled");
+                tracing::warn!(key = key.text(), "origin response body stalled");
                 break Ending::Failed;
             }
         };
@@ -669,7 +679,7 @@ fn spawn_revalidation(
                 }
                 let vary = policy::vary_fields(&headers).unwrap_or_default();
                 let meta = StoredMeta {
-                    key: key.url().to_string(),
+                    key: key.text().to_string(),
                     variant: policy::variant_of(&vary, &head.headers),
                     status: parts.status,
                     headers,

@@ -86,6 +86,17 @@ impl Dest {
         }
     }
 
+    /// The upstream group the response comes from, when it is not the
+    /// origin the public URL names (a group of origin servers chosen by a
+    /// rule): the cache keys the object by it too (`crate::cache::key`).
+    /// None for an origin fetched directly or through a parent proxy.
+    pub fn fetched_from<'a>(&self, sh: &'a Shared) -> Option<&'a str> {
+        match &self.to {
+            To::Group { group, .. } => sh.groups.get(*group).map(|g| g.name.as_str()),
+            To::Origin(_) | To::Parent { .. } => None,
+        }
+    }
+
     /// The next attempt; `failed` is the server whose connect failed last.
     fn attempt<'a>(&self, sh: &'a Shared, failed: Option<usize>) -> Result<Attempt<'a>, Failure> {
         match &self.to {

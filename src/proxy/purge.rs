@@ -2,6 +2,13 @@
 //! in `access.admin_allow` only. With `Portico-Purge: prefix`, every object
 //! whose URL starts with the target is dropped from the memory tier (the
 //! disk tier is purged by prefix with `portico cache purge --prefix`).
+//!
+//! The URL is the public one, on any listener: a PURGE removes every copy
+//! stored for it, the one fetched from its origin (forward and transparent
+//! proxying) and the one fetched from each `[[upstream]]` group (reverse
+//! proxying, whose keys name the group: `crate::cache::key`), as
+//! `portico cache purge URL` does on the disk. An administrator purging a
+//! page wants it gone wherever it was stored.
 
 use super::Shared;
 use super::forward::{Dest, Failure};
@@ -28,6 +35,13 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
     };
     let (scheme, authority, pq) = dest.public_url();
     let key = cache.key(scheme, authority, pq);
+    // Every copy: the origin's and each upstream group's.
+    let copies = std::iter::once(key.clone()).chain(
+        sh.groups
+            .iter()
+            .filter(|g| !g.parent)
+            .map(|g| key.clone().in_upstream(&g.name)),
+    );
     let by_prefix = ex
         .head
         .headers
@@ -39,7 +53,7 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
             StatusCode::OK,
             format!("purged {n} objects under {} from memory\n", key.url()),
         )
-    } else if cache.invalidate(&key).await {
+    } else if invalidate_all(cache, copies).await {
         (StatusCode::OK, format!("purged {}\n", key.url()))
     } else {
         (StatusCode::NOT_FOUND, format!("not in the cache: {}\n", key.url()))
@@ -51,6 +65,15 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
         ex.out.close_after();
     }
     Ok(())
+}
+
+/// Invalidates every key of `copies`; true if any was stored.
+async fn invalidate_all(cache: &crate::cache::Cache, copies: impl Iterator<Item = crate::cache::CacheKey>) -> bool {
+    let mut any = false;
+    for key in copies {
+        any |= cache.invalidate(&key).await;
+    }
+    any
 }
 
 /// Asks a running Portico (the first listener of `config`) to drop `url`,

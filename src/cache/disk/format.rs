@@ -3,7 +3,7 @@
 //! One file per object, little-endian:
 //!
 //! ```text
-//! header   "PORTICO1" (8 bytes) | meta_len: u32
+//! header   "PORTICO2" (8 bytes) | meta_len: u32
 //! meta     StoredMeta::encode() (meta_len bytes)
 //! body     body_len bytes
 //! trailer  body_len: u64 | expires: u64 | checksum: u64 | "PORTEND1" (8 bytes)
@@ -22,6 +22,12 @@
 //! two lower-case hex digits (three when the level has more than 256
 //! directories). New objects are written under `<dir>/tmp/` and renamed
 //! into place.
+//!
+//! Version 2 (`PORTICO2`) changed no byte of the layout, only what keys
+//! mean: a reverse-proxied object's key names its upstream group
+//! (`crate::cache::key`). A version 1 file may hold a key a reverse client
+//! chose to look like a forward-proxy URL, so it is invalid (removed when
+//! found, like a corrupt one) rather than read as if it were trustworthy.
 
 use crate::cache::key::ObjectId;
 use std::fs::File;
@@ -31,7 +37,9 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
 /// First bytes of every object file.
-pub const HEADER_MAGIC: &[u8; 8] = b"PORTICO1";
+pub const HEADER_MAGIC: &[u8; 8] = b"PORTICO2";
+/// The first bytes of a version 1 object file, whose key is not trusted.
+const OLD_MAGIC: &[u8; 8] = b"PORTICO1";
 /// Last bytes of every complete object file.
 pub const TRAILER_MAGIC: &[u8; 8] = b"PORTEND1";
 /// Header size: magic + meta length.
@@ -53,6 +61,11 @@ pub fn encode_header(meta_len: u32) -> [u8; HEADER_LEN as usize] {
 
 /// Decodes a header into the metadata length.
 pub fn decode_header(h: &[u8]) -> Result<u32, Corrupt> {
+    if h.len() >= HEADER_LEN as usize && &h[..8] == OLD_MAGIC {
+        return Err(Corrupt(
+            "object of an older cache format (its key may not name its upstream)",
+        ));
+    }
     if h.len() < HEADER_LEN as usize || &h[..8] != HEADER_MAGIC {
         return Err(Corrupt("bad header magic"));
     }
@@ -340,9 +353,13 @@ mod tests {
     #[test]
     fn header_and_trailer_round_trip() {
         let h = encode_header(1234);
-        assert_eq!(&h[..8], b"PORTICO1");
+        assert_eq!(&h[..8], b"PORTICO2");
         assert_eq!(decode_header(&h), Ok(1234));
-        assert!(decode_header(b"PORTICO2\0\0\0\0").is_err());
+        assert!(decode_header(b"PORTICO3\0\0\0\0").is_err());
+        // Version 1 objects are invalid (keys without their upstream group).
+        let mut old = h;
+        old[..8].copy_from_slice(b"PORTICO1");
+        assert!(decode_header(&old).is_err());
         assert!(decode_header(&encode_header(MAX_META_LEN + 1)).is_err());
         let t = Trailer {
             body_len: 5,

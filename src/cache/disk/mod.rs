@@ -250,7 +250,7 @@ fn secs32(s: u64) -> u32 {
 /// Whether the metadata's key (and variant) hash to `id`: an object whose
 /// key does not can never be looked up.
 pub fn key_matches(id: ObjectId, meta: &StoredMeta) -> bool {
-    CacheKey::from_url(&meta.key, false).is_some_and(|k| k.url() == meta.key && k.variant_id(&meta.variant) == id)
+    CacheKey::from_text(&meta.key).is_some_and(|k| k.variant_id(&meta.variant) == id)
 }
 
 /// Store instances alive in this process: a tmp file named with our pid
@@ -1359,10 +1359,10 @@ mod tests {
         // Ours, live instance: kept by another store's scan.
         std::mem::forget(w);
         // A dead process's (pid beyond pid_max), garbage names.
-        fs::write(tmp.join(format!("{}.999999999.1.0", ObjectId(8).hex())), b"PORTICO1").unwrap();
+        fs::write(tmp.join(format!("{}.999999999.1.0", ObjectId(8).hex())), b"PORTICO2").unwrap();
         fs::write(tmp.join("junk"), b"x").unwrap();
         // A live other process (pid 1) with a fresh file: kept.
-        fs::write(tmp.join(format!("{}.1.1.0", ObjectId(9).hex())), b"PORTICO1").unwrap();
+        fs::write(tmp.join(format!("{}.1.1.0", ObjectId(9).hex())), b"PORTICO2").unwrap();
         let other = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
         let mut left: Vec<String> = fs::read_dir(&tmp)
             .unwrap()
@@ -1412,6 +1412,29 @@ mod tests {
             .entry(CacheKey::from_url("http://h/3", false).unwrap().id())
             .unwrap();
         assert_eq!((e.expires, e.hits, e.key_ok), (5, 0, true));
+    }
+
+    #[test]
+    fn objects_of_the_older_format_are_removed_not_served() {
+        // A version 1 file is byte for byte a valid object but for its
+        // magic; its key may be one a reverse client chose.
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path());
+        let store = DiskStore::start_offline(&c, &mut |_| {}).unwrap();
+        let url = "http://localhost:19001/planted";
+        let id = CacheKey::from_url(url, false).unwrap().id();
+        let mut w = store.writer_blocking(id, &meta(url)).unwrap();
+        w.write_blocking(b"reverse origin's page").unwrap();
+        w.commit_blocking(0).unwrap();
+        let path = store.path_of(id);
+        drop(store);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[..8].copy_from_slice(b"PORTICO1");
+        fs::write(&path, bytes).unwrap();
+        let store = DiskStore::start_offline(&c, &mut |_| {}).unwrap();
+        let s = store.stats().snapshot();
+        assert_eq!((s.objects, s.corrupt_removed), (0, 1));
+        assert!(!path.exists());
     }
 
     #[test]
