@@ -10,7 +10,7 @@ use toml::Value;
 const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md");
 
 /// Keys that `--print-config` cannot show: `[[upstream]]` and `[[rule]]` are
-/// empty by default, and `origin.ca_file` is unset by default.
+/// empty by default, and `origin.ca_file` and `origin.hosts` are unset by default.
 const UNPRINTED_KEYS: &[&str] = &[
     "upstream.name",
     "upstream.servers",
@@ -38,6 +38,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "rule.deny",
     "rule.redirect",
     "origin.ca_file",
+    "origin.hosts",
 ];
 
 fn doc() -> String {

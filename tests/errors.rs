@@ -164,18 +164,116 @@ async fn connect_timeout_is_504() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unresolvable_origin_name_is_502() {
-    // Must be a quick 502 even on a machine with no DNS server at all:
-    // `.invalid` never resolves (RFC 6761), and the connect timeout that
-    // would turn a hung lookup into a 504 is far above the client's wait.
+async fn unresolvable_origin_name_is_502_in_plain_words() {
+    // `.invalid` never resolves (RFC 6761: the resolver answers NXDOMAIN
+    // itself); `nothing.test` is asked of the harness's name server, which
+    // does not know it. Either way the page names the cause in plain words,
+    // not the resolver's dump of its query.
     let p = forward("[origin]\nconnect_timeout = \"30s\"\n").await;
-    let mut client = RawClient::connect(p.addr()).await;
-    client.timeout = Duration::from_secs(10);
-    client
-        .send(&get_abs("http://does-not-exist.invalid/x", "does-not-exist.invalid"))
+    for name in ["does-not-exist.invalid", "nothing.test"] {
+        let mut client = RawClient::connect(p.addr()).await;
+        client.timeout = Duration::from_secs(10);
+        client.send(&get_abs(&format!("http://{name}/x"), name)).await;
+        let resp = client.read_response().await;
+        assert_error_page(&resp, 502, &format!("no address found for {name}"));
+        let body = resp.body_str();
+        for internal in ["Query", "Name(", "{", "DNS error"] {
+            assert!(!body.contains(internal), "{internal:?} in {body}");
+        }
+    }
+    assert!(p.dns().queries("nothing.test") >= 1, "{:?}", p.dns().questions());
+}
+
+/// The perfdump (`/.perf`), asked of Portico in origin form.
+async fn perfdump(p: &Portico) -> String {
+    let req = format!("GET /.perf HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", p.addr());
+    let resp = ask(p.addr(), req.as_bytes()).await;
+    assert_eq!(resp.status, 200, "{}", resp.body_str());
+    resp.body_str()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_or_silent_name_server_is_504_within_connect_timeout() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = forward("[origin]\nconnect_timeout = \"1s\"\n").await;
+    p.dns().add("slow.test", o.addr().ip(), 60);
+    p.dns().add("quiet.test", o.addr().ip(), 60);
+    p.dns().delay(Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let resp = ask(p.addr(), &get_abs(&format!("http://slow.test:{port}/x"), "slow.test")).await;
+    let took = started.elapsed();
+    assert_error_page(&resp, 504, "timed out connecting to slow.test");
+    // Loose bounds: the machine may be busy, but the 5 s answer must not
+    // have been waited for.
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(4500),
+        "{took:?}"
+    );
+
+    p.dns().delay(Duration::ZERO);
+    p.dns().silent(true);
+    let started = std::time::Instant::now();
+    let resp = ask(p.addr(), &get_abs(&format!("http://quiet.test:{port}/x"), "quiet.test")).await;
+    let took = started.elapsed();
+    assert_error_page(&resp, 504, "timed out connecting to quiet.test");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(4500),
+        "{took:?}"
+    );
+    assert!(p.dns().queries("quiet.test") >= 1);
+    assert_eq!(o.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_answers_are_cached_for_their_ttl_and_counted() {
+    // Every response closes its connection, so each request opens a new
+    // one and looks the name up.
+    let o =
+        Origin::start(
+            |req| async move { Response::ok(format!("origin {}", req.uri.path())).header("Connection", "close") },
+        )
         .await;
-    let resp = client.read_response().await;
-    assert_error_page(&resp, 502, "cannot resolve does-not-exist.invalid");
+    let p = forward("").await;
+    p.dns().add("ttl.test", o.addr().ip(), 1);
+    let url = |path: &str| format!("http://ttl.test:{}{path}", o.addr().port());
+
+    let resp = ask(p.addr(), &get_abs(&url("/1"), "ttl.test")).await;
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "origin /1"));
+    let asked = p.dns().queries("ttl.test");
+    assert!(asked >= 1, "the test name server was not asked");
+    let resp = ask(p.addr(), &get_abs(&url("/2"), "ttl.test")).await;
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "origin /2"));
+    assert_eq!(p.dns().queries("ttl.test"), asked, "asked again within the TTL");
+
+    // Past the 1 s TTL the name is asked again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let resp = ask(p.addr(), &get_abs(&url("/3"), "ttl.test")).await;
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "origin /3"));
+    assert!(p.dns().queries("ttl.test") > asked, "not asked again after the TTL");
+
+    let perf = perfdump(&p).await;
+    let dns = perf
+        .split("DNSCacheInfo:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no DNSCacheInfo in {perf}"));
+    assert!(dns.contains("CacheEntries     1/1024\n"), "{perf}");
+    assert!(dns.contains("HitRatio         1/3 ( 33.33%)\n"), "{perf}");
+    assert_eq!(o.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_hosts_and_localhost_resolve_without_a_query() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = forward("[origin]\nhosts = { \"fixed.test\" = \"127.0.0.1\", \"Both.Test\" = [\"::1\", \"127.0.0.1\"] }\n")
+        .await;
+    for name in ["fixed.test", "both.test", "FIXED.test.", "localhost", "a.localhost"] {
+        let resp = ask(p.addr(), &get_abs(&format!("http://{name}:{port}/h"), name)).await;
+        assert_eq!((resp.status, resp.body_str().as_str()), (200, "origin /h"), "{name}");
+    }
+    let asked = p.dns().questions();
+    assert!(asked.is_empty(), "a name server was asked: {asked:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -313,3 +313,96 @@ fn parser_rejects_truncated_chunked() {
 fn parser_rejects_conflicting_lengths() {
     parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab");
 }
+
+// ---------------------------------------------------------------- the test DNS server
+
+/// A hickory resolver asking only `server`, with short timeouts.
+fn resolver_for(server: std::net::SocketAddr) -> hickory_resolver::TokioResolver {
+    use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+    let mut ns = NameServerConfig::udp(server.ip());
+    for c in &mut ns.connections {
+        c.port = server.port();
+    }
+    let mut builder = hickory_resolver::TokioResolver::builder_with_config(
+        ResolverConfig::from_name_servers(vec![ns]),
+        hickory_resolver::net::runtime::TokioRuntimeProvider::default(),
+    );
+    builder.options_mut().timeout = Duration::from_millis(500);
+    builder.options_mut().attempts = 1;
+    builder.options_mut().cache_size = 0;
+    builder.build().expect("build resolver")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_server_answers_known_names_and_nxdomain_and_can_be_slow_or_silent() {
+    use std::net::IpAddr;
+    let dns = DnsServer::start();
+    assert!(dns.addr().ip().is_loopback());
+    let v4: IpAddr = "127.0.0.7".parse().unwrap();
+    let v6: IpAddr = "::1".parse().unwrap();
+    dns.add("Known.Test", v4, 30);
+    dns.add("known.test.", v6, 30);
+    let r = resolver_for(dns.addr());
+
+    let found = r.lookup_ip("known.test.").await.expect("known.test resolves");
+    let mut ips: Vec<IpAddr> = found.iter().collect();
+    ips.sort();
+    assert_eq!(ips, [v4, v6]);
+    let ttl = found.valid_until().saturating_duration_since(Instant::now());
+    assert!(
+        ttl > Duration::from_secs(25) && ttl <= Duration::from_secs(30),
+        "{ttl:?}"
+    );
+    let types: Vec<u16> = dns.questions().iter().map(|q| q.qtype).collect();
+    assert!(types.contains(&1) && types.contains(&28), "{types:?}");
+    assert_eq!(dns.queries("KNOWN.test"), dns.questions().len());
+
+    let err = r
+        .lookup_ip("unknown.test.")
+        .await
+        .expect_err("unknown.test must not resolve");
+    assert!(err.is_nx_domain(), "{err}");
+    assert!(dns.queries("unknown.test") >= 1);
+
+    dns.add("slow.test", v4, 30);
+    dns.delay(Duration::from_millis(300));
+    let started = Instant::now();
+    r.lookup_ip("slow.test.").await.expect("slow.test resolves, late");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+
+    dns.delay(Duration::ZERO);
+    dns.silent(true);
+    let before = dns.queries("known.test");
+    assert!(r.lookup_ip("known.test.").await.is_err(), "a silent server answered");
+    assert!(
+        dns.queries("known.test") > before,
+        "the silent server did not count the question"
+    );
+}
+
+#[test]
+fn with_nameserver_adds_the_test_dns_server_to_every_config() {
+    let dns: std::net::SocketAddr = "127.0.0.1:5353".parse().unwrap();
+    let want = |text: &str| {
+        let t: toml::Table = text.parse().expect("valid TOML");
+        let servers = t["origin"]["nameservers"].as_array().expect("nameservers").clone();
+        assert_eq!(servers, [toml::Value::from("127.0.0.1:5353")], "{text}");
+        t
+    };
+    want(&with_nameserver("", dns));
+    let t = want(&with_nameserver("[cache]\nenabled = false", dns));
+    assert_eq!(t["cache"]["enabled"].as_bool(), Some(false));
+    let t = want(&with_nameserver(
+        "[origin]\nconnect_timeout = \"1s\"\n\n[log]\naccess = \"\"\n",
+        dns,
+    ));
+    assert_eq!(t["origin"]["connect_timeout"].as_str(), Some("1s"));
+    assert_eq!(t["log"]["access"].as_str(), Some(""));
+    // A config naming its own servers is left alone.
+    let own = "[origin]\nnameservers = [\"127.0.0.1:53\"]\n";
+    assert_eq!(with_nameserver(own, dns), own);
+}

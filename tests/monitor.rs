@@ -628,11 +628,7 @@ async fn statistics_survive_a_reload_and_name_the_worker() {
     };
     let p = Portico::start(&single("1h")).await;
     ten_hits_five_misses(&p, &o).await;
-    std::fs::write(
-        p.config_path(),
-        single("2h").replace("{dir}", p.dir().to_str().expect("utf-8")),
-    )
-    .expect("rewrite config");
+    p.rewrite_config(&single("2h"));
     p.signal(libc::SIGHUP);
     let perf = perf_when(&p, "Maximum Age                  7200\n").await;
     assert!(perf.contains("Cache Hit Ratio              10/15 ( 66.67%)"), "{perf}");

@@ -272,7 +272,7 @@ async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invali
     let pids = both_started(&p).await;
     let all: BTreeSet<u32> = pids.values().copied().collect();
     let text = config(&addr, &a, &b, "b").replace("{dir}", p.dir().to_str().expect("utf-8"));
-    std::fs::write(p.config_path(), text).expect("rewrite config");
+    p.rewrite_config(&text);
     // Sent at once: a worker may still be starting (its handler not yet
     // installed); it must end up on the new config all the same.
     p.signal(libc::SIGHUP);
@@ -441,7 +441,7 @@ async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
     let pids = both_started(&p).await;
     // From now on a (re)starting worker opens {dir}/logs/access.log, which is missing.
     let text = config.replace("{dir}", p.dir().to_str().expect("utf-8"));
-    std::fs::write(p.config_path(), text).expect("rewrite config");
+    p.rewrite_config(&text);
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(pids[&0] as i32, libc::SIGKILL) }, 0);
     let deadline = Instant::now() + Duration::from_secs(15);

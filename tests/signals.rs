@@ -44,8 +44,7 @@ fn config(listeners: &[&str], a: &Origin, b: &Origin, to: &str, extra: &str) -> 
 
 /// Replaces portico's config file (`{dir}` substituted as at start).
 fn rewrite(p: &Portico, text: &str) {
-    let text = text.replace("{dir}", p.dir().to_str().expect("utf-8 temp dir"));
-    std::fs::write(p.config_path(), text).expect("rewrite portico.toml");
+    p.rewrite_config(text);
 }
 
 /// `GET path` on a new connection; None if the connection failed.

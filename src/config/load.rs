@@ -392,6 +392,21 @@ mod tests {
     }
 
     #[test]
+    fn origin_hosts_take_one_address_or_a_list_and_fold_names() {
+        let c = parse_str(
+            "[origin]\nnameservers = [\"127.0.0.1:5353\"]\nhosts = { \"A.Test.\" = \"192.0.2.1\", \"b.test\" = [\"::1\", \"192.0.2.2\"] }\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(c.origin.nameservers, ["127.0.0.1:5353".parse().unwrap()]);
+        let hosts: Vec<String> = c.origin.hosts.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        assert_eq!(hosts, ["a.test=[192.0.2.1]", "b.test=[::1, 192.0.2.2]"]);
+        let e = parse_str("[origin]\nhosts = { \"a.test\" = \"not-an-ip\" }\n", "p.toml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.to_string().contains("invalid address \"not-an-ip\""), "{e}");
+    }
+
+    #[test]
     fn rule_with_unknown_upstream_is_located() {
         let text =
             "[[upstream]]\nname = \"a\"\nservers = [\"127.0.0.1:1\"]\n\n[[rule]]\nhost = \"x\"\nupstream = \"b\"\n";

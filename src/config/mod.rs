@@ -313,6 +313,17 @@ pub struct OriginConfig {
     pub ca_file: Option<PathBuf>,
     /// Origin names whose addresses are cached (for their DNS lifetime); 0 = no cache.
     pub dns_cache_entries: usize,
+    /// Name servers (`"ip:port"`) asked for origin addresses instead of the
+    /// system's (`/etc/resolv.conf`); empty = the system's.
+    pub nameservers: Vec<SocketAddr>,
+    /// Fixed addresses for origin names, answered without any DNS query
+    /// (`"name" = "192.0.2.7"` or a list of addresses).
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "host_table"
+    )]
+    pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 impl Default for OriginConfig {
@@ -326,8 +337,47 @@ impl Default for OriginConfig {
             system_roots: true,
             ca_file: None,
             dns_cache_entries: 1024,
+            nameservers: Vec::new(),
+            hosts: std::collections::BTreeMap::new(),
         }
     }
+}
+
+/// `hosts = { "name" = "ip", "other" = ["ip", "ip"] }` in `[origin]`: names
+/// are kept in lower case without a trailing dot (DNS names are
+/// case-insensitive, and `name.` is the same name as `name`).
+fn host_table<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, Vec<std::net::IpAddr>>, D::Error> {
+    use serde::de::Error;
+    /// One address or a list of them.
+    #[derive(Deserialize)]
+    struct Addrs(#[serde(deserialize_with = "one_or_many")] Vec<String>);
+    let raw = std::collections::BTreeMap::<String, Addrs>::deserialize(d)?;
+    let mut table = std::collections::BTreeMap::new();
+    for (name, Addrs(list)) in raw {
+        let key = name.trim_end_matches('.').to_ascii_lowercase();
+        if key.is_empty() || key.parse::<std::net::IpAddr>().is_ok() || key.contains(|c: char| c.is_whitespace()) {
+            return Err(D::Error::custom(format!(
+                "invalid host name {name:?} in origin.hosts: write a name (\"origin.example\")"
+            )));
+        }
+        if list.is_empty() {
+            return Err(D::Error::custom(format!("origin.hosts: no address for {name:?}")));
+        }
+        let ips = list
+            .iter()
+            .map(|t| {
+                t.trim().parse::<std::net::IpAddr>().map_err(|_| {
+                    D::Error::custom(format!(
+                        "invalid address {t:?} for {name:?} in origin.hosts: write an IP address (\"192.0.2.7\", \"::1\")"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        table.insert(key, ips);
+    }
+    Ok(table)
 }
 
 /// How the `Host` header is set on requests to an upstream group.

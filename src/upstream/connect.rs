@@ -250,36 +250,86 @@ pub struct Connector {
     pub stats: Arc<UpstreamStats>,
     /// The DNS cache.
     pub dns: Arc<DnsCache>,
+    /// `[origin] hosts`: names answered without a query (lower case, no
+    /// trailing dot).
+    hosts: Arc<HashMap<String, Vec<IpAddr>>>,
+}
+
+/// How long an answer from `[origin] hosts` or for `localhost` is kept in
+/// the DNS cache. It cannot change while this connector lives (a reload
+/// that changes `[origin]` builds a new one), so any long time will do;
+/// a day is what hickory gives its own `localhost` answers.
+const STATIC_TTL: Duration = Duration::from_secs(86_400);
+
+/// The resolver: the system's (`/etc/resolv.conf`, with `/etc/hosts`) when
+/// `nameservers` is empty, else one asking only those servers, over UDP
+/// with TCP when an answer is truncated (the system's search domains are
+/// not used then: names are looked up as written).
+fn build_resolver(nameservers: &[SocketAddr]) -> Option<TokioResolver> {
+    use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+    if !nameservers.is_empty() {
+        let servers = nameservers
+            .iter()
+            .map(|addr| {
+                let mut server = NameServerConfig::udp_and_tcp(addr.ip());
+                for c in &mut server.connections {
+                    c.port = addr.port();
+                }
+                server
+            })
+            .collect();
+        let config = ResolverConfig::from_name_servers(servers);
+        return match TokioResolver::builder_with_config(config, TokioRuntimeProvider::default()).build() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("cannot set up origin.nameservers ({e}); only IP addresses will resolve");
+                None
+            }
+        };
+    }
+    match TokioResolver::builder_tokio() {
+        Ok(b) => b.build().ok(),
+        Err(e) => {
+            tracing::warn!("no system DNS configuration ({e}); only IP addresses and /etc/hosts names will resolve");
+            None
+        }
+    }
+    .or_else(|| {
+        TokioResolver::builder_with_config(Default::default(), TokioRuntimeProvider::default())
+            .build()
+            .ok()
+    })
+}
+
+/// The addresses of `localhost` and its subdomains: loopback, answered
+/// without a query as RFC 6761 §6.3 asks of resolvers. IPv4 first: a
+/// service on "localhost" listens on 127.0.0.1 more often than on ::1.
+fn localhost(name: &str) -> Option<Vec<IpAddr>> {
+    (name == "localhost" || name.ends_with(".localhost")).then(|| {
+        vec![
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ]
+    })
 }
 
 impl Connector {
-    /// A connector with the system resolver (if one is configured) and the given TLS trust.
-    pub fn new(tls: Arc<rustls::ClientConfig>, connect_timeout: Duration, dns_cache_entries: usize) -> Self {
-        let resolver = match TokioResolver::builder_tokio() {
-            Ok(b) => b.build().ok(),
-            Err(e) => {
-                tracing::warn!(
-                    "no system DNS configuration ({e}); only IP addresses and /etc/hosts names will resolve"
-                );
-                None
-            }
-        }
-        .or_else(|| {
-            TokioResolver::builder_with_config(Default::default(), TokioRuntimeProvider::default())
-                .build()
-                .ok()
-        })
-        .map(Arc::new);
+    /// A connector resolving through `[origin] nameservers` (the system's
+    /// resolver when empty) and `[origin] hosts`, with the given TLS trust
+    /// and `[origin]` connect timeout and DNS cache size.
+    pub fn new(tls: Arc<rustls::ClientConfig>, cfg: &crate::config::OriginConfig) -> Self {
+        let resolver = build_resolver(&cfg.nameservers).map(Arc::new);
         Connector {
             resolver,
             tls: TlsConnector::from(tls),
-            connect_timeout,
+            connect_timeout: cfg.connect_timeout.get(),
             parent: None,
             stats: Arc::default(),
             dns: Arc::new(DnsCache {
-                max: dns_cache_entries,
+                max: cfg.dns_cache_entries,
                 map: Mutex::new(HashMap::new()),
             }),
+            hosts: Arc::new(cfg.hosts.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         }
     }
 
@@ -315,14 +365,31 @@ impl Connector {
             self.stats.dns_failures.fetch_add(1, Ordering::Relaxed);
             e
         };
-        let resolver = self
-            .resolver
-            .as_ref()
-            .ok_or_else(|| failed(err("no resolver configured".into())))?;
-        let lookup = resolver.lookup_ip(bare).await.map_err(|e| failed(err(e.to_string())))?;
+        // `[origin] hosts`, then localhost: no query, but cached and
+        // counted like any answer (a lookup, then hits).
+        let key = bare.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(ips) = self.hosts.get(&key).cloned().or_else(|| localhost(&key)) {
+            self.dns.put(bare, ips.clone(), std::time::Instant::now() + STATIC_TTL);
+            return Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect());
+        }
+        let none = || format!("no address found for {bare}");
+        let resolver = self.resolver.as_ref().ok_or_else(|| failed(err(none())))?;
+        let lookup = resolver.lookup_ip(bare).await.map_err(|e| {
+            // The resolver's own text (a Debug dump of the query) is for
+            // the debug log; users and the warning get plain words.
+            tracing::debug!("looking up {bare}: {e}");
+            let detail = if e.is_nx_domain() || e.is_no_records_found() {
+                none()
+            } else if matches!(e, hickory_resolver::net::NetError::Timeout) {
+                format!("the name server did not answer for {bare}")
+            } else {
+                format!("looking up {bare} failed")
+            };
+            failed(err(detail))
+        })?;
         let ips: Vec<IpAddr> = lookup.iter().collect();
         if ips.is_empty() {
-            return Err(failed(err("no addresses".into())));
+            return Err(failed(err(none())));
         }
         self.dns.put(bare, ips.clone(), lookup.valid_until());
         Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect())
@@ -624,7 +691,8 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{connect_status, numeric_ipv4};
+    use super::{connect_status, localhost, numeric_ipv4};
+    use std::net::IpAddr;
 
     #[test]
     fn numeric_hosts_are_ipv4_addresses() {
@@ -654,6 +722,19 @@ mod tests {
         ] {
             assert_eq!(numeric_ipv4(name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn localhost_names_are_loopback_and_nothing_else_is() {
+        let loopback = Some(vec![
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ]);
+        assert_eq!(localhost("localhost"), loopback);
+        assert_eq!(localhost("app.localhost"), loopback);
+        assert_eq!(localhost("localhostx"), None);
+        assert_eq!(localhost("notlocalhost"), None);
+        assert_eq!(localhost("localhost.example"), None);
     }
 
     #[test]

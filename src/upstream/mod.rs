@@ -62,7 +62,7 @@ impl Upstream {
     /// Builds the client from `[origin]`.
     pub fn new(cfg: &OriginConfig) -> Result<Upstream, String> {
         let tls = tls_config(cfg.system_roots, cfg.ca_file.as_deref())?;
-        let connector = Connector::new(Arc::new(tls), cfg.connect_timeout.get(), cfg.dns_cache_entries);
+        let connector = Connector::new(Arc::new(tls), cfg);
         Ok(Upstream {
             client: Self::client(&connector, cfg.pool_idle_timeout.get(), cfg.pool_max_idle),
             connector,

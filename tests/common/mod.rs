@@ -5,7 +5,8 @@
 //! `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` tests, so
 //! in-process origins keep being served while a test waits on a client.
 //!
-//! - [`Portico`]: the real binary, started from a TOML config.
+//! - [`Portico`]: the real binary, started from a TOML config, asking its
+//!   own [`DnsServer`] for names (never the machine's resolver).
 //! - [`Origin`]: scripted hyper-based HTTP/1.1 origin (plain or TLS).
 //! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
 //! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
@@ -14,6 +15,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod client;
+mod dns;
 mod origin;
 mod portico;
 mod raw_origin;
@@ -22,8 +24,9 @@ pub use client::{
     Framing, ParsedResponse, RawClient, curl, parse_head_response, parse_response, parse_responses, raw_request,
     raw_request_from, raw_request_timeout,
 };
+pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
-pub use portico::{Portico, listener_addrs};
+pub use portico::{Portico, listener_addrs, with_nameserver};
 pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
 
 use std::net::TcpListener;

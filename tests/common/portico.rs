@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use super::dns::DnsServer;
+
 const BIN: &str = env!("CARGO_BIN_EXE_portico");
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -17,6 +19,59 @@ pub struct Portico {
     dir: TempDir,
     config_path: PathBuf,
     listeners: Vec<SocketAddr>,
+    /// The DNS server this Portico asks (None when the config named its own
+    /// `[origin] nameservers`); it outlives the process (Drop kills that first).
+    dns: Option<DnsServer>,
+}
+
+/// `config_toml` with `nameservers = ["<dns>"]` in its `[origin]` table
+/// (added after the `[origin]` header, or as a new table at the end), so
+/// that Portico asks the test DNS server and never the machine's resolver.
+/// A config that names its own `[origin] nameservers` is returned as it is.
+/// Panics if the result does not carry the server (an `[origin]` written
+/// in a form this does not edit, such as dotted keys).
+pub fn with_nameserver(config_toml: &str, dns: SocketAddr) -> String {
+    let table: toml::Table = config_toml
+        .parse()
+        .unwrap_or_else(|e| panic!("config is not valid TOML: {e}\n{config_toml}"));
+    let origin = table.get("origin").and_then(|o| o.as_table());
+    if origin.is_some_and(|o| o.contains_key("nameservers")) {
+        return config_toml.to_string();
+    }
+    let line = format!("nameservers = [\"{dns}\"]\n");
+    let mut text = String::with_capacity(config_toml.len() + 64);
+    let mut added = false;
+    for l in config_toml.split_inclusive('\n') {
+        text.push_str(l);
+        if !added && l.trim() == "[origin]" {
+            if !l.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&line);
+            added = true;
+        }
+    }
+    if !added {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("\n[origin]\n");
+        text.push_str(&line);
+    }
+    let edited: toml::Table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("adding the test name server broke the config: {e}\n{text}"));
+    let servers = edited
+        .get("origin")
+        .and_then(|o| o.get("nameservers"))
+        .and_then(|n| n.as_array())
+        .map(|a| a.len());
+    assert_eq!(
+        servers,
+        Some(1),
+        "could not add the test name server to:\n{config_toml}"
+    );
+    text
 }
 
 /// Writes `config_toml` (with `{dir}` replaced by the temp dir path) to
@@ -73,8 +128,16 @@ impl Portico {
     /// Writes the config (see [`Portico::dir`] for `{dir}`), starts portico,
     /// and waits up to 10 s until every `[[listener]] address` accepts TCP
     /// connections. Panics with portico's stderr if it exits or times out.
+    ///
+    /// Unless the config names its own `[origin] nameservers`, a test DNS
+    /// server is started for this Portico and put in its config
+    /// ([`Portico::dns`]): names not given to it get NXDOMAIN, and
+    /// `localhost` is answered by Portico itself.
     pub async fn start(config_toml: &str) -> Portico {
-        let (dir, config_path, text) = write_config(config_toml);
+        let dns = DnsServer::start();
+        let edited = with_nameserver(config_toml, dns.addr());
+        let dns = (edited != config_toml).then_some(dns);
+        let (dir, config_path, text) = write_config(&edited);
         let listeners = listener_addrs(&text);
         let out = File::create(dir.path().join("portico.stdout")).expect("create stdout file");
         let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
@@ -95,6 +158,7 @@ impl Portico {
             dir,
             config_path,
             listeners,
+            dns,
         };
         portico.wait_listening().await;
         portico
@@ -189,6 +253,25 @@ impl Portico {
     /// Path of the written config file.
     pub fn config_path(&self) -> &Path {
         &self.config_path
+    }
+
+    /// The test DNS server this Portico asks: give it the names a test
+    /// needs ([`DnsServer::add`]), count its queries. Panics if the config
+    /// named its own `[origin] nameservers`.
+    pub fn dns(&self) -> &DnsServer {
+        self.dns
+            .as_ref()
+            .expect("this Portico's config names its own [origin] nameservers")
+    }
+
+    /// Replaces the config file (for a reload) with `config_toml`, `{dir}`
+    /// replaced and this Portico's test name server added as at start.
+    pub fn rewrite_config(&self, config_toml: &str) {
+        let mut text = config_toml.replace("{dir}", self.dir().to_str().expect("temp dir path is not UTF-8"));
+        if let Some(dns) = &self.dns {
+            text = with_nameserver(&text, dns.addr());
+        }
+        fs::write(&self.config_path, text).expect("rewrite portico.toml");
     }
 
     /// The first listener's address (panics if the config had none).
