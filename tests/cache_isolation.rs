@@ -438,3 +438,29 @@ async fn set_cookie_strip_globally_and_per_rule_overrides() {
     assert_eq!((cookies(&a), cookies(&b)), (vec!["session=5"], vec!["session=5"]));
     assert_eq!(origin.count(), 5);
 }
+
+/// Requests collapsed onto another client's fetch are other clients: under
+/// `strip` they get the response without the fetching client's cookie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collapsed_requests_do_not_get_the_fetching_clients_cookie() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("page {}", req.uri))
+            .header("cache-control", "max-age=600")
+            .header("set-cookie", "session=leader")
+            .delay(std::time::Duration::from_millis(500))
+    })
+    .await;
+    let (_p, proxy) = forward_proxy("set_cookie = \"strip\"", "").await;
+    let leader = get_through(proxy, &origin, "/slow", "");
+    let follower = async {
+        // Joins while the leader's fetch waits for the origin.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        get_through(proxy, &origin, "/slow", "").await
+    };
+    let (leader, follower) = tokio::join!(leader, follower);
+    check(&leader, 200, "page /slow", "MISS");
+    assert_eq!(cookies(&leader), ["session=leader"]);
+    check(&follower, 200, "page /slow", "HIT");
+    assert!(cookies(&follower).is_empty(), "{:?}", follower.headers);
+    assert_eq!(origin.count(), 1);
+}
