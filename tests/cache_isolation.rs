@@ -7,6 +7,9 @@
 //! came from: no client of one listener kind can plant an object for the
 //! other, and two reverse routes to different groups never share one.
 //! `PURGE` and `portico cache purge|list` take public URLs and see every copy.
+//!
+//! Cookies: a response's `Set-Cookie` reaches another client only when the
+//! operator chose `set_cookie = "store"` (`[cache]` or a rule's `cache`).
 
 mod common;
 
@@ -308,4 +311,156 @@ async fn the_cache_command_lists_and_purges_every_copy_of_a_public_url() {
     );
     check(&forward_get(forward, &host, "/c").await, 200, "a /c", "MISS");
     check(&reverse_get(reverse, &host, "/other", "").await, 200, "a /other", "HIT");
+}
+
+/// A forward proxy with `[cache]` keys `cache_extra` and further config `more`.
+async fn forward_proxy(cache_extra: &str, more: &str) -> (Portico, SocketAddr) {
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\n{cache_extra}\n\n{more}"
+    ))
+    .await;
+    let addr = addr.parse().expect("listener address");
+    (p, addr)
+}
+
+/// An origin setting a cookie numbered by its request count on every
+/// response, cacheable for ten minutes with a validator; a conditional
+/// request gets a 304 (with a fresh cookie too). Under `/quiet/` only the
+/// 304s set a cookie.
+async fn cookie_origin() -> Origin {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    Origin::start(move |req| {
+        let n = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            let cookie = format!("session={n}");
+            let resp = if req.header("if-none-match").is_some() {
+                Response::new(304).header("set-cookie", &cookie)
+            } else if req.uri.path().starts_with("/quiet/") {
+                Response::ok(format!("page {}", req.uri))
+            } else {
+                Response::ok(format!("page {}", req.uri)).header("set-cookie", &cookie)
+            };
+            resp.header("cache-control", "max-age=600").header("etag", "\"v1\"")
+        }
+    })
+    .await
+}
+
+/// The Set-Cookie fields of a response.
+fn cookies(r: &ParsedResponse) -> Vec<&str> {
+    r.headers_all("set-cookie")
+}
+
+/// `GET http://origin/path` through the forward proxy with extra header lines.
+async fn get_through(proxy: SocketAddr, origin: &Origin, path: &str, extra: &str) -> ParsedResponse {
+    let authority = origin.addr().to_string();
+    request(proxy, "GET", &format!("http://{authority}{path}"), &authority, extra).await
+}
+
+/// Default (`set_cookie = "no-store"`): a response with Set-Cookie goes to
+/// the client that asked and is not stored: the next client fetches its
+/// own, with its own cookie, never the first client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_set_cookie_response_is_not_stored() {
+    let origin = cookie_origin().await;
+    let (_p, proxy) = forward_proxy("", "").await;
+    let first = get_through(proxy, &origin, "/login", "").await;
+    check(&first, 200, "page /login", "MISS");
+    assert_eq!(cookies(&first), ["session=1"]);
+    let second = get_through(proxy, &origin, "/login", "").await;
+    check(&second, 200, "page /login", "MISS");
+    assert_eq!(cookies(&second), ["session=2"]);
+    assert_eq!(origin.count(), 2);
+}
+
+/// A 304 that revalidates a stored response gives its cookie to the client
+/// that revalidated, and never to the clients served from the cache after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revalidation_passes_its_set_cookie_to_its_own_client_only() {
+    let origin = cookie_origin().await;
+    let (_p, proxy) = forward_proxy("", "").await;
+    let first = get_through(proxy, &origin, "/quiet/a", "").await;
+    check(&first, 200, "page /quiet/a", "MISS");
+    assert!(cookies(&first).is_empty());
+    // max-age=0: revalidate; the origin's 304 sets session=2.
+    let reval = get_through(proxy, &origin, "/quiet/a", "Cache-Control: max-age=0\r\n").await;
+    check(&reval, 200, "page /quiet/a", "REVALIDATED");
+    assert_eq!(cookies(&reval), ["session=2"]);
+    let hit = get_through(proxy, &origin, "/quiet/a", "").await;
+    check(&hit, 200, "page /quiet/a", "HIT");
+    assert!(cookies(&hit).is_empty(), "{:?}", hit.headers);
+    assert_eq!(origin.count(), 2);
+}
+
+/// `set_cookie = "strip"` in `[cache]`: stored without the cookie, which
+/// the fetching client still gets; a rule can go back to `no-store` or
+/// choose `store` (RFC 9111's replay) for its route; revalidations never
+/// leak a cookie under `strip` either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_cookie_strip_globally_and_per_rule_overrides() {
+    let origin = cookie_origin().await;
+    let (_p, proxy) = forward_proxy(
+        "set_cookie = \"strip\"",
+        "[[rule]]\npath = \"/private/\"\ncache = { set_cookie = \"no-store\" }\n\n\
+         [[rule]]\npath = \"/shared/\"\ncache = { set_cookie = \"store\" }\n",
+    )
+    .await;
+    // strip: the first client has its cookie, the second a HIT without it.
+    let first = get_through(proxy, &origin, "/page", "").await;
+    check(&first, 200, "page /page", "MISS");
+    assert_eq!(cookies(&first), ["session=1"]);
+    let hit = get_through(proxy, &origin, "/page", "").await;
+    check(&hit, 200, "page /page", "HIT");
+    assert!(cookies(&hit).is_empty(), "{:?}", hit.headers);
+    // A revalidation: its 304's cookie to the revalidating client only.
+    let reval = get_through(proxy, &origin, "/page", "Cache-Control: max-age=0\r\n").await;
+    check(&reval, 200, "page /page", "REVALIDATED");
+    assert_eq!(cookies(&reval), ["session=2"]);
+    let hit = get_through(proxy, &origin, "/page", "").await;
+    check(&hit, 200, "page /page", "HIT");
+    assert!(cookies(&hit).is_empty(), "{:?}", hit.headers);
+
+    // The rule's no-store: each client fetches its own.
+    let a = get_through(proxy, &origin, "/private/p", "").await;
+    let b = get_through(proxy, &origin, "/private/p", "").await;
+    check(&a, 200, "page /private/p", "MISS");
+    check(&b, 200, "page /private/p", "MISS");
+    assert_eq!((cookies(&a), cookies(&b)), (vec!["session=3"], vec!["session=4"]));
+
+    // The rule's store: the operator chose to replay the cookie.
+    let a = get_through(proxy, &origin, "/shared/s", "").await;
+    let b = get_through(proxy, &origin, "/shared/s", "").await;
+    check(&a, 200, "page /shared/s", "MISS");
+    check(&b, 200, "page /shared/s", "HIT");
+    assert_eq!((cookies(&a), cookies(&b)), (vec!["session=5"], vec!["session=5"]));
+    assert_eq!(origin.count(), 5);
+}
+
+/// Requests collapsed onto another client's fetch are other clients: under
+/// `strip` they get the response without the fetching client's cookie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collapsed_requests_do_not_get_the_fetching_clients_cookie() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("page {}", req.uri))
+            .header("cache-control", "max-age=600")
+            .header("set-cookie", "session=leader")
+            .delay(std::time::Duration::from_millis(500))
+    })
+    .await;
+    let (_p, proxy) = forward_proxy("set_cookie = \"strip\"", "").await;
+    let leader = get_through(proxy, &origin, "/slow", "");
+    let follower = async {
+        // Joins while the leader's fetch waits for the origin.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        get_through(proxy, &origin, "/slow", "").await
+    };
+    let (leader, follower) = tokio::join!(leader, follower);
+    check(&leader, 200, "page /slow", "MISS");
+    assert_eq!(cookies(&leader), ["session=leader"]);
+    check(&follower, 200, "page /slow", "HIT");
+    assert!(cookies(&follower).is_empty(), "{:?}", follower.headers);
+    assert_eq!(origin.count(), 1);
 }

@@ -33,12 +33,21 @@
 //! 6. **invalidate**: after an unsafe request succeeds,
 //!    [`Policy::invalidations`] lists the keys to remove (every variant).
 //!
+//! 7. **cookies**: a response's `Set-Cookie` is meant for the client it
+//!    was fetched for. RFC 9111 lets a shared cache store and replay it
+//!    unless `private` or `no-cache="Set-Cookie"` say otherwise; by
+//!    `cache.set_cookie` Portico does not store such a response (`no-store`,
+//!    the default, in [`Policy::storable`]), or stores it without the field
+//!    (`strip`), or replays it (`store`). [`Policy::take_unshared`] takes the
+//!    fields that must not reach another client out of what is stored,
+//!    shared with collapsed requests, merged from a 304 or served.
+//!
 //! Configuration (refresh patterns, the overrides that break the spec) is
 //! compiled once into a [`Policy`]; the functions that need none are free.
 
 use crate::cache::key::{CacheKey, url_of};
 use crate::cache::object::StoredMeta;
-use crate::config::CacheConfig;
+use crate::config::{CacheConfig, SetCookie};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use regex::{Regex, RegexSet};
@@ -72,7 +81,12 @@ pub struct Policy {
     ignore_query_in_key: bool,
     min_ttl: u64,
     max_ttl: Option<u64>,
+    set_cookie: SetCookie,
 }
+
+/// The fields that carry a cookie for one client: `Set-Cookie` and the
+/// obsolete `Set-Cookie2` (RFC 2965).
+const COOKIE_FIELDS: [HeaderName; 2] = [header::SET_COOKIE, HeaderName::from_static("set-cookie2")];
 
 /// Why a response may not be stored (for logs and cache-status debugging).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +162,35 @@ impl Policy {
             ignore_query_in_key: cfg.ignore_query_in_key,
             min_ttl: cfg.min_ttl.get().as_secs(),
             max_ttl,
+            set_cookie: cfg.set_cookie,
         })
+    }
+
+    /// Takes out of `headers` the fields that must not reach any client
+    /// but the one the response was fetched for, and returns them: the
+    /// cookie fields, unless `set_cookie = "store"` (the operator's choice
+    /// to replay them, as RFC 9111 allows). What is left may be stored,
+    /// shared with collapsed requests, merged from a 304 into a stored
+    /// response, or served from the cache.
+    pub fn take_unshared(&self, headers: &mut HeaderMap) -> HeaderMap {
+        let mut taken = HeaderMap::new();
+        if self.set_cookie == SetCookie::Store {
+            return taken;
+        }
+        for name in &COOKIE_FIELDS {
+            if let header::Entry::Occupied(e) = headers.entry(name) {
+                let (name, values) = e.remove_entry_mult();
+                for value in values {
+                    taken.append(name.clone(), value);
+                }
+            }
+        }
+        taken
+    }
+
+    /// Whether `headers` hold a field [`Policy::take_unshared`] would take.
+    pub fn has_unshared(&self, headers: &HeaderMap) -> bool {
+        self.set_cookie != SetCookie::Store && COOKIE_FIELDS.iter().any(|n| headers.contains_key(n))
     }
 
     /// Whether the response to a request may be stored (RFC 9111 section 3,
@@ -162,6 +204,8 @@ impl Policy {
     /// the response carry explicit freshness or `public`; `Vary: *` is never
     /// stored; a response with neither explicit freshness nor a validator is
     /// stored only when the refresh patterns or `min_ttl` give it a lifetime.
+    /// A response with `Set-Cookie` is not stored with `set_cookie =
+    /// "no-store"` (the default; `ignore_no_store` does not change it).
     pub fn storable(
         &self,
         method: &Method,
@@ -199,6 +243,11 @@ impl Policy {
             if rs.has("private") {
                 return Err(NotStorable("response Cache-Control: private"));
             }
+        }
+        // Not RFC 9111 (which allows it), but nginx's and Varnish's default:
+        // another client must not get this client's cookie.
+        if self.set_cookie == SetCookie::NoStore && COOKIE_FIELDS.iter().any(|n| resp_headers.contains_key(n)) {
+            return Err(NotStorable("response has Set-Cookie (cache.set_cookie = \"no-store\")"));
         }
         // 3.5: a shared cache stores responses to authenticated requests only
         // when the response says a shared cache may.
@@ -1248,6 +1297,64 @@ mod tests {
             Ok(())
         );
         assert_eq!(store(&p, &[], 200, &[("cache-control", "private, max-age=60")]), Ok(()));
+    }
+
+    // ----- Set-Cookie (cache.set_cookie; RFC 9111 allows storing it)
+
+    #[test]
+    fn a_response_with_set_cookie_is_not_stored_unless_the_operator_says_so() {
+        let cookie = [("cache-control", "max-age=60"), ("set-cookie", "id=1")];
+        let refused = Err(NotStorable("response has Set-Cookie (cache.set_cookie = \"no-store\")"));
+        assert_eq!(store(&policy(), &[], 200, &cookie), refused);
+        // The obsolete Set-Cookie2 (RFC 2965) is a cookie too.
+        assert_eq!(
+            store(
+                &policy(),
+                &[],
+                200,
+                &[("cache-control", "max-age=60"), ("set-cookie2", "id=1")]
+            ),
+            refused
+        );
+        // ignore_no_store is about Cache-Control, not cookies.
+        assert_eq!(
+            store(&policy_with(|c| c.ignore_no_store = true), &[], 200, &cookie),
+            refused
+        );
+        for mode in [SetCookie::Strip, SetCookie::Store] {
+            assert_eq!(store(&policy_with(|c| c.set_cookie = mode), &[], 200, &cookie), Ok(()));
+        }
+        // No cookie, nothing to refuse.
+        assert_eq!(store(&policy(), &[], 200, &[("cache-control", "max-age=60")]), Ok(()));
+    }
+
+    #[test]
+    fn set_cookie_reaches_only_the_client_the_response_was_fetched_for() {
+        let fetched = hm(&[
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("set-cookie2", "c=3"),
+            ("etag", "\"x\""),
+        ]);
+        for mode in [SetCookie::NoStore, SetCookie::Strip] {
+            let p = policy_with(|c| c.set_cookie = mode);
+            let mut shared = fetched.clone();
+            assert!(p.has_unshared(&shared));
+            let own = p.take_unshared(&mut shared);
+            assert_eq!(shared, hm(&[("etag", "\"x\"")]), "{mode:?}");
+            assert_eq!(own.get_all("set-cookie").iter().count(), 2);
+            assert_eq!(own.get("set-cookie2").unwrap(), "c=3");
+            assert!(!p.has_unshared(&shared));
+        }
+    }
+
+    #[test]
+    fn set_cookie_store_replays_it_as_rfc_9111_allows() {
+        let p = policy_with(|c| c.set_cookie = SetCookie::Store);
+        let mut shared = hm(&[("set-cookie", "a=1")]);
+        assert!(!p.has_unshared(&shared));
+        assert!(p.take_unshared(&mut shared).is_empty());
+        assert_eq!(shared, hm(&[("set-cookie", "a=1")]));
     }
 
     #[test]

@@ -627,6 +627,9 @@ pub struct CacheOverrides {
     /// As `cache.max_ttl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_ttl: Option<Dur>,
+    /// As `cache.set_cookie`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_cookie: Option<SetCookie>,
 }
 
 impl CacheOverrides {
@@ -651,8 +654,27 @@ impl CacheOverrides {
         if let Some(v) = self.max_ttl {
             c.max_ttl = v;
         }
+        if let Some(v) = self.set_cookie {
+            c.set_cookie = v;
+        }
         c
     }
+}
+
+/// What the cache does with a response that carries `Set-Cookie` (a
+/// cookie meant for the client the response was fetched for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SetCookie {
+    /// Do not store it (nginx's and Varnish's default): every client
+    /// fetches its own response, with its own cookie.
+    NoStore,
+    /// Store it without its `Set-Cookie`: the client that caused the fetch
+    /// gets the cookie, later clients get the response without it.
+    Strip,
+    /// Store it with its `Set-Cookie`, which every later client then gets
+    /// (RFC 9111 allows it).
+    Store,
 }
 
 /// How the disk tier's garbage collector runs.
@@ -731,6 +753,8 @@ pub struct CacheConfig {
     pub min_ttl: Dur,
     /// Override (breaks RFC 9111): freshness lifetime at most this; 0 = no limit.
     pub max_ttl: Dur,
+    /// Responses with `Set-Cookie`: no-store | strip | store.
+    pub set_cookie: SetCookie,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -767,6 +791,7 @@ impl Default for CacheConfig {
             ignore_query_in_key: false,
             min_ttl: Dur::secs(0),
             max_ttl: Dur::secs(0),
+            set_cookie: SetCookie::NoStore,
         }
     }
 }

@@ -101,6 +101,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         return Ok(());
     };
     if let Some(stored) = found {
+        let stored = shareable(policy, stored);
         match policy.evaluate(&ex.head.headers, &stored.meta, now) {
             Decision::Fresh => {
                 cache.stats.hit();
@@ -168,8 +169,18 @@ async fn revalidate(
             let mut meta = StoredMeta::clone(&stored.meta);
             let mut fresh = parts.headers;
             strip_hop_by_hop(&mut fresh);
+            // The 304's cookies are this client's: not merged into what
+            // later clients get, but sent to this one.
+            let own = cache.policy_for(dest.route()).take_unshared(&mut fresh);
             policy::update_from_304(&mut meta, &fresh, request_time, response_time);
-            let stored = cache.update(stored, meta).await;
+            let mut stored = cache.update(stored, meta).await;
+            if !own.is_empty() {
+                let mut meta = StoredMeta::clone(&stored.meta);
+                for (name, value) in &own {
+                    meta.headers.append(name, value.clone());
+                }
+                stored.meta = Arc::new(meta);
+            }
             send_stored(ex, cache, stored, CacheStatus::Revalidated).await
         }
         Revalidation::ServerError if stale_ok(response_time) => {
@@ -227,7 +238,8 @@ async fn fetch_and_store(
                 let variant = policy::variant_of(&head.vary, &ex.head.headers);
                 if variant == head.variant {
                     cache.stats.collapsed();
-                    return send_followed(ex, cache, &head, follower).await;
+                    let policy = cache.policy_for(dest.route());
+                    return send_followed(ex, cache, policy, &head, follower).await;
                 }
                 let own = key.variant_id(&variant);
                 if own == flight {
@@ -240,11 +252,10 @@ async fn fetch_and_store(
                 // The fetch ended without sharing its body with us (we
                 // joined late, or it was not storable): it may be stored now.
                 drop(follower);
+                let policy = cache.policy_for(dest.route());
                 if let Ok(Some(stored)) = cache.lookup(key, &ex.head.headers).await
-                    && cache
-                        .policy_for(dest.route())
-                        .evaluate(&ex.head.headers, &stored.meta, SystemTime::now())
-                        == Decision::Fresh
+                    && let stored = shareable(policy, stored)
+                    && policy.evaluate(&ex.head.headers, &stored.meta, SystemTime::now()) == Decision::Fresh
                 {
                     cache.stats.collapsed();
                     return send_stored(ex, cache, stored, CacheStatus::Hit).await;
@@ -306,11 +317,16 @@ async fn store_and_send(
         Ok(()) => {
             let vary = policy::vary_fields(&headers).unwrap_or_default();
             let variant = policy::variant_of(&vary, &ex.head.headers);
+            // This client gets the whole response; what is stored and
+            // shared with collapsed requests (other clients) goes without
+            // the fields meant for this one (`cache.set_cookie`).
+            let mut shared = headers.clone();
+            policy.take_unshared(&mut shared);
             let meta = StoredMeta {
                 key: key.text().to_string(),
                 variant: variant.clone(),
                 status: parts.status,
-                headers: headers.clone(),
+                headers: shared.clone(),
                 request_time,
                 response_time,
             };
@@ -318,7 +334,7 @@ async fn store_and_send(
             if let Some(l) = &leader {
                 l.head(SharedHead {
                     status: parts.status,
-                    headers: headers.clone(),
+                    headers: shared,
                     length,
                     vary,
                     variant,
@@ -411,6 +427,7 @@ async fn store_and_send(
 async fn send_followed(
     ex: &mut Exchange<'_>,
     cache: &Cache,
+    policy: &Policy,
     head: &SharedHead,
     mut follower: crate::cache::flight::Follower,
 ) -> Result<(), Failure> {
@@ -426,6 +443,8 @@ async fn send_followed(
     };
     let age = policy::age_header(&meta, SystemTime::now());
     let mut headers = meta.headers;
+    // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
+    policy.take_unshared(&mut headers);
     headers.insert(AGE, age);
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), CacheStatus::Hit.value());
@@ -456,6 +475,22 @@ async fn send_followed(
         ex.out.close_after();
     }
     Ok(())
+}
+
+/// `stored` without the fields `policy` keeps from other clients than the
+/// one a response was fetched for: a response stored while the settings
+/// replayed them (`set_cookie = "store"` before a reload, or on another
+/// rule's route to the same object) must not replay them now.
+fn shareable(policy: &Policy, stored: Stored) -> Stored {
+    if !policy.has_unshared(&stored.meta.headers) {
+        return stored;
+    }
+    let mut meta = StoredMeta::clone(&stored.meta);
+    policy.take_unshared(&mut meta.headers);
+    Stored {
+        meta: Arc::new(meta),
+        ..stored
+    }
 }
 
 /// Notes what the cache did, for the statistics and the access log (which
@@ -664,19 +699,22 @@ fn spawn_revalidation(
                 let mut meta = meta;
                 let mut fresh = parts.headers;
                 strip_hop_by_hop(&mut fresh);
+                // No client asked: the 304's cookies are nobody's.
+                cache.policy_for(dest.route()).take_unshared(&mut fresh);
                 policy::update_from_304(&mut meta, &fresh, request_time, response_time);
                 cache.update_meta(id, Arc::new(meta)).await;
             }
             Revalidation::Replace => {
-                let headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
-                if cache
-                    .policy_for(dest.route())
+                let mut headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
+                let policy = cache.policy_for(dest.route());
+                if policy
                     .storable(&head.method, &key, &head.headers, parts.status, &headers)
                     .is_err()
                 {
                     cache.invalidate(&key).await;
                     return;
                 }
+                policy.take_unshared(&mut headers);
                 let vary = policy::vary_fields(&headers).unwrap_or_default();
                 let meta = StoredMeta {
                     key: key.text().to_string(),
