@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// process binds the same address and the kernel spreads connections.
 pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
     let addr = cfg.address;
-    let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {e}");
+    let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {}", crate::util::io_cause(&e));
     let socket =
         Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| fail("create", e))?;
     socket.set_reuse_address(true).map_err(|e| fail("configure", e))?;
@@ -66,7 +66,7 @@ pub async fn accept_loop<H: Handler>(
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors or similar: back off instead of spinning.
-                tracing::error!("accept failed: {e}");
+                tracing::error!("accept failed: {}", crate::util::io_cause(&e));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }

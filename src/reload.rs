@@ -304,12 +304,12 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         ($($($field:ident).+),+ $(,)?) => {$(
             if !crate::util::same_value(&old.$($field).+, &new.$($field).+) {
                 tracing::warn!(
-                    "{}reload: `{}` changed ({:?} -> {:?}): needs restart; keeping {:?}",
+                    "{}reload: `{}` changed ({} -> {}): needs restart; keeping {}",
                     crate::supervisor::tag(),
                     stringify!($($field).+).replace(' ', ""),
-                    old.$($field).+,
-                    new.$($field).+,
-                    old.$($field).+
+                    as_written(&old.$($field).+),
+                    as_written(&new.$($field).+),
+                    as_written(&old.$($field).+)
                 );
                 new.$($field).+ = old.$($field).+.clone();
             }
@@ -337,6 +337,16 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         log.error,
         log.level,
     );
+}
+
+/// A setting's value as the config file writes it (`"16MiB"`, `[2, 16]`),
+/// for operators: its Rust form (`Size(16777216)`) is not what they wrote.
+fn as_written<T: serde::Serialize>(value: &T) -> String {
+    match toml::Value::try_from(value) {
+        Ok(v) => v.to_string(),
+        // Only an absent optional setting has no TOML value.
+        Err(_) => "(not set)".to_string(),
+    }
 }
 
 /// Connection settings from the config, with the process's keep-alive subsystem.

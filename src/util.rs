@@ -26,6 +26,42 @@ pub fn http_date_now() -> HeaderValue {
     })
 }
 
+/// An I/O error's cause in plain words, for error pages and the error log:
+/// "connection refused", not "Connection refused (os error 111)". The
+/// system's own text (strerror) for kinds not named here, without the
+/// error number.
+pub fn io_cause(e: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    let plain = match e.kind() {
+        ConnectionRefused => "connection refused",
+        ConnectionReset => "connection reset",
+        ConnectionAborted => "connection aborted",
+        BrokenPipe => "connection closed by the other side",
+        UnexpectedEof => "connection closed early",
+        NotConnected => "not connected",
+        TimedOut => "timed out",
+        HostUnreachable => "host unreachable",
+        NetworkUnreachable => "network unreachable",
+        NetworkDown => "network down",
+        AddrNotAvailable => "address not available on this host",
+        AddrInUse => "address already in use",
+        PermissionDenied => "not permitted by the system (a firewall rule?)",
+        NotFound => "file not found",
+        StorageFull => "disk full",
+        ReadOnlyFilesystem => "read-only file system",
+        OutOfMemory => "out of memory",
+        _ => {
+            let text = e.to_string();
+            let text = match text.find(" (os error ") {
+                Some(i) => text[..i].to_string(),
+                None => text,
+            };
+            return text.to_lowercase();
+        }
+    };
+    plain.to_string()
+}
+
 /// Escapes text for inclusion in HTML.
 pub fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -75,6 +111,15 @@ pub fn ip_text(ip: std::net::IpAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_causes_are_plain_words() {
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert_eq!(io_cause(&refused), "connection refused");
+        // A kind not named: the system's text, without the error number.
+        let other = std::io::Error::from_raw_os_error(libc::EPROTO);
+        assert_eq!(io_cause(&other), "protocol error");
+    }
 
     #[test]
     fn ip_text_matches_display() {

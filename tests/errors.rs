@@ -98,6 +98,28 @@ async fn request_from(src: IpAddr, dst: SocketAddr, request: &[u8]) -> Vec<u8> {
     got
 }
 
+/// Library internals that must never reach an error page or a warning:
+/// hyper's and hickory's Debug and Display forms, OS error numbers.
+const INTERNALS: [&str; 7] = [
+    "SendRequest",
+    "Query {",
+    "Name(",
+    "hyper",
+    "os error",
+    "client error",
+    "Kind(",
+];
+
+/// Asserts `text` (a page or a log line) names no library internals.
+fn assert_plain(text: &str) {
+    for internal in INTERNALS {
+        assert!(
+            !text.contains(internal),
+            "internal error text {internal:?} shown: {text}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- origins that fail
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,6 +137,47 @@ async fn dead_origin_is_502_cannot_connect_with_a_warning_naming_the_target() {
         .unwrap_or_else(|| panic!("no error-log line names {url}:\n{log}"));
     assert!(line.contains("WARN"), "{line}");
     assert!(line.contains("cannot connect"), "{line}");
+    // The cause in plain words, on the page and in the log.
+    let plain = format!("cannot connect to {dead}: connection refused");
+    assert!(
+        resp.body_str().contains(&format!("<p>{plain}</p>")),
+        "{}",
+        resp.body_str()
+    );
+    assert!(line.contains(&plain), "{line}");
+    assert_plain(&resp.body_str());
+    assert_plain(line);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_closing_without_answering_is_502_in_plain_words() {
+    let raw = RawOrigin::start(|mut stream| async move {
+        read_request_head(&mut stream).await;
+        // Dropped: closed with no answer.
+    })
+    .await;
+    let p = forward("").await;
+    let a = raw.addr();
+    let url = format!("http://{a}/mute");
+    let resp = ask(p.addr(), &get_abs(&url, &a.to_string())).await;
+    assert_error_page(&resp, 502, "the origin closed the connection before answering");
+    assert!(
+        resp.body_str()
+            .contains("<p>the origin closed the connection before answering</p>"),
+        "{}",
+        resp.body_str()
+    );
+    assert_plain(&resp.body_str());
+    let log = wait_stderr_contains(&p, &url).await;
+    let line = log
+        .lines()
+        .find(|l| l.contains(&url) && l.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning names {url}:\n{log}"));
+    assert!(
+        line.contains("the origin closed the connection before answering"),
+        "{line}"
+    );
+    assert_plain(line);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,6 +224,7 @@ async fn connect_timeout_is_504() {
     let resp = ask(p.addr(), &get_abs(&url, &addr.to_string())).await;
     assert_error_page(&resp, 504, "timed out connecting to");
     assert!(resp.body_str().contains(&addr.to_string()), "{}", resp.body_str());
+    assert_plain(&resp.body_str());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +239,7 @@ async fn unresolvable_origin_name_is_502_in_plain_words() {
         client.timeout = Duration::from_secs(10);
         client.send(&get_abs(&format!("http://{name}/x"), name)).await;
         let resp = client.read_response().await;
-        assert_error_page(&resp, 502, &format!("no address found for {name}"));
+        assert_error_page(&resp, 502, &format!("cannot resolve {name}: no address found"));
         let body = resp.body_str();
         for internal in ["Query", "Name(", "{", "DNS error"] {
             assert!(!body.contains(internal), "{internal:?} in {body}");
@@ -309,6 +373,14 @@ async fn origin_closing_mid_body_truncates_the_response_and_portico_keeps_servin
     let resp = ask(p.addr(), &get_abs(&format!("http://{a}/next"), &a.to_string())).await;
     assert_eq!((resp.status, resp.body_str().as_str()), (200, "whole"));
     assert!(p.stderr().contains("WARN"), "{}", p.stderr());
+    let warned = p.stderr();
+    assert!(
+        warned.contains("the origin closed the connection before the end of the body"),
+        "{warned}"
+    );
+    for line in warned.lines().filter(|l| l.contains("WARN")) {
+        assert_plain(line);
+    }
 }
 
 // ---------------------------------------------------------------- clients that are refused

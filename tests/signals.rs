@@ -424,3 +424,38 @@ async fn sighup_keeps_the_admission_limits_and_counters_of_the_process() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_only_settings_are_named_as_the_config_writes_them() {
+    let addr = free_addr();
+    let text = |memory: &str, timeout: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+             [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"{memory}\"\n\n\
+             [keepalive]\ntimeout = \"{timeout}\"\n"
+        )
+    };
+    let p = Portico::start(&text("16MiB", "15s")).await;
+    rewrite(&p, &text("32MiB", "30s"));
+    p.signal(libc::SIGHUP);
+    let mut err = String::new();
+    for _ in 0..100 {
+        err = p.stderr();
+        if err.contains("`keepalive.timeout` changed") && err.contains("`cache.memory` changed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for want in [
+        "`cache.memory` changed (\"16MiB\" -> \"32MiB\"): needs restart; keeping \"16MiB\"",
+        "`keepalive.timeout` changed (\"15s\" -> \"30s\"): needs restart; keeping \"15s\"",
+    ] {
+        assert!(
+            err.lines().any(|l| l.contains("WARN") && l.contains(want)),
+            "no {want:?} in\n{err}"
+        );
+    }
+    for internal in ["Size(", "Dur("] {
+        assert!(!err.contains(internal), "{internal} in\n{err}");
+    }
+}

@@ -339,7 +339,7 @@ fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc
             Ok(()) => {
                 c.lines.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => tracing::error!("access log write failed: {e}"),
+            Err(e) => tracing::error!("access log write failed: {}", crate::util::io_cause(&e)),
         }
     };
     loop {
@@ -350,7 +350,11 @@ fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc
                     out = std::io::BufWriter::with_capacity(64 << 10, f);
                     tracing::info!("access log reopened: {}", path.display());
                 }
-                Err(e) => tracing::error!("cannot reopen access log {}: {e}", path.display()),
+                Err(e) => tracing::error!(
+                    "cannot reopen access log {}: {}",
+                    path.display(),
+                    crate::util::io_cause(&e)
+                ),
             }
         }
         let line = match rx.recv_timeout(Duration::from_millis(200)) {

@@ -367,7 +367,8 @@ async fn store_and_send(
             Ok(Some(Ok(frame))) => frame,
             Ok(None) => break Ending::Complete,
             Ok(Some(Err(e))) => {
-                tracing::warn!(key = key.text(), "origin response body failed: {e}");
+                tracing::debug!(key = key.text(), "origin response body failed: {e}");
+                tracing::warn!(key = key.text(), "{}", crate::upstream::origin_cause(&e, true));
                 break Ending::Failed;
             }
             Err(_) => {
@@ -637,7 +638,11 @@ async fn send_range(ex: &mut Exchange<'_>, stored: &Stored, r: std::ops::Range<u
                 }
             }
             Some(Err(e)) => {
-                tracing::warn!(key = stored.meta.key, "stored body unreadable: {e}");
+                tracing::warn!(
+                    key = stored.meta.key,
+                    "stored body unreadable: {}",
+                    crate::util::io_cause(&e)
+                );
                 ex.out.close_after();
                 return false;
             }

@@ -422,10 +422,9 @@ async fn exchange(
         }
     };
     if ex.head.expect_continue && sender.is_some() {
-        ex.out
-            .send_continue()
-            .await
-            .map_err(|e| UpstreamError::Failed(format!("client connection failed: {e}")))?;
+        ex.out.send_continue().await.map_err(|e| {
+            UpstreamError::Failed(format!("the client connection failed: {}", crate::util::io_cause(&e)))
+        })?;
     }
     let request = Request::from_parts(parts, body);
     let reader = &mut ex.body;
@@ -521,7 +520,8 @@ async fn stream_response(
             Ok(Some(Ok(frame))) => frame,
             Ok(None) => break,
             Ok(Some(Err(e))) => {
-                tracing::warn!("origin response body failed: {e}");
+                tracing::debug!("origin response body failed: {e}");
+                tracing::warn!("{}", crate::upstream::origin_cause(&e, true));
                 out.close_after();
                 return;
             }

@@ -198,7 +198,10 @@ async fn figures(sh: &Shared, query: &str) -> Result<workers::Gathered, String> 
     let Some(w) = param(query, "worker") else {
         return tokio::task::spawn_blocking(move || workers::gather(own, n, &dir))
             .await
-            .map_err(|e| format!("gathering the workers' figures failed: {e}"));
+            .map_err(|e| {
+                tracing::debug!("gathering the workers' figures: {e}");
+                "gathering the workers' figures failed (the task stopped)".to_string()
+            });
     };
     let i = w
         .parse::<usize>()
@@ -211,7 +214,10 @@ async fn figures(sh: &Shared, query: &str) -> Result<workers::Gathered, String> 
     let now = own.snapshot.server.time_unix;
     tokio::task::spawn_blocking(move || workers::read(&dir, i, now))
         .await
-        .map_err(|e| format!("reading worker {i}'s figures failed: {e}"))?
+        .map_err(|e| {
+            tracing::debug!("reading worker {i}'s figures: {e}");
+            format!("reading worker {i}'s figures failed (the task stopped)")
+        })?
         .map(alone)
         .map_err(|why| format!("worker {i}: {why}"))
 }

@@ -180,9 +180,12 @@ pub fn read(dir: &Path, index: usize, now_unix: f64) -> Result<Report, String> {
     let text = match std::fs::read(file(dir, index)) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no figures yet".to_string()),
-        Err(e) => return Err(format!("cannot read its figures: {e}")),
+        Err(e) => return Err(format!("cannot read its figures: {}", crate::util::io_cause(&e))),
     };
-    let report: Report = serde_json::from_slice(&text).map_err(|e| format!("unreadable figures: {e}"))?;
+    let report: Report = serde_json::from_slice(&text).map_err(|e| {
+        tracing::debug!("worker figures: {e}");
+        "its figures are unreadable (not the JSON this version writes)".to_string()
+    })?;
     let srv = &report.snapshot.server;
     if !running(srv.pid) {
         return Err(format!("pid {} not running", srv.pid));

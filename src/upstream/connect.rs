@@ -55,7 +55,9 @@ pub struct ConnectError {
     pub kind: ConnectErrorKind,
     /// `host:port` that was tried.
     pub target: String,
-    /// Details from the resolver, socket or TLS library.
+    /// The cause in plain words ("connection refused", "the name does not
+    /// exist"): shown on error pages and in the error log. The library's
+    /// own error text goes to the error log at debug level only.
     pub detail: String,
 }
 
@@ -64,9 +66,14 @@ impl std::fmt::Display for ConnectError {
         if self.kind == ConnectErrorKind::Loop {
             return write!(f, "forwarding loop detected: {} {}", self.target, self.detail);
         }
+        if self.kind == ConnectErrorKind::Dns {
+            // Only names are resolved: the host is what precedes the last
+            // colon (no IPv6 literal gets here).
+            let host = self.target.rsplit_once(':').map_or(self.target.as_str(), |(h, _)| h);
+            return write!(f, "cannot resolve {host}: {}", self.detail);
+        }
         let what = match self.kind {
-            ConnectErrorKind::Loop => "",
-            ConnectErrorKind::Dns => "cannot resolve",
+            ConnectErrorKind::Loop | ConnectErrorKind::Dns => "",
             ConnectErrorKind::Refused => "cannot connect to",
             ConnectErrorKind::Timeout => "timed out connecting to",
             ConnectErrorKind::Tls => "TLS handshake failed with",
@@ -372,24 +379,19 @@ impl Connector {
             self.dns.put(bare, ips.clone(), std::time::Instant::now() + STATIC_TTL);
             return Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect());
         }
-        let none = || format!("no address found for {bare}");
-        let resolver = self.resolver.as_ref().ok_or_else(|| failed(err(none())))?;
+        let resolver = self
+            .resolver
+            .as_ref()
+            .ok_or_else(|| failed(err("no DNS resolver is configured".into())))?;
         let lookup = resolver.lookup_ip(bare).await.map_err(|e| {
             // The resolver's own text (a Debug dump of the query) is for
             // the debug log; users and the warning get plain words.
-            tracing::debug!("looking up {bare}: {e}");
-            let detail = if e.is_nx_domain() || e.is_no_records_found() {
-                none()
-            } else if matches!(e, hickory_resolver::net::NetError::Timeout) {
-                format!("the name server did not answer for {bare}")
-            } else {
-                format!("looking up {bare} failed")
-            };
-            failed(err(detail))
+            tracing::debug!("DNS lookup of {bare} failed: {e}");
+            failed(err(dns_cause(&e)))
         })?;
         let ips: Vec<IpAddr> = lookup.iter().collect();
         if ips.is_empty() {
-            return Err(failed(err(none())));
+            return Err(failed(err(NO_RECORDS.into())));
         }
         self.dns.put(bare, ips.clone(), lookup.valid_until());
         Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect())
@@ -424,7 +426,16 @@ impl Connector {
                         let _ = s.set_nodelay(true);
                         return Ok(s);
                     }
-                    Err(e) => last = format!("{addr}: {e}"),
+                    Err(e) => {
+                        tracing::debug!("connect to {addr} ({target}) failed: {e}");
+                        // The address only when it is not what was asked
+                        // for (a name, or several addresses).
+                        last = if addr.to_string() == target {
+                            crate::util::io_cause(&e)
+                        } else {
+                            format!("{} (at {addr})", crate::util::io_cause(&e))
+                        };
+                    }
                 }
             }
             Err(ConnectError {
@@ -492,11 +503,15 @@ impl Connector {
             target: format!("{host}:{port}"),
             detail,
         };
-        let name = ServerName::try_from(bare.to_string()).map_err(|e| tls_err(e.to_string()))?;
+        let name = ServerName::try_from(bare.to_string())
+            .map_err(|_| tls_err(format!("{bare} is not a valid name for a TLS server")))?;
         let handshake = self.tls.connect(name, tcp);
         match tokio::time::timeout(self.connect_timeout, handshake).await {
             Ok(Ok(s)) => Ok(Conn::Tls(Box::new(s))),
-            Ok(Err(e)) => Err(tls_err(e.to_string())),
+            Ok(Err(e)) => {
+                tracing::debug!("TLS handshake with {host}:{port} failed: {e}");
+                Err(tls_err(tls_cause(&e, bare)))
+            }
             Err(_) => Err(ConnectError {
                 kind: ConnectErrorKind::Timeout,
                 target: format!("{host}:{port}"),
@@ -534,9 +549,10 @@ impl Connector {
         let handshake = async {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-            tcp.write_all(request.as_bytes())
-                .await
-                .map_err(|e| failed(ConnectErrorKind::Refused, format!("sending CONNECT: {e}")))?;
+            tcp.write_all(request.as_bytes()).await.map_err(|e| {
+                let cause = crate::util::io_cause(&e);
+                failed(ConnectErrorKind::Refused, format!("sending CONNECT: {cause}"))
+            })?;
             let mut buf = bytes::BytesMut::with_capacity(1024);
             let end = loop {
                 if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -553,16 +569,28 @@ impl Connector {
                         ));
                     }
                     Ok(_) => {}
-                    Err(e) => return Err(failed(ConnectErrorKind::Refused, format!("reading its answer: {e}"))),
+                    Err(e) => {
+                        let cause = crate::util::io_cause(&e);
+                        return Err(failed(
+                            ConnectErrorKind::Refused,
+                            format!("reading its answer: {cause}"),
+                        ));
+                    }
                 }
             };
             let head = buf.split_to(end);
             let line = head[..].split(|&b| b == b'\r').next().unwrap_or_default();
             let line = String::from_utf8_lossy(line).into_owned();
-            let status = connect_status(&line)
-                .ok_or_else(|| failed(ConnectErrorKind::Parent, format!("not an HTTP answer: {line:?}")))?;
+            let status = connect_status(&line).ok_or_else(|| {
+                tracing::debug!("parent {} answered CONNECT with {line:?}", parent.authority);
+                failed(ConnectErrorKind::Parent, "its answer to CONNECT is not HTTP".into())
+            })?;
             if !(200..300).contains(&status) {
-                return Err(failed(ConnectErrorKind::Parent, format!("answered {line:?}")));
+                tracing::debug!("parent {} answered CONNECT with {line:?}", parent.authority);
+                return Err(failed(
+                    ConnectErrorKind::Parent,
+                    format!("answered with status {status}"),
+                ));
             }
             Ok(buf.freeze())
         };
@@ -577,6 +605,63 @@ impl Connector {
                 ),
             )),
         }
+    }
+}
+
+/// A name the resolver knows but that has no A or AAAA record.
+const NO_RECORDS: &str = "no address found (the name has no address records)";
+
+/// Why a DNS lookup failed, in plain words (hickory's own text names
+/// internal structures: `no records found for Query { name: Name(...) }`).
+fn dns_cause(e: &hickory_resolver::net::NetError) -> String {
+    use hickory_resolver::net::{DnsError, NetError};
+    use hickory_resolver::proto::op::ResponseCode;
+    if e.is_nx_domain() {
+        return "no address found (the name does not exist)".into();
+    }
+    if e.is_no_records_found() {
+        return NO_RECORDS.into();
+    }
+    match e {
+        NetError::Dns(DnsError::ResponseCode(ResponseCode::ServFail)) => {
+            "the DNS server failed to answer (SERVFAIL)".into()
+        }
+        NetError::Dns(DnsError::ResponseCode(ResponseCode::Refused)) => "the DNS server refused the query".into(),
+        NetError::Dns(DnsError::ResponseCode(code)) => format!("the DNS server answered with an error ({code})"),
+        NetError::Timeout => "the DNS server did not answer in time".into(),
+        NetError::NoConnections => "no DNS server could be reached".into(),
+        NetError::Io(io) => format!("the DNS server could not be reached: {}", crate::util::io_cause(io)),
+        _ => "the DNS lookup failed".into(),
+    }
+}
+
+/// Why a TLS handshake with `host` failed, in plain words.
+fn tls_cause(e: &io::Error, host: &str) -> String {
+    use rustls::{CertificateError as C, Error as E};
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<E>()) else {
+        return match e.kind() {
+            io::ErrorKind::UnexpectedEof => "the origin closed the connection during the handshake".into(),
+            _ => crate::util::io_cause(e),
+        };
+    };
+    match tls {
+        E::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "the origin's certificate is not signed by a trusted authority".into(),
+            C::Expired | C::ExpiredContext { .. } => "the origin's certificate has expired".into(),
+            C::NotValidYet | C::NotValidYetContext { .. } => "the origin's certificate is not valid yet".into(),
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                format!("the origin's certificate is not valid for {host}")
+            }
+            C::Revoked => "the origin's certificate has been revoked".into(),
+            _ => "the origin's certificate was rejected".into(),
+        },
+        E::NoCertificatesPresented => "the origin presented no certificate".into(),
+        E::AlertReceived(_) => "the origin refused the handshake".into(),
+        E::PeerIncompatible(_) => "the origin supports no TLS version or cipher Portico accepts".into(),
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => {
+            "the origin did not answer in TLS".into()
+        }
+        _ => "the handshake failed".into(),
     }
 }
 
@@ -691,8 +776,43 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{connect_status, localhost, numeric_ipv4};
+    use super::{ConnectError, ConnectErrorKind, connect_status, dns_cause, localhost, numeric_ipv4};
     use std::net::IpAddr;
+    use hickory_resolver::net::{DnsError, NetError, NoRecords};
+    use hickory_resolver::proto::op::{Query, ResponseCode};
+    use hickory_resolver::proto::rr::{Name, RecordType};
+
+    fn no_records(code: ResponseCode) -> NetError {
+        let name = Name::from_ascii("does-not-exist.invalid.").expect("name");
+        NoRecords::new(Query::query(name, RecordType::A), code).into()
+    }
+
+    #[test]
+    fn dns_failures_in_plain_words() {
+        let cases = [
+            (no_records(ResponseCode::NXDomain), "no address found (the name does not exist)"),
+            (no_records(ResponseCode::NoError), "no address found (the name has no address records)"),
+            (
+                NetError::Dns(DnsError::ResponseCode(ResponseCode::ServFail)),
+                "the DNS server failed to answer (SERVFAIL)",
+            ),
+            (NetError::Timeout, "the DNS server did not answer in time"),
+        ];
+        for (e, want) in cases {
+            let cause = dns_cause(&e);
+            assert_eq!(cause, want, "{e}");
+            let page = ConnectError {
+                kind: ConnectErrorKind::Dns,
+                target: "does-not-exist.invalid:80".into(),
+                detail: cause,
+            }
+            .to_string();
+            assert_eq!(page, format!("cannot resolve does-not-exist.invalid: {want}"));
+            for internal in ["Query {", "Name(", "NoRecords", "DNS error"] {
+                assert!(!page.contains(internal), "{page}");
+            }
+        }
+    }
 
     #[test]
     fn numeric_hosts_are_ipv4_addresses() {

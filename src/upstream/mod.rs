@@ -159,12 +159,57 @@ fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
         }
         source = s.source();
     }
+    // hyper's own text (`client error (SendRequest): connection closed
+    // before message completed`) is for the debug log; pages and warnings
+    // get the cause in plain words.
     let mut text = e.to_string();
     let mut source = std::error::Error::source(&e);
+    let mut hyper_error = None;
+    let mut io_error = None;
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());
+        hyper_error = hyper_error.or_else(|| s.downcast_ref::<hyper::Error>());
+        io_error = io_error.or_else(|| s.downcast_ref::<std::io::Error>());
         source = s.source();
     }
-    UpstreamError::Failed(text)
+    tracing::debug!("origin exchange failed: {text}");
+    let cause = match (hyper_error, io_error) {
+        (Some(h), _) => origin_cause(h, false),
+        (None, Some(io)) => format!("the origin connection failed: {}", crate::util::io_cause(io)),
+        (None, None) => "the exchange with the origin failed".to_string(),
+    };
+    UpstreamError::Failed(cause)
+}
+
+/// What hyper's error `e` means for an exchange with an origin, in plain
+/// words; `in_body` when it happened while the response body arrived.
+pub fn origin_cause(e: &hyper::Error, in_body: bool) -> String {
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    let closed_early = io.is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+    let text = if e.is_incomplete_message() || closed_early {
+        if in_body {
+            "the origin closed the connection before the end of the body"
+        } else {
+            "the origin closed the connection before answering"
+        }
+    } else if e.is_parse_status() {
+        "the origin's response has an invalid status code"
+    } else if e.is_parse() {
+        // hyper tells a head too large apart only in a server build.
+        "the origin's response is not valid HTTP/1.1, or its head is too large"
+    } else if e.is_canceled() {
+        "the origin connection closed before the request could be sent"
+    } else if e.is_body_write_aborted() {
+        "sending the request body to the origin was cut short"
+    } else if let Some(io) = io {
+        return format!("the origin connection failed: {}", crate::util::io_cause(io));
+    } else if e.is_closed() {
+        "the origin closed the connection"
+    } else if in_body {
+        "reading the response body from the origin failed"
+    } else {
+        "the exchange with the origin failed"
+    };
+    text.to_string()
 }
