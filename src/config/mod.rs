@@ -233,6 +233,9 @@ pub struct LimitsConfig {
     pub header_timeout: Dur,
     /// Largest request body accepted; 0 = unlimited (413 beyond it).
     pub max_body_size: Size,
+    /// Longest time a client may accept no response bytes before its
+    /// connection is closed (nginx's `send_timeout`).
+    pub send_timeout: Dur,
 }
 
 impl Default for LimitsConfig {
@@ -243,6 +246,7 @@ impl Default for LimitsConfig {
             max_headers: 100,
             header_timeout: Dur::secs(10),
             max_body_size: Size(0),
+            send_timeout: Dur::secs(60),
         }
     }
 }
