@@ -129,6 +129,55 @@ async fn silent_origin_is_504_after_first_byte_timeout() {
     assert!(log.lines().any(|l| l.contains("WARN") && l.contains(&url)), "{log}");
 }
 
+/// Sends `POST <url>` with a 6-byte body one byte every 400 ms (2.4 s in
+/// all) and returns the response and the time from the last byte to it.
+async fn slow_upload(p: &Portico, url: &str, host: &str) -> (ParsedResponse, Duration) {
+    let mut client = RawClient::connect(p.addr()).await;
+    client.timeout = Duration::from_secs(15);
+    client
+        .send(
+            format!("POST {url} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 6\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+    for byte in b"abcdef" {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        client.send(&[*byte]).await;
+    }
+    let last = std::time::Instant::now();
+    let resp = client.read_response().await;
+    (resp, last.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_byte_timeout_starts_when_the_request_body_has_been_sent() {
+    // The harness's origin reads the whole body before answering.
+    let o = Origin::start(|req| async move {
+        let resp = Response::ok(req.body.clone());
+        if req.uri.path() == "/stall" {
+            resp.delay(Duration::from_secs(6))
+        } else {
+            resp
+        }
+    })
+    .await;
+    let p = forward("[origin]\nfirst_byte_timeout = \"1s\"\n").await;
+    let a = o.addr().to_string();
+
+    // A 2.4 s upload is not a slow origin: the echo arrives.
+    let (resp, _) = slow_upload(&p, &format!("http://{a}/echo"), &a).await;
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "abcdef"));
+
+    // An origin silent after the whole body still times out, 1 s after it.
+    let (resp, after_body) = slow_upload(&p, &format!("http://{a}/stall"), &a).await;
+    assert_error_page(&resp, 504, "no response within 1s");
+    assert!(
+        after_body >= Duration::from_millis(800) && after_body < Duration::from_secs(4),
+        "{after_body:?}"
+    );
+    let bodies: Vec<_> = o.requests().iter().map(|r| r.body.clone()).collect();
+    assert_eq!(bodies, ["abcdef", "abcdef"]);
+}
+
 /// A listener whose accept queue is full drops new SYNs, so connecting to
 /// it hangs: a reliable connect timeout on loopback. Returns the listener,
 /// the connections that fill it, and its address, or None if the kernel

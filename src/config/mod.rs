@@ -296,7 +296,8 @@ impl Default for ProxyConfig {
 pub struct OriginConfig {
     /// Time allowed to resolve and connect (and finish TLS) to an origin (504 beyond it).
     pub connect_timeout: Dur,
-    /// Time allowed from sending the request until the response head arrives (504 beyond it).
+    /// Time allowed from the end of the request (head, or body when it has
+    /// one) until the response head arrives (504 beyond it).
     pub first_byte_timeout: Dur,
     /// Longest silence allowed while a response body is arriving.
     pub idle_timeout: Dur,
