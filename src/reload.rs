@@ -362,5 +362,6 @@ pub fn conn_settings(c: &Config, keepalive: Arc<crate::keepalive::KeepAlive>) ->
         max_requests: c.keepalive.max_requests,
         max_body: c.limits.max_body_size.bytes(),
         body_idle_timeout: c.origin.idle_timeout.get(),
+        send_timeout: c.limits.send_timeout.get(),
     }
 }

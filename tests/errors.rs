@@ -192,6 +192,55 @@ async fn silent_origin_is_504_after_first_byte_timeout() {
     assert!(log.lines().any(|l| l.contains("WARN") && l.contains(&url)), "{log}");
 }
 
+/// Sends `POST <url>` with a 6-byte body one byte every 400 ms (2.4 s in
+/// all) and returns the response and the time from the last byte to it.
+async fn slow_upload(p: &Portico, url: &str, host: &str) -> (ParsedResponse, Duration) {
+    let mut client = RawClient::connect(p.addr()).await;
+    client.timeout = Duration::from_secs(15);
+    client
+        .send(
+            format!("POST {url} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 6\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+    for byte in b"abcdef" {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        client.send(&[*byte]).await;
+    }
+    let last = std::time::Instant::now();
+    let resp = client.read_response().await;
+    (resp, last.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_byte_timeout_starts_when_the_request_body_has_been_sent() {
+    // The harness's origin reads the whole body before answering.
+    let o = Origin::start(|req| async move {
+        let resp = Response::ok(req.body.clone());
+        if req.uri.path() == "/stall" {
+            resp.delay(Duration::from_secs(6))
+        } else {
+            resp
+        }
+    })
+    .await;
+    let p = forward("[origin]\nfirst_byte_timeout = \"1s\"\n").await;
+    let a = o.addr().to_string();
+
+    // A 2.4 s upload is not a slow origin: the echo arrives.
+    let (resp, _) = slow_upload(&p, &format!("http://{a}/echo"), &a).await;
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "abcdef"));
+
+    // An origin silent after the whole body still times out, 1 s after it.
+    let (resp, after_body) = slow_upload(&p, &format!("http://{a}/stall"), &a).await;
+    assert_error_page(&resp, 504, "no response within 1s");
+    assert!(
+        after_body >= Duration::from_millis(800) && after_body < Duration::from_secs(4),
+        "{after_body:?}"
+    );
+    let bodies: Vec<_> = o.requests().iter().map(|r| r.body.clone()).collect();
+    assert_eq!(bodies, ["abcdef", "abcdef"]);
+}
+
 /// A listener whose accept queue is full drops new SYNs, so connecting to
 /// it hangs: a reliable connect timeout on loopback. Returns the listener,
 /// the connections that fill it, and its address, or None if the kernel
@@ -381,6 +430,79 @@ async fn origin_closing_mid_body_truncates_the_response_and_portico_keeps_servin
     for line in warned.lines().filter(|l| l.contains("WARN")) {
         assert_plain(line);
     }
+}
+
+// ---------------------------------------------------------------- clients that do not read
+
+/// A connection to `addr` whose receive buffer is as small as the kernel
+/// allows, so that a client that does not read stops the sender at once.
+fn tiny_window_client(addr: SocketAddr) -> tokio::net::TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(1024).expect("SO_RCVBUF");
+    socket.connect(&addr.into()).expect("connect to portico");
+    socket.set_nonblocking(true).expect("nonblocking");
+    tokio::net::TcpStream::from_std(socket.into()).expect("tokio stream")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_that_never_reads_is_closed_after_send_timeout_and_frees_its_slot() {
+    // Far more than the socket buffers on both sides can hold.
+    const BIG: u64 = 64 << 20;
+    let o = Origin::start(|req| async move {
+        if req.uri.path() == "/big" {
+            Response::new(200).header("Cache-Control", "no-store").generated(BIG)
+        } else {
+            Response::ok("small")
+        }
+    })
+    .await;
+    // One request in service at a time: the stuck client holds the only slot.
+    let p = forward("[server]\nmax_requests = 1\nqueue_size = 4\n\n[limits]\nsend_timeout = \"1s\"\n").await;
+    let a = o.addr();
+    let mut stuck = tiny_window_client(p.addr());
+    stuck
+        .write_all(&get_abs(&format!("http://{a}/big"), &a.to_string()))
+        .await
+        .expect("send the request");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Waits in the connection queue until the stuck client's slot is freed.
+    let started = std::time::Instant::now();
+    let bytes = raw_request_timeout(
+        p.addr(),
+        &get_abs(&format!("http://{a}/small"), &a.to_string()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let resp = parse_response(&bytes);
+    assert_eq!((resp.status, resp.body_str().as_str()), (200, "small"));
+    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
+
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        p.addr()
+    );
+    let metrics = ask(p.addr(), req.as_bytes()).await.body_str();
+    assert!(metrics.contains("\nportico_send_timeouts_total 1\n"), "{metrics}");
+    let perf = perfdump(&p).await;
+    assert!(perf.contains("SendTimeouts         1\n"), "{perf}");
+
+    // The stuck client's connection was cut: reading now ends (reset or end
+    // of stream) well before the whole body.
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 64 << 10];
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(n) = stuck.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection was still open after {got} bytes");
+    assert!(got < BIG, "the whole body arrived");
 }
 
 // ---------------------------------------------------------------- clients that are refused

@@ -233,6 +233,9 @@ pub struct LimitsConfig {
     pub header_timeout: Dur,
     /// Largest request body accepted; 0 = unlimited (413 beyond it).
     pub max_body_size: Size,
+    /// Longest time a client may accept no response bytes before its
+    /// connection is closed (nginx's `send_timeout`).
+    pub send_timeout: Dur,
 }
 
 impl Default for LimitsConfig {
@@ -243,6 +246,7 @@ impl Default for LimitsConfig {
             max_headers: 100,
             header_timeout: Dur::secs(10),
             max_body_size: Size(0),
+            send_timeout: Dur::secs(60),
         }
     }
 }
@@ -298,7 +302,8 @@ impl Default for ProxyConfig {
 pub struct OriginConfig {
     /// Time allowed to resolve and connect (and finish TLS) to an origin (504 beyond it).
     pub connect_timeout: Dur,
-    /// Time allowed from sending the request until the response head arrives (504 beyond it).
+    /// Time allowed from the end of the request (head, or body when it has
+    /// one) until the response head arrives (504 beyond it).
     pub first_byte_timeout: Dur,
     /// Longest silence allowed while a response body is arriving.
     pub idle_timeout: Dur,

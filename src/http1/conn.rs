@@ -30,6 +30,8 @@ pub struct ConnSettings {
     pub max_body: u64,
     /// Longest silence while a request body is arriving.
     pub body_idle_timeout: Duration,
+    /// Longest time the client may accept no response bytes.
+    pub send_timeout: Duration,
 }
 
 /// Everything the handler gets for one request.
@@ -307,7 +309,7 @@ async fn serve_one<H: Handler>(
                 .collect::<String>()
                 .trim_end()
                 .to_string();
-            let mut out = ResponseWriter::new(stream, http::Version::HTTP_11, &http::Method::GET, false);
+            let mut out = ResponseWriter::new(stream, http::Version::HTTP_11, &http::Method::GET, false, settings);
             out.close_after();
             handler
                 .reject(RejectInfo {
@@ -326,7 +328,7 @@ async fn serve_one<H: Handler>(
     }
     let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
     let keep_alive = head.keep_alive && !last_allowed && settings.keepalive.enabled();
-    let out = ResponseWriter::new(stream, head.version, &head.method, keep_alive);
+    let out = ResponseWriter::new(stream, head.version, &head.method, keep_alive, settings);
     let framing = head.body;
     let body = BodyReader::new(
         stream,

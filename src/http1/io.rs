@@ -7,6 +7,7 @@
 
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Reads whatever is available into `buf` (growing it by up to `chunk`
@@ -24,13 +25,41 @@ pub async fn read_buf(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> i
     }
 }
 
-/// Writes all of `data`.
-pub async fn write_all(stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+/// Waits until `stream` can take more bytes, at most `timeout`. A peer
+/// that accepted nothing for that long (it does not read: nginx's
+/// `send_timeout`) gets its connection aborted: the unsent bytes are
+/// discarded and a reset is sent when the socket is closed, rather than
+/// the kernel holding them for a peer that may never take them. The error
+/// is `TimedOut`.
+/// A zero `timeout` waits for ever.
+async fn writable_within(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+    if timeout.is_zero() {
+        return stream.writable().await;
+    }
+    match tokio::time::timeout(timeout, stream.writable()).await {
+        Ok(r) => r,
+        Err(_) => {
+            let sock = socket2::SockRef::from(stream);
+            let _ = sock.set_linger(Some(Duration::ZERO));
+            // Also wakes anything else waiting on the socket (the other
+            // direction of a tunnel, a lingering close) at once.
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the peer accepted no data for {}", humantime::format_duration(timeout)),
+            ))
+        }
+    }
+}
+
+/// Writes all of `data`; fails with `TimedOut` (and aborts the connection)
+/// when the peer accepts no bytes for `timeout`.
+pub async fn write_all(stream: &TcpStream, mut data: &[u8], timeout: Duration) -> io::Result<()> {
     while !data.is_empty() {
         match stream.try_write(data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable_within(stream, timeout).await?,
             Err(e) => return Err(e),
         }
     }
@@ -38,8 +67,9 @@ pub async fn write_all(stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
 }
 
 /// Writes all of the given slices, in order, with as few syscalls as the
-/// kernel allows (a response head and its first body bytes go out in one).
-pub async fn write_all_vectored(stream: &TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+/// kernel allows (a response head and its first body bytes go out in one);
+/// fails with `TimedOut` as [`write_all`] does.
+pub async fn write_all_vectored(stream: &TcpStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
     let mut idx = 0; // first slice not completely written
     let mut off = 0; // bytes of parts[idx] already written
     while idx < parts.len() {
@@ -69,7 +99,7 @@ pub async fn write_all_vectored(stream: &TcpStream, parts: &[&[u8]]) -> io::Resu
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable_within(stream, timeout).await?,
             Err(e) => return Err(e),
         }
     }

@@ -3,10 +3,12 @@
 
 use super::chunked::{chunk_header, last_chunk};
 use super::io::{write_all, write_all_vectored};
+use crate::keepalive::KeepAlive;
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 use std::io;
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// What the handler knows about the length of the body it will send.
@@ -42,10 +44,20 @@ pub struct ResponseWriter<'a> {
     finished: bool,
     /// Header edits of the routing rules, applied to whatever head is sent.
     edits: Vec<std::sync::Arc<crate::rules::HeaderEdits>>,
+    /// `limits.send_timeout`: longest wait for the client to take bytes.
+    send_timeout: Duration,
+    /// Where a send timeout is counted.
+    keepalive: &'a KeepAlive,
 }
 
 impl<'a> ResponseWriter<'a> {
-    pub(super) fn new(stream: &'a TcpStream, version: Version, method: &Method, keep_alive: bool) -> Self {
+    pub(super) fn new(
+        stream: &'a TcpStream,
+        version: Version,
+        method: &Method,
+        keep_alive: bool,
+        settings: &'a super::ConnSettings,
+    ) -> Self {
         ResponseWriter {
             stream,
             version,
@@ -59,7 +71,25 @@ impl<'a> ResponseWriter<'a> {
             body_bytes: 0,
             finished: false,
             edits: Vec::new(),
+            send_timeout: settings.send_timeout,
+            keepalive: &settings.keepalive,
         }
+    }
+
+    /// `limits.send_timeout`, for bytes written to the client outside this
+    /// writer (a tunnel's early bytes).
+    pub fn send_timeout(&self) -> Duration {
+        self.send_timeout
+    }
+
+    /// Counts a write that failed because the client took nothing for
+    /// `limits.send_timeout` (the connection has been aborted).
+    fn counted(&mut self, e: io::Error) -> io::Error {
+        if e.kind() == io::ErrorKind::TimedOut {
+            self.keep_alive = false;
+            self.keepalive.send_timed_out();
+        }
+        e
     }
 
     /// The status sent, once a head has been sent.
@@ -100,7 +130,8 @@ impl<'a> ResponseWriter<'a> {
 
     /// Sends `100 Continue` to a client that asked for it.
     pub async fn send_continue(&mut self) -> io::Result<()> {
-        write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
+        let r = write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", self.send_timeout).await;
+        r.map_err(|e| self.counted(e))
     }
 
     /// Response header edits (from the routing rules) to apply to the head
@@ -193,8 +224,9 @@ impl<'a> ResponseWriter<'a> {
         }
         let head = self.pending_head.take();
         let head = head.as_deref().unwrap_or(&[]);
-        match self.framing {
-            Framing::None => return write_all(self.stream, head).await,
+        let t = self.send_timeout;
+        let written = match self.framing {
+            Framing::None => write_all(self.stream, head, t).await,
             Framing::Length if self.body_bytes + data.len() as u64 > self.declared => {
                 // Never write past the announced length: the excess would be
                 // read by the client as the start of the next response.
@@ -204,13 +236,16 @@ impl<'a> ResponseWriter<'a> {
                     "body longer than its Content-Length",
                 ));
             }
-            Framing::Length | Framing::Close => write_all_vectored(self.stream, &[head, data]).await?,
+            Framing::Length | Framing::Close => write_all_vectored(self.stream, &[head, data], t).await,
             Framing::Chunked => {
                 let size = chunk_header(data.len());
-                write_all_vectored(self.stream, &[head, &size, data, b"\r\n"]).await?
+                write_all_vectored(self.stream, &[head, &size, data, b"\r\n"], t).await
             }
+        };
+        written.map_err(|e| self.counted(e))?;
+        if self.framing != Framing::None {
+            self.body_bytes += data.len() as u64;
         }
-        self.body_bytes += data.len() as u64;
         Ok(())
     }
 
@@ -225,11 +260,15 @@ impl<'a> ResponseWriter<'a> {
         }
         let head = self.pending_head.take();
         let head = head.as_deref().unwrap_or(&[]);
-        if self.framing == Framing::Chunked {
-            write_all_vectored(self.stream, &[head, &last_chunk(trailers)]).await?;
+        let t = self.send_timeout;
+        let written = if self.framing == Framing::Chunked {
+            write_all_vectored(self.stream, &[head, &last_chunk(trailers)], t).await
         } else if !head.is_empty() {
-            write_all(self.stream, head).await?;
-        }
+            write_all(self.stream, head, t).await
+        } else {
+            Ok(())
+        };
+        written.map_err(|e| self.counted(e))?;
         self.finished = true;
         Ok(())
     }
@@ -239,7 +278,8 @@ impl<'a> ResponseWriter<'a> {
     pub async fn send_raw_head(&mut self, status: StatusCode, head: &[u8]) -> io::Result<()> {
         self.status = Some(status);
         self.keep_alive = false;
-        write_all(self.stream, head).await
+        let r = write_all(self.stream, head, self.send_timeout).await;
+        r.map_err(|e| self.counted(e))
     }
 
     /// Counts bytes sent outside `send_data` (tunnelled bytes) for the log.

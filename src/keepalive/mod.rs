@@ -39,6 +39,7 @@ pub struct KeepAlive {
     refusals: AtomicU64,
     timeouts: AtomicU64,
     header_timeouts: AtomicU64,
+    send_timeouts: AtomicU64,
     poller: OnceLock<Arc<Poller>>,
 }
 
@@ -76,6 +77,7 @@ impl KeepAlive {
             refusals: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             header_timeouts: AtomicU64::new(0),
+            send_timeouts: AtomicU64::new(0),
             poller: OnceLock::new(),
         }
     }
@@ -157,6 +159,12 @@ impl KeepAlive {
         self.header_timeouts.fetch_add(1, Relaxed);
     }
 
+    /// A connection was closed because its client accepted no response
+    /// bytes for `limits.send_timeout`.
+    pub fn send_timed_out(&self) {
+        self.send_timeouts.fetch_add(1, Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> KeepAliveInfo {
         let p = self.poller.get();
@@ -173,6 +181,7 @@ impl KeepAlive {
             timeouts: self.timeouts.load(Relaxed),
             timeout_secs: self.timeout.as_secs_f64(),
             header_timeouts: self.header_timeouts.load(Relaxed),
+            send_timeouts: self.send_timeouts.load(Relaxed),
         }
     }
 }
@@ -212,6 +221,10 @@ pub struct KeepAliveInfo {
     /// Connections closed because a request head was not complete within
     /// `limits.header_timeout` (slow or silent clients, slowloris).
     pub header_timeouts: u64,
+    /// Connections closed because the client accepted no response bytes
+    /// for `limits.send_timeout` (a client that does not read).
+    #[serde(default)]
+    pub send_timeouts: u64,
 }
 
 #[cfg(test)]

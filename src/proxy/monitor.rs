@@ -425,6 +425,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         refusals: Some(k.refusals),
         timeouts: Some(k.timeouts),
         header_timeouts: Some(k.header_timeouts),
+        send_timeouts: Some(k.send_timeouts),
         parked: sh.keepalive.poller().map(|_| k.parked as u64),
         parked_new: sh.keepalive.poller().map(|_| k.parked_new as u64),
         parks: sh.keepalive.poller().map(|_| k.parks),

@@ -1,7 +1,8 @@
 //! CONNECT tunnels: a TCP connection to an allowed port (directly, or
 //! through a parent proxy's own CONNECT when a rule names a parent group),
 //! then bytes copied both ways until both sides have closed, or neither has
-//! sent anything for `proxy.tunnel_idle_timeout`.
+//! sent anything for `proxy.tunnel_idle_timeout`, or one side has accepted
+//! nothing for that long.
 
 use super::Shared;
 use super::reply::error_page;
@@ -74,17 +75,21 @@ pub async fn run(
     permit.take();
     // Bytes the far end sent right after the parent's answer (a protocol
     // where the server speaks first) were read with that answer.
-    if !parent_early.is_empty() && write_all(ex.stream, &parent_early).await.is_err() {
+    if !parent_early.is_empty()
+        && write_all(ex.stream, &parent_early, ex.out.send_timeout())
+            .await
+            .is_err()
+    {
         return Outcome::Close;
     }
     ex.out.add_body_bytes(parent_early.len() as u64);
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
-    if !early.is_empty() && write_all(&upstream, &early).await.is_err() {
+    let idle = sh.config.proxy.tunnel_idle_timeout.get();
+    if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
-    let idle = sh.config.proxy.tunnel_idle_timeout.get();
     let start = Instant::now();
     let last = AtomicU64::new(0);
     let (up, down) = tokio::join!(
@@ -158,7 +163,10 @@ async fn pipe(from: &TcpStream, to: &TcpStream, last: &AtomicU64, start: Instant
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        if write_all(to, &buf[..n]).await.is_err() {
+        // A side that takes no bytes for the idle time is as dead as a
+        // silent one: without this bound a client that sends but never
+        // reads would hold the tunnel (and two descriptors) for ever.
+        if write_all(to, &buf[..n], idle).await.is_err() {
             let _ = socket2::SockRef::from(from).shutdown(Shutdown::Read);
             return total;
         }

@@ -212,6 +212,10 @@ pub struct KeepAliveInfo {
     pub timeouts: Option<u64>,
     /// Connections closed because a request head did not arrive in time (slowloris).
     pub header_timeouts: Option<u64>,
+    /// Connections closed because the client accepted no response bytes
+    /// for `limits.send_timeout` (a client that does not read).
+    #[serde(default)]
+    pub send_timeouts: Option<u64>,
     /// Of `count`, those held by the keep-alive poller now (idle past
     /// `keepalive.park_after`); None without a poller.
     #[serde(default)]

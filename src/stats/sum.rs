@@ -145,6 +145,7 @@ impl Snapshot {
         add_opt(&mut a.refusals, b.refusals);
         add_opt(&mut a.timeouts, b.timeouts);
         add_opt(&mut a.header_timeouts, b.header_timeouts);
+        add_opt(&mut a.send_timeouts, b.send_timeouts);
         add_opt(&mut a.parked, b.parked);
         add_opt(&mut a.parked_new, b.parked_new);
         add_opt(&mut a.parks, b.parks);
@@ -303,6 +304,7 @@ pub fn sum_keepalive(parts: &[crate::keepalive::KeepAliveInfo]) -> Option<crate:
         a.refusals += b.refusals;
         a.timeouts += b.timeouts;
         a.header_timeouts += b.header_timeouts;
+        a.send_timeouts += b.send_timeouts;
         a.parked += b.parked;
         a.parked_new += b.parked_new;
         a.parks += b.parks;

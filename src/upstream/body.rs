@@ -6,8 +6,10 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// The client's body failed while it was being forwarded.
 #[derive(Debug, Clone)]
@@ -33,45 +35,107 @@ pub struct ProxyBody {
     rx: Option<mpsc::Receiver<Item>>,
     length: Option<u64>,
     sent: u64,
+    progress: Arc<BodyProgress>,
 }
 
 /// The feeding end of a [`ProxyBody`].
 pub struct BodySender {
     tx: mpsc::Sender<Item>,
+    progress: Arc<BodyProgress>,
+}
+
+/// How far a request body has gone: frames offered by the client side,
+/// frames taken by hyper to write to the origin, and whether the end has
+/// been taken. The exchange's timers follow it: `origin.first_byte_timeout`
+/// starts only once the whole body is out (a slow upload is not a slow
+/// origin), and a frame the origin does not take for `origin.idle_timeout`
+/// is the origin stalling.
+#[derive(Debug, Default)]
+pub struct BodyProgress {
+    offered: AtomicU64,
+    taken: AtomicU64,
+    ended: AtomicBool,
+    /// Woken at every frame offered or taken, and at the end.
+    changed: Notify,
+}
+
+impl BodyProgress {
+    /// True once hyper has taken the end of the body (or there was none).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// True while a frame the client sent waits for the origin to take it.
+    pub fn pending(&self) -> bool {
+        self.offered.load(Ordering::Acquire) > self.taken.load(Ordering::Acquire)
+    }
+
+    /// Completes at the next change. Create it before looking at the
+    /// state: a change after its creation is never missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    fn offer(&self) {
+        self.offered.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    fn take(&self) {
+        self.taken.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
 }
 
 impl ProxyBody {
     /// No body.
     pub fn empty() -> ProxyBody {
+        let progress = BodyProgress::default();
+        progress.ended.store(true, Ordering::Relaxed);
         ProxyBody {
             rx: None,
             length: Some(0),
             sent: 0,
+            progress: Arc::new(progress),
         }
     }
 
     /// A streamed body of `length` bytes (None = chunked, unknown length).
     pub fn channel(length: Option<u64>) -> (ProxyBody, BodySender) {
         let (tx, rx) = mpsc::channel(4);
+        let progress = Arc::new(BodyProgress::default());
         (
             ProxyBody {
                 rx: Some(rx),
                 length,
                 sent: 0,
+                progress: progress.clone(),
             },
-            BodySender { tx },
+            BodySender { tx, progress },
         )
+    }
+
+    /// How far this body has gone (shared with its sender).
+    pub fn progress(&self) -> Arc<BodyProgress> {
+        self.progress.clone()
     }
 }
 
 impl BodySender {
     /// Sends body bytes; false when the upstream side has gone away.
     pub async fn data(&self, data: Bytes) -> bool {
+        self.progress.offer();
         self.tx.send(Ok(Frame::data(data))).await.is_ok()
     }
 
     /// Sends trailers.
     pub async fn trailers(&self, trailers: HeaderMap) -> bool {
+        self.progress.offer();
         self.tx.send(Ok(Frame::trailers(trailers))).await.is_ok()
     }
 
@@ -102,6 +166,12 @@ impl Body for ProxyBody {
                 if let Some(d) = frame.data_ref() {
                     this.sent += d.len() as u64;
                 }
+                this.progress.take();
+                // With a Content-Length, hyper stops polling once that many
+                // bytes are out: the last of them is the end of the body.
+                if this.length == Some(this.sent) {
+                    this.progress.end();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
@@ -112,7 +182,10 @@ impl Body for ProxyBody {
                         message: "body ended early".into(),
                         too_large: false,
                     }))),
-                    _ => Poll::Ready(None),
+                    _ => {
+                        this.progress.end();
+                        Poll::Ready(None)
+                    }
                 }
             }
             Poll::Pending => Poll::Pending,

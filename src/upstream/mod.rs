@@ -6,7 +6,7 @@ mod body;
 mod connect;
 mod group;
 
-pub use body::{BodySender, ClientBodyError, ProxyBody};
+pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, tls_config};
 pub use group::{Group, ServerAddr};
 
@@ -110,19 +110,56 @@ impl Upstream {
     }
 
     /// Sends `req` (absolute URI) and waits for the response head.
+    ///
+    /// `origin.first_byte_timeout` runs from the moment the whole request
+    /// body has gone to the origin (at once for a request without one),
+    /// not from the request head: a client uploading slowly is not an
+    /// origin answering slowly. While the body goes out, a frame the origin
+    /// does not take for `origin.idle_timeout` ends the exchange (504); a
+    /// client that sends nothing for that long is cut off by the body
+    /// reader's own idle timeout (its error reaches hyper through the body).
     pub async fn send(&self, req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = &self.connector.stats;
         stats.requests.fetch_add(1, Relaxed);
         let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
         let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
-            Err(_) => {
+        let progress = req.body().progress();
+        let request = self.client.request(req);
+        tokio::pin!(request);
+        let answered = loop {
+            let changed = progress.changed();
+            let ended = progress.ended();
+            let limit = if ended {
+                self.first_byte_timeout
+            } else {
+                self.idle_timeout
+            };
+            tokio::select! {
+                r = &mut request => break Ok(r),
+                // A frame moved or the body ended: the timers start over.
+                () = changed => {}
+                () = tokio::time::sleep(limit) => {
+                    if ended {
+                        break Err(format!(
+                            "origin sent no response within {}",
+                            humantime::format_duration(limit)
+                        ));
+                    }
+                    if progress.pending() {
+                        break Err(format!(
+                            "origin took no request body bytes for {}",
+                            humantime::format_duration(limit)
+                        ));
+                    }
+                    // Waiting for the client's next bytes: its own timeout applies.
+                }
+            }
+        };
+        let result = match answered {
+            Err(why) => {
                 stats.response_timeouts.fetch_add(1, Relaxed);
-                Err(UpstreamError::Timeout(format!(
-                    "origin sent no response within {}",
-                    humantime::format_duration(self.first_byte_timeout)
-                )))
+                Err(UpstreamError::Timeout(why))
             }
             Ok(Ok(resp)) => {
                 stats.responses.fetch_add(1, Relaxed);

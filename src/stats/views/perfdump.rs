@@ -103,6 +103,9 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     if let Some(h) = ka.header_timeouts {
         let _ = writeln!(o, "{:<20} {h}", "HeaderTimeouts");
     }
+    if let Some(s) = ka.send_timeouts {
+        let _ = writeln!(o, "{:<20} {s}", "SendTimeouts");
+    }
     // The poller's share (the seed's keep-alive subsystem in high-concurrency mode).
     if let (Some(p), Some(n), Some(t)) = (ka.parked, ka.parked_new, ka.parks) {
         let _ = writeln!(o, "{:<20} {p} kept-alive, {n} new", "KeepAlivePolled");

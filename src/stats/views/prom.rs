@@ -252,6 +252,12 @@ pub fn render(s: &Snapshot) -> String {
             "counter",
         ),
         (
+            "portico_send_timeouts_total",
+            "Connections closed because the client accepted no response bytes for limits.send_timeout.",
+            ka.send_timeouts,
+            "counter",
+        ),
+        (
             "portico_keepalive_polled_connections",
             "Idle persistent connections held by the keep-alive poller.",
             ka.parked,

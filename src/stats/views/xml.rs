@@ -245,6 +245,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             a("countRefusals", opt(ka.refusals)),
             a("countTimeouts", opt(ka.timeouts)),
             a("countHeaderTimeouts", opt(ka.header_timeouts)),
+            a("countSendTimeouts", opt(ka.send_timeouts)),
             a("countPolled", opt(ka.parked)),
             a("countPolledNew", opt(ka.parked_new)),
             a("countHandoffs", opt(ka.parks)),
