@@ -42,6 +42,9 @@ pub struct ResponseWriter<'a> {
     finished: bool,
     /// Header edits of the routing rules, applied to whatever head is sent.
     edits: Vec<std::sync::Arc<crate::rules::HeaderEdits>>,
+    /// The client sent `Expect: 100-continue` with a body and has not been
+    /// told to send it yet.
+    awaiting_continue: bool,
 }
 
 impl<'a> ResponseWriter<'a> {
@@ -59,7 +62,13 @@ impl<'a> ResponseWriter<'a> {
             body_bytes: 0,
             finished: false,
             edits: Vec::new(),
+            awaiting_continue: false,
         }
+    }
+
+    /// Notes that the client waits for `100 Continue` before sending its body.
+    pub(super) fn expect_continue(&mut self) {
+        self.awaiting_continue = true;
     }
 
     /// The status sent, once a head has been sent.
@@ -100,6 +109,7 @@ impl<'a> ResponseWriter<'a> {
 
     /// Sends `100 Continue` to a client that asked for it.
     pub async fn send_continue(&mut self) -> io::Result<()> {
+        self.awaiting_continue = false;
         write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
     }
 
@@ -157,6 +167,13 @@ impl<'a> ResponseWriter<'a> {
         }
         if !headers.contains_key(DATE) {
             headers.insert(DATE, crate::util::http_date_now());
+        }
+        // A final answer instead of 100 Continue: the client may send its
+        // body anyway or skip it (RFC 9110 10.1.1), and its next request
+        // would be read as that body, or the body as its next request. Only
+        // closing leaves no doubt.
+        if self.awaiting_continue {
+            self.keep_alive = false;
         }
         // Draining (SIGTERM): this is the connection's last response.
         if crate::drain::is_draining() {
