@@ -157,6 +157,18 @@ pub fn check(buf: &[u8], limits: &HeadLimits) -> Option<(RequestHead, usize)> {
         head.headers.len(),
         "field count differs from the raw head"
     );
+    // No field another server could take for a framing field: `_` for `-`.
+    for (name, _) in &fields {
+        let dashed: Vec<u8> = name
+            .iter()
+            .map(|b| if *b == b'_' { b'-' } else { b.to_ascii_lowercase() })
+            .collect();
+        assert!(
+            !name.contains(&b'_') || (dashed != b"content-length" && dashed != b"transfer-encoding"),
+            "framing look-alike accepted: {}",
+            String::from_utf8_lossy(name)
+        );
+    }
     let te = values(&fields, "transfer-encoding");
     let cl = values(&fields, "content-length");
     let cl_elems = elements(&cl);

@@ -183,6 +183,9 @@ fn parse_fields<'b>(head_bytes: &'b [u8], storage: &mut [httparse::Header<'b>]) 
     };
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     for h in req.headers.iter() {
+        if framing_lookalike(h.name) {
+            return Err(bad("header field name resembling Content-Length or Transfer-Encoding"));
+        }
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad("invalid header field name"))?;
         let value = HeaderValue::from_bytes(h.value).map_err(|_| bad("invalid header field value"))?;
         headers.append(name, value);
@@ -236,6 +239,22 @@ fn parse_fields<'b>(head_bytes: &'b [u8], storage: &mut [httparse::Header<'b>]) 
         keep_alive,
         expect_continue,
     })
+}
+
+/// True for `Transfer_Encoding`, `content_length` and the like: valid field
+/// names, but servers that map `_` to `-` (CGI-style environments, some
+/// frameworks) read them as the framing fields, which Portico does not.
+/// Such an origin would wait for a body Portico never sends, and read the
+/// next request on the pooled connection as that body.
+pub fn framing_lookalike(name: &str) -> bool {
+    let same = |framing: &str| {
+        name.len() == framing.len()
+            && name
+                .bytes()
+                .zip(framing.bytes())
+                .all(|(a, b)| a.eq_ignore_ascii_case(&b) || (a == b'_' && b == b'-'))
+    };
+    name.contains('_') && (same("content-length") || same("transfer-encoding"))
 }
 
 /// The request target must have the form its method allows (RFC 9112 3.2).
@@ -517,6 +536,25 @@ mod tests {
         );
         assert_eq!(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
         assert_eq!(status("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn framing_lookalikes_are_rejected() {
+        for name in [
+            "Transfer_Encoding",
+            "transfer_encoding",
+            "Content_Length",
+            "content-LENGTH",
+        ] {
+            let head = format!("POST / HTTP/1.1\r\nHost: x\r\n{name}: 5\r\n\r\n");
+            if name.contains('_') {
+                assert_eq!(status(&head), 400, "{name}");
+            } else {
+                assert!(parse(&head).unwrap().is_some(), "{name}");
+            }
+        }
+        assert!(!framing_lookalike("x_content_length"));
+        assert!(!framing_lookalike("Content-Length"));
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct ResponseWriter<'a> {
     send_timeout: Duration,
     /// Where a send timeout is counted.
     keepalive: &'a KeepAlive,
+    /// The client sent `Expect: 100-continue` with a body and has not been
+    /// told to send it yet.
+    awaiting_continue: bool,
 }
 
 impl<'a> ResponseWriter<'a> {
@@ -73,6 +76,7 @@ impl<'a> ResponseWriter<'a> {
             edits: Vec::new(),
             send_timeout: settings.send_timeout,
             keepalive: &settings.keepalive,
+            awaiting_continue: false,
         }
     }
 
@@ -90,6 +94,11 @@ impl<'a> ResponseWriter<'a> {
             self.keepalive.send_timed_out();
         }
         e
+    }
+
+    /// Notes that the client waits for `100 Continue` before sending its body.
+    pub(super) fn expect_continue(&mut self) {
+        self.awaiting_continue = true;
     }
 
     /// The status sent, once a head has been sent.
@@ -130,6 +139,7 @@ impl<'a> ResponseWriter<'a> {
 
     /// Sends `100 Continue` to a client that asked for it.
     pub async fn send_continue(&mut self) -> io::Result<()> {
+        self.awaiting_continue = false;
         let r = write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", self.send_timeout).await;
         r.map_err(|e| self.counted(e))
     }
@@ -188,6 +198,13 @@ impl<'a> ResponseWriter<'a> {
         }
         if !headers.contains_key(DATE) {
             headers.insert(DATE, crate::util::http_date_now());
+        }
+        // A final answer instead of 100 Continue: the client may send its
+        // body anyway or skip it (RFC 9110 10.1.1), and its next request
+        // would be read as that body, or the body as its next request. Only
+        // closing leaves no doubt.
+        if self.awaiting_continue {
+            self.keep_alive = false;
         }
         // Draining (SIGTERM): this is the connection's last response.
         if crate::drain::is_draining() {

@@ -4,7 +4,7 @@
 //! group when a connect fails.
 
 use super::Shared;
-use super::headers::{add_via, decrement_max_forwards, forwarded_for, strip_hop_by_hop};
+use super::headers::{add_via, decrement_max_forwards, forwarded_for, remove_framing_lookalikes, strip_hop_by_hop};
 use crate::config::HostHeader;
 use crate::http1::RequestHead;
 use crate::http1::head::{list_tokens, normalise_content_length};
@@ -490,6 +490,7 @@ pub fn response_headers(
     // What is stored and sent carries one canonical length field; the
     // response writer then sets it from the body actually sent.
     normalise_content_length(&mut headers);
+    remove_framing_lookalikes(&mut headers);
     add_via(&mut headers, received, &sh.config.proxy.via);
     if let Some(r) = rewrite {
         r.apply(&mut headers);

@@ -36,6 +36,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes fields named like a framing field but with `_` (see
+/// `head::framing_lookalike`): Portico frames the message by its own
+/// fields, and a next hop that reads `Transfer_Encoding` as
+/// `Transfer-Encoding` would frame it differently.
+pub fn remove_framing_lookalikes(headers: &mut HeaderMap) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| crate::http1::head::framing_lookalike(k.as_str()))
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(&name);
+    }
+}
+
 /// Appends our `Via` entry (`1.1 portico`, or `1.0 portico` for a message
 /// received as HTTP/1.0).
 pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {

@@ -118,8 +118,9 @@ impl Upstream {
     /// does not take for `origin.idle_timeout` ends the exchange (504); a
     /// client that sends nothing for that long is cut off by the body
     /// reader's own idle timeout (its error reaches hyper through the body).
-    pub async fn send(&self, req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, mut req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
         use std::sync::atomic::Ordering::Relaxed;
+        let connection = hyper_util::client::legacy::connect::capture_connection(&mut req);
         let stats = &self.connector.stats;
         stats.requests.fetch_add(1, Relaxed);
         let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
@@ -176,8 +177,33 @@ impl Upstream {
             }
         };
         drop(stage);
-        result
+        result.and_then(|resp| refuse_ambiguous_framing(resp, &connection))
     }
+}
+
+/// A response with both `Transfer-Encoding` and `Content-Length` "might
+/// indicate an attempt to perform request smuggling or response splitting
+/// and ought to be handled as an error" (RFC 9112 6.3): hyper reads it as
+/// chunked and would then reuse the connection, although the origin (or
+/// whatever sits in front of it) may have meant the length, and the bytes
+/// after it would be read as the answer to the next request, whoever sent
+/// it. So, like nginx, Portico answers 502 instead (nothing of it is
+/// passed on, nothing stored), and poisons the connection so the pool
+/// never hands it out again: dropping the unread body closes it.
+fn refuse_ambiguous_framing(
+    resp: http::Response<Incoming>,
+    connection: &hyper_util::client::legacy::connect::CaptureConnection,
+) -> Result<http::Response<Incoming>, UpstreamError> {
+    let headers = resp.headers();
+    if !(headers.contains_key(http::header::TRANSFER_ENCODING) && headers.contains_key(http::header::CONTENT_LENGTH)) {
+        return Ok(resp);
+    }
+    if let Some(connected) = connection.connection_metadata().as_ref() {
+        connected.poison();
+    }
+    Err(UpstreamError::Failed(
+        "the origin sent a response with both Content-Length and Transfer-Encoding (refused: RFC 9112 6.3)".into(),
+    ))
 }
 
 /// Finds what really went wrong inside hyper's error chain.

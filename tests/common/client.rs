@@ -389,3 +389,22 @@ pub async fn curl(args: &[&str]) -> Output {
         .await
         .expect("failed to run curl (is /usr/bin/curl installed?)")
 }
+
+/// Parses the responses in `bytes` (the end of `bytes` counting as the
+/// connection closing) up to the first truncated or malformed one; returns
+/// those parsed and what stopped the parse (None when every byte was used).
+pub fn parse_responses_lenient(bytes: &[u8]) -> (Vec<ParsedResponse>, Option<String>) {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match try_parse(rest, true, false) {
+            Ok(Some((resp, used))) => {
+                out.push(resp);
+                rest = &rest[used..];
+            }
+            Ok(None) => return (out, Some("no response".into())),
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, None)
+}

@@ -172,7 +172,8 @@ impl Recorded {
     }
 
     /// A one-line summary of the message boundaries: the request line, then
-    /// every `Content-Length` and `Transfer-Encoding` line as sent, the
+    /// every `Content-Length` and `Transfer-Encoding` line as sent (and
+    /// look-alikes spelt with `_`), the
     /// body (decoded) and any trailers, joined by `" | "`; `Host` too when
     /// it is not `default_host`. A message that is not well framed shows
     /// as `!<why>`.
@@ -182,7 +183,8 @@ impl Recorded {
         }
         let mut parts = vec![self.line.clone()];
         for (k, v) in &self.headers {
-            let lower = k.to_ascii_lowercase();
+            // `Transfer_Encoding` too: some servers read `_` as `-`.
+            let lower = k.to_ascii_lowercase().replace('_', "-");
             let shown = match lower.as_str() {
                 "content-length" | "transfer-encoding" => true,
                 "host" => v != default_host,
