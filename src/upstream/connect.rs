@@ -777,10 +777,10 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::{ConnectError, ConnectErrorKind, connect_status, dns_cause, localhost, numeric_ipv4};
-    use std::net::IpAddr;
     use hickory_resolver::net::{DnsError, NetError, NoRecords};
     use hickory_resolver::proto::op::{Query, ResponseCode};
     use hickory_resolver::proto::rr::{Name, RecordType};
+    use std::net::IpAddr;
 
     fn no_records(code: ResponseCode) -> NetError {
         let name = Name::from_ascii("does-not-exist.invalid.").expect("name");
@@ -790,8 +790,14 @@ mod tests {
     #[test]
     fn dns_failures_in_plain_words() {
         let cases = [
-            (no_records(ResponseCode::NXDomain), "no address found (the name does not exist)"),
-            (no_records(ResponseCode::NoError), "no address found (the name has no address records)"),
+            (
+                no_records(ResponseCode::NXDomain),
+                "no address found (the name does not exist)",
+            ),
+            (
+                no_records(ResponseCode::NoError),
+                "no address found (the name has no address records)",
+            ),
             (
                 NetError::Dns(DnsError::ResponseCode(ResponseCode::ServFail)),
                 "the DNS server failed to answer (SERVFAIL)",
