@@ -121,6 +121,25 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // The Sun guide's ACL user cache tuning: a cache too small for the
+    // users in play evicts users who come back at once, and each return
+    // costs a password verification (milliseconds of CPU for bcrypt).
+    if let Some(a) = &s.auth
+        && a.misses >= MIN_LOOKUPS
+        && a.evictions * 10 >= a.misses
+    {
+        say(
+            "auth-user-cache-too-small",
+            format!(
+                "The user cache evicted {} users for {} verifications ({}/{} users cached, hit ratio {:.2}%): it is too small for the users of this proxy, and evicted users pay a password verification again. Raise auth.max_users to at least the number of users active within auth.max_age.",
+                a.evictions,
+                a.misses,
+                a.users,
+                a.max_users,
+                a.hit_ratio()
+            ),
+        );
+    }
     if s.dns.enabled && s.dns.lookups >= MIN_LOOKUPS && s.dns.hit_ratio() < LOW_DNS_RATIO {
         say(
             "low-dns-hit-ratio",
