@@ -448,3 +448,53 @@ async fn reverse_listener_answers_401_and_keeps_credentials_from_the_origin() {
     assert_eq!(r.status, 200, "{}", r.body_str());
     assert!(o.requests().iter().all(|r| r.header("authorization").is_none()));
 }
+
+#[tokio::test]
+async fn sighup_rereads_the_user_file_and_keeps_serving() {
+    if !have_htpasswd() {
+        return;
+    }
+    let (_d, file) = user_file(&[("-B", "alice", "s3cret")]);
+    let o = origin().await;
+    let p = proxy(&file, "").await;
+    assert_eq!(get_as(&p, &o, "alice", "s3cret").await.status, 200);
+    assert_eq!(metric(&p, "portico_auth_reloads_total").await, 1.0);
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&p, "portico_auth_reloads_total").await < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not re-read the user file\n{}",
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get_as(&p, &o, "alice", "s3cret").await.status, 200);
+}
+
+#[tokio::test]
+async fn missing_user_file_is_a_startup_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("nope");
+    let cfg = format!(
+        "[[listener]]\naddress = \"{}\"\n\n[auth]\nhtpasswd = \"{}\"\n",
+        free_addr(),
+        missing.display()
+    );
+    let path = dir.path().join("portico.toml");
+    std::fs::write(&path, cfg).expect("write config");
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+            .current_dir(dir.path())
+            .args(["run", "-c"])
+            .arg(&path)
+            .output(),
+    )
+    .await
+    .expect("portico exits at once")
+    .expect("run portico");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("htpasswd file") && err.contains("nope"), "{err}");
+}
