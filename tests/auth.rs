@@ -321,6 +321,10 @@ async fn thousand_users_through_a_hundred_entry_cache() {
     // stats-xml show the user cache.
     let json = page(&p, "/.stats.json").await;
     assert!(json.contains("auth-user-cache-too-small"), "{json}");
+    assert!(
+        json.contains("\"evictions\":900"),
+        "user cache figures in the JSON: {json}"
+    );
     let perf = page(&p, "/.perf").await;
     assert!(perf.contains("ACLUserCacheInfo") && perf.contains("100/100"), "{perf}");
     let xml = page(&p, "/stats-xml").await;

@@ -339,6 +339,29 @@ mod tests {
     }
 
     #[test]
+    fn auth_user_cache_too_small() {
+        let mut s = Snapshot::default();
+        s.auth = Some(AuthInfo {
+            users: 100,
+            max_users: 100,
+            hits: 50,
+            misses: 100,
+            evictions: 5,
+            ..Default::default()
+        });
+        // 5 evictions for 100 verifications: the cache copes.
+        assert!(rules(&s).is_empty());
+        s.auth.as_mut().unwrap().evictions = 40;
+        let a = advise(&s);
+        assert_eq!(a[0].rule, "auth-user-cache-too-small");
+        assert!(
+            a[0].text.contains("auth.max_users") && a[0].text.contains("100/100"),
+            "{}",
+            a[0].text
+        );
+    }
+
+    #[test]
     fn low_dns_hit_ratio() {
         let mut s = Snapshot::default();
         s.dns = DnsInfo {
