@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod admit;
+pub mod auth;
 pub mod blocking;
 pub mod cache;
 pub mod config;

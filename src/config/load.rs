@@ -333,6 +333,34 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "must be at least 1 (disk I/O needs a thread)".into(),
         ));
     }
+    let a = &c.auth;
+    if a.required && !a.enabled() {
+        return Err((
+            vec![Key("auth"), Key("required")],
+            "required = true needs auth.htpasswd (the file of users to check credentials against)".into(),
+        ));
+    }
+    if a.realm.is_empty() || a.realm.chars().any(|ch| ch == '"' || ch == '\\' || ch.is_control()) {
+        return Err((
+            vec![Key("auth"), Key("realm")],
+            format!(
+                "realm {:?}: must be non-empty, without quotes, backslashes or control characters",
+                a.realm
+            ),
+        ));
+    }
+    if a.max_users == 0 {
+        return Err((
+            vec![Key("auth"), Key("max_users")],
+            "must be at least 1 (the user cache cannot be turned off: every request would verify a password)".into(),
+        ));
+    }
+    if !a.groups.as_os_str().is_empty() && !a.enabled() {
+        return Err((
+            vec![Key("auth"), Key("groups")],
+            "a groups file needs auth.htpasswd".into(),
+        ));
+    }
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }

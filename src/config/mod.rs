@@ -43,6 +43,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Statistics and the monitoring endpoints.
     pub monitor: MonitorConfig,
+    /// Basic authentication of clients against an htpasswd file, and the user cache.
+    pub auth: AuthConfig,
 }
 
 impl Default for Config {
@@ -60,6 +62,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             monitor: MonitorConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -882,6 +885,52 @@ impl Default for MonitorConfig {
             dashboard: "/.dashboard".to_string(),
             json: "/.stats.json".to_string(),
         }
+    }
+}
+
+/// `[auth]`: RFC 7617 Basic authentication against an Apache htpasswd
+/// file, and the user cache (the Sun proxy's ACL user cache). Off while
+/// `htpasswd` is empty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The realm named in the challenge (`Basic realm="..."`).
+    pub realm: String,
+    /// Apache htpasswd file of users; empty = authentication off.
+    pub htpasswd: PathBuf,
+    /// Apache AuthGroupFile (`group: user1 user2`); empty = no groups.
+    pub groups: PathBuf,
+    /// Every request on a proxy or reverse listener must carry valid credentials.
+    pub required: bool,
+    /// Users the cache holds (Sun: 200).
+    pub max_users: usize,
+    /// Groups kept per cached user (Sun: 4).
+    pub max_groups_per_user: usize,
+    /// How long a verified user is trusted from the cache (Sun: 120 s).
+    pub max_age: Dur,
+    /// How long a failed login is remembered, answered without verifying again.
+    pub failed_ttl: Dur,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            realm: "Portico".to_string(),
+            htpasswd: PathBuf::new(),
+            groups: PathBuf::new(),
+            required: false,
+            max_users: 10_000,
+            max_groups_per_user: 32,
+            max_age: Dur::secs(300),
+            failed_ttl: Dur::secs(10),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// True when `[auth]` names an htpasswd file.
+    pub fn enabled(&self) -> bool {
+        !self.htpasswd.as_os_str().is_empty()
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Exchange<'a> {
     /// (`HIER_DIRECT/host`, `FIRST_PARENT/host`, ...), noted by the handler
     /// when it contacted an upstream; this layer never reads it.
     pub hierarchy: Option<String>,
+    /// The authenticated user (`[auth]`), noted by the handler for the
+    /// access log and the access-control step; this layer never reads it.
+    pub user: Option<std::sync::Arc<crate::auth::User>>,
 }
 
 /// What the handler did with the connection.
@@ -351,6 +354,7 @@ async fn serve_one<H: Handler>(
         served,
         cache_result: None,
         hierarchy: None,
+        user: None,
     };
     let outcome = handler.handle(&mut ex).await;
     let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();

@@ -49,6 +49,8 @@ pub struct Shared {
     pub keepalive: Arc<KeepAlive>,
     /// The blocking pool the disk cache runs its file I/O on.
     pub blocking: BlockingPool,
+    /// Basic authentication and the user cache, when `[auth]` names an htpasswd file.
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
 }
 
 impl Shared {
@@ -155,7 +157,22 @@ impl Shared {
             }
             None => None,
         };
+        // The user cache outlives a reload when `[auth]` is unchanged; the
+        // files are read again either way (SIGHUP is how an admin says
+        // "the users changed"), and a reload is refused if they cannot be.
+        let auth = match old.and_then(|o| o.auth.as_ref()) {
+            Some(a) if config.auth.enabled() && *a.config() == config.auth => {
+                a.check_files(true);
+                if let Some(why) = a.failing() {
+                    return Err(format!("auth: {why}"));
+                }
+                Some(a.clone())
+            }
+            _ if config.auth.enabled() => Some(Arc::new(crate::auth::Authenticator::new(&config.auth)?)),
+            _ => None,
+        };
         Ok(Shared {
+            auth,
             stats,
             admission,
             keepalive,
@@ -346,6 +363,11 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        if let Some(auth) = &sh.auth
+            && let Some(outcome) = self.authenticate(ex, sh, auth).await
+        {
+            return outcome;
+        }
         if ex.head.method == Method::TRACE && !sh.config.proxy.allow_trace {
             // Neither answered nor forwarded: an echo of the request hands
             // its credentials to whatever script sent it (cross-site tracing).
@@ -471,6 +493,66 @@ impl ListenerHandler {
         }
     }
 
+    /// The credential step (`[auth]`): reads the listener's credentials
+    /// field (`Authorization` on a reverse listener, `Proxy-Authorization`
+    /// otherwise, CONNECT included), verifies it, notes the user in
+    /// `ex.user` and removes the field so it is never forwarded. `Some` is
+    /// the answer when the request goes no further: 407/401 challenge for
+    /// missing (with `auth.required`) or wrong credentials, 400 for a
+    /// malformed field, 503 when the user file cannot be used.
+    async fn authenticate(
+        &self,
+        ex: &mut Exchange<'_>,
+        sh: &Shared,
+        auth: &Arc<crate::auth::Authenticator>,
+    ) -> Option<Outcome> {
+        use crate::auth::basic::{Presented, parse};
+        let reverse = self.mode == Mode::Reverse;
+        let field = if reverse {
+            http::header::AUTHORIZATION
+        } else {
+            http::header::PROXY_AUTHORIZATION
+        };
+        // Removed whatever it holds: on a reverse listener with `[auth]`
+        // the field is Portico's, not the origin's (docs/CONFIG.md).
+        let value = ex.head.headers.remove(&field);
+        let presented = match value.as_ref().map(parse) {
+            None | Some(Ok(Presented::OtherScheme)) => None,
+            Some(Ok(Presented::Basic(b))) => Some(b),
+            Some(Err(why)) => {
+                return Some(self.fail(ex, StatusCode::BAD_REQUEST, why).await);
+            }
+        };
+        let Some(creds) = presented else {
+            if sh.config.auth.required || value.is_some() {
+                return Some(reply::challenge(ex, reverse, &sh.config.auth.realm).await);
+            }
+            return None;
+        };
+        let name = creds.user.clone();
+        match auth.authenticate(creds, &sh.blocking).await {
+            Ok(user) => {
+                ex.user = Some(user);
+                None
+            }
+            Err(crate::auth::Refusal::Invalid) => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: wrong credentials for user {name:?}", ex.head.method, ex.head.target);
+                // Logged as the name presented: Squid and Apache log the
+                // user of a refused request too, which is what shows a guesser.
+                ex.user = Some(Arc::new(crate::auth::User {
+                    name,
+                    groups: Vec::new(),
+                }));
+                Some(reply::challenge(ex, reverse, &sh.config.auth.realm).await)
+            }
+            Err(crate::auth::Refusal::Unavailable(why)) => {
+                // Not `fail`: the error log has the episode's one line
+                // already (auth::Authenticator::check_files).
+                Some(reply::auth_unavailable(ex, &why).await)
+            }
+        }
+    }
+
     /// The routing rules' verdict on `target`.
     fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &crate::route::HttpTarget) -> crate::rules::Route {
         sh.rules.route(&crate::rules::Request {
@@ -547,7 +629,7 @@ impl ListenerHandler {
         let header = |name: http::header::HeaderName| h.headers.get(name).and_then(|v| v.to_str().ok());
         sh.access_log.record(&AccessRecord {
             client: ex.peer.ip(),
-            user: None,
+            user: ex.user.as_deref().map(|u| u.name.as_str()),
             request_line: &request_line,
             status: ex.out.status().map_or(0, |s| s.as_u16()),
             bytes: ex.out.body_bytes(),

@@ -526,6 +526,22 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         upstream,
         buckets,
         access_log: sh.access_log.info(),
+        auth: sh.auth.as_ref().map(|a| {
+            let st = &a.stats;
+            stats::AuthInfo {
+                users: a.cached_users() as u64,
+                max_users: a.config().max_users as u64,
+                hits: l(&st.hits),
+                misses: l(&st.misses),
+                evictions: l(&st.evictions),
+                failures: l(&st.failures),
+                failed_cache_hits: l(&st.failed_hits),
+                unavailable: l(&st.unavailable),
+                reloads: l(&st.reloads),
+                failing: a.failing().is_some(),
+                verify_time: st.verify_time.snapshot(),
+            }
+        }),
         processes: Vec::new(),
     }
 }

@@ -34,6 +34,44 @@ pub async fn error_page_with(
     out.send_full(status, headers, Bytes::from(body)).await
 }
 
+/// A Basic challenge (RFC 7617, RFC 9110 11.6/11.7): 407 with
+/// `Proxy-Authenticate` on forward and transparent listeners and for
+/// CONNECT, 401 with `WWW-Authenticate` on a reverse listener (where the
+/// client believes it talks to the origin). The body is short: browsers
+/// show their password prompt, not the page.
+pub async fn challenge(ex: &mut Exchange<'_>, reverse: bool, realm: &str) -> Outcome {
+    let (status, field) = if reverse {
+        (StatusCode::UNAUTHORIZED, http::header::WWW_AUTHENTICATE)
+    } else {
+        (
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            http::header::PROXY_AUTHENTICATE,
+        )
+    };
+    let mut headers = HeaderMap::new();
+    // The realm is checked at load (no quotes, backslashes or controls).
+    let value = format!("Basic realm=\"{realm}\", charset=\"UTF-8\"");
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(field, v);
+    }
+    let reason = "Authentication required: this proxy needs a valid user name and password.";
+    match error_page_with(&mut ex.out, status, reason, headers).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
+}
+
+/// 503 when credentials cannot be checked (the user file is missing or
+/// unreadable): not a challenge, so a browser does not loop asking for a
+/// password that cannot help. The reason is shown; it names a file
+/// path, which users of an authenticating proxy may see.
+pub async fn auth_unavailable(ex: &mut Exchange<'_>, why: &str) -> Outcome {
+    match error_page(&mut ex.out, StatusCode::SERVICE_UNAVAILABLE, why).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
+}
+
 /// TRACE while `proxy.allow_trace` is off: 405 with the methods that are
 /// allowed. Nothing of the request is echoed, and nothing is forwarded.
 pub async fn trace_refused(ex: &mut Exchange<'_>) -> Outcome {

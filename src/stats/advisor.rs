@@ -121,6 +121,25 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // The Sun guide's ACL user cache tuning: a cache too small for the
+    // users in play evicts users who come back at once, and each return
+    // costs a password verification (milliseconds of CPU for bcrypt).
+    if let Some(a) = &s.auth
+        && a.misses >= MIN_LOOKUPS
+        && a.evictions * 10 >= a.misses
+    {
+        say(
+            "auth-user-cache-too-small",
+            format!(
+                "The user cache evicted {} users for {} verifications ({}/{} users cached, hit ratio {:.2}%): it is too small for the users of this proxy, and evicted users pay a password verification again. Raise auth.max_users to at least the number of users active within auth.max_age.",
+                a.evictions,
+                a.misses,
+                a.users,
+                a.max_users,
+                a.hit_ratio()
+            ),
+        );
+    }
     if s.dns.enabled && s.dns.lookups >= MIN_LOOKUPS && s.dns.hit_ratio() < LOW_DNS_RATIO {
         say(
             "low-dns-hit-ratio",
@@ -317,6 +336,29 @@ mod tests {
         );
         s.cache.as_mut().unwrap().hits = 20;
         assert!(rules(&s).is_empty());
+    }
+
+    #[test]
+    fn auth_user_cache_too_small() {
+        let mut s = Snapshot::default();
+        s.auth = Some(AuthInfo {
+            users: 100,
+            max_users: 100,
+            hits: 50,
+            misses: 100,
+            evictions: 5,
+            ..Default::default()
+        });
+        // 5 evictions for 100 verifications: the cache copes.
+        assert!(rules(&s).is_empty());
+        s.auth.as_mut().unwrap().evictions = 40;
+        let a = advise(&s);
+        assert_eq!(a[0].rule, "auth-user-cache-too-small");
+        assert!(
+            a[0].text.contains("auth.max_users") && a[0].text.contains("100/100"),
+            "{}",
+            a[0].text
+        );
     }
 
     #[test]

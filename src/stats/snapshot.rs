@@ -35,6 +35,9 @@ pub struct Snapshot {
     pub buckets: BucketReport,
     /// The access log writer.
     pub access_log: AccessLogInfo,
+    /// Authentication and the user cache; None when `[auth]` is off.
+    #[serde(default)]
+    pub auth: Option<AuthInfo>,
     /// In a figure summed over worker processes (`server.processes > 1`):
     /// one entry per worker, counted or not; empty for one process's own
     /// figures. Not part of the serialized snapshot (the JSON document
@@ -366,6 +369,41 @@ impl DnsInfo {
     /// hits / lookups, percent.
     pub fn hit_ratio(&self) -> f64 {
         percent(self.hits, self.lookups)
+    }
+}
+
+/// Authentication (`[auth]`) and the user cache (the Sun proxy's ACL
+/// user cache).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AuthInfo {
+    /// Users in the cache now.
+    pub users: u64,
+    /// Most users the cache holds (`auth.max_users`).
+    pub max_users: u64,
+    /// Credentials found in the cache, still valid.
+    pub hits: u64,
+    /// Credentials verified against the user file.
+    pub misses: u64,
+    /// Users dropped from the full cache to make room.
+    pub evictions: u64,
+    /// Verifications that failed (wrong password, unknown user).
+    pub failures: u64,
+    /// Failed logins answered from the failed-login cache (`auth.failed_ttl`).
+    pub failed_cache_hits: u64,
+    /// Requests answered 503 because the user file could not be used.
+    pub unavailable: u64,
+    /// Loads of the user file (start, change, SIGHUP).
+    pub reloads: u64,
+    /// The back-end is failing now (the user file missing or unreadable).
+    pub failing: bool,
+    /// Time to verify one password against the file.
+    pub verify_time: HistSnapshot,
+}
+
+impl AuthInfo {
+    /// hits / (hits + misses), percent.
+    pub fn hit_ratio(&self) -> f64 {
+        percent(self.hits, self.hits + self.misses)
     }
 }
 

@@ -207,6 +207,24 @@ impl Snapshot {
             (a, b) => a.or_else(|| b.clone()),
         };
 
+        self.auth = match (self.auth.take(), &o.auth) {
+            (Some(mut a), Some(b)) => {
+                a.users += b.users;
+                a.max_users += b.max_users;
+                a.hits += b.hits;
+                a.misses += b.misses;
+                a.evictions += b.evictions;
+                a.failures += b.failures;
+                a.failed_cache_hits += b.failed_cache_hits;
+                a.unavailable += b.unavailable;
+                a.reloads += b.reloads;
+                a.failing |= b.failing;
+                a.verify_time.merge(&b.verify_time);
+                Some(a)
+            }
+            (a, b) => a.or_else(|| b.clone()),
+        };
+
         let (a, b) = (&mut self.dns, &o.dns);
         a.enabled |= b.enabled;
         a.entries += b.entries;

@@ -229,6 +229,27 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     }
     o.push('\n');
 
+    if let Some(a) = &s.auth {
+        // The Sun proxy's ACL user cache section.
+        let _ = writeln!(o, "ACLUserCacheInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<16} {}/{}", "CacheEntries", a.users, a.max_users);
+        let _ = writeln!(o, "{:<16} {}", "HitRatio", ratio(a.hits, a.hits + a.misses));
+        let _ = writeln!(o, "{:<16} {}", "Evictions", a.evictions);
+        let _ = writeln!(o, "{:<16} {}", "Failures", a.failures);
+        let _ = writeln!(o, "{:<16} {}", "FailedCacheHits", a.failed_cache_hits);
+        let _ = writeln!(o, "{:<16} {}", "Unavailable", a.unavailable);
+        let _ = writeln!(o, "{:<16} {}", "Reloads", a.reloads);
+        let _ = writeln!(o, "{:<16} {}", "BackendFailing", if a.failing { "yes" } else { "no" });
+        let _ = writeln!(
+            o,
+            "{:<16} {} (p99 {})",
+            "VerifyTime",
+            ms(a.verify_time.mean_us()),
+            ms(a.verify_time.quantile_us(0.99) as f64)
+        );
+        o.push('\n');
+    }
+
     let al = &s.access_log;
     let _ = writeln!(o, "ClientDNSCacheInfo:\n{RULE}");
     let _ = writeln!(o, "{:<16} {}", "enabled", if al.resolve_clients { "yes" } else { "no" });

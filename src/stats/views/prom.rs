@@ -473,6 +473,67 @@ pub fn render(s: &Snapshot) -> String {
         &u.first_byte_time,
     );
 
+    if let Some(a) = &s.auth {
+        o.one(
+            "portico_auth_cache_users",
+            "gauge",
+            "Users in the authentication user cache.",
+            a.users,
+        );
+        o.one(
+            "portico_auth_cache_max_users",
+            "gauge",
+            "Most users the user cache holds (auth.max_users).",
+            a.max_users,
+        );
+        for (name, help, v) in [
+            (
+                "portico_auth_cache_hits_total",
+                "Credentials found in the user cache.",
+                a.hits,
+            ),
+            (
+                "portico_auth_cache_misses_total",
+                "Credentials verified against the user file.",
+                a.misses,
+            ),
+            (
+                "portico_auth_cache_evictions_total",
+                "Users dropped from the full user cache.",
+                a.evictions,
+            ),
+            (
+                "portico_auth_failures_total",
+                "Verifications that failed (wrong password, unknown user).",
+                a.failures,
+            ),
+            (
+                "portico_auth_failed_cache_hits_total",
+                "Failed logins answered from the failed-login cache.",
+                a.failed_cache_hits,
+            ),
+            (
+                "portico_auth_unavailable_total",
+                "Requests answered 503: the user file could not be used.",
+                a.unavailable,
+            ),
+            ("portico_auth_reloads_total", "Loads of the user file.", a.reloads),
+        ] {
+            o.one(name, "counter", help, v);
+        }
+        o.one(
+            "portico_auth_backend_failing",
+            "gauge",
+            "1 while the user file is missing or unreadable.",
+            u8::from(a.failing),
+        );
+        o.histogram(
+            "portico_auth_verify_seconds",
+            "Time to verify one password against the user file.",
+            &a.verify_time,
+        );
+    }
+
     o.head(
         "portico_bucket_requests_total",
         "counter",

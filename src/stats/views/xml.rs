@@ -219,6 +219,23 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
             a("flagAsyncEnabled", 1),
         ],
     );
+    if let Some(u) = &s.auth {
+        o.leaf(
+            "acl-user-cache-bucket",
+            &[
+                a("countCacheEntries", u.users),
+                a("maxCacheEntries", u.max_users),
+                a("countCacheHits", u.hits),
+                a("countCacheMisses", u.misses),
+                a("countEvictions", u.evictions),
+                a("countFailures", u.failures),
+                a("countFailedCacheHits", u.failed_cache_hits),
+                a("countUnavailable", u.unavailable),
+                a("flagBackendFailing", u8::from(u.failing)),
+                a("meanVerifyMicros", format!("{:.0}", u.verify_time.mean_us())),
+            ],
+        );
+    }
     let al = &s.access_log;
     o.leaf(
         "client-dns-bucket",
