@@ -50,7 +50,7 @@ SCENARIOS = {
     "rules": "Portico only: 10, 100, 1,000, 10,000 [[rule]] entries, every request matching "
              "the last rule (the seed's assign-name table)",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
-            "clients, origin resets and stalls) for an hour; RSS, fds, connections and disk "
+            "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
 }
 # Run only when named (an hour) or by --smoke (30 s): not part of a plain `bench/run`.
@@ -1244,7 +1244,7 @@ def run_soak(tmp, args):
             origin_counts = json.loads(ob)
         except (OSError, ValueError):
             origin_counts = {}
-        trend, tp = soak.judge(samples, warmup, args.soak_disk)
+        trend, tp = soak.judge(samples, warmup, args.soak_disk, args.soak_slack)
         problems += tp
         op, total, unexpected = soak.outcome_problems(load.counts, load.wrong,
                                                       args.soak_max_unexpected)
@@ -1274,6 +1274,7 @@ def run_soak(tmp, args):
                         "expected": sum(sum(v["expected"].values()) for v in variants),
                         "wrong": sum(v["wrong"] for v in variants)},
              "max_unexpected_pct": args.soak_max_unexpected, "disk_limit": args.soak_disk,
+             "slack": args.soak_slack,
              "memory_limit": args.soak_memory, "ports": ports, "log_lines": log_lines,
              "config": soak_conf(d, ports, args),
              "cpu": c, "machine_other_cpu": c["other_cpu"],
@@ -1841,6 +1842,9 @@ def main():
     ap.add_argument("--soak-warmup", type=float, default=None,
                     help="soak: seconds of load before the trend rule looks at samples "
                          "(default a tenth of the duration; --smoke: 10)")
+    ap.add_argument("--soak-slack", type=int, default=8,
+                    help="soak: absolute slack of the trend rule for fds and connections "
+                         "(default 8; --smoke: 24, its quarters are 2-3 samples)")
     ap.add_argument("--soak-rate", type=float, default=200.0,
                     help="soak: requests started per second, open loop (default 200)")
     ap.add_argument("--soak-memory", type=parse_size, default=16 << 20,
@@ -1888,6 +1892,7 @@ def main():
         args.peers, args.rounds, args.duration, args.redo = ["portico"], 1, 2, 0
         args.rate_step, args.rate_peak = 1, 2
         args.soak_duration, args.soak_interval, args.soak_warmup = 30, 2.0, 10.0
+        args.soak_slack = 24
         args.out = os.path.join(tempfile.gettempdir(), "portico-bench-smoke")
     if args.rate_load == "miss":
         SCENARIOS["rate"] = SCENARIOS["rate"].replace(
