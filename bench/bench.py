@@ -1633,7 +1633,13 @@ def report_soak(scenario, results, subjects, args):
              f"{conf['origin']['idle_timeout']}, keep-alive {conf['keepalive']['timeout']} "
              f"({conf['keepalive']['max_requests']} requests per connection), access log off",
              f"- Pre-fill: {r['prefill_bytes'] / 2**20:.0f} MiB of new objects in "
-             f"{r['prefill_s']} s before the load, so the disk tier starts full"]
+             f"{r['prefill_s']} s before the load, so the disk tier starts full, then the "
+             f"400 hit objects once through each listener"]
+    src = subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %s", "--", "src",
+                          "Cargo.toml", "Cargo.lock"], capture_output=True, text=True)
+    if src.returncode == 0 and src.stdout.strip():
+        extra.append(f"- Portico source: last commit touching src/, Cargo.toml, Cargo.lock: "
+                     f"{src.stdout.strip()[:120]}")
     return soak.report_lines(r), extra
 
 
