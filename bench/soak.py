@@ -913,7 +913,7 @@ def chart(r, path, title):
     n = len(post)
     q = n // 4 if n >= 8 else 0
 
-    def panel(a, keys, div, ylabel, name, limit=None):
+    def panel(a, keys, div, ylabel, name, limit=None, loc="lower left"):
         for key, label, color in keys:
             a.plot(t, [x.get(key, 0) / div for x in s], label=label, color=color, linewidth=1.2)
         if q:
@@ -928,7 +928,7 @@ def chart(r, path, title):
         a.set_ylabel(ylabel)
         a.set_ylim(bottom=0)
         a.set_title(name, fontsize=9)
-        a.legend(fontsize=7, loc="lower right")
+        a.legend(fontsize=7, loc=loc, framealpha=0.9)
 
     panel(ax[0][0], [("rss_kib", "VmRSS", "#c0392b")], 1024, "MiB", "Portico RSS")
     panel(ax[0][1], [("fds", "/proc/PID/fd", "#2980b9")], 1, "descriptors",
@@ -936,13 +936,15 @@ def chart(r, path, title):
     panel(ax[1][0], [("conns", "in service + idle", "#8e44ad"),
                      ("active", "requests in service", "#16a085"),
                      ("idle", "idle keep-alive", "#f39c12")], 1, "connections",
-          "connections (Portico's /.stats.json)")
+          "connections (Portico's /.stats.json)", loc="upper right")
     panel(ax[1][1], [("disk_stats", "disk tier (Portico)", "#27ae60"),
                      ("disk_apparent", "files (apparent size)", "#95a5a6")], 2 ** 20, "MiB",
           "disk cache use", limit=r["disk_limit"] / 2 ** 20)
     for a in ax[1]:
         a.set_xlabel("minutes")
-    fig.suptitle(title + "  (dashed: Q2 and Q4 medians)", fontsize=9)
+    fig.suptitle(f"soak: Portico under a mixed open-loop load of {r['rate']:g} requests/s for "
+                 f"{r['elapsed_s'] / 60:.0f} min; shaded: warm-up, dashed: Q2 and Q4 medians "
+                 f"({'PASS' if not r['problems_all'] else 'FAIL'})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
