@@ -11,6 +11,7 @@ hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
 configurations: bench/peers/*.md.
 """
 import argparse
+import asyncio
 import concurrent.futures
 import datetime
 import http.client
@@ -29,6 +30,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and rule)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 
@@ -46,7 +49,12 @@ SCENARIOS = {
             "the 10,000 objects (also issue 6's overload benchmark)",
     "rules": "Portico only: 10, 100, 1,000, 10,000 [[rule]] entries, every request matching "
              "the last rule (the seed's assign-name table)",
+    "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
+            "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
+            "use must not trend upward, every body must be the origin's",
 }
+# Run only when named (an hour) or by --smoke (30 s): not part of a plain `bench/run`.
+NAMED_ONLY = ("soak",)
 WRK_SCENARIOS = ("hot", "hits", "close", "miss")
 RULE_COUNTS = [10, 100, 1000, 10000]
 # The seed's assign-name table (000_f9f418d007bffb8d.txt, "Configuration and Performance"):
@@ -1105,6 +1113,192 @@ def run_rate(peer, tmp, args, ctx, origin):
         daemon.stop()
 
 
+# ---- soak
+
+def free_port():
+    """A loopback port nothing listens on now (bound to port 0 by the kernel,
+    then released), so a soak can run beside the other scenarios' fixed ports."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def parse_size(v):
+    """`--soak-disk 64MiB` etc.: an integer, or a whole number and a binary unit."""
+    units = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    v = str(v).strip()
+    num = v.rstrip("BKMGi ")
+    unit = v[len(num):].strip()
+    if not num.isdigit() or unit not in units:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 64MiB): {v!r}")
+    return int(num) * units[unit]
+
+
+def soak_conf(d, ports, args):
+    """Portico for the soak: a forward listener (absolute-form GETs and
+    CONNECT) and a reverse one (origin-form GETs routed to the soak origin),
+    a memory tier and a disk tier small enough that the load keeps both
+    full (eviction and disk GC run all the time), and origin timeouts short
+    enough that the stalling origin answers end in seconds."""
+    return {
+        "server": {"workers": 1},
+        "listener": [{"address": f"127.0.0.1:{ports['fwd']}", "mode": "forward"},
+                     {"address": f"127.0.0.1:{ports['rev']}", "mode": "reverse"}],
+        "keepalive": {"timeout": "15s", "max_requests": 100},
+        "proxy": {"connect_ports": [ports["echo"]], "tunnel_idle_timeout": "30s"},
+        "origin": {"connect_timeout": "2s", "first_byte_timeout": "2s", "idle_timeout": "2s"},
+        "upstream": [{"name": "soak-origin", "servers": [f"127.0.0.1:{ports['origin']}"]}],
+        "rule": [{"mode": "reverse", "upstream": "soak-origin"}],
+        "cache": {"memory": f"{args.soak_memory}B", "max_memory_object": "64KiB",
+                  "dir": f"{d}/cache", "disk": f"{args.soak_disk}B", "levels": [4, 16]},
+        "log": {"access": "", "level": "warn"},
+    }
+
+
+def write_soak_conf(d, ports, args):
+    conf = soak_conf(d, ports, args)
+    header = "# Portico under the soak (bench/README.md, soak)"
+    if PORTICO_EXTRA:
+        merge_conf(conf, PORTICO_EXTRA)
+        header += f"\n# with --portico-extra {PORTICO_EXTRA_PATH} merged in"
+    path = os.path.join(d, "portico.toml")
+    with open(path, "w") as f:
+        f.write(toml_dump(conf, header))
+    return path
+
+
+def wait_port(port, daemon, timeout=20, path=None):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        if not daemon.alive():
+            raise RuntimeError(f"{daemon.name} exited: {daemon.tail()}")
+        try:
+            if path is None:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                return
+            status, _, _ = http_get(port, path)
+            if status == 200:
+                return
+            last = f"status {status}"
+        except OSError as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise RuntimeError(f"{daemon.name}: port {port} not ready after {timeout}s: {last}; "
+                       f"{daemon.tail()}")
+
+
+def run_soak(tmp, args):
+    """One Portico under the soak load (bench/soak.py) for --soak-duration
+    seconds, sampled every --soak-interval; see bench/README.md."""
+    d = os.path.join(tmp, "soak")
+    if os.path.exists(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    ports = {k: free_port() for k in ("fwd", "rev", "origin", "echo")}
+    if len(set(ports.values())) != 4:
+        raise RuntimeError(f"could not pick 4 distinct free ports: {ports}")
+    origin = Daemon("soak-origin", [sys.executable, os.path.join(HERE, "soak.py"), "origin",
+                                    "--port", str(ports["origin"]),
+                                    "--echo-port", str(ports["echo"])], LOAD_CPU, d)
+    daemon = None
+    try:
+        wait_port(ports["origin"], origin, path="/__stats")
+        wait_port(ports["echo"], origin)
+        conf = write_soak_conf(d, ports, args)
+        portico_check(args.portico_bin, conf)
+        daemon = Daemon("portico", [args.portico_bin, "run", "-c", conf], PROXY_CPU, d)
+        wait_port(ports["fwd"], daemon, path="/.stats.json")
+        warmup = args.soak_warmup if args.soak_warmup is not None else \
+            max(2 * args.soak_interval, args.soak_duration / 10)
+
+        def progress(s, load):
+            log(f"soak t={s['t'] / 60:5.1f} min: RSS {s['rss_kib'] / 1024:.1f} MiB, fds "
+                f"{s['fds']}, in service {s.get('active')}, idle {s.get('idle')}, disk "
+                f"{s.get('disk_stats', 0) / 2**20:.1f} MiB ({s['disk_files']} files), "
+                f"{load.completed:,} requests done, {len(load.wrong)} wrong bodies")
+
+        opts = {"rate": args.soak_rate, "duration": args.soak_duration,
+                "interval": args.soak_interval, "prefill_bytes": args.soak_disk,
+                "prefill_max_s": 15 if args.smoke else 90,
+                "progress": None if args.smoke else progress}
+        cpu = CpuMeter(daemon.pid, origin.pid)
+        self0 = resource.getrusage(resource.RUSAGE_SELF)
+        load, samples, notes, prefill_s, filled, elapsed = asyncio.run(soak.soak_async(
+            daemon.pid, daemon.alive, ports["fwd"], ports["rev"], ports["origin"],
+            ports["echo"], os.path.join(d, "cache"), opts))
+        c = cpu.stop()
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        c["client_cpu"] = ((self1.ru_utime + self1.ru_stime) -
+                           (self0.ru_utime + self0.ru_stime)) / c["wall_s"]
+        log(f"soak: pre-fill {filled / 2**20:.0f} MiB in {prefill_s:.1f} s, load "
+            f"{elapsed:.0f} s, {load.completed:,} requests")
+        problems = list(notes)
+        if not daemon.alive():
+            problems.append(f"Portico exited during the soak: {daemon.tail()}")
+        try:
+            _, _, ob = http_get(ports["origin"], "/__stats")
+            origin_counts = json.loads(ob)
+        except (OSError, ValueError):
+            origin_counts = {}
+        trend, tp = soak.judge(samples, warmup, args.soak_disk, args.soak_slack)
+        problems += tp
+        op, total, unexpected = soak.outcome_problems(load.counts, load.wrong,
+                                                      args.soak_max_unexpected)
+        problems += op
+        variants = soak.variant_rows(load.counts, load.xcache)
+        hit = load.xcache.get("hit", {})
+        if sum(hit.values()) and hit.get("HIT", 0) < 0.5 * sum(hit.values()):
+            problems.append(f"hit variant: only {hit.get('HIT', 0)} of {sum(hit.values())} "
+                            f"responses were HITs (cache not working?)")
+        if origin_counts.get("304 sent", 0) == 0:
+            problems.append("the origin never sent a 304: no revalidation happened")
+        try:
+            with open(daemon.logpath, errors="replace") as f:
+                log_lines = sum(1 for line in f if line.strip())
+        except OSError:
+            log_lines = 0
+        lags = sorted(load.lag) or [0.0]
+        r = {"duration_s": args.soak_duration, "interval_s": args.soak_interval,
+             "warmup_s": warmup, "rate": args.soak_rate, "elapsed_s": elapsed,
+             "prefill_s": round(prefill_s, 1), "prefill_bytes": filled,
+             "started": load.started, "completed": load.completed,
+             "lag_p99_ms": lags[int(0.99 * (len(lags) - 1))] * 1000,
+             "lag_max_ms": lags[-1] * 1000, "samples": samples, "trend": trend,
+             "variants": variants, "wrong": load.wrong[:100], "origin_counts": origin_counts,
+             "totals": {"total": total, "unexpected": unexpected,
+                        "ok": sum(v["ok"] for v in variants),
+                        "expected": sum(sum(v["expected"].values()) for v in variants),
+                        "wrong": sum(v["wrong"] for v in variants)},
+             "max_unexpected_pct": args.soak_max_unexpected, "disk_limit": args.soak_disk,
+             "slack": args.soak_slack,
+             "memory_limit": args.soak_memory, "ports": ports, "log_lines": log_lines,
+             "config": soak_conf(d, ports, args),
+             "cpu": c, "machine_other_cpu": c["other_cpu"],
+             # never redone (an hour): the machine's other load is reported instead
+             "other_cpu": 0.0}
+        r["problems_all"] = list(problems)
+        r["problems"] = problems
+        first = samples[0] if samples else {}
+        last = samples[-1] if samples else {}
+        r["summary"] = (f"{load.completed:,} requests ({unexpected} unexpected, "
+                        f"{len(load.wrong)} wrong bodies) in {elapsed:.0f} s; RSS "
+                        f"{first.get('rss_kib', 0) / 1024:.1f} -> {last.get('rss_kib', 0) / 1024:.1f}"
+                        f" MiB, fds {first.get('fds')} -> {last.get('fds')}, connections "
+                        f"{first.get('conns')} -> {last.get('conns')}, disk "
+                        f"{first.get('disk_stats', 0) / 2**20:.1f} -> "
+                        f"{last.get('disk_stats', 0) / 2**20:.1f} MiB; other CPU "
+                        f"{c['other_cpu']:.2f}")
+        return r
+    finally:
+        if daemon:
+            daemon.stop()
+        origin.stop()
+
+
 # ---------------------------------------------------------------- report
 
 def versions(portico_bin, given):
@@ -1159,12 +1353,13 @@ def write_report(scenario, results, args, vers, outdir, command):
          f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
          f"- Command: `{command}`",
          f"- Machine: {machine()}"]
-    body, extra = {"idle": report_idle, "rate": report_rate,
-                   "rules": report_rules}.get(scenario, report_wrk)(scenario, results, subjects,
-                                                                       args)
+    body, extra = {"idle": report_idle, "rate": report_rate, "rules": report_rules,
+                   "soak": report_soak}.get(scenario, report_wrk)(scenario, results, subjects,
+                                                                  args)
     L += extra
     want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
-            "rules": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid")}.get(
+            "rules": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
+            "soak": ("portico",)}.get(
         scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
     for k in want:
         if k in ("portico", "wrk", "oha") or k in subjects:
@@ -1424,10 +1619,39 @@ def report_rules(scenario, results, subjects, args):
     return L, extra
 
 
+def report_soak(scenario, results, subjects, args):
+    r = results["portico"][0]
+    conf = r["config"]
+    extra = [f"- Load: bench/soak.py, open loop at {r['rate']:g} requests/s (each started at "
+             f"its scheduled time whatever the others are doing), one client process on CPU "
+             f"{LOAD_CPU} with the soak origin (bench/soak.py origin, asyncio); Portico on CPU "
+             f"{PROXY_CPU}, a forward and a reverse listener (GETs split between them)",
+             f"- Portico config: memory tier {r['memory_limit'] / 2**20:.0f} MiB "
+             f"(max_memory_object 64 KiB), disk tier {r['disk_limit'] / 2**20:.0f} MiB on the "
+             f"work dir, origin connect/first-byte/idle timeouts "
+             f"{conf['origin']['connect_timeout']}/{conf['origin']['first_byte_timeout']}/"
+             f"{conf['origin']['idle_timeout']}, keep-alive {conf['keepalive']['timeout']} "
+             f"({conf['keepalive']['max_requests']} requests per connection), access log off",
+             f"- Pre-fill: {r['prefill_bytes'] / 2**20:.0f} MiB of new objects in "
+             f"{r['prefill_s']} s before the load, so the disk tier starts full, then the "
+             f"400 hit objects once through each listener"]
+    src = subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %s", "--", "src",
+                          "Cargo.toml", "Cargo.lock"], capture_output=True, text=True)
+    if src.returncode == 0 and src.stdout.strip():
+        extra.append(f"- Portico source: last commit touching src/, Cargo.toml, Cargo.lock: "
+                     f"{src.stdout.strip()[:120]}")
+    return soak.report_lines(r), extra
+
+
 def chart(scenario, results, subjects, outdir, args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    if scenario == "soak":
+        path = os.path.join(outdir, "soak.png")
+        soak.chart(results["portico"][0], path, f"soak: {SCENARIOS['soak']}")
+        log(f"wrote {path}")
+        return
     color = ["#c0392b" if p == "portico" else "#7f8c8d" for p in subjects]
 
     def bars(ax, key, label, scale=1.0):
@@ -1516,6 +1740,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return run_rate(subject, tmp, args, ctx, origin)
     if scenario == "rules":
         return run_rules(int(subject), tmp, args, ctx, origin)
+    if scenario == "soak":
+        return run_soak(tmp, args)
     raise ValueError(scenario)
 
 
@@ -1615,6 +1841,26 @@ def main():
     ap.add_argument("--rule-kind", choices=["path", "regex"], default="path",
                     help="rules: `path` prefixes (default) or `regex` matchers (needs issue 7's "
                          "rules engine)")
+    ap.add_argument("--soak-duration", type=int, default=3600,
+                    help="soak: seconds of load (default 3600; --smoke: 30)")
+    ap.add_argument("--soak-interval", type=float, default=10.0,
+                    help="soak: seconds between samples (default 10; --smoke: 2)")
+    ap.add_argument("--soak-warmup", type=float, default=None,
+                    help="soak: seconds of load before the trend rule looks at samples "
+                         "(default a tenth of the duration; --smoke: 10)")
+    ap.add_argument("--soak-slack", type=int, default=8,
+                    help="soak: absolute slack of the trend rule for fds and connections "
+                         "(default 8; --smoke: 24, its quarters are 2-3 samples)")
+    ap.add_argument("--soak-rate", type=float, default=200.0,
+                    help="soak: requests started per second, open loop (default 200)")
+    ap.add_argument("--soak-memory", type=parse_size, default=16 << 20,
+                    help="soak: Portico's memory tier (default 16MiB)")
+    ap.add_argument("--soak-disk", type=parse_size, default=64 << 20,
+                    help="soak: Portico's disk tier (default 64MiB)")
+    ap.add_argument("--soak-max-unexpected", type=float, default=1.0,
+                    help="soak: percent of requests that may end unexpectedly (client "
+                         "timeout, unexpected status) before the run fails (default 1.0); "
+                         "a wrong body always fails")
     ap.add_argument("--portico-extra", metavar="FILE",
                     help="TOML merged into Portico's generated config (tables key by key, "
                          "arrays of tables appended), e.g. [server] max_requests / queue_size")
@@ -1642,7 +1888,8 @@ def main():
     for s in args.scenarios:
         if s not in SCENARIOS:
             ap.error(f"unknown scenario {s!r} (have: {', '.join(SCENARIOS)})")
-    args.scenarios = args.scenarios or list(SCENARIOS)
+    args.scenarios = args.scenarios or [s for s in SCENARIOS
+                                        if args.smoke or s not in NAMED_ONLY]
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in args.peers:
         if p not in PEERS:
@@ -1650,6 +1897,8 @@ def main():
     if args.smoke:
         args.peers, args.rounds, args.duration, args.redo = ["portico"], 1, 2, 0
         args.rate_step, args.rate_peak = 1, 2
+        args.soak_duration, args.soak_interval, args.soak_warmup = 30, 2.0, 10.0
+        args.soak_slack = 24
         args.out = os.path.join(tempfile.gettempdir(), "portico-bench-smoke")
     if args.rate_load == "miss":
         SCENARIOS["rate"] = SCENARIOS["rate"].replace(
@@ -1671,9 +1920,10 @@ def main():
         NGINX_TCP_NOPUSH = "on"
     if os.cpu_count() < 2:
         sys.exit("bench: needs at least 2 CPUs (proxy on CPU 0, load on CPU 1)")
-    if "rules" in args.scenarios and "portico" not in args.peers:
-        log("rules: Portico only, and Portico is not among --peers: skipped")
-        args.scenarios.remove("rules")
+    for only in ("rules", "soak"):
+        if only in args.scenarios and "portico" not in args.peers:
+            log(f"{only}: Portico only, and Portico is not among --peers: skipped")
+            args.scenarios.remove(only)
 
     if not args.no_install:
         ensure_installed(args.peers)
@@ -1706,22 +1956,25 @@ def main():
     failures = []
     t_start = time.time()
     try:
-        data = os.path.join(tmp, "data")
-        log(f"generating object set in {data} (seed {SEED})")
-        paths, sizes = generate_objects(data)
-        subprocess.run(["chmod", "-R", "a+rX", data], check=True)
-        log(f"{len(paths)} objects, mean {statistics.mean(sizes):.0f} B, "
-            f"max {max(sizes)} B, total {sum(sizes) / 2**20:.1f} MiB")
-        ctx = {"paths": paths, "scripts": write_wrk_scripts(tmp, paths), "oha": oha}
-        origin = start_origin(tmp, data)   # origin first (Squid's first forward may fail otherwise)
+        ctx = {"paths": [], "scripts": {}, "oha": oha}
+        if any(s not in ("soak",) for s in args.scenarios):   # the soak has its own origin
+            data = os.path.join(tmp, "data")
+            log(f"generating object set in {data} (seed {SEED})")
+            paths, sizes = generate_objects(data)
+            subprocess.run(["chmod", "-R", "a+rX", data], check=True)
+            log(f"{len(paths)} objects, mean {statistics.mean(sizes):.0f} B, "
+                f"max {max(sizes)} B, total {sum(sizes) / 2**20:.1f} MiB")
+            ctx = {"paths": paths, "scripts": write_wrk_scripts(tmp, paths), "oha": oha}
+            # origin first (Squid's first forward may fail otherwise)
+            origin = start_origin(tmp, data)
         vers = versions(args.portico_bin, bin_given)
         for scenario in args.scenarios:
             t_scen = time.time()
             subjects = ([str(n) for n in args.rule_counts] if scenario == "rules"
-                        else list(args.peers))
+                        else ["portico"] if scenario == "soak" else list(args.peers))
             who = (lambda s: "portico") if scenario == "rules" else (lambda s: s)
             results = {s: [] for s in subjects}
-            for rnd in range(args.rounds):
+            for rnd in range(1 if scenario == "soak" else args.rounds):
                 for subj in subjects:           # interleaved: P, n, v, s, P, n, v, s, ...
                     label = f"{scenario} {subj}{' rules' if scenario == 'rules' else ''} " \
                             f"round {rnd+1}"
