@@ -61,12 +61,20 @@ pub async fn challenge(ex: &mut Exchange<'_>, reverse: bool, realm: &str) -> Out
     }
 }
 
+/// What a client is told when credentials cannot be checked. The cause
+/// (a file path, the system's error) is for the operator, in the error
+/// log: a client of the proxy has no business learning the server's paths.
+pub const AUTH_UNAVAILABLE: &str =
+    "the proxy cannot check credentials right now (its user directory is unavailable); try again later";
+
 /// 503 when credentials cannot be checked (the user file is missing or
 /// unreadable): not a challenge, so a browser does not loop asking for a
-/// password that cannot help. The reason is shown; it names a file
-/// path, which users of an authenticating proxy may see.
+/// password that cannot help. The page says so in general words
+/// ([`AUTH_UNAVAILABLE`]); the cause `why` goes to the error log at debug
+/// level (the episode's one warning is `auth::Authenticator`'s).
 pub async fn auth_unavailable(ex: &mut Exchange<'_>, why: &str) -> Outcome {
-    match error_page(&mut ex.out, StatusCode::SERVICE_UNAVAILABLE, why).await {
+    tracing::debug!(client = %ex.peer.ip(), "{} {}: 503, {why}", ex.head.method, ex.head.target);
+    match error_page(&mut ex.out, StatusCode::SERVICE_UNAVAILABLE, AUTH_UNAVAILABLE).await {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
