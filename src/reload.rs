@@ -148,9 +148,11 @@ impl Running {
         }
     }
 
-    /// SIGUSR1: the access log is reopened (log rotation renamed it).
+    /// SIGUSR1: the error log and the access log are reopened (log
+    /// rotation renamed them). The error log first, so that the line saying
+    /// so is the first of the new file.
     pub fn reopen_logs(&self) {
-        tracing::info!("{}SIGUSR1: reopening the access log", crate::supervisor::tag());
+        crate::log::reopen_logs_line();
         self.shared.load().access_log.reopen();
     }
 

@@ -1,6 +1,7 @@
 //! Starting and stopping the server: runtime, logs, listeners, signals.
 //!
-//! Signals: SIGHUP reloads the config (`reload.rs`); SIGTERM or SIGINT
+//! Signals: SIGHUP reloads the config (`reload.rs`); SIGUSR1 reopens the
+//! error and access logs (rotation); SIGTERM or SIGINT
 //! drains (`drain.rs`): the listeners close at once, idle connections
 //! close, busy ones finish their current response (sent with
 //! `Connection: close`), and the process exits when none is left or
@@ -166,7 +167,7 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
 pub(crate) enum Sig {
     /// SIGHUP: reload.
     Hup,
-    /// SIGUSR1: reopen the access log (after rotation).
+    /// SIGUSR1: reopen the error log and the access log (after rotation).
     Usr1,
     /// SIGTERM or SIGINT (named): shut down.
     Term(&'static str),

@@ -128,8 +128,19 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => reload(&config, config_path.as_ref(), &workers),
-                    // Each worker writes the access log: each reopens it.
-                    Sig::Usr1 => signal_all(&workers, libc::SIGUSR1),
+                    // The supervisor writes the error log too; each worker
+                    // writes both logs: each reopens its own.
+                    Sig::Usr1 => {
+                        match crate::log::reopen_error_log() {
+                            Ok(Some(path)) => tracing::info!(
+                                "SIGUSR1: supervisor reopened the error log {}; forwarding to the workers",
+                                path.display()
+                            ),
+                            Ok(None) => tracing::info!("SIGUSR1: forwarding to the workers"),
+                            Err(e) => tracing::error!("SIGUSR1: {e}; forwarding to the workers"),
+                        }
+                        signal_all(&workers, libc::SIGUSR1);
+                    }
                 },
                 Some(event) = events.join_next() => match event {
                     Ok(Event::Exited(i, status)) => {

@@ -43,7 +43,11 @@ impl std::fmt::Display for BodyError {
             BodyError::Framing(r) => write!(f, "invalid chunked body: {r}"),
             BodyError::TooLarge => f.write_str("request body too large"),
             BodyError::Timeout => f.write_str("timed out reading the request body"),
-            BodyError::Io(e) => write!(f, "reading the request body from the client: {}", crate::util::io_cause(e)),
+            BodyError::Io(e) => write!(
+                f,
+                "reading the request body from the client: {}",
+                crate::util::io_cause(e)
+            ),
         }
     }
 }
