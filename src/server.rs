@@ -25,6 +25,13 @@ pub struct RunOptions {
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
 pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
+    if opts.worker.is_none() {
+        // Without -c the file may be a default one: say which.
+        match &opts.config_path {
+            Some(p) => tracing::info!("config file: {}", p.display()),
+            None => tracing::info!("config: the embedded defaults (no config file)"),
+        }
+    }
     if opts.worker.is_none() && config.server.processes > 1 {
         return crate::supervisor::run(config, opts.config_path);
     }

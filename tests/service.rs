@@ -119,3 +119,163 @@ async fn sigusr1_to_the_supervisor_reopens_the_logs_of_every_process() {
         read(&error)
     );
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+/// Runs `portico ARGS` with `env` added; its output.
+fn portico(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(args).env_remove("PORTICO_CONFIG").env_remove("NOTIFY_SOCKET");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap_or_else(|e| panic!("run {BIN}: {e}"))
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every subcommand a user types, which the completions and man page must name.
+const SUBCOMMANDS: &[&str] = &["run", "check", "cache", "stats", "rules", "completions", "man"];
+
+#[test]
+fn bash_completions_name_every_subcommand_and_parse() {
+    let out = portico(&["completions", "bash"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = stdout(&out);
+    for sub in SUBCOMMANDS {
+        assert!(
+            script.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == *sub),
+            "no {sub} in:\n{script}"
+        );
+    }
+    // Nested ones too: `portico cache purge`, `portico rules test`.
+    assert!(script.contains("purge") && script.contains("test"));
+    let path = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(path.path(), &script).expect("write completions");
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(path.path())
+        .output()
+        .expect("run bash -n");
+    assert!(
+        check.status.success(),
+        "bash -n: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    for shell in ["zsh", "fish"] {
+        let out = portico(&["completions", shell], &[]);
+        assert!(
+            out.status.success() && stdout(&out).contains("completions"),
+            "{shell}: {out:?}"
+        );
+    }
+    let bad = portico(&["completions", "tcsh"], &[]);
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn the_man_page_names_every_subcommand_and_renders() {
+    let out = portico(&["man"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let roff = stdout(&out);
+    assert!(roff.contains(".TH PORTICO 1"), "{roff}");
+    for sub in SUBCOMMANDS {
+        assert!(roff.contains(&format!("portico\\-{sub}(1)")), "no {sub} in:\n{roff}");
+    }
+    assert!(roff.contains("PORTICO_CONFIG") && roff.contains("SIGUSR1"));
+    // One page per subcommand, as `portico-run(1)` above refers to.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = portico(&["man", "--dir", dir.path().to_str().expect("UTF-8 temp dir")], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for sub in SUBCOMMANDS {
+        let page = read(&dir.path().join(format!("portico-{sub}.1")));
+        assert!(
+            page.contains(&format!(".TH PORTICO-{} 1", sub.to_uppercase())),
+            "portico-{sub}.1: {page}"
+        );
+    }
+    assert_eq!(read(&dir.path().join("portico.1")), roff);
+    // `man -l` formats it, where man is installed.
+    let rendered = std::process::Command::new("man")
+        .arg("-l")
+        .arg(dir.path().join("portico-run.1"))
+        .env("MANWIDTH", "100")
+        .env("MAN_KEEP_FORMATTING", "0")
+        .output();
+    match rendered {
+        Ok(r) => {
+            // Not a terminal: man emboldens by overstriking (`c\x08c`); drop that.
+            let mut text = String::new();
+            for c in String::from_utf8_lossy(&r.stdout).chars() {
+                if c == '\u{8}' {
+                    text.pop();
+                } else {
+                    text.push(c);
+                }
+            }
+            assert!(
+                r.status.success() && text.contains("--print-config"),
+                "man -l: {text}\n{r:?}"
+            );
+        }
+        Err(e) => eprintln!("man not available ({e}): rendering not checked"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portico_config_names_the_default_config_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr = free_addr();
+    let file = dir.path().join("portico.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[log]\naccess = \"\"\nerror = \"{}/error.log\"\n\n[cache]\nenabled = false\n\n\
+             [origin]\nnameservers = [\"127.0.0.1:9\"]\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write config");
+    let env = [("PORTICO_CONFIG", file.as_os_str())];
+    // `check` without -c checks it, and `--help` says it is the one in use.
+    let out = portico(&["check"], &env);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out).trim(), format!("{}: OK", file.display()));
+    let help = stdout(&portico(&["run", "--help"], &env));
+    assert!(help.contains(&format!("now {}", file.display())), "{help}");
+    // Without it: nothing to check, and the help says the defaults apply.
+    let out = portico(&["check"], &[]);
+    if !Path::new("/etc/portico/portico.toml").exists() {
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("/etc/portico/portico.toml does not exist"));
+        assert!(stdout(&portico(&["run", "--help"], &[])).contains("now the embedded defaults"));
+    }
+    // A missing file named by PORTICO_CONFIG is an error, not the defaults.
+    let missing = dir.path().join("missing.toml");
+    let out = portico(&["run"], &[("PORTICO_CONFIG", missing.as_os_str())]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("named by PORTICO_CONFIG"),
+        "{out:?}"
+    );
+    // `run` without -c serves on the file's listener and logs which file it read.
+    let mut child = std::process::Command::new(BIN)
+        .arg("run")
+        .env("PORTICO_CONFIG", &file)
+        .env_remove("NOTIFY_SOCKET")
+        .current_dir(dir.path())
+        .spawn()
+        .expect("spawn portico");
+    let listening = eventually(Duration::from_secs(10), || std::net::TcpStream::connect(&addr).is_ok()).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        listening,
+        "portico run did not listen on {addr}: {}",
+        read(&dir.path().join("error.log"))
+    );
+    let log = read(&dir.path().join("error.log"));
+    assert!(log.contains(&format!("config file: {}", file.display())), "{log}");
+}
