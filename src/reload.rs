@@ -68,6 +68,9 @@ impl Running {
         {
             disk.set_shared_dir(true);
         }
+        // The logs and the cache are open, the listeners bound: no longer
+        // root (`server.user`) before the first request is accepted.
+        crate::privdrop::switch()?;
         let shared = Arc::new(ArcSwap::from_pointee(state));
         crate::proxy::monitor::spawn_figures_writer(shared.clone());
         let mut running = Running {
@@ -320,6 +323,9 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
     keep!(
         server.workers,
         server.processes,
+        server.pid_file,
+        server.user,
+        server.group,
         cache.enabled,
         cache.memory,
         cache.max_memory_object,

@@ -76,16 +76,33 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // level is above info, and the sizing must happen regardless.
     let sized = crate::sizing::resolve(&mut config, files.now);
     tracing::info!("{}sizing: {sized}", crate::supervisor::tag());
+    // Which of the files Portico writes exist before it opens them (those it
+    // creates go to `server.user`); an unknown user fails start-up here.
+    crate::privdrop::prepare(&config)?;
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
     let sockets = bind_all(&config)?;
+    // The supervisor writes it in multi-process mode.
+    let _pid_file = match opts.worker {
+        None => crate::privdrop::PidFile::write(&config.server.pid_file)?,
+        Some(_) => None,
+    };
     let result = runtime.block_on(async move {
+        // Opens the logs and the cache, switches to `server.user`, then serves.
         let mut running = Running::start(config, opts.config_path, sockets)?;
+        let serving = |r: &Running| format!("serving on {} listeners", r.config().listener.len());
+        crate::notify::ready(&serving(&running));
         loop {
             match signals.next().await {
-                Sig::Hup => running.reload(),
+                Sig::Hup => {
+                    crate::notify::reloading();
+                    running.reload();
+                    // Also after a failed reload: the old config still serves.
+                    crate::notify::ready(&serving(&running));
+                }
                 Sig::Usr1 => running.reopen_logs(),
                 Sig::Term(name) => {
+                    crate::notify::stopping("draining connections");
                     tracing::info!(
                         "{}{name}: shutting down (draining connections)",
                         crate::supervisor::tag()

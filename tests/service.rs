@@ -279,3 +279,341 @@ async fn portico_config_names_the_default_config_file() {
     let log = read(&dir.path().join("error.log"));
     assert!(log.contains(&format!("config file: {}", file.display())), "{log}");
 }
+
+/// A unix datagram socket standing in for systemd's `$NOTIFY_SOCKET`.
+struct NotifySocket {
+    socket: std::os::unix::net::UnixDatagram,
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl NotifySocket {
+    fn new() -> NotifySocket {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("set a read timeout");
+        NotifySocket {
+            socket,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// The next message (blocking, 15 s at most); panics on timeout.
+    fn next(&self) -> String {
+        let mut buf = [0u8; 4096];
+        let n = self
+            .socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification within 15 s: {e}"));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// The next message, which must have the line `key` (e.g. `READY=1`).
+    fn expect(&self, key: &str) -> String {
+        let msg = self.next();
+        assert!(msg.lines().any(|l| l == key), "expected {key}, got {msg:?}");
+        msg
+    }
+}
+
+/// Starts portico with `NOTIFY_SOCKET` set; waits for `READY=1` and checks
+/// that the listener accepts at that moment (not only later).
+async fn start_notified(config: &str, addr: &str) -> (Portico, NotifySocket, String) {
+    let notify = NotifySocket::new();
+    let path = notify.path.clone();
+    let config = config.to_string();
+    let starting =
+        tokio::spawn(async move { Portico::start_with_env(&config, &[("NOTIFY_SOCKET", path.as_os_str())]).await });
+    let addr = addr.to_string();
+    let (notify, ready, accepted) = tokio::task::spawn_blocking(move || {
+        let ready = notify.expect("READY=1");
+        let accepted = std::net::TcpStream::connect(&addr).map(|_| ());
+        (notify, ready, accepted)
+    })
+    .await
+    .expect("notify reader");
+    let p = starting.await.expect("start portico");
+    assert!(
+        accepted.is_ok(),
+        "READY=1 came before the listener accepted: {accepted:?}"
+    );
+    assert!(ready.lines().any(|l| l.starts_with("STATUS=")), "{ready:?}");
+    (p, notify, ready)
+}
+
+/// SIGHUP gives RELOADING=1 (with MONOTONIC_USEC) then READY=1; SIGTERM
+/// gives STOPPING=1 and the process exits.
+async fn reload_and_stop(mut p: Portico, notify: NotifySocket) -> NotifySocket {
+    p.signal(libc::SIGHUP);
+    let notify = tokio::task::spawn_blocking(move || {
+        let reloading = notify.expect("RELOADING=1");
+        assert!(reloading.contains("MONOTONIC_USEC="), "{reloading:?}");
+        notify.expect("READY=1");
+        notify
+    })
+    .await
+    .expect("notify reader");
+    p.signal(libc::SIGTERM);
+    let notify = tokio::task::spawn_blocking(move || {
+        notify.expect("STOPPING=1");
+        notify
+    })
+    .await
+    .expect("notify reader");
+    assert!(
+        p.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "portico did not exit"
+    );
+    notify
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_socket_gets_ready_reloading_and_stopping() {
+    let addr = free_addr();
+    let (p, notify, ready) = start_notified(&logs_config(&addr, ""), &addr).await;
+    assert!(ready.contains("STATUS=serving on 1 listeners"), "{ready:?}");
+    reload_and_stop(p, notify).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_socket_with_processes_hears_the_supervisor_once_every_worker_is_ready() {
+    let addr = free_addr();
+    let (p, notify, ready) = start_notified(&logs_config(&addr, "[server]\nprocesses = 2\n"), &addr).await;
+    // From the supervisor, once both workers have reported to it.
+    assert!(ready.contains("STATUS=2 worker processes serving"), "{ready:?}");
+    assert!(
+        !ready.contains("PORTICO_WORKER"),
+        "a worker's message reached systemd: {ready:?}"
+    );
+    let error = read(&p.dir().join("error.log"));
+    assert_eq!(error.matches("listening on").count(), 2, "{error}");
+    reload_and_stop(p, notify).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_socket_may_be_an_abstract_name() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("portico-test-notify-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract address");
+    let socket = std::os::unix::net::UnixDatagram::bind_addr(&addr).expect("bind the abstract socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("set a read timeout");
+    let listen = free_addr();
+    let at = format!("@{name}");
+    let _p = Portico::start_with_env(
+        &logs_config(&listen, ""),
+        &[("NOTIFY_SOCKET", std::ffi::OsStr::new(&at))],
+    )
+    .await;
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).expect("READY=1 on the abstract socket");
+    assert!(String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pid_file_is_written_once_listening_and_removed_at_exit() {
+    for processes in [1, 2] {
+        let extra = format!("[server]\nprocesses = {processes}\npid_file = \"{{dir}}/portico.pid\"\n");
+        let mut p = Portico::start(&logs_config(&free_addr(), &extra)).await;
+        let pid_file = p.dir().join("portico.pid");
+        assert_eq!(read(&pid_file), format!("{}\n", p.pid()), "processes = {processes}");
+        p.signal(libc::SIGTERM);
+        assert!(
+            p.wait_exit(Duration::from_secs(10)).await.is_some(),
+            "portico did not exit"
+        );
+        assert!(
+            !pid_file.exists(),
+            "processes = {processes}: the pid file outlived the server"
+        );
+    }
+}
+
+/// The `Uid:` or `Gid:` line of /proc/PID/status: real, effective, saved, fs.
+fn proc_ids(pid: u32, key: &str) -> Vec<u32> {
+    let status = read(Path::new(&format!("/proc/{pid}/status")));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|ids| ids.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| panic!("no {key} line for pid {pid}:\n{status}"))
+}
+
+/// `nobody`'s uid and primary gid from /etc/passwd.
+fn nobody() -> (u32, u32) {
+    let passwd = read(Path::new("/etc/passwd"));
+    let line = passwd
+        .lines()
+        .find(|l| l.starts_with("nobody:"))
+        .expect("a nobody user in /etc/passwd");
+    let f: Vec<&str> = line.split(':').collect();
+    (f[2].parse().expect("uid"), f[3].parse().expect("gid"))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A forward proxy as `nobody` with a disk cache in a directory `nobody`
+/// can reach (the harness's temp dir is root's, 0700).
+fn dropping_config(addr: &str, cache: &Path, extra: &str) -> String {
+    format!(
+        "[[listener]]\naddress = \"{addr}\"\n\n[server]\nuser = \"nobody\"\n{extra}\n\
+         [log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
+         [cache]\ndir = \"{}/cache\"\n",
+        cache.display()
+    )
+}
+
+/// A GET of the origin's `/cached` through the proxy; its status and body.
+async fn get_through(addr: SocketAddr, origin: &Origin) -> (u16, String) {
+    let req = format!(
+        "GET http://{0}/cached HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n",
+        origin.addr()
+    );
+    let resp = parse_response(&raw_request(addr, req.as_bytes()).await);
+    (resp.status, resp.body_str())
+}
+
+/// The (recursive) files under `dir`, with their owner uid.
+fn owners(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            out.push((path.clone(), m.uid()));
+            if m.is_dir() {
+                out.extend(owners(&path));
+            }
+        }
+    }
+    out
+}
+
+/// A directory every user can reach, for the cache of a server running as nobody.
+fn open_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod 755");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_root_it_serves_as_the_configured_user() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let (uid, gid) = nobody();
+    let origin =
+        Origin::start(|_req| async { Response::ok("from the origin").header("Cache-Control", "max-age=600") }).await;
+    let cache = open_dir();
+    let p = Portico::start(&dropping_config(&free_addr(), cache.path(), "")).await;
+    // The socket listens from the bind on; the switch comes before the
+    // first accept, which the error log's line marks.
+    let error = p.dir().join("error.log");
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error)
+            .contains("switched to user nobody"))
+        .await,
+        "{}",
+        read(&error)
+    );
+    assert_eq!(
+        proc_ids(p.pid(), "Uid:"),
+        vec![uid; 4],
+        "real, effective, saved and fs uid"
+    );
+    assert_eq!(proc_ids(p.pid(), "Gid:"), vec![gid; 4]);
+    let groups = read(Path::new(&format!("/proc/{}/status", p.pid())));
+    assert!(
+        groups.lines().any(|l| l.trim() == format!("Groups:\t{gid}").trim()),
+        "{groups}"
+    );
+    // Requests work, the access log (opened as root) is still written,
+    // and the disk cache Portico created belongs to nobody and fills.
+    assert_eq!(
+        get_through(p.addr(), &origin).await,
+        (200, "from the origin".to_string())
+    );
+    assert_eq!(
+        get_through(p.addr(), &origin).await,
+        (200, "from the origin".to_string())
+    );
+    let access = p.dir().join("access.log");
+    assert!(
+        eventually(Duration::from_secs(5), || read(&access).matches("/cached").count() == 2).await,
+        "access log: {:?}",
+        read(&access)
+    );
+    assert_eq!(origin.count(), 1, "the second request was not a cache hit");
+    let cached = owners(&cache.path().join("cache"));
+    assert!(cached.iter().all(|(_, u)| *u == uid), "files not nobody's: {cached:?}");
+    let error = read(&p.dir().join("error.log"));
+    assert!(
+        error.contains(&format!("switched to user nobody (uid {uid}, gid {gid})")),
+        "{error}"
+    );
+    // The logs Portico created are nobody's, so a rotation can reopen them.
+    for log in ["access.log", "error.log"] {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p.dir().join(log)).expect("log file");
+        assert_eq!(m.uid(), uid, "{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_processes_every_worker_serves_as_the_configured_user() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let (uid, _) = nobody();
+    let origin = Origin::start(|_req| async { Response::ok("from the origin") }).await;
+    let cache = open_dir();
+    let p = Portico::start(&dropping_config(&free_addr(), cache.path(), "processes = 2\n")).await;
+    let error = p.dir().join("error.log");
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error)
+            .matches("switched to user nobody")
+            .count()
+            == 2)
+        .await,
+        "{}",
+        read(&error)
+    );
+    let children = read(Path::new(&format!("/proc/{0}/task/{0}/children", p.pid())));
+    let workers: Vec<u32> = children.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    assert_eq!(workers.len(), 2, "{children:?}");
+    for w in workers {
+        assert_eq!(proc_ids(w, "Uid:"), vec![uid; 4], "worker {w}");
+    }
+    for _ in 0..4 {
+        assert_eq!(get_through(p.addr(), &origin).await.0, 200);
+    }
+}
+
+#[test]
+fn an_unknown_user_fails_start_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("portico.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[listener]]\naddress = \"{}\"\n\n[server]\nuser = \"no-such-user-here\"\n",
+            free_addr()
+        ),
+    )
+    .expect("write config");
+    let out = portico(&["run", "-c", file.to_str().expect("UTF-8 path")], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.user \"no-such-user-here\": no such user"), "{err}");
+}
