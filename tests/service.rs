@@ -601,7 +601,7 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
 }
 
 #[test]
-fn an_unknown_user_fails_start_up() {
+fn an_unknown_user_fails_start_up_and_check_warns() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("portico.toml");
     std::fs::write(
@@ -612,8 +612,17 @@ fn an_unknown_user_fails_start_up() {
         ),
     )
     .expect("write config");
-    let out = portico(&["run", "-c", file.to_str().expect("UTF-8 path")], &[]);
+    let path = file.to_str().expect("UTF-8 path");
+    let out = portico(&["run", "-c", path], &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("server.user \"no-such-user-here\": no such user"), "{err}");
+    // The file is valid (it may be meant for another machine): check warns.
+    let out = portico(&["check", "-c", path], &[]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: server.user \"no-such-user-here\": no such user"),
+        "{err}"
+    );
 }
