@@ -87,6 +87,18 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     };
     // An unknown `server.user` fails here, not in every worker.
     let target = crate::privdrop::target(&config)?;
+    // SAFETY: geteuid has no preconditions.
+    let switching = target.as_ref().filter(|_| unsafe { libc::geteuid() } == 0);
+    // The workers switch to `server.user` and must still be able to reopen
+    // the error log the supervisor (root) created, now and after rotation.
+    let give_error_log = |path: &std::path::Path| {
+        if let Some(t) = switching {
+            crate::privdrop::chown_tree(path, t.uid, t.gid);
+        }
+    };
+    if let Some(path) = crate::log::created_error_log() {
+        give_error_log(path);
+    }
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here, then let go of it.
     drop(crate::reload::bind_all(&config)?);
@@ -122,10 +134,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     };
     // The workers drop to `server.user` and must still write their
     // statistics and their notifications there.
-    if let (Some(t), Some(dir)) = (&target, stats_dir)
-        // SAFETY: geteuid has no preconditions.
-        && unsafe { libc::geteuid() } == 0
-    {
+    if let (Some(t), Some(dir)) = (switching, stats_dir) {
         crate::privdrop::chown_tree(dir, t.uid, t.gid);
     }
     let relay_path = relay.as_ref().map(|(_, p)| p.clone());
@@ -185,10 +194,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                     // writes both logs: each reopens its own.
                     Sig::Usr1 => {
                         match crate::log::reopen_error_log() {
-                            Ok(Some(path)) => tracing::info!(
-                                "SIGUSR1: supervisor reopened the error log {}; forwarding to the workers",
-                                path.display()
-                            ),
+                            Ok(Some(path)) => {
+                                give_error_log(path);
+                                tracing::info!(
+                                    "SIGUSR1: supervisor reopened the error log {}; forwarding to the workers",
+                                    path.display()
+                                );
+                            }
                             Ok(None) => tracing::info!("SIGUSR1: forwarding to the workers"),
                             Err(e) => tracing::error!("SIGUSR1: {e}; forwarding to the workers"),
                         }

@@ -634,40 +634,52 @@ async fn after_the_switch_sigusr1_reopens_logs_in_the_users_directory() {
         return;
     }
     let (uid, gid) = nobody();
-    // As /var/log/portico in a package: a directory the user owns.
-    let logs = open_dir();
-    std::os::unix::fs::chown(logs.path(), Some(uid), Some(gid)).expect("chown the log directory");
-    let l = logs.path().display();
-    let config = format!(
-        "[[listener]]\naddress = \"{}\"\n\n[server]\nuser = \"nobody\"\n\n\
-         [log]\naccess = \"{l}/access.log\"\nerror = \"{l}/error.log\"\n\n[cache]\nenabled = false\n",
-        free_addr()
-    );
-    let p = Portico::start(&config).await;
-    let (access, error) = (logs.path().join("access.log"), logs.path().join("error.log"));
-    assert!(
-        eventually(Duration::from_secs(10), || read(&error)
-            .contains("switched to user nobody"))
-        .await
-    );
-    assert_eq!(trace(p.addr(), "/before-rotation").await, 405);
-    assert!(eventually(Duration::from_secs(5), || read(&access).contains("/before-rotation")).await);
-    std::fs::rename(&access, logs.path().join("access.log.1")).expect("rename access.log");
-    std::fs::rename(&error, logs.path().join("error.log.1")).expect("rename error.log");
-    p.signal(libc::SIGUSR1);
-    assert!(
-        eventually(Duration::from_secs(5), || read(&error).contains("access log reopened")).await,
-        "{:?}",
-        read(&error)
-    );
-    assert_eq!(trace(p.addr(), "/after-rotation").await, 405);
-    assert!(
-        eventually(Duration::from_secs(5), || read(&access).contains("/after-rotation")
-            && read(&error).contains("/after-rotation"))
-        .await
-    );
-    use std::os::unix::fs::MetadataExt;
-    for f in [&access, &error] {
-        assert_eq!(std::fs::metadata(f).expect("new log").uid(), uid, "{}", f.display());
+    for processes in [1usize, 2] {
+        // As /var/log/portico in a package: a directory the user owns.
+        let logs = open_dir();
+        std::os::unix::fs::chown(logs.path(), Some(uid), Some(gid)).expect("chown the log directory");
+        let l = logs.path().display();
+        let config = format!(
+            "[[listener]]\naddress = \"{}\"\n\n[server]\nuser = \"nobody\"\nprocesses = {processes}\n\n\
+             [log]\naccess = \"{l}/access.log\"\nerror = \"{l}/error.log\"\n\n[cache]\nenabled = false\n",
+            free_addr()
+        );
+        let p = Portico::start(&config).await;
+        let (access, error) = (logs.path().join("access.log"), logs.path().join("error.log"));
+        assert!(
+            eventually(Duration::from_secs(10), || read(&error)
+                .matches("switched to user nobody")
+                .count()
+                == processes)
+            .await
+        );
+        assert_eq!(trace(p.addr(), "/before-rotation").await, 405);
+        assert!(eventually(Duration::from_secs(5), || read(&access).contains("/before-rotation")).await);
+        std::fs::rename(&access, logs.path().join("access.log.1")).expect("rename access.log");
+        std::fs::rename(&error, logs.path().join("error.log.1")).expect("rename error.log");
+        p.signal(libc::SIGUSR1);
+        // Every process reopened both (the supervisor created the new error
+        // log as root and gave it to the workers' user).
+        assert!(
+            eventually(Duration::from_secs(5), || read(&error)
+                .matches("access log reopened")
+                .count()
+                == processes
+                && read(&error).matches("SIGUSR1: reopened the error log").count() == processes)
+            .await,
+            "processes = {processes}: {:?}",
+            read(&error)
+        );
+        assert!(!read(&error).contains("cannot reopen"), "{}", read(&error));
+        assert_eq!(trace(p.addr(), "/after-rotation").await, 405);
+        assert!(
+            eventually(Duration::from_secs(5), || read(&access).contains("/after-rotation")
+                && read(&error).contains("/after-rotation"))
+            .await
+        );
+        use std::os::unix::fs::MetadataExt;
+        for f in [&access, &error] {
+            assert_eq!(std::fs::metadata(f).expect("new log").uid(), uid, "{}", f.display());
+        }
     }
 }
