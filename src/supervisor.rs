@@ -19,6 +19,14 @@
 //! - SIGHUP: the supervisor validates the file once; if it is invalid the
 //!   error is logged and nothing changes, else SIGHUP goes to every worker,
 //!   which reloads itself.
+//! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
+//!   each worker reopens its error and access logs.
+//! - `server.user`: the supervisor stays as started (root, to write and
+//!   remove the pid file); each worker binds as root and then switches
+//!   (`privdrop`). The supervisor gives the user the error log it creates
+//!   and the private directory below, which the workers write to.
+//! - `$NOTIFY_SOCKET` (systemd): the workers report to a datagram socket in
+//!   that directory; the supervisor tells systemd once all are ready.
 //!
 //! Shared between the processes: the listeners (SO_REUSEPORT) and the disk
 //! tier's directory (tmp files are named by pid, objects are published by
