@@ -20,6 +20,8 @@ pub mod http1;
 pub mod keepalive;
 pub mod listen;
 pub mod log;
+pub mod notify;
+pub mod privdrop;
 pub mod proxy;
 pub mod reload;
 pub mod route;

@@ -1,15 +1,36 @@
 //! The `portico` command line.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use portico::config::{self, Config};
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The config file read when `-c` is not given and `$PORTICO_CONFIG` is not
+/// set, if it exists (where the Debian package installs it).
+const DEFAULT_CONFIG: &str = "/etc/portico/portico.toml";
+
+/// Shown at the end of `--help` and in the man page.
+const AFTER_HELP: &str = "\
+Config file: `-c FILE`; without it, the file named by $PORTICO_CONFIG, else
+/etc/portico/portico.toml if it exists, else the embedded defaults (`portico
+run --help` says which applies now).
+
+Signals to `portico run`: SIGHUP reloads the config file, SIGUSR1 reopens the
+error and access logs (log rotation), SIGTERM or SIGINT drains and exits.
+
+Environment: PORTICO_CONFIG (the default config file); NOTIFY_SOCKET (set by
+systemd for Type=notify: Portico sends READY=1 once every listener serves,
+RELOADING=1 around a SIGHUP reload and STOPPING=1 when it drains).
+
+Completions: `portico completions bash|zsh|fish`; man page: `portico man`.
+See docs/CONFIG.md for every config key.";
 
 #[derive(Parser)]
 #[command(
     name = "portico",
     version,
-    about = "A caching web proxy server: forward, reverse and transparent"
+    about = "A caching web proxy server: forward, reverse and transparent",
+    after_long_help = AFTER_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,9 +55,9 @@ enum Command {
     },
     /// Check a config file and exit non-zero if it has an error.
     Check {
-        /// Config file (TOML).
+        /// Config file (TOML); default: as for `run`.
         #[arg(short, long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
     },
     /// Disk cache maintenance: gc, list, purge, verify (safe while a server runs).
     Cache(portico::cache::admin::CacheArgs),
@@ -54,6 +75,77 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
+    /// Print shell completions for bash, zsh or fish (generated from these
+    /// definitions), e.g. `portico completions bash > /etc/bash_completion.d/portico`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page portico(1) in roff, e.g. `portico man > portico.1`;
+    /// with --dir, write portico.1 and a page per subcommand there.
+    Man {
+        /// Directory to write portico.1 and portico-SUBCOMMAND.1 to.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Writes the man pages: portico(1) to standard output, or every page
+/// (portico.1, portico-run.1, ...) to `dir`.
+fn man(dir: Option<PathBuf>) -> Result<(), String> {
+    let mut cmd = Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    let Some(dir) = dir else {
+        return clap_mangen::Man::new(cmd)
+            .title("PORTICO")
+            .render(&mut std::io::stdout())
+            .map_err(|e| format!("cannot write the man page: {}", portico::util::io_cause(&e)));
+    };
+    fn write(cmd: &clap::Command, dir: &std::path::Path) -> Result<(), String> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(sub, dir)?;
+        }
+        let name = cmd.get_display_name().unwrap_or_else(|| cmd.get_name()).to_string();
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd.clone())
+            .title(name.to_uppercase())
+            .render(&mut out)
+            .and_then(|()| std::fs::write(&path, out))
+            .map_err(|e| format!("cannot write {}: {}", path.display(), portico::util::io_cause(&e)))
+    }
+    write(&cmd, &dir)
+}
+
+/// The config file to use when `-c` is not given: `$PORTICO_CONFIG` (which
+/// must exist), else [`DEFAULT_CONFIG`] if it exists, else None (the
+/// embedded defaults).
+fn default_config() -> Result<Option<PathBuf>, String> {
+    match std::env::var_os("PORTICO_CONFIG").filter(|p| !p.is_empty()) {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            match std::fs::metadata(&p) {
+                Ok(_) => Ok(Some(p)),
+                Err(e) => Err(format!(
+                    "{} (named by PORTICO_CONFIG): {}",
+                    p.display(),
+                    portico::util::io_cause(&e)
+                )),
+            }
+        }
+        None => Ok(Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists())),
+    }
+}
+
+/// What `-c` means when it is left out, as `--help` says it: the file that
+/// would be read now.
+fn config_help(default: &Result<Option<PathBuf>, String>) -> String {
+    let now = match default {
+        Ok(Some(p)) => format!("now {}", p.display()),
+        Ok(None) => format!("now the embedded defaults: {DEFAULT_CONFIG} does not exist"),
+        Err(e) => format!("now an error: {e}"),
+    };
+    format!("Config file (TOML). Default: $PORTICO_CONFIG, else {DEFAULT_CONFIG} if it exists ({now})")
 }
 
 #[derive(Subcommand)]
@@ -119,43 +211,86 @@ fn load(path: Option<&PathBuf>) -> Result<Config, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let default = default_config();
+    // `--help` of each command taking `-c` names the file it would read now.
+    let help = config_help(&default);
+    let cmd = ["run", "check", "stats", "cache"]
+        .iter()
+        .fold(Cli::command(), |cmd, name| {
+            cmd.mut_subcommand(name, |c| c.mut_arg("config", |a| a.help(help.clone())))
+        });
+    let cli = match Cli::from_arg_matches(&cmd.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // `-c` left out: the default file, if any (an error only when
+    // PORTICO_CONFIG names a missing file).
+    let or_default = |given: Option<PathBuf>| match given {
+        Some(p) => Ok(Some(p)),
+        None => default.clone(),
+    };
     let result = match cli.command {
         Command::Run {
             config,
             print_config,
             worker,
-        } => load(config.as_ref()).and_then(|mut c| {
-            if print_config {
-                let files = portico::sizing::raise_open_files();
-                let said = portico::sizing::resolve(&mut c, files.now);
-                println!("# sizing: {said}");
-                print!("{}", c.to_toml());
-                Ok(())
-            } else {
-                let opts = portico::server::RunOptions {
-                    config_path: config,
-                    worker,
+        } => or_default(config).and_then(|config| {
+            load(config.as_ref()).and_then(|mut c| {
+                if print_config {
+                    let files = portico::sizing::raise_open_files();
+                    let said = portico::sizing::resolve(&mut c, files.now);
+                    println!("# sizing: {said}");
+                    print!("{}", c.to_toml());
+                    Ok(())
+                } else {
+                    let opts = portico::server::RunOptions {
+                        config_path: config,
+                        worker,
+                    };
+                    portico::server::run(c, opts)
+                }
+            })
+        }),
+        Command::Stats { addr, config } => or_default(config)
+            .and_then(|config| load(config.as_ref()))
+            .and_then(|c| {
+                let addr = addr.unwrap_or_else(|| {
+                    c.listener
+                        .first()
+                        .map_or("127.0.0.1:8080".to_string(), |l| l.address.to_string())
+                });
+                let path = if c.monitor.perf.is_empty() {
+                    "/.perf"
+                } else {
+                    c.monitor.perf.as_str()
                 };
-                portico::server::run(c, opts)
-            }
-        }),
-        Command::Stats { addr, config } => load(config.as_ref()).and_then(|c| {
-            let addr = addr.unwrap_or_else(|| {
-                c.listener
-                    .first()
-                    .map_or("127.0.0.1:8080".to_string(), |l| l.address.to_string())
-            });
-            let path = if c.monitor.perf.is_empty() {
-                "/.perf"
-            } else {
-                c.monitor.perf.as_str()
-            };
-            portico::stats::fetch(&addr, path).map(|text| print!("{text}"))
-        }),
-        Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
+                portico::stats::fetch(&addr, path).map(|text| print!("{text}"))
+            }),
+        Command::Check { config } => match or_default(config) {
+            Ok(Some(config)) => load(Some(&config)).map(|c| {
+                // `run` needs `server.user` and `group` to exist here; the
+                // file itself is valid (it may be meant for another machine).
+                if let Err(e) = portico::privdrop::target(&c) {
+                    eprintln!("portico: warning: {e}: `portico run` would fail on this machine");
+                }
+                println!("{}: OK", config.display())
+            }),
+            Ok(None) => Err(format!(
+                "no config file to check: give -c FILE ({DEFAULT_CONFIG} does not exist)"
+            )),
+            Err(e) => Err(e),
+        },
         Command::Rules { command } => rules_test(command),
-        Command::Cache(args) => match load(args.config.as_ref()) {
+        Command::Completions { shell } => {
+            // From the same definitions as the parser, so they never go stale.
+            clap_complete::generate(shell, &mut Cli::command(), "portico", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => man(dir),
+        Command::Cache(mut args) => match or_default(args.config.take()).and_then(|config| {
+            args.config = config;
+            load(args.config.as_ref())
+        }) {
             Err(e) => Err(e),
             Ok(c) => match portico::cache::admin::run(&c.cache, c.upstream.iter().any(|u| !u.parent), &args.command) {
                 Ok(true) => {

@@ -68,6 +68,9 @@ impl Running {
         {
             disk.set_shared_dir(true);
         }
+        // The logs and the cache are open, the listeners bound: no longer
+        // root (`server.user`) before the first request is accepted.
+        crate::privdrop::switch()?;
         let shared = Arc::new(ArcSwap::from_pointee(state));
         crate::proxy::monitor::spawn_figures_writer(shared.clone());
         let mut running = Running {
@@ -148,9 +151,11 @@ impl Running {
         }
     }
 
-    /// SIGUSR1: the access log is reopened (log rotation renamed it).
+    /// SIGUSR1: the error log and the access log are reopened (log
+    /// rotation renamed them). The error log first, so that the line saying
+    /// so is the first of the new file.
     pub fn reopen_logs(&self) {
-        tracing::info!("{}SIGUSR1: reopening the access log", crate::supervisor::tag());
+        crate::log::reopen_logs_line();
         self.shared.load().access_log.reopen();
     }
 
@@ -318,6 +323,9 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
     keep!(
         server.workers,
         server.processes,
+        server.pid_file,
+        server.user,
+        server.group,
         cache.enabled,
         cache.memory,
         cache.max_memory_object,

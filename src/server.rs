@@ -1,6 +1,7 @@
 //! Starting and stopping the server: runtime, logs, listeners, signals.
 //!
-//! Signals: SIGHUP reloads the config (`reload.rs`); SIGTERM or SIGINT
+//! Signals: SIGHUP reloads the config (`reload.rs`); SIGUSR1 reopens the
+//! error and access logs (rotation); SIGTERM or SIGINT
 //! drains (`drain.rs`): the listeners close at once, idle connections
 //! close, busy ones finish their current response (sent with
 //! `Connection: close`), and the process exits when none is left or
@@ -24,6 +25,13 @@ pub struct RunOptions {
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
 pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
+    if opts.worker.is_none() {
+        // Without -c the file may be a default one: say which.
+        match &opts.config_path {
+            Some(p) => tracing::info!("config file: {}", p.display()),
+            None => tracing::info!("config: the embedded defaults (no config file)"),
+        }
+    }
     if opts.worker.is_none() && config.server.processes > 1 {
         return crate::supervisor::run(config, opts.config_path);
     }
@@ -68,16 +76,33 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // level is above info, and the sizing must happen regardless.
     let sized = crate::sizing::resolve(&mut config, files.now);
     tracing::info!("{}sizing: {sized}", crate::supervisor::tag());
+    // Which of the files Portico writes exist before it opens them (those it
+    // creates go to `server.user`); an unknown user fails start-up here.
+    crate::privdrop::prepare(&config)?;
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
     let sockets = bind_all(&config)?;
+    // The supervisor writes it in multi-process mode.
+    let _pid_file = match opts.worker {
+        None => crate::privdrop::PidFile::write(&config.server.pid_file)?,
+        Some(_) => None,
+    };
     let result = runtime.block_on(async move {
+        // Opens the logs and the cache, switches to `server.user`, then serves.
         let mut running = Running::start(config, opts.config_path, sockets)?;
+        let serving = |r: &Running| format!("serving on {} listeners", r.config().listener.len());
+        crate::notify::ready(&serving(&running));
         loop {
             match signals.next().await {
-                Sig::Hup => running.reload(),
+                Sig::Hup => {
+                    crate::notify::reloading();
+                    running.reload();
+                    // Also after a failed reload: the old config still serves.
+                    crate::notify::ready(&serving(&running));
+                }
                 Sig::Usr1 => running.reopen_logs(),
                 Sig::Term(name) => {
+                    crate::notify::stopping("draining connections");
                     tracing::info!(
                         "{}{name}: shutting down (draining connections)",
                         crate::supervisor::tag()
@@ -166,7 +191,7 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
 pub(crate) enum Sig {
     /// SIGHUP: reload.
     Hup,
-    /// SIGUSR1: reopen the access log (after rotation).
+    /// SIGUSR1: reopen the error log and the access log (after rotation).
     Usr1,
     /// SIGTERM or SIGINT (named): shut down.
     Term(&'static str),

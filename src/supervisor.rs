@@ -19,6 +19,14 @@
 //! - SIGHUP: the supervisor validates the file once; if it is invalid the
 //!   error is logged and nothing changes, else SIGHUP goes to every worker,
 //!   which reloads itself.
+//! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
+//!   each worker reopens its error and access logs.
+//! - `server.user`: the supervisor stays as started (root, to write and
+//!   remove the pid file); each worker binds as root and then switches
+//!   (`privdrop`). The supervisor gives the user the error log it creates
+//!   and the private directory below, which the workers write to.
+//! - `$NOTIFY_SOCKET` (systemd): the workers report to a datagram socket in
+//!   that directory; the supervisor tells systemd once all are ready.
 //!
 //! Shared between the processes: the listeners (SO_REUSEPORT) and the disk
 //! tier's directory (tmp files are named by pid, objects are published by
@@ -85,9 +93,24 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
         let _enter = runtime.enter();
         Signals::install()
     };
+    // An unknown `server.user` fails here, not in every worker.
+    let target = crate::privdrop::target(&config)?;
+    // SAFETY: geteuid has no preconditions.
+    let switching = target.as_ref().filter(|_| unsafe { libc::geteuid() } == 0);
+    // The workers switch to `server.user` and must still be able to reopen
+    // the error log the supervisor (root) created, now and after rotation.
+    let give_error_log = |path: &std::path::Path| {
+        if let Some(t) = switching {
+            crate::privdrop::chown_tree(path, t.uid, t.gid);
+        }
+    };
+    if let Some(path) = crate::log::created_error_log() {
+        give_error_log(path);
+    }
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here, then let go of it.
     drop(crate::reload::bind_all(&config)?);
+    let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
     // Where the workers leave their statistics for each other (removed when
@@ -100,7 +123,38 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
         }
     };
     let stats_dir = stats_guard.as_ref().map(|d| &d.0);
+    // The workers report readiness to the supervisor, which tells systemd
+    // once they all have (a worker's own message would reach a service
+    // manager that only listens to the main process, or count too early).
+    let relay = match (std::env::var_os(crate::notify::ENV), stats_dir) {
+        (Some(_), Some(dir)) => {
+            let _enter = runtime.enter();
+            let path = dir.join("notify.sock");
+            match tokio::net::UnixDatagram::bind(&path) {
+                Ok(socket) => Some((socket, path)),
+                Err(e) => {
+                    tracing::warn!("cannot relay the workers' readiness: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    // The workers drop to `server.user` and must still write their
+    // statistics and their notifications there.
+    if let (Some(t), Some(dir)) = (switching, stats_dir) {
+        crate::privdrop::chown_tree(dir, t.uid, t.gid);
+    }
+    let relay_path = relay.as_ref().map(|(_, p)| p.clone());
+    let env = WorkerEnv {
+        stats_dir: stats_dir.cloned(),
+        notify: relay_path,
+    };
     runtime.block_on(async move {
+        let relay = relay.map(|(s, _)| s);
+        // Workers whose READY=1 arrived since the start or the last reload;
+        // None once systemd has been told.
+        let mut waiting: Option<Vec<bool>> = relay.as_ref().map(|_| vec![false; n]);
         let mut events: JoinSet<Event> = JoinSet::new();
         let mut workers: Vec<Worker> = Vec::with_capacity(n);
         for i in 0..n {
@@ -110,7 +164,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                 quick_failures: 0,
                 first_run: true,
             });
-            start(&exe, config_path.as_ref(), stats_dir, i, &mut workers[i], &mut events);
+            start(&exe, config_path.as_ref(), &env, i, &mut workers[i], &mut events);
+        }
+        if relay.is_none() {
+            // Without the relay (no statistics directory), the best the
+            // supervisor knows: the workers are started.
+            crate::notify::ready(&format!("{n} worker processes started"));
         }
         let mut stopping = false;
         let mut failure: Option<String> = None;
@@ -122,15 +181,51 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
             tokio::select! {
                 sig = signals.next() => match sig {
                     Sig::Term(name) => {
+                        crate::notify::stopping("stopping the workers");
                         tracing::info!("{name}: stopping the workers");
                         stopping = true;
                         signal_all(&workers, libc::SIGTERM);
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
-                    Sig::Hup => reload(&config, config_path.as_ref(), &workers),
-                    // Each worker writes the access log: each reopens it.
-                    Sig::Usr1 => signal_all(&workers, libc::SIGUSR1),
+                    Sig::Hup => {
+                        if reload(&config, config_path.as_ref(), &workers) {
+                            crate::notify::reloading();
+                            if relay.is_some() {
+                                // Ready again once every worker says so.
+                                waiting = Some(vec![false; n]);
+                            } else {
+                                crate::notify::ready(&format!("{n} worker processes serving"));
+                            }
+                        }
+                    }
+                    // The supervisor writes the error log too; each worker
+                    // writes both logs: each reopens its own.
+                    Sig::Usr1 => {
+                        match crate::log::reopen_error_log() {
+                            Ok(Some(path)) => {
+                                give_error_log(path);
+                                tracing::info!(
+                                    "SIGUSR1: supervisor reopened the error log {}; forwarding to the workers",
+                                    path.display()
+                                );
+                            }
+                            Ok(None) => tracing::info!("SIGUSR1: forwarding to the workers"),
+                            Err(e) => tracing::error!("SIGUSR1: {e}; forwarding to the workers"),
+                        }
+                        signal_all(&workers, libc::SIGUSR1);
+                    }
                 },
+                Some(i) = worker_ready(relay.as_ref()) => {
+                    if let Some(ready) = waiting.as_mut()
+                        && let Some(r) = ready.get_mut(i)
+                    {
+                        *r = true;
+                        if ready.iter().all(|r| *r) {
+                            crate::notify::ready(&format!("{n} worker processes serving"));
+                            waiting = None;
+                        }
+                    }
+                }
                 Some(event) = events.join_next() => match event {
                     Ok(Event::Exited(i, status)) => {
                         let w = &mut workers[i];
@@ -172,7 +267,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                         });
                     }
                     Ok(Event::Restart(i)) if !stopping => {
-                        start(&exe, config_path.as_ref(), stats_dir, i, &mut workers[i], &mut events);
+                        start(&exe, config_path.as_ref(), &env, i, &mut workers[i], &mut events);
                     }
                     Ok(Event::Restart(_)) => {}
                     Err(e) => tracing::error!("supervisor task failed: {e}"),
@@ -200,7 +295,7 @@ impl Drop for RemoveOnDrop {
 fn start(
     exe: &PathBuf,
     config_path: Option<&PathBuf>,
-    stats_dir: Option<&PathBuf>,
+    env: &WorkerEnv,
     i: usize,
     w: &mut Worker,
     events: &mut JoinSet<Event>,
@@ -210,9 +305,14 @@ fn start(
     if let Some(p) = config_path {
         cmd.arg("-c").arg(p);
     }
-    if let Some(dir) = stats_dir {
+    if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
+    // The supervisor's relay, or none: only the supervisor talks to systemd.
+    match &env.notify {
+        Some(path) => cmd.env(crate::notify::ENV, path),
+        None => cmd.env_remove(crate::notify::ENV),
+    };
     cmd.env("PORTICO_WORKER", i.to_string())
         .stdin(std::process::Stdio::null())
         .process_group(0)
@@ -247,14 +347,50 @@ fn start(
     }
 }
 
-/// Validates the config file once, then asks every worker to reload it.
-fn reload(config: &Config, config_path: Option<&PathBuf>, workers: &[Worker]) {
+/// What the workers get in their environment from the supervisor.
+struct WorkerEnv {
+    /// Where they leave their statistics.
+    stats_dir: Option<PathBuf>,
+    /// The supervisor's readiness relay (their `NOTIFY_SOCKET`).
+    notify: Option<PathBuf>,
+}
+
+/// The index of the next worker reporting `READY=1` on the relay; never
+/// resolves without a relay.
+async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize> {
+    let Some(relay) = relay else {
+        return std::future::pending().await;
+    };
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = relay.recv(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let mut lines = text.lines();
+        let ready = text.lines().any(|l| l == "READY=1");
+        let worker = lines.find_map(|l| {
+            l.strip_prefix(crate::notify::WORKER_KEY)?
+                .strip_prefix('=')?
+                .parse()
+                .ok()
+        });
+        if let (true, Some(i)) = (ready, worker) {
+            return Some(i);
+        }
+    }
+}
+
+/// Validates the config file once, then asks every worker to reload it;
+/// true if it did.
+fn reload(config: &Config, config_path: Option<&PathBuf>, workers: &[Worker]) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
-        return;
+        return false;
     };
     match crate::config::load_file(path) {
-        Err(e) => tracing::error!("reload failed, still running on the previous config: {e}"),
+        Err(e) => {
+            tracing::error!("reload failed, still running on the previous config: {e}");
+            false
+        }
         Ok(new) => {
             if new.server.processes != config.server.processes {
                 tracing::warn!(
@@ -266,6 +402,7 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, workers: &[Worker]) {
             }
             tracing::info!("SIGHUP: {} is valid; the workers reload it", path.display());
             signal_all(workers, libc::SIGHUP);
+            true
         }
     }
 }

@@ -89,6 +89,12 @@ pub struct ServerConfig {
     pub processes: usize,
     /// On SIGTERM, how long in-flight requests may take to finish before the process exits anyway.
     pub shutdown_timeout: Dur,
+    /// File to write the server's pid to once it listens (removed at exit); empty = none.
+    pub pid_file: PathBuf,
+    /// Started as root: the user to switch to once the listeners are bound; empty = stay.
+    pub user: String,
+    /// The group to switch to with `user`; empty = the user's primary group.
+    pub group: String,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +108,9 @@ impl Default for ServerConfig {
             blocking_queue: 0,
             processes: 1,
             shutdown_timeout: Dur::secs(30),
+            pid_file: PathBuf::new(),
+            user: String::new(),
+            group: String::new(),
         }
     }
 }

@@ -1,10 +1,60 @@
 //! Logs: the error log (tracing, with a level) and the access log.
+//!
+//! Both can be reopened after log rotation (SIGUSR1, as nginx's
+//! `kill -USR1` and Squid's `squid -k rotate`): the error log's file sits
+//! behind a lock that [`reopen_error_log`] swaps for a freshly opened file,
+//! so lines written after the swap go to the new file and none is lost.
 
 mod access;
 
 pub use access::{AccessLog, AccessRecord, DEFAULT_QUEUE, check_format};
 
 use crate::config::LogConfig;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// The error log's file, when `log.error` names one: the path it is
+/// reopened from, and the file the tracing writer writes to.
+struct ErrorFile {
+    path: PathBuf,
+    file: Mutex<File>,
+    /// The file did not exist before this process opened it (its owner
+    /// may then be fixed before privileges are dropped, `privdrop`).
+    created: bool,
+}
+
+static ERROR_FILE: OnceLock<ErrorFile> = OnceLock::new();
+
+/// The tracing writer of a file error log: each line (tracing formats an
+/// event, then writes it in one call) goes to the file current at the time.
+struct ErrorWriter;
+
+impl Write for ErrorWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match ERROR_FILE.get() {
+            Some(e) => e.file.lock().unwrap_or_else(|p| p.into_inner()).write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match ERROR_FILE.get() {
+            // Under one lock, so lines of two threads never interleave.
+            Some(e) => e.file.lock().unwrap_or_else(|p| p.into_inner()).write_all(buf),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
+}
 
 /// Installs the error log: standard error, or the file `log.error`.
 pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
@@ -17,15 +67,66 @@ pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
             .with_writer(std::io::stderr)
             .try_init()
     } else {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&cfg.error)
-            .map_err(|e| format!("cannot open error log {}: {e}", cfg.error.display()))?;
-        builder
-            .with_ansi(false)
-            .with_writer(std::sync::Mutex::new(file))
-            .try_init()
+        let created = std::fs::symlink_metadata(&cfg.error).is_err();
+        let file = open_append(&cfg.error).map_err(|e| {
+            format!(
+                "cannot open error log {}: {}",
+                cfg.error.display(),
+                crate::util::io_cause(&e)
+            )
+        })?;
+        if ERROR_FILE
+            .set(ErrorFile {
+                path: cfg.error.clone(),
+                file: Mutex::new(file),
+                created,
+            })
+            .is_err()
+        {
+            return Err("the error log is already installed".to_string());
+        }
+        builder.with_ansi(false).with_writer(|| ErrorWriter).try_init()
     };
     result.map_err(|e| format!("cannot install the error log: {e}"))
+}
+
+/// SIGUSR1: reopens the error log file by its path (rotation renamed the
+/// old one, which keeps every line written before). Ok(None) when the
+/// error log is standard error; on failure the old file stays in use.
+pub fn reopen_error_log() -> Result<Option<&'static Path>, String> {
+    let Some(e) = ERROR_FILE.get() else {
+        return Ok(None);
+    };
+    let new = open_append(&e.path).map_err(|err| {
+        format!(
+            "cannot reopen error log {}: {}; still writing to the old file",
+            e.path.display(),
+            crate::util::io_cause(&err)
+        )
+    })?;
+    // A writer that panicked mid-line poisoned the lock; the file is still
+    // a file, so take it over rather than lose the log.
+    let mut file = e.file.lock().unwrap_or_else(|p| p.into_inner());
+    *file = new;
+    Ok(Some(&e.path))
+}
+
+/// The error log file if this process created it at start-up (so its owner
+/// is Portico's to set), else None.
+pub fn created_error_log() -> Option<&'static Path> {
+    ERROR_FILE.get().filter(|e| e.created).map(|e| e.path.as_path())
+}
+
+/// Reopens the error log and logs one line saying what SIGUSR1 reopens
+/// (the caller then reopens its access log, whose writer thread confirms).
+pub fn reopen_logs_line() {
+    let tag = crate::supervisor::tag();
+    match reopen_error_log() {
+        Ok(Some(path)) => tracing::info!(
+            "{tag}SIGUSR1: reopened the error log {} and reopening the access log",
+            path.display()
+        ),
+        Ok(None) => tracing::info!("{tag}SIGUSR1: reopening the access log (the error log is standard error)"),
+        Err(e) => tracing::error!("{tag}SIGUSR1: {e}; reopening the access log"),
+    }
 }

@@ -1,0 +1,258 @@
+//! Dropping root privileges: started as root to bind ports below 1024 (80,
+//! 443, as nginx and Squid are), Portico switches to `[server] user` and
+//! `group` once every listener is bound and the log files and the cache
+//! directory are open, before it serves a request.
+//!
+//! The switch is setgroups (the supplementary groups become the one group),
+//! setgid, setuid, in that order: the group calls need root, so they come
+//! before the uid changes. glibc applies each to every thread of the
+//! process. If any call fails the process refuses to go on as root. Files
+//! Portico created at this start (the error and access logs, the cache
+//! directory) are given to the user first, so it can write and reopen them.
+//!
+//! The pid file (`server.pid_file`) lives here too: it is written in the
+//! same window, bound but not yet switched, and removed at exit.
+
+use crate::config::Config;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The user and group to switch to.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The user's name as configured.
+    pub user: String,
+    /// Its uid.
+    pub uid: libc::uid_t,
+    /// The group's gid (`group`, else the user's primary group).
+    pub gid: libc::gid_t,
+}
+
+/// What [`switch`] does: set by [`prepare`] before anything is created.
+struct Plan {
+    target: Target,
+    /// Paths that did not exist before start-up: Portico creates them, so
+    /// gives them to the user.
+    created: Vec<PathBuf>,
+    /// The cache directory, checked for its owner.
+    cache_dir: Option<PathBuf>,
+}
+
+static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
+
+/// Looks up `server.user` and `server.group`: Ok(None) when no user is
+/// configured; an error for an unknown name or a group without a user.
+pub fn target(config: &Config) -> Result<Option<Target>, String> {
+    let s = &config.server;
+    if s.user.is_empty() {
+        if !s.group.is_empty() {
+            return Err(format!(
+                "server.group = {:?} needs server.user: a process left running as root gains nothing from a group",
+                s.group
+            ));
+        }
+        return Ok(None);
+    }
+    let (uid, primary) = lookup_user(&s.user)?;
+    let gid = if s.group.is_empty() {
+        primary
+    } else {
+        lookup_group(&s.group)?
+    };
+    Ok(Some(Target {
+        user: s.user.clone(),
+        uid,
+        gid,
+    }))
+}
+
+/// Resolves the target and records which of the files Portico writes do
+/// not exist yet; call before the logs and the cache are opened.
+pub fn prepare(config: &Config) -> Result<Option<Target>, String> {
+    let Some(target) = target(config)? else {
+        return Ok(None);
+    };
+    let mut created = Vec::new();
+    if let Some(p) = crate::log::created_error_log() {
+        created.push(p.to_path_buf());
+    }
+    let access = &config.log.access;
+    if !access.as_os_str().is_empty() && std::fs::symlink_metadata(access).is_err() {
+        created.push(access.clone());
+    }
+    let cache_dir = (config.cache.enabled && config.cache.disk.bytes() > 0).then(|| config.cache.dir.clone());
+    if let Some(dir) = &cache_dir
+        && std::fs::symlink_metadata(dir).is_err()
+    {
+        created.push(dir.clone());
+    }
+    *PLAN.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
+        target: target.clone(),
+        created,
+        cache_dir,
+    });
+    Ok(Some(target))
+}
+
+/// Switches to the prepared user, if any: the files created since
+/// [`prepare`] are given to it first. Not root: nothing changes (a warning
+/// if the user differs). Any failure as root is an error: Portico does not
+/// serve as root when told not to.
+pub fn switch() -> Result<(), String> {
+    let Some(plan) = PLAN.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return Ok(());
+    };
+    let t = &plan.target;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        if euid != t.uid {
+            tracing::warn!(
+                "{}server.user = {:?} ignored: not started as root (running as uid {euid})",
+                crate::supervisor::tag(),
+                t.user
+            );
+        }
+        return Ok(());
+    }
+    for path in &plan.created {
+        chown_tree(path, t.uid, t.gid);
+    }
+    if let Some(dir) = &plan.cache_dir {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::metadata(dir)
+            && m.uid() != t.uid
+        {
+            tracing::warn!(
+                "{}cache.dir {} belongs to uid {}, not to {} (uid {}): the disk cache may fail to write; chown it",
+                crate::supervisor::tag(),
+                dir.display(),
+                m.uid(),
+                t.user,
+                t.uid
+            );
+        }
+    }
+    drop_to(t)?;
+    tracing::info!(
+        "{}switched to user {} (uid {}, gid {})",
+        crate::supervisor::tag(),
+        t.user,
+        t.uid,
+        t.gid
+    );
+    Ok(())
+}
+
+/// setgroups, setgid, setuid; then checks that root cannot be regained.
+pub fn drop_to(t: &Target) -> Result<(), String> {
+    let fail = |call: &str| {
+        format!(
+            "cannot switch to user {} (uid {}, gid {}): {call}: {}; refusing to run as root",
+            t.user,
+            t.uid,
+            t.gid,
+            std::io::Error::last_os_error()
+        )
+    };
+    // SAFETY: setgroups reads one gid from the pointer given; setgid,
+    // setuid and setuid(0) take plain integers.
+    unsafe {
+        if libc::setgroups(1, &t.gid) != 0 {
+            return Err(fail("setgroups"));
+        }
+        if libc::setgid(t.gid) != 0 {
+            return Err(fail("setgid"));
+        }
+        if libc::setuid(t.uid) != 0 {
+            return Err(fail("setuid"));
+        }
+        if t.uid != 0 && libc::setuid(0) == 0 {
+            return Err(fail("root could be regained after setuid"));
+        }
+    }
+    Ok(())
+}
+
+/// Gives `path` (and, for a directory, everything under it) to uid:gid;
+/// failures are logged (the file stays usable by root only).
+pub fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
+    if let Err(e) = std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
+        tracing::warn!(
+            "cannot give {} to uid {uid}: {}",
+            path.display(),
+            crate::util::io_cause(&e)
+        );
+        return;
+    }
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            chown_tree(&entry.path(), uid, gid);
+        }
+    }
+}
+
+fn lookup_user(name: &str) -> Result<(libc::uid_t, libc::gid_t), String> {
+    let c = CString::new(name).map_err(|_| format!("server.user {name:?}: contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    // SAFETY: passwd is plain data that getpwnam_r fills in.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the strings it points
+    // `pw` at live in `buf`, which outlives their (no) use here.
+    let rc = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc == 0 && !result.is_null() {
+        return Ok((pw.pw_uid, pw.pw_gid));
+    }
+    Err(format!("server.user {name:?}: no such user (see /etc/passwd)"))
+}
+
+fn lookup_group(name: &str) -> Result<libc::gid_t, String> {
+    let c = CString::new(name).map_err(|_| format!("server.group {name:?}: contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    // SAFETY: group is plain data that getgrnam_r fills in.
+    let mut gr: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: as in lookup_user.
+    let rc = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc == 0 && !result.is_null() {
+        return Ok(gr.gr_gid);
+    }
+    Err(format!("server.group {name:?}: no such group (see /etc/group)"))
+}
+
+/// The pid file `server.pid_file`: written once the listeners are bound,
+/// removed when dropped (at exit).
+pub struct PidFile(PathBuf);
+
+impl PidFile {
+    /// Writes this process's pid to `path`, or nothing when it is empty.
+    pub fn write(path: &Path) -> Result<Option<PidFile>, String> {
+        if path.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        std::fs::write(path, format!("{}\n", std::process::id())).map_err(|e| {
+            format!(
+                "cannot write server.pid_file {}: {}",
+                path.display(),
+                crate::util::io_cause(&e)
+            )
+        })?;
+        Ok(Some(PidFile(path.to_path_buf())))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        // Only our own: a newer server may have written the file since.
+        let ours = std::fs::read_to_string(&self.0).is_ok_and(|t| t.trim() == std::process::id().to_string());
+        if ours && let Err(e) = std::fs::remove_file(&self.0) {
+            tracing::warn!(
+                "cannot remove server.pid_file {}: {} (after the switch to server.user, its directory must be writable by that user)",
+                self.0.display(),
+                crate::util::io_cause(&e)
+            );
+        }
+    }
+}
