@@ -7,7 +7,6 @@ use crate::rules::{HeaderCond, PathSeg, RuleError};
 use http::{HeaderName, Method, StatusCode};
 use ipnet::IpNet;
 use regex::Regex;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How an entry matches the host: one of these per `host` item.
@@ -158,8 +157,8 @@ impl Acl {
         for (i, e) in config.acl.iter().enumerate() {
             entries.push(compile_entry(i, e)?);
         }
-        let mut exact: HashMap<Box<str>, Vec<u32>> = HashMap::new();
-        let mut suffix: HashMap<Box<str>, Vec<u32>> = HashMap::new();
+        let mut exact = super::HostTable::default();
+        let mut suffix = super::HostTable::default();
         let mut rest = Vec::new();
         for (id, e) in entries.iter().enumerate() {
             let id = id as u32;
@@ -168,8 +167,8 @@ impl Acl {
             }
             for h in &e.hosts {
                 let list = match h {
-                    HostMatch::Exact(h) => exact.entry(h.clone()).or_default(),
-                    HostMatch::Suffix(s) => suffix.entry(s.clone()).or_default(),
+                    HostMatch::Exact(h) => exact.entry(super::host_key(h)).or_default(),
+                    HostMatch::Suffix(s) => suffix.entry(super::host_key(s)).or_default(),
                 };
                 // An entry listing `a.test` twice is one candidate.
                 if list.last() != Some(&id) {

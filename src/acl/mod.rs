@@ -29,6 +29,23 @@ use std::sync::Arc;
 /// the Sun proxy (and Smart Cache) for a refused request.
 pub const DEFAULT_REASON: &str = "Cache access denied";
 
+/// The time the server decides requests at: the system clock. Debug
+/// builds (the integration tests' binary) read `PORTICO_TEST_NOW` (an RFC
+/// 3339 instant, `2026-11-24T09:00:00Z`) once instead, so time-of-day
+/// entries can be tested through the real server at a fixed time; release
+/// builds never look at it.
+pub fn now() -> jiff::Timestamp {
+    #[cfg(debug_assertions)]
+    {
+        static FIXED: std::sync::OnceLock<Option<jiff::Timestamp>> = std::sync::OnceLock::new();
+        let fixed = FIXED.get_or_init(|| std::env::var("PORTICO_TEST_NOW").ok().and_then(|t| t.parse().ok()));
+        if let Some(t) = fixed {
+            return *t;
+        }
+    }
+    jiff::Timestamp::now()
+}
+
 /// An authenticated user, as an authentication back-end vouches for it.
 #[derive(Debug, Clone, Copy)]
 pub struct Identity<'a> {
@@ -127,13 +144,43 @@ pub struct Acl {
     inner: Arc<Compiled>,
 }
 
+/// The host tables are keyed by the xxh3 hash of the name, not the name:
+/// one hash of the bytes and no string compare per lookup (SipHash over the
+/// name was a third of a decision's time). A collision only adds a
+/// candidate, which its own `host` matcher then rejects.
+type HostTable = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The hash of a host or suffix as the tables key it.
+fn host_key(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+/// A `Hasher` for keys that are already hashes: passes the `u64` through.
+#[derive(Debug, Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in to stay correct.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 #[derive(Debug)]
 struct Compiled {
     entries: Vec<compile::Entry>,
     /// Entries by exact host.
-    exact: HashMap<Box<str>, Vec<u32>>,
+    exact: HostTable,
     /// Entries by wildcard suffix (`.example.com`).
-    suffix: HashMap<Box<str>, Vec<u32>>,
+    suffix: HostTable,
     /// Entries without a host key (no `host`, or `*`): always candidates.
     rest: Vec<u32>,
     default: AclAction,
@@ -242,15 +289,16 @@ impl Compiled {
         out.extend_from_slice(&self.rest);
         let before = out.len();
         if !self.exact.is_empty()
-            && let Some(list) = self.exact.get(host)
+            && let Some(list) = self.exact.get(&host_key(host))
         {
             out.extend_from_slice(list);
         }
         if !self.suffix.is_empty() {
-            for (pos, _) in host.match_indices('.') {
+            for (pos, &b) in host.as_bytes().iter().enumerate() {
                 // `*.example.com` needs at least one label before the suffix.
-                if pos > 0
-                    && let Some(list) = self.suffix.get(&host[pos..])
+                if b == b'.'
+                    && pos > 0
+                    && let Some(list) = self.suffix.get(&host_key(&host[pos..]))
                 {
                     out.extend_from_slice(list);
                 }
