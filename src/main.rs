@@ -54,6 +54,86 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
+    /// Access control: `acl test` shows which [[acl]] entry decides a request.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Show which [[acl]] entry decides a request, and the verdict.
+    Test {
+        /// Config file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The request's absolute URL (http://host[:port]/path?query), or a
+        /// CONNECT target host:port.
+        url: String,
+        /// Request method (default: GET for a URL, CONNECT for host:port).
+        #[arg(long)]
+        method: Option<String>,
+        /// Client address.
+        #[arg(long, default_value = "127.0.0.1")]
+        client: std::net::IpAddr,
+        /// The authenticated user (default: none).
+        #[arg(long)]
+        user: Option<String>,
+        /// A group of the user (repeatable).
+        #[arg(long = "group", value_name = "GROUP")]
+        groups: Vec<String>,
+        /// A request header field, 'Name: value' (repeatable).
+        #[arg(long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// Listener mode: forward, reverse or transparent (default: the first listener's).
+        #[arg(long)]
+        mode: Option<String>,
+        /// Local time in access.time_zone, YYYY-MM-DDTHH:MM (default: now).
+        #[arg(long, value_name = "YYYY-MM-DDTHH:MM")]
+        at: Option<String>,
+    },
+}
+
+fn acl_test(command: AclCommand) -> Result<(), String> {
+    let AclCommand::Test {
+        config,
+        url,
+        method,
+        client,
+        user,
+        groups,
+        headers,
+        mode,
+        at,
+    } = command;
+    let c = load(Some(&config))?;
+    let text = std::fs::read_to_string(&config).unwrap_or_default();
+    let probe = portico::acl::Probe {
+        // A bare host:port is a CONNECT target, as a browser would send it.
+        method: method.unwrap_or_else(|| if url.contains("://") { "GET" } else { "CONNECT" }.to_string()),
+        url,
+        client,
+        user,
+        groups,
+        headers,
+        mode: parse_mode(mode.as_deref())?,
+        at,
+    };
+    let out = portico::acl::explain(&c, &config.display().to_string(), &config::acl_lines(&text), &probe)?;
+    print!("{out}");
+    Ok(())
+}
+
+/// `--mode` of the test commands.
+fn parse_mode(mode: Option<&str>) -> Result<Option<config::Mode>, String> {
+    match mode {
+        None => Ok(None),
+        Some("forward") => Ok(Some(config::Mode::Forward)),
+        Some("reverse") => Ok(Some(config::Mode::Reverse)),
+        Some("transparent") => Ok(Some(config::Mode::Transparent)),
+        Some(m) => Err(format!("--mode {m:?}: use forward, reverse or transparent")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -155,6 +235,7 @@ fn main() -> ExitCode {
         }),
         Command::Check { config } => load(Some(&config)).map(|_| println!("{}: OK", config.display())),
         Command::Rules { command } => rules_test(command),
+        Command::Acl { command } => acl_test(command),
         Command::Cache(args) => match load(args.config.as_ref()) {
             Err(e) => Err(e),
             Ok(c) => match portico::cache::admin::run(&c.cache, c.upstream.iter().any(|u| !u.parent), &args.command) {

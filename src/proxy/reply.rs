@@ -34,6 +34,36 @@ pub async fn error_page_with(
     out.send_full(status, headers, Bytes::from(body)).await
 }
 
+/// Asks the client to authenticate: the answer to an `[[acl]]` entry that
+/// needs a user when the request has none (`acl::Decision::NeedAuth`).
+///
+/// `proxy` (forward and transparent listeners, and every CONNECT) gives
+/// 407 with `Proxy-Authenticate`, which browsers answer with
+/// `Proxy-Authorization`; a reverse listener, where the client believes it
+/// talks to the origin, gives 401 with `WWW-Authenticate` (RFC 9110 11.6,
+/// 11.7). The challenge is Basic (RFC 7617) in `realm` (`[access] realm`,
+/// checked at load time to need no escaping). Authentication back-ends
+/// send their challenges (a wrong password, a missing header) through here
+/// too, so every challenge Portico makes has the same shape.
+pub async fn auth_required(out: &mut ResponseWriter<'_>, proxy: bool, realm: &str, reason: &str) -> Outcome {
+    let (status, name) = if proxy {
+        (
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            http::header::PROXY_AUTHENTICATE,
+        )
+    } else {
+        (StatusCode::UNAUTHORIZED, http::header::WWW_AUTHENTICATE)
+    };
+    let mut headers = HeaderMap::new();
+    let challenge = HeaderValue::from_str(&format!("Basic realm=\"{realm}\", charset=\"UTF-8\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("Basic realm=\"Portico\""));
+    headers.insert(name, challenge);
+    match error_page_with(out, status, reason, headers).await {
+        Ok(()) => Outcome::Done,
+        Err(_) => Outcome::Close,
+    }
+}
+
 /// TRACE while `proxy.allow_trace` is off: 405 with the methods that are
 /// allowed. Nothing of the request is echoed, and nothing is forwarded.
 pub async fn trace_refused(ex: &mut Exchange<'_>) -> Outcome {

@@ -134,6 +134,12 @@ impl Portico {
     /// ([`Portico::dns`]): names not given to it get NXDOMAIN, and
     /// `localhost` is answered by Portico itself.
     pub async fn start(config_toml: &str) -> Portico {
+        Self::start_with_env(config_toml, &[]).await
+    }
+
+    /// [`Portico::start`] with extra environment variables for the process
+    /// (`PORTICO_TEST_NOW`, which debug builds read to fix the ACL clock).
+    pub async fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Portico {
         let dns = DnsServer::start();
         let edited = with_nameserver(config_toml, dns.addr());
         let dns = (edited != config_toml).then_some(dns);
@@ -148,6 +154,7 @@ impl Portico {
             .arg("run")
             .arg("-c")
             .arg(&config_path)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
