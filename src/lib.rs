@@ -10,6 +10,7 @@
 //! docs/ARCHITECTURE.md walks through it.
 
 pub mod access;
+pub mod acl;
 pub mod admit;
 pub mod auth;
 pub mod blocking;

@@ -88,6 +88,11 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Access control: `acl test` shows which [[acl]] entry decides a request.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+    },
 }
 
 /// Writes the man pages: portico(1) to standard output, or every page
@@ -146,6 +151,81 @@ fn config_help(default: &Result<Option<PathBuf>, String>) -> String {
         Err(e) => format!("now an error: {e}"),
     };
     format!("Config file (TOML). Default: $PORTICO_CONFIG, else {DEFAULT_CONFIG} if it exists ({now})")
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Show which [[acl]] entry decides a request, and the verdict.
+    Test {
+        /// Config file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The request's absolute URL (http://host[:port]/path?query), or a
+        /// CONNECT target host:port.
+        url: String,
+        /// Request method (default: GET for a URL, CONNECT for host:port).
+        #[arg(long)]
+        method: Option<String>,
+        /// Client address.
+        #[arg(long, default_value = "127.0.0.1")]
+        client: std::net::IpAddr,
+        /// The authenticated user (default: none).
+        #[arg(long)]
+        user: Option<String>,
+        /// A group of the user (repeatable).
+        #[arg(long = "group", value_name = "GROUP")]
+        groups: Vec<String>,
+        /// A request header field, 'Name: value' (repeatable).
+        #[arg(long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// Listener mode: forward, reverse or transparent (default: the first listener's).
+        #[arg(long)]
+        mode: Option<String>,
+        /// Local time in access.time_zone, YYYY-MM-DDTHH:MM (default: now).
+        #[arg(long, value_name = "YYYY-MM-DDTHH:MM")]
+        at: Option<String>,
+    },
+}
+
+fn acl_test(command: AclCommand) -> Result<(), String> {
+    let AclCommand::Test {
+        config,
+        url,
+        method,
+        client,
+        user,
+        groups,
+        headers,
+        mode,
+        at,
+    } = command;
+    let c = load(Some(&config))?;
+    let text = std::fs::read_to_string(&config).unwrap_or_default();
+    let probe = portico::acl::Probe {
+        // A bare host:port is a CONNECT target, as a browser would send it.
+        method: method.unwrap_or_else(|| if url.contains("://") { "GET" } else { "CONNECT" }.to_string()),
+        url,
+        client,
+        user,
+        groups,
+        headers,
+        mode: parse_mode(mode.as_deref())?,
+        at,
+    };
+    let out = portico::acl::explain(&c, &config.display().to_string(), &config::acl_lines(&text), &probe)?;
+    print!("{out}");
+    Ok(())
+}
+
+/// `--mode` of the test commands.
+fn parse_mode(mode: Option<&str>) -> Result<Option<config::Mode>, String> {
+    match mode {
+        None => Ok(None),
+        Some("forward") => Ok(Some(config::Mode::Forward)),
+        Some("reverse") => Ok(Some(config::Mode::Reverse)),
+        Some("transparent") => Ok(Some(config::Mode::Transparent)),
+        Some(m) => Err(format!("--mode {m:?}: use forward, reverse or transparent")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -281,6 +361,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Rules { command } => rules_test(command),
+        Command::Acl { command } => acl_test(command),
         Command::Completions { shell } => {
             // From the same definitions as the parser, so they never go stale.
             clap_complete::generate(shell, &mut Cli::command(), "portico", &mut std::io::stdout());

@@ -537,3 +537,44 @@ async fn missing_user_file_is_a_startup_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("htpasswd file") && err.contains("nope"), "{err}");
 }
+
+/// `[auth]` and `[[acl]]` together: the verified user and the groups of the
+/// groups file are what `user` and `group` entries match; a request without
+/// credentials that reaches an entry needing a user is asked for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_entries_match_the_authenticated_user_and_groups() {
+    if !have_htpasswd() {
+        return;
+    }
+    let (dir, file) = user_file(&[("-B", "alice", "a-pw"), ("-B", "bob", "b-pw")]);
+    let groups = dir.path().join("groups");
+    std::fs::write(&groups, "admins: alice\nstaff: alice bob\n").expect("write groups");
+    let o = origin().await;
+    let p = proxy(
+        &file,
+        &format!(
+            "groups = \"{}\"\n\n\
+             [[acl]]\naction = \"allow\"\ngroup = \"admins\"\n\n\
+             [[acl]]\naction = \"deny\"\nuser = \"bob\"\nreason = \"bob may not browse\"\n",
+            groups.display()
+        ),
+    )
+    .await;
+    assert_challenge(&get(&p, &o, "").await, "no credentials, an entry needs a group");
+    let r = get_as(&p, &o, "alice", "a-pw").await;
+    assert_eq!(r.status, 200, "alice is in admins: {}", r.body_str());
+    let r = get_as(&p, &o, "bob", "b-pw").await;
+    assert_eq!(r.status, 403, "bob is not: {}", r.body_str());
+    assert!(r.body_str().contains("bob may not browse"), "{}", r.body_str());
+    assert_challenge(&get_as(&p, &o, "alice", "wrong").await, "wrong password");
+    assert_eq!(o.requests().len(), 1, "only alice's request reached the origin");
+    let lines = file_lines(&p.dir().join("access.log"), 4).await;
+    assert!(
+        lines.iter().any(|l| l.contains(" alice [") && l.contains("\" 200 ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains(" bob [") && l.contains("\" 403 ")),
+        "{lines:?}"
+    );
+}

@@ -9,7 +9,7 @@ use toml::Value;
 
 const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md");
 
-/// Keys that `--print-config` cannot show: `[[upstream]]` and `[[rule]]` are
+/// Keys that `--print-config` cannot show: `[[upstream]]`, `[[rule]]` and `[[acl]]` are
 /// empty by default, and `origin.ca_file` and `origin.hosts` are unset by default.
 const UNPRINTED_KEYS: &[&str] = &[
     "upstream.name",
@@ -39,6 +39,24 @@ const UNPRINTED_KEYS: &[&str] = &[
     "rule.redirect",
     "origin.ca_file",
     "origin.hosts",
+    "acl.action",
+    "acl.status",
+    "acl.reason",
+    "acl.client",
+    "acl.user",
+    "acl.group",
+    "acl.authenticated",
+    "acl.method",
+    "acl.scheme",
+    "acl.host",
+    "acl.host_regex",
+    "acl.port",
+    "acl.path",
+    "acl.regex",
+    "acl.header",
+    "acl.mode",
+    "acl.time",
+    "acl.days",
 ];
 
 fn doc() -> String {

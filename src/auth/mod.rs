@@ -33,6 +33,17 @@ pub struct User {
     pub groups: Vec<String>,
 }
 
+impl User {
+    /// The user as the `[[acl]]` entries see it (`user`, `group`,
+    /// `authenticated` matchers).
+    pub fn identity(&self) -> crate::acl::Identity<'_> {
+        crate::acl::Identity {
+            name: &self.name,
+            groups: &self.groups,
+        }
+    }
+}
+
 /// Why credentials were not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {

@@ -75,10 +75,21 @@ pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
 /// The 1-based line of each `[[rule]]` in config text (0 when unknown), for
 /// tools that show rules to people (`portico rules test`).
 pub fn rule_lines(text: &str) -> Vec<usize> {
+    array_lines(text, "rule")
+}
+
+/// The 1-based line of each `[[acl]]` entry in config text (0 when
+/// unknown), for `portico acl test`.
+pub fn acl_lines(text: &str) -> Vec<usize> {
+    array_lines(text, "acl")
+}
+
+/// The 1-based line of each element of the top-level array `key`.
+fn array_lines(text: &str, key: &str) -> Vec<usize> {
     let Ok(tree) = DeTable::parse(text) else {
         return Vec::new();
     };
-    match tree.get_ref().get("rule").map(|v| v.get_ref()) {
+    match tree.get_ref().get(key).map(|v| v.get_ref()) {
         Some(DeValue::Array(items)) => {
             // One pass: the rules come in file order (counting from the
             // start for each was quadratic: seconds for 10,000 rules).
@@ -226,6 +237,18 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     // Rules are compiled here too (and thrown away) so that `portico check`
     // reports a bad regex or header name with its line, as `run` would.
     if let Err(e) = crate::rules::Rules::compile(c) {
+        let path = e
+            .path
+            .iter()
+            .map(|s| match s {
+                crate::rules::PathSeg::Key(k) => Seg::Key(k),
+                crate::rules::PathSeg::Index(i) => Seg::Index(*i),
+            })
+            .collect();
+        return Err((path, e.message));
+    }
+    // ACL entries likewise (and `[access] time_zone`, which they are read in).
+    if let Err(e) = crate::acl::Acl::compile(c) {
         let path = e
             .path
             .iter()

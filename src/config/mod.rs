@@ -7,7 +7,7 @@
 mod load;
 pub mod units;
 
-pub use load::{ConfigError, load_file, parse_str, rule_lines, tracing_level};
+pub use load::{ConfigError, acl_lines, load_file, parse_str, rule_lines, tracing_level};
 pub use units::{Dur, Size};
 
 use ipnet::IpNet;
@@ -37,6 +37,8 @@ pub struct Config {
     pub upstream: Vec<UpstreamConfig>,
     /// Routing rules, checked in order; the first match wins.
     pub rule: Vec<RuleConfig>,
+    /// Access control entries, checked in order; the first match decides.
+    pub acl: Vec<AclConfig>,
     /// The HTTP cache.
     pub cache: CacheConfig,
     /// Access and error logs.
@@ -59,6 +61,7 @@ impl Default for Config {
             origin: OriginConfig::default(),
             upstream: Vec::new(),
             rule: Vec::new(),
+            acl: Vec::new(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             monitor: MonitorConfig::default(),
@@ -168,6 +171,83 @@ pub struct AccessConfig {
     /// Client networks allowed to use administrative functions.
     #[serde(deserialize_with = "networks")]
     pub admin_allow: Vec<IpNet>,
+    /// What happens to a request no `[[acl]]` entry matches: allow | deny.
+    pub acl_default: AclAction,
+    /// IANA time zone (`Europe/Paris`) in which `[[acl]]` `time` and `days` are read.
+    pub time_zone: String,
+}
+
+/// `action` of an `[[acl]]` entry, and `[access] acl_default`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AclAction {
+    /// Let the request through (to the routing rules).
+    #[default]
+    Allow,
+    /// Refuse it with the entry's status and reason.
+    Deny,
+}
+
+/// `[[acl]]`: one access control entry. Entries are tried in file order
+/// and the first whose matchers all hold decides (Squid's `http_access`,
+/// the Sun proxy's ACL files). Every matcher is optional. See
+/// docs/CONFIG.md and `crate::acl`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AclConfig {
+    /// allow | deny.
+    pub action: AclAction,
+    /// Status of a deny (400..=599, default 403).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Text shown on the deny page (default "Cache access denied").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Client networks (CIDR or addresses), any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "client_networks")]
+    pub client: Vec<IpNet>,
+    /// Authenticated user names, any of which matches (needs an authenticated user).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub user: Vec<String>,
+    /// Groups, membership of any of which matches (needs an authenticated user).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub group: Vec<String>,
+    /// `true`: any authenticated user; `false`: only requests without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authenticated: Option<bool>,
+    /// Request methods, any of which matches (CONNECT included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub method: Vec<String>,
+    /// URL schemes (`http`, `https`); never matches a CONNECT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub scheme: Vec<String>,
+    /// Hosts: exact, `*.domain` or `*`, any of which matches (a CONNECT's target host too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub host: Vec<String>,
+    /// Regular expression the host must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_regex: Option<String>,
+    /// Ports (URL port or CONNECT target port), any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub port: Vec<u16>,
+    /// Path prefixes, any of which matches; never matches a CONNECT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub path: Vec<String>,
+    /// Regular expression matched against the path and query; never matches a CONNECT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Request header conditions (as in `[[rule]]`), all of which must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub header: Vec<HeaderMatchConfig>,
+    /// Listener modes, any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub mode: Vec<Mode>,
+    /// Time of day `"HH:MM-HH:MM"` in `[access] time_zone` (may wrap midnight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// Days of the week (`"mon"` .. `"sun"`), any of which matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub days: Vec<String>,
 }
 
 /// A list of networks written as CIDR (`10.0.0.0/8`) or single addresses
@@ -200,6 +280,10 @@ impl Default for AccessConfig {
         AccessConfig {
             allow: loopback_nets(),
             admin_allow: loopback_nets(),
+            // Allow: a config without [[acl]] entries behaves as before
+            // they existed (the allow-list and rules alone decide).
+            acl_default: AclAction::Allow,
+            time_zone: "UTC".to_string(),
         }
     }
 }

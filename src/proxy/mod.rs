@@ -32,6 +32,8 @@ pub struct Shared {
     admin: AllowList,
     /// The compiled `[[rule]]`s.
     pub rules: Rules,
+    /// The compiled `[[acl]]` entries.
+    pub acl: crate::acl::Acl,
     groups: Vec<Group>,
     upstream: Arc<Upstream>,
     /// For each group, one client per server when the group's servers are
@@ -73,6 +75,7 @@ impl Shared {
         let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
         // Groups are built in config order, which is how rules name them.
         let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
+        let acl = crate::acl::Acl::compile(&config).map_err(|e| e.to_string())?;
         // Admission, the keep-alive set and the blocking pool belong to the
         // process: a reload keeps them (and their counters); their limits
         // need a restart (`reload::keep_restart_only`).
@@ -179,6 +182,7 @@ impl Shared {
             allow: AllowList::new(&config.access.allow),
             admin: AllowList::new(&config.access.admin_allow),
             rules,
+            acl,
             groups,
             upstream,
             parents,
@@ -393,9 +397,27 @@ impl ListenerHandler {
                 .await;
         }
         drop(access);
+        // The user `[auth]` verified, for the `[[acl]]` step (held apart
+        // from `ex`, which the answer needs mutably).
+        let user = ex.user.clone();
         let route_stage = crate::stats::stage(crate::stats::Stage::Route);
         let target = match classify(&ex.head, self.mode) {
             Ok(Target::Tunnel { host, port }) => {
+                let acl_host = crate::rules::tunnel_host(&host);
+                let decision = sh.acl.decide(
+                    &crate::acl::Request::tunnel(
+                        &acl_host,
+                        port,
+                        ex.peer.ip(),
+                        &ex.head.headers,
+                        self.mode,
+                        user.as_deref().map(crate::auth::User::identity),
+                    ),
+                    crate::acl::now(),
+                );
+                if let Some(outcome) = self.enforce(ex, sh, decision, true).await {
+                    return outcome;
+                }
                 let mut route = self.tunnel_route(ex, sh, &host, port);
                 drop(route_stage);
                 ex.out.edit_headers(std::mem::take(&mut route.response_headers));
@@ -416,6 +438,23 @@ impl ListenerHandler {
                 return self.fail(ex, status, reason).await;
             }
         };
+        let decision = sh.acl.decide(
+            &crate::acl::Request {
+                client: ex.peer.ip(),
+                method: &ex.head.method,
+                scheme: target.scheme,
+                host: &target.host,
+                port: target.port,
+                path_and_query: &target.path_and_query,
+                headers: &ex.head.headers,
+                mode: self.mode,
+                user: user.as_deref().map(crate::auth::User::identity),
+            },
+            crate::acl::now(),
+        );
+        if let Some(outcome) = self.enforce(ex, sh, decision, false).await {
+            return outcome;
+        }
         let mut route = self.route(ex, sh, &target);
         if let Some(b) = &route.bucket {
             crate::stats::set_bucket(sh.stats.bucket_index(b));
@@ -525,7 +564,9 @@ impl ListenerHandler {
         };
         let Some(creds) = presented else {
             if sh.config.auth.required || value.is_some() {
-                return Some(reply::challenge(ex, reverse, &sh.config.auth.realm).await);
+                return Some(
+                    reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await,
+                );
             }
             return None;
         };
@@ -543,12 +584,43 @@ impl ListenerHandler {
                     name,
                     groups: Vec::new(),
                 }));
-                Some(reply::challenge(ex, reverse, &sh.config.auth.realm).await)
+                Some(reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
             }
             Err(crate::auth::Refusal::Unavailable(why)) => {
                 // Not `fail`: the error log has the episode's one line
                 // already (auth::Authenticator::check_files).
                 Some(reply::auth_unavailable(ex, &why).await)
+            }
+        }
+    }
+
+    /// Carries out the ACL's `decision` (`[[acl]]`): None lets the request
+    /// go on; a deny answers with its status and reason page (counted in
+    /// the statistics as `acl_denied`); an entry that needs a user answers
+    /// with a challenge (407 on forward and transparent listeners and for
+    /// CONNECT, 401 on reverse ones).
+    async fn enforce(
+        &self,
+        ex: &mut Exchange<'_>,
+        sh: &Shared,
+        decision: crate::acl::Decision,
+        tunnel: bool,
+    ) -> Option<Outcome> {
+        match decision {
+            crate::acl::Decision::Allow { .. } => None,
+            crate::acl::Decision::Deny { entry, status, reason } => {
+                sh.stats.acl_denied();
+                let by = entry.map_or_else(|| "access.acl_default".to_string(), |i| format!("acl[{i}]"));
+                tracing::info!(client = %ex.peer.ip(), "{} {}: denied by {by}", ex.head.method, ex.head.target);
+                Some(match reply::error_page(&mut ex.out, status, &reason).await {
+                    Ok(()) => Outcome::Done,
+                    Err(_) => Outcome::Close,
+                })
+            }
+            crate::acl::Decision::NeedAuth { entry } => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
+                let proxy = tunnel || self.mode != Mode::Reverse;
+                Some(reply::auth_required(&mut ex.out, proxy, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
             }
         }
     }

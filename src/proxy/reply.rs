@@ -34,32 +34,40 @@ pub async fn error_page_with(
     out.send_full(status, headers, Bytes::from(body)).await
 }
 
-/// A Basic challenge (RFC 7617, RFC 9110 11.6/11.7): 407 with
-/// `Proxy-Authenticate` on forward and transparent listeners and for
-/// CONNECT, 401 with `WWW-Authenticate` on a reverse listener (where the
-/// client believes it talks to the origin). The body is short: browsers
-/// show their password prompt, not the page.
-pub async fn challenge(ex: &mut Exchange<'_>, reverse: bool, realm: &str) -> Outcome {
-    let (status, field) = if reverse {
-        (StatusCode::UNAUTHORIZED, http::header::WWW_AUTHENTICATE)
-    } else {
+/// Asks the client to authenticate, with a Basic challenge (RFC 7617):
+/// the answer to missing or wrong credentials (`[auth]`) and to an
+/// `[[acl]]` entry that needs a user when the request has none
+/// (`acl::Decision::NeedAuth`), so every challenge Portico makes has the
+/// same shape.
+///
+/// `proxy` (forward and transparent listeners, and every CONNECT) gives
+/// 407 with `Proxy-Authenticate`, which browsers answer with
+/// `Proxy-Authorization`; a reverse listener, where the client believes it
+/// talks to the origin, gives 401 with `WWW-Authenticate` (RFC 9110 11.6,
+/// 11.7). `realm` is `[auth] realm`, checked at load time to need no
+/// escaping.
+pub async fn auth_required(out: &mut ResponseWriter<'_>, proxy: bool, realm: &str, reason: &str) -> Outcome {
+    let (status, name) = if proxy {
         (
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             http::header::PROXY_AUTHENTICATE,
         )
+    } else {
+        (StatusCode::UNAUTHORIZED, http::header::WWW_AUTHENTICATE)
     };
     let mut headers = HeaderMap::new();
-    // The realm is checked at load (no quotes, backslashes or controls).
-    let value = format!("Basic realm=\"{realm}\", charset=\"UTF-8\"");
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(field, v);
-    }
-    let reason = "Authentication required: this proxy needs a valid user name and password.";
-    match error_page_with(&mut ex.out, status, reason, headers).await {
+    let challenge = HeaderValue::from_str(&format!("Basic realm=\"{realm}\", charset=\"UTF-8\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("Basic realm=\"Portico\""));
+    headers.insert(name, challenge);
+    match error_page_with(out, status, reason, headers).await {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
 }
+
+/// The reason on a challenge's page: browsers show their password prompt,
+/// not the page, so it is short.
+pub const AUTH_REQUIRED: &str = "Authentication required: this proxy needs a valid user name and password.";
 
 /// What a client is told when credentials cannot be checked. The cause
 /// (a file path, the system's error) is for the operator, in the error

@@ -47,9 +47,10 @@ impl fmt::Display for RuleError {
 
 impl std::error::Error for RuleError {}
 
-/// A header condition of a rule.
+/// A header condition of a rule (or of an ACL entry: `crate::acl` compiles
+/// its `header` matchers with [`header_cond`] too).
 #[derive(Debug)]
-pub(super) enum HeaderCond {
+pub(crate) enum HeaderCond {
     Present,
     Equals(Vec<u8>),
     Matches(Regex),
@@ -222,7 +223,7 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
     }
     let mut headers = Vec::new();
     for (j, h) in r.header.iter().enumerate() {
-        let here = |key: &'static str, msg: String| {
+        let (name, cond, text) = header_cond(h).map_err(|(key, msg)| {
             (
                 vec![
                     PathSeg::Key("rule"),
@@ -233,26 +234,8 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
                 ],
                 msg,
             )
-        };
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| here("name", format!("{:?} is not a header field name", h.name)))?;
-        let cond = match (&h.value, &h.regex) {
-            (Some(_), Some(_)) => return Err(here("regex", "give `value` or `regex`, not both".into())),
-            (Some(v), None) => {
-                describe.push(format!("header {} = {v:?}", h.name));
-                HeaderCond::Equals(v.as_bytes().to_vec())
-            }
-            (None, Some(p)) => {
-                describe.push(format!("header {} ~ {p:?}", h.name));
-                HeaderCond::Matches(
-                    Regex::new(p).map_err(|e| here("regex", format!("invalid regular expression: {e}")))?,
-                )
-            }
-            (None, None) => {
-                describe.push(format!("header {} present", h.name));
-                HeaderCond::Present
-            }
-        };
+        })?;
+        describe.push(text);
         headers.push((name, cond));
     }
     let actions = compile_actions(i, r, config, re.as_ref())?;
@@ -274,6 +257,30 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
             describe.join(", ")
         },
     })
+}
+
+/// Compiles one `header = { name, value | regex }` condition: the field
+/// name, the condition and its description (`header X ~ "re"`), or the
+/// key inside the condition that is wrong and why. Shared by `[[rule]]`
+/// and `[[acl]]`, so both read header conditions the same way.
+pub(crate) fn header_cond(
+    h: &crate::config::HeaderMatchConfig,
+) -> Result<(HeaderName, HeaderCond, String), (&'static str, String)> {
+    let name = HeaderName::from_bytes(h.name.as_bytes())
+        .map_err(|_| ("name", format!("{:?} is not a header field name", h.name)))?;
+    let (cond, text) = match (&h.value, &h.regex) {
+        (Some(_), Some(_)) => return Err(("regex", "give `value` or `regex`, not both".into())),
+        (Some(v), None) => (
+            HeaderCond::Equals(v.as_bytes().to_vec()),
+            format!("header {} = {v:?}", h.name),
+        ),
+        (None, Some(p)) => (
+            HeaderCond::Matches(Regex::new(p).map_err(|e| ("regex", format!("invalid regular expression: {e}")))?),
+            format!("header {} ~ {p:?}", h.name),
+        ),
+        (None, None) => (HeaderCond::Present, format!("header {} present", h.name)),
+    };
+    Ok((name, cond, text))
 }
 
 fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option<&Regex>) -> Result<Actions, Fail> {

@@ -382,22 +382,28 @@ impl Rule {
             && (self.ports.is_empty() || self.ports.contains(&req.port))
             && (self.modes.is_empty() || self.modes.contains(&req.mode))
             && (self.clients.is_empty() || self.clients.iter().any(|n| n.contains(&canonical(req.client))))
-            && self.headers.iter().all(|(name, cond)| {
-                let mut values = req.headers.get_all(name).iter();
-                match cond {
-                    HeaderCond::Present => values.next().is_some(),
-                    HeaderCond::Equals(v) => values.any(|x| x.as_bytes() == v.as_slice()),
-                    HeaderCond::Matches(re) => values.any(|x| x.to_str().is_ok_and(|s| re.is_match(s))),
-                }
-            })
+            && self.headers.iter().all(|(name, cond)| header_holds(req.headers, name, cond))
             // The RegexSet already ran this rule's regex; others run it here,
             // last, as the costliest check.
             && (self.primary == Primary::Set || self.regex.as_ref().is_none_or(|re| re.is_match(req.path_and_query)))
     }
 }
 
+/// Whether header condition `cond` on field `name` holds in `headers`
+/// (any one of the field's lines may satisfy it). A value that is not
+/// UTF-8 never matches a regex: it is not text the pattern could mean.
+/// Shared with the ACL engine.
+pub(crate) fn header_holds(headers: &http::HeaderMap, name: &http::HeaderName, cond: &HeaderCond) -> bool {
+    let mut values = headers.get_all(name).iter();
+    match cond {
+        HeaderCond::Present => values.next().is_some(),
+        HeaderCond::Equals(v) => values.any(|x| x.as_bytes() == v.as_slice()),
+        HeaderCond::Matches(re) => values.any(|x| x.to_str().is_ok_and(|s| re.is_match(s))),
+    }
+}
+
 /// IPv4-mapped IPv6 addresses are matched as IPv4 (as the allow-list does).
-fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
+pub(crate) fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
     match ip {
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
         v4 => v4,

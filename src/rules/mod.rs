@@ -20,8 +20,10 @@ mod explain;
 mod matcher;
 
 pub use actions::{HeaderEdits, Redirect};
+pub(crate) use compile::{HeaderCond, header_cond, valid_host_pattern};
 pub use compile::{PathSeg, RuleError};
 pub use explain::{Probe, explain};
+pub(crate) use matcher::{canonical, header_holds};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};

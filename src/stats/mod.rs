@@ -157,6 +157,7 @@ pub struct Stats {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     admin_requests: AtomicU64,
+    acl_denied: AtomicU64,
     active: AtomicU64,
     peak_active: AtomicU64,
     per_listener: Vec<AtomicU64>,
@@ -190,6 +191,7 @@ impl Stats {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             admin_requests: AtomicU64::new(0),
+            acl_denied: AtomicU64::new(0),
             active: AtomicU64::new(0),
             peak_active: AtomicU64::new(0),
             per_listener: (0..listeners).map(|_| AtomicU64::new(0)).collect(),
@@ -242,6 +244,11 @@ impl Stats {
         self.admin_requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A request refused by an `[[acl]]` entry or `access.acl_default`.
+    pub fn acl_denied(&self) {
+        self.acl_denied.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Adds a finished request's timings to its bucket and the histograms.
     fn record(&self, t: &RequestTimer) {
         let total = StageInstant::now().saturating_duration_since(t.start);
@@ -277,6 +284,7 @@ impl Stats {
             bytes_in: l(&self.bytes_in),
             bytes_out: l(&self.bytes_out),
             admin_requests: l(&self.admin_requests),
+            acl_denied: l(&self.acl_denied),
             response_time: self.response_time.snapshot(),
         };
         let sessions = SessionInfo {

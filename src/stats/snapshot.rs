@@ -120,6 +120,9 @@ pub struct RequestStats {
     pub bytes_out: u64,
     /// Requests answered by the monitoring endpoints.
     pub admin_requests: u64,
+    /// Requests refused by the ACL (`[[acl]]` deny entries and `access.acl_default`).
+    #[serde(default)]
+    pub acl_denied: u64,
     /// Time from request head to logged, per request (needs `monitor.enabled`).
     pub response_time: HistSnapshot,
 }

@@ -105,6 +105,7 @@ impl Snapshot {
         a.bytes_in += b.bytes_in;
         a.bytes_out += b.bytes_out;
         a.admin_requests += b.admin_requests;
+        a.acl_denied += b.acl_denied;
         add_hist(&mut a.response_time, &b.response_time);
 
         let (a, b) = (&mut self.sessions, &o.sessions);

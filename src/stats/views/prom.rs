@@ -121,6 +121,12 @@ pub fn render(s: &Snapshot) -> String {
         "Requests answered by the monitoring endpoints.",
         r.admin_requests,
     );
+    o.one(
+        "portico_acl_denied_total",
+        "counter",
+        "Requests refused by the access control list ([[acl]] deny entries and access.acl_default).",
+        r.acl_denied,
+    );
     o.histogram(
         "portico_response_seconds",
         "Time from request head to access log line.",

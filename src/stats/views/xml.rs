@@ -321,6 +321,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
                     a("countPost", count(&r.by_method, "POST")),
                     a("countCacheHit", count(&r.by_cache, "HIT")),
                     a("countCacheMiss", count(&r.by_cache, "MISS")),
+                    a("countAclDenied", r.acl_denied),
                     a("microsResponseP50", r.response_time.quantile_us(0.5)),
                     a("microsResponseP99", r.response_time.quantile_us(0.99)),
                 ],
