@@ -561,7 +561,7 @@ time = "09:00-18:00"
     );
     assert!(
         s.contains(&format!(
-            "decided by entry 1 ({path}:14): host = [\"*.blocked.test\", \"blocked.test\"] [deny]"
+            "decided by entry 1 ({path}:16): host = [\"*.blocked.test\", \"blocked.test\"] [deny]"
         )),
         "{s}"
     );
@@ -575,7 +575,7 @@ time = "09:00-18:00"
     // Time windows: Tuesday 10:00 local is inside, 19:00 and Saturday are not.
     let (s, _) = run(&["http://www.video.test/", "--at", "2026-11-24T10:00"]);
     assert!(
-        s.contains("decided by entry 2 (") && s.contains("portico.toml:19): host = [\"*.video.test\"]"),
+        s.contains("decided by entry 2 (") && s.contains("portico.toml:21): host = [\"*.video.test\"]"),
         "{s}"
     );
     for at in ["2026-11-24T19:00", "2026-11-28T10:00"] {
