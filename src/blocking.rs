@@ -199,7 +199,10 @@ impl Inner {
                 .name("portico-blocking".into())
                 .spawn(move || inner.worker(job));
             if let Err(e) = spawned {
-                tracing::error!("cannot start a blocking-pool thread: {e}");
+                tracing::error!(
+                    "cannot start a blocking-pool thread: {cause}",
+                    cause = crate::util::io_cause(&e)
+                );
                 let mut st = self.lock();
                 st.threads -= 1;
                 self.publish(&st);

@@ -212,7 +212,7 @@ impl Signals {
         let register = |kind: SignalKind, name: &str| match signal(kind) {
             Ok(s) => Some(s),
             Err(e) => {
-                tracing::warn!("cannot catch {name}: {e}");
+                tracing::warn!("cannot catch {name}: {cause}", cause = crate::util::io_cause(&e));
                 None
             }
         };

@@ -118,7 +118,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     let stats_guard = match crate::stats::workers::make_dir() {
         Ok(dir) => Some(RemoveOnDrop(dir)),
         Err(e) => {
-            tracing::warn!("cannot make a statistics directory: {e}; each worker will show only its own statistics");
+            tracing::warn!(
+                "cannot make a statistics directory: {cause}; each worker will show only its own statistics",
+                cause = crate::util::io_cause(&e)
+            );
             None
         }
     };
@@ -133,7 +136,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
             match tokio::net::UnixDatagram::bind(&path) {
                 Ok(socket) => Some((socket, path)),
                 Err(e) => {
-                    tracing::warn!("cannot relay the workers' readiness: {e}");
+                    tracing::warn!(
+                        "cannot relay the workers' readiness: {cause}",
+                        cause = crate::util::io_cause(&e)
+                    );
                     None
                 }
             }
@@ -286,7 +292,11 @@ impl Drop for RemoveOnDrop {
         if let Err(e) = std::fs::remove_dir_all(&self.0)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!("cannot remove {}: {e}", self.0.display());
+            tracing::warn!(
+                "cannot remove {}: {cause}",
+                self.0.display(),
+                cause = crate::util::io_cause(&e)
+            );
         }
     }
 }

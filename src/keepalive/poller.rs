@@ -403,7 +403,10 @@ impl Poller {
             {
                 // Connections it held cannot be woken: close them, and
                 // let idle connections wait in their own tasks from now on.
-                tracing::error!("keep-alive poller stopped: {e}; idle connections now wait in their own tasks");
+                tracing::error!(
+                    "keep-alive poller stopped: {cause}; idle connections now wait in their own tasks",
+                    cause = crate::util::io_cause(&e)
+                );
                 self.stopped.store(true, Relaxed);
                 self.close_all();
                 return;

@@ -95,7 +95,10 @@ impl Shared {
                     config.keepalive.timeout.get(),
                 ));
                 if let Err(e) = ka.start_poller(config.keepalive.park_after.get()) {
-                    tracing::warn!("keep-alive poller not started ({e}): idle connections wait in their own tasks");
+                    tracing::warn!(
+                        "keep-alive poller not started ({cause}): idle connections wait in their own tasks",
+                        cause = crate::util::io_cause(&e)
+                    );
                 }
                 ka
             }

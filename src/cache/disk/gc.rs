@@ -142,7 +142,11 @@ impl Inner {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // removed by another process
             Err(e) => {
-                tracing::warn!("disk cache gc: cannot remove {}: {e}", path.display());
+                tracing::warn!(
+                    "disk cache gc: cannot remove {}: {cause}",
+                    path.display(),
+                    cause = crate::util::io_cause(&e)
+                );
                 return None;
             }
         }

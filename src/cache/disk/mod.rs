@@ -389,7 +389,11 @@ impl Inner {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => {
-                tracing::warn!("disk cache: cannot remove {}: {e}", path.display());
+                tracing::warn!(
+                    "disk cache: cannot remove {}: {cause}",
+                    path.display(),
+                    cause = crate::util::io_cause(&e)
+                );
                 false
             }
         };
@@ -427,7 +431,11 @@ impl Inner {
                         self.index.remove_generation(id, en.generation);
                     }
                 } else {
-                    tracing::warn!("disk cache: cannot open {}: {e}", path.display());
+                    tracing::warn!(
+                        "disk cache: cannot open {}: {cause}",
+                        path.display(),
+                        cause = crate::util::io_cause(&e)
+                    );
                 }
                 return self.miss();
             }
@@ -442,7 +450,11 @@ impl Inner {
             Ok(env) => env,
             Err(ReadError::Corrupt(c)) => return corrupt(c.0),
             Err(ReadError::Io(e)) => {
-                tracing::warn!("disk cache: cannot read {}: {e}", path.display());
+                tracing::warn!(
+                    "disk cache: cannot read {}: {cause}",
+                    path.display(),
+                    cause = crate::util::io_cause(&e)
+                );
                 return self.miss();
             }
         };

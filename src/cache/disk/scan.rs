@@ -158,7 +158,11 @@ fn scan_file(inner: &Inner, id: ObjectId, path: &Path, relocate: bool) {
         Ok(env) => env,
         Err(ReadError::Corrupt(c)) => return remove(c.0),
         Err(ReadError::Io(e)) => {
-            tracing::warn!("disk cache: cannot read {}: {e}", path.display());
+            tracing::warn!(
+                "disk cache: cannot read {}: {cause}",
+                path.display(),
+                cause = crate::util::io_cause(&e)
+            );
             return;
         }
     };
@@ -209,7 +213,11 @@ pub(super) fn run(store: Weak<Inner>, relocate: bool, on_progress: &mut dyn FnMu
     let removed = clean_tmp(&inner.layout);
     inner.stats.tmp_removed.fetch_add(removed, Ordering::Relaxed);
     let leaves = leaf_dirs(inner.layout.root()).unwrap_or_else(|e| {
-        tracing::warn!("disk cache: cannot list {}: {e}", inner.layout.root().display());
+        tracing::warn!(
+            "disk cache: cannot list {}: {cause}",
+            inner.layout.root().display(),
+            cause = crate::util::io_cause(&e)
+        );
         Vec::new()
     });
     inner
