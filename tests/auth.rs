@@ -109,32 +109,6 @@ async fn metric(p: &Portico, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
 }
 
-/// `promtool check metrics` accepts the exposition (lint included: the
-/// new metrics follow Prometheus' naming rules). promtool is installed by .ci/run.
-fn promtool_check(metrics: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool not found: install Debian package `prometheus` (.ci/run does)");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn assert_challenge(r: &ParsedResponse, what: &str) {
     assert_eq!(r.status, 407, "{what}: {}", r.body_str());
     assert_eq!(

@@ -62,30 +62,6 @@ async fn ten_hits_five_misses(p: &Portico, o: &Origin) {
     }
 }
 
-fn promtool_check(metrics: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool not found: install Debian package `prometheus` (.ci/run does)");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{metrics}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_hits_five_misses_show_66_67_percent_on_every_view() {
     let o = origin("max-age=600").await;

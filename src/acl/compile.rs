@@ -214,21 +214,11 @@ fn compile_entry(i: usize, e: &AclConfig) -> Result<Entry, Fail> {
     if let Some(a) = e.authenticated {
         describe.push(format!("authenticated = {a}"));
     }
-    let mut methods = Vec::new();
-    for m in &e.method {
-        methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| at(i, "method", format!("{m:?} is not a method")))?);
-    }
+    let methods = crate::rules::methods(&e.method).map_err(|m| at(i, "method", m))?;
     if !e.method.is_empty() {
         describe.push(format!("method = {:?}", e.method));
     }
-    let mut schemes = Vec::new();
-    for s in &e.scheme {
-        let s = s.to_ascii_lowercase();
-        if s != "http" && s != "https" {
-            return Err(at(i, "scheme", format!("scheme {s:?}: use \"http\" or \"https\"")));
-        }
-        schemes.push(s.into_boxed_str());
-    }
+    let schemes = crate::rules::schemes(&e.scheme).map_err(|m| at(i, "scheme", m))?;
     if !e.scheme.is_empty() {
         describe.push(format!("scheme = {:?}", e.scheme));
     }
@@ -297,7 +287,7 @@ fn compile_entry(i: usize, e: &AclConfig) -> Result<Entry, Fail> {
         headers.push((name, cond));
     }
     if !e.mode.is_empty() {
-        let names: Vec<&str> = e.mode.iter().map(|m| mode_name(*m)).collect();
+        let names: Vec<&str> = e.mode.iter().map(|m| crate::rules::mode_name(*m)).collect();
         describe.push(format!("mode = {names:?}"));
     }
     let time = match &e.time {
@@ -351,15 +341,6 @@ fn compile_entry(i: usize, e: &AclConfig) -> Result<Entry, Fail> {
             describe.join(", ")
         },
     })
-}
-
-/// A listener mode as written in the config.
-pub(super) fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Forward => "forward",
-        Mode::Reverse => "reverse",
-        Mode::Transparent => "transparent",
-    }
 }
 
 impl Entry {

@@ -4,7 +4,8 @@
 use super::{Acl, Decision, Identity, Request};
 use crate::config::{Config, Mode};
 use crate::route::HttpTarget;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use crate::rules::{parse_headers, tunnel_target};
+use http::{Method, Uri};
 use std::fmt::Write;
 use std::net::IpAddr;
 
@@ -91,7 +92,7 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
         "request: {method} {} from {} on a {} listener, {who}, at {when} {} ({} entries)",
         probe.url,
         probe.client,
-        super::compile::mode_name(mode),
+        crate::rules::mode_name(mode),
         acl.zone_name(),
         acl.len()
     );
@@ -148,35 +149,4 @@ fn local_time(acl: &Acl, at: &str) -> Result<jiff::Timestamp, String> {
         .to_zoned_datetime(acl.zone().clone())
         .map(|z| z.timestamp())
         .map_err(|e| bad(&e))
-}
-
-/// `Name: value` strings as a header map.
-fn parse_headers(list: &[String]) -> Result<HeaderMap, String> {
-    let mut headers = HeaderMap::new();
-    for h in list {
-        let (name, value) = h
-            .split_once(':')
-            .ok_or_else(|| format!("header {h:?}: write it as 'Name: value'"))?;
-        let name =
-            HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| format!("{value:?} is not a header value"))?;
-        headers.append(name, value);
-    }
-    Ok(headers)
-}
-
-/// A CONNECT target: `host:port`, or a URL (443 for `https`, 80 for `http`).
-fn tunnel_target(url: &str) -> Result<(String, u16), String> {
-    let bad = || format!("{url:?}: give a CONNECT target as host:port (or an https:// URL)");
-    if url.contains("://") {
-        let uri: Uri = url.parse().map_err(|_| bad())?;
-        let host = uri.host().ok_or_else(bad)?;
-        let port = uri
-            .port_u16()
-            .unwrap_or(if uri.scheme_str() == Some("http") { 80 } else { 443 });
-        return Ok((host.to_string(), port));
-    }
-    let authority: http::uri::Authority = url.parse().map_err(|_| bad())?;
-    let port = authority.port_u16().ok_or_else(bad)?;
-    Ok((authority.host().to_string(), port))
 }

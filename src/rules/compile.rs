@@ -181,21 +181,11 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
         }
         None => None,
     };
-    let mut methods = Vec::new();
-    for m in &r.method {
-        methods.push(Method::from_bytes(m.as_bytes()).map_err(|_| at(i, "method", format!("{m:?} is not a method")))?);
-    }
+    let methods = methods(&r.method).map_err(|m| at(i, "method", m))?;
     if !r.method.is_empty() {
         describe.push(format!("method = {:?}", r.method));
     }
-    let mut schemes = Vec::new();
-    for s in &r.scheme {
-        let s = s.to_ascii_lowercase();
-        if s != "http" && s != "https" {
-            return Err(at(i, "scheme", format!("scheme {s:?}: use \"http\" or \"https\"")));
-        }
-        schemes.push(s.into_boxed_str());
-    }
+    let schemes = schemes(&r.scheme).map_err(|m| at(i, "scheme", m))?;
     if !r.scheme.is_empty() {
         describe.push(format!("scheme = {:?}", r.scheme));
     }
@@ -435,4 +425,27 @@ pub(crate) fn valid_host_pattern(h: &str) -> bool {
         Some(rest) => !rest.is_empty() && !rest.contains('*'),
         None => !h.is_empty() && !h.contains('*'),
     }
+}
+
+/// A matcher's `method` list as methods; the error names the one that is
+/// not a method (shared by `[[rule]]` and `[[acl]]`).
+pub fn methods(list: &[String]) -> Result<Vec<Method>, String> {
+    list.iter()
+        .map(|m| Method::from_bytes(m.as_bytes()).map_err(|_| format!("{m:?} is not a method")))
+        .collect()
+}
+
+/// A matcher's `scheme` list, lower-cased: only `http` and `https`, the
+/// schemes a proxied URL can have (shared by `[[rule]]` and `[[acl]]`).
+pub fn schemes(list: &[String]) -> Result<Vec<Box<str>>, String> {
+    list.iter()
+        .map(|s| {
+            let s = s.to_ascii_lowercase();
+            if s == "http" || s == "https" {
+                Ok(s.into_boxed_str())
+            } else {
+                Err(format!("scheme {s:?}: use \"http\" or \"https\""))
+            }
+        })
+        .collect()
 }

@@ -143,7 +143,8 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     Ok(out)
 }
 
-fn mode_name(mode: Mode) -> &'static str {
+/// A listener mode as written in the config.
+pub fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Forward => "forward",
         Mode::Reverse => "reverse",
@@ -151,8 +152,9 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// `Name: value` strings as a header map.
-fn parse_headers(list: &[String]) -> Result<HeaderMap, String> {
+/// `Name: value` strings as a header map (the `--header` options of the
+/// `rules test` and `acl test` commands).
+pub fn parse_headers(list: &[String]) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::new();
     for h in list {
         let (name, value) = h
@@ -177,9 +179,9 @@ fn describe_matched(out: &mut String, config: &Config, rules: &Rules, file: &str
     }
 }
 
-/// The CONNECT target named by a probe: `host:port`, or a URL whose host
+/// The CONNECT target named by a test command's probe: `host:port`, or a URL whose host
 /// and port (443 for `https`, 80 for `http` when none is given) are taken.
-fn tunnel_target(url: &str) -> Result<(String, u16), String> {
+pub fn tunnel_target(url: &str) -> Result<(String, u16), String> {
     let bad = || format!("{url:?}: give a CONNECT target as host:port (or an https:// URL)");
     if url.contains("://") {
         let uri: Uri = url.parse().map_err(|_| bad())?;

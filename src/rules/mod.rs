@@ -21,8 +21,8 @@ mod matcher;
 
 pub use actions::{HeaderEdits, Redirect};
 pub(crate) use compile::{HeaderCond, header_cond, valid_host_pattern};
-pub use compile::{PathSeg, RuleError};
-pub use explain::{Probe, explain};
+pub use compile::{PathSeg, RuleError, methods, schemes};
+pub use explain::{Probe, explain, mode_name, parse_headers, tunnel_target};
 pub(crate) use matcher::{canonical, header_holds};
 
 use bytes::Bytes;

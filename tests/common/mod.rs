@@ -66,3 +66,30 @@ pub async fn file_lines(path: &std::path::Path, n: usize) -> Vec<String> {
     }
     got
 }
+
+/// Asserts that `promtool check metrics` accepts a Prometheus exposition,
+/// lint included (metric names, types, help texts). promtool is the
+/// Debian package `prometheus`, which .ci/run installs.
+pub fn promtool_check(metrics: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool not found: install Debian package `prometheus` (.ci/run does)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
