@@ -75,7 +75,11 @@ async fn both_started(p: &Portico) -> BTreeMap<usize, u32> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pids = worker_pids(p);
-        if pids.len() == 2 {
+        // Spawned is not enough: a worker reads its config file again while
+        // it starts (`server::reread`), so a test that rewrites the file
+        // right after would race it. The sizing line comes after that read.
+        let err = p.stderr();
+        if pids.len() == 2 && err.contains("worker 0: sizing:") && err.contains("worker 1: sizing:") {
             return pids;
         }
         assert!(Instant::now() < deadline, "workers not started\n{}", p.stderr());
