@@ -1,5 +1,6 @@
 //! Config -> [`Acl`]: checks every entry (errors name the entry and key,
-//! so the config loader can give the line) and builds the host index.
+//! so the config loader can give the line) and builds the host index;
+//! reads and compiles the `[[acl_list]]` files the entries' `list` names.
 
 use super::lists::List;
 use super::{Acl, Check, Compiled, Local, Request};
@@ -112,6 +113,8 @@ impl Acl {
     /// `portico run` compiles twice (the config check, then the server):
     /// the last result is kept, keyed by a 128-bit hash of what it is built
     /// from, so the second compile is a lookup (as `Rules::compile` does).
+    /// The `[[acl_list]]` files are read on every call and their bytes are
+    /// part of that key, so a reload after a list file changed rebuilds.
     pub fn compile(config: &Config) -> Result<Acl, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Acl)>> = std::sync::Mutex::new(None);
         let a = &config.access;

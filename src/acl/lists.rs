@@ -50,6 +50,9 @@ struct Domains {
     /// Names whose hash another name already holds (a 64-bit collision:
     /// practically never), checked only when the table's name differs.
     spill: Vec<u32>,
+    /// Fewest dots in any listed name: parent domains with fewer (the `com`
+    /// of every request, when no top-level domain is listed) are not looked up.
+    min_dots: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -120,6 +123,12 @@ impl Domains {
         } else {
             self.table.insert(key, self.spans.len() as u32);
         }
+        let dots = name.bytes().filter(|&b| b == b'.').count();
+        self.min_dots = if self.spans.is_empty() {
+            dots
+        } else {
+            self.min_dots.min(dots)
+        };
         self.text.push_str(name);
         self.spans.push(Span {
             start,
@@ -139,9 +148,16 @@ impl Domains {
         if let Some(s) = self.get(host) {
             return Some(s);
         }
+        let mut dots_left = host.bytes().filter(|&b| b == b'.').count();
         for (pos, b) in host.bytes().enumerate() {
-            if b == b'.'
-                && let Some(s) = self.get(&host[pos + 1..])
+            if b != b'.' {
+                continue;
+            }
+            dots_left -= 1;
+            if dots_left < self.min_dots {
+                break;
+            }
+            if let Some(s) = self.get(&host[pos + 1..])
                 && s.subdomains
             {
                 return Some(s);

@@ -447,6 +447,11 @@ mod lists {
         assert_eq!(hit(""), None);
         // Listed both ways: the wider entry and its line decide.
         assert_eq!(hit("www.both.test"), Some((4, ".both.test".into())));
+        // A listed top-level domain is still looked up for its subdomains.
+        let l = from_text(AclListKind::Domains, "a.b.test\n.example\n").unwrap();
+        assert!(l.matches(&get("www.example", "/", &h)));
+        assert!(l.matches(&get("a.b.test", "/", &h)));
+        assert!(!l.matches(&get("b.test", "/", &h)));
     }
 
     #[test]
