@@ -321,11 +321,8 @@ pub(super) fn build(config: &AclListConfig, bytes: &[u8]) -> Result<List, String
 /// trailing dot dropped. Letters, digits, `-`, `_` and non-ASCII (an IDN
 /// as written) are allowed in labels.
 fn domain(text: &str) -> Result<(String, bool), String> {
-    if text.starts_with("*.") {
-        return Err(format!(
-            "{text:?}: write .{} for a domain and its subdomains",
-            &text[2..]
-        ));
+    if let Some(rest) = text.strip_prefix("*.") {
+        return Err(format!("{text:?}: write .{rest} for a domain and its subdomains"));
     }
     let subdomains = text.starts_with('.');
     let name = text.strip_prefix('.').unwrap_or(text);
