@@ -12,9 +12,20 @@
 //! - `miss`: the `host` list, and a request no entry matches (the common
 //!   case: allowed traffic falls through to `access.acl_default`).
 //!
+//! - `list`: a 10-entry list plus one entry using a generated
+//!   `[[acl_list]]` file of 1,000,000 domains (half written `.domain`), for
+//!   a request the list does not hold (`miss`: every parent domain is
+//!   looked up) and one it holds through a parent (`hit`), against the
+//!   same 10 entries without the list (`none`); and `list_load`: compiling
+//!   the 1,000,000-domain list (the file changed each time, so nothing is
+//!   cached).
+//!
 //! Run: `cargo bench --bench acl`; `ACL_PAIRED=1 cargo bench --bench acl`
 //! alternates 10-entry and 10,000-entry rounds in one process and prints
-//! the median cost of each and their ratio (steadier on a shared machine).
+//! the median cost of each and their ratio (steadier on a shared machine);
+//! `ACL_LIST=1 cargo bench --bench acl` does the same for the list (without
+//! and with the 1,000,000-domain list) and prints the load time and the
+//! resident memory the list adds.
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use http::{HeaderMap, Method};
@@ -165,6 +176,179 @@ fn case(scenario: &str, n: usize) -> Case {
     c
 }
 
+/// Domains in the generated list.
+const LIST_SIZE: usize = 1_000_000;
+
+/// Writes the generated list to `path`, first line `# round`, so each
+/// round's file differs (the ACL compile cache is keyed by the contents).
+fn write_list(path: &std::path::Path, round: usize) {
+    const TLDS: [&str; 5] = ["com", "net", "org", "io", "de"];
+    let mut text = String::with_capacity(LIST_SIZE * 16);
+    text.push_str(&format!("# round {round}\n"));
+    for i in 0..LIST_SIZE {
+        let dot = if i % 2 == 0 { "." } else { "" };
+        text.push_str(&format!("{dot}s{i:07}.{}\n", TLDS[i % TLDS.len()]));
+    }
+    std::fs::write(path, text).expect("write the generated list");
+}
+
+/// The ten `host` entries, then (with `list`) a deny entry using the list
+/// at `path`: last, so every request reaches it.
+fn list_config(list: Option<&std::path::Path>) -> portico::config::Config {
+    let body: String = (3..10)
+        .map(|i| format!("[[acl]]\naction = \"deny\"\n{}\n", entry("host", i, 9).0))
+        .collect();
+    let tail = match list {
+        Some(p) => format!(
+            "[[acl_list]]\nname = \"big\"\nfile = \"{}\"\n\n[[acl]]\naction = \"deny\"\nlist = \"big\"\n",
+            p.display()
+        ),
+        None => String::new(),
+    };
+    portico::config::parse_str(&format!("{HEAD}{body}{tail}"), "bench.toml").expect("generated config is valid")
+}
+
+/// The request for `host`: a GET of `/` on port 80.
+fn list_case(acl: Acl, host: &str) -> Case {
+    Case {
+        acl,
+        method: Method::GET,
+        host: host.to_string(),
+        path: "/".into(),
+        port: 80,
+        headers: HeaderMap::new(),
+        expect: None,
+    }
+}
+
+/// Resident memory of this process, KiB (0 where /proc is missing).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Hosts the list benches ask for: not in the list (4 lookups), and in it
+/// through its parent `.s0999990.com`.
+const MISS: &str = "www.allowed.example.org";
+const HIT: &str = "a.b.s0999990.com";
+
+fn bench_list(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.txt");
+    write_list(&path, 0);
+    let with = Acl::compile(&list_config(Some(&path))).expect("generated list compiles");
+    let without = Acl::compile(&list_config(None)).expect("entries compile");
+    let mut group = c.benchmark_group("acl_list");
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    let t = now();
+    for (name, case) in [
+        ("none", list_case(without, MISS)),
+        ("miss", list_case(with.clone(), MISS)),
+        ("hit", list_case(with, HIT)),
+    ] {
+        let req = case.request();
+        let denied = matches!(case.acl.decide(&req, t), portico::acl::Decision::Deny { .. });
+        assert_eq!(denied, name == "hit", "{name}");
+        group.bench_function(name, |b| b.iter(|| black_box(case.acl.decide(black_box(&req), t))));
+    }
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    let mut round = 0;
+    group.bench_function("list_load", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                round += 1;
+                write_list(&path, round);
+                // As at start-up: the config check compiles the list, the
+                // server's compile is then a cache lookup (file read again).
+                let start = std::time::Instant::now();
+                let config = list_config(Some(&path));
+                black_box(Acl::compile(&config).expect("generated list compiles"));
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+/// `ACL_LIST=1`: load time and memory of the 1,000,000-domain list, then
+/// alternating rounds without and with it.
+fn paired_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.txt");
+    let mut loads = Vec::new();
+    let mut rss = 0;
+    let mut with = None;
+    for round in 0..5 {
+        write_list(&path, round);
+        let before = rss_kib();
+        // As at start-up: the config check compiles the list, the server's
+        // compile is then a cache lookup (the file read and hashed again).
+        let start = std::time::Instant::now();
+        let config = list_config(Some(&path));
+        with = Some(Acl::compile(&config).expect("generated list compiles"));
+        loads.push(start.elapsed().as_secs_f64() * 1000.0);
+        if round == 0 {
+            // The first load only: later rounds reuse memory the allocator kept.
+            rss = rss_kib().saturating_sub(before);
+        }
+    }
+    let with = with.expect("compiled");
+    loads.sort_by(f64::total_cmp);
+    println!(
+        "load of {LIST_SIZE} domains: median {:.0} ms (min {:.0}, max {:.0}); resident memory +{} MiB with the list loaded",
+        loads[loads.len() / 2],
+        loads[0],
+        loads[loads.len() - 1],
+        rss / 1024
+    );
+    let without = list_case(Acl::compile(&list_config(None)).expect("entries compile"), MISS);
+    let t = now();
+    const ROUNDS: usize = 101;
+    const PER_ROUND: u32 = 20_000;
+    let time = |c: &Case| {
+        let req = c.request();
+        let start = std::time::Instant::now();
+        for _ in 0..PER_ROUND {
+            black_box(c.acl.decide(black_box(&req), t));
+        }
+        start.elapsed().as_nanos() as f64 / f64::from(PER_ROUND)
+    };
+    println!("request   without list ns   with 1M-domain list ns   ratio");
+    for host in [MISS, HIT] {
+        let with = list_case(with.clone(), host);
+        let denied = matches!(with.acl.decide(&with.request(), t), portico::acl::Decision::Deny { .. });
+        assert_eq!(denied, host == HIT, "{host}");
+        let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let x = time(&without);
+            let y = time(&with);
+            a.push(x);
+            b.push(y);
+            r.push(y / x);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "{host:<24} {:>8.1} {:>14.1} {:>9.3}",
+            median(&mut a),
+            median(&mut b),
+            median(&mut r)
+        );
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("acl");
     group.warm_up_time(Duration::from_millis(500));
@@ -231,8 +415,12 @@ fn main() {
         paired();
         return;
     }
+    if std::env::var_os("ACL_LIST").is_some() {
+        paired_list();
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, bench_list);

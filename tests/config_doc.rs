@@ -57,7 +57,18 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl.mode",
     "acl.time",
     "acl.days",
+    "acl.list",
+    "acl_list.name",
+    "acl_list.file",
+    "acl_list.kind",
 ];
+
+/// Files the examples name that `portico check` reads: written to a
+/// temporary directory, and the path in the example replaced by it.
+const EXAMPLE_FILES: &[(&str, &str)] = &[(
+    "/etc/portico/blocked-sites.txt",
+    "casino.example\n.casino.example\n.malware.example\n",
+)];
 
 fn doc() -> String {
     std::fs::read_to_string(DOC_PATH).unwrap_or_else(|e| panic!("cannot read {DOC_PATH}: {e}"))
@@ -256,7 +267,14 @@ fn every_example_passes_check() {
         "expected the forward and reverse examples, found {} blocks",
         blocks.len()
     );
+    let files = tempfile::tempdir().expect("create temp dir");
     for (i, block) in blocks.iter().enumerate() {
+        let mut block = block.clone();
+        for (j, (path, text)) in EXAMPLE_FILES.iter().enumerate() {
+            let copy = files.path().join(format!("example-{j}.txt"));
+            std::fs::write(&copy, text).expect("write example file");
+            block = block.replace(path, &copy.display().to_string());
+        }
         let mut file = tempfile::Builder::new()
             .prefix("config-doc-")
             .suffix(".toml")

@@ -1,6 +1,8 @@
 //! Config -> [`Acl`]: checks every entry (errors name the entry and key,
-//! so the config loader can give the line) and builds the host index.
+//! so the config loader can give the line) and builds the host index;
+//! reads and compiles the `[[acl_list]]` files the entries' `list` names.
 
+use super::lists::List;
 use super::{Acl, Check, Compiled, Local, Request};
 use crate::config::{AclAction, AclConfig, Config, Mode};
 use crate::rules::{HeaderCond, PathSeg, RuleError};
@@ -41,6 +43,8 @@ pub(super) struct Entry {
     time: Option<(u16, u16)>,
     /// Bit d (Monday = 0) set for each day given; 0 = any day.
     days: u8,
+    /// `list`: filter lists, any pattern of any of which matches.
+    pub lists: Vec<Arc<List>>,
     /// The matchers as config text.
     pub describe: String,
 }
@@ -109,25 +113,51 @@ impl Acl {
     /// `portico run` compiles twice (the config check, then the server):
     /// the last result is kept, keyed by a 128-bit hash of what it is built
     /// from, so the second compile is a lookup (as `Rules::compile` does).
+    /// The `[[acl_list]]` files are read on every call and their bytes are
+    /// part of that key, so a reload after a list file changed rebuilds.
     pub fn compile(config: &Config) -> Result<Acl, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Acl)>> = std::sync::Mutex::new(None);
         let a = &config.access;
-        let key =
-            xxhash_rust::xxh3::xxh3_128(format!("{:?}{:?}{:?}", config.acl, a.acl_default, a.time_zone).as_bytes());
+        // The list files are read here, and their contents are part of the
+        // key: a file changed before a SIGHUP must rebuild the ACL even
+        // though the config text is the same.
+        let files: Vec<Result<Vec<u8>, String>> = config
+            .acl_list
+            .iter()
+            .map(|l| std::fs::read(&l.file).map_err(|e| crate::util::io_cause(&e)))
+            .collect();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(
+            format!(
+                "{:?}{:?}{:?}{:?}",
+                config.acl, config.acl_list, a.acl_default, a.time_zone
+            )
+            .as_bytes(),
+        );
+        for f in &files {
+            match f {
+                Ok(bytes) => {
+                    hasher.update(&(bytes.len() as u64).to_le_bytes());
+                    hasher.update(bytes);
+                }
+                Err(e) => hasher.update(e.as_bytes()),
+            }
+        }
+        let key = hasher.digest128();
         if let Ok(last) = LAST.lock()
             && let Some((k, acl)) = last.as_ref()
             && *k == key
         {
             return Ok(acl.clone());
         }
-        let acl = Self::compile_fresh(config).map_err(|(path, message)| RuleError { path, message })?;
+        let acl = Self::compile_fresh(config, files).map_err(|(path, message)| RuleError { path, message })?;
         if let Ok(mut last) = LAST.lock() {
             *last = Some((key, acl.clone()));
         }
         Ok(acl)
     }
 
-    fn compile_fresh(config: &Config) -> Result<Acl, Fail> {
+    fn compile_fresh(config: &Config, files: Vec<Result<Vec<u8>, String>>) -> Result<Acl, Fail> {
         let access = &config.access;
         let zone = jiff::tz::TimeZone::get(&access.time_zone).map_err(|_| {
             (
@@ -138,9 +168,38 @@ impl Acl {
                 ),
             )
         })?;
+        let list_at = |i: usize, key: &'static str, message: String| {
+            (
+                vec![PathSeg::Key("acl_list"), PathSeg::Index(i), PathSeg::Key(key)],
+                message,
+            )
+        };
+        let mut lists: Vec<Arc<List>> = Vec::with_capacity(files.len());
+        for (i, (l, bytes)) in config.acl_list.iter().zip(files).enumerate() {
+            if l.name.trim().is_empty() {
+                return Err(list_at(
+                    i,
+                    "name",
+                    "a list needs a name for `[[acl]]` entries to use".into(),
+                ));
+            }
+            if lists.iter().any(|x| *x.name == *l.name) {
+                return Err(list_at(i, "name", format!("a second list named {:?}", l.name)));
+            }
+            let bytes = bytes.map_err(|e| {
+                list_at(
+                    i,
+                    "file",
+                    format!("list {:?}: cannot read {}: {e}", l.name, l.file.display()),
+                )
+            })?;
+            let list =
+                super::lists::build(l, &bytes).map_err(|e| list_at(i, "file", format!("list {:?}: {e}", l.name)))?;
+            lists.push(Arc::new(list));
+        }
         let mut entries = Vec::with_capacity(config.acl.len());
         for (i, e) in config.acl.iter().enumerate() {
-            entries.push(compile_entry(i, e)?);
+            entries.push(compile_entry(i, e, &lists)?);
         }
         let mut exact = super::HostTable::default();
         let mut suffix = super::HostTable::default();
@@ -175,7 +234,7 @@ impl Acl {
     }
 }
 
-fn compile_entry(i: usize, e: &AclConfig) -> Result<Entry, Fail> {
+fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, Fail> {
     let mut describe = Vec::new();
     let status = match (e.action, e.status) {
         (AclAction::Allow, Some(_)) => return Err(at(i, "status", "`status` applies to action = \"deny\" only")),
@@ -316,8 +375,28 @@ fn compile_entry(i: usize, e: &AclConfig) -> Result<Entry, Fail> {
     if !e.days.is_empty() {
         describe.push(format!("days = {:?}", e.days));
     }
+    let mut lists = Vec::new();
+    for name in &e.list {
+        let l = known.iter().find(|l| *l.name == **name).ok_or_else(|| {
+            let names: Vec<&str> = known.iter().map(|l| &*l.name).collect();
+            at(
+                i,
+                "list",
+                if names.is_empty() {
+                    format!("no [[acl_list]] named {name:?}: define one with name, file and kind")
+                } else {
+                    format!("no [[acl_list]] named {name:?} (lists: {})", names.join(", "))
+                },
+            )
+        })?;
+        lists.push(l.clone());
+    }
+    if !e.list.is_empty() {
+        describe.push(format!("list = {:?}", e.list));
+    }
     Ok(Entry {
         action: e.action,
+        lists,
         status,
         reason,
         clients: e.client.clone(),
@@ -398,6 +477,10 @@ impl Entry {
         if !self.host_regex.as_ref().is_none_or(|re| re.is_match(req.host))
             || !self.regex.as_ref().is_none_or(|re| re.is_match(req.path_and_query))
         {
+            return Check::No;
+        }
+        // Last of the request matchers: a regex list is the dearest.
+        if !self.lists.is_empty() && !self.lists.iter().any(|l| l.matches(req)) {
             return Check::No;
         }
         // `authenticated = false`: only requests without a user.

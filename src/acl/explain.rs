@@ -80,6 +80,12 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
         }
     };
     let decision = acl.decide(&req, now);
+    let matched_list = match &decision {
+        Decision::Allow { entry: Some(i) }
+        | Decision::Deny { entry: Some(i), .. }
+        | Decision::NeedAuth { entry: i } => acl.list_hit(*i, &req),
+        _ => None,
+    };
     let mut out = String::new();
     let who = match &probe.user {
         None => "no authenticated user".to_string(),
@@ -137,6 +143,9 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
                 config.auth.realm
             );
         }
+    }
+    if let Some(hit) = matched_list {
+        let _ = writeln!(out, "matched by {hit}");
     }
     Ok(out)
 }

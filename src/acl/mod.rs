@@ -16,6 +16,7 @@
 
 mod compile;
 mod explain;
+mod lists;
 
 pub use explain::{Probe, explain};
 
@@ -250,6 +251,17 @@ impl Acl {
                 }
             }
             c.default_decision()
+        })
+    }
+
+    /// For entry `i`'s `list` matcher: which list, file line and pattern
+    /// match `req` (`list "blocked" (/etc/portico/blocked.txt:17: .example.com)`),
+    /// for `portico acl test`. None when the entry has no list or none matches.
+    pub fn list_hit(&self, i: usize, req: &Request<'_>) -> Option<String> {
+        let e = self.inner.entries.get(i)?;
+        e.lists.iter().find_map(|l| {
+            l.hit(req)
+                .map(|h| format!("list {:?} ({}:{}: {})", l.name, l.file, h.line, h.pattern))
         })
     }
 

@@ -419,3 +419,65 @@ days = ["mon"]
     assert_eq!(again.acl[0].host.len(), 2);
     assert_eq!(again.auth.realm, "Office");
 }
+
+mod lists {
+    use super::super::lists::{from_text, url_of};
+    use super::*;
+    use crate::config::AclListKind;
+
+    fn req<'a>(scheme: &'a str, host: &'a str, port: u16, pq: &'a str, headers: &'a HeaderMap) -> Request<'a> {
+        Request {
+            scheme,
+            port,
+            ..get(host, pq, headers)
+        }
+    }
+
+    #[test]
+    fn domains_match_the_host_and_dotted_entries_every_subdomain() {
+        let l = from_text(AclListKind::Domains, "exact.test\n.wide.test\nboth.test\n.both.test\n").unwrap();
+        let h = HeaderMap::new();
+        let hit = |host: &str| l.hit(&get(host, "/", &h)).map(|x| (x.line, x.pattern));
+        assert_eq!(hit("exact.test"), Some((1, "exact.test".into())));
+        assert_eq!(hit("www.exact.test"), None);
+        assert_eq!(hit("wide.test"), Some((2, ".wide.test".into())));
+        assert_eq!(hit("a.b.wide.test"), Some((2, ".wide.test".into())));
+        assert_eq!(hit("notwide.test"), None);
+        assert_eq!(hit("test"), None);
+        assert_eq!(hit(""), None);
+        // Listed both ways: the wider entry and its line decide.
+        assert_eq!(hit("www.both.test"), Some((4, ".both.test".into())));
+        // A listed top-level domain is still looked up for its subdomains.
+        let l = from_text(AclListKind::Domains, "a.b.test\n.example\n").unwrap();
+        assert!(l.matches(&get("www.example", "/", &h)));
+        assert!(l.matches(&get("a.b.test", "/", &h)));
+        assert!(!l.matches(&get("b.test", "/", &h)));
+    }
+
+    #[test]
+    fn url_prefixes_compare_scheme_host_port_and_path() {
+        let l = from_text(AclListKind::Urls, "https://Ex.test/a/\nhttp://ex.test:8080\n").unwrap();
+        let h = HeaderMap::new();
+        assert!(l.matches(&req("https", "ex.test", 443, "/a/b", &h)));
+        assert!(!l.matches(&req("http", "ex.test", 80, "/a/b", &h)), "scheme");
+        assert!(!l.matches(&req("https", "ex.test", 8443, "/a/b", &h)), "port");
+        assert!(!l.matches(&req("https", "ex.test", 443, "/A/b", &h)), "path case");
+        assert!(
+            l.matches(&req("http", "ex.test", 8080, "/anything", &h)),
+            "no path: the whole site"
+        );
+        let tunnel = Request::tunnel("ex.test", 443, "192.0.2.10".parse().unwrap(), &h, Mode::Forward, None);
+        assert!(!l.matches(&tunnel), "a CONNECT has no URL");
+    }
+
+    #[test]
+    fn regexes_see_the_url_with_a_non_default_port_and_connect_as_host_port() {
+        let h = HeaderMap::new();
+        assert_eq!(url_of(&req("http", "a.test", 80, "/x?y", &h)), "http://a.test/x?y");
+        assert_eq!(url_of(&req("https", "a.test", 8443, "/", &h)), "https://a.test:8443/");
+        let tunnel = Request::tunnel("a.test", 443, "192.0.2.10".parse().unwrap(), &h, Mode::Forward, None);
+        assert_eq!(url_of(&tunnel), "a.test:443");
+        let l = from_text(AclListKind::Regex, "# c\n^x\n\n:443$\n").unwrap();
+        assert_eq!(l.hit(&tunnel).map(|x| x.line), Some(4));
+    }
+}

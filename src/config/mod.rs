@@ -39,6 +39,8 @@ pub struct Config {
     pub rule: Vec<RuleConfig>,
     /// Access control entries, checked in order; the first match decides.
     pub acl: Vec<AclConfig>,
+    /// Named filter list files (`[[acl_list]]`) that `[[acl]]` entries use with `list`.
+    pub acl_list: Vec<AclListConfig>,
     /// The HTTP cache.
     pub cache: CacheConfig,
     /// Access and error logs.
@@ -62,6 +64,7 @@ impl Default for Config {
             upstream: Vec::new(),
             rule: Vec::new(),
             acl: Vec::new(),
+            acl_list: Vec::new(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             monitor: MonitorConfig::default(),
@@ -248,6 +251,38 @@ pub struct AclConfig {
     /// Days of the week (`"mon"` .. `"sun"`), any of which matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
     pub days: Vec<String>,
+    /// Names of `[[acl_list]]` filter lists: holds when any pattern of any of them matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub list: Vec<String>,
+}
+
+/// What the lines of an `[[acl_list]]` file are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AclListKind {
+    /// Host names, as Squid's `dstdomain` files: `example.com` is that host
+    /// only, `.example.com` that host and every subdomain.
+    #[default]
+    Domains,
+    /// Absolute `http://` / `https://` URL prefixes (never match a CONNECT).
+    Urls,
+    /// Regular expressions matched against the whole URL (Squid's `url_regex`).
+    Regex,
+}
+
+/// `[[acl_list]]`: a named file of patterns, one a line, read at start-up and
+/// on every reload (Squid's `dstdomain` / `url_regex` files, the Sun proxy's
+/// URL filters). See docs/CONFIG.md and `crate::acl`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AclListConfig {
+    /// The name `[[acl]]` entries give in `list`.
+    pub name: String,
+    /// The file of patterns.
+    pub file: PathBuf,
+    /// domains | urls | regex.
+    #[serde(default)]
+    pub kind: AclListKind,
 }
 
 /// A list of networks written as CIDR (`10.0.0.0/8`) or single addresses
