@@ -143,6 +143,12 @@ async fn a_domain_list_blocks_listed_hosts_their_subdomains_and_connect_targets(
     assert!(head.starts_with("HTTP/1.1 403 ") && head.contains("listed"), "{head}");
     let head = connect(p.addr(), &format!("notexample.test:{eport}")).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // The 200 can reach us before the echo origin's accept loop has counted
+    // the connection (the kernel completes the handshake first): wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while echo.connections() < 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(echo.connections(), 1, "only the unlisted tunnel is made");
 }
 
@@ -393,6 +399,16 @@ fn check_names_the_list_file_and_line_of_a_bad_pattern() {
     assert!(
         err.contains(&format!(
             "{path}:7: key `acl_list[0].file`: list \"l\": cannot read {dir}/l.txt:"
+        )),
+        "{err}"
+    );
+    // Something endless is refused up front, not read until memory runs out.
+    let endless = "[[acl_list]]\nname = \"l\"\nfile = \"/dev/zero\"\n";
+    let (out, path, _) = run(endless, &[], &["check"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{path}:3: key `acl_list[0].file`: list \"l\": cannot read /dev/zero: not a regular file"
         )),
         "{err}"
     );

@@ -121,11 +121,7 @@ impl Acl {
         // The list files are read here, and their contents are part of the
         // key: a file changed before a SIGHUP must rebuild the ACL even
         // though the config text is the same.
-        let files: Vec<Result<Vec<u8>, String>> = config
-            .acl_list
-            .iter()
-            .map(|l| std::fs::read(&l.file).map_err(|e| crate::util::io_cause(&e)))
-            .collect();
+        let files: Vec<Result<Vec<u8>, String>> = config.acl_list.iter().map(|l| read_list_file(&l.file)).collect();
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         hasher.update(
             format!(
@@ -510,4 +506,29 @@ impl Entry {
             },
         }
     }
+}
+
+/// The largest `[[acl_list]]` file read: a list of 1,000,000 domains is
+/// about 20 MB, so this leaves room for fifty of those, while a file name
+/// that points at something endless (`/dev/zero`, a growing log) fails
+/// start-up with a clear error instead of exhausting memory.
+const MAX_LIST_FILE: u64 = 1 << 30;
+
+/// Reads a list file whole: a regular file of at most [`MAX_LIST_FILE`]
+/// bytes, the error in plain words otherwise.
+fn read_list_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| crate::util::io_cause(&e))?;
+    let meta = file.metadata().map_err(|e| crate::util::io_cause(&e))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len().min(MAX_LIST_FILE)).unwrap_or(0));
+    file.take(MAX_LIST_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| crate::util::io_cause(&e))?;
+    if bytes.len() as u64 > MAX_LIST_FILE {
+        return Err(format!("larger than {} MiB", MAX_LIST_FILE >> 20));
+    }
+    Ok(bytes)
 }
