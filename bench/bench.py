@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Portico benchmark suite (DESIGN.md section 3). Entry point: bench/run.
+"""Portico benchmark suite. Entry point: bench/run (see bench/README.md).
 
 Runs Portico, nginx, Varnish and Squid as caching reverse proxies for the same
 origin (nginx serving a generated object set from a work dir) on loopback

@@ -71,22 +71,7 @@ async fn page(p: &Portico, path: &str) -> String {
 /// Sends `CONNECT target` with `headers`; returns the response head and
 /// the open stream.
 async fn connect(p: &Portico, target: &str, headers: &str) -> (String, TcpStream) {
-    let mut s = TcpStream::connect(p.addr()).await.expect("connect to portico");
-    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{headers}\r\n");
-    s.write_all(req.as_bytes()).await.expect("send CONNECT");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-            .await
-            .expect("CONNECT answer in time")
-            .expect("read");
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    (String::from_utf8_lossy(&got).into_owned(), s)
+    connect_tunnel(p.addr(), target, headers).await
 }
 
 /// An origin echoing every byte until EOF.

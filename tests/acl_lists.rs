@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const BIN: &str = env!("CARGO_BIN_EXE_portico");
 
@@ -82,22 +81,7 @@ async fn get(addr: SocketAddr, host: &str, port: u16, path: &str) -> (u16, Strin
 
 /// `CONNECT target`: the response head.
 async fn connect(addr: SocketAddr, target: &str) -> String {
-    let mut s = TcpStream::connect(addr).await.expect("connect to portico");
-    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("send CONNECT");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-            .await
-            .expect("CONNECT answered in time")
-            .expect("read CONNECT answer");
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&got).into_owned()
+    connect_tunnel(addr, target, "").await.0
 }
 
 /// Writes `text` to `dir/name`; returns the path as config text.

@@ -407,17 +407,14 @@ impl ListenerHandler {
         let target = match classify(&ex.head, self.mode) {
             Ok(Target::Tunnel { host, port }) => {
                 let acl_host = crate::rules::tunnel_host(&host);
-                let decision = sh.acl.decide(
-                    &crate::acl::Request::tunnel(
-                        &acl_host,
-                        port,
-                        ex.peer.ip(),
-                        &ex.head.headers,
-                        self.mode,
-                        user.as_deref().map(crate::auth::User::identity),
-                    ),
-                    crate::acl::now(),
-                );
+                let decision = sh.acl.decide_now(&crate::acl::Request::tunnel(
+                    &acl_host,
+                    port,
+                    ex.peer.ip(),
+                    &ex.head.headers,
+                    self.mode,
+                    user.as_deref().map(crate::auth::User::identity),
+                ));
                 if let Some(outcome) = self.enforce(ex, sh, decision, true).await {
                     return outcome;
                 }
@@ -441,20 +438,17 @@ impl ListenerHandler {
                 return self.fail(ex, status, reason).await;
             }
         };
-        let decision = sh.acl.decide(
-            &crate::acl::Request {
-                client: ex.peer.ip(),
-                method: &ex.head.method,
-                scheme: target.scheme,
-                host: &target.host,
-                port: target.port,
-                path_and_query: &target.path_and_query,
-                headers: &ex.head.headers,
-                mode: self.mode,
-                user: user.as_deref().map(crate::auth::User::identity),
-            },
-            crate::acl::now(),
-        );
+        let decision = sh.acl.decide_now(&crate::acl::Request {
+            client: ex.peer.ip(),
+            method: &ex.head.method,
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+            path_and_query: &target.path_and_query,
+            headers: &ex.head.headers,
+            mode: self.mode,
+            user: user.as_deref().map(crate::auth::User::identity),
+        });
         if let Some(outcome) = self.enforce(ex, sh, decision, false).await {
             return outcome;
         }

@@ -408,3 +408,25 @@ pub fn parse_responses_lenient(bytes: &[u8]) -> (Vec<ParsedResponse>, Option<Str
     }
     (out, None)
 }
+
+/// Sends `CONNECT target` (plus `headers`, each line ending in CRLF) and
+/// reads the answer's head; returns it as text with the still-open stream
+/// (for the tunnel's bytes after a 200). Panics after 5 s without a head.
+pub async fn connect_tunnel(addr: std::net::SocketAddr, target: &str, headers: &str) -> (String, TcpStream) {
+    let mut s = TcpStream::connect(addr).await.expect("connect to portico");
+    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{headers}\r\n");
+    s.write_all(req.as_bytes()).await.expect("send CONNECT");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("CONNECT answered in time")
+            .expect("read CONNECT answer");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    (String::from_utf8_lossy(&got).into_owned(), s)
+}

@@ -21,7 +21,7 @@ mod portico;
 mod raw_origin;
 
 pub use client::{
-    Framing, ParsedResponse, RawClient, curl, parse_head_response, parse_response, parse_responses,
+    Framing, ParsedResponse, RawClient, connect_tunnel, curl, parse_head_response, parse_response, parse_responses,
     parse_responses_lenient, raw_request, raw_request_from, raw_request_timeout,
 };
 pub use dns::{DnsServer, Question};
