@@ -75,7 +75,7 @@ async fn goaccess_parses_every_line_of_a_combined_log() {
         .arg(&report)
         .output()
         .await
-        .expect("goaccess not found: install Debian package `goaccess` (.ci/run does)");
+        .expect("goaccess not found: install Debian package `goaccess` (scripts/install-test-deps does)");
     assert!(
         out.status.success(),
         "goaccess: {}",

@@ -1,6 +1,6 @@
 //! Basic authentication (`[auth]`) end to end: the real `portico` binary,
 //! user files written by Apache's own `htpasswd` tool (Debian
-//! `apache2-utils`, installed by .ci/run), raw-socket and curl clients.
+//! `apache2-utils`, installed by scripts/install-test-deps), raw-socket and curl clients.
 
 mod common;
 
@@ -18,7 +18,9 @@ fn have_htpasswd() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("SKIPPED: Apache's htpasswd (Debian apache2-utils) is not installed; .ci/run installs it");
+        eprintln!(
+            "SKIPPED: Apache's htpasswd (Debian apache2-utils) is not installed; scripts/install-test-deps installs it"
+        );
     }
     ok
 }

@@ -69,7 +69,7 @@ pub async fn file_lines(path: &std::path::Path, n: usize) -> Vec<String> {
 
 /// Asserts that `promtool check metrics` accepts a Prometheus exposition,
 /// lint included (metric names, types, help texts). promtool is the
-/// Debian package `prometheus`, which .ci/run installs.
+/// Debian package `prometheus`, which scripts/install-test-deps installs.
 pub fn promtool_check(metrics: &str) {
     use std::io::Write;
     let mut child = std::process::Command::new("promtool")
@@ -78,7 +78,7 @@ pub fn promtool_check(metrics: &str) {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("promtool not found: install Debian package `prometheus` (.ci/run does)");
+        .expect("promtool not found: install Debian package `prometheus` (scripts/install-test-deps does)");
     child
         .stdin
         .take()
