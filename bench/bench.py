@@ -48,7 +48,7 @@ SCENARIOS = {
     "rate": "open-loop fixed-rate load (oha) at 25-150% of the closed-loop peak, hits over "
             "the 10,000 objects (also issue 6's overload benchmark)",
     "rules": "Portico only: 10, 100, 1,000, 10,000 [[rule]] entries, every request matching "
-             "the last rule (the seed's assign-name table)",
+             "the last rule (the Sun proxy's assign-name table)",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
@@ -57,7 +57,8 @@ SCENARIOS = {
 NAMED_ONLY = ("soak",)
 WRK_SCENARIOS = ("hot", "hits", "close", "miss")
 RULE_COUNTS = [10, 100, 1000, 10000]
-# The seed's assign-name table (000_f9f418d007bffb8d.txt, "Configuration and Performance"):
+# The Sun proxy's assign-name table (Sun Java System Web Proxy Server 4.0.11 Performance
+# Tuning, Sizing, and Scaling Guide, chapter 6 "Scalability Studies"):
 # response time in ms for a single request, cache enabled, content server on the local network.
 SEED_RULES_MS = {10: 1.05, 100: 1.45, 1000: 4.3, 10000: 32.5}
 RATE_STEPS = [25, 50, 75, 100, 120, 150]   # percent of the closed-loop peak
@@ -1585,12 +1586,12 @@ def report_rules(scenario, results, subjects, args):
          f"throughput run; `+% vs {int(subjects[0]):,}` compares it with the first count "
          "(issue 7's target: 10,000 rules cost < 5% more than 10). `one connection` is wrk "
          "with a single connection: the time for one request with nothing queued, the "
-         "seed's measure (its figures: regex assign-name rules, cache enabled, content "
-         "server on the local network, the seed's hardware and network, so compare the "
+         "Sun proxy's measure (its figures: regex assign-name rules, cache enabled, content "
+         "server on the local network, the Sun proxy's hardware and network, so compare the "
          "growth, not the absolute numbers).\n",
          f"| rules | req/s | spread | CPU µs/request | +% vs {int(subjects[0]):,} | p50 ms | "
          "p99 ms | "
-         "one connection p50 ms | one connection p99 ms | seed ms (assign-name) | "
+         "one connection p50 ms | one connection p99 ms | Sun proxy ms (assign-name) | "
          "started in s | runs |",
          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = None
@@ -1712,7 +1713,7 @@ def chart(scenario, results, subjects, outdir, args):
                      marker="o", color="#c0392b", label="Portico, one request (p50)")
         sn = [n for n in ns if n in SEED_RULES_MS]
         axes[1].plot(sn, [SEED_RULES_MS[n] for n in sn], marker="s", color="#7f8c8d",
-                     label="seed: assign-name regex rules")
+                     label="Sun proxy 4.0: assign-name regex rules")
         axes[1].set_xscale("log")
         axes[1].set_yscale("log")
         axes[1].set_xlabel("rules")

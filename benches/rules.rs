@@ -1,7 +1,7 @@
 //! Cost of routing one request through the compiled `[[rule]]` matcher at
-//! 10, 100, 1,000 and 10,000 rules (DESIGN 1.5: 10,000 rules must cost
+//! 10, 100, 1,000 and 10,000 rules (the project's target: 10,000 rules must cost
 //! < 5% more than 10). Each request matches the *last* rule, the worst case
-//! for a linear scan such as the seeds' assign-name.
+//! for a linear scan such as the Sun Java System Web Proxy Server 4's assign-name.
 //!
 //! Scenarios:
 //! - `regex`: every rule is `regex = "^/rNNNN/"` (the bench suite's `rules` scenario);

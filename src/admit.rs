@@ -1,5 +1,6 @@
 //! Admission: at most `server.max_requests` requests in service at once
-//! (the seed's RqThrottle, its "maximum threads"), and the connection queue
+//! (the Sun Java System Web Proxy Server 4's RqThrottle, its "maximum threads"), and the
+//! connection queue
 //! in front of it.
 //!
 //! A request holds a permit from the moment its head has been read until
@@ -199,7 +200,7 @@ impl Admission {
     }
 }
 
-/// The connection queue and admission counters (the seed's ConnectionQueue
+/// The connection queue and admission counters (the Sun proxy's ConnectionQueue
 /// section of perfdump, plus the requests in service).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ConnectionQueue {

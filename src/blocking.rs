@@ -1,4 +1,5 @@
-//! The blocking pool (the seed's NativePool): a bounded set of OS threads
+//! The blocking pool (the Sun Java System Web Proxy Server 4's NativePool): a bounded set
+//! of OS threads
 //! for work that blocks (disk cache file I/O), so it never runs on the
 //! async workers.
 //!
@@ -7,14 +8,14 @@
 //! work queue. The queue limit (`server.blocking_queue`) applies to work
 //! that starts a request's use of the disk (`try_run`): when that many jobs
 //! already wait, the job is refused and the request gets a busy 503, like
-//! the seed's busy function. Work of a request already using the disk (the
+//! the Sun proxy's busy function. Work of a request already using the disk (the
 //! next chunk of a body being sent, a store in progress) is never refused
 //! (`run`), so a response is never cut off midway; it may take the queue
 //! past its limit for a moment.
 //!
 //! Why our own pool rather than tokio's `spawn_blocking`: tokio's pool has
 //! an unbounded queue and does not say how many threads are idle or how
-//! many jobs wait, which are exactly the numbers the seed's tuning needs.
+//! many jobs wait, which are exactly the numbers the Sun proxy's tuning needs.
 
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -250,7 +251,7 @@ impl Inner {
     }
 }
 
-/// The blocking pool's counters (the seed's "Native pools" section of perfdump).
+/// The blocking pool's counters (the Sun proxy's "Native pools" section of perfdump).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct NativePool {
     /// Threads waiting for work now ("Idle").

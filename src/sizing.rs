@@ -1,5 +1,6 @@
-//! Sizing from the machine, as the seed does: raise the open-files limit,
-//! then derive the connection limits left at 0 in the config from it.
+//! Sizing from the machine, as the Sun Java System Web Proxy Server 4
+//! does: raise the open-files limit, then derive the connection limits left at 0 in the
+//! config from it.
 //!
 //! Every connection costs a file descriptor, and a request in service can
 //! cost three (client, origin, disk cache file), so the open-files limit is

@@ -584,7 +584,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     assert!(int(&c, b, "queue_peak") >= 1, "{c}");
     assert_eq!(int(&c, b, "refused"), 1);
     assert_eq!(int(&c, b, "peak_threads"), 1);
-    // The tuning advisor saw the queueing (seed: raise NativePoolMaxThreads).
+    // The tuning advisor saw the queueing (the Sun Java System Web Proxy Server 4's guide: raise NativePoolMaxThreads).
     let perf = parse_response(
         &raw_request(
             p.addr(),

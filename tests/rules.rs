@@ -455,7 +455,7 @@ fn bad_regex_fails_check_and_run_with_its_line() {
     assert!(err.contains("portico.toml:5: key `rule[0].header[1].regex`"), "{err}");
 }
 
-/// The seeds' worst case: 10,000 rules. The config must pass `portico
+/// The worst case of the Sun Java System Web Proxy Server 4's assign-name study: 10,000 rules. The config must pass `portico
 /// check` (which compiles every rule); the time is printed, not asserted.
 #[test]
 fn ten_thousand_rule_config_passes_check() {

@@ -1,5 +1,6 @@
 //! Offline operations on the disk tier, behind `portico cache
-//! gc|list|purge|verify` (the seeds' `cachegc` and more). They work on the
+//! gc|list|purge|verify` (the Sun Java System Web Proxy Server 4's `cachegc` and more).
+//! They work on the
 //! files directly and are safe while a server uses the same directory:
 //! objects are only ever removed (a removed object is a miss for the
 //! server, whose index entry is dropped when it next finds the file gone),

@@ -1,10 +1,10 @@
 //! The keep-alive subsystem: which idle persistent connections are kept,
-//! and its counters (the seed's KeepAliveInfo).
+//! and its counters (the Sun Java System Web Proxy Server 4's KeepAliveInfo).
 //!
 //! An idle connection's own task first waits for the next request itself,
-//! holding no buffer (`http1::conn`; the seed's low-latency mode). Past
+//! holding no buffer (`http1::conn`; the Sun proxy's low-latency mode). Past
 //! `keepalive.park_after` it hands the bare socket to the keep-alive
-//! [`poller`] and ends (the seed's high-concurrency mode, without a mode
+//! [`poller`] and ends (the Sun proxy's high-concurrency mode, without a mode
 //! switch: each connection moves on its own).
 //!
 //! At most `keepalive.max_connections` connections may sit idle. When one
@@ -186,7 +186,7 @@ impl KeepAlive {
     }
 }
 
-/// The keep-alive counters (the seed's KeepAliveInfo section of perfdump).
+/// The keep-alive counters (the Sun proxy's KeepAliveInfo section of perfdump).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct KeepAliveInfo {
     /// Idle persistent connections now ("KeepAliveCount", first number).
@@ -203,7 +203,8 @@ pub struct KeepAliveInfo {
     /// Connections handed to the poller since start.
     #[serde(default)]
     pub parks: u64,
-    /// Requests that arrived on a connection kept alive, i.e. not the first on it ("KeepAliveHits").
+    /// Requests that arrived on a connection kept alive, i.e. not the first on it
+    /// ("KeepAliveHits").
     pub hits: u64,
     /// Idle connections closed to make room for a newer one ("KeepAliveFlushes").
     pub flushes: u64,

@@ -1,9 +1,10 @@
 //! The keep-alive poller: one thread and one epoll set holding every
 //! connection that has sat idle longer than `keepalive.park_after` (the
-//! seed's keep-alive subsystem in "high concurrency mode").
+//! Sun Java System Web Proxy Server 4's keep-alive subsystem in "high
+//! concurrency mode").
 //!
 //! A connection's own task waits for its next request only briefly (the
-//! seed's "low latency mode"): a client that is actively using the
+//! Sun proxy's "low latency mode"): a client that is actively using the
 //! connection sends within microseconds, and handing the socket over and
 //! back would cost more than the wait. Past `park_after` the task hands the
 //! bare socket here and ends, so an idle connection no longer costs a task,
@@ -492,7 +493,7 @@ impl std::fmt::Debug for Poller {
 /// resumed for every request, each costing `epoll_ctl` calls, a wake-up and
 /// a spawn: such a connection's wait doubles (up to `MAX_WAIT_FACTOR` times
 /// `base`, the configured `park_after`). One that stayed parked longer is
-/// idle between requests: back to `base`. The seed's server switched between
+/// idle between requests: back to `base`. The Sun proxy's server switched between
 /// its low-latency and high-concurrency modes on load; this decides per
 /// connection.
 fn next_wait(base: Duration, waited: Duration, parked: Duration) -> Duration {

@@ -252,7 +252,7 @@ impl AccessLog {
 
 /// Marks a client address the writer is to resolve.
 const MARK: char = '\u{1}';
-/// Client names kept (the seed's ClientDNSCacheInfo default).
+/// Client names kept (the Sun Java System Web Proxy Server 4's ClientDNSCacheInfo default).
 const CLIENT_CACHE: usize = 1024;
 /// How long a client name is kept (reverse lookups carry no TTL here).
 const CLIENT_TTL: Duration = Duration::from_secs(300);

@@ -133,8 +133,9 @@ pub async fn max_forwards_zero(ex: &mut Exchange<'_>, allow_trace: bool) -> Outc
     }
 }
 
-/// The body and `Retry-After` of a busy (503) response: what the seed's
-/// busy function sends when the server cannot take a request now.
+/// The body and `Retry-After` of a busy (503) response: what the Sun Java
+/// System Web Proxy Server 4's busy function sends when the server cannot
+/// take a request now.
 #[derive(Debug, Clone)]
 pub struct BusyPage {
     body: Bytes,

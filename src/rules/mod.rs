@@ -1,4 +1,4 @@
-//! The routing rules engine (`[[rule]]`, DESIGN 1.5, the seeds' assign-name).
+//! The routing rules engine (`[[rule]]`; the Sun Java System Web Proxy Server 4's assign-name).
 //!
 //! Rules are kept in config order; the first rule whose matchers all hold
 //! wins, and a rule with `continue = true` adds its actions and lets the
@@ -9,7 +9,7 @@
 //! rules share a key. A request looks each key up once (`matcher.rs`), which
 //! yields the few candidate rules whose index key holds, and only those are
 //! checked in full, lowest index first. So the cost of a request does not
-//! grow with the number of rules, unlike the seeds' one-regex-per-rule scan.
+//! grow with the number of rules, unlike the Sun proxy's one-regex-per-rule scan.
 //!
 //! Compilation is a pure function of the config (a reload builds a new
 //! [`Rules`]); matching allocates only the small result.

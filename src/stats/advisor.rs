@@ -1,5 +1,6 @@
-//! The tuning advisor: the seed's tuning rules (Sun Web Proxy Server tuning
-//! guide, chapter 2) evaluated on a snapshot, as plain advice with the
+//! The tuning advisor: the tuning rules of the Sun Java System Web Proxy Server 4
+//! Performance Tuning, Sizing, and Scaling Guide (chapter 2) evaluated on a snapshot, as
+//! plain advice with the
 //! numbers behind it. Each rule needs enough traffic to say anything; below
 //! that it stays silent rather than guess.
 

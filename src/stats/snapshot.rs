@@ -15,7 +15,7 @@ pub struct Snapshot {
     pub server: ServerInfo,
     /// Requests served (monitoring endpoints not included).
     pub requests: RequestStats,
-    /// Requests in service (the seeds' sessions / threads).
+    /// Requests in service (the Sun Java System Web Proxy Server 4's sessions / threads).
     pub sessions: SessionInfo,
     /// One per `[[listener]]`.
     pub listeners: Vec<ListenerInfo>,
@@ -23,7 +23,7 @@ pub struct Snapshot {
     pub connection_queue: Option<ConnectionQueueInfo>,
     /// Persistent connections.
     pub keepalive: KeepAliveInfo,
-    /// The blocking pool (the seeds' NativePool), when it reports.
+    /// The blocking pool (the Sun proxy's NativePool), when it reports.
     pub native_pool: Option<PoolInfo>,
     /// The HTTP cache; None when `cache.enabled = false`.
     pub cache: Option<CacheInfo>,
@@ -164,7 +164,7 @@ pub struct ListenerInfo {
     pub requests: u64,
 }
 
-/// The connection queue (the seeds' ConnectionQueue).
+/// The connection queue (the Sun proxy's ConnectionQueue).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConnectionQueueInfo {
     /// Connections waiting now.
@@ -200,7 +200,7 @@ impl ConnectionQueueInfo {
     }
 }
 
-/// Persistent connections (the seeds' KeepAliveInfo). Fields the server
+/// Persistent connections (the Sun proxy's KeepAliveInfo). Fields the server
 /// cannot count yet are None.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct KeepAliveInfo {
@@ -238,7 +238,7 @@ pub struct KeepAliveInfo {
     pub max_requests: u64,
 }
 
-/// A thread pool (the seeds' NativePool).
+/// A thread pool (the Sun proxy's NativePool).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolInfo {
     /// Pool name.
@@ -351,7 +351,7 @@ pub struct DiskInfo {
     pub index_ready: bool,
 }
 
-/// Name resolution (the seeds' HostDNSCacheInfo).
+/// Name resolution (the Sun proxy's HostDNSCacheInfo).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DnsInfo {
     /// The cache is on.

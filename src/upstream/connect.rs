@@ -198,7 +198,8 @@ impl UpstreamStats {
 /// Resolved origin names, kept for their DNS lifetime. Consulted only when
 /// a new connection is opened (pooled connections skip it), so a mutex is
 /// no cost on the request path; it exists to be counted (entries, hit
-/// ratio: the seed's HostDNSCacheInfo), which hickory's own cache is not.
+/// ratio: the Sun Java System Web Proxy Server 4's HostDNSCacheInfo), which hickory's own
+/// cache is not.
 pub struct DnsCache {
     max: usize,
     map: Mutex<HashMap<String, (Vec<IpAddr>, std::time::Instant)>>,

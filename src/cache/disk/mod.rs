@@ -15,7 +15,8 @@
 //!   thread, evicting expired objects first, then the least valuable.
 //!
 //! All file I/O is blocking; the async methods run it on the blocking pool
-//! (`crate::blocking`, the seeds' NativePool), never on the async workers.
+//! (`crate::blocking`, the Sun Java System Web Proxy Server 4's NativePool), never on the
+//! async workers.
 //! Methods named `*_blocking` do it on the calling thread (CLI, tests).
 //!
 //! Concurrency: every change of an object's file and index entry (commit,

@@ -1,4 +1,4 @@
-//! `/nsc`: the cache status page, after the seed's file-cache page
+//! `/nsc`: the cache status page, after the Sun Java System Web Proxy Server 4's file-cache page
 //! (`service-nsc-dump`): utilisation, hits and misses, deletions, the
 //! parameter settings, and with `?list` every object in the memory tier.
 

@@ -1,4 +1,4 @@
-//! `/.perf`: the perfdump plain-text report, in the seed's layout and
+//! `/.perf`: the perfdump plain-text report, in the Sun Java System Web Proxy Server 4's layout and
 //! section names (ConnectionQueue, ListenSocket, KeepAliveInfo,
 //! SessionCreationInfo, CacheInfo, Native pools, DNSCacheInfo), then
 //! Portico's own sections, the tuning advice, and the performance buckets last.
@@ -21,7 +21,7 @@ fn na<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "n/a".to_string(), |v| v.to_string())
 }
 
-/// `a/b ( 66.67%)` as the seed writes ratios.
+/// `a/b ( 66.67%)` as the Sun proxy writes ratios.
 pub fn ratio(a: u64, b: u64) -> String {
     format!("{a}/{b} ({:6.2}%)", percent(a, b))
 }
@@ -114,7 +114,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     if let Some(s) = ka.send_timeouts {
         let _ = writeln!(o, "{:<20} {s}", "SendTimeouts");
     }
-    // The poller's share (the seed's keep-alive subsystem in high-concurrency mode).
+    // The poller's share (the Sun proxy's keep-alive subsystem in high-concurrency mode).
     if let (Some(p), Some(n), Some(t)) = (ka.parked, ka.parked_new, ka.parks) {
         let _ = writeln!(o, "{:<20} {p} kept-alive, {n} new", "KeepAlivePolled");
         let _ = writeln!(o, "{:<20} {t}", "KeepAliveHandoffs");
@@ -388,7 +388,7 @@ fn ms(us: f64) -> String {
     format!("{:.3}", us / 1000.0)
 }
 
-/// The performance buckets report, as the seed prints it.
+/// The performance buckets report, as the Sun proxy prints it.
 fn buckets(o: &mut String, s: &Snapshot) {
     let b = &s.buckets;
     let _ = writeln!(
@@ -470,7 +470,7 @@ mod tests {
     use crate::stats::snapshot::*;
 
     #[test]
-    fn sections_in_the_seeds_order_with_ratios() {
+    fn sections_in_the_sun_proxys_order_with_ratios() {
         let mut s = Snapshot {
             stats_enabled: true,
             ..Default::default()

@@ -1,9 +1,9 @@
-//! `/stats-xml`: the snapshot as XML with the seed's element names
+//! `/stats-xml`: the snapshot as XML with the Sun Java System Web Proxy Server 4's element names
 //! (connection-queue, thread-pool, profile, process, connection-queue-bucket,
 //! thread-pool-bucket, host-dns-bucket, client-dns-bucket, keepalive-bucket,
 //! cache-bucket, cpu-info, thread, request-bucket, profile-bucket).
 //! `?name=0` leaves element `name` (and what it holds) out. With several
-//! worker processes there is one `<process>` per worker (as the seed's
+//! worker processes there is one `<process>` per worker (as the Sun proxy's
 //! multi-process server writes it), each with that worker's own figures,
 //! and the server-level figures (listen sockets) are their sum.
 
