@@ -1,7 +1,11 @@
 //! The live dashboard in a real browser: headless Chromium (Debian) loads
 //! the page from the binary, lets it poll the JSON endpoint, and the DOM it
-//! leaves must hold the numbers the known traffic produced. A screenshot is
-//! saved as target/dashboard.png for a person to look at.
+//! leaves must hold the numbers the known traffic produced. Loaded as
+//! `/.dashboard?layout`, the page reads its canvases' pixels back and
+//! reports where the lines and the text landed, so the layout (axes with
+//! ticks and units, legends beside the plots, lines filling the width) is
+//! asserted, not only the numbers. Screenshots are saved as
+//! target/dashboard.png and target/dashboard-auth.png for a person to look at.
 
 mod common;
 
@@ -20,7 +24,7 @@ fn chromium(args: &[&str], profile: &std::path::Path) -> std::process::Output {
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
         .output()
-        .expect("chromium not found: install Debian package `chromium` (.ci/run does)")
+        .expect("chromium not found: install Debian package `chromium` (scripts/install-test-deps does)")
 }
 
 /// `id="NAME"...>TEXT<` in the dumped DOM.
@@ -32,6 +36,114 @@ fn element_text<'a>(dom: &'a str, id: &str) -> &'a str {
     let start = rest.find('>').expect("tag end") + 1;
     let end = rest[start..].find('<').expect("text end") + start;
     &rest[start..end]
+}
+
+/// The page's layout report (`?layout`): per plot, what its pixels show.
+fn layout_report(dom: &str) -> serde_json::Map<String, serde_json::Value> {
+    let text = element_text(dom, "layout-report");
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(m)) => m,
+        other => panic!("layout report {text:?}: {other:?}"),
+    }
+}
+
+/// `HH:MM` or `HH:MM:SS`.
+fn is_clock_time(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    (parts.len() == 2 || parts.len() == 3)
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What the issue asked of every plot: a time axis with clock-time tick
+/// labels, a value axis with labels and its unit, a legend that does not
+/// overlap the plot, no text drawn over the lines, and data that fills the
+/// width of the plot area (the time axis spans the samples kept, not a
+/// fixed window they sit squeezed in).
+fn assert_plot_layout(id: &str, p: &serde_json::Value, must_fill: bool) {
+    let num = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{id}: no {k} in {p}"));
+    let ticks = |k: &str| -> Vec<String> {
+        p[k].as_array()
+            .unwrap_or_else(|| panic!("{id}: no {k} in {p}"))
+            .iter()
+            .map(|t| t.as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert!(
+        num("width") >= 300.0 && num("height") >= 120.0,
+        "{id}: plot too small: {p}"
+    );
+    let xt = ticks("xticks");
+    assert!(xt.len() >= 2, "{id}: time axis ticks {xt:?}");
+    assert!(xt.iter().all(|t| is_clock_time(t)), "{id}: time axis ticks {xt:?}");
+    let yt = ticks("yticks");
+    assert!(yt.len() >= 2 && yt[0] == "0", "{id}: value axis ticks {yt:?}");
+    assert!(!p["unit"].as_str().unwrap_or_default().is_empty(), "{id}: no unit");
+    // Tick labels and the unit are drawn outside the plot area, and are there.
+    assert!(num("left_axis_ink") > 30.0, "{id}: no value axis labels drawn: {p}");
+    assert!(num("bottom_axis_ink") > 30.0, "{id}: no time axis labels drawn: {p}");
+    assert_eq!(num("text_ink_in_area"), 0.0, "{id}: text drawn over the plot: {p}");
+    assert_eq!(p["legend_overlaps_plot"], false, "{id}: legend overlaps the plot: {p}");
+    if must_fill {
+        let (l, r) = (num("data_left"), num("data_right"));
+        assert!(
+            l <= 0.05 && r >= 0.95,
+            "{id}: data spans {l:.2}..{r:.2} of the width: {p}"
+        );
+    } else {
+        assert!(p["data_right"].is_number(), "{id}: no data drawn: {p}");
+    }
+}
+
+/// Loads `url` in headless Chromium (as the DOM after `budget_ms` of the
+/// page's virtual time) and takes a screenshot of it into `png`.
+async fn browse(url: String, profile: std::path::PathBuf, png: std::path::PathBuf, budget_ms: u32) -> String {
+    let (dump, shot) = tokio::task::spawn_blocking(move || {
+        let budget = format!("--virtual-time-budget={budget_ms}");
+        let dump = chromium(&["--dump-dom", &budget, &url], &profile);
+        let shot = chromium(&[&format!("--screenshot={}", png.display()), &budget, &url], &profile);
+        (dump, (shot, png))
+    })
+    .await
+    .expect("chromium task");
+    assert!(
+        dump.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let (shot, png) = shot;
+    assert!(
+        shot.status.success(),
+        "screenshot: {}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
+    let bytes = std::fs::read(&png).expect("screenshot file");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+        "{} bytes",
+        bytes.len()
+    );
+    String::from_utf8_lossy(&dump.stdout).into_owned()
+}
+
+/// `data-updates` of the page: how many times it polled the JSON.
+fn updates(dom: &str) -> u32 {
+    dom.split("data-updates=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no data-updates\n{dom}"))
+}
+
+/// True if the dumped DOM has the element `id` with the `hidden` attribute.
+fn is_hidden(dom: &str, id: &str) -> bool {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element {id}"));
+    let start = dom[..at].rfind('<').expect("tag start");
+    let end = at + dom[at..].find('>').expect("tag end");
+    dom[start..end].contains(" hidden")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,41 +162,12 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
             assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
         }
     }
-    let url = format!("http://{}/.dashboard", p.addr());
-    let profile = p.dir().join("chromium-profile");
-    let (dump, shot) = tokio::task::spawn_blocking({
-        let profile = profile.clone();
-        let url = url.clone();
-        move || {
-            let dump = chromium(&["--dump-dom", "--virtual-time-budget=4000", &url], &profile);
-            let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
-            let shot = chromium(
-                &[
-                    &format!("--screenshot={}", png.display()),
-                    "--virtual-time-budget=4000",
-                    &url,
-                ],
-                &profile,
-            );
-            (dump, (shot, png))
-        }
-    })
-    .await
-    .expect("chromium task");
-    let dom = String::from_utf8_lossy(&dump.stdout);
-    assert!(
-        dump.status.success(),
-        "chromium: {}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
-    // The page polled at least twice (so rates exist) and wrote the values.
-    let updates: u32 = dom
-        .split("data-updates=\"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no data-updates\n{dom}"));
-    assert!(updates >= 2, "updates {updates}\n{dom}");
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
+    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    // The page polled several times (so rates and a time span exist) and wrote the values.
+    let updates = updates(&dom);
+    assert!(updates >= 3, "updates {updates}\n{dom}");
     assert_eq!(element_text(&dom, "v-hit"), "66.67", "{dom}");
     assert_eq!(element_text(&dom, "v-bytehit"), "66.67", "{dom}");
     for id in [
@@ -116,18 +199,16 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         status.starts_with(&format!("pid {}", p.pid())) && requests >= 12,
         "{status}"
     );
-    let (shot, png) = shot;
-    assert!(
-        shot.status.success(),
-        "screenshot: {}",
-        String::from_utf8_lossy(&shot.stderr)
-    );
-    let bytes = std::fs::read(&png).expect("screenshot file");
-    assert!(
-        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
-        "{} bytes",
-        bytes.len()
-    );
+    // Every plot has its axes, units and legend, and its data fills it.
+    let report = layout_report(&dom);
+    let mut ids: Vec<&str> = report.keys().map(String::as_str).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["conn", "hit", "lat", "rps", "uperr", "use"], "plots");
+    for (id, plot) in &report {
+        assert_plot_layout(id, plot, true);
+    }
+    // Without [auth] the user cache tile is hidden.
+    assert!(is_hidden(&dom, "card-auth"), "user cache tile shown without [auth]");
     // The page itself names no external asset.
     let page = parse_response(
         &raw_request(
@@ -145,4 +226,95 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         !page.contains("http://") && !page.contains("https://") && !page.contains("src="),
         "external asset"
     );
+}
+
+/// `Proxy-Authorization: Basic ...` for `user:password`.
+fn basic(user: &str, pw: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"))
+    )
+}
+
+/// A request through the proxy as `user`; its status.
+async fn get_as(proxy: std::net::SocketAddr, origin: &str, user: &str) -> u16 {
+    let req = format!(
+        "GET {origin}/a HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+        basic(user, &format!("pw-{user}"))
+    );
+    parse_response(&raw_request(proxy, req.as_bytes()).await).status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_the_user_cache_when_auth_is_on() {
+    // A user file written by Apache's own htpasswd (APR1-MD5, its default:
+    // fast to verify, so many checks fit in the page's few seconds).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("users.htpasswd");
+    for i in 0..8 {
+        let flag = if i == 0 { "-cbm" } else { "-bm" };
+        let out = std::process::Command::new("htpasswd")
+            .args([
+                flag,
+                file.to_str().expect("utf-8 path"),
+                &format!("u{i}"),
+                &format!("pw-u{i}"),
+            ])
+            .output()
+            .expect("htpasswd not found: install Debian package `apache2-utils` (scripts/install-test-deps does)");
+        assert!(
+            out.status.success(),
+            "htpasswd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let o = Origin::start(|_| async { Response::ok("hello") }).await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n[log]\naccess = \"\"\n\n\
+         [cache]\nenabled = false\n\n[auth]\nhtpasswd = \"{}\"\nrequired = true\nmax_users = 3\n",
+        free_addr(),
+        file.display()
+    ))
+    .await;
+    // 8 users through a cache of 3: 8 misses, 5 evictions; u7 again: a hit.
+    for i in 0..8 {
+        assert_eq!(get_as(p.addr(), &o.url(), &format!("u{i}")).await, 200);
+    }
+    assert_eq!(get_as(p.addr(), &o.url(), "u7").await, 200);
+    // Logins go on while the browser polls, so the rates and the
+    // directory latency have points in every interval.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let (stop, addr, origin) = (stop.clone(), p.addr(), o.url());
+        async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                get_as(addr, &origin, &format!("u{}", i % 8)).await;
+                i += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-auth.png");
+    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.await.expect("traffic task");
+    assert!(updates(&dom) >= 3, "{dom}");
+    assert!(!is_hidden(&dom, "card-auth"), "user cache tile hidden with [auth]");
+    // Entries against the maximum: the cache is full.
+    assert_eq!(element_text(&dom, "v-auth-users"), "3");
+    assert_eq!(element_text(&dom, "v-auth-max"), "3");
+    let checks: u64 = element_text(&dom, "v-auth-checks").parse().expect("checks");
+    assert!(checks >= 8, "checks {checks}");
+    let mean: f64 = element_text(&dom, "v-auth-mean").parse().expect("mean check time");
+    assert!(mean > 0.0, "mean check time {mean}");
+    for id in ["v-auth-hits", "v-auth-misses", "v-auth-evictions"] {
+        let v = element_text(&dom, id);
+        assert!(v.parse::<f64>().is_ok(), "{id} = {v:?}");
+    }
+    let report = layout_report(&dom);
+    assert_plot_layout("authrate", &report["authrate"], true);
+    assert_plot_layout("authlat", &report["authlat"], false);
 }
