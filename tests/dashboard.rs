@@ -318,3 +318,46 @@ async fn dashboard_shows_the_user_cache_when_auth_is_on() {
     assert_plot_layout("authrate", &report["authrate"], true);
     assert_plot_layout("authlat", &report["authlat"], false);
 }
+
+/// Minutes since midnight of an `HH:MM` tick label.
+fn minutes(label: &str) -> i64 {
+    let (h, m) = label.split_once(':').unwrap_or_else(|| panic!("tick {label:?}"));
+    h.parse::<i64>().expect("hour") * 60 + m.parse::<i64>().expect("minute")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_plots_keep_five_minutes_and_scroll() {
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n[log]\naccess = \"\"\n",
+        free_addr()
+    ))
+    .await;
+    // 7 minutes of the page's (virtual) time: 420 polls, in about 20 s.
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let profile = p.dir().join("chromium-profile");
+    let dump =
+        tokio::task::spawn_blocking(move || chromium(&["--dump-dom", "--virtual-time-budget=420000", &url], &profile))
+            .await
+            .expect("chromium task");
+    assert!(
+        dump.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let dom = String::from_utf8_lossy(&dump.stdout);
+    assert!(updates(&dom) >= 360, "updates {}", updates(&dom));
+    for (id, plot) in &layout_report(&dom) {
+        // Still filled after the window started scrolling ...
+        assert_plot_layout(id, plot, true);
+        // ... and the time axis covers the last 5 minutes, not the 7 since
+        // the page opened: ticks on whole minutes, at most 5 apart.
+        let ticks: Vec<i64> = plot["xticks"]
+            .as_array()
+            .expect("xticks")
+            .iter()
+            .map(|t| minutes(t.as_str().expect("tick label")))
+            .collect();
+        let span = (ticks[ticks.len() - 1] - ticks[0]).rem_euclid(24 * 60);
+        assert!((2..=5).contains(&span), "{id}: time axis ticks {ticks:?}");
+    }
+}
