@@ -461,3 +461,63 @@ fn sigterm_stops_portico_cleanly() {
         "still listening after exit"
     );
 }
+
+/// `run --print-config` of `config` (written to a file), parsed.
+fn print_config(config: &str) -> (toml::Table, String) {
+    let dir = temp_dir();
+    let file = dir.path().join("portico.toml");
+    std::fs::write(&file, config).expect("write config");
+    let out = run_portico(
+        &["run", "-c", file.to_str().expect("utf-8"), "--print-config"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("printed config is not TOML: {e}\n{text}"));
+    (table, text)
+}
+
+/// nginx and Squid spellings mean what they mean there: single letters are
+/// powers of 1024 in either case, for every size in the file.
+#[test]
+fn sizes_take_nginx_and_squid_single_letter_units_as_powers_of_1024() {
+    let (printed, text) = print_config(
+        "[limits]\nmax_body_size = \"16m\"\nmax_header_size = \"64k\"\nmax_request_line = \"8K\"\n\n\
+         [cache]\nmemory = \"1g\"\ndisk = \"2G\"\nmax_object_size = \"16M\"\nmax_memory_object = \"512KiB\"\n",
+    );
+    let get = |table: &str, key: &str| printed[table][key].clone();
+    let s = |v: &str| toml::Value::String(v.to_owned());
+    assert_eq!(get("limits", "max_body_size"), s("16MiB"), "{text}");
+    assert_eq!(get("limits", "max_header_size"), s("64KiB"), "{text}");
+    assert_eq!(get("limits", "max_request_line"), s("8KiB"), "{text}");
+    assert_eq!(get("cache", "memory"), s("1GiB"), "{text}");
+    assert_eq!(get("cache", "disk"), s("2GiB"), "{text}");
+    assert_eq!(get("cache", "max_object_size"), s("16MiB"), "{text}");
+    assert_eq!(get("cache", "max_memory_object"), s("512KiB"), "{text}");
+}
+
+/// `16MB` is 16 MiB to Squid and 16,000,000 bytes to SI: refused, with
+/// both spellings that say which.
+#[test]
+fn ambiguous_two_letter_size_units_are_refused_with_the_alternatives() {
+    assert_check_error(
+        "[server]\nworkers = 1\n\n[limits]\nmax_body_size = \"16MB\"\n",
+        5,
+        "limits.max_body_size",
+        "invalid size \"16MB\": \"MB\" is ambiguous (Squid reads it as a power of 1024, SI as a power of 1000): write \"16m\" or \"16MiB\" for 16777216 bytes (the nginx and Squid reading), or 16000000 for 16000000 bytes (the SI reading)",
+    );
+    assert_check_error(
+        "[cache]\ndisk = \"10GB\"\n",
+        2,
+        "cache.disk",
+        "write \"10g\" or \"10GiB\" for 10737418240 bytes",
+    );
+    assert_check_error(
+        "[cache]\nmemory = \"512kb\"\n",
+        2,
+        "cache.memory",
+        "\"kb\" is ambiguous",
+    );
+}
