@@ -320,6 +320,7 @@ fn main() -> ExitCode {
                     let files = portico::sizing::raise_open_files();
                     let said = portico::sizing::resolve(&mut c, files.now);
                     println!("# sizing: {said}");
+                    println!("# memory: {}", portico::config::memory::note(&c));
                     print!("{}", c.to_toml());
                     Ok(())
                 } else {

@@ -462,6 +462,22 @@ fn sigterm_stops_portico_cleanly() {
     );
 }
 
+/// A printed size (`"16MiB"`, `"4096B"`) in bytes.
+fn printed_bytes(v: &toml::Value) -> u64 {
+    let text = v.as_str().unwrap_or_else(|| panic!("not a size string: {v}"));
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("not a size: {text}"));
+    n << match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => panic!("unknown unit in {text}"),
+    }
+}
+
 /// `run --print-config` of `config` (written to a file), parsed.
 fn print_config(config: &str) -> (toml::Table, String) {
     let dir = temp_dir();
@@ -505,6 +521,32 @@ fn ambiguous_two_letter_size_units_are_refused_with_the_alternatives() {
     assert_check_error(
         "[server]\nworkers = 1\n\n[limits]\nmax_body_size = \"16MB\"\n",
         5,
+
+/// The default memory tier (1/16 of RAM) is a budget for the whole server:
+/// with `processes = 4` each worker gets a quarter, and `--print-config`
+/// says so. A value written in the file is kept per process.
+#[test]
+fn the_default_memory_tier_is_divided_among_the_processes() {
+    let (one, one_text) = print_config("");
+    let total = printed_bytes(&one["cache"]["memory"]);
+    let (four, text) = print_config("[server]\nprocesses = 4\n");
+    let each = printed_bytes(&four["cache"]["memory"]);
+    let want = ((total / 4) & !((1 << 20) - 1)).max(16 << 20);
+    assert_eq!(each, want, "{total} bytes among 4 processes:\n{text}");
+    assert!(one_text.contains("# memory: cache.memory = "), "{one_text}");
+    assert!(one_text.contains("(derived: 1/16 of RAM"), "{one_text}");
+    assert!(
+        text.contains("per process (derived: 1/16 of RAM") && text.contains("shared by 4 processes"),
+        "{text}"
+    );
+
+    let (written, text) = print_config("[server]\nprocesses = 4\n\n[cache]\nmemory = \"100MiB\"\n");
+    assert_eq!(printed_bytes(&written["cache"]["memory"]), 100 << 20, "{text}");
+    assert!(
+        text.contains("# memory: cache.memory = 100MiB per process (configured)"),
+        "{text}"
+    );
+}
         "limits.max_body_size",
         "invalid size \"16MB\": \"MB\" is ambiguous (Squid reads it as a power of 1024, SI as a power of 1000): write \"16m\" or \"16MiB\" for 16777216 bytes (the nginx and Squid reading), or 16000000 for 16000000 bytes (the SI reading)",
     );
