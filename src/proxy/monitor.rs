@@ -102,6 +102,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     ex.out.close_after();
     if !sh.admin.allows(ex.peer.ip()) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
+        ex.cache_result = Some(super::ACCESS_DENIED);
         return match super::reply::error_page(
             &mut ex.out,
             StatusCode::FORBIDDEN,
