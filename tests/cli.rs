@@ -521,6 +521,22 @@ fn ambiguous_two_letter_size_units_are_refused_with_the_alternatives() {
     assert_check_error(
         "[server]\nworkers = 1\n\n[limits]\nmax_body_size = \"16MB\"\n",
         5,
+        "limits.max_body_size",
+        "invalid size \"16MB\": \"MB\" is ambiguous (Squid reads it as a power of 1024, SI as a power of 1000): write \"16m\" or \"16MiB\" for 16777216 bytes (the nginx and Squid reading), or 16000000 for 16000000 bytes (the SI reading)",
+    );
+    assert_check_error(
+        "[cache]\ndisk = \"10GB\"\n",
+        2,
+        "cache.disk",
+        "write \"10g\" or \"10GiB\" for 10737418240 bytes",
+    );
+    assert_check_error(
+        "[cache]\nmemory = \"512kb\"\n",
+        2,
+        "cache.memory",
+        "\"kb\" is ambiguous",
+    );
+}
 
 /// The default memory tier (1/16 of RAM) is a budget for the whole server:
 /// with `processes = 4` each worker gets a quarter, and `--print-config`
@@ -547,19 +563,43 @@ fn the_default_memory_tier_is_divided_among_the_processes() {
         "{text}"
     );
 }
-        "limits.max_body_size",
-        "invalid size \"16MB\": \"MB\" is ambiguous (Squid reads it as a power of 1024, SI as a power of 1000): write \"16m\" or \"16MiB\" for 16777216 bytes (the nginx and Squid reading), or 16000000 for 16000000 bytes (the SI reading)",
+
+/// A `listen_queue` above the kernel's `net.core.somaxconn` is truncated to
+/// it: the perfdump shows the backlog in effect, the advisor and the error
+/// log say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_queue_above_somaxconn_shows_the_backlog_in_effect() {
+    let Some(somaxconn) = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        eprintln!("SKIPPED: /proc/sys/net/core/somaxconn is not readable (not Linux?)");
+        return;
+    };
+    let asked = somaxconn + 1;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nlisten_queue = {asked}\n\n[cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\n"
+    ))
+    .await;
+    let req = format!("GET /.perf HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let perf = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
+    let line = perf
+        .lines()
+        .find(|l| l.starts_with("Listen Queue"))
+        .unwrap_or_else(|| panic!("no Listen Queue in:\n{perf}"));
+    assert!(
+        line.ends_with(&format!(
+            " {somaxconn} (listen_queue = {asked} capped by net.core.somaxconn)"
+        )),
+        "{line}"
     );
-    assert_check_error(
-        "[cache]\ndisk = \"10GB\"\n",
-        2,
-        "cache.disk",
-        "write \"10g\" or \"10GiB\" for 10737418240 bytes",
-    );
-    assert_check_error(
-        "[cache]\nmemory = \"512kb\"\n",
-        2,
-        "cache.memory",
-        "\"kb\" is ambiguous",
+    assert!(perf.contains("[listen-queue-capped]"), "{perf}");
+    assert!(
+        p.stderr().contains(&format!(
+            "listen_queue = {asked} is capped at {somaxconn} by the kernel"
+        )),
+        "{}",
+        p.stderr()
     );
 }

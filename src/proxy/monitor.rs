@@ -396,7 +396,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             address: format!("http://{}", l.address),
             mode: format!("{:?}", l.mode).to_lowercase(),
             acceptor_threads: 1,
-            listen_queue: u64::from(l.listen_queue),
+            listen_queue: u64::from(crate::listen::effective_backlog(l.listen_queue)),
+            listen_queue_configured: u64::from(l.listen_queue),
             requests: per_listener.get(i).copied().unwrap_or(0),
         })
         .collect();
