@@ -30,7 +30,35 @@ pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListe
     socket.bind(&addr.into()).map_err(|e| fail("bind", e))?;
     let backlog = i32::try_from(cfg.listen_queue).unwrap_or(i32::MAX);
     socket.listen(backlog).map_err(|e| fail("listen on", e))?;
+    let effective = effective_backlog(cfg.listen_queue);
+    if effective < cfg.listen_queue {
+        tracing::warn!(
+            "{}listener {addr}: listen_queue = {} is capped at {effective} by the kernel (net.core.somaxconn); raise it with `sysctl -w net.core.somaxconn={}` for the configured backlog",
+            crate::supervisor::tag(),
+            cfg.listen_queue,
+            cfg.listen_queue
+        );
+    }
     Ok(socket.into())
+}
+
+/// Where Linux keeps its cap on every listen(2) backlog.
+const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
+
+/// The backlog a listener asking for `configured` really gets: Linux
+/// silently truncates a listen(2) backlog to `net.core.somaxconn` (4096
+/// since Linux 5.4, 128 before), so a `listen_queue` above it only looks
+/// larger. `configured` when the cap cannot be read.
+pub fn effective_backlog(configured: u32) -> u32 {
+    let cap = std::fs::read_to_string(SOMAXCONN)
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    capped_backlog(configured, cap)
+}
+
+/// `configured`, truncated to the kernel's `cap` when there is one.
+fn capped_backlog(configured: u32, cap: Option<u32>) -> u32 {
+    cap.map_or(configured, |c| configured.min(c))
 }
 
 /// What an accept loop gives each new connection; replaced as a whole when
@@ -187,7 +215,14 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::matches_listener;
+    use super::{capped_backlog, matches_listener};
+
+    #[test]
+    fn a_backlog_above_somaxconn_is_truncated_to_it() {
+        assert_eq!(capped_backlog(8192, Some(4096)), 4096);
+        assert_eq!(capped_backlog(1024, Some(4096)), 1024);
+        assert_eq!(capped_backlog(8192, None), 8192);
+    }
     use std::net::SocketAddr;
 
     fn addr(s: &str) -> SocketAddr {

@@ -320,6 +320,7 @@ fn main() -> ExitCode {
                     let files = portico::sizing::raise_open_files();
                     let said = portico::sizing::resolve(&mut c, files.now);
                     println!("# sizing: {said}");
+                    println!("# memory: {}", portico::config::memory::note(&c));
                     print!("{}", c.to_toml());
                     Ok(())
                 } else {
@@ -373,20 +374,28 @@ fn main() -> ExitCode {
             load(args.config.as_ref())
         }) {
             Err(e) => Err(e),
-            Ok(c) => match portico::cache::admin::run(&c.cache, c.upstream.iter().any(|u| !u.parent), &args.command) {
-                Ok(true) => {
-                    // The files are gone; a running server may still hold the
-                    // object in its memory tier, which only it can clear.
-                    if let portico::cache::admin::CacheCommand::Purge { url, prefix } = &args.command
-                        && let Some(target) = prefix.as_ref().or(url.as_ref())
-                    {
-                        println!("{}", portico::proxy::purge_running(&c, target, prefix.is_some()));
+            Ok(c) => {
+                let upstreams = c.upstream.iter().any(|u| !u.parent);
+                if let portico::cache::admin::CacheCommand::Purge { url, prefix } = &args.command {
+                    // The files are gone; a running server may still hold
+                    // the objects in its memory tier, which only it can
+                    // clear. Its answer is told apart from the disk's count.
+                    portico::cache::admin::purge(&c.cache, upstreams, url.as_deref(), prefix.as_deref()).map(|disk| {
+                        if let Some(target) = prefix.as_ref().or(url.as_ref()) {
+                            println!(
+                                "{}",
+                                portico::proxy::purge_running(&c, target, prefix.is_some(), disk.removed)
+                            );
+                        }
+                    })
+                } else {
+                    match portico::cache::admin::run(&c.cache, upstreams, &args.command) {
+                        Ok(true) => Ok(()),
+                        Ok(false) => return ExitCode::FAILURE,
+                        Err(e) => Err(e),
                     }
-                    Ok(())
                 }
-                Ok(false) => return ExitCode::FAILURE,
-                Err(e) => Err(e),
-            },
+            }
         },
     };
     match result {

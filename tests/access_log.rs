@@ -1,6 +1,8 @@
 //! The access log as written by the real binary: GoAccess (Debian) parses
 //! every line of a Combined log, SIGUSR1 reopens the file after rotation,
-//! the Squid and custom formats, and `access = ""`.
+//! the Squid format (with Squid's `TCP_DENIED` and `NONE` for refusals and
+//! busy 503s, and full URLs on reverse listeners) and custom formats, and
+//! `access = ""`.
 
 mod common;
 
@@ -275,4 +277,201 @@ async fn a_log_that_cannot_keep_up_drops_lines_never_requests_and_the_advisor_sa
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no dropped counter in {metrics}"));
     assert!(in_metrics >= dropped, "{in_metrics} < {dropped}");
+}
+
+/// The Squid-format line whose URL field (the 7th) contains `marker`, split
+/// into fields; panics with the whole log when there is none.
+fn squid_line<'a>(lines: &'a [String], marker: &str) -> Vec<&'a str> {
+    lines
+        .iter()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(6).is_some_and(|u| u.contains(marker)))
+        .unwrap_or_else(|| panic!("no line for {marker:?} in:\n{}", lines.join("\n")))
+}
+
+/// Every answer Portico makes itself gets a line, with Squid's codes:
+/// `TCP_DENIED` for refusals, `NONE` for answers made before any lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_format_logs_every_refusal_and_busy_503_with_squids_codes() {
+    let o = Origin::start(|req| async move {
+        let r = Response::ok("slow");
+        if req.uri.path().starts_with("/slow") {
+            r.delay(Duration::from_secs(2))
+        } else {
+            r
+        }
+    })
+    .await;
+    let users = tempfile::tempdir().expect("tempdir");
+    let htpasswd = users.path().join("users");
+    std::fs::write(&htpasswd, "alice:$apr1$1Bd8UTMo$Fd8nz/j3fcfZPJK0my8Vy.\n").expect("write users");
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        r#"[server]
+max_requests = 1
+queue_size = 1
+
+[[listener]]
+address = "{addr}"
+
+[access]
+allow = ["127.0.0.1/32"]
+
+[limits]
+max_request_line = "1k"
+max_header_size = "2k"
+max_body_size = "1k"
+header_timeout = "1s"
+
+[log]
+access = "{{dir}}/access.log"
+format = "squid"
+
+[cache]
+dir = "{{dir}}/cache"
+memory = "16MiB"
+
+[auth]
+htpasswd = "{}"
+
+[[acl]]
+action = "allow"
+host = "secret.test"
+authenticated = true
+
+[[acl]]
+action = "deny"
+host = "blocked.test"
+
+[[rule]]
+host = "ruled.test"
+deny = 451
+"#,
+        htpasswd.display()
+    ))
+    .await;
+    let url = o.url();
+    let status = |raw: Vec<u8>| parse_response(&raw).status;
+    let get =
+        |target: &str, extra: &str| format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
+    let pa = p.addr();
+    let send = |req: String| async move { status(raw_request(pa, req.as_bytes()).await) };
+
+    assert_eq!(send(get("http://blocked.test/by-acl", "")).await, 403);
+    assert_eq!(send(get("http://ruled.test/by-rule", "")).await, 451);
+    assert_eq!(send(get("http://secret.test/needs-user", "")).await, 407);
+    let from_other = raw_request_from(
+        "127.0.0.2".parse().unwrap(),
+        pa,
+        get(&format!("{url}/not-allowed"), "").as_bytes(),
+    )
+    .await;
+    assert_eq!(status(from_other), 403);
+    let connect = "CONNECT tunnel.test:25 HTTP/1.1\r\nHost: tunnel.test:25\r\n\r\n".to_string();
+    assert_eq!(send(connect).await, 403);
+    assert_eq!(send("GARBAGE\r\n\r\n".to_string()).await, 400);
+    assert_eq!(send(get(&format!("{url}/long-{}", "a".repeat(1100)), "")).await, 414);
+    assert_eq!(
+        send(get(
+            &format!("{url}/big-head"),
+            &format!("X-Pad: {}\r\n", "p".repeat(2100))
+        ))
+        .await,
+        431
+    );
+    assert_eq!(send(get(&format!("{url}/looped"), "Via: 1.1 portico\r\n")).await, 508);
+    let post = format!("POST {url}/too-big HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nConnection: close\r\n\r\n");
+    assert_eq!(send(post).await, 413);
+    // A head that never ends: 408 after header_timeout.
+    let mut slow = RawClient::connect(pa).await;
+    slow.send(format!("GET {url}/unfinished-head HTTP/1.1\r\n").as_bytes())
+        .await;
+    assert_eq!(slow.read_response().await.status, 408);
+
+    // One request in service, one in the connection queue, the third
+    // finds the queue full: busy 503.
+    let in_service = tokio::spawn(send(get(&format!("{url}/slow-1"), "")));
+    assert!(
+        o.wait_count(1, Duration::from_secs(10)).await,
+        "the slow request never reached the origin"
+    );
+    let queued = tokio::spawn(send(get(&format!("{url}/slow-2"), "")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(send(get(&format!("{url}/overflow"), "")).await, 503);
+    assert_eq!(in_service.await.expect("join"), 200);
+    assert_eq!(queued.await.expect("join"), 200);
+
+    let lines = file_lines(&p.dir().join("access.log"), 14).await;
+    for (marker, result) in [
+        ("http://blocked.test/by-acl", "TCP_DENIED/403"),
+        ("http://ruled.test/by-rule", "TCP_DENIED/451"),
+        ("http://secret.test/needs-user", "TCP_DENIED/407"),
+        ("/not-allowed", "TCP_DENIED/403"),
+        ("tunnel.test:25", "TCP_DENIED/403"),
+        ("/long-aaa", "NONE/414"),
+        ("/big-head", "NONE/431"),
+        ("/looped", "NONE/508"),
+        ("/too-big", "NONE/413"),
+        ("/unfinished-head", "NONE/408"),
+        ("/overflow", "NONE/503"),
+        ("/slow-1", "TCP_MISS/200"),
+        ("/slow-2", "TCP_MISS/200"),
+    ] {
+        let f = squid_line(&lines, marker);
+        assert_eq!(f[3], result, "{marker}: {}", f.join(" "));
+        assert_eq!(
+            f[8],
+            if result.starts_with("TCP_MISS") {
+                "HIER_DIRECT/127.0.0.1"
+            } else {
+                "HIER_NONE/-"
+            },
+            "{}",
+            f.join(" ")
+        );
+    }
+    // The malformed request: its method field is what was sent, no URL.
+    let garbage = lines
+        .iter()
+        .find(|l| l.contains(" GARBAGE "))
+        .unwrap_or_else(|| panic!("no line for the malformed request in:\n{}", lines.join("\n")));
+    assert!(garbage.contains(" NONE/400 "), "{garbage}");
+    assert_eq!(lines.len(), 14, "one line per response:\n{}", lines.join("\n"));
+}
+
+/// Squid logs the full URL of a reverse proxy's requests, which arrive
+/// with a path only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_format_logs_the_full_url_on_a_reverse_listener() {
+    let o = Origin::start(|_| async { Response::ok("r") }).await;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        r#"[[listener]]
+address = "{addr}"
+mode = "reverse"
+
+[log]
+access = "{{dir}}/access.log"
+format = "squid"
+
+[cache]
+dir = "{{dir}}/cache"
+memory = "16MiB"
+
+[[upstream]]
+name = "o"
+servers = ["{}"]
+
+[[rule]]
+upstream = "o"
+"#,
+        o.addr()
+    ))
+    .await;
+    let req = "GET /page?q=1 HTTP/1.1\r\nHost: www.example.test:8080\r\nConnection: close\r\n\r\n";
+    assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
+    let lines = file_lines(&p.dir().join("access.log"), 1).await;
+    let f = squid_line(&lines, "/page");
+    assert_eq!(f[6], "http://www.example.test:8080/page?q=1", "{}", f.join(" "));
+    assert_eq!(f[3], "TCP_MISS/200", "{}", f.join(" "));
 }

@@ -2066,6 +2066,67 @@ upstream = "o"
     assert_eq!(paths.iter().filter(|p| p.as_str() == "/live/x").count(), 2, "{paths:?}");
 }
 
+/// `portico cache purge --prefix` says what the disk purge removed and,
+/// apart from it, what the running server dropped from memory: its own
+/// count, not "it ... too" after "purged 0 objects".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_purge_prefix_reports_the_servers_own_count() {
+    let origin = counting("page", &[("cache-control", "max-age=60")]).await;
+    let p = proxy("").await;
+    for path in ["/p/a", "/p/b"] {
+        get(&p, &origin, path, &[]).await;
+        check(
+            &get(&p, &origin, path, &[]).await,
+            200,
+            &format!("page #{}", if path == "/p/a" { 1 } else { 2 }),
+            "HIT",
+        );
+    }
+    let purge = |prefix: String| {
+        let config = p.config_path().to_path_buf();
+        let dir = p.dir().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+                .current_dir(dir)
+                .args(["cache", "purge", "--prefix", &prefix, "-c"])
+                .arg(config)
+                .output()
+                .expect("run portico cache purge")
+        })
+    };
+    let o = origin.addr();
+    let out = purge(format!("http://{o}/none/")).await.expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("purged 0 objects (0 bytes) from the disk tier"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("dropped 0 objects under http://{o}/none/ from memory")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("too"), "{stdout}");
+
+    let out = purge(format!("http://{o}/p/")).await.expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("from the disk tier"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("dropped 2 objects under http://{o}/p/ from memory")),
+        "{stdout}"
+    );
+    check(&get(&p, &origin, "/p/a", &[]).await, 200, "page #3", "MISS");
+}
+
 /// `portico cache purge URL` removes the files and also asks the running
 /// server to drop its memory copy, so the next request really is a miss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

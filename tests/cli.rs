@@ -461,3 +461,145 @@ fn sigterm_stops_portico_cleanly() {
         "still listening after exit"
     );
 }
+
+/// A printed size (`"16MiB"`, `"4096B"`) in bytes.
+fn printed_bytes(v: &toml::Value) -> u64 {
+    let text = v.as_str().unwrap_or_else(|| panic!("not a size string: {v}"));
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("not a size: {text}"));
+    n << match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => panic!("unknown unit in {text}"),
+    }
+}
+
+/// `run --print-config` of `config` (written to a file), parsed.
+fn print_config(config: &str) -> (toml::Table, String) {
+    let dir = temp_dir();
+    let file = dir.path().join("portico.toml");
+    std::fs::write(&file, config).expect("write config");
+    let out = run_portico(
+        &["run", "-c", file.to_str().expect("utf-8"), "--print-config"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("printed config is not TOML: {e}\n{text}"));
+    (table, text)
+}
+
+/// nginx and Squid spellings mean what they mean there: single letters are
+/// powers of 1024 in either case, for every size in the file.
+#[test]
+fn sizes_take_nginx_and_squid_single_letter_units_as_powers_of_1024() {
+    let (printed, text) = print_config(
+        "[limits]\nmax_body_size = \"16m\"\nmax_header_size = \"64k\"\nmax_request_line = \"8K\"\n\n\
+         [cache]\nmemory = \"1g\"\ndisk = \"2G\"\nmax_object_size = \"16M\"\nmax_memory_object = \"512KiB\"\n",
+    );
+    let get = |table: &str, key: &str| printed[table][key].clone();
+    let s = |v: &str| toml::Value::String(v.to_owned());
+    assert_eq!(get("limits", "max_body_size"), s("16MiB"), "{text}");
+    assert_eq!(get("limits", "max_header_size"), s("64KiB"), "{text}");
+    assert_eq!(get("limits", "max_request_line"), s("8KiB"), "{text}");
+    assert_eq!(get("cache", "memory"), s("1GiB"), "{text}");
+    assert_eq!(get("cache", "disk"), s("2GiB"), "{text}");
+    assert_eq!(get("cache", "max_object_size"), s("16MiB"), "{text}");
+    assert_eq!(get("cache", "max_memory_object"), s("512KiB"), "{text}");
+}
+
+/// `16MB` is 16 MiB to Squid and 16,000,000 bytes to SI: refused, with
+/// both spellings that say which.
+#[test]
+fn ambiguous_two_letter_size_units_are_refused_with_the_alternatives() {
+    assert_check_error(
+        "[server]\nworkers = 1\n\n[limits]\nmax_body_size = \"16MB\"\n",
+        5,
+        "limits.max_body_size",
+        "invalid size \"16MB\": \"MB\" is ambiguous (Squid reads it as a power of 1024, SI as a power of 1000): write \"16m\" or \"16MiB\" for 16777216 bytes (the nginx and Squid reading), or 16000000 for 16000000 bytes (the SI reading)",
+    );
+    assert_check_error(
+        "[cache]\ndisk = \"10GB\"\n",
+        2,
+        "cache.disk",
+        "write \"10g\" or \"10GiB\" for 10737418240 bytes",
+    );
+    assert_check_error(
+        "[cache]\nmemory = \"512kb\"\n",
+        2,
+        "cache.memory",
+        "\"kb\" is ambiguous",
+    );
+}
+
+/// The default memory tier (1/16 of RAM) is a budget for the whole server:
+/// with `processes = 4` each worker gets a quarter, and `--print-config`
+/// says so. A value written in the file is kept per process.
+#[test]
+fn the_default_memory_tier_is_divided_among_the_processes() {
+    let (one, one_text) = print_config("");
+    let total = printed_bytes(&one["cache"]["memory"]);
+    let (four, text) = print_config("[server]\nprocesses = 4\n");
+    let each = printed_bytes(&four["cache"]["memory"]);
+    let want = ((total / 4) & !((1 << 20) - 1)).max(16 << 20);
+    assert_eq!(each, want, "{total} bytes among 4 processes:\n{text}");
+    assert!(one_text.contains("# memory: cache.memory = "), "{one_text}");
+    assert!(one_text.contains("(derived: 1/16 of RAM"), "{one_text}");
+    assert!(
+        text.contains("per process (derived: 1/16 of RAM") && text.contains("shared by 4 processes"),
+        "{text}"
+    );
+
+    let (written, text) = print_config("[server]\nprocesses = 4\n\n[cache]\nmemory = \"100MiB\"\n");
+    assert_eq!(printed_bytes(&written["cache"]["memory"]), 100 << 20, "{text}");
+    assert!(
+        text.contains("# memory: cache.memory = 100MiB per process (configured)"),
+        "{text}"
+    );
+}
+
+/// A `listen_queue` above the kernel's `net.core.somaxconn` is truncated to
+/// it: the perfdump shows the backlog in effect, the advisor and the error
+/// log say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_queue_above_somaxconn_shows_the_backlog_in_effect() {
+    let Some(somaxconn) = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        eprintln!("SKIPPED: /proc/sys/net/core/somaxconn is not readable (not Linux?)");
+        return;
+    };
+    let asked = somaxconn + 1;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nlisten_queue = {asked}\n\n[cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\n"
+    ))
+    .await;
+    let req = format!("GET /.perf HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let perf = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
+    let line = perf
+        .lines()
+        .find(|l| l.starts_with("Listen Queue"))
+        .unwrap_or_else(|| panic!("no Listen Queue in:\n{perf}"));
+    assert!(
+        line.ends_with(&format!(
+            " {somaxconn} (listen_queue = {asked} capped by net.core.somaxconn)"
+        )),
+        "{line}"
+    );
+    assert!(perf.contains("[listen-queue-capped]"), "{perf}");
+    assert!(
+        p.stderr().contains(&format!(
+            "listen_queue = {asked} is capped at {somaxconn} by the kernel"
+        )),
+        "{}",
+        p.stderr()
+    );
+}

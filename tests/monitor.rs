@@ -308,7 +308,13 @@ async fn low_hit_ratio_advice_on_perf_json_and_portico_stats() {
     let o = origin("no-store").await;
     let p = proxy("").await;
     let quiet = text(&p, "/.perf").await;
-    assert!(quiet.contains("No advice"), "{quiet}");
+    // Nothing to advise on an idle server, but the kernel's cap on the
+    // default listen_queue (8192) where net.core.somaxconn is lower.
+    let advice: Vec<&str> = quiet
+        .lines()
+        .filter(|l| l.starts_with('[') && !l.starts_with("[listen-queue-capped]"))
+        .collect();
+    assert!(advice.is_empty(), "{quiet}");
     for i in 0..25 {
         get_via(&p, &format!("{}/u{i}", o.url())).await;
     }
@@ -358,10 +364,15 @@ async fn upstream_error_advice() {
         assert_eq!(get_via(&p, &format!("http://{dead}/x{i}")).await.status, 502);
     }
     let perf = text(&p, "/.perf").await;
-    assert!(
-        perf.contains("[upstream-errors] 20 of 20 requests to origins failed"),
-        "{perf}"
-    );
+    // Refused connections: the origin is down, not a timeout to raise.
+    let advice = perf
+        .lines()
+        .find(|l| {
+            l.starts_with("[upstream-refused] 20 of 20 requests to origins (100.0%) failed: the connection was refused")
+        })
+        .unwrap_or_else(|| panic!("no refused-origin advice in {perf}"));
+    assert!(advice.contains("The origin is down"), "{advice}");
+    assert!(!advice.contains("timeout"), "{advice}");
     let metrics = text(&p, "/metrics").await;
     assert!(
         metrics.contains("portico_upstream_errors_total{kind=\"refused\"} 20\n"),
@@ -549,13 +560,11 @@ async fn keepalive_flushes_and_refusals_advice() {
         perf.contains("[keepalive-flushes] Keep-alive flushes (2) exceed keep-alive hits (0)"),
         "{perf}"
     );
-    // The set is full: a connection that is not kept is a refusal that counts.
+    // A client that asks to close is a refusal, whatever the set holds:
+    // no reason to raise keepalive.max_connections.
     get_via(&p, &format!("{}/closing", o.url())).await;
     let perf = perf_when(&p, "KeepAliveRefusals    1\n").await;
-    assert!(
-        perf.contains("[keepalive-refusals] 1 connections were not kept alive"),
-        "{perf}"
-    );
+    assert!(!perf.contains("[keepalive-refusals]"), "{perf}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

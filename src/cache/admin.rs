@@ -374,6 +374,28 @@ pub fn list_line(e: &ListEntry) -> String {
     line
 }
 
+/// `portico cache purge URL` or `--prefix PREFIX` on the disk tier: removes
+/// the files, prints how many (`purged N objects (B bytes) from the disk
+/// tier`) and returns the report, so the caller can say truthfully what a
+/// running server did beyond it.
+pub fn purge(
+    cfg: &CacheConfig,
+    upstreams: bool,
+    url: Option<&str>,
+    prefix: Option<&str>,
+) -> Result<PurgeReport, String> {
+    use std::io::IsTerminal;
+    let progress = io::stderr().is_terminal();
+    let r = match (url, prefix) {
+        (_, Some(p)) => purge_prefix(cfg, p, progress),
+        (Some(u), None) => purge_url(cfg, u, upstreams),
+        (None, None) => return Err("purge needs a URL or --prefix".into()),
+    }
+    .map_err(|e| format!("cache {}: {e}", cfg.dir.display()))?;
+    println!("purged {} objects ({} bytes) from the disk tier", r.removed, r.bytes);
+    Ok(r)
+}
+
 /// Runs a `portico cache` subcommand, printing its results; `upstreams`
 /// says whether the config has `[[upstream]]` groups. Ok(false) means it
 /// ran but found a problem (verify: corrupt objects): exit 1.
@@ -409,13 +431,7 @@ pub fn run(cfg: &CacheConfig, upstreams: bool, cmd: &CacheCommand) -> Result<boo
             Ok(true)
         }
         CacheCommand::Purge { url, prefix } => {
-            let r = match (url, prefix) {
-                (_, Some(p)) => purge_prefix(cfg, p, progress),
-                (Some(u), None) => purge_url(cfg, u, upstreams),
-                (None, None) => return Err("purge needs a URL or --prefix".into()),
-            }
-            .map_err(err)?;
-            println!("purged {} objects ({} bytes)", r.removed, r.bytes);
+            purge(cfg, upstreams, url.as_deref(), prefix.as_deref())?;
             Ok(true)
         }
         CacheCommand::Verify => {

@@ -69,6 +69,9 @@ pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
         let key = render_path(&path);
         locate(span_of(&path), Some(key), msg)
     })?;
+    let mut config = config;
+    let memory_written = span_of(&[Seg::Key("cache"), Seg::Key("memory")]).is_some();
+    super::memory::share_default(&mut config, memory_written);
     Ok(config)
 }
 

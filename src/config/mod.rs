@@ -5,6 +5,7 @@
 //! the types here are the effective configuration the server runs on.
 
 mod load;
+pub mod memory;
 pub mod units;
 
 pub use load::{ConfigError, acl_lines, load_file, parse_str, rule_lines, tracing_level};
@@ -855,8 +856,13 @@ pub struct RefreshPattern {
 pub struct CacheConfig {
     /// Cache responses at all.
     pub enabled: bool,
-    /// Memory tier budget (default: 1/16 of the machine's RAM, at most 4GiB).
+    /// Memory tier budget of each process (default: 1/16 of the machine's
+    /// RAM, at most 4GiB, divided among `server.processes`).
     pub memory: Size,
+    /// `memory` was not written in the file: it is the machine-derived
+    /// default (see `memory::note`). Not a key.
+    #[serde(skip)]
+    pub memory_derived: bool,
     /// Largest object admitted to the memory tier.
     pub max_memory_object: Size,
     /// Disk tier directory (relative to the working directory).
@@ -911,6 +917,7 @@ impl Default for CacheConfig {
         CacheConfig {
             enabled: true,
             memory: default_memory_budget(),
+            memory_derived: true,
             max_memory_object: Size(1 << 20),
             dir: PathBuf::from("portico-cache"),
             disk: Size(1 << 30),

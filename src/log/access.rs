@@ -33,7 +33,11 @@ pub struct AccessRecord<'a> {
     pub user_agent: Option<&'a str>,
     /// Time from the request head to now.
     pub elapsed: Duration,
-    /// What the cache did (HIT, MISS, ...), if known.
+    /// What the cache did (HIT, MISS, STALE, REVALIDATED), or why nothing
+    /// was looked up: DENIED (a refusal: `[access] allow`, an `[[acl]]` or
+    /// rule deny, a 407), NONE (an answer made before any lookup: busy 503,
+    /// malformed request 400, 408, 413, 414, 431, forwarding loop 508, ...),
+    /// REDIRECT (a rule's redirect); None when unknown.
     pub cache: Option<&'static str>,
     /// Where the response came from (`HIER_DIRECT/host`, `FIRST_PARENT/host`,
     /// ...; the Squid format's hierarchy field); None: answered here.
@@ -449,6 +453,24 @@ fn parts(line: &str) -> (&str, &str, &str) {
     )
 }
 
+/// The URL Squid's format logs: the target as sent for a forward-proxy
+/// request (`http://h/x`) or CONNECT (`h:443`), and for the path-only
+/// target of a reverse or transparent listener (`/x`), the full URL rebuilt
+/// from `Host` as Squid logs it (`http://h/x`). A `Host` that is not one
+/// plain token (spaces, control bytes, a `/`) is not trusted to build a URL
+/// from: the path is logged alone rather than a line that splits wrongly.
+fn absolute_url<'t>(target: &'t str, headers: Option<&HeaderMap>) -> std::borrow::Cow<'t, str> {
+    let host = headers
+        .and_then(|h| h.get(http::header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic() && b != b'/'));
+    match host {
+        Some(host) if target.starts_with('/') => format!("http://{host}{target}").into(),
+        _ => target.into(),
+    }
+}
+
 fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client: &str, now: SystemTime) -> String {
     let bytes_clf = if r.bytes == 0 {
         "-".to_string()
@@ -483,6 +505,10 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
             let t = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
             let (method, target, _) = parts(r.request_line);
             let result = match r.cache {
+                // Squid's codes for answers made without a lookup.
+                Some("DENIED") => "TCP_DENIED",
+                Some("NONE") => "NONE",
+                Some("REDIRECT") => "TCP_REDIRECT",
                 Some("HIT") => "TCP_HIT",
                 Some("MISS") => "TCP_MISS",
                 Some("STALE") => "TCP_STALE_HIT",
@@ -506,7 +532,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 r.status,
                 r.bytes,
                 escaped(method),
-                escaped(target),
+                escaped(&absolute_url(target, r.headers)),
                 user,
                 hier
             )
@@ -623,6 +649,47 @@ mod tests {
         let mut out = String::new();
         push_quoted(&mut out, Some("a\u{7}b\\c"));
         assert_eq!(out, "\"a\\x07b\\\\c\"");
+    }
+
+    #[test]
+    fn squid_logs_refusals_as_tcp_denied_and_answers_made_before_a_lookup_as_none() {
+        let t = SystemTime::UNIX_EPOCH;
+        let line = |cache, status| {
+            let r = AccessRecord {
+                cache,
+                status,
+                ..record(0)
+            };
+            format_line(LogFormat::Squid, &[], &r, "127.0.0.1", t)
+        };
+        assert!(line(Some("DENIED"), 403).contains(" TCP_DENIED/403 "));
+        assert!(line(Some("DENIED"), 407).contains(" TCP_DENIED/407 "));
+        assert!(line(Some("NONE"), 503).contains(" NONE/503 "));
+        assert!(line(Some("REDIRECT"), 302).contains(" TCP_REDIRECT/302 "));
+        assert!(line(Some("NONE"), 400).ends_with(" HIER_NONE/- -\n"));
+    }
+
+    #[test]
+    fn squid_logs_the_full_url_of_a_path_only_target_from_host() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "www.example.com:8000".parse().unwrap());
+        assert_eq!(absolute_url("/a?b", Some(&headers)), "http://www.example.com:8000/a?b");
+        // Already absolute (forward proxy) or authority-form (CONNECT): as sent.
+        assert_eq!(absolute_url("http://h/x", Some(&headers)), "http://h/x");
+        assert_eq!(absolute_url("h:443", Some(&headers)), "h:443");
+        assert_eq!(absolute_url("/x", None), "/x");
+    }
+
+    #[test]
+    fn a_hostile_host_is_not_used_to_build_the_logged_url() {
+        for bad in ["a b", "a/b", "", "a\tb"] {
+            let mut headers = HeaderMap::new();
+            headers.insert("host", http::HeaderValue::from_str(bad).unwrap());
+            assert_eq!(absolute_url("/x", Some(&headers)), "/x", "{bad:?}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("host", http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+        assert_eq!(absolute_url("/x", Some(&headers)), "/x");
     }
 
     #[test]

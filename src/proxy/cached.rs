@@ -97,6 +97,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     let Ok(found) = found else {
         tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
         // A GET or HEAD without a body: the connection can stay open.
+        ex.cache_result = Some(super::ACCESS_NONE);
         let _ = reply::busy(&mut ex.out, busy, None).await;
         return Ok(());
     };

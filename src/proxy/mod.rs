@@ -24,6 +24,17 @@ use crate::upstream::{Group, Upstream};
 use http::{Method, StatusCode};
 use std::sync::Arc;
 
+/// The access log's cache result of a refusal (`[access] allow`, an
+/// `[[acl]]` or routing-rule deny, an authentication challenge): Squid's
+/// `TCP_DENIED`.
+pub(crate) const ACCESS_DENIED: &str = "DENIED";
+/// The access log's cache result of an answer made before any lookup
+/// (busy 503, malformed request, forwarding loop, ...): Squid's `NONE`.
+pub(crate) const ACCESS_NONE: &str = "NONE";
+/// The access log's cache result of a routing rule's redirect: Squid's
+/// `TCP_REDIRECT`.
+pub(crate) const ACCESS_REDIRECT: &str = "REDIRECT";
+
 /// Everything built from the config that requests share.
 pub struct Shared {
     /// The configuration in force.
@@ -305,7 +316,8 @@ impl Handler for ListenerHandler {
             referer: None,
             user_agent: None,
             elapsed: std::time::Duration::ZERO,
-            cache: None,
+            // Refused before anything was looked up: Squid's NONE/400.
+            cache: Some(ACCESS_NONE),
             hierarchy: None,
             headers: None,
         });
@@ -341,6 +353,7 @@ impl ListenerHandler {
                 if has_body {
                     ex.out.close_after();
                 }
+                ex.cache_result = Some(ACCESS_NONE);
                 let route_busy = self.route_busy_page(ex, sh);
                 let sent = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
                 return if has_body || sent.is_err() {
@@ -359,12 +372,15 @@ impl ListenerHandler {
         let sh = &**shared;
         let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
-            return self.fail(ex, StatusCode::FORBIDDEN, "Cache access denied").await;
+            return self
+                .refuse(ex, ACCESS_DENIED, StatusCode::FORBIDDEN, "Cache access denied")
+                .await;
         }
         if headers::via_contains(&ex.head.headers, &sh.config.proxy.via) {
             return self
-                .fail(
+                .refuse(
                     ex,
+                    ACCESS_NONE,
                     StatusCode::LOOP_DETECTED,
                     "forwarding loop detected (our Via entry is already in the request)",
                 )
@@ -379,6 +395,7 @@ impl ListenerHandler {
             // Neither answered nor forwarded: an echo of the request hands
             // its credentials to whatever script sent it (cross-site tracing).
             tracing::info!(client = %ex.peer.ip(), "TRACE {}: refused (proxy.allow_trace = false)", ex.head.target);
+            ex.cache_result = Some(ACCESS_NONE);
             return reply::trace_refused(ex).await;
         }
         if (ex.head.method == Method::TRACE || ex.head.method == Method::OPTIONS)
@@ -392,8 +409,9 @@ impl ListenerHandler {
             && n > max_body
         {
             return self
-                .fail(
+                .refuse(
                     ex,
+                    ACCESS_NONE,
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "request body exceeds limits.max_body_size",
                 )
@@ -422,11 +440,16 @@ impl ListenerHandler {
                 drop(route_stage);
                 ex.out.edit_headers(std::mem::take(&mut route.response_headers));
                 if let Some(status) = route.deny {
-                    return self.fail(ex, status, "denied by a routing rule").await;
+                    return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
                 }
                 if route.redirect.is_some() {
                     return self
-                        .fail(ex, StatusCode::FORBIDDEN, crate::rules::REDIRECT_REFUSED_FOR_CONNECT)
+                        .refuse(
+                            ex,
+                            ACCESS_DENIED,
+                            StatusCode::FORBIDDEN,
+                            crate::rules::REDIRECT_REFUSED_FOR_CONNECT,
+                        )
                         .await;
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
@@ -435,7 +458,7 @@ impl ListenerHandler {
             Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
                 drop(route_stage);
-                return self.fail(ex, status, reason).await;
+                return self.refuse(ex, ACCESS_NONE, status, reason).await;
             }
         };
         let decision = sh.acl.decide_now(&crate::acl::Request {
@@ -459,9 +482,10 @@ impl ListenerHandler {
         drop(route_stage);
         ex.out.edit_headers(std::mem::take(&mut route.response_headers));
         if let Some(status) = route.deny {
-            return self.fail(ex, status, "denied by a routing rule").await;
+            return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
         }
         if let Some(redirect) = &route.redirect {
+            ex.cache_result = Some(ACCESS_REDIRECT);
             return reply::redirect(ex, redirect).await;
         }
         for e in &route.request_headers {
@@ -556,11 +580,12 @@ impl ListenerHandler {
             None | Some(Ok(Presented::OtherScheme)) => None,
             Some(Ok(Presented::Basic(b))) => Some(b),
             Some(Err(why)) => {
-                return Some(self.fail(ex, StatusCode::BAD_REQUEST, why).await);
+                return Some(self.refuse(ex, ACCESS_NONE, StatusCode::BAD_REQUEST, why).await);
             }
         };
         let Some(creds) = presented else {
             if sh.config.auth.required || value.is_some() {
+                ex.cache_result = Some(ACCESS_DENIED);
                 return Some(
                     reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await,
                 );
@@ -581,11 +606,13 @@ impl ListenerHandler {
                     name,
                     groups: Vec::new(),
                 }));
+                ex.cache_result = Some(ACCESS_DENIED);
                 Some(reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
             }
             Err(crate::auth::Refusal::Unavailable(why)) => {
                 // Not `fail`: the error log has the episode's one line
                 // already (auth::Authenticator::check_files).
+                ex.cache_result = Some(ACCESS_NONE);
                 Some(reply::auth_unavailable(ex, &why).await)
             }
         }
@@ -609,6 +636,7 @@ impl ListenerHandler {
                 sh.stats.acl_denied();
                 let by = entry.map_or_else(|| "access.acl_default".to_string(), |i| format!("acl[{i}]"));
                 tracing::info!(client = %ex.peer.ip(), "{} {}: denied by {by}", ex.head.method, ex.head.target);
+                ex.cache_result = Some(ACCESS_DENIED);
                 Some(match reply::error_page(&mut ex.out, status, &reason).await {
                     Ok(()) => Outcome::Done,
                     Err(_) => Outcome::Close,
@@ -617,6 +645,7 @@ impl ListenerHandler {
             crate::acl::Decision::NeedAuth { entry } => {
                 tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
                 let proxy = tunnel || self.mode != Mode::Reverse;
+                ex.cache_result = Some(ACCESS_DENIED);
                 Some(reply::auth_required(&mut ex.out, proxy, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
             }
         }
@@ -668,6 +697,14 @@ impl ListenerHandler {
             }
             _ => None,
         }
+    }
+
+    /// `fail` for an answer made before any cache lookup or origin contact;
+    /// `kind` is what the access log records as its cache result
+    /// (`ACCESS_DENIED` or `ACCESS_NONE`).
+    async fn refuse(&self, ex: &mut Exchange<'_>, kind: &'static str, status: StatusCode, reason: &str) -> Outcome {
+        ex.cache_result = Some(kind);
+        self.fail(ex, status, reason).await
     }
 
     /// Answers with an error page (unless a response is already under way)

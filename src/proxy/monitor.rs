@@ -102,6 +102,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     ex.out.close_after();
     if !sh.admin.allows(ex.peer.ip()) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
+        ex.cache_result = Some(super::ACCESS_DENIED);
         return match super::reply::error_page(
             &mut ex.out,
             StatusCode::FORBIDDEN,
@@ -395,7 +396,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             address: format!("http://{}", l.address),
             mode: format!("{:?}", l.mode).to_lowercase(),
             acceptor_threads: 1,
-            listen_queue: u64::from(l.listen_queue),
+            listen_queue: u64::from(crate::listen::effective_backlog(l.listen_queue)),
+            listen_queue_configured: u64::from(l.listen_queue),
             requests: per_listener.get(i).copied().unwrap_or(0),
         })
         .collect();

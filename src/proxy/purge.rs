@@ -79,8 +79,10 @@ async fn invalidate_all(cache: &crate::cache::Cache, copies: impl Iterator<Item 
 /// Asks a running Portico (the first listener of `config`) to drop `url`,
 /// or everything under it with `prefix`, from its cache: `portico cache
 /// purge` removes the disk files itself, but only the server can clear its
-/// memory tier. Returns what happened, for the operator.
-pub fn purge_running(config: &crate::config::Config, url: &str, prefix: bool) -> String {
+/// memory tier. `on_disk` is how many objects the disk purge removed, so
+/// "too" is said only when there were some. Returns what happened, for the
+/// operator.
+pub fn purge_running(config: &crate::config::Config, url: &str, prefix: bool, on_disk: u64) -> String {
     use std::io::{Read, Write};
     use std::time::Duration;
     let Some(listener) = config.listener.first() else {
@@ -110,7 +112,20 @@ pub fn purge_running(config: &crate::config::Config, url: &str, prefix: bool) ->
     let text = String::from_utf8_lossy(&answer);
     let status = text.split_whitespace().nth(1).unwrap_or("?");
     match status {
-        "200" => format!("the server on {addr} dropped it from memory too"),
+        "200" if prefix => {
+            // The body says `purged N objects under URL from memory`.
+            let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            match body
+                .strip_prefix("purged ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                Some(n) => format!("the server on {addr} dropped {n} objects under {url} from memory"),
+                None => format!("the server on {addr} answered the PURGE with {:?}", body.trim()),
+            }
+        }
+        "200" if on_disk > 0 => format!("the server on {addr} dropped it from memory too"),
+        "200" => format!("the server on {addr} dropped it from memory (there was no copy on disk)"),
         "404" => format!("the server on {addr} did not hold it in memory"),
         "403" => format!("the server on {addr} refused the PURGE (this host is not in access.admin_allow)"),
         other => format!("the server on {addr} answered {other} to the PURGE"),

@@ -30,6 +30,7 @@ pub async fn run(
 ) -> Outcome {
     if !sh.config.proxy.connect_ports.contains(&port) {
         tracing::warn!(client = %ex.peer.ip(), "CONNECT to {host}:{port} refused: port not in proxy.connect_ports");
+        ex.cache_result = Some(super::ACCESS_DENIED);
         ex.out.close_after();
         let _ = error_page(
             &mut ex.out,

@@ -158,8 +158,13 @@ pub struct ListenerInfo {
     pub mode: String,
     /// Tasks accepting on it (one accept loop per listener).
     pub acceptor_threads: u64,
-    /// listen(2) backlog.
+    /// listen(2) backlog in effect: `listen_queue` truncated to the
+    /// kernel's `net.core.somaxconn`.
     pub listen_queue: u64,
+    /// `listen_queue` as configured (above `listen_queue` when the kernel
+    /// caps it).
+    #[serde(default)]
+    pub listen_queue_configured: u64,
     /// Requests received on it.
     pub requests: u64,
 }

@@ -91,7 +91,15 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         let _ = writeln!(o, "{:<24} {}", "Address", l.address);
         let _ = writeln!(o, "{:<24} {}", "Acceptor Threads", l.acceptor_threads);
         let _ = writeln!(o, "{:<24} {}", "Default Virtual Server", l.mode);
-        let _ = writeln!(o, "{:<24} {}", "Listen Queue", l.listen_queue);
+        if l.listen_queue_configured > l.listen_queue {
+            let _ = writeln!(
+                o,
+                "{:<24} {} (listen_queue = {} capped by net.core.somaxconn)",
+                "Listen Queue", l.listen_queue, l.listen_queue_configured
+            );
+        } else {
+            let _ = writeln!(o, "{:<24} {}", "Listen Queue", l.listen_queue);
+        }
         let _ = writeln!(o, "{:<24} {}", "Requests", l.requests);
         o.push('\n');
     }
