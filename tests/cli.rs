@@ -250,7 +250,7 @@ upstream = "web"
     assert_eq!(get("rule.0.host"), s("*.example.com"));
     assert_eq!(get("rule.0.upstream"), s("web"));
     // Every other default filled in.
-    assert_eq!(get("listener.0.listen_queue"), i(8192));
+    assert_eq!(get("listener.0.listen_queue"), i(4096));
     assert_eq!(get("listener.0.nodelay"), toml::Value::Boolean(true));
     assert_eq!(get("keepalive.timeout"), s("15s"));
     assert_eq!(get("upstream.0.host_header"), s("preserve"));

@@ -157,7 +157,7 @@ impl Default for ListenerConfig {
         ListenerConfig {
             address: SocketAddr::from(([127, 0, 0, 1], 8080)),
             mode: Mode::Forward,
-            listen_queue: 8192,
+            listen_queue: 4096,
             nodelay: true,
             busy_body: String::new(),
             busy_file: PathBuf::new(),
