@@ -309,7 +309,12 @@ max_numbers!(u64, usize, f64);
 ///
 /// `Kind` is a [`Kind`], `Rule` a [`Rule`], `Unit` a [`Unit`] variant.
 /// Field attributes (`#[serde(default)]` for a figure older files lack)
-/// go with the doc comment.
+/// go with the doc comment. Prometheus names follow its conventions (base
+/// units, a counter ends in `_total`: the tests check). A label with an
+/// empty value takes its values from the data (counts by method); on an
+/// `Info` figure of a list entry, the Prometheus name is the label the
+/// entry's samples carry (`listener="ls1"`). A figure whose section has
+/// no stats-xml element yet gets one (the tests ask for an attribute).
 #[macro_export]
 macro_rules! section {
     (
