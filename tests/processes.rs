@@ -694,3 +694,53 @@ async fn nsc_stop_and_start_reach_every_worker() {
         "{log}"
     );
 }
+
+/// The connection layer's figures (admission, keep-alive, the blocking
+/// pool) are in the JSON document once, in its snapshot, and summed over
+/// the workers like every other figure: not a second time beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_json_carries_the_connection_figures_once_summed_over_the_workers() {
+    let (_a, _b, p, _pids, all) = two_workers().await;
+    let addr = p.addr();
+    let mut served = BTreeSet::new();
+    let mut sent = 0u64;
+    while sent < 10 || served.len() < 2 {
+        assert!(sent < 300, "one worker took every connection");
+        let (by, resp) = get_via(addr, &format!("/c{sent}"), &all).await;
+        assert_eq!(resp.status, 200);
+        served.insert(by.expect("a worker accepted"));
+        sent += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let doc = loop {
+        let (_, status, body) = monitor_page(addr, "/.stats.json", &all).await;
+        assert_eq!(status, 200, "{body}");
+        let doc = json(&body);
+        if doc["snapshot"]["connection_queue"]["total_admitted"].as_u64() == Some(sent) {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "admissions never summed to {sent}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let keys: BTreeSet<&str> = doc.as_object().expect("an object").keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["advice", "derived", "processes", "snapshot"]),
+        "{doc}"
+    );
+    // The sum of the workers' own figures, each counted once.
+    let mut limits = 0;
+    let mut pools = 0;
+    for i in 0..2 {
+        let (_, _, body) = monitor_page(addr, &format!("/.stats.json?worker={i}"), &all).await;
+        let own = json(&body);
+        limits += own["snapshot"]["sessions"]["limit"].as_u64().expect("sessions.limit");
+        pools += own["snapshot"]["native_pool"]["limit"]
+            .as_u64()
+            .expect("native_pool.limit");
+    }
+    let s = &doc["snapshot"];
+    assert_eq!(s["sessions"]["limit"].as_u64(), Some(limits), "{s}");
+    assert_eq!(s["native_pool"]["limit"].as_u64(), Some(pools), "{s}");
+    assert!(s["keepalive"]["max"].as_u64() > Some(0), "{s}");
+}

@@ -367,7 +367,7 @@ async fn sighup_keeps_restart_only_settings_and_applies_the_rest() {
     assert_eq!(threads, 2);
 }
 
-/// The process's connection-layer counters (the monitoring JSON's `connection` part).
+/// The process's statistics snapshot (the monitoring JSON's `snapshot`).
 async fn connection_counters(addr: SocketAddr) -> serde_json::Value {
     let raw = raw_request(
         addr,
@@ -377,12 +377,13 @@ async fn connection_counters(addr: SocketAddr) -> serde_json::Value {
     let resp = parse_response(&raw);
     assert_eq!(resp.status, 200, "{}", resp.body_str());
     let v: serde_json::Value = serde_json::from_slice(&resp.body).expect("counters are JSON");
-    v["connection"].clone()
+    v["snapshot"].clone()
 }
 
-/// The admission counters.
-async fn connection_queue(addr: SocketAddr) -> serde_json::Value {
-    connection_counters(addr).await["connection_queue"].clone()
+/// The admission counters: `sessions` (in service, `limit`) and the
+/// `connection_queue` (`total_admitted`).
+async fn admission(addr: SocketAddr) -> serde_json::Value {
+    connection_counters(addr).await
 }
 
 /// The keep-alive counters.
@@ -402,9 +403,9 @@ async fn sighup_keeps_the_admission_limits_and_counters_of_the_process() {
             Some("a /x".to_string())
         );
     }
-    let before = connection_queue(p.addr()).await;
-    assert_eq!(before["max_requests"], 4, "{before}");
-    assert_eq!(before["total_admitted"], 3, "{before}");
+    let before = admission(p.addr()).await;
+    assert_eq!(before["sessions"]["limit"], 4, "{before}");
+    assert_eq!(before["connection_queue"]["total_admitted"], 3, "{before}");
     rewrite(&p, &config(&[&addr], &a, &b, "b", "[server]\nmax_requests = 8\n"));
     p.signal(libc::SIGHUP);
     let switched = eventually(Duration::from_secs(5), || async {
@@ -414,9 +415,12 @@ async fn sighup_keeps_the_admission_limits_and_counters_of_the_process() {
     assert!(switched, "{}", p.stderr());
     // Same queue, same counters: the requests before the reload still count,
     // and the limit needs a restart.
-    let after = connection_queue(p.addr()).await;
-    assert_eq!(after["max_requests"], 4, "{after}");
-    assert!(after["total_admitted"].as_u64() > Some(3), "{after}");
+    let after = admission(p.addr()).await;
+    assert_eq!(after["sessions"]["limit"], 4, "{after}");
+    assert!(
+        after["connection_queue"]["total_admitted"].as_u64() > Some(3),
+        "{after}"
+    );
     let err = p.stderr();
     assert!(
         err.lines()

@@ -154,14 +154,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
             "text/xml; charset=utf-8",
         ),
         Endpoint::Metrics => (views::prom::render(snap), "text/plain; version=0.0.4; charset=utf-8"),
-        Endpoint::Json => (
-            views::json(
-                snap,
-                &advisor::advise(snap),
-                serde_json::to_value(&figures.connection).unwrap_or_default(),
-            ),
-            "application/json",
-        ),
+        Endpoint::Json => (views::json(snap, &advisor::advise(snap)), "application/json"),
         Endpoint::Dashboard => (views::dashboard(&sh.config.monitor.json), "text/html; charset=utf-8"),
         Endpoint::Nsc => {
             let list = param(query, "list").is_some().then(|| nsc_list(sh));
@@ -190,7 +183,6 @@ async fn figures(sh: &Shared, query: &str) -> Result<workers::Gathered, String> 
     let alone = |r: workers::Report| workers::Gathered {
         parts: Vec::new(),
         snapshot: r.snapshot,
-        connection: r.connection,
     };
     let Some(dir) = workers::dir() else {
         return Ok(alone(own));
@@ -223,17 +215,9 @@ async fn figures(sh: &Shared, query: &str) -> Result<workers::Gathered, String> 
         .map_err(|why| format!("worker {i}: {why}"))
 }
 
-/// This process's figures: the snapshot and the connection layer's own
-/// counters (with their field names: the detail the plain views summarise).
+/// This process's figures.
 pub fn report(sh: &Shared) -> workers::Report {
-    workers::Report {
-        snapshot: snapshot(sh),
-        connection: workers::Connection {
-            connection_queue: sh.admission.snapshot(),
-            keepalive: sh.keepalive.snapshot(),
-            blocking_pool: sh.blocking.snapshot(),
-        },
-    }
+    workers::Report { snapshot: snapshot(sh) }
 }
 
 /// The newest `/nsc` command this worker has taken (its `seq`).
@@ -417,6 +401,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         avg_1: q.avg_1min,
         avg_5: q.avg_5min,
         avg_15: q.avg_15min,
+        total_admitted: q.total_admitted,
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

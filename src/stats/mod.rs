@@ -6,10 +6,14 @@
 //! all) and added to its performance bucket once, when the request ends.
 //! `Snapshot` (`snapshot.rs`) is the plain-data copy all views read:
 //! perfdump, stats-xml, Prometheus, /nsc, JSON and the tuning advisor.
+//! Each figure in it is declared once (`declare.rs` says how; the
+//! declarations are in `snapshot.rs`), and its sum across processes, JSON,
+//! Prometheus and stats-xml forms derive from that.
 //! With several worker processes the views show the sum over them
 //! (`sum.rs`), gathered from files the workers write (`workers.rs`).
 
 pub mod advisor;
+pub mod declare;
 pub mod hist;
 pub mod process;
 pub mod snapshot;

@@ -2,51 +2,63 @@
 //! stats-xml, Prometheus, /nsc, JSON, the advisor). Sections fed by
 //! subsystems that may be absent (connection queue, keep-alive manager,
 //! blocking pool) are `Option`s: a view shows what exists.
+//!
+//! Every figure is declared here once, with the [`section!`](crate::section)
+//! macro (`stats::declare`): the struct, its JSON, its sum across worker
+//! processes and its Prometheus and stats-xml names all come from that
+//! declaration.
 
 use super::hist::HistSnapshot;
 use serde::{Deserialize, Serialize};
 
-/// Everything the views show, at one moment.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// Whether per-stage timing and histograms are collected (`monitor.enabled`).
-    pub stats_enabled: bool,
-    /// Process and runtime.
-    pub server: ServerInfo,
-    /// Requests served (monitoring endpoints not included).
-    pub requests: RequestStats,
-    /// Requests in service (the Sun Java System Web Proxy Server 4's sessions / threads).
-    pub sessions: SessionInfo,
-    /// One per `[[listener]]`.
-    pub listeners: Vec<ListenerInfo>,
-    /// The connection queue (admission), when the server has one.
-    pub connection_queue: Option<ConnectionQueueInfo>,
-    /// Persistent connections.
-    pub keepalive: KeepAliveInfo,
-    /// The blocking pool (the Sun proxy's NativePool), when it reports.
-    pub native_pool: Option<PoolInfo>,
-    /// The HTTP cache; None when `cache.enabled = false`.
-    pub cache: Option<CacheInfo>,
-    /// Name resolution for origins.
-    pub dns: DnsInfo,
-    /// Requests to origins.
-    pub upstream: UpstreamInfo,
-    /// Performance buckets (empty while `monitor.enabled = false`).
-    pub buckets: BucketReport,
-    /// The access log writer.
-    pub access_log: AccessLogInfo,
-    /// Authentication and the user cache; None when `[auth]` is off.
-    #[serde(default)]
-    pub auth: Option<AuthInfo>,
-    /// In a figure summed over worker processes (`server.processes > 1`):
-    /// one entry per worker, counted or not; empty for one process's own
-    /// figures. Not part of the serialized snapshot (the JSON document
-    /// carries it at its top level).
-    #[serde(skip)]
-    pub processes: Vec<ProcessInfo>,
+// Every figure below is declared once: see `stats::declare` for the
+// grammar, and for how to add one. Sections then figures in the order the
+// views show them.
+
+crate::section! {
+    /// Everything the views show, at one moment.
+    pub struct Snapshot at "" {
+        /// Whether per-stage timing and histograms are collected (`monitor.enabled`).
+        stats_enabled: bool => Gauge, Any, None, "1 while per-stage timing and histograms are collected (monitor.enabled).",
+            prom "portico_stats_enabled", xml "stats" "flagEnabled";
+        /// Process and runtime.
+        server: ServerInfo => Section, Add, None, "Process and runtime.";
+        /// Requests served (monitoring endpoints not included).
+        requests: RequestStats => Section, Add, None, "Requests served.";
+        /// Requests in service (the Sun proxy's sessions / threads).
+        sessions: SessionInfo => Section, Add, None, "Requests in service.";
+        /// One per `[[listener]]`.
+        listeners: Vec<ListenerInfo> => Section, Add, None, "One per [[listener]].";
+        /// The connection queue (admission), when the server has one.
+        connection_queue: Option<ConnectionQueueInfo> => Section, Add, None, "The connection queue.";
+        /// Persistent connections.
+        keepalive: KeepAliveInfo => Section, Add, None, "Persistent connections.";
+        /// The blocking pool (the Sun proxy's NativePool), when it reports.
+        native_pool: Option<PoolInfo> => Section, Add, None, "The blocking pool.";
+        /// The HTTP cache; None when `cache.enabled = false`.
+        cache: Option<CacheInfo> => Section, Add, None, "The HTTP cache.";
+        /// Name resolution for origins.
+        dns: DnsInfo => Section, Add, None, "Name resolution for origins.";
+        /// Requests to origins.
+        upstream: UpstreamInfo => Section, Add, None, "Requests to origins.";
+        /// Performance buckets (empty while `monitor.enabled = false`).
+        buckets: BucketReport => Section, Add, None, "Performance buckets.";
+        /// The access log writer.
+        access_log: AccessLogInfo => Section, Add, None, "The access log writer.";
+        /// Authentication and the user cache; None when `[auth]` is off.
+        #[serde(default)]
+        auth: Option<AuthInfo> => Section, Add, None, "Authentication and the user cache.";
+        /// In a figure summed over worker processes (`server.processes > 1`):
+        /// one entry per worker, counted or not; empty for one process's own
+        /// figures. Not part of the serialized snapshot (the JSON document
+        /// carries it at its top level). Kept as the caller sets it.
+        #[serde(skip)]
+        processes: Vec<ProcessInfo> => Info, First, None, "One entry per worker process.";
+    }
 }
 
-/// One worker process in a summed snapshot.
+/// One worker process in a summed snapshot: per-worker facts, never summed
+/// (the summing caller fills the list).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ProcessInfo {
     /// Worker index (0..N-1).
@@ -72,59 +84,86 @@ pub struct ProcessInfo {
     pub uptime_secs: f64,
 }
 
-/// Process and runtime facts.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ServerInfo {
-    /// Portico's version.
-    pub version: String,
-    /// Process id.
-    pub pid: u32,
-    /// Worker process index in multi-process mode (None: single process).
-    pub process_index: Option<usize>,
-    /// Seconds since start.
-    pub uptime_secs: f64,
-    /// Unix time of the snapshot, seconds.
-    pub time_unix: f64,
-    /// Async runtime worker threads.
-    pub workers: usize,
-    /// OS threads of the process.
-    pub threads: u64,
-    /// Resident memory, bytes.
-    pub rss_bytes: u64,
-    /// Peak resident memory, bytes.
-    pub peak_rss_bytes: u64,
-    /// CPU time in user mode, seconds.
-    pub cpu_user_secs: f64,
-    /// CPU time in kernel mode, seconds.
-    pub cpu_system_secs: f64,
-    /// Open file descriptors.
-    pub open_fds: u64,
-    /// CPUs available.
-    pub cpus: usize,
+/// A per-worker list is not a figure: no view renders it generically.
+impl super::declare::AsValue for Vec<ProcessInfo> {
+    fn value(&self) -> super::declare::Value<'_> {
+        super::declare::Value::Absent
+    }
 }
 
-/// Request counters.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RequestStats {
-    /// Requests answered (monitoring endpoints excluded).
-    pub total: u64,
-    /// By method (GET, HEAD, POST, PUT, DELETE, CONNECT, PURGE, other).
-    pub by_method: Vec<(String, u64)>,
-    /// By status class (1xx .. 5xx).
-    pub by_status: Vec<(String, u64)>,
-    /// By what the cache did (HIT, MISS, STALE, REVALIDATED, NONE); needs `monitor.enabled`.
-    pub by_cache: Vec<(String, u64)>,
-    /// Request body bytes received.
-    pub bytes_in: u64,
-    /// Response body bytes sent.
-    pub bytes_out: u64,
-    /// Requests answered by the monitoring endpoints.
-    pub admin_requests: u64,
-    /// Requests refused by the ACL (`[[acl]]` deny entries and `access.acl_default`).
-    #[serde(default)]
-    pub acl_denied: u64,
-    /// Time from request head to logged, per request (needs `monitor.enabled`).
-    pub response_time: HistSnapshot,
+crate::section! {
+    /// Process and runtime facts.
+    pub struct ServerInfo at "server" {
+        /// Portico's version.
+        version: String => Info, First, None, "Portico's version.";
+        /// Process id.
+        pid: u32 => Info, First, None, "Process id.", xml "process" "pid";
+        /// Worker process index in multi-process mode (None: single process).
+        process_index: Option<usize> => Info, First, None, "Worker process index.", xml "process" "workerIndex";
+        /// Seconds since start.
+        uptime_secs: f64 => Gauge, Max, Seconds, "Seconds since the (oldest) process started.",
+            prom "portico_uptime_seconds", xml "process" "secondsRunning";
+        /// Unix time of the snapshot, seconds.
+        time_unix: f64 => Info, First, Seconds, "Unix time of the snapshot.";
+        /// Async runtime worker threads.
+        workers: usize => Gauge, Add, None, "Async runtime worker threads.",
+            prom "portico_workers", xml "thread" "countWorkers";
+        /// OS threads of the process.
+        threads: u64 => Gauge, Add, None, "OS threads of the process.",
+            prom "portico_threads", xml "process" "countThreads";
+        /// Resident memory, bytes.
+        rss_bytes: u64 => Gauge, Add, Bytes, "Resident memory size in bytes.",
+            prom "process_resident_memory_bytes", xml "process" "sizeResident";
+        /// Peak resident memory, bytes (summed: see `sum.rs`).
+        peak_rss_bytes: u64 => Gauge, Add, Bytes, "Peak resident memory size in bytes.",
+            prom "portico_peak_resident_memory_bytes", xml "process" "sizePeakResident";
+        /// CPU time in user mode, seconds.
+        cpu_user_secs: f64 => Counter, Add, Seconds, "CPU time spent in user mode.",
+            prom "portico_cpu_user_seconds_total", xml "process" "secondsUser";
+        /// CPU time in kernel mode, seconds.
+        cpu_system_secs: f64 => Counter, Add, Seconds, "CPU time spent in kernel mode.",
+            prom "portico_cpu_system_seconds_total", xml "process" "secondsSystem";
+        /// Open file descriptors.
+        open_fds: u64 => Gauge, Add, None, "Number of open file descriptors.",
+            prom "process_open_fds", xml "process" "countOpenFiles";
+        /// CPUs available.
+        cpus: usize => Gauge, Max, None, "CPUs available.",
+            prom "portico_cpus", xml "process" "countCpus";
+    }
+}
+
+crate::section! {
+    /// Request counters.
+    pub struct RequestStats at "requests" {
+        /// Requests answered (monitoring endpoints excluded).
+        total: u64 => Counter, Add, None, "Requests answered (monitoring endpoints excluded).",
+            prom "portico_requests_answered_total", xml "request-bucket" "countRequests";
+        /// By method (GET, HEAD, POST, PUT, DELETE, CONNECT, PURGE, other).
+        by_method: Vec<(String, u64)> => Counter, Add, None, "Requests answered, by method.",
+            prom "portico_requests_total" { "method" = "" };
+        /// By status class (1xx .. 5xx).
+        by_status: Vec<(String, u64)> => Counter, Add, None, "Responses, by status class.",
+            prom "portico_responses_total" { "code" = "" };
+        /// By what the cache did (HIT, MISS, STALE, REVALIDATED, NONE); needs `monitor.enabled`.
+        by_cache: Vec<(String, u64)> => Counter, Add, None, "Requests by what the cache did (NONE: not cacheable or bypassed).",
+            prom "portico_cache_requests_total" { "cache" = "" };
+        /// Request body bytes received.
+        bytes_in: u64 => Counter, Add, Bytes, "Request body bytes received.",
+            prom "portico_received_body_bytes_total", xml "request-bucket" "countBytesReceived";
+        /// Response body bytes sent.
+        bytes_out: u64 => Counter, Add, Bytes, "Response body bytes sent.",
+            prom "portico_sent_body_bytes_total", xml "request-bucket" "countBytesTransmitted";
+        /// Requests answered by the monitoring endpoints.
+        admin_requests: u64 => Counter, Add, None, "Requests answered by the monitoring endpoints.",
+            prom "portico_admin_requests_total", xml "request-bucket" "countAdminRequests";
+        /// Requests refused by the ACL (`[[acl]]` deny entries and `access.acl_default`).
+        #[serde(default)]
+        acl_denied: u64 => Counter, Add, None, "Requests refused by the access control list ([[acl]] deny entries and access.acl_default).",
+            prom "portico_acl_denied_total", xml "request-bucket" "countAclDenied";
+        /// Time from request head to logged, per request (needs `monitor.enabled`).
+        response_time: HistSnapshot => Histogram, Add, Micros, "Time from request head to access log line.",
+            prom "portico_response_seconds", xml "request-bucket" "meanResponseMicros";
+    }
 }
 
 impl RequestStats {
@@ -134,65 +173,103 @@ impl RequestStats {
     }
 }
 
-/// Requests in service.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SessionInfo {
-    /// In service now.
-    pub active: u64,
-    /// Most in service at once.
-    pub peak: u64,
-    /// Admission limit (`server.max_requests`), when admission exists.
-    pub limit: Option<u64>,
-    /// Requests that had to wait for admission, when admission exists.
-    pub waited: Option<u64>,
+crate::section! {
+    /// Requests in service.
+    pub struct SessionInfo at "sessions" {
+        /// In service now.
+        active: u64 => Gauge, Add, None, "Requests in service.",
+            prom "portico_sessions_active", xml "thread" "countActiveSessions";
+        /// Most in service at once (summed: see `sum.rs`).
+        peak: u64 => Gauge, Add, None, "Most requests in service at once.",
+            prom "portico_sessions_peak", xml "thread" "peakActiveSessions";
+        /// Admission limit (`server.max_requests`), when admission exists.
+        limit: Option<u64> => Gauge, Add, None, "Admission limit (server.max_requests).",
+            prom "portico_sessions_limit", xml "thread" "maxActiveSessions";
+        /// Requests that had to wait for admission, when admission exists.
+        waited: Option<u64> => Counter, Add, None, "Requests that waited for admission.",
+            prom "portico_sessions_waited_total", xml "thread" "countSessionsWaited";
+    }
 }
 
-/// One listening socket.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ListenerInfo {
-    /// `ls1`, `ls2`, ... in config order.
-    pub name: String,
-    /// `http://ip:port`.
-    pub address: String,
-    /// forward | reverse | transparent.
-    pub mode: String,
-    /// Tasks accepting on it (one accept loop per listener).
-    pub acceptor_threads: u64,
-    /// listen(2) backlog in effect: `listen_queue` truncated to the
-    /// kernel's `net.core.somaxconn`.
-    pub listen_queue: u64,
-    /// `listen_queue` as configured (above `listen_queue` when the kernel
-    /// caps it).
-    #[serde(default)]
-    pub listen_queue_configured: u64,
-    /// Requests received on it.
-    pub requests: u64,
+crate::section! {
+    /// One listening socket. Its name and address label its figures.
+    pub struct ListenerInfo at "listeners" {
+        /// `ls1`, `ls2`, ... in config order.
+        name: String => Info, First, None, "Listener name.", prom "listener", xml "listen-socket" "id";
+        /// `http://ip:port`.
+        address: String => Info, First, None, "Listener address.", prom "address", xml "listen-socket" "address";
+        /// forward | reverse | transparent.
+        mode: String => Info, First, None, "Listener mode.", xml "listen-socket" "mode";
+        /// Tasks accepting on it (one accept loop per listener).
+        acceptor_threads: u64 => Gauge, First, None, "Tasks accepting connections, by listener.",
+            prom "portico_listener_acceptors", xml "listen-socket" "countAcceptors";
+        /// listen(2) backlog in effect: `listen_queue` truncated to the
+        /// kernel's `net.core.somaxconn`.
+        listen_queue: u64 => Gauge, First, None, "listen(2) backlog in effect (after the kernel's somaxconn cap), by listener.",
+            prom "portico_listener_listen_queue", xml "listen-socket" "listenQueue";
+        /// `listen_queue` as configured (above `listen_queue` when the kernel
+        /// caps it).
+        #[serde(default)]
+        listen_queue_configured: u64 => Gauge, First, None, "listen(2) backlog configured (listen_queue), by listener.",
+            prom "portico_listener_listen_queue_configured", xml "listen-socket" "listenQueueConfigured";
+        /// Requests received on it.
+        requests: u64 => Counter, Add, None, "Requests received, by listener.",
+            prom "portico_listener_requests_total", xml "listen-socket" "countRequests";
+    }
 }
 
-/// The connection queue (the Sun proxy's ConnectionQueue).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ConnectionQueueInfo {
-    /// Connections waiting now.
-    pub current: u64,
-    /// Most waiting at once.
-    pub peak: u64,
-    /// Most allowed to wait.
-    pub limit: u64,
-    /// Connections ever queued.
-    pub total_queued: u64,
-    /// Connections refused because the queue was full (503).
-    pub overflows: u64,
-    /// Queued requests whose client went away before admission.
-    pub abandoned: u64,
-    /// Total time spent queued, microseconds.
-    pub queue_time_us: u64,
-    /// Average queue length over 1, 5 and 15 minutes.
-    pub avg_1: f64,
-    /// See `avg_1`.
-    pub avg_5: f64,
-    /// See `avg_1`.
-    pub avg_15: f64,
+impl super::declare::Keyed for ListenerInfo {
+    fn key(&self) -> &str {
+        &self.name
+    }
 }
+
+crate::section! {
+    /// The connection queue (the Sun proxy's ConnectionQueue).
+    pub struct ConnectionQueueInfo at "connection_queue" {
+        /// Connections waiting now.
+        current: u64 => Gauge, Add, None, "Connections queued now.",
+            prom "portico_connection_queue_length", xml "connection-queue-bucket" "countQueued";
+        /// Most waiting at once (summed: see `sum.rs`).
+        peak: u64 => Gauge, Add, None, "Most connections queued at once.",
+            prom "portico_connection_queue_peak", xml "connection-queue-bucket" "peakQueued";
+        /// Most allowed to wait.
+        limit: u64 => Gauge, Add, None, "Connection queue size.",
+            prom "portico_connection_queue_limit", xml "connection-queue-bucket" "maxQueued";
+        /// Connections ever queued.
+        total_queued: u64 => Counter, Add, None, "Connections ever queued.",
+            prom "portico_connection_queue_queued_total", xml "connection-queue-bucket" "countTotalQueued";
+        /// Connections refused because the queue was full (503).
+        overflows: u64 => Counter, Add, None, "Connections refused with 503 because the queue was full.",
+            prom "portico_connection_queue_overflows_total", xml "connection-queue-bucket" "countOverflows";
+        /// Queued requests whose client went away before admission.
+        abandoned: u64 => Counter, Add, None, "Queued requests whose client went away before admission.",
+            prom "portico_connection_queue_abandoned_total", xml "connection-queue-bucket" "countAbandoned";
+        /// Total time spent queued, microseconds.
+        queue_time_us: u64 => Counter, Add, Micros, "Time connections spent queued.",
+            prom "portico_connection_queue_wait_seconds_total", xml "connection-queue-bucket" "ticksTotalQueued";
+        /// Average queue length over 1, 5 and 15 minutes (summed: the
+        /// average of a sum is the sum of the averages).
+        avg_1: f64 => Gauge, Add, None, QUEUE_AVERAGE,
+            prom "portico_connection_queue_length_average" { "minutes" = "1" },
+            xml "connection-queue-bucket" "countQueued1MinuteAverage";
+        /// See `avg_1`.
+        avg_5: f64 => Gauge, Add, None, QUEUE_AVERAGE,
+            prom "portico_connection_queue_length_average" { "minutes" = "5" },
+            xml "connection-queue-bucket" "countQueued5MinuteAverage";
+        /// See `avg_1`.
+        avg_15: f64 => Gauge, Add, None, QUEUE_AVERAGE,
+            prom "portico_connection_queue_length_average" { "minutes" = "15" },
+            xml "connection-queue-bucket" "countQueued15MinuteAverage";
+        /// Requests admitted since start (with or without queueing).
+        #[serde(default)]
+        total_admitted: u64 => Counter, Add, None, "Requests admitted since start (with or without queueing).",
+            prom "portico_connection_queue_admitted_total", xml "connection-queue-bucket" "countTotalAdmitted";
+    }
+}
+
+/// The help of the queue-length averages (one metric family).
+const QUEUE_AVERAGE: &str = "Connection queue length averaged over the last minutes (exponentially damped).";
 
 impl ConnectionQueueInfo {
     /// Average queueing delay in milliseconds.
@@ -205,108 +282,152 @@ impl ConnectionQueueInfo {
     }
 }
 
-/// Persistent connections (the Sun proxy's KeepAliveInfo). Fields the server
-/// cannot count yet are None.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct KeepAliveInfo {
-    /// Idle persistent connections now.
-    pub count: Option<u64>,
-    /// Most idle persistent connections allowed.
-    pub max: Option<u64>,
-    /// Requests received on a connection kept alive.
-    pub hits: u64,
-    /// Idle connections closed to make room (oldest first).
-    pub flushes: Option<u64>,
-    /// Connections not kept alive because the limit was reached.
-    pub refusals: Option<u64>,
-    /// Idle connections closed by the timeout.
-    pub timeouts: Option<u64>,
-    /// Connections closed because a request head did not arrive in time (slowloris).
-    pub header_timeouts: Option<u64>,
-    /// Connections closed because the client accepted no response bytes
-    /// for `limits.send_timeout` (a client that does not read).
-    #[serde(default)]
-    pub send_timeouts: Option<u64>,
-    /// Of `count`, those held by the keep-alive poller now (idle past
-    /// `keepalive.park_after`); None without a poller.
-    #[serde(default)]
-    pub parked: Option<u64>,
-    /// New connections (no request yet) held by the keep-alive poller now.
-    #[serde(default)]
-    pub parked_new: Option<u64>,
-    /// Connections handed to the keep-alive poller since start.
-    #[serde(default)]
-    pub parks: Option<u64>,
-    /// The idle timeout, seconds.
-    pub timeout_secs: f64,
-    /// Requests per connection (0 = unlimited).
-    pub max_requests: u64,
+crate::section! {
+    /// Persistent connections (the Sun proxy's KeepAliveInfo). Fields the
+    /// server cannot count yet are None.
+    pub struct KeepAliveInfo at "keepalive" {
+        /// Idle persistent connections now.
+        count: Option<u64> => Gauge, Add, None, "Idle persistent connections.",
+            prom "portico_keepalive_connections", xml "keepalive-bucket" "countConnections";
+        /// Most idle persistent connections allowed.
+        max: Option<u64> => Gauge, Add, None, "Most idle persistent connections.",
+            prom "portico_keepalive_max_connections", xml "keepalive-bucket" "maxConnections";
+        /// Requests received on a connection kept alive.
+        hits: u64 => Counter, Add, None, "Requests received on a kept-alive connection.",
+            prom "portico_keepalive_hits_total", xml "keepalive-bucket" "countHits";
+        /// Idle connections closed to make room (oldest first).
+        flushes: Option<u64> => Counter, Add, None, "Idle connections closed to make room.",
+            prom "portico_keepalive_flushes_total", xml "keepalive-bucket" "countFlushes";
+        /// Connections not kept alive because the limit was reached.
+        refusals: Option<u64> => Counter, Add, None, "Connections not kept alive (limit reached).",
+            prom "portico_keepalive_refusals_total", xml "keepalive-bucket" "countRefusals";
+        /// Idle connections closed by the timeout.
+        timeouts: Option<u64> => Counter, Add, None, "Idle connections closed by the timeout.",
+            prom "portico_keepalive_timeouts_total", xml "keepalive-bucket" "countTimeouts";
+        /// Connections closed because a request head did not arrive in time (slowloris).
+        header_timeouts: Option<u64> => Counter, Add, None, "Connections closed because a request head did not arrive within limits.header_timeout.",
+            prom "portico_header_timeouts_total", xml "keepalive-bucket" "countHeaderTimeouts";
+        /// Connections closed because the client accepted no response bytes
+        /// for `limits.send_timeout` (a client that does not read).
+        #[serde(default)]
+        send_timeouts: Option<u64> => Counter, Add, None, "Connections closed because the client accepted no response bytes for limits.send_timeout.",
+            prom "portico_send_timeouts_total", xml "keepalive-bucket" "countSendTimeouts";
+        /// Of `count`, those held by the keep-alive poller now (idle past
+        /// `keepalive.park_after`); None without a poller.
+        #[serde(default)]
+        parked: Option<u64> => Gauge, Add, None, "Idle persistent connections held by the keep-alive poller.",
+            prom "portico_keepalive_polled_connections", xml "keepalive-bucket" "countPolled";
+        /// New connections (no request yet) held by the keep-alive poller now.
+        #[serde(default)]
+        parked_new: Option<u64> => Gauge, Add, None, "New connections (no request yet) held by the keep-alive poller.",
+            prom "portico_keepalive_polled_new_connections", xml "keepalive-bucket" "countPolledNew";
+        /// Connections handed to the keep-alive poller since start.
+        #[serde(default)]
+        parks: Option<u64> => Counter, Add, None, "Connections handed to the keep-alive poller.",
+            prom "portico_keepalive_handoffs_total", xml "keepalive-bucket" "countHandoffs";
+        /// The idle timeout, seconds.
+        timeout_secs: f64 => Gauge, First, Seconds, "The keep-alive idle timeout (keepalive.timeout).",
+            prom "portico_keepalive_timeout_seconds", xml "keepalive-bucket" "secondsTimeout";
+        /// Requests per connection (0 = unlimited).
+        max_requests: u64 => Gauge, First, None, "Requests per connection, 0 for no limit (keepalive.max_requests).",
+            prom "portico_keepalive_max_requests", xml "keepalive-bucket" "maxRequests";
+    }
 }
 
-/// A thread pool (the Sun proxy's NativePool).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct PoolInfo {
-    /// Pool name.
-    pub name: String,
-    /// Idle threads.
-    pub idle: u64,
-    /// Threads alive now.
-    pub threads: u64,
-    /// Most threads at once.
-    pub peak: u64,
-    /// Most threads allowed.
-    pub limit: u64,
-    /// Work waiting for a thread now.
-    pub queue: u64,
-    /// Most work waiting at once.
-    pub queue_peak: u64,
-    /// Most work allowed to wait.
-    pub queue_limit: u64,
-    /// Jobs accepted since start.
-    pub jobs: u64,
-    /// Jobs refused because the queue was full (busy 503).
-    pub refused: u64,
+crate::section! {
+    /// A thread pool (the Sun proxy's NativePool).
+    pub struct PoolInfo at "native_pool" {
+        /// Pool name.
+        name: String => Info, First, None, "Pool name.";
+        /// Idle threads.
+        idle: u64 => Gauge, Add, None, "Idle blocking-pool threads.",
+            prom "portico_blocking_pool_idle_threads", xml "thread-pool-bucket" "countIdleThreads";
+        /// Threads alive now.
+        threads: u64 => Gauge, Add, None, "Blocking-pool threads alive.",
+            prom "portico_blocking_pool_threads", xml "thread-pool-bucket" "countThreads";
+        /// Most threads at once (summed: see `sum.rs`).
+        peak: u64 => Gauge, Add, None, "Most blocking-pool threads.",
+            prom "portico_blocking_pool_peak_threads", xml "thread-pool-bucket" "peakThreads";
+        /// Most threads allowed.
+        limit: u64 => Gauge, Add, None, "Blocking-pool thread limit.",
+            prom "portico_blocking_pool_max_threads", xml "thread-pool-bucket" "maxThreads";
+        /// Work waiting for a thread now.
+        queue: u64 => Gauge, Add, None, "Work waiting for a thread.",
+            prom "portico_blocking_pool_queue_length", xml "thread-pool-bucket" "countQueued";
+        /// Most work waiting at once.
+        queue_peak: u64 => Gauge, Add, None, "Most work waiting at once.",
+            prom "portico_blocking_pool_queue_peak", xml "thread-pool-bucket" "peakQueued";
+        /// Most work allowed to wait.
+        queue_limit: u64 => Gauge, Add, None, "Most work allowed to wait.",
+            prom "portico_blocking_pool_queue_limit", xml "thread-pool-bucket" "maxQueued";
+        /// Jobs accepted since start.
+        jobs: u64 => Counter, Add, None, "Blocking-pool jobs accepted.",
+            prom "portico_blocking_pool_jobs_total", xml "thread-pool-bucket" "countJobs";
+        /// Jobs refused because the queue was full (busy 503).
+        refused: u64 => Counter, Add, None, "Blocking-pool jobs refused because the queue was full (busy 503).",
+            prom "portico_blocking_pool_refused_total", xml "thread-pool-bucket" "countRefused";
+    }
 }
 
-/// The HTTP cache.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CacheInfo {
-    /// Serving and storing (false after `/nsc?stop`).
-    pub running: bool,
-    /// Lookups of cacheable requests.
-    pub lookups: u64,
-    /// Served fresh from the cache.
-    pub hits: u64,
-    /// Not in the cache.
-    pub misses: u64,
-    /// Served stale.
-    pub stale: u64,
-    /// Conditional requests to origins.
-    pub revalidations: u64,
-    /// Requests that shared another request's fetch.
-    pub collapsed: u64,
-    /// Objects stored.
-    pub stored: u64,
-    /// Objects removed by invalidation or purge.
-    pub invalidated: u64,
-    /// Body bytes served from the cache.
-    pub bytes_served: u64,
-    /// Body bytes fetched from origins after misses.
-    pub bytes_fetched: u64,
-    /// Objects in the memory tier.
-    pub memory_entries: u64,
-    /// Bytes in the memory tier.
-    pub memory_bytes: u64,
-    /// Memory tier budget, bytes.
-    pub memory_limit: u64,
-    /// Largest object admitted to memory.
-    pub max_memory_object: u64,
-    /// The disk tier, if enabled.
-    pub disk: Option<DiskInfo>,
-    /// `cache.max_ttl` in seconds (0 = no limit).
-    pub max_age_secs: u64,
-    /// `cache.min_ttl` in seconds.
-    pub min_age_secs: u64,
+crate::section! {
+    /// The HTTP cache.
+    pub struct CacheInfo at "cache" {
+        /// Serving and storing (false after `/nsc?stop`; in a sum, false
+        /// if stopped in any worker: `/nsc?stop` reaches only the worker
+        /// that answers it until the others follow).
+        running: bool => Gauge, All, None, "1 while the cache serves and stores.",
+            prom "portico_cache_running", xml "cache-bucket" "flagEnabled";
+        /// Lookups of cacheable requests.
+        lookups: u64 => Counter, Add, None, "Cache lookups.",
+            prom "portico_cache_lookups_total", xml "cache-bucket" "countLookups";
+        /// Served fresh from the cache.
+        hits: u64 => Counter, Add, None, "Served fresh from the cache.",
+            prom "portico_cache_hits_total", xml "cache-bucket" "countHits";
+        /// Not in the cache.
+        misses: u64 => Counter, Add, None, "Not found in the cache.",
+            prom "portico_cache_misses_total", xml "cache-bucket" "countMisses";
+        /// Served stale.
+        stale: u64 => Counter, Add, None, "Served stale.",
+            prom "portico_cache_stale_total", xml "cache-bucket" "countStale";
+        /// Conditional requests to origins.
+        revalidations: u64 => Counter, Add, None, "Conditional requests to origins.",
+            prom "portico_cache_revalidations_total", xml "cache-bucket" "countRevalidations";
+        /// Requests that shared another request's fetch.
+        collapsed: u64 => Counter, Add, None, "Requests that shared another's fetch.",
+            prom "portico_cache_collapsed_total", xml "cache-bucket" "countCollapsed";
+        /// Objects stored.
+        stored: u64 => Counter, Add, None, "Objects stored.",
+            prom "portico_cache_stored_total", xml "cache-bucket" "countStored";
+        /// Objects removed by invalidation or purge.
+        invalidated: u64 => Counter, Add, None, "Objects invalidated or purged.",
+            prom "portico_cache_invalidated_total", xml "cache-bucket" "countInvalidated";
+        /// Body bytes served from the cache.
+        bytes_served: u64 => Counter, Add, Bytes, "Body bytes served from the cache.",
+            prom "portico_cache_served_bytes_total", xml "cache-bucket" "countContentHits";
+        /// Body bytes fetched from origins after misses.
+        bytes_fetched: u64 => Counter, Add, Bytes, "Body bytes fetched from origins after misses.",
+            prom "portico_cache_fetched_bytes_total", xml "cache-bucket" "countContentMisses";
+        /// Objects in the memory tier.
+        memory_entries: u64 => Gauge, Add, None, "Objects in the memory tier.",
+            prom "portico_cache_memory_objects", xml "cache-bucket" "countEntries";
+        /// Bytes in the memory tier.
+        memory_bytes: u64 => Gauge, Add, Bytes, "Bytes in the memory tier.",
+            prom "portico_cache_memory_bytes", xml "cache-bucket" "sizeHeapCache";
+        /// Memory tier budget, bytes.
+        memory_limit: u64 => Gauge, Add, Bytes, "Memory tier budget.",
+            prom "portico_cache_memory_limit_bytes", xml "cache-bucket" "maxHeapCacheSize";
+        /// Largest object admitted to memory.
+        max_memory_object: u64 => Gauge, First, Bytes, "Largest object admitted to the memory tier (cache.max_memory_object).",
+            prom "portico_cache_max_memory_object_bytes", xml "cache-bucket" "maxHeapObjectSize";
+        /// The disk tier, if enabled.
+        disk: Option<DiskInfo> => Section, Add, None, "The disk tier.";
+        /// `cache.max_ttl` in seconds (0 = no limit).
+        max_age_secs: u64 => Gauge, First, Seconds, "Longest freshness lifetime, 0 for none (cache.max_ttl).",
+            prom "portico_cache_max_ttl_seconds", xml "cache-bucket" "secondsMaxAge";
+        /// `cache.min_ttl` in seconds.
+        min_age_secs: u64 => Gauge, First, Seconds, "Shortest freshness lifetime (cache.min_ttl).",
+            prom "portico_cache_min_ttl_seconds", xml "cache-bucket" "secondsMinAge";
+    }
 }
 
 impl CacheInfo {
@@ -321,56 +442,81 @@ impl CacheInfo {
     }
 }
 
-/// The disk tier.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct DiskInfo {
-    /// Directory.
-    pub dir: String,
-    /// Objects stored.
-    pub objects: u64,
-    /// Bytes stored.
-    pub bytes: u64,
-    /// Budget, bytes.
-    pub limit: u64,
-    /// GC starts above this many bytes.
-    pub high_watermark: u64,
-    /// GC stops at this many bytes.
-    pub low_watermark: u64,
-    /// Objects read.
-    pub reads: u64,
-    /// Lookups that found no file.
-    pub misses: u64,
-    /// Objects written.
-    pub writes: u64,
-    /// Writes abandoned.
-    pub write_aborts: u64,
-    /// Objects evicted by GC.
-    pub evictions: u64,
-    /// GC runs.
-    pub gc_runs: u64,
-    /// Checksum failures.
-    pub checksum_failures: u64,
-    /// Corrupt files removed.
-    pub corrupt_removed: u64,
-    /// Index rebuild finished.
-    pub index_ready: bool,
+crate::section! {
+    /// The disk tier. Its directory is shared by the worker processes:
+    /// objects and bytes are the largest worker's (each worker's index is a
+    /// view of the one directory), budgets are summed (`reload::per_process`
+    /// splits the budget among the workers).
+    pub struct DiskInfo at "cache.disk" {
+        /// Directory.
+        dir: String => Info, First, None, "Disk tier directory.";
+        /// Objects stored.
+        objects: u64 => Gauge, Max, None, "Objects in the disk tier.",
+            prom "portico_cache_disk_objects", xml "cache-bucket" "countDiskEntries";
+        /// Bytes stored.
+        bytes: u64 => Gauge, Max, Bytes, "Bytes in the disk tier.",
+            prom "portico_cache_disk_bytes", xml "cache-bucket" "sizeDiskCache";
+        /// Budget, bytes.
+        limit: u64 => Gauge, Add, Bytes, "Disk tier budget.",
+            prom "portico_cache_disk_limit_bytes", xml "cache-bucket" "maxDiskCacheSize";
+        /// GC starts above this many bytes.
+        high_watermark: u64 => Gauge, Add, Bytes, "GC starts above this.",
+            prom "portico_cache_disk_high_watermark_bytes", xml "cache-bucket" "sizeDiskHighWatermark";
+        /// GC stops at this many bytes.
+        low_watermark: u64 => Gauge, Add, Bytes, "GC stops at this.",
+            prom "portico_cache_disk_low_watermark_bytes", xml "cache-bucket" "sizeDiskLowWatermark";
+        /// Objects read.
+        reads: u64 => Counter, Add, None, "Objects read from disk.",
+            prom "portico_cache_disk_reads_total", xml "cache-bucket" "countDiskReads";
+        /// Lookups that found no file.
+        misses: u64 => Counter, Add, None, "Disk lookups that found no file.",
+            prom "portico_cache_disk_misses_total", xml "cache-bucket" "countDiskMisses";
+        /// Objects written.
+        writes: u64 => Counter, Add, None, "Objects written to disk.",
+            prom "portico_cache_disk_writes_total", xml "cache-bucket" "countDiskWrites";
+        /// Writes abandoned.
+        write_aborts: u64 => Counter, Add, None, "Disk writes abandoned.",
+            prom "portico_cache_disk_write_aborts_total", xml "cache-bucket" "countDiskWriteAborts";
+        /// Objects evicted by GC.
+        evictions: u64 => Counter, Add, None, "Objects evicted by GC.",
+            prom "portico_cache_disk_evictions_total", xml "cache-bucket" "countDiskEvictions";
+        /// GC runs.
+        gc_runs: u64 => Counter, Add, None, "GC runs.",
+            prom "portico_cache_disk_gc_runs_total", xml "cache-bucket" "countDiskGcRuns";
+        /// Checksum failures.
+        checksum_failures: u64 => Counter, Add, None, "Objects that failed their checksum.",
+            prom "portico_cache_disk_checksum_failures_total", xml "cache-bucket" "countDiskChecksumFailures";
+        /// Corrupt files removed.
+        corrupt_removed: u64 => Counter, Add, None, "Corrupt disk files removed.",
+            prom "portico_cache_disk_corrupt_removed_total", xml "cache-bucket" "countDiskCorruptRemoved";
+        /// Index rebuild finished (in a sum: in every worker).
+        index_ready: bool => Gauge, All, None, "1 once the disk index is rebuilt.",
+            prom "portico_cache_disk_index_ready", xml "cache-bucket" "flagDiskIndexReady";
+    }
 }
 
-/// Name resolution (the Sun proxy's HostDNSCacheInfo).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct DnsInfo {
-    /// The cache is on.
-    pub enabled: bool,
-    /// Names cached now.
-    pub entries: u64,
-    /// Most names cached.
-    pub max_entries: u64,
-    /// Names looked up (IP literals excluded).
-    pub lookups: u64,
-    /// Answered from the cache.
-    pub hits: u64,
-    /// Lookups that failed.
-    pub failures: u64,
+crate::section! {
+    /// Name resolution (the Sun proxy's HostDNSCacheInfo).
+    pub struct DnsInfo at "dns" {
+        /// The cache is on.
+        enabled: bool => Gauge, Any, None, "1 while the origin DNS cache is on.",
+            prom "portico_dns_cache_enabled", xml "host-dns-bucket" "flagCacheEnabled";
+        /// Names cached now.
+        entries: u64 => Gauge, Add, None, "Names cached.",
+            prom "portico_dns_cache_entries", xml "host-dns-bucket" "countCacheEntries";
+        /// Most names cached.
+        max_entries: u64 => Gauge, Add, None, "Most names cached.",
+            prom "portico_dns_cache_max_entries", xml "host-dns-bucket" "maxCacheEntries";
+        /// Names looked up (IP literals excluded).
+        lookups: u64 => Counter, Add, None, "Origin names looked up.",
+            prom "portico_dns_lookups_total", xml "host-dns-bucket" "countLookups";
+        /// Answered from the cache.
+        hits: u64 => Counter, Add, None, "Answered from the DNS cache.",
+            prom "portico_dns_cache_hits_total", xml "host-dns-bucket" "countCacheHits";
+        /// Lookups that failed.
+        failures: u64 => Counter, Add, None, "Lookups that failed.",
+            prom "portico_dns_failures_total", xml "host-dns-bucket" "countLookupFailures";
+    }
 }
 
 impl DnsInfo {
@@ -380,32 +526,44 @@ impl DnsInfo {
     }
 }
 
-/// Authentication (`[auth]`) and the user cache (the Sun proxy's ACL
-/// user cache).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct AuthInfo {
-    /// Users in the cache now.
-    pub users: u64,
-    /// Most users the cache holds (`auth.max_users`).
-    pub max_users: u64,
-    /// Credentials found in the cache, still valid.
-    pub hits: u64,
-    /// Credentials verified against the user file.
-    pub misses: u64,
-    /// Users dropped from the full cache to make room.
-    pub evictions: u64,
-    /// Verifications that failed (wrong password, unknown user).
-    pub failures: u64,
-    /// Failed logins answered from the failed-login cache (`auth.failed_ttl`).
-    pub failed_cache_hits: u64,
-    /// Requests answered 503 because the user file could not be used.
-    pub unavailable: u64,
-    /// Loads of the user file (start, change, SIGHUP).
-    pub reloads: u64,
-    /// The back-end is failing now (the user file missing or unreadable).
-    pub failing: bool,
-    /// Time to verify one password against the file.
-    pub verify_time: HistSnapshot,
+crate::section! {
+    /// Authentication (`[auth]`) and the user cache (the Sun proxy's ACL
+    /// user cache).
+    pub struct AuthInfo at "auth" {
+        /// Users in the cache now.
+        users: u64 => Gauge, Add, None, "Users in the authentication user cache.",
+            prom "portico_auth_cache_users", xml "acl-user-cache-bucket" "countCacheEntries";
+        /// Most users the cache holds (`auth.max_users`).
+        max_users: u64 => Gauge, Add, None, "Most users the user cache holds (auth.max_users).",
+            prom "portico_auth_cache_max_users", xml "acl-user-cache-bucket" "maxCacheEntries";
+        /// Credentials found in the cache, still valid.
+        hits: u64 => Counter, Add, None, "Credentials found in the user cache.",
+            prom "portico_auth_cache_hits_total", xml "acl-user-cache-bucket" "countCacheHits";
+        /// Credentials verified against the user file.
+        misses: u64 => Counter, Add, None, "Credentials verified against the user file.",
+            prom "portico_auth_cache_misses_total", xml "acl-user-cache-bucket" "countCacheMisses";
+        /// Users dropped from the full cache to make room.
+        evictions: u64 => Counter, Add, None, "Users dropped from the full user cache.",
+            prom "portico_auth_cache_evictions_total", xml "acl-user-cache-bucket" "countEvictions";
+        /// Verifications that failed (wrong password, unknown user).
+        failures: u64 => Counter, Add, None, "Verifications that failed (wrong password, unknown user).",
+            prom "portico_auth_failures_total", xml "acl-user-cache-bucket" "countFailures";
+        /// Failed logins answered from the failed-login cache (`auth.failed_ttl`).
+        failed_cache_hits: u64 => Counter, Add, None, "Failed logins answered from the failed-login cache.",
+            prom "portico_auth_failed_cache_hits_total", xml "acl-user-cache-bucket" "countFailedCacheHits";
+        /// Requests answered 503 because the user file could not be used.
+        unavailable: u64 => Counter, Add, None, "Requests answered 503: the user file could not be used.",
+            prom "portico_auth_unavailable_total", xml "acl-user-cache-bucket" "countUnavailable";
+        /// Loads of the user file (start, change, SIGHUP).
+        reloads: u64 => Counter, Add, None, "Loads of the user file.",
+            prom "portico_auth_reloads_total", xml "acl-user-cache-bucket" "countReloads";
+        /// The back-end is failing now (the user file missing or unreadable).
+        failing: bool => Gauge, Any, None, "1 while the user file is missing or unreadable.",
+            prom "portico_auth_backend_failing", xml "acl-user-cache-bucket" "flagBackendFailing";
+        /// Time to verify one password against the file.
+        verify_time: HistSnapshot => Histogram, Add, Micros, "Time to verify one password against the user file.",
+            prom "portico_auth_verify_seconds", xml "acl-user-cache-bucket" "meanVerifyMicros";
+    }
 }
 
 impl AuthInfo {
@@ -415,32 +573,47 @@ impl AuthInfo {
     }
 }
 
-/// Requests to origins.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct UpstreamInfo {
-    /// Requests sent.
-    pub requests: u64,
-    /// Response heads received.
-    pub responses: u64,
-    /// New connections opened (pooled reuse not counted).
-    pub connects: u64,
-    /// Connects that failed: DNS.
-    pub dns_errors: u64,
-    /// Connects that failed: refused or unreachable.
-    pub connect_errors: u64,
-    /// Connects that timed out.
-    pub connect_timeouts: u64,
-    /// TLS handshakes that failed.
-    pub tls_errors: u64,
-    /// Response heads that did not arrive in time.
-    pub response_timeouts: u64,
-    /// Other failures before a response head.
-    pub other_errors: u64,
-    /// Time to open a connection.
-    pub connect_time: HistSnapshot,
-    /// Time from sending the request to the response head (including the
-    /// connect when a new connection was opened; connect_time has that part).
-    pub first_byte_time: HistSnapshot,
+/// The help of the upstream failures (one metric family, by kind).
+const UPSTREAM_ERRORS: &str = "Failures before a response head, by kind.";
+
+crate::section! {
+    /// Requests to origins.
+    pub struct UpstreamInfo at "upstream" {
+        /// Requests sent.
+        requests: u64 => Counter, Add, None, "Requests sent to origins.",
+            prom "portico_upstream_requests_total", xml "upstream-bucket" "countRequests";
+        /// Response heads received.
+        responses: u64 => Counter, Add, None, "Response heads received from origins.",
+            prom "portico_upstream_responses_total", xml "upstream-bucket" "countResponses";
+        /// New connections opened (pooled reuse not counted).
+        connects: u64 => Counter, Add, None, "Connections opened to origins.",
+            prom "portico_upstream_connects_total", xml "upstream-bucket" "countConnects";
+        /// Connects that failed: DNS.
+        dns_errors: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "dns" }, xml "upstream-bucket" "countDnsErrors";
+        /// Connects that failed: refused or unreachable.
+        connect_errors: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "refused" }, xml "upstream-bucket" "countConnectErrors";
+        /// Connects that timed out.
+        connect_timeouts: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "connect_timeout" }, xml "upstream-bucket" "countConnectTimeouts";
+        /// TLS handshakes that failed.
+        tls_errors: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "tls" }, xml "upstream-bucket" "countTlsErrors";
+        /// Response heads that did not arrive in time.
+        response_timeouts: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "response_timeout" }, xml "upstream-bucket" "countResponseTimeouts";
+        /// Other failures before a response head.
+        other_errors: u64 => Counter, Add, None, UPSTREAM_ERRORS,
+            prom "portico_upstream_errors_total" { "kind" = "other" }, xml "upstream-bucket" "countOtherErrors";
+        /// Time to open a connection.
+        connect_time: HistSnapshot => Histogram, Add, Micros, "Time to open a connection to an origin.",
+            prom "portico_upstream_connect_seconds", xml "upstream-bucket" "meanConnectMicros";
+        /// Time from sending the request to the response head (including the
+        /// connect when a new connection was opened; connect_time has that part).
+        first_byte_time: HistSnapshot => Histogram, Add, Micros, "Time from sending a request to the response head (a new connection's connect included).",
+            prom "portico_upstream_first_byte_seconds", xml "upstream-bucket" "meanFirstByteMicros";
+    }
 }
 
 impl UpstreamInfo {
@@ -455,74 +628,109 @@ impl UpstreamInfo {
     }
 }
 
-/// The access log.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct AccessLogInfo {
-    /// Writing at all.
-    pub enabled: bool,
-    /// Format name.
-    pub format: String,
-    /// Lines written.
-    pub lines: u64,
-    /// Lines dropped because the writer could not keep up.
-    pub dropped: u64,
-    /// Lines waiting for the writer now.
-    pub queued: u64,
-    /// Queue capacity.
-    pub queue_limit: u64,
-    /// Client addresses are logged as names (`log.resolve_clients`).
-    pub resolve_clients: bool,
-    /// Client names cached.
-    pub client_dns_entries: u64,
-    /// Most client names cached.
-    pub client_dns_max_entries: u64,
-    /// Client addresses looked up.
-    pub client_dns_lookups: u64,
-    /// Answered from the client-name cache.
-    pub client_dns_hits: u64,
+crate::section! {
+    /// The access log.
+    pub struct AccessLogInfo at "access_log" {
+        /// Writing at all.
+        enabled: bool => Gauge, Any, None, "1 while the access log is written.",
+            prom "portico_access_log_enabled", xml "access-log-bucket" "flagEnabled";
+        /// Format name.
+        format: String => Info, First, None, "Access log format.", xml "access-log-bucket" "format";
+        /// Lines written.
+        lines: u64 => Counter, Add, None, "Access log lines written.",
+            prom "portico_access_log_lines_total", xml "access-log-bucket" "countLines";
+        /// Lines dropped because the writer could not keep up.
+        dropped: u64 => Counter, Add, None, "Access log lines dropped (writer behind).",
+            prom "portico_access_log_dropped_total", xml "access-log-bucket" "countDropped";
+        /// Lines waiting for the writer now.
+        queued: u64 => Gauge, Add, None, "Access log lines waiting for the writer.",
+            prom "portico_access_log_queued_lines", xml "access-log-bucket" "countQueued";
+        /// Queue capacity.
+        queue_limit: u64 => Gauge, Add, None, "Access log lines allowed to wait for the writer.",
+            prom "portico_access_log_queue_limit_lines", xml "access-log-bucket" "maxQueued";
+        /// Client addresses are logged as names (`log.resolve_clients`).
+        resolve_clients: bool => Gauge, Any, None, "1 while client addresses are logged as names (log.resolve_clients).",
+            prom "portico_client_dns_enabled", xml "client-dns-bucket" "flagCacheEnabled";
+        /// Client names cached.
+        client_dns_entries: u64 => Gauge, Add, None, "Client names cached.",
+            prom "portico_client_dns_cache_entries", xml "client-dns-bucket" "countCacheEntries";
+        /// Most client names cached.
+        client_dns_max_entries: u64 => Gauge, Add, None, "Most client names cached.",
+            prom "portico_client_dns_cache_max_entries", xml "client-dns-bucket" "maxCacheEntries";
+        /// Client addresses looked up.
+        client_dns_lookups: u64 => Counter, Add, None, "Client addresses looked up.",
+            prom "portico_client_dns_lookups_total", xml "client-dns-bucket" "countLookups";
+        /// Answered from the client-name cache.
+        client_dns_hits: u64 => Counter, Add, None, "Client addresses answered from the client-name cache.",
+            prom "portico_client_dns_cache_hits_total", xml "client-dns-bucket" "countCacheHits";
+    }
 }
 
-/// The performance buckets report.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct BucketReport {
-    /// Requests timed.
-    pub total_requests: u64,
-    /// Their total processing time, nanoseconds.
-    pub processing_ns: u64,
-    /// `default-bucket` first, then named buckets in config order.
-    pub buckets: Vec<BucketInfo>,
+crate::section! {
+    /// The performance buckets report.
+    pub struct BucketReport at "buckets" {
+        /// Requests timed.
+        total_requests: u64 => Counter, Add, None, "Requests timed into performance buckets.",
+            prom "portico_timed_requests_total", xml "thread" "countTimedRequests";
+        /// Their total processing time, nanoseconds.
+        processing_ns: u64 => Counter, Add, Nanos, "Processing time of the timed requests.",
+            prom "portico_request_processing_seconds_total", xml "thread" "ticksProcessing";
+        /// `default-bucket` first, then named buckets in config order.
+        buckets: Vec<BucketInfo> => Section, Add, None, "One per performance bucket.";
+    }
 }
 
-/// One bucket.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct BucketInfo {
-    /// Name.
-    pub name: String,
-    /// Description.
-    pub description: String,
-    /// Requests that used it.
-    pub requests: u64,
-    /// Stage invocations.
-    pub invocations: u64,
-    /// Time before stages started (dispatch), nanoseconds.
-    pub latency_ns: u64,
-    /// Time inside stages, nanoseconds.
-    pub function_ns: u64,
-    /// Per stage.
-    pub stages: Vec<StageInfo>,
+crate::section! {
+    /// One bucket. Its name labels its figures.
+    pub struct BucketInfo at "buckets.buckets" {
+        /// Name.
+        name: String => Info, First, None, "Bucket name.", prom "bucket";
+        /// Description.
+        description: String => Info, First, None, "Bucket description.";
+        /// Requests that used it.
+        requests: u64 => Counter, Add, None, "Requests timed into each performance bucket.",
+            prom "portico_bucket_requests_total", xml "profile-bucket" "countRequests";
+        /// Stage invocations.
+        invocations: u64 => Counter, Add, None, "Stage invocations, per bucket.",
+            prom "portico_bucket_invocations_total", xml "profile-bucket" "countCalls";
+        /// Time before stages started (dispatch), nanoseconds.
+        latency_ns: u64 => Counter, Add, Nanos, "Time before stages started (dispatch), per bucket.",
+            prom "portico_bucket_latency_seconds_total", xml "profile-bucket" "ticksDispatch";
+        /// Time inside stages, nanoseconds.
+        function_ns: u64 => Counter, Add, Nanos, "Time inside stages, per bucket.",
+            prom "portico_bucket_function_seconds_total", xml "profile-bucket" "ticksFunction";
+        /// Per stage.
+        stages: Vec<StageInfo> => Section, Add, None, "One per pipeline stage.";
+    }
 }
 
-/// One stage within a bucket.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StageInfo {
-    /// Stage name.
-    pub name: String,
-    /// Times invoked.
-    pub invocations: u64,
-    /// Dispatch time, nanoseconds.
-    pub latency_ns: u64,
-    /// Time inside, nanoseconds.
-    pub function_ns: u64,
+impl super::declare::Keyed for BucketInfo {
+    fn key(&self) -> &str {
+        &self.name
+    }
+}
+
+crate::section! {
+    /// One stage within a bucket. Its name labels its figures.
+    pub struct StageInfo at "buckets.buckets.stages" {
+        /// Stage name.
+        name: String => Info, First, None, "Stage name.", prom "stage", xml "profile-stage-bucket" "stage";
+        /// Times invoked.
+        invocations: u64 => Counter, Add, None, "Stage invocations per bucket.",
+            prom "portico_stage_invocations_total", xml "profile-stage-bucket" "countCalls";
+        /// Dispatch time, nanoseconds.
+        latency_ns: u64 => Counter, Add, Nanos, "Time before each stage started (dispatch), per bucket.",
+            prom "portico_stage_latency_seconds_total", xml "profile-stage-bucket" "ticksDispatch";
+        /// Time inside, nanoseconds.
+        function_ns: u64 => Counter, Add, Nanos, "Time inside each stage, per bucket.",
+            prom "portico_stage_function_seconds_total", xml "profile-stage-bucket" "ticksFunction";
+    }
+}
+
+impl super::declare::Keyed for StageInfo {
+    fn key(&self) -> &str {
+        &self.name
+    }
 }
 
 /// `part / whole` in percent; 0 when `whole` is 0.

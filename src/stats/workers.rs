@@ -33,38 +33,11 @@ pub const WRITE_EVERY: Duration = Duration::from_secs(1);
 /// writing is hung or gone).
 pub const STALE_AFTER: Duration = Duration::from_secs(5);
 
-/// The connection layer's own counters (the JSON document's `connection`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Connection {
-    /// Admission and the connection queue.
-    pub connection_queue: crate::admit::ConnectionQueue,
-    /// Keep-alive.
-    pub keepalive: crate::keepalive::KeepAliveInfo,
-    /// The blocking pool.
-    pub blocking_pool: crate::blocking::NativePool,
-}
-
-impl Connection {
-    /// The sum over processes (see `sum.rs`); None for an empty slice.
-    pub fn sum(parts: &[Connection]) -> Option<Connection> {
-        let q: Vec<_> = parts.iter().map(|c| c.connection_queue.clone()).collect();
-        let k: Vec<_> = parts.iter().map(|c| c.keepalive.clone()).collect();
-        let b: Vec<_> = parts.iter().map(|c| c.blocking_pool.clone()).collect();
-        Some(Connection {
-            connection_queue: super::sum::sum_connection_queue(&q)?,
-            keepalive: super::sum::sum_keepalive(&k)?,
-            blocking_pool: super::sum::sum_native_pool(&b)?,
-        })
-    }
-}
-
 /// One process's figures: what a worker writes, and what a view reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// The statistics snapshot (its `server` holds pid, worker index, time).
     pub snapshot: Snapshot,
-    /// The connection layer's counters.
-    pub connection: Connection,
 }
 
 /// The directory named by the supervisor, in a worker process; None in a
@@ -199,16 +172,14 @@ pub fn read(dir: &Path, index: usize, now_unix: f64) -> Result<Report, String> {
 
 /// The figures the views show: the sum over the workers whose figures are
 /// current (`snapshot.processes` lists every worker, counted or not), each
-/// counted worker's own snapshot in index order (the answering one live),
-/// and the summed connection counters.
+/// and each counted worker's own snapshot in index order (the answering
+/// one live).
 #[derive(Debug, Clone)]
 pub struct Gathered {
     /// The sum; `processes` is filled in.
     pub snapshot: Snapshot,
     /// The counted workers' own snapshots.
     pub parts: Vec<Snapshot>,
-    /// The connection counters, summed.
-    pub connection: Connection,
 }
 
 fn info(index: usize, s: &Snapshot, status: &str, age_secs: f64) -> ProcessInfo {
@@ -257,18 +228,12 @@ pub fn gather(own: Report, processes: usize, dir: &Path) -> Gathered {
     // The answering process first: the sum keeps its settings and pid.
     let mut ordered = vec![own];
     ordered.extend(reports.into_iter().map(|(_, r)| r));
-    let snaps: Vec<Snapshot> = ordered.iter().map(|r| r.snapshot.clone()).collect();
-    let conns: Vec<Connection> = ordered.iter().map(|r| r.connection.clone()).collect();
+    let snaps: Vec<Snapshot> = ordered.into_iter().map(|r| r.snapshot).collect();
     let mut snapshot = Snapshot::sum(&snaps);
     snapshot.processes = infos;
     let mut parts = snaps;
     parts.sort_by_key(|s| s.server.process_index);
-    let connection = Connection::sum(&conns).unwrap_or_else(|| ordered[0].connection.clone());
-    Gathered {
-        snapshot,
-        parts,
-        connection,
-    }
+    Gathered { snapshot, parts }
 }
 
 /// Makes the supervisor's directory: `<temp dir>/portico-<pid>-stats`, mode
@@ -294,14 +259,7 @@ mod tests {
         s.server.process_index = Some(index);
         s.server.time_unix = time_unix;
         s.requests.total = requests;
-        Report {
-            snapshot: s,
-            connection: Connection {
-                connection_queue: crate::admit::Admission::new(10, 10).snapshot(),
-                keepalive: crate::keepalive::KeepAlive::new(10, Duration::from_secs(5)).snapshot(),
-                blocking_pool: crate::blocking::BlockingPool::shared_default().snapshot(),
-            },
-        }
+        Report { snapshot: s }
     }
 
     #[test]

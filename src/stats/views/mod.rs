@@ -34,15 +34,14 @@ struct Doc<'a> {
     derived: Derived,
     advice: &'a [Advice],
     snapshot: &'a Snapshot,
-    connection: serde_json::Value,
     processes: &'a [super::snapshot::ProcessInfo],
 }
 
 /// The JSON document the dashboard polls: derived figures, advice, the
-/// whole snapshot, `connection`: the connection layer's own detailed
-/// counters (null when not given), and `processes`: with several worker
-/// processes, one entry per worker (the snapshot being their sum), else empty.
-pub fn json(s: &Snapshot, advice: &[Advice], connection: serde_json::Value) -> String {
+/// whole snapshot (every declared figure once, under its field path), and
+/// `processes`: with several worker processes, one entry per worker (the
+/// snapshot being their sum), else empty.
+pub fn json(s: &Snapshot, advice: &[Advice]) -> String {
     let c = s.cache.as_ref();
     let derived = Derived {
         requests: s.requests.total,
@@ -61,7 +60,6 @@ pub fn json(s: &Snapshot, advice: &[Advice], connection: serde_json::Value) -> S
         derived,
         advice,
         snapshot: s,
-        connection,
         processes: &s.processes,
     })
     .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))

@@ -6,8 +6,13 @@
 //! worker processes there is one `<process>` per worker (as the Sun proxy's
 //! multi-process server writes it), each with that worker's own figures,
 //! and the server-level figures (listen sockets) are their sum.
+//!
+//! Each declared figure with an stats-xml name (`stats::declare`) is an
+//! attribute of the element its declaration names; this file lays out the
+//! elements and adds the attributes derived from several figures.
 
-use crate::stats::snapshot::{RequestStats, Snapshot};
+use crate::stats::declare::{Section, Unit, Value};
+use crate::stats::snapshot::{DiskInfo, RequestStats, Snapshot};
 use std::collections::HashSet;
 use std::fmt::Write;
 
@@ -65,6 +70,69 @@ fn a(k: &'static str, v: impl ToString) -> (&'static str, String) {
     (k, v.to_string())
 }
 
+/// The attributes of `element` declared by the figures of `section` and of
+/// the sections it holds (not of its list entries: each is an element of
+/// its own). Ticks are microseconds, like the counters kept in them; a
+/// figure the process cannot count is left out.
+fn declared(section: &dyn Section, element: &str) -> Vec<(&'static str, String)> {
+    let mut attrs = Vec::new();
+    collect(section, element, &mut attrs);
+    attrs
+}
+
+fn collect(section: &dyn Section, element: &str, attrs: &mut Vec<(&'static str, String)>) {
+    section.visit(&mut |f, v| {
+        if let Value::Nested(Some(inner)) = v {
+            return collect(inner, element, attrs);
+        }
+        let Some((el, name)) = f.xml else { return };
+        if el != element {
+            return;
+        }
+        let text = match v {
+            Value::Int(n) if f.unit == Unit::Nanos => (n / 1000).to_string(),
+            Value::Int(n) => n.to_string(),
+            Value::Real(x) => format!("{x:.2}"),
+            Value::Flag(b) => u8::from(b).to_string(),
+            Value::Text(t) => t.to_string(),
+            Value::Hist(h) => format!("{:.0}", h.mean_us()),
+            Value::Absent | Value::Labelled(_) | Value::Nested(_) | Value::List(_) => return,
+        };
+        attrs.push((name, text));
+    });
+}
+
+/// `extra` (an id, say) followed by the declared attributes of `element` in `section`.
+fn with(mut extra: Vec<(&'static str, String)>, section: &dyn Section, element: &str) -> Vec<(&'static str, String)> {
+    extra.extend(declared(section, element));
+    extra
+}
+
+/// The declared attributes of `element` in `section` with `extra` (a
+/// figure derived from them) right after the attribute named `after`.
+fn after(
+    section: &dyn Section,
+    element: &str,
+    after: &str,
+    extra: Vec<(&'static str, String)>,
+) -> Vec<(&'static str, String)> {
+    let mut attrs = declared(section, element);
+    let at = attrs
+        .iter()
+        .position(|(k, _)| *k == after)
+        .map_or(attrs.len(), |i| i + 1);
+    attrs.splice(at..at, extra);
+    attrs
+}
+
+/// The declared attributes of `element` in `section` followed by `extra`
+/// (figures derived from them).
+fn then(section: &dyn Section, element: &str, extra: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
+    let mut attrs = declared(section, element);
+    attrs.extend(extra);
+    attrs
+}
+
 /// Ticks are microseconds (`ticksPerSecond`).
 const TICKS: u64 = 1_000_000;
 
@@ -80,11 +148,7 @@ pub fn render(s: &Snapshot, processes: &[Snapshot], off: &HashSet<String>) -> St
     let started = srv.time_unix - srv.uptime_secs;
     o.node(
         "stats",
-        &[
-            a("versionMajor", 1),
-            a("versionMinor", 2),
-            a("flagEnabled", u8::from(s.stats_enabled)),
-        ],
+        &with(vec![a("versionMajor", 1), a("versionMinor", 2)], s, "stats"),
         |o| {
             o.node(
                 "server",
@@ -139,178 +203,83 @@ fn server_body(o: &mut Out<'_>, s: &Snapshot, processes: &[Snapshot]) {
         processes
     } {
         let srv = &p.server;
-        let mut attrs = vec![
-            a("pid", srv.pid),
-            a("mode", "active"),
-            a("timeStarted", (srv.time_unix - srv.uptime_secs) as u64),
-            a("sizeResident", srv.rss_bytes),
-            a("sizePeakResident", srv.peak_rss_bytes),
-            a("countThreads", srv.threads),
-            a("countOpenFiles", srv.open_fds),
-            a("secondsUser", format!("{:.2}", srv.cpu_user_secs)),
-            a("secondsSystem", format!("{:.2}", srv.cpu_system_secs)),
-        ];
-        if let Some(i) = srv.process_index {
-            attrs.push(a("workerIndex", i));
-        }
+        let attrs = then(
+            p,
+            "process",
+            vec![
+                a("mode", "active"),
+                a("timeStarted", (srv.time_unix - srv.uptime_secs) as u64),
+            ],
+        );
         o.node("process", &attrs, |o| process_body(o, p));
     }
     for l in &s.listeners {
-        o.leaf(
-            "listen-socket",
-            &[
-                a("id", &l.name),
-                a("address", &l.address),
-                a("mode", &l.mode),
-                a("countAcceptors", l.acceptor_threads),
-                a("listenQueue", l.listen_queue),
-                a("countRequests", l.requests),
-            ],
-        );
+        o.leaf("listen-socket", &declared(l, "listen-socket"));
     }
 }
 
 fn process_body(o: &mut Out<'_>, s: &Snapshot) {
-    if let Some(q) = &s.connection_queue {
+    if s.connection_queue.is_some() {
         o.leaf(
             "connection-queue-bucket",
-            &[
-                a("connectionQueueId", "cq1"),
-                a("countQueued", q.current),
-                a("peakQueued", q.peak),
-                a("maxQueued", q.limit),
-                a("countOverflows", q.overflows),
-                a("countAbandoned", q.abandoned),
-                a("countTotalQueued", q.total_queued),
-                a("ticksTotalQueued", q.queue_time_us),
-                a("countQueued1MinuteAverage", format!("{:.2}", q.avg_1)),
-                a("countQueued5MinuteAverage", format!("{:.2}", q.avg_5)),
-                a("countQueued15MinuteAverage", format!("{:.2}", q.avg_15)),
-            ],
+            &with(vec![a("connectionQueueId", "cq1")], s, "connection-queue-bucket"),
         );
     }
-    if let Some(p) = &s.native_pool {
+    if s.native_pool.is_some() {
         o.leaf(
             "thread-pool-bucket",
-            &[
-                a("threadPoolId", "thread-pool-0"),
-                a("countIdleThreads", p.idle),
-                a("countThreads", p.threads),
-                a("peakThreads", p.peak),
-                a("countJobs", p.jobs),
-                a("countRefused", p.refused),
-                a("maxThreads", p.limit),
-                a("countQueued", p.queue),
-                a("peakQueued", p.queue_peak),
-                a("maxQueued", p.queue_limit),
-            ],
+            &with(vec![a("threadPoolId", "thread-pool-0")], s, "thread-pool-bucket"),
         );
     }
     let d = &s.dns;
-    o.leaf(
+    let mut dns = after(
+        s,
         "host-dns-bucket",
-        &[
-            a("flagCacheEnabled", u8::from(d.enabled)),
-            a("countCacheEntries", d.entries),
-            a("maxCacheEntries", d.max_entries),
-            a("countCacheHits", d.hits),
-            a("countCacheMisses", d.lookups - d.hits.min(d.lookups)),
-            a("countLookupFailures", d.failures),
-            a("flagAsyncEnabled", 1),
-        ],
+        "countCacheHits",
+        vec![a("countCacheMisses", d.lookups - d.hits.min(d.lookups))],
     );
-    if let Some(u) = &s.auth {
-        o.leaf(
-            "acl-user-cache-bucket",
-            &[
-                a("countCacheEntries", u.users),
-                a("maxCacheEntries", u.max_users),
-                a("countCacheHits", u.hits),
-                a("countCacheMisses", u.misses),
-                a("countEvictions", u.evictions),
-                a("countFailures", u.failures),
-                a("countFailedCacheHits", u.failed_cache_hits),
-                a("countUnavailable", u.unavailable),
-                a("flagBackendFailing", u8::from(u.failing)),
-                a("meanVerifyMicros", format!("{:.0}", u.verify_time.mean_us())),
-            ],
-        );
+    dns.push(a("flagAsyncEnabled", 1));
+    o.leaf("host-dns-bucket", &dns);
+    if s.auth.is_some() {
+        o.leaf("acl-user-cache-bucket", &declared(s, "acl-user-cache-bucket"));
     }
     let al = &s.access_log;
     o.leaf(
         "client-dns-bucket",
-        &[
-            a("flagCacheEnabled", u8::from(al.resolve_clients)),
-            a("countCacheEntries", al.client_dns_entries),
-            a("maxCacheEntries", al.client_dns_max_entries),
-            a("countCacheHits", al.client_dns_hits),
-            a(
+        &after(
+            s,
+            "client-dns-bucket",
+            "countCacheHits",
+            vec![a(
                 "countCacheMisses",
                 al.client_dns_lookups - al.client_dns_hits.min(al.client_dns_lookups),
-            ),
-        ],
+            )],
+        ),
     );
-    let ka = &s.keepalive;
-    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-    o.leaf(
-        "keepalive-bucket",
-        &[
-            a("countConnections", opt(ka.count)),
-            a("maxConnections", opt(ka.max)),
-            a("countHits", ka.hits),
-            a("countFlushes", opt(ka.flushes)),
-            a("countRefusals", opt(ka.refusals)),
-            a("countTimeouts", opt(ka.timeouts)),
-            a("countHeaderTimeouts", opt(ka.header_timeouts)),
-            a("countSendTimeouts", opt(ka.send_timeouts)),
-            a("countPolled", opt(ka.parked)),
-            a("countPolledNew", opt(ka.parked_new)),
-            a("countHandoffs", opt(ka.parks)),
-            a("secondsTimeout", ka.timeout_secs),
-        ],
-    );
+    o.leaf("keepalive-bucket", &declared(s, "keepalive-bucket"));
     match &s.cache {
         None => o.leaf("cache-bucket", &[a("flagEnabled", 0)]),
-        Some(c) => o.leaf(
-            "cache-bucket",
-            &[
-                a("flagEnabled", u8::from(c.running)),
-                a("secondsMaxAge", c.max_age_secs),
-                a("countEntries", c.memory_entries),
-                a("countDiskEntries", c.disk.as_ref().map_or(0, |d| d.objects)),
-                a("sizeHeapCache", c.memory_bytes),
-                a("maxHeapCacheSize", c.memory_limit),
-                a("sizeDiskCache", c.disk.as_ref().map_or(0, |d| d.bytes)),
-                a("maxDiskCacheSize", c.disk.as_ref().map_or(0, |d| d.limit)),
-                a("countLookups", c.lookups),
-                a("countHits", c.hits),
-                a("countMisses", c.misses),
-                a("countStale", c.stale),
-                a("countRevalidations", c.revalidations),
-                a("countCollapsed", c.collapsed),
-                a("countContentHits", c.bytes_served),
-                a("countContentMisses", c.bytes_fetched),
-                a("percentHitRatio", format!("{:.2}", c.hit_ratio())),
-            ],
-        ),
+        Some(c) => {
+            let mut attrs = declared(s, "cache-bucket");
+            if c.disk.is_none() {
+                // The Sun proxy shows an empty disk cache rather than none.
+                attrs.extend(declared(&DiskInfo::default(), "cache-bucket"));
+            }
+            attrs.push(a("percentHitRatio", format!("{:.2}", c.hit_ratio())));
+            o.leaf("cache-bucket", &attrs);
+        }
     }
+    o.leaf("upstream-bucket", &declared(s, "upstream-bucket"));
+    o.leaf("access-log-bucket", &declared(s, "access-log-bucket"));
     let r = &s.requests;
-    o.node(
-        "thread",
-        &[
-            a("mode", "async"),
-            a("countWorkers", s.server.workers),
-            a("countActiveSessions", s.sessions.active),
-            a("peakActiveSessions", s.sessions.peak),
-        ],
-        |o| {
-            let count = |l: &[(String, u64)], n: &str| RequestStats::count(l, n);
-            o.leaf(
+    o.node("thread", &with(vec![a("mode", "async")], s, "thread"), |o| {
+        let count = |l: &[(String, u64)], n: &str| RequestStats::count(l, n);
+        o.leaf(
+            "request-bucket",
+            &then(
+                r,
                 "request-bucket",
-                &[
-                    a("countRequests", r.total),
-                    a("countBytesReceived", r.bytes_in),
-                    a("countBytesTransmitted", r.bytes_out),
+                vec![
                     a("count1xx", count(&r.by_status, "1xx")),
                     a("count2xx", count(&r.by_status, "2xx")),
                     a("count3xx", count(&r.by_status, "3xx")),
@@ -321,25 +290,25 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
                     a("countPost", count(&r.by_method, "POST")),
                     a("countCacheHit", count(&r.by_cache, "HIT")),
                     a("countCacheMiss", count(&r.by_cache, "MISS")),
-                    a("countAclDenied", r.acl_denied),
                     a("microsResponseP50", r.response_time.quantile_us(0.5)),
                     a("microsResponseP99", r.response_time.quantile_us(0.99)),
                 ],
+            ),
+        );
+        for (i, b) in s.buckets.buckets.iter().enumerate() {
+            let profile = format!("profile-{i}");
+            o.leaf(
+                "profile-bucket",
+                &with(vec![a("profile", &profile)], b, "profile-bucket"),
             );
-            for (i, b) in s.buckets.buckets.iter().enumerate() {
+            for st in &b.stages {
                 o.leaf(
-                    "profile-bucket",
-                    &[
-                        a("profile", format!("profile-{i}")),
-                        a("countCalls", b.invocations),
-                        a("countRequests", b.requests),
-                        a("ticksDispatch", b.latency_ns / 1000),
-                        a("ticksFunction", b.function_ns / 1000),
-                    ],
+                    "profile-stage-bucket",
+                    &with(vec![a("profile", &profile)], st, "profile-stage-bucket"),
                 );
             }
-        },
-    );
+        }
+    });
 }
 
 /// Per-CPU (idle, user, kernel) percent since boot, from /proc/stat.
