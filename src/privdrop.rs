@@ -82,10 +82,17 @@ pub fn prepare(config: &Config) -> Result<Option<Target>, String> {
         created.push(access.clone());
     }
     let cache_dir = (config.cache.enabled && config.cache.disk.bytes() > 0).then(|| config.cache.dir.clone());
-    if let Some(dir) = &cache_dir
-        && std::fs::symlink_metadata(dir).is_err()
-    {
-        created.push(dir.clone());
+    if let Some(dir) = &cache_dir {
+        // The disk tier creates its tmp directory when it opens, before the
+        // switch: in a cache directory that exists already (the Debian
+        // package creates /var/cache/portico for the user) it is new too,
+        // and left to root the user could store nothing.
+        let tmp = dir.join(crate::cache::disk::format::TMP_DIR);
+        for path in [dir.clone(), tmp] {
+            if std::fs::symlink_metadata(&path).is_err() {
+                created.push(path);
+            }
+        }
     }
     *PLAN.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
         target: target.clone(),

@@ -569,6 +569,43 @@ async fn started_as_root_it_serves_as_the_configured_user() {
     }
 }
 
+/// As the Debian package leaves it: the cache directory exists already,
+/// owned by the user (postinst made it), and Portico is started as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cache_directory_the_user_owns_the_disk_tier_stores_after_the_switch() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let (uid, gid) = nobody();
+    let origin =
+        Origin::start(|_req| async { Response::ok("from the origin").header("Cache-Control", "max-age=600") }).await;
+    let cache = open_dir();
+    let dir = cache.path().join("cache");
+    std::fs::create_dir(&dir).expect("mkdir cache");
+    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown cache to nobody");
+    let p = Portico::start(&dropping_config(&free_addr(), cache.path(), "")).await;
+    assert_eq!(
+        get_through(p.addr(), &origin).await,
+        (200, "from the origin".to_string())
+    );
+    // The object reaches a file of the disk tier (written through its tmp
+    // directory), and everything in the directory is nobody's.
+    let stored = || {
+        owners(&dir)
+            .iter()
+            .any(|(path, _)| path.is_file() && !path.starts_with(dir.join("tmp")))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), stored).await,
+        "no object file in the disk cache: {:?}\n{}",
+        owners(&dir),
+        read(&p.dir().join("error.log"))
+    );
+    let cached = owners(&dir);
+    assert!(cached.iter().all(|(_, u)| *u == uid), "files not nobody's: {cached:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_processes_every_worker_serves_as_the_configured_user() {
     if !is_root() {
