@@ -37,7 +37,9 @@ fn search_settings(url: &str) -> String {
 /// before the configuration's files are read).
 struct Proxy {
     portico: Portico,
-    _secret: tempfile::TempDir,
+    /// The service password file.
+    secret: std::path::PathBuf,
+    _secret_dir: tempfile::TempDir,
 }
 
 impl std::ops::Deref for Proxy {
@@ -68,7 +70,8 @@ async fn proxy(auth: &str, ldap: &str, rest: &str) -> Proxy {
     let config = config.replace("{dir}/ldap-secret", secret.to_str().expect("utf-8"));
     Proxy {
         portico: Portico::start(&config).await,
-        _secret: secret_dir,
+        secret,
+        _secret_dir: secret_dir,
     }
 }
 
@@ -655,4 +658,59 @@ fn check_explains_directory_mistakes() {
     let ok = format!("{base}url = \"ldaps://dir.example\"\nbase_dn = \"dc=x\"\n");
     let out = Portico::check(&ok);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A rotated service password: the directory's and the file's change,
+/// SIGHUP re-reads the file; a file that cannot be read at a SIGHUP keeps
+/// the previous password in use and refuses the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rereads_the_service_password_file() {
+    if !have_slapd() {
+        return;
+    }
+    let d = Slapd::start(&people()).await;
+    let o = origin().await;
+    let p = proxy("", &search_settings(&d.url()), "").await;
+    assert_eq!(get_as(&p, &o, "alice", "a-pw").await.status, 200);
+    d.ldap_tool(
+        "ldapmodify",
+        &format!("dn: {SERVICE_DN}\nchangetype: modify\nreplace: userPassword\nuserPassword: rotated\n"),
+    );
+    // The old password no longer binds: the directory refuses the service account.
+    assert_unavailable(&get_as(&p, &o, "bob", "b-pw").await, "old service password");
+    std::fs::write(&p.secret, "rotated\n").expect("write the new secret");
+    p.signal(libc::SIGHUP);
+    let started = Instant::now();
+    loop {
+        let r = get_as(&p, &o, "bob", "b-pw").await;
+        if r.status == 200 {
+            break;
+        }
+        assert_unavailable(&r, "until the reload and the retry");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the new secret was not used:\n{}",
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Gone at the next SIGHUP: said so, the reload refused, the
+    // password read before still in use.
+    std::fs::remove_file(&p.secret).expect("remove the secret");
+    p.signal(libc::SIGHUP);
+    let started = Instant::now();
+    while !p.stderr().contains("still running on the previous config") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no refused reload:\n{}",
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = p.stderr();
+    assert!(
+        err.contains("bind_password_file") && err.contains("previous service password stays in use"),
+        "{err}"
+    );
+    assert_eq!(get_as(&p, &o, "carol", "c-pw").await.status, 200);
 }
