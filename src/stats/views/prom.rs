@@ -500,7 +500,7 @@ pub fn render(s: &Snapshot) -> String {
             ),
             (
                 "portico_auth_cache_misses_total",
-                "Credentials verified against the user file.",
+                "Credentials verified against the user file or the LDAP directory.",
                 a.misses,
             ),
             (
@@ -520,7 +520,7 @@ pub fn render(s: &Snapshot) -> String {
             ),
             (
                 "portico_auth_unavailable_total",
-                "Requests answered 503: the user file could not be used.",
+                "Requests answered 503: the user file or the directory could not be used.",
                 a.unavailable,
             ),
             ("portico_auth_reloads_total", "Loads of the user file.", a.reloads),
@@ -530,12 +530,12 @@ pub fn render(s: &Snapshot) -> String {
         o.one(
             "portico_auth_backend_failing",
             "gauge",
-            "1 while the user file is missing or unreadable.",
+            "1 while the user file is missing or unreadable, or the directory is failing.",
             u8::from(a.failing),
         );
         o.histogram(
             "portico_auth_verify_seconds",
-            "Time to verify one password against the user file.",
+            "Time to verify one password against the user file or the directory.",
             &a.verify_time,
         );
     }
