@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 /// The users most tests share: alice (groupOfNames `g-member`, so also
 /// `memberOf`), bob (groupOfUniqueNames `g-unique`), carol (posixGroup
-/// `g-posix`, by `memberUid`), dave (no group).
+/// `g-posix`, by `memberUid`), dave (no group); and a referral among the
+/// people, so every user search also gets a continuation reference, which
+/// must not count as an entry (ldap3's `search` leaves them out).
 fn people() -> String {
-    let mut l = String::new();
+    let mut l = slapd::referral("branch");
     for (u, pw) in [("alice", "a-pw"), ("bob", "b-pw"), ("carol", "c-pw"), ("dave", "d-pw")] {
         l.push_str(&slapd::user_ldif(u, pw));
     }

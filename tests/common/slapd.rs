@@ -57,6 +57,15 @@ pub fn user_dn(uid: &str) -> String {
     format!("uid={uid},ou=people,{BASE}")
 }
 
+/// LDIF of a referral object `ou=<ou>,ou=people,<BASE>` pointing at
+/// another server: a subtree search over it gets a continuation
+/// reference (RFC 4511 4.5.3), as searches in Active Directory do.
+pub fn referral(ou: &str) -> String {
+    format!(
+        "dn: ou={ou},ou=people,{BASE}\nobjectClass: referral\nobjectClass: extensibleObject\nou: {ou}\nref: ldap://elsewhere.invalid/ou={ou},{BASE}\n\n"
+    )
+}
+
 /// LDIF of a `groupOfNames` (`member` DNs; the memberof overlay adds
 /// `memberOf` to each member's entry).
 pub fn group_of_names(cn: &str, uids: &[&str]) -> String {
@@ -231,7 +240,8 @@ impl Slapd {
     pub fn ldap_tool(&self, tool: &str, ldif: &str) {
         use std::io::Write;
         let mut child = Command::new(tool)
-            .args(["-x", "-H", &self.url(), "-D", ROOT_DN, "-w", ROOT_PW])
+            // -M (ManageDsaIT): referral objects are added as entries.
+            .args(["-x", "-M", "-H", &self.url(), "-D", ROOT_DN, "-w", ROOT_PW])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
