@@ -568,6 +568,33 @@ mod tests {
     }
 
     #[test]
+    fn the_service_password_file_is_one_line_and_never_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("secret");
+        let cfg = LdapConfig {
+            url: "ldap://127.0.0.1".into(),
+            bind_dn: "cn=svc,dc=x".into(),
+            bind_password_file: file.clone(),
+            base_dn: "dc=x".into(),
+            ..Default::default()
+        };
+        let missing = Directory::new(&cfg).err().expect("a missing file is an error");
+        assert!(
+            missing.contains("bind_password_file") && missing.contains("secret"),
+            "{missing}"
+        );
+        // An empty secret would make the service bind an unauthenticated one.
+        for empty in ["", "\n", "\nsecond line"] {
+            std::fs::write(&file, empty).expect("write");
+            let e = Directory::new(&cfg).err().expect("an empty password is an error");
+            assert!(e.contains("empty"), "{e}");
+        }
+        std::fs::write(&file, "s3cret\r\n").expect("write");
+        let d = Directory::new(&cfg).expect("a one-line file");
+        assert_eq!(d.secret.lock().map(|s| s.clone()).unwrap_or_default(), "s3cret");
+    }
+
+    #[test]
     fn result_codes_are_named() {
         assert_eq!(result_text(49, "bad"), "result 49 (invalidCredentials): bad");
         assert_eq!(result_text(999, ""), "result 999");
