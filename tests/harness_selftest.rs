@@ -406,3 +406,106 @@ fn with_nameserver_adds_the_test_dns_server_to_every_config() {
     let own = "[origin]\nnameservers = [\"127.0.0.1:53\"]\n";
     assert_eq!(with_nameserver(own, dns), own);
 }
+
+/// Runs an ldap-utils tool and returns (success, stdout).
+fn ldap_tool(args: &[&str], env: &[(&str, &std::path::Path)]) -> (bool, String) {
+    let mut cmd = std::process::Command::new(args[0]);
+    cmd.args(&args[1..]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run ldap-utils tool");
+    (out.status.success(), stdout(&out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slapd_serves_users_groups_tls_and_can_be_stopped_and_restarted() {
+    if !have_slapd() {
+        return;
+    }
+    use common::slapd::{self, BASE, SERVICE_DN, SERVICE_PW};
+    let ldif = slapd::user_ldif("alice", "a-pw") + &slapd::group_of_names("admins", &["alice"]);
+    let mut d = Slapd::start(&ldif).await;
+    let alice = slapd::user_dn("alice");
+    let url = d.url();
+    // The user's password binds; a wrong one does not.
+    let (ok, who) = ldap_tool(&["ldapwhoami", "-x", "-H", &url, "-D", &alice, "-w", "a-pw"], &[]);
+    assert!(ok && who.contains(&alice), "{who}");
+    assert!(!ldap_tool(&["ldapwhoami", "-x", "-H", &url, "-D", &alice, "-w", "nope"], &[]).0);
+    // The service account can search, and the memberof overlay filled in memberOf.
+    let (ok, found) = ldap_tool(
+        &[
+            "ldapsearch",
+            "-x",
+            "-LLL",
+            "-H",
+            &url,
+            "-D",
+            SERVICE_DN,
+            "-w",
+            SERVICE_PW,
+            "-b",
+            BASE,
+            "(uid=alice)",
+            "memberOf",
+        ],
+        &[],
+    );
+    assert!(
+        ok && found.contains(&format!("memberOf: cn=admins,ou=groups,{BASE}")),
+        "{found}"
+    );
+    // StartTLS and LDAPS with the generated CA.
+    let ca = d.ca_file();
+    let env = [("LDAPTLS_CACERT", ca.as_path())];
+    assert!(
+        ldap_tool(
+            &["ldapwhoami", "-ZZ", "-x", "-H", &url, "-D", &alice, "-w", "a-pw"],
+            &env
+        )
+        .0
+    );
+    assert!(
+        ldap_tool(
+            &["ldapwhoami", "-x", "-H", &d.ldaps_url(), "-D", &alice, "-w", "a-pw"],
+            &env
+        )
+        .0
+    );
+    // A changed password takes effect.
+    d.set_password("alice", "new-pw");
+    assert!(ldap_tool(&["ldapwhoami", "-x", "-H", &url, "-D", &alice, "-w", "new-pw"], &[]).0);
+    // Stopped: refused; restarted: the same entries on the same port.
+    d.stop();
+    assert!(std::net::TcpStream::connect(url.trim_start_matches("ldap://")).is_err());
+    d.restart().await;
+    assert!(ldap_tool(&["ldapwhoami", "-x", "-H", &url, "-D", &alice, "-w", "new-pw"], &[]).0);
+    // SIGSTOP: connections are accepted but nothing is answered.
+    d.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    // coreutils `timeout` ends the client: ldapwhoami itself would wait forever.
+    let (ok, _) = ldap_tool(
+        &[
+            "timeout",
+            "2",
+            "ldapwhoami",
+            "-x",
+            "-H",
+            &url,
+            "-D",
+            &alice,
+            "-w",
+            "new-pw",
+        ],
+        &[],
+    );
+    d.signal(libc::SIGCONT);
+    assert!(
+        !ok && started.elapsed() >= Duration::from_millis(1900),
+        "a stopped slapd answered"
+    );
+    assert!(
+        ldap_tool(&["ldapwhoami", "-x", "-H", &url, "-D", &alice, "-w", "new-pw"], &[]).0,
+        "SIGCONT resumes it"
+    );
+}

@@ -12,9 +12,17 @@
 //! or becomes unreadable fails closed: users not in the cache get a 503
 //! naming the reason, logged once per episode; cached users go on until
 //! their entry is `max_age` old.
+//!
+//! With `[auth.ldap]`, an LDAP directory (ldap.rs) takes the file's place
+//! behind the same cache: a miss binds to the directory (async, on the
+//! runtime: it waits on the network, not the CPU). A directory that fails
+//! (down, slow, refusing the service account) starts an episode, logged
+//! once: users not in the cache get 503 at once, and one request a second
+//! asks the directory again; the first answer ends the episode.
 
 pub mod basic;
 pub mod htpasswd;
+pub mod ldap;
 
 use crate::config::AuthConfig;
 use crate::stats::Histogram;
@@ -136,14 +144,23 @@ pub struct Authenticator {
     key: ring::hmac::Key,
     /// Counters for the statistics views.
     pub stats: AuthStats,
+    /// The LDAP directory, when `[auth.ldap]` replaces the file.
+    directory: Option<ldap::Directory>,
+    /// During a directory failure episode: milliseconds since `epoch`
+    /// before which requests get 503 without asking the directory.
+    next_probe_ms: AtomicU64,
+    /// Why the last SIGHUP could not re-read `bind_password_file`.
+    secret_error: Mutex<Option<String>>,
 }
 
 /// How often the files may be looked at on use.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl Authenticator {
-    /// Loads the files named by `cfg` (which must be enabled). `Err` names
-    /// the file that cannot be read: a start-up error. Refused lines (weak
+    /// Loads the files named by `cfg` (which must be enabled), or, with
+    /// `[auth.ldap]`, the directory's CA and password files (the directory
+    /// itself is first asked at the first login). `Err` names the file
+    /// that cannot be read: a start-up error. Refused lines (weak
     /// formats) are logged as warnings naming file, line and user.
     pub fn new(cfg: &AuthConfig) -> Result<Authenticator, String> {
         let rng = ring::rand::SystemRandom::new();
@@ -160,7 +177,18 @@ impl Authenticator {
             cache: Mutex::new(Cache::default()),
             key,
             stats: AuthStats::default(),
+            directory: None,
+            next_probe_ms: AtomicU64::new(0),
+            secret_error: Mutex::new(None),
         };
+        if cfg.ldap.enabled() {
+            let d = ldap::Directory::new(&cfg.ldap)?;
+            tracing::info!("auth: users from the directory at {}", cfg.ldap.url);
+            return Ok(Authenticator {
+                directory: Some(d),
+                ..a
+            });
+        }
         a.load()?;
         Ok(a)
     }
@@ -216,6 +244,20 @@ impl Authenticator {
     /// with `force`: SIGHUP). Blocking file I/O: run off the runtime.
     /// Starts or ends a failure episode, logging each once.
     pub fn check_files(&self, force: bool) {
+        if let Some(d) = &self.directory {
+            // The directory has no file to watch; SIGHUP re-reads the
+            // service password file (a rotated secret). One that cannot
+            // be read keeps the old secret and refuses the reload
+            // (`reload_error`): a directory that works is not cut off by
+            // a typo in a file name.
+            if force && let Ok(mut e) = self.secret_error.lock() {
+                *e = d.reload_secret().err();
+                if let Some(why) = e.as_deref() {
+                    tracing::error!("auth: {why}; the previous service password stays in use");
+                }
+            }
+            return;
+        }
         let current = (
             file_id(&self.cfg.htpasswd),
             (!self.cfg.groups.as_os_str().is_empty()).then(|| file_id(&self.cfg.groups)),
@@ -257,6 +299,9 @@ impl Authenticator {
     /// Starts a background file check if the last one is over a second
     /// old; the request that triggers it does not wait for it.
     fn maybe_check(self: &Arc<Self>) {
+        if self.directory.is_some() {
+            return;
+        }
         let now = self.epoch.elapsed().as_millis() as u64;
         if now < self.next_check_ms.load(Relaxed) || self.checking.swap(true, Relaxed) {
             return;
@@ -306,32 +351,17 @@ impl Authenticator {
             }
         }
         self.stats.misses.fetch_add(1, Relaxed);
-        if let Some(why) = self.broken.lock().ok().and_then(|b| b.clone()) {
-            self.stats.unavailable.fetch_add(1, Relaxed);
-            return Err(Refusal::Unavailable(format!("authentication is unavailable: {why}")));
-        }
-        let table = self.table.load_full();
-        let hash = table.users.get(&creds.user).cloned();
-        let password = creds.password;
-        let started = Instant::now();
-        let ok = match hash {
-            // An unknown user is refused without a verification, as
-            // Apache's mod_authn_file does: cheaper under a flood of
-            // made-up names, at the price of a timing difference that
-            // tells an unknown name from a wrong password.
-            None => false,
-            Some(h) => match pool.run(move || htpasswd::verify(&h, &password)).await {
-                Ok(ok) => {
-                    self.stats.verify_time.record(started.elapsed());
-                    ok
+        // The directory may spell the name differently (ldap::canonical_name).
+        let mut directory_name = None;
+        let (ok, mut groups) = match &self.directory {
+            Some(dir) => match self.ask_directory(dir, &creds.user, &creds.password).await? {
+                ldap::Verdict::Valid { name, groups } => {
+                    directory_name = Some(name);
+                    (true, groups)
                 }
-                Err(e) => {
-                    self.stats.unavailable.fetch_add(1, Relaxed);
-                    return Err(Refusal::Unavailable(format!(
-                        "authentication is unavailable: cannot verify the password now ({e})"
-                    )));
-                }
+                ldap::Verdict::Invalid => (false, Vec::new()),
             },
+            None => self.ask_file(&creds.user, creds.password, pool).await?,
         };
         let now = Instant::now();
         let Ok(mut c) = self.cache.lock() else {
@@ -353,10 +383,9 @@ impl Authenticator {
             }
             return Err(Refusal::Invalid);
         }
-        let mut groups = table.groups.get(&creds.user).cloned().unwrap_or_default();
         groups.truncate(self.cfg.max_groups_per_user);
         let user = Arc::new(User {
-            name: creds.user.clone(),
+            name: directory_name.unwrap_or_else(|| creds.user.clone()),
             groups,
         });
         if !c.users.contains_key(&creds.user) && c.users.len() >= self.cfg.max_users {
@@ -378,6 +407,105 @@ impl Authenticator {
         Ok(user)
     }
 
+    /// The htpasswd file's answer: (password right, the user's groups).
+    async fn ask_file(
+        &self,
+        user: &str,
+        password: String,
+        pool: &crate::blocking::BlockingPool,
+    ) -> Result<(bool, Vec<String>), Refusal> {
+        if let Some(why) = self.broken.lock().ok().and_then(|b| b.clone()) {
+            self.stats.unavailable.fetch_add(1, Relaxed);
+            return Err(Refusal::Unavailable(format!("authentication is unavailable: {why}")));
+        }
+        let table = self.table.load_full();
+        let hash = table.users.get(user).cloned();
+        let started = Instant::now();
+        let ok = match hash {
+            // An unknown user is refused without a verification, as
+            // Apache's mod_authn_file does: cheaper under a flood of
+            // made-up names, at the price of a timing difference that
+            // tells an unknown name from a wrong password.
+            None => false,
+            Some(h) => match pool.run(move || htpasswd::verify(&h, &password)).await {
+                Ok(ok) => {
+                    self.stats.verify_time.record(started.elapsed());
+                    ok
+                }
+                Err(e) => {
+                    self.stats.unavailable.fetch_add(1, Relaxed);
+                    return Err(Refusal::Unavailable(format!(
+                        "authentication is unavailable: cannot verify the password now ({e})"
+                    )));
+                }
+            },
+        };
+        let groups = if ok {
+            table.groups.get(user).cloned().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok((ok, groups))
+    }
+
+    /// The directory's answer, inside the failure-episode bookkeeping:
+    /// during an episode, requests get 503 at once except one a second,
+    /// which asks the directory again.
+    async fn ask_directory(&self, dir: &ldap::Directory, user: &str, password: &str) -> Result<ldap::Verdict, Refusal> {
+        if let Some(why) = self.failing() {
+            let now = self.epoch.elapsed().as_millis() as u64;
+            let next = self.next_probe_ms.load(Relaxed);
+            if now < next
+                || self
+                    .next_probe_ms
+                    .compare_exchange(next, now + ldap::RETRY_EVERY.as_millis() as u64, Relaxed, Relaxed)
+                    .is_err()
+            {
+                self.stats.unavailable.fetch_add(1, Relaxed);
+                return Err(Refusal::Unavailable(format!("authentication is unavailable: {why}")));
+            }
+        }
+        let started = Instant::now();
+        match dir.verify(user, password).await {
+            Ok(v) => {
+                self.stats.verify_time.record(started.elapsed());
+                self.end_episode();
+                Ok(v)
+            }
+            Err(why) => {
+                self.start_episode(&why);
+                self.next_probe_ms.store(
+                    self.epoch.elapsed().as_millis() as u64 + ldap::RETRY_EVERY.as_millis() as u64,
+                    Relaxed,
+                );
+                self.stats.unavailable.fetch_add(1, Relaxed);
+                Err(Refusal::Unavailable(format!("authentication is unavailable: {why}")))
+            }
+        }
+    }
+
+    /// Notes a directory failure; the first of an episode is logged.
+    fn start_episode(&self, why: &str) {
+        if let Ok(mut b) = self.broken.lock() {
+            if b.is_none() {
+                tracing::error!(
+                    "auth: {why}; failing closed: users not in the user cache get 503 until the directory answers again"
+                );
+            }
+            // The latest reason is what the 503 page says.
+            *b = Some(why.to_string());
+        }
+    }
+
+    /// Ends a failure episode, if one is running, with one log line.
+    fn end_episode(&self) {
+        if let Ok(mut b) = self.broken.lock()
+            && let Some(why) = b.take()
+        {
+            tracing::warn!("auth: the directory answers again (was: {why}); authentication resumed");
+        }
+    }
+
     /// Users in the cache now.
     pub fn cached_users(&self) -> usize {
         self.cache.lock().map(|c| c.users.len()).unwrap_or(0)
@@ -386,5 +514,15 @@ impl Authenticator {
     /// The current failure episode's reason, if the back-end is failing.
     pub fn failing(&self) -> Option<String> {
         self.broken.lock().ok().and_then(|b| b.clone())
+    }
+
+    /// Why a reload must be refused after `check_files(true)`: the user
+    /// file cannot be read, or the directory's password file; never a
+    /// directory that is down, which a reload cannot mend.
+    pub fn reload_error(&self) -> Option<String> {
+        if self.directory.is_some() {
+            return self.secret_error.lock().ok().and_then(|e| e.clone());
+        }
+        self.failing()
     }
 }

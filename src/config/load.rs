@@ -363,9 +363,10 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if a.required && !a.enabled() {
         return Err((
             vec![Key("auth"), Key("required")],
-            "required = true needs auth.htpasswd (the file of users to check credentials against)".into(),
+            "required = true needs auth.htpasswd (the file of users to check credentials against) or auth.ldap.url (a directory)".into(),
         ));
     }
+    validate_ldap(a)?;
     if a.realm.is_empty() || a.realm.chars().any(|ch| ch == '"' || ch == '\\' || ch.is_control()) {
         return Err((
             vec![Key("auth"), Key("realm")],
@@ -395,6 +396,245 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             vec![Key("limits"), Key("max_request_line")],
             "cannot be larger than limits.max_header_size".into(),
         ));
+    }
+    Ok(())
+}
+
+/// `[auth.ldap]`: the directory settings, each mistake named by its key.
+fn validate_ldap(a: &crate::config::AuthConfig) -> Result<(), Invalid> {
+    use Seg::Key;
+    let l = &a.ldap;
+    let at = |k: &'static str| vec![Key("auth"), Key("ldap"), Key(k)];
+    let any_set = *l
+        != crate::config::LdapConfig {
+            url: l.url.clone(),
+            ..Default::default()
+        };
+    if !l.enabled() {
+        if any_set {
+            return Err((
+                vec![Key("auth"), Key("ldap")],
+                "the [auth.ldap] settings need url = \"ldap://host\" or \"ldaps://host\" (the directory to ask)".into(),
+            ));
+        }
+        return Ok(());
+    }
+    if !a.htpasswd.as_os_str().is_empty() {
+        return Err((
+            at("url"),
+            "auth.ldap and auth.htpasswd cannot both be set: users come from one back-end".into(),
+        ));
+    }
+    if !a.groups.as_os_str().is_empty() {
+        return Err((
+            vec![Key("auth"), Key("groups")],
+            "a groups file goes with auth.htpasswd; with auth.ldap, groups come from the directory (auth.ldap.group_base or auth.ldap.member_of)".into(),
+        ));
+    }
+    let tls = match ldap_url(&l.url) {
+        Ok(tls) => tls,
+        Err(why) => return Err((at("url"), format!("url {:?}: {why}", l.url))),
+    };
+    if l.starttls && tls {
+        return Err((
+            at("starttls"),
+            "starttls is for ldap:// URLs; an ldaps:// connection is TLS from the start".into(),
+        ));
+    }
+    if !l.ca_file.as_os_str().is_empty() && !tls && !l.starttls {
+        return Err((
+            at("ca_file"),
+            "a CA file is only used with TLS: use an ldaps:// URL or starttls = true".into(),
+        ));
+    }
+    let has_password = !l.bind_password.is_empty() || !l.bind_password_file.as_os_str().is_empty();
+    if !l.bind_password.is_empty() && !l.bind_password_file.as_os_str().is_empty() {
+        return Err((
+            at("bind_password"),
+            "set bind_password or bind_password_file, not both".into(),
+        ));
+    }
+    if has_password && l.bind_dn.is_empty() {
+        let key = if l.bind_password.is_empty() {
+            "bind_password_file"
+        } else {
+            "bind_password"
+        };
+        return Err((
+            at(key),
+            "a service password needs bind_dn (the account it belongs to)".into(),
+        ));
+    }
+    if !l.bind_dn.is_empty() && !has_password {
+        return Err((
+            at("bind_dn"),
+            "bind_dn needs bind_password_file (or bind_password); for anonymous searches leave bind_dn empty".into(),
+        ));
+    }
+    if !l.bind_dn.is_empty() && !l.bind_dn.contains('=') {
+        return Err((
+            at("bind_dn"),
+            format!("{:?} is not a DN (like \"cn=portico,dc=example,dc=com\")", l.bind_dn),
+        ));
+    }
+    if !l.dn_template.is_empty() {
+        if !l.dn_template.contains("{user}") {
+            let hint = if l.dn_template.contains("%u") || l.dn_template.contains("%s") {
+                " (Portico writes the user name as {user}, not %u or %s)"
+            } else {
+                ""
+            };
+            return Err((
+                at("dn_template"),
+                format!(
+                    "{:?} has no {{user}}: every user would bind as the same DN{hint}",
+                    l.dn_template
+                ),
+            ));
+        }
+        if !l.dn_template.contains('=') {
+            return Err((
+                at("dn_template"),
+                format!(
+                    "{:?} is not a DN template (like \"uid={{user}},ou=people,dc=example,dc=com\")",
+                    l.dn_template
+                ),
+            ));
+        }
+    } else {
+        if l.base_dn.is_empty() {
+            // Not set, so no line of its own: the table's is named.
+            return Err((
+                vec![Key("auth"), Key("ldap")],
+                "base_dn is needed to search for users (the subtree holding them), or set dn_template".into(),
+            ));
+        }
+        if let Err(why) = ldap_filter_shape(&l.user_filter) {
+            return Err((at("user_filter"), format!("{:?}: {why}", l.user_filter)));
+        }
+        if !l.user_filter.contains("{user}") {
+            return Err((
+                at("user_filter"),
+                format!(
+                    "{:?} has no {{user}}: it would find the same entry for every user name",
+                    l.user_filter
+                ),
+            ));
+        }
+    }
+    if !l.group_filter.is_empty() {
+        if let Err(why) = ldap_filter_shape(&l.group_filter) {
+            return Err((at("group_filter"), format!("{:?}: {why}", l.group_filter)));
+        }
+        if !l.group_filter.contains("{dn}") && !l.group_filter.contains("{user}") {
+            return Err((
+                at("group_filter"),
+                format!(
+                    "{:?} has neither {{dn}} nor {{user}}: it would give every user the same groups",
+                    l.group_filter
+                ),
+            ));
+        }
+        if l.group_base.is_empty() {
+            return Err((
+                at("group_filter"),
+                "a group filter needs group_base (where groups are searched)".into(),
+            ));
+        }
+    }
+    if !l.group_base.is_empty() && l.group_name_attribute.is_empty() {
+        return Err((
+            at("group_name_attribute"),
+            "must name the attribute holding a group's name (such as cn)".into(),
+        ));
+    }
+    if l.user_attribute.is_empty() || l.user_attribute.contains([' ', '(', ')', ',', '=']) {
+        return Err((
+            at("user_attribute"),
+            format!(
+                "{:?}: must name one attribute (such as uid or sAMAccountName)",
+                l.user_attribute
+            ),
+        ));
+    }
+    if l.connect_timeout.get().is_zero() {
+        return Err((
+            at("connect_timeout"),
+            "must be above 0 (a dead directory would hang logins)".into(),
+        ));
+    }
+    if l.timeout.get().is_zero() {
+        return Err((
+            at("timeout"),
+            "must be above 0 (a stalled directory would hang logins)".into(),
+        ));
+    }
+    if l.pool_size == 0 {
+        return Err((at("pool_size"), "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Checks an `[auth.ldap] url`; true for `ldaps://`. Only scheme, host and
+/// port are used, so an LDAP URL's DN, attributes or filter (RFC 4516) are
+/// refused rather than silently ignored.
+pub fn ldap_url(url: &str) -> Result<bool, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("ldaps://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("ldap://") {
+        (false, r)
+    } else {
+        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        return Err(if scheme.is_empty() {
+            "must start with ldap:// or ldaps://".into()
+        } else {
+            format!("unknown scheme {scheme}:// (use ldap://, with starttls = true for TLS, or ldaps://)")
+        });
+    };
+    let hostport = rest.strip_suffix('/').unwrap_or(rest);
+    if hostport.is_empty() {
+        return Err("names no host".into());
+    }
+    if hostport.contains(['/', '?', '@', '#', ' ']) {
+        return Err("only ldap[s]://host[:port] is used: a DN, attributes, filter or user in the URL are not".into());
+    }
+    let port = if let Some(v6) = hostport.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((_, p)) => p.strip_prefix(':'),
+            None => return Err("an IPv6 address needs its closing ]".into()),
+        }
+    } else {
+        hostport.split_once(':').map(|(_, p)| p)
+    };
+    if let Some(p) = port
+        && p.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(format!("port {p:?} is not a port number (1-65535)"));
+    }
+    Ok(tls)
+}
+
+/// A filter must be one parenthesised RFC 4515 filter: balanced
+/// parentheses, starting with `(` and closed at its end.
+fn ldap_filter_shape(f: &str) -> Result<(), &'static str> {
+    if !f.starts_with('(') || !f.ends_with(')') {
+        return Err("an LDAP filter is enclosed in parentheses, like (uid={user})");
+    }
+    let mut depth = 0i64;
+    for (i, ch) in f.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 || (depth == 0 && i + 1 != f.len()) {
+                    return Err("unbalanced parentheses");
+                }
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err("unbalanced parentheses");
     }
     Ok(())
 }

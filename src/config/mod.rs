@@ -8,6 +8,8 @@ mod load;
 pub mod memory;
 pub mod units;
 
+/// Checks an `[auth.ldap] url` (the LDAP back-end reads its scheme too).
+pub use load::ldap_url;
 pub use load::{ConfigError, acl_lines, load_file, parse_str, rule_lines, tracing_level};
 pub use units::{Dur, Size};
 
@@ -1045,6 +1047,8 @@ pub struct AuthConfig {
     pub max_age: Dur,
     /// How long a failed login is remembered, answered without verifying again.
     pub failed_ttl: Dur,
+    /// `[auth.ldap]`: an LDAP directory instead of the htpasswd file.
+    pub ldap: LdapConfig,
 }
 
 impl Default for AuthConfig {
@@ -1058,14 +1062,107 @@ impl Default for AuthConfig {
             max_groups_per_user: 32,
             max_age: Dur::secs(300),
             failed_ttl: Dur::secs(10),
+            ldap: LdapConfig::default(),
         }
     }
 }
 
 impl AuthConfig {
-    /// True when `[auth]` names an htpasswd file.
+    /// True when `[auth]` names an htpasswd file or an LDAP directory.
     pub fn enabled(&self) -> bool {
-        !self.htpasswd.as_os_str().is_empty()
+        !self.htpasswd.as_os_str().is_empty() || self.ldap.enabled()
+    }
+}
+
+/// `[auth.ldap]`: users and groups from an LDAP directory (RFC 4511), the
+/// way the Sun proxy and Squid's `basic_ldap_auth` use one: the user's DN
+/// is found by a search (or built from a template), the password is
+/// checked by binding as that DN, groups are read by a search or from the
+/// user's `memberOf`. Off while `url` is empty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LdapConfig {
+    /// `ldap://host[:port]` or `ldaps://host[:port]`; empty = off.
+    pub url: String,
+    /// Upgrade an `ldap://` connection with StartTLS before any bind.
+    pub starttls: bool,
+    /// PEM file of the CAs that sign the directory's certificate; empty =
+    /// the system's roots.
+    pub ca_file: PathBuf,
+    /// The service account that searches; empty = anonymous searches.
+    pub bind_dn: String,
+    /// The service account's password (prefer `bind_password_file`).
+    pub bind_password: String,
+    /// File holding the service account's password (one line).
+    pub bind_password_file: PathBuf,
+    /// Where users are searched (subtree).
+    pub base_dn: String,
+    /// Search filter finding a user; `{user}` is the escaped user name.
+    pub user_filter: String,
+    /// The user's DN built from the name (`{user}`, escaped) instead of a search.
+    pub dn_template: String,
+    /// Attribute of the user's entry holding the name the access log and
+    /// `[[acl]] user` entries see (the directory's spelling).
+    pub user_attribute: String,
+    /// Where groups are searched (subtree); empty = no group search.
+    pub group_base: String,
+    /// Filter finding a user's groups: `{dn}` the user's DN, `{user}` the
+    /// name; empty = [`LdapConfig::DEFAULT_GROUP_FILTER`].
+    pub group_filter: String,
+    /// Attribute of a group entry that names it (what `[[acl]] group` matches).
+    pub group_name_attribute: String,
+    /// Read the groups from the user entry's `memberOf` attribute.
+    pub member_of: bool,
+    /// Limit on opening a connection (TCP, TLS, StartTLS).
+    pub connect_timeout: Dur,
+    /// Limit on each directory operation (bind, search).
+    pub timeout: Dur,
+    /// Most connections open to the directory at once.
+    pub pool_size: usize,
+}
+
+impl Default for LdapConfig {
+    fn default() -> Self {
+        LdapConfig {
+            url: String::new(),
+            starttls: false,
+            ca_file: PathBuf::new(),
+            bind_dn: String::new(),
+            bind_password: String::new(),
+            bind_password_file: PathBuf::new(),
+            base_dn: String::new(),
+            user_filter: "(uid={user})".to_string(),
+            dn_template: String::new(),
+            user_attribute: "uid".to_string(),
+            group_base: String::new(),
+            group_filter: String::new(),
+            group_name_attribute: "cn".to_string(),
+            member_of: false,
+            connect_timeout: Dur::secs(5),
+            timeout: Dur::secs(5),
+            pool_size: 4,
+        }
+    }
+}
+
+impl LdapConfig {
+    /// The group filter when `group_filter` is empty: the three usual
+    /// memberships, `groupOfNames`, `groupOfUniqueNames` and RFC 2307
+    /// `posixGroup`.
+    pub const DEFAULT_GROUP_FILTER: &str = "(|(member={dn})(uniqueMember={dn})(memberUid={user}))";
+
+    /// The group filter in force.
+    pub fn group_filter(&self) -> &str {
+        if self.group_filter.is_empty() {
+            Self::DEFAULT_GROUP_FILTER
+        } else {
+            &self.group_filter
+        }
+    }
+
+    /// True when `[auth.ldap]` names a directory.
+    pub fn enabled(&self) -> bool {
+        !self.url.is_empty()
     }
 }
 

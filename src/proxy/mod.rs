@@ -180,7 +180,7 @@ impl Shared {
         let auth = match old.and_then(|o| o.auth.as_ref()) {
             Some(a) if config.auth.enabled() && *a.config() == config.auth => {
                 a.check_files(true);
-                if let Some(why) = a.failing() {
+                if let Some(why) = a.reload_error() {
                     return Err(format!("auth: {why}"));
                 }
                 Some(a.clone())

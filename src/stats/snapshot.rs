@@ -539,8 +539,8 @@ crate::section! {
         /// Credentials found in the cache, still valid.
         hits: u64 => Counter, Add, None, "Credentials found in the user cache.",
             prom "portico_auth_cache_hits_total", xml "acl-user-cache-bucket" "countCacheHits";
-        /// Credentials verified against the user file.
-        misses: u64 => Counter, Add, None, "Credentials verified against the user file.",
+        /// Credentials verified against the user file or the LDAP directory.
+        misses: u64 => Counter, Add, None, "Credentials verified against the user file or the LDAP directory.",
             prom "portico_auth_cache_misses_total", xml "acl-user-cache-bucket" "countCacheMisses";
         /// Users dropped from the full cache to make room.
         evictions: u64 => Counter, Add, None, "Users dropped from the full user cache.",
@@ -551,17 +551,17 @@ crate::section! {
         /// Failed logins answered from the failed-login cache (`auth.failed_ttl`).
         failed_cache_hits: u64 => Counter, Add, None, "Failed logins answered from the failed-login cache.",
             prom "portico_auth_failed_cache_hits_total", xml "acl-user-cache-bucket" "countFailedCacheHits";
-        /// Requests answered 503 because the user file could not be used.
-        unavailable: u64 => Counter, Add, None, "Requests answered 503: the user file could not be used.",
+        /// Requests answered 503 because the user file or the directory could not be used.
+        unavailable: u64 => Counter, Add, None, "Requests answered 503: the user file or the directory could not be used.",
             prom "portico_auth_unavailable_total", xml "acl-user-cache-bucket" "countUnavailable";
         /// Loads of the user file (start, change, SIGHUP).
         reloads: u64 => Counter, Add, None, "Loads of the user file.",
             prom "portico_auth_reloads_total", xml "acl-user-cache-bucket" "countReloads";
-        /// The back-end is failing now (the user file missing or unreadable).
-        failing: bool => Gauge, Any, None, "1 while the user file is missing or unreadable.",
+        /// The back-end is failing now (the user file missing or unreadable, or the directory failing).
+        failing: bool => Gauge, Any, None, "1 while the user file is missing or unreadable, or the directory is failing.",
             prom "portico_auth_backend_failing", xml "acl-user-cache-bucket" "flagBackendFailing";
         /// Time to verify one password against the file.
-        verify_time: HistSnapshot => Histogram, Add, Micros, "Time to verify one password against the user file.",
+        verify_time: HistSnapshot => Histogram, Add, Micros, "Time to verify one password against the user file or the directory.",
             prom "portico_auth_verify_seconds", xml "acl-user-cache-bucket" "meanVerifyMicros";
     }
 }

@@ -9,6 +9,7 @@
 //!   own [`DnsServer`] for names (never the machine's resolver).
 //! - [`Origin`]: scripted hyper-based HTTP/1.1 origin (plain or TLS).
 //! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
+//! - [`Slapd`]: a real OpenLDAP directory for the LDAP tests.
 //! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
 
 // Not every test file uses every helper.
@@ -19,6 +20,7 @@ mod dns;
 mod origin;
 mod portico;
 mod raw_origin;
+pub mod slapd;
 
 pub use client::{
     Framing, ParsedResponse, RawClient, connect_tunnel, curl, parse_head_response, parse_response, parse_responses,
@@ -28,6 +30,7 @@ pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
 pub use portico::{Portico, listener_addrs, with_nameserver};
 pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
+pub use slapd::{Slapd, have_slapd};
 
 use std::net::TcpListener;
 
