@@ -58,6 +58,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl.time",
     "acl.days",
     "acl.list",
+    "acl.content_type",
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",

@@ -254,6 +254,11 @@ pub struct AclConfig {
     /// Names of `[[acl_list]]` filter lists: holds when any pattern of any of them matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
     pub list: Vec<String>,
+    /// Response media types (`video/*`, `application/x-msdownload`, `none`):
+    /// makes the entry a response entry, checked on the response head
+    /// (Squid's `http_reply_access` with `rep_mime_type`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub content_type: Vec<String>,
 }
 
 /// What the lines of an `[[acl_list]]` file are.
@@ -268,6 +273,9 @@ pub enum AclListKind {
     Urls,
     /// Regular expressions matched against the whole URL (Squid's `url_regex`).
     Regex,
+    /// Media types of responses (`video/*`), for response entries (Squid's
+    /// `rep_mime_type`, the Sun proxy's MIME-type filters).
+    Mime,
 }
 
 /// `[[acl_list]]`: a named file of patterns, one a line, read at start-up and

@@ -27,6 +27,8 @@ pub struct Dest {
     pub to: To,
     /// The `[[rule]]` whose `cache = {...}` applies, if any.
     pub cache_rule: Option<usize>,
+    /// The `[[acl]]` response entries the response is checked against.
+    pub reply: crate::acl::ReplyFilter,
 }
 
 /// The origin or group a request goes to.
@@ -208,7 +210,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             attempt.host.clone(),
             None,
         )?;
-        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref()).await {
+        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref(), &dest.reply).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 if dest.retry_after(sh, &attempt, &ex.head, &e, failed.is_some()) {
@@ -409,6 +411,7 @@ async fn exchange(
     upstream: &Upstream,
     parts: http::request::Parts,
     rewrite: Option<&LocationRewrite>,
+    reply: &crate::acl::ReplyFilter,
 ) -> Result<(), UpstreamError> {
     let (body, sender) = match ex.head.body {
         BodyFraming::Empty => (ProxyBody::empty(), None),
@@ -429,10 +432,17 @@ async fn exchange(
     let request = Request::from_parts(parts, body);
     let reader = &mut ex.body;
     let out = &mut ex.out;
+    let head = &ex.head;
 
     let pump = pump(reader, sender);
     let respond = async {
         let response = upstream.send(request).await?;
+        if let Some(why) = super::reply_acl::denied(reply, response.status(), response.headers()) {
+            // Dropped unread: the origin connection is closed, not pooled.
+            drop(response);
+            super::reply_acl::refuse(out, sh, head, &why).await;
+            return Ok(());
+        }
         stream_response(out, response, sh, rewrite).await;
         Ok::<(), UpstreamError>(())
     };

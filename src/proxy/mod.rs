@@ -9,6 +9,7 @@ mod purge;
 
 pub use purge::purge_running;
 pub(crate) mod reply;
+mod reply_acl;
 mod tunnel;
 
 use crate::access::AllowList;
@@ -438,7 +439,7 @@ impl ListenerHandler {
                 return self.fail(ex, status, reason).await;
             }
         };
-        let decision = sh.acl.decide_now(&crate::acl::Request {
+        let acl_request = crate::acl::Request {
             client: ex.peer.ip(),
             method: &ex.head.method,
             scheme: target.scheme,
@@ -448,7 +449,14 @@ impl ListenerHandler {
             headers: &ex.head.headers,
             mode: self.mode,
             user: user.as_deref().map(crate::auth::User::identity),
-        });
+        };
+        let decision = sh.acl.decide_now(&acl_request);
+        // The response entries that apply to this request, checked on its
+        // response head (`reply_acl.rs`); none configured costs nothing.
+        let reply = match decision {
+            crate::acl::Decision::Allow { .. } if sh.acl.has_reply_entries() => sh.acl.reply_filter(&acl_request),
+            _ => crate::acl::ReplyFilter::default(),
+        };
         if let Some(outcome) = self.enforce(ex, sh, decision, false).await {
             return outcome;
         }
@@ -516,6 +524,7 @@ impl ListenerHandler {
         let dest = forward::Dest {
             to,
             cache_rule: route.cache_rule,
+            reply,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
