@@ -59,6 +59,8 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl.days",
     "acl.list",
     "acl.content_type",
+    "upstream.credentials_file",
+    "rule.parent_credentials",
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",

@@ -555,6 +555,10 @@ pub struct UpstreamConfig {
     /// absolute form (`GET http://origin/path`), CONNECT tunnels through them.
     #[serde(default, skip_serializing_if = "is_false")]
     pub parent: bool,
+    /// For a parent group: a file of `user:password` sent to its servers as
+    /// `Proxy-Authorization` (Squid's `cache_peer ... login=user:password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<std::path::PathBuf>,
 }
 
 fn default_host_header() -> HostHeader {
@@ -631,10 +635,25 @@ pub struct RuleConfig {
     /// Answer with a redirect instead of serving the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirect: Option<RedirectConfig>,
+    /// `pass`: the client's `Proxy-Authorization` goes on to the rule's
+    /// parent group (Squid's `login=PASS`); `strip` (the default) removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_credentials: Option<ParentCredentials>,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// `[[rule]] parent_credentials`: what becomes of the client's
+/// `Proxy-Authorization` on the way to a parent proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParentCredentials {
+    /// Sent on to the parent (never to an origin).
+    Pass,
+    /// Removed, like every hop-by-hop field (the default).
+    Strip,
 }
 
 /// `header = { name = "X", value = "v" }` in a `[[rule]]`: presence when

@@ -29,6 +29,24 @@ pub struct Dest {
     pub cache_rule: Option<usize>,
     /// The `[[acl]]` response entries the response is checked against.
     pub reply: crate::acl::ReplyFilter,
+    /// `Proxy-Authorization` for a parent (`To::Parent` only): the group's
+    /// `credentials_file`, or the client's own passed on by a rule.
+    pub parent_auth: Option<HeaderValue>,
+}
+
+impl Dest {
+    /// Adds the parent's credentials to a request going to a parent in
+    /// absolute form. Never for anything else: an origin (direct or a
+    /// group) must not get proxy credentials, nor an `https` origin reached
+    /// through a parent's tunnel (the request inside goes to the origin;
+    /// the tunnel's own CONNECT carries the group's fixed credentials).
+    fn add_parent_credentials(&self, headers: &mut HeaderMap) {
+        if let (To::Parent { origin, .. }, Some(auth)) = (&self.to, &self.parent_auth)
+            && origin.scheme() != Some(&http::uri::Scheme::HTTPS)
+        {
+            headers.insert(http::header::PROXY_AUTHORIZATION, auth.clone());
+        }
+    }
 }
 
 /// The origin or group a request goes to.
@@ -202,7 +220,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
     loop {
         let attempt = dest.attempt(sh, failed)?;
         ex.hierarchy = Some(dest.hierarchy(sh, &attempt));
-        let parts = request_parts(
+        let mut parts = request_parts(
             &ex.head,
             ex.peer.ip(),
             sh,
@@ -210,6 +228,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             attempt.host.clone(),
             None,
         )?;
+        dest.add_parent_credentials(&mut parts.headers);
         match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref(), &dest.reply).await {
             Ok(()) => return Ok(()),
             Err(e) => {
@@ -275,7 +294,8 @@ pub async fn fetch(
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
-        let parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
+        let mut parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
+        dest.add_parent_credentials(&mut parts.headers);
         let request = Request::from_parts(parts, ProxyBody::empty());
         match attempt.upstream.send(request).await {
             Ok(response) => {
