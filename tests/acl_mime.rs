@@ -3,7 +3,8 @@
 //! media type gets the entry's deny page before any body byte, counts as
 //! `acl_denied`, is logged with its status and is never stored; forward
 //! and reverse listeners, with and without the cache; a stored object of
-//! a type a reload then denies is refused from the cache; hostile
+//! a type a reload then denies, or stored for a client an entry does not
+//! apply to, is refused from the cache to those it applies to; hostile
 //! `Content-Type` fields; `portico check` errors and `portico acl test
 //! --content-type`.
 
@@ -425,4 +426,30 @@ fn acl_test_decides_the_response_with_content_type() {
     assert!(out.contains("response verdict: allow"), "another host: {out}");
     let (_, out, _, _) = run(config, &files, &["acl", "test"], &["http://ok.test/a"]);
     assert!(out.contains("give --content-type"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_stored_for_one_client_is_refused_from_the_cache_to_a_client_denied_its_type() {
+    let o = typed_origin().await;
+    let port = o.addr().port();
+    let (fwd, rev) = (free_addr(), free_addr());
+    let extra = "[[acl]]\naction = \"deny\"\nclient = \"127.0.0.1\"\ncontent_type = \"video/*\"\nreason = \"This file type is blocked\"\n";
+    let p = Portico::start(&config(&fwd, &rev, port, true, extra)).await;
+    let addr: SocketAddr = fwd.parse().expect("addr");
+    let req = format!("GET http://ok.test:{port}/video HTTP/1.1\r\nHost: ok.test:{port}\r\nConnection: close\r\n\r\n");
+    let from = |ip: &'static str| {
+        let req = req.clone();
+        async move { parse_response(&raw_request_from(ip.parse().expect("ip"), addr, req.as_bytes()).await) }
+    };
+    let r = from("127.0.0.2").await;
+    assert_eq!((r.status, r.header("X-Cache")), (200, Some("MISS")), "{}", p.stderr());
+    assert_eq!(from("127.0.0.2").await.header("X-Cache"), Some("HIT"));
+    assert_denied(&from("127.0.0.1").await, "stored, but denied to this client");
+    assert_eq!(from("127.0.0.2").await.header("X-Cache"), Some("HIT"));
+    assert_eq!(
+        o.count(),
+        1,
+        "the refusal did not touch the stored object or the origin"
+    );
+    assert_eq!(acl_denied(&p).await, 1);
 }
