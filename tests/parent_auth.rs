@@ -199,8 +199,13 @@ async fn pass_sends_the_clients_credentials_to_the_parent_only() {
         "{}",
         p.stderr()
     );
-    // Without credentials the parent's refusal reaches the client.
-    assert_eq!(get(a, "www.via.test", "").await.status, 407);
+    // Without credentials the parent's refusal reaches the client, with
+    // its challenge (the client's password is the one that counts).
+    let r = get(a, "www.via.test", "").await;
+    assert_eq!(
+        (r.status, r.header("proxy-authenticate")),
+        (407, Some("Basic realm=\"parent\""))
+    );
     // CONNECT through the parent carries them too.
     let head = tunnel(a, e.addr().port(), &creds).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{}", p.stderr());
@@ -215,6 +220,27 @@ async fn pass_sends_the_clients_credentials_to_the_parent_only() {
     // A request no rule sends to the parent: the origin never sees them.
     let r = get(a, &format!("direct.test:{}", origin.addr().port()), &creds).await;
     assert_eq!((r.status, r.body_str()), (200, "origin saw none".to_string()));
+
+    // The same through the cache (a GET miss is fetched by the cache stage).
+    let listen = free_addr();
+    let cfg = config(
+        &listen,
+        parent.addr(),
+        e.addr().port(),
+        "",
+        "parent_credentials = \"pass\"",
+    )
+    .replace("enabled = false", "enabled = true");
+    let _p = Portico::start(&cfg).await;
+    let a: SocketAddr = listen.parse().expect("addr");
+    let r = get(a, "www.via.test", &creds).await;
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let r = get(a, "www.via.test", "").await;
+    assert_eq!(
+        (r.status, r.header("proxy-authenticate")),
+        (407, Some("Basic realm=\"parent\""))
+    );
+    assert_eq!(field(&parent.heads()[4], "proxy-authorization").as_deref(), Some(ALICE));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,7 +251,9 @@ async fn by_default_the_clients_credentials_are_stripped() {
     let _p = Portico::start(&config(&listen, parent.addr(), e.addr().port(), "", "")).await;
     let a: SocketAddr = listen.parse().expect("addr");
     let creds = format!("Proxy-Authorization: {ALICE}\r\n");
-    assert_eq!(get(a, "www.via.test", &creds).await.status, 407);
+    let r = get(a, "www.via.test", &creds).await;
+    // The parent's challenge is hop-by-hop and not for this client to answer.
+    assert_eq!((r.status, r.header("proxy-authenticate")), (407, None));
     assert!(!tunnel(a, e.addr().port(), &creds).await.starts_with("HTTP/1.1 200"));
     for h in parent.heads() {
         assert_eq!(field(&h, "proxy-authorization"), None, "{h}");

@@ -195,7 +195,7 @@ async fn revalidate(
             store_and_send(
                 ex,
                 sh,
-                &dest.reply,
+                dest,
                 cache,
                 policy,
                 key,
@@ -273,7 +273,7 @@ async fn fetch_and_store(
     store_and_send(
         ex,
         sh,
-        &dest.reply,
+        dest,
         cache,
         cache.policy_for(dest.route()),
         key,
@@ -293,7 +293,7 @@ async fn fetch_and_store(
 async fn store_and_send(
     ex: &mut Exchange<'_>,
     sh: &Shared,
-    reply: &ReplyFilter,
+    dest: &Dest,
     cache: &Cache,
     policy: &Policy,
     key: &CacheKey,
@@ -306,7 +306,7 @@ async fn store_and_send(
     // Before anything is stored or shared: a denied type is never stored,
     // and collapsed followers (other clients, other filters) fetch for
     // themselves.
-    if let Some(why) = super::reply_acl::denied(reply, response.status(), response.headers()) {
+    if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
         if let Some(l) = leader {
             l.finish(Ending::NotShared);
         }
@@ -318,7 +318,14 @@ async fn store_and_send(
     note_cache(ex, crate::stats::CacheOutcome::Miss);
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
-    let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
+    let mut headers = super::forward::response_headers_for(
+        parts.headers,
+        parts.status,
+        parts.version,
+        sh,
+        rewrite.as_ref(),
+        dest.relay_challenge,
+    );
     let length = body.size_hint().exact();
     let storable = policy
         .storable(&ex.head.method, key, &ex.head.headers, parts.status, &headers)

@@ -548,15 +548,19 @@ impl ListenerHandler {
             Ok(to) => to,
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
-        let parent_auth = match &to {
-            forward::To::Parent { group, .. } => parent_credentials(sh, *group, &route, &client_credentials),
-            _ => None,
+        let (parent_auth, relay_challenge) = match &to {
+            forward::To::Parent { group, .. } => (
+                parent_credentials(sh, *group, &route, &client_credentials),
+                route.pass_credentials && sh.groups.get(*group).is_some_and(|g| g.credentials.is_none()),
+            ),
+            _ => (None, false),
         };
         let dest = forward::Dest {
             to,
             cache_rule: route.cache_rule,
             reply,
             parent_auth,
+            relay_challenge,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
