@@ -11,6 +11,7 @@ hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
 configurations: bench/peers/*.md.
 """
 import argparse
+import base64
 import asyncio
 import concurrent.futures
 import datetime
@@ -49,6 +50,9 @@ SCENARIOS = {
             "the 10,000 objects (also issue 6's overload benchmark)",
     "rules": "Portico only: 10, 100, 1,000, 10,000 [[rule]] entries, every request matching "
              "the last rule (the Sun proxy's assign-name table)",
+    "auth": "Portico only: cache hits on the single page from clients sending Basic credentials "
+            "(a bcrypt htpasswd entry, verified once, then from the user cache) against the same "
+            "hits without [auth], interleaved",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
@@ -74,7 +78,11 @@ MEAN_SIZE = 13 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 APT_PACKAGES = {"nginx": "nginx-light", "varnishd": "varnish", "squid": "squid",
-                "wrk": "wrk", "curl": "curl", "taskset": "util-linux"}
+                "wrk": "wrk", "curl": "curl", "taskset": "util-linux",
+                "htpasswd": "apache2-utils"}
+# auth scenario: the one user of the htpasswd file (bcrypt, cost AUTH_COST) and its password.
+AUTH_USER, AUTH_PASSWORD, AUTH_COST = "bench", "bench-secret-1", 10
+AUTH_SUBJECTS = ["anonymous", "authenticated"]
 PEER_COMMANDS = {"nginx": "nginx", "varnish": "varnishd", "squid": "squid"}
 
 
@@ -88,11 +96,12 @@ def have(cmd):
     return shutil.which(cmd) is not None or os.path.exists(f"/usr/sbin/{cmd}")
 
 
-def ensure_installed(peers):
+def ensure_installed(peers, extra=()):
     """apt-get what is missing: the origin (nginx), wrk, curl, taskset, and the
-    peers asked for (so a Portico-only run does not install Varnish or Squid)."""
+    peers asked for (so a Portico-only run does not install Varnish or Squid);
+    `extra` commands too (htpasswd for the auth scenario)."""
     cmds = ["nginx", "wrk", "curl", "taskset"] + [PEER_COMMANDS[p] for p in peers
-                                                 if p in PEER_COMMANDS]
+                                                 if p in PEER_COMMANDS] + list(extra)
     missing = sorted({APT_PACKAGES[c] for c in cmds if not have(c)})
     if not missing:
         return
@@ -284,11 +293,11 @@ def port_free(port):
         s.close()
 
 
-def http_get(port, path, conn=None):
+def http_get(port, path, conn=None, headers=None):
     own = conn is None
     if own:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", path)
+    conn.request("GET", path, headers=headers or {})
     r = conn.getresponse()
     body = r.read()
     headers = {k.lower(): v for k, v in r.getheaders()}
@@ -297,14 +306,14 @@ def http_get(port, path, conn=None):
     return r.status, headers, body
 
 
-def wait_ready(port, daemon, timeout=20, path="/page"):
+def wait_ready(port, daemon, timeout=20, path="/page", headers=None):
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:
         if daemon is not None and not daemon.alive():
             raise RuntimeError(f"{daemon.name} exited: {daemon.tail()}")
         try:
-            status, _, body = http_get(port, path)
+            status, _, body = http_get(port, path, headers=headers)
             if status == 200 and len(body) == PAGE_SIZE:
                 return
             last = f"status {status}, {len(body)} bytes"
@@ -500,8 +509,31 @@ PORTICO_EXTRA = None   # dict from --portico-extra FILE
 PORTICO_EXTRA_PATH = None
 
 
-def write_portico_conf(d, rules=None, rule_kind="path"):
+def auth_header():
+    """The auth scenario's `Authorization` field (reverse listener: RFC 7617
+    Basic in `Authorization`, as a browser sends it to a site)."""
+    token = base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()
+    return f"Basic {token}"
+
+
+def write_htpasswd(d):
+    """An htpasswd file with one bcrypt entry written by Apache's htpasswd
+    (the format issue 14 asks to be compatible with)."""
+    path = os.path.join(d, "users")
+    p = subprocess.run(["htpasswd", "-nbB", "-C", str(AUTH_COST), AUTH_USER, AUTH_PASSWORD],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 or not p.stdout.startswith(f"{AUTH_USER}:$2"):
+        raise RuntimeError(f"htpasswd -nbB failed: {p.stdout} {p.stderr}")
+    with open(path, "w") as f:
+        f.write(p.stdout.strip() + "\n")
+    return path
+
+
+def write_portico_conf(d, rules=None, rule_kind="path", auth=False):
     conf = portico_conf(d, rules, rule_kind)
+    if auth:
+        # Every request must authenticate; the user cache holds the one user.
+        conf["auth"] = {"htpasswd": write_htpasswd(d), "required": True, "realm": "bench"}
     header = "# Portico under test (bench/peers/portico.md)"
     if PORTICO_EXTRA:
         merge_conf(conf, PORTICO_EXTRA)
@@ -531,15 +563,17 @@ def portico_check(portico_bin, conf_path, rule_kind="path"):
                        f"{msg[-1500:]}{hint}")
 
 
-def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path"):
+def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path", auth=False):
     d = os.path.join(tmp, name)
     if os.path.exists(d):
         shutil.rmtree(d)   # fresh cache for every run
     os.makedirs(d)
     os.chmod(d, 0o777)     # nginx workers / squid / varnish child drop privileges
-    ready_path = "/page"
+    ready_path, ready_headers = "/page", None
     if name == "portico":
-        conf = write_portico_conf(d, rules, rule_kind)
+        conf = write_portico_conf(d, rules, rule_kind, auth)
+        if auth:
+            ready_headers = {"Authorization": auth_header()}
         portico_check(portico_bin, conf, rule_kind)
         argv = [portico_bin, "run", "-c", conf]
         if rules is not None:
@@ -563,7 +597,7 @@ def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path"):
         raise RuntimeError(f"port {PORTS[name]} is in use")
     daemon = Daemon(name, argv, PROXY_CPU, d)
     try:
-        wait_ready(PORTS[name], daemon, path=ready_path)
+        wait_ready(PORTS[name], daemon, path=ready_path, headers=ready_headers)
     except Exception:
         daemon.stop()
         raise
@@ -996,6 +1030,74 @@ def run_rules(count, tmp, args, ctx, origin):
         daemon.stop()
 
 
+# ---- auth
+
+def portico_stats(port):
+    """Portico's /.stats.json snapshot (the monitor pages answer on the listener)."""
+    _, _, body = http_get(port, "/.stats.json")
+    return json.loads(body)["snapshot"]
+
+
+def run_auth(subject, tmp, args, ctx, origin):
+    """Cache hits on /page through Portico, `authenticated`: with [auth]
+    required and every request carrying the one user's Basic credentials
+    (verified against the bcrypt entry once, then found in the user cache);
+    `anonymous`: the same config without [auth], no credentials."""
+    authed = subject == "authenticated"
+    daemon = start_peer("portico", tmp, args.portico_bin, auth=authed)
+    try:
+        port, problems, info = PORTS["portico"], [], {}
+        hdr = {"Authorization": auth_header()} if authed else None
+        http_get(port, "/page", headers=hdr)                 # warm-up (a miss)
+        st, h, body = http_get(port, "/page", headers=hdr)
+        xc = cache_status(h)
+        if st != 200 or len(body) != PAGE_SIZE or (xc and not xc.upper().startswith("HIT")):
+            problems.append(f"/page: status {st}, {len(body)} bytes, X-Cache {xc}")
+        if authed:
+            # Authentication really is on: no credentials and a wrong password are refused.
+            st_none, _, _ = http_get(port, "/page")
+            bad = base64.b64encode(f"{AUTH_USER}:wrong".encode()).decode()
+            st_bad, _, _ = http_get(port, "/page", headers={"Authorization": f"Basic {bad}"})
+            info["refused"] = f"{st_none}/{st_bad}"
+            if (st_none, st_bad) != (401, 401):
+                problems.append(f"without / with wrong credentials: {st_none} / {st_bad}, not 401")
+            before = portico_stats(port).get("auth") or {}
+        r = run_wrk(port, "/page", ctx["scripts"]["hot"], args.duration, args.connections,
+                    daemon.pid, origin.pid,
+                    headers=[f"Authorization: {auth_header()}"] if authed else ())
+        r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
+        r["origin_during"] = r["origin_requests"]
+        if authed:
+            after = portico_stats(port).get("auth") or {}
+            r["auth_hits"] = after.get("hits", 0) - before.get("hits", 0)
+            r["auth_misses"] = after.get("misses", 0) - before.get("misses", 0)
+            r["auth_verifications"] = after.get("misses", 0)
+            # Every request of the run found its user in the cache (wrk's
+            # in-flight requests at the end may add a few hits it did not count).
+            if r["auth_misses"] or r["auth_hits"] < r["requests"]:
+                problems.append(f"user cache during the run: {r['auth_hits']} hits, "
+                                f"{r['auth_misses']} misses for {r['requests']} requests")
+        r.update(info)
+        if r["errors"]:
+            problems.append(f"{r['errors']} wrk errors (socket errors or non-2xx)")
+        if r["origin_during"]:
+            problems.append(f"origin saw {r['origin_during']} requests during a hit run")
+        if r["requests"] == 0:
+            problems.append("no requests completed")
+        if not daemon.alive():
+            raise RuntimeError(f"portico died during the run: {daemon.tail()}")
+        r["problems"] = problems
+        r["summary"] = (f"{subject}: {r['rps']:,.0f} req/s, {r['cpu_us_per_req']:.2f} CPU "
+                        f"us/request, {r['rps_per_core']:,.0f} req/s/core, p99 "
+                        f"{r['p99_us']/1000:.2f} ms, errors {r['errors']}, other CPU "
+                        f"{r['other_cpu']:.2f}" +
+                        (f", user cache {r['auth_hits']:,} hits / {r['auth_misses']} misses"
+                         if authed else ""))
+        return r
+    finally:
+        daemon.stop()
+
+
 def classify_oha_errors(dist):
     """oha's errorDistribution (message -> count) as timeouts, connection
     errors, and requests aborted by the end of the step (not failures)."""
@@ -1355,11 +1457,11 @@ def write_report(scenario, results, args, vers, outdir, command):
          f"- Command: `{command}`",
          f"- Machine: {machine()}"]
     body, extra = {"idle": report_idle, "rate": report_rate, "rules": report_rules,
-                   "soak": report_soak}.get(scenario, report_wrk)(scenario, results, subjects,
+                   "soak": report_soak, "auth": report_auth}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
     want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
-            "rules": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
+            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
             "soak": ("portico",)}.get(
         scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
     for k in want:
@@ -1620,6 +1722,53 @@ def report_rules(scenario, results, subjects, args):
     return L, extra
 
 
+def report_auth(scenario, results, subjects, args):
+    extra = [f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency` on "
+             f"`GET /page` (38,314 bytes, a cache hit); `authenticated` adds "
+             f"`-H 'Authorization: Basic ...'` for the one user of an htpasswd file written by "
+             f"`htpasswd -nbB -C {AUTH_COST}` (bcrypt), with `[auth] required = true`; "
+             f"`anonymous` is the same config without `[auth]`. Portico on CPU {PROXY_CPU}, "
+             f"wrk on CPU {LOAD_CPU}; {args.rounds} interleaved round(s) (anonymous, "
+             f"authenticated, anonymous, ...), fresh Portico per run"]
+    L = ["Medians over rounds; spread is min–max. `CPU µs/request` = Portico's CPU time / "
+         "requests; `req/s per core` = requests / Portico CPU seconds. Issue 14's target: "
+         "authenticated hits whose user is in the user cache cost within 5% of anonymous "
+         "hits per core.\n",
+         "| clients | req/s | spread | CPU µs/request | req/s per core | spread | p50 ms | "
+         "p99 ms | proxy CPU | other CPU | runs |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in subjects:
+        rs = results[s]
+        L.append(f"| {s} | {med(rs, 'rps'):,.0f} | "
+                 f"{fmt_spread([r['rps'] for r in rs], lambda v: f'{v:,.0f}')} | "
+                 f"{med(rs, 'cpu_us_per_req'):.2f} | {med(rs, 'rps_per_core'):,.0f} | "
+                 f"{fmt_spread([r['rps_per_core'] for r in rs], lambda v: f'{v:,.0f}')} | "
+                 f"{med(rs, 'p50_us')/1000:.2f} | {med(rs, 'p99_us')/1000:.2f} | "
+                 f"{med(rs, 'proxy_cpu'):.2f} | {med(rs, 'other_cpu'):.2f} | {len(rs)} |")
+    L.append("")
+    if all(results.get(s) for s in AUTH_SUBJECTS):
+        a, b = results["anonymous"], results["authenticated"]
+        ratio = med(b, "rps_per_core") / med(a, "rps_per_core")
+        cost = med(b, "cpu_us_per_req") / med(a, "cpu_us_per_req") - 1
+        pairs = [y["rps_per_core"] / x["rps_per_core"] for x, y in zip(a, b)]
+        L.append(f"Authenticated / anonymous, req/s per core: **{ratio:.3f}** "
+                 f"({cost * 100:+.1f}% CPU per request; per round "
+                 f"{', '.join(f'{p:.3f}' for p in pairs)}); target ≥ 0.95: "
+                 f"{'met' if ratio >= 0.95 else 'NOT met'}.\n")
+    L.append("## Checks\n")
+    L.append("| clients | round | requests | errors | origin requests during run | "
+             "user cache hits / misses during run | no / wrong credentials | other CPU |")
+    L.append("|---|---:|---:|---:|---:|---|---|---:|")
+    for s in subjects:
+        for i, r in enumerate(results[s]):
+            uc = (f"{r['auth_hits']:,} / {r['auth_misses']}" if "auth_hits" in r else "—")
+            L.append(f"| {s} | {i+1} | {r['requests']:,} | {r['errors']} | "
+                     f"{r['origin_during']} | {uc} | {r.get('refused', '—')} | "
+                     f"{r['other_cpu']:.2f} |")
+    L.append("")
+    return L, extra
+
+
 def report_soak(scenario, results, subjects, args):
     r = results["portico"][0]
     conf = r["config"]
@@ -1662,7 +1811,7 @@ def chart(scenario, results, subjects, outdir, args):
         ax.bar(subjects, meds, yerr=[lo, hi], capsize=4, color=color)
         ax.set_title(label, fontsize=9)
 
-    if scenario in WRK_SCENARIOS:
+    if scenario in WRK_SCENARIOS or scenario == "auth":
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         bars(axes[0], "rps", "requests/s (higher is better)")
         bars(axes[1], "rps_per_core", "requests/s per proxy core (higher is better)")
@@ -1743,6 +1892,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return run_rules(int(subject), tmp, args, ctx, origin)
     if scenario == "soak":
         return run_soak(tmp, args)
+    if scenario == "auth":
+        return run_auth(subject, tmp, args, ctx, origin)
     raise ValueError(scenario)
 
 
@@ -1769,6 +1920,8 @@ def precheck_portico(args):
         if "rules" in args.scenarios:
             portico_check(args.portico_bin, write_portico_conf(d, 2, args.rule_kind),
                           args.rule_kind)
+        if "auth" in args.scenarios:
+            portico_check(args.portico_bin, write_portico_conf(d, auth=True))
     except RuntimeError as e:
         sys.exit(f"bench: {e}")
     finally:
@@ -1921,13 +2074,13 @@ def main():
         NGINX_TCP_NOPUSH = "on"
     if os.cpu_count() < 2:
         sys.exit("bench: needs at least 2 CPUs (proxy on CPU 0, load on CPU 1)")
-    for only in ("rules", "soak"):
+    for only in ("rules", "soak", "auth"):
         if only in args.scenarios and "portico" not in args.peers:
             log(f"{only}: Portico only, and Portico is not among --peers: skipped")
             args.scenarios.remove(only)
 
     if not args.no_install:
-        ensure_installed(args.peers)
+        ensure_installed(args.peers, ["htpasswd"] if "auth" in args.scenarios else [])
     oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
     if "rate" in args.scenarios and not oha:
         msg = "rate: oha not found (cargo install oha --locked)"
@@ -1972,8 +2125,9 @@ def main():
         for scenario in args.scenarios:
             t_scen = time.time()
             subjects = ([str(n) for n in args.rule_counts] if scenario == "rules"
-                        else ["portico"] if scenario == "soak" else list(args.peers))
-            who = (lambda s: "portico") if scenario == "rules" else (lambda s: s)
+                        else ["portico"] if scenario == "soak"
+                        else list(AUTH_SUBJECTS) if scenario == "auth" else list(args.peers))
+            who = (lambda s: "portico") if scenario in ("rules", "auth") else (lambda s: s)
             results = {s: [] for s in subjects}
             for rnd in range(1 if scenario == "soak" else args.rounds):
                 for subj in subjects:           # interleaved: P, n, v, s, P, n, v, s, ...

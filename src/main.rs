@@ -184,6 +184,9 @@ enum AclCommand {
         /// Local time in access.time_zone, YYYY-MM-DDTHH:MM (default: now).
         #[arg(long, value_name = "YYYY-MM-DDTHH:MM")]
         at: Option<String>,
+        /// The response's Content-Type, to try the response (content_type) entries too.
+        #[arg(long, value_name = "TYPE")]
+        content_type: Option<String>,
     },
 }
 
@@ -198,6 +201,7 @@ fn acl_test(command: AclCommand) -> Result<(), String> {
         headers,
         mode,
         at,
+        content_type,
     } = command;
     let c = load(Some(&config))?;
     let text = std::fs::read_to_string(&config).unwrap_or_default();
@@ -211,6 +215,7 @@ fn acl_test(command: AclCommand) -> Result<(), String> {
         headers,
         mode: parse_mode(mode.as_deref())?,
         at,
+        content_type,
     };
     let out = portico::acl::explain(&c, &config.display().to_string(), &config::acl_lines(&text), &probe)?;
     print!("{out}");

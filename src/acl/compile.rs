@@ -45,6 +45,8 @@ pub(super) struct Entry {
     days: u8,
     /// `list`: filter lists, any pattern of any of which matches.
     pub lists: Vec<Arc<List>>,
+    /// `content_type` and `kind = "mime"` lists: a response entry.
+    pub reply: Option<super::mime::ReplyMatch>,
     /// The matchers as config text.
     pub describe: String,
 }
@@ -200,8 +202,14 @@ impl Acl {
         let mut exact = super::HostTable::default();
         let mut suffix = super::HostTable::default();
         let mut rest = Vec::new();
+        let mut reply = Vec::new();
         for (id, e) in entries.iter().enumerate() {
             let id = id as u32;
+            if e.reply.is_some() {
+                // Decided on the response, not with the request's entries.
+                reply.push(id);
+                continue;
+            }
             if e.hosts.is_empty() {
                 rest.push(id);
             }
@@ -222,6 +230,7 @@ impl Acl {
                 exact,
                 suffix,
                 rest,
+                reply,
                 default: access.acl_default,
                 zone,
                 zone_name: access.time_zone.clone(),
@@ -371,7 +380,24 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
     if !e.days.is_empty() {
         describe.push(format!("days = {:?}", e.days));
     }
-    let mut lists = Vec::new();
+    let mut lists: Vec<Arc<List>> = Vec::new();
+    let mut reply = super::mime::ReplyMatch::default();
+    for (j, t) in e.content_type.iter().enumerate() {
+        reply.inline.insert(t, 0).map_err(|m| {
+            (
+                vec![
+                    PathSeg::Key("acl"),
+                    PathSeg::Index(i),
+                    PathSeg::Key("content_type"),
+                    PathSeg::Index(j),
+                ],
+                m,
+            )
+        })?;
+    }
+    if !e.content_type.is_empty() {
+        describe.push(format!("content_type = {:?}", reply.inline.describe()));
+    }
     for name in &e.list {
         let l = known.iter().find(|l| *l.name == **name).ok_or_else(|| {
             let names: Vec<&str> = known.iter().map(|l| &*l.name).collect();
@@ -385,14 +411,32 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
                 },
             )
         })?;
-        lists.push(l.clone());
+        if l.mime().is_some() {
+            reply.lists.push(l.clone());
+        } else {
+            lists.push(l.clone());
+        }
+    }
+    if let (Some(m), Some(r)) = (reply.lists.first(), lists.first()) {
+        // `list` is "any of": a request list and a response list together
+        // would silently mean "both"; two entries say it plainly.
+        return Err(at(
+            i,
+            "list",
+            format!(
+                "list {:?} is a kind = \"mime\" list (matched on the response) and {:?} is matched on the request: give them to two entries",
+                m.name, r.name
+            ),
+        ));
     }
     if !e.list.is_empty() {
         describe.push(format!("list = {:?}", e.list));
     }
+    let reply = (!reply.inline.is_empty() || !reply.lists.is_empty()).then_some(reply);
     Ok(Entry {
         action: e.action,
         lists,
+        reply,
         status,
         reason,
         clients: e.client.clone(),

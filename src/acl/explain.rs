@@ -28,6 +28,9 @@ pub struct Probe {
     pub mode: Option<Mode>,
     /// Local time in `[access] time_zone`, `YYYY-MM-DDTHH:MM`; None = now.
     pub at: Option<String>,
+    /// The response's `Content-Type`, to try the response entries
+    /// (`content_type`, `kind = "mime"` lists) too; None = request only.
+    pub content_type: Option<String>,
 }
 
 /// Decides `probe` with `config`'s ACL and describes the result. `file`
@@ -147,7 +150,56 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     if let Some(hit) = matched_list {
         let _ = writeln!(out, "matched by {hit}");
     }
+    if matches!(decision, Decision::Allow { .. }) && acl.has_reply_entries() {
+        explain_reply(&mut out, &acl, &req, probe, now, &entry_line);
+    }
     Ok(out)
+}
+
+/// The response step of an allowed request: which response entry decides
+/// a response of `--content-type`, as the server's `ReplyFilter` would.
+fn explain_reply(
+    out: &mut String,
+    acl: &Acl,
+    req: &Request<'_>,
+    probe: &Probe,
+    now: jiff::Timestamp,
+    entry_line: &dyn Fn(usize) -> String,
+) {
+    let Some(ct) = &probe.content_type else {
+        let _ = writeln!(
+            out,
+            "response entries (content_type) not tried: give --content-type to check a response"
+        );
+        return;
+    };
+    if req.is_tunnel() {
+        let _ = writeln!(
+            out,
+            "response: a CONNECT tunnel's responses are encrypted: content_type entries never apply"
+        );
+        return;
+    }
+    let types = super::MediaTypes::parse(ct);
+    let _ = writeln!(out, "response: Content-Type {ct:?} (media types: {})", types.describe());
+    match acl.explain_reply(req, &types, now) {
+        None => {
+            let _ = writeln!(out, "no response entry matched");
+            let _ = writeln!(out, "response verdict: allow");
+        }
+        Some((i, decision, hit)) => match decision {
+            Decision::Deny { status, reason, .. } => {
+                let _ = writeln!(out, "response decided by {} [deny]", entry_line(i));
+                let _ = writeln!(out, "matched by {hit}");
+                let _ = writeln!(out, "response verdict: deny {}: {reason}", status.as_u16());
+            }
+            _ => {
+                let _ = writeln!(out, "response decided by {} [allow]", entry_line(i));
+                let _ = writeln!(out, "matched by {hit}");
+                let _ = writeln!(out, "response verdict: allow");
+            }
+        },
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM` (seconds optional) read in the ACL's time zone.

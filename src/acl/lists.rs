@@ -36,7 +36,12 @@ pub(super) struct List {
 enum Patterns {
     Domains(Domains),
     Urls(Table<Vec<UrlPrefix>>),
-    Regex { set: RegexSet, lines: Vec<u32> },
+    Regex {
+        set: RegexSet,
+        lines: Vec<u32>,
+    },
+    /// `kind = "mime"`: matched on responses (`mime.rs`), never on requests.
+    Mime(super::mime::MimeSet),
 }
 
 /// A domain list: the names (lower-case, no leading or trailing dot)
@@ -194,6 +199,15 @@ impl List {
             Patterns::Domains(d) => d.find(req.host).is_some(),
             Patterns::Urls(t) => url_prefix(t, req).is_some(),
             Patterns::Regex { set, .. } => set.is_match(&url_of(req)),
+            Patterns::Mime(_) => false,
+        }
+    }
+
+    /// The media-type patterns of a `kind = "mime"` list.
+    pub(super) fn mime(&self) -> Option<&super::mime::MimeSet> {
+        match &self.patterns {
+            Patterns::Mime(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -221,6 +235,7 @@ impl List {
                     pattern: set.patterns().get(i).cloned().unwrap_or_default(),
                 })
             }
+            Patterns::Mime(_) => None,
         }
     }
 }
@@ -308,6 +323,13 @@ pub(super) fn build(config: &AclListConfig, bytes: &[u8]) -> Result<List, String
                 set,
                 lines: lines.iter().map(|(n, _)| *n).collect(),
             }
+        }
+        AclListKind::Mime => {
+            let mut m = super::mime::MimeSet::default();
+            for &(n, text) in &lines {
+                m.insert(text, n).map_err(|e| at(n as usize, e))?;
+            }
+            Patterns::Mime(m)
         }
     };
     Ok(List {

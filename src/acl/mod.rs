@@ -17,8 +17,10 @@
 mod compile;
 mod explain;
 mod lists;
+mod mime;
 
 pub use explain::{Probe, explain};
+pub use mime::{MediaTypes, ReplyDenied, ReplyFilter};
 
 use crate::config::{AclAction, Mode};
 use http::{HeaderMap, Method, StatusCode};
@@ -184,6 +186,9 @@ struct Compiled {
     suffix: HostTable,
     /// Entries without a host key (no `host`, or `*`): always candidates.
     rest: Vec<u32>,
+    /// Response entries (`content_type`, `kind = "mime"` lists), in config
+    /// order: never candidates for a request's decision (`mime.rs`).
+    reply: Vec<u32>,
     default: AclAction,
     zone: jiff::tz::TimeZone,
     zone_name: String,

@@ -178,6 +178,65 @@ fn explain(message: &str) -> String {
 
 type Invalid = (Vec<Seg>, String);
 
+/// Credentials for parent proxies: `credentials_file` only on a parent
+/// group (and readable), `parent_credentials = "pass"` only on a rule that
+/// itself sends the request to a parent group without fixed credentials, so
+/// that no configuration can hand a client's proxy credentials to an origin.
+fn parent_credentials(c: &Config) -> Result<(), Invalid> {
+    use Seg::{Index, Key};
+    for (i, u) in c.upstream.iter().enumerate() {
+        let Some(path) = &u.credentials_file else { continue };
+        let at = || vec![Key("upstream"), Index(i), Key("credentials_file")];
+        if !u.parent {
+            return Err((
+                at(),
+                "only a parent group (parent = true) is sent credentials: an origin server must never get proxy credentials"
+                    .into(),
+            ));
+        }
+        crate::upstream::credentials::read(path).map_err(|e| (at(), e))?;
+    }
+    for (i, r) in c.rule.iter().enumerate() {
+        if r.parent_credentials != Some(crate::config::ParentCredentials::Pass) {
+            continue;
+        }
+        let at = vec![Key("rule"), Index(i), Key("parent_credentials")];
+        let group = r
+            .upstream
+            .as_ref()
+            .and_then(|n| c.upstream.iter().find(|u| &u.name == n));
+        match group {
+            Some(g) if g.parent && g.credentials_file.is_none() => {}
+            Some(g) if g.parent => {
+                return Err((
+                    at,
+                    format!(
+                        "upstream `{}` has a credentials_file: its parents are sent those; leave parent_credentials out",
+                        g.name
+                    ),
+                ));
+            }
+            Some(g) => {
+                return Err((
+                    at,
+                    format!(
+                        "upstream `{}` is not a parent group (parent = true): a client's proxy credentials must never go to an origin server",
+                        g.name
+                    ),
+                ));
+            }
+            None => {
+                return Err((
+                    at,
+                    "\"pass\" needs `upstream` naming a parent group (parent = true) in the same rule: without a parent the client's credentials would go to the origin"
+                        .into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks that are about more than one value: references, duplicates, ranges.
 fn validate(c: &Config) -> Result<(), Invalid> {
     use Seg::{Index, Key};
@@ -262,6 +321,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             .collect();
         return Err((path, e.message));
     }
+    parent_credentials(c)?;
     if c.server.processes == 0 || c.server.processes > 1024 {
         return Err((
             vec![Key("server"), Key("processes")],

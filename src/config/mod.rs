@@ -257,6 +257,11 @@ pub struct AclConfig {
     /// Names of `[[acl_list]]` filter lists: holds when any pattern of any of them matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
     pub list: Vec<String>,
+    /// Response media types (`video/*`, `application/x-msdownload`, `none`):
+    /// makes the entry a response entry, checked on the response head
+    /// (Squid's `http_reply_access` with `rep_mime_type`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
+    pub content_type: Vec<String>,
 }
 
 /// What the lines of an `[[acl_list]]` file are.
@@ -271,6 +276,9 @@ pub enum AclListKind {
     Urls,
     /// Regular expressions matched against the whole URL (Squid's `url_regex`).
     Regex,
+    /// Media types of responses (`video/*`), for response entries (Squid's
+    /// `rep_mime_type`, the Sun proxy's MIME-type filters).
+    Mime,
 }
 
 /// `[[acl_list]]`: a named file of patterns, one a line, read at start-up and
@@ -550,6 +558,10 @@ pub struct UpstreamConfig {
     /// absolute form (`GET http://origin/path`), CONNECT tunnels through them.
     #[serde(default, skip_serializing_if = "is_false")]
     pub parent: bool,
+    /// For a parent group: a file of `user:password` sent to its servers as
+    /// `Proxy-Authorization` (Squid's `cache_peer ... login=user:password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<std::path::PathBuf>,
 }
 
 fn default_host_header() -> HostHeader {
@@ -626,10 +638,25 @@ pub struct RuleConfig {
     /// Answer with a redirect instead of serving the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirect: Option<RedirectConfig>,
+    /// `pass`: the client's `Proxy-Authorization` goes on to the rule's
+    /// parent group (Squid's `login=PASS`); `strip` (the default) removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_credentials: Option<ParentCredentials>,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// `[[rule]] parent_credentials`: what becomes of the client's
+/// `Proxy-Authorization` on the way to a parent proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParentCredentials {
+    /// Sent on to the parent (never to an origin).
+    Pass,
+    /// Removed, like every hop-by-hop field (the default).
+    Strip,
 }
 
 /// `header = { name = "X", value = "v" }` in a `[[rule]]`: presence when

@@ -7,6 +7,7 @@ use super::Shared;
 use super::forward::{Dest, Failure, LocationRewrite, fetch, forward, response_headers};
 use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
+use crate::acl::ReplyFilter;
 use crate::cache::flight::{Ending, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
 use crate::cache::policy::{self, Decision, Policy, Precondition, Revalidation};
@@ -106,16 +107,16 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         match policy.evaluate(&ex.head.headers, &stored.meta, now) {
             Decision::Fresh => {
                 cache.stats.hit();
-                return send_stored(ex, cache, stored, CacheStatus::Hit).await;
+                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Hit).await;
             }
             Decision::Stale => {
                 cache.stats.stale();
-                return send_stored(ex, cache, stored, CacheStatus::Stale).await;
+                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
             }
             Decision::StaleWhileRevalidate => {
                 cache.stats.stale();
                 spawn_revalidation(sh, &ex.head, ex.peer.ip(), &dest, &key, &stored);
-                return send_stored(ex, cache, stored, CacheStatus::Stale).await;
+                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
             }
             Decision::GatewayTimeout => {
                 return Err((
@@ -158,7 +159,7 @@ async fn revalidate(
         Err(failure) => {
             if stale_ok(SystemTime::now()) {
                 cache.stats.stale();
-                return send_stored(ex, cache, stored, CacheStatus::Stale).await;
+                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
             }
             return Err(failure);
         }
@@ -182,11 +183,11 @@ async fn revalidate(
                 }
                 stored.meta = Arc::new(meta);
             }
-            send_stored(ex, cache, stored, CacheStatus::Revalidated).await
+            send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Revalidated).await
         }
         Revalidation::ServerError if stale_ok(response_time) => {
             cache.stats.stale();
-            send_stored(ex, cache, stored, CacheStatus::Stale).await
+            send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await
         }
         Revalidation::Mismatch => fetch_and_store(ex, sh, cache, dest, key).await,
         Revalidation::ServerError | Revalidation::Replace => {
@@ -195,6 +196,7 @@ async fn revalidate(
             store_and_send(
                 ex,
                 sh,
+                dest,
                 cache,
                 policy,
                 key,
@@ -240,7 +242,7 @@ async fn fetch_and_store(
                 if variant == head.variant {
                     cache.stats.collapsed();
                     let policy = cache.policy_for(dest.route());
-                    return send_followed(ex, cache, policy, &head, follower).await;
+                    return send_followed(ex, sh, &dest.reply, cache, policy, &head, follower).await;
                 }
                 let own = key.variant_id(&variant);
                 if own == flight {
@@ -259,7 +261,7 @@ async fn fetch_and_store(
                     && policy.evaluate(&ex.head.headers, &stored.meta, SystemTime::now()) == Decision::Fresh
                 {
                     cache.stats.collapsed();
-                    return send_stored(ex, cache, stored, CacheStatus::Hit).await;
+                    return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Hit).await;
                 }
                 break; // fetch for ourselves
             }
@@ -272,6 +274,7 @@ async fn fetch_and_store(
     store_and_send(
         ex,
         sh,
+        dest,
         cache,
         cache.policy_for(dest.route()),
         key,
@@ -291,6 +294,7 @@ async fn fetch_and_store(
 async fn store_and_send(
     ex: &mut Exchange<'_>,
     sh: &Shared,
+    dest: &Dest,
     cache: &Cache,
     policy: &Policy,
     key: &CacheKey,
@@ -300,11 +304,29 @@ async fn store_and_send(
     response_time: SystemTime,
     leader: Option<crate::cache::flight::Leader>,
 ) {
+    // Before anything is stored or shared: a denied type is never stored,
+    // and collapsed followers (other clients, other filters) fetch for
+    // themselves.
+    if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
+        if let Some(l) = leader {
+            l.finish(Ending::NotShared);
+        }
+        drop(response);
+        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
+        return;
+    }
     // Preparing the store (opening the disk writer) is part of sending a miss.
     note_cache(ex, crate::stats::CacheOutcome::Miss);
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
-    let mut headers = response_headers(parts.headers, parts.version, sh, rewrite.as_ref());
+    let mut headers = super::forward::response_headers_for(
+        parts.headers,
+        parts.status,
+        parts.version,
+        sh,
+        rewrite.as_ref(),
+        dest.relay_challenge,
+    );
     let length = body.size_hint().exact();
     let storable = policy
         .storable(&ex.head.method, key, &ex.head.headers, parts.status, &headers)
@@ -426,13 +448,21 @@ async fn store_and_send(
 }
 
 /// A collapsed follower: the leader's response, as it arrives.
+#[allow(clippy::too_many_arguments)]
 async fn send_followed(
     ex: &mut Exchange<'_>,
+    sh: &Shared,
+    reply: &ReplyFilter,
     cache: &Cache,
     policy: &Policy,
     head: &SharedHead,
     mut follower: crate::cache::flight::Follower,
 ) -> Result<(), Failure> {
+    // The leader's filter let it through; this request's may not.
+    if let Some(why) = super::reply_acl::denied(reply, head.status, &head.headers) {
+        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
+        return Ok(());
+    }
     // The age of the response being fetched, as for a stored one: at least
     // the origin's Age plus the time it took (RFC 9111 4.2.3), never 0 then.
     let meta = StoredMeta {
@@ -504,7 +534,21 @@ fn note_cache(ex: &mut Exchange<'_>, outcome: crate::stats::CacheOutcome) {
 
 /// Answers from a stored response (timed as the send stage, its body
 /// bytes counted as served from the cache).
-async fn send_stored(ex: &mut Exchange<'_>, cache: &Cache, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+async fn send_stored(
+    ex: &mut Exchange<'_>,
+    sh: &Shared,
+    reply: &ReplyFilter,
+    cache: &Cache,
+    stored: Stored,
+    status: CacheStatus,
+) -> Result<(), Failure> {
+    // Checked on every use, not only when stored: an object stored before
+    // a reload added a response entry, or for a client the entry does not
+    // apply to, is refused to those it does apply to.
+    if let Some(why) = super::reply_acl::denied(reply, stored.meta.status, &stored.meta.headers) {
+        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
+        return Ok(());
+    }
     note_cache(ex, status.outcome());
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let before = ex.out.body_bytes();
@@ -713,9 +757,12 @@ fn spawn_revalidation(
             Revalidation::Replace => {
                 let mut headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
                 let policy = cache.policy_for(dest.route());
+                // A new version of a type the request's response entries
+                // deny is not stored (and the old one goes: it is replaced).
                 if policy
                     .storable(&head.method, &key, &head.headers, parts.status, &headers)
                     .is_err()
+                    || super::reply_acl::denied(&dest.reply, parts.status, &headers).is_some()
                 {
                     cache.invalidate(&key).await;
                     return;

@@ -27,6 +27,62 @@ pub struct Dest {
     pub to: To,
     /// The `[[rule]]` whose `cache = {...}` applies, if any.
     pub cache_rule: Option<usize>,
+    /// The `[[acl]]` response entries the response is checked against.
+    pub reply: crate::acl::ReplyFilter,
+    /// `Proxy-Authorization` for a parent (`To::Parent` only): the group's
+    /// `credentials_file`, or the client's own passed on by a rule.
+    pub parent_auth: Option<HeaderValue>,
+    /// The client's own credentials go to the parent (`parent_credentials =
+    /// "pass"`): a 407 from the parent keeps its `Proxy-Authenticate`, so
+    /// the client is asked for the parent's password.
+    pub relay_challenge: bool,
+}
+
+/// The `Proxy-Authenticate` challenges of a parent's 407 when `relay` (the
+/// client's credentials are the ones the parent judges); none otherwise,
+/// the field being hop-by-hop.
+fn parent_challenge(relay: bool, status: StatusCode, headers: &HeaderMap) -> Vec<HeaderValue> {
+    if !relay || status != StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        return Vec::new();
+    }
+    headers
+        .get_all(http::header::PROXY_AUTHENTICATE)
+        .iter()
+        .cloned()
+        .collect()
+}
+
+/// [`response_headers`], with the parent's challenges kept when `relay`
+/// (see [`Dest::relay_challenge`]).
+pub fn response_headers_for(
+    headers: HeaderMap,
+    status: StatusCode,
+    received: Version,
+    sh: &Shared,
+    rewrite: Option<&LocationRewrite>,
+    relay: bool,
+) -> HeaderMap {
+    let challenge = parent_challenge(relay, status, &headers);
+    let mut headers = response_headers(headers, received, sh, rewrite);
+    for v in challenge {
+        headers.append(http::header::PROXY_AUTHENTICATE, v);
+    }
+    headers
+}
+
+impl Dest {
+    /// Adds the parent's credentials to a request going to a parent in
+    /// absolute form. Never for anything else: an origin (direct or a
+    /// group) must not get proxy credentials, nor an `https` origin reached
+    /// through a parent's tunnel (the request inside goes to the origin;
+    /// the tunnel's own CONNECT carries the group's fixed credentials).
+    fn add_parent_credentials(&self, headers: &mut HeaderMap) {
+        if let (To::Parent { origin, .. }, Some(auth)) = (&self.to, &self.parent_auth)
+            && origin.scheme() != Some(&http::uri::Scheme::HTTPS)
+        {
+            headers.insert(http::header::PROXY_AUTHORIZATION, auth.clone());
+        }
+    }
 }
 
 /// The origin or group a request goes to.
@@ -200,7 +256,7 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
     loop {
         let attempt = dest.attempt(sh, failed)?;
         ex.hierarchy = Some(dest.hierarchy(sh, &attempt));
-        let parts = request_parts(
+        let mut parts = request_parts(
             &ex.head,
             ex.peer.ip(),
             sh,
@@ -208,7 +264,8 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             attempt.host.clone(),
             None,
         )?;
-        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref()).await {
+        dest.add_parent_credentials(&mut parts.headers);
+        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref(), dest).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 if dest.retry_after(sh, &attempt, &ex.head, &e, failed.is_some()) {
@@ -273,7 +330,8 @@ pub async fn fetch(
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
-        let parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
+        let mut parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
+        dest.add_parent_credentials(&mut parts.headers);
         let request = Request::from_parts(parts, ProxyBody::empty());
         match attempt.upstream.send(request).await {
             Ok(response) => {
@@ -409,6 +467,7 @@ async fn exchange(
     upstream: &Upstream,
     parts: http::request::Parts,
     rewrite: Option<&LocationRewrite>,
+    dest: &Dest,
 ) -> Result<(), UpstreamError> {
     let (body, sender) = match ex.head.body {
         BodyFraming::Empty => (ProxyBody::empty(), None),
@@ -429,11 +488,18 @@ async fn exchange(
     let request = Request::from_parts(parts, body);
     let reader = &mut ex.body;
     let out = &mut ex.out;
+    let head = &ex.head;
 
     let pump = pump(reader, sender);
     let respond = async {
         let response = upstream.send(request).await?;
-        stream_response(out, response, sh, rewrite).await;
+        if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
+            // Dropped unread: the origin connection is closed, not pooled.
+            drop(response);
+            super::reply_acl::refuse(out, sh, head, &why).await;
+            return Ok(());
+        }
+        stream_response(out, response, sh, rewrite, dest.relay_challenge).await;
         Ok::<(), UpstreamError>(())
     };
     tokio::pin!(pump, respond);
@@ -505,10 +571,11 @@ async fn stream_response(
     response: http::Response<hyper::body::Incoming>,
     sh: &Shared,
     rewrite: Option<&LocationRewrite>,
+    relay_challenge: bool,
 ) {
     let _send = crate::stats::stage(crate::stats::Stage::Send);
     let (parts, mut body) = response.into_parts();
-    let headers = response_headers(parts.headers, parts.version, sh, rewrite);
+    let headers = response_headers_for(parts.headers, parts.status, parts.version, sh, rewrite, relay_challenge);
     let len = match body.size_hint().exact() {
         Some(n) => BodyLen::Known(n),
         None => BodyLen::Unknown,

@@ -9,6 +9,7 @@ mod purge;
 
 pub use purge::purge_running;
 pub(crate) mod reply;
+mod reply_acl;
 mod tunnel;
 
 use crate::access::AllowList;
@@ -123,7 +124,9 @@ impl Shared {
         let parents = groups
             .iter()
             .map(|g| match g.parent {
-                true => (0..g.len()).map(|i| upstream.via_parent(g.server(i))).collect(),
+                true => (0..g.len())
+                    .map(|i| upstream.via_parent(g.server(i), g.credentials.clone()))
+                    .collect(),
                 false => Vec::new(),
             })
             .collect();
@@ -217,6 +220,24 @@ fn with_path(uri: http::Uri, path_and_query: Option<String>) -> Option<http::Uri
     let mut parts = uri.into_parts();
     parts.path_and_query = Some(pq.parse().ok()?);
     http::Uri::from_parts(parts).ok()
+}
+
+/// The `Proxy-Authorization` for a request sent to parent group `group`:
+/// the group's fixed credentials (`credentials_file`), else the client's own
+/// when the route passes them (`parent_credentials = "pass"`), else none
+/// (the client's field is hop-by-hop and removed, as by default).
+fn parent_credentials(
+    sh: &Shared,
+    group: usize,
+    route: &crate::rules::Route,
+    client: &Option<http::HeaderValue>,
+) -> Option<http::HeaderValue> {
+    let g = sh.groups.get(group).filter(|g| g.parent)?;
+    match &g.credentials {
+        Some(fixed) => Some(fixed.clone()),
+        None if route.pass_credentials => client.clone(),
+        None => None,
+    }
 }
 
 /// Serves the requests of one listener.
@@ -386,6 +407,12 @@ impl ListenerHandler {
                 )
                 .await;
         }
+        // The client's proxy credentials, kept (before `[auth]` takes them)
+        // only when a rule may pass them to a parent (`parent_credentials`).
+        let client_credentials = match sh.rules.passes_credentials() {
+            true => ex.head.headers.get(http::header::PROXY_AUTHORIZATION).cloned(),
+            false => None,
+        };
         if let Some(auth) = &sh.auth
             && let Some(outcome) = self.authenticate(ex, sh, auth).await
         {
@@ -453,7 +480,8 @@ impl ListenerHandler {
                         .await;
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
-                return Box::pin(tunnel::run(ex, sh, &host, port, parent, permit)).await;
+                let parent_auth = parent.and_then(|g| parent_credentials(sh, g, &route, &client_credentials));
+                return Box::pin(tunnel::run(ex, sh, &host, port, parent, parent_auth, permit)).await;
             }
             Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
@@ -461,7 +489,7 @@ impl ListenerHandler {
                 return self.refuse(ex, ACCESS_NONE, status, reason).await;
             }
         };
-        let decision = sh.acl.decide_now(&crate::acl::Request {
+        let acl_request = crate::acl::Request {
             client: ex.peer.ip(),
             method: &ex.head.method,
             scheme: target.scheme,
@@ -471,7 +499,14 @@ impl ListenerHandler {
             headers: &ex.head.headers,
             mode: self.mode,
             user: user.as_deref().map(crate::auth::User::identity),
-        });
+        };
+        let decision = sh.acl.decide_now(&acl_request);
+        // The response entries that apply to this request, checked on its
+        // response head (`reply_acl.rs`); none configured costs nothing.
+        let reply = match decision {
+            crate::acl::Decision::Allow { .. } if sh.acl.has_reply_entries() => sh.acl.reply_filter(&acl_request),
+            _ => crate::acl::ReplyFilter::default(),
+        };
         if let Some(outcome) = self.enforce(ex, sh, decision, false).await {
             return outcome;
         }
@@ -537,9 +572,19 @@ impl ListenerHandler {
             Ok(to) => to,
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
+        let (parent_auth, relay_challenge) = match &to {
+            forward::To::Parent { group, .. } => (
+                parent_credentials(sh, *group, &route, &client_credentials),
+                route.pass_credentials && sh.groups.get(*group).is_some_and(|g| g.credentials.is_none()),
+            ),
+            _ => (None, false),
+        };
         let dest = forward::Dest {
             to,
             cache_rule: route.cache_rule,
+            reply,
+            parent_auth,
+            relay_challenge,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {

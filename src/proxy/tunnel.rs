@@ -19,13 +19,15 @@ use tokio::net::TcpStream;
 /// Serves a CONNECT request. Its admission `permit` is given back once the
 /// tunnel is established: a tunnel is a byte pump that may last hours, and
 /// must not hold a place among the requests in service. `parent` is the
-/// parent group (index) to tunnel through, if a rule chose one.
+/// parent group (index) to tunnel through, if a rule chose one, and
+/// `parent_auth` the `Proxy-Authorization` its CONNECT carries.
 pub async fn run(
     ex: &mut Exchange<'_>,
     sh: &Shared,
     host: &str,
     port: u16,
     parent: Option<usize>,
+    parent_auth: Option<http::HeaderValue>,
     permit: &mut Option<Permit<'_>>,
 ) -> Outcome {
     if !sh.config.proxy.connect_ports.contains(&port) {
@@ -49,7 +51,7 @@ pub async fn run(
                 .await
                 .map(|s| (s, bytes::Bytes::new()))
         }
-        Some(g) => through_parent(ex, sh, g, host, port).await,
+        Some(g) => through_parent(ex, sh, g, host, port, parent_auth.as_ref()).await,
     };
     let (upstream, parent_early) = match opened {
         Ok(s) => s,
@@ -113,13 +115,19 @@ async fn through_parent(
     g: usize,
     host: &str,
     port: u16,
+    auth: Option<&http::HeaderValue>,
 ) -> Result<(TcpStream, bytes::Bytes), crate::upstream::ConnectError> {
     let group = &sh.groups[g];
     let mut failed = None;
     loop {
         let idx = group.pick(failed);
         ex.hierarchy = Some(super::forward::parent_hierarchy(sh, g, idx));
-        match sh.upstream.connector().tunnel_via(group.server(idx), host, port).await {
+        match sh
+            .upstream
+            .connector()
+            .tunnel_via(group.server(idx), host, port, auth)
+            .await
+        {
             Ok(t) => return Ok(t),
             // The parent answered (with an error): it is up.
             Err(e) if e.kind == ConnectErrorKind::Parent => return Err(e),

@@ -69,6 +69,8 @@ pub(super) struct Actions {
     pub busy_body: Option<Bytes>,
     pub deny: Option<StatusCode>,
     pub redirect: Option<(StatusCode, String)>,
+    /// `parent_credentials`: Some(true) = pass, Some(false) = strip.
+    pub pass_credentials: Option<bool>,
 }
 
 impl Actions {
@@ -109,6 +111,9 @@ impl Actions {
         }
         if let Some(d) = self.deny {
             route.deny = Some(d);
+        }
+        if let Some(p) = self.pass_credentials {
+            route.pass_credentials = p;
         }
         if let Some((status, to)) = &self.redirect {
             let location = match regex.and_then(|re| re.captures(req.path_and_query)) {

@@ -141,8 +141,16 @@ impl Rules {
             path: vec![PathSeg::Key("rule")],
             message,
         })?;
+        let passes_credentials = config
+            .rule
+            .iter()
+            .any(|r| r.parent_credentials == Some(crate::config::ParentCredentials::Pass));
         Ok(Rules {
-            inner: Arc::new(super::Compiled { rules, index }),
+            inner: Arc::new(super::Compiled {
+                rules,
+                index,
+                passes_credentials,
+            }),
         })
     }
 }
@@ -384,6 +392,9 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
         busy_body: r.busy_body.as_ref().map(|b| Bytes::from(b.clone())),
         deny,
         redirect,
+        pass_credentials: r
+            .parent_credentials
+            .map(|p| p == crate::config::ParentCredentials::Pass),
     })
 }
 

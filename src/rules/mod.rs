@@ -122,6 +122,9 @@ pub struct Route {
     pub deny: Option<StatusCode>,
     /// Answer with this redirect.
     pub redirect: Option<Redirect>,
+    /// `parent_credentials = "pass"`: the client's `Proxy-Authorization`
+    /// goes on to the parent group the request is sent to (never to an origin).
+    pub pass_credentials: bool,
 }
 
 /// The compiled `[[rule]]` list (cheap to clone: shared).
@@ -134,6 +137,9 @@ pub struct Rules {
 struct Compiled {
     rules: Vec<compile::Rule>,
     index: matcher::Index,
+    /// Some rule has `parent_credentials = "pass"`: only then does a request
+    /// keep a copy of its `Proxy-Authorization` past the credential step.
+    passes_credentials: bool,
 }
 
 impl Rules {
@@ -145,6 +151,11 @@ impl Rules {
     /// True when there are no rules.
     pub fn is_empty(&self) -> bool {
         self.inner.rules.is_empty()
+    }
+
+    /// True when some rule passes the client's credentials to a parent.
+    pub fn passes_credentials(&self) -> bool {
+        self.inner.passes_credentials
     }
 
     /// Routes one request: the rules that match and their actions.

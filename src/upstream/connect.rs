@@ -254,6 +254,9 @@ pub struct Connector {
     connect_timeout: Duration,
     /// The parent proxy every connection goes through, if any.
     parent: Option<Arc<super::ServerAddr>>,
+    /// `Proxy-Authorization` for that parent's `CONNECT` (its group's
+    /// `credentials_file`).
+    parent_auth: Option<http::HeaderValue>,
     /// Counters, shared with the pooled client.
     pub stats: Arc<UpstreamStats>,
     /// The DNS cache.
@@ -332,6 +335,7 @@ impl Connector {
             tls: TlsConnector::from(tls),
             connect_timeout: cfg.connect_timeout.get(),
             parent: None,
+            parent_auth: None,
             stats: Arc::default(),
             dns: Arc::new(DnsCache {
                 max: cfg.dns_cache_entries,
@@ -343,9 +347,10 @@ impl Connector {
 
     /// The same connector (resolver, TLS trust, counters), but dialling the
     /// parent proxy `parent` for every connection.
-    pub fn via_parent(&self, parent: super::ServerAddr) -> Connector {
+    pub fn via_parent(&self, parent: super::ServerAddr, credentials: Option<http::HeaderValue>) -> Connector {
         Connector {
             parent: Some(Arc::new(parent)),
+            parent_auth: credentials,
             ..self.clone()
         }
     }
@@ -484,7 +489,7 @@ impl Connector {
             None => self.tcp(host, port).await?,
             Some(parent) if !https => return self.dial_parent(parent).await.map(Conn::Proxied),
             Some(parent) => {
-                let (tcp, early) = self.tunnel_via(parent, host, port).await?;
+                let (tcp, early) = self.tunnel_via(parent, host, port, self.parent_auth.as_ref()).await?;
                 if !early.is_empty() {
                     return Err(ConnectError {
                         kind: ConnectErrorKind::Parent,
@@ -534,11 +539,13 @@ impl Connector {
     /// connects to it, sends `CONNECT host:port`, and on a 2xx answer
     /// returns the connection, with any bytes that came after the answer's
     /// head (the far end speaking first). All within the connect timeout.
+    /// `auth` is sent as `Proxy-Authorization` (the parent's credentials).
     pub async fn tunnel_via(
         &self,
         parent: &super::ServerAddr,
         host: &str,
         port: u16,
+        auth: Option<&http::HeaderValue>,
     ) -> Result<(TcpStream, bytes::Bytes), ConnectError> {
         let mut tcp = self.dial_parent(parent).await?;
         let target = format!("{host}:{port}");
@@ -549,8 +556,14 @@ impl Connector {
         };
         let handshake = async {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-            tcp.write_all(request.as_bytes()).await.map_err(|e| {
+            let mut request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n").into_bytes();
+            if let Some(auth) = auth {
+                request.extend_from_slice(b"Proxy-Authorization: ");
+                request.extend_from_slice(auth.as_bytes());
+                request.extend_from_slice(b"\r\n");
+            }
+            request.extend_from_slice(b"\r\n");
+            tcp.write_all(&request).await.map_err(|e| {
                 let cause = crate::util::io_cause(&e);
                 failed(ConnectErrorKind::Refused, format!("sending CONNECT: {cause}"))
             })?;

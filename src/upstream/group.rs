@@ -76,6 +76,9 @@ pub struct Group {
     pub retry: bool,
     /// The servers are parent proxies (`parent = true`), not origins.
     pub parent: bool,
+    /// `Proxy-Authorization` for the parents (`credentials_file`), read
+    /// when the group is built (start-up and every reload).
+    pub credentials: Option<http::HeaderValue>,
 }
 
 impl Group {
@@ -91,7 +94,12 @@ impl Group {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let credentials = match &cfg.credentials_file {
+            Some(path) => Some(super::credentials::read(path).map_err(|e| format!("upstream `{}`: {e}", cfg.name))?),
+            None => None,
+        };
         Ok(Group {
+            credentials,
             name: cfg.name.clone(),
             servers,
             next: AtomicUsize::new(0),
@@ -168,6 +176,7 @@ mod tests {
             down_time: Dur::secs(60),
             retry: true,
             parent: false,
+            credentials_file: None,
         })
         .unwrap()
     }

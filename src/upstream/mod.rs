@@ -4,6 +4,7 @@
 
 mod body;
 mod connect;
+pub mod credentials;
 mod group;
 
 pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
@@ -87,8 +88,10 @@ impl Upstream {
     /// `CONNECT` tunnel for `https` ones. One such client per parent server
     /// keeps each pooled connection tied to the parent it was opened to
     /// (hyper pools by the request's scheme and authority, the origin's).
-    pub fn via_parent(&self, parent: &ServerAddr) -> Upstream {
-        let connector = self.connector.via_parent(parent.clone());
+    /// `credentials` (the group's `credentials_file`) go with the `CONNECT`
+    /// of every tunnel this client opens through the parent.
+    pub fn via_parent(&self, parent: &ServerAddr, credentials: Option<http::HeaderValue>) -> Upstream {
+        let connector = self.connector.via_parent(parent.clone(), credentials);
         Upstream {
             client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
             connector,
