@@ -33,6 +33,17 @@ pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListe
     Ok(socket.into())
 }
 
+/// Binds every listener of `config` (SO_REUSEPORT when it runs several
+/// processes); the first failure is returned.
+pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
+    let reuse_port = config.server.processes > 1;
+    config
+        .listener
+        .iter()
+        .map(|l| bind(l, reuse_port).map(|s| (l.clone(), s)))
+        .collect()
+}
+
 /// What an accept loop gives each new connection; replaced as a whole when
 /// a reload changes the listener's settings (connections keep the one they
 /// were accepted with; the handler picks up a new config per request).

@@ -109,8 +109,7 @@ pub fn switch() -> Result<(), String> {
     if euid != 0 {
         if euid != t.uid {
             tracing::warn!(
-                "{}server.user = {:?} ignored: not started as root (running as uid {euid})",
-                crate::supervisor::tag(),
+                "server.user = {:?} ignored: not started as root (running as uid {euid})",
                 t.user
             );
         }
@@ -125,8 +124,7 @@ pub fn switch() -> Result<(), String> {
             && m.uid() != t.uid
         {
             tracing::warn!(
-                "{}cache.dir {} belongs to uid {}, not to {} (uid {}): the disk cache may fail to write; chown it",
-                crate::supervisor::tag(),
+                "cache.dir {} belongs to uid {}, not to {} (uid {}): the disk cache may fail to write; chown it",
                 dir.display(),
                 m.uid(),
                 t.user,
@@ -135,13 +133,7 @@ pub fn switch() -> Result<(), String> {
         }
     }
     drop_to(t)?;
-    tracing::info!(
-        "{}switched to user {} (uid {}, gid {})",
-        crate::supervisor::tag(),
-        t.user,
-        t.uid,
-        t.gid
-    );
+    tracing::info!("switched to user {} (uid {}, gid {})", t.user, t.uid, t.gid);
     Ok(())
 }
 

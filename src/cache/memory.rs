@@ -110,7 +110,7 @@ impl MemoryTier {
             .iter()
             .take(limit)
             .map(|(id, obj)| {
-                let marker = obj.meta.headers.contains_key(super::tiers::MARKER);
+                let marker = obj.meta.headers.contains_key(super::object::MARKER);
                 (id, obj.meta.key.clone(), obj.body.len() as u64, marker)
             })
             .collect()
