@@ -9,9 +9,7 @@
 //! and `sizing` fills in the limits derived from the machine.
 //! docs/ARCHITECTURE.md walks through it.
 
-pub mod access;
 pub mod acl;
-pub mod admit;
 pub mod auth;
 pub mod blocking;
 pub mod cache;
@@ -25,7 +23,6 @@ pub mod notify;
 pub mod privdrop;
 pub mod proxy;
 pub mod reload;
-pub mod route;
 pub mod rules;
 pub mod server;
 pub mod signals;

@@ -1,7 +1,10 @@
 //! The request pipeline: access check, classify and route, then forward to
 //! an origin (or tunnel), and log. One [`ListenerHandler`] per listener.
 
-mod cached;
+pub mod access;
+pub mod admission;
+mod cache;
+pub mod classify;
 mod forward;
 mod headers;
 pub mod monitor;
@@ -11,16 +14,16 @@ pub use purge::purge_running;
 pub(crate) mod reply;
 mod tunnel;
 
-use crate::access::AllowList;
-use crate::admit::{Admission, Permit};
 use crate::blocking::BlockingPool;
 use crate::config::{Config, ListenerConfig, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
 use crate::keepalive::KeepAlive;
 use crate::log::{AccessLog, AccessRecord};
-use crate::route::{Target, classify};
 use crate::rules::Rules;
 use crate::upstream::{Group, Upstream};
+use access::AllowList;
+use admission::{Admission, Permit};
+use classify::{Target, classify};
 use http::{Method, StatusCode};
 use std::sync::Arc;
 
@@ -521,7 +524,7 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             Box::pin(purge::purge(ex, sh, &dest)).await
         } else {
-            cached::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
+            cache::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };
         match result {
             Ok(()) => Outcome::Done,
@@ -623,7 +626,7 @@ impl ListenerHandler {
     }
 
     /// The routing rules' verdict on `target`.
-    fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &crate::route::HttpTarget) -> crate::rules::Route {
+    fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &classify::HttpTarget) -> crate::rules::Route {
         sh.rules.route(&crate::rules::Request {
             method: &ex.head.method,
             scheme: target.scheme,

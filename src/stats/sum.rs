@@ -288,7 +288,9 @@ impl Snapshot {
 /// The connection layer's own counters (the JSON document's `connection`)
 /// summed over processes by the same rules as [`Snapshot::sum`]; the
 /// average delay is recomputed from the summed totals.
-pub fn sum_connection_queue(parts: &[crate::admit::ConnectionQueue]) -> Option<crate::admit::ConnectionQueue> {
+pub fn sum_connection_queue(
+    parts: &[crate::proxy::admission::ConnectionQueue],
+) -> Option<crate::proxy::admission::ConnectionQueue> {
     let mut a = sum_with(parts, |a, b| {
         a.current += b.current;
         a.peak += b.peak;
@@ -455,7 +457,7 @@ mod tests {
 
     #[test]
     fn sums_the_connection_layer() {
-        let q = crate::admit::ConnectionQueue {
+        let q = crate::proxy::admission::ConnectionQueue {
             current: 1,
             peak: 2,
             limit: 10,

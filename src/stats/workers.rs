@@ -37,7 +37,7 @@ pub const STALE_AFTER: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Connection {
     /// Admission and the connection queue.
-    pub connection_queue: crate::admit::ConnectionQueue,
+    pub connection_queue: crate::proxy::admission::ConnectionQueue,
     /// Keep-alive.
     pub keepalive: crate::keepalive::KeepAliveInfo,
     /// The blocking pool.
@@ -297,7 +297,7 @@ mod tests {
         Report {
             snapshot: s,
             connection: Connection {
-                connection_queue: crate::admit::Admission::new(10, 10).snapshot(),
+                connection_queue: crate::proxy::admission::Admission::new(10, 10).snapshot(),
                 keepalive: crate::keepalive::KeepAlive::new(10, Duration::from_secs(5)).snapshot(),
                 blocking_pool: crate::blocking::BlockingPool::shared_default().snapshot(),
             },
