@@ -1,13 +1,22 @@
 //! Portico: a caching web proxy server.
 //!
-//! The modules follow a request's path through the server:
-//! `listen` (accept) -> `http1` (read the request, write the response;
-//! between requests the connection is in the `keepalive` set) -> `proxy`
-//! (the pipeline: `admit` to service or queue, `access` check, `route` to a
-//! target, the cache, whose disk I/O runs on the `blocking` pool, forward
-//! through `upstream` or tunnel) -> `log`. `config` is read once at start,
-//! and `sizing` fills in the limits derived from the machine.
-//! docs/ARCHITECTURE.md walks through it.
+//! A request's path, and the module of each step: accept (`listen`) ->
+//! parse (`http1`; between requests the connection waits in the
+//! `keepalive` set) -> the pipeline in `proxy`, one module per step:
+//! `proxy::admission` (a service slot or the connection queue),
+//! `proxy::access` (allow-list, `auth` credentials, the `acl` decision),
+//! `proxy::classify` (what the request asks for), `proxy::route` (the
+//! `rules` engine's verdict), `proxy::cache` (the `cache` library, whose
+//! disk I/O runs on the `blocking` pool), upstream (`proxy::forward`
+//! through the `upstream` client, or `proxy::tunnel` for CONNECT) ->
+//! respond (`http1`'s response writer, `proxy::reply` for Portico's own
+//! answers) -> `log`. Every step counts into `stats`.
+//!
+//! Around it, the control plane: `server` starts a serving process
+//! (`sizing`, `privdrop`, `notify`, `signals`, `reload`, `drain`), or with
+//! `server.processes > 1` the `supervisor` starts the workers (`worker`
+//! tells a process which one it is). `config` is read at start and on
+//! reload. docs/ARCHITECTURE.md walks through it all.
 
 pub mod acl;
 pub mod auth;

@@ -1,7 +1,14 @@
-//! Who may use the proxy: client address allow-lists (CIDR, IPv4 and IPv6).
+//! The access step: who may use the proxy. The client address allow-lists
+//! (CIDR, IPv4 and IPv6), the credentials (`[auth]`) and carrying out the
+//! `[[acl]]` decision on a classified request.
 
+use super::{ListenerHandler, Shared, reply};
+use crate::config::Mode;
+use crate::http1::{Exchange, Outcome};
+use http::StatusCode;
 use ipnet::IpNet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A list of networks; an address is allowed if any network contains it.
 #[derive(Debug, Clone, Default)]
@@ -24,6 +31,101 @@ impl AllowList {
             v4 => v4,
         };
         self.nets.iter().any(|n| n.contains(&ip))
+    }
+}
+
+impl ListenerHandler {
+    /// The credential step (`[auth]`): reads the listener's credentials
+    /// field (`Authorization` on a reverse listener, `Proxy-Authorization`
+    /// otherwise, CONNECT included), verifies it, notes the user in
+    /// `ex.user` and removes the field so it is never forwarded. `Some` is
+    /// the answer when the request goes no further: 407/401 challenge for
+    /// missing (with `auth.required`) or wrong credentials, 400 for a
+    /// malformed field, 503 when the user file cannot be used.
+    pub(super) async fn authenticate(
+        &self,
+        ex: &mut Exchange<'_>,
+        sh: &Shared,
+        auth: &Arc<crate::auth::Authenticator>,
+    ) -> Option<Outcome> {
+        use crate::auth::basic::{Presented, parse};
+        let reverse = self.mode == Mode::Reverse;
+        let field = if reverse {
+            http::header::AUTHORIZATION
+        } else {
+            http::header::PROXY_AUTHORIZATION
+        };
+        // Removed whatever it holds: on a reverse listener with `[auth]`
+        // the field is Portico's, not the origin's (docs/CONFIG.md).
+        let value = ex.head.headers.remove(&field);
+        let presented = match value.as_ref().map(parse) {
+            None | Some(Ok(Presented::OtherScheme)) => None,
+            Some(Ok(Presented::Basic(b))) => Some(b),
+            Some(Err(why)) => {
+                return Some(self.fail(ex, StatusCode::BAD_REQUEST, why).await);
+            }
+        };
+        let Some(creds) = presented else {
+            if sh.config.auth.required || value.is_some() {
+                return Some(
+                    reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await,
+                );
+            }
+            return None;
+        };
+        let name = creds.user.clone();
+        match auth.authenticate(creds, &sh.blocking).await {
+            Ok(user) => {
+                ex.user = Some(user);
+                None
+            }
+            Err(crate::auth::Refusal::Invalid) => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: wrong credentials for user {name:?}", ex.head.method, ex.head.target);
+                // Logged as the name presented: Squid and Apache log the
+                // user of a refused request too, which is what shows a guesser.
+                ex.user = Some(Arc::new(crate::auth::User {
+                    name,
+                    groups: Vec::new(),
+                }));
+                Some(reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
+            }
+            Err(crate::auth::Refusal::Unavailable(why)) => {
+                // Not `fail`: the error log has the episode's one line
+                // already (auth::Authenticator::check_files).
+                Some(reply::auth_unavailable(ex, &why).await)
+            }
+        }
+    }
+
+    /// Carries out the ACL's `decision` (`[[acl]]`): None lets the request
+    /// go on; a deny answers with its status and reason page (counted in
+    /// the statistics as `acl_denied`); an entry that needs a user answers
+    /// with a challenge (407 on forward and transparent listeners and for
+    /// CONNECT, 401 on reverse ones).
+    pub(super) async fn enforce(
+        &self,
+        ex: &mut Exchange<'_>,
+        sh: &Shared,
+        decision: crate::acl::Decision,
+        tunnel: bool,
+    ) -> Option<Outcome> {
+        match decision {
+            crate::acl::Decision::Allow { .. } => None,
+            crate::acl::Decision::Deny { entry, status, reason } => {
+                sh.stats.acl_denied();
+                let by = entry.map_or_else(|| "access.acl_default".to_string(), |i| format!("acl[{i}]"));
+                tracing::info!(client = %ex.peer.ip(), "{} {}: denied by {by}", ex.head.method, ex.head.target);
+                Some(match reply::error_page(&mut ex.out, status, &reason).await {
+                    Ok(()) => Outcome::Done,
+                    Err(_) => Outcome::Close,
+                })
+            }
+            crate::acl::Decision::NeedAuth { entry } => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
+                let proxy = tunnel || self.mode != Mode::Reverse;
+                Some(reply::auth_required(&mut ex.out, proxy, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
+            }
+        }
     }
 }
 
