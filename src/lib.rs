@@ -18,26 +18,28 @@
 //! tells a process which one it is). `config` is read at start and on
 //! reload. docs/ARCHITECTURE.md walks through it all.
 
+#![warn(missing_docs)]
+
 pub mod acl;
-pub mod auth;
-pub mod blocking;
+pub(crate) mod auth;
+pub(crate) mod blocking;
 pub mod cache;
 pub mod config;
-pub mod drain;
+pub(crate) mod drain;
 pub mod http1;
-pub mod keepalive;
-pub mod listen;
-pub mod log;
-pub mod notify;
+pub(crate) mod keepalive;
+pub(crate) mod listen;
+pub(crate) mod log;
+pub(crate) mod notify;
 pub mod privdrop;
 pub mod proxy;
-pub mod reload;
+pub(crate) mod reload;
 pub mod rules;
 pub mod server;
-pub mod signals;
+pub(crate) mod signals;
 pub mod sizing;
 pub mod stats;
-pub mod supervisor;
-pub mod upstream;
+pub(crate) mod supervisor;
+pub(crate) mod upstream;
 pub mod util;
-pub mod worker;
+pub(crate) mod worker;

@@ -7,13 +7,13 @@
 //! `monitor` and `purge` answer admin clients. One [`ListenerHandler`] per
 //! listener; [`Shared`] holds what requests share.
 
-pub mod access;
-pub mod admission;
+pub(crate) mod access;
+pub(crate) mod admission;
 mod cache;
-pub mod classify;
+pub(crate) mod classify;
 mod forward;
 mod headers;
-pub mod monitor;
+pub(crate) mod monitor;
 mod purge;
 mod route;
 

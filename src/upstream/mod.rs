@@ -6,7 +6,7 @@ mod body;
 mod connect;
 mod group;
 
-pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
+pub use body::{BodySender, ClientBodyError, ProxyBody};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, tls_config};
 pub use group::{Group, ServerAddr};
 
