@@ -86,11 +86,6 @@ impl MemoryTier {
         self.cache.len()
     }
 
-    /// True if nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
-
     /// Bytes held (by the weight estimate).
     pub fn bytes(&self) -> u64 {
         self.cache.weight()

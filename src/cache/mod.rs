@@ -14,4 +14,4 @@ pub(crate) mod range;
 mod tiers;
 
 pub use key::{CacheKey, ObjectId};
-pub use tiers::{Cache, CacheStats, PoolBusy, RangeReader, StoreSink, Stored, StoredBody};
+pub(crate) use tiers::{Cache, StoreSink, Stored};

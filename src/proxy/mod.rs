@@ -36,7 +36,7 @@ use route::with_path;
 use std::sync::Arc;
 
 /// Everything built from the config that requests share.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The configuration in force.
     pub config: Config,
     allow: AllowList,
@@ -209,7 +209,7 @@ impl Shared {
 }
 
 /// Serves the requests of one listener.
-pub struct ListenerHandler {
+pub(crate) struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
     /// Position of the listener in the config (for per-listener counters).
