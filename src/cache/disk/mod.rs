@@ -31,9 +31,9 @@
 //! server runs) may remove files under the server: that is just a miss, and
 //! the stale index entry is dropped when found.
 
-pub mod format;
+pub(crate) mod format;
 mod gc;
-pub mod index;
+pub(crate) mod index;
 mod read;
 mod scan;
 mod stats;
