@@ -1,35 +1,45 @@
 //! Portico: a caching web proxy server.
 //!
-//! The modules follow a request's path through the server:
-//! `listen` (accept) -> `http1` (read the request, write the response;
-//! between requests the connection is in the `keepalive` set) -> `proxy`
-//! (the pipeline: `admit` to service or queue, `access` check, `route` to a
-//! target, the cache, whose disk I/O runs on the `blocking` pool, forward
-//! through `upstream` or tunnel) -> `log`. `config` is read once at start,
-//! and `sizing` fills in the limits derived from the machine.
-//! docs/ARCHITECTURE.md walks through it.
+//! A request's path, and the module of each step: accept (`listen`) ->
+//! parse (`http1`; between requests the connection waits in the
+//! `keepalive` set) -> the pipeline in `proxy`, one module per step:
+//! `proxy::admission` (a service slot or the connection queue),
+//! `proxy::access` (allow-list, `auth` credentials, the `acl` decision),
+//! `proxy::classify` (what the request asks for), `proxy::route` (the
+//! `rules` engine's verdict), `proxy::cache` (the `cache` library, whose
+//! disk I/O runs on the `blocking` pool), upstream (`proxy::forward`
+//! through the `upstream` client, or `proxy::tunnel` for CONNECT) ->
+//! respond (`http1`'s response writer, `proxy::reply` for Portico's own
+//! answers) -> `log`. Every step counts into `stats`.
+//!
+//! Around it, the control plane: `server` starts a serving process
+//! (`sizing`, `privdrop`, `notify`, `signals`, `reload`, `drain`), or with
+//! `server.processes > 1` the `supervisor` starts the workers (`worker`
+//! tells a process which one it is). `config` is read at start and on
+//! reload. docs/ARCHITECTURE.md walks through it all.
 
-pub mod access;
+#![warn(missing_docs)]
+
 pub mod acl;
-pub mod admit;
-pub mod auth;
-pub mod blocking;
+pub(crate) mod auth;
+pub(crate) mod blocking;
 pub mod cache;
 pub mod config;
-pub mod drain;
+pub(crate) mod drain;
 pub mod http1;
-pub mod keepalive;
-pub mod listen;
-pub mod log;
-pub mod notify;
+pub(crate) mod keepalive;
+pub(crate) mod listen;
+pub(crate) mod log;
+pub(crate) mod notify;
 pub mod privdrop;
 pub mod proxy;
-pub mod reload;
-pub mod route;
+pub(crate) mod reload;
 pub mod rules;
 pub mod server;
+pub(crate) mod signals;
 pub mod sizing;
 pub mod stats;
-pub mod supervisor;
-pub mod upstream;
+pub(crate) mod supervisor;
+pub(crate) mod upstream;
 pub mod util;
+pub(crate) mod worker;

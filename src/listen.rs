@@ -33,8 +33,7 @@ pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListe
     let effective = effective_backlog(cfg.listen_queue);
     if effective < cfg.listen_queue {
         tracing::warn!(
-            "{}listener {addr}: listen_queue = {} is capped at {effective} by the kernel (net.core.somaxconn); raise it with `sysctl -w net.core.somaxconn={}` for the configured backlog",
-            crate::supervisor::tag(),
+            "listener {addr}: listen_queue = {} is capped at {effective} by the kernel (net.core.somaxconn); raise it with `sysctl -w net.core.somaxconn={}` for the configured backlog",
             cfg.listen_queue,
             cfg.listen_queue
         );
@@ -59,6 +58,17 @@ pub fn effective_backlog(configured: u32) -> u32 {
 /// `configured`, truncated to the kernel's `cap` when there is one.
 fn capped_backlog(configured: u32, cap: Option<u32>) -> u32 {
     cap.map_or(configured, |c| configured.min(c))
+}
+
+/// Binds every listener of `config` (SO_REUSEPORT when it runs several
+/// processes); the first failure is returned.
+pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
+    let reuse_port = config.server.processes > 1;
+    config
+        .listener
+        .iter()
+        .map(|l| bind(l, reuse_port).map(|s| (l.clone(), s)))
+        .collect()
 }
 
 /// What an accept loop gives each new connection; replaced as a whole when

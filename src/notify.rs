@@ -26,14 +26,13 @@ pub fn notify(state: &str) {
         return;
     };
     // A worker reports to the supervisor, which needs to know which one.
-    let state = match crate::supervisor::worker_index() {
+    let state = match crate::worker::index() {
         Some(i) => format!("{state}\n{WORKER_KEY}={i}"),
         None => state.to_string(),
     };
     if let Err(e) = send(&target, &state) {
         tracing::warn!(
-            "{}cannot notify the service manager at {ENV}={}: {}",
-            crate::supervisor::tag(),
+            "cannot notify the service manager at {ENV}={}: {}",
             target.to_string_lossy(),
             crate::util::io_cause(&e)
         );

@@ -69,7 +69,7 @@ pub fn target(config: &Config) -> Result<Option<Target>, String> {
 
 /// Resolves the target and records which of the files Portico writes do
 /// not exist yet; call before the logs and the cache are opened.
-pub fn prepare(config: &Config) -> Result<Option<Target>, String> {
+pub(crate) fn prepare(config: &Config) -> Result<Option<Target>, String> {
     let Some(target) = target(config)? else {
         return Ok(None);
     };
@@ -106,7 +106,7 @@ pub fn prepare(config: &Config) -> Result<Option<Target>, String> {
 /// [`prepare`] are given to it first. Not root: nothing changes (a warning
 /// if the user differs). Any failure as root is an error: Portico does not
 /// serve as root when told not to.
-pub fn switch() -> Result<(), String> {
+pub(crate) fn switch() -> Result<(), String> {
     let Some(plan) = PLAN.lock().unwrap_or_else(|p| p.into_inner()).take() else {
         return Ok(());
     };
@@ -116,8 +116,7 @@ pub fn switch() -> Result<(), String> {
     if euid != 0 {
         if euid != t.uid {
             tracing::warn!(
-                "{}server.user = {:?} ignored: not started as root (running as uid {euid})",
-                crate::supervisor::tag(),
+                "server.user = {:?} ignored: not started as root (running as uid {euid})",
                 t.user
             );
         }
@@ -132,8 +131,7 @@ pub fn switch() -> Result<(), String> {
             && m.uid() != t.uid
         {
             tracing::warn!(
-                "{}cache.dir {} belongs to uid {}, not to {} (uid {}): the disk cache may fail to write; chown it",
-                crate::supervisor::tag(),
+                "cache.dir {} belongs to uid {}, not to {} (uid {}): the disk cache may fail to write; chown it",
                 dir.display(),
                 m.uid(),
                 t.user,
@@ -142,18 +140,12 @@ pub fn switch() -> Result<(), String> {
         }
     }
     drop_to(t)?;
-    tracing::info!(
-        "{}switched to user {} (uid {}, gid {})",
-        crate::supervisor::tag(),
-        t.user,
-        t.uid,
-        t.gid
-    );
+    tracing::info!("switched to user {} (uid {}, gid {})", t.user, t.uid, t.gid);
     Ok(())
 }
 
 /// setgroups, setgid, setuid; then checks that root cannot be regained.
-pub fn drop_to(t: &Target) -> Result<(), String> {
+pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
     let fail = |call: &str| {
         format!(
             "cannot switch to user {} (uid {}, gid {}): {call}: {}; refusing to run as root",
@@ -184,7 +176,7 @@ pub fn drop_to(t: &Target) -> Result<(), String> {
 
 /// Gives `path` (and, for a directory, everything under it) to uid:gid;
 /// failures are logged (the file stays usable by root only).
-pub fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
+pub(crate) fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
     if let Err(e) = std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
         tracing::warn!(
             "cannot give {} to uid {uid}: {}",
@@ -231,7 +223,7 @@ fn lookup_group(name: &str) -> Result<libc::gid_t, String> {
 
 /// The pid file `server.pid_file`: written once the listeners are bound,
 /// removed when dropped (at exit).
-pub struct PidFile(PathBuf);
+pub(crate) struct PidFile(PathBuf);
 
 impl PidFile {
     /// Writes this process's pid to `path`, or nothing when it is empty.

@@ -42,17 +42,6 @@ pub struct Running {
     slots: Vec<Slot>,
 }
 
-/// Binds every listener of `config` (SO_REUSEPORT when it runs several
-/// processes); the first failure is returned.
-pub fn bind_all(config: &Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
-    let reuse_port = config.server.processes > 1;
-    config
-        .listener
-        .iter()
-        .map(|l| bind(l, reuse_port).map(|s| (l.clone(), s)))
-        .collect()
-}
-
 impl Running {
     /// Builds the shared state and starts an accept loop on each bound
     /// socket; must run inside the runtime.
@@ -112,12 +101,7 @@ impl Running {
         let local = bound_address(&cfg, &socket);
         let listener =
             tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
-        tracing::info!(
-            "{}listening on {} ({:?} proxy)",
-            crate::supervisor::tag(),
-            cfg.address,
-            cfg.mode
-        );
+        tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
         let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)?));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(accept_loop(listener, serving.clone(), stopped));
@@ -173,10 +157,7 @@ impl Running {
                 c
             }
             Err(e) => {
-                tracing::error!(
-                    "{}reload failed, still running on the previous config: {e}",
-                    crate::supervisor::tag()
-                );
+                tracing::error!("reload failed, still running on the previous config: {e}");
                 return;
             }
         };
@@ -226,8 +207,7 @@ impl Running {
                 Some(cfg) => {
                     if cfg.listen_queue != slot.cfg.listen_queue {
                         tracing::warn!(
-                            "{}reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
-                            crate::supervisor::tag(),
+                            "reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
                             cfg.address,
                             slot.cfg.listen_queue,
                             cfg.listen_queue,
@@ -242,21 +222,13 @@ impl Running {
                         Err(e) => {
                             // Checked before the swap (below), so only a file
                             // that vanished in between gets here.
-                            tracing::error!(
-                                "{}reload: listener {}: {e}; keeping its previous settings",
-                                crate::supervisor::tag(),
-                                cfg.address
-                            );
+                            tracing::error!("reload: listener {}: {e}; keeping its previous settings", cfg.address);
                             kept.push(slot);
                         }
                     }
                 }
                 None => {
-                    tracing::info!(
-                        "{}reload: listener {} removed: no longer accepting",
-                        crate::supervisor::tag(),
-                        slot.cfg.address
-                    );
+                    tracing::info!("reload: listener {} removed: no longer accepting", slot.cfg.address);
                     let _ = slot.stop.send(true);
                     removed.push(slot.cfg.address);
                 }
@@ -268,10 +240,7 @@ impl Running {
             let addr = cfg.address;
             // Past the point of no return: the new config is in force.
             if let Err(e) = self.spawn(cfg, socket) {
-                tracing::error!(
-                    "{}reload: cannot serve added listener {addr}: {e}",
-                    crate::supervisor::tag()
-                );
+                tracing::error!("reload: cannot serve added listener {addr}: {e}");
             }
         }
         self.publish_own_addresses(&[]);
@@ -309,8 +278,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         ($($($field:ident).+),+ $(,)?) => {$(
             if !crate::util::same_value(&old.$($field).+, &new.$($field).+) {
                 tracing::warn!(
-                    "{}reload: `{}` changed ({} -> {}): needs restart; keeping {}",
-                    crate::supervisor::tag(),
+                    "reload: `{}` changed ({} -> {}): needs restart; keeping {}",
                     stringify!($($field).+).replace(' ', ""),
                     as_written(&old.$($field).+),
                     as_written(&new.$($field).+),

@@ -10,7 +10,9 @@
 //! supervisor instead (`supervisor.rs`).
 
 use crate::config::Config;
-use crate::reload::{Running, bind_all};
+use crate::listen::bind_all;
+use crate::reload::Running;
+use crate::signals::{Sig, Signals};
 use std::path::PathBuf;
 
 /// How `portico run` was invoked.
@@ -36,8 +38,10 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         return crate::supervisor::run(config, opts.config_path);
     }
     if let Some(i) = opts.worker {
-        crate::supervisor::set_worker_index(i);
+        // Logged before the index is set: from then on the error log tags
+        // every line with "worker I: " itself (`log::init_error_log`).
         tracing::info!("worker {i} (pid {}) starting", std::process::id());
+        crate::worker::set_index(i);
     }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -65,17 +69,12 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // allows, and size the connection limits left at 0 from it.
     let files = crate::sizing::raise_open_files();
     if files.now > files.before {
-        tracing::info!(
-            "{}open-files limit raised from {} to {}",
-            crate::supervisor::tag(),
-            files.before,
-            files.now
-        );
+        tracing::info!("open-files limit raised from {} to {}", files.before, files.now);
     }
     // Outside the log macro: its arguments are not evaluated when the
     // level is above info, and the sizing must happen regardless.
     let sized = crate::sizing::resolve(&mut config, files.now);
-    tracing::info!("{}sizing: {sized}", crate::supervisor::tag());
+    tracing::info!("sizing: {sized}");
     // Which of the files Portico writes exist before it opens them (those it
     // creates go to `server.user`); an unknown user fails start-up here.
     crate::privdrop::prepare(&config)?;
@@ -103,10 +102,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
                 Sig::Usr1 => running.reopen_logs(),
                 Sig::Term(name) => {
                     crate::notify::stopping("draining connections");
-                    tracing::info!(
-                        "{}{name}: shutting down (draining connections)",
-                        crate::supervisor::tag()
-                    );
+                    tracing::info!("{name}: shutting down (draining connections)");
                     break;
                 }
             }
@@ -126,19 +122,12 @@ fn reread(config: Config, path: &std::path::Path) -> Config {
     match crate::config::load_file(path) {
         Ok(mut new) if !crate::util::same_value(&new, &config) => {
             crate::reload::keep_restart_only(&config, &mut new);
-            tracing::info!(
-                "{}{} changed while starting: using it",
-                crate::supervisor::tag(),
-                path.display()
-            );
+            tracing::info!("{} changed while starting: using it", path.display());
             new
         }
         Ok(_) => config,
         Err(e) => {
-            tracing::error!(
-                "{}{e}: the file changed while starting and is invalid; using the version read first",
-                crate::supervisor::tag()
-            );
+            tracing::error!("{e}: the file changed while starting and is invalid; using the version read first");
             config
         }
     }
@@ -152,23 +141,19 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
     let timeout = running.config().server.shutdown_timeout;
     let open = crate::drain::open_connections();
     if open > 0 {
-        tracing::info!(
-            "{}waiting up to {timeout} for {open} open connections to finish",
-            crate::supervisor::tag()
-        );
+        tracing::info!("waiting up to {timeout} for {open} open connections to finish");
     }
     let deadline = tokio::time::sleep(timeout.get());
     tokio::pin!(deadline);
     loop {
         tokio::select! {
             () = crate::drain::all_closed() => {
-                tracing::info!("{}all connections finished; exiting", crate::supervisor::tag());
+                tracing::info!("all connections finished; exiting");
                 return Ok(());
             }
             () = &mut deadline => {
                 tracing::warn!(
-                    "{}server.shutdown_timeout ({timeout}) passed with {} connections open; exiting",
-                    crate::supervisor::tag(),
+                    "server.shutdown_timeout ({timeout}) passed with {} connections open; exiting",
                     crate::drain::open_connections()
                 );
                 return Ok(());
@@ -183,64 +168,6 @@ async fn drain(running: &mut Running, signals: &mut Signals) -> Result<(), Strin
                     ));
                 }
             },
-        }
-    }
-}
-
-/// A signal the server acts on.
-pub(crate) enum Sig {
-    /// SIGHUP: reload.
-    Hup,
-    /// SIGUSR1: reopen the error log and the access log (after rotation).
-    Usr1,
-    /// SIGTERM or SIGINT (named): shut down.
-    Term(&'static str),
-}
-
-/// SIGTERM, SIGINT, SIGHUP and SIGUSR1, registered as soon as they are created.
-pub(crate) struct Signals {
-    term: Option<tokio::signal::unix::Signal>,
-    int: Option<tokio::signal::unix::Signal>,
-    hup: Option<tokio::signal::unix::Signal>,
-    usr1: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    /// Registers the handlers; must run inside the runtime.
-    pub(crate) fn install() -> Signals {
-        use tokio::signal::unix::{SignalKind, signal};
-        let register = |kind: SignalKind, name: &str| match signal(kind) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!("cannot catch {name}: {cause}", cause = crate::util::io_cause(&e));
-                None
-            }
-        };
-        Signals {
-            term: register(SignalKind::terminate(), "SIGTERM"),
-            int: register(SignalKind::interrupt(), "SIGINT"),
-            hup: register(SignalKind::hangup(), "SIGHUP"),
-            usr1: register(SignalKind::user_defined1(), "SIGUSR1"),
-        }
-    }
-
-    /// Waits for the next signal.
-    pub(crate) async fn next(&mut self) -> Sig {
-        async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
-            match s {
-                Some(s) => {
-                    if s.recv().await.is_none() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            () = one(&mut self.term) => Sig::Term("SIGTERM"),
-            () = one(&mut self.int) => Sig::Term("SIGINT"),
-            () = one(&mut self.hup) => Sig::Hup,
-            () = one(&mut self.usr1) => Sig::Usr1,
         }
     }
 }

@@ -64,7 +64,7 @@ pub fn raise_open_files() -> OpenFiles {
 
 /// The values derived from an open-files limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Derived {
+pub(crate) struct Derived {
     /// Default `server.max_requests`.
     pub max_requests: usize,
     /// Default `server.queue_size`.
@@ -74,7 +74,7 @@ pub struct Derived {
 }
 
 /// The formulas of the module documentation.
-pub fn derive(nofile: u64) -> Derived {
+pub(crate) fn derive(nofile: u64) -> Derived {
     let usable = nofile.saturating_sub(RESERVED);
     let pick = |n: u64| usize::try_from(n.max(FLOOR)).unwrap_or(usize::MAX);
     Derived {

@@ -38,36 +38,15 @@
 //! memory tier, the upstream connection pools, the counters.
 
 use crate::config::Config;
-use crate::server::{Sig, Signals};
+use crate::signals::{Sig, Signals};
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 /// A worker that exits sooner than this after starting counts as failing
 /// at once: its restart is delayed, more each time.
 pub const QUICK_EXIT: Duration = Duration::from_secs(5);
-
-static WORKER: OnceLock<usize> = OnceLock::new();
-
-/// This process's worker index (0..N-1) in multi-process mode; None in a
-/// single-process server or the supervisor. (For statistics views: each
-/// worker counts its own traffic; the views sum them, `stats::workers`.)
-pub fn worker_index() -> Option<usize> {
-    WORKER.get().copied()
-}
-
-/// Records this process's worker index (once, at start).
-pub(crate) fn set_worker_index(i: usize) {
-    let _ = WORKER.set(i);
-}
-
-/// `"worker I: "` in a worker process, else empty: a prefix for the error
-/// log lines that several workers write alike (they share the log).
-pub fn tag() -> String {
-    worker_index().map_or_else(String::new, |i| format!("worker {i}: "))
-}
 
 struct Worker {
     pid: Option<u32>,
@@ -109,7 +88,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     }
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here, then let go of it.
-    drop(crate::reload::bind_all(&config)?);
+    drop(crate::listen::bind_all(&config)?);
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());

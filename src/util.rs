@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The current time as an HTTP-date header value, formatted at most once a
 /// second per thread (no lock on the request path).
-pub fn http_date_now() -> HeaderValue {
+pub(crate) fn http_date_now() -> HeaderValue {
     thread_local! {
         static CACHE: RefCell<(u64, HeaderValue)> =
             const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
@@ -63,7 +63,7 @@ pub fn io_cause(e: &std::io::Error) -> String {
 }
 
 /// Escapes text for inclusion in HTML.
-pub fn html_escape(text: &str) -> String {
+pub(crate) fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -81,14 +81,14 @@ pub fn html_escape(text: &str) -> String {
 /// Whether two config values are equal, compared by their `Debug` text (the
 /// config types are compared rarely, on a reload, so they need not derive
 /// `PartialEq`; their `Debug` output shows every field).
-pub fn same_value<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
+pub(crate) fn same_value<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
     format!("{a:?}") == format!("{b:?}")
 }
 
 /// `ip` as text; an IPv4 address written digit by digit (its `Display`
 /// goes through `core::fmt`, over a thousand instructions, on every
 /// proxied request and access-log line).
-pub fn ip_text(ip: std::net::IpAddr) -> String {
+pub(crate) fn ip_text(ip: std::net::IpAddr) -> String {
     let std::net::IpAddr::V4(v4) = ip else {
         return ip.to_string();
     };

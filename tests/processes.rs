@@ -744,3 +744,41 @@ async fn the_json_carries_the_connection_figures_once_summed_over_the_workers() 
     assert_eq!(s["native_pool"]["limit"].as_u64(), Some(pools), "{s}");
     assert!(s["keepalive"]["max"].as_u64() > Some(0), "{s}");
 }
+
+/// Every line a worker writes to the shared error log starts with the
+/// worker's tag, a request's line as much as a start-up or reload line, so
+/// that the lines of two workers can be told apart: a refused TRACE (logged
+/// at info by the worker that read it) says `worker I: ` with I the index
+/// of the process that accepted the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_log_line_of_a_worker_names_the_worker() {
+    let (_a, _b, p, pids, all) = two_workers().await;
+    let index_of: BTreeMap<u32, usize> = pids.iter().map(|(i, pid)| (*pid, *i)).collect();
+    for n in 0..4 {
+        let mut stream = TcpStream::connect(p.addr()).await.expect("connect");
+        let client = stream.local_addr().expect("local addr");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut served_by = None;
+        while served_by.is_none() && Instant::now() < deadline {
+            served_by = server_inode(p.addr(), client).and_then(|inode| owner(&all, inode));
+            if served_by.is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let pid = served_by.expect("a worker accepted the connection");
+        let req = format!("TRACE /tagged-{n} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.expect("write request");
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+            .await
+            .expect("response in time")
+            .expect("read response");
+        assert_eq!(parse_response(&buf).status, 405);
+        let want = format!("worker {}: TRACE /tagged-{n}: refused", index_of[&pid]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.stderr().lines().any(|l| l.contains("INFO") && l.contains(&want)) {
+            assert!(Instant::now() < deadline, "no line {want:?}\n{}", p.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

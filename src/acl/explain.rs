@@ -3,7 +3,7 @@
 
 use super::{Acl, Decision, Identity, Request};
 use crate::config::{Config, Mode};
-use crate::route::HttpTarget;
+use crate::proxy::classify::HttpTarget;
 use crate::rules::{parse_headers, tunnel_target};
 use http::{Method, Uri};
 use std::fmt::Write;

@@ -30,14 +30,14 @@ use std::sync::Arc;
 
 /// The reason on a deny page when the entry gives none: the wording of
 /// the Sun proxy (and Smart Cache) for a refused request.
-pub const DEFAULT_REASON: &str = "Cache access denied";
+pub(crate) const DEFAULT_REASON: &str = "Cache access denied";
 
 /// The time the server decides requests at: the system clock. Debug
 /// builds (the integration tests' binary) read `PORTICO_TEST_NOW` (an RFC
 /// 3339 instant, `2026-11-24T09:00:00Z`) once instead, so time-of-day
 /// entries can be tested through the real server at a fixed time; release
 /// builds never look at it.
-pub fn now() -> jiff::Timestamp {
+pub(crate) fn now() -> jiff::Timestamp {
     #[cfg(debug_assertions)]
     {
         static FIXED: std::sync::OnceLock<Option<jiff::Timestamp>> = std::sync::OnceLock::new();

@@ -22,7 +22,7 @@
 //! it reads every object's metadata: O(objects), about what `list` costs.
 
 use super::disk::{self, DiskStore, Evicted, GcReport, ObjectFile, ScanProgress, format};
-use super::key::{self, CacheKey, ObjectId};
+use super::key::{self, CacheKey};
 use super::object::StoredMeta;
 use crate::config::CacheConfig;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -77,9 +77,7 @@ pub enum CacheCommand {
 
 /// One stored object, as `list` shows it.
 #[derive(Debug, Clone)]
-pub struct ListEntry {
-    /// Its id (file name).
-    pub id: ObjectId,
+pub(crate) struct ListEntry {
     /// The key's (public) URL.
     pub key: String,
     /// The upstream group the object was fetched from, if it was not the
@@ -91,8 +89,6 @@ pub struct ListEntry {
     pub status: u16,
     /// Body bytes.
     pub body_len: u64,
-    /// File bytes.
-    pub file_len: u64,
     /// When the response was received.
     pub stored: SystemTime,
     /// Expiry hint, unix seconds, 0 = unknown.
@@ -112,7 +108,7 @@ pub struct PurgeReport {
 
 /// What a verify found.
 #[derive(Debug, Clone, Default)]
-pub struct VerifyReport {
+pub(crate) struct VerifyReport {
     /// Objects checked.
     pub checked: u64,
     /// Body bytes read.
@@ -174,7 +170,7 @@ fn walk(root: &Path, bar: &ProgressBar, f: &mut dyn FnMut(ObjectFile)) -> io::Re
 
 /// Every object whose key starts with `prefix` (all without one), sorted
 /// by key then variant. Invalid files are skipped (not removed).
-pub fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry>> {
+pub(crate) fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry>> {
     let root = existing_dir(cfg)?;
     let mut out = Vec::new();
     walk(root, &ProgressBar::hidden(), &mut |of| {
@@ -183,13 +179,11 @@ pub fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry
         {
             let key = CacheKey::from_text(&meta.key);
             out.push(ListEntry {
-                id: of.id,
                 upstream: key.as_ref().and_then(|k| k.upstream()).map(str::to_string),
                 key: key.as_ref().map_or(&*meta.key, |k| k.url()).to_string(),
                 variant: meta.variant,
                 status: meta.status.as_u16(),
                 body_len: env.trailer.body_len,
-                file_len: env.file_len,
                 stored: meta.response_time,
                 expires: env.trailer.expires,
             });
@@ -203,7 +197,7 @@ pub fn list(cfg: &CacheConfig, prefix: Option<&str>) -> io::Result<Vec<ListEntry
 /// URL is exactly `url`'s normalised form. `upstreams` says whether any
 /// `[[upstream]]` group is configured (then copies under other ids may
 /// exist). See the module doc for the cost.
-pub fn purge_url(cfg: &CacheConfig, url: &str, upstreams: bool) -> io::Result<PurgeReport> {
+pub(crate) fn purge_url(cfg: &CacheConfig, url: &str, upstreams: bool) -> io::Result<PurgeReport> {
     let root = existing_dir(cfg)?;
     let key = CacheKey::from_url(url, cfg.ignore_query_in_key)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("not an absolute URL: {url}")))?;
@@ -226,7 +220,7 @@ pub fn purge_url(cfg: &CacheConfig, url: &str, upstreams: bool) -> io::Result<Pu
 }
 
 /// Removes every object whose key URL starts with `prefix`.
-pub fn purge_prefix(cfg: &CacheConfig, prefix: &str, progress: bool) -> io::Result<PurgeReport> {
+pub(crate) fn purge_prefix(cfg: &CacheConfig, prefix: &str, progress: bool) -> io::Result<PurgeReport> {
     let root = existing_dir(cfg)?;
     purge_where(root, &mut |k| key::url_of(k).starts_with(prefix), progress)
 }
@@ -250,7 +244,11 @@ fn purge_where(root: &Path, matches: &mut dyn FnMut(&str) -> bool, progress: boo
 
 /// Reads every object in full and checks its checksum; removes corrupt
 /// (or invalid) ones, calling `on_corrupt` for each.
-pub fn verify(cfg: &CacheConfig, progress: bool, on_corrupt: &mut dyn FnMut(&Path, &str)) -> io::Result<VerifyReport> {
+pub(crate) fn verify(
+    cfg: &CacheConfig,
+    progress: bool,
+    on_corrupt: &mut dyn FnMut(&Path, &str),
+) -> io::Result<VerifyReport> {
     let root = existing_dir(cfg)?;
     let bar = dir_bar("verifying", progress);
     let mut report = VerifyReport::default();
@@ -285,7 +283,7 @@ pub fn verify(cfg: &CacheConfig, progress: bool, on_corrupt: &mut dyn FnMut(&Pat
 /// Indexes the store (scanning every object, with a progress bar) and
 /// evicts down to the low watermark, calling `on_evict` for each object
 /// removed (its key read first). Returns the budget's low watermark too.
-pub fn gc(
+pub(crate) fn gc(
     cfg: &CacheConfig,
     progress: bool,
     on_evict: &mut dyn FnMut(&Evicted),
@@ -349,7 +347,7 @@ fn variant_text(variant: &[(String, Option<String>)]) -> String {
 
 /// Formats one `list` line: `URL STATUS BODY-BYTES STORED EXPIRES
 /// [vary:...] [upstream:NAME]`.
-pub fn list_line(e: &ListEntry) -> String {
+pub(crate) fn list_line(e: &ListEntry) -> String {
     let expires = if e.expires == 0 {
         "-".to_string()
     } else {

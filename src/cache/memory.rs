@@ -86,11 +86,6 @@ impl MemoryTier {
         self.cache.len()
     }
 
-    /// True if nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
-
     /// Bytes held (by the weight estimate).
     pub fn bytes(&self) -> u64 {
         self.cache.weight()
@@ -110,7 +105,7 @@ impl MemoryTier {
             .iter()
             .take(limit)
             .map(|(id, obj)| {
-                let marker = obj.meta.headers.contains_key(super::tiers::MARKER);
+                let marker = obj.meta.headers.contains_key(super::object::MARKER);
                 (id, obj.meta.key.clone(), obj.body.len() as u64, marker)
             })
             .collect()

@@ -5,13 +5,13 @@
 
 pub mod admin;
 pub mod disk;
-pub mod flight;
+pub(crate) mod flight;
 pub mod key;
-pub mod memory;
+pub(crate) mod memory;
 pub mod object;
-pub mod policy;
-pub mod range;
+pub(crate) mod policy;
+pub(crate) mod range;
 mod tiers;
 
 pub use key::{CacheKey, ObjectId};
-pub use tiers::{Cache, CacheStats, PoolBusy, RangeReader, StoreSink, Stored, StoredBody};
+pub(crate) use tiers::{Cache, StoreSink, Stored};

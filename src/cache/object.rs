@@ -6,6 +6,13 @@
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Header that marks a stored object as a Vary marker (never served): what
+/// is stored under a primary key whose response varied, naming the request
+/// fields its variants are selected by. The tiers facade writes and reads
+/// it; the memory tier's listing (/nsc) shows it. Declared here, with the
+/// stored metadata both use, so that the two do not import each other.
+pub(crate) const MARKER: &str = "x-portico-vary-marker";
+
 /// Stored response metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMeta {

@@ -11,6 +11,7 @@ use super::disk::{BodyReader, DiskStore, DiskWriter};
 use super::flight::Flights;
 use super::key::{CacheKey, ObjectId};
 use super::memory::{MemObject, MemoryTier};
+use super::object::MARKER;
 use super::object::StoredMeta;
 use super::policy::{self, Policy};
 use crate::blocking::BlockingPool;
@@ -21,9 +22,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Header that marks a stored object as a Vary marker (never served).
-pub(crate) const MARKER: &str = "x-portico-vary-marker";
 
 /// Cache counters, kept with relaxed atomics (no lock on the request path).
 #[derive(Debug, Default)]

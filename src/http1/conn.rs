@@ -48,8 +48,6 @@ pub struct Exchange<'a> {
     pub peer: SocketAddr,
     /// The local address the client connected to.
     pub local: SocketAddr,
-    /// Requests served earlier on this connection.
-    pub served: u32,
     /// What the cache did for the request (HIT, MISS, ...), noted by the
     /// handler for its access-log line; this layer never reads it.
     pub cache_result: Option<&'static str>,
@@ -351,7 +349,6 @@ async fn serve_one<H: Handler>(
         stream,
         peer,
         local,
-        served,
         cache_result: None,
         hierarchy: None,
         user: None,

@@ -13,8 +13,8 @@ pub mod head;
 mod io;
 mod response;
 
-pub use body::{BodyError, BodyFrame, BodyReader};
-pub use conn::{ConnSettings, Exchange, GoneIdle, Handler, Outcome, RejectInfo, Start, client_closed, serve};
+pub(crate) use body::{BodyError, BodyFrame, BodyReader};
+pub(crate) use conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo, Start, client_closed, serve};
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
-pub use io::{read_buf, write_all};
-pub use response::{BodyLen, ResponseWriter};
+pub(crate) use io::{read_buf, write_all};
+pub(crate) use response::{BodyLen, ResponseWriter};

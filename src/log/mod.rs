@@ -59,7 +59,10 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 /// Installs the error log: standard error, or the file `log.error`.
 pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
     let level = crate::config::tracing_level(&cfg.level).unwrap_or(tracing::Level::INFO);
-    let builder = tracing_subscriber::fmt().with_max_level(level).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_target(false)
+        .fmt_fields(WorkerTagged::default());
     let result = if cfg.error.as_os_str().is_empty() {
         use std::io::IsTerminal;
         builder
@@ -88,6 +91,28 @@ pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
         builder.with_ansi(false).with_writer(|| ErrorWriter).try_init()
     };
     result.map_err(|e| format!("cannot install the error log: {e}"))
+}
+
+/// The error log's field formatter: tracing's own, after `worker I: ` in a
+/// worker process (`crate::worker`), so that the lines the workers write to
+/// their shared log say whose they are. Set once here for every line, on
+/// every thread (runtime, blocking pool, access-log writer, keep-alive
+/// poller), where a tracing span would have to be entered on each thread
+/// and would print as `worker{index=0}:`.
+#[derive(Default)]
+struct WorkerTagged(tracing_subscriber::fmt::format::DefaultFields);
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for WorkerTagged {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        if let Some(i) = crate::worker::index() {
+            write!(writer, "worker {i}: ")?;
+        }
+        self.0.format_fields(writer, fields)
+    }
 }
 
 /// SIGUSR1: reopens the error log file by its path (rotation renamed the
@@ -120,13 +145,12 @@ pub fn created_error_log() -> Option<&'static Path> {
 /// Reopens the error log and logs one line saying what SIGUSR1 reopens
 /// (the caller then reopens its access log, whose writer thread confirms).
 pub fn reopen_logs_line() {
-    let tag = crate::supervisor::tag();
     match reopen_error_log() {
         Ok(Some(path)) => tracing::info!(
-            "{tag}SIGUSR1: reopened the error log {} and reopening the access log",
+            "SIGUSR1: reopened the error log {} and reopening the access log",
             path.display()
         ),
-        Ok(None) => tracing::info!("{tag}SIGUSR1: reopening the access log (the error log is standard error)"),
-        Err(e) => tracing::error!("{tag}SIGUSR1: {e}; reopening the access log"),
+        Ok(None) => tracing::info!("SIGUSR1: reopening the access log (the error log is standard error)"),
+        Err(e) => tracing::error!("SIGUSR1: {e}; reopening the access log"),
     }
 }

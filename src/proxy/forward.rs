@@ -121,11 +121,6 @@ struct Attempt<'a> {
 }
 
 impl Dest {
-    /// The `[[rule]]` whose cache settings apply, if any.
-    pub fn route(&self) -> Option<usize> {
-        self.cache_rule
-    }
-
     /// The scheme, authority and path the client asked for (the cache key's parts).
     pub fn public_url(&self) -> (&str, &str, &str) {
         match &self.to {

@@ -1,28 +1,39 @@
-//! The request pipeline: access check, classify and route, then forward to
-//! an origin (or tunnel), and log. One [`ListenerHandler`] per listener.
+//! The request pipeline, one module per step: `admission` (a service slot,
+//! or the connection queue), `access` (allow-list, credentials, and later
+//! the `[[acl]]` decision), `classify` (what the request asks for),
+//! `route` (the `[[rule]]`s' verdict), `cache` (lookup, serve, store), then
+//! upstream through `forward` (HTTP) or `tunnel` (CONNECT); `reply` makes
+//! the answers Portico writes itself, and `handle` logs each request.
+//! `monitor` and `purge` answer admin clients. One [`ListenerHandler`] per
+//! listener; [`Shared`] holds what requests share.
 
-mod cached;
+pub(crate) mod access;
+pub(crate) mod admission;
+mod cache;
+pub(crate) mod classify;
 mod forward;
 mod headers;
-pub mod monitor;
+pub(crate) mod monitor;
 mod purge;
+mod route;
 
 pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
 mod tunnel;
 
-use crate::access::AllowList;
-use crate::admit::{Admission, Permit};
 use crate::blocking::BlockingPool;
 use crate::config::{Config, ListenerConfig, Mode};
 use crate::http1::{Exchange, Handler, Outcome, RejectInfo};
 use crate::keepalive::KeepAlive;
 use crate::log::{AccessLog, AccessRecord};
-use crate::route::{Target, classify};
 use crate::rules::Rules;
 use crate::upstream::{Group, Upstream};
+use access::AllowList;
+use admission::{Admission, Permit};
+use classify::{Target, classify};
 use http::{Method, StatusCode};
+use route::with_path;
 use std::sync::Arc;
 
 /// The access log's cache result of a refusal (`[access] allow`, an
@@ -37,7 +48,7 @@ pub(crate) const ACCESS_NONE: &str = "NONE";
 pub(crate) const ACCESS_REDIRECT: &str = "REDIRECT";
 
 /// Everything built from the config that requests share.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The configuration in force.
     pub config: Config,
     allow: AllowList,
@@ -211,17 +222,6 @@ impl Shared {
     }
 }
 
-/// `uri` with its path and query replaced by `path_and_query`, if given
-/// (a rule's rewrite); None if the result is not a valid URI.
-fn with_path(uri: http::Uri, path_and_query: Option<String>) -> Option<http::Uri> {
-    let Some(pq) = path_and_query else {
-        return Some(uri);
-    };
-    let mut parts = uri.into_parts();
-    parts.path_and_query = Some(pq.parse().ok()?);
-    http::Uri::from_parts(parts).ok()
-}
-
 /// The `Proxy-Authorization` for a request sent to parent group `group`:
 /// the group's fixed credentials (`credentials_file`), else the client's own
 /// when the route passes them (`parent_credentials = "pass"`), else none
@@ -241,7 +241,7 @@ fn parent_credentials(
 }
 
 /// Serves the requests of one listener.
-pub struct ListenerHandler {
+pub(crate) struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
     /// Position of the listener in the config (for per-listener counters).
@@ -346,49 +346,6 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    /// Admission, then the pipeline. Time spent waiting in the connection
-    /// queue is the access stage's latency in the performance buckets.
-    async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
-        // Admission: the request is in service from here until its
-        // response is done, or waits in the connection queue, or (queue
-        // full) gets a busy 503 at once. A queued request whose client goes
-        // away leaves the queue: serving it would only waste a place.
-        let admitted = tokio::select! {
-            biased;
-            admitted = sh.admission.admit() => admitted,
-            () = crate::http1::client_closed(ex.stream) => {
-                sh.admission.abandoned();
-                return Outcome::Close;
-            }
-        };
-        let mut permit = match admitted {
-            Ok(p) => Some(p),
-            Err(_) => {
-                tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);
-                // A request with a body is closed after its 503: the body is
-                // unread (the lingering close drains it, so the client sees
-                // the 503, not a reset). One without keeps its connection:
-                // under overload a reconnect per refusal costs the server
-                // more than the 503 itself, and takes goodput with it.
-                let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
-                if has_body {
-                    ex.out.close_after();
-                }
-                ex.cache_result = Some(ACCESS_NONE);
-                let route_busy = self.route_busy_page(ex, sh);
-                let sent = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
-                return if has_body || sent.is_err() {
-                    Outcome::Close
-                } else {
-                    Outcome::Done
-                };
-            }
-        };
-        let outcome = self.serve(ex, sh, &mut permit).await;
-        drop(permit);
-        outcome
-    }
-
     async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>, permit: &mut Option<Permit<'_>>) -> Outcome {
         let sh = &**shared;
         let access = crate::stats::stage(crate::stats::Stage::Access);
@@ -590,157 +547,11 @@ impl ListenerHandler {
         let result = if purge::is_purge(&ex.head.method) {
             Box::pin(purge::purge(ex, sh, &dest)).await
         } else {
-            cached::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
+            cache::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };
         match result {
             Ok(()) => Outcome::Done,
             Err((status, reason)) => self.fail(ex, status, &reason).await,
-        }
-    }
-
-    /// The credential step (`[auth]`): reads the listener's credentials
-    /// field (`Authorization` on a reverse listener, `Proxy-Authorization`
-    /// otherwise, CONNECT included), verifies it, notes the user in
-    /// `ex.user` and removes the field so it is never forwarded. `Some` is
-    /// the answer when the request goes no further: 407/401 challenge for
-    /// missing (with `auth.required`) or wrong credentials, 400 for a
-    /// malformed field, 503 when the user file cannot be used.
-    async fn authenticate(
-        &self,
-        ex: &mut Exchange<'_>,
-        sh: &Shared,
-        auth: &Arc<crate::auth::Authenticator>,
-    ) -> Option<Outcome> {
-        use crate::auth::basic::{Presented, parse};
-        let reverse = self.mode == Mode::Reverse;
-        let field = if reverse {
-            http::header::AUTHORIZATION
-        } else {
-            http::header::PROXY_AUTHORIZATION
-        };
-        // Removed whatever it holds: on a reverse listener with `[auth]`
-        // the field is Portico's, not the origin's (docs/CONFIG.md).
-        let value = ex.head.headers.remove(&field);
-        let presented = match value.as_ref().map(parse) {
-            None | Some(Ok(Presented::OtherScheme)) => None,
-            Some(Ok(Presented::Basic(b))) => Some(b),
-            Some(Err(why)) => {
-                return Some(self.refuse(ex, ACCESS_NONE, StatusCode::BAD_REQUEST, why).await);
-            }
-        };
-        let Some(creds) = presented else {
-            if sh.config.auth.required || value.is_some() {
-                ex.cache_result = Some(ACCESS_DENIED);
-                return Some(
-                    reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await,
-                );
-            }
-            return None;
-        };
-        let name = creds.user.clone();
-        match auth.authenticate(creds, &sh.blocking).await {
-            Ok(user) => {
-                ex.user = Some(user);
-                None
-            }
-            Err(crate::auth::Refusal::Invalid) => {
-                tracing::debug!(client = %ex.peer.ip(), "{} {}: wrong credentials for user {name:?}", ex.head.method, ex.head.target);
-                // Logged as the name presented: Squid and Apache log the
-                // user of a refused request too, which is what shows a guesser.
-                ex.user = Some(Arc::new(crate::auth::User {
-                    name,
-                    groups: Vec::new(),
-                }));
-                ex.cache_result = Some(ACCESS_DENIED);
-                Some(reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
-            }
-            Err(crate::auth::Refusal::Unavailable(why)) => {
-                // Not `fail`: the error log has the episode's one line
-                // already (auth::Authenticator::check_files).
-                ex.cache_result = Some(ACCESS_NONE);
-                Some(reply::auth_unavailable(ex, &why).await)
-            }
-        }
-    }
-
-    /// Carries out the ACL's `decision` (`[[acl]]`): None lets the request
-    /// go on; a deny answers with its status and reason page (counted in
-    /// the statistics as `acl_denied`); an entry that needs a user answers
-    /// with a challenge (407 on forward and transparent listeners and for
-    /// CONNECT, 401 on reverse ones).
-    async fn enforce(
-        &self,
-        ex: &mut Exchange<'_>,
-        sh: &Shared,
-        decision: crate::acl::Decision,
-        tunnel: bool,
-    ) -> Option<Outcome> {
-        match decision {
-            crate::acl::Decision::Allow { .. } => None,
-            crate::acl::Decision::Deny { entry, status, reason } => {
-                sh.stats.acl_denied();
-                let by = entry.map_or_else(|| "access.acl_default".to_string(), |i| format!("acl[{i}]"));
-                tracing::info!(client = %ex.peer.ip(), "{} {}: denied by {by}", ex.head.method, ex.head.target);
-                ex.cache_result = Some(ACCESS_DENIED);
-                Some(match reply::error_page(&mut ex.out, status, &reason).await {
-                    Ok(()) => Outcome::Done,
-                    Err(_) => Outcome::Close,
-                })
-            }
-            crate::acl::Decision::NeedAuth { entry } => {
-                tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
-                let proxy = tunnel || self.mode != Mode::Reverse;
-                ex.cache_result = Some(ACCESS_DENIED);
-                Some(reply::auth_required(&mut ex.out, proxy, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
-            }
-        }
-    }
-
-    /// The routing rules' verdict on `target`.
-    fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &crate::route::HttpTarget) -> crate::rules::Route {
-        sh.rules.route(&crate::rules::Request {
-            method: &ex.head.method,
-            scheme: target.scheme,
-            host: &target.host,
-            port: target.port,
-            path_and_query: &target.path_and_query,
-            client: ex.peer.ip(),
-            headers: &ex.head.headers,
-            mode: self.mode,
-        })
-    }
-
-    /// The rules' verdict on a CONNECT to `host:port`
-    /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
-    /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
-    /// `response_headers` edit the answer, and an `upstream` naming a
-    /// `parent = true` group tunnels through a parent; the others (an
-    /// upstream that is not a parent group, rewrites, request headers,
-    /// cache settings) have nothing to act on.
-    fn tunnel_route(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> crate::rules::Route {
-        if sh.rules.is_empty() {
-            return crate::rules::Route::default();
-        }
-        let host = crate::rules::tunnel_host(host);
-        sh.rules.route(&crate::rules::Request::tunnel(
-            &host,
-            port,
-            ex.peer.ip(),
-            &ex.head.headers,
-            self.mode,
-        ))
-    }
-
-    /// The busy page of the request's route, if its rules name one
-    /// (`busy_body`). Only a busy response needs it before routing (the
-    /// connection queue is full), so only that path pays for routing twice.
-    fn route_busy_page(&self, ex: &Exchange<'_>, sh: &Shared) -> Option<reply::BusyPage> {
-        match classify(&ex.head, self.mode) {
-            Ok(Target::Http(target)) => {
-                let body = self.route(ex, sh, &target).busy_body?;
-                Some(self.busy.with_body(body))
-            }
-            _ => None,
         }
     }
 

@@ -246,7 +246,7 @@ fn apply_nsc(cache: &crate::cache::Cache, action: workers::NscAction) -> String 
 /// workers. False in a single process, or if it could not be written
 /// (logged).
 async fn publish_nsc(action: workers::NscAction) -> bool {
-    let (Some(dir), Some(index)) = (workers::dir(), crate::supervisor::worker_index()) else {
+    let (Some(dir), Some(index)) = (workers::dir(), crate::worker::index()) else {
         return false;
     };
     let seq = std::time::SystemTime::now()
@@ -258,10 +258,7 @@ async fn publish_nsc(action: workers::NscAction) -> bool {
     match written {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            tracing::warn!(
-                "{}/nsc: cannot hand the action to the other workers: {e}",
-                crate::supervisor::tag()
-            );
+            tracing::warn!("/nsc: cannot hand the action to the other workers: {e}");
             false
         }
         Err(_) => false,
@@ -274,7 +271,7 @@ async fn publish_nsc(action: workers::NscAction) -> bool {
 /// on a blocking thread (reading /proc, serialising and writing stay off
 /// the runtime's threads). Runs until the runtime stops.
 pub fn spawn_figures_writer(shared: std::sync::Arc<arc_swap::ArcSwap<Shared>>) {
-    let (Some(dir), Some(index)) = (workers::dir(), crate::supervisor::worker_index()) else {
+    let (Some(dir), Some(index)) = (workers::dir(), crate::worker::index()) else {
         return;
     };
     tokio::spawn(async move {
@@ -296,15 +293,14 @@ pub fn spawn_figures_writer(shared: std::sync::Arc<arc_swap::ArcSwap<Shared>>) {
                 && let Some(cache) = &shared.load().cache
             {
                 let m = apply_nsc(cache, command.action);
-                tracing::info!("{}/nsc (from another worker): {m}", crate::supervisor::tag());
+                tracing::info!("/nsc (from another worker): {m}");
             }
             match written.map(|(w, _)| w) {
                 Ok(Ok(())) => warned = false,
                 Ok(Err(e)) if !warned => {
                     warned = true;
                     tracing::warn!(
-                        "{}cannot write statistics for the other workers to {}: {e}",
-                        crate::supervisor::tag(),
+                        "cannot write statistics for the other workers to {}: {e}",
                         dir.display()
                     );
                 }
@@ -355,7 +351,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
     let server = stats::ServerInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         pid: std::process::id(),
-        process_index: crate::supervisor::worker_index(),
+        process_index: crate::worker::index(),
         uptime_secs: sh.stats.started().elapsed().as_secs_f64(),
         time_unix: now,
         workers: if cfg.server.workers == 0 {

@@ -6,8 +6,8 @@
 
 use super::Shared;
 use super::reply::error_page;
-use crate::admit::Permit;
 use crate::http1::{Exchange, Outcome, read_buf, write_all};
+use crate::proxy::admission::Permit;
 use crate::upstream::ConnectErrorKind;
 use bytes::BytesMut;
 use http::StatusCode;

@@ -3,7 +3,7 @@
 
 use super::{Request, Route, Rules};
 use crate::config::{Config, Mode};
-use crate::route::HttpTarget;
+use crate::proxy::classify::HttpTarget;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use std::fmt::Write;
 use std::net::IpAddr;

@@ -19,10 +19,11 @@ mod compile;
 mod explain;
 mod matcher;
 
-pub use actions::{HeaderEdits, Redirect};
+pub(crate) use actions::{HeaderEdits, Redirect};
 pub(crate) use compile::{HeaderCond, header_cond, valid_host_pattern};
-pub use compile::{PathSeg, RuleError, methods, schemes};
-pub use explain::{Probe, explain, mode_name, parse_headers, tunnel_target};
+pub(crate) use compile::{PathSeg, RuleError, methods, schemes};
+pub use explain::{Probe, explain};
+pub(crate) use explain::{mode_name, parse_headers, tunnel_target};
 pub(crate) use matcher::{canonical, header_holds};
 
 use bytes::Bytes;
@@ -53,7 +54,7 @@ pub struct Request<'a> {
 
 /// Why a CONNECT that a `redirect` rule matches is refused: a tunnel's
 /// answer is a 2xx or an error, never a redirect a client would follow.
-pub const REDIRECT_REFUSED_FOR_CONNECT: &str =
+pub(crate) const REDIRECT_REFUSED_FOR_CONNECT: &str =
     "a routing rule redirects this request, but a CONNECT tunnel cannot be redirected";
 
 impl<'a> Request<'a> {
@@ -84,7 +85,7 @@ impl<'a> Request<'a> {
 
 /// A CONNECT target's host as the rules compare it: lower-case, without
 /// a trailing dot (like [`Request::host`] of an HTTP request).
-pub fn tunnel_host(host: &str) -> String {
+pub(crate) fn tunnel_host(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 

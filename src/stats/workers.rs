@@ -43,7 +43,7 @@ pub struct Report {
 /// The directory named by the supervisor, in a worker process; None in a
 /// single-process server (or a worker started by hand without it).
 pub fn dir() -> Option<PathBuf> {
-    crate::supervisor::worker_index()?;
+    crate::worker::index()?;
     std::env::var_os(ENV_DIR).filter(|d| !d.is_empty()).map(PathBuf::from)
 }
 
@@ -122,7 +122,7 @@ pub fn newest_nsc(dir: &Path, after: u64) -> Option<NscCommand> {
 /// supervisor killed outright (the workers get SIGTERM and exit cleanly),
 /// so the last worker out leaves no directory behind.
 pub fn leave() {
-    let (Some(dir), Some(index)) = (dir(), crate::supervisor::worker_index()) else {
+    let (Some(dir), Some(index)) = (dir(), crate::worker::index()) else {
         return;
     };
     let _ = std::fs::remove_file(file(&dir, index));

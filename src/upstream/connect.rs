@@ -235,11 +235,6 @@ impl DnsCache {
         self.map.lock().map_or(0, |m| m.len())
     }
 
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Most names kept.
     pub fn max(&self) -> usize {
         self.max

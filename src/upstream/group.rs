@@ -116,11 +116,6 @@ impl Group {
         self.servers.len()
     }
 
-    /// True if the group has no servers (never, once validated).
-    pub fn is_empty(&self) -> bool {
-        self.servers.is_empty()
-    }
-
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }

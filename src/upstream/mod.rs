@@ -7,7 +7,7 @@ mod connect;
 pub mod credentials;
 mod group;
 
-pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
+pub use body::{BodySender, ClientBodyError, ProxyBody};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, tls_config};
 pub use group::{Group, ServerAddr};
 

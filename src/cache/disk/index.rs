@@ -166,16 +166,12 @@ impl Index {
     }
 
     /// Number of entries (counted from the maps, for tests).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
             .sum()
-    }
-
-    /// No entries.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -74,11 +74,11 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     let Some(cache) = sh
         .cache
         .as_ref()
-        .filter(|c| c.is_running() && c.enabled_for(dest.route()))
+        .filter(|c| c.is_running() && c.enabled_for(dest.cache_rule))
     else {
         return Box::pin(forward(ex, sh, &dest)).await;
     };
-    let policy = cache.policy_for(dest.route());
+    let policy = cache.policy_for(dest.cache_rule);
     let key = key_for(cache, sh, &dest);
     let method = ex.head.method.clone();
     if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
@@ -173,7 +173,7 @@ async fn revalidate(
             strip_hop_by_hop(&mut fresh);
             // The 304's cookies are this client's: not merged into what
             // later clients get, but sent to this one.
-            let own = cache.policy_for(dest.route()).take_unshared(&mut fresh);
+            let own = cache.policy_for(dest.cache_rule).take_unshared(&mut fresh);
             policy::update_from_304(&mut meta, &fresh, request_time, response_time);
             let mut stored = cache.update(stored, meta).await;
             if !own.is_empty() {
@@ -192,7 +192,7 @@ async fn revalidate(
         Revalidation::Mismatch => fetch_and_store(ex, sh, cache, dest, key).await,
         Revalidation::ServerError | Revalidation::Replace => {
             let response = http::Response::from_parts(parts, body);
-            let policy = cache.policy_for(dest.route());
+            let policy = cache.policy_for(dest.cache_rule);
             store_and_send(
                 ex,
                 sh,
@@ -241,7 +241,7 @@ async fn fetch_and_store(
                 let variant = policy::variant_of(&head.vary, &ex.head.headers);
                 if variant == head.variant {
                     cache.stats.collapsed();
-                    let policy = cache.policy_for(dest.route());
+                    let policy = cache.policy_for(dest.cache_rule);
                     return send_followed(ex, sh, &dest.reply, cache, policy, &head, follower).await;
                 }
                 let own = key.variant_id(&variant);
@@ -255,7 +255,7 @@ async fn fetch_and_store(
                 // The fetch ended without sharing its body with us (we
                 // joined late, or it was not storable): it may be stored now.
                 drop(follower);
-                let policy = cache.policy_for(dest.route());
+                let policy = cache.policy_for(dest.cache_rule);
                 if let Ok(Some(stored)) = cache.lookup(key, &ex.head.headers).await
                     && let stored = shareable(policy, stored)
                     && policy.evaluate(&ex.head.headers, &stored.meta, SystemTime::now()) == Decision::Fresh
@@ -276,7 +276,7 @@ async fn fetch_and_store(
         sh,
         dest,
         cache,
-        cache.policy_for(dest.route()),
+        cache.policy_for(dest.cache_rule),
         key,
         response,
         rewrite,
@@ -750,13 +750,13 @@ fn spawn_revalidation(
                 let mut fresh = parts.headers;
                 strip_hop_by_hop(&mut fresh);
                 // No client asked: the 304's cookies are nobody's.
-                cache.policy_for(dest.route()).take_unshared(&mut fresh);
+                cache.policy_for(dest.cache_rule).take_unshared(&mut fresh);
                 policy::update_from_304(&mut meta, &fresh, request_time, response_time);
                 cache.update_meta(id, Arc::new(meta)).await;
             }
             Revalidation::Replace => {
                 let mut headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
-                let policy = cache.policy_for(dest.route());
+                let policy = cache.policy_for(dest.cache_rule);
                 // A new version of a type the request's response entries
                 // deny is not stored (and the old one goes: it is replaced).
                 if policy

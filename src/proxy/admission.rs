@@ -1,6 +1,6 @@
-//! Admission: at most `server.max_requests` requests in service at once
-//! (the Sun Java System Web Proxy Server 4's RqThrottle, its "maximum threads"), and the
-//! connection queue
+//! The admission step: at most `server.max_requests` requests in service at once
+//! (the Sun Java System Web Proxy Server 4's RqThrottle, its "maximum
+//! threads"), and the connection queue
 //! in front of it.
 //!
 //! A request holds a permit from the moment its head has been read until
@@ -16,7 +16,10 @@
 //! happens when the server is already saturated, takes a small lock, to
 //! keep the 1/5/15-minute queue-length averages.
 
+use super::{ListenerHandler, Shared, reply};
+use crate::http1::{Exchange, Outcome};
 use serde::Serialize;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
@@ -235,6 +238,51 @@ pub struct ConnectionQueue {
     pub max_requests: usize,
     /// Requests admitted since start (with or without queueing).
     pub total_admitted: u64,
+}
+
+impl ListenerHandler {
+    /// Admission, then the pipeline. Time spent waiting in the connection
+    /// queue is the access stage's latency in the performance buckets.
+    pub(super) async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
+        // Admission: the request is in service from here until its
+        // response is done, or waits in the connection queue, or (queue
+        // full) gets a busy 503 at once. A queued request whose client goes
+        // away leaves the queue: serving it would only waste a place.
+        let admitted = tokio::select! {
+            biased;
+            admitted = sh.admission.admit() => admitted,
+            () = crate::http1::client_closed(ex.stream) => {
+                sh.admission.abandoned();
+                return Outcome::Close;
+            }
+        };
+        let mut permit = match admitted {
+            Ok(p) => Some(p),
+            Err(_) => {
+                tracing::debug!(client = %ex.peer.ip(), "{} {}: connection queue full, busy 503", ex.head.method, ex.head.target);
+                // A request with a body is closed after its 503: the body is
+                // unread (the lingering close drains it, so the client sees
+                // the 503, not a reset). One without keeps its connection:
+                // under overload a reconnect per refusal costs the server
+                // more than the 503 itself, and takes goodput with it.
+                let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
+                if has_body {
+                    ex.out.close_after();
+                }
+                ex.cache_result = Some(super::ACCESS_NONE);
+                let route_busy = self.route_busy_page(ex, sh);
+                let sent = reply::busy(&mut ex.out, &self.busy, route_busy.as_ref()).await;
+                return if has_body || sent.is_err() {
+                    Outcome::Close
+                } else {
+                    Outcome::Done
+                };
+            }
+        };
+        let outcome = self.serve(ex, sh, &mut permit).await;
+        drop(permit);
+        outcome
+    }
 }
 
 #[cfg(test)]

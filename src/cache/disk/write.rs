@@ -1,0 +1,401 @@
+//! The disk tier's write path: a new object goes to a tmp file (header,
+//! metadata, body, trailer with the checksum) and is published by rename
+//! under the id's lock; a metadata update copies the body into a new file
+//! the same way.
+
+use super::format::{self, Checksum, HEADER_LEN, ReadError, TRAILER_LEN, Trailer};
+use super::index::Entry;
+use super::stats::DiskStats;
+use super::{DiskStore, Inner, blocking, io_other, key_matches, now_secs, secs32, sync_dir};
+use crate::blocking::BlockingPool;
+use crate::cache::key::ObjectId;
+use crate::cache::object::StoredMeta;
+use bytes::Bytes;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+/// A writer hands its buffer to the blocking pool once it holds this much.
+const WRITE_FLUSH: usize = 256 << 10;
+
+impl Inner {
+    /// Renames a finished tmp file into place and indexes it.
+    fn publish(&self, id: ObjectId, tmp: &Path, entry: Entry) -> io::Result<()> {
+        let path = self.layout.path_of(id);
+        let guard = self.lock(id);
+        if let Err(e) = fs::rename(tmp, &path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                return Err(e);
+            }
+            let dir = self.layout.dir_of(id);
+            fs::create_dir_all(&dir)?;
+            if self.fsync {
+                sync_dir(self.layout.root())?;
+                if let Some(p) = dir.parent() {
+                    sync_dir(p)?;
+                }
+            }
+            fs::rename(tmp, &path)?;
+        }
+        self.index.insert(id, entry);
+        drop(guard);
+        if self.fsync {
+            sync_dir(&self.layout.dir_of(id))?;
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(entry.size, Ordering::Relaxed);
+        if self.over_high() {
+            self.gc_signal.kick();
+        }
+        Ok(())
+    }
+
+    fn tmp_path(&self, id: ObjectId) -> PathBuf {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        self.layout
+            .tmp_dir()
+            .join(format!("{}.{}.{}.{n}", id.hex(), std::process::id(), self.instance))
+    }
+
+    /// Creates a tmp file holding the header and `meta`.
+    fn new_write_state(self: &Arc<Self>, id: ObjectId, meta: &StoredMeta) -> io::Result<WriteState> {
+        let tmp = self.tmp_path(id);
+        let create = || OpenOptions::new().write(true).create_new(true).open(&tmp);
+        let file = match create() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(self.layout.tmp_dir())?;
+                create()?
+            }
+            r => r?,
+        };
+        let meta_bytes = meta.encode();
+        let meta_len = u32::try_from(meta_bytes.len())
+            .ok()
+            .filter(|n| *n <= format::MAX_META_LEN)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "metadata too large"))?;
+        let mut st = WriteState {
+            file,
+            tmp,
+            sum: Some(Checksum::new(&meta_bytes)),
+            meta_len: u64::from(meta_len),
+            body_len: 0,
+            key_ok: key_matches(id, meta),
+            store: Arc::downgrade(self),
+            stats: self.stats.clone(),
+            fsync: self.fsync,
+            done: false,
+        };
+        let mut head = Vec::with_capacity(HEADER_LEN as usize + meta_bytes.len());
+        head.extend_from_slice(&format::encode_header(meta_len));
+        head.extend_from_slice(&meta_bytes);
+        st.file.write_all(&head)?;
+        Ok(st)
+    }
+
+    fn update_meta_blocking(self: &Arc<Self>, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
+        let path = self.layout.path_of(id);
+        let old = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let env = match format::read_envelope(&old) {
+            Ok(env) => env,
+            Err(ReadError::Corrupt(c)) => {
+                let m = old.metadata()?;
+                self.remove_corrupt(id, m.dev(), m.ino(), c.0);
+                return Ok(false);
+            }
+            Err(ReadError::Io(e)) => return Err(e),
+        };
+        let mut st = self.new_write_state(id, meta)?;
+        let mut old_sum = Checksum::new(&env.meta);
+        let mut buf = vec![0u8; 256 << 10];
+        let mut off = env.body_offset();
+        let mut left = env.trailer.body_len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            if let Err(e) = old.read_exact_at(&mut buf[..n], off) {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    self.remove_corrupt(id, env.dev, env.ino, "truncated");
+                }
+                return Err(e);
+            }
+            old_sum.update(&buf[..n]);
+            st.write_body(&buf[..n])?;
+            off += n as u64;
+            left -= n as u64;
+        }
+        if old_sum.finish(env.trailer.body_len, env.trailer.expires) != env.trailer.checksum {
+            self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+            self.remove_corrupt(id, env.dev, env.ino, "checksum mismatch");
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "stored body failed its checksum",
+            ));
+        }
+        let size = st.finish(expires)?;
+        let old_entry = self.index.get(id);
+        let entry = Entry {
+            size,
+            last_access: secs32(now_secs()),
+            expires: secs32(expires),
+            hits: old_entry.map_or(0, |e| e.hits),
+            generation: self.index.next_generation(),
+            key_ok: st.key_ok,
+        };
+        // Publish only over the very file we copied from: if a new object
+        // was committed meanwhile, it wins and this update is dropped.
+        let guard = self.lock(id);
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.dev() == env.dev && m.ino() == env.ino => {}
+            _ => return Ok(false),
+        }
+        fs::rename(&st.tmp, &path)?;
+        st.done = true;
+        self.index.insert(id, entry);
+        drop(guard);
+        if self.fsync {
+            sync_dir(&self.layout.dir_of(id))?;
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(size, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+impl DiskStore {
+    /// Starts writing an object to a tmp file; nothing is visible until
+    /// `commit`, which replaces any object with the same id atomically.
+    pub async fn writer(&self, id: ObjectId, meta: &StoredMeta) -> io::Result<DiskWriter> {
+        let inner = self.inner.clone();
+        let meta = meta.clone();
+        let st = blocking(&self.inner.pool, move || inner.new_write_state(id, &meta)).await??;
+        Ok(self.wrap_writer(id, st))
+    }
+
+    /// `writer` on the calling thread.
+    pub fn writer_blocking(&self, id: ObjectId, meta: &StoredMeta) -> io::Result<DiskWriter> {
+        let st = self.inner.new_write_state(id, meta)?;
+        Ok(self.wrap_writer(id, st))
+    }
+
+    fn wrap_writer(&self, id: ObjectId, st: WriteState) -> DiskWriter {
+        DiskWriter {
+            id,
+            state: Some(Box::new(st)),
+            buf: Vec::new(),
+            body_len: 0,
+            max: self.inner.max_object,
+            pool: self.inner.pool.clone(),
+        }
+    }
+
+    /// Replaces a stored object's metadata (after revalidation) and expiry
+    /// hint: writes a new file with the new meta and the old body (verified
+    /// as it is copied) and renames it over the old one, so readers of the
+    /// old file keep reading consistent bytes. Ok(false) if the object is
+    /// absent, invalid, or was replaced meanwhile (the newer one wins);
+    /// an error if its body fails the checksum (it is then removed).
+    pub async fn update_meta(&self, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
+        let inner = self.inner.clone();
+        let meta = meta.clone();
+        blocking(&self.inner.pool, move || inner.update_meta_blocking(id, &meta, expires)).await?
+    }
+
+    /// `update_meta` on the calling thread.
+    pub fn update_meta_blocking(&self, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
+        self.inner.update_meta_blocking(id, meta, expires)
+    }
+}
+
+struct WriteState {
+    file: File,
+    tmp: PathBuf,
+    sum: Option<Checksum>,
+    meta_len: u64,
+    body_len: u64,
+    key_ok: bool,
+    store: Weak<Inner>,
+    stats: Arc<DiskStats>,
+    fsync: bool,
+    done: bool,
+}
+
+impl WriteState {
+    fn write_body(&mut self, data: &[u8]) -> io::Result<()> {
+        self.file.write_all(data)?;
+        if let Some(s) = self.sum.as_mut() {
+            s.update(data);
+        }
+        self.body_len += data.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the trailer (and fsyncs); returns the file size.
+    fn finish(&mut self, expires: u64) -> io::Result<u64> {
+        let sum = self.sum.take().ok_or_else(|| io_other("writer already finished"))?;
+        let trailer = Trailer {
+            body_len: self.body_len,
+            expires,
+            checksum: sum.finish(self.body_len, expires),
+        };
+        self.file.write_all(&trailer.encode())?;
+        if self.fsync {
+            self.file.sync_all()?;
+        }
+        Ok(HEADER_LEN + self.meta_len + self.body_len + TRAILER_LEN)
+    }
+
+    fn commit(mut self, id: ObjectId, rest: &[u8], expires: u64) -> io::Result<()> {
+        self.write_body(rest)?;
+        let size = self.finish(expires)?;
+        let inner = self.store.upgrade().ok_or_else(|| io_other("disk cache closed"))?;
+        let entry = Entry {
+            size,
+            last_access: secs32(now_secs()),
+            expires: secs32(expires),
+            hits: 0,
+            generation: inner.index.next_generation(),
+            key_ok: self.key_ok,
+        };
+        inner.publish(id, &self.tmp, entry)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for WriteState {
+    fn drop(&mut self) {
+        if !self.done {
+            self.stats.write_aborts.fetch_add(1, Ordering::Relaxed);
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Writes one object. Nothing is visible under the object's name until
+/// `commit`; dropping the writer (or `abort`) deletes the tmp file. A
+/// `write` error (including a body over `cache.max_object_size`) aborts it.
+pub struct DiskWriter {
+    id: ObjectId,
+    state: Option<Box<WriteState>>,
+    buf: Vec<u8>,
+    body_len: u64,
+    max: u64,
+    pool: BlockingPool,
+}
+
+impl std::fmt::Debug for DiskWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskWriter")
+            .field("id", &self.id)
+            .field("body_len", &self.body_len)
+            .finish()
+    }
+}
+
+impl DiskWriter {
+    /// Body bytes accepted so far.
+    pub fn body_len(&self) -> u64 {
+        self.body_len
+    }
+
+    /// The tmp file being written.
+    pub fn tmp_path(&self) -> Option<&Path> {
+        self.state.as_ref().map(|s| s.tmp.as_path())
+    }
+
+    fn accept(&mut self, n: usize) -> io::Result<()> {
+        if self.state.is_none() {
+            return Err(io_other("disk cache writer aborted"));
+        }
+        if self.body_len + n as u64 > self.max {
+            self.state = None;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "object larger than cache.max_object_size",
+            ));
+        }
+        self.body_len += n as u64;
+        Ok(())
+    }
+
+    async fn write_out(&mut self, data: Option<Bytes>) -> io::Result<()> {
+        let mut st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let mut buf = std::mem::take(&mut self.buf);
+        let (st, buf, r) = blocking(&self.pool, move || {
+            let r = match &data {
+                Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
+                None => st.write_body(&buf),
+            };
+            buf.clear();
+            (st, buf, r)
+        })
+        .await?;
+        r?;
+        self.buf = buf;
+        self.state = Some(st);
+        Ok(())
+    }
+
+    /// Appends body bytes (buffered; written by the blocking pool in
+    /// 256 KiB batches).
+    pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.accept(data.len())?;
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= WRITE_FLUSH {
+            self.write_out(None).await?;
+        }
+        Ok(())
+    }
+
+    /// Appends body bytes without copying large chunks.
+    pub async fn write_bytes(&mut self, data: Bytes) -> io::Result<()> {
+        if data.len() < WRITE_FLUSH {
+            return self.write(&data).await;
+        }
+        self.accept(data.len())?;
+        self.write_out(Some(data)).await
+    }
+
+    /// `write` on the calling thread.
+    pub fn write_blocking(&mut self, data: &[u8]) -> io::Result<()> {
+        self.accept(data.len())?;
+        let st = self
+            .state
+            .as_mut()
+            .ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let r = st.write_body(&self.buf).and_then(|()| st.write_body(data));
+        self.buf.clear();
+        if r.is_err() {
+            self.state = None;
+        }
+        r
+    }
+
+    /// Finishes the object: trailer with `expires` (unix seconds, 0 =
+    /// unknown; the GC evicts expired objects first), fsync if configured,
+    /// rename into place (replacing any older version), index update.
+    pub async fn commit(mut self, expires: u64) -> io::Result<()> {
+        let st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let buf = std::mem::take(&mut self.buf);
+        let id = self.id;
+        blocking(&self.pool, move || st.commit(id, &buf, expires)).await?
+    }
+
+    /// `commit` on the calling thread.
+    pub fn commit_blocking(mut self, expires: u64) -> io::Result<()> {
+        let st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let buf = std::mem::take(&mut self.buf);
+        st.commit(self.id, &buf, expires)
+    }
+
+    /// Drops the object being written (the tmp file is deleted).
+    pub fn abort(mut self) {
+        self.state = None;
+    }
+}

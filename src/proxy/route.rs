@@ -1,0 +1,68 @@
+//! The route step: the compiled `[[rule]]`s' verdict (a [`Route`]) on a
+//! classified request or a CONNECT, and the URL a rewrite makes.
+
+use super::classify::{self, Target, classify};
+use super::{ListenerHandler, Shared, reply};
+use crate::http1::Exchange;
+use crate::rules::Route;
+
+/// `uri` with its path and query replaced by `path_and_query`, if given
+/// (a rule's rewrite); None if the result is not a valid URI.
+pub(super) fn with_path(uri: http::Uri, path_and_query: Option<String>) -> Option<http::Uri> {
+    let Some(pq) = path_and_query else {
+        return Some(uri);
+    };
+    let mut parts = uri.into_parts();
+    parts.path_and_query = Some(pq.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
+impl ListenerHandler {
+    /// The routing rules' verdict on `target`.
+    pub(super) fn route(&self, ex: &Exchange<'_>, sh: &Shared, target: &classify::HttpTarget) -> Route {
+        sh.rules.route(&crate::rules::Request {
+            method: &ex.head.method,
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+            path_and_query: &target.path_and_query,
+            client: ex.peer.ip(),
+            headers: &ex.head.headers,
+            mode: self.mode,
+        })
+    }
+
+    /// The rules' verdict on a CONNECT to `host:port`
+    /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
+    /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
+    /// `response_headers` edit the answer, and an `upstream` naming a
+    /// `parent = true` group tunnels through a parent; the others (an
+    /// upstream that is not a parent group, rewrites, request headers,
+    /// cache settings) have nothing to act on.
+    pub(super) fn tunnel_route(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Route {
+        if sh.rules.is_empty() {
+            return Route::default();
+        }
+        let host = crate::rules::tunnel_host(host);
+        sh.rules.route(&crate::rules::Request::tunnel(
+            &host,
+            port,
+            ex.peer.ip(),
+            &ex.head.headers,
+            self.mode,
+        ))
+    }
+
+    /// The busy page of the request's route, if its rules name one
+    /// (`busy_body`). Only a busy response needs it before routing (the
+    /// connection queue is full), so only that path pays for routing twice.
+    pub(super) fn route_busy_page(&self, ex: &Exchange<'_>, sh: &Shared) -> Option<reply::BusyPage> {
+        match classify(&ex.head, self.mode) {
+            Ok(Target::Http(target)) => {
+                let body = self.route(ex, sh, &target).busy_body?;
+                Some(self.busy.with_body(body))
+            }
+            _ => None,
+        }
+    }
+}

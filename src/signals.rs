@@ -1,0 +1,61 @@
+//! The signals a server process acts on (SIGTERM, SIGINT, SIGHUP, SIGUSR1),
+//! for the single-process server (`server.rs`) and the supervisor
+//! (`supervisor.rs`) alike: registered once, then awaited one at a time.
+
+/// A signal the server acts on.
+pub(crate) enum Sig {
+    /// SIGHUP: reload.
+    Hup,
+    /// SIGUSR1: reopen the error log and the access log (after rotation).
+    Usr1,
+    /// SIGTERM or SIGINT (named): shut down.
+    Term(&'static str),
+}
+
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR1, registered as soon as they are created.
+pub(crate) struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    usr1: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Registers the handlers; must run inside the runtime.
+    pub(crate) fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let register = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("cannot catch {name}: {cause}", cause = crate::util::io_cause(&e));
+                None
+            }
+        };
+        Signals {
+            term: register(SignalKind::terminate(), "SIGTERM"),
+            int: register(SignalKind::interrupt(), "SIGINT"),
+            hup: register(SignalKind::hangup(), "SIGHUP"),
+            usr1: register(SignalKind::user_defined1(), "SIGUSR1"),
+        }
+    }
+
+    /// Waits for the next signal.
+    pub(crate) async fn next(&mut self) -> Sig {
+        async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    if s.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = one(&mut self.term) => Sig::Term("SIGTERM"),
+            () = one(&mut self.int) => Sig::Term("SIGINT"),
+            () = one(&mut self.hup) => Sig::Hup,
+            () = one(&mut self.usr1) => Sig::Usr1,
+        }
+    }
+}
