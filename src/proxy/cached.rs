@@ -104,16 +104,33 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         let _ = reply::busy(&mut ex.out, busy, None).await;
         return Ok(());
     };
-    match found {
-        Some(stored) => tx.found(stored).await,
-        None => tx.miss().await,
-    }
+    let Some(stored) = found else {
+        return tx.miss().await;
+    };
+    let stored = shareable(policy, stored);
+    // One await sends every answer from the cache, so the hit path's future
+    // holds one `send_stored` (see `Transaction`).
+    let status = match policy.evaluate(&tx.ex.head.headers, &stored.meta, tx.now) {
+        Decision::Fresh => tx.fresh(),
+        Decision::Stale => tx.stale(),
+        Decision::StaleWhileRevalidate => tx.stale_while_revalidate(&stored),
+        Decision::GatewayTimeout => return Err(tx.gateway_timeout()),
+        Decision::Revalidate {
+            stale_if_error_until, ..
+        } => return Box::pin(tx.revalidate(stored, stale_if_error_until)).await,
+    };
+    tx.send_stored(stored, status).await
 }
 
 /// One request's cache transaction: what every step of the cache stage
 /// works with, gathered once when the request reaches it, with one method
-/// per [`Decision`] of the policy (and one for a miss). The methods borrow
-/// the transaction; nothing of the request is copied into it.
+/// per [`Decision`] of the policy (and one for a miss). It borrows the
+/// request and the settings; only the key is its own. The methods for the
+/// decisions answered from the cache (fresh, stale, stale-while-revalidate)
+/// return how the stored response is sent and `serve` sends it with one
+/// await: a request's future is copied into its box once per request, and
+/// one `send_stored` future in it, not one per decision, keeps the hit path's
+/// small.
 ///
 /// Partial content (storing and completing ranges of an object) and
 /// stale-on-error beyond `stale-if-error` (serving the stored response when
@@ -263,21 +280,6 @@ async fn update_from_304(
 }
 
 impl Transaction<'_, '_> {
-    /// A stored response for the request: served, revalidated or refused
-    /// as the policy decides.
-    async fn found(&mut self, stored: Stored) -> Result<(), Failure> {
-        let stored = shareable(self.policy, stored);
-        match self.policy.evaluate(&self.ex.head.headers, &stored.meta, self.now) {
-            Decision::Fresh => self.fresh(stored).await,
-            Decision::Stale => self.stale(stored).await,
-            Decision::StaleWhileRevalidate => self.stale_while_revalidate(stored).await,
-            Decision::GatewayTimeout => self.gateway_timeout(),
-            Decision::Revalidate {
-                stale_if_error_until, ..
-            } => Box::pin(self.revalidate(stored, stale_if_error_until)).await,
-        }
-    }
-
     /// A request other than a GET or HEAD without a body goes to the origin;
     /// what a successful unsafe request changes is removed from the cache.
     async fn pass_through(&mut self) -> Result<(), Failure> {
@@ -293,33 +295,34 @@ impl Transaction<'_, '_> {
         result
     }
 
-    /// [`Decision::Fresh`]: served from the cache.
-    async fn fresh(&mut self, stored: Stored) -> Result<(), Failure> {
+    /// [`Decision::Fresh`]: served from the cache, as a hit.
+    fn fresh(&self) -> CacheStatus {
         self.cache.stats.hit();
-        self.send_stored(stored, CacheStatus::Hit).await
+        CacheStatus::Hit
     }
 
     /// [`Decision::Stale`]: served stale, as the client allows (`max-stale`).
-    async fn stale(&mut self, stored: Stored) -> Result<(), Failure> {
+    /// Also a revalidation that failed within `stale-if-error`.
+    fn stale(&self) -> CacheStatus {
         self.cache.stats.stale();
-        self.send_stored(stored, CacheStatus::Stale).await
+        CacheStatus::Stale
     }
 
     /// [`Decision::StaleWhileRevalidate`]: served stale while one background
     /// revalidation refreshes it for the next requests.
-    async fn stale_while_revalidate(&mut self, stored: Stored) -> Result<(), Failure> {
+    fn stale_while_revalidate(&self, stored: &Stored) -> CacheStatus {
         self.cache.stats.stale();
-        self.spawn_revalidation(&stored);
-        self.send_stored(stored, CacheStatus::Stale).await
+        self.spawn_revalidation(stored);
+        CacheStatus::Stale
     }
 
     /// [`Decision::GatewayTimeout`]: `only-if-cached` and the stored
     /// response is stale.
-    fn gateway_timeout(&self) -> Result<(), Failure> {
-        Err((
+    fn gateway_timeout(&self) -> Failure {
+        (
             StatusCode::GATEWAY_TIMEOUT,
             "only-if-cached: the stored response is stale".into(),
-        ))
+        )
     }
 
     /// Nothing stored for the request: 504 for `only-if-cached`, else fetch
@@ -351,7 +354,8 @@ impl Transaction<'_, '_> {
             Ok(fetched) => fetched,
             Err(failure) => {
                 if stale_ok(SystemTime::now()) {
-                    return self.stale(stored).await;
+                    let status = self.stale();
+                    return self.send_stored(stored, status).await;
                 }
                 return Err(failure);
             }
@@ -373,7 +377,10 @@ impl Transaction<'_, '_> {
                 }
                 self.send_stored(stored, CacheStatus::Revalidated).await
             }
-            Revalidation::ServerError if stale_ok(fetched.times.response) => self.stale(stored).await,
+            Revalidation::ServerError if stale_ok(fetched.times.response) => {
+                let status = self.stale();
+                self.send_stored(stored, status).await
+            }
             Revalidation::Mismatch => self.fetch_and_store().await,
             Revalidation::ServerError | Revalidation::Replace => {
                 self.store_and_send(fetched, None).await;
