@@ -674,7 +674,22 @@ impl Background {
                     cache.invalidate(&self.key).await;
                     return;
                 };
-                while let Some(Ok(frame)) = body.frame().await {
+                // `origin.idle_timeout` bounds the body's silences here as for
+                // a client's response: a stalled refresh would otherwise hold
+                // the object's refresh slot (its flight) for ever.
+                let idle = self.sh.upstream.idle_timeout;
+                loop {
+                    let frame = match tokio::time::timeout(idle, body.frame()).await {
+                        Ok(Some(Ok(frame))) => frame,
+                        Ok(_) => break,
+                        Err(_) => {
+                            tracing::warn!(
+                                key = self.key.text(),
+                                "origin response body stalled (background revalidation)"
+                            );
+                            return;
+                        }
+                    };
                     if let Ok(data) = frame.into_data()
                         && !sink.data(&data).await
                     {
