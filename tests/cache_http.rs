@@ -1293,6 +1293,58 @@ async fn stale_while_revalidate_serves_stale_and_refreshes_once_in_the_backgroun
     assert_eq!(origin.count(), 2, "exactly one background request");
 }
 
+/// `origin.idle_timeout` bounds the silence of every response body,
+/// including a background revalidation's: one whose new response stalls
+/// mid-body gives up, and frees the object's one refresh slot for the next
+/// stale hit (else no refresh would ever start again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_revalidation_whose_response_stalls_gives_up_after_the_idle_timeout() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_| {
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            match n {
+                0 => Response::ok("v1").header("Cache-Control", "max-age=1, stale-while-revalidate=60"),
+                // The first refresh: one chunk, then a minute of silence.
+                1 => Response::ok("")
+                    .header("Cache-Control", "max-age=60")
+                    .chunked(["v2-", "never"], &[])
+                    .chunk_delay(Duration::from_secs(60)),
+                _ => Response::ok("v2").header("Cache-Control", "max-age=60"),
+            }
+        }
+    })
+    .await;
+    let p = proxy_with("", "[origin]\nidle_timeout = \"1s\"\n").await;
+    check(&get(&p, &origin, "/stall", &[]).await, 200, "v1", "MISS");
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    check(&get(&p, &origin, "/stall", &[]).await, 200, "v1", "STALE");
+    assert!(origin.wait_count(2, WAIT).await, "the first refresh reached the origin");
+
+    // Past the idle timeout, a stale hit starts a second refresh, which
+    // completes: the next requests get its response.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    check(&get(&p, &origin, "/stall", &[]).await, 200, "v1", "STALE");
+    assert!(
+        origin.wait_count(3, WAIT).await,
+        "a second refresh once the stalled one timed out"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = get(&p, &origin, "/stall", &[]).await;
+        if x_cache(&r) == "HIT" {
+            check(&r, 200, "v2", "HIT");
+            break;
+        }
+        check(&r, 200, "v1", "STALE");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second refresh was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// An origin whose first response is `v1` (max-age=1,
 /// stale-while-revalidate=30) and later ones `v2` (max-age=60); it honours
 /// `Range` with a 206, as real servers do.

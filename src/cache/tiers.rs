@@ -571,14 +571,6 @@ impl Cache {
         );
     }
 
-    /// Replaces a stored response's metadata after a 304 and returns it
-    /// ready to serve.
-    pub async fn update(&self, stored: Stored, meta: StoredMeta) -> Stored {
-        let meta = Arc::new(meta);
-        self.update_meta(stored.id, meta.clone()).await;
-        Stored { meta, ..stored }
-    }
-
     /// Replaces the stored metadata of `id` (both tiers).
     pub async fn update_meta(&self, id: ObjectId, meta: Arc<StoredMeta>) {
         if let Some(obj) = self.memory.get(id) {

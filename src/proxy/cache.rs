@@ -4,15 +4,14 @@
 //! client. Unsafe methods pass through and invalidate what they change.
 
 use super::Shared;
-use super::forward::{Dest, Failure, LocationRewrite, fetch, forward, response_headers};
+use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
 use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
-use crate::acl::ReplyFilter;
-use crate::cache::flight::{Ending, Next, Role, SharedHead};
+use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
-use crate::cache::policy::{self, Decision, Policy, Precondition, Revalidation};
+use crate::cache::policy::{self, Decision, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
-use crate::cache::{Cache, CacheKey, StoreSink, Stored};
+use crate::cache::{Cache, CacheKey, ObjectId, StoreSink, Stored};
 use crate::http1::{BodyFraming, BodyLen, Exchange, RequestHead};
 use http::header::{
     AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
@@ -80,433 +79,664 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     };
     let policy = cache.policy_for(dest.cache_rule);
     let key = key_for(cache, sh, &dest);
-    let method = ex.head.method.clone();
-    if (method != Method::GET && method != Method::HEAD) || ex.head.body != BodyFraming::Empty {
-        let result = Box::pin(forward(ex, sh, &dest)).await;
-        if let Some(status) = ex.out.status() {
-            for k in policy.invalidations(&method, &key, status, ex.out.sent_headers()) {
-                cache.invalidate(&k).await;
-            }
-        }
-        return result;
+    let now = SystemTime::now();
+    let mut tx = Transaction {
+        ex,
+        sh,
+        cache,
+        policy,
+        dest: &dest,
+        key,
+        now,
+    };
+    if (tx.ex.head.method != Method::GET && tx.ex.head.method != Method::HEAD) || tx.ex.head.body != BodyFraming::Empty
+    {
+        return tx.pass_through().await;
     }
     cache.stats.lookup();
-    let now = SystemTime::now();
     let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
-    let found = cache.lookup(&key, &ex.head.headers).await;
+    let found = cache.lookup(&tx.key, &tx.ex.head.headers).await;
     drop(lookup_stage);
     let Ok(found) = found else {
+        let ex = tx.ex;
         tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
         // A GET or HEAD without a body: the connection can stay open.
         ex.cache_result = Some(super::ACCESS_NONE);
         let _ = reply::busy(&mut ex.out, busy, None).await;
         return Ok(());
     };
-    if let Some(stored) = found {
-        let stored = shareable(policy, stored);
-        match policy.evaluate(&ex.head.headers, &stored.meta, now) {
-            Decision::Fresh => {
-                cache.stats.hit();
-                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Hit).await;
-            }
-            Decision::Stale => {
-                cache.stats.stale();
-                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
-            }
-            Decision::StaleWhileRevalidate => {
-                cache.stats.stale();
-                spawn_revalidation(sh, &ex.head, ex.peer.ip(), &dest, &key, &stored);
-                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
-            }
-            Decision::GatewayTimeout => {
-                return Err((
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "only-if-cached: the stored response is stale".into(),
-                ));
-            }
-            Decision::Revalidate {
-                stale_if_error_until, ..
-            } => return Box::pin(revalidate(ex, sh, cache, &dest, &key, stored, stale_if_error_until)).await,
-        }
-    }
-    cache.stats.miss();
-    if policy::only_if_cached(&ex.head.headers) {
-        return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
-    }
-    Box::pin(fetch_and_store(ex, sh, cache, &dest, &key)).await
-}
-
-/// Validates a stored response with the origin, then serves the stored
-/// (updated) response, the new one, or the stale one when the origin fails.
-async fn revalidate(
-    ex: &mut Exchange<'_>,
-    sh: &Arc<Shared>,
-    cache: &Cache,
-    dest: &Dest,
-    key: &CacheKey,
-    stored: Stored,
-    stale_if_error_until: Option<SystemTime>,
-) -> Result<(), Failure> {
-    cache.stats.revalidation();
-    let conditional = policy::conditional_headers(&stored.meta);
-    let request_time = SystemTime::now();
-    let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
-    let (response, rewrite) = match fetch(sh, &ex.head, ex.peer.ip(), dest, Some(&conditional)).await {
-        Ok((response, rewrite, hierarchy)) => {
-            ex.hierarchy = Some(hierarchy);
-            (response, rewrite)
-        }
-        Err(failure) => {
-            if stale_ok(SystemTime::now()) {
-                cache.stats.stale();
-                return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await;
-            }
-            return Err(failure);
-        }
+    let Some(stored) = found else {
+        return tx.miss().await;
     };
-    let response_time = SystemTime::now();
-    let (parts, body) = response.into_parts();
-    match policy::revalidation(&stored.meta, parts.status, &parts.headers) {
-        Revalidation::NotModified => {
-            let mut meta = StoredMeta::clone(&stored.meta);
-            let mut fresh = parts.headers;
-            strip_hop_by_hop(&mut fresh);
-            // The 304's cookies are this client's: not merged into what
-            // later clients get, but sent to this one.
-            let own = cache.policy_for(dest.cache_rule).take_unshared(&mut fresh);
-            policy::update_from_304(&mut meta, &fresh, request_time, response_time);
-            let mut stored = cache.update(stored, meta).await;
-            if !own.is_empty() {
-                let mut meta = StoredMeta::clone(&stored.meta);
-                for (name, value) in &own {
-                    meta.headers.append(name, value.clone());
-                }
-                stored.meta = Arc::new(meta);
-            }
-            send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Revalidated).await
-        }
-        Revalidation::ServerError if stale_ok(response_time) => {
-            cache.stats.stale();
-            send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Stale).await
-        }
-        Revalidation::Mismatch => fetch_and_store(ex, sh, cache, dest, key).await,
-        Revalidation::ServerError | Revalidation::Replace => {
-            let response = http::Response::from_parts(parts, body);
-            let policy = cache.policy_for(dest.cache_rule);
-            store_and_send(
-                ex,
-                sh,
-                dest,
-                cache,
-                policy,
-                key,
-                response,
-                rewrite,
-                request_time,
-                response_time,
-                None,
-            )
-            .await;
-            Ok(())
-        }
-    }
+    let stored = shareable(policy, stored);
+    // One await sends every answer from the cache, so the hit path's future
+    // holds one `send_stored` (see `Transaction`).
+    let status = match policy.evaluate(&tx.ex.head.headers, &stored.meta, tx.now) {
+        Decision::Fresh => tx.fresh(),
+        Decision::Stale => tx.stale(),
+        Decision::StaleWhileRevalidate => tx.stale_while_revalidate(&stored),
+        Decision::GatewayTimeout => return Err(tx.gateway_timeout()),
+        Decision::Revalidate {
+            stale_if_error_until, ..
+        } => return Box::pin(tx.revalidate(stored, stale_if_error_until)).await,
+    };
+    tx.send_stored(stored, status).await
 }
 
-/// A miss: join the fetch already under way for this key, or lead one.
-/// When the fetch under way turns out to be another `Vary` variant, the
-/// request joins (or leads) the fetch of its own variant instead, so
-/// concurrent misses for one variant still make one origin request.
-async fn fetch_and_store(
-    ex: &mut Exchange<'_>,
-    sh: &Arc<Shared>,
-    cache: &Cache,
-    dest: &Dest,
-    key: &CacheKey,
-) -> Result<(), Failure> {
-    let mut flight = key.id();
-    let mut leader = None;
-    // The primary key's flight, then at most that of our variant, and a
-    // rejoin after a leader that failed before its response head (so one
-    // waiter retries and the others follow it, not all at once).
-    for _ in 0..4 {
-        let mut follower = match cache.flights.join(flight) {
-            Role::Leader(l) => {
-                leader = Some(l);
-                break;
-            }
-            Role::Follower(f) => f,
-        };
-        match follower.head().await {
-            Some(head) => {
-                let variant = policy::variant_of(&head.vary, &ex.head.headers);
-                if variant == head.variant {
-                    cache.stats.collapsed();
-                    let policy = cache.policy_for(dest.cache_rule);
-                    return send_followed(ex, sh, &dest.reply, cache, policy, &head, follower).await;
-                }
-                let own = key.variant_id(&variant);
-                if own == flight {
-                    break; // not shareable after all: fetch for ourselves
-                }
-                flight = own;
-            }
-            None if follower.abandoned() => continue,
-            None => {
-                // The fetch ended without sharing its body with us (we
-                // joined late, or it was not storable): it may be stored now.
-                drop(follower);
-                let policy = cache.policy_for(dest.cache_rule);
-                if let Ok(Some(stored)) = cache.lookup(key, &ex.head.headers).await
-                    && let stored = shareable(policy, stored)
-                    && policy.evaluate(&ex.head.headers, &stored.meta, SystemTime::now()) == Decision::Fresh
-                {
-                    cache.stats.collapsed();
-                    return send_stored(ex, sh, &dest.reply, cache, stored, CacheStatus::Hit).await;
-                }
-                break; // fetch for ourselves
-            }
-        }
-    }
-    let request_time = SystemTime::now();
-    let (response, rewrite, hierarchy) = fetch(sh, &ex.head, ex.peer.ip(), dest, None).await?;
-    ex.hierarchy = Some(hierarchy);
-    let response_time = SystemTime::now();
-    store_and_send(
-        ex,
-        sh,
-        dest,
-        cache,
-        cache.policy_for(dest.cache_rule),
-        key,
-        response,
-        rewrite,
-        request_time,
-        response_time,
-        leader,
-    )
-    .await;
-    Ok(())
+/// One request's cache transaction: what every step of the cache stage
+/// works with, gathered once when the request reaches it, with one method
+/// per [`Decision`] of the policy (and one for a miss). It borrows the
+/// request and the settings; only the key is its own. The methods for the
+/// decisions answered from the cache (fresh, stale, stale-while-revalidate)
+/// return how the stored response is sent and `serve` sends it with one
+/// await: a request's future is copied into its box once per request, and
+/// one `send_stored` future in it, not one per decision, keeps the hit path's
+/// small.
+///
+/// Partial content (storing and completing ranges of an object) and
+/// stale-on-error beyond `stale-if-error` (serving the stored response when
+/// the origin fails) plug in here: they are further ways of answering one
+/// request from what is stored and what the origin sends.
+struct Transaction<'t, 'e> {
+    /// The request, and where its response goes.
+    ex: &'t mut Exchange<'e>,
+    /// The worker's shared state (upstreams, cache, settings).
+    sh: &'t Arc<Shared>,
+    /// The cache (`sh.cache`, running and enabled for this route).
+    cache: &'t Cache,
+    /// The route's cache settings (`[cache]`, or its rule's `cache = {...}`).
+    policy: &'t Policy,
+    /// Where the request is fetched from.
+    dest: &'t Dest,
+    /// The request's cache key.
+    key: CacheKey,
+    /// When the request reached the cache: the stored response's freshness
+    /// is judged at this time.
+    now: SystemTime,
 }
 
-/// Sends the origin's response to the client, storing it (and sharing it
-/// with collapsed followers) when the policy allows.
-#[allow(clippy::too_many_arguments)]
-async fn store_and_send(
-    ex: &mut Exchange<'_>,
-    sh: &Shared,
-    dest: &Dest,
-    cache: &Cache,
-    policy: &Policy,
-    key: &CacheKey,
+/// When a request was sent upstream and when its response head arrived
+/// (RFC 9111 4.2.3): a stored response's age counts from them.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    request: SystemTime,
+    response: SystemTime,
+}
+
+/// A response from the origin, as `forward::fetch` returned it, with its times.
+struct Fetched {
     response: http::Response<hyper::body::Incoming>,
     rewrite: Option<LocationRewrite>,
-    request_time: SystemTime,
-    response_time: SystemTime,
-    leader: Option<crate::cache::flight::Leader>,
-) {
-    // Before anything is stored or shared: a denied type is never stored,
-    // and collapsed followers (other clients, other filters) fetch for
-    // themselves.
-    if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
-        if let Some(l) = leader {
-            l.finish(Ending::NotShared);
-        }
-        drop(response);
-        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
-        return;
+    times: Times,
+}
+
+/// An origin response's head as this client gets it (hop-by-hop fields
+/// removed, `Via` added, `Location` rewritten), its announced length and times.
+struct ClientHead {
+    status: StatusCode,
+    headers: HeaderMap,
+    length: Option<u64>,
+    times: Times,
+}
+
+impl Fetched {
+    /// The head the client gets, and the body; `relay_challenge`: a
+    /// parent's 407 keeps its `Proxy-Authenticate` (the client's own
+    /// credentials are passed to that parent: `parent_credentials = "pass"`).
+    fn into_head(self, sh: &Shared, relay_challenge: bool) -> (ClientHead, hyper::body::Incoming) {
+        let (parts, body) = self.response.into_parts();
+        let head = ClientHead {
+            status: parts.status,
+            headers: super::forward::response_headers_for(
+                parts.headers,
+                parts.status,
+                parts.version,
+                sh,
+                self.rewrite.as_ref(),
+                relay_challenge,
+            ),
+            length: body.size_hint().exact(),
+            times: self.times,
+        };
+        (head, body)
     }
-    // Preparing the store (opening the disk writer) is part of sending a miss.
-    note_cache(ex, crate::stats::CacheOutcome::Miss);
-    let _send = crate::stats::stage(crate::stats::Stage::Send);
-    let (parts, mut body) = response.into_parts();
-    let mut headers = super::forward::response_headers_for(
-        parts.headers,
-        parts.status,
-        parts.version,
-        sh,
-        rewrite.as_ref(),
-        dest.relay_challenge,
-    );
-    let length = body.size_hint().exact();
-    let storable = policy
-        .storable(&ex.head.method, key, &ex.head.headers, parts.status, &headers)
-        .and_then(|()| match length {
-            Some(n) if n > cache.max_object_size() => Err(policy::NotStorable("larger than cache.max_object_size")),
-            _ => Ok(()),
-        });
-    let mut sink: Option<StoreSink<'_>> = None;
-    let mut leader = leader;
-    match storable {
-        Ok(()) => {
-            let vary = policy::vary_fields(&headers).unwrap_or_default();
-            let variant = policy::variant_of(&vary, &ex.head.headers);
-            // This client gets the whole response; what is stored and
-            // shared with collapsed requests (other clients) goes without
-            // the fields meant for this one (`cache.set_cookie`).
-            let mut shared = headers.clone();
-            policy.take_unshared(&mut shared);
-            let meta = StoredMeta {
-                key: key.text().to_string(),
-                variant: variant.clone(),
-                status: parts.status,
-                headers: shared.clone(),
-                request_time,
-                response_time,
-            };
-            sink = Some(cache.sink(key, meta, &vary, length).await);
-            if let Some(l) = &leader {
-                l.head(SharedHead {
-                    status: parts.status,
-                    headers: shared,
-                    length,
-                    vary,
-                    variant,
-                    request_time,
-                    response_time,
-                });
+}
+
+/// Fetches `head` from the origin (with `conditional` fields when
+/// revalidating), noting when it was sent and answered; the string is the
+/// hierarchy field of the access log.
+async fn fetch_timed(
+    sh: &Shared,
+    head: &RequestHead,
+    client: std::net::IpAddr,
+    dest: &Dest,
+    conditional: Option<&HeaderMap>,
+) -> Result<(Fetched, String), Failure> {
+    let request = SystemTime::now();
+    let (response, rewrite, hierarchy) = fetch(sh, head, client, dest, conditional).await?;
+    let times = Times {
+        request,
+        response: SystemTime::now(),
+    };
+    Ok((
+        Fetched {
+            response,
+            rewrite,
+            times,
+        },
+        hierarchy,
+    ))
+}
+
+/// The store path, the one for a miss and for a revalidation (in the
+/// foreground or the background) answered with a new response: checks that
+/// `policy` stores the response to `req`, builds the stored metadata from
+/// the fields every client may get (without those `Policy::take_unshared`
+/// keeps for this client alone) and opens the sink. Also returns the head
+/// collapsed requests are sent.
+async fn open_store<'c>(
+    cache: &'c Cache,
+    policy: &Policy,
+    key: &CacheKey,
+    req: &RequestHead,
+    head: &ClientHead,
+) -> Result<(StoreSink<'c>, SharedHead), NotStorable> {
+    policy.storable(&req.method, key, &req.headers, head.status, &head.headers)?;
+    let mut shared = head.headers.clone();
+    policy.take_unshared(&mut shared);
+    let vary = policy::vary_fields(&shared).unwrap_or_default();
+    let variant = policy::variant_of(&vary, &req.headers);
+    let meta = StoredMeta {
+        key: key.text().to_string(),
+        variant: variant.clone(),
+        status: head.status,
+        headers: shared.clone(),
+        request_time: head.times.request,
+        response_time: head.times.response,
+    };
+    let sink = cache.sink(key, meta, &vary, head.length).await;
+    let shared = SharedHead {
+        status: head.status,
+        headers: shared,
+        length: head.length,
+        vary,
+        variant,
+        request_time: head.times.request,
+        response_time: head.times.response,
+    };
+    Ok((sink, shared))
+}
+
+/// The update path, the one for a 304 in the foreground and the background:
+/// merges the 304's fields into `stored` (RFC 9111 4.3.4) and replaces the
+/// metadata of object `id` in both tiers. The 304's fields `policy` keeps
+/// from other clients (its cookies) are not merged: they are returned, for
+/// the client that asked, if any.
+async fn update_from_304(
+    cache: &Cache,
+    policy: &Policy,
+    id: ObjectId,
+    stored: &StoredMeta,
+    mut fresh: HeaderMap,
+    times: Times,
+) -> (Arc<StoredMeta>, HeaderMap) {
+    let mut meta = StoredMeta::clone(stored);
+    strip_hop_by_hop(&mut fresh);
+    let own = policy.take_unshared(&mut fresh);
+    policy::update_from_304(&mut meta, &fresh, times.request, times.response);
+    let meta = Arc::new(meta);
+    cache.update_meta(id, meta.clone()).await;
+    (meta, own)
+}
+
+impl Transaction<'_, '_> {
+    /// A request other than a GET or HEAD without a body goes to the origin;
+    /// what a successful unsafe request changes is removed from the cache.
+    async fn pass_through(&mut self) -> Result<(), Failure> {
+        let result = Box::pin(forward(self.ex, self.sh, self.dest)).await;
+        if let Some(status) = self.ex.out.status() {
+            for k in self
+                .policy
+                .invalidations(&self.ex.head.method, &self.key, status, self.ex.out.sent_headers())
+            {
+                self.cache.invalidate(&k).await;
             }
         }
-        Err(why) => {
-            tracing::debug!(key = key.text(), "not stored: {why}");
-            // Followers fetch for themselves.
-            if let Some(l) = leader.take() {
+        result
+    }
+
+    /// [`Decision::Fresh`]: served from the cache, as a hit.
+    fn fresh(&self) -> CacheStatus {
+        self.cache.stats.hit();
+        CacheStatus::Hit
+    }
+
+    /// [`Decision::Stale`]: served stale, as the client allows (`max-stale`).
+    /// Also a revalidation that failed within `stale-if-error`.
+    fn stale(&self) -> CacheStatus {
+        self.cache.stats.stale();
+        CacheStatus::Stale
+    }
+
+    /// [`Decision::StaleWhileRevalidate`]: served stale while one background
+    /// revalidation refreshes it for the next requests.
+    fn stale_while_revalidate(&self, stored: &Stored) -> CacheStatus {
+        self.cache.stats.stale();
+        self.spawn_revalidation(stored);
+        CacheStatus::Stale
+    }
+
+    /// [`Decision::GatewayTimeout`]: `only-if-cached` and the stored
+    /// response is stale.
+    fn gateway_timeout(&self) -> Failure {
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            "only-if-cached: the stored response is stale".into(),
+        )
+    }
+
+    /// Nothing stored for the request: 504 for `only-if-cached`, else fetch
+    /// (collapsed with concurrent misses) and store.
+    async fn miss(&mut self) -> Result<(), Failure> {
+        self.cache.stats.miss();
+        if policy::only_if_cached(&self.ex.head.headers) {
+            return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
+        }
+        Box::pin(self.fetch_and_store()).await
+    }
+
+    /// The request to the origin, noting where it went for the access log.
+    async fn fetch(&mut self, conditional: Option<&HeaderMap>) -> Result<Fetched, Failure> {
+        let (fetched, hierarchy) =
+            fetch_timed(self.sh, &self.ex.head, self.ex.peer.ip(), self.dest, conditional).await?;
+        self.ex.hierarchy = Some(hierarchy);
+        Ok(fetched)
+    }
+
+    /// [`Decision::Revalidate`]: validates the stored response with the
+    /// origin, then serves the stored (updated) response, the new one, or the
+    /// stale one when the origin fails within `stale_if_error_until`.
+    async fn revalidate(&mut self, stored: Stored, stale_if_error_until: Option<SystemTime>) -> Result<(), Failure> {
+        self.cache.stats.revalidation();
+        let conditional = policy::conditional_headers(&stored.meta);
+        let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
+        let fetched = match self.fetch(Some(&conditional)).await {
+            Ok(fetched) => fetched,
+            Err(failure) => {
+                if stale_ok(SystemTime::now()) {
+                    let status = self.stale();
+                    return self.send_stored(stored, status).await;
+                }
+                return Err(failure);
+            }
+        };
+        match policy::revalidation(&stored.meta, fetched.response.status(), fetched.response.headers()) {
+            Revalidation::NotModified => {
+                let fresh = fetched.response.into_parts().0.headers;
+                let (meta, own) =
+                    update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
+                let mut stored = Stored { meta, ..stored };
+                // The 304's cookies are this client's: not merged into what
+                // later clients get, but sent to this one.
+                if !own.is_empty() {
+                    let mut meta = StoredMeta::clone(&stored.meta);
+                    for (name, value) in &own {
+                        meta.headers.append(name, value.clone());
+                    }
+                    stored.meta = Arc::new(meta);
+                }
+                self.send_stored(stored, CacheStatus::Revalidated).await
+            }
+            Revalidation::ServerError if stale_ok(fetched.times.response) => {
+                let status = self.stale();
+                self.send_stored(stored, status).await
+            }
+            Revalidation::Mismatch => self.fetch_and_store().await,
+            Revalidation::ServerError | Revalidation::Replace => {
+                self.store_and_send(fetched, None).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// A miss: join the fetch already under way for this key, or lead one.
+    /// When the fetch under way turns out to be another `Vary` variant, the
+    /// request joins (or leads) the fetch of its own variant instead, so
+    /// concurrent misses for one variant still make one origin request.
+    async fn fetch_and_store(&mut self) -> Result<(), Failure> {
+        let mut flight = self.key.id();
+        let mut leader = None;
+        // The primary key's flight, then at most that of our variant, and a
+        // rejoin after a leader that failed before its response head (so one
+        // waiter retries and the others follow it, not all at once).
+        for _ in 0..4 {
+            let mut follower = match self.cache.flights.join(flight) {
+                Role::Leader(l) => {
+                    leader = Some(l);
+                    break;
+                }
+                Role::Follower(f) => f,
+            };
+            match follower.head().await {
+                Some(head) => {
+                    let variant = policy::variant_of(&head.vary, &self.ex.head.headers);
+                    if variant == head.variant {
+                        self.cache.stats.collapsed();
+                        return self.send_followed(&head, follower).await;
+                    }
+                    let own = self.key.variant_id(&variant);
+                    if own == flight {
+                        break; // not shareable after all: fetch for ourselves
+                    }
+                    flight = own;
+                }
+                None if follower.abandoned() => continue,
+                None => {
+                    // The fetch ended without sharing its body with us (we
+                    // joined late, or it was not storable): it may be stored now.
+                    drop(follower);
+                    if let Ok(Some(stored)) = self.cache.lookup(&self.key, &self.ex.head.headers).await
+                        && let stored = shareable(self.policy, stored)
+                        && self
+                            .policy
+                            .evaluate(&self.ex.head.headers, &stored.meta, SystemTime::now())
+                            == Decision::Fresh
+                    {
+                        self.cache.stats.collapsed();
+                        return self.send_stored(stored, CacheStatus::Hit).await;
+                    }
+                    break; // fetch for ourselves
+                }
+            }
+        }
+        let fetched = self.fetch(None).await?;
+        self.store_and_send(fetched, leader).await;
+        Ok(())
+    }
+
+    /// Sends the origin's response to the client, storing it (and sharing it
+    /// with collapsed followers) when the policy allows.
+    async fn store_and_send(&mut self, fetched: Fetched, mut leader: Option<Leader>) {
+        // Before anything is stored or shared: a denied type is never stored,
+        // and collapsed followers (other clients, other filters) fetch for
+        // themselves.
+        let response = &fetched.response;
+        if let Some(why) = super::reply_acl::denied(&self.dest.reply, response.status(), response.headers()) {
+            if let Some(l) = leader {
                 l.finish(Ending::NotShared);
             }
+            drop(fetched);
+            super::reply_acl::refuse(&mut self.ex.out, self.sh, &self.ex.head, &why).await;
+            return;
         }
-    }
-    if let Some(name) = &cache.status_header {
-        headers.insert(name.clone(), CacheStatus::Miss.value());
-    }
-    let len = match length {
-        Some(n) => BodyLen::Known(n),
-        None => BodyLen::Unknown,
-    };
-    ex.out.send_head(parts.status, headers, len);
-    let idle = sh.upstream.idle_timeout;
-    let mut client_ok = true;
-    let mut trailers = None;
-    let ending = loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Ok(Some(Ok(frame))) => frame,
-            Ok(None) => break Ending::Complete,
-            Ok(Some(Err(e))) => {
-                tracing::debug!(key = key.text(), "origin response body failed: {e}");
-                tracing::warn!(key = key.text(), "{}", crate::upstream::origin_cause(&e, true));
-                break Ending::Failed;
+        // Preparing the store (opening the disk writer) is part of sending a miss.
+        note_cache(self.ex, crate::stats::CacheOutcome::Miss);
+        let _send = crate::stats::stage(crate::stats::Stage::Send);
+        let (head, mut body) = fetched.into_head(self.sh, self.dest.relay_challenge);
+        let storable = match head.length {
+            Some(n) if n > self.cache.max_object_size() => Err(NotStorable("larger than cache.max_object_size")),
+            _ => open_store(self.cache, self.policy, &self.key, &self.ex.head, &head).await,
+        };
+        let key = self.key.text();
+        let mut sink: Option<StoreSink<'_>> = None;
+        match storable {
+            Ok((s, shared)) => {
+                sink = Some(s);
+                if let Some(l) = &leader {
+                    l.head(shared);
+                }
             }
-            Err(_) => {
-                tracing::warn!(key = key.text(), "origin response body stalled");
+            Err(why) => {
+                tracing::debug!(key, "not stored: {why}");
+                // Followers fetch for themselves.
+                if let Some(l) = leader.take() {
+                    l.finish(Ending::NotShared);
+                }
+            }
+        }
+        let ClientHead {
+            status,
+            mut headers,
+            length,
+            ..
+        } = head;
+        if let Some(name) = &self.cache.status_header {
+            headers.insert(name.clone(), CacheStatus::Miss.value());
+        }
+        let len = match length {
+            Some(n) => BodyLen::Known(n),
+            None => BodyLen::Unknown,
+        };
+        let ex = &mut *self.ex;
+        ex.out.send_head(status, headers, len);
+        let idle = self.sh.upstream.idle_timeout;
+        let mut client_ok = true;
+        let mut trailers = None;
+        let ending = loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => break Ending::Complete,
+                Ok(Some(Err(e))) => {
+                    tracing::debug!(key, "origin response body failed: {e}");
+                    tracing::warn!(key, "{}", crate::upstream::origin_cause(&e, true));
+                    break Ending::Failed;
+                }
+                Err(_) => {
+                    tracing::warn!(key, "origin response body stalled");
+                    break Ending::Failed;
+                }
+            };
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    continue;
+                }
+            };
+            self.cache.stats.fetched(data.len() as u64);
+            if let Some(s) = sink.as_mut()
+                && !s.data(&data).await
+            {
+                sink = None;
+            }
+            if let Some(l) = &leader {
+                l.data(data.clone());
+            }
+            if client_ok && ex.out.send_data(&data).await.is_err() {
+                client_ok = false;
+                ex.out.close_after();
+            }
+            // Without a store or followers to finish for, a gone client ends it.
+            if !client_ok && sink.is_none() && leader.is_none() {
                 break Ending::Failed;
             }
         };
-        let data = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                trailers = frame.into_trailers().ok();
-                continue;
+        match ending {
+            Ending::Complete => {
+                if let Some(s) = sink {
+                    s.commit().await;
+                    self.cache.stats.stored();
+                }
+                if let Some(l) = leader {
+                    l.finish(Ending::Complete);
+                }
+                if client_ok && ex.out.finish(trailers.as_ref()).await.is_err() {
+                    ex.out.close_after();
+                }
             }
-        };
-        cache.stats.fetched(data.len() as u64);
-        if let Some(s) = sink.as_mut()
-            && !s.data(&data).await
-        {
-            sink = None;
-        }
-        if let Some(l) = &leader {
-            l.data(data.clone());
-        }
-        if client_ok && ex.out.send_data(&data).await.is_err() {
-            client_ok = false;
-            ex.out.close_after();
-        }
-        // Without a store or followers to finish for, a gone client ends it.
-        if !client_ok && sink.is_none() && leader.is_none() {
-            break Ending::Failed;
-        }
-    };
-    match ending {
-        Ending::Complete => {
-            if let Some(s) = sink {
-                s.commit().await;
-                cache.stats.stored();
-            }
-            if let Some(l) = leader {
-                l.finish(Ending::Complete);
-            }
-            if client_ok && ex.out.finish(trailers.as_ref()).await.is_err() {
+            _ => {
+                drop(sink);
+                if let Some(l) = leader {
+                    l.finish(Ending::Failed);
+                }
                 ex.out.close_after();
             }
         }
-        _ => {
-            drop(sink);
-            if let Some(l) = leader {
-                l.finish(Ending::Failed);
-            }
-            ex.out.close_after();
-        }
     }
-}
 
-/// A collapsed follower: the leader's response, as it arrives.
-#[allow(clippy::too_many_arguments)]
-async fn send_followed(
-    ex: &mut Exchange<'_>,
-    sh: &Shared,
-    reply: &ReplyFilter,
-    cache: &Cache,
-    policy: &Policy,
-    head: &SharedHead,
-    mut follower: crate::cache::flight::Follower,
-) -> Result<(), Failure> {
-    // The leader's filter let it through; this request's may not.
-    if let Some(why) = super::reply_acl::denied(reply, head.status, &head.headers) {
-        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
-        return Ok(());
-    }
-    // The age of the response being fetched, as for a stored one: at least
-    // the origin's Age plus the time it took (RFC 9111 4.2.3), never 0 then.
-    let meta = StoredMeta {
-        key: String::new(),
-        variant: Vec::new(),
-        status: head.status,
-        headers: head.headers.clone(),
-        request_time: head.request_time,
-        response_time: head.response_time,
-    };
-    let age = policy::age_header(&meta, SystemTime::now());
-    let mut headers = meta.headers;
-    // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
-    policy.take_unshared(&mut headers);
-    headers.insert(AGE, age);
-    if let Some(name) = &cache.status_header {
-        headers.insert(name.clone(), CacheStatus::Hit.value());
-    }
-    note_cache(ex, crate::stats::CacheOutcome::Hit);
-    let _send = crate::stats::stage(crate::stats::Stage::Send);
-    let len = match head.length {
-        Some(n) => BodyLen::Known(n),
-        None => BodyLen::Unknown,
-    };
-    ex.out.send_head(head.status, headers, len);
-    loop {
-        match follower.next().await {
-            Next::Data(d) => {
-                if ex.out.send_data(&d).await.is_err() {
+    /// A collapsed follower: the leader's response, as it arrives.
+    async fn send_followed(&mut self, head: &SharedHead, mut follower: Follower) -> Result<(), Failure> {
+        // The leader's filter let it through; this request's may not.
+        if let Some(why) = super::reply_acl::denied(&self.dest.reply, head.status, &head.headers) {
+            super::reply_acl::refuse(&mut self.ex.out, self.sh, &self.ex.head, &why).await;
+            return Ok(());
+        }
+        // The age of the response being fetched, as for a stored one: at least
+        // the origin's Age plus the time it took (RFC 9111 4.2.3), never 0 then.
+        let meta = StoredMeta {
+            key: String::new(),
+            variant: Vec::new(),
+            status: head.status,
+            headers: head.headers.clone(),
+            request_time: head.request_time,
+            response_time: head.response_time,
+        };
+        let age = policy::age_header(&meta, SystemTime::now());
+        let mut headers = meta.headers;
+        // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
+        self.policy.take_unshared(&mut headers);
+        headers.insert(AGE, age);
+        if let Some(name) = &self.cache.status_header {
+            headers.insert(name.clone(), CacheStatus::Hit.value());
+        }
+        let ex = &mut *self.ex;
+        note_cache(ex, crate::stats::CacheOutcome::Hit);
+        let _send = crate::stats::stage(crate::stats::Stage::Send);
+        let len = match head.length {
+            Some(n) => BodyLen::Known(n),
+            None => BodyLen::Unknown,
+        };
+        ex.out.send_head(head.status, headers, len);
+        loop {
+            match follower.next().await {
+                Next::Data(d) => {
+                    if ex.out.send_data(&d).await.is_err() {
+                        ex.out.close_after();
+                        return Ok(());
+                    }
+                }
+                Next::End => break,
+                Next::Failed => {
                     ex.out.close_after();
                     return Ok(());
                 }
             }
-            Next::End => break,
-            Next::Failed => {
-                ex.out.close_after();
-                return Ok(());
+        }
+        if ex.out.finish(None).await.is_err() {
+            ex.out.close_after();
+        }
+        Ok(())
+    }
+
+    /// stale-while-revalidate: one background revalidation; its result
+    /// replaces or refreshes the stored response for the next requests.
+    fn spawn_revalidation(&self, stored: &Stored) {
+        // One background refresh per object at a time.
+        let Role::Leader(leader) = self.cache.flights.join(self.key.id()) else {
+            return;
+        };
+        // The refresh is for the stored GET response: a plain GET, whatever
+        // this client asked for (HEAD, a range, preconditions of its own),
+        // else a HEAD or 206 answer would replace (remove) the stored response.
+        let mut head = self.ex.head.clone();
+        head.method = Method::GET;
+        for name in [
+            RANGE,
+            IF_RANGE,
+            IF_MATCH,
+            IF_NONE_MATCH,
+            IF_MODIFIED_SINCE,
+            IF_UNMODIFIED_SINCE,
+        ] {
+            head.headers.remove(name);
+        }
+        let background = Background {
+            sh: self.sh.clone(),
+            head,
+            client: self.ex.peer.ip(),
+            dest: self.dest.clone(),
+            key: self.key.clone(),
+            id: stored.id,
+            meta: stored.meta.clone(),
+        };
+        tokio::spawn(background.revalidate(leader));
+    }
+}
+
+/// A background revalidation (stale-while-revalidate): the transaction's
+/// parts it needs, owned, as no client waits for it.
+struct Background {
+    sh: Arc<Shared>,
+    /// The request as a plain GET (see `Transaction::spawn_revalidation`).
+    head: RequestHead,
+    client: std::net::IpAddr,
+    dest: Dest,
+    key: CacheKey,
+    /// The stored response being revalidated.
+    id: ObjectId,
+    meta: Arc<StoredMeta>,
+}
+
+impl Background {
+    /// Revalidates; `leader` holds the object's flight slot until the end.
+    async fn revalidate(self, leader: Leader) {
+        let _leader = leader;
+        let Some(cache) = self.sh.cache.as_ref() else { return };
+        cache.stats.revalidation();
+        let policy = cache.policy_for(self.dest.cache_rule);
+        let conditional = policy::conditional_headers(&self.meta);
+        let Ok((fetched, _)) = fetch_timed(&self.sh, &self.head, self.client, &self.dest, Some(&conditional)).await
+        else {
+            return;
+        };
+        match policy::revalidation(&self.meta, fetched.response.status(), fetched.response.headers()) {
+            Revalidation::NotModified => {
+                // No client asked: the 304's cookies are nobody's.
+                let fresh = fetched.response.into_parts().0.headers;
+                update_from_304(cache, policy, self.id, &self.meta, fresh, fetched.times).await;
             }
+            Revalidation::Replace => {
+                let (head, mut body) = fetched.into_head(&self.sh, false);
+                // A new version of a type the request's response entries
+                // deny is not stored (and the old one goes: it is replaced).
+                if super::reply_acl::denied(&self.dest.reply, head.status, &head.headers).is_some() {
+                    cache.invalidate(&self.key).await;
+                    return;
+                }
+                let Ok((mut sink, _)) = open_store(cache, policy, &self.key, &self.head, &head).await else {
+                    cache.invalidate(&self.key).await;
+                    return;
+                };
+                // `origin.idle_timeout` bounds the body's silences here as for
+                // a client's response: a stalled refresh would otherwise hold
+                // the object's refresh slot (its flight) for ever.
+                let idle = self.sh.upstream.idle_timeout;
+                loop {
+                    let frame = match tokio::time::timeout(idle, body.frame()).await {
+                        Ok(Some(Ok(frame))) => frame,
+                        Ok(_) => break,
+                        Err(_) => {
+                            tracing::warn!(
+                                key = self.key.text(),
+                                "origin response body stalled (background revalidation)"
+                            );
+                            return;
+                        }
+                    };
+                    if let Ok(data) = frame.into_data()
+                        && !sink.data(&data).await
+                    {
+                        return;
+                    }
+                }
+                if body.is_end_stream() {
+                    sink.commit().await;
+                    cache.stats.stored();
+                }
+            }
+            Revalidation::Mismatch | Revalidation::ServerError => {}
         }
     }
-    if ex.out.finish(None).await.is_err() {
-        ex.out.close_after();
-    }
-    Ok(())
 }
 
 /// `stored` without the fields `policy` keeps from other clients than the
@@ -532,129 +762,120 @@ fn note_cache(ex: &mut Exchange<'_>, outcome: crate::stats::CacheOutcome) {
     crate::stats::note_cache(outcome);
 }
 
-/// Answers from a stored response (timed as the send stage, its body
-/// bytes counted as served from the cache).
-async fn send_stored(
-    ex: &mut Exchange<'_>,
-    sh: &Shared,
-    reply: &ReplyFilter,
-    cache: &Cache,
-    stored: Stored,
-    status: CacheStatus,
-) -> Result<(), Failure> {
-    // Checked on every use, not only when stored: an object stored before
-    // a reload added a response entry, or for a client the entry does not
-    // apply to, is refused to those it does apply to.
-    if let Some(why) = super::reply_acl::denied(reply, stored.meta.status, &stored.meta.headers) {
-        super::reply_acl::refuse(&mut ex.out, sh, &ex.head, &why).await;
-        return Ok(());
-    }
-    note_cache(ex, status.outcome());
-    let _send = crate::stats::stage(crate::stats::Stage::Send);
-    let before = ex.out.body_bytes();
-    let result = send_stored_now(ex, cache, stored, status).await;
-    cache.stats.served(ex.out.body_bytes() - before);
-    result
-}
-
-/// Answers from a stored response: preconditions (304/412), ranges
-/// (206/416), HEAD, with `Age` and the cache status header.
-async fn send_stored_now(
-    ex: &mut Exchange<'_>,
-    cache: &Cache,
-    stored: Stored,
-    status: CacheStatus,
-) -> Result<(), Failure> {
-    let now = SystemTime::now();
-    let mut headers = stored.meta.headers.clone();
-    headers.insert(AGE, policy::age_header(&stored.meta, now));
-    let x_cache = |h: &mut HeaderMap| {
-        if let Some(name) = &cache.status_header {
-            h.insert(name.clone(), status.value());
-        }
-    };
-    match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
-        Precondition::NotModified => {
-            let mut h = policy::not_modified_headers(&headers);
-            h.insert(AGE, policy::age_header(&stored.meta, now));
-            x_cache(&mut h);
-            ex.out.send_head(StatusCode::NOT_MODIFIED, h, BodyLen::Known(0));
-            finish(ex).await;
+impl Transaction<'_, '_> {
+    /// Answers from a stored response (timed as the send stage, its body
+    /// bytes counted as served from the cache).
+    async fn send_stored(&mut self, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+        // Checked on every use, not only when stored: an object stored before
+        // a reload added a response entry, or for a client the entry does not
+        // apply to, is refused to those it does apply to.
+        if let Some(why) = super::reply_acl::denied(&self.dest.reply, stored.meta.status, &stored.meta.headers) {
+            super::reply_acl::refuse(&mut self.ex.out, self.sh, &self.ex.head, &why).await;
             return Ok(());
         }
-        Precondition::Failed => {
-            return Err((
-                StatusCode::PRECONDITION_FAILED,
-                "a precondition of the request failed".into(),
-            ));
-        }
-        Precondition::Proceed => {}
+        note_cache(self.ex, status.outcome());
+        let _send = crate::stats::stage(crate::stats::Stage::Send);
+        let before = self.ex.out.body_bytes();
+        let result = self.send_stored_now(stored, status).await;
+        self.cache.stats.served(self.ex.out.body_bytes() - before);
+        result
     }
-    x_cache(&mut headers);
-    let len = stored.len;
-    match range::plan(
-        &ex.head.method,
-        &ex.head.headers,
-        stored.meta.status,
-        &stored.meta.headers,
-        len,
-    ) {
-        RangePlan::Full => {
-            if ex.head.method == Method::HEAD {
-                headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+
+    /// Answers from a stored response: preconditions (304/412), ranges
+    /// (206/416), HEAD, with `Age` and the cache status header.
+    async fn send_stored_now(&mut self, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
+        let (ex, cache) = (&mut *self.ex, self.cache);
+        let now = SystemTime::now();
+        let mut headers = stored.meta.headers.clone();
+        headers.insert(AGE, policy::age_header(&stored.meta, now));
+        let x_cache = |h: &mut HeaderMap| {
+            if let Some(name) = &cache.status_header {
+                h.insert(name.clone(), status.value());
             }
-            ex.out.send_head(stored.meta.status, headers, BodyLen::Known(len));
-            send_range(ex, &stored, 0..len).await;
+        };
+        match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
+            Precondition::NotModified => {
+                let mut h = policy::not_modified_headers(&headers);
+                h.insert(AGE, policy::age_header(&stored.meta, now));
+                x_cache(&mut h);
+                ex.out.send_head(StatusCode::NOT_MODIFIED, h, BodyLen::Known(0));
+                finish(ex).await;
+                return Ok(());
+            }
+            Precondition::Failed => {
+                return Err((
+                    StatusCode::PRECONDITION_FAILED,
+                    "a precondition of the request failed".into(),
+                ));
+            }
+            Precondition::Proceed => {}
         }
-        RangePlan::Single(r) => {
-            headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, len)));
-            if ex.head.method == Method::HEAD {
-                headers.insert(CONTENT_LENGTH, HeaderValue::from(r.end - r.start));
+        x_cache(&mut headers);
+        let len = stored.len;
+        match range::plan(
+            &ex.head.method,
+            &ex.head.headers,
+            stored.meta.status,
+            &stored.meta.headers,
+            len,
+        ) {
+            RangePlan::Full => {
+                if ex.head.method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+                }
+                ex.out.send_head(stored.meta.status, headers, BodyLen::Known(len));
+                send_range(ex, &stored, 0..len).await;
             }
-            ex.out
-                .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(r.end - r.start));
-            send_range(ex, &stored, r).await;
-        }
-        RangePlan::Multi(ranges) => {
-            let part_type = headers
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let boundary = range::boundary(stored.id.0 as u64 ^ len);
-            let mp = range::multipart(&ranges, len, part_type.as_deref(), &boundary);
-            headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
-            if ex.head.method == Method::HEAD {
-                headers.insert(CONTENT_LENGTH, HeaderValue::from(mp.content_length));
+            RangePlan::Single(r) => {
+                headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, len)));
+                if ex.head.method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(r.end - r.start));
+                }
+                ex.out
+                    .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(r.end - r.start));
+                send_range(ex, &stored, r).await;
             }
-            ex.out
-                .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(mp.content_length));
-            if ex.head.method != Method::HEAD {
-                for (prefix, r) in &mp.parts {
-                    if ex.out.send_data(prefix).await.is_err() {
+            RangePlan::Multi(ranges) => {
+                let part_type = headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let boundary = range::boundary(stored.id.0 as u64 ^ len);
+                let mp = range::multipart(&ranges, len, part_type.as_deref(), &boundary);
+                headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
+                if ex.head.method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(mp.content_length));
+                }
+                ex.out
+                    .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(mp.content_length));
+                if ex.head.method != Method::HEAD {
+                    for (prefix, r) in &mp.parts {
+                        if ex.out.send_data(prefix).await.is_err() {
+                            ex.out.close_after();
+                            return Ok(());
+                        }
+                        if !send_range(ex, &stored, r.clone()).await {
+                            // Never the next part after a missing one.
+                            return Ok(());
+                        }
+                    }
+                    if ex.out.send_data(&mp.trailer).await.is_err() {
                         ex.out.close_after();
                         return Ok(());
                     }
-                    if !send_range(ex, &stored, r.clone()).await {
-                        // Never the next part after a missing one.
-                        return Ok(());
-                    }
-                }
-                if ex.out.send_data(&mp.trailer).await.is_err() {
-                    ex.out.close_after();
-                    return Ok(());
                 }
             }
+            RangePlan::Unsatisfiable => {
+                let mut h = HeaderMap::new();
+                h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(len)));
+                x_cache(&mut h);
+                ex.out
+                    .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
+            }
         }
-        RangePlan::Unsatisfiable => {
-            let mut h = HeaderMap::new();
-            h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(len)));
-            x_cache(&mut h);
-            ex.out
-                .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
-        }
+        finish(ex).await;
+        Ok(())
     }
-    finish(ex).await;
-    Ok(())
 }
 
 fn header_value(s: &str) -> HeaderValue {
@@ -694,103 +915,4 @@ async fn send_range(ex: &mut Exchange<'_>, stored: &Stored, r: std::ops::Range<u
             None => return true,
         }
     }
-}
-
-/// stale-while-revalidate: one background revalidation; its result
-/// replaces or refreshes the stored response for the next requests.
-fn spawn_revalidation(
-    sh: &Arc<Shared>,
-    head: &RequestHead,
-    client: std::net::IpAddr,
-    dest: &Dest,
-    key: &CacheKey,
-    stored: &Stored,
-) {
-    let Some(cache) = sh.cache.as_ref() else { return };
-    // One background refresh per object at a time.
-    let Role::Leader(leader) = cache.flights.join(key.id()) else {
-        return;
-    };
-    // The refresh is for the stored GET response: a plain GET, whatever
-    // this client asked for (HEAD, a range, preconditions of its own),
-    // else a HEAD or 206 answer would replace (remove) the stored response.
-    let mut head = head.clone();
-    head.method = Method::GET;
-    for name in [
-        RANGE,
-        IF_RANGE,
-        IF_MATCH,
-        IF_NONE_MATCH,
-        IF_MODIFIED_SINCE,
-        IF_UNMODIFIED_SINCE,
-    ] {
-        head.headers.remove(name);
-    }
-    let (sh, dest, key, meta, id) = (
-        sh.clone(),
-        dest.clone(),
-        key.clone(),
-        StoredMeta::clone(&stored.meta),
-        stored.id,
-    );
-    tokio::spawn(async move {
-        let _leader = leader;
-        let Some(cache) = sh.cache.as_ref() else { return };
-        cache.stats.revalidation();
-        let conditional = policy::conditional_headers(&meta);
-        let request_time = SystemTime::now();
-        let Ok((response, rewrite, _)) = fetch(&sh, &head, client, &dest, Some(&conditional)).await else {
-            return;
-        };
-        let response_time = SystemTime::now();
-        let (parts, mut body) = response.into_parts();
-        match policy::revalidation(&meta, parts.status, &parts.headers) {
-            Revalidation::NotModified => {
-                let mut meta = meta;
-                let mut fresh = parts.headers;
-                strip_hop_by_hop(&mut fresh);
-                // No client asked: the 304's cookies are nobody's.
-                cache.policy_for(dest.cache_rule).take_unshared(&mut fresh);
-                policy::update_from_304(&mut meta, &fresh, request_time, response_time);
-                cache.update_meta(id, Arc::new(meta)).await;
-            }
-            Revalidation::Replace => {
-                let mut headers = response_headers(parts.headers, parts.version, &sh, rewrite.as_ref());
-                let policy = cache.policy_for(dest.cache_rule);
-                // A new version of a type the request's response entries
-                // deny is not stored (and the old one goes: it is replaced).
-                if policy
-                    .storable(&head.method, &key, &head.headers, parts.status, &headers)
-                    .is_err()
-                    || super::reply_acl::denied(&dest.reply, parts.status, &headers).is_some()
-                {
-                    cache.invalidate(&key).await;
-                    return;
-                }
-                policy.take_unshared(&mut headers);
-                let vary = policy::vary_fields(&headers).unwrap_or_default();
-                let meta = StoredMeta {
-                    key: key.text().to_string(),
-                    variant: policy::variant_of(&vary, &head.headers),
-                    status: parts.status,
-                    headers,
-                    request_time,
-                    response_time,
-                };
-                let mut sink = cache.sink(&key, meta, &vary, body.size_hint().exact()).await;
-                while let Some(Ok(frame)) = body.frame().await {
-                    if let Ok(data) = frame.into_data()
-                        && !sink.data(&data).await
-                    {
-                        return;
-                    }
-                }
-                if body.is_end_stream() {
-                    sink.commit().await;
-                    cache.stats.stored();
-                }
-            }
-            Revalidation::Mismatch | Revalidation::ServerError => {}
-        }
-    });
 }
