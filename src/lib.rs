@@ -12,6 +12,7 @@
 pub mod access;
 pub mod acl;
 pub mod admit;
+pub mod array;
 pub mod auth;
 pub mod blocking;
 pub mod cache;
