@@ -266,6 +266,15 @@ mod tests {
 
     #[test]
     fn errors_name_the_line_and_key() {
+        // `self` may name a member by address; IPv6 addresses are bracketed.
+        let c = parse_str(
+            &THREE
+                .replace("self = \"b\"", "self = \"127.0.0.13:8080\"")
+                .replace("127.0.0.11:8080", "[::1]:8080"),
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.array.as_ref().and_then(super::self_index), Some(2));
         let e = err("[array]\nself = \"x\"\nmembers = []\n");
         assert_eq!((e.line, e.key.as_deref()), (Some(3), Some("array.members")), "{e}");
         let e = err(&THREE.replace("load_factor = 0.5", "load_factor = 0"));
