@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod acl;
+pub mod array;
 pub(crate) mod auth;
 pub(crate) mod blocking;
 pub mod cache;

@@ -93,6 +93,45 @@ enum Command {
         #[command(subcommand)]
         command: AclCommand,
     },
+    /// Proxy arrays: `array owner` shows which member owns a URL by CARP.
+    Array {
+        #[command(subcommand)]
+        command: ArrayCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArrayCommand {
+    /// Print the [array] member that owns each URL by CARP, then the
+    /// members to fall back to, best first (as the PAC file orders them).
+    Owner {
+        /// Config file (TOML); default: as for `run`.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Print what the PAC file answers for each URL outside its
+        /// pac_direct list ("PROXY a:port; PROXY b:port; DIRECT"), one line each.
+        #[arg(long)]
+        pac: bool,
+        /// Absolute URLs, hashed exactly as written; `-` reads one a line from standard input.
+        #[arg(required = true)]
+        urls: Vec<String>,
+    },
+}
+
+/// `portico array owner`.
+fn array_owner(c: &Config, pac: bool, urls: Vec<String>) -> Result<(), String> {
+    let mut all = Vec::new();
+    for url in urls {
+        if url == "-" {
+            let text = std::io::read_to_string(std::io::stdin())
+                .map_err(|e| format!("cannot read URLs from standard input: {}", portico::util::io_cause(&e)))?;
+            all.extend(text.lines().map(String::from));
+        } else {
+            all.push(url);
+        }
+    }
+    print!("{}", portico::array::owner_report(c, &all, pac)?);
+    Ok(())
 }
 
 /// Writes the man pages: portico(1) to standard output, or every page
@@ -368,6 +407,11 @@ fn main() -> ExitCode {
         },
         Command::Rules { command } => rules_test(command),
         Command::Acl { command } => acl_test(command),
+        Command::Array {
+            command: ArrayCommand::Owner { config, pac, urls },
+        } => or_default(config)
+            .and_then(|config| load(config.as_ref()))
+            .and_then(|c| array_owner(&c, pac, urls)),
         Command::Completions { shell } => {
             // From the same definitions as the parser, so they never go stale.
             clap_complete::generate(shell, &mut Cli::command(), "portico", &mut std::io::stdout());

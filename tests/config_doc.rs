@@ -10,7 +10,8 @@ use toml::Value;
 const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md");
 
 /// Keys that `--print-config` cannot show: `[[upstream]]`, `[[rule]]` and `[[acl]]` are
-/// empty by default, and `origin.ca_file` and `origin.hosts` are unset by default.
+/// empty by default, `origin.ca_file` and `origin.hosts` are unset by default, and
+/// `[array]` is absent unless written.
 const UNPRINTED_KEYS: &[&str] = &[
     "upstream.name",
     "upstream.servers",
@@ -64,6 +65,15 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",
+    "array",
+    "array.members",
+    "array.members.address",
+    "array.members.load_factor",
+    "array.members.name",
+    "array.self",
+    "array.pac_path",
+    "array.pac_direct",
+    "array.pac_fallback_direct",
 ];
 
 /// Files the examples name that `portico check` reads: written to a

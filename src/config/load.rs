@@ -322,6 +322,17 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         return Err((path, e.message));
     }
     parent_credentials(c)?;
+    // `[array]`: members, `self`, the PAC file's keys.
+    if let Err((path, message)) = crate::array::validate(c) {
+        let path = path
+            .iter()
+            .map(|s| match s {
+                crate::rules::PathSeg::Key(k) => Seg::Key(k),
+                crate::rules::PathSeg::Index(i) => Seg::Index(*i),
+            })
+            .collect();
+        return Err((path, message));
+    }
     if c.server.processes == 0 || c.server.processes > 1024 {
         return Err((
             vec![Key("server"), Key("processes")],

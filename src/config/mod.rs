@@ -52,6 +52,9 @@ pub struct Config {
     pub monitor: MonitorConfig,
     /// Basic authentication of clients against an htpasswd file, and the user cache.
     pub auth: AuthConfig,
+    /// A proxy array (CARP members) and the generated PAC file; absent = neither.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayConfig>,
 }
 
 impl Default for Config {
@@ -72,6 +75,7 @@ impl Default for Config {
             log: LogConfig::default(),
             monitor: MonitorConfig::default(),
             auth: AuthConfig::default(),
+            array: None,
         }
     }
 }
@@ -1197,5 +1201,83 @@ impl Config {
     /// The effective configuration as TOML, with every default filled in.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
+    }
+}
+
+/// `[array]`: the members of a proxy array, among which CARP (the Cache
+/// Array Routing Protocol, draft-vinod-carp-v1-03) divides the URLs, this
+/// node's place in it, and the proxy auto-configuration (PAC) file served
+/// at `pac_path`. Without `members`, the PAC file names this proxy alone.
+/// See docs/CONFIG.md and `crate::array`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArrayConfig {
+    /// The array's members, every node's own entry included; empty = no array.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<MemberConfig>>,
+    /// This node's member: its `name`, or its `address`.
+    #[serde(rename = "self")]
+    pub self_: String,
+    /// Path the PAC file is served at; "" = not served.
+    pub pac_path: String,
+    /// Hosts the PAC file sends DIRECT: networks (`10.0.0.0/8`), host names
+    /// (`intranet.example`), domains (`.example.com`), shell patterns
+    /// (`*.corp`) and `<local>` (host names without a dot).
+    pub pac_direct: Vec<String>,
+    /// End the PAC file's proxy list with DIRECT (used when every proxy is down).
+    pub pac_fallback_direct: bool,
+}
+
+impl Default for ArrayConfig {
+    fn default() -> Self {
+        ArrayConfig {
+            members: None,
+            self_: String::new(),
+            pac_path: "/proxy.pac".to_string(),
+            pac_direct: Vec::new(),
+            pac_fallback_direct: false,
+        }
+    }
+}
+
+/// One member of `[array] members`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// `host:port` clients (and, later, other members) reach its forward listener at.
+    pub address: String,
+    /// Its share of the URLs relative to the others' (CARP's load factor); positive.
+    #[serde(default = "default_load_factor", deserialize_with = "load_factor")]
+    pub load_factor: f64,
+    /// The name CARP hashes; default: `address`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl MemberConfig {
+    /// The name CARP hashes for this member: `name`, else `address`.
+    pub fn carp_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.address)
+    }
+}
+
+fn default_load_factor() -> f64 {
+    1.0
+}
+
+/// A load factor written as an integer (`2`) or a float (`1.5`).
+fn load_factor<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(i64),
+        Float(f64),
+    }
+    match Number::deserialize(d) {
+        Ok(Number::Int(i)) => Ok(i as f64),
+        Ok(Number::Float(f)) => Ok(f),
+        Err(_) => Err(serde::de::Error::custom(
+            "a load factor is a positive number (1, 2, 0.5)",
+        )),
     }
 }

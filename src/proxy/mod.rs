@@ -14,6 +14,7 @@ pub(crate) mod classify;
 mod forward;
 mod headers;
 pub(crate) mod monitor;
+mod pac;
 mod purge;
 mod route;
 
@@ -288,6 +289,13 @@ impl Handler for ListenerHandler {
             // does not change them.
             sh.stats.admin_request();
             let outcome = Box::pin(monitor::serve(ep, &query, ex, &sh)).await;
+            self.log(ex, &sh, started);
+            return outcome;
+        }
+        if !looped && pac::wanted(&sh, ex, self.mode) {
+            // As a monitoring page: before admission, out of the request counters.
+            sh.stats.admin_request();
+            let outcome = Box::pin(pac::serve(ex, &sh, self.mode)).await;
             self.log(ex, &sh, started);
             return outcome;
         }

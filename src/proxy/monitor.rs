@@ -33,7 +33,7 @@ pub enum Endpoint {
 
 /// True if `authority` (`host[:port]`, default port `default_port`) names
 /// the listener at `local`.
-fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
+pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
     let port = authority.port_u16().unwrap_or(default_port);
     let host = authority.host().trim_start_matches('[').trim_end_matches(']');
     let ours = match host.parse::<IpAddr>() {
