@@ -534,12 +534,26 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut answered = BTreeSet::new();
+    let mut late = 0;
     for n in 0..100 {
         let (by, _, body) = monitor_page(addr, "/.stats.json", &all).await;
         let doc = json(&body);
-        assert_eq!(total(&doc), sent, "answered by {by:?}");
         let procs = doc["processes"].as_array().expect("processes array");
         assert_eq!(procs.len(), 2, "{body}");
+        // A worker whose figures are older than the staleness limit is left
+        // out of the sum, as designed: on an overloaded machine its writer
+        // can fall that far behind. That read says nothing about the sum;
+        // a few are tolerated, a persistent one fails below.
+        if late < 20
+            && procs
+                .iter()
+                .any(|p| p["status"].as_str().is_some_and(|s| s.starts_with("figures ")))
+        {
+            late += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        assert_eq!(total(&doc), sent, "answered by {by:?}: {body}");
         for (i, proc) in procs.iter().enumerate() {
             assert_eq!(proc["index"].as_u64(), Some(i as u64));
             assert_eq!(proc["counted"].as_bool(), Some(true), "{proc}");
