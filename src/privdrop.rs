@@ -139,9 +139,35 @@ pub(crate) fn switch() -> Result<(), String> {
             );
         }
     }
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
     drop_to(t)?;
+    if crate::worker::index().is_some() {
+        rearm_parent_death_signal(parent);
+    }
     tracing::info!("switched to user {} (uid {}, gid {})", t.user, t.uid, t.gid);
     Ok(())
+}
+
+/// A worker's parent-death signal again after the switch: the kernel clears
+/// it when a process changes user (prctl(2)), and without it a worker whose
+/// supervisor was killed outright would go on serving, reparented to init.
+/// If the supervisor (`parent`) died before the signal was set again, the
+/// worker stops now, as the signal would have made it.
+fn rearm_parent_death_signal(parent: libc::pid_t) {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; getppid and
+    // raise have no preconditions.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            tracing::warn!(
+                "cannot set the parent-death signal again after the switch: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        if libc::getppid() != parent {
+            libc::raise(libc::SIGTERM);
+        }
+    }
 }
 
 /// setgroups, setgid, setuid; then checks that root cannot be regained.

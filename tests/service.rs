@@ -629,12 +629,29 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
     let children = read(Path::new(&format!("/proc/{0}/task/{0}/children", p.pid())));
     let workers: Vec<u32> = children.split_whitespace().filter_map(|n| n.parse().ok()).collect();
     assert_eq!(workers.len(), 2, "{children:?}");
-    for w in workers {
+    for &w in &workers {
         assert_eq!(proc_ids(w, "Uid:"), vec![uid; 4], "worker {w}");
     }
     for _ in 0..4 {
         assert_eq!(get_through(p.addr(), &origin).await.0, 200);
     }
+    // The supervisor killed outright: its workers still go. The kernel
+    // clears a process's parent-death signal when it changes user, so a
+    // worker that dropped privileges must set it again, or it is left
+    // serving on its own, reparented to init.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &p.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let gone = |w: u32| {
+        std::fs::read_to_string(format!("/proc/{w}/status"))
+            .map_or(true, |s| s.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || workers.iter().all(|&w| gone(w))).await,
+        "workers outlived their killed supervisor: {workers:?}"
+    );
 }
 
 #[test]
