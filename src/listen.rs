@@ -16,6 +16,26 @@ use tokio::net::{TcpListener, TcpStream};
 /// process binds the same address and the kernel spreads connections.
 pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
     let addr = cfg.address;
+    let socket = bind_only(cfg, reuse_port)?;
+    let backlog = i32::try_from(cfg.listen_queue).unwrap_or(i32::MAX);
+    socket
+        .listen(backlog)
+        .map_err(|e| format!("cannot listen on listener {addr}: {}", crate::util::io_cause(&e)))?;
+    let effective = effective_backlog(cfg.listen_queue);
+    if effective < cfg.listen_queue {
+        tracing::warn!(
+            "listener {addr}: listen_queue = {} is capped at {effective} by the kernel (net.core.somaxconn); raise it with `sysctl -w net.core.somaxconn={}` for the configured backlog",
+            cfg.listen_queue,
+            cfg.listen_queue
+        );
+    }
+    Ok(socket.into())
+}
+
+/// The socket of a listener, bound to its address but not listening: no
+/// client can connect to it yet.
+fn bind_only(cfg: &ListenerConfig, reuse_port: bool) -> Result<Socket, String> {
+    let addr = cfg.address;
     let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {}", crate::util::io_cause(&e));
     let socket =
         Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| fail("create", e))?;
@@ -28,17 +48,23 @@ pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListe
     }
     socket.set_nonblocking(true).map_err(|e| fail("configure", e))?;
     socket.bind(&addr.into()).map_err(|e| fail("bind", e))?;
-    let backlog = i32::try_from(cfg.listen_queue).unwrap_or(i32::MAX);
-    socket.listen(backlog).map_err(|e| fail("listen on", e))?;
-    let effective = effective_backlog(cfg.listen_queue);
-    if effective < cfg.listen_queue {
-        tracing::warn!(
-            "listener {addr}: listen_queue = {} is capped at {effective} by the kernel (net.core.somaxconn); raise it with `sysctl -w net.core.somaxconn={}` for the configured backlog",
-            cfg.listen_queue,
-            cfg.listen_queue
-        );
-    }
-    Ok(socket.into())
+    Ok(socket)
+}
+
+/// Checks that every listener of `config` can be bound (as its workers
+/// will bind them, with SO_REUSEPORT when there are several), without
+/// listening: the multi-process supervisor's start-up check. A listening
+/// socket here would take connections in the moment before it is closed,
+/// and closing it would reset them.
+pub fn check_bindable(config: &crate::config::Config) -> Result<(), String> {
+    let reuse_port = config.server.processes > 1;
+    let held = config
+        .listener
+        .iter()
+        .map(|l| bind_only(l, reuse_port))
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(held);
+    Ok(())
 }
 
 /// Where Linux keeps its cap on every listen(2) backlog.
@@ -225,7 +251,26 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{capped_backlog, matches_listener};
+    use super::{bind_only, capped_backlog, matches_listener};
+
+    #[test]
+    fn a_socket_bound_for_the_start_up_check_refuses_connections() {
+        // Held as the supervisor holds it during its check: a client that
+        // connects then must be refused, not queued on a socket about to be
+        // closed (which would reset the connection after it was accepted).
+        let cfg = crate::config::ListenerConfig {
+            address: "127.0.0.1:0".parse().expect("test address"),
+            ..Default::default()
+        };
+        let socket = bind_only(&cfg, true).expect("bind");
+        let bound = socket
+            .local_addr()
+            .expect("local address")
+            .as_socket()
+            .expect("inet address");
+        let connect = std::net::TcpStream::connect_timeout(&bound, std::time::Duration::from_secs(2));
+        assert!(connect.is_err(), "a connection to the checked address was accepted");
+    }
 
     #[test]
     fn a_backlog_above_somaxconn_is_truncated_to_it() {

@@ -87,8 +87,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
         give_error_log(path);
     }
     // Fail start-up (rather than restart workers forever) when a listener
-    // cannot be bound: bind each one once here, then let go of it.
-    drop(crate::listen::bind_all(&config)?);
+    // cannot be bound: bind each one once here (without listening), then
+    // let go of it.
+    crate::listen::check_bindable(&config)?;
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
