@@ -363,6 +363,66 @@ async fn age_header_on_hits_counts_the_origin_age() {
     assert_eq!(origin.count(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_age_makes_the_response_stale() {
+    // RFC 9111 5.1: a list, a parameter, anything but one non-negative
+    // integer; the copy is not served fresh, though max-age allows an hour.
+    for (i, age) in ["7200, 0", "7200;foo=bar", "-5"].into_iter().enumerate() {
+        let n = Arc::new(AtomicUsize::new(0));
+        let origin = Origin::start(move |_| {
+            let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                Response::ok(format!("aged #{n}"))
+                    .header("Cache-Control", "max-age=3600")
+                    .header("Age", age)
+            }
+        })
+        .await;
+        let p = proxy("").await;
+        let path = format!("/invalid-age-{i}");
+        check(&get(&p, &origin, &path, &[]).await, 200, "aged #1", "MISS");
+        check(&get(&p, &origin, &path, &[]).await, 200, "aged #2", "MISS");
+        // A client that accepts stale gets the stored copy, with an Age of
+        // Portico's own: one valid integer, not the origin's invalid value.
+        let stale = get(&p, &origin, &path, &[("Cache-Control", "max-stale")]).await;
+        check(&stale, 200, "aged #2", "STALE");
+        let ages = stale.headers_all("age");
+        assert!(ages.len() == 1 && ages[0].parse::<u64>().is_ok(), "{age:?}: {ages:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_age_with_a_fraction_counts_its_whole_seconds() {
+    let origin = counting("fraction", &[("Cache-Control", "max-age=3600.5")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/f", &[]).await, 200, "fraction #1", "MISS");
+    check(&get(&p, &origin, "/f", &[]).await, 200, "fraction #1", "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_max_age_values_the_more_restrictive_counts() {
+    let origin = counting("twice", &[("Cache-Control", "max-age=3600, max-age=0")]).await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/t", &[]).await, 200, "twice #1", "MISS");
+    check(&get(&p, &origin, "/t", &[]).await, 200, "twice #2", "MISS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expires_date_with_a_wrong_weekday_in_lower_case_is_still_a_date() {
+    let origin = Origin::start(|_| async {
+        // One hour ahead, its weekday replaced by another, all in lower case.
+        let date = http_date(SystemTime::now() + Duration::from_secs(3600));
+        let weekday = if date.starts_with("Mon") { "tue" } else { "mon" };
+        let expires = format!("{weekday}{}", &date[3..]).to_ascii_lowercase();
+        Response::ok("lenient").header("Expires", &expires)
+    })
+    .await;
+    let p = proxy("").await;
+    check(&get(&p, &origin, "/x", &[]).await, 200, "lenient", "MISS");
+    check(&get(&p, &origin, "/x", &[]).await, 200, "lenient", "HIT");
+    assert_eq!(origin.count(), 1);
+}
+
 // ---------------------------------------------------------------------------
 // Revalidation.
 // ---------------------------------------------------------------------------

@@ -280,8 +280,9 @@ impl Policy {
     /// no `Last-Modified` (Squid's rule); no pattern, no heuristic. Finally the
     /// `min_ttl` / `max_ttl` overrides clamp it (breaking the spec).
     ///
-    /// An invalid `max-age` / `s-maxage` value or `Expires` date gives 0
-    /// (stale); of duplicated directives the first counts.
+    /// `max-age` / `s-maxage` are read by their leading digits (`3600.5` is
+    /// 3600); a value without them or an invalid `Expires` date gives 0
+    /// (stale); of duplicated directives the smallest counts.
     pub fn freshness_lifetime(&self, meta: &StoredMeta) -> Duration {
         Duration::from_secs(self.lifetime(url_of(&meta.key), meta.status, &meta.headers, date_value(meta)))
     }
@@ -335,7 +336,12 @@ impl Policy {
     pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
         let rq = Directives::of(req_headers);
         let rs = Directives::of(&meta.headers);
-        let age = current_age_secs(meta, now);
+        // 5.1: an invalid Age makes the response stale: an age beyond any lifetime.
+        let age = if age_is_invalid(meta) {
+            current_age_secs(meta, now).max(DELTA_MAX)
+        } else {
+            current_age_secs(meta, now)
+        };
         let lifetime = self.lifetime_with(url_of(&meta.key), meta.status, &meta.headers, &rs, date_value(meta));
         // 4.2.4: these forbid serving the response stale, whatever the client says.
         let no_stale =
@@ -475,15 +481,88 @@ fn heuristically_cacheable(status: StatusCode) -> bool {
 /// response has none of them.
 fn explicit_lifetime(cc: &Directives, headers: &HeaderMap, date: u64) -> Option<u64> {
     // 4.2.1: invalid freshness information makes the response stale.
-    if let Some(value) = cc.delta("s-maxage") {
-        return Some(value.unwrap_or(0));
+    if let Some(value) = cc.freshness_delta("s-maxage") {
+        return Some(value);
     }
-    if let Some(value) = cc.delta("max-age") {
-        return Some(value.unwrap_or(0));
+    if let Some(value) = cc.freshness_delta("max-age") {
+        return Some(value);
     }
     // 5.3: an invalid Expires (e.g. "0") means already expired.
     let expires = headers.get(header::EXPIRES)?;
-    Some(parse_http_date(expires).map_or(0, |expires| expires.saturating_sub(date)))
+    Some(parse_expires(expires).map_or(0, |expires| expires.saturating_sub(date)))
+}
+
+/// A response `max-age` / `s-maxage` value read as Squid, Apache Traffic
+/// Server, Apache httpd and nginx read it: the leading digits count, so
+/// `3600.5` and `3600a` are 3600 (too large counts as 2^31); a value not
+/// starting with a digit (`-1`, `a3600`, empty) is invalid and gives 0, i.e.
+/// stale (RFC 9111 4.2.1).
+fn lenient_delta(value: Option<&str>) -> u64 {
+    let bytes = value.unwrap_or("").as_bytes();
+    let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    parse_delta(&bytes[..digits]).unwrap_or(0)
+}
+
+/// An `Expires` value (RFC 9111 5.3) as Squid, Apache Traffic Server, Apache
+/// httpd and nginx read it: any of the three HTTP-date formats (RFC 9110
+/// 5.6.7), with day, month and zone names in any case and the weekday not
+/// checked against the date (only the date matters). `None` when it is not
+/// a date, which the caller treats as "already expired".
+fn parse_expires(value: &HeaderValue) -> Option<u64> {
+    let text = value.to_str().ok()?.trim();
+    // The weekday ends at the first comma (IMF-fixdate, RFC 850) or space (asctime).
+    let rest = &text[text.find([',', ' '])? + 1..];
+    let tokens: Vec<&str> = rest.split([' ', '-']).filter(|t| !t.is_empty()).collect();
+    let (day, month, year, time) = match tokens.as_slice() {
+        // asctime: "Nov  6 08:49:37 1994".
+        [month, day, time, year] if month.bytes().all(|b| b.is_ascii_alphabetic()) => (*day, *month, *year, *time),
+        // IMF-fixdate "06 Nov 1994 08:49:37 GMT", RFC 850 "06-Nov-94 08:49:37 GMT".
+        [day, month, year, time, zone] if zone.eq_ignore_ascii_case("gmt") => (*day, *month, *year, *time),
+        _ => return None,
+    };
+    let number = |s: &str, max_len: usize| -> Option<u64> {
+        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    let month = MONTHS.iter().position(|m| m.eq_ignore_ascii_case(month))? as u64 + 1;
+    let day = number(day, 2)?;
+    let year = match year.len() {
+        // RFC 9110 5.6.7: a two-digit year is the closest century (simplified
+        // as httpdate does: 70-99 is 19xx, 00-69 is 20xx).
+        2 => number(year, 2).map(|y| if y < 70 { 2000 + y } else { 1900 + y })?,
+        4 => number(year, 4)?,
+        _ => return None,
+    };
+    let mut hms = time.split(':');
+    let (h, m, s) = (
+        number(hms.next()?, 2)?,
+        number(hms.next()?, 2)?,
+        number(hms.next()?, 2)?,
+    );
+    if hms.next().is_some() || h > 23 || m > 59 || s > 60 || year < 1970 {
+        return None;
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if day == 0 || day > month_days[(month - 1) as usize] {
+        return None;
+    }
+    // Days since 1970-01-01 (proleptic Gregorian; "days from civil").
+    let (y, mo) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y % 400;
+    let doy = (153 * mo + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(days * 86_400 + h * 3600 + m * 60 + s)
 }
 
 // ---------------------------------------------------------------------------
@@ -523,6 +602,20 @@ pub fn corrected_age_value(meta: &StoredMeta) -> Duration {
         .and_then(|v| parse_delta(v.as_bytes().trim_ascii()))
         .unwrap_or(0);
     Duration::from_secs(age_value).saturating_add(response_delay(meta))
+}
+
+/// Whether the stored `Age` is present but invalid (RFC 9111 5.1): more
+/// than one field line, a list (`7200, 0`), a parameter (`7200;foo=bar`) or
+/// anything but a non-negative integer. Such a response is stale whatever
+/// its lifetime ([`Policy::evaluate`]); the `Age` Portico sends for it
+/// ([`age_header`]) ignores the invalid value and stays a valid integer.
+pub fn age_is_invalid(meta: &StoredMeta) -> bool {
+    let mut lines = meta.headers.get_all(header::AGE).iter();
+    match (lines.next(), lines.next()) {
+        (None, _) => false,
+        (Some(value), None) => parse_delta(value.as_bytes().trim_ascii()).is_none(),
+        (Some(_), Some(_)) => true,
+    }
 }
 
 /// `corrected_initial_age = max(apparent_age, corrected_age_value)`.
@@ -1046,6 +1139,19 @@ impl Directives {
     fn delta(&self, name: &str) -> Option<Option<u64>> {
         self.value(name).map(|v| v.and_then(|v| parse_delta(v.as_bytes())))
     }
+
+    /// A response freshness directive (`max-age`, `s-maxage`) in seconds,
+    /// each occurrence read by [`lenient_delta`]: of several (on one line or
+    /// several) the smallest counts, the most restrictive (RFC 9111 4.2.1
+    /// allows the first or "stale"; the smallest never extends what any of
+    /// them grants). `None` when absent.
+    fn freshness_delta(&self, name: &str) -> Option<u64> {
+        self.0
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| lenient_delta(v.as_deref()))
+            .min()
+    }
 }
 
 /// Parses one Cache-Control field line: `name[=token|"quoted"]` items
@@ -1063,6 +1169,13 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
         let name = String::from_utf8_lossy(s[start..i].trim_ascii()).to_ascii_lowercase();
         let mut value = None;
         if i < s.len() && s[i] == b'=' {
+            // RFC 9111 5.2 allows no whitespace around "=": an unquoted value
+            // keeps one leading space then, so it is no valid delta-seconds
+            // (`max-age =3600` and `max-age= 3600` count as invalid, i.e.
+            // stale, as the cache-tests suite expects), while the name still
+            // matches (`private =x` still prevents storing).
+            let spaced = s[start..i].last().is_some_and(u8::is_ascii_whitespace)
+                || s.get(i + 1).is_some_and(u8::is_ascii_whitespace);
             i += 1;
             while i < s.len() && (s[i] == b' ' || s[i] == b'\t') {
                 i += 1;
@@ -1086,7 +1199,8 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
                 while i < s.len() && s[i] != b',' {
                     i += 1;
                 }
-                value = Some(String::from_utf8_lossy(s[vstart..i].trim_ascii()).into_owned());
+                let text = String::from_utf8_lossy(s[vstart..i].trim_ascii());
+                value = Some(if spaced { format!(" {text}") } else { text.into_owned() });
             }
         }
         if !name.is_empty() {
@@ -1524,7 +1638,9 @@ mod tests {
             "max-age=",
             "max-age",
             "max-age=-1",
-            "max-age=1.5",
+            "max-age=a3600",
+            "max-age =3600",
+            "max-age= 3600",
             "s-maxage=x, max-age=60",
         ] {
             let m = meta(&[("cache-control", cc), ("expires", &http_date(3600))]);
@@ -1536,13 +1652,12 @@ mod tests {
     fn quoted_duplicated_and_huge_delta_seconds() {
         let p = policy();
         assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=\"3600\"")])), 3600);
-        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age = 30")])), 30);
-        // The first occurrence counts, across field lines too.
+        // The smallest occurrence counts, across field lines too.
         assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=10, max-age=20")])), 10);
         let m = meta(&[
             ("cache-control", "public"),
-            ("cache-control", "max-age=5"),
             ("cache-control", "max-age=9"),
+            ("cache-control", "max-age=5"),
         ]);
         assert_eq!(lifetime(&p, &m), 5);
         // Overflowing values count as 2^31 (RFC 9111 1.2.2).
@@ -1551,6 +1666,70 @@ mod tests {
         // A quoted value may contain commas without splitting the list.
         let m = meta(&[("cache-control", "no-cache=\"a, max-age=1\", max-age=7")]);
         assert_eq!(lifetime(&p, &m), 7);
+    }
+
+    #[test]
+    fn max_age_is_read_by_its_leading_digits_as_squid_ats_httpd_and_nginx_read_it() {
+        let p = policy();
+        for (cc, want) in [
+            ("max-age=3600.0", 3600),
+            ("max-age=3600.5", 3600),
+            ("max-age=3600a", 3600),
+            ("max-age=003600", 3600),
+            ("s-maxage=60.9, max-age=5", 60),
+        ] {
+            assert_eq!(lifetime(&p, &meta(&[("cache-control", cc)])), want, "{cc}");
+        }
+    }
+
+    #[test]
+    fn of_several_max_age_or_s_maxage_values_the_most_restrictive_counts() {
+        let p = policy();
+        for lines in [
+            &[("cache-control", "max-age=1800, max-age=1")][..],
+            &[("cache-control", "max-age=1, max-age=1800")],
+            &[("cache-control", "max-age=1800"), ("cache-control", "max-age=1")],
+            &[("cache-control", "max-age=1"), ("cache-control", "max-age=1800")],
+            &[("cache-control", "s-maxage=1800, max-age=9000, s-maxage=1")],
+            &[("cache-control", "s-maxage=1"), ("cache-control", "s-maxage=1800")],
+        ] {
+            assert_eq!(lifetime(&p, &meta(lines)), 1, "{lines:?}");
+        }
+        // An invalid occurrence is 0: stale.
+        assert_eq!(lifetime(&p, &meta(&[("cache-control", "max-age=60, max-age=junk")])), 0);
+    }
+
+    #[test]
+    fn expires_with_a_wrong_weekday_or_odd_case_names_is_still_a_date() {
+        let p = policy();
+        let date = http_date(0);
+        // http_date(0) is 2023-11-14T22:13:20Z, a Tuesday.
+        for expires in [
+            "Mon, 14 Nov 2023 23:13:20 GMT",
+            "tue, 14 nov 2023 23:13:20 gmt",
+            "TUE, 14 NOV 2023 23:13:20 GMT",
+            "Friday, 14-Nov-23 23:13:20 GMT",
+            "sun NOV 14 23:13:20 2023",
+        ] {
+            let m = meta(&[("date", &date), ("expires", expires)]);
+            assert_eq!(lifetime(&p, &m), 3600, "{expires}");
+        }
+        // An invalid Expires still means already expired (RFC 9111 5.3).
+        for expires in [
+            "Tue, 31 Nov 2023 23:13:20 GMT",
+            "Tue, 14 Nov 2023 23:13:20 CET",
+            "Tue, 14 Nov 2023 24:13:20 GMT",
+            "Tue, 14 Foo 2023 23:13:20 GMT",
+            "14 Nov 2023 23:13:20 GMT",
+            "Tue, 14 Nov 2023 23:13 GMT",
+            "Tue, 14 Nov 1969 23:13:20 GMT",
+            "Tue, +4 Nov 2023 23:13:20 GMT",
+            "0",
+            "",
+        ] {
+            let m = meta(&[("date", &date), ("expires", expires)]);
+            assert_eq!(lifetime(&p, &m), 0, "{expires:?}");
+        }
     }
 
     #[test]
@@ -1671,6 +1850,30 @@ mod tests {
         // The Age header is capped at 2^31.
         let m = meta(&[("age", "99999999999999")]);
         assert_eq!(age_header(&m, t(1_000_000)), "2147483648");
+    }
+
+    #[test]
+    fn an_invalid_age_makes_the_response_stale() {
+        let p = policy();
+        let fresh = ("cache-control", "max-age=3600");
+        for age in ["7200, 0", "7200;foo=bar", "7200;foo=111", "abc", "-7200", "7200.0", ""] {
+            let m = meta(&[fresh, ("date", &http_date(0)), ("age", age)]);
+            assert!(age_is_invalid(&m), "{age:?}");
+            assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("stale"), "{age:?}");
+            // The Age sent stays a valid non-negative integer (the resident time).
+            assert_eq!(age_header(&m, t(1)), "1", "{age:?}");
+        }
+        // Two Age field lines are a list too.
+        let m = meta(&[fresh, ("age", "0"), ("age", "0")]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("stale"));
+        // Valid values, a huge one clamped, keep working.
+        let m = meta(&[fresh, ("age", " 10 ")]);
+        assert!(!age_is_invalid(&m));
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), Decision::Fresh);
+        assert_eq!(age_header(&m, t(1)), "11");
+        let m = meta(&[fresh, ("age", "99999999999999")]);
+        assert!(!age_is_invalid(&m));
+        assert_eq!(age_header(&m, t(1)), "2147483648");
     }
 
     // ----- Evaluation (RFC 9111 4.2, 5.2)
@@ -2314,7 +2517,7 @@ mod tests {
                 ("no-cache", Some("a, b")),
                 ("private", None),
                 ("x", Some("q\"uote")),
-                ("s-maxage", Some("7")),
+                ("s-maxage", Some(" 7")),
             ]
         );
         assert_eq!(parse_delta(b"0"), Some(0));
