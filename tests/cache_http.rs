@@ -276,7 +276,7 @@ async fn response_without_freshness_or_validator_is_not_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refresh_pattern_gives_last_modified_heuristic_freshness() {
+async fn a_cache_may_use_heuristic_freshness_from_last_modified_by_default_or_by_refresh_pattern() {
     let lm = day_ago();
     let origin = Origin::start(move |_| {
         let lm = lm.clone();
@@ -288,14 +288,20 @@ async fn refresh_pattern_gives_last_modified_heuristic_freshness() {
     check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "HIT");
     assert_eq!(origin.count(), 1);
 
-    // Without a refresh pattern there is no heuristic freshness: the stored
-    // response is stale at once and is revalidated.
+    // Without a refresh pattern the default heuristic applies: 10% of the
+    // day since Last-Modified (RFC 9111 4.2.2), at most cache.heuristic_max.
     let p = proxy("").await;
+    check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "MISS");
+    check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "HIT");
+    assert_eq!(origin.count(), 2);
+
+    // Turned off, the stored response is stale at once and is revalidated.
+    let p = proxy("heuristic_percent = 0").await;
     check(&get(&p, &origin, "/h", &[]).await, 200, "heuristic", "MISS");
     let again = get(&p, &origin, "/h", &[]).await;
     assert_ne!(x_cache(&again), "HIT");
-    assert_eq!(origin.count(), 3);
-    assert!(origin.requests()[2].header("if-modified-since").is_some());
+    assert_eq!(origin.count(), 4);
+    assert!(origin.requests()[3].header("if-modified-since").is_some());
 }
 
 // ---------------------------------------------------------------------------

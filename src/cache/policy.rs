@@ -75,6 +75,8 @@ struct Refresh {
 pub struct Policy {
     patterns: RegexSet,
     refresh: Vec<Refresh>,
+    /// For URLs no refresh pattern matches (`heuristic_percent`, `heuristic_max`).
+    default_heuristic: Refresh,
     ignore_reload: bool,
     ignore_no_store: bool,
     cache_query: bool,
@@ -156,6 +158,11 @@ impl Policy {
         Ok(Policy {
             patterns,
             refresh,
+            default_heuristic: Refresh {
+                min: 0,
+                percent: u64::from(cfg.heuristic_percent),
+                max: cfg.heuristic_max.get().as_secs(),
+            },
             ignore_reload: cfg.ignore_reload,
             ignore_no_store: cfg.ignore_no_store,
             cache_query: cfg.cache_query,
@@ -277,7 +284,9 @@ impl Policy {
     /// of the first refresh pattern matching the key URL (4.2.2, only for
     /// statuses cacheable by default or `public`): `percent`% of
     /// `Date - Last-Modified` clamped to `[min, max]`, or `min` when there is
-    /// no `Last-Modified` (Squid's rule); no pattern, no heuristic. Finally the
+    /// no `Last-Modified` (Squid's rule); when no pattern matches, the
+    /// default heuristic (`heuristic_percent`% of the same, at most
+    /// `heuristic_max`, nothing without `Last-Modified`). Finally the
     /// `min_ttl` / `max_ttl` overrides clamp it (breaking the spec).
     ///
     /// `max-age` / `s-maxage` are read by their leading digits (`3600.5` is
@@ -307,10 +316,10 @@ impl Policy {
         if !(heuristically_cacheable(status) || cc.has("public")) {
             return 0;
         }
-        let Some(index) = self.patterns.matches(key).iter().next() else {
-            return 0;
+        let rule = match self.patterns.matches(key).iter().next() {
+            Some(index) => self.refresh[index],
+            None => self.default_heuristic,
         };
-        let rule = self.refresh[index];
         match headers.get(header::LAST_MODIFIED).and_then(parse_http_date) {
             Some(last_modified) => {
                 let since = date.saturating_sub(last_modified);
@@ -1776,20 +1785,16 @@ mod tests {
     }
 
     #[test]
-    fn heuristic_needs_a_pattern_and_a_cacheable_status_or_public() {
+    fn heuristic_needs_a_cacheable_status_or_public() {
         let lm = http_date(-1000);
         let date = http_date(0);
-        let m = meta(&[("date", &date), ("last-modified", &lm)]);
-        assert_eq!(lifetime(&policy(), &m), 0, "no pattern, no heuristic");
-        let p = policy_with(|c| c.refresh = vec![pattern("nomatch", 0, 10, 3600)]);
-        assert_eq!(lifetime(&p, &m), 0);
-        let p = policy_with(|c| c.refresh = vec![pattern(".", 0, 10, 3600)]);
+        let p = policy_with(|c| c.refresh = vec![pattern(".", 0, 20, 3600)]);
         assert_eq!(
             lifetime(
                 &p,
                 &meta_with(StatusCode::NOT_FOUND, &[("date", &date), ("last-modified", &lm)])
             ),
-            100
+            200
         );
         assert_eq!(
             lifetime(
@@ -1802,7 +1807,28 @@ mod tests {
             StatusCode::FOUND,
             &[("date", &date), ("last-modified", &lm), ("cache-control", "public")],
         );
-        assert_eq!(lifetime(&p, &public), 100);
+        assert_eq!(lifetime(&p, &public), 200);
+    }
+
+    #[test]
+    fn without_a_matching_pattern_a_cache_uses_ten_percent_of_the_time_since_last_modified() {
+        // RFC 9111 4.2.2: "a typical setting of this fraction might be 10%".
+        let date = http_date(0);
+        let m = |since: i64| meta(&[("date", &date), ("last-modified", &http_date(-since))]);
+        assert_eq!(lifetime(&policy(), &m(1000)), 100);
+        let p = policy_with(|c| c.refresh = vec![pattern("nomatch", 0, 50, 3600)]);
+        assert_eq!(lifetime(&p, &m(1000)), 100);
+        // Capped by heuristic_max (a day by default).
+        assert_eq!(lifetime(&policy(), &m(100 * 86_400)), 86_400);
+        let p = policy_with(|c| c.heuristic_max = Dur::secs(60));
+        assert_eq!(lifetime(&p, &m(1000)), 60);
+        // No Last-Modified, no heuristic; 0 percent turns it off.
+        assert_eq!(lifetime(&policy(), &meta(&[("date", &date)])), 0);
+        let p = policy_with(|c| c.heuristic_percent = 0);
+        assert_eq!(lifetime(&p, &m(1000)), 0);
+        // A matching pattern overrides it.
+        let p = policy_with(|c| c.refresh = vec![pattern(".", 0, 50, 3600)]);
+        assert_eq!(lifetime(&p, &m(1000)), 500);
     }
 
     #[test]

@@ -912,8 +912,14 @@ pub struct CacheConfig {
     pub watermarks: [u8; 2],
     /// never | always.
     pub fsync: Fsync,
-    /// Heuristic freshness rules, first match wins; none = no heuristic freshness.
+    /// Heuristic freshness rules, first match wins; a URL no pattern
+    /// matches gets the default heuristic below.
     pub refresh: Vec<RefreshPattern>,
+    /// Default heuristic freshness (RFC 9111 4.2.2): this percentage of the
+    /// time since `Last-Modified`; 0 = none.
+    pub heuristic_percent: u32,
+    /// Cap of the default heuristic freshness.
+    pub heuristic_max: Dur,
     /// Name of the response header saying HIT, MISS, STALE or REVALIDATED; empty = none.
     pub status_header: String,
     /// Override (breaks RFC 9111): ignore client `Cache-Control: no-cache` / `Pragma: no-cache`.
@@ -960,6 +966,8 @@ impl Default for CacheConfig {
             watermarks: [90, 95],
             fsync: Fsync::Never,
             refresh: Vec::new(),
+            heuristic_percent: 10,
+            heuristic_max: Dur::secs(86_400),
             status_header: "X-Cache".to_string(),
             ignore_reload: false,
             ignore_no_store: false,
