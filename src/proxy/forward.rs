@@ -314,13 +314,16 @@ pub fn parent_hierarchy(sh: &Shared, group: usize, idx: usize) -> String {
 /// fields such as validators) and returns the origin's response, with the
 /// Location rewrite to apply to it and where it came from (the Squid log's
 /// hierarchy field). Used by the cache, also from
-/// background revalidation tasks, so it borrows no connection.
+/// background revalidation tasks, so it borrows no connection: `out` is the
+/// client's response writer when there is a client, for the interim (1xx)
+/// responses that come before the final one.
 pub async fn fetch(
     sh: &Shared,
     head: &RequestHead,
     client: IpAddr,
     dest: &Dest,
     extra: Option<&HeaderMap>,
+    mut out: Option<&mut ResponseWriter<'_>>,
 ) -> Result<(http::Response<Incoming>, Option<LocationRewrite>, String), Failure> {
     let mut failed = None;
     loop {
@@ -328,7 +331,7 @@ pub async fn fetch(
         let mut parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
         dest.add_parent_credentials(&mut parts.headers);
         let request = Request::from_parts(parts, ProxyBody::empty());
-        match attempt.upstream.send(request).await {
+        match super::interim::send(attempt.upstream, request, out.as_deref_mut(), sh).await {
             Ok(response) => {
                 let hierarchy = dest.hierarchy(sh, &attempt);
                 return Ok((response, attempt.rewrite, hierarchy));
@@ -487,7 +490,7 @@ async fn exchange(
 
     let pump = pump(reader, sender);
     let respond = async {
-        let response = upstream.send(request).await?;
+        let response = super::interim::send(upstream, request, Some(&mut *out), sh).await?;
         if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
             // Dropped unread: the origin connection is closed, not pooled.
             drop(response);

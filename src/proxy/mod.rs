@@ -13,6 +13,7 @@ mod cache;
 pub(crate) mod classify;
 mod forward;
 mod headers;
+mod interim;
 pub(crate) mod monitor;
 mod pac;
 mod purge;
