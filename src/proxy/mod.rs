@@ -23,6 +23,7 @@ pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
 mod tunnel;
+mod upgrade;
 
 use crate::blocking::BlockingPool;
 use crate::config::{Config, ListenerConfig, Mode};
@@ -555,6 +556,9 @@ impl ListenerHandler {
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
             Box::pin(purge::purge(ex, sh, &dest)).await
+        } else if let Some(offer) = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols) {
+            // Past the cache: an upgraded exchange is not a response to store.
+            Box::pin(upgrade::serve(ex, sh, &dest, offer, permit)).await
         } else {
             cache::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };

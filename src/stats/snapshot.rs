@@ -618,6 +618,11 @@ crate::section! {
         #[serde(default)]
         interim_relayed: u64 => Counter, Add, None, "Interim (1xx) responses from origins relayed to clients.",
             prom "portico_upstream_interim_responses_total", xml "upstream-bucket" "countInterimResponses";
+        /// Connections upgraded (RFC 9110 7.8): a `101 Switching
+        /// Protocols` relayed, then bytes both ways (WebSocket).
+        #[serde(default)]
+        upgrades: u64 => Counter, Add, None, "Connections upgraded to another protocol (101 Switching Protocols relayed, e.g. WebSocket).",
+            prom "portico_upstream_upgrades_total", xml "upstream-bucket" "countUpgrades";
     }
 }
 
