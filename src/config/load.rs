@@ -263,6 +263,24 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    for (i, p) in c.proxy.upgrade_protocols.iter().enumerate() {
+        // RFC 9110 7.8: protocol-name ["/" protocol-version], both tokens.
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        };
+        let valid = match p.split_once('/') {
+            Some((name, version)) => token(name) && token(version),
+            None => token(p),
+        };
+        if !valid {
+            return Err((
+                vec![Key("proxy"), Key("upgrade_protocols"), Index(i)],
+                format!("{p:?} is not a protocol name (a token, optionally /version, such as \"websocket\")"),
+            ));
+        }
+    }
     for (i, u) in c.upstream.iter().enumerate() {
         if c.upstream[..i].iter().any(|o| o.name == u.name) {
             return Err((

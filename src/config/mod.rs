@@ -421,8 +421,13 @@ pub struct ProxyConfig {
     pub x_forwarded_for: ForwardedFor,
     /// Ports CONNECT may open tunnels to; others get 403.
     pub connect_ports: Vec<u16>,
-    /// A CONNECT tunnel with no bytes either way for this long is closed.
+    /// A CONNECT tunnel with no bytes either way for this long is closed
+    /// (an upgraded connection too).
     pub tunnel_idle_timeout: Dur,
+    /// Protocols a client may upgrade to through Portico (RFC 9110 7.8;
+    /// Squid's `http_upgrade_request_protocols`): `name` (any version) or
+    /// `name/version`. Other offers are removed from the request.
+    pub upgrade_protocols: Vec<String>,
     /// Whether TRACE is served (answered here at `Max-Forwards: 0`, else
     /// forwarded); off, it gets 405. Off by default: TRACE echoes the
     /// request's fields back, credentials and cookies included when an
@@ -437,6 +442,7 @@ impl Default for ProxyConfig {
             x_forwarded_for: ForwardedFor::Append,
             connect_ports: vec![443],
             tunnel_idle_timeout: Dur::secs(300),
+            upgrade_protocols: vec!["websocket".to_string()],
             allow_trace: false,
         }
     }

@@ -51,6 +51,9 @@ pub struct ResponseWriter<'a> {
     /// The client sent `Expect: 100-continue` with a body and has not been
     /// told to send it yet.
     awaiting_continue: bool,
+    /// A `100 Continue` has been written (Portico's own or an origin's):
+    /// never a second one.
+    continue_sent: bool,
 }
 
 impl<'a> ResponseWriter<'a> {
@@ -77,6 +80,7 @@ impl<'a> ResponseWriter<'a> {
             send_timeout: settings.send_timeout,
             keepalive: &settings.keepalive,
             awaiting_continue: false,
+            continue_sent: false,
         }
     }
 
@@ -140,8 +144,53 @@ impl<'a> ResponseWriter<'a> {
     /// Sends `100 Continue` to a client that asked for it.
     pub async fn send_continue(&mut self) -> io::Result<()> {
         self.awaiting_continue = false;
+        self.continue_sent = true;
         let r = write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", self.send_timeout).await;
         r.map_err(|e| self.counted(e))
+    }
+
+    /// Relays an interim (1xx) response from the origin, before the final
+    /// head; returns whether it was written. Not to an HTTP/1.0 client (RFC
+    /// 9110 15.2: "A server MUST NOT send a 1xx response to an HTTP/1.0
+    /// client"), not after the final head, and a `100 Continue` only when
+    /// the client has had none and waits for none: Portico answers
+    /// `Expect: 100-continue` itself (hop by hop), so an origin's 100 would
+    /// be a second one, or would invite a body Portico is not forwarding.
+    /// `headers` must already be free of hop-by-hop fields. The head is
+    /// written at once (an Early Hints' links are of use only before the
+    /// final response) and never kept: nothing of it reaches the final
+    /// response or the cache.
+    pub async fn send_interim(&mut self, status: StatusCode, headers: &HeaderMap) -> io::Result<bool> {
+        let is_continue = status == StatusCode::CONTINUE;
+        if self.version != Version::HTTP_11
+            || !status.is_informational()
+            || status == StatusCode::SWITCHING_PROTOCOLS
+            || self.head_sent()
+            || (is_continue && (self.continue_sent || self.awaiting_continue))
+        {
+            return Ok(false);
+        }
+        let mut out = Vec::with_capacity(128);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for (name, value) in headers {
+            // A 1xx has no body: framing fields would only mislead.
+            if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
+                continue;
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        self.continue_sent |= is_continue;
+        let r = write_all(self.stream, &out, self.send_timeout).await;
+        r.map_err(|e| self.counted(e))?;
+        Ok(true)
     }
 
     /// Response header edits (from the routing rules) to apply to the head

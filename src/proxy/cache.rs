@@ -211,9 +211,10 @@ async fn fetch_timed(
     client: std::net::IpAddr,
     dest: &Dest,
     conditional: Option<&HeaderMap>,
+    out: Option<&mut crate::http1::ResponseWriter<'_>>,
 ) -> Result<(Fetched, String), Failure> {
     let request = SystemTime::now();
-    let (response, rewrite, hierarchy) = fetch(sh, head, client, dest, conditional).await?;
+    let (response, rewrite, hierarchy) = fetch(sh, head, client, dest, conditional, out).await?;
     let times = Times {
         request,
         response: SystemTime::now(),
@@ -347,8 +348,15 @@ impl Transaction<'_, '_> {
 
     /// The request to the origin, noting where it went for the access log.
     async fn fetch(&mut self, conditional: Option<&HeaderMap>) -> Result<Fetched, Failure> {
-        let (fetched, hierarchy) =
-            fetch_timed(self.sh, &self.ex.head, self.ex.peer.ip(), self.dest, conditional).await?;
+        let (fetched, hierarchy) = fetch_timed(
+            self.sh,
+            &self.ex.head,
+            self.ex.peer.ip(),
+            self.dest,
+            conditional,
+            Some(&mut self.ex.out),
+        )
+        .await?;
         self.ex.hierarchy = Some(hierarchy);
         Ok(fetched)
     }
@@ -685,7 +693,8 @@ impl Background {
         cache.stats.revalidation();
         let policy = cache.policy_for(self.dest.cache_rule);
         let conditional = policy::conditional_headers(&self.meta);
-        let Ok((fetched, _)) = fetch_timed(&self.sh, &self.head, self.client, &self.dest, Some(&conditional)).await
+        let Ok((fetched, _)) =
+            fetch_timed(&self.sh, &self.head, self.client, &self.dest, Some(&conditional), None).await
         else {
             return;
         };

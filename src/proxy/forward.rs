@@ -247,6 +247,20 @@ impl Dest {
 
 /// Forwards the request (its body streamed) and streams the response back.
 pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<(), Failure> {
+    send_upstream(ex, sh, dest, None).await.map(|_| ())
+}
+
+/// [`forward`], for an upgrade request too: `upgrade` is the `Upgrade`
+/// field to send (the allowed protocols the client offered, see
+/// `upgrade::offered`), with `Connection: upgrade`; a `101` answer is then
+/// returned unsent, for `upgrade::serve` to relay. Every other answer is
+/// streamed back here.
+pub async fn send_upstream(
+    ex: &mut Exchange<'_>,
+    sh: &Shared,
+    dest: &Dest,
+    upgrade: Option<&HeaderValue>,
+) -> Result<Option<http::Response<Incoming>>, Failure> {
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
@@ -260,8 +274,24 @@ pub async fn forward(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<
             None,
         )?;
         dest.add_parent_credentials(&mut parts.headers);
-        match exchange(ex, sh, attempt.upstream, parts, attempt.rewrite.as_ref(), dest).await {
-            Ok(()) => return Ok(()),
+        if let Some(offer) = upgrade {
+            parts.headers.insert(http::header::UPGRADE, offer.clone());
+            parts
+                .headers
+                .insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        match exchange(
+            ex,
+            sh,
+            attempt.upstream,
+            parts,
+            attempt.rewrite.as_ref(),
+            dest,
+            upgrade.is_some(),
+        )
+        .await
+        {
+            Ok(switched) => return Ok(switched),
             Err(e) => {
                 if dest.retry_after(sh, &attempt, &ex.head, &e, failed.is_some()) {
                     failed = attempt.server;
@@ -314,13 +344,16 @@ pub fn parent_hierarchy(sh: &Shared, group: usize, idx: usize) -> String {
 /// fields such as validators) and returns the origin's response, with the
 /// Location rewrite to apply to it and where it came from (the Squid log's
 /// hierarchy field). Used by the cache, also from
-/// background revalidation tasks, so it borrows no connection.
+/// background revalidation tasks, so it borrows no connection: `out` is the
+/// client's response writer when there is a client, for the interim (1xx)
+/// responses that come before the final one.
 pub async fn fetch(
     sh: &Shared,
     head: &RequestHead,
     client: IpAddr,
     dest: &Dest,
     extra: Option<&HeaderMap>,
+    mut out: Option<&mut ResponseWriter<'_>>,
 ) -> Result<(http::Response<Incoming>, Option<LocationRewrite>, String), Failure> {
     let mut failed = None;
     loop {
@@ -328,7 +361,16 @@ pub async fn fetch(
         let mut parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
         dest.add_parent_credentials(&mut parts.headers);
         let request = Request::from_parts(parts, ProxyBody::empty());
-        match attempt.upstream.send(request).await {
+        match super::interim::send(attempt.upstream, request, out.as_deref_mut(), sh).await {
+            // This request offered no upgrade (those go through
+            // `send_upstream`): the origin would take over a connection no
+            // one asked it to.
+            Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                return Err((
+                    StatusCode::BAD_GATEWAY,
+                    "the origin answered 101 Switching Protocols to a request that offered no upgrade".into(),
+                ));
+            }
             Ok(response) => {
                 let hierarchy = dest.hierarchy(sh, &attempt);
                 return Ok((response, attempt.rewrite, hierarchy));
@@ -456,6 +498,9 @@ fn request_parts(
 /// Sends the request with its body streamed from the client, and streams
 /// the response back. An error is returned only while no response head has
 /// been sent (so the caller can still answer with an error page or retry).
+/// A `101` to a request that offered an upgrade (`upgrading`) is returned
+/// unsent; to one that did not, it is an error (the origin would take
+/// over a connection no one asked it to).
 async fn exchange(
     ex: &mut Exchange<'_>,
     sh: &Shared,
@@ -463,7 +508,8 @@ async fn exchange(
     parts: http::request::Parts,
     rewrite: Option<&LocationRewrite>,
     dest: &Dest,
-) -> Result<(), UpstreamError> {
+    upgrading: bool,
+) -> Result<Option<http::Response<Incoming>>, UpstreamError> {
     let (body, sender) = match ex.head.body {
         BodyFraming::Empty => (ProxyBody::empty(), None),
         BodyFraming::Length(n) => {
@@ -487,15 +533,23 @@ async fn exchange(
 
     let pump = pump(reader, sender);
     let respond = async {
-        let response = upstream.send(request).await?;
+        let response = super::interim::send(upstream, request, Some(&mut *out), sh).await?;
         if let Some(why) = super::reply_acl::denied(&dest.reply, response.status(), response.headers()) {
             // Dropped unread: the origin connection is closed, not pooled.
             drop(response);
             super::reply_acl::refuse(out, sh, head, &why).await;
-            return Ok(());
+            return Ok(None);
+        }
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if upgrading {
+                return Ok(Some(response));
+            }
+            return Err(UpstreamError::Failed(
+                "the origin answered 101 Switching Protocols to a request that offered no upgrade".into(),
+            ));
         }
         stream_response(out, response, sh, rewrite, dest.relay_challenge).await;
-        Ok::<(), UpstreamError>(())
+        Ok::<_, UpstreamError>(None)
     };
     tokio::pin!(pump, respond);
     let mut pumped = false;

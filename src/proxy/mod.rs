@@ -13,6 +13,7 @@ mod cache;
 pub(crate) mod classify;
 mod forward;
 mod headers;
+mod interim;
 pub(crate) mod monitor;
 mod pac;
 mod purge;
@@ -22,6 +23,7 @@ pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
 mod tunnel;
+mod upgrade;
 
 use crate::blocking::BlockingPool;
 use crate::config::{Config, ListenerConfig, Mode};
@@ -554,6 +556,9 @@ impl ListenerHandler {
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
             Box::pin(purge::purge(ex, sh, &dest)).await
+        } else if let Some(offer) = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols) {
+            // Past the cache: an upgraded exchange is not a response to store.
+            Box::pin(upgrade::serve(ex, sh, &dest, offer, permit)).await
         } else {
             cache::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
         };

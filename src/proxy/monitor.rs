@@ -492,6 +492,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         tls_errors: l(&up.tls_errors),
         response_timeouts: l(&up.response_timeouts),
         other_errors: l(&up.other_errors),
+        interim_relayed: l(&up.interim_relayed),
+        upgrades: l(&up.upgrades),
         connect_time: up.connect_time.snapshot(),
         first_byte_time: up.first_byte_time.snapshot(),
     };

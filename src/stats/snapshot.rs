@@ -613,6 +613,16 @@ crate::section! {
         /// connect when a new connection was opened; connect_time has that part).
         first_byte_time: HistSnapshot => Histogram, Add, Micros, "Time from sending a request to the response head (a new connection's connect included).",
             prom "portico_upstream_first_byte_seconds", xml "upstream-bucket" "meanFirstByteMicros";
+        /// Interim (1xx) responses from origins relayed to clients (102,
+        /// 103 Early Hints, an unsolicited 100; none to HTTP/1.0 clients).
+        #[serde(default)]
+        interim_relayed: u64 => Counter, Add, None, "Interim (1xx) responses from origins relayed to clients.",
+            prom "portico_upstream_interim_responses_total", xml "upstream-bucket" "countInterimResponses";
+        /// Connections upgraded (RFC 9110 7.8): a `101 Switching
+        /// Protocols` relayed, then bytes both ways (WebSocket).
+        #[serde(default)]
+        upgrades: u64 => Counter, Add, None, "Connections upgraded to another protocol (101 Switching Protocols relayed, e.g. WebSocket).",
+            prom "portico_upstream_upgrades_total", xml "upstream-bucket" "countUpgrades";
     }
 }
 

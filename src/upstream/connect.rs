@@ -170,6 +170,10 @@ pub struct UpstreamStats {
     pub response_timeouts: AtomicU64,
     /// Other failures before a response head.
     pub other_errors: AtomicU64,
+    /// Interim (1xx) responses relayed to clients.
+    pub interim_relayed: AtomicU64,
+    /// Connections upgraded (a 101 relayed, then bytes both ways).
+    pub upgrades: AtomicU64,
     /// Time to open a connection.
     pub connect_time: Histogram,
     /// Time to the response head (a new connection's connect included).

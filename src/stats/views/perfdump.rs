@@ -288,6 +288,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "UpstreamInfo:\n{RULE}");
     let _ = writeln!(o, "{:<28} {}", "Requests", u.requests);
     let _ = writeln!(o, "{:<28} {}", "Connections Opened", u.connects);
+    let _ = writeln!(o, "{:<28} {}", "Interim Responses Relayed", u.interim_relayed);
+    let _ = writeln!(o, "{:<28} {}", "Connections Upgraded", u.upgrades);
     let _ = writeln!(
         o,
         "{:<28} {} ({} DNS, {} refused, {} connect timeouts, {} TLS, {} response timeouts, {} other)",

@@ -1,0 +1,94 @@
+//! Interim (1xx) responses from an origin, relayed to the client before
+//! the final response (RFC 9110 15.2: "A proxy MUST forward 1xx responses
+//! unless the proxy itself requested the generation of the 1xx
+//! response"): `102 Processing`, `103 Early Hints` with its `Link` fields,
+//! an unsolicited `100 Continue`. hyper's client reads them while it waits
+//! for the final head and hands each to a callback on the request
+//! (`hyper::ext::on_informational`); the callback runs inside hyper's
+//! connection task and cannot write to the client, so it queues them and
+//! the request's own task writes them out. They are never stored: the
+//! final response is a separate head, and what the cache keeps is built
+//! from it alone (cache-tests `interim-not-cached`,
+//! `interim-no-header-reuse`).
+
+use super::Shared;
+use super::headers::{add_via, remove_framing_lookalikes, strip_hop_by_hop};
+use crate::http1::ResponseWriter;
+use crate::upstream::{ProxyBody, Upstream, UpstreamError};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use std::sync::atomic::Ordering::Relaxed;
+use tokio::sync::mpsc;
+
+/// Interim responses queued while the client takes the earlier ones. An
+/// origin sending more than this before the client reads them loses the
+/// excess: they are hints, and an origin flooding them must not grow
+/// Portico's memory (the first-byte timeout bounds the flood's length).
+const QUEUE: usize = 16;
+
+/// Sends `request` through `upstream` and returns the final response head,
+/// writing every interim response that arrives before it to `out` (when
+/// there is a client: background revalidation has none, and gets hyper's
+/// default, the 1xx dropped).
+pub async fn send(
+    upstream: &Upstream,
+    mut request: Request<ProxyBody>,
+    out: Option<&mut ResponseWriter<'_>>,
+    sh: &Shared,
+) -> Result<Response<Incoming>, UpstreamError> {
+    let Some(out) = out else {
+        return upstream.send(request).await;
+    };
+    let (tx, mut rx) = mpsc::channel::<(StatusCode, HeaderMap)>(QUEUE);
+    hyper::ext::on_informational(&mut request, move |res| {
+        let _ = tx.try_send((res.status(), res.headers().clone()));
+    });
+    let sending = upstream.send(request);
+    tokio::pin!(sending);
+    let mut client_ok = true;
+    let result = loop {
+        tokio::select! {
+            // The final head wins a tie only after the interim ones queued
+            // before it: hyper calls back before it hands over the head.
+            biased;
+            Some((status, headers)) = rx.recv() => {
+                client_ok = client_ok && relay(out, upstream, sh, status, headers).await;
+            }
+            r = &mut sending => break r,
+        }
+    };
+    if result.is_ok() {
+        while let Ok((status, headers)) = rx.try_recv() {
+            client_ok = client_ok && relay(out, upstream, sh, status, headers).await;
+        }
+    }
+    result
+}
+
+/// Writes one interim response to the client; false once the client
+/// connection failed (the final response will fail too, and end it).
+async fn relay(
+    out: &mut ResponseWriter<'_>,
+    upstream: &Upstream,
+    sh: &Shared,
+    status: StatusCode,
+    mut headers: HeaderMap,
+) -> bool {
+    strip_hop_by_hop(&mut headers);
+    remove_framing_lookalikes(&mut headers);
+    // RFC 9110 7.6.3: a proxy sends Via in each message it forwards.
+    add_via(&mut headers, Version::HTTP_11, &sh.config.proxy.via);
+    match out.send_interim(status, &headers).await {
+        Ok(sent) => {
+            if sent {
+                upstream.stats().0.interim_relayed.fetch_add(1, Relaxed);
+            }
+            true
+        }
+        Err(e) => {
+            tracing::debug!("relaying a {status} to the client failed: {e}");
+            out.close_after();
+            false
+        }
+    }
+}
