@@ -22,9 +22,10 @@
 //! 4. **revalidate**: send the request upstream with
 //!    [`conditional_headers`] and classify the answer with [`revalidation`]:
 //!    `NotModified` → [`update_from_304`], store the updated metadata, serve
-//!    it (3); `Replace` → a fetched response (5); `ServerError` → serve the
-//!    stored response while `now <= stale_if_error_until`, else pass the
-//!    error on; `Mismatch` → fetch again without the conditional headers.
+//!    it (3); `Replace` → a fetched response (5); `ServerError` (or no
+//!    answer at all: [`is_origin_error`]) → serve the stored response while
+//!    `now <= stale_if_error_until`, else pass the error on; `Mismatch` →
+//!    fetch again without the conditional headers.
 //! 5. **fetch and store**: [`Policy::storable`] says whether an origin
 //!    response may be stored, or why not; store it as a [`StoredMeta`] whose
 //!    `variant` is `variant_of(vary_fields(response), request)` and whose
@@ -82,6 +83,8 @@ pub struct Policy {
     min_ttl: u64,
     max_ttl: Option<u64>,
     set_cookie: SetCookie,
+    /// `cache.max_stale_on_error` in seconds; 0: none beyond `stale-if-error`.
+    max_stale_on_error: u64,
 }
 
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
@@ -114,10 +117,13 @@ pub enum Decision {
         /// Why, for logs: "stale", "request no-cache", "response no-cache",
         /// "request max-age", "request min-fresh".
         reason: &'static str,
-        /// When `stale-if-error` (RFC 5861, response or request) applies:
+        /// When `stale-if-error` (RFC 5861, response or request) or
+        /// `cache.max_stale_on_error` (RFC 9111 4.2.4, disconnected) applies:
         /// if the origin cannot be reached or answers 500, 502, 503 or 504
-        /// at a time `<=` this one, serve the stored response instead.
-        /// `None` when the stored response must not be served on errors.
+        /// ([`is_origin_error`]) at a time `<=` this one, serve the stored
+        /// response instead. `None` when the stored response must not be
+        /// served on errors (`no-cache`, `must-revalidate`,
+        /// `proxy-revalidate`, `s-maxage`; or no window).
         stale_if_error_until: Option<SystemTime>,
     },
     /// The request has `only-if-cached` (RFC 9111 5.2.1.7) and the stored
@@ -163,6 +169,7 @@ impl Policy {
             min_ttl: cfg.min_ttl.get().as_secs(),
             max_ttl,
             set_cookie: cfg.set_cookie,
+            max_stale_on_error: cfg.max_stale_on_error.get().as_secs(),
         })
     }
 
@@ -349,14 +356,23 @@ impl Policy {
         let stale_if_error_until = if no_stale {
             None
         } else {
-            // RFC 5861 4: stale-if-error in the response or the request.
-            let window = match (
+            // RFC 5861 4: stale-if-error in the response or the request;
+            // 4.2.4: a disconnected cache may serve stale, for as long as the
+            // operator allows (`max_stale_on_error`), within the request's
+            // `max-stale=N` when it sets one (the staleness it accepts).
+            let configured = (self.max_stale_on_error > 0).then(|| match rq.value("max-stale") {
+                Some(Some(value)) => parse_delta(value.as_bytes())
+                    .map_or(self.max_stale_on_error, |max| max.min(self.max_stale_on_error)),
+                _ => self.max_stale_on_error,
+            });
+            let window = [
                 rs.delta("stale-if-error").flatten(),
                 rq.delta("stale-if-error").flatten(),
-            ) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
+                configured,
+            ]
+            .into_iter()
+            .flatten()
+            .max();
             window.map(|window| {
                 let stale_at = secs(now).saturating_add(lifetime).saturating_sub(age);
                 UNIX_EPOCH + Duration::from_secs(stale_at.saturating_add(window))
@@ -710,9 +726,19 @@ pub fn revalidation(meta: &StoredMeta, status: StatusCode, resp_headers: &Header
                 Revalidation::Mismatch
             }
         }
-        500 | 502 | 503 | 504 => Revalidation::ServerError,
+        _ if is_origin_error(status) => Revalidation::ServerError,
         _ => Revalidation::Replace,
     }
+}
+
+/// Whether `status`, answered by the origin or made by Portico for an origin
+/// that could not be reached (502 refused, reset or closed without an
+/// answer; 504 timed out), is an error a stored response may stand in for:
+/// 500, 502, 503 or 504, the errors of RFC 5861 4 (`stale-if-error`), which
+/// RFC 9111 4.2.4 calls being disconnected. Not 4xx, nor 508 (a forwarding
+/// loop is a configuration error, not the origin's).
+pub fn is_origin_error(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
 /// Fields a 304 never updates: framing and content coding describe the
@@ -1253,8 +1279,11 @@ mod tests {
         }
     }
 
+    /// The defaults, but no `max_stale_on_error`: most tests compare whole
+    /// decisions, and the window it adds to every revalidation has tests of
+    /// its own (`a_disconnected_cache_*`).
     fn policy() -> Policy {
-        Policy::new(&CacheConfig::default()).unwrap()
+        policy_with(|c| c.max_stale_on_error = Dur::secs(0))
     }
 
     fn policy_with(f: impl FnOnce(&mut CacheConfig)) -> Policy {
@@ -2034,6 +2063,98 @@ mod tests {
         // Response no-cache forbids it.
         let m = meta(&[("cache-control", "no-cache, stale-if-error=300")]);
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+    }
+
+    fn stale_on_error_until(p: &Policy, req: &HeaderMap, m: &StoredMeta, now: SystemTime) -> Option<SystemTime> {
+        match p.evaluate(req, m, now) {
+            Decision::Revalidate {
+                stale_if_error_until, ..
+            } => stale_if_error_until,
+            other => panic!("expected a revalidation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_disconnected_cache_may_serve_a_stale_response_for_max_stale_on_error_past_its_expiry() {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(3600));
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        // Stale at 60: servable on error until 60 + 3600, whenever asked.
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(3660)));
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(3000)), Some(t(3660)));
+        // A fresh response revalidated at the client's request, too.
+        let no_cache = hm(&[("cache-control", "no-cache")]);
+        assert_eq!(stale_on_error_until(&p, &no_cache, &m, t(5)), Some(t(3660)));
+        // A response without any lifetime (a validator only) is stale at once.
+        let m = meta(&[("date", &http_date(0)), ("etag", "\"v1\"")]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(10)), Some(t(3600)));
+        // The defaults allow a week, as Squid's max_stale.
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        assert_eq!(
+            stale_on_error_until(&policy_with(|_| {}), &HeaderMap::new(), &m, t(100)),
+            Some(t(60 + 7 * 24 * 3600))
+        );
+    }
+
+    #[test]
+    fn a_disconnected_cache_must_not_serve_stale_when_must_revalidate_proxy_revalidate_s_maxage_or_no_cache_forbid_it()
+    {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(3600));
+        for cc in [
+            "max-age=60, must-revalidate",
+            "max-age=60, proxy-revalidate",
+            "s-maxage=60",
+            "max-age=60, s-maxage=2",
+            "max-age=60, no-cache",
+            "no-cache=\"set-cookie\", max-age=60",
+        ] {
+            let m = meta(&[("date", &http_date(0)), ("cache-control", cc)]);
+            assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), None, "{cc}");
+            // Not even when the client asks for it.
+            let req = hm(&[("cache-control", "stale-if-error=600")]);
+            assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), None, "{cc}");
+        }
+    }
+
+    #[test]
+    fn max_stale_on_error_of_zero_leaves_only_what_stale_if_error_allows() {
+        let p = policy();
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), None);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-if-error=30"),
+        ]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(90)));
+    }
+
+    #[test]
+    fn the_longest_of_stale_if_error_and_max_stale_on_error_applies_within_the_requests_max_stale() {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(100));
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-if-error=300"),
+        ]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(360)));
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        let req = hm(&[("cache-control", "stale-if-error=500")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(560)));
+        // RFC 9111 5.2.1.2: a client that accepts only so much staleness
+        // (max-stale=N) is not served more on error by the configuration.
+        let req = hm(&[("cache-control", "max-stale=20")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(80)));
+        // An invalid max-stale is ignored.
+        let req = hm(&[("cache-control", "max-stale=x")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(160)));
+    }
+
+    #[test]
+    fn errors_a_stored_response_may_stand_in_for_are_500_502_503_and_504() {
+        for code in [500, 502, 503, 504] {
+            assert!(is_origin_error(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [200, 304, 400, 404, 408, 413, 501, 505, 508] {
+            assert!(!is_origin_error(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
     }
 
     #[test]

@@ -800,6 +800,9 @@ pub struct CacheOverrides {
     /// As `cache.set_cookie`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub set_cookie: Option<SetCookie>,
+    /// As `cache.max_stale_on_error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stale_on_error: Option<Dur>,
 }
 
 impl CacheOverrides {
@@ -826,6 +829,9 @@ impl CacheOverrides {
         }
         if let Some(v) = self.set_cookie {
             c.set_cookie = v;
+        }
+        if let Some(v) = self.max_stale_on_error {
+            c.max_stale_on_error = v;
         }
         c
     }
@@ -930,6 +936,10 @@ pub struct CacheConfig {
     pub max_ttl: Dur,
     /// Responses with `Set-Cookie`: no-store | strip | store.
     pub set_cookie: SetCookie,
+    /// How long past its expiry a stored response may be served when the
+    /// origin cannot be reached or answers 500, 502, 503 or 504 (RFC 9111
+    /// 4.2.4, as Squid's `max_stale`); 0 = only where `stale-if-error` says.
+    pub max_stale_on_error: Dur,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -968,6 +978,7 @@ impl Default for CacheConfig {
             min_ttl: Dur::secs(0),
             max_ttl: Dur::secs(0),
             set_cookie: SetCookie::NoStore,
+            max_stale_on_error: Dur::secs(7 * 24 * 3600),
         }
     }
 }
