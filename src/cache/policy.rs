@@ -85,6 +85,12 @@ pub struct Policy {
     set_cookie: SetCookie,
     /// `cache.max_stale_on_error` in seconds; 0: none beyond `stale-if-error`.
     max_stale_on_error: u64,
+    /// The targeted cache-control fields (RFC 9213) this policy obeys, in
+    /// order of precedence: `cache.targeted_fields` for the policies of
+    /// reverse listeners ([`Policy::targeted`]), none for the others.
+    targeted: Vec<HeaderName>,
+    /// `cache.strip_targeted_fields` (acts only with `targeted`).
+    strip_targeted: bool,
 }
 
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
@@ -170,7 +176,46 @@ impl Policy {
             max_ttl,
             set_cookie: cfg.set_cookie,
             max_stale_on_error: cfg.max_stale_on_error.get().as_secs(),
+            targeted: Vec::new(),
+            strip_targeted: cfg.strip_targeted_fields,
         })
+    }
+
+    /// This policy, obeying the targeted cache-control fields of `cfg`
+    /// (`cache.targeted_fields`, RFC 9213) as a CDN does: the policy of
+    /// reverse listeners. Fails on a name that is not a field name.
+    pub fn targeted(mut self, cfg: &CacheConfig) -> Result<Policy, String> {
+        self.targeted = cfg
+            .targeted_fields
+            .iter()
+            .map(|name| {
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("cache.targeted_fields: {name:?} is not a header field name"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// Removes the targeted fields this policy obeys from a response about
+    /// to be sent, when `cache.strip_targeted_fields` says so (they were
+    /// meant for this cache alone); else they are passed on, as RFC 9213
+    /// lets every CDN on the way use `CDN-Cache-Control`.
+    pub fn strip_targeted(&self, headers: &mut HeaderMap) {
+        if self.strip_targeted {
+            for name in &self.targeted {
+                headers.remove(name);
+            }
+        }
+    }
+
+    /// The response's cache directives (RFC 9213 2.2): those of the first
+    /// targeted field, in the order of [`Policy::targeted`], with a valid
+    /// (RFC 8941 Dictionary), non-empty value; else `Cache-Control`'s.
+    fn response_directives(&self, headers: &HeaderMap) -> Directives {
+        self.targeted
+            .iter()
+            .find_map(|name| targeted_directives(headers, name))
+            .unwrap_or_else(|| Directives::of(headers))
     }
 
     /// Takes out of `headers` the fields that must not reach any client
@@ -237,7 +282,7 @@ impl Policy {
             return Err(NotStorable("URL has a query string (cache_query = false)"));
         }
         let rq = Directives::of(req_headers);
-        let rs = Directives::of(resp_headers);
+        let rs = self.response_directives(resp_headers);
         if !self.ignore_no_store {
             if rq.has("no-store") {
                 return Err(NotStorable("request Cache-Control: no-store"));
@@ -266,7 +311,7 @@ impl Policy {
         if vary_fields(resp_headers).is_none() {
             return Err(NotStorable("Vary: *"));
         }
-        let explicit = rs.has("s-maxage") || rs.has("max-age") || resp_headers.contains_key(header::EXPIRES);
+        let explicit = rs.has("s-maxage") || rs.has("max-age") || (!rs.1 && resp_headers.contains_key(header::EXPIRES));
         if !(heuristically_cacheable(status) || explicit || rs.has("public")) {
             return Err(NotStorable("status not cacheable by default and no explicit freshness"));
         }
@@ -296,7 +341,7 @@ impl Policy {
 
     /// Lifetime in seconds; `date` is the Date value in seconds.
     fn lifetime(&self, key: &str, status: StatusCode, headers: &HeaderMap, date: u64) -> u64 {
-        self.lifetime_with(key, status, headers, &Directives::of(headers), date)
+        self.lifetime_with(key, status, headers, &self.response_directives(headers), date)
     }
 
     /// `lifetime` with the response's Cache-Control already parsed.
@@ -342,7 +387,7 @@ impl Policy {
     /// revalidation becomes `GatewayTimeout`.
     pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
         let rq = Directives::of(req_headers);
-        let rs = Directives::of(&meta.headers);
+        let rs = self.response_directives(&meta.headers);
         // 5.1: an invalid Age makes the response stale: an age beyond any lifetime.
         let age = if age_is_invalid(meta) {
             current_age_secs(meta, now).max(DELTA_MAX)
@@ -502,6 +547,10 @@ fn explicit_lifetime(cc: &Directives, headers: &HeaderMap, date: u64) -> Option<
     }
     if let Some(value) = cc.freshness_delta("max-age") {
         return Some(value);
+    }
+    // RFC 9213 2.2: a targeted field's directives replace Expires too.
+    if cc.1 {
+        return None;
     }
     // 5.3: an invalid Expires (e.g. "0") means already expired.
     let expires = headers.get(header::EXPIRES)?;
@@ -1138,9 +1187,49 @@ pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
         .and_then(|v| etag_list(v.as_bytes()).into_iter().next())
 }
 
+/// The directives of the targeted field `name` (RFC 9213): all its field
+/// lines as one RFC 8941 Dictionary (2.1); `None` when absent, empty or
+/// invalid (a parse failure ignores the whole field, which then does not
+/// count). A member's value is kept as text: an Integer as its digits, a
+/// String or Token as itself; a member without a value (`private`, Boolean
+/// true) has none, one set to false (`?0`) is left out, and any other value
+/// (Decimal, Byte Sequence, Inner List, ...) is kept as text no directive
+/// accepts (`max-age=1.5` is an invalid `max-age`: stale).
+fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?;
+    let mut text = first.as_bytes().to_vec();
+    for line in lines {
+        text.extend_from_slice(b", ");
+        text.extend_from_slice(line.as_bytes());
+    }
+    let dict = sfv::Parser::new(&text).parse::<sfv::Dictionary>().ok()?;
+    if dict.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(dict.len());
+    for (key, entry) in &dict {
+        let value = match entry {
+            sfv::ListEntry::Item(item) => match &item.bare_item {
+                sfv::BareItem::Boolean(true) => None,
+                sfv::BareItem::Boolean(false) => continue,
+                sfv::BareItem::Integer(n) => Some(n.to_string()),
+                sfv::BareItem::String(v) => Some(v.as_str().to_string()),
+                sfv::BareItem::Token(v) => Some(v.as_str().to_string()),
+                _ => Some("?".to_string()),
+            },
+            sfv::ListEntry::InnerList(_) => Some("?".to_string()),
+        };
+        out.push((key.as_str().to_string(), value));
+    }
+    Some(Directives(out, true))
+}
+
 /// Cache-Control directives of all field lines, in order: lower-cased names
 /// and unquoted values.
-struct Directives(Vec<(String, Option<String>)>);
+/// The second field: the directives come from a targeted field (RFC 9213),
+/// so `Expires` is ignored with `Cache-Control`.
+struct Directives(Vec<(String, Option<String>)>, bool);
 
 impl Directives {
     fn of(headers: &HeaderMap) -> Directives {
@@ -1148,7 +1237,7 @@ impl Directives {
         for value in headers.get_all(header::CACHE_CONTROL) {
             parse_directives(value.as_bytes(), &mut out);
         }
-        Directives(out)
+        Directives(out, false)
     }
 
     fn has(&self, name: &str) -> bool {
@@ -2155,6 +2244,212 @@ mod tests {
         for code in [200, 304, 400, 404, 408, 413, 501, 505, 508] {
             assert!(!is_origin_error(StatusCode::from_u16(code).unwrap()), "{code}");
         }
+    }
+
+    /// A reverse listener's policy: `targets` (none: `cache.targeted_fields`'s default).
+    fn cdn(targets: &[&str]) -> Policy {
+        let mut cfg = CacheConfig::default();
+        if !targets.is_empty() {
+            cfg.targeted_fields = targets.iter().map(|t| t.to_string()).collect();
+        }
+        Policy::new(&cfg).unwrap().targeted(&cfg).unwrap()
+    }
+
+    #[test]
+    fn a_cache_uses_the_targeted_field_and_ignores_cache_control_and_expires() {
+        // RFC 9213 2.2: the first targeted field with a valid, non-empty value
+        // determines the caching policy; Cache-Control and Expires are ignored.
+        let p = cdn(&[]);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("expires", &http_date(1000)),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 600);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(500)), Decision::Fresh);
+        // Shorter than Cache-Control's, and Expires alone is ignored too.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=600"),
+            ("cdn-cache-control", "max-age=5"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 5);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("expires", &http_date(1000)),
+            ("cdn-cache-control", "public"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 0);
+        // Several field lines make one Dictionary.
+        let mut m = meta(&[("date", &http_date(0)), ("cdn-cache-control", "public")]);
+        m.headers
+            .append("cdn-cache-control", HeaderValue::from_static("max-age=60"));
+        assert_eq!(lifetime(&p, &m), 60);
+    }
+
+    #[test]
+    fn a_cache_that_is_not_a_target_ignores_the_targeted_field() {
+        // A forward proxy is no CDN: its policy has no targets.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&policy(), &m), 10);
+        // Nor does a CDN obey a field that is not on its target list.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("other-cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&cdn(&[]), &m), 10);
+    }
+
+    #[test]
+    fn the_first_field_in_target_list_order_with_a_valid_non_empty_value_is_used() {
+        let p = cdn(&["Portico-Cache-Control", "CDN-Cache-Control"]);
+        let both = meta(&[
+            ("date", &http_date(0)),
+            ("cdn-cache-control", "max-age=60"),
+            ("portico-cache-control", "max-age=30"),
+        ]);
+        assert_eq!(lifetime(&p, &both), 30);
+        let invalid_first = meta(&[
+            ("date", &http_date(0)),
+            ("cdn-cache-control", "max-age=60"),
+            ("portico-cache-control", "max-age =30"),
+        ]);
+        assert_eq!(lifetime(&p, &invalid_first), 60);
+    }
+
+    #[test]
+    fn a_targeted_field_that_fails_to_parse_as_a_dictionary_or_is_empty_is_ignored() {
+        // RFC 9213 2.1: invalid fields are ignored, as if absent: Cache-Control
+        // applies.
+        let p = cdn(&[]);
+        for bad in [
+            "max-age =600",
+            "max-age= 600",
+            "max-age=600,",
+            "Max-Age=600",
+            "max-age=\"600",
+            "max-age=600;;",
+            "",
+            "   ",
+            "max-age=99999999999999999",
+            "\u{7f}",
+        ] {
+            let Ok(value) = HeaderValue::from_str(bad) else {
+                continue;
+            };
+            let mut m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=10")]);
+            m.headers.insert("cdn-cache-control", value);
+            assert_eq!(lifetime(&p, &m), 10, "{bad:?}");
+        }
+        let mut m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=10")]);
+        m.headers.insert(
+            "cdn-cache-control",
+            HeaderValue::from_bytes(b"max-age=600, \xff").unwrap(),
+        );
+        assert_eq!(lifetime(&p, &m), 10);
+        // Valid structure, invalid directive value: an invalid max-age (stale).
+        for odd in [
+            "max-age=1.5",
+            "max-age=-1",
+            "max-age=:AAA=:",
+            "max-age=(1 2)",
+            "max-age=?1",
+        ] {
+            let m = meta(&[
+                ("date", &http_date(0)),
+                ("cache-control", "max-age=10"),
+                ("cdn-cache-control", odd),
+            ]);
+            assert_eq!(lifetime(&p, &m), 0, "{odd:?}");
+        }
+        // Strings and tokens are values as in Cache-Control.
+        let m = meta(&[("date", &http_date(0)), ("cdn-cache-control", "max-age=\"60\"")]);
+        assert_eq!(lifetime(&p, &m), 60);
+    }
+
+    #[test]
+    fn a_cache_implements_max_age_must_revalidate_no_store_no_cache_and_private_in_the_targeted_field() {
+        let p = cdn(&[]);
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "max-age=60"), ("cdn-cache-control", "no-store")]
+            )
+            .is_err()
+        );
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "max-age=60"), ("cdn-cache-control", "private")]
+            )
+            .is_err()
+        );
+        // Cache-Control's no-store and private are ignored when the targeted field is used.
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "no-store"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_ok()
+        );
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "private"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_ok()
+        );
+        // A private or no-store the cache is not a target of still holds.
+        assert!(
+            store(
+                &policy(),
+                &[],
+                200,
+                &[("cache-control", "private"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_err()
+        );
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=600"),
+            ("cdn-cache-control", "max-age=600, no-cache"),
+        ]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(0))
+            .targeted(&CacheConfig::default())
+            .unwrap();
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-while-revalidate=600"),
+            ("cdn-cache-control", "max-age=60, must-revalidate"),
+        ]);
+        assert_eq!(
+            p.evaluate(&hm(&[("cache-control", "max-stale")]), &m, t(61)),
+            revalidate("stale")
+        );
+        assert!(
+            Policy::new(&CacheConfig::default())
+                .unwrap()
+                .targeted(&CacheConfig {
+                    targeted_fields: vec!["bad name".into()],
+                    ..CacheConfig::default()
+                })
+                .is_err()
+        );
     }
 
     #[test]

@@ -77,7 +77,11 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     else {
         return Box::pin(forward(ex, sh, &dest)).await;
     };
-    let policy = cache.policy_for(dest.cache_rule);
+    let policy = if dest.reverse {
+        cache.reverse_policy_for(dest.cache_rule)
+    } else {
+        cache.policy_for(dest.cache_rule)
+    };
     let key = key_for(cache, sh, &dest);
     let now = SystemTime::now();
     let mut tx = Transaction {
@@ -517,6 +521,7 @@ impl Transaction<'_, '_> {
             length,
             ..
         } = head;
+        self.policy.strip_targeted(&mut headers);
         if let Some(name) = &self.cache.status_header {
             headers.insert(name.clone(), CacheStatus::Miss.value());
         }
@@ -612,6 +617,7 @@ impl Transaction<'_, '_> {
         let mut headers = meta.headers;
         // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
         self.policy.take_unshared(&mut headers);
+        self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, age);
         if let Some(name) = &self.cache.status_header {
             headers.insert(name.clone(), CacheStatus::Hit.value());
@@ -700,7 +706,11 @@ impl Background {
         let _leader = leader;
         let Some(cache) = self.sh.cache.as_ref() else { return };
         cache.stats.revalidation();
-        let policy = cache.policy_for(self.dest.cache_rule);
+        let policy = if self.dest.reverse {
+            cache.reverse_policy_for(self.dest.cache_rule)
+        } else {
+            cache.policy_for(self.dest.cache_rule)
+        };
         let conditional = policy::conditional_headers(&self.meta);
         let Ok((fetched, _)) = fetch_timed(&self.sh, &self.head, self.client, &self.dest, Some(&conditional)).await
         else {
@@ -804,6 +814,7 @@ impl Transaction<'_, '_> {
         let (ex, cache) = (&mut *self.ex, self.cache);
         let now = SystemTime::now();
         let mut headers = stored.meta.headers.clone();
+        self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&stored.meta, now));
         let x_cache = |h: &mut HeaderMap| {
             if let Some(name) = &cache.status_header {

@@ -555,6 +555,7 @@ impl ListenerHandler {
             reply,
             parent_auth,
             relay_challenge,
+            reverse: self.mode == Mode::Reverse,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
