@@ -22,9 +22,10 @@
 //! 4. **revalidate**: send the request upstream with
 //!    [`conditional_headers`] and classify the answer with [`revalidation`]:
 //!    `NotModified` → [`update_from_304`], store the updated metadata, serve
-//!    it (3); `Replace` → a fetched response (5); `ServerError` → serve the
-//!    stored response while `now <= stale_if_error_until`, else pass the
-//!    error on; `Mismatch` → fetch again without the conditional headers.
+//!    it (3); `Replace` → a fetched response (5); `ServerError` (or no
+//!    answer at all: [`is_origin_error`]) → serve the stored response while
+//!    `now <= stale_if_error_until`, else pass the error on; `Mismatch` →
+//!    fetch again without the conditional headers.
 //! 5. **fetch and store**: [`Policy::storable`] says whether an origin
 //!    response may be stored, or why not; store it as a [`StoredMeta`] whose
 //!    `variant` is `variant_of(vary_fields(response), request)` and whose
@@ -84,6 +85,14 @@ pub struct Policy {
     min_ttl: u64,
     max_ttl: Option<u64>,
     set_cookie: SetCookie,
+    /// `cache.max_stale_on_error` in seconds; 0: none beyond `stale-if-error`.
+    max_stale_on_error: u64,
+    /// The targeted cache-control fields (RFC 9213) this policy obeys, in
+    /// order of precedence: `cache.targeted_fields` for the policies of
+    /// reverse listeners ([`Policy::targeted`]), none for the others.
+    targeted: Vec<HeaderName>,
+    /// `cache.strip_targeted_fields` (acts only with `targeted`).
+    strip_targeted: bool,
 }
 
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
@@ -116,10 +125,13 @@ pub enum Decision {
         /// Why, for logs: "stale", "request no-cache", "response no-cache",
         /// "request max-age", "request min-fresh".
         reason: &'static str,
-        /// When `stale-if-error` (RFC 5861, response or request) applies:
+        /// When `stale-if-error` (RFC 5861, response or request) or
+        /// `cache.max_stale_on_error` (RFC 9111 4.2.4, disconnected) applies:
         /// if the origin cannot be reached or answers 500, 502, 503 or 504
-        /// at a time `<=` this one, serve the stored response instead.
-        /// `None` when the stored response must not be served on errors.
+        /// ([`is_origin_error`]) at a time `<=` this one, serve the stored
+        /// response instead. `None` when the stored response must not be
+        /// served on errors (`no-cache`, `must-revalidate`,
+        /// `proxy-revalidate`, `s-maxage`; or no window).
         stale_if_error_until: Option<SystemTime>,
     },
     /// The request has `only-if-cached` (RFC 9111 5.2.1.7) and the stored
@@ -170,7 +182,47 @@ impl Policy {
             min_ttl: cfg.min_ttl.get().as_secs(),
             max_ttl,
             set_cookie: cfg.set_cookie,
+            max_stale_on_error: cfg.max_stale_on_error.get().as_secs(),
+            targeted: Vec::new(),
+            strip_targeted: cfg.strip_targeted_fields,
         })
+    }
+
+    /// This policy, obeying the targeted cache-control fields of `cfg`
+    /// (`cache.targeted_fields`, RFC 9213) as a CDN does: the policy of
+    /// reverse listeners. Fails on a name that is not a field name.
+    pub fn targeted(mut self, cfg: &CacheConfig) -> Result<Policy, String> {
+        self.targeted = cfg
+            .targeted_fields
+            .iter()
+            .map(|name| {
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("cache.targeted_fields: {name:?} is not a header field name"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// Removes the targeted fields this policy obeys from a response about
+    /// to be sent, when `cache.strip_targeted_fields` says so (they were
+    /// meant for this cache alone); else they are passed on, as RFC 9213
+    /// lets every CDN on the way use `CDN-Cache-Control`.
+    pub fn strip_targeted(&self, headers: &mut HeaderMap) {
+        if self.strip_targeted {
+            for name in &self.targeted {
+                headers.remove(name);
+            }
+        }
+    }
+
+    /// The response's cache directives (RFC 9213 2.2): those of the first
+    /// targeted field, in the order of [`Policy::targeted`], with a valid
+    /// (RFC 8941 Dictionary), non-empty value; else `Cache-Control`'s.
+    fn response_directives(&self, headers: &HeaderMap) -> Directives {
+        self.targeted
+            .iter()
+            .find_map(|name| targeted_directives(headers, name))
+            .unwrap_or_else(|| Directives::of(headers))
     }
 
     /// Takes out of `headers` the fields that must not reach any client
@@ -237,7 +289,7 @@ impl Policy {
             return Err(NotStorable("URL has a query string (cache_query = false)"));
         }
         let rq = Directives::of(req_headers);
-        let rs = Directives::of(resp_headers);
+        let rs = self.response_directives(resp_headers);
         if !self.ignore_no_store {
             if rq.has("no-store") {
                 return Err(NotStorable("request Cache-Control: no-store"));
@@ -266,7 +318,7 @@ impl Policy {
         if vary_fields(resp_headers).is_none() {
             return Err(NotStorable("Vary: *"));
         }
-        let explicit = rs.has("s-maxage") || rs.has("max-age") || resp_headers.contains_key(header::EXPIRES);
+        let explicit = rs.has("s-maxage") || rs.has("max-age") || (!rs.1 && resp_headers.contains_key(header::EXPIRES));
         if !(heuristically_cacheable(status) || explicit || rs.has("public")) {
             return Err(NotStorable("status not cacheable by default and no explicit freshness"));
         }
@@ -298,7 +350,7 @@ impl Policy {
 
     /// Lifetime in seconds; `date` is the Date value in seconds.
     fn lifetime(&self, key: &str, status: StatusCode, headers: &HeaderMap, date: u64) -> u64 {
-        self.lifetime_with(key, status, headers, &Directives::of(headers), date)
+        self.lifetime_with(key, status, headers, &self.response_directives(headers), date)
     }
 
     /// `lifetime` with the response's Cache-Control already parsed.
@@ -344,7 +396,7 @@ impl Policy {
     /// revalidation becomes `GatewayTimeout`.
     pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
         let rq = Directives::of(req_headers);
-        let rs = Directives::of(&meta.headers);
+        let rs = self.response_directives(&meta.headers);
         // 5.1: an invalid Age makes the response stale: an age beyond any lifetime.
         let age = if age_is_invalid(meta) {
             current_age_secs(meta, now).max(DELTA_MAX)
@@ -358,14 +410,23 @@ impl Policy {
         let stale_if_error_until = if no_stale {
             None
         } else {
-            // RFC 5861 4: stale-if-error in the response or the request.
-            let window = match (
+            // RFC 5861 4: stale-if-error in the response or the request;
+            // 4.2.4: a disconnected cache may serve stale, for as long as the
+            // operator allows (`max_stale_on_error`), within the request's
+            // `max-stale=N` when it sets one (the staleness it accepts).
+            let configured = (self.max_stale_on_error > 0).then(|| match rq.value("max-stale") {
+                Some(Some(value)) => parse_delta(value.as_bytes())
+                    .map_or(self.max_stale_on_error, |max| max.min(self.max_stale_on_error)),
+                _ => self.max_stale_on_error,
+            });
+            let window = [
                 rs.delta("stale-if-error").flatten(),
                 rq.delta("stale-if-error").flatten(),
-            ) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
+                configured,
+            ]
+            .into_iter()
+            .flatten()
+            .max();
             window.map(|window| {
                 let stale_at = secs(now).saturating_add(lifetime).saturating_sub(age);
                 UNIX_EPOCH + Duration::from_secs(stale_at.saturating_add(window))
@@ -495,6 +556,10 @@ fn explicit_lifetime(cc: &Directives, headers: &HeaderMap, date: u64) -> Option<
     }
     if let Some(value) = cc.freshness_delta("max-age") {
         return Some(value);
+    }
+    // RFC 9213 2.2: a targeted field's directives replace Expires too.
+    if cc.1 {
+        return None;
     }
     // 5.3: an invalid Expires (e.g. "0") means already expired.
     let expires = headers.get(header::EXPIRES)?;
@@ -719,9 +784,19 @@ pub fn revalidation(meta: &StoredMeta, status: StatusCode, resp_headers: &Header
                 Revalidation::Mismatch
             }
         }
-        500 | 502 | 503 | 504 => Revalidation::ServerError,
+        _ if is_origin_error(status) => Revalidation::ServerError,
         _ => Revalidation::Replace,
     }
+}
+
+/// Whether `status`, answered by the origin or made by Portico for an origin
+/// that could not be reached (502 refused, reset or closed without an
+/// answer; 504 timed out), is an error a stored response may stand in for:
+/// 500, 502, 503 or 504, the errors of RFC 5861 4 (`stale-if-error`), which
+/// RFC 9111 4.2.4 calls being disconnected. Not 4xx, nor 508 (a forwarding
+/// loop is a configuration error, not the origin's).
+pub fn is_origin_error(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
 /// Fields a 304 never updates: framing and content coding describe the
@@ -1121,9 +1196,49 @@ pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
         .and_then(|v| etag_list(v.as_bytes()).into_iter().next())
 }
 
+/// The directives of the targeted field `name` (RFC 9213): all its field
+/// lines as one RFC 8941 Dictionary (2.1); `None` when absent, empty or
+/// invalid (a parse failure ignores the whole field, which then does not
+/// count). A member's value is kept as text: an Integer as its digits, a
+/// String or Token as itself; a member without a value (`private`, Boolean
+/// true) has none, one set to false (`?0`) is left out, and any other value
+/// (Decimal, Byte Sequence, Inner List, ...) is kept as text no directive
+/// accepts (`max-age=1.5` is an invalid `max-age`: stale).
+fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?;
+    let mut text = first.as_bytes().to_vec();
+    for line in lines {
+        text.extend_from_slice(b", ");
+        text.extend_from_slice(line.as_bytes());
+    }
+    let dict = sfv::Parser::new(&text).parse::<sfv::Dictionary>().ok()?;
+    if dict.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(dict.len());
+    for (key, entry) in &dict {
+        let value = match entry {
+            sfv::ListEntry::Item(item) => match &item.bare_item {
+                sfv::BareItem::Boolean(true) => None,
+                sfv::BareItem::Boolean(false) => continue,
+                sfv::BareItem::Integer(n) => Some(n.to_string()),
+                sfv::BareItem::String(v) => Some(v.as_str().to_string()),
+                sfv::BareItem::Token(v) => Some(v.as_str().to_string()),
+                _ => Some("?".to_string()),
+            },
+            sfv::ListEntry::InnerList(_) => Some("?".to_string()),
+        };
+        out.push((key.as_str().to_string(), value));
+    }
+    Some(Directives(out, true))
+}
+
 /// Cache-Control directives of all field lines, in order: lower-cased names
 /// and unquoted values.
-struct Directives(Vec<(String, Option<String>)>);
+/// The second field: the directives come from a targeted field (RFC 9213),
+/// so `Expires` is ignored with `Cache-Control`.
+struct Directives(Vec<(String, Option<String>)>, bool);
 
 impl Directives {
     fn of(headers: &HeaderMap) -> Directives {
@@ -1131,7 +1246,7 @@ impl Directives {
         for value in headers.get_all(header::CACHE_CONTROL) {
             parse_directives(value.as_bytes(), &mut out);
         }
-        Directives(out)
+        Directives(out, false)
     }
 
     fn has(&self, name: &str) -> bool {
@@ -1262,8 +1377,11 @@ mod tests {
         }
     }
 
+    /// The defaults, but no `max_stale_on_error`: most tests compare whole
+    /// decisions, and the window it adds to every revalidation has tests of
+    /// its own (`a_disconnected_cache_*`).
     fn policy() -> Policy {
-        Policy::new(&CacheConfig::default()).unwrap()
+        policy_with(|c| c.max_stale_on_error = Dur::secs(0))
     }
 
     fn policy_with(f: impl FnOnce(&mut CacheConfig)) -> Policy {
@@ -2060,6 +2178,304 @@ mod tests {
         // Response no-cache forbids it.
         let m = meta(&[("cache-control", "no-cache, stale-if-error=300")]);
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+    }
+
+    fn stale_on_error_until(p: &Policy, req: &HeaderMap, m: &StoredMeta, now: SystemTime) -> Option<SystemTime> {
+        match p.evaluate(req, m, now) {
+            Decision::Revalidate {
+                stale_if_error_until, ..
+            } => stale_if_error_until,
+            other => panic!("expected a revalidation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_disconnected_cache_may_serve_a_stale_response_for_max_stale_on_error_past_its_expiry() {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(3600));
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        // Stale at 60: servable on error until 60 + 3600, whenever asked.
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(3660)));
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(3000)), Some(t(3660)));
+        // A fresh response revalidated at the client's request, too.
+        let no_cache = hm(&[("cache-control", "no-cache")]);
+        assert_eq!(stale_on_error_until(&p, &no_cache, &m, t(5)), Some(t(3660)));
+        // A response without any lifetime (a validator only) is stale at once.
+        let m = meta(&[("date", &http_date(0)), ("etag", "\"v1\"")]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(10)), Some(t(3600)));
+        // The defaults allow a week, as Squid's max_stale.
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        assert_eq!(
+            stale_on_error_until(&policy_with(|_| {}), &HeaderMap::new(), &m, t(100)),
+            Some(t(60 + 7 * 24 * 3600))
+        );
+    }
+
+    #[test]
+    fn a_disconnected_cache_must_not_serve_stale_when_must_revalidate_proxy_revalidate_s_maxage_or_no_cache_forbid_it()
+    {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(3600));
+        for cc in [
+            "max-age=60, must-revalidate",
+            "max-age=60, proxy-revalidate",
+            "s-maxage=60",
+            "max-age=60, s-maxage=2",
+            "max-age=60, no-cache",
+            "no-cache=\"set-cookie\", max-age=60",
+        ] {
+            let m = meta(&[("date", &http_date(0)), ("cache-control", cc)]);
+            assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), None, "{cc}");
+            // Not even when the client asks for it.
+            let req = hm(&[("cache-control", "stale-if-error=600")]);
+            assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), None, "{cc}");
+        }
+    }
+
+    #[test]
+    fn max_stale_on_error_of_zero_leaves_only_what_stale_if_error_allows() {
+        let p = policy();
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), None);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-if-error=30"),
+        ]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(90)));
+    }
+
+    #[test]
+    fn the_longest_of_stale_if_error_and_max_stale_on_error_applies_within_the_requests_max_stale() {
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(100));
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-if-error=300"),
+        ]);
+        assert_eq!(stale_on_error_until(&p, &HeaderMap::new(), &m, t(100)), Some(t(360)));
+        let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
+        let req = hm(&[("cache-control", "stale-if-error=500")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(560)));
+        // RFC 9111 5.2.1.2: a client that accepts only so much staleness
+        // (max-stale=N) is not served more on error by the configuration.
+        let req = hm(&[("cache-control", "max-stale=20")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(80)));
+        // An invalid max-stale is ignored.
+        let req = hm(&[("cache-control", "max-stale=x")]);
+        assert_eq!(stale_on_error_until(&p, &req, &m, t(100)), Some(t(160)));
+    }
+
+    #[test]
+    fn errors_a_stored_response_may_stand_in_for_are_500_502_503_and_504() {
+        for code in [500, 502, 503, 504] {
+            assert!(is_origin_error(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [200, 304, 400, 404, 408, 413, 501, 505, 508] {
+            assert!(!is_origin_error(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+    }
+
+    /// A reverse listener's policy: `targets` (none: `cache.targeted_fields`'s default).
+    fn cdn(targets: &[&str]) -> Policy {
+        let mut cfg = CacheConfig::default();
+        if !targets.is_empty() {
+            cfg.targeted_fields = targets.iter().map(|t| t.to_string()).collect();
+        }
+        Policy::new(&cfg).unwrap().targeted(&cfg).unwrap()
+    }
+
+    #[test]
+    fn a_cache_uses_the_targeted_field_and_ignores_cache_control_and_expires() {
+        // RFC 9213 2.2: the first targeted field with a valid, non-empty value
+        // determines the caching policy; Cache-Control and Expires are ignored.
+        let p = cdn(&[]);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("expires", &http_date(1000)),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 600);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(500)), Decision::Fresh);
+        // Shorter than Cache-Control's, and Expires alone is ignored too.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=600"),
+            ("cdn-cache-control", "max-age=5"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 5);
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("expires", &http_date(1000)),
+            ("cdn-cache-control", "public"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 0);
+        // Several field lines make one Dictionary.
+        let mut m = meta(&[("date", &http_date(0)), ("cdn-cache-control", "public")]);
+        m.headers
+            .append("cdn-cache-control", HeaderValue::from_static("max-age=60"));
+        assert_eq!(lifetime(&p, &m), 60);
+    }
+
+    #[test]
+    fn a_cache_that_is_not_a_target_ignores_the_targeted_field() {
+        // A forward proxy is no CDN: its policy has no targets.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&policy(), &m), 10);
+        // Nor does a CDN obey a field that is not on its target list.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("other-cdn-cache-control", "max-age=600"),
+        ]);
+        assert_eq!(lifetime(&cdn(&[]), &m), 10);
+    }
+
+    #[test]
+    fn the_first_field_in_target_list_order_with_a_valid_non_empty_value_is_used() {
+        let p = cdn(&["Portico-Cache-Control", "CDN-Cache-Control"]);
+        let both = meta(&[
+            ("date", &http_date(0)),
+            ("cdn-cache-control", "max-age=60"),
+            ("portico-cache-control", "max-age=30"),
+        ]);
+        assert_eq!(lifetime(&p, &both), 30);
+        let invalid_first = meta(&[
+            ("date", &http_date(0)),
+            ("cdn-cache-control", "max-age=60"),
+            ("portico-cache-control", "max-age =30"),
+        ]);
+        assert_eq!(lifetime(&p, &invalid_first), 60);
+    }
+
+    #[test]
+    fn a_targeted_field_that_fails_to_parse_as_a_dictionary_or_is_empty_is_ignored() {
+        // RFC 9213 2.1: invalid fields are ignored, as if absent: Cache-Control
+        // applies.
+        let p = cdn(&[]);
+        for bad in [
+            "max-age =600",
+            "max-age= 600",
+            "max-age=600,",
+            "Max-Age=600",
+            "max-age=\"600",
+            "max-age=600;;",
+            "",
+            "   ",
+            "max-age=99999999999999999",
+            "\u{7f}",
+        ] {
+            let Ok(value) = HeaderValue::from_str(bad) else {
+                continue;
+            };
+            let mut m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=10")]);
+            m.headers.insert("cdn-cache-control", value);
+            assert_eq!(lifetime(&p, &m), 10, "{bad:?}");
+        }
+        let mut m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=10")]);
+        m.headers.insert(
+            "cdn-cache-control",
+            HeaderValue::from_bytes(b"max-age=600, \xff").unwrap(),
+        );
+        assert_eq!(lifetime(&p, &m), 10);
+        // Valid structure, invalid directive value: an invalid max-age (stale).
+        for odd in [
+            "max-age=1.5",
+            "max-age=-1",
+            "max-age=:AAA=:",
+            "max-age=(1 2)",
+            "max-age=?1",
+        ] {
+            let m = meta(&[
+                ("date", &http_date(0)),
+                ("cache-control", "max-age=10"),
+                ("cdn-cache-control", odd),
+            ]);
+            assert_eq!(lifetime(&p, &m), 0, "{odd:?}");
+        }
+        // Strings and tokens are values as in Cache-Control.
+        let m = meta(&[("date", &http_date(0)), ("cdn-cache-control", "max-age=\"60\"")]);
+        assert_eq!(lifetime(&p, &m), 60);
+    }
+
+    #[test]
+    fn a_cache_implements_max_age_must_revalidate_no_store_no_cache_and_private_in_the_targeted_field() {
+        let p = cdn(&[]);
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "max-age=60"), ("cdn-cache-control", "no-store")]
+            )
+            .is_err()
+        );
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "max-age=60"), ("cdn-cache-control", "private")]
+            )
+            .is_err()
+        );
+        // Cache-Control's no-store and private are ignored when the targeted field is used.
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "no-store"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_ok()
+        );
+        assert!(
+            store(
+                &p,
+                &[],
+                200,
+                &[("cache-control", "private"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_ok()
+        );
+        // A private or no-store the cache is not a target of still holds.
+        assert!(
+            store(
+                &policy(),
+                &[],
+                200,
+                &[("cache-control", "private"), ("cdn-cache-control", "max-age=60")]
+            )
+            .is_err()
+        );
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=600"),
+            ("cdn-cache-control", "max-age=600, no-cache"),
+        ]);
+        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+        let p = policy_with(|c| c.max_stale_on_error = Dur::secs(0))
+            .targeted(&CacheConfig::default())
+            .unwrap();
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=60, stale-while-revalidate=600"),
+            ("cdn-cache-control", "max-age=60, must-revalidate"),
+        ]);
+        assert_eq!(
+            p.evaluate(&hm(&[("cache-control", "max-stale")]), &m, t(61)),
+            revalidate("stale")
+        );
+        assert!(
+            Policy::new(&CacheConfig::default())
+                .unwrap()
+                .targeted(&CacheConfig {
+                    targeted_fields: vec!["bad name".into()],
+                    ..CacheConfig::default()
+                })
+                .is_err()
+        );
     }
 
     #[test]

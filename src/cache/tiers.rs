@@ -238,6 +238,9 @@ pub struct Cache {
     /// Per-route policies (`cache = {...}` in a `[[rule]]`): None = `policy`;
     /// the flag says whether the route uses the cache at all.
     routes: Vec<(bool, Option<Policy>)>,
+    /// `policy` and the routes' policies as reverse listeners apply them,
+    /// obeying the targeted cache-control fields (RFC 9213).
+    reverse: (Policy, Vec<Option<Policy>>),
     /// Fetches in flight (request collapsing).
     pub flights: Arc<Flights>,
     /// Counters.
@@ -281,6 +284,7 @@ impl Cache {
         let storage = Cache {
             policy: Policy::new(cfg)?,
             routes: Vec::new(),
+            reverse: (Policy::new(cfg)?, Vec::new()),
             flights: Arc::new(Flights::default()),
             stats: Arc::default(),
             status_header: None,
@@ -304,6 +308,23 @@ impl Cache {
         route_overrides: &[Option<crate::config::CacheOverrides>],
     ) -> Result<Cache, String> {
         let policy = Policy::new(cfg)?;
+        let reverse = (
+            policy.clone().targeted(cfg)?,
+            route_overrides
+                .iter()
+                .enumerate()
+                .map(|(i, o)| match o {
+                    None => Ok(None),
+                    Some(o) => {
+                        let c = o.apply(cfg);
+                        Policy::new(&c)
+                            .and_then(|p| p.targeted(&c))
+                            .map(Some)
+                            .map_err(|e| format!("rule[{i}].cache: {e}"))
+                    }
+                })
+                .collect::<Result<Vec<_>, String>>()?,
+        );
         let routes = route_overrides
             .iter()
             .enumerate()
@@ -328,6 +349,7 @@ impl Cache {
         Ok(Cache {
             policy,
             routes,
+            reverse,
             flights: self.flights.clone(),
             stats: self.stats.clone(),
             status_header,
@@ -346,6 +368,17 @@ impl Cache {
             .and_then(|r| self.routes.get(r))
             .and_then(|(_, p)| p.as_ref())
             .unwrap_or(&self.policy)
+    }
+
+    /// The policy for requests of a reverse listener routed by rule `route`:
+    /// as [`Cache::policy_for`], obeying the targeted cache-control fields
+    /// (`cache.targeted_fields`, RFC 9213), which address the CDN a
+    /// reverse proxy is, not a forward proxy.
+    pub fn reverse_policy_for(&self, route: Option<usize>) -> &Policy {
+        route
+            .and_then(|r| self.reverse.1.get(r))
+            .and_then(Option::as_ref)
+            .unwrap_or(&self.reverse.0)
     }
 
     /// Whether requests routed by rule `route` use the cache.

@@ -806,6 +806,15 @@ pub struct CacheOverrides {
     /// As `cache.set_cookie`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub set_cookie: Option<SetCookie>,
+    /// As `cache.max_stale_on_error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stale_on_error: Option<Dur>,
+    /// As `cache.targeted_fields`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targeted_fields: Option<Vec<String>>,
+    /// As `cache.strip_targeted_fields`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_targeted_fields: Option<bool>,
 }
 
 impl CacheOverrides {
@@ -832,6 +841,15 @@ impl CacheOverrides {
         }
         if let Some(v) = self.set_cookie {
             c.set_cookie = v;
+        }
+        if let Some(v) = self.max_stale_on_error {
+            c.max_stale_on_error = v;
+        }
+        if let Some(v) = &self.targeted_fields {
+            c.targeted_fields = v.clone();
+        }
+        if let Some(v) = self.strip_targeted_fields {
+            c.strip_targeted_fields = v;
         }
         c
     }
@@ -942,6 +960,17 @@ pub struct CacheConfig {
     pub max_ttl: Dur,
     /// Responses with `Set-Cookie`: no-store | strip | store.
     pub set_cookie: SetCookie,
+    /// How long past its expiry a stored response may be served when the
+    /// origin cannot be reached or answers 500, 502, 503 or 504 (RFC 9111
+    /// 4.2.4, as Squid's `max_stale`); 0 = only where `stale-if-error` says.
+    pub max_stale_on_error: Dur,
+    /// Targeted cache-control fields (RFC 9213) obeyed on reverse
+    /// listeners before `Cache-Control`, the first present and valid one
+    /// winning; empty = none.
+    pub targeted_fields: Vec<String>,
+    /// Reverse listeners remove the `targeted_fields` from the responses
+    /// they send from or through the cache.
+    pub strip_targeted_fields: bool,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -982,6 +1011,9 @@ impl Default for CacheConfig {
             min_ttl: Dur::secs(0),
             max_ttl: Dur::secs(0),
             set_cookie: SetCookie::NoStore,
+            max_stale_on_error: Dur::secs(7 * 24 * 3600),
+            targeted_fields: vec!["CDN-Cache-Control".to_string()],
+            strip_targeted_fields: false,
         }
     }
 }

@@ -33,7 +33,7 @@ pub struct AccessRecord<'a> {
     pub user_agent: Option<&'a str>,
     /// Time from the request head to now.
     pub elapsed: Duration,
-    /// What the cache did (HIT, MISS, STALE, REVALIDATED), or why nothing
+    /// What the cache did (HIT, MISS, STALE, STALE_ON_ERROR, REVALIDATED), or why nothing
     /// was looked up: DENIED (a refusal: `[access] allow`, an `[[acl]]` or
     /// rule deny, a 407), NONE (an answer made before any lookup: busy 503,
     /// malformed request 400, 408, 413, 414, 431, forwarding loop 508, ...),
@@ -512,6 +512,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 Some("HIT") => "TCP_HIT",
                 Some("MISS") => "TCP_MISS",
                 Some("STALE") => "TCP_STALE_HIT",
+                Some("STALE_ON_ERROR") => "TCP_REFRESH_FAIL_OLD",
                 Some("REVALIDATED") => "TCP_REFRESH_UNMODIFIED",
                 _ if method == "CONNECT" => "TCP_TUNNEL",
                 _ => "TCP_MISS",

@@ -77,7 +77,11 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     else {
         return Box::pin(forward(ex, sh, &dest)).await;
     };
-    let policy = cache.policy_for(dest.cache_rule);
+    let policy = if dest.reverse {
+        cache.reverse_policy_for(dest.cache_rule)
+    } else {
+        cache.policy_for(dest.cache_rule)
+    };
     let key = key_for(cache, sh, &dest);
     let now = SystemTime::now();
     let mut tx = Transaction {
@@ -133,10 +137,11 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
 /// one `send_stored` future in it, not one per decision, keeps the hit path's
 /// small.
 ///
-/// Partial content (storing and completing ranges of an object) and
-/// stale-on-error beyond `stale-if-error` (serving the stored response when
-/// the origin fails) plug in here: they are further ways of answering one
-/// request from what is stored and what the origin sends.
+/// Serving the stored response when the origin fails (`stale-if-error`,
+/// `cache.max_stale_on_error`: [`Transaction::stale_on_error`]) is one more
+/// such way; partial content (storing and completing ranges of an object)
+/// would plug in here too: further ways of answering one request from what
+/// is stored and what the origin sends.
 struct Transaction<'t, 'e> {
     /// The request, and where its response goes.
     ex: &'t mut Exchange<'e>,
@@ -319,6 +324,20 @@ impl Transaction<'_, '_> {
         CacheStatus::Stale
     }
 
+    /// The origin failed a revalidation within `stale-if-error` or
+    /// `cache.max_stale_on_error`: the stored response is served stale
+    /// (`X-Cache: STALE`, a stale hit in the statistics), logged as Squid
+    /// logs it (`TCP_REFRESH_FAIL_OLD`).
+    async fn stale_on_error(&mut self, stored: Stored) -> Result<(), Failure> {
+        let status = self.stale();
+        let result = self.send_stored(stored, status).await;
+        // After `send_stored`, which notes STALE: the access log's own name.
+        if self.ex.cache_result == Some(crate::stats::CacheOutcome::Stale.name()) {
+            self.ex.cache_result = Some(super::ACCESS_STALE_ON_ERROR);
+        }
+        result
+    }
+
     /// [`Decision::StaleWhileRevalidate`]: served stale while one background
     /// revalidation refreshes it for the next requests.
     fn stale_while_revalidate(&self, stored: &Stored) -> CacheStatus {
@@ -370,13 +389,13 @@ impl Transaction<'_, '_> {
         let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
         let fetched = match self.fetch(Some(&conditional)).await {
             Ok(fetched) => fetched,
-            Err(failure) => {
-                if stale_ok(SystemTime::now()) {
-                    let status = self.stale();
-                    return self.send_stored(stored, status).await;
-                }
-                return Err(failure);
+            // No answer (refused, reset, closed, timed out: RFC 9111 4.2.4's
+            // disconnected cache): the stored response instead of the 502/504.
+            Err(failure) if policy::is_origin_error(failure.0) && stale_ok(SystemTime::now()) => {
+                tracing::debug!(key = self.key.text(), "origin failed ({}): served stale", failure.1);
+                return self.stale_on_error(stored).await;
             }
+            Err(failure) => return Err(failure),
         };
         match policy::revalidation(&stored.meta, fetched.response.status(), fetched.response.headers()) {
             Revalidation::NotModified => {
@@ -396,8 +415,10 @@ impl Transaction<'_, '_> {
                 self.send_stored(stored, CacheStatus::Revalidated).await
             }
             Revalidation::ServerError if stale_ok(fetched.times.response) => {
-                let status = self.stale();
-                self.send_stored(stored, status).await
+                // The error's body is not wanted: dropped now, not held
+                // while the stored response is sent.
+                drop(fetched);
+                self.stale_on_error(stored).await
             }
             Revalidation::Mismatch => self.fetch_and_store().await,
             Revalidation::ServerError | Revalidation::Replace => {
@@ -508,6 +529,7 @@ impl Transaction<'_, '_> {
             length,
             ..
         } = head;
+        self.policy.strip_targeted(&mut headers);
         if let Some(name) = &self.cache.status_header {
             headers.insert(name.clone(), CacheStatus::Miss.value());
         }
@@ -603,6 +625,7 @@ impl Transaction<'_, '_> {
         let mut headers = meta.headers;
         // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
         self.policy.take_unshared(&mut headers);
+        self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, age);
         if let Some(name) = &self.cache.status_header {
             headers.insert(name.clone(), CacheStatus::Hit.value());
@@ -691,7 +714,11 @@ impl Background {
         let _leader = leader;
         let Some(cache) = self.sh.cache.as_ref() else { return };
         cache.stats.revalidation();
-        let policy = cache.policy_for(self.dest.cache_rule);
+        let policy = if self.dest.reverse {
+            cache.reverse_policy_for(self.dest.cache_rule)
+        } else {
+            cache.policy_for(self.dest.cache_rule)
+        };
         let conditional = policy::conditional_headers(&self.meta);
         let Ok((fetched, _)) =
             fetch_timed(&self.sh, &self.head, self.client, &self.dest, Some(&conditional), None).await
@@ -796,6 +823,7 @@ impl Transaction<'_, '_> {
         let (ex, cache) = (&mut *self.ex, self.cache);
         let now = SystemTime::now();
         let mut headers = stored.meta.headers.clone();
+        self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&stored.meta, now));
         let x_cache = |h: &mut HeaderMap| {
             if let Some(name) = &cache.status_header {

@@ -36,6 +36,9 @@ pub struct Dest {
     /// "pass"`): a 407 from the parent keeps its `Proxy-Authenticate`, so
     /// the client is asked for the parent's password.
     pub relay_challenge: bool,
+    /// From a reverse listener: the cache obeys the targeted cache-control
+    /// fields (RFC 9213, `CDN-Cache-Control`).
+    pub reverse: bool,
 }
 
 /// The `Proxy-Authenticate` challenges of a parent's 407 when `relay` (the

@@ -49,6 +49,11 @@ pub(crate) const ACCESS_NONE: &str = "NONE";
 /// The access log's cache result of a routing rule's redirect: Squid's
 /// `TCP_REDIRECT`.
 pub(crate) const ACCESS_REDIRECT: &str = "REDIRECT";
+/// The access log's cache result of a stored response served stale because
+/// the origin failed its revalidation (`stale-if-error`,
+/// `cache.max_stale_on_error`): Squid's `TCP_REFRESH_FAIL_OLD`. Counted
+/// as `STALE` in the statistics and `X-Cache`.
+pub(crate) const ACCESS_STALE_ON_ERROR: &str = "STALE_ON_ERROR";
 
 /// Everything built from the config that requests share.
 pub(crate) struct Shared {
@@ -552,6 +557,7 @@ impl ListenerHandler {
             reply,
             parent_auth,
             relay_challenge,
+            reverse: self.mode == Mode::Reverse,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let result = if purge::is_purge(&ex.head.method) {
