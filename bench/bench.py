@@ -33,6 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and rule)
+import ldap  # noqa: E402  (bench/ldap.py: the auth-ldap scenario's slapd and LDAP client)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 
@@ -53,6 +54,9 @@ SCENARIOS = {
     "auth": "Portico only: cache hits on the single page from clients sending Basic credentials "
             "(a bcrypt htpasswd entry, verified once, then from the user cache) against the same "
             "hits without [auth], interleaved",
+    "auth-ldap": "Portico only: first-login latency against a local OpenLDAP slapd (user cache "
+                 "miss: search, bind, group search) against the directory's own time for the "
+                 "same operations and against logins found in the user cache",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
@@ -79,10 +83,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 APT_PACKAGES = {"nginx": "nginx-light", "varnishd": "varnish", "squid": "squid",
                 "wrk": "wrk", "curl": "curl", "taskset": "util-linux",
-                "htpasswd": "apache2-utils"}
+                "htpasswd": "apache2-utils", "slapd": "slapd", "ldapadd": "ldap-utils"}
 # auth scenario: the one user of the htpasswd file (bcrypt, cost AUTH_COST) and its password.
 AUTH_USER, AUTH_PASSWORD, AUTH_COST = "bench", "bench-secret-1", 10
 AUTH_SUBJECTS = ["anonymous", "authenticated"]
+# auth-ldap scenario: the directory's port and how many users log in for the first time.
+LDAP_PORT, LDAP_USERS, LDAP_USERS_SMOKE = 28389, 300, 30
 PEER_COMMANDS = {"nginx": "nginx", "varnish": "varnishd", "squid": "squid"}
 
 
@@ -531,7 +537,14 @@ def write_htpasswd(d):
 
 def write_portico_conf(d, rules=None, rule_kind="path", auth=False):
     conf = portico_conf(d, rules, rule_kind)
-    if auth:
+    if auth == "ldap":
+        # Users from the scenario's slapd: a search for the DN, a bind, a
+        # group search (groupOfNames), as the service account.
+        conf["auth"] = {"required": True, "realm": "bench", "ldap": {
+            "url": f"ldap://127.0.0.1:{LDAP_PORT}", "bind_dn": ldap.SERVICE_DN,
+            "bind_password": ldap.SERVICE_PW, "base_dn": ldap.PEOPLE,
+            "group_base": ldap.GROUPS, "group_filter": "(member={dn})"}}
+    elif auth:
         # Every request must authenticate; the user cache holds the one user.
         conf["auth"] = {"htpasswd": write_htpasswd(d), "required": True, "realm": "bench"}
     header = "# Portico under test (bench/peers/portico.md)"
@@ -572,7 +585,9 @@ def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path", auth=False)
     ready_path, ready_headers = "/page", None
     if name == "portico":
         conf = write_portico_conf(d, rules, rule_kind, auth)
-        if auth:
+        if auth == "ldap":
+            ready_headers = {"Authorization": ldap_header(ctx_ldap_ready_user())}
+        elif auth:
             ready_headers = {"Authorization": auth_header()}
         portico_check(portico_bin, conf, rule_kind)
         argv = [portico_bin, "run", "-c", conf]
@@ -1098,6 +1113,99 @@ def run_auth(subject, tmp, args, ctx, origin):
         daemon.stop()
 
 
+# ---- auth-ldap
+
+def ldap_users(args):
+    return LDAP_USERS_SMOKE if args.smoke else LDAP_USERS
+
+
+LDAP_READY_USER = [0]
+
+
+def ctx_ldap_ready_user():
+    """The user whose login start_peer's readiness check spends (one more
+    than those measured, so none of them is in the user cache before)."""
+    return LDAP_READY_USER[0]
+
+
+def ldap_header(i):
+    token = base64.b64encode(f"{ldap.user(i)}:{ldap.password(i)}".encode()).decode()
+    return f"Basic {token}"
+
+
+def percentiles(ms):
+    xs = sorted(ms)
+    at = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": xs[-1], "n": len(xs)}
+
+
+def run_auth_ldap(tmp, args, ctx, origin):
+    """Each of N directory users logs in once through Portico (a user cache
+    miss: Portico asks slapd) and then again (a user cache hit), each
+    request timed on its own keep-alive connection; beforehand the same
+    directory operations are timed without Portico (bench/ldap.py
+    `one_login`, on one open connection, as Portico's pool keeps them),
+    which also warms slapd's own caches for both."""
+    n = ldap_users(args)
+    LDAP_READY_USER[0] = n
+    wd = os.path.join(tmp, "auth-ldap")
+    shutil.rmtree(wd, ignore_errors=True)
+    os.makedirs(wd)
+    if not port_free(LDAP_PORT):
+        raise RuntimeError(f"port {LDAP_PORT} (the bench's slapd) is in use")
+    directory = ldap.Slapd(wd, LDAP_PORT, n + 1, LOAD_CPU)
+    daemon = None
+    try:
+        conn = ldap.Conn(LDAP_PORT)
+        direct = []
+        for i in range(n):
+            t = time.perf_counter()
+            ldap.one_login(conn, i)
+            direct.append((time.perf_counter() - t) * 1000)
+        conn.close()
+        daemon = start_peer("portico", tmp, args.portico_bin, auth="ldap")
+        port, problems = PORTS["portico"], []
+        http_get(port, "/page", headers={"Authorization": ldap_header(n)})   # cached page
+        before = portico_stats(port).get("auth") or {}
+        cpu0 = tree_jiffies(daemon.pid)
+        first, cached = [], []
+        for i in range(n):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            hdr = {"Authorization": ldap_header(i)}
+            for out in (first, cached):
+                t = time.perf_counter()
+                st, _, body = http_get(port, "/page", conn=c, headers=hdr)
+                out.append((time.perf_counter() - t) * 1000)
+                if st != 200 or len(body) != PAGE_SIZE:
+                    problems.append(f"{ldap.user(i)}: status {st}, {len(body)} bytes")
+            c.close()
+        cpu = (tree_jiffies(daemon.pid) - cpu0) / CLK_TCK
+        after = portico_stats(port).get("auth") or {}
+        misses = after.get("misses", 0) - before.get("misses", 0)
+        hits = after.get("hits", 0) - before.get("hits", 0)
+        if misses != n or hits != n:
+            problems.append(f"user cache: {misses} misses and {hits} hits for {n} first and "
+                            f"{n} repeated logins")
+        bad = base64.b64encode(f"{ldap.user(0)}:wrong".encode()).decode()
+        st_bad, _, _ = http_get(port, "/page", headers={"Authorization": f"Basic {bad}"})
+        if st_bad != 401:
+            problems.append(f"a wrong password got {st_bad}, not 401")
+        if not daemon.alive():
+            raise RuntimeError(f"portico died during the run: {daemon.tail()}")
+        r = {"users": n, "loadavg": os.getloadavg()[0], "direct": percentiles(direct), "first": percentiles(first),
+             "cached": percentiles(cached), "cpu_ms_per_login": cpu * 1000 / (2 * n),
+             "misses": misses, "hits": hits, "wrong_password": st_bad, "other_cpu": 0.0,
+             "problems": problems}
+        r["summary"] = (f"{n} users: first login p50 {r['first']['p50']:.2f} ms (directory alone "
+                        f"{r['direct']['p50']:.2f} ms), cached login p50 "
+                        f"{r['cached']['p50']:.2f} ms")
+        return r
+    finally:
+        if daemon:
+            daemon.stop()
+        directory.stop()
+
+
 def classify_oha_errors(dist):
     """oha's errorDistribution (message -> count) as timeouts, connection
     errors, and requests aborted by the end of the step (not failures)."""
@@ -1457,11 +1565,12 @@ def write_report(scenario, results, args, vers, outdir, command):
          f"- Command: `{command}`",
          f"- Machine: {machine()}"]
     body, extra = {"idle": report_idle, "rate": report_rate, "rules": report_rules,
-                   "soak": report_soak, "auth": report_auth}.get(scenario, report_wrk)(scenario, results, subjects,
+                   "soak": report_soak, "auth": report_auth,
+                   "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
     want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
-            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
+            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",), "idle": ("portico", "nginx", "varnish", "squid"),
             "soak": ("portico",)}.get(
         scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
     for k in want:
@@ -1769,6 +1878,54 @@ def report_auth(scenario, results, subjects, args):
     return L, extra
 
 
+def report_auth_ldap(scenario, results, subjects, args):
+    rs = results["portico"]
+    slapd_v = subprocess.run(["/usr/sbin/slapd", "-VV"], capture_output=True, text=True)
+    first_line = (slapd_v.stdout + slapd_v.stderr).strip().splitlines()
+    extra = [f"- Directory: OpenLDAP slapd ({first_line[0] if first_line else '?'}), mdb, "
+             f"{rs[0]['users']} users in one groupOfNames, on CPU {LOAD_CPU} with this script; "
+             f"Portico on CPU {PROXY_CPU}, `[auth.ldap]` with a service account, "
+             f"`group_filter = \"(member={{dn}})\"`, the default pool of 4 connections",
+             "- Each user: one request with its Basic credentials on a new keep-alive "
+             "connection (a user cache miss: Portico searches for the DN, binds as the user, "
+             "binds back and searches the groups), then a second on the same connection (a "
+             "user cache hit); `GET /page`, a cache hit, timed from the request's first byte "
+             "to the response's last; one login at a time",
+             "- `directory alone`: the same five operations (bind, search, bind, bind, search) "
+             "timed by bench/ldap.py on one open connection, before Portico starts; this "
+             f"client shares CPU {LOAD_CPU} with slapd, while Portico's requests to slapd cross "
+             "between the CPUs (a wake-up on the other CPU per LDAP operation)",
+             "- Machine load (1-minute load average) at the end of each round: " +
+             ", ".join(f"{r['loadavg']:.1f}" for r in rs) + " (2 CPUs; above about 2, other "
+             "work shared the CPUs and the tails show it)"]
+    L = ["Milliseconds per login, over all users of all rounds; issue 14 asks for the "
+         "first-login latency against the local slapd to be reported.\n",
+         "| login | logins | p50 ms | p90 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|---:|"]
+    for key, label in (("direct", "directory alone (5 LDAP operations)"),
+                       ("first", "first login through Portico (user cache miss)"),
+                       ("cached", "repeated login through Portico (user cache hit)")):
+        p = {q: statistics.median(r[key][q] for r in rs) for q in ("p50", "p90", "p99", "max")}
+        L.append(f"| {label} | {sum(r[key]['n'] for r in rs):,} | {p['p50']:.2f} | "
+                 f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} |")
+    L.append("")
+    f50 = statistics.median(r["first"]["p50"] for r in rs)
+    d50 = statistics.median(r["direct"]["p50"] for r in rs)
+    c50 = statistics.median(r["cached"]["p50"] for r in rs)
+    L.append(f"A first login costs {f50 - c50:+.2f} ms at the median over a cached one; the "
+             f"directory's own work is {d50:.2f} ms of it, Portico's ({f50 - c50 - d50:+.2f} ms) "
+             f"the LDAP client (ldap3), the pool and the user cache insert. Portico CPU per "
+             f"login, first and repeated together: "
+             f"{statistics.median(r['cpu_ms_per_login'] for r in rs):.3f} ms.\n")
+    L.append("## Checks\n")
+    L.append("| round | users | user cache misses / hits | wrong password | first login p50 ms |")
+    L.append("|---:|---:|---|---:|---:|")
+    for i, r in enumerate(rs):
+        L.append(f"| {i + 1} | {r['users']} | {r['misses']} / {r['hits']} | "
+                 f"{r['wrong_password']} | {r['first']['p50']:.2f} |")
+    L.append("")
+    return L, extra
+
+
 def report_soak(scenario, results, subjects, args):
     r = results["portico"][0]
     conf = r["config"]
@@ -1894,6 +2051,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return run_soak(tmp, args)
     if scenario == "auth":
         return run_auth(subject, tmp, args, ctx, origin)
+    if scenario == "auth-ldap":
+        return run_auth_ldap(tmp, args, ctx, origin)
     raise ValueError(scenario)
 
 
@@ -2080,7 +2239,8 @@ def main():
             args.scenarios.remove(only)
 
     if not args.no_install:
-        ensure_installed(args.peers, ["htpasswd"] if "auth" in args.scenarios else [])
+        ensure_installed(args.peers, (["htpasswd"] if "auth" in args.scenarios else []) +
+                         (["slapd", "ldapadd"] if "auth-ldap" in args.scenarios else []))
     oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
     if "rate" in args.scenarios and not oha:
         msg = "rate: oha not found (cargo install oha --locked)"
