@@ -175,9 +175,11 @@ impl TlsConn {
             if buf.capacity() - buf.len() < 512 {
                 buf.reserve(chunk);
             }
-            // rustls reads into initialised memory only.
+            // rustls reads into initialised memory only: zero at most
+            // `chunk` bytes of the spare capacity, not all of it.
             let start = buf.len();
-            buf.resize(buf.capacity(), 0);
+            let room = (buf.capacity() - start).min(chunk.max(512));
+            buf.resize(start + room, 0);
             let r = self.try_read(&mut buf[start..]);
             buf.truncate(start + *r.as_ref().unwrap_or(&0));
             match r {
