@@ -588,3 +588,63 @@ async fn plain_http_or_a_truncated_client_hello_on_a_tls_port_is_closed_and_coun
     let perf = page(&p, "/.perf").await;
     assert!(perf.contains("SSLInfo:"), "{perf}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_queue() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path(), "www", &["www.test"]);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let origin = Origin::start(move |_| {
+        let g = g.clone();
+        async move {
+            let _ = g.acquire().await.map(|p| p.forget());
+            Response::ok("slow")
+        }
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}\n[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n",
+        free_port(),
+        cert_table(&pem)
+    );
+    let p = Portico::start(&config).await;
+    let url = format!("{}/x", origin.url());
+    let trust = client_config(&[&pem]);
+    // The one request in service waits on the origin.
+    let (mut first, _) = tls_connect(port, trust.clone()).await;
+    let req = format!("GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    first.write_all(req.as_bytes()).await.expect("send");
+    wait_metric(&p, "portico_upstream_requests_total", 1).await;
+    // The second queues, then its client leaves: close_notify, then its
+    // TCP close. The alert's bytes are waiting on the socket, which a
+    // plain peek takes for a client still there: only reading the records
+    // tells.
+    let (mut leaving, _) = tls_connect(port, trust).await;
+    leaving.write_all(req.as_bytes()).await.expect("send");
+    wait_metric(&p, "portico_connection_queue_length", 1).await;
+    leaving.shutdown().await.expect("close_notify");
+    wait_metric(&p, "portico_connection_queue_abandoned_total", 1).await;
+    assert_eq!(metric(&p, "portico_connection_queue_length").await, 0);
+    gate.add_permits(1);
+    let mut got = vec![0u8; 4096];
+    let n = first.read(&mut got).await.expect("response");
+    assert!(
+        got[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got[..n])
+    );
+    assert_eq!(origin.count(), 1, "the abandoned request reached the origin");
+}
+
+/// Waits until the /metrics series `series` reaches `n`.
+async fn wait_metric(p: &Portico, series: &str, n: u64) {
+    for _ in 0..500 {
+        if metric(p, series).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{series} never reached {n}:\n{}", page(p, "/metrics").await);
+}

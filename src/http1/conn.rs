@@ -257,10 +257,23 @@ async fn bytes_waiting(stream: &ClientStream) -> bool {
 /// pending for good, rather than spin on a socket that stays readable.
 /// Costs nothing until the socket becomes readable.
 pub async fn client_closed(stream: &ClientStream) {
-    // Over TLS the records waiting on the socket are as good a sign of a
-    // client still there as plain bytes (a close_notify is not, but the
-    // TCP close that follows it is).
-    let stream = stream.tcp();
+    let stream = match stream {
+        ClientStream::Plain(s) => s,
+        // Over TLS, bytes waiting may be a close_notify (a client that
+        // leaves says so before its TCP close): the records are read to
+        // tell, which the plain peek cannot.
+        ClientStream::Tls(t) => loop {
+            if t.tcp().readable().await.is_err() {
+                return;
+            }
+            match t.closed_now() {
+                Ok(true) => return,
+                Ok(false) => std::future::pending::<()>().await,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+        },
+    };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
         if stream.readable().await.is_err() {

@@ -190,6 +190,33 @@ impl TlsConn {
         }
     }
 
+    /// Whether the client has closed, without waiting and without taking
+    /// any decrypted bytes: records waiting on the socket are read into
+    /// rustls and processed. `Ok(true)`: closed (close_notify, the TCP
+    /// connection closed, or a broken record); `Ok(false)`: the client is
+    /// there and has sent data (a pipelined request, a body);
+    /// `WouldBlock`: nothing to tell yet.
+    pub fn closed_now(&self) -> io::Result<bool> {
+        let mut conn = self.lock();
+        loop {
+            match conn.process_new_packets() {
+                Err(_) => return Ok(true),
+                Ok(s) if s.peer_has_closed() => return Ok(true),
+                Ok(s) if s.plaintext_bytes_to_read() > 0 => return Ok(false),
+                Ok(_) => {}
+            }
+            match self
+                .tcp
+                .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
+            {
+                Ok(0) => return Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+                Err(_) => return Ok(true),
+            }
+        }
+    }
+
     /// True if decrypted bytes are waiting to be read.
     pub fn has_plaintext(&self) -> bool {
         self.lock()
