@@ -125,6 +125,51 @@ async fn an_https_forward_proxy_port_serves_http_urls_and_connect_inside_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_both_ways_cross_a_tls_listener_intact() {
+    // Larger than rustls's buffers (64 KiB of plaintext queued for
+    // sending, 16 KiB records), so the writes wait for the client and the
+    // reads span many records.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
+    let origin = Origin::start(|req| async move {
+        if req.method == http::Method::POST {
+            let sum: u64 = req.body.iter().map(|b| u64::from(*b)).sum();
+            Response::ok(format!("{} {sum}", req.body.len()))
+        } else {
+            Response::ok("").generated(8 << 20)
+        }
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}\n[cache]\nenabled = false\n",
+        cert_table(&pem)
+    );
+    let p = Portico::start(&config).await;
+    let proxy = format!("https://127.0.0.1:{port}");
+    let ca = pem.cert.display().to_string();
+    let url = format!("{}/big", origin.url());
+    let out = common::curl(&["--proxy", &proxy, "--proxy-cacert", &ca, &url]).await;
+    assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
+    assert_eq!(out.stdout.len(), 8 << 20);
+    assert!(common::pattern_matches(0, &out.stdout), "the body was altered");
+    // An upload, chunked and with a length.
+    let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
+    let file = dir.path().join("upload");
+    std::fs::write(&file, &body).expect("write upload");
+    let data = format!("@{}", file.display());
+    for extra in [&[][..], &["-H", "Transfer-Encoding: chunked"][..]] {
+        let mut args = vec!["--proxy", &proxy, "--proxy-cacert", &ca, "--data-binary", &data];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        let out = common::curl(&args).await;
+        assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
+        assert_eq!(stdout(&out), format!("{} {sum}", body.len()), "{extra:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_reverse_listener_serves_from_the_cache() {
     let dir = tempfile::tempdir().expect("temp dir");
     let pem = cert(dir.path(), "www", &["www.test"]);

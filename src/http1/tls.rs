@@ -235,8 +235,10 @@ impl TlsConn {
                 let mut conn = self.lock();
                 // rustls buffers a bounded amount of plaintext (64 KiB by
                 // default) and takes what fits; the rest after a flush.
+                let mut taken = 0;
                 while idx < parts.len() {
                     let n = conn.writer().write(&parts[idx][off..])?;
+                    taken += n;
                     off += n;
                     if off < parts[idx].len() {
                         break;
@@ -244,15 +246,20 @@ impl TlsConn {
                     idx += 1;
                     off = 0;
                 }
-                if self.flush_now(&mut conn)? && idx == parts.len() {
-                    return Ok(());
-                }
-                if idx < parts.len() && !conn.wants_write() {
-                    // Nothing queued, nothing accepted: cannot happen with
-                    // a bounded buffer; refuse rather than spin.
+                if taken == 0 && idx < parts.len() && !conn.wants_write() {
+                    // Nothing accepted and nothing to send: rustls will not
+                    // take more (the connection is closing); never spin.
                     return Err(io::ErrorKind::WriteZero.into());
                 }
+                if self.flush_now(&mut conn)? {
+                    if idx == parts.len() {
+                        return Ok(());
+                    }
+                    // All sent and more to encrypt: the buffer has room again.
+                    continue;
+                }
             }
+            // The socket is full: wait until the client takes bytes.
             super::io::writable_within(&self.tcp, timeout).await?;
         }
     }
