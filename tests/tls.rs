@@ -170,6 +170,47 @@ async fn large_bodies_both_ways_cross_a_tls_listener_intact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_process_serves_tls_and_the_supervisor_checks_the_certificates() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
+    let origin = Origin::start(|_| async move { Response::ok("ok") }).await;
+    let port = free_port();
+    let config = format!(
+        "[server]\nprocesses = 2\nworkers = 1\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}",
+        cert_table(&pem)
+    );
+    let p = Portico::start(&config).await;
+    let proxy = format!("https://127.0.0.1:{port}");
+    let ca = pem.cert.display().to_string();
+    let url = format!("{}/x", origin.url());
+    // New connections each time, spread by the kernel over both workers.
+    for _ in 0..8 {
+        let out = common::curl(&["--proxy", &proxy, "--proxy-cacert", &ca, &url]).await;
+        assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
+        assert_eq!(stdout(&out), "ok");
+    }
+    drop(p);
+    // The supervisor refuses a bad certificate before starting any worker.
+    std::fs::write(&pem.key, "not a key").expect("spoil key");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, format!("{config}\n[log]\naccess = \"\"\n")).expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .current_dir(dir.path())
+        .args(["run", "-c"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run portico");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("key file {}: no private key in it", pem.key.display())),
+        "{err}"
+    );
+    assert!(!err.contains("worker 0"), "a worker was started: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_reverse_listener_serves_from_the_cache() {
     let dir = tempfile::tempdir().expect("temp dir");
     let pem = cert(dir.path(), "www", &["www.test"]);
