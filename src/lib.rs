@@ -41,6 +41,7 @@ pub(crate) mod signals;
 pub mod sizing;
 pub mod stats;
 pub(crate) mod supervisor;
+pub mod tls;
 pub(crate) mod upstream;
 pub mod util;
 pub(crate) mod worker;

@@ -3,7 +3,7 @@
 //! back from the keep-alive poller to a new task when its client sends again.
 
 use crate::config::ListenerConfig;
-use crate::http1::{ConnSettings, Handler, Start, serve};
+use crate::http1::{ClientStream, ConnSettings, Handler, Start, serve};
 use crate::keepalive::poller::{Parked, Resume};
 use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -107,6 +107,9 @@ pub struct Serving<H> {
     pub settings: Arc<ConnSettings>,
     /// Serves its requests.
     pub handler: Arc<H>,
+    /// TLS (`[[listener.certificate]]`): every connection starts with a
+    /// handshake. Replaced by a reload with the certificates read again.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Accepts connections until `stop` is set (or its sender dropped), serving
@@ -140,8 +143,37 @@ pub async fn accept_loop<H: Handler>(
             let _ = stream.set_nodelay(true);
         }
         let open = crate::drain::track();
-        tokio::spawn(run(serving, stream, peer, Start::default(), open));
+        tokio::spawn(first(serving, stream, peer, open));
     }
+}
+
+/// A new connection's task: the TLS handshake on a TLS listener, then
+/// [`run`]. The handshake has `limits.header_timeout`, as the request head
+/// that follows it: a client that sends half a ClientHello holds a task
+/// and a descriptor no longer than one that sends half a request head.
+async fn first<H: Handler>(
+    serving: Arc<Serving<H>>,
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    open: crate::drain::ConnGuard,
+) {
+    let stream = match &serving.tls {
+        None => ClientStream::Plain(stream),
+        Some(config) => {
+            match crate::http1::tls::accept(stream, config.clone(), serving.settings.header_timeout).await {
+                Ok(tls) => {
+                    crate::tls::counters().handshake_done();
+                    ClientStream::Tls(Box::new(tls))
+                }
+                Err(why) => {
+                    crate::tls::counters().handshake_failed(why);
+                    tracing::debug!(client = %peer.ip(), "TLS handshake failed: {why:?}");
+                    return;
+                }
+            }
+        }
+    };
+    run(serving, stream, peer, Start::default(), open).await;
 }
 
 /// One task's share of a connection: serve it until it closes, or until it
@@ -149,7 +181,7 @@ pub async fn accept_loop<H: Handler>(
 /// gives it a new task ([`Resume`]) when the client sends again.
 async fn run<H: Handler>(
     serving: Arc<Serving<H>>,
-    stream: TcpStream,
+    stream: ClientStream,
     peer: std::net::SocketAddr,
     start: Start,
     open: crate::drain::ConnGuard,
@@ -181,7 +213,7 @@ impl<H: Handler> Resume for Serving<H> {
                 ready,
                 park_after: Some(conn.waited),
             };
-            run(self, stream, conn.peer, start, conn.open).await;
+            run(self, ClientStream::Plain(stream), conn.peer, start, conn.open).await;
         });
     }
 }

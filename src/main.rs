@@ -392,14 +392,19 @@ fn main() -> ExitCode {
                 portico::stats::fetch(&addr, path).map(|text| print!("{text}"))
             }),
         Command::Check { config } => match or_default(config) {
-            Ok(Some(config)) => load(Some(&config)).map(|c| {
-                // `run` needs `server.user` and `group` to exist here; the
-                // file itself is valid (it may be meant for another machine).
-                if let Err(e) = portico::privdrop::target(&c) {
-                    eprintln!("portico: warning: {e}: `portico run` would fail on this machine");
-                }
-                println!("{}: OK", config.display())
-            }),
+            Ok(Some(config)) => load(Some(&config))
+                .and_then(|c| {
+                    // The certificates too: `run` would refuse them.
+                    portico::tls::check_listeners(&c).map(|()| c)
+                })
+                .map(|c| {
+                    // `run` needs `server.user` and `group` to exist here; the
+                    // file itself is valid (it may be meant for another machine).
+                    if let Err(e) = portico::privdrop::target(&c) {
+                        eprintln!("portico: warning: {e}: `portico run` would fail on this machine");
+                    }
+                    println!("{}: OK", config.display())
+                }),
             Ok(None) => Err(format!(
                 "no config file to check: give -c FILE ({DEFAULT_CONFIG} does not exist)"
             )),

@@ -94,6 +94,7 @@ impl Running {
                 &config.server,
                 self.shared.clone(),
             )?),
+            tls: crate::tls::server_config(cfg)?,
         })
     }
 
@@ -101,7 +102,12 @@ impl Running {
         let local = bound_address(&cfg, &socket);
         let listener =
             tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
-        tracing::info!("listening on {} ({:?} proxy)", cfg.address, cfg.mode);
+        tracing::info!(
+            "listening on {} ({:?} proxy{})",
+            cfg.address,
+            cfg.mode,
+            if cfg.certificate.is_empty() { "" } else { ", TLS" }
+        );
         let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)?));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(accept_loop(listener, serving.clone(), stopped));
@@ -175,8 +181,11 @@ impl Running {
         let shared = self.shared.load().renew(new.clone())?;
         // A listener's busy page is read now, so an unreadable `busy_file`
         // fails the reload before anything changes.
+        // So are its certificates: a bad new one (unreadable, expired, a
+        // key that does not match) keeps the old ones serving.
         for l in &new.listener {
             crate::proxy::reply::BusyPage::for_listener(l, &new.server)?;
+            crate::tls::server_config(l)?;
         }
         // Bind the added listeners before changing anything, so a busy port
         // leaves the running config whole.

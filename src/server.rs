@@ -27,6 +27,9 @@ pub struct RunOptions {
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
 pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
+    // Before anything is bound or started (and in the supervisor, before
+    // any worker): a bad certificate stops start-up with its file named.
+    crate::tls::check_listeners(&config)?;
     if opts.worker.is_none() {
         // Without -c the file may be a default one: say which.
         match &opts.config_path {

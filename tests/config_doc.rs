@@ -74,6 +74,30 @@ const UNPRINTED_KEYS: &[&str] = &[
     "array.pac_path",
     "array.pac_direct",
     "array.pac_fallback_direct",
+    "listener.certificate",
+    "listener.certificate.cert",
+    "listener.certificate.key",
+];
+
+/// The certificates the TLS examples name: generated for the test (valid
+/// now), written to a temporary directory, and the paths in the example
+/// replaced by theirs.
+const EXAMPLE_CERTIFICATES: &[(&str, &str, &str)] = &[
+    (
+        "/etc/portico/tls/proxy.pem",
+        "/etc/portico/tls/proxy.key",
+        "proxy.example.com",
+    ),
+    (
+        "/etc/portico/tls/www.pem",
+        "/etc/portico/tls/www.key",
+        "www.example.com",
+    ),
+    (
+        "/etc/portico/tls/shop.pem",
+        "/etc/portico/tls/shop.key",
+        "shop.example.com",
+    ),
 ];
 
 /// Files the examples name that `portico check` reads: written to a
@@ -287,6 +311,15 @@ fn every_example_passes_check() {
             let copy = files.path().join(format!("example-{j}.txt"));
             std::fs::write(&copy, text).expect("write example file");
             block = block.replace(path, &copy.display().to_string());
+        }
+        for (j, (cert, key, name)) in EXAMPLE_CERTIFICATES.iter().enumerate() {
+            let ck = rcgen::generate_simple_self_signed(vec![name.to_string()]).expect("generate certificate");
+            let cert_copy = files.path().join(format!("cert-{j}.pem"));
+            let key_copy = files.path().join(format!("key-{j}.pem"));
+            std::fs::write(&cert_copy, ck.cert.pem()).expect("write certificate");
+            std::fs::write(&key_copy, ck.signing_key.serialize_pem()).expect("write key");
+            block = block.replace(cert, &cert_copy.display().to_string());
+            block = block.replace(key, &key_copy.display().to_string());
         }
         let mut file = tempfile::Builder::new()
             .prefix("config-doc-")

@@ -156,6 +156,36 @@ pub struct ListenerConfig {
     pub busy_body: String,
     /// File whose content is the body of busy responses (read at start-up); empty = none.
     pub busy_file: PathBuf,
+    /// `[[listener.certificate]]`: TLS on this listener, one certificate
+    /// chain per table, chosen by SNI (the first is the default); none =
+    /// plain TCP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub certificate: Vec<CertificateConfig>,
+    /// Oldest TLS version accepted: "1.2" (1.2 and 1.3) or "1.3".
+    pub tls_min_version: TlsVersion,
+}
+
+/// `[[listener.certificate]]`: one certificate chain and its private key,
+/// both PEM files (nginx's `ssl_certificate` and `ssl_certificate_key`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateConfig {
+    /// The certificate, then its intermediate CA certificates (PEM).
+    pub cert: PathBuf,
+    /// The private key (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC).
+    pub key: PathBuf,
+}
+
+/// `tls_min_version` of a `[[listener]]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TlsVersion {
+    /// TLS 1.2 and 1.3.
+    #[default]
+    #[serde(rename = "1.2")]
+    V1_2,
+    /// TLS 1.3 only.
+    #[serde(rename = "1.3")]
+    V1_3,
 }
 
 impl Default for ListenerConfig {
@@ -167,6 +197,8 @@ impl Default for ListenerConfig {
             nodelay: true,
             busy_body: String::new(),
             busy_file: PathBuf::new(),
+            certificate: Vec::new(),
+            tls_min_version: TlsVersion::V1_2,
         }
     }
 }

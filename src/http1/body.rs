@@ -3,11 +3,11 @@
 
 use super::chunked::{ChunkedDecoder, Decoded};
 use super::head::BodyFraming;
+use super::io::ClientStream;
 use super::io::read_buf;
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 /// Largest piece of body handed on at once.
 const MAX_FRAME: usize = 64 << 10;
@@ -63,7 +63,7 @@ enum State {
 /// The body of the request being served, read from the connection's buffer
 /// and socket on demand.
 pub struct BodyReader<'a> {
-    stream: &'a TcpStream,
+    stream: &'a ClientStream,
     buf: &'a mut BytesMut,
     state: State,
     max_size: u64,
@@ -73,7 +73,7 @@ pub struct BodyReader<'a> {
 
 impl<'a> BodyReader<'a> {
     pub(super) fn new(
-        stream: &'a TcpStream,
+        stream: &'a ClientStream,
         buf: &'a mut BytesMut,
         framing: BodyFraming,
         max_size: u64,

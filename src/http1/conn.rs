@@ -5,14 +5,13 @@
 
 use super::body::BodyReader;
 use super::head::{HeadError, HeadLimits, RequestHead, parse_request};
-use super::io::read_buf;
+use super::io::{ClientStream, read_buf};
 use super::response::ResponseWriter;
 use crate::keepalive::KeepAlive;
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Connection-level settings, fixed per listener.
@@ -43,7 +42,7 @@ pub struct Exchange<'a> {
     /// Where the response goes.
     pub out: ResponseWriter<'a>,
     /// The client connection itself, for CONNECT tunnels.
-    pub stream: &'a TcpStream,
+    pub stream: &'a ClientStream,
     /// The client's address.
     pub peer: SocketAddr,
     /// The local address the client connected to.
@@ -122,15 +121,22 @@ pub struct GoneIdle {
 /// Serves one client connection until it closes (None) or stays idle long
 /// enough to be handed to the keep-alive poller (the connection is returned).
 pub async fn serve<H: Handler>(
-    stream: TcpStream,
+    stream: ClientStream,
     peer: SocketAddr,
     start: Start,
     settings: &ConnSettings,
     handler: &H,
 ) -> Option<GoneIdle> {
-    let local = stream.local_addr().ok()?;
+    let local = stream.tcp().local_addr().ok()?;
     let ka = &*settings.keepalive;
-    let park_after = ka.poller().map(|p| start.park_after.unwrap_or(p.park_after()));
+    // A TLS connection stays in its task while idle: the poller holds
+    // bare descriptors, and a TLS connection is also rustls's state
+    // (keys, sequence numbers, buffered records); see docs/ARCHITECTURE.md.
+    let park_after = if stream.is_tls() {
+        None
+    } else {
+        ka.poller().map(|p| start.park_after.unwrap_or(p.park_after()))
+    };
     let mut carry: Option<BytesMut> = None;
     let mut served = start.served;
     let mut ready = start.ready;
@@ -155,7 +161,7 @@ pub async fn serve<H: Handler>(
                 // Between requests the connection is in the keep-alive set,
                 // which may close it (flush) to make room for a newer one;
                 // the guard leaves the set before the socket is closed.
-                let _idle = ka.enter(&stream);
+                let _idle = ka.enter(stream.tcp());
                 tokio::select! {
                     r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r,
                     () = drained => Ok(false),
@@ -165,6 +171,10 @@ pub async fn serve<H: Handler>(
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(_) if wait < full => {
+                    let ClientStream::Plain(stream) = stream else {
+                        // Never: `park_after` is None for TLS.
+                        return None;
+                    };
                     let stream = stream.into_std().ok()?;
                     // Read the clock only here, not on every idle wait:
                     // `wait` has just passed, so `full - wait` is left.
@@ -216,7 +226,14 @@ pub async fn serve<H: Handler>(
 /// and a fresh connection often is), so it is confirmed by peeking one byte
 /// before the caller takes a buffer: otherwise every connection that has
 /// not sent its request yet would hold a read buffer.
-async fn bytes_waiting(stream: &TcpStream) -> bool {
+async fn bytes_waiting(stream: &ClientStream) -> bool {
+    let stream = match stream {
+        ClientStream::Plain(s) => s,
+        // Decrypted bytes already read off the socket (with the end of
+        // the handshake, or after the previous request) count too.
+        ClientStream::Tls(t) if t.has_plaintext() => return true,
+        ClientStream::Tls(t) => t.tcp(),
+    };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
         if stream.readable().await.is_err() {
@@ -239,7 +256,24 @@ async fn bytes_waiting(stream: &TcpStream) -> bool {
 /// pipelined request, a body) mean the client is still there: it then stays
 /// pending for good, rather than spin on a socket that stays readable.
 /// Costs nothing until the socket becomes readable.
-pub async fn client_closed(stream: &TcpStream) {
+pub async fn client_closed(stream: &ClientStream) {
+    let stream = match stream {
+        ClientStream::Plain(s) => s,
+        // Over TLS, bytes waiting may be a close_notify (a client that
+        // leaves says so before its TCP close): the records are read to
+        // tell, which the plain peek cannot.
+        ClientStream::Tls(t) => loop {
+            if t.tcp().readable().await.is_err() {
+                return;
+            }
+            match t.closed_now() {
+                Ok(true) => return,
+                Ok(false) => std::future::pending::<()>().await,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+        },
+    };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
         if stream.readable().await.is_err() {
@@ -262,7 +296,11 @@ pub async fn client_closed(stream: &TcpStream) {
 /// with unread input makes the kernel send a reset, which can destroy the
 /// response (an error page for a request whose body we did not read) before
 /// the client has read it.
-async fn lingering_close(stream: &TcpStream) {
+async fn lingering_close(stream: &ClientStream) {
+    if let ClientStream::Tls(t) = stream {
+        t.send_close_notify();
+    }
+    let stream = stream.tcp();
     if socket2::SockRef::from(stream)
         .shutdown(std::net::Shutdown::Write)
         .is_err()
@@ -288,7 +326,7 @@ async fn lingering_close(stream: &TcpStream) {
 /// Serves one request; returns the unread bytes (pipelined requests) when
 /// the connection can be reused.
 async fn serve_one<H: Handler>(
-    stream: &TcpStream,
+    stream: &ClientStream,
     mut buf: BytesMut,
     peer: SocketAddr,
     local: SocketAddr,
@@ -371,7 +409,7 @@ async fn serve_one<H: Handler>(
 
 /// Errors reading a head: answer with the status, or just close.
 async fn read_head(
-    stream: &TcpStream,
+    stream: &ClientStream,
     buf: &mut BytesMut,
     limits: &HeadLimits,
     deadline: Instant,

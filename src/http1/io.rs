@@ -1,18 +1,54 @@
-//! Readiness-based reads and writes on a shared `&TcpStream`.
+//! Readiness-based reads and writes on a shared `&ClientStream`.
 //!
-//! Reading and writing through `&TcpStream` (rather than split halves) lets
-//! the request-body reader and the response writer of one exchange run
+//! Reading and writing through `&ClientStream` (rather than split halves)
+//! lets the request-body reader and the response writer of one exchange run
 //! concurrently in one task, and lets an idle connection wait for
 //! readability while holding no buffer at all.
+//!
+//! A client connection is plain TCP or TLS ([`ClientStream`]): an enum,
+//! matched once per read or write, so plain TCP pays a predictable branch
+//! and no dynamic dispatch; the TLS record layer is `http1::tls`.
 
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::time::Duration;
 use tokio::net::TcpStream;
 
+/// A client connection: plain TCP, or TLS on a listener with certificates.
+pub enum ClientStream {
+    /// Plain TCP (and the origin side of a CONNECT tunnel).
+    Plain(TcpStream),
+    /// TLS, its handshake done.
+    Tls(Box<super::tls::TlsConn>),
+}
+
+impl ClientStream {
+    /// The TCP connection (underneath TLS): addresses, socket options,
+    /// readiness, shutdown.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            ClientStream::Plain(s) => s,
+            ClientStream::Tls(t) => t.tcp(),
+        }
+    }
+
+    /// True for a TLS connection.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientStream::Tls(_))
+    }
+}
+
 /// Reads whatever is available into `buf` (growing it by up to `chunk`
-/// bytes); returns 0 at end of stream.
-pub async fn read_buf(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+/// bytes); returns 0 at end of stream. Over TLS, decrypted bytes.
+pub async fn read_buf(stream: &ClientStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+    match stream {
+        ClientStream::Plain(s) => read_buf_tcp(s, buf, chunk).await,
+        ClientStream::Tls(t) => t.read_buf(buf, chunk).await,
+    }
+}
+
+/// [`read_buf`] on plain TCP.
+async fn read_buf_tcp(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
     loop {
         if buf.capacity() - buf.len() < 512 {
             buf.reserve(chunk);
@@ -32,7 +68,7 @@ pub async fn read_buf(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> i
 /// the kernel holding them for a peer that may never take them. The error
 /// is `TimedOut`.
 /// A zero `timeout` waits for ever.
-async fn writable_within(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+pub(super) async fn writable_within(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
     if timeout.is_zero() {
         return stream.writable().await;
     }
@@ -54,7 +90,15 @@ async fn writable_within(stream: &TcpStream, timeout: Duration) -> io::Result<()
 
 /// Writes all of `data`; fails with `TimedOut` (and aborts the connection)
 /// when the peer accepts no bytes for `timeout`.
-pub async fn write_all(stream: &TcpStream, mut data: &[u8], timeout: Duration) -> io::Result<()> {
+pub async fn write_all(stream: &ClientStream, data: &[u8], timeout: Duration) -> io::Result<()> {
+    match stream {
+        ClientStream::Plain(s) => write_all_tcp(s, data, timeout).await,
+        ClientStream::Tls(t) => t.write_all(&[data], timeout).await,
+    }
+}
+
+/// [`write_all`] on plain TCP.
+async fn write_all_tcp(stream: &TcpStream, mut data: &[u8], timeout: Duration) -> io::Result<()> {
     while !data.is_empty() {
         match stream.try_write(data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -69,7 +113,17 @@ pub async fn write_all(stream: &TcpStream, mut data: &[u8], timeout: Duration) -
 /// Writes all of the given slices, in order, with as few syscalls as the
 /// kernel allows (a response head and its first body bytes go out in one);
 /// fails with `TimedOut` as [`write_all`] does.
-pub async fn write_all_vectored(stream: &TcpStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+pub async fn write_all_vectored(stream: &ClientStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+    match stream {
+        ClientStream::Plain(s) => write_all_vectored_tcp(s, parts, timeout).await,
+        // One TLS record layer call: the head and the first body bytes
+        // still leave in as few records (and syscalls) as rustls makes.
+        ClientStream::Tls(t) => t.write_all(parts, timeout).await,
+    }
+}
+
+/// [`write_all_vectored`] on plain TCP.
+async fn write_all_vectored_tcp(stream: &TcpStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
     let mut idx = 0; // first slice not completely written
     let mut off = 0; // bytes of parts[idx] already written
     while idx < parts.len() {

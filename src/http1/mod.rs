@@ -12,9 +12,10 @@ mod conn;
 pub mod head;
 mod io;
 mod response;
+pub mod tls;
 
 pub(crate) use body::{BodyError, BodyFrame, BodyReader};
 pub(crate) use conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo, Start, client_closed, serve};
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
-pub(crate) use io::{read_buf, write_all};
+pub(crate) use io::{ClientStream, read_buf, write_all};
 pub(crate) use response::{BodyLen, ResponseWriter};

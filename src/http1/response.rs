@@ -2,6 +2,7 @@
 //! the client's version allows (Content-Length, chunked, or until close).
 
 use super::chunked::{chunk_header, last_chunk};
+use super::io::ClientStream;
 use super::io::{write_all, write_all_vectored};
 use crate::keepalive::KeepAlive;
 use bytes::Bytes;
@@ -9,7 +10,6 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 use std::io;
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 /// What the handler knows about the length of the body it will send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ enum Framing {
 
 /// Writes one response to the client connection.
 pub struct ResponseWriter<'a> {
-    stream: &'a TcpStream,
+    stream: &'a ClientStream,
     version: Version,
     head_request: bool,
     keep_alive: bool,
@@ -58,7 +58,7 @@ pub struct ResponseWriter<'a> {
 
 impl<'a> ResponseWriter<'a> {
     pub(super) fn new(
-        stream: &'a TcpStream,
+        stream: &'a ClientStream,
         version: Version,
         method: &Method,
         keep_alive: bool,

@@ -527,6 +527,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                 verify_time: st.verify_time.snapshot(),
             }
         }),
+        tls: stats::TlsInfo::current(),
         processes: Vec::new(),
     }
 }

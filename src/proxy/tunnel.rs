@@ -6,7 +6,7 @@
 
 use super::Shared;
 use super::reply::error_page;
-use crate::http1::{Exchange, Outcome, read_buf, write_all};
+use crate::http1::{ClientStream, Exchange, Outcome, read_buf, write_all};
 use crate::proxy::admission::Permit;
 use crate::upstream::ConnectErrorKind;
 use bytes::BytesMut;
@@ -90,6 +90,7 @@ pub async fn run(
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
     let idle = sh.config.proxy.tunnel_idle_timeout.get();
+    let upstream = ClientStream::Plain(upstream);
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
@@ -145,7 +146,7 @@ async fn through_parent(
 
 /// Copies `from` to `to` until end of stream (then half-closes `to`), an
 /// error, or an idle period on both directions; returns the bytes copied.
-async fn pipe(from: &TcpStream, to: &TcpStream, last: &AtomicU64, start: Instant, idle: Duration) -> u64 {
+async fn pipe(from: &ClientStream, to: &ClientStream, last: &AtomicU64, start: Instant, idle: Duration) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
     loop {
@@ -157,16 +158,20 @@ async fn pipe(from: &TcpStream, to: &TcpStream, last: &AtomicU64, start: Instant
                 if since < idle.as_millis() as u64 {
                     continue;
                 }
-                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
-                let _ = socket2::SockRef::from(from).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(from.tcp()).shutdown(Shutdown::Both);
                 return total;
             }
             Ok(Ok(0)) => {
-                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Write);
+                // A TLS client is told the end first, as a TLS server would.
+                if let ClientStream::Tls(t) = to {
+                    t.send_close_notify();
+                }
+                let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Write);
                 return total;
             }
             Ok(Err(_)) => {
-                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Both);
                 return total;
             }
             Ok(Ok(n)) => n,
@@ -176,7 +181,7 @@ async fn pipe(from: &TcpStream, to: &TcpStream, last: &AtomicU64, start: Instant
         // silent one: without this bound a client that sends but never
         // reads would hold the tunnel (and two descriptors) for ever.
         if write_all(to, &buf[..n], idle).await.is_err() {
-            let _ = socket2::SockRef::from(from).shutdown(Shutdown::Read);
+            let _ = socket2::SockRef::from(from.tcp()).shutdown(Shutdown::Read);
             return total;
         }
         total += n as u64;

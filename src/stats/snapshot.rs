@@ -48,6 +48,9 @@ crate::section! {
         /// Authentication and the user cache; None when `[auth]` is off.
         #[serde(default)]
         auth: Option<AuthInfo> => Section, Add, None, "Authentication and the user cache.";
+        /// TLS handshakes on the listeners with certificates.
+        #[serde(default)]
+        tls: TlsInfo => Section, Add, None, "TLS handshakes on client-facing listeners.";
         /// In a figure summed over worker processes (`server.processes > 1`):
         /// one entry per worker, counted or not; empty for one process's own
         /// figures. Not part of the serialized snapshot (the JSON document
@@ -570,6 +573,51 @@ impl AuthInfo {
     /// hits / (hits + misses), percent.
     pub fn hit_ratio(&self) -> f64 {
         percent(self.hits, self.hits + self.misses)
+    }
+}
+
+/// The help of the failed TLS handshakes (one metric family, by reason).
+const TLS_FAILURES: &str = "TLS handshakes with clients that failed, by reason.";
+
+crate::section! {
+    /// TLS handshakes with clients (`[[listener.certificate]]`), the Sun
+    /// Web Server's SSL figures.
+    pub struct TlsInfo at "tls" {
+        /// Handshakes completed.
+        handshakes: u64 => Counter, Add, None, "TLS handshakes with clients completed.",
+            prom "portico_tls_handshakes_total", xml "ssl-bucket" "countHandshakes";
+        /// Failed: not TLS (plain HTTP to a TLS port), or no version or
+        /// cipher suite in common.
+        failed_protocol: u64 => Counter, Add, None, TLS_FAILURES,
+            prom "portico_tls_handshake_failures_total" { "reason" = "protocol" }, xml "ssl-bucket" "countProtocolFailures";
+        /// Failed: the client refused the certificate.
+        failed_certificate: u64 => Counter, Add, None, TLS_FAILURES,
+            prom "portico_tls_handshake_failures_total" { "reason" = "certificate" }, xml "ssl-bucket" "countCertificateFailures";
+        /// Failed: not complete within `limits.header_timeout`.
+        failed_timeout: u64 => Counter, Add, None, TLS_FAILURES,
+            prom "portico_tls_handshake_failures_total" { "reason" = "timeout" }, xml "ssl-bucket" "countTimeoutFailures";
+        /// Failed otherwise (the client closed the connection mid-handshake).
+        failed_other: u64 => Counter, Add, None, TLS_FAILURES,
+            prom "portico_tls_handshake_failures_total" { "reason" = "other" }, xml "ssl-bucket" "countOtherFailures";
+    }
+}
+
+impl TlsInfo {
+    /// This process's handshake counters.
+    pub fn current() -> TlsInfo {
+        let (done, [protocol, certificate, timeout, other]) = crate::tls::counters().read();
+        TlsInfo {
+            handshakes: done,
+            failed_protocol: protocol,
+            failed_certificate: certificate,
+            failed_timeout: timeout,
+            failed_other: other,
+        }
+    }
+
+    /// All failed handshakes.
+    pub fn failures(&self) -> u64 {
+        self.failed_protocol + self.failed_certificate + self.failed_timeout + self.failed_other
     }
 }
 

@@ -131,6 +131,25 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "{:<20} {}", "MaxKeepAliveRequests", ka.max_requests);
     o.push('\n');
 
+    // Only once a TLS listener has seen a client: a server without one
+    // keeps the report it always had.
+    let tls = &s.tls;
+    if tls.handshakes + tls.failures() > 0 {
+        let _ = writeln!(o, "SSLInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<28} {}", "Handshakes", tls.handshakes);
+        let _ = writeln!(
+            o,
+            "{:<28} {} (protocol {}, certificate {}, timeout {}, other {})",
+            "Handshake Failures",
+            tls.failures(),
+            tls.failed_protocol,
+            tls.failed_certificate,
+            tls.failed_timeout,
+            tls.failed_other
+        );
+        o.push('\n');
+    }
+
     let ss = &s.sessions;
     let _ = writeln!(o, "SessionCreationInfo:\n{RULE}");
     let _ = writeln!(o, "{:<28} {}", "Active Sessions", ss.active);

@@ -257,6 +257,7 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
         ),
     );
     o.leaf("keepalive-bucket", &declared(s, "keepalive-bucket"));
+    o.leaf("ssl-bucket", &declared(s, "ssl-bucket"));
     match &s.cache {
         None => o.leaf("cache-bucket", &[a("flagEnabled", 0)]),
         Some(c) => {

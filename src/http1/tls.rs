@@ -1,0 +1,273 @@
+//! The TLS record layer of an established client connection, readiness
+//! based like the plain reads and writes of `io`, on a shared reference:
+//! the request-body reader and the response writer of one exchange (and
+//! the two directions of a CONNECT tunnel) use the one connection at once.
+//!
+//! The handshake is tokio-rustls's (`accept`); the connection is then taken
+//! apart (`into_inner`) and its rustls state kept behind a mutex that is
+//! only ever held for one non-blocking step (never across an `await`, which
+//! the compiler enforces: the guard is not `Send`), so the two users never
+//! wait on each other for longer than a decryption or encryption.
+
+use bytes::BytesMut;
+use rustls::ServerConnection;
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// An established TLS connection with a client.
+pub struct TlsConn {
+    tcp: TcpStream,
+    conn: Mutex<ServerConnection>,
+}
+
+/// Why a handshake failed, as the statistics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// Not TLS, or TLS Portico does not speak (version, cipher suites):
+    /// plain HTTP sent to a TLS port lands here.
+    Protocol,
+    /// The client refused Portico's certificate (an alert saying so).
+    Certificate,
+    /// The handshake did not complete within `limits.header_timeout`.
+    Timeout,
+    /// The client closed the connection, or another I/O error.
+    Other,
+}
+
+/// Runs the server side of a TLS handshake on `tcp`, within `timeout`.
+pub async fn accept(
+    tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    timeout: Duration,
+) -> Result<TlsConn, HandshakeFailure> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+        Err(_) => Err(HandshakeFailure::Timeout),
+        Ok(Err(e)) => Err(classify(&e)),
+        Ok(Ok(stream)) => {
+            let (tcp, conn) = stream.into_inner();
+            Ok(TlsConn {
+                tcp,
+                conn: Mutex::new(conn),
+            })
+        }
+    }
+}
+
+/// The coarse reason of a failed handshake.
+fn classify(e: &io::Error) -> HandshakeFailure {
+    use rustls::{AlertDescription as A, Error as E};
+    let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
+        return HandshakeFailure::Other;
+    };
+    match inner {
+        E::AlertReceived(
+            A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA
+            | A::AccessDenied,
+        )
+        | E::InvalidCertificate(_)
+        | E::NoCertificatesPresented => HandshakeFailure::Certificate,
+        E::InvalidMessage(_)
+        | E::InappropriateMessage { .. }
+        | E::InappropriateHandshakeMessage { .. }
+        | E::PeerIncompatible(_)
+        | E::PeerMisbehaved(_)
+        | E::NoApplicationProtocol
+        | E::DecryptError
+        | E::AlertReceived(_) => HandshakeFailure::Protocol,
+        _ => HandshakeFailure::Other,
+    }
+}
+
+/// `Read` and `Write` on a shared tokio `TcpStream` for rustls, used only
+/// inside `try_io` (which turns `WouldBlock` into "wait for readiness").
+struct Sock<'a>(&'a TcpStream);
+
+impl Read for Sock<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*socket2::SockRef::from(self.0)).read(buf)
+    }
+}
+
+impl Write for Sock<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*socket2::SockRef::from(self.0)).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*socket2::SockRef::from(self.0)).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl TlsConn {
+    /// The TCP connection underneath (addresses, socket options, shutdown).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ServerConnection> {
+        // A panic while holding the lock leaves rustls's state as it was
+        // between two calls: take it over.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends what rustls has queued (records, alerts) without waiting:
+    /// true when nothing is left.
+    fn flush_now(&self, conn: &mut ServerConnection) -> io::Result<bool> {
+        while conn.wants_write() {
+            match self
+                .tcp
+                .try_io(Interest::WRITABLE, || conn.write_tls(&mut Sock(&self.tcp)))
+            {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Decrypted bytes into `out` without waiting: `WouldBlock` when the
+    /// socket must become readable first, 0 at the end of the stream
+    /// (close_notify, or the client closed the TCP connection).
+    fn try_read(&self, out: &mut [u8]) -> io::Result<usize> {
+        let mut conn = self.lock();
+        loop {
+            match conn.reader().read(out) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // The client closed without close_notify: for HTTP/1 the
+                // message framing says whether anything was cut short.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(e),
+            }
+            let read = self
+                .tcp
+                .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))?;
+            if read == 0 {
+                return Ok(0);
+            }
+            if let Err(e) = conn.process_new_packets() {
+                // rustls has queued an alert saying why: send it if we can.
+                let _ = self.flush_now(&mut conn);
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+            // Anything the records asked for (a key update's answer).
+            let _ = self.flush_now(&mut conn)?;
+        }
+    }
+
+    /// Reads whatever is available into `buf` (growing it by up to
+    /// `chunk` bytes); 0 at end of stream.
+    pub async fn read_buf(&self, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+        loop {
+            if buf.capacity() - buf.len() < 512 {
+                buf.reserve(chunk);
+            }
+            // rustls reads into initialised memory only: zero at most
+            // `chunk` bytes of the spare capacity, not all of it.
+            let start = buf.len();
+            let room = (buf.capacity() - start).min(chunk.max(512));
+            buf.resize(start + room, 0);
+            let r = self.try_read(&mut buf[start..]);
+            buf.truncate(start + *r.as_ref().unwrap_or(&0));
+            match r {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.readable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the client has closed, without waiting and without taking
+    /// any decrypted bytes: records waiting on the socket are read into
+    /// rustls and processed. `Ok(true)`: closed (close_notify, the TCP
+    /// connection closed, or a broken record); `Ok(false)`: the client is
+    /// there and has sent data (a pipelined request, a body);
+    /// `WouldBlock`: nothing to tell yet.
+    pub fn closed_now(&self) -> io::Result<bool> {
+        let mut conn = self.lock();
+        loop {
+            match conn.process_new_packets() {
+                Err(_) => return Ok(true),
+                Ok(s) if s.peer_has_closed() => return Ok(true),
+                Ok(s) if s.plaintext_bytes_to_read() > 0 => return Ok(false),
+                Ok(_) => {}
+            }
+            match self
+                .tcp
+                .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
+            {
+                Ok(0) => return Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+                Err(_) => return Ok(true),
+            }
+        }
+    }
+
+    /// True if decrypted bytes are waiting to be read.
+    pub fn has_plaintext(&self) -> bool {
+        self.lock()
+            .process_new_packets()
+            .is_ok_and(|s| s.plaintext_bytes_to_read() > 0)
+    }
+
+    /// Encrypts and sends all of `parts`, in order; fails with `TimedOut`
+    /// (and aborts the connection) when the client accepts no bytes for
+    /// `timeout`, as plain writes do.
+    pub async fn write_all(&self, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+        let mut idx = 0;
+        let mut off = 0;
+        loop {
+            {
+                let mut conn = self.lock();
+                // rustls buffers a bounded amount of plaintext (64 KiB by
+                // default) and takes what fits; the rest after a flush.
+                let mut taken = 0;
+                while idx < parts.len() {
+                    let n = conn.writer().write(&parts[idx][off..])?;
+                    taken += n;
+                    off += n;
+                    if off < parts[idx].len() {
+                        break;
+                    }
+                    idx += 1;
+                    off = 0;
+                }
+                if taken == 0 && idx < parts.len() && !conn.wants_write() {
+                    // Nothing accepted and nothing to send: rustls will not
+                    // take more (the connection is closing); never spin.
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                if self.flush_now(&mut conn)? {
+                    if idx == parts.len() {
+                        return Ok(());
+                    }
+                    // All sent and more to encrypt: the buffer has room again.
+                    continue;
+                }
+            }
+            // The socket is full: wait until the client takes bytes.
+            super::io::writable_within(&self.tcp, timeout).await?;
+        }
+    }
+
+    /// Sends close_notify (best effort, not waiting for a slow client).
+    pub fn send_close_notify(&self) {
+        let mut conn = self.lock();
+        conn.send_close_notify();
+        let _ = self.flush_now(&mut conn);
+    }
+}
