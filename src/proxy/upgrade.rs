@@ -12,7 +12,7 @@
 use super::Shared;
 use super::forward::{Dest, Failure, response_headers};
 use crate::http1::head::list_tokens;
-use crate::http1::{Exchange, RequestHead, read_buf, write_all};
+use crate::http1::{ClientStream, Exchange, RequestHead, read_buf, write_all};
 use crate::proxy::admission::Permit;
 use bytes::BytesMut;
 use http::header::{CONNECTION, UPGRADE};
@@ -22,7 +22,6 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The `Upgrade` field to send to the origin for `head`: the protocols it
 /// offers that `allowed` names, in the client's order. None when the
@@ -168,7 +167,7 @@ fn idle_both_ways(last: &AtomicU64, start: Instant, idle: Duration) -> bool {
 /// stream (then ends the origin's write side), an error, or idleness both
 /// ways; returns the bytes copied.
 async fn client_to_origin<W: AsyncWrite + Unpin>(
-    from: &TcpStream,
+    from: &ClientStream,
     mut to: W,
     last: &AtomicU64,
     start: Instant,
@@ -182,7 +181,7 @@ async fn client_to_origin<W: AsyncWrite + Unpin>(
             Err(_) | Ok(Err(_)) => {
                 // Wakes the other direction's write to the client, and
                 // its read, on the client side at least.
-                let _ = socket2::SockRef::from(from).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(from.tcp()).shutdown(Shutdown::Both);
                 let _ = to.shutdown().await;
                 return total;
             }
@@ -198,7 +197,7 @@ async fn client_to_origin<W: AsyncWrite + Unpin>(
         match tokio::time::timeout(idle, to.write_all(&buf[..n])).await {
             Ok(Ok(())) => {}
             _ => {
-                let _ = socket2::SockRef::from(from).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(from.tcp()).shutdown(Shutdown::Both);
                 return total;
             }
         }
@@ -212,7 +211,7 @@ async fn client_to_origin<W: AsyncWrite + Unpin>(
 /// both ways; returns the bytes copied.
 async fn origin_to_client<R: AsyncRead + Unpin>(
     mut from: R,
-    to: &TcpStream,
+    to: &ClientStream,
     last: &AtomicU64,
     start: Instant,
     idle: Duration,
@@ -223,11 +222,11 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
         let n = match tokio::time::timeout(idle, from.read(&mut buf)).await {
             Err(_) if !idle_both_ways(last, start, idle) => continue,
             Err(_) | Ok(Err(_)) => {
-                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
+                let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Both);
                 return total;
             }
             Ok(Ok(0)) => {
-                let _ = socket2::SockRef::from(to).shutdown(Shutdown::Write);
+                let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Write);
                 return total;
             }
             Ok(Ok(n)) => n,
@@ -236,7 +235,7 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
         // A client that takes no bytes for the idle time does not hold the
         // connection for ever (`write_all`'s own timeout).
         if write_all(to, &buf[..n], idle).await.is_err() {
-            let _ = socket2::SockRef::from(to).shutdown(Shutdown::Both);
+            let _ = socket2::SockRef::from(to.tcp()).shutdown(Shutdown::Both);
             return total;
         }
         total += n as u64;
