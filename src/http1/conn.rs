@@ -79,6 +79,18 @@ pub trait Handler: Send + Sync + 'static {
     fn timed(&self) -> bool {
         false
     }
+    /// True when the listener speaks another protocol than HTTP on its
+    /// connections (a SOCKS listener): the accept loop then hands each
+    /// connection whole to [`Handler::serve_connection`] instead of reading
+    /// HTTP requests from it.
+    fn takes_connections(&self) -> bool {
+        false
+    }
+    /// Serves a whole connection when [`Handler::takes_connections`] says so.
+    fn serve_connection(&self, stream: TcpStream, peer: SocketAddr) -> impl std::future::Future<Output = ()> + Send {
+        let _ = (stream, peer);
+        async {}
+    }
 }
 
 /// A request that was rejected before it could be parsed.
@@ -262,7 +274,7 @@ pub async fn client_closed(stream: &TcpStream) {
 /// with unread input makes the kernel send a reset, which can destroy the
 /// response (an error page for a request whose body we did not read) before
 /// the client has read it.
-async fn lingering_close(stream: &TcpStream) {
+pub(crate) async fn lingering_close(stream: &TcpStream) {
     if socket2::SockRef::from(stream)
         .shutdown(std::net::Shutdown::Write)
         .is_err()

@@ -525,6 +525,11 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                 verify_time: st.verify_time.snapshot(),
             }
         }),
+        socks: cfg
+            .listener
+            .iter()
+            .any(|l| l.mode == Mode::Socks)
+            .then(|| sh.stats.socks.snapshot()),
         processes: Vec::new(),
     }
 }
