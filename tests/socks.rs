@@ -191,6 +191,11 @@ async fn curl_socks5_by_ipv4_address_reaches_the_origin_logged_and_counted() {
     promtool_check(&page(&p, "/metrics").await);
     let xml = page(&p, "/stats-xml").await;
     assert!(xml.contains("<socks-bucket countSessions=\"1\""), "{xml}");
+    let perf = page(&p, "/.perf").await;
+    assert!(
+        perf.contains("SocksInfo:") && perf.contains("Established      1\n"),
+        "{perf}"
+    );
 }
 
 #[tokio::test]
@@ -477,7 +482,7 @@ async fn clients_outside_access_allow_get_reply_2() {
 
 #[tokio::test]
 async fn upstream_failures_map_to_reply_codes() {
-    let (p, socks) = socks_proxy("").await;
+    let (p, socks) = socks_proxy("[origin]\nconnect_timeout = \"1s\"\n").await;
     // Nothing listens there: connection refused (0x05).
     let dead: SocketAddr = dead_addr().parse().expect("address");
     let (code, _) = request_reply(socks, &connect_v4([127, 0, 0, 1], dead.port())).await;
@@ -485,18 +490,24 @@ async fn upstream_failures_map_to_reply_codes() {
     // Portico's own SOCKS listener: a loop, refused by rule (0x02).
     let (code, _) = request_reply(socks, &connect_v4([127, 0, 0, 1], socks.port())).await;
     assert_eq!(code, 2);
-    assert_eq!(metric(&p, "portico_socks_connect_failures_total").await, 1.0);
-    // In either order: a refused session is logged once the client has
+    // A name server slower than `origin.connect_timeout` (which covers the
+    // lookup): TTL expired (0x06), within the timeout, not the answer's 5 s.
+    p.dns().add("slow.test", std::net::Ipv4Addr::LOCALHOST.into(), 60);
+    p.dns().delay(Duration::from_secs(5));
+    let started = Instant::now();
+    let (code, _) = request_reply(socks, &connect_name(b"slow.test", dead.port())).await;
+    let took = started.elapsed();
+    assert_eq!(code, 6);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(4500),
+        "{took:?}"
+    );
+    assert_eq!(metric(&p, "portico_socks_connect_failures_total").await, 2.0);
+    // In any order: a refused session is logged once the client has
     // closed (the lingering close), which may come after the next one.
-    let lines = log_lines(&p, 2).await;
-    assert_eq!(
-        lines.iter().filter(|l| l.contains(" NONE/502 ")).count(),
-        1,
-        "{lines:?}"
-    );
-    assert_eq!(
-        lines.iter().filter(|l| l.contains(" NONE/508 ")).count(),
-        1,
-        "{lines:?}"
-    );
+    let lines = log_lines(&p, 3).await;
+    for status in ["NONE/502", "NONE/508", "NONE/504"] {
+        let n = lines.iter().filter(|l| l.contains(&format!(" {status} "))).count();
+        assert_eq!(n, 1, "{status}: {lines:?}");
+    }
 }
