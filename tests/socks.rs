@@ -511,3 +511,46 @@ async fn upstream_failures_map_to_reply_codes() {
         assert_eq!(n, 1, "{status}: {lines:?}");
     }
 }
+
+#[tokio::test]
+async fn acl_entries_see_the_socks_user_and_its_login() {
+    if !have_htpasswd() {
+        return;
+    }
+    let (_d, file) = user_file("alice", "s3cret");
+    let out = std::process::Command::new("htpasswd")
+        .args(["-bB", file.to_str().expect("utf-8 path"), "bob", "hunter2"])
+        .output()
+        .expect("run htpasswd");
+    assert!(out.status.success());
+    let o = origin().await;
+    // Credentials optional (`required` unset): only alice may reach the
+    // origin, an anonymous session is asked to log in (and cannot be).
+    let (p, socks) = socks_proxy(&format!(
+        "[auth]\nhtpasswd = \"{}\"\n\n\
+         [[acl]]\naction = \"allow\"\nmethod = \"CONNECT\"\nport = {port}\nuser = \"alice\"\nmode = \"socks\"\n\n\
+         [[acl]]\naction = \"deny\"\nport = {port}\n",
+        file.display(),
+        port = o.addr().port()
+    ))
+    .await;
+    let url = format!("{}/acl", o.url());
+    let out = curl(&["--socks5", &format!("alice:s3cret@{socks}"), &url]).await;
+    assert_curl_ok(&out, &p);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from origin");
+    let out = curl(&["--socks5", &format!("bob:hunter2@{socks}"), &url]).await;
+    assert!(!out.status.success(), "bob served");
+    let (code, _) = request_reply(socks, &connect_v4([127, 0, 0, 1], o.addr().port())).await;
+    assert_eq!(code, 2, "anonymous");
+    assert_eq!(o.count(), 1);
+    let lines = log_lines(&p, 3).await;
+    let has = |status: &str, user: &str| {
+        lines
+            .iter()
+            .any(|l| l.contains(&format!(" {status} ")) && l.contains(&format!(" {user} ")))
+    };
+    assert!(has("TCP_TUNNEL/200", "alice"), "{lines:?}");
+    assert!(has("TCP_DENIED/403", "bob"), "{lines:?}");
+    assert!(has("TCP_DENIED/407", "-"), "{lines:?}");
+    assert_eq!(metric(&p, "portico_acl_denied_total").await, 1.0);
+}
