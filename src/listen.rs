@@ -186,6 +186,13 @@ async fn run<H: Handler>(
     start: Start,
     open: crate::drain::ConnGuard,
 ) {
+    if serving.handler.takes_connections() {
+        // Not HTTP (a SOCKS listener): the handler has the connection to
+        // its end, and it never goes idle in the keep-alive set.
+        serving.handler.serve_connection(stream, peer).await;
+        drop(open);
+        return;
+    }
     let Some(idle) = serve(stream, peer, start, &serving.settings, &*serving.handler).await else {
         return;
     };

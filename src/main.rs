@@ -268,7 +268,8 @@ fn parse_mode(mode: Option<&str>) -> Result<Option<config::Mode>, String> {
         Some("forward") => Ok(Some(config::Mode::Forward)),
         Some("reverse") => Ok(Some(config::Mode::Reverse)),
         Some("transparent") => Ok(Some(config::Mode::Transparent)),
-        Some(m) => Err(format!("--mode {m:?}: use forward, reverse or transparent")),
+        Some("socks") => Ok(Some(config::Mode::Socks)),
+        Some(m) => Err(format!("--mode {m:?}: use forward, reverse, transparent or socks")),
     }
 }
 
@@ -313,7 +314,8 @@ fn rules_test(command: RulesCommand) -> Result<(), String> {
         Some("forward") => Some(config::Mode::Forward),
         Some("reverse") => Some(config::Mode::Reverse),
         Some("transparent") => Some(config::Mode::Transparent),
-        Some(m) => return Err(format!("--mode {m:?}: use forward, reverse or transparent")),
+        Some("socks") => Some(config::Mode::Socks),
+        Some(m) => return Err(format!("--mode {m:?}: use forward, reverse, transparent or socks")),
     };
     let probe = portico::rules::Probe {
         url,

@@ -256,6 +256,14 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 "set busy_body or busy_file, not both".into(),
             ));
         }
+        if l.mode == Mode::Socks && !l.certificate.is_empty() {
+            // Clients speak SOCKS 5 in the clear (RFC 1928 has no TLS
+            // wrapping); a TLS port is for HTTP.
+            return Err((
+                vec![Key("listener"), Index(i), Key("certificate")],
+                "a SOCKS listener (mode = \"socks\") does not speak TLS: remove its certificates".into(),
+            ));
+        }
         if l.mode == Mode::Reverse && c.rule.iter().all(|r| r.upstream.is_none()) {
             return Err((
                 vec![Key("listener"), Index(i), Key("mode")],

@@ -138,6 +138,9 @@ pub enum Mode {
     Reverse,
     /// Traffic redirected to Portico without the client knowing: the target is the `Host`.
     Transparent,
+    /// A SOCKS version 5 server (RFC 1928): CONNECT by address or name,
+    /// RFC 1929 user/password when `[auth]` is on (`proxy/socks.rs`).
+    Socks,
 }
 
 /// `[[listener]]`
@@ -146,7 +149,7 @@ pub enum Mode {
 pub struct ListenerConfig {
     /// Address and port to bind.
     pub address: SocketAddr,
-    /// forward | reverse | transparent.
+    /// forward | reverse | transparent | socks.
     pub mode: Mode,
     /// Listen backlog passed to listen(2) (the kernel caps it at net.core.somaxconn).
     pub listen_queue: u32,

@@ -78,6 +78,18 @@ pub trait Handler: Send + Sync + 'static {
     fn timed(&self) -> bool {
         false
     }
+    /// True when the listener speaks another protocol than HTTP on its
+    /// connections (a SOCKS listener): the accept loop then hands each
+    /// connection whole to [`Handler::serve_connection`] instead of reading
+    /// HTTP requests from it.
+    fn takes_connections(&self) -> bool {
+        false
+    }
+    /// Serves a whole connection when [`Handler::takes_connections`] says so.
+    fn serve_connection(&self, stream: ClientStream, peer: SocketAddr) -> impl std::future::Future<Output = ()> + Send {
+        let _ = (stream, peer);
+        async {}
+    }
 }
 
 /// A request that was rejected before it could be parsed.
@@ -296,7 +308,7 @@ pub async fn client_closed(stream: &ClientStream) {
 /// with unread input makes the kernel send a reset, which can destroy the
 /// response (an error page for a request whose body we did not read) before
 /// the client has read it.
-async fn lingering_close(stream: &ClientStream) {
+pub(crate) async fn lingering_close(stream: &ClientStream) {
     if let ClientStream::Tls(t) = stream {
         t.send_close_notify();
     }

@@ -108,6 +108,9 @@ pub fn classify(head: &RequestHead, mode: Mode) -> Result<Target, Refusal> {
     }
     let absolute = !head.target.starts_with('/') && head.target != "*";
     match mode {
+        // Never asked: a SOCKS listener's connections do not reach the
+        // HTTP layer (`proxy/socks.rs` takes them whole).
+        Mode::Socks => Err((StatusCode::BAD_REQUEST, "a SOCKS listener serves no HTTP requests")),
         Mode::Forward => {
             if !absolute {
                 return Err((

@@ -2,7 +2,8 @@
 //! or the connection queue), `access` (allow-list, credentials, and later
 //! the `[[acl]]` decision), `classify` (what the request asks for),
 //! `route` (the `[[rule]]`s' verdict), `cache` (lookup, serve, store), then
-//! upstream through `forward` (HTTP) or `tunnel` (CONNECT); `reply` makes
+//! upstream through `forward` (HTTP) or `tunnel` (CONNECT, and the SOCKS
+//! sessions of `socks`, which take whole connections); `reply` makes
 //! the answers Portico writes itself, and `handle` logs each request.
 //! `monitor` and `purge` answer admin clients. One [`ListenerHandler`] per
 //! listener; [`Shared`] holds what requests share.
@@ -22,6 +23,7 @@ mod route;
 pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
+mod socks;
 mod tunnel;
 mod upgrade;
 
@@ -331,6 +333,14 @@ impl Handler for ListenerHandler {
 
     fn timed(&self) -> bool {
         self.shared.load().stats.enabled
+    }
+
+    fn takes_connections(&self) -> bool {
+        self.mode == Mode::Socks
+    }
+
+    async fn serve_connection(&self, stream: crate::http1::ClientStream, peer: std::net::SocketAddr) {
+        self.serve_socks(stream, peer).await;
     }
 
     async fn reject(&self, mut rej: RejectInfo<'_>) {

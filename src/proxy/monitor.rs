@@ -528,6 +528,11 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             }
         }),
         tls: stats::TlsInfo::current(),
+        socks: cfg
+            .listener
+            .iter()
+            .any(|l| l.mode == Mode::Socks)
+            .then(|| sh.stats.socks.snapshot()),
         processes: Vec::new(),
     }
 }

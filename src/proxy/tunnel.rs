@@ -51,7 +51,7 @@ pub async fn run(
                 .await
                 .map(|s| (s, bytes::Bytes::new()))
         }
-        Some(g) => through_parent(ex, sh, g, host, port, parent_auth.as_ref()).await,
+        Some(g) => through_parent(&mut ex.hierarchy, sh, g, host, port, parent_auth.as_ref()).await,
     };
     let (upstream, parent_early) = match opened {
         Ok(s) => s,
@@ -94,12 +94,7 @@ pub async fn run(
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
-    let start = Instant::now();
-    let last = AtomicU64::new(0);
-    let (up, down) = tokio::join!(
-        pipe(ex.stream, &upstream, &last, start, idle),
-        pipe(&upstream, ex.stream, &last, start, idle)
-    );
+    let (up, down) = relay(ex.stream, &upstream, idle).await;
     ex.out.add_body_bytes(down);
     tracing::debug!(
         "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",
@@ -108,10 +103,24 @@ pub async fn run(
     Outcome::Close
 }
 
+/// Copies bytes both ways between the client and the upstream connection
+/// until both directions have ended, or neither has carried a byte for
+/// `idle`; returns the bytes copied (client to upstream, upstream to
+/// client). CONNECT tunnels and SOCKS sessions (`proxy/socks.rs`) share it.
+pub(super) async fn relay(client: &ClientStream, upstream: &ClientStream, idle: Duration) -> (u64, u64) {
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    tokio::join!(
+        pipe(client, upstream, &last, start, idle),
+        pipe(upstream, client, &last, start, idle)
+    )
+}
+
 /// Opens the tunnel through a parent of group `g`, with the group's passive
-/// health check and one retry on another parent when a connect fails.
-async fn through_parent(
-    ex: &mut Exchange<'_>,
+/// health check and one retry on another parent when a connect fails;
+/// `hierarchy` is set to the parent tried (the access log's hierarchy field).
+pub(super) async fn through_parent(
+    hierarchy: &mut Option<String>,
     sh: &Shared,
     g: usize,
     host: &str,
@@ -122,7 +131,7 @@ async fn through_parent(
     let mut failed = None;
     loop {
         let idx = group.pick(failed);
-        ex.hierarchy = Some(super::forward::parent_hierarchy(sh, g, idx));
+        *hierarchy = Some(super::forward::parent_hierarchy(sh, g, idx));
         match sh
             .upstream
             .connector()

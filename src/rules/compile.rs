@@ -215,6 +215,7 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
                 crate::config::Mode::Forward => "forward",
                 crate::config::Mode::Reverse => "reverse",
                 crate::config::Mode::Transparent => "transparent",
+                crate::config::Mode::Socks => "socks",
             })
             .collect();
         describe.push(format!("mode = {names:?}"));

@@ -149,6 +149,7 @@ pub fn mode_name(mode: Mode) -> &'static str {
         Mode::Forward => "forward",
         Mode::Reverse => "reverse",
         Mode::Transparent => "transparent",
+        Mode::Socks => "socks",
     }
 }
 

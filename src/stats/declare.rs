@@ -410,6 +410,7 @@ mod tests {
                 ..Default::default()
             }),
             auth: Some(Default::default()),
+            socks: Some(Default::default()),
             listeners: vec![ListenerInfo {
                 name: "ls1".into(),
                 address: "http://127.0.0.1:8080".into(),

@@ -169,6 +169,49 @@ pub struct Stats {
     processing_ns: AtomicU64,
     timed_requests: AtomicU64,
     buckets: Vec<Bucket>,
+    /// The SOCKS server's counters (`proxy/socks.rs`).
+    pub socks: SocksCounters,
+}
+
+/// The SOCKS server's counters, as [`SocksInfo`](crate::stats::SocksInfo) reports them.
+#[derive(Default)]
+pub struct SocksCounters {
+    /// Connections that sent a greeting.
+    pub sessions: AtomicU64,
+    /// Sessions whose target connection was opened.
+    pub established: AtomicU64,
+    /// RFC 1929 logins refused.
+    pub auth_failures: AtomicU64,
+    /// Requests refused by the access rules.
+    pub denied: AtomicU64,
+    /// Targets that could not be reached.
+    pub connect_failures: AtomicU64,
+    /// Commands and address types not supported.
+    pub unsupported: AtomicU64,
+    /// Protocol errors and timeouts during negotiation.
+    pub malformed: AtomicU64,
+    /// Bytes relayed from clients to targets.
+    pub bytes_up: AtomicU64,
+    /// Bytes relayed from targets to clients.
+    pub bytes_down: AtomicU64,
+}
+
+impl SocksCounters {
+    /// The counters now.
+    pub fn snapshot(&self) -> crate::stats::SocksInfo {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::stats::SocksInfo {
+            sessions: l(&self.sessions),
+            established: l(&self.established),
+            auth_failures: l(&self.auth_failures),
+            denied: l(&self.denied),
+            connect_failures: l(&self.connect_failures),
+            unsupported: l(&self.unsupported),
+            malformed: l(&self.malformed),
+            bytes_up: l(&self.bytes_up),
+            bytes_down: l(&self.bytes_down),
+        }
+    }
 }
 
 impl Stats {
@@ -203,6 +246,7 @@ impl Stats {
             processing_ns: AtomicU64::new(0),
             timed_requests: AtomicU64::new(0),
             buckets,
+            socks: SocksCounters::default(),
         }
     }
 

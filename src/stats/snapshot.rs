@@ -51,6 +51,9 @@ crate::section! {
         /// TLS handshakes on the listeners with certificates.
         #[serde(default)]
         tls: TlsInfo => Section, Add, None, "TLS handshakes on client-facing listeners.";
+        /// The SOCKS server; None when no listener has `mode = "socks"`.
+        #[serde(default)]
+        socks: Option<SocksInfo> => Section, Add, None, "The SOCKS server.";
         /// In a figure summed over worker processes (`server.processes > 1`):
         /// one entry per worker, counted or not; empty for one process's own
         /// figures. Not part of the serialized snapshot (the JSON document
@@ -618,6 +621,40 @@ impl TlsInfo {
     /// All failed handshakes.
     pub fn failures(&self) -> u64 {
         self.failed_protocol + self.failed_certificate + self.failed_timeout + self.failed_other
+    }
+}
+
+crate::section! {
+    /// The SOCKS 5 server (`mode = "socks"` listeners, RFC 1928). Its
+    /// sessions are also counted as CONNECT requests in `requests`.
+    pub struct SocksInfo at "socks" {
+        /// Connections that sent a greeting.
+        sessions: u64 => Counter, Add, None, "SOCKS sessions (connections that sent a greeting).",
+            prom "portico_socks_sessions_total", xml "socks-bucket" "countSessions";
+        /// Sessions whose target connection was opened.
+        established: u64 => Counter, Add, None, "SOCKS sessions whose target connection was opened.",
+            prom "portico_socks_established_total", xml "socks-bucket" "countEstablished";
+        /// RFC 1929 logins refused (wrong password, unknown user, malformed credentials).
+        auth_failures: u64 => Counter, Add, None, "SOCKS logins refused (wrong password, unknown user, malformed credentials).",
+            prom "portico_socks_auth_failures_total", xml "socks-bucket" "countAuthFailures";
+        /// Requests refused by the access rules (reply 0x02).
+        denied: u64 => Counter, Add, None, "SOCKS requests refused by access.allow, [[acl]] or [[rule]] (reply 0x02).",
+            prom "portico_socks_denied_total", xml "socks-bucket" "countDenied";
+        /// Targets that could not be reached (replies 0x01, 0x04, 0x05, 0x06).
+        connect_failures: u64 => Counter, Add, None, "SOCKS targets that could not be reached.",
+            prom "portico_socks_connect_failures_total", xml "socks-bucket" "countConnectFailures";
+        /// BIND, UDP ASSOCIATE, unknown commands and address types (replies 0x07, 0x08).
+        unsupported: u64 => Counter, Add, None, "SOCKS requests for a command or address type not supported (BIND, UDP ASSOCIATE).",
+            prom "portico_socks_unsupported_total", xml "socks-bucket" "countUnsupported";
+        /// Sessions closed on a protocol error or a timeout before their request was complete.
+        malformed: u64 => Counter, Add, None, "SOCKS sessions closed on a protocol error or a timeout during negotiation.",
+            prom "portico_socks_malformed_total", xml "socks-bucket" "countMalformed";
+        /// Bytes relayed from clients to targets.
+        bytes_up: u64 => Counter, Add, Bytes, "Bytes relayed from SOCKS clients to their targets.",
+            prom "portico_socks_sent_bytes_total", xml "socks-bucket" "countBytesSent";
+        /// Bytes relayed from targets to clients.
+        bytes_down: u64 => Counter, Add, Bytes, "Bytes relayed from SOCKS targets to their clients.",
+            prom "portico_socks_received_bytes_total", xml "socks-bucket" "countBytesReceived";
     }
 }
 

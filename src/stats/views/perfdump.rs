@@ -285,6 +285,20 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         o.push('\n');
     }
 
+    if let Some(x) = &s.socks {
+        // Not in the Sun proxy's perfdump: its SOCKS server reported nothing here.
+        let _ = writeln!(o, "SocksInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<16} {}", "Sessions", x.sessions);
+        let _ = writeln!(o, "{:<16} {}", "Established", x.established);
+        let _ = writeln!(o, "{:<16} {}", "AuthFailures", x.auth_failures);
+        let _ = writeln!(o, "{:<16} {}", "Denied", x.denied);
+        let _ = writeln!(o, "{:<16} {}", "ConnectFailures", x.connect_failures);
+        let _ = writeln!(o, "{:<16} {}", "Unsupported", x.unsupported);
+        let _ = writeln!(o, "{:<16} {}", "Malformed", x.malformed);
+        let _ = writeln!(o, "{:<16} {}/{}", "Bytes up/down", x.bytes_up, x.bytes_down);
+        o.push('\n');
+    }
+
     let al = &s.access_log;
     let _ = writeln!(o, "ClientDNSCacheInfo:\n{RULE}");
     let _ = writeln!(o, "{:<16} {}", "enabled", if al.resolve_clients { "yes" } else { "no" });

@@ -243,6 +243,9 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
     if s.auth.is_some() {
         o.leaf("acl-user-cache-bucket", &declared(s, "acl-user-cache-bucket"));
     }
+    if s.socks.is_some() {
+        o.leaf("socks-bucket", &declared(s, "socks-bucket"));
+    }
     let al = &s.access_log;
     o.leaf(
         "client-dns-bucket",
