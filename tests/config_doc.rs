@@ -74,6 +74,9 @@ const UNPRINTED_KEYS: &[&str] = &[
     "array.pac_path",
     "array.pac_direct",
     "array.pac_fallback_direct",
+    "array.forward",
+    "array.down_time",
+    "array.probe_interval",
 ];
 
 /// Files the examples name that `portico check` reads: written to a

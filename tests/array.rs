@@ -1,0 +1,279 @@
+//! Proxy arrays end to end: Portico nodes on distinct loopback addresses
+//! (127.0.0.11, .12, .13, one port), each with a config listing all of
+//! them, and one origin that records every request. A member forwards a
+//! GET it does not own to the CARP owner (`portico array owner` is the
+//! reference), the owner caches it, so the array fetches each URL once;
+//! a dead member's URLs move to the others and come back when it returns;
+//! a forwarded request never travels a second hop; and the array marker
+//! is honoured only from members.
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+/// A cacheable origin: the body names the path.
+async fn counting_origin() -> Origin {
+    Origin::start(
+        |req| async move { Response::ok(format!("body of {}", req.uri)).header("Cache-Control", "max-age=3600") },
+    )
+    .await
+}
+
+/// The config of member `me` of an array of `members` (`(address,
+/// load_factor)`), its `Via` pseudonym `via` and extra TOML `extra`.
+fn node_config(me: &str, members: &[(String, f64)], via: &str, extra: &str) -> String {
+    let list: Vec<String> = members
+        .iter()
+        .map(|(a, lf)| format!("  {{ address = \"{a}\", load_factor = {lf} }},"))
+        .collect();
+    format!(
+        "[[listener]]\naddress = \"{me}\"\nmode = \"forward\"\n\n[proxy]\nvia = \"{via}\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [array]\nself = \"{me}\"\nprobe_interval = \"100ms\"\ndown_time = \"30s\"\nmembers = [\n{}\n]\n{extra}",
+        list.join("\n")
+    )
+}
+
+/// GET `url` through the proxy at `proxy`: status and body.
+async fn get(proxy: SocketAddr, url: &str, extra: &str) -> (u16, String) {
+    let host = url.trim_start_matches("http://").split('/').next().unwrap_or("");
+    let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    let r = parse_response(&raw_request(proxy, req.as_bytes()).await);
+    (r.status, r.body_str())
+}
+
+/// The last `Via` entry's pseudonym of an origin request: the node that fetched it.
+fn fetcher(req: &common::Request) -> String {
+    let via = req.header("via").unwrap_or("");
+    via.rsplit(',')
+        .next()
+        .and_then(|e| e.split_whitespace().nth(1))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `portico array owner` for `urls` under `config`: each URL's owner address.
+fn owners(config: &std::path::Path, urls: &[String]) -> Vec<String> {
+    let mut child = Command::new(BIN)
+        .args(["array", "owner", "-c"])
+        .arg(config)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run portico array owner");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(urls.join("\n").as_bytes())
+        .expect("write urls");
+    let out = child.wait_with_output().expect("portico array owner");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let found: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let rest = l.split(": owner ").nth(1).unwrap_or_else(|| panic!("line {l:?}"));
+            rest.split([' ', ';'])
+                .next()
+                .unwrap_or("")
+                .trim_matches('"')
+                .to_string()
+        })
+        .collect();
+    assert_eq!(found.len(), urls.len(), "{text}");
+    found
+}
+
+/// New origin requests since `since`: path -> how many times, and who fetched.
+fn since(origin: &Origin, since: usize) -> (HashMap<String, usize>, HashMap<String, usize>) {
+    let (mut paths, mut by) = (HashMap::new(), HashMap::new());
+    for r in &origin.requests()[since..] {
+        *paths.entry(r.uri.to_string()).or_insert(0) += 1;
+        *by.entry(fetcher(r)).or_insert(0) += 1;
+    }
+    (paths, by)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_returns() {
+    let origin = counting_origin().await;
+    let port = free_port();
+    let addrs: Vec<String> = (11..=13).map(|i| format!("127.0.0.{i}:{port}")).collect();
+    let members: Vec<(String, f64)> = addrs.iter().map(|a| (a.clone(), 1.0)).collect();
+    let configs: Vec<String> = (0..3)
+        .map(|k| node_config(&addrs[k], &members, &format!("n{k}"), ""))
+        .collect();
+    let mut nodes = Vec::new();
+    for c in &configs {
+        nodes.push(Some(Portico::start(c).await));
+    }
+    let sock: Vec<SocketAddr> = addrs.iter().map(|a| a.parse().expect("addr")).collect();
+    const N: usize = 900;
+    let urls: Vec<String> = (0..N).map(|i| format!("{}/u{i}", origin.url())).collect();
+    let path = |u: &str| u.trim_start_matches(&origin.url()).to_string();
+    let owner_of = owners(nodes[0].as_ref().expect("node").config_path(), &urls);
+    let owner_idx: Vec<usize> = owner_of
+        .iter()
+        .map(|o| addrs.iter().position(|a| a == o).expect("owner is a member"))
+        .collect();
+
+    // Pass 1, round-robin over the nodes: every URL reaches the origin
+    // once, fetched by its CARP owner.
+    for (i, u) in urls.iter().enumerate() {
+        let (status, body) = get(sock[i % 3], u, "").await;
+        assert_eq!((status, body), (200, format!("body of {}", path(u))), "{u}");
+    }
+    let (paths, by) = since(&origin, 0);
+    assert_eq!(paths.len(), N, "every URL fetched");
+    assert!(paths.values().all(|&n| n == 1), "duplicates: {paths:?}");
+    for r in origin.requests() {
+        let i: usize = r.uri.path().trim_start_matches("/u").parse().expect("index");
+        assert_eq!(
+            fetcher(&r),
+            format!("n{}", owner_idx[i]),
+            "{} fetched by its owner",
+            r.uri
+        );
+    }
+    for k in 0..3 {
+        let held = by.get(&format!("n{k}")).copied().unwrap_or(0);
+        assert!(
+            (N / 3 * 8 / 10..=N / 3 * 12 / 10).contains(&held),
+            "node {k} holds {held} of {N}: {by:?}"
+        );
+    }
+
+    // Pass 2, shifted by one node: all hits somewhere in the array.
+    for (i, u) in urls.iter().enumerate() {
+        assert_eq!(get(sock[(i + 1) % 3], u, "").await.0, 200);
+    }
+    assert_eq!(origin.count(), N, "the repeat pass is all hits");
+
+    // Kill node 1. A request for one of its URLs right away: the connect
+    // fails, the member is marked down, and the receiver fetches it itself.
+    nodes[1] = None;
+    let victim = (0..N).find(|&i| owner_idx[i] == 1).expect("node 1 owns URLs");
+    assert_eq!(get(sock[0], &urls[victim], "").await.0, 200);
+    assert_eq!(origin.count(), N + 1, "served directly by the receiver");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = origin.count();
+    for (i, u) in urls.iter().enumerate() {
+        assert_eq!(get(sock[if i % 2 == 0 { 0 } else { 2 }], u, "").await.0, 200, "{u}");
+    }
+    let (paths, by) = since(&origin, before);
+    let share1: Vec<String> = (0..N).filter(|&i| owner_idx[i] == 1).map(|i| path(&urls[i])).collect();
+    let mut expected: Vec<&String> = share1.iter().collect();
+    let mut got: Vec<&String> = paths.keys().collect();
+    expected.sort();
+    got.sort();
+    // Only node 1's share is fetched again, once each. The victim too,
+    // when the receiver fetched it for the dead owner (it keeps no copy);
+    // not when a probe had already found node 1 down, so that the next
+    // member by score fetched and kept it.
+    let victim_path = path(&urls[victim]);
+    let without_victim: Vec<&String> = expected.iter().copied().filter(|p| **p != victim_path).collect();
+    assert!(
+        got == expected || got == without_victim,
+        "only the dead node's share moves: {got:?}"
+    );
+    assert!(paths.values().all(|&n| n == 1), "{paths:?}");
+    assert!(!by.contains_key("n1"), "{by:?}");
+    let before = origin.count();
+    for (i, u) in urls.iter().enumerate() {
+        assert_eq!(get(sock[if i % 2 == 0 { 2 } else { 0 }], u, "").await.0, 200);
+    }
+    assert_eq!(
+        origin.count(),
+        before,
+        "the survivors keep their hits and the moved share"
+    );
+
+    // Restart node 1 (an empty cache): after a probe, its share returns.
+    nodes[1] = Some(Portico::start(&configs[1]).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = origin.count();
+    for (i, u) in urls.iter().enumerate() {
+        assert_eq!(get(sock[i % 3], u, "").await.0, 200);
+    }
+    let (paths, by) = since(&origin, before);
+    let mut got: Vec<&String> = paths.keys().collect();
+    got.sort();
+    assert_eq!(got, expected, "ownership returns to the restarted node");
+    assert_eq!(by.keys().collect::<Vec<_>>(), vec!["n1"], "{by:?}");
+}
+
+/// Two nodes whose member lists disagree (each gives the other nearly all
+/// the weight), with the default `Via` pseudonym on both: without a hop
+/// limit they would pass every request back and forth.
+fn disagreeing_pair() -> (Vec<String>, Vec<String>) {
+    let port = free_port();
+    let a = format!("127.0.0.11:{port}");
+    let b = format!("127.0.0.12:{port}");
+    let ca = node_config(&a, &[(a.clone(), 0.001), (b.clone(), 1.0)], "portico", "");
+    let cb = node_config(&b, &[(a.clone(), 1.0), (b.clone(), 0.001)], "portico", "");
+    (vec![a, b], vec![ca, cb])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_request_is_never_forwarded_again() {
+    let origin = counting_origin().await;
+    let (addrs, configs) = disagreeing_pair();
+    let _a = Portico::start(&configs[0]).await;
+    let _b = Portico::start(&configs[1]).await;
+    let a: SocketAddr = addrs[0].parse().expect("addr");
+    let b: SocketAddr = addrs[1].parse().expect("addr");
+    let url = format!("{}/one", origin.url());
+    assert_eq!(get(a, &url, "").await, (200, "body of /one".to_string()));
+    let url2 = format!("{}/two", origin.url());
+    assert_eq!(get(b, &url2, "").await, (200, "body of /two".to_string()));
+    let reqs = origin.requests();
+    assert_eq!(reqs.len(), 2, "one origin request each");
+    for r in &reqs {
+        // Client -> receiving node -> the node it thinks owns the URL ->
+        // origin: exactly two hops, the marker not passed to the origin.
+        assert_eq!(r.header("via"), Some("1.1 portico, 1.1 portico"), "{}", r.uri);
+        assert_eq!(r.header("portico-array"), None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
+    let origin = counting_origin().await;
+    let (addrs, mut configs) = disagreeing_pair();
+    configs[0].push_str("\n[[acl]]\naction = \"deny\"\npath = \"/secret\"\n");
+    let _a = Portico::start(&configs[0]).await;
+    let _b = Portico::start(&configs[1]).await;
+    let a: SocketAddr = addrs[0].parse().expect("addr");
+    let outsider: IpAddr = "127.0.0.1".parse().expect("ip");
+    let marker = "Portico-Array: 127.0.0.12\r\n";
+
+    // From 127.0.0.1, which is no member: A still forwards to B (which A
+    // thinks owns it), as for an unmarked request.
+    let url = format!("{}/marked", origin.url());
+    let req = format!("GET {url} HTTP/1.1\r\nHost: x\r\n{marker}Connection: close\r\n\r\n");
+    let r = parse_response(&raw_request_from(outsider, a, req.as_bytes()).await);
+    assert_eq!(r.status, 200);
+    assert_eq!(origin.requests()[0].header("via"), Some("1.1 portico, 1.1 portico"));
+
+    // The marker does not pass the ACL.
+    let (status, _) = get(a, &format!("{}/secret", origin.url()), marker).await;
+    assert_eq!(status, 403);
+    // Nor does it excuse a Via entry of ours: a loop, from a non-member.
+    let (status, _) = get(
+        a,
+        &format!("{}/looped", origin.url()),
+        &format!("{marker}Via: 1.1 portico\r\n"),
+    )
+    .await;
+    assert_eq!(status, 508);
+    assert_eq!(origin.count(), 1);
+}
