@@ -277,3 +277,39 @@ async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
     assert_eq!(status, 508);
     assert_eq!(origin.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_sent_to_one_member_reaches_the_owner_and_so_does_portico_cache_purge() {
+    let origin = counting_origin().await;
+    let (addrs, configs) = disagreeing_pair();
+    // The members' addresses may purge (the PURGE a member passes on comes from its own).
+    let admin = "\n[access]\nadmin_allow = [\"127.0.0.0/8\"]\n";
+    let a_node = Portico::start(&format!("{}{admin}", configs[0])).await;
+    let _b = Portico::start(&format!("{}{admin}", configs[1])).await;
+    let a: SocketAddr = addrs[0].parse().expect("addr");
+    let url = format!("{}/purged", origin.url());
+    // A forwards it to B, which caches it; A keeps no copy.
+    assert_eq!(get(a, &url, "").await.0, 200);
+    assert_eq!(get(a, &url, "").await.0, 200);
+    assert_eq!(origin.count(), 1);
+
+    // A PURGE sent to A (which holds nothing) reaches B.
+    let req = format!("PURGE {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let r = parse_response(&raw_request(a, req.as_bytes()).await);
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert!(r.body_str().contains(": 200"), "{}", r.body_str());
+    assert_eq!(get(a, &url, "").await.0, 200);
+    assert_eq!(origin.count(), 2, "fetched again after the purge");
+
+    // `portico cache purge` with A's config: through A's listener, to B too.
+    let out = Command::new(BIN)
+        .current_dir(a_node.dir())
+        .args(["cache", "purge", &url, "-c"])
+        .arg(a_node.config_path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("portico cache purge");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(a, &url, "").await.0, 200);
+    assert_eq!(origin.count(), 3, "fetched again after portico cache purge");
+}

@@ -8,8 +8,8 @@
 //!
 //! `route` is the routing between members at run time: a member forwards a
 //! GET or HEAD it does not own to the owner (one hop), watches the others'
-//! health, and moves a down member's share to the next by score. Not here
-//! yet: purges reaching every member.
+//! health, and moves a down member's share to the next by score;
+//! `proxy::purge` passes a PURGE on to every member.
 
 pub mod carp;
 pub mod pac;

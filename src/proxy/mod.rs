@@ -613,7 +613,7 @@ impl ListenerHandler {
             ex.cache_result = Some("MISS");
             Box::pin(forward::forward(ex, sh, &dest)).await
         } else if purge::is_purge(&ex.head.method) {
-            Box::pin(purge::purge(ex, sh, &dest)).await
+            Box::pin(purge::purge(ex, sh, &dest, !from_member)).await
         } else if let Some(offer) = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols) {
             // Past the cache: an upgraded exchange is not a response to store.
             Box::pin(upgrade::serve(ex, sh, &dest, offer, permit)).await
