@@ -93,6 +93,22 @@ fn owners(config: &std::path::Path, urls: &[String]) -> Vec<String> {
     found
 }
 
+/// A statistics page of the node at `node` (an admin address: loopback).
+async fn page(node: SocketAddr, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {node}\r\nConnection: close\r\n\r\n");
+    let r = parse_response(&raw_request(node, req.as_bytes()).await);
+    assert_eq!(r.status, 200, "{path}: {}", r.body_str());
+    r.body_str()
+}
+
+/// The value of the sample `name` (with its labels, as written) in `/metrics`.
+fn sample(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}")) as u64
+}
+
 /// New origin requests since `since`: path -> how many times, and who fetched.
 fn since(origin: &Origin, since: usize) -> (HashMap<String, usize>, HashMap<String, usize>) {
     let (mut paths, mut by) = (HashMap::new(), HashMap::new());
@@ -152,6 +168,19 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
         );
     }
 
+    // Each node's statistics: what it forwarded to each member, and what
+    // it received from the others (it owns those URLs).
+    for (k, &node) in sock.iter().enumerate() {
+        let metrics = page(node, "/metrics").await;
+        for (j, member) in addrs.iter().enumerate() {
+            let forwarded = (0..N).filter(|&i| i % 3 == k && owner_idx[i] == j && j != k).count() as u64;
+            let name = format!("portico_array_forwarded_total{{member=\"{member}\"}}");
+            assert_eq!(sample(&metrics, &name), forwarded, "node {k}: {name}");
+        }
+        let received = (0..N).filter(|&i| i % 3 != k && owner_idx[i] == k).count() as u64;
+        assert_eq!(sample(&metrics, "portico_array_received_total"), received, "node {k}");
+    }
+
     // Pass 2, shifted by one node: all hits somewhere in the array.
     for (i, u) in urls.iter().enumerate() {
         assert_eq!(get(sock[(i + 1) % 3], u, "").await.0, 200);
@@ -165,6 +194,18 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
     assert_eq!(get(sock[0], &urls[victim], "").await.0, 200);
     assert_eq!(origin.count(), N + 1, "served directly by the receiver");
     tokio::time::sleep(Duration::from_millis(600)).await;
+    // The survivors show node 1 down on every statistics page.
+    let down = format!("portico_array_member_up{{member=\"{}\"}}", addrs[1]);
+    let up = format!("portico_array_member_up{{member=\"{}\"}}", addrs[2]);
+    let metrics = page(sock[0], "/metrics").await;
+    assert_eq!((sample(&metrics, &down), sample(&metrics, &up)), (0, 1));
+    let xml = page(sock[0], "/stats-xml").await;
+    assert!(
+        xml.contains(&format!("name=\"{}\"", addrs[1])) && xml.contains("flagUp=\"0\""),
+        "{xml}"
+    );
+    let perf = page(sock[0], "/.perf").await;
+    assert!(perf.contains(&format!("{} down", addrs[1])), "{perf}");
     let before = origin.count();
     for (i, u) in urls.iter().enumerate() {
         assert_eq!(get(sock[if i % 2 == 0 { 0 } else { 2 }], u, "").await.0, 200, "{u}");
@@ -200,6 +241,7 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
     // Restart node 1 (an empty cache): after a probe, its share returns.
     nodes[1] = Some(Portico::start(&configs[1]).await);
     tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(sample(&page(sock[0], "/metrics").await, &down), 1, "up again");
     let before = origin.count();
     for (i, u) in urls.iter().enumerate() {
         assert_eq!(get(sock[i % 3], u, "").await.0, 200);

@@ -410,6 +410,14 @@ mod tests {
                 ..Default::default()
             }),
             auth: Some(Default::default()),
+            array: Some(ArrayInfo {
+                members: vec![ArrayMemberInfo {
+                    name: "m1".into(),
+                    address: "127.0.0.11:8080".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             listeners: vec![ListenerInfo {
                 name: "ls1".into(),
                 address: "http://127.0.0.1:8080".into(),

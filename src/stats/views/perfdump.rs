@@ -266,6 +266,24 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         o.push('\n');
     }
 
+    if let Some(ar) = &s.array {
+        // A proxy array's members, as the Sun proxy's perfdump lists its
+        // array: state and the requests routed to each.
+        let _ = writeln!(o, "ArrayInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<16} {}", "Received", ar.received);
+        for m in &ar.members {
+            let _ = writeln!(
+                o,
+                "{:<16} {} {} forwarded {}",
+                m.name,
+                m.address,
+                if m.up { "up" } else { "down" },
+                m.forwarded
+            );
+        }
+        o.push('\n');
+    }
+
     let al = &s.access_log;
     let _ = writeln!(o, "ClientDNSCacheInfo:\n{RULE}");
     let _ = writeln!(o, "{:<16} {}", "enabled", if al.resolve_clients { "yes" } else { "no" });

@@ -243,6 +243,12 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
     if s.auth.is_some() {
         o.leaf("acl-user-cache-bucket", &declared(s, "acl-user-cache-bucket"));
     }
+    if let Some(ar) = &s.array {
+        o.leaf("array-bucket", &declared(s, "array-bucket"));
+        for m in &ar.members {
+            o.leaf("array-member", &declared(m, "array-member"));
+        }
+    }
     let al = &s.access_log;
     o.leaf(
         "client-dns-bucket",
