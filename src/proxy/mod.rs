@@ -409,7 +409,9 @@ impl ListenerHandler {
         }
         // The client's proxy credentials, kept (before `[auth]` takes them)
         // only when a rule may pass them to a parent (`parent_credentials`).
-        let client_credentials = match sh.rules.passes_credentials() {
+        // An array member passes them to the owner it forwards to (which
+        // authenticates the client against the same users).
+        let client_credentials = match sh.rules.passes_credentials() || sh.array.is_some() {
             true => ex.head.headers.get(http::header::PROXY_AUTHORIZATION).cloned(),
             false => None,
         };
@@ -594,6 +596,9 @@ impl ListenerHandler {
             }
         }
         let (parent_auth, relay_challenge) = match &to {
+            // The owner judges the client's own credentials, and its
+            // challenge goes back to the client.
+            forward::To::Parent { .. } if to_member => (client_credentials.clone(), true),
             forward::To::Parent { group, .. } => (
                 parent_credentials(sh, *group, &route, &client_credentials),
                 route.pass_credentials && sh.groups.get(*group).is_some_and(|g| g.credentials.is_none()),
