@@ -412,3 +412,24 @@ async fn with_auth_the_owner_checks_the_clients_own_credentials() {
     assert_eq!(reqs[0].header("via"), Some("1.1 portico, 1.1 portico"));
     assert_eq!(reqs[0].header("proxy-authorization"), None, "never to the origin");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_named_by_dns_turns_forwarding_off() {
+    let origin = counting_origin().await;
+    let port = free_port();
+    let a = format!("127.0.0.11:{port}");
+    let b = format!("127.0.0.12:{port}");
+    // A lists B by a name (answered by A's test DNS server) that owns
+    // nearly everything; B lists both by address.
+    let named = format!("b.array.test:{port}");
+    let ca = node_config(&a, &[(a.clone(), 0.001), (named, 1.0)], "portico", "");
+    let cb = node_config(&b, &[(a.clone(), 0.001), (b.clone(), 1.0)], "portico", "");
+    let node_a = Portico::start(&ca).await;
+    let _b = Portico::start(&cb).await;
+    node_a.dns().add("b.array.test", "127.0.0.12".parse().expect("ip"), 300);
+    let url = format!("{}/named", origin.url());
+    assert_eq!(get(a.parse().expect("addr"), &url, "").await.0, 200);
+    // Served by A itself: one Via entry, and the error log says why.
+    assert_eq!(origin.requests()[0].header("via"), Some("1.1 portico"));
+    assert!(node_a.stderr().contains("named by host name"), "{}", node_a.stderr());
+}

@@ -89,11 +89,29 @@ impl Router {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        // The marker is honoured only from a member's IP address, and the
+        // forwarded requests are sent from ours: with a member named by
+        // DNS, the owner could not tell its requests from a client's (and
+        // would answer them 508 when the members share a Via pseudonym).
+        let named_by_dns: Vec<&str> = listed
+            .iter()
+            .zip(&members)
+            .filter(|(_, m)| m.ip.is_none())
+            .map(|(c, _)| c.address.as_str())
+            .collect();
+        let forward = a.forward && named_by_dns.is_empty();
+        if a.forward && !forward {
+            tracing::warn!(
+                "[array] members {} are named by host name, not IP address: members do not forward \
+                 to each other (only the PAC file routes); list them by IP address",
+                named_by_dns.join(", ")
+            );
+        }
         Ok(Some(Router {
             carp: carp::Array::new(&named),
             members,
             self_index,
-            forward: a.forward,
+            forward,
             group_base,
             received: AtomicU64::new(0),
             probe_interval: a.probe_interval.get(),
@@ -135,7 +153,9 @@ impl Router {
     /// is marked up, one that does not is marked down for `down_time`. The
     /// task ends when the router is dropped (a reload builds a new one).
     pub fn start_probe(router: &Arc<Router>) {
-        if router.probe_interval.is_zero() || router.members.len() < 2 {
+        // Health only matters to forwarding (and a member named by DNS,
+        // which turns it off, is never looked up by the system's resolver).
+        if !router.forward || router.probe_interval.is_zero() || router.members.len() < 2 {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
