@@ -226,6 +226,7 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
     let up = format!("portico_array_member_up{{member=\"{}\"}}", names[2]);
     let metrics = page(sock[0], "/metrics").await;
     assert_eq!((sample(&metrics, &down), sample(&metrics, &up)), (0, 1));
+    promtool_check(&metrics);
     let xml = page(sock[0], "/stats-xml").await;
     assert!(
         xml.contains(&format!("name=\"{}\"", names[1])) && xml.contains("flagUp=\"0\""),
