@@ -77,6 +77,9 @@ const UNPRINTED_KEYS: &[&str] = &[
     "listener.certificate",
     "listener.certificate.cert",
     "listener.certificate.key",
+    "array.forward",
+    "array.down_time",
+    "array.probe_interval",
 ];
 
 /// The certificates the TLS examples name: generated for the test (valid

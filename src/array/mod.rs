@@ -6,12 +6,14 @@
 //! generated script; this module checks the configuration, builds both
 //! from it, and answers `portico array owner`.
 //!
-//! Not here yet: members forwarding requests they do not own to the owner,
-//! member health, and purges reaching every member. Until then the PAC file
-//! is what routes: each member caches what browsers send it.
+//! `route` is the routing between members at run time: a member forwards a
+//! GET or HEAD it does not own to the owner (one hop), watches the others'
+//! health, and moves a down member's share to the next by score;
+//! `proxy::purge` passes a PURGE on to every member.
 
 pub mod carp;
 pub mod pac;
+pub mod route;
 
 use crate::config::{ArrayConfig, Config, MemberConfig, Mode};
 use crate::rules::PathSeg::{self, Index, Key};
@@ -260,6 +262,10 @@ mod tests {
         assert_eq!(m[2].carp_name(), "127.0.0.13:8080");
         assert_eq!(super::self_index(a), Some(1));
         assert_eq!(a.pac_path, "/proxy.pac");
+        // The routing defaults docs/CONFIG.md names.
+        assert!(a.forward);
+        assert_eq!(a.down_time.get(), std::time::Duration::from_secs(30));
+        assert_eq!(a.probe_interval.get(), std::time::Duration::from_secs(2));
         let again = parse_str(&c.to_toml(), "printed").expect("printed config parses");
         assert_eq!(again.to_toml(), c.to_toml());
     }

@@ -1307,6 +1307,15 @@ pub struct ArrayConfig {
     pub pac_direct: Vec<String>,
     /// End the PAC file's proxy list with DIRECT (used when every proxy is down).
     pub pac_fallback_direct: bool,
+    /// Forward a GET or HEAD whose URL another member owns to that member
+    /// (one hop, marked with `Portico-Array`); false = serve it here.
+    pub forward: bool,
+    /// How long a member whose connect failed (or whose probe failed) is
+    /// left out of the CARP ranking, unless a probe finds it up sooner.
+    pub down_time: Dur,
+    /// How often each other member's address is probed (a TCP connect);
+    /// also the probe's connect timeout. 0 = no probes.
+    pub probe_interval: Dur,
 }
 
 impl Default for ArrayConfig {
@@ -1317,6 +1326,9 @@ impl Default for ArrayConfig {
             pac_path: "/proxy.pac".to_string(),
             pac_direct: Vec::new(),
             pac_fallback_direct: false,
+            forward: true,
+            down_time: Dur::secs(30),
+            probe_interval: Dur::secs(2),
         }
     }
 }
@@ -1325,7 +1337,7 @@ impl Default for ArrayConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberConfig {
-    /// `host:port` clients (and, later, other members) reach its forward listener at.
+    /// `host:port` clients and the other members reach its forward listener at.
     pub address: String,
     /// Its share of the URLs relative to the others' (CARP's load factor); positive.
     #[serde(default = "default_load_factor", deserialize_with = "load_factor")]

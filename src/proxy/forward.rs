@@ -88,6 +88,19 @@ impl Dest {
     }
 }
 
+impl Dest {
+    /// Marks a request going to an `[array]` member (`Portico-Array: <our
+    /// name>`), so that member serves it itself: one hop at most.
+    fn add_array_marker(&self, sh: &Shared, attempt: &Attempt, headers: &mut HeaderMap) {
+        if let (To::Parent { group, .. }, Some(_), Some(a)) = (&self.to, attempt.server, &sh.array)
+            && *group >= a.group_base
+            && let Ok(v) = HeaderValue::from_str(&a.members[a.self_index].name)
+        {
+            headers.insert(crate::array::route::MARKER, v);
+        }
+    }
+}
+
 /// The origin or group a request goes to.
 #[derive(Debug, Clone)]
 pub enum To {
@@ -157,6 +170,15 @@ impl Dest {
             To::Origin(uri) => Ok(Attempt {
                 host: HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?,
                 uri: uri.clone(),
+                rewrite: None,
+                server: None,
+                upstream: &sh.upstream,
+            }),
+            // An array member that could not be reached: this node serves
+            // the request itself, directly from the origin.
+            To::Parent { group, origin } if failed.is_some() && is_array_group(sh, *group) => Ok(Attempt {
+                host: HeaderValue::from_str(origin.authority().map_or("", |a| a.as_str())).map_err(|_| bad_uri())?,
+                uri: origin.clone(),
                 rewrite: None,
                 server: None,
                 upstream: &sh.upstream,
@@ -234,9 +256,15 @@ impl Dest {
         if !e.is_connect() || matches!(e, UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Parent) {
             return false;
         }
+        let array_member = is_array_group(sh, *group);
         let group = &sh.groups[*group];
         tracing::warn!(upstream = %group.name, server = %group.server(idx).authority, "marking server down: {e}");
         group.mark_down(idx);
+        if array_member {
+            // Only GET and HEAD without a body are sent to a member: the
+            // retry goes to the origin (`attempt`).
+            return !tried;
+        }
         !tried
             && group.retry
             && group.len() > 1
@@ -277,6 +305,7 @@ pub async fn send_upstream(
             None,
         )?;
         dest.add_parent_credentials(&mut parts.headers);
+        dest.add_array_marker(sh, &attempt, &mut parts.headers);
         if let Some(offer) = upgrade {
             parts.headers.insert(http::header::UPGRADE, offer.clone());
             parts
@@ -332,9 +361,19 @@ fn asterisk_form(head: &RequestHead, dest: &Dest, uri: Uri) -> Uri {
     Uri::from_parts(parts).unwrap_or(uri)
 }
 
-/// The Squid log's hierarchy field for server `idx` of parent group `group`.
+/// Whether `group` is one of the `[array]` members' (which follow the
+/// configured groups).
+fn is_array_group(sh: &Shared, group: usize) -> bool {
+    sh.array.as_ref().is_some_and(|a| group >= a.group_base)
+}
+
+/// The Squid log's hierarchy field for server `idx` of parent group `group`
+/// (`CARP/member` for an array member, as Squid logs its CARP parents).
 pub fn parent_hierarchy(sh: &Shared, group: usize, idx: usize) -> String {
     let g = &sh.groups[group];
+    if is_array_group(sh, group) {
+        return ["CARP/", g.server(idx).authority.host()].concat();
+    }
     let code = if g.len() > 1 {
         "ROUNDROBIN_PARENT"
     } else {

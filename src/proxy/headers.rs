@@ -77,6 +77,13 @@ pub fn via_contains(headers: &HeaderMap, pseudonym: &str) -> bool {
     list_tokens(headers, &VIA).any(|entry| entry.split_whitespace().nth(1).is_some_and(|p| p == pseudonym))
 }
 
+/// How many `Via` entries name a proxy calling itself `pseudonym`.
+pub fn via_count(headers: &HeaderMap, pseudonym: &str) -> usize {
+    list_tokens(headers, &VIA)
+        .filter(|entry| entry.split_whitespace().nth(1).is_some_and(|p| p == pseudonym))
+        .count()
+}
+
 /// Applies the `X-Forwarded-For` policy for a request from `client`.
 pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) {
     let name = HeaderName::from_static("x-forwarded-for");

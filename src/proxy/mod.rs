@@ -67,8 +67,11 @@ pub(crate) struct Shared {
     pub rules: Rules,
     /// The compiled `[[acl]]` entries.
     pub acl: crate::acl::Acl,
-    groups: Vec<Group>,
+    groups: Vec<Arc<Group>>,
     upstream: Arc<Upstream>,
+    /// `[array]` routing between members, when the array lists members;
+    /// its members' parent groups end `groups`.
+    pub array: Option<Arc<crate::array::route::Router>>,
     /// For each group, one client per server when the group's servers are
     /// parent proxies (`parent = true`); empty for origin groups.
     parents: Vec<Vec<Upstream>>,
@@ -105,7 +108,17 @@ impl Shared {
     }
 
     fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
-        let groups = config.upstream.iter().map(Group::new).collect::<Result<Vec<_>, _>>()?;
+        let mut groups = config
+            .upstream
+            .iter()
+            .map(|c| Group::new(c).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The array members' groups follow the configured ones, so the
+        // indices rules use are unchanged.
+        let array = crate::array::route::Router::new(&config, groups.len())?.map(Arc::new);
+        if let Some(r) = &array {
+            groups.extend(r.members.iter().map(|m| m.group.clone()));
+        }
         // Groups are built in config order, which is how rules name them.
         let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
         let acl = crate::acl::Acl::compile(&config).map_err(|e| e.to_string())?;
@@ -144,7 +157,12 @@ impl Shared {
         // it does the groups' health).
         let parents = groups
             .iter()
-            .map(|g| match g.parent {
+            .enumerate()
+            .map(|(i, g)| match g.parent {
+                true if array.as_ref().is_some_and(|r| i >= r.group_base) => {
+                    let source = array.as_ref().and_then(|r| r.self_ip());
+                    vec![upstream.via_member(g.server(0), source)]
+                }
                 true => (0..g.len())
                     .map(|i| upstream.via_parent(g.server(i), g.credentials.clone()))
                     .collect(),
@@ -212,7 +230,11 @@ impl Shared {
             _ if config.auth.enabled() => Some(Arc::new(crate::auth::Authenticator::new(&config.auth)?)),
             _ => None,
         };
+        if let Some(r) = &array {
+            crate::array::route::Router::start_probe(r);
+        }
         Ok(Shared {
+            array,
             auth,
             stats,
             admission,
@@ -379,7 +401,18 @@ impl ListenerHandler {
                 .refuse(ex, ACCESS_DENIED, StatusCode::FORBIDDEN, "Cache access denied")
                 .await;
         }
-        if headers::via_contains(&ex.head.headers, &sh.config.proxy.via) {
+        // The array's one-hop marker: honoured from another member's
+        // address (this node then serves the request itself), removed and
+        // ignored from anyone else. It skips nothing else: ACLs,
+        // authentication and limits apply as to any request.
+        let from_member = ex.head.headers.remove(crate::array::route::MARKER).is_some()
+            && sh.array.as_ref().is_some_and(|a| a.is_member(ex.peer.ip()));
+        if from_member && let Some(a) = &sh.array {
+            a.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // A member forwarding to us added its own Via entry, which has our
+        // pseudonym when the members share one (the default): one is allowed.
+        if headers::via_count(&ex.head.headers, &sh.config.proxy.via) > usize::from(from_member) {
             return self
                 .refuse(
                     ex,
@@ -391,7 +424,9 @@ impl ListenerHandler {
         }
         // The client's proxy credentials, kept (before `[auth]` takes them)
         // only when a rule may pass them to a parent (`parent_credentials`).
-        let client_credentials = match sh.rules.passes_credentials() {
+        // An array member passes them to the owner it forwards to (which
+        // authenticates the client against the same users).
+        let client_credentials = match sh.rules.passes_credentials() || sh.array.is_some() {
             true => ex.head.headers.get(http::header::PROXY_AUTHORIZATION).cloned(),
             false => None,
         };
@@ -550,11 +585,35 @@ impl ListenerHandler {
                 .ok_or((StatusCode::INTERNAL_SERVER_ERROR, BAD_REWRITE)),
             (None, None) => Err((StatusCode::NOT_FOUND, "no route matches this host and path")),
         };
-        let to = match to {
+        let mut to = match to {
             Ok(to) => to,
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
+        // Array routing: a GET or HEAD for an http URL another member owns
+        // goes to that member, unless it came from a member already (one hop).
+        let mut to_member = false;
+        if let (Some(a), forward::To::Origin(uri)) = (&sh.array, &to)
+            && a.forward
+            && !from_member
+            && self.mode == Mode::Forward
+            && (ex.head.method == Method::GET || ex.head.method == Method::HEAD)
+            && uri.scheme() == Some(&http::uri::Scheme::HTTP)
+            && upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols).is_none()
+        {
+            let m = a.serving_member(&uri.to_string());
+            if m != a.self_index {
+                a.count_forwarded(m);
+                to_member = true;
+                to = forward::To::Parent {
+                    group: a.group_base + m,
+                    origin: uri.clone(),
+                };
+            }
+        }
         let (parent_auth, relay_challenge) = match &to {
+            // The owner judges the client's own credentials, and its
+            // challenge goes back to the client.
+            forward::To::Parent { .. } if to_member => (client_credentials.clone(), true),
             forward::To::Parent { group, .. } => (
                 parent_credentials(sh, *group, &route, &client_credentials),
                 route.pass_credentials && sh.groups.get(*group).is_some_and(|g| g.credentials.is_none()),
@@ -570,8 +629,12 @@ impl ListenerHandler {
             reverse: self.mode == Mode::Reverse,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
-        let result = if purge::is_purge(&ex.head.method) {
-            Box::pin(purge::purge(ex, sh, &dest)).await
+        let result = if to_member {
+            // The owner caches it; a copy here would be a duplicate.
+            ex.cache_result = Some("MISS");
+            Box::pin(forward::forward(ex, sh, &dest)).await
+        } else if purge::is_purge(&ex.head.method) {
+            Box::pin(purge::purge(ex, sh, &dest, !from_member)).await
         } else if let Some(offer) = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols) {
             // Past the cache: an upgraded exchange is not a response to store.
             Box::pin(upgrade::serve(ex, sh, &dest, offer, permit)).await

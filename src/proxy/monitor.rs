@@ -533,6 +533,20 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             .iter()
             .any(|l| l.mode == Mode::Socks)
             .then(|| sh.stats.socks.snapshot()),
+        array: sh.array.as_ref().map(|a| stats::ArrayInfo {
+            received: l(&a.received),
+            members: a
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| stats::ArrayMemberInfo {
+                    name: m.name.clone(),
+                    address: m.group.server(0).authority.to_string(),
+                    up: a.is_up(i),
+                    forwarded: l(&m.forwarded),
+                })
+                .collect(),
+        }),
         processes: Vec::new(),
     }
 }

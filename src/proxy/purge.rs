@@ -8,7 +8,8 @@
 //! proxying) and the one fetched from each `[[upstream]]` group (reverse
 //! proxying, whose keys name the group: `crate::cache::key`), as
 //! `portico cache purge URL` does on the disk. An administrator purging a
-//! page wants it gone wherever it was stored.
+//! page wants it gone wherever it was stored. In an `[array]`, that is
+//! on every member: the PURGE is passed on to each other member, once.
 
 use super::Shared;
 use super::forward::{Dest, Failure};
@@ -22,8 +23,10 @@ pub fn is_purge(method: &http::Method) -> bool {
     method.as_str().eq_ignore_ascii_case("PURGE")
 }
 
-/// Serves a PURGE request.
-pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<(), Failure> {
+/// Serves a PURGE request; `fan_out`: also send it to every other
+/// `[array]` member (false for a PURGE a member sent us, which it sends
+/// to the others itself).
+pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest, fan_out: bool) -> Result<(), Failure> {
     if !sh.admin.allows(ex.peer.ip()) {
         return Err((
             StatusCode::FORBIDDEN,
@@ -47,7 +50,7 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
         .headers
         .get("portico-purge")
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"prefix"));
-    let (status, text) = if by_prefix {
+    let (mut status, mut text) = if by_prefix {
         let n = cache.memory().purge_prefix(key.url());
         (
             StatusCode::OK,
@@ -58,6 +61,21 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
     } else {
         (StatusCode::NOT_FOUND, format!("not in the cache: {}\n", key.url()))
     };
+    if fan_out && let Some(a) = &sh.array {
+        // The array holds each URL on one member: the PURGE succeeded if
+        // any member held it. Each member's answer is one more line.
+        for (i, m) in a.members.iter().enumerate() {
+            if i == a.self_index {
+                continue;
+            }
+            let answer = purge_member(sh, a.group_base + i, &ex.head, &a.members[a.self_index].name).await;
+            if answer == Some(StatusCode::OK) {
+                status = StatusCode::OK;
+            }
+            let said = answer.map_or("no answer".to_string(), |s| s.as_u16().to_string());
+            text.push_str(&format!("array member {}: {said}\n", m.name));
+        }
+    }
     tracing::info!(client = %ex.peer.ip(), "PURGE {}: {}", key.url(), status.as_u16());
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
@@ -65,6 +83,32 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest) -> Result<()
         ex.out.close_after();
     }
     Ok(())
+}
+
+/// Sends the PURGE `head` (its absolute URL and `Portico-Purge` field) to
+/// the array member of parent group `group`, marked as from member `me`
+/// so that it is not passed on again; its status, None if it did not
+/// answer. The member applies its own `access.admin_allow` to it.
+async fn purge_member(sh: &Shared, group: usize, head: &crate::http1::RequestHead, me: &str) -> Option<StatusCode> {
+    let upstream = sh.parents.get(group)?.first()?;
+    let uri: http::Uri = head.target.parse().ok()?;
+    uri.scheme()?;
+    let mut req = http::Request::builder()
+        .method(head.method.clone())
+        .uri(uri.clone())
+        .header(http::header::HOST, uri.authority()?.as_str())
+        .header(crate::array::route::MARKER, me);
+    if let Some(v) = head.headers.get("portico-purge") {
+        req = req.header("portico-purge", v.clone());
+    }
+    let req = req.body(crate::upstream::ProxyBody::empty()).ok()?;
+    match upstream.send(req).await {
+        Ok(response) => Some(response.status()),
+        Err(e) => {
+            tracing::warn!(group = %sh.groups[group].name, "PURGE not passed on to the array member: {e}");
+            None
+        }
+    }
 }
 
 /// Invalidates every key of `copies`; true if any was stored.

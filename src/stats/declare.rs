@@ -411,6 +411,14 @@ mod tests {
             }),
             auth: Some(Default::default()),
             socks: Some(Default::default()),
+            array: Some(ArrayInfo {
+                members: vec![ArrayMemberInfo {
+                    name: "m1".into(),
+                    address: "127.0.0.11:8080".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             listeners: vec![ListenerInfo {
                 name: "ls1".into(),
                 address: "http://127.0.0.1:8080".into(),

@@ -54,6 +54,9 @@ crate::section! {
         /// The SOCKS server; None when no listener has `mode = "socks"`.
         #[serde(default)]
         socks: Option<SocksInfo> => Section, Add, None, "The SOCKS server.";
+        /// The proxy array (`[array]` with members); None without one.
+        #[serde(default)]
+        array: Option<ArrayInfo> => Section, Add, None, "The proxy array.";
         /// In a figure summed over worker processes (`server.processes > 1`):
         /// one entry per worker, counted or not; empty for one process's own
         /// figures. Not part of the serialized snapshot (the JSON document
@@ -834,5 +837,39 @@ pub fn percent(part: u64, whole: u64) -> f64 {
         0.0
     } else {
         part as f64 * 100.0 / whole as f64
+    }
+}
+
+crate::section! {
+    /// The proxy array as this node sees it (`[array]` with members).
+    pub struct ArrayInfo at "array" {
+        /// Requests received from other members (marked `Portico-Array`,
+        /// from a member's address): this node is their owner.
+        received: u64 => Counter, Add, None, "Requests received from other array members.",
+            prom "portico_array_received_total", xml "array-bucket" "countReceived";
+        /// One per member, this node included, in config order.
+        members: Vec<ArrayMemberInfo> => Section, Add, None, "One per array member.";
+    }
+}
+
+crate::section! {
+    /// One array member. Its name labels its figures.
+    pub struct ArrayMemberInfo at "array.members" {
+        /// The member's CARP name (`name`, else `address`).
+        name: String => Info, First, None, "Array member name.", prom "member", xml "array-member" "name";
+        /// Its `host:port`.
+        address: String => Info, First, None, "Array member address.", xml "array-member" "address";
+        /// Up (this node always is), or marked down by a failed connect or probe.
+        up: bool => Gauge, All, None, "1 while the array member is up (this node always is).",
+            prom "portico_array_member_up", xml "array-member" "flagUp";
+        /// Requests this node forwarded to it.
+        forwarded: u64 => Counter, Add, None, "Requests forwarded to the array member that owns their URL.",
+            prom "portico_array_forwarded_total", xml "array-member" "countForwarded";
+    }
+}
+
+impl super::declare::Keyed for ArrayMemberInfo {
+    fn key(&self) -> &str {
+        &self.name
     }
 }

@@ -263,6 +263,9 @@ pub struct Connector {
     /// `[origin] hosts`: names answered without a query (lower case, no
     /// trailing dot).
     hosts: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// The local address connections are made from, when set (a proxy
+    /// array member's own address, by which the other members know it).
+    source: Option<IpAddr>,
 }
 
 /// How long an answer from `[origin] hosts` or for `localhost` is kept in
@@ -341,6 +344,7 @@ impl Connector {
                 map: Mutex::new(HashMap::new()),
             }),
             hosts: Arc::new(cfg.hosts.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            source: None,
         }
     }
 
@@ -352,6 +356,12 @@ impl Connector {
             parent_auth: credentials,
             ..self.clone()
         }
+    }
+
+    /// The same connector, making its connections from the local address
+    /// `source` (for an address of the same family; others as usual).
+    pub fn with_source(&self, source: Option<IpAddr>) -> Connector {
+        Connector { source, ..self.clone() }
     }
 
     /// Resolves `host` (a name, an IPv4 address or a bracketed IPv6 address).
@@ -402,6 +412,20 @@ impl Connector {
         Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect())
     }
 
+    /// Connects to `addr`, from `self.source` when it is set and of the
+    /// same address family.
+    async fn connect_from(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let Some(source) = self.source.filter(|s| s.is_ipv4() == addr.is_ipv4()) else {
+            return TcpStream::connect(addr).await;
+        };
+        let socket = match source {
+            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.connect(addr).await
+    }
+
     /// Opens a TCP connection to `host:port`, trying each resolved address in
     /// turn, all within the connect timeout.
     pub async fn tcp(&self, host: &str, port: u16) -> Result<TcpStream, ConnectError> {
@@ -426,7 +450,7 @@ impl Connector {
             }
             let mut last = String::new();
             for addr in addrs {
-                match TcpStream::connect(addr).await {
+                match self.connect_from(addr).await {
                     Ok(s) => {
                         let _ = s.set_nodelay(true);
                         return Ok(s);

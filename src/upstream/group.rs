@@ -151,6 +151,16 @@ impl Group {
         &self.servers[i].addr
     }
 
+    /// Whether server `i` is being skipped (marked down, `down_time` not over).
+    pub fn is_down(&self, i: usize) -> bool {
+        self.servers[i].down_until.load(Ordering::Relaxed) > self.now_ms()
+    }
+
+    /// Marks server `i` up again at once (a health probe reached it).
+    pub fn mark_up(&self, i: usize) {
+        self.servers[i].down_until.store(0, Ordering::Relaxed);
+    }
+
     /// Marks server `i` down for the group's `down_time`.
     pub fn mark_down(&self, i: usize) {
         let until = self.now_ms() + u64::try_from(self.down_time.as_millis()).unwrap_or(u64::MAX / 2);

@@ -102,6 +102,21 @@ impl Upstream {
         }
     }
 
+    /// [`Upstream::via_parent`], its connections made from the local
+    /// address `source` (a proxy array member's own, which the member it
+    /// forwards to checks).
+    pub fn via_member(&self, member: &ServerAddr, source: Option<std::net::IpAddr>) -> Upstream {
+        let connector = self.connector.via_parent(member.clone(), None).with_source(source);
+        Upstream {
+            client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
+            connector,
+            pool_idle_timeout: self.pool_idle_timeout,
+            pool_max_idle: self.pool_max_idle,
+            first_byte_timeout: self.first_byte_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+    }
+
     /// The connector, for CONNECT tunnels.
     pub fn connector(&self) -> &Connector {
         &self.connector

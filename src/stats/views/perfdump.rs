@@ -296,6 +296,22 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         let _ = writeln!(o, "{:<16} {}", "Unsupported", x.unsupported);
         let _ = writeln!(o, "{:<16} {}", "Malformed", x.malformed);
         let _ = writeln!(o, "{:<16} {}/{}", "Bytes up/down", x.bytes_up, x.bytes_down);
+    }
+    if let Some(ar) = &s.array {
+        // A proxy array's members, as the Sun proxy's perfdump lists its
+        // array: state and the requests routed to each.
+        let _ = writeln!(o, "ArrayInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<16} {}", "Received", ar.received);
+        for m in &ar.members {
+            let _ = writeln!(
+                o,
+                "{:<16} {} {} forwarded {}",
+                m.name,
+                m.address,
+                if m.up { "up" } else { "down" },
+                m.forwarded
+            );
+        }
         o.push('\n');
     }
 

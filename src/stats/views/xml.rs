@@ -246,6 +246,12 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
     if s.socks.is_some() {
         o.leaf("socks-bucket", &declared(s, "socks-bucket"));
     }
+    if let Some(ar) = &s.array {
+        o.leaf("array-bucket", &declared(s, "array-bucket"));
+        for m in &ar.members {
+            o.leaf("array-member", &declared(m, "array-member"));
+        }
+    }
     let al = &s.access_log;
     o.leaf(
         "client-dns-bucket",
