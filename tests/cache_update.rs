@@ -258,3 +258,40 @@ async fn the_qualified_form_of_no_cache_or_private_allows_a_cache_to_reuse_the_r
         assert_eq!(origin.count(), 1, "{cc}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Unquoted entity tags (not RFC 9110 8.8.3 syntax, but seen in the wild).
+// ---------------------------------------------------------------------------
+
+/// An unquoted `ETag` or `If-None-Match` is passed on as received, never
+/// "fixed" into the quoted form, and matches itself: forwarded on a miss,
+/// sent back as the validator of a revalidation (whose 304 then applies), and
+/// compared for a client's conditional request answered from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unquoted_entity_tags_are_forwarded_as_received_and_match_themselves() {
+    let origin = scripted(vec![
+        Response::ok("tagged")
+            .header("ETag", "abcdef")
+            .header("Cache-Control", "max-age=1"),
+        Response::new(304)
+            .header("ETag", "abcdef")
+            .header("Cache-Control", "max-age=600"),
+    ])
+    .await;
+    let p = proxy("").await;
+    let miss = get(&p, &origin, "/u", &[("If-None-Match", "abcdef")]).await;
+    check(&miss, 200, "tagged", "MISS");
+    assert_eq!(miss.header("etag"), Some("abcdef"));
+    assert_eq!(origin.requests()[0].header("if-none-match"), Some("abcdef"));
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+
+    let revalidated = get(&p, &origin, "/u", &[]).await;
+    check(&revalidated, 200, "tagged", "REVALIDATED");
+    assert_eq!(origin.requests()[1].header("if-none-match"), Some("abcdef"));
+    assert_eq!(revalidated.header("etag"), Some("abcdef"));
+
+    let not_modified = get(&p, &origin, "/u", &[("If-None-Match", "abcdef")]).await;
+    check(&not_modified, 304, "", "HIT");
+    assert_eq!(not_modified.header("etag"), Some("abcdef"));
+    assert_eq!(origin.count(), 2);
+}
