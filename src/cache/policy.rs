@@ -40,8 +40,10 @@
 //!    `cache.set_cookie` Portico does not store such a response (`no-store`,
 //!    the default, in [`Policy::storable`]), or stores it without the field
 //!    (`strip`), or replays it (`store`). [`Policy::take_unshared`] takes the
-//!    fields that must not reach another client out of what is stored,
-//!    shared with collapsed requests, merged from a 304 or served.
+//!    fields that must not reach another client (those cookies, and the
+//!    fields a qualified `no-cache="..."` or `private="..."` names) out of
+//!    what is stored, shared with collapsed requests, merged from a 304 or
+//!    served.
 //!
 //! Configuration (refresh patterns, the overrides that break the spec) is
 //! compiled once into a [`Policy`]; the functions that need none are free.
