@@ -25,7 +25,7 @@
 //!    it (3); `Replace` → a fetched response (5); `ServerError` (or no
 //!    answer at all: [`is_origin_error`]) → serve the stored response while
 //!    `now <= stale_if_error_until`, else pass the error on; `Mismatch` →
-//!    fetch again without the conditional headers.
+//!    update nothing and serve the stored response as it is (3).
 //! 5. **fetch and store**: [`Policy::storable`] says whether an origin
 //!    response may be stored, or why not; store it as a [`StoredMeta`] whose
 //!    `variant` is `variant_of(vary_fields(response), request)` and whose
@@ -40,8 +40,10 @@
 //!    `cache.set_cookie` Portico does not store such a response (`no-store`,
 //!    the default, in [`Policy::storable`]), or stores it without the field
 //!    (`strip`), or replays it (`store`). [`Policy::take_unshared`] takes the
-//!    fields that must not reach another client out of what is stored,
-//!    shared with collapsed requests, merged from a 304 or served.
+//!    fields that must not reach another client (those cookies, and the
+//!    fields a qualified `no-cache="..."` or `private="..."` names) out of
+//!    what is stored, shared with collapsed requests, merged from a 304 or
+//!    served.
 //!
 //! Configuration (refresh patterns, the overrides that break the spec) is
 //! compiled once into a [`Policy`]; the functions that need none are free.
@@ -98,6 +100,16 @@ pub struct Policy {
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
 /// obsolete `Set-Cookie2` (RFC 2965).
 const COOKIE_FIELDS: [HeaderName; 2] = [header::SET_COOKIE, HeaderName::from_static("set-cookie2")];
+
+/// Fields a qualified `no-cache` or `private` may name but that are kept
+/// ([`Policy::take_unshared`]): without them the stored response could not be
+/// framed, told apart from other variants, or judged fresh.
+const NEVER_UNSHARED: [HeaderName; 4] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::VARY,
+    header::CACHE_CONTROL,
+];
 
 /// Why a response may not be stored (for logs and cache-status debugging).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,10 +245,7 @@ impl Policy {
     /// response, or served from the cache.
     pub fn take_unshared(&self, headers: &mut HeaderMap) -> HeaderMap {
         let mut taken = HeaderMap::new();
-        if self.set_cookie == SetCookie::Store {
-            return taken;
-        }
-        for name in &COOKIE_FIELDS {
+        for name in self.unshared_fields(headers) {
             if let header::Entry::Occupied(e) = headers.entry(name) {
                 let (name, values) = e.remove_entry_mult();
                 for value in values {
@@ -249,7 +258,27 @@ impl Policy {
 
     /// Whether `headers` hold a field [`Policy::take_unshared`] would take.
     pub fn has_unshared(&self, headers: &HeaderMap) -> bool {
-        self.set_cookie != SetCookie::Store && COOKIE_FIELDS.iter().any(|n| headers.contains_key(n))
+        self.unshared_fields(headers).iter().any(|n| headers.contains_key(n))
+    }
+
+    /// The fields [`Policy::take_unshared`] takes: the cookie fields unless
+    /// `set_cookie = "store"`, and those the response's qualified `no-cache`
+    /// (RFC 9111 5.2.2.4) or `private` (5.2.2.7) name, which a shared cache
+    /// may store and reuse only without them. Framing, `Vary` and
+    /// `Cache-Control` are never taken even if named: the stored response
+    /// needs them to be served at all, or to the right clients.
+    fn unshared_fields(&self, headers: &HeaderMap) -> Vec<HeaderName> {
+        let rs = self.response_directives(headers);
+        let mut names: Vec<HeaderName> = ["no-cache", "private"]
+            .into_iter()
+            .flat_map(|d| rs.qualified_fields(d))
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .filter(|n| !NEVER_UNSHARED.contains(n))
+            .collect();
+        if self.set_cookie != SetCookie::Store {
+            names.extend(COOKIE_FIELDS);
+        }
+        names
     }
 
     /// Whether the response to a request may be stored (RFC 9111 section 3,
@@ -297,9 +326,9 @@ impl Policy {
             if rs.has("no-store") {
                 return Err(NotStorable("response Cache-Control: no-store"));
             }
-            // 5.2.2.7: the qualified form private="field" is treated like
-            // the unqualified one (we do not strip fields).
-            if rs.has("private") {
+            // 5.2.2.7: the qualified form private="field" allows storing
+            // without the named fields (`take_unshared`).
+            if rs.unqualified("private") {
                 return Err(NotStorable("response Cache-Control: private"));
             }
         }
@@ -443,8 +472,9 @@ impl Policy {
             }
         };
 
-        // 5.2.2.4: no-cache, with or without field names.
-        if rs.has("no-cache") {
+        // 5.2.2.4: no-cache without field names; the qualified form lets the
+        // response be reused without the named fields (`take_unshared`).
+        if rs.unqualified("no-cache") {
             return revalidate("response no-cache");
         }
         if !self.ignore_reload && request_no_cache(req_headers, &rq) {
@@ -525,6 +555,18 @@ impl Policy {
 /// the caller answers 504 without contacting the origin.
 pub fn only_if_cached(req_headers: &HeaderMap) -> bool {
     Directives::of(req_headers).has("only-if-cached")
+}
+
+impl Policy {
+    /// Whether a request bypasses the cache (RFC 9111 5.2.1.5): with
+    /// `Cache-Control: no-store` no part of the request or its response may
+    /// be stored, and it is not answered from what is stored either, as the
+    /// cache-tests suite's `ccreq-no-store` expects and Squid, Apache Traffic
+    /// Server and Apache httpd do: the client asks for the origin's answer.
+    /// `ignore_no_store` (which stores such responses) turns this off.
+    pub fn bypasses_cache(&self, req_headers: &HeaderMap) -> bool {
+        !self.ignore_no_store && Directives::of(req_headers).has("no-store")
+    }
 }
 
 /// Request `no-cache`, or `Pragma: no-cache` when there is no Cache-Control (5.4).
@@ -743,8 +785,11 @@ pub enum Revalidation {
     /// A 304 for the stored response: apply [`update_from_304`], store the
     /// updated metadata and serve the stored response.
     NotModified,
-    /// A 304 whose validators do not match the stored response: it cannot
-    /// be used; fetch again without conditional headers.
+    /// A 304 whose validators do not match the stored response: it selects
+    /// no stored response, so it updates nothing (RFC 9111 4.3.4). It still
+    /// answers the conditional request made for the stored response, which
+    /// is served as it is; the 304 itself never reaches a client that did
+    /// not send the conditional.
     Mismatch,
     /// 500, 502, 503 or 504: serve the stored response if
     /// `Decision::Revalidate::stale_if_error_until` allows, else this answer.
@@ -799,12 +844,13 @@ pub fn is_origin_error(status: StatusCode) -> bool {
     matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
-/// Fields a 304 never updates: framing and content coding describe the
-/// stored body, hop-by-hop fields are not stored (RFC 9111 3.1, 3.2).
-const NOT_UPDATED: [HeaderName; 10] = [
+/// Fields a 304 never updates: `Content-Length` (RFC 9111 3.2 names it) and
+/// the framing and hop-by-hop fields, which are not stored (3.1).
+/// `Content-Encoding` and `Content-Range` are updated: 3.2 lets a cache keep
+/// only the fields its stored response depends upon, and Portico stores the
+/// body as received (it decodes no content coding) and stores no 206.
+const NOT_UPDATED: [HeaderName; 8] = [
     header::CONTENT_LENGTH,
-    header::CONTENT_ENCODING,
-    header::CONTENT_RANGE,
     header::TRANSFER_ENCODING,
     header::CONNECTION,
     header::TE,
@@ -815,10 +861,9 @@ const NOT_UPDATED: [HeaderName; 10] = [
 ];
 
 /// Applies a 304 to the stored response (RFC 9111 3.2, 4.3.4): every field
-/// in the 304 replaces the stored field of that name, except the framing,
-/// coding and hop-by-hop ones (`Content-Length`, `Content-Encoding`,
-/// `Content-Range`, `Transfer-Encoding`, `Connection` and the fields it
-/// names, ...); other stored fields are kept. The stored `Age` is dropped
+/// in the 304 replaces the stored field of that name, except the framing
+/// and hop-by-hop ones (`Content-Length`, `Transfer-Encoding`, `Connection`
+/// and the fields it names, ...); other stored fields are kept. The stored `Age` is dropped
 /// when the 304 has none, and `Date` becomes `response_time` when the 304
 /// has none, so the age is computed afresh from the new times.
 pub fn update_from_304(
@@ -853,6 +898,49 @@ pub fn update_from_304(
     }
     meta.request_time = request_time;
     meta.response_time = response_time;
+}
+
+/// What a response to a `HEAD` the cache forwarded does to the stored `GET`
+/// response it could have been served from ([`head_update`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadUpdate {
+    /// Its fields update the stored response as a 304's do ([`update_from_304`]).
+    Update,
+    /// It describes another representation: the stored response goes.
+    Invalidate,
+    /// Not a 200: the stored response is left as it is.
+    Leave,
+}
+
+/// RFC 9111 4.3.5: a 200 to a `HEAD` updates the stored `GET` response
+/// (`meta`, with a body of `len` bytes) when every validator it carries
+/// (`ETag`, `Last-Modified`) matches the stored one and its `Content-Length`,
+/// if any, is `len`; otherwise the stored response is invalidated. The
+/// cache-tests suite's `head-200-freshness-update` and `head-200-update`.
+pub fn head_update(meta: &StoredMeta, len: u64, status: StatusCode, resp_headers: &HeaderMap) -> HeadUpdate {
+    if status != StatusCode::OK {
+        return HeadUpdate::Leave;
+    }
+    let etag_matches = match first_etag(resp_headers) {
+        Some(new) => first_etag(&meta.headers).is_some_and(|old| old.weak == new.weak && old.weak_eq(&new)),
+        None => true,
+    };
+    let lm_matches = match resp_headers.get(header::LAST_MODIFIED) {
+        Some(new) => {
+            let old = meta.headers.get(header::LAST_MODIFIED).and_then(parse_http_date);
+            old.is_some() && old == parse_http_date(new)
+        }
+        None => true,
+    };
+    let length_matches = match resp_headers.get(header::CONTENT_LENGTH) {
+        Some(n) => n.to_str().ok().and_then(|n| n.trim().parse::<u64>().ok()) == Some(len),
+        None => true,
+    };
+    if etag_matches && lm_matches && length_matches {
+        HeadUpdate::Update
+    } else {
+        HeadUpdate::Invalidate
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1258,6 +1346,26 @@ impl Directives {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_deref())
     }
 
+    /// Whether `name` occurs unqualified: without a value, or with one that
+    /// is no list of field names (`private =x`, `no-cache=""`), which counts
+    /// as the unqualified, stricter form.
+    fn unqualified(&self, name: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(n, v)| n == name && v.as_deref().and_then(field_names).is_none())
+    }
+
+    /// The field names of the qualified occurrences of `name`
+    /// (`no-cache="Set-Cookie, X-User"`, `private=x-user`), lower-cased.
+    fn qualified_fields(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(n, _)| n == name)
+            .filter_map(|(_, v)| v.as_deref().and_then(field_names))
+            .flatten()
+            .collect()
+    }
+
     /// The first occurrence as delta-seconds: `Some(None)` when present but
     /// missing or invalid.
     fn delta(&self, name: &str) -> Option<Option<u64>> {
@@ -1276,6 +1384,22 @@ impl Directives {
             .map(|(_, v)| lenient_delta(v.as_deref()))
             .min()
     }
+}
+
+/// A directive's value as a non-empty list of field names (RFC 9110 5.1
+/// tokens), lower-cased; `None` for anything else, including a value with
+/// leading whitespace (the parser keeps it for `name= value`).
+fn field_names(value: &str) -> Option<Vec<String>> {
+    if value.starts_with([' ', '\t']) {
+        return None;
+    }
+    let names: Vec<String> = value.split(',').map(|n| n.trim().to_ascii_lowercase()).collect();
+    let token = |n: &String| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    names.iter().all(token).then_some(names)
 }
 
 /// Parses one Cache-Control field line: `name[=token|"quoted"]` items
@@ -1505,13 +1629,16 @@ mod tests {
     }
 
     #[test]
-    fn private_in_any_form_prevents_storing() {
+    fn private_without_field_names_prevents_storing() {
         let p = policy();
         for cc in [
             "private",
             "max-age=60, private",
-            "private=\"set-cookie, x-user\", max-age=60",
             "PRIVATE",
+            "private =x, max-age=60",
+            "private=\"\", max-age=60",
+            "private=\"x-user, \", max-age=60",
+            "private=x-user, private, max-age=60",
         ] {
             assert_eq!(
                 store(&p, &[], 200, &[("cache-control", cc)]),
@@ -2053,6 +2180,19 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_must_not_store_any_part_of_a_no_store_request_or_use_a_stored_response_for_it() {
+        // RFC 9111 5.2.1.5; cache-tests ccreq-no-store.
+        let p = policy();
+        assert!(p.bypasses_cache(&hm(&[("cache-control", "no-store")])));
+        assert!(p.bypasses_cache(&hm(&[("cache-control", "max-age=5, NO-STORE")])));
+        assert!(!p.bypasses_cache(&hm(&[("cache-control", "no-cache")])));
+        assert!(!p.bypasses_cache(&hm(&[("pragma", "no-store")])));
+        assert!(!p.bypasses_cache(&HeaderMap::new()));
+        let ignoring = policy_with(|c| c.ignore_no_store = true);
+        assert!(!ignoring.bypasses_cache(&hm(&[("cache-control", "no-store")])));
+    }
+
+    #[test]
     fn request_max_age() {
         let p = policy();
         let m = meta(&[("cache-control", "max-age=600")]);
@@ -2090,12 +2230,12 @@ mod tests {
     }
 
     #[test]
-    fn response_no_cache_in_any_form_forces_revalidation() {
+    fn response_no_cache_without_field_names_forces_revalidation() {
         let p = policy();
         for cc in [
             "no-cache, max-age=600",
-            "no-cache=\"set-cookie\", max-age=600",
-            "max-age=600, NO-CACHE=x",
+            "max-age=600, NO-CACHE",
+            "no-cache=\"\", max-age=600",
         ] {
             let m = meta(&[("cache-control", cc)]);
             assert_eq!(
@@ -2104,6 +2244,44 @@ mod tests {
                 "{cc}"
             );
         }
+    }
+
+    #[test]
+    fn the_qualified_form_of_no_cache_or_private_allows_a_cache_to_store_and_reuse_the_response_without_the_listed_fields()
+     {
+        // RFC 9111 5.2.2.4 and 5.2.2.7 (a shared cache).
+        let p = policy();
+        for cc in [
+            "no-cache=\"X-User, x-team\", max-age=600",
+            "max-age=600, NO-CACHE=x-user, no-cache=X-Team",
+            "private=\"x-user,x-team\", max-age=600",
+        ] {
+            let resp = [
+                ("cache-control", cc),
+                ("x-user", "alice"),
+                ("x-team", "a"),
+                ("x-other", "kept"),
+                ("content-length", "4"),
+                ("vary", "accept"),
+            ];
+            assert_eq!(store(&p, &[], 200, &resp), Ok(()), "{cc}");
+            let mut headers = hm(&resp);
+            assert!(p.has_unshared(&headers), "{cc}");
+            let taken = p.take_unshared(&mut headers);
+            assert_eq!(taken.get("x-user").unwrap(), "alice", "{cc}");
+            assert_eq!(taken.get("x-team").unwrap(), "a", "{cc}");
+            for kept in ["x-other", "content-length", "vary", "cache-control"] {
+                assert!(headers.contains_key(kept), "{cc}: {kept}");
+            }
+            assert!(!p.has_unshared(&headers), "{cc}");
+            let m = meta_with(StatusCode::OK, &[("cache-control", cc)]);
+            assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), Decision::Fresh, "{cc}");
+        }
+        // Naming the fields the stored response needs strips none of them.
+        let mut headers = hm(&[("cache-control", "no-cache=\"content-length, vary, cache-control\"")]);
+        headers.insert("content-length", HeaderValue::from_static("4"));
+        assert!(p.take_unshared(&mut headers).is_empty());
+        assert_eq!(headers.len(), 2);
     }
 
     #[test]
@@ -2560,7 +2738,7 @@ mod tests {
     }
 
     #[test]
-    fn update_from_304_replaces_fields_but_not_framing() {
+    fn update_from_304_replaces_fields_but_not_content_length_or_framing() {
         let mut m = meta(&[
             ("date", &http_date(-100)),
             ("age", "30"),
@@ -2585,7 +2763,7 @@ mod tests {
         update_from_304(&mut m, &update, t(1000), t(1001));
         assert_eq!(m.headers.get("cache-control").unwrap(), "max-age=600");
         assert_eq!(m.headers.get("content-length").unwrap(), "1234");
-        assert_eq!(m.headers.get("content-encoding").unwrap(), "gzip");
+        assert_eq!(m.headers.get("content-encoding").unwrap(), "br");
         assert_eq!(m.headers.get("content-type").unwrap(), "text/html");
         assert_eq!(m.headers.get("etag").unwrap(), "\"v1\"");
         let multi: Vec<_> = m.headers.get_all("x-multi").iter().collect();
@@ -2609,6 +2787,80 @@ mod tests {
         );
         assert_eq!(m.headers.get("date").unwrap(), http_date(1999).as_str());
         assert_eq!(m.headers.get("age").unwrap(), "3");
+    }
+
+    #[test]
+    fn the_cache_must_add_each_header_field_in_the_provided_response_replacing_content_encoding_and_content_range() {
+        // RFC 9111 3.2; cache-tests 304-etag-update-response-Content-Encoding
+        // and -Content-Range. Portico stores the body as received, so its
+        // stored response depends on neither field.
+        let mut m = meta(&[
+            ("etag", "\"v1\""),
+            ("content-encoding", "gzip"),
+            ("content-range", "bytes 0-9/10"),
+            ("content-length", "10"),
+        ]);
+        let update = hm(&[
+            ("etag", "\"v1\""),
+            ("content-encoding", "x-other"),
+            ("content-range", "bytes 0-19/20"),
+            ("content-length", "20"),
+        ]);
+        update_from_304(&mut m, &update, t(10), t(10));
+        assert_eq!(m.headers.get("content-encoding").unwrap(), "x-other");
+        assert_eq!(m.headers.get("content-range").unwrap(), "bytes 0-19/20");
+        assert_eq!(m.headers.get("content-length").unwrap(), "10");
+    }
+
+    #[test]
+    fn if_none_of_the_stored_responses_contain_the_same_strong_validator_the_304_updates_nothing() {
+        // RFC 9111 4.3.4; cache-tests 304-etag-update-response-ETag.
+        let m = meta(&[("etag", "\"abcdef\""), ("last-modified", &http_date(-100))]);
+        let not_modified = StatusCode::NOT_MODIFIED;
+        let other = hm(&[("etag", "\"ghijkl\"")]);
+        assert_eq!(revalidation(&m, not_modified, &other), Revalidation::Mismatch);
+        let same = hm(&[("etag", "\"abcdef\"")]);
+        assert_eq!(revalidation(&m, not_modified, &same), Revalidation::NotModified);
+        let other_date = hm(&[("last-modified", &http_date(-50))]);
+        let lm_only = meta(&[("last-modified", &http_date(-100))]);
+        assert_eq!(
+            revalidation(&lm_only, not_modified, &other_date),
+            Revalidation::Mismatch
+        );
+    }
+
+    #[test]
+    fn a_200_to_head_updates_the_stored_get_response_when_its_validators_and_content_length_match() {
+        // RFC 9111 4.3.5; cache-tests head-200-freshness-update, head-200-update.
+        let lm = http_date(-100);
+        let m = meta(&[("etag", "\"v1\""), ("last-modified", &lm), ("content-length", "4")]);
+        let ok = StatusCode::OK;
+        let update = |h: &[(&str, &str)]| head_update(&m, 4, ok, &hm(h));
+        assert_eq!(update(&[("cache-control", "max-age=1000")]), HeadUpdate::Update);
+        assert_eq!(
+            update(&[("etag", "\"v1\""), ("last-modified", &lm), ("content-length", "4")]),
+            HeadUpdate::Update
+        );
+        // Any received validator or length that differs: invalidate.
+        assert_eq!(update(&[("etag", "\"v2\"")]), HeadUpdate::Invalidate);
+        assert_eq!(update(&[("etag", "W/\"v1\"")]), HeadUpdate::Invalidate);
+        assert_eq!(update(&[("last-modified", &http_date(-50))]), HeadUpdate::Invalidate);
+        assert_eq!(update(&[("content-length", "5")]), HeadUpdate::Invalidate);
+        assert_eq!(update(&[("content-length", "four")]), HeadUpdate::Invalidate);
+        let bare = meta(&[]);
+        assert_eq!(
+            head_update(&bare, 4, ok, &hm(&[("etag", "\"v1\"")])),
+            HeadUpdate::Invalidate
+        );
+        // Only a 200 counts.
+        assert_eq!(
+            head_update(&m, 4, StatusCode::GONE, &HeaderMap::new()),
+            HeadUpdate::Leave
+        );
+        assert_eq!(
+            head_update(&m, 4, StatusCode::NOT_FOUND, &HeaderMap::new()),
+            HeadUpdate::Leave
+        );
     }
 
     // ----- Client conditionals (RFC 9110 13)

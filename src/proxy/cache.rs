@@ -9,7 +9,7 @@ use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
-use crate::cache::policy::{self, Decision, NotStorable, Policy, Precondition, Revalidation};
+use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
 use crate::cache::{Cache, CacheKey, ObjectId, StoreSink, Stored};
 use crate::http1::{BodyFraming, BodyLen, Exchange, RequestHead};
@@ -96,6 +96,9 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     if (tx.ex.head.method != Method::GET && tx.ex.head.method != Method::HEAD) || tx.ex.head.body != BodyFraming::Empty
     {
         return tx.pass_through().await;
+    }
+    if policy.bypasses_cache(&tx.ex.head.headers) {
+        return tx.bypass().await;
     }
     cache.stats.lookup();
     let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
@@ -365,6 +368,16 @@ impl Transaction<'_, '_> {
         Box::pin(self.fetch_and_store()).await
     }
 
+    /// A request with `Cache-Control: no-store` ([`Policy::bypasses_cache`]):
+    /// answered by the origin, neither from what is stored nor by joining
+    /// another request's fetch, and not stored ([`Policy::storable`] says no).
+    async fn bypass(&mut self) -> Result<(), Failure> {
+        self.cache.stats.miss();
+        let fetched = self.fetch(None).await?;
+        self.store_and_send(fetched, None).await;
+        Ok(())
+    }
+
     /// The request to the origin, noting where it went for the access log.
     async fn fetch(&mut self, conditional: Option<&HeaderMap>) -> Result<Fetched, Failure> {
         let (fetched, hierarchy) = fetch_timed(
@@ -420,11 +433,49 @@ impl Transaction<'_, '_> {
                 drop(fetched);
                 self.stale_on_error(stored).await
             }
-            Revalidation::Mismatch => self.fetch_and_store().await,
+            // RFC 9111 4.3.4: a 304 that selects no stored response updates
+            // none. Fetching again without validators would make a second
+            // request, and an origin that answers it with a 304 again would
+            // have that 304 relayed to a client that sent no conditional.
+            Revalidation::Mismatch => {
+                drop(fetched);
+                self.send_stored(stored, CacheStatus::Revalidated).await
+            }
+            Revalidation::Replace if self.ex.head.method == Method::HEAD => {
+                self.update_from_head(&stored, &fetched).await;
+                self.store_and_send(fetched, None).await;
+                Ok(())
+            }
             Revalidation::ServerError | Revalidation::Replace => {
                 self.store_and_send(fetched, None).await;
                 Ok(())
             }
+        }
+    }
+
+    /// A HEAD forwarded to revalidate the stored GET response was answered:
+    /// a 200 updates the stored response or invalidates it (RFC 9111 4.3.5,
+    /// [`policy::head_update`]). The answer itself goes to the client.
+    async fn update_from_head(&self, stored: &Stored, fetched: &Fetched) {
+        let (status, headers) = (fetched.response.status(), fetched.response.headers());
+        match policy::head_update(&stored.meta, stored.len, status, headers) {
+            HeadUpdate::Update => {
+                // As for a 304, the HEAD's cookies are not merged (`take_unshared`);
+                // this client gets them with the HEAD response itself.
+                update_from_304(
+                    self.cache,
+                    self.policy,
+                    stored.id,
+                    &stored.meta,
+                    headers.clone(),
+                    fetched.times,
+                )
+                .await;
+            }
+            HeadUpdate::Invalidate => {
+                self.cache.invalidate(&self.key).await;
+            }
+            HeadUpdate::Leave => {}
         }
     }
 
