@@ -328,7 +328,7 @@ async fn connect_and_https_origins_are_tunnelled_through_the_parent() {
 }
 
 #[test]
-fn check_accepts_parent_groups_and_rejects_unknown_or_https_parents() {
+fn check_accepts_parent_groups_and_rejects_unknown_ones_or_other_schemes() {
     let base = "[[listener]]\naddress = \"127.0.0.1:1\"\nmode = \"forward\"\n\n";
     let good = format!(
         "{base}{}[[rule]]\nhost = \"*.example.com\"\nupstream = \"parents\"\n",
@@ -346,12 +346,17 @@ fn check_accepts_parent_groups_and_rejects_unknown_or_https_parents() {
     assert!(!out.status.success());
     assert!(err.contains("no [[upstream]] is named `parent`"), "{err}");
 
+    // `https://`: a parent reached over TLS (tests/parent_tls.rs); any
+    // other scheme is refused with its key.
     let https = format!("{base}{}", parents_group(&["https://127.0.0.1:3128".into()]));
     let out = Portico::check(&https);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let socks = format!("{base}{}", parents_group(&["socks5://127.0.0.1:1080".into()]));
+    let out = Portico::check(&socks);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("upstream[0].servers[0]") && err.contains("plain TCP"),
+        err.contains("upstream[0].servers[0]") && err.contains("scheme must be http or https"),
         "{err}"
     );
 }

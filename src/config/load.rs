@@ -310,15 +310,9 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
         for (j, s) in u.servers.iter().enumerate() {
-            match crate::upstream::ServerAddr::parse(s) {
-                Err(e) => return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e)),
-                Ok(a) if u.parent && a.scheme != http::uri::Scheme::HTTP => {
-                    return Err((
-                        vec![Key("upstream"), Index(i), Key("servers"), Index(j)],
-                        format!("parent proxy {s:?}: parent proxies are reached over plain TCP; write host:port"),
-                    ));
-                }
-                Ok(_) => {}
+            // `https://` is an origin over TLS, or a parent reached over TLS.
+            if let Err(e) = crate::upstream::ServerAddr::parse(s) {
+                return Err((vec![Key("upstream"), Index(i), Key("servers"), Index(j)], e));
             }
         }
     }

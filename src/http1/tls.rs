@@ -10,17 +10,19 @@
 //! wait on each other for longer than a decryption or encryption.
 
 use bytes::BytesMut;
-use rustls::ServerConnection;
+use rustls::Connection;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// An established TLS connection with a client.
+/// An established TLS connection with a client (or, for a `CONNECT`
+/// tunnel through a parent proxy reached over TLS, with that parent: the
+/// record layer is the same on both sides).
 pub struct TlsConn {
     tcp: TcpStream,
-    conn: Mutex<ServerConnection>,
+    conn: Mutex<Connection>,
 }
 
 /// Why a handshake failed, as the statistics count it.
@@ -51,7 +53,7 @@ pub async fn accept(
             let (tcp, conn) = stream.into_inner();
             Ok(TlsConn {
                 tcp,
-                conn: Mutex::new(conn),
+                conn: Mutex::new(Connection::Server(conn)),
             })
         }
     }
@@ -110,12 +112,22 @@ impl Write for Sock<'_> {
 }
 
 impl TlsConn {
+    /// The client side of an established TLS connection (its handshake
+    /// done by tokio-rustls), to a parent proxy: a `CONNECT` tunnel through
+    /// it is relayed with the same record layer as a client's.
+    pub fn from_client(tcp: TcpStream, conn: rustls::ClientConnection) -> TlsConn {
+        TlsConn {
+            tcp,
+            conn: Mutex::new(Connection::Client(conn)),
+        }
+    }
+
     /// The TCP connection underneath (addresses, socket options, shutdown).
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
     }
 
-    fn lock(&self) -> MutexGuard<'_, ServerConnection> {
+    fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock leaves rustls's state as it was
         // between two calls: take it over.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
@@ -123,7 +135,7 @@ impl TlsConn {
 
     /// Sends what rustls has queued (records, alerts) without waiting:
     /// true when nothing is left.
-    fn flush_now(&self, conn: &mut ServerConnection) -> io::Result<bool> {
+    fn flush_now(&self, conn: &mut Connection) -> io::Result<bool> {
         while conn.wants_write() {
             match self
                 .tcp

@@ -578,7 +578,7 @@ impl ListenerHandler {
                     .connector()
                     .tcp(host, port)
                     .await
-                    .map(|u| (u, bytes::Bytes::new()))
+                    .map(|u| (crate::upstream::Wire::Tcp(u), bytes::Bytes::new()))
             }
             Some(g) => {
                 // No client credentials to pass on: only a group's own.
@@ -602,7 +602,7 @@ impl ListenerHandler {
             }
         };
         // BND.ADDR and BND.PORT: the address Portico connected from.
-        let bound = upstream.local_addr().ok();
+        let bound = upstream.tcp().local_addr().ok();
         if self.reply(stream, Reply::Succeeded, bound, send_timeout).await.is_err() {
             return false;
         }
@@ -614,7 +614,7 @@ impl ListenerHandler {
             return false;
         }
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
-        let upstream = ClientStream::Plain(upstream);
+        let upstream = upstream.into_relay();
         let (up, down) = tunnel::relay(stream, &upstream, idle).await;
         s.up = up;
         s.down = down + early.len() as u64;

@@ -14,7 +14,6 @@ use http::StatusCode;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 
 /// Serves a CONNECT request. Its admission `permit` is given back once the
 /// tunnel is established: a tunnel is a byte pump that may last hours, and
@@ -49,7 +48,7 @@ pub async fn run(
                 .connector()
                 .tcp(host, port)
                 .await
-                .map(|s| (s, bytes::Bytes::new()))
+                .map(|s| (crate::upstream::Wire::Tcp(s), bytes::Bytes::new()))
         }
         Some(g) => through_parent(&mut ex.hierarchy, sh, g, host, port, parent_auth.as_ref()).await,
     };
@@ -90,7 +89,7 @@ pub async fn run(
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
     let idle = sh.config.proxy.tunnel_idle_timeout.get();
-    let upstream = ClientStream::Plain(upstream);
+    let upstream = upstream.into_relay();
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
@@ -126,7 +125,7 @@ pub(super) async fn through_parent(
     host: &str,
     port: u16,
     auth: Option<&http::HeaderValue>,
-) -> Result<(TcpStream, bytes::Bytes), crate::upstream::ConnectError> {
+) -> Result<(crate::upstream::Wire, bytes::Bytes), crate::upstream::ConnectError> {
     let group = &sh.groups[g];
     let mut failed = None;
     loop {

@@ -85,14 +85,94 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// The connection under an origin's TLS or a parent's requests: plain TCP,
+/// or TLS to a parent proxy reached over TLS (`https://` in a parent
+/// group's `servers`, Squid's `cache_peer ... tls`).
+pub enum Wire {
+    /// Plain TCP.
+    Tcp(TcpStream),
+    /// TLS to a parent proxy.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Wire {
+    /// The TCP connection underneath (addresses).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Wire::Tcp(s) => s,
+            Wire::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// The connection for a tunnel's relay: TLS records go through the
+    /// same record layer as a TLS client's (`http1::tls`), any bytes rustls
+    /// has already decrypted included.
+    pub fn into_relay(self) -> crate::http1::ClientStream {
+        match self {
+            Wire::Tcp(s) => crate::http1::ClientStream::Plain(s),
+            Wire::Tls(s) => {
+                let (tcp, conn) = s.into_inner();
+                crate::http1::ClientStream::Tls(Box::new(crate::http1::tls::TlsConn::from_client(tcp, conn)))
+            }
+        }
+    }
+}
+
+impl AsyncRead for Wire {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Wire::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Wire {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Wire::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Wire::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Wire::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Wire::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Wire::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Wire::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Wire::Tcp(s) => s.is_write_vectored(),
+            Wire::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
 /// An origin connection: plain TCP or TLS over TCP.
 pub enum Conn {
     /// `http://`
     Plain(TcpStream),
-    /// `https://` (also through a parent's `CONNECT` tunnel)
-    Tls(Box<TlsStream<TcpStream>>),
+    /// `https://` (also through a parent's `CONNECT` tunnel, which may
+    /// itself be TLS to the parent)
+    Tls(Box<TlsStream<Wire>>),
     /// A connection to a parent proxy, for `http://` origins.
-    Proxied(TcpStream),
+    Proxied(Wire),
 }
 
 impl Connection for Conn {
@@ -106,7 +186,8 @@ impl Connection for Conn {
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Proxied(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -115,19 +196,22 @@ impl AsyncRead for Conn {
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Proxied(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_flush(cx),
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Proxied(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Proxied(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
@@ -137,13 +221,15 @@ impl AsyncWrite for Conn {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Plain(s) | Conn::Proxied(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Proxied(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
-            Conn::Plain(s) | Conn::Proxied(s) => s.is_write_vectored(),
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Proxied(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
         }
     }
@@ -509,7 +595,7 @@ impl Connector {
         let host = uri.host().unwrap_or("");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tcp = match &self.parent {
-            None => self.tcp(host, port).await?,
+            None => Wire::Tcp(self.tcp(host, port).await?),
             Some(parent) if !https => return self.dial_parent(parent).await.map(Conn::Proxied),
             Some(parent) => {
                 let (tcp, early) = self.tunnel_via(parent, host, port, self.parent_auth.as_ref()).await?;
@@ -524,7 +610,12 @@ impl Connector {
             }
         };
         if !https {
-            return Ok(Conn::Plain(tcp));
+            return match tcp {
+                Wire::Tcp(tcp) => Ok(Conn::Plain(tcp)),
+                // Only a parent's connection is TLS, and `http` to a parent
+                // returned above.
+                wire => Ok(Conn::Proxied(wire)),
+            };
         }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let tls_err = |detail: String| ConnectError {
@@ -551,11 +642,39 @@ impl Connector {
 }
 
 impl Connector {
-    /// Opens a TCP connection to the parent proxy `parent`.
-    async fn dial_parent(&self, parent: &super::ServerAddr) -> Result<TcpStream, ConnectError> {
+    /// Opens a connection to the parent proxy `parent`: TCP, then TLS for
+    /// an `https://` parent, its certificate checked against the origins'
+    /// trust (`[origin] system_roots` and `ca_file`) for the parent's host
+    /// name, within the connect timeout. A failed check is a `Tls` error,
+    /// the parent named, and marks the parent down as a refused connect.
+    async fn dial_parent(&self, parent: &super::ServerAddr) -> Result<Wire, ConnectError> {
         let host = parent.authority.host();
-        let port = parent.authority.port_u16().unwrap_or(80);
-        self.tcp(host, port).await
+        let tls = parent.scheme == http::uri::Scheme::HTTPS;
+        let port = parent.authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let tcp = self.tcp(host, port).await?;
+        if !tls {
+            return Ok(Wire::Tcp(tcp));
+        }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let tls_err = |detail: String| ConnectError {
+            kind: ConnectErrorKind::Tls,
+            target: format!("{host}:{port}"),
+            detail: format!("parent proxy: {detail}"),
+        };
+        let name = ServerName::try_from(bare.to_string())
+            .map_err(|_| tls_err(format!("{bare} is not a valid name for a TLS server")))?;
+        match tokio::time::timeout(self.connect_timeout, self.tls.connect(name, tcp)).await {
+            Ok(Ok(s)) => Ok(Wire::Tls(Box::new(s))),
+            Ok(Err(e)) => {
+                tracing::debug!("TLS handshake with parent {host}:{port} failed: {e}");
+                Err(tls_err(tls_cause(&e, bare).replace("the origin", "the parent")))
+            }
+            Err(_) => Err(ConnectError {
+                kind: ConnectErrorKind::Timeout,
+                target: format!("{host}:{port}"),
+                detail: "TLS handshake with the parent proxy took too long".into(),
+            }),
+        }
     }
 
     /// Opens a tunnel to `host:port` through the parent proxy `parent`:
@@ -569,7 +688,7 @@ impl Connector {
         host: &str,
         port: u16,
         auth: Option<&http::HeaderValue>,
-    ) -> Result<(TcpStream, bytes::Bytes), ConnectError> {
+    ) -> Result<(Wire, bytes::Bytes), ConnectError> {
         let mut tcp = self.dial_parent(parent).await?;
         let target = format!("{host}:{port}");
         let failed = |kind, detail: String| ConnectError {
@@ -586,7 +705,12 @@ impl Connector {
                 request.extend_from_slice(b"\r\n");
             }
             request.extend_from_slice(b"\r\n");
-            tcp.write_all(&request).await.map_err(|e| {
+            // Flushed: over TLS the request is only sent when flushed.
+            let sent = match tcp.write_all(&request).await {
+                Ok(()) => tcp.flush().await,
+                Err(e) => Err(e),
+            };
+            sent.map_err(|e| {
                 let cause = crate::util::io_cause(&e);
                 failed(ConnectErrorKind::Refused, format!("sending CONNECT: {cause}"))
             })?;

@@ -8,7 +8,7 @@ pub mod credentials;
 mod group;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
-pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, tls_config};
+pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
 
 use crate::config::OriginConfig;
