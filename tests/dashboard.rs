@@ -19,6 +19,12 @@ fn chromium(args: &[&str], profile: &std::path::Path) -> std::process::Output {
             "--disable-gpu",
             "--no-first-run",
             "--no-proxy-server",
+            // Chromium's own background traffic (update checks, time
+            // queries) must not resolve names through the machine's
+            // resolver: every name but 127.0.0.1 is "not found".
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--disable-background-networking",
+            "--disable-component-update",
             "--window-size=1280,1000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
