@@ -206,6 +206,10 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
         }
         let received = (0..N).filter(|&i| i % 3 != k && owner_idx[i] == k).count() as u64;
         assert_eq!(sample(&metrics, "portico_array_received_total"), received, "node {k}");
+        // Every URL served by its owner: no duplicates anywhere.
+        let owned = owner_idx.iter().filter(|&&o| o == k).count() as u64;
+        assert_eq!(sample(&metrics, "portico_array_owned_total"), owned, "node {k}");
+        assert_eq!(sample(&metrics, "portico_array_not_owned_total"), 0, "node {k}");
     }
 
     // Pass 2, shifted by one node: all hits somewhere in the array.
@@ -234,12 +238,29 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
     );
     let perf = page(sock[0], "/.perf").await;
     assert!(perf.contains(&format!("{} down", addrs[1])), "{perf}");
+    let not_owned = |m: &str| sample(m, "portico_array_not_owned_total");
+    let dup_before = not_owned(&page(sock[0], "/metrics").await) + not_owned(&page(sock[2], "/metrics").await);
     let before = origin.count();
     for (i, u) in urls.iter().enumerate() {
         assert_eq!(get(sock[if i % 2 == 0 { 0 } else { 2 }], u, "").await.0, 200, "{u}");
     }
     let (paths, by) = since(&origin, before);
     let share1: Vec<String> = (0..N).filter(|&i| owner_idx[i] == 1).map(|i| path(&urls[i])).collect();
+    // Each of node 1's URLs was served once by a survivor for its dead
+    // owner: counted as not owned there, the array's duplicates.
+    let (m0, m2) = (page(sock[0], "/metrics").await, page(sock[2], "/metrics").await);
+    assert_eq!(
+        not_owned(&m0) + not_owned(&m2) - dup_before,
+        share1.len() as u64,
+        "requests served for the dead member"
+    );
+    let perf = page(sock[0], "/.perf").await;
+    let rate: f64 = perf
+        .lines()
+        .find_map(|l| l.strip_prefix("DuplicateRate")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no DuplicateRate in\n{perf}"));
+    let expected_rate = not_owned(&m0) as f64 / (not_owned(&m0) + sample(&m0, "portico_array_owned_total")) as f64;
+    assert!((rate - expected_rate).abs() < 1e-3, "{rate} vs {expected_rate}\n{perf}");
     let mut expected: Vec<&String> = share1.iter().collect();
     let mut got: Vec<&String> = paths.keys().collect();
     expected.sort();
@@ -433,4 +454,8 @@ async fn a_member_named_by_dns_turns_forwarding_off() {
     // Served by A itself: one Via entry, and the error log says why.
     assert_eq!(origin.requests()[0].header("via"), Some("1.1 portico"));
     assert!(node_a.stderr().contains("named by host name"), "{}", node_a.stderr());
+    // B owns the URL: what A served for it is counted as a duplicate.
+    let metrics = page(a.parse().expect("addr"), "/metrics").await;
+    assert_eq!(sample(&metrics, "portico_array_not_owned_total"), 1, "{metrics}");
+    assert_eq!(sample(&metrics, "portico_array_owned_total"), 0, "{metrics}");
 }

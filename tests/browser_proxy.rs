@@ -42,7 +42,7 @@ async fn load_through(proxy: String, spki: String, profile: std::path::PathBuf, 
                 "--disable-domain-reliability",
                 "--virtual-time-budget=5000",
                 // Chromium itself resolves nothing (the proxy does); belt and braces.
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.*",
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg(format!("--proxy-server={proxy}"))

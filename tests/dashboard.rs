@@ -21,8 +21,9 @@ fn chromium(args: &[&str], profile: &std::path::Path) -> std::process::Output {
             "--no-proxy-server",
             // Chromium's own background traffic (update checks, time
             // queries) must not resolve names through the machine's
-            // resolver: every name but 127.0.0.1 is "not found".
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            // resolver: every name but 127.0.0.* is "not found" (IP literals
+            // included, hence the pattern: the array test uses 127.0.0.11).
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.*",
             "--disable-background-networking",
             "--disable-component-update",
             "--window-size=1280,1000",
@@ -215,6 +216,7 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
     }
     // Without [auth] the user cache tile is hidden.
     assert!(is_hidden(&dom, "card-auth"), "user cache tile shown without [auth]");
+    assert!(is_hidden(&dom, "card-array"), "array tile shown without [array]");
     // The page itself names no external asset.
     let page = parse_response(
         &raw_request(
@@ -366,4 +368,52 @@ async fn dashboard_plots_keep_five_minutes_and_scroll() {
         let span = (ticks[ticks.len() - 1] - ticks[0]).rem_euclid(24 * 60);
         assert!((2..=5).contains(&span), "{id}: time axis ticks {ticks:?}");
     }
+}
+
+/// The `<tr>` of array member `name` in the dumped DOM, as written.
+fn member_row<'a>(dom: &'a str, name: &str) -> &'a str {
+    let at = dom
+        .find(&format!("data-member=\"{name}\""))
+        .unwrap_or_else(|| panic!("no row for member {name}\n{dom}"));
+    let end = at + dom[at..].find("</tr>").expect("row end");
+    &dom[at..end]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_the_array_members_their_state_and_the_duplicate_rate() {
+    let o = Origin::start(|_| async { Response::ok("hello").header("Cache-Control", "max-age=600") }).await;
+    let port = free_port();
+    let (me, gone) = (format!("127.0.0.11:{port}"), format!("127.0.0.12:{port}"));
+    // The other member never answers: the probe marks it down, and this
+    // node serves its URLs itself, each counted as a duplicate.
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{me}\"\nmode = \"forward\"\n\n[log]\naccess = \"\"\n\n\
+         [array]\nself = \"{me}\"\nprobe_interval = \"100ms\"\ndown_time = \"30s\"\nmembers = [\n\
+           {{ address = \"{me}\", name = \"alpha\" }},\n  {{ address = \"{gone}\", name = \"beta\" }},\n]\n"
+    ))
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    for i in 0..40 {
+        let req = format!("GET {}/d{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", o.url());
+        assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
+    }
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-array.png");
+    let dom = browse(url, p.dir().join("chromium-profile"), png, 4000).await;
+    assert!(updates(&dom) >= 2, "{dom}");
+    assert!(!is_hidden(&dom, "card-array"), "array tile hidden with [array]");
+    let alpha = member_row(&dom, "alpha");
+    assert!(
+        alpha.contains("class=\"up\"") && alpha.contains(&format!("<td>{me}</td>")),
+        "{alpha}"
+    );
+    let beta = member_row(&dom, "beta");
+    assert!(
+        beta.contains("class=\"down\"") && beta.contains("<td>down</td>"),
+        "{beta}"
+    );
+    // Of 40 URLs, beta owns some (about half): served here for it.
+    let rate: f64 = element_text(&dom, "v-array-dup").parse().expect("duplicate rate");
+    assert!(rate > 10.0 && rate < 90.0, "duplicate rate {rate} %");
+    assert_plot_layout("arrayrate", &layout_report(&dom)["arrayrate"], false);
 }

@@ -50,6 +50,14 @@ pub struct Router {
     pub group_base: usize,
     /// Requests received from other members (marked, from a member's address).
     pub received: AtomicU64,
+    /// Requests for URLs this node owns (by CARP with every member up),
+    /// served here: from clients or received from members.
+    pub owned: AtomicU64,
+    /// Requests for URLs another member owns, served here anyway: the
+    /// owner was down, or members do not forward (`forward = false`,
+    /// members named by DNS). Each may leave a copy that the owner holds
+    /// too: the array's duplicates.
+    pub not_owned: AtomicU64,
     probe_interval: Duration,
 }
 
@@ -114,6 +122,8 @@ impl Router {
             forward,
             group_base,
             received: AtomicU64::new(0),
+            owned: AtomicU64::new(0),
+            not_owned: AtomicU64::new(0),
             probe_interval: a.probe_interval.get(),
         }))
     }
@@ -136,11 +146,19 @@ impl Router {
     /// and the members that are up (a down owner's URLs go to the next by
     /// score, and only those move).
     pub fn serving_member(&self, url: &str) -> usize {
-        self.carp
-            .order(url)
-            .into_iter()
+        self.serving_and_owner(url).0
+    }
+
+    /// The member that serves `url` (as [`Router::serving_member`]) and
+    /// its CARP owner whatever the members' health, from one scoring.
+    pub fn serving_and_owner(&self, url: &str) -> (usize, usize) {
+        let order = self.carp.order(url);
+        let serving = order
+            .iter()
+            .copied()
             .find(|&i| i == self.self_index || !self.members[i].group.is_down(0))
-            .unwrap_or(self.self_index)
+            .unwrap_or(self.self_index);
+        (serving, order.first().copied().unwrap_or(self.self_index))
     }
 
     /// Whether member `i` is up (this node always is).

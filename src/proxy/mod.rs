@@ -590,24 +590,29 @@ impl ListenerHandler {
             Err((status, reason)) => return self.fail(ex, status, reason).await,
         };
         // Array routing: a GET or HEAD for an http URL another member owns
-        // goes to that member, unless it came from a member already (one hop).
+        // goes to that member, unless it came from a member already (one
+        // hop). What is served here is counted as owned or not: a request
+        // served for another member (down, or members do not forward)
+        // leaves a copy the owner may hold too, the array's duplicates.
         let mut to_member = false;
         if let (Some(a), forward::To::Origin(uri)) = (&sh.array, &to)
-            && a.forward
-            && !from_member
             && self.mode == Mode::Forward
             && (ex.head.method == Method::GET || ex.head.method == Method::HEAD)
             && uri.scheme() == Some(&http::uri::Scheme::HTTP)
             && upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols).is_none()
         {
-            let m = a.serving_member(&uri.to_string());
-            if m != a.self_index {
+            let (m, owner) = a.serving_and_owner(&uri.to_string());
+            if a.forward && !from_member && m != a.self_index {
                 a.count_forwarded(m);
                 to_member = true;
                 to = forward::To::Parent {
                     group: a.group_base + m,
                     origin: uri.clone(),
                 };
+            } else if owner == a.self_index {
+                a.owned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                a.not_owned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         let (parent_auth, relay_challenge) = match &to {

@@ -535,6 +535,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             .then(|| sh.stats.socks.snapshot()),
         array: sh.array.as_ref().map(|a| stats::ArrayInfo {
             received: l(&a.received),
+            owned: l(&a.owned),
+            not_owned: l(&a.not_owned),
             members: a
                 .members
                 .iter()

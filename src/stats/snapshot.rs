@@ -847,6 +847,15 @@ crate::section! {
         /// from a member's address): this node is their owner.
         received: u64 => Counter, Add, None, "Requests received from other array members.",
             prom "portico_array_received_total", xml "array-bucket" "countReceived";
+        /// Requests for URLs this node owns (CARP, all members up), served
+        /// here: from clients or received from members.
+        owned: u64 => Counter, Add, None, "Requests for URLs this array member owns, served here.",
+            prom "portico_array_owned_total", xml "array-bucket" "countOwned";
+        /// Requests for URLs another member owns, served here (its owner
+        /// down, or members not forwarding): copies the owner may hold too.
+        not_owned: u64 => Counter, Add, None,
+            "Requests for URLs another array member owns, served here (owner down or no forwarding): duplicates.",
+            prom "portico_array_not_owned_total", xml "array-bucket" "countNotOwned";
         /// One per member, this node included, in config order.
         members: Vec<ArrayMemberInfo> => Section, Add, None, "One per array member.";
     }

@@ -302,6 +302,21 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         // array: state and the requests routed to each.
         let _ = writeln!(o, "ArrayInfo:\n{RULE}");
         let _ = writeln!(o, "{:<16} {}", "Received", ar.received);
+        let _ = writeln!(o, "{:<16} {}", "Owned", ar.owned);
+        let _ = writeln!(o, "{:<16} {}", "NotOwned", ar.not_owned);
+        // The share of what this node served that another member owns:
+        // with every member's figures summed, the array's duplicate rate.
+        let served = ar.owned + ar.not_owned;
+        let _ = writeln!(
+            o,
+            "{:<16} {:.4}",
+            "DuplicateRate",
+            if served == 0 {
+                0.0
+            } else {
+                ar.not_owned as f64 / served as f64
+            }
+        );
         for m in &ar.members {
             let _ = writeln!(
                 o,
