@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and rule)
 import ldap  # noqa: E402  (bench/ldap.py: the auth-ldap scenario's slapd and LDAP client)
+import array_bench  # noqa: E402  (bench/array_bench.py: the array scenario)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 
@@ -57,6 +58,9 @@ SCENARIOS = {
     "auth-ldap": "Portico only: first-login latency against a local OpenLDAP slapd (user cache "
                  "miss: search, bind, group search) against the directory's own time for the "
                  "same operations and against logins found in the user cache",
+    "array": "Portico only: a 3-node proxy array (CARP) against one node with the same total "
+             "memory: hit ratio of one Zipf request stream, and the cost of the extra hop through "
+             "a member that does not own the URL",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
@@ -1566,11 +1570,12 @@ def write_report(scenario, results, args, vers, outdir, command):
          f"- Machine: {machine()}"]
     body, extra = {"idle": report_idle, "rate": report_rate, "rules": report_rules,
                    "soak": report_soak, "auth": report_auth,
+                   "array": lambda *a: array_bench.report(sys.modules[__name__], *a),
                    "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
     want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
-            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",), "idle": ("portico", "nginx", "varnish", "squid"),
+            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",), "array": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
             "soak": ("portico",)}.get(
         scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
     for k in want:
@@ -2053,6 +2058,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return run_auth(subject, tmp, args, ctx, origin)
     if scenario == "auth-ldap":
         return run_auth_ldap(tmp, args, ctx, origin)
+    if scenario == "array":
+        return array_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
     raise ValueError(scenario)
 
 
@@ -2233,7 +2240,7 @@ def main():
         NGINX_TCP_NOPUSH = "on"
     if os.cpu_count() < 2:
         sys.exit("bench: needs at least 2 CPUs (proxy on CPU 0, load on CPU 1)")
-    for only in ("rules", "soak", "auth"):
+    for only in ("rules", "soak", "auth", "array"):
         if only in args.scenarios and "portico" not in args.peers:
             log(f"{only}: Portico only, and Portico is not among --peers: skipped")
             args.scenarios.remove(only)
@@ -2286,8 +2293,9 @@ def main():
             t_scen = time.time()
             subjects = ([str(n) for n in args.rule_counts] if scenario == "rules"
                         else ["portico"] if scenario == "soak"
+                        else list(array_bench.SUBJECTS) if scenario == "array"
                         else list(AUTH_SUBJECTS) if scenario == "auth" else list(args.peers))
-            who = (lambda s: "portico") if scenario in ("rules", "auth") else (lambda s: s)
+            who = (lambda s: "portico") if scenario in ("rules", "auth", "array") else (lambda s: s)
             results = {s: [] for s in subjects}
             for rnd in range(1 if scenario == "soak" else args.rounds):
                 for subj in subjects:           # interleaved: P, n, v, s, P, n, v, s, ...
