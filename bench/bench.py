@@ -44,8 +44,8 @@ SCENARIOS = {
             "64 connections",
     "close": "hits without keep-alive: uniform random over the 10,000 cached objects, "
              "a new connection per request (Connection: close), 64 connections",
-    "disk-hits": "hits over the 10,000 objects (127 MiB) with a 16 MiB memory cache: hits come "
-                 "from each proxy's disk cache (files in the page cache), keep-alive, 64 connections",
+    "disk-hits": "hits over the 10,000 objects, 16 MiB memory caches: hits from the disk "
+                 "caches (page cache), keep-alive, 64 connections",
     "miss": "every request a miss: uniform random over the 10,000 objects served by the origin "
             "with Cache-Control: no-store, keep-alive, 64 connections",
     "idle": "memory per idle keep-alive connection: 10,000 connections held open, "
@@ -2458,7 +2458,7 @@ def main():
                "examples:\n"
                "  bench/run --smoke                      # CI: every scenario, a few seconds, "
                "Portico only\n"
-               "  bench/run --rounds 3 --chart           # full run (~20 min), tables and "
+               "  bench/run --rounds 3 --chart           # full run (~40 min), tables and "
                "charts in bench/results/\n"
                "  bench/run hot --peers varnish --rounds 1 --duration 5   # one peer, < 1 minute\n"
                "  bench/run rate --peers portico --portico-extra bench/overload.toml "
