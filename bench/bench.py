@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Portico benchmark suite. Entry point: bench/run (see bench/README.md).
 
-Runs Portico, nginx, Varnish and Squid as caching reverse proxies for the same
+Runs Portico, nginx (at its latency and at its throughput settings), Varnish,
+Squid, HAProxy and Apache Traffic Server as caching reverse proxies for the same
 origin (nginx serving a generated object set from a work dir) on loopback
 ports, pins the proxy under test to CPU 0 and the load generator (wrk, or oha
 for `rate`), the origin and this script to CPU 1, interleaves the runs and
 writes medians to bench/results/<scenario>.md (.json, .png). Scenarios: hot,
-hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
+hits, disk-hits, close, miss (wrk), idle (sockets from this script), rate (oha), rules
 (Portico only, wrk). What each measures: bench/README.md. Peer
 configurations: bench/peers/*.md.
 """
@@ -44,6 +45,8 @@ SCENARIOS = {
             "64 connections",
     "close": "hits without keep-alive: uniform random over the 10,000 cached objects, "
              "a new connection per request (Connection: close), 64 connections",
+    "disk-hits": "hits over the 10,000 objects, 16 MiB memory caches: hits from the disk "
+                 "caches (page cache), keep-alive, 64 connections",
     "miss": "every request a miss: uniform random over the 10,000 objects served by the origin "
             "with Cache-Control: no-store, keep-alive, 64 connections",
     "idle": "memory per idle keep-alive connection: 10,000 connections held open, "
@@ -67,15 +70,26 @@ SCENARIOS = {
 }
 # Run only when named (an hour) or by --smoke (30 s): not part of a plain `bench/run`.
 NAMED_ONLY = ("soak",)
-WRK_SCENARIOS = ("hot", "hits", "close", "miss")
+WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
 RULE_COUNTS = [10, 100, 1000, 10000]
 # The Sun proxy's assign-name table (Sun Java System Web Proxy Server 4.0.11 Performance
 # Tuning, Sizing, and Scaling Guide, chapter 6 "Scalability Studies"):
 # response time in ms for a single request, cache enabled, content server on the local network.
 SEED_RULES_MS = {10: 1.05, 100: 1.45, 1000: 4.3, 10000: 32.5}
 RATE_STEPS = [25, 50, 75, 100, 120, 150]   # percent of the closed-loop peak
-PEERS = ["portico", "nginx", "varnish", "squid"]
-PORTS = {"origin": 28080, "portico": 28081, "nginx": 28082, "varnish": 28083, "squid": 28084}
+# nginx runs twice: `nginx` with its latency settings (tcp_nopush off) and `nginx-tput` with
+# its throughput settings (tcp_nopush on, open_file_cache); the faster counts as the peer.
+PEERS = ["portico", "nginx", "nginx-tput", "varnish", "squid", "haproxy", "ats"]
+PORTS = {"origin": 28080, "portico": 28081, "nginx": 28082, "varnish": 28083, "squid": 28084,
+         "haproxy": 28085, "ats": 28086, "nginx-tput": 28087}
+# Scenarios a peer sits out, and why (said in the log and in the report).
+SITS_OUT = {
+    "haproxy": {"disk-hits": "HAProxy's cache is in shared memory only (no disk tier): with a "
+                             "memory cache as small as the others' it would miss, not hit "
+                             "(bench/peers/haproxy.md)"},
+}
+# disk-hits: every proxy's memory cache, far smaller than the 127 MiB object set.
+DISK_HITS_MEMORY_MIB = 16
 PROXY_CPU = "0"   # proxy under test
 LOAD_CPU = "1"    # wrk, origin, this script
 
@@ -87,13 +101,15 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 APT_PACKAGES = {"nginx": "nginx-light", "varnishd": "varnish", "squid": "squid",
                 "wrk": "wrk", "curl": "curl", "taskset": "util-linux",
-                "htpasswd": "apache2-utils", "slapd": "slapd", "ldapadd": "ldap-utils"}
+                "htpasswd": "apache2-utils", "slapd": "slapd", "ldapadd": "ldap-utils",
+                "haproxy": "haproxy", "traffic_server": "trafficserver"}
 # auth scenario: the one user of the htpasswd file (bcrypt, cost AUTH_COST) and its password.
 AUTH_USER, AUTH_PASSWORD, AUTH_COST = "bench", "bench-secret-1", 10
 AUTH_SUBJECTS = ["anonymous", "authenticated"]
 # auth-ldap scenario: the directory's port and how many users log in for the first time.
 LDAP_PORT, LDAP_USERS, LDAP_USERS_SMOKE = 28389, 300, 30
-PEER_COMMANDS = {"nginx": "nginx", "varnish": "varnishd", "squid": "squid"}
+PEER_COMMANDS = {"nginx": "nginx", "nginx-tput": "nginx", "varnish": "varnishd", "squid": "squid",
+                 "haproxy": "haproxy", "ats": "traffic_server"}
 
 
 def log(msg):
@@ -109,26 +125,56 @@ def have(cmd):
 def ensure_installed(peers, extra=()):
     """apt-get what is missing: the origin (nginx), wrk, curl, taskset, and the
     peers asked for (so a Portico-only run does not install Varnish or Squid);
-    `extra` commands too (htpasswd for the auth scenario)."""
-    cmds = ["nginx", "wrk", "curl", "taskset"] + [PEER_COMMANDS[p] for p in peers
-                                                 if p in PEER_COMMANDS] + list(extra)
+    `extra` commands too (htpasswd for the auth scenario). The harness's own
+    needs must install; a peer's package that cannot be installed only makes
+    that peer sit out (drop_missing_peers says so)."""
+    cmds = ["nginx", "wrk", "curl", "taskset"] + list(extra)
+    peer_cmds = [PEER_COMMANDS[p] for p in peers if p in PEER_COMMANDS]
     missing = sorted({APT_PACKAGES[c] for c in cmds if not have(c)})
-    if not missing:
+    missing_peers = sorted({APT_PACKAGES[c] for c in peer_cmds if not have(c)} - set(missing))
+    if not missing and not missing_peers:
         return
     if os.geteuid() != 0:
-        sys.exit(f"bench: missing {' '.join(missing)} and not root: apt-get install them first")
-    log(f"installing {' '.join(missing)} (apt-get)")
+        if missing:
+            sys.exit(f"bench: missing {' '.join(missing)} and not root: apt-get install them first")
+        return   # the peers' packages: drop_missing_peers skips those peers, saying so
+    log(f"installing {' '.join(missing + missing_peers)} (apt-get)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing,
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    p = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing +
+                       missing_peers, env=env, stdout=subprocess.DEVNULL)
+    if p.returncode != 0:
+        if not missing_peers:
+            sys.exit(f"bench: apt-get install {' '.join(missing)} failed")
+        # Perhaps only a peer's package failed: the harness's own needs alone, then each
+        # peer package alone; a peer whose package did not install sits out.
+        if missing:
+            subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] +
+                           missing, check=True, env=env, stdout=subprocess.DEVNULL)
+        for pkg in missing_peers:
+            if subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                               pkg], env=env, stdout=subprocess.DEVNULL).returncode != 0:
+                log(f"apt-get install {pkg} failed: the peers it provides sit out")
     # Debian's postinst may start the system services (it does not in containers with
     # policy-rc.d); stop them so nothing but our private instances runs.
-    for svc in ("nginx", "varnish", "squid"):
+    for svc in ("nginx", "varnish", "squid", "haproxy", "trafficserver"):
         if shutil.which("service") is None:
             break
         subprocess.run(["service", svc, "stop"], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
+
+
+def drop_missing_peers(peers):
+    """Peers whose program is not installed (--no-install, or its package did
+    not install) sit out with a clear message instead of failing every run."""
+    kept = []
+    for p in peers:
+        c = PEER_COMMANDS.get(p)
+        if c and not have(c):
+            log(f"peer {p}: `{c}` not installed (Debian package {APT_PACKAGES[c]}): skipped")
+        else:
+            kept.append(p)
+    return kept
 
 
 def find_oha():
@@ -250,13 +296,14 @@ class Daemon:
     """A process started in its own session (setsid) pinned with taskset; its
     whole tree inherits the affinity. Stopped by its pid / process group."""
 
-    def __init__(self, name, argv, cpu, workdir):
+    def __init__(self, name, argv, cpu, workdir, env=None):
         self.name = name
         self.logpath = os.path.join(workdir, f"{name}.out")
         self.logf = open(self.logpath, "ab")
         self.proc = subprocess.Popen(["taskset", "-c", cpu] + argv, stdin=subprocess.DEVNULL,
                                      stdout=self.logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     env=dict(os.environ, **env) if env else None)
         self.pid = self.proc.pid  # taskset execs the daemon: same pid
 
     def alive(self):
@@ -374,8 +421,15 @@ http {{
 NGINX_TCP_NOPUSH = "off"
 
 
-def nginx_conf(d):
-    return f"""# Peer: nginx caching reverse proxy (bench/peers/nginx.md)
+def nginx_conf(d, tput=False, port=None):
+    """`tput`: nginx's throughput settings (the nginx-tput peer): tcp_nopush on
+    (head and body in full packets) and open_file_cache (cache files' descriptors
+    kept open between hits); otherwise its latency settings (tcp_nopush off)."""
+    nopush = "on" if tput else NGINX_TCP_NOPUSH
+    ofc = ("\n    open_file_cache max=20000 inactive=60s;"
+           "\n    open_file_cache_valid 60s;" if tput else "")
+    port = port or PORTS["nginx-tput" if tput else "nginx"]
+    return f"""# Peer: nginx caching reverse proxy (bench/peers/nginx.md), {"throughput" if tput else "latency"} settings
 worker_processes 1;
 daemon off;
 pid {d}/nginx.pid;
@@ -385,7 +439,7 @@ events {{ worker_connections 16384; }}
 http {{
     access_log off;
     sendfile on;
-    tcp_nopush {NGINX_TCP_NOPUSH};
+    tcp_nopush {nopush};{ofc}
     tcp_nodelay on;
     keepalive_requests 1000000;
     keepalive_timeout 75s;
@@ -398,7 +452,7 @@ http {{
         keepalive_requests 1000000;
     }}
     server {{
-        listen 127.0.0.1:{PORTS['nginx']} backlog=4096;
+        listen 127.0.0.1:{port} backlog=4096;
         location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -412,7 +466,14 @@ http {{
 """
 
 
-def squid_conf(d):
+def squid_conf(d, disk=False):
+    """`disk` (disk-hits): a 16 MB memory cache in front of an aufs cache_dir
+    under the work dir, instead of the 1 GB memory-only cache."""
+    if disk:
+        mem = (f"cache_mem {DISK_HITS_MEMORY_MIB} MB\n"
+               f"cache_dir aufs {d}/cache 1024 16 256\n")
+    else:
+        mem = "cache_mem 1024 MB\n"
     return f"""# Peer: Squid accelerator (bench/peers/squid.md)
 http_port 127.0.0.1:{PORTS['squid']} accel defaultsite=127.0.0.1:{PORTS['origin']} no-vhost
 cache_peer 127.0.0.1 parent {PORTS['origin']} 0 no-query no-digest no-netdb-exchange originserver name=origin
@@ -420,8 +481,7 @@ cache_peer_access origin allow all
 never_direct allow all
 http_access allow all
 workers 1
-cache_mem 1024 MB
-maximum_object_size_in_memory 1 MB
+{mem}maximum_object_size_in_memory 1 MB
 collapsed_forwarding on
 pinger_enable off
 icp_port 0
@@ -437,6 +497,112 @@ logfile_rotate 0
 shutdown_lifetime 1 seconds
 max_filedescriptors 65536
 """
+
+
+def haproxy_conf(d):
+    """HAProxy 2.6 with its `cache` (bench/peers/haproxy.md): one thread, the
+    cache in shared memory (1 GiB, objects up to 1 MiB, at most max-age 120 s
+    as the origin says), X-Cache from res.cache_hit for the harness's sample.
+    ulimit-n and `no strict-limits`: the open-files limit the harness has;
+    HAProxy would otherwise ask for 2 x maxconn + a margin (40,025) and refuse
+    to start where the hard limit is lower (20,000 on the bench machine),
+    although the idle scenario's 10,000 connections need only one each."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return f"""# Peer: HAProxy with its cache (bench/peers/haproxy.md)
+global
+    nbthread 1
+    maxconn 20000
+    ulimit-n {nofile}
+    no strict-limits
+    stats socket {d}/haproxy.sock mode 600 level admin
+
+defaults
+    mode http
+    option http-keep-alive
+    timeout connect 5s
+    timeout client 120s
+    timeout http-request 120s
+    timeout http-keep-alive 120s
+    timeout server 30s
+
+cache bench
+    total-max-size 1024
+    max-object-size 1048576
+    max-age 120
+
+frontend fe
+    bind 127.0.0.1:{PORTS['haproxy']} backlog 4096
+    maxconn 20000
+    default_backend origin
+    http-after-response set-header X-Cache %[res.cache_hit,iif(HIT,MISS)]
+
+backend origin
+    http-request cache-use bench
+    http-response cache-store bench
+    server origin 127.0.0.1:{PORTS['origin']} pool-max-conn 64
+"""
+
+
+def ats_files(d, disk=False):
+    """Apache Traffic Server 9.2, a private instance (bench/peers/ats.md): the
+    config files in d/etc, a runroot.yaml pointing every directory at d, a RAM
+    cache (1 GiB; disk-hits: 16 MiB) in front of a 1 GiB cache file in d/cache.
+    Returns the runroot.yaml path (the TS_RUNROOT environment variable)."""
+    etc = os.path.join(d, "etc")
+    for sub in ("etc", "run", "log", "cache"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+        os.chmod(os.path.join(d, sub), 0o777)
+    ram = (DISK_HITS_MEMORY_MIB if disk else 1024) << 20
+    records = f"""# Peer: Apache Traffic Server (bench/peers/ats.md)
+CONFIG proxy.config.http.server_ports STRING {PORTS['ats']}:ipv4:ip-in=127.0.0.1
+CONFIG proxy.config.exec_thread.autoconfig INT 0
+CONFIG proxy.config.exec_thread.limit INT 1
+CONFIG proxy.config.exec_thread.affinity INT 0
+CONFIG proxy.config.accept_threads INT 0
+CONFIG proxy.config.task_threads INT 1
+CONFIG proxy.config.admin.user_id STRING #-1
+CONFIG proxy.config.log.logging_enabled INT 0
+CONFIG proxy.config.reverse_proxy.enabled INT 1
+CONFIG proxy.config.url_remap.remap_required INT 1
+CONFIG proxy.config.http.insert_response_via_str INT 2
+CONFIG proxy.config.cache.ram_cache.size INT {ram}
+CONFIG proxy.config.cache.ram_cache_cutoff INT 4194304
+CONFIG proxy.config.http.cache.required_headers INT 2
+CONFIG proxy.config.http.keep_alive_no_activity_timeout_in INT 120
+CONFIG proxy.config.http.accept_no_activity_timeout INT 120
+CONFIG proxy.config.net.connections_throttle INT 30000
+CONFIG proxy.config.net.max_connections_in INT 30000
+CONFIG proxy.config.http.server_session_sharing.pool STRING thread
+"""
+    files = {
+        "records.config": records,
+        "remap.config": f"map / http://127.0.0.1:{PORTS['origin']}/\n",
+        "storage.config": f"{d}/cache 1024M\n",
+        "plugin.config": "",   # no plugins
+        "ip_allow.yaml": "ip_allow:\n  - apply: in\n    ip_addrs: 127.0.0.0/8\n    action: allow\n"
+                         "  - apply: out\n    ip_addrs: 127.0.0.0/8\n    action: allow\n",
+    }
+    for name in ("logging.yaml", "cache.config", "hosting.config", "volume.config",
+                 "parent.config", "splitdns.config", "socks.config", "ssl_multicert.config",
+                 "sni.yaml", "strategies.yaml"):
+        files.setdefault(name, "")
+    for name, text in files.items():
+        with open(os.path.join(etc, name), "w") as f:
+            f.write(text)
+    bf = "/etc/trafficserver/body_factory"
+    if os.path.isdir(bf):
+        shutil.copytree(bf, os.path.join(etc, "body_factory"))
+    runroot = os.path.join(d, "runroot.yaml")
+    with open(runroot, "w") as f:
+        f.write("".join(f"{k}: {v}\n" for k, v in (
+            ("prefix", "/usr"), ("exec_prefix", "/usr"), ("bindir", "/usr/bin"),
+            ("sbindir", "/usr/sbin"), ("sysconfdir", etc),
+            ("datadir", "/usr/share/trafficserver"), ("includedir", "/usr/include"),
+            ("libdir", "/usr/lib/trafficserver"),
+            ("libexecdir", "/usr/lib/trafficserver/modules"),
+            ("localstatedir", f"{d}/run"), ("runtimedir", f"{d}/run"),
+            ("logdir", f"{d}/log"), ("cachedir", f"{d}/cache"))))
+    return runroot
 
 
 def portico_conf(d, rules=None, rule_kind="path"):
@@ -539,8 +705,12 @@ def write_htpasswd(d):
     return path
 
 
-def write_portico_conf(d, rules=None, rule_kind="path", auth=False):
+def write_portico_conf(d, rules=None, rule_kind="path", auth=False, disk=False):
     conf = portico_conf(d, rules, rule_kind)
+    if disk:
+        # disk-hits: a memory tier far smaller than the 127 MiB object set, so most hits
+        # come from the disk tier (1 GiB, its files in the page cache).
+        conf["cache"].update({"memory": f"{DISK_HITS_MEMORY_MIB}MiB", "disk": "1GiB"})
     if auth == "ldap":
         # Users from the scenario's slapd: a search for the DN, a bind, a
         # group search (groupOfNames), as the service account.
@@ -580,15 +750,17 @@ def portico_check(portico_bin, conf_path, rule_kind="path"):
                        f"{msg[-1500:]}{hint}")
 
 
-def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path", auth=False):
+def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path", auth=False, disk=False):
+    """Start one proxy with a fresh cache. `disk` (the disk-hits scenario): its
+    small-memory-cache + disk-cache configuration (DISK_HITS_MEMORY_MIB)."""
     d = os.path.join(tmp, name)
     if os.path.exists(d):
         shutil.rmtree(d)   # fresh cache for every run
     os.makedirs(d)
     os.chmod(d, 0o777)     # nginx workers / squid / varnish child drop privileges
-    ready_path, ready_headers = "/page", None
+    ready_path, ready_headers, env = "/page", None, None
     if name == "portico":
-        conf = write_portico_conf(d, rules, rule_kind, auth)
+        conf = write_portico_conf(d, rules, rule_kind, auth, disk)
         if auth == "ldap":
             ready_headers = {"Authorization": ldap_header(ctx_ldap_ready_user())}
         elif auth:
@@ -597,30 +769,70 @@ def start_peer(name, tmp, portico_bin, rules=None, rule_kind="path", auth=False)
         argv = [portico_bin, "run", "-c", conf]
         if rules is not None:
             ready_path = f"/r{rules - 1:05d}/page"
-    elif name == "nginx":
+    elif name in ("nginx", "nginx-tput"):
+        # nginx's cache is on disk (its files in the page cache) in every scenario
         conf = os.path.join(d, "nginx.conf")
-        open(conf, "w").write(nginx_conf(d))
+        open(conf, "w").write(nginx_conf(d, tput=name == "nginx-tput"))
         argv = ["nginx", "-e", f"{d}/error.log", "-p", d, "-c", conf]
     elif name == "varnish":
+        # disk-hits: file storage (an mmap'd file under the work dir; its pages are the
+        # page cache) instead of malloc (bench/peers/varnish.md)
+        storage = f"file,{d}/storage.bin,1G" if disk else "malloc,1G"
         argv = ["varnishd", "-F", "-n", f"{d}/varnish", "-a", f"127.0.0.1:{PORTS['varnish']}",
-                "-b", f"127.0.0.1:{PORTS['origin']}", "-s", "malloc,1G", "-T", "none",
+                "-b", f"127.0.0.1:{PORTS['origin']}", "-s", storage, "-T", "none",
                 "-p", "thread_pools=1", "-p", "thread_pool_min=200",
                 "-p", "thread_pool_max=1000", "-p", "timeout_idle=120"]
     elif name == "squid":
         conf = os.path.join(d, "squid.conf")
-        open(conf, "w").write(squid_conf(d))
+        open(conf, "w").write(squid_conf(d, disk))
+        if disk:   # create the cache_dir's swap directories first (squid -z), then start
+            z = subprocess.run(["squid", "-N", "-z", "-f", conf], capture_output=True,
+                               text=True, timeout=60)
+            if z.returncode != 0:
+                raise RuntimeError(f"squid -z failed: {(z.stdout + z.stderr)[-800:]}")
         argv = ["squid", "-N", "-f", conf]
+    elif name == "haproxy":
+        conf = os.path.join(d, "haproxy.cfg")
+        open(conf, "w").write(haproxy_conf(d))
+        argv = ["haproxy", "-db", "-f", conf]   # -db: foreground, we own the pid
+    elif name == "ats":
+        env = {"TS_RUNROOT": ats_files(d, disk)}
+        argv = ["traffic_server"]              # alone (no traffic_manager), foreground
     else:
         raise ValueError(name)
     if not port_free(PORTS[name]):
         raise RuntimeError(f"port {PORTS[name]} is in use")
-    daemon = Daemon(name, argv, PROXY_CPU, d)
+    daemon = Daemon(name, argv, PROXY_CPU, d, env)
     try:
         wait_ready(PORTS[name], daemon, path=ready_path, headers=ready_headers)
+        pin_threads(daemon.pid)
     except Exception:
         daemon.stop()
         raise
     return daemon
+
+
+def pin_threads(root_pid):
+    """Every thread of the proxy's process tree on the proxy CPU. taskset pins
+    the process and what it starts, but a proxy may set its threads' affinity
+    itself: ATS with exec_thread.affinity 0 binds its event thread to all CPUs
+    (through hwloc). Re-pinned once it is ready (threads started later inherit
+    their creator's CPU), then checked."""
+    want = {int(PROXY_CPU)}
+    for pid in proc_tree(root_pid):
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if os.sched_getaffinity(tid) != want:
+                    os.sched_setaffinity(tid, want)
+                if os.sched_getaffinity(tid) != want:
+                    raise RuntimeError(f"thread {tid} of pid {pid} is not pinned to CPU "
+                                       f"{PROXY_CPU}")
+            except ProcessLookupError:
+                continue
 
 
 def start_origin(tmp, data):
@@ -705,6 +917,7 @@ def write_wrk_scripts(tmp, paths):
         with open(out[name], "w") as f:
             f.write(body)
     out["close"] = out["hits"]
+    out["disk-hits"] = out["hits"]
     return out
 
 
@@ -794,14 +1007,67 @@ def cache_status(h):
     xc = h.get("x-cache")
     if xc is None and "x-varnish" in h:   # Varnish: two XIDs on a hit, one on a miss
         xc = "HIT" if len(h["x-varnish"].split()) == 2 else "MISS"
+    if xc is None and "ApacheTrafficServer" in h.get("via", ""):
+        # ATS: the Via codes (insert_response_via_str 2), e.g. "[cHs f ]": after `c`, the
+        # cache lookup result: H = fresh hit, R = fresh hit from the RAM cache.
+        via = h["via"]
+        i = via.find("[c")
+        code = via[i + 2:i + 3] if i >= 0 else None
+        xc = None if code is None else "HIT-RAM" if code == "R" else "HIT" if code == "H" \
+            else "MISS"
     return xc
+
+
+def peer_hit_counter(peer, tmp):
+    """The proxy's own count of cache hits so far, for the peers whose
+    counters the harness reads (None for the others): HAProxy's `cache_hits`
+    (stats socket, `show stat`). Checks that hits really are served from its
+    cache. (ATS run alone, without traffic_manager, does not publish its
+    counters while it runs: its Via codes say hit or miss, RAM or disk.)"""
+    try:
+        if peer == "haproxy":
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect(os.path.join(tmp, "haproxy", "haproxy.sock"))
+            s.sendall(b"show stat\n")
+            buf = b""
+            while True:
+                c = s.recv(65536)
+                if not c:
+                    break
+                buf += c
+            s.close()
+            lines = buf.decode().splitlines()
+            head = lines[0].lstrip("# ").split(",")
+            total = 0
+            for line in lines[1:]:
+                row = dict(zip(head, line.split(",")))
+                if row.get("svname") == "BACKEND" and row.get("cache_hits"):
+                    total += int(row["cache_hits"])
+            return total
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        log(f"{peer}: could not read its hit counter: {e}")
+    return None
+
+
+SAMPLE_RAM_HITS = {}   # port -> hits of the last sample that said they came from RAM (ATS)
+
+
+def portico_tiers(port):
+    """(cache hits, disk-tier reads) so far, from Portico's /.stats.json, or
+    None when the statistics pages are off (e.g. --portico-extra stats-off.toml)."""
+    try:
+        c = portico_stats(port)["cache"]
+        return c["hits"], c["disk"]["reads"]
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        return None
 
 
 def sample_hits(port, paths, n=200, prefix=""):
     """X-Cache on a seeded sample of responses: (hits, sampled, header seen)."""
     rng = random.Random(SEED + 1)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    hits = seen = 0
+    hits = seen = ram = 0
     for _ in range(n):
         _, h, _ = http_get(port, prefix + rng.choice(paths), conn)
         xc = cache_status(h)
@@ -809,14 +1075,16 @@ def sample_hits(port, paths, n=200, prefix=""):
             seen += 1
             if xc.upper().startswith("HIT"):
                 hits += 1
+                ram += xc == "HIT-RAM"
     conn.close()
+    SAMPLE_RAM_HITS[port] = ram
     return hits, n, seen
 
 
 def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
     """hot, hits, close, miss: one wrk run against a freshly started peer, with
     the scenario's checks. Returns the result with `problems` (failed checks)."""
-    daemon = start_peer(peer, tmp, args.portico_bin)
+    daemon = start_peer(peer, tmp, args.portico_bin, disk=scenario == "disk-hits")
     try:
         info, problems, headers = {}, [], []
         port, paths = PORTS[peer], ctx["paths"]
@@ -825,7 +1093,7 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
             _, h, _ = http_get(port, "/page")  # should be a hit
             info["warm_xcache"] = cache_status(h)
             path = "/page"
-        elif scenario in ("hits", "close"):
+        elif scenario in ("hits", "close", "disk-hits"):
             t = time.time()
             info["warm_bad"] = warm_hits(port, paths)
             info["warm_s"] = round(time.time() - t, 1)
@@ -834,13 +1102,35 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                 headers = ["Connection: close"]
         else:  # miss: nothing to warm; every request must reach the origin
             path = "/"
+        hits0 = peer_hit_counter(peer, tmp) if scenario != "miss" else None
+        tiers0 = portico_tiers(port) if peer == "portico" and scenario != "miss" else None
         r = run_wrk(port, path, ctx["scripts"][scenario], args.duration, args.connections,
                     daemon.pid, origin.pid, headers)
         r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
+        tiers1 = portico_tiers(port) if tiers0 is not None else None
+        if tiers1 is not None:
+            # Portico's own counters: hits during the run, and how many read the disk tier
+            # (disk-hits: most of them, with the 16 MiB memory tier)
+            info["peer_hits"] = tiers1[0] - tiers0[0]
+            info["disk_reads"] = tiers1[1] - tiers0[1]
+            if info["peer_hits"] < r["requests"]:
+                problems.append(f"portico counted {info['peer_hits']:,} cache hits for "
+                                f"{r['requests']:,} responses")
+        if hits0 is not None:
+            hits1 = peer_hit_counter(peer, tmp)
+            if hits1 is not None:
+                # the proxy's own count of hits during the run; requests in flight when wrk
+                # stops are hits wrk did not count, so it may pass wrk's count a little
+                info["peer_hits"] = hits1 - hits0
+                if info["peer_hits"] < r["requests"]:
+                    problems.append(f"{peer} counted {info['peer_hits']:,} cache hits for "
+                                    f"{r['requests']:,} responses")
         r["origin_during"] = r["origin_requests"]
-        if scenario in ("hits", "close"):
+        if scenario in ("hits", "close", "disk-hits"):
             h, n, seen = sample_hits(port, paths)
             info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
+            if peer == "ats":   # its Via codes tell RAM-cache hits from disk-cache hits
+                info["sample_hits"] += f" ({SAMPLE_RAM_HITS.get(port, 0)} from RAM)"
             if seen and h != n:
                 problems.append(f"X-Cache sample: {h}/{n} HIT")
             if info["warm_bad"]:
@@ -872,7 +1162,11 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                         f"p99 {r['p99_us']/1000:.2f} ms, proxy CPU {r['proxy_cpu']:.2f}, "
                         f"{r['rps_per_core']:,.0f} req/s/core, errors {r['errors']}, "
                         f"origin reqs during run {r['origin_during']}, "
-                        f"other CPU {r['other_cpu']:.2f}, X-Cache {info.get('sample_hits')}")
+                        f"other CPU {r['other_cpu']:.2f}, X-Cache {info.get('sample_hits')}"
+                        + (f", its own hit counter +{info['peer_hits']:,}"
+                           if "peer_hits" in info else "")
+                        + (f" ({info['disk_reads']:,} disk-tier reads)"
+                           if "disk_reads" in info else ""))
         if not daemon.alive():
             raise RuntimeError(f"{peer} died during the run: {daemon.tail()}")
         return r
@@ -1539,7 +1833,11 @@ def versions(portico_bin, given):
               f"cargo build --release")
     return {
         "portico": pv,
-        "nginx": cmd(["nginx", "-v"]) + f" (tcp_nopush {NGINX_TCP_NOPUSH})",
+        "nginx": cmd(["nginx", "-v"]) + f" (latency settings: tcp_nopush {NGINX_TCP_NOPUSH})",
+        "nginx-tput": cmd(["nginx", "-v"]) + " (throughput settings: tcp_nopush on, "
+                                             "open_file_cache)",
+        "haproxy": cmd(["haproxy", "-v"]),
+        "ats": cmd(["traffic_server", "-V"]),
         "varnish": cmd(["varnishd", "-V"]),
         "squid": cmd(["squid", "-v"]),
         "wrk": cmd(["wrk", "-v"]),
@@ -1574,16 +1872,18 @@ def write_report(scenario, results, args, vers, outdir, command):
                    "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
-    want = {"rate": ("portico", "nginx", "varnish", "squid", "oha"),
-            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",), "array": ("portico", "wrk"), "idle": ("portico", "nginx", "varnish", "squid"),
-            "soak": ("portico",)}.get(
-        scenario, ("portico", "nginx", "varnish", "squid", "wrk"))
+    want = {"rate": tuple(PEERS) + ("oha",),
+            "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",),
+            "array": ("portico", "wrk"),
+            "idle": tuple(PEERS), "soak": ("portico",)}.get(scenario, tuple(PEERS) + ("wrk",))
     for k in want:
         if k in ("portico", "wrk", "oha") or k in subjects:
             L.append(f"- {k}: {vers.get(k)}")
     if PORTICO_EXTRA:
         L.append(f"- Portico config: --portico-extra {PORTICO_EXTRA_PATH} merged in: "
                  f"`{json.dumps(PORTICO_EXTRA, default=str)}`")
+    for p, why in sat_out(scenario, args.peers):
+        L.append(f"- {p} sits this scenario out: {why}")
     L.append("")
     L += body
     L.append("Peer configurations and the reasons for each setting: `bench/peers/`.")
@@ -1600,6 +1900,25 @@ def write_report(scenario, results, args, vers, outdir, command):
         except ImportError:
             log("matplotlib not installed (pip install matplotlib): no chart")
     return "\n".join(L)
+
+
+def sat_out(scenario, peers):
+    """(peer, reason) for the asked-for peers that sit `scenario` out."""
+    return [(p, SITS_OUT[p][scenario]) for p in peers if scenario in SITS_OUT.get(p, {})]
+
+
+def nginx_pair_note(m, best, key, label, fmt):
+    """When the best peer is nginx at one of its two settings, the other
+    setting's figure and p99 beside it (issue 17: nginx runs both ways, the
+    faster counts)."""
+    pair = {"nginx": "nginx-tput", "nginx-tput": "nginx"}
+    other = pair.get(best)
+    if other is None or other not in m:
+        return ""
+    name = {"nginx": "latency settings", "nginx-tput": "throughput settings"}
+    return (f"; nginx counted at its {name[best]} (faster here), at its {name[other]}: "
+            f"{label} {fmt(m[other][key])}, p99 {m[other]['p99_us']/1000:.2f} ms "
+            f"(vs {m[best]['p99_us']/1000:.2f} ms)")
 
 
 def med(rs, key):
@@ -1620,6 +1939,13 @@ def report_wrk(scenario, results, peers, args):
          "tree (utime+stime from /proc) over the run, in cores; `req/s per core` = "
          "requests / proxy CPU seconds. `other CPU` is everything else on the machine "
          "(not proxy, wrk, origin, this script).\n"]
+    if scenario == "disk-hits":
+        L.append(f"Every proxy's memory cache is {DISK_HITS_MEMORY_MIB} MiB, far smaller than "
+                 "the 127 MiB object set, in front of its disk cache (files under the work dir, "
+                 "in the page cache): Portico `cache.memory` 16 MiB + its 1 GiB disk tier; "
+                 "nginx its usual proxy_cache files; Varnish `-s file` (1 GiB, mmap'd); Squid "
+                 "`cache_mem 16 MB` + an aufs `cache_dir`; ATS a 16 MiB RAM cache + its 1 GiB "
+                 "cache file. HAProxy has no disk cache and sits out (bench/peers/).\n")
     if scenario == "miss":
         L.append("Every request goes through the proxy to the origin (no-store), and the "
                  "origin (nginx, on the load CPU with wrk) is part of each request's cost: a "
@@ -1639,16 +1965,27 @@ def report_wrk(scenario, results, peers, args):
         L.append(f"Portico / best peer: req/s {pm['rps']/m[best]['rps']:.2f}x ({best}), "
                  f"req/s per proxy core {pm['rps_per_core']/m[best_core]['rps_per_core']:.2f}x "
                  f"({best_core}), p99 {pm['p99_us']/m[best]['p99_us']:.2f}x of {best}'s "
-                 f"(higher is better for req/s, lower for p99).\n")
+                 f"(higher is better for req/s, lower for p99)"
+                 + nginx_pair_note(m, best_core, "rps_per_core", "req/s per core",
+                                   lambda v: f"{v:,.0f}") + ".\n")
+    if "nginx" in m and "nginx-tput" in m:
+        L.append("nginx runs twice: `nginx` with its latency settings (tcp_nopush off), "
+                 "`nginx-tput` with its throughput settings (tcp_nopush on, open_file_cache); "
+                 "the one with more req/s per proxy core counts as the peer "
+                 "(bench/peers/nginx.md).\n")
     L.append("## Checks\n")
     L.append("| proxy | round | requests | errors (non-2xx/socket) | origin requests during run | "
-             "X-Cache sample | RSS MiB after | wrk CPU | other CPU | attempts |")
-    L.append("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+             "X-Cache sample | hits by its own counter | RSS MiB after | wrk CPU | other CPU | "
+             "attempts |")
+    L.append("|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
     for p in peers:
         for i, r in enumerate(results[p]):
+            own = f"{r['peer_hits']:,}" if "peer_hits" in r else "—"
+            if "disk_reads" in r:
+                own += f" ({r['disk_reads']:,} from the disk tier)"
             L.append(f"| {p} | {i+1} | {r['requests']:,} | {r['errors']} | {r['origin_during']:,} | "
-                     f"{r.get('sample_hits') or '—'} | {r['rss_mib']:.0f} | {r['wrk_cpu']:.2f} | "
-                     f"{r['other_cpu']:.2f} | {r.get('attempts', 1)} |")
+                     f"{r.get('sample_hits') or '—'} | {own} | {r['rss_mib']:.0f} | "
+                     f"{r['wrk_cpu']:.2f} | {r['other_cpu']:.2f} | {r.get('attempts', 1)} |")
     L.append("")
     if scenario == "miss":
         L.append("A miss run passes when the origin served at least as many requests as wrk "
@@ -2121,13 +2458,15 @@ def main():
     ap = argparse.ArgumentParser(
         prog="bench/run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Portico against nginx, Varnish and Squid as caching reverse proxies.",
+        description="Portico against nginx (at its latency and its throughput settings), "
+                    "Varnish, Squid, HAProxy and Apache Traffic Server as caching reverse "
+                    "proxies.",
         epilog="scenarios:\n" + "\n".join(f"  {k:6} {v}" for k, v in SCENARIOS.items()) +
                "\npeers:\n  " + ", ".join(PEERS) + " (configs and reasons: bench/peers/)\n\n"
                "examples:\n"
                "  bench/run --smoke                      # CI: every scenario, a few seconds, "
                "Portico only\n"
-               "  bench/run --rounds 3 --chart           # full run (~20 min), tables and "
+               "  bench/run --rounds 3 --chart           # full run (~40 min), tables and "
                "charts in bench/results/\n"
                "  bench/run hot --peers varnish --rounds 1 --duration 5   # one peer, < 1 minute\n"
                "  bench/run rate --peers portico --portico-extra bench/overload.toml "
@@ -2191,8 +2530,9 @@ def main():
                     help="redo a run up to N times when other processes used > 0.3 core "
                          "during it; the quietest attempt is kept (default 1)")
     ap.add_argument("--nginx-tcp-nopush", action="store_true",
-                    help="nginx peer with tcp_nopush on (Debian's stock setting; default off, "
-                         "see bench/peers/nginx.md)")
+                    help="the `nginx` peer (latency settings) with tcp_nopush on too (Debian's "
+                         "stock setting; default off; `nginx-tput` always has it on), see "
+                         "bench/peers/nginx.md")
     ap.add_argument("--no-install", action="store_true",
                     help="do not apt-get / cargo install anything")
     ap.add_argument("--portico-bin", help="use this binary instead of cargo build --release")
@@ -2248,6 +2588,7 @@ def main():
     if not args.no_install:
         ensure_installed(args.peers, (["htpasswd"] if "auth" in args.scenarios else []) +
                          (["slapd", "ldapadd"] if "auth-ldap" in args.scenarios else []))
+    args.peers = drop_missing_peers(args.peers)
     oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
     if "rate" in args.scenarios and not oha:
         msg = "rate: oha not found (cargo install oha --locked)"
@@ -2295,6 +2636,9 @@ def main():
                         else ["portico"] if scenario == "soak"
                         else list(array_bench.SUBJECTS) if scenario == "array"
                         else list(AUTH_SUBJECTS) if scenario == "auth" else list(args.peers))
+            for p, why in sat_out(scenario, subjects):
+                log(f"{scenario}: {p} sits this scenario out: {why}")
+                subjects.remove(p)
             who = (lambda s: "portico") if scenario in ("rules", "auth", "array") else (lambda s: s)
             results = {s: [] for s in subjects}
             for rnd in range(1 if scenario == "soak" else args.rounds):
