@@ -60,16 +60,28 @@ pub struct Index {
     shards: Box<[Mutex<Map>]>,
     generation: AtomicU32,
     stats: Arc<DiskStats>,
+    /// The file system's allocation unit: an object is charged its size
+    /// rounded up to it, because that is what it occupies (a 300-byte
+    /// object takes a whole 4 KiB block, and a million of them 4 GB, not
+    /// 300 MB).
+    block: u64,
 }
 
 impl Index {
-    /// An empty index whose totals live in `stats`.
-    pub fn new(stats: Arc<DiskStats>) -> Index {
+    /// An empty index whose totals live in `stats`, charging each object
+    /// its size rounded up to `block` bytes (1 = exact sizes).
+    pub fn new(stats: Arc<DiskStats>, block: u64) -> Index {
         Index {
             shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
             generation: AtomicU32::new(1),
             stats,
+            block: block.max(1),
         }
+    }
+
+    /// What an object of `size` bytes occupies: whole blocks.
+    pub fn charged(&self, size: u64) -> u64 {
+        size.div_ceil(self.block).saturating_mul(self.block)
     }
 
     fn shard(&self, id: ObjectId) -> MutexGuard<'_, Map> {
@@ -84,12 +96,12 @@ impl Index {
 
     fn added(&self, e: &Entry) {
         self.stats.objects.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(e.size, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(self.charged(e.size), Ordering::Relaxed);
     }
 
     fn removed(&self, e: &Entry) {
         self.stats.objects.fetch_sub(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_sub(e.size, Ordering::Relaxed);
+        self.stats.bytes.fetch_sub(self.charged(e.size), Ordering::Relaxed);
     }
 
     /// Inserts or replaces; returns the replaced entry.
@@ -193,7 +205,7 @@ mod tests {
     #[test]
     fn accounting() {
         let stats = Arc::new(DiskStats::default());
-        let idx = Index::new(stats.clone());
+        let idx = Index::new(stats.clone(), 1);
         let total = |s: &DiskStats| (s.objects.load(Ordering::Relaxed), s.bytes.load(Ordering::Relaxed));
         assert!(idx.insert(ObjectId(1), entry(100)).is_none());
         assert!(idx.insert(ObjectId(2 << 126), entry(50)).is_none());
@@ -217,5 +229,26 @@ mod tests {
         let mut seen = vec![];
         idx.for_each(|id, e| seen.push((id, e.size)));
         assert_eq!(seen, vec![(ObjectId(2 << 126), 50)]);
+    }
+
+    #[test]
+    fn an_object_is_charged_the_whole_blocks_it_occupies() {
+        let stats = Arc::new(DiskStats::default());
+        let idx = Index::new(stats.clone(), 4096);
+        let bytes = |s: &DiskStats| s.bytes.load(Ordering::Relaxed);
+        assert!(idx.insert(ObjectId(1), entry(300)).is_none());
+        assert_eq!(bytes(&stats), 4096);
+        assert!(idx.insert(ObjectId(2), entry(4096)).is_none());
+        assert_eq!(bytes(&stats), 8192);
+        assert!(idx.insert(ObjectId(3), entry(4097)).is_none());
+        assert_eq!(bytes(&stats), 16384);
+        // Replacing and removing give back what was charged.
+        assert_eq!(idx.insert(ObjectId(3), entry(10)).map(|e| e.size), Some(4097));
+        assert_eq!(bytes(&stats), 12288);
+        assert!(idx.remove(ObjectId(1)).is_some());
+        assert!(idx.remove(ObjectId(2)).is_some());
+        assert!(idx.remove(ObjectId(3)).is_some());
+        assert_eq!(bytes(&stats), 0);
+        assert_eq!(idx.charged(0), 0);
     }
 }

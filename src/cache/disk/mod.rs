@@ -270,6 +270,18 @@ impl std::fmt::Debug for DiskStore {
     }
 }
 
+/// The cache directory's block size (`st_blksize`, 4 KiB on ext4, XFS and
+/// tmpfs): what the budget charges an object for each started block. Kept
+/// between 512 bytes and 1 MiB whatever the file system says; 4 KiB if it
+/// cannot be read.
+fn allocation_unit(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(dir)
+        .map(|m| m.blksize())
+        .unwrap_or(4096)
+        .clamp(512, 1 << 20)
+}
+
 impl DiskStore {
     fn create(cfg: &CacheConfig, pool: BlockingPool) -> io::Result<DiskStore> {
         if cfg.disk.bytes() == 0 {
@@ -293,7 +305,7 @@ impl DiskStore {
             budget: Budget::new(cfg.disk.bytes(), cfg.watermarks),
             fsync: cfg.fsync == Fsync::Always,
             max_object: cfg.max_object_size.bytes(),
-            index: Index::new(stats.clone()),
+            index: Index::new(stats.clone(), allocation_unit(&cfg.dir)),
             stats,
             locks: (0..PATH_LOCKS).map(|_| Mutex::new(())).collect(),
             instance,
@@ -368,9 +380,15 @@ impl DiskStore {
         &self.inner.stats
     }
 
-    /// Bytes used by indexed objects.
+    /// Bytes used by indexed objects: each charged its whole blocks.
     pub fn used(&self) -> u64 {
         self.inner.stats.bytes.load(Ordering::Relaxed)
+    }
+
+    /// What the budget charges a file of `size` bytes: its size rounded
+    /// up to the cache directory's block size.
+    pub fn charged(&self, size: u64) -> u64 {
+        self.inner.index.charged(size)
     }
 
     /// The start-up scan's progress.
@@ -511,7 +529,7 @@ mod tests {
         let e = store.entry(id).unwrap();
         assert_eq!((e.size, e.expires, e.key_ok), (size, 123, true));
         assert_eq!(store.stats().snapshot().objects, 1);
-        assert_eq!(store.used(), size);
+        assert_eq!(store.used(), store.charged(size));
         let mut o = store.open_blocking(id).unwrap();
         assert_eq!(o.meta, meta(url));
         assert_eq!((o.body_len, o.expires), (11, 123));
@@ -530,13 +548,14 @@ mod tests {
         let mut w = store.writer_blocking(id, &meta(url)).unwrap();
         w.write_blocking(b"x").unwrap();
         w.commit_blocking(0).unwrap();
-        let total = fs::metadata(store.path_of(id)).unwrap().len() + fs::metadata(store.path_of(id2)).unwrap().len();
+        let total = store.charged(fs::metadata(store.path_of(id)).unwrap().len())
+            + store.charged(fs::metadata(store.path_of(id2)).unwrap().len());
         assert_eq!((store.stats().snapshot().objects, store.used()), (2, total));
         assert!(store.remove_blocking(id));
         assert!(!store.remove_blocking(id));
         assert_eq!(
             (store.stats().snapshot().objects, store.used()),
-            (1, fs::metadata(store.path_of(id2)).unwrap().len())
+            (1, store.charged(fs::metadata(store.path_of(id2)).unwrap().len()))
         );
         assert!(store.open_blocking(id).is_none());
     }
@@ -634,7 +653,7 @@ mod tests {
             let mut w = store.writer_blocking(id, &meta(&url)).unwrap();
             w.write_blocking(&vec![i as u8; i as usize * 100]).unwrap();
             w.commit_blocking(5).unwrap();
-            total += fs::metadata(store.path_of(id)).unwrap().len();
+            total += store.charged(fs::metadata(store.path_of(id)).unwrap().len());
         }
         drop(store);
         // An invalid file under a valid name, and a foreign file (kept).
