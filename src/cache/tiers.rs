@@ -247,6 +247,9 @@ pub struct Cache {
     pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
     pub status_header: Option<HeaderName>,
+    /// `cache.revalidation_wait`: how long a request waits for another's
+    /// revalidation of the same stored object.
+    pub revalidation_wait: std::time::Duration,
     memory: Arc<MemoryTier>,
     disk: Option<DiskStore>,
     max_object: u64,
@@ -288,6 +291,7 @@ impl Cache {
             flights: Arc::new(Flights::default()),
             stats: Arc::default(),
             status_header: None,
+            revalidation_wait: std::time::Duration::ZERO,
             memory: Arc::new(MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes())),
             disk,
             max_object: 0,
@@ -353,6 +357,7 @@ impl Cache {
             flights: self.flights.clone(),
             stats: self.stats.clone(),
             status_header,
+            revalidation_wait: cfg.revalidation_wait.get(),
             memory: self.memory.clone(),
             disk: self.disk.clone(),
             max_object: cfg.max_object_size.bytes(),

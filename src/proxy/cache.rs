@@ -125,7 +125,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         Decision::GatewayTimeout => return Err(tx.gateway_timeout()),
         Decision::Revalidate {
             stale_if_error_until, ..
-        } => return Box::pin(tx.revalidate(stored, stale_if_error_until)).await,
+        } => return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await,
     };
     tx.send_stored(stored, status).await
 }
@@ -393,20 +393,116 @@ impl Transaction<'_, '_> {
         Ok(fetched)
     }
 
-    /// [`Decision::Revalidate`]: validates the stored response with the
-    /// origin, then serves the stored (updated) response, the new one, or the
-    /// stale one when the origin fails within `stale_if_error_until`.
-    async fn revalidate(&mut self, stored: Stored, stale_if_error_until: Option<SystemTime>) -> Result<(), Failure> {
+    /// [`Decision::Revalidate`], collapsed: concurrent requests revalidating
+    /// the same stored object send one conditional request (as Squid's
+    /// `collapsed_forwarding` and Varnish's waiting list do). The first leads
+    /// ([`Transaction::revalidate`]); the others wait, at most
+    /// `cache.revalidation_wait`, for its outcome:
+    ///
+    /// - a 304 updated the stored object: they are served it (`REVALIDATED`);
+    /// - a new response is being stored: they get it as it arrives, if their
+    ///   request selects the same `Vary` variant;
+    /// - a new response that is not stored, or a 304 that selected nothing:
+    ///   nothing is shared and each revalidates for itself, so every client
+    ///   gets the origin's answer to its own request, never another's body;
+    /// - the origin failed: each applies its own stale-on-error window
+    ///   (RFC 9111 4.2.4), else asks the origin itself.
+    ///
+    /// A follower never uses what it waited for unless the object was
+    /// validated or stored after its request arrived (`response_time` at or
+    /// after `self.now`), or is fresh.
+    async fn revalidate_collapsed(
+        &mut self,
+        stored: Stored,
+        stale_if_error_until: Option<SystemTime>,
+    ) -> Result<(), Failure> {
+        let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
+        let mut stored = stored;
+        // A rejoin after a leader gone before any answer (its client went
+        // away) makes one new leader; bounded like `fetch_and_store`'s.
+        for _ in 0..4 {
+            let mut follower = match self.cache.flights.join(stored.id) {
+                Role::Leader(l) => return self.revalidate(stored, stale_if_error_until, Some(l)).await,
+                Role::Follower(f) => f,
+            };
+            let Ok(head) = tokio::time::timeout(self.cache.revalidation_wait, follower.head()).await else {
+                tracing::debug!(key = self.key.text(), "collapsed revalidation: wait over, revalidating");
+                break;
+            };
+            match head {
+                Some(head) => {
+                    if policy::variant_of(&head.vary, &self.ex.head.headers) == head.variant {
+                        self.cache.stats.collapsed();
+                        return self.send_followed(&head, follower).await;
+                    }
+                    break; // another variant now: ours is revalidated (or fetched) alone
+                }
+                None if follower.abandoned() => continue,
+                None if follower.origin_failed() => {
+                    if stale_ok(SystemTime::now()) {
+                        self.cache.stats.collapsed();
+                        return self.stale_on_error(stored).await;
+                    }
+                    break;
+                }
+                None => {
+                    drop(follower);
+                    // What is stored now: updated by a 304, or replaced.
+                    let Ok(found) = self.cache.lookup(&self.key, &self.ex.head.headers).await else {
+                        break;
+                    };
+                    let Some(found) = found.map(|f| shareable(self.policy, f)) else {
+                        // Replaced by nothing storable: a miss for this request.
+                        return Box::pin(self.fetch_and_store()).await;
+                    };
+                    let decision = self
+                        .policy
+                        .evaluate(&self.ex.head.headers, &found.meta, SystemTime::now());
+                    if decision == Decision::Fresh || found.meta.response_time >= self.now {
+                        self.cache.stats.collapsed();
+                        return self.send_stored(found, CacheStatus::Revalidated).await;
+                    }
+                    // Revalidated with its own validators, not the ones
+                    // looked up before (its body may have been replaced).
+                    stored = found;
+                    break;
+                }
+            }
+        }
+        self.revalidate(stored, stale_if_error_until, None).await
+    }
+
+    /// Validates the stored response with the origin, then serves the
+    /// stored (updated) response, the new one, or the stale one when the
+    /// origin fails within `stale_if_error_until`. `leader`: the requests
+    /// collapsed onto this revalidation, told its outcome as soon as it is
+    /// known (before this client is sent anything).
+    async fn revalidate(
+        &mut self,
+        stored: Stored,
+        stale_if_error_until: Option<SystemTime>,
+        leader: Option<Leader>,
+    ) -> Result<(), Failure> {
         self.cache.stats.revalidation();
         let conditional = policy::conditional_headers(&stored.meta);
         let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
+        let end = |leader: Option<Leader>, ending: Ending| {
+            if let Some(l) = leader {
+                l.finish(ending);
+            }
+        };
         let fetched = match self.fetch(Some(&conditional)).await {
             Ok(fetched) => fetched,
             // No answer (refused, reset, closed, timed out: RFC 9111 4.2.4's
             // disconnected cache): the stored response instead of the 502/504.
             Err(failure) if policy::is_origin_error(failure.0) && stale_ok(SystemTime::now()) => {
+                end(leader, Ending::OriginFailed);
                 tracing::debug!(key = self.key.text(), "origin failed ({}): served stale", failure.1);
                 return self.stale_on_error(stored).await;
+            }
+            Err(failure) if policy::is_origin_error(failure.0) => {
+                end(leader, Ending::OriginFailed);
+                return Err(failure);
             }
             Err(failure) => return Err(failure),
         };
@@ -415,6 +511,8 @@ impl Transaction<'_, '_> {
                 let fresh = fetched.response.into_parts().0.headers;
                 let (meta, own) =
                     update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
+                // Updated: the followers look it up.
+                end(leader, Ending::Complete);
                 let mut stored = Stored { meta, ..stored };
                 // The 304's cookies are this client's: not merged into what
                 // later clients get, but sent to this one.
@@ -431,6 +529,7 @@ impl Transaction<'_, '_> {
                 // The error's body is not wanted: dropped now, not held
                 // while the stored response is sent.
                 drop(fetched);
+                end(leader, Ending::OriginFailed);
                 self.stale_on_error(stored).await
             }
             // RFC 9111 4.3.4: a 304 that selects no stored response updates
@@ -439,15 +538,20 @@ impl Transaction<'_, '_> {
             // have that 304 relayed to a client that sent no conditional.
             Revalidation::Mismatch => {
                 drop(fetched);
+                end(leader, Ending::NotShared);
                 self.send_stored(stored, CacheStatus::Revalidated).await
             }
             Revalidation::Replace if self.ex.head.method == Method::HEAD => {
                 self.update_from_head(&stored, &fetched).await;
+                // A HEAD response has no body to share: followers look up
+                // what the update left.
+                end(leader, Ending::NotShared);
                 self.store_and_send(fetched, None).await;
                 Ok(())
             }
             Revalidation::ServerError | Revalidation::Replace => {
-                self.store_and_send(fetched, None).await;
+                // Shared with the followers when stored, else `NotShared`.
+                self.store_and_send(fetched, leader).await;
                 Ok(())
             }
         }
