@@ -250,6 +250,9 @@ pub struct Cache {
     /// `cache.revalidation_wait`: how long a request waits for another's
     /// revalidation of the same stored object.
     pub revalidation_wait: std::time::Duration,
+    /// The 206 responses kept (memory only) until they combine into the
+    /// complete response (RFC 9111 3.4).
+    pub partials: Arc<super::partial::PartialStore>,
     memory: Arc<MemoryTier>,
     disk: Option<DiskStore>,
     max_object: u64,
@@ -292,6 +295,12 @@ impl Cache {
             stats: Arc::default(),
             status_header: None,
             revalidation_wait: std::time::Duration::ZERO,
+            // Parts of objects the memory tier would admit whole, within an
+            // eighth of its budget.
+            partials: Arc::new(super::partial::PartialStore::new(
+                cfg.max_memory_object.bytes(),
+                cfg.memory.bytes() / 8,
+            )),
             memory: Arc::new(MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes())),
             disk,
             max_object: 0,
@@ -358,6 +367,7 @@ impl Cache {
             stats: self.stats.clone(),
             status_header,
             revalidation_wait: cfg.revalidation_wait.get(),
+            partials: self.partials.clone(),
             memory: self.memory.clone(),
             disk: self.disk.clone(),
             max_object: cfg.max_object_size.bytes(),
@@ -631,6 +641,7 @@ impl Cache {
     /// anything was stored.
     pub async fn invalidate(&self, key: &CacheKey) -> bool {
         let primary = key.id();
+        self.partials.remove(primary);
         let Some(found) = self.get(primary).await else {
             return false;
         };
