@@ -192,3 +192,33 @@ async fn a_part_that_may_not_be_stored_is_not_kept() {
     check(&get(&p, o.addr(), Some("bytes=0-4")).await, 206, "01234", "MISS");
     assert_eq!(o.count(), 2);
 }
+
+/// Hostile origins: a 206 whose `Content-Range` does not describe its body
+/// (another length, a last byte past the complete length, not bytes, a
+/// multi-range without the multipart type) is passed on as received but
+/// never kept, so no later request gets bytes placed at the wrong offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_whose_content_range_does_not_describe_its_body_is_not_kept() {
+    let p = proxy().await;
+    for content_range in [
+        "bytes 0-4/10",
+        "bytes 0-3/3",
+        "items 0-3/10",
+        "bytes 0-3,5-6/10",
+        "bytes 3-0/10",
+    ] {
+        let o = Origin::start(move |_| async move {
+            Response::new(206)
+                .body("0123")
+                .header("Content-Range", content_range)
+                .header("Cache-Control", "max-age=3600")
+                .header("ETag", "\"h\"")
+        })
+        .await;
+        for _ in 0..2 {
+            let r = get(&p, o.addr(), Some("bytes=0-3")).await;
+            check(&r, 206, "0123", "MISS");
+        }
+        assert_eq!(o.count(), 2, "{content_range}");
+    }
+}
