@@ -58,6 +58,11 @@ pub enum Ending {
     /// The leader failed before a response head arrived (origin down,
     /// timeout): one follower retries and the others follow it.
     Abandoned,
+    /// A revalidation's leader got no usable answer from the origin (refused,
+    /// reset, timed out, or a 5xx it served stale over): followers apply
+    /// their own stale-on-error rules (RFC 9111 4.2.4) or ask the origin
+    /// themselves, rather than retrying one after another.
+    OriginFailed,
 }
 
 #[derive(Debug)]
@@ -214,6 +219,11 @@ impl Follower {
         self.flight.lock().ending == Ending::Abandoned
     }
 
+    /// True when a revalidation's leader ended with [`Ending::OriginFailed`].
+    pub fn origin_failed(&self) -> bool {
+        self.flight.lock().ending == Ending::OriginFailed
+    }
+
     /// The next piece of the body.
     pub async fn next(&mut self) -> Next {
         let Some(slot) = self.slot else {
@@ -234,7 +244,9 @@ impl Follower {
                 match s.ending {
                     Ending::Running => {}
                     Ending::Complete => return Next::End,
-                    Ending::Failed | Ending::NotShared | Ending::Abandoned => return Next::Failed,
+                    Ending::Failed | Ending::NotShared | Ending::Abandoned | Ending::OriginFailed => {
+                        return Next::Failed;
+                    }
                 }
             }
             notified.await;

@@ -9,6 +9,7 @@ pub(crate) mod flight;
 pub mod key;
 pub(crate) mod memory;
 pub mod object;
+pub(crate) mod partial;
 pub(crate) mod policy;
 pub(crate) mod range;
 mod tiers;

@@ -247,6 +247,12 @@ pub struct Cache {
     pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
     pub status_header: Option<HeaderName>,
+    /// `cache.revalidation_wait`: how long a request waits for another's
+    /// revalidation of the same stored object.
+    pub revalidation_wait: std::time::Duration,
+    /// The 206 responses kept (memory only) until they combine into the
+    /// complete response (RFC 9111 3.4).
+    pub partials: Arc<super::partial::PartialStore>,
     memory: Arc<MemoryTier>,
     disk: Option<DiskStore>,
     max_object: u64,
@@ -288,6 +294,13 @@ impl Cache {
             flights: Arc::new(Flights::default()),
             stats: Arc::default(),
             status_header: None,
+            revalidation_wait: std::time::Duration::ZERO,
+            // Parts of objects the memory tier would admit whole, within an
+            // eighth of its budget.
+            partials: Arc::new(super::partial::PartialStore::new(
+                cfg.max_memory_object.bytes(),
+                cfg.memory.bytes() / 8,
+            )),
             memory: Arc::new(MemoryTier::new(cfg.memory.bytes(), cfg.max_memory_object.bytes())),
             disk,
             max_object: 0,
@@ -353,6 +366,8 @@ impl Cache {
             flights: self.flights.clone(),
             stats: self.stats.clone(),
             status_header,
+            revalidation_wait: cfg.revalidation_wait.get(),
+            partials: self.partials.clone(),
             memory: self.memory.clone(),
             disk: self.disk.clone(),
             max_object: cfg.max_object_size.bytes(),
@@ -626,6 +641,7 @@ impl Cache {
     /// anything was stored.
     pub async fn invalidate(&self, key: &CacheKey) -> bool {
         let primary = key.id();
+        self.partials.remove(primary);
         let Some(found) = self.get(primary).await else {
             return false;
         };

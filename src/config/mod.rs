@@ -999,6 +999,10 @@ pub struct CacheConfig {
     /// origin cannot be reached or answers 500, 502, 503 or 504 (RFC 9111
     /// 4.2.4, as Squid's `max_stale`); 0 = only where `stale-if-error` says.
     pub max_stale_on_error: Dur,
+    /// How long a request for a stale object waits for another request's
+    /// revalidation of the same object (collapsed: one conditional request
+    /// to the origin) before it revalidates for itself.
+    pub revalidation_wait: Dur,
     /// Targeted cache-control fields (RFC 9213) obeyed on reverse
     /// listeners before `Cache-Control`, the first present and valid one
     /// winning; empty = none.
@@ -1047,6 +1051,7 @@ impl Default for CacheConfig {
             max_ttl: Dur::secs(0),
             set_cookie: SetCookie::NoStore,
             max_stale_on_error: Dur::secs(7 * 24 * 3600),
+            revalidation_wait: Dur::secs(10),
             targeted_fields: vec!["CDN-Cache-Control".to_string()],
             strip_targeted_fields: false,
         }

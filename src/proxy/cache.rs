@@ -9,6 +9,7 @@ use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
+use crate::cache::partial::{self, NewPart};
 use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
 use crate::cache::{Cache, CacheKey, ObjectId, StoreSink, Stored};
@@ -113,6 +114,9 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         return Ok(());
     };
     let Some(stored) = found else {
+        if let Some(done) = tx.partial_hit().await {
+            return done;
+        }
         return tx.miss().await;
     };
     let stored = shareable(policy, stored);
@@ -125,7 +129,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         Decision::GatewayTimeout => return Err(tx.gateway_timeout()),
         Decision::Revalidate {
             stale_if_error_until, ..
-        } => return Box::pin(tx.revalidate(stored, stale_if_error_until)).await,
+        } => return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await,
     };
     tx.send_stored(stored, status).await
 }
@@ -142,9 +146,8 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
 ///
 /// Serving the stored response when the origin fails (`stale-if-error`,
 /// `cache.max_stale_on_error`: [`Transaction::stale_on_error`]) is one more
-/// such way; partial content (storing and completing ranges of an object)
-/// would plug in here too: further ways of answering one request from what
-/// is stored and what the origin sends.
+/// such way; partial content ([`Transaction::partial_hit`], the parts kept
+/// by `store_and_send`) another.
 struct Transaction<'t, 'e> {
     /// The request, and where its response goes.
     ex: &'t mut Exchange<'e>,
@@ -314,6 +317,103 @@ impl Transaction<'_, '_> {
         result
     }
 
+    /// A GET for one range that no complete response answers, inside a
+    /// part kept fresh from a 206 (RFC 9111 3.3, the cache-tests suite's
+    /// `partial-store-partial-reuse-partial*`): answered from the part as a
+    /// 206 hit. None: not answerable so (no part holds the range, a
+    /// multi-range or conditional request, `If-Range` not matching).
+    async fn partial_hit(&mut self) -> Option<Result<(), Failure>> {
+        let h = &self.ex.head.headers;
+        if self.ex.head.method != Method::GET
+            || !h.contains_key(RANGE)
+            || [IF_MATCH, IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_UNMODIFIED_SINCE]
+                .iter()
+                .any(|n| h.contains_key(n))
+        {
+            return None;
+        }
+        let parts = self.cache.partials.get(self.key.id())?;
+        if parts.meta.key != self.key.text() || self.policy.evaluate(h, &parts.meta, self.now) != Decision::Fresh {
+            return None;
+        }
+        let RangePlan::Single(r) = range::plan(&Method::GET, h, StatusCode::OK, &parts.meta.headers, parts.complete)
+        else {
+            return None;
+        };
+        let body = parts.get(&r)?;
+        if let Some(why) = super::reply_acl::denied(&self.dest.reply, StatusCode::PARTIAL_CONTENT, &parts.meta.headers)
+        {
+            super::reply_acl::refuse(&mut self.ex.out, self.sh, &self.ex.head, &why).await;
+            return Some(Ok(()));
+        }
+        self.cache.stats.hit();
+        note_cache(self.ex, crate::stats::CacheOutcome::Hit);
+        let mut headers = parts.meta.headers.clone();
+        self.policy.take_unshared(&mut headers);
+        self.policy.strip_targeted(&mut headers);
+        headers.insert(AGE, policy::age_header(&parts.meta, SystemTime::now()));
+        headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, parts.complete)));
+        if let Some(name) = &self.cache.status_header {
+            headers.insert(name.clone(), CacheStatus::Hit.value());
+        }
+        let _send = crate::stats::stage(crate::stats::Stage::Send);
+        let ex = &mut *self.ex;
+        ex.out
+            .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(body.len() as u64));
+        if ex.out.send_data(&body).await.is_err() {
+            ex.out.close_after();
+        }
+        finish(ex).await;
+        self.cache.stats.served(body.len() as u64);
+        Some(Ok(()))
+    }
+
+    /// A 206 from the origin to keep as a part (RFC 9111 3.3): storable
+    /// but for its status, one `Content-Range` of a known complete length
+    /// (an unknown one, `*`, says where the part sits in nothing: not
+    /// kept), its body exactly that range, no `Vary`. The part without its
+    /// body, and the body's length.
+    fn part_to_keep(&self, head: &ClientHead) -> Option<(NewPart, u64)> {
+        if head.status != StatusCode::PARTIAL_CONTENT || self.ex.head.method != Method::GET {
+            return None;
+        }
+        self.policy
+            .storable(
+                &Method::GET,
+                &self.key,
+                &self.ex.head.headers,
+                StatusCode::OK,
+                &head.headers,
+            )
+            .ok()?;
+        if head.headers.contains_key(http::header::VARY) {
+            return None;
+        }
+        let cr = partial::parse_content_range(head.headers.get(CONTENT_RANGE)?.as_bytes())?;
+        let complete = cr.complete?;
+        let len = cr.range.end - cr.range.start;
+        if head.length != Some(len) {
+            return None;
+        }
+        let mut headers = partial::whole_headers(head.headers.clone());
+        self.policy.take_unshared(&mut headers);
+        let meta = StoredMeta {
+            key: self.key.text().to_string(),
+            variant: Vec::new(),
+            status: StatusCode::OK,
+            headers,
+            request_time: head.times.request,
+            response_time: head.times.response,
+        };
+        let part = NewPart {
+            meta,
+            start: cr.range.start,
+            complete,
+            body: bytes::Bytes::new(),
+        };
+        Some((part, len))
+    }
+
     /// [`Decision::Fresh`]: served from the cache, as a hit.
     fn fresh(&self) -> CacheStatus {
         self.cache.stats.hit();
@@ -393,20 +493,116 @@ impl Transaction<'_, '_> {
         Ok(fetched)
     }
 
-    /// [`Decision::Revalidate`]: validates the stored response with the
-    /// origin, then serves the stored (updated) response, the new one, or the
-    /// stale one when the origin fails within `stale_if_error_until`.
-    async fn revalidate(&mut self, stored: Stored, stale_if_error_until: Option<SystemTime>) -> Result<(), Failure> {
+    /// [`Decision::Revalidate`], collapsed: concurrent requests revalidating
+    /// the same stored object send one conditional request (as Squid's
+    /// `collapsed_forwarding` and Varnish's waiting list do). The first leads
+    /// ([`Transaction::revalidate`]); the others wait, at most
+    /// `cache.revalidation_wait`, for its outcome:
+    ///
+    /// - a 304 updated the stored object: they are served it (`REVALIDATED`);
+    /// - a new response is being stored: they get it as it arrives, if their
+    ///   request selects the same `Vary` variant;
+    /// - a new response that is not stored, or a 304 that selected nothing:
+    ///   nothing is shared and each revalidates for itself, so every client
+    ///   gets the origin's answer to its own request, never another's body;
+    /// - the origin failed: each applies its own stale-on-error window
+    ///   (RFC 9111 4.2.4), else asks the origin itself.
+    ///
+    /// A follower never uses what it waited for unless the object was
+    /// validated or stored after its request arrived (`response_time` at or
+    /// after `self.now`), or is fresh.
+    async fn revalidate_collapsed(
+        &mut self,
+        stored: Stored,
+        stale_if_error_until: Option<SystemTime>,
+    ) -> Result<(), Failure> {
+        let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
+        let mut stored = stored;
+        // A rejoin after a leader gone before any answer (its client went
+        // away) makes one new leader; bounded like `fetch_and_store`'s.
+        for _ in 0..4 {
+            let mut follower = match self.cache.flights.join(stored.id) {
+                Role::Leader(l) => return self.revalidate(stored, stale_if_error_until, Some(l)).await,
+                Role::Follower(f) => f,
+            };
+            let Ok(head) = tokio::time::timeout(self.cache.revalidation_wait, follower.head()).await else {
+                tracing::debug!(key = self.key.text(), "collapsed revalidation: wait over, revalidating");
+                break;
+            };
+            match head {
+                Some(head) => {
+                    if policy::variant_of(&head.vary, &self.ex.head.headers) == head.variant {
+                        self.cache.stats.collapsed();
+                        return self.send_followed(&head, follower).await;
+                    }
+                    break; // another variant now: ours is revalidated (or fetched) alone
+                }
+                None if follower.abandoned() => continue,
+                None if follower.origin_failed() => {
+                    if stale_ok(SystemTime::now()) {
+                        self.cache.stats.collapsed();
+                        return self.stale_on_error(stored).await;
+                    }
+                    break;
+                }
+                None => {
+                    drop(follower);
+                    // What is stored now: updated by a 304, or replaced.
+                    let Ok(found) = self.cache.lookup(&self.key, &self.ex.head.headers).await else {
+                        break;
+                    };
+                    let Some(found) = found.map(|f| shareable(self.policy, f)) else {
+                        // Replaced by nothing storable: a miss for this request.
+                        return Box::pin(self.fetch_and_store()).await;
+                    };
+                    let decision = self
+                        .policy
+                        .evaluate(&self.ex.head.headers, &found.meta, SystemTime::now());
+                    if decision == Decision::Fresh || found.meta.response_time >= self.now {
+                        self.cache.stats.collapsed();
+                        return self.send_stored(found, CacheStatus::Revalidated).await;
+                    }
+                    // Revalidated with its own validators, not the ones
+                    // looked up before (its body may have been replaced).
+                    stored = found;
+                    break;
+                }
+            }
+        }
+        self.revalidate(stored, stale_if_error_until, None).await
+    }
+
+    /// Validates the stored response with the origin, then serves the
+    /// stored (updated) response, the new one, or the stale one when the
+    /// origin fails within `stale_if_error_until`. `leader`: the requests
+    /// collapsed onto this revalidation, told its outcome as soon as it is
+    /// known (before this client is sent anything).
+    async fn revalidate(
+        &mut self,
+        stored: Stored,
+        stale_if_error_until: Option<SystemTime>,
+        leader: Option<Leader>,
+    ) -> Result<(), Failure> {
         self.cache.stats.revalidation();
         let conditional = policy::conditional_headers(&stored.meta);
         let stale_ok = |now: SystemTime| stale_if_error_until.is_some_and(|until| now <= until);
+        let end = |leader: Option<Leader>, ending: Ending| {
+            if let Some(l) = leader {
+                l.finish(ending);
+            }
+        };
         let fetched = match self.fetch(Some(&conditional)).await {
             Ok(fetched) => fetched,
             // No answer (refused, reset, closed, timed out: RFC 9111 4.2.4's
             // disconnected cache): the stored response instead of the 502/504.
             Err(failure) if policy::is_origin_error(failure.0) && stale_ok(SystemTime::now()) => {
+                end(leader, Ending::OriginFailed);
                 tracing::debug!(key = self.key.text(), "origin failed ({}): served stale", failure.1);
                 return self.stale_on_error(stored).await;
+            }
+            Err(failure) if policy::is_origin_error(failure.0) => {
+                end(leader, Ending::OriginFailed);
+                return Err(failure);
             }
             Err(failure) => return Err(failure),
         };
@@ -415,6 +611,8 @@ impl Transaction<'_, '_> {
                 let fresh = fetched.response.into_parts().0.headers;
                 let (meta, own) =
                     update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
+                // Updated: the followers look it up.
+                end(leader, Ending::Complete);
                 let mut stored = Stored { meta, ..stored };
                 // The 304's cookies are this client's: not merged into what
                 // later clients get, but sent to this one.
@@ -431,6 +629,7 @@ impl Transaction<'_, '_> {
                 // The error's body is not wanted: dropped now, not held
                 // while the stored response is sent.
                 drop(fetched);
+                end(leader, Ending::OriginFailed);
                 self.stale_on_error(stored).await
             }
             // RFC 9111 4.3.4: a 304 that selects no stored response updates
@@ -439,15 +638,20 @@ impl Transaction<'_, '_> {
             // have that 304 relayed to a client that sent no conditional.
             Revalidation::Mismatch => {
                 drop(fetched);
+                end(leader, Ending::NotShared);
                 self.send_stored(stored, CacheStatus::Revalidated).await
             }
             Revalidation::Replace if self.ex.head.method == Method::HEAD => {
                 self.update_from_head(&stored, &fetched).await;
+                // A HEAD response has no body to share: followers look up
+                // what the update left.
+                end(leader, Ending::NotShared);
                 self.store_and_send(fetched, None).await;
                 Ok(())
             }
             Revalidation::ServerError | Revalidation::Replace => {
-                self.store_and_send(fetched, None).await;
+                // Shared with the followers when stored, else `NotShared`.
+                self.store_and_send(fetched, leader).await;
                 Ok(())
             }
         }
@@ -557,6 +761,9 @@ impl Transaction<'_, '_> {
             Some(n) if n > self.cache.max_object_size() => Err(NotStorable("larger than cache.max_object_size")),
             _ => open_store(self.cache, self.policy, &self.key, &self.ex.head, &head).await,
         };
+        let mut part = self
+            .part_to_keep(&head)
+            .map(|(p, len)| (p, len, bytes::BytesMut::new()));
         let key = self.key.text();
         let mut sink: Option<StoreSink<'_>> = None;
         match storable {
@@ -615,6 +822,12 @@ impl Transaction<'_, '_> {
                 }
             };
             self.cache.stats.fetched(data.len() as u64);
+            if let Some((_, len, buf)) = part.as_mut() {
+                buf.extend_from_slice(&data);
+                if buf.len() as u64 > *len {
+                    part = None;
+                }
+            }
             if let Some(s) = sink.as_mut()
                 && !s.data(&data).await
             {
@@ -637,6 +850,11 @@ impl Transaction<'_, '_> {
                 if let Some(s) = sink {
                     s.commit().await;
                     self.cache.stats.stored();
+                }
+                if let Some((p, len, buf)) = part
+                    && buf.len() as u64 == len
+                {
+                    keep_part(self.cache, &self.key, p, buf.freeze()).await;
                 }
                 if let Some(l) = leader {
                     l.finish(Ending::Complete);
@@ -822,6 +1040,25 @@ impl Background {
                 }
             }
             Revalidation::Mismatch | Revalidation::ServerError => {}
+        }
+    }
+}
+
+/// Keeps a complete 206 body as a part; when the parts then make the
+/// complete response (one strong validator, RFC 9111 3.4; the
+/// cache-tests suite's `partial-store-partial-complete`), stores that
+/// as a 200 in the tiers.
+async fn keep_part(cache: &Cache, key: &CacheKey, mut part: NewPart, body: bytes::Bytes) {
+    part.body = body;
+    if let partial::Added::Complete(meta, whole) = cache.partials.add(key.id(), part) {
+        let len = whole.len() as u64;
+        if len > cache.max_object_size() {
+            return;
+        }
+        let mut sink = cache.sink(key, *meta, &[], Some(len)).await;
+        if sink.data(&whole).await {
+            sink.commit().await;
+            cache.stats.stored();
         }
     }
 }
