@@ -582,9 +582,12 @@ def chart(b, results, subjects, outdir, title):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     xs = [10 * (k + 1) for k in range(PARTS)]
+    # Portico in the bench's red; the peers in colours far from it.
+    palette = iter(["#2980b9", "#27ae60", "#8e44ad", "#f39c12", "#7f8c8d", "#16a085"])
     for p in subjects:
         rs = results[p]
-        style = {"color": "#c0392b", "linewidth": 2.2} if p == "portico" else {"linewidth": 1.2}
+        style = ({"color": "#c0392b", "linewidth": 2.2} if p == "portico"
+                 else {"color": next(palette), "linewidth": 1.2})
         for ax, key in ((axes[0], "hit_ratio"), (axes[1], "byte_hit_ratio")):
             ys = [statistics.median(r["parts"][k][key] for r in rs) * 100 for k in range(PARTS)]
             ax.plot(xs, ys, marker="o", label=f"{p} ({statistics.median(r[key] for r in rs):.1%})",
