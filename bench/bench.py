@@ -36,6 +36,7 @@ sys.path.insert(0, HERE)
 import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and rule)
 import ldap  # noqa: E402  (bench/ldap.py: the auth-ldap scenario's slapd and LDAP client)
 import array_bench  # noqa: E402  (bench/array_bench.py: the array scenario)
+import hitratio_bench  # noqa: E402  (bench/hitratio_bench.py: the hitratio scenario)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 
@@ -64,6 +65,9 @@ SCENARIOS = {
     "array": "Portico only: a 3-node proxy array (CARP) against one node with the same total "
              "memory: hit ratio of one Zipf request stream, and the cost of the extra hop through "
              "a member that does not own the URL",
+    "hitratio": "hit ratio and byte hit ratio at equal budgets (64 MiB memory + 1 GiB disk): "
+                "one Zipf stream over 1,000,000 URLs (exp. sizes, mean 13 KiB, 0.1% of 1-100 MiB) "
+                "from a counting origin",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
@@ -88,6 +92,8 @@ SITS_OUT = {
                              "memory cache as small as the others' it would miss, not hit "
                              "(bench/peers/haproxy.md)"},
 }
+for _p, _why in hitratio_bench.SITS_OUT.items():
+    SITS_OUT.setdefault(_p, {})["hitratio"] = _why
 # disk-hits: every proxy's memory cache, far smaller than the 127 MiB object set.
 DISK_HITS_MEMORY_MIB = 16
 PROXY_CPU = "0"   # proxy under test
@@ -1869,12 +1875,13 @@ def write_report(scenario, results, args, vers, outdir, command):
     body, extra = {"idle": report_idle, "rate": report_rate, "rules": report_rules,
                    "soak": report_soak, "auth": report_auth,
                    "array": lambda *a: array_bench.report(sys.modules[__name__], *a),
+                   "hitratio": lambda *a: hitratio_bench.report(sys.modules[__name__], *a),
                    "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
     want = {"rate": tuple(PEERS) + ("oha",),
             "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",),
-            "array": ("portico", "wrk"),
+            "array": ("portico", "wrk"), "hitratio": tuple(PEERS),
             "idle": tuple(PEERS), "soak": ("portico",)}.get(scenario, tuple(PEERS) + ("wrk",))
     for k in want:
         if k in ("portico", "wrk", "oha") or k in subjects:
@@ -2296,6 +2303,12 @@ def chart(scenario, results, subjects, outdir, args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    if scenario == "hitratio":
+        log("wrote " + hitratio_bench.chart(sys.modules[__name__], results, subjects, outdir,
+                                            "hitratio: one Zipf stream (alpha 0.8) over "
+                                            "1,000,000 URLs, every proxy 64 MiB memory + "
+                                            "1 GiB disk"))
+        return
     if scenario == "soak":
         path = os.path.join(outdir, "soak.png")
         soak.chart(results["portico"][0], path, f"soak: {SCENARIOS['soak']}")
@@ -2397,6 +2410,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return run_auth_ldap(tmp, args, ctx, origin)
     if scenario == "array":
         return array_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
+    if scenario == "hitratio":
+        return hitratio_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
     raise ValueError(scenario)
 
 
@@ -2520,6 +2535,9 @@ def main():
                     help="soak: percent of requests that may end unexpectedly (client "
                          "timeout, unexpected status) before the run fails (default 1.0); "
                          "a wrong body always fails")
+    ap.add_argument("--hitratio-requests", type=int, default=None,
+                    help=f"hitratio: requests in the stream (default "
+                         f"{hitratio_bench.REQUESTS:,}; --smoke: {hitratio_bench.REQUESTS_SMOKE:,})")
     ap.add_argument("--portico-extra", metavar="FILE",
                     help="TOML merged into Portico's generated config (tables key by key, "
                          "arrays of tables appended), e.g. [server] max_requests / queue_size")
