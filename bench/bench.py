@@ -73,7 +73,7 @@ SCENARIOS = {
             "use must not trend upward, every body must be the origin's",
 }
 # Run only when named (an hour) or by --smoke (30 s): not part of a plain `bench/run`.
-NAMED_ONLY = ("soak",)
+NAMED_ONLY = ("soak", "hitratio")
 WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
 RULE_COUNTS = [10, 100, 1000, 10000]
 # The Sun proxy's assign-name table (Sun Java System Web Proxy Server 4.0.11 Performance
