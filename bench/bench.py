@@ -72,7 +72,7 @@ SCENARIOS = {
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
 }
-# Run only when named (an hour) or by --smoke (30 s): not part of a plain `bench/run`.
+# Run only when named (soak: an hour; hitratio: ~15 min a round) or by --smoke: not part of a plain `bench/run`.
 NAMED_ONLY = ("soak", "hitratio")
 WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
 RULE_COUNTS = [10, 100, 1000, 10000]
