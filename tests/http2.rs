@@ -60,6 +60,17 @@ async fn metric(p: &Portico, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
 }
 
+/// Waits (up to 10 s) for a /metrics series to reach `n`.
+async fn wait_metric(p: &Portico, series: &str, n: u64) {
+    for _ in 0..100 {
+        if metric(p, series).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{series} never reached {n}: {}", metric(p, series).await);
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -340,4 +351,303 @@ async fn connect_over_h2_tunnels_a_stream_to_the_target() {
     let req = http::Request::connect("127.0.0.1:9").body(()).expect("request");
     let (parts, _) = h2_get(&mut client.clone(), req).await;
     assert_eq!(parts.status, 403);
+}
+
+/// One HTTP/2 frame (RFC 9113 4.1).
+fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 1;
+const END_HEADERS: u8 = 4;
+
+/// The HPACK block of `GET http://localhost/`: static-table indexes for
+/// :method GET, :scheme http, :path /, and :authority as a literal.
+fn get_block() -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x84, 0x01, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// A raw h2c connection: the preface and an empty SETTINGS sent.
+async fn raw_h2c(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    s.write_all(&hello).await.expect("preface");
+    s
+}
+
+/// Reads frames until the server closes (true) or `within` passes
+/// (false): (type, flags, stream, payload) each.
+async fn read_frames(s: &mut TcpStream, within: Duration) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut frames = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        match tokio::time::timeout_at(deadline, s.read_exact(&mut head)).await {
+            Err(_) => return (frames, false),
+            Ok(Err(_)) => return (frames, true),
+            Ok(Ok(_)) => {}
+        }
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        match tokio::time::timeout_at(deadline, s.read_exact(&mut payload)).await {
+            Err(_) => return (frames, false),
+            Ok(Err(_)) => return (frames, true),
+            Ok(Ok(_)) => {}
+        }
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        frames.push((head[3], head[4], stream, payload));
+    }
+}
+
+/// The error code of the first GOAWAY among `frames`.
+fn goaway_code(frames: &[(u8, u8, u32, Vec<u8>)]) -> Option<u32> {
+    frames
+        .iter()
+        .find(|f| f.0 == GOAWAY && f.3.len() >= 8)
+        .map(|f| u32::from_be_bytes([f.3[4], f.3[5], f.3[6], f.3[7]]))
+}
+
+/// A plain h2c request by curl: the server still serves.
+async fn still_serves(port: u16) {
+    let url = format!("http://127.0.0.1:{port}/after");
+    let out = common::curl(&["--http2-prior-knowledge", "-w", " %{http_version}", &url]).await;
+    assert_eq!(text(&out.stdout), "fine 2", "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rapid_reset_flood_gets_goaway_enhance_your_calm_and_others_are_still_served() {
+    let origin = Origin::start(|_| async move { Response::ok("fine").delay(Duration::from_millis(50)) }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_pending_reset_streams = 10\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    // CVE-2023-44487: HEADERS then RST_STREAM, 200 times, in one go.
+    let mut flood = Vec::new();
+    for i in 0..200u32 {
+        let id = 2 * i + 1;
+        flood.extend(frame(HEADERS, END_HEADERS | END_STREAM, id, &get_block()));
+        flood.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    s.write_all(&flood).await.expect("flood");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(
+        goaway_code(&frames),
+        Some(0xb),
+        "no GOAWAY ENHANCE_YOUR_CALM: {frames:?}"
+    );
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    still_serves(port).await;
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_flood_closes_the_connection_and_others_are_still_served() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_header_list_size = \"16KiB\"\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    // A header block that never ends: HEADERS without END_HEADERS, then
+    // CONTINUATION frames (each a header field) without end.
+    let mut flood = frame(HEADERS, END_STREAM, 1, &get_block());
+    let mut field = vec![0x00, 5];
+    field.extend_from_slice(b"x-pad");
+    field.extend_from_slice(&[0x7f, 0x81, 0x07]); // a 1000-byte value
+    field.extend(std::iter::repeat_n(b'a', 1000));
+    for _ in 0..300 {
+        flood.extend(frame(CONTINUATION, 0, 1, &field));
+    }
+    // The server may close before reading it all: the error is expected.
+    let _ = s.write_all(&flood).await;
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert!(goaway_code(&frames).is_some(), "no GOAWAY: {frames:?}");
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    assert!(
+        !frames.iter().any(|f| f.0 == HEADERS),
+        "the flooded request was answered"
+    );
+    still_serves(port).await;
+    let calm = metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await;
+    let proto = metric(&p, "portico_http2_goaway_sent_total{reason=\"protocol_error\"}").await;
+    assert_eq!(calm + proto, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_list_over_max_header_list_size_gets_431_and_the_connection_serves_on() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let _p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_header_list_size = \"16KiB\"\n",
+    ))
+    .await;
+    let big = format!("X-Big: {}", "b".repeat(20_000));
+    let url = format!("http://127.0.0.1:{port}/big");
+    let out = common::curl(&[
+        "--http2-prior-knowledge",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        &big,
+        &url,
+    ])
+    .await;
+    assert_eq!(text(&out.stdout), "431", "{}", text(&out.stderr));
+    assert_eq!(origin.count(), 0);
+    // Just under the limit is served.
+    let fits = format!("X-Big: {}", "b".repeat(12_000));
+    let out = common::curl(&["--http2-prior-knowledge", "-H", &fits, &url]).await;
+    assert_eq!(text(&out.stdout), "fine");
+    still_serves(port).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nghttp_sees_the_configured_settings_and_h2load_is_held_to_max_concurrent_streams() {
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (n, pk) = (now.clone(), peak.clone());
+    let origin = Origin::start(move |_| {
+        let (n, pk) = (n.clone(), pk.clone());
+        async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let cur = n.fetch_add(1, SeqCst) + 1;
+            pk.fetch_max(cur, SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            n.fetch_sub(1, SeqCst);
+            Response::ok("fine")
+        }
+    })
+    .await;
+    let port = free_port();
+    let http2 = "\n[http2]\nmax_concurrent_streams = 5\ninitial_stream_window = \"100KiB\"\ninitial_connection_window = \"2MiB\"\nmax_header_list_size = \"16KiB\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = tokio::process::Command::new("nghttp")
+        .args(["-nv", &url])
+        .output()
+        .await
+        .expect("nghttp (Debian nghttp2-client)");
+    let v = text(&out.stdout);
+    assert!(v.contains("[SETTINGS_MAX_CONCURRENT_STREAMS(0x03):5]"), "{v}");
+    assert!(v.contains("[SETTINGS_INITIAL_WINDOW_SIZE(0x04):102400]"), "{v}");
+    assert!(v.contains("[SETTINGS_MAX_HEADER_LIST_SIZE(0x06):16384]"), "{v}");
+    // The connection window: 65,535 by the protocol, raised to 2 MiB.
+    assert!(v.contains("(window_size_increment=2031617)"), "{v}");
+    // 30 requests, 30 streams asked for at once on one connection.
+    let urls: Vec<String> = (0..30).map(|i| format!("http://127.0.0.1:{port}/{i}")).collect();
+    let out = tokio::process::Command::new("h2load")
+        .args(["-n", "30", "-c", "1", "-m", "30"])
+        .args(&urls)
+        .output()
+        .await
+        .expect("h2load (Debian nghttp2-client)");
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("30 total, 30 started, 30 done"),
+        "{report}\n{}",
+        p.stderr()
+    );
+    // h2load opens its streams before the server's SETTINGS arrive: those
+    // past the limit are refused (REFUSED_STREAM), which it counts as
+    // failed; those within it are served.
+    let succeeded: u32 = report
+        .split(" succeeded")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(succeeded >= 5, "{report}");
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=5).contains(&peak),
+        "at most 5 streams at once, saw {peak} at the origin"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_gets_goaway_but_not_while_a_stream_is_open() {
+    let origin = Origin::start(|req| async move {
+        let wait = if req.uri.path() == "/slow" { 2500 } else { 0 };
+        Response::ok("fine").delay(Duration::from_millis(wait))
+    })
+    .await;
+    let port = free_port();
+    let http2 = "\n[http2]\nidle_timeout = \"1s\"\nping_interval = \"0s\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    // A stream open longer than the idle timeout is not cut.
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/slow"))
+        .body(())
+        .expect("request");
+    let (parts, body) = h2_get(&mut client, req).await;
+    assert_eq!((parts.status.as_u16(), text(&body).as_str()), (200, "fine"));
+    // Then idle: GOAWAY, the connection ends.
+    let started = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle connection was not closed");
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "closed before the idle timeout"
+    );
+    wait_metric(&p, "portico_http2_goaway_sent_total{reason=\"idle\"}", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let http2 = "\n[http2]\nping_interval = \"500ms\"\nping_timeout = \"1s\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    // A client that answers PINGs (the h2 crate does) stays.
+    let mut good = h2c(port).await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("settings ack");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(6)).await;
+    assert!(frames.iter().any(|f| f.0 == PING && f.1 == 0), "no PING: {frames:?}");
+    assert!(closed, "a client that never acknowledged the PING was kept");
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"ping_timeout\"}").await,
+        1
+    );
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/"))
+        .body(())
+        .expect("request");
+    let (parts, _) = h2_get(&mut good, req).await;
+    assert_eq!(parts.status, 200, "the client that answered PINGs was closed");
+    let perf = page(&p, "/.perf").await;
+    assert!(perf.contains("Http2Info:"), "{perf}");
+    let xml = page(&p, "/stats-xml").await;
+    assert!(xml.contains("countGoawayPingTimeout=\"1\""), "{xml}");
 }

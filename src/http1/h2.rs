@@ -603,7 +603,8 @@ pub async fn serve<H: Handler>(
                     });
                 }
                 Some(Err(e)) => {
-                    if e.is_go_away() && !e.is_remote() {
+                    // A GOAWAY of our own making (idle, ping, drain) is counted already.
+                    if e.is_go_away() && !e.is_remote() && going_away.is_none() {
                         let why = match e.reason() {
                             Some(Reason::ENHANCE_YOUR_CALM) => GoAway::EnhanceYourCalm,
                             Some(Reason::NO_ERROR) | None => GoAway::Other,
