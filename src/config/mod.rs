@@ -179,7 +179,7 @@ impl ListenerConfig {
     /// Whether this listener offers `h2` by ALPN: `http2`, by default on
     /// for a TLS listener (one with certificates).
     pub fn offers_h2(&self) -> bool {
-        !self.certificate.is_empty() && self.http2
+        !self.certificate.is_empty() && self.http2 && self.mode != Mode::Socks
     }
 }
 

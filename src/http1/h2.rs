@@ -37,7 +37,7 @@ pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub struct H2Settings {
     /// Cleartext HTTP/2 by prior knowledge on this (plain) listener.
     pub h2c: bool,
-    /// Requests become absolute-form targets (`scheme://authority/path`),
+    /// `http` requests become absolute-form targets (`http://authority/path`),
     /// as an HTTP/1 client of a forward proxy sends them.
     pub absolute_targets: bool,
     /// SETTINGS_MAX_CONCURRENT_STREAMS.
@@ -469,7 +469,7 @@ pub fn strip_connection_fields(headers: &mut HeaderMap) {
 /// (RFC 9113 8.3.1: `:authority` is the `Host`; cookies split over
 /// several fields are joined again, 8.2.3). `end` says the stream
 /// carries no body. A CONNECT's target is its authority; other requests
-/// are origin-form with `Host`, or absolute-form on a forward listener.
+/// are origin-form with `Host`, or absolute-form for `http` on a forward listener.
 pub fn request_head(parts: &http::request::Parts, end: bool, absolute: bool) -> Result<RequestHead, HeadError> {
     let bad = |reason| HeadError {
         status: StatusCode::BAD_REQUEST,
@@ -496,8 +496,12 @@ pub fn request_head(parts: &http::request::Parts, end: bool, absolute: bool) -> 
         authority.clone().ok_or(bad("CONNECT without :authority"))?
     } else {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // An `http` URL asked of a forward proxy is another server's; an
+        // `https` one is the proxy's own (its monitoring pages over an
+        // HTTPS proxy port), as `GET /x` is from an HTTP/1 client: a
+        // client reaches https origins through CONNECT.
         match (absolute, parts.uri.scheme_str(), &authority) {
-            (true, Some(scheme), Some(a)) => format!("{scheme}://{a}{path}"),
+            (true, Some("http"), Some(a)) => format!("http://{a}{path}"),
             _ => path.to_string(),
         }
     };
@@ -827,6 +831,12 @@ mod tests {
     fn a_forward_listener_gets_the_absolute_url_from_scheme_and_authority() {
         let h = request_head(&parts("GET", "http://www.example:8080/x", &[]), true, true).expect("valid");
         assert_eq!(h.target, "http://www.example:8080/x");
+    }
+
+    #[test]
+    fn an_https_request_to_a_forward_listener_is_for_the_proxy_itself() {
+        let h = request_head(&parts("GET", "https://proxy.example/.perf", &[]), true, true).expect("valid");
+        assert_eq!(h.target, "/.perf");
     }
 
     #[test]
