@@ -651,3 +651,86 @@ async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() 
     let xml = page(&p, "/stats-xml").await;
     assert!(xml.contains("countGoawayPingTimeout=\"1\""), "{xml}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_streams_past_max_error_resets_close_the_connection() {
+    // Each request carries a `Connection` field: malformed in HTTP/2
+    // (RFC 9113 8.2.2), so its stream is reset with PROTOCOL_ERROR.
+    let mut bad = Vec::new();
+    for i in 0..30u32 {
+        let mut block = get_block();
+        block.extend_from_slice(&[0x00, 10]);
+        block.extend_from_slice(b"connection");
+        block.extend_from_slice(&[5]);
+        block.extend_from_slice(b"close");
+        bad.extend(frame(HEADERS, END_HEADERS | END_STREAM, 2 * i + 1, &block));
+    }
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    // Within the default bound (1024): each stream reset, the connection kept.
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&bad).await.expect("requests");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(1)).await;
+    let resets = frames.iter().filter(|f| f.0 == RST_STREAM).count();
+    assert_eq!(resets, 30, "{frames:?}");
+    assert!(!closed && goaway_code(&frames).is_none(), "{frames:?}");
+    drop(p);
+    // Past `max_error_resets`: GOAWAY ENHANCE_YOUR_CALM, closed.
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_error_resets = 5\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&bad).await.expect("requests");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(
+        goaway_code(&frames),
+        Some(0xb),
+        "no GOAWAY ENHANCE_YOUR_CALM: {frames:?}"
+    );
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    assert_eq!(origin.count(), 0);
+    still_serves(port).await;
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_open_stream_finish_then_ends_the_connection() {
+    let origin = Origin::start(|_| async move { Response::ok("finished").delay(Duration::from_millis(1500)) }).await;
+    let port = free_port();
+    let mut p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/slow"))
+        .body(())
+        .expect("request");
+    let (resp, _) = client.send_request(req, true).expect("send");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    p.signal(15);
+    let (parts, mut body) = resp.await.expect("response").into_parts();
+    assert_eq!(parts.status, 200);
+    let mut got = Vec::new();
+    while let Some(c) = body.data().await {
+        got.extend_from_slice(&c.expect("data"));
+    }
+    assert_eq!(text(&got), "finished");
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(
+        ended.is_ok(),
+        "the connection was kept after its last stream while draining"
+    );
+    assert!(
+        p.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "portico did not exit"
+    );
+}
