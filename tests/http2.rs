@@ -650,6 +650,9 @@ async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() 
     assert!(perf.contains("Http2Info:"), "{perf}");
     let xml = page(&p, "/stats-xml").await;
     assert!(xml.contains("countGoawayPingTimeout=\"1\""), "{xml}");
+    let json: serde_json::Value = serde_json::from_str(&page(&p, "/.stats.json").await).expect("JSON statistics");
+    assert_eq!(json["snapshot"]["http2"]["goaway_ping_timeout"], 1, "{json}");
+    assert_eq!(json["snapshot"]["http2"]["connections"], 2, "{json}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
