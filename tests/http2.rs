@@ -737,3 +737,79 @@ async fn sigterm_lets_an_open_stream_finish_then_ends_the_connection() {
         "portico did not exit"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origins_early_hints_reach_an_h2_client_before_the_final_response() {
+    let origin = common::RawOrigin::start(|mut s| async move {
+        common::read_request_head(&mut s).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n")
+            .await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 5\r\n\r\nfinal")
+            .await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\nh2c = true\n\n[[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"web\"\n",
+        origin.addr()
+    );
+    let p = Portico::start(&config).await;
+    let url = format!("http://127.0.0.1:{port}/hints");
+    let out = common::curl(&["--http2-prior-knowledge", "-v", &url]).await;
+    assert_eq!(text(&out.stdout), "final", "{}", p.stderr());
+    let verbose = text(&out.stderr);
+    let hints = verbose
+        .find("< HTTP/2 103")
+        .unwrap_or_else(|| panic!("no 103 over h2: {verbose}"));
+    let link = verbose
+        .find("< link: </style.css>; rel=preload; as=style")
+        .expect("the 103's Link field");
+    let last = verbose.find("< HTTP/2 200").expect("the final response");
+    assert!(hints < link && link < last, "{verbose}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_opens_no_window_has_its_stream_reset_after_send_timeout() {
+    let origin = Origin::start(|_| async move { Response::ok(vec![b'x'; 100_000]) }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[limits]\nsend_timeout = \"1s\"\n",
+    ))
+    .await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    // A window of 0: the server may send headers, never a body byte.
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/big"))
+        .body(())
+        .expect("request");
+    let (resp, _) = client.send_request(req, true).expect("send");
+    let (parts, mut body) = resp.await.expect("response head").into_parts();
+    assert_eq!(parts.status, 200);
+    let started = std::time::Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .expect("an answer in time");
+    let err = match got {
+        Some(Err(e)) => e,
+        other => panic!("no reset: {other:?}"),
+    };
+    assert_eq!(err.reason(), Some(h2::Reason::CANCEL), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "reset before send_timeout"
+    );
+    assert_eq!(metric(&p, "portico_http2_resets_sent_total").await, 1);
+    assert_eq!(metric(&p, "portico_send_timeouts_total").await, 1);
+}
