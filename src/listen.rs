@@ -193,6 +193,24 @@ async fn run<H: Handler>(
         drop(open);
         return;
     }
+    if let Some(h2) = &serving.settings.h2 {
+        // HTTP/2: chosen by ALPN on TLS, announced by its preface on an
+        // h2c listener (only on a new connection: one back from the
+        // keep-alive poller has spoken HTTP/1 already).
+        let is_h2 = match &stream {
+            ClientStream::Tls(t) => t.alpn_h2(),
+            ClientStream::Plain(_) => {
+                h2.h2c
+                    && start.served == 0
+                    && crate::http1::h2::sniff_preface(&stream, serving.settings.header_timeout).await
+            }
+        };
+        if is_h2 {
+            crate::http1::h2::serve(stream, peer, serving.settings.clone(), h2, serving.handler.clone()).await;
+            drop(open);
+            return;
+        }
+    }
     let Some(idle) = serve(stream, peer, start, &serving.settings, &*serving.handler).await else {
         return;
     };

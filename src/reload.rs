@@ -83,7 +83,10 @@ impl Running {
         let keepalive = self.shared.load().keepalive.clone();
         Ok(Serving {
             nodelay: cfg.nodelay,
-            settings: Arc::new(conn_settings(config, keepalive)),
+            settings: Arc::new(ConnSettings {
+                h2: crate::http1::h2::H2Settings::for_listener(config, cfg),
+                ..conn_settings(config, keepalive)
+            }),
             handler: Arc::new(ListenerHandler::new(
                 config
                     .listener
@@ -348,5 +351,6 @@ pub fn conn_settings(c: &Config, keepalive: Arc<crate::keepalive::KeepAlive>) ->
         max_body: c.limits.max_body_size.bytes(),
         body_idle_timeout: c.origin.idle_timeout.get(),
         send_timeout: c.limits.send_timeout.get(),
+        h2: None,
     }
 }

@@ -48,12 +48,25 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
     };
-    let config = ServerConfig::builder_with_provider(provider)
+    let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|e| format!("listener {}: TLS: {e}", l.address))?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(BySni { certs }));
+    config.alpn_protocols = alpn_protocols(l);
     Ok(Some(Arc::new(config)))
+}
+
+/// The ALPN protocols a TLS listener offers, preferred first: `h2` when
+/// `http2` allows it, then `http/1.1`. A client that offers neither (or
+/// no ALPN at all) is served HTTP/1.1, as before ALPN existed.
+fn alpn_protocols(l: &ListenerConfig) -> Vec<Vec<u8>> {
+    let mut p = Vec::with_capacity(2);
+    if l.offers_h2() {
+        p.push(b"h2".to_vec());
+    }
+    p.push(b"http/1.1".to_vec());
+    p
 }
 
 /// Checks every TLS listener's certificates (start-up and `portico check`).

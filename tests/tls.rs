@@ -228,7 +228,8 @@ async fn an_https_reverse_listener_serves_from_the_cache() {
     let ca = pem.cert.display().to_string();
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let out = common::curl(&["-i", "--cacert", &ca, "--resolve", &resolve, &url]).await;
+        // HTTP/1.1 over TLS (tests/http2.rs has the same over h2).
+        let out = common::curl(&["--http1.1", "-i", "--cacert", &ca, "--resolve", &resolve, &url]).await;
         assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
         let r = parse_response(&out.stdout);
         assert_eq!((r.status, r.body_str().as_str()), (200, "cached page"));

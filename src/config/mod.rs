@@ -30,6 +30,8 @@ pub struct Config {
     pub access: AccessConfig,
     /// Persistent client connections.
     pub keepalive: KeepAliveConfig,
+    /// HTTP/2 client connections: limits and defences.
+    pub http2: Http2Config,
     /// Request size limits and the header read timeout.
     pub limits: LimitsConfig,
     /// Forward-proxy behaviour: Via, X-Forwarded-For, CONNECT.
@@ -64,6 +66,7 @@ impl Default for Config {
             listener: vec![ListenerConfig::default()],
             access: AccessConfig::default(),
             keepalive: KeepAliveConfig::default(),
+            http2: Http2Config::default(),
             limits: LimitsConfig::default(),
             proxy: ProxyConfig::default(),
             origin: OriginConfig::default(),
@@ -166,6 +169,18 @@ pub struct ListenerConfig {
     pub certificate: Vec<CertificateConfig>,
     /// Oldest TLS version accepted: "1.2" (1.2 and 1.3) or "1.3".
     pub tls_min_version: TlsVersion,
+    /// HTTP/2 by ALPN (`h2`) on a TLS listener (ignored on a plain one).
+    pub http2: bool,
+    /// Cleartext HTTP/2 by prior knowledge (RFC 9113 3.3) on a plain listener.
+    pub h2c: bool,
+}
+
+impl ListenerConfig {
+    /// Whether this listener offers `h2` by ALPN: `http2`, by default on
+    /// for a TLS listener (one with certificates).
+    pub fn offers_h2(&self) -> bool {
+        !self.certificate.is_empty() && self.http2 && self.mode != Mode::Socks
+    }
 }
 
 /// `[[listener.certificate]]`: one certificate chain and its private key,
@@ -202,6 +217,8 @@ impl Default for ListenerConfig {
             busy_file: PathBuf::new(),
             certificate: Vec::new(),
             tls_min_version: TlsVersion::V1_2,
+            http2: true,
+            h2c: false,
         }
     }
 }
@@ -396,6 +413,49 @@ impl Default for KeepAliveConfig {
             max_requests: 100,
             max_connections: 0,
             park_after: Dur(std::time::Duration::from_millis(100)),
+        }
+    }
+}
+
+/// `[http2]`: HTTP/2 client connections (listeners with `http2` or `h2c`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http2Config {
+    /// Streams a client may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+    /// Largest header list of a request, decoded (SETTINGS_MAX_HEADER_LIST_SIZE);
+    /// also the bound on a header block spread over CONTINUATION frames.
+    pub max_header_list_size: Size,
+    /// Flow-control window of each stream (SETTINGS_INITIAL_WINDOW_SIZE).
+    pub initial_stream_window: Size,
+    /// Flow-control window of the whole connection.
+    pub initial_connection_window: Size,
+    /// How long a connection with no open stream is kept before GOAWAY.
+    pub idle_timeout: Dur,
+    /// How often a PING is sent to check the client is there; 0 = never.
+    pub ping_interval: Dur,
+    /// How long the PING's acknowledgement may take before the connection is closed.
+    pub ping_timeout: Dur,
+    /// Streams the client may reset before they are served, at once, before
+    /// the connection is closed with GOAWAY (CVE-2023-44487, rapid reset).
+    pub max_pending_reset_streams: usize,
+    /// Streams Portico may reset because of the client's protocol errors
+    /// before the connection is closed with GOAWAY.
+    pub max_error_resets: usize,
+}
+
+impl Default for Http2Config {
+    fn default() -> Self {
+        Http2Config {
+            max_concurrent_streams: 100,
+            max_header_list_size: Size(64 << 10),
+            initial_stream_window: Size(256 << 10),
+            initial_connection_window: Size(1 << 20),
+            idle_timeout: Dur::secs(180),
+            ping_interval: Dur::secs(60),
+            ping_timeout: Dur::secs(20),
+            max_pending_reset_streams: 20,
+            max_error_resets: 1024,
         }
     }
 }

@@ -57,13 +57,16 @@ impl std::error::Error for BodyError {}
 enum State {
     Length(u64),
     Chunked(Box<ChunkedDecoder>),
+    /// An HTTP/2 stream's DATA frames (and trailers).
+    H2(Box<h2::RecvStream>),
     Done,
 }
 
 /// The body of the request being served, read from the connection's buffer
 /// and socket on demand.
 pub struct BodyReader<'a> {
-    stream: &'a ClientStream,
+    /// None for an HTTP/2 stream, whose frames come from `h2`.
+    stream: Option<&'a ClientStream>,
     buf: &'a mut BytesMut,
     state: State,
     max_size: u64,
@@ -86,12 +89,42 @@ impl<'a> BodyReader<'a> {
             BodyFraming::Chunked => State::Chunked(Box::new(ChunkedDecoder::new(max_trailers))),
         };
         BodyReader {
-            stream,
+            stream: Some(stream),
             buf,
             state,
             max_size,
             received: 0,
             idle_timeout,
+        }
+    }
+
+    /// The body of an HTTP/2 request; `buf` stays empty (a tunnel takes
+    /// nothing from it: its bytes come from the stream).
+    pub(super) fn h2(recv: h2::RecvStream, buf: &'a mut BytesMut, max_size: u64, idle_timeout: Duration) -> Self {
+        let state = if recv.is_end_stream() {
+            State::Done
+        } else {
+            State::H2(Box::new(recv))
+        };
+        BodyReader {
+            stream: None,
+            buf,
+            state,
+            max_size,
+            received: 0,
+            idle_timeout,
+        }
+    }
+
+    /// The HTTP/2 stream's receiving half, taken whole (CONNECT over
+    /// HTTP/2: the client's DATA frames are the tunnel's bytes).
+    pub(crate) fn take_h2(&mut self) -> Option<h2::RecvStream> {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::H2(r) => Some(*r),
+            other => {
+                self.state = other;
+                None
+            }
         }
     }
 
@@ -141,6 +174,37 @@ impl<'a> BodyReader<'a> {
                     }
                     Decoded::NeedMore => self.fill().await?,
                 },
+                State::H2(recv) => {
+                    let next = tokio::time::timeout(self.idle_timeout, recv.data()).await;
+                    match next {
+                        Err(_) => {
+                            self.state = State::Done;
+                            return Err(BodyError::Timeout);
+                        }
+                        Ok(Some(Ok(data))) => {
+                            // Taken from the window as soon as it is handed
+                            // on: the caller asks for the next frame only
+                            // when the origin has taken this one.
+                            let _ = recv.flow_control().release_capacity(data.len());
+                            self.count(data.len())?;
+                            return Ok(Some(BodyFrame::Data(data)));
+                        }
+                        Ok(Some(Err(_))) => {
+                            self.state = State::Done;
+                            return Err(BodyError::Truncated);
+                        }
+                        Ok(None) => {
+                            let trailers = tokio::time::timeout(self.idle_timeout, recv.trailers()).await;
+                            self.state = State::Done;
+                            return match trailers {
+                                Ok(Ok(Some(t))) => Ok(Some(BodyFrame::Trailers(t))),
+                                Ok(Ok(None)) => Ok(None),
+                                Ok(Err(_)) => Err(BodyError::Truncated),
+                                Err(_) => Err(BodyError::Timeout),
+                            };
+                        }
+                    }
+                }
             }
         }
     }
@@ -174,7 +238,10 @@ impl<'a> BodyReader<'a> {
     }
 
     async fn fill(&mut self) -> Result<(), BodyError> {
-        match tokio::time::timeout(self.idle_timeout, read_buf(self.stream, self.buf, MAX_FRAME)).await {
+        let Some(stream) = self.stream else {
+            return Err(BodyError::Truncated);
+        };
+        match tokio::time::timeout(self.idle_timeout, read_buf(stream, self.buf, MAX_FRAME)).await {
             Err(_) => Err(BodyError::Timeout),
             Ok(Err(e)) => Err(BodyError::Io(e)),
             Ok(Ok(0)) => Err(BodyError::Truncated),

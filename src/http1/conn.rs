@@ -31,6 +31,8 @@ pub struct ConnSettings {
     pub body_idle_timeout: Duration,
     /// Longest time the client may accept no response bytes.
     pub send_timeout: Duration,
+    /// HTTP/2 on this listener (ALPN `h2`, or h2c); None: HTTP/1 only.
+    pub h2: Option<super::h2::H2Settings>,
 }
 
 /// Everything the handler gets for one request.
@@ -41,8 +43,10 @@ pub struct Exchange<'a> {
     pub body: BodyReader<'a>,
     /// Where the response goes.
     pub out: ResponseWriter<'a>,
-    /// The client connection itself, for CONNECT tunnels.
-    pub stream: &'a ClientStream,
+    /// The client connection itself, for CONNECT tunnels; None for an
+    /// HTTP/2 stream (the connection carries other streams: its tunnel
+    /// and its client's departure go through the stream, `out`/`body`).
+    pub stream: Option<&'a ClientStream>,
     /// The client's address.
     pub peer: SocketAddr,
     /// The local address the client connected to.
@@ -89,6 +93,20 @@ pub trait Handler: Send + Sync + 'static {
     fn serve_connection(&self, stream: ClientStream, peer: SocketAddr) -> impl std::future::Future<Output = ()> + Send {
         let _ = (stream, peer);
         async {}
+    }
+}
+
+impl Exchange<'_> {
+    /// Completes when the client has gone away: closed its connection
+    /// (HTTP/1), or reset the request's stream (HTTP/2).
+    pub async fn client_gone(&mut self) {
+        match self.stream {
+            Some(s) => client_closed(s).await,
+            None => match self.out.h2_out() {
+                Some(o) => o.reset().await,
+                None => std::future::pending::<()>().await,
+            },
+        }
     }
 }
 
@@ -396,7 +414,7 @@ async fn serve_one<H: Handler>(
         head,
         body,
         out,
-        stream,
+        stream: Some(stream),
         peer,
         local,
         cache_result: None,

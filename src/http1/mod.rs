@@ -9,6 +9,7 @@
 mod body;
 pub mod chunked;
 mod conn;
+pub mod h2;
 pub mod head;
 mod io;
 mod response;

@@ -29,9 +29,16 @@ enum Framing {
     Close,
 }
 
+/// Where a response goes: bytes on an HTTP/1 connection, or an HTTP/2
+/// stream's frames (`h2`).
+enum Sink<'a> {
+    H1(&'a ClientStream),
+    H2(Box<super::h2::H2Out>),
+}
+
 /// Writes one response to the client connection.
 pub struct ResponseWriter<'a> {
-    stream: &'a ClientStream,
+    sink: Sink<'a>,
     version: Version,
     head_request: bool,
     keep_alive: bool,
@@ -65,7 +72,7 @@ impl<'a> ResponseWriter<'a> {
         settings: &'a super::ConnSettings,
     ) -> Self {
         ResponseWriter {
-            stream,
+            sink: Sink::H1(stream),
             version,
             head_request: *method == Method::HEAD,
             keep_alive,
@@ -82,6 +89,48 @@ impl<'a> ResponseWriter<'a> {
             awaiting_continue: false,
             continue_sent: false,
         }
+    }
+
+    /// A writer for one HTTP/2 stream's response.
+    pub(super) fn h2(out: super::h2::H2Out, method: &Method, settings: &'a super::ConnSettings) -> Self {
+        ResponseWriter {
+            sink: Sink::H2(Box::new(out)),
+            version: Version::HTTP_2,
+            head_request: *method == Method::HEAD,
+            keep_alive: true,
+            framing: Framing::None,
+            pending_head: None,
+            status: None,
+            declared: 0,
+            locations: HeaderMap::new(),
+            body_bytes: 0,
+            finished: false,
+            edits: Vec::new(),
+            send_timeout: settings.send_timeout,
+            keepalive: &settings.keepalive,
+            awaiting_continue: false,
+            continue_sent: false,
+        }
+    }
+
+    /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
+    /// HTTP/2 sends its `200` and then tunnels on the stream).
+    pub(crate) fn h2_out(&mut self) -> Option<&mut super::h2::H2Out> {
+        match &mut self.sink {
+            Sink::H2(o) => Some(o),
+            Sink::H1(_) => None,
+        }
+    }
+
+    /// CONNECT over HTTP/2: sends the `200` and hands over the stream's
+    /// sending half, the tunnel's way to the client.
+    pub(crate) fn open_h2_tunnel(&mut self) -> io::Result<h2::SendStream<Bytes>> {
+        let Sink::H2(o) = &mut self.sink else {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "not an HTTP/2 stream"));
+        };
+        let send = o.open_tunnel()?;
+        self.status = Some(StatusCode::OK);
+        Ok(send)
     }
 
     /// `limits.send_timeout`, for bytes written to the client outside this
@@ -145,7 +194,11 @@ impl<'a> ResponseWriter<'a> {
     pub async fn send_continue(&mut self) -> io::Result<()> {
         self.awaiting_continue = false;
         self.continue_sent = true;
-        let r = write_all(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", self.send_timeout).await;
+        let stream = match &mut self.sink {
+            Sink::H1(s) => *s,
+            Sink::H2(o) => return o.interim(StatusCode::CONTINUE, &HeaderMap::new()),
+        };
+        let r = write_all(stream, b"HTTP/1.1 100 Continue\r\n\r\n", self.send_timeout).await;
         r.map_err(|e| self.counted(e))
     }
 
@@ -162,7 +215,7 @@ impl<'a> ResponseWriter<'a> {
     /// response or the cache.
     pub async fn send_interim(&mut self, status: StatusCode, headers: &HeaderMap) -> io::Result<bool> {
         let is_continue = status == StatusCode::CONTINUE;
-        if self.version != Version::HTTP_11
+        if self.version < Version::HTTP_11
             || !status.is_informational()
             || status == StatusCode::SWITCHING_PROTOCOLS
             || self.head_sent()
@@ -170,6 +223,14 @@ impl<'a> ResponseWriter<'a> {
         {
             return Ok(false);
         }
+        let stream = match &mut self.sink {
+            Sink::H1(s) => *s,
+            Sink::H2(o) => {
+                self.continue_sent |= is_continue;
+                o.interim(status, headers)?;
+                return Ok(true);
+            }
+        };
         let mut out = Vec::with_capacity(128);
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(status.as_str().as_bytes());
@@ -188,7 +249,7 @@ impl<'a> ResponseWriter<'a> {
         }
         out.extend_from_slice(b"\r\n");
         self.continue_sent |= is_continue;
-        let r = write_all(self.stream, &out, self.send_timeout).await;
+        let r = write_all(stream, &out, self.send_timeout).await;
         r.map_err(|e| self.counted(e))?;
         Ok(true)
     }
@@ -248,6 +309,14 @@ impl<'a> ResponseWriter<'a> {
         if !headers.contains_key(DATE) {
             headers.insert(DATE, crate::util::http_date_now());
         }
+        if let Sink::H2(o) = &mut self.sink {
+            // RFC 9113 8.2.2: no connection-specific fields in HTTP/2;
+            // the stream's end, not a field, delimits the body.
+            super::h2::strip_connection_fields(&mut headers);
+            o.queue_head(status, headers);
+            self.status = Some(status);
+            return;
+        }
         // A final answer instead of 100 Continue: the client may send its
         // body anyway or skip it (RFC 9110 10.1.1), and its next request
         // would be read as that body, or the body as its next request. Only
@@ -288,11 +357,27 @@ impl<'a> ResponseWriter<'a> {
         if data.is_empty() {
             return Ok(());
         }
+        if let Sink::H2(o) = &mut self.sink {
+            if self.framing == Framing::Length && self.body_bytes + data.len() as u64 > self.declared {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "body longer than its Content-Length",
+                ));
+            }
+            if self.framing == Framing::None {
+                return Ok(());
+            }
+            let r = o.send_data(data, self.send_timeout).await;
+            r.map_err(|e| self.counted(e))?;
+            self.body_bytes += data.len() as u64;
+            return Ok(());
+        }
+        let Sink::H1(stream) = self.sink else { return Ok(()) };
         let head = self.pending_head.take();
         let head = head.as_deref().unwrap_or(&[]);
         let t = self.send_timeout;
         let written = match self.framing {
-            Framing::None => write_all(self.stream, head, t).await,
+            Framing::None => write_all(stream, head, t).await,
             Framing::Length if self.body_bytes + data.len() as u64 > self.declared => {
                 // Never write past the announced length: the excess would be
                 // read by the client as the start of the next response.
@@ -302,10 +387,10 @@ impl<'a> ResponseWriter<'a> {
                     "body longer than its Content-Length",
                 ));
             }
-            Framing::Length | Framing::Close => write_all_vectored(self.stream, &[head, data], t).await,
+            Framing::Length | Framing::Close => write_all_vectored(stream, &[head, data], t).await,
             Framing::Chunked => {
                 let size = chunk_header(data.len());
-                write_all_vectored(self.stream, &[head, &size, data, b"\r\n"], t).await
+                write_all_vectored(stream, &[head, &size, data, b"\r\n"], t).await
             }
         };
         written.map_err(|e| self.counted(e))?;
@@ -324,13 +409,21 @@ impl<'a> ResponseWriter<'a> {
                 "body shorter than its Content-Length",
             ));
         }
+        let stream = match &mut self.sink {
+            Sink::H1(s) => *s,
+            Sink::H2(o) => {
+                o.finish(trailers)?;
+                self.finished = true;
+                return Ok(());
+            }
+        };
         let head = self.pending_head.take();
         let head = head.as_deref().unwrap_or(&[]);
         let t = self.send_timeout;
         let written = if self.framing == Framing::Chunked {
-            write_all_vectored(self.stream, &[head, &last_chunk(trailers)], t).await
+            write_all_vectored(stream, &[head, &last_chunk(trailers)], t).await
         } else if !head.is_empty() {
-            write_all(self.stream, head, t).await
+            write_all(stream, head, t).await
         } else {
             Ok(())
         };
@@ -344,7 +437,13 @@ impl<'a> ResponseWriter<'a> {
     pub async fn send_raw_head(&mut self, status: StatusCode, head: &[u8]) -> io::Result<()> {
         self.status = Some(status);
         self.keep_alive = false;
-        let r = write_all(self.stream, head, self.send_timeout).await;
+        let Sink::H1(stream) = self.sink else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a raw head on an HTTP/2 stream",
+            ));
+        };
+        let r = write_all(stream, head, self.send_timeout).await;
         r.map_err(|e| self.counted(e))
     }
 

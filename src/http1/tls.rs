@@ -276,6 +276,72 @@ impl TlsConn {
         }
     }
 
+    /// True when ALPN chose `h2` in the handshake: the client speaks HTTP/2.
+    pub fn alpn_h2(&self) -> bool {
+        self.lock().alpn_protocol() == Some(b"h2")
+    }
+
+    /// Poll form of a read (for the HTTP/2 connection, which wants
+    /// `AsyncRead`): decrypted bytes into `out`, 0 at the end of the stream.
+    pub fn poll_read_some(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        out: &mut [u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        use std::task::Poll;
+        loop {
+            match self.try_read(out) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.tcp.poll_read_ready(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    /// Poll form of a write: encrypts what rustls's buffer takes of `data`
+    /// and sends what the socket takes; `Pending` only when neither took
+    /// anything.
+    pub fn poll_write_some(&self, cx: &mut std::task::Context<'_>, data: &[u8]) -> std::task::Poll<io::Result<usize>> {
+        use std::task::Poll;
+        loop {
+            {
+                let mut conn = self.lock();
+                let n = conn.writer().write(data)?;
+                let flushed = self.flush_now(&mut conn)?;
+                if n > 0 || data.is_empty() {
+                    return Poll::Ready(Ok(n));
+                }
+                if flushed {
+                    // Nothing taken and nothing left to send: closing.
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+            }
+            match self.tcp.poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Poll form of a flush: every encrypted byte handed to the socket.
+    pub fn poll_flush_all(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        loop {
+            if self.flush_now(&mut self.lock())? {
+                return Poll::Ready(Ok(()));
+            }
+            match self.tcp.poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
     /// Sends close_notify (best effort, not waiting for a slow client).
     pub fn send_close_notify(&self) {
         let mut conn = self.lock();

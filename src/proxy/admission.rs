@@ -251,7 +251,7 @@ impl ListenerHandler {
         let admitted = tokio::select! {
             biased;
             admitted = sh.admission.admit() => admitted,
-            () = crate::http1::client_closed(ex.stream) => {
+            () = ex.client_gone() => {
                 sh.admission.abandoned();
                 return Outcome::Close;
             }

@@ -54,7 +54,12 @@ pub fn remove_framing_lookalikes(headers: &mut HeaderMap) {
 /// Appends our `Via` entry (`1.1 portico`, or `1.0 portico` for a message
 /// received as HTTP/1.0).
 pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
-    let proto = if received == Version::HTTP_10 { "1.0 " } else { "1.1 " };
+    // RFC 9110 7.6.3: the protocol version the message was received with.
+    let proto = match received {
+        Version::HTTP_10 => "1.0 ",
+        Version::HTTP_2 => "2 ",
+        _ => "1.1 ",
+    };
     // Built by appending: `format!` costs several hundred instructions a
     // call, and this runs twice per proxied request.
     let existing = headers.get(VIA).and_then(|v| v.to_str().ok()).filter(|e| !e.is_empty());

@@ -678,10 +678,11 @@ impl ListenerHandler {
 
     fn log(&self, ex: &Exchange<'_>, sh: &Shared, started: std::time::Instant) {
         let h = &ex.head;
-        let version = if h.version == http::Version::HTTP_10 {
-            "HTTP/1.0"
-        } else {
-            "HTTP/1.1"
+        let version = match h.version {
+            http::Version::HTTP_10 => "HTTP/1.0",
+            // As nginx and Squid log it.
+            http::Version::HTTP_2 => "HTTP/2.0",
+            _ => "HTTP/1.1",
         };
         // Joined, not `format!`: this runs for every request.
         let request_line = [h.method.as_str(), " ", h.target.as_str(), " ", version].concat();

@@ -528,6 +528,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             }
         }),
         tls: stats::TlsInfo::current(),
+        http2: stats::Http2Info::current(),
         socks: cfg
             .listener
             .iter()

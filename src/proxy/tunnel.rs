@@ -66,6 +66,23 @@ pub async fn run(
             return Outcome::Close;
         }
     };
+    let idle = sh.config.proxy.tunnel_idle_timeout.get();
+    let Some(client) = ex.stream else {
+        // CONNECT over HTTP/2 (RFC 9113 8.5): the tunnel is the stream,
+        // its DATA frames the bytes each way.
+        let Some(recv) = ex.body.take_h2() else {
+            return Outcome::Close;
+        };
+        let Ok(send) = ex.out.open_h2_tunnel() else {
+            return Outcome::Close;
+        };
+        permit.take();
+        let upstream = upstream.into_relay();
+        let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle).await;
+        ex.out.add_body_bytes(down);
+        tracing::debug!("tunnel {host}:{port} (HTTP/2) closed: {up} bytes up, {down} bytes down");
+        return Outcome::Close;
+    };
     if ex
         .out
         .send_raw_head(StatusCode::OK, b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -77,23 +94,18 @@ pub async fn run(
     permit.take();
     // Bytes the far end sent right after the parent's answer (a protocol
     // where the server speaks first) were read with that answer.
-    if !parent_early.is_empty()
-        && write_all(ex.stream, &parent_early, ex.out.send_timeout())
-            .await
-            .is_err()
-    {
+    if !parent_early.is_empty() && write_all(client, &parent_early, ex.out.send_timeout()).await.is_err() {
         return Outcome::Close;
     }
     ex.out.add_body_bytes(parent_early.len() as u64);
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
-    let idle = sh.config.proxy.tunnel_idle_timeout.get();
     let upstream = upstream.into_relay();
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
-    let (up, down) = relay(ex.stream, &upstream, idle).await;
+    let (up, down) = relay(client, &upstream, idle).await;
     ex.out.add_body_bytes(down);
     tracing::debug!(
         "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",

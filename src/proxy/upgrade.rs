@@ -142,12 +142,16 @@ pub async fn serve(
             _ => return Ok(()),
         }
     }
+    // Never None: an upgrade is HTTP/1.1 only (checked in `wanted`).
+    let Some(client) = ex.stream else {
+        return Ok(());
+    };
     let (from_origin, to_origin) = tokio::io::split(origin);
     let start = Instant::now();
     let last = AtomicU64::new(0);
     let (up, down) = tokio::join!(
-        client_to_origin(ex.stream, to_origin, &last, start, idle),
-        origin_to_client(from_origin, ex.stream, &last, start, idle)
+        client_to_origin(client, to_origin, &last, start, idle),
+        origin_to_client(from_origin, client, &last, start, idle)
     );
     ex.out.add_body_bytes(down);
     tracing::debug!(

@@ -51,6 +51,9 @@ crate::section! {
         /// TLS handshakes on the listeners with certificates.
         #[serde(default)]
         tls: TlsInfo => Section, Add, None, "TLS handshakes on client-facing listeners.";
+        /// HTTP/2 client connections (ALPN `h2`, h2c).
+        #[serde(default)]
+        http2: Http2Info => Section, Add, None, "HTTP/2 client connections.";
         /// The SOCKS server; None when no listener has `mode = "socks"`.
         #[serde(default)]
         socks: Option<SocksInfo> => Section, Add, None, "The SOCKS server.";
@@ -624,6 +627,78 @@ impl TlsInfo {
     /// All failed handshakes.
     pub fn failures(&self) -> u64 {
         self.failed_protocol + self.failed_certificate + self.failed_timeout + self.failed_other
+    }
+}
+
+/// The help of the GOAWAY frames sent (one metric family, by reason).
+const H2_GOAWAY: &str = "HTTP/2 connections Portico ended with GOAWAY, by reason.";
+
+crate::section! {
+    /// HTTP/2 client connections (`[http2]`): what came, and what Portico
+    /// refused or cut (the rapid-reset and flood defences among them).
+    pub struct Http2Info at "http2" {
+        /// Connections that spoke HTTP/2.
+        connections: u64 => Counter, Add, None, "HTTP/2 client connections.",
+            prom "portico_http2_connections_total", xml "http2-bucket" "countConnections";
+        /// Streams (requests) accepted.
+        streams: u64 => Counter, Add, None, "HTTP/2 streams (requests) accepted.",
+            prom "portico_http2_streams_total", xml "http2-bucket" "countStreams";
+        /// Streams the client reset before their response was complete.
+        client_resets: u64 => Counter, Add, None, "HTTP/2 streams the client reset before their response was complete.",
+            prom "portico_http2_client_resets_total", xml "http2-bucket" "countClientResets";
+        /// Streams Portico reset (a response cut short, a client that opened no window).
+        resets_sent: u64 => Counter, Add, None, "HTTP/2 streams Portico reset.",
+            prom "portico_http2_resets_sent_total", xml "http2-bucket" "countResetsSent";
+        /// GOAWAY: no open stream for `http2.idle_timeout`.
+        goaway_idle: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "idle" }, xml "http2-bucket" "countGoawayIdle";
+        /// GOAWAY: a PING not acknowledged within `http2.ping_timeout`.
+        goaway_ping_timeout: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "ping_timeout" }, xml "http2-bucket" "countGoawayPingTimeout";
+        /// GOAWAY: draining (SIGTERM).
+        goaway_drain: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "drain" }, xml "http2-bucket" "countGoawayDrain";
+        /// GOAWAY ENHANCE_YOUR_CALM: rapid reset (CVE-2023-44487), too many
+        /// streams reset for the client's errors.
+        goaway_enhance_your_calm: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "enhance_your_calm" }, xml "http2-bucket" "countGoawayEnhanceYourCalm";
+        /// GOAWAY for a protocol error: a malformed frame, a CONTINUATION
+        /// flood past `http2.max_header_list_size`, HPACK, flow control.
+        goaway_protocol: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "protocol_error" }, xml "http2-bucket" "countGoawayProtocolError";
+        /// GOAWAY for another reason.
+        goaway_other: u64 => Counter, Add, None, H2_GOAWAY,
+            prom "portico_http2_goaway_sent_total" { "reason" = "other" }, xml "http2-bucket" "countGoawayOther";
+    }
+}
+
+impl Http2Info {
+    /// This process's HTTP/2 counters.
+    pub fn current() -> Http2Info {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = crate::http1::h2::counters();
+        Http2Info {
+            connections: c.connections.load(Relaxed),
+            streams: c.streams.load(Relaxed),
+            client_resets: c.client_reset.load(Relaxed),
+            resets_sent: c.resets_sent.load(Relaxed),
+            goaway_idle: c.goaway_idle.load(Relaxed),
+            goaway_ping_timeout: c.goaway_ping_timeout.load(Relaxed),
+            goaway_drain: c.goaway_drain.load(Relaxed),
+            goaway_enhance_your_calm: c.goaway_enhance_your_calm.load(Relaxed),
+            goaway_protocol: c.goaway_protocol.load(Relaxed),
+            goaway_other: c.goaway_other.load(Relaxed),
+        }
+    }
+
+    /// All GOAWAY frames sent.
+    pub fn goaways(&self) -> u64 {
+        self.goaway_idle
+            + self.goaway_ping_timeout
+            + self.goaway_drain
+            + self.goaway_enhance_your_calm
+            + self.goaway_protocol
+            + self.goaway_other
     }
 }
 

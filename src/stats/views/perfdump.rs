@@ -150,6 +150,29 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         o.push('\n');
     }
 
+    // Only once a client has spoken HTTP/2.
+    let h2 = &s.http2;
+    if h2.connections > 0 {
+        let _ = writeln!(o, "Http2Info:\n{RULE}");
+        let _ = writeln!(o, "{:<28} {}", "Connections", h2.connections);
+        let _ = writeln!(o, "{:<28} {}", "Streams", h2.streams);
+        let _ = writeln!(o, "{:<28} {}", "Client Resets", h2.client_resets);
+        let _ = writeln!(o, "{:<28} {}", "Resets Sent", h2.resets_sent);
+        let _ = writeln!(
+            o,
+            "{:<28} {} (idle {}, ping timeout {}, drain {}, enhance your calm {}, protocol error {}, other {})",
+            "GOAWAY Sent",
+            h2.goaways(),
+            h2.goaway_idle,
+            h2.goaway_ping_timeout,
+            h2.goaway_drain,
+            h2.goaway_enhance_your_calm,
+            h2.goaway_protocol,
+            h2.goaway_other
+        );
+        o.push('\n');
+    }
+
     let ss = &s.sessions;
     let _ = writeln!(o, "SessionCreationInfo:\n{RULE}");
     let _ = writeln!(o, "{:<28} {}", "Active Sessions", ss.active);

@@ -243,6 +243,9 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
     if s.auth.is_some() {
         o.leaf("acl-user-cache-bucket", &declared(s, "acl-user-cache-bucket"));
     }
+    if s.http2.connections > 0 {
+        o.leaf("http2-bucket", &declared(&s.http2, "http2-bucket"));
+    }
     if s.socks.is_some() {
         o.leaf("socks-bucket", &declared(s, "socks-bucket"));
     }

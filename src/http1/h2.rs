@@ -1,0 +1,881 @@
+//! HTTP/2 client connections (RFC 9113) on the `h2` crate: ALPN `h2` on a
+//! TLS listener, or cleartext by prior knowledge (`h2c = true`, the
+//! connection preface `PRI * HTTP/2.0`). The crate does the framing, HPACK,
+//! flow control and the protocol's own defences; this module turns each
+//! stream into an [`Exchange`] (the request as a [`RequestHead`], its body
+//! a [`BodyReader`], its response a [`ResponseWriter`]) and hands it to the
+//! same [`Handler`] as an HTTP/1 request, so access control, rules, the
+//! cache and forwarding (over HTTP/1.1) are one code path. It also keeps
+//! what the crate leaves to its user: the idle and ping timeouts, draining,
+//! and the counters.
+
+use super::body::BodyReader;
+use super::conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo};
+use super::head::{BodyFraming, HeadError, RequestHead};
+use super::io::ClientStream;
+use super::response::ResponseWriter;
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::{Reason, SendStream};
+use http::header::{CONNECTION, CONTENT_LENGTH, COOKIE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// The client connection preface (RFC 9113 3.4) that opens h2c by prior knowledge.
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A listener's HTTP/2 settings (`[http2]`, the listener's `http2`/`h2c`).
+#[derive(Debug, Clone)]
+pub struct H2Settings {
+    /// Cleartext HTTP/2 by prior knowledge on this (plain) listener.
+    pub h2c: bool,
+    /// `http` requests become absolute-form targets (`http://authority/path`),
+    /// as an HTTP/1 client of a forward proxy sends them.
+    pub absolute_targets: bool,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS.
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE, also bounding CONTINUATION frames.
+    pub max_header_list_size: u32,
+    /// SETTINGS_INITIAL_WINDOW_SIZE.
+    pub initial_stream_window: u32,
+    /// The connection's window.
+    pub initial_connection_window: u32,
+    /// GOAWAY after this long without an open stream.
+    pub idle_timeout: Duration,
+    /// A PING this often; zero = never.
+    pub ping_interval: Duration,
+    /// The PING's acknowledgement within this, or the connection is closed.
+    pub ping_timeout: Duration,
+    /// Streams reset by the client before being accepted, at once (rapid reset).
+    pub max_pending_reset_streams: usize,
+    /// Streams reset by Portico for the client's errors.
+    pub max_error_resets: usize,
+}
+
+impl H2Settings {
+    /// The settings of one listener; None when it speaks no HTTP/2.
+    pub fn for_listener(c: &crate::config::Config, l: &crate::config::ListenerConfig) -> Option<H2Settings> {
+        let h2c = l.h2c && l.certificate.is_empty();
+        if !(h2c || l.offers_h2()) || l.mode == crate::config::Mode::Socks {
+            return None;
+        }
+        let h = &c.http2;
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        Some(H2Settings {
+            h2c,
+            absolute_targets: l.mode == crate::config::Mode::Forward,
+            max_concurrent_streams: h.max_concurrent_streams,
+            max_header_list_size: clamp(h.max_header_list_size.bytes()),
+            // RFC 9113 6.9.2: at most 2^31-1.
+            initial_stream_window: clamp(h.initial_stream_window.bytes()).min(i32::MAX as u32),
+            initial_connection_window: clamp(h.initial_connection_window.bytes()).min(i32::MAX as u32),
+            idle_timeout: h.idle_timeout.get(),
+            ping_interval: h.ping_interval.get(),
+            ping_timeout: h.ping_timeout.get(),
+            max_pending_reset_streams: h.max_pending_reset_streams,
+            max_error_resets: h.max_error_resets,
+        })
+    }
+}
+
+/// Whether a new plain connection opens with the HTTP/2 preface: waits
+/// (peeking, nothing consumed) until the first bytes tell, at most
+/// `timeout`. False for anything else, including a client that stays
+/// silent or closes: the HTTP/1 path then deals with it as always.
+pub async fn sniff_preface(stream: &ClientStream, timeout: Duration) -> bool {
+    let ClientStream::Plain(tcp) = stream else {
+        return false;
+    };
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        if tokio::time::timeout_at(deadline, tcp.readable()).await.is_err() {
+            return false;
+        }
+        let n = match tcp.peek(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        if buf[..n] != PREFACE[..n] {
+            return false;
+        }
+        if n == PREFACE.len() {
+            return true;
+        }
+        // A prefix of the preface: the rest is on its way. Peeking does
+        // not consume, so readiness stays set: wait a little, not spin.
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(Duration::from_millis(5)))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+}
+
+/// `AsyncRead`/`AsyncWrite` for the `h2` crate over a client connection,
+/// plain or TLS (whose record layer is `http1::tls`).
+struct Io(ClientStream);
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &self.0 {
+            ClientStream::Plain(tcp) => loop {
+                match tcp.try_read(buf.initialize_unfilled()) {
+                    Ok(n) => {
+                        buf.advance(n);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    },
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            },
+            ClientStream::Tls(t) => match t.poll_read_some(cx, buf.initialize_unfilled()) {
+                Poll::Ready(Ok(n)) => {
+                    buf.advance(n);
+                    Poll::Ready(Ok(()))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match &self.0 {
+            ClientStream::Plain(tcp) => loop {
+                match tcp.try_write(data) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    },
+                    r => return Poll::Ready(r),
+                }
+            },
+            ClientStream::Tls(t) => t.poll_write_some(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.0 {
+            ClientStream::Plain(_) => Poll::Ready(Ok(())),
+            ClientStream::Tls(t) => t.poll_flush_all(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.0 {
+            ClientStream::Plain(tcp) => {
+                let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
+                Poll::Ready(Ok(()))
+            }
+            ClientStream::Tls(t) => {
+                t.send_close_notify();
+                let r = t.poll_flush_all(cx);
+                if r.is_ready() {
+                    let _ = socket2::SockRef::from(t.tcp()).shutdown(std::net::Shutdown::Write);
+                }
+                r
+            }
+        }
+    }
+}
+
+/// The response side of one stream, behind a [`ResponseWriter`].
+pub struct H2Out {
+    respond: SendResponse<Bytes>,
+    head: Option<http::Response<()>>,
+    send: Option<SendStream<Bytes>>,
+}
+
+/// An `h2` error as an I/O error for the writer's callers; a reset by the
+/// client is counted.
+fn h2_io(e: h2::Error) -> io::Error {
+    if e.is_reset() && e.is_remote() {
+        counters().client_reset.fetch_add(1, Relaxed);
+    }
+    io::Error::new(io::ErrorKind::BrokenPipe, e)
+}
+
+impl H2Out {
+    fn new(respond: SendResponse<Bytes>) -> Self {
+        H2Out {
+            respond,
+            head: None,
+            send: None,
+        }
+    }
+
+    /// Keeps the response head until the first body bytes or the end, so
+    /// a bodiless response is one HEADERS frame with END_STREAM.
+    pub(super) fn queue_head(&mut self, status: StatusCode, headers: HeaderMap) {
+        let mut r = http::Response::new(());
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        self.head = Some(r);
+    }
+
+    /// A 1xx response (RFC 9113 8.1: HEADERS before the final ones).
+    pub(super) fn interim(&mut self, status: StatusCode, headers: &HeaderMap) -> io::Result<()> {
+        let mut headers = headers.clone();
+        strip_connection_fields(&mut headers);
+        headers.remove(CONTENT_LENGTH);
+        let mut r = http::Response::new(());
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        self.respond.send_informational(r).map_err(h2_io)
+    }
+
+    fn start(&mut self, end: bool) -> io::Result<()> {
+        if let Some(head) = self.head.take() {
+            let send = self.respond.send_response(head, end).map_err(h2_io)?;
+            self.send = Some(send);
+        }
+        Ok(())
+    }
+
+    /// Sends body bytes as DATA frames, within the client's flow-control
+    /// windows: waits for window (at most `timeout`, as for an HTTP/1
+    /// client that takes no bytes) rather than buffer past it.
+    pub(super) async fn send_data(&mut self, data: &[u8], timeout: Duration) -> io::Result<()> {
+        self.start(false)?;
+        let Some(send) = self.send.as_mut() else {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "no response stream"));
+        };
+        send_all(send, Bytes::copy_from_slice(data), timeout).await
+    }
+
+    /// Ends the stream (with trailers when there are some).
+    pub(super) fn finish(&mut self, trailers: Option<&HeaderMap>) -> io::Result<()> {
+        let trailers = trailers.filter(|t| !t.is_empty());
+        if self.head.is_some() {
+            self.start(trailers.is_none())?;
+            if trailers.is_none() {
+                return Ok(());
+            }
+        }
+        let Some(send) = self.send.as_mut() else {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "no response stream"));
+        };
+        match trailers {
+            Some(t) => {
+                let mut t = t.clone();
+                strip_connection_fields(&mut t);
+                send.send_trailers(t).map_err(h2_io)
+            }
+            None => send.send_data(Bytes::new(), true).map_err(h2_io),
+        }
+    }
+
+    /// CONNECT (RFC 9113 8.5): sends the `200` head with no END_STREAM and
+    /// hands over the stream's sending half, whose DATA frames are then the
+    /// tunnel's bytes to the client.
+    pub(crate) fn open_tunnel(&mut self) -> io::Result<SendStream<Bytes>> {
+        let mut r = http::Response::new(());
+        *r.status_mut() = StatusCode::OK;
+        r.headers_mut().insert(http::header::DATE, crate::util::http_date_now());
+        self.head = None;
+        self.respond.send_response(r, false).map_err(h2_io)
+    }
+
+    /// Completes when the client resets the stream (it has gone away).
+    pub(crate) async fn reset(&mut self) {
+        let _ = match self.send.as_mut() {
+            Some(s) => std::future::poll_fn(|cx| s.poll_reset(cx)).await,
+            None => std::future::poll_fn(|cx| self.respond.poll_reset(cx)).await,
+        };
+    }
+
+    /// Resets the stream: the response could not be completed.
+    fn abort(&mut self) {
+        counters().resets_sent.fetch_add(1, Relaxed);
+        match self.send.as_mut() {
+            Some(s) => s.send_reset(Reason::INTERNAL_ERROR),
+            None => self.respond.send_reset(Reason::INTERNAL_ERROR),
+        }
+    }
+}
+
+/// Sends `rest` as DATA frames within the client's flow-control windows:
+/// waits for window (at most `timeout`, as for an HTTP/1 client that takes
+/// no bytes) rather than buffer past it.
+pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut rest: Bytes, timeout: Duration) -> io::Result<()> {
+    while !rest.is_empty() {
+        send.reserve_capacity(rest.len());
+        let mut cap = send.capacity();
+        if cap == 0 {
+            let wait = std::future::poll_fn(|cx| send.poll_capacity(cx));
+            let got = if timeout.is_zero() {
+                Ok(wait.await)
+            } else {
+                tokio::time::timeout(timeout, wait).await
+            };
+            match got {
+                Err(_) => {
+                    send.send_reset(Reason::CANCEL);
+                    counters().resets_sent.fetch_add(1, Relaxed);
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the client opened no flow-control window for {}",
+                            humantime::format_duration(timeout)
+                        ),
+                    ));
+                }
+                Ok(None) => return Err(io::Error::new(io::ErrorKind::BrokenPipe, "stream closed")),
+                Ok(Some(Err(e))) => return Err(h2_io(e)),
+                Ok(Some(Ok(n))) => cap = n,
+            }
+        }
+        if cap == 0 {
+            continue;
+        }
+        let chunk = rest.split_to(cap.min(rest.len()));
+        send.send_data(chunk, false).map_err(h2_io)?;
+    }
+    Ok(())
+}
+
+/// CONNECT over HTTP/2: copies the stream's DATA frames to `upstream` and
+/// `upstream`'s bytes back as DATA frames, until both ways have ended
+/// (END_STREAM one way half-closes the other, as a FIN does in an HTTP/1
+/// tunnel) or neither has carried a byte for `idle`. `early`: bytes the
+/// far end already sent (read with a parent's answer). Returns the bytes
+/// copied (client to upstream, upstream to client).
+pub(crate) async fn tunnel(
+    mut recv: h2::RecvStream,
+    mut send: SendStream<Bytes>,
+    early: Bytes,
+    upstream: &ClientStream,
+    idle: Duration,
+) -> (u64, u64) {
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let seen = |last: &AtomicU64| {
+        last.store(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX), Relaxed);
+    };
+    let quiet = |last: &AtomicU64| {
+        let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now.saturating_sub(last.load(Relaxed)) >= u64::try_from(idle.as_millis()).unwrap_or(u64::MAX)
+    };
+    let up = async {
+        let mut total = 0u64;
+        loop {
+            let next = match tokio::time::timeout(idle, recv.data()).await {
+                Err(_) if !quiet(&last) => continue,
+                Err(_) => None,
+                Ok(n) => n,
+            };
+            match next {
+                Some(Ok(data)) => {
+                    let _ = recv.flow_control().release_capacity(data.len());
+                    seen(&last);
+                    if super::io::write_all(upstream, &data, idle).await.is_err() {
+                        break;
+                    }
+                    total += data.len() as u64;
+                }
+                Some(Err(_)) => {
+                    let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Both);
+                    return total;
+                }
+                None => break,
+            }
+        }
+        if let ClientStream::Tls(t) = upstream {
+            t.send_close_notify();
+        }
+        let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Write);
+        total
+    };
+    let down = async {
+        let mut total = early.len() as u64;
+        if !early.is_empty() && send_all(&mut send, early, idle).await.is_err() {
+            return 0;
+        }
+        let mut buf = BytesMut::with_capacity(16 << 10);
+        loop {
+            let read = tokio::time::timeout(idle, super::io::read_buf(upstream, &mut buf, 16 << 10)).await;
+            match read {
+                Err(_) if !quiet(&last) => continue,
+                Err(_) => {
+                    send.send_reset(Reason::CANCEL);
+                    let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Both);
+                    return total;
+                }
+                Ok(Ok(0)) => {
+                    let _ = send.send_data(Bytes::new(), true);
+                    return total;
+                }
+                Ok(Err(_)) => {
+                    send.send_reset(Reason::CONNECT_ERROR);
+                    return total;
+                }
+                Ok(Ok(n)) => {
+                    seen(&last);
+                    let data = buf.split_to(n).freeze();
+                    if send_all(&mut send, data, idle).await.is_err() {
+                        let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Read);
+                        return total;
+                    }
+                    total += n as u64;
+                }
+            }
+        }
+    };
+    tokio::join!(up, down)
+}
+
+/// Removes the fields HTTP/2 forbids (RFC 9113 8.2.2): `Connection` and
+/// what it names, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`,
+/// `Upgrade`, and `TE` other than `trailers`.
+pub fn strip_connection_fields(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
+        headers.remove(n);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if headers.get(TE).is_some_and(|v| v.as_bytes() != b"trailers") {
+        headers.remove(TE);
+    }
+}
+
+/// An HTTP/2 request as the head an HTTP/1 request would have had
+/// (RFC 9113 8.3.1: `:authority` is the `Host`; cookies split over
+/// several fields are joined again, 8.2.3). `end` says the stream
+/// carries no body. A CONNECT's target is its authority; other requests
+/// are origin-form with `Host`, or absolute-form for `http` on a forward listener.
+pub fn request_head(parts: &http::request::Parts, end: bool, absolute: bool) -> Result<RequestHead, HeadError> {
+    let bad = |reason| HeadError {
+        status: StatusCode::BAD_REQUEST,
+        reason,
+    };
+    let authority = parts.uri.authority().map(|a| a.as_str().to_string());
+    let mut headers = parts.headers.clone();
+    if headers.contains_key(CONNECTION) || headers.contains_key(TRANSFER_ENCODING) || headers.contains_key(UPGRADE) {
+        return Err(bad("connection-specific field in an HTTP/2 request"));
+    }
+    if let Some(a) = &authority {
+        let v = HeaderValue::from_str(a).map_err(|_| bad("invalid :authority"))?;
+        headers.insert(HOST, v);
+    } else if !headers.contains_key(HOST) {
+        return Err(bad("no :authority and no Host"));
+    }
+    let cookies: Vec<&[u8]> = parts.headers.get_all(COOKIE).iter().map(|v| v.as_bytes()).collect();
+    if cookies.len() > 1 {
+        let joined = cookies.join(&b"; "[..]);
+        let v = HeaderValue::from_bytes(&joined).map_err(|_| bad("invalid cookie"))?;
+        headers.insert(COOKIE, v);
+    }
+    let target = if parts.method == Method::CONNECT {
+        authority.clone().ok_or(bad("CONNECT without :authority"))?
+    } else {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // An `http` URL asked of a forward proxy is another server's; an
+        // `https` one is the proxy's own (its monitoring pages over an
+        // HTTPS proxy port), as `GET /x` is from an HTTP/1 client: a
+        // client reaches https origins through CONNECT.
+        match (absolute, parts.uri.scheme_str(), &authority) {
+            (true, Some("http"), Some(a)) => format!("http://{a}{path}"),
+            _ => path.to_string(),
+        }
+    };
+    let body = if parts.method == Method::CONNECT {
+        BodyFraming::Empty
+    } else {
+        match headers.get(CONTENT_LENGTH) {
+            Some(v) => match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+                Some(0) => BodyFraming::Empty,
+                Some(n) => BodyFraming::Length(n),
+                None => return Err(bad("invalid Content-Length")),
+            },
+            None if end => BodyFraming::Empty,
+            // No length: the origin gets it chunked, as from an HTTP/1.1
+            // client that streams its body.
+            None => BodyFraming::Chunked,
+        }
+    };
+    let expect_continue = headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    Ok(RequestHead {
+        method: parts.method.clone(),
+        target,
+        version: http::Version::HTTP_2,
+        headers,
+        body,
+        keep_alive: true,
+        expect_continue,
+    })
+}
+
+/// Why Portico sent a GOAWAY, as the statistics count it.
+#[derive(Debug, Clone, Copy)]
+enum GoAway {
+    Idle,
+    PingTimeout,
+    Drain,
+    EnhanceYourCalm,
+    Protocol,
+    Other,
+}
+
+/// Serves one HTTP/2 connection until it ends: each stream on its own task.
+pub async fn serve<H: Handler>(
+    stream: ClientStream,
+    peer: SocketAddr,
+    settings: Arc<ConnSettings>,
+    h2s: &H2Settings,
+    handler: Arc<H>,
+) {
+    let Ok(local) = stream.tcp().local_addr() else {
+        return;
+    };
+    let c = counters();
+    c.connections.fetch_add(1, Relaxed);
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(h2s.max_concurrent_streams)
+        .max_header_list_size(h2s.max_header_list_size)
+        .initial_window_size(h2s.initial_stream_window)
+        .initial_connection_window_size(h2s.initial_connection_window)
+        .max_pending_accept_reset_streams(h2s.max_pending_reset_streams)
+        .max_local_error_reset_streams(Some(h2s.max_error_resets))
+        .max_send_buffer_size(256 << 10);
+    let handshake = builder.handshake::<_, Bytes>(Io(stream));
+    let mut conn = match tokio::time::timeout(settings.header_timeout, handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(client = %peer.ip(), "HTTP/2 handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            settings.keepalive.header_timed_out();
+            return;
+        }
+    };
+    let mut ping = conn.ping_pong();
+    let active = Arc::new(AtomicUsize::new(0));
+    let epoch = Instant::now();
+    // Milliseconds since `epoch` when the last stream ended.
+    let last_end = Arc::new(AtomicU64::new(0));
+    let mut idle_at = Instant::now() + h2s.idle_timeout;
+    let ping_every = h2s.ping_interval;
+    let mut next_ping = (!ping_every.is_zero()).then(|| Instant::now() + ping_every);
+    let mut pong_due: Option<Instant> = None;
+    let mut going_away: Option<GoAway> = None;
+    let drained = crate::drain::started(usize::from(peer.port()));
+    tokio::pin!(drained);
+    let far = Duration::from_secs(86400 * 365);
+    loop {
+        let ping_at = pong_due.or(next_ping).unwrap_or_else(|| Instant::now() + far);
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                Some(Ok((req, respond))) => {
+                    c.streams.fetch_add(1, Relaxed);
+                    active.fetch_add(1, Relaxed);
+                    let guard = StreamGuard { active: active.clone(), last_end: last_end.clone(), epoch };
+                    let (settings, handler, absolute) = (settings.clone(), handler.clone(), h2s.absolute_targets);
+                    tokio::spawn(async move {
+                        let _guard = guard;
+                        serve_stream(req, respond, peer, local, &settings, &*handler, absolute).await;
+                    });
+                }
+                Some(Err(e)) => {
+                    // A GOAWAY of our own making (idle, ping, drain) is counted already.
+                    if e.is_go_away() && !e.is_remote() && going_away.is_none() {
+                        let why = match e.reason() {
+                            Some(Reason::ENHANCE_YOUR_CALM) => GoAway::EnhanceYourCalm,
+                            Some(Reason::NO_ERROR) | None => GoAway::Other,
+                            Some(_) => GoAway::Protocol,
+                        };
+                        count_goaway(why);
+                    }
+                    tracing::debug!(client = %peer.ip(), "HTTP/2 connection ended: {e}");
+                    break;
+                }
+                None => break,
+            },
+            () = tokio::time::sleep_until(idle_at), if going_away.is_none() => {
+                let now = Instant::now();
+                let ended = epoch + Duration::from_millis(last_end.load(Relaxed));
+                if active.load(Relaxed) == 0 && now >= ended + h2s.idle_timeout {
+                    going_away = Some(GoAway::Idle);
+                    count_goaway(GoAway::Idle);
+                    settings.keepalive.timed_out();
+                    conn.graceful_shutdown();
+                } else {
+                    idle_at = (ended + h2s.idle_timeout).max(now + Duration::from_millis(10));
+                    if active.load(Relaxed) > 0 {
+                        idle_at = now + h2s.idle_timeout;
+                    }
+                }
+            }
+            () = &mut drained, if going_away.is_none() => {
+                going_away = Some(GoAway::Drain);
+                count_goaway(GoAway::Drain);
+                conn.graceful_shutdown();
+            }
+            () = tokio::time::sleep_until(ping_at), if ping.is_some() && going_away.is_none() => {
+                if pong_due.is_some() {
+                    count_goaway(GoAway::PingTimeout);
+                    tracing::debug!(client = %peer.ip(), "HTTP/2 PING not acknowledged: closing");
+                    conn.abrupt_shutdown(Reason::NO_ERROR);
+                    going_away = Some(GoAway::PingTimeout);
+                } else if let Some(p) = ping.as_mut() {
+                    if p.send_ping(h2::Ping::opaque()).is_ok() {
+                        pong_due = Some(Instant::now() + h2s.ping_timeout);
+                    }
+                    next_ping = None;
+                }
+            }
+            pong = std::future::poll_fn(|cx| match ping.as_mut() {
+                Some(p) => p.poll_pong(cx),
+                None => Poll::Pending,
+            }), if pong_due.is_some() => {
+                pong_due = None;
+                if pong.is_ok() {
+                    next_ping = Some(Instant::now() + ping_every);
+                }
+            }
+        }
+    }
+    // Closing: wait for the GOAWAY and the last frames to go out.
+    let _ = tokio::time::timeout(Duration::from_secs(1), std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
+}
+
+/// Counts a stream's end and notes when the last one ended.
+struct StreamGuard {
+    active: Arc<AtomicUsize>,
+    last_end: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_end.store(ms, Relaxed);
+        self.active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// One stream: its request through the handler, as an HTTP/1 request's.
+async fn serve_stream<H: Handler>(
+    req: http::Request<h2::RecvStream>,
+    respond: SendResponse<Bytes>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    settings: &ConnSettings,
+    handler: &H,
+    absolute: bool,
+) {
+    let (parts, recv) = req.into_parts();
+    let head = request_head(&parts, recv.is_end_stream(), absolute);
+    let method = parts.method.clone();
+    let out = ResponseWriter::h2(H2Out::new(respond), &method, settings);
+    let head = match head {
+        Ok(h) => h,
+        Err(error) => {
+            let first_line = format!("{} {} HTTP/2.0", parts.method, parts.uri)
+                .chars()
+                .take(200)
+                .collect();
+            handler
+                .reject(RejectInfo {
+                    error,
+                    out,
+                    peer,
+                    first_line,
+                })
+                .await;
+            return;
+        }
+    };
+    let mut buf = BytesMut::new();
+    let body = BodyReader::h2(recv, &mut buf, settings.max_body, settings.body_idle_timeout);
+    let mut ex = Exchange {
+        head,
+        body,
+        out,
+        stream: None,
+        peer,
+        local,
+        cache_result: None,
+        hierarchy: None,
+        user: None,
+    };
+    let one = Box::pin(handler.handle(&mut ex));
+    let outcome = if handler.timed() {
+        crate::stats::scope(one).await
+    } else {
+        one.await
+    };
+    // A response cut short (an origin that failed midway, a handler that
+    // gave up) must not look complete: RST_STREAM says so.
+    let tunnel =
+        matches!(outcome, Outcome::Close) && ex.out.status() == Some(StatusCode::OK) && method == Method::CONNECT;
+    if !ex.out.is_finished()
+        && !tunnel
+        && let Some(o) = ex.out.h2_out()
+    {
+        o.abort();
+    }
+}
+
+/// The HTTP/2 counters of this process (shown by `stats::Http2Info`).
+pub struct Counters {
+    /// Connections that spoke HTTP/2 (preface received).
+    pub connections: AtomicU64,
+    /// Streams (requests) accepted.
+    pub streams: AtomicU64,
+    /// Streams the client reset before their response was complete.
+    pub client_reset: AtomicU64,
+    /// Streams Portico reset (a response cut short, a client that took nothing).
+    pub resets_sent: AtomicU64,
+    /// GOAWAY sent: no stream for `http2.idle_timeout`.
+    pub goaway_idle: AtomicU64,
+    /// GOAWAY sent: a PING not acknowledged within `http2.ping_timeout`.
+    pub goaway_ping_timeout: AtomicU64,
+    /// GOAWAY sent: the server is draining (SIGTERM).
+    pub goaway_drain: AtomicU64,
+    /// GOAWAY sent: ENHANCE_YOUR_CALM (rapid reset, too many error resets).
+    pub goaway_enhance_your_calm: AtomicU64,
+    /// GOAWAY sent: a protocol error (a bad frame, a CONTINUATION flood, HPACK).
+    pub goaway_protocol: AtomicU64,
+    /// GOAWAY sent for another reason.
+    pub goaway_other: AtomicU64,
+}
+
+static COUNTERS: Counters = Counters {
+    connections: AtomicU64::new(0),
+    streams: AtomicU64::new(0),
+    client_reset: AtomicU64::new(0),
+    resets_sent: AtomicU64::new(0),
+    goaway_idle: AtomicU64::new(0),
+    goaway_ping_timeout: AtomicU64::new(0),
+    goaway_drain: AtomicU64::new(0),
+    goaway_enhance_your_calm: AtomicU64::new(0),
+    goaway_protocol: AtomicU64::new(0),
+    goaway_other: AtomicU64::new(0),
+};
+
+/// This process's HTTP/2 counters.
+pub fn counters() -> &'static Counters {
+    &COUNTERS
+}
+
+fn count_goaway(why: GoAway) {
+    let c = counters();
+    let n = match why {
+        GoAway::Idle => &c.goaway_idle,
+        GoAway::PingTimeout => &c.goaway_ping_timeout,
+        GoAway::Drain => &c.goaway_drain,
+        GoAway::EnhanceYourCalm => &c.goaway_enhance_your_calm,
+        GoAway::Protocol => &c.goaway_protocol,
+        GoAway::Other => &c.goaway_other,
+    };
+    n.fetch_add(1, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder().method(method).uri(uri);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("test request").into_parts().0
+    }
+
+    #[test]
+    fn the_authority_pseudo_header_is_the_host_of_an_origin_form_request() {
+        let h = request_head(
+            &parts("GET", "https://www.example/a?b", &[("host", "other")]),
+            true,
+            false,
+        )
+        .expect("valid");
+        assert_eq!(h.target, "/a?b");
+        assert_eq!(h.headers.get(HOST).expect("host"), "www.example");
+        assert_eq!(h.body, BodyFraming::Empty);
+    }
+
+    #[test]
+    fn a_forward_listener_gets_the_absolute_url_from_scheme_and_authority() {
+        let h = request_head(&parts("GET", "http://www.example:8080/x", &[]), true, true).expect("valid");
+        assert_eq!(h.target, "http://www.example:8080/x");
+    }
+
+    #[test]
+    fn an_https_request_to_a_forward_listener_is_for_the_proxy_itself() {
+        let h = request_head(&parts("GET", "https://proxy.example/.perf", &[]), true, true).expect("valid");
+        assert_eq!(h.target, "/.perf");
+    }
+
+    #[test]
+    fn a_connect_request_targets_its_authority() {
+        let h = request_head(&parts("CONNECT", "www.example:443", &[]), false, true).expect("valid");
+        assert_eq!(h.target, "www.example:443");
+        assert_eq!(h.body, BodyFraming::Empty);
+    }
+
+    #[test]
+    fn cookie_fields_split_by_the_client_are_joined_with_semicolons() {
+        let h = request_head(
+            &parts("GET", "https://a/", &[("cookie", "a=1"), ("cookie", "b=2")]),
+            true,
+            false,
+        )
+        .expect("valid");
+        assert_eq!(h.headers.get(COOKIE).expect("cookie"), "a=1; b=2");
+    }
+
+    #[test]
+    fn a_body_without_a_length_is_streamed_chunked_upstream() {
+        let h = request_head(&parts("POST", "https://a/", &[]), false, false).expect("valid");
+        assert_eq!(h.body, BodyFraming::Chunked);
+        let h = request_head(&parts("POST", "https://a/", &[("content-length", "5")]), false, false).expect("valid");
+        assert_eq!(h.body, BodyFraming::Length(5));
+        assert!(request_head(&parts("POST", "https://a/", &[("content-length", "x")]), false, false).is_err());
+    }
+
+    #[test]
+    fn connection_specific_fields_are_removed_from_responses() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, x-hop"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert("x-end", HeaderValue::from_static("2"));
+        strip_connection_fields(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-end"));
+    }
+}

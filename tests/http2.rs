@@ -1,0 +1,815 @@
+//! HTTP/2 to clients (RFC 9113): ALPN `h2` on TLS listeners, cleartext h2
+//! by prior knowledge (`h2c = true`), forward, reverse and cache hits over
+//! h2, CONNECT over h2 (8.5), the `[http2]` limits and defences (rapid
+//! reset, CONTINUATION floods, oversized headers, idle and ping timeouts)
+//! and the counters. Real clients: curl, nghttp and h2load (Debian
+//! `nghttp2-client`), the `h2` crate's client, and raw frames for what no
+//! well-behaved client sends. Certificates generated here with rcgen.
+
+mod common;
+
+use bytes::Bytes;
+use common::{Origin, Portico, Response, free_port, parse_response, raw_request};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A self-signed certificate for `name`, as `<stem>.pem` and `<stem>.key`.
+fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate().expect("key pair");
+    let params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
+    let cert = params.self_signed(&key).expect("self-signed certificate");
+    let (c, k) = (dir.join("cert.pem"), dir.join("cert.key"));
+    std::fs::write(&c, cert.pem()).expect("write certificate");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (c, k)
+}
+
+/// A `[[listener.certificate]]` table.
+fn cert_table(c: &Path, k: &Path) -> String {
+    format!(
+        "[[listener.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n",
+        c.display(),
+        k.display()
+    )
+}
+
+/// A reverse listener on `port` in front of `origin` (with `extra` keys
+/// inside the listener table), and a plain admin listener for the pages.
+fn reverse_config(port: u16, listener_extra: &str, origin: &Origin, rest: &str) -> String {
+    format!(
+        "[[listener]]\naddress = \"127.0.0.1:{}\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n{listener_extra}\n[[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"web\"\n\n[access]\nadmin_allow = [\"127.0.0.1\"]\n{rest}",
+        free_port(),
+        origin.addr()
+    )
+}
+
+/// A monitoring page from the plain (first) listener.
+async fn page(p: &Portico, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
+    parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
+}
+
+/// The value of a line of /metrics (`name{labels}` as written).
+async fn metric(p: &Portico, series: &str) -> u64 {
+    let text = page(p, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+}
+
+/// Waits (up to 10 s) for a /metrics series to reach `n`.
+async fn wait_metric(p: &Portico, series: &str, n: u64) {
+    for _ in 0..100 {
+        if metric(p, series).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{series} never reached {n}: {}", metric(p, series).await);
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An `h2` client connection over plain TCP (h2c by prior knowledge).
+async fn h2c(port: u16) -> h2::client::SendRequest<Bytes> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Sends `req` (no body) and reads the whole response.
+async fn h2_get(send: &mut h2::client::SendRequest<Bytes>, req: http::Request<()>) -> (http::response::Parts, Vec<u8>) {
+    let mut send = send.clone().ready().await.expect("ready");
+    let (resp, _) = send.send_request(req, true).expect("send request");
+    let (parts, mut body) = resp.await.expect("response").into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    (parts, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_speaks_http2_by_alpn_to_a_tls_reverse_listener_and_gets_a_cache_hit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("page over {:?}", req.version)).header("Cache-Control", "max-age=300")
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let resolve = format!("www.test:{port}:127.0.0.1");
+    let url = format!("https://www.test:{port}/page");
+    let ca = c.display().to_string();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let out = common::curl(&[
+            "--http2",
+            "-i",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve,
+            "-w",
+            "\n%{http_version}",
+            &url,
+        ])
+        .await;
+        assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
+        let stdout = text(&out.stdout);
+        assert!(stdout.starts_with("HTTP/2 200"), "{stdout}");
+        assert!(stdout.ends_with("\n2"), "curl did not speak HTTP/2: {stdout}");
+        // The origin is reached over HTTP/1.1, whatever the client spoke.
+        assert!(stdout.contains("page over HTTP/1.1"), "{stdout}");
+        let x_cache = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("x-cache: "))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        seen.push(x_cache);
+    }
+    assert_eq!(seen, ["MISS", "HIT"]);
+    assert_eq!(origin.count(), 1);
+    let via = origin.requests()[0].header("via").unwrap_or("").to_string();
+    assert!(
+        via.starts_with("2 "),
+        "Via names the protocol received (RFC 9110 7.6.3): {via}"
+    );
+    assert_eq!(metric(&p, "portico_http2_connections_total").await, 2);
+    assert_eq!(metric(&p, "portico_http2_streams_total").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_false_keeps_a_tls_listener_to_http_1_1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = Origin::start(|_| async move { Response::ok("one") }).await;
+    let port = free_port();
+    let listener = format!("http2 = false\n{}", cert_table(&c, &k));
+    let p = Portico::start(&reverse_config(port, &listener, &origin, "")).await;
+    let resolve = format!("www.test:{port}:127.0.0.1");
+    let url = format!("https://www.test:{port}/");
+    let ca = c.display().to_string();
+    let out = common::curl(&[
+        "--http2",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "-w",
+        " %{http_version}",
+        &url,
+    ])
+    .await;
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
+    assert_eq!(text(&out.stdout), "one 1.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_by_prior_knowledge_is_served_only_where_enabled_beside_http1() {
+    let origin = Origin::start(|req| async move { Response::ok(format!("got {}", req.uri.path())) }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let url = format!("http://127.0.0.1:{port}/a?b=1");
+    let out = common::curl(&["--http2-prior-knowledge", "-w", " %{http_version}", &url]).await;
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
+    assert_eq!(text(&out.stdout), "got /a 2");
+    // HTTP/1.1 on the same listener, as before.
+    let out = common::curl(&["-w", " %{http_version}", &url]).await;
+    assert_eq!(text(&out.stdout), "got /a 1.1");
+    drop(p);
+
+    // Without `h2c`, the preface is a bad HTTP/1 request: no HTTP/2.
+    let port = free_port();
+    let _p = Portico::start(&reverse_config(port, "", &origin, "")).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = common::curl(&["--http2-prior-knowledge", &url]).await;
+    assert!(
+        !out.status.success(),
+        "h2c served without h2c = true: {}",
+        text(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_listener_serves_absolute_urls_from_scheme_and_authority_over_h2() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!(
+            "{} {} host={}",
+            req.method,
+            req.uri,
+            req.header("host").unwrap_or("")
+        ))
+        .header("Cache-Control", "max-age=60")
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{}\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nh2c = true\n\n[access]\nadmin_allow = [\"127.0.0.1\"]\n",
+        free_port()
+    );
+    let p = Portico::start(&config).await;
+    let mut client = h2c(port).await;
+    let url = format!("http://{}/fwd?x=1", origin.addr());
+    let mut caches = Vec::new();
+    for _ in 0..2 {
+        let req = http::Request::get(&url).body(()).expect("request");
+        let (parts, body) = h2_get(&mut client, req).await;
+        assert_eq!(parts.status, 200, "{}", p.stderr());
+        assert_eq!(text(&body), format!("GET /fwd?x=1 host={}", origin.addr()));
+        caches.push(
+            parts
+                .headers
+                .get("x-cache")
+                .map(|v| text(v.as_bytes()))
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(caches, ["MISS", "HIT"], "a cache hit over h2 on a forward listener");
+    assert_eq!(origin.count(), 1);
+    // The access log line names the protocol as nginx and Squid do.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = std::fs::read_to_string(p.dir().join("access.log")).unwrap_or_default();
+    assert!(log.contains(&format!("GET {url} HTTP/2.0")), "access log: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_with_and_without_a_length_reach_the_origin_over_h2() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!(
+            "{} bytes, te={}",
+            req.body.len(),
+            req.header("transfer-encoding").unwrap_or("-")
+        ))
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let file = p.dir().join("upload.bin");
+    std::fs::write(&file, &body).expect("write body");
+    let url = format!("http://127.0.0.1:{port}/up");
+    let data = format!("@{}", file.display());
+    let out = common::curl(&["--http2-prior-knowledge", "--data-binary", &data, &url]).await;
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
+    assert_eq!(text(&out.stdout), "300000 bytes, te=-");
+    assert_eq!(origin.requests()[0].body, body);
+    // No content-length: streamed to the origin chunked.
+    let mut client = h2c(port).await.ready().await.expect("ready");
+    let req = http::Request::post(format!("http://127.0.0.1:{port}/up2"))
+        .body(())
+        .expect("request");
+    let (resp, mut up) = client.send_request(req, false).expect("send");
+    up.send_data(Bytes::from_static(b"hello "), false).expect("data");
+    up.send_data(Bytes::from_static(b"world"), true).expect("data");
+    let (parts, mut down) = resp.await.expect("response").into_parts();
+    assert_eq!(parts.status, 200);
+    let mut got = Vec::new();
+    while let Some(c) = down.data().await {
+        got.extend_from_slice(&c.expect("data"));
+    }
+    assert_eq!(text(&got), "11 bytes, te=chunked");
+    assert_eq!(origin.requests()[1].body, &b"hello world"[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_over_h2_tunnels_a_stream_to_the_target() {
+    // An echo server as the CONNECT target.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let echo_port = echo.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let port = free_port();
+    let config =
+        format!("[[listener]]\naddress = \"127.0.0.1:{port}\"\nh2c = true\n\n[proxy]\nconnect_ports = [{echo_port}]\n");
+    let p = Portico::start(&config).await;
+    let mut client = h2c(port).await.ready().await.expect("ready");
+    let req = http::Request::connect(format!("127.0.0.1:{echo_port}"))
+        .body(())
+        .expect("request");
+    let (resp, mut up) = client.send_request(req, false).expect("send");
+    let (parts, mut down) = resp.await.expect("response").into_parts();
+    assert_eq!(parts.status, 200, "{}", p.stderr());
+    let mut got = Vec::new();
+    for word in ["ping ", "through ", "h2"] {
+        up.send_data(Bytes::from(word), false).expect("data");
+        let want = got.len() + word.len();
+        while got.len() < want {
+            let c = tokio::time::timeout(Duration::from_secs(5), down.data())
+                .await
+                .expect("echo in time")
+                .expect("stream open")
+                .expect("data");
+            let _ = down.flow_control().release_capacity(c.len());
+            got.extend_from_slice(&c);
+        }
+    }
+    assert_eq!(text(&got), "ping through h2");
+    // END_STREAM from the client half-closes the target, which closes:
+    // its end comes back as the stream's end.
+    up.send_data(Bytes::new(), true).expect("end");
+    loop {
+        let end = tokio::time::timeout(Duration::from_secs(5), down.data())
+            .await
+            .expect("end in time");
+        match end {
+            None => break,
+            // The END_STREAM may come on an empty DATA frame.
+            Some(Ok(c)) if c.is_empty() => continue,
+            other => panic!("the tunnel did not end: {other:?}"),
+        }
+    }
+
+    // A port not in connect_ports: 403 on the stream, the connection stays.
+    let req = http::Request::connect("127.0.0.1:9").body(()).expect("request");
+    let (parts, _) = h2_get(&mut client.clone(), req).await;
+    assert_eq!(parts.status, 403);
+}
+
+/// One HTTP/2 frame (RFC 9113 4.1).
+fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 1;
+const END_HEADERS: u8 = 4;
+
+/// The HPACK block of `GET http://localhost/`: static-table indexes for
+/// :method GET, :scheme http, :path /, and :authority as a literal.
+fn get_block() -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x84, 0x01, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// A raw h2c connection: the preface and an empty SETTINGS sent.
+async fn raw_h2c(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    s.write_all(&hello).await.expect("preface");
+    s
+}
+
+/// Reads frames until the server closes (true) or `within` passes
+/// (false): (type, flags, stream, payload) each.
+async fn read_frames(s: &mut TcpStream, within: Duration) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut frames = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        match tokio::time::timeout_at(deadline, s.read_exact(&mut head)).await {
+            Err(_) => return (frames, false),
+            Ok(Err(_)) => return (frames, true),
+            Ok(Ok(_)) => {}
+        }
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        match tokio::time::timeout_at(deadline, s.read_exact(&mut payload)).await {
+            Err(_) => return (frames, false),
+            Ok(Err(_)) => return (frames, true),
+            Ok(Ok(_)) => {}
+        }
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        frames.push((head[3], head[4], stream, payload));
+    }
+}
+
+/// The error code of the first GOAWAY among `frames`.
+fn goaway_code(frames: &[(u8, u8, u32, Vec<u8>)]) -> Option<u32> {
+    frames
+        .iter()
+        .find(|f| f.0 == GOAWAY && f.3.len() >= 8)
+        .map(|f| u32::from_be_bytes([f.3[4], f.3[5], f.3[6], f.3[7]]))
+}
+
+/// A plain h2c request by curl: the server still serves.
+async fn still_serves(port: u16) {
+    let url = format!("http://127.0.0.1:{port}/after");
+    let out = common::curl(&["--http2-prior-knowledge", "-w", " %{http_version}", &url]).await;
+    assert_eq!(text(&out.stdout), "fine 2", "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rapid_reset_flood_gets_goaway_enhance_your_calm_and_others_are_still_served() {
+    let origin = Origin::start(|_| async move { Response::ok("fine").delay(Duration::from_millis(50)) }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_pending_reset_streams = 10\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    // CVE-2023-44487: HEADERS then RST_STREAM, 200 times, in one go.
+    let mut flood = Vec::new();
+    for i in 0..200u32 {
+        let id = 2 * i + 1;
+        flood.extend(frame(HEADERS, END_HEADERS | END_STREAM, id, &get_block()));
+        flood.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    s.write_all(&flood).await.expect("flood");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(
+        goaway_code(&frames),
+        Some(0xb),
+        "no GOAWAY ENHANCE_YOUR_CALM: {frames:?}"
+    );
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    still_serves(port).await;
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_flood_closes_the_connection_and_others_are_still_served() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_header_list_size = \"16KiB\"\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    // A header block that never ends: HEADERS without END_HEADERS, then
+    // CONTINUATION frames (each a header field) without end.
+    let mut flood = frame(HEADERS, END_STREAM, 1, &get_block());
+    let mut field = vec![0x00, 5];
+    field.extend_from_slice(b"x-pad");
+    field.extend_from_slice(&[0x7f, 0x81, 0x07]); // a 1000-byte value
+    field.extend(std::iter::repeat_n(b'a', 1000));
+    for _ in 0..300 {
+        flood.extend(frame(CONTINUATION, 0, 1, &field));
+    }
+    // The server may close before reading it all: the error is expected.
+    let _ = s.write_all(&flood).await;
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert!(goaway_code(&frames).is_some(), "no GOAWAY: {frames:?}");
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    assert!(
+        !frames.iter().any(|f| f.0 == HEADERS),
+        "the flooded request was answered"
+    );
+    still_serves(port).await;
+    let calm = metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await;
+    let proto = metric(&p, "portico_http2_goaway_sent_total{reason=\"protocol_error\"}").await;
+    assert_eq!(calm + proto, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_list_over_max_header_list_size_gets_431_and_the_connection_serves_on() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let _p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_header_list_size = \"16KiB\"\n",
+    ))
+    .await;
+    let big = format!("X-Big: {}", "b".repeat(20_000));
+    let url = format!("http://127.0.0.1:{port}/big");
+    let out = common::curl(&[
+        "--http2-prior-knowledge",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        &big,
+        &url,
+    ])
+    .await;
+    assert_eq!(text(&out.stdout), "431", "{}", text(&out.stderr));
+    assert_eq!(origin.count(), 0);
+    // Just under the limit is served.
+    let fits = format!("X-Big: {}", "b".repeat(12_000));
+    let out = common::curl(&["--http2-prior-knowledge", "-H", &fits, &url]).await;
+    assert_eq!(text(&out.stdout), "fine");
+    still_serves(port).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nghttp_sees_the_configured_settings_and_h2load_is_held_to_max_concurrent_streams() {
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (n, pk) = (now.clone(), peak.clone());
+    let origin = Origin::start(move |_| {
+        let (n, pk) = (n.clone(), pk.clone());
+        async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let cur = n.fetch_add(1, SeqCst) + 1;
+            pk.fetch_max(cur, SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            n.fetch_sub(1, SeqCst);
+            Response::ok("fine")
+        }
+    })
+    .await;
+    let port = free_port();
+    let http2 = "\n[http2]\nmax_concurrent_streams = 5\ninitial_stream_window = \"100KiB\"\ninitial_connection_window = \"2MiB\"\nmax_header_list_size = \"16KiB\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = tokio::process::Command::new("nghttp")
+        .args(["-nv", &url])
+        .output()
+        .await
+        .expect("nghttp (Debian nghttp2-client)");
+    let v = text(&out.stdout);
+    assert!(v.contains("[SETTINGS_MAX_CONCURRENT_STREAMS(0x03):5]"), "{v}");
+    assert!(v.contains("[SETTINGS_INITIAL_WINDOW_SIZE(0x04):102400]"), "{v}");
+    assert!(v.contains("[SETTINGS_MAX_HEADER_LIST_SIZE(0x06):16384]"), "{v}");
+    // The connection window: 65,535 by the protocol, raised to 2 MiB.
+    assert!(v.contains("(window_size_increment=2031617)"), "{v}");
+    // 30 requests, 30 streams asked for at once on one connection.
+    let urls: Vec<String> = (0..30).map(|i| format!("http://127.0.0.1:{port}/{i}")).collect();
+    let out = tokio::process::Command::new("h2load")
+        .args(["-n", "30", "-c", "1", "-m", "30"])
+        .args(&urls)
+        .output()
+        .await
+        .expect("h2load (Debian nghttp2-client)");
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("30 total, 30 started, 30 done"),
+        "{report}\n{}",
+        p.stderr()
+    );
+    // h2load opens its streams before the server's SETTINGS arrive: those
+    // past the limit are refused (REFUSED_STREAM), which it counts as
+    // failed; those within it are served.
+    let succeeded: u32 = report
+        .split(" succeeded")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(succeeded >= 5, "{report}");
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=5).contains(&peak),
+        "at most 5 streams at once, saw {peak} at the origin"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_gets_goaway_but_not_while_a_stream_is_open() {
+    let origin = Origin::start(|req| async move {
+        let wait = if req.uri.path() == "/slow" { 2500 } else { 0 };
+        Response::ok("fine").delay(Duration::from_millis(wait))
+    })
+    .await;
+    let port = free_port();
+    let http2 = "\n[http2]\nidle_timeout = \"1s\"\nping_interval = \"0s\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    // A stream open longer than the idle timeout is not cut.
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/slow"))
+        .body(())
+        .expect("request");
+    let (parts, body) = h2_get(&mut client, req).await;
+    assert_eq!((parts.status.as_u16(), text(&body).as_str()), (200, "fine"));
+    // Then idle: GOAWAY, the connection ends.
+    let started = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle connection was not closed");
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "closed before the idle timeout"
+    );
+    wait_metric(&p, "portico_http2_goaway_sent_total{reason=\"idle\"}", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let http2 = "\n[http2]\nping_interval = \"500ms\"\nping_timeout = \"1s\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    // A client that answers PINGs (the h2 crate does) stays.
+    let mut good = h2c(port).await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("settings ack");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(6)).await;
+    assert!(frames.iter().any(|f| f.0 == PING && f.1 == 0), "no PING: {frames:?}");
+    assert!(closed, "a client that never acknowledged the PING was kept");
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"ping_timeout\"}").await,
+        1
+    );
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/"))
+        .body(())
+        .expect("request");
+    let (parts, _) = h2_get(&mut good, req).await;
+    assert_eq!(parts.status, 200, "the client that answered PINGs was closed");
+    let perf = page(&p, "/.perf").await;
+    assert!(perf.contains("Http2Info:"), "{perf}");
+    let xml = page(&p, "/stats-xml").await;
+    assert!(xml.contains("countGoawayPingTimeout=\"1\""), "{xml}");
+    let json: serde_json::Value = serde_json::from_str(&page(&p, "/.stats.json").await).expect("JSON statistics");
+    assert_eq!(json["snapshot"]["http2"]["goaway_ping_timeout"], 1, "{json}");
+    assert_eq!(json["snapshot"]["http2"]["connections"], 2, "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_streams_past_max_error_resets_close_the_connection() {
+    // Each request carries a `Connection` field: malformed in HTTP/2
+    // (RFC 9113 8.2.2), so its stream is reset with PROTOCOL_ERROR.
+    let mut bad = Vec::new();
+    for i in 0..30u32 {
+        let mut block = get_block();
+        block.extend_from_slice(&[0x00, 10]);
+        block.extend_from_slice(b"connection");
+        block.extend_from_slice(&[5]);
+        block.extend_from_slice(b"close");
+        bad.extend(frame(HEADERS, END_HEADERS | END_STREAM, 2 * i + 1, &block));
+    }
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    // Within the default bound (1024): each stream reset, the connection kept.
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&bad).await.expect("requests");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(1)).await;
+    let resets = frames.iter().filter(|f| f.0 == RST_STREAM).count();
+    assert_eq!(resets, 30, "{frames:?}");
+    assert!(!closed && goaway_code(&frames).is_none(), "{frames:?}");
+    drop(p);
+    // Past `max_error_resets`: GOAWAY ENHANCE_YOUR_CALM, closed.
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[http2]\nmax_error_resets = 5\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    s.write_all(&bad).await.expect("requests");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(
+        goaway_code(&frames),
+        Some(0xb),
+        "no GOAWAY ENHANCE_YOUR_CALM: {frames:?}"
+    );
+    assert!(closed, "the connection stayed open after the GOAWAY");
+    assert_eq!(origin.count(), 0);
+    still_serves(port).await;
+    assert_eq!(
+        metric(&p, "portico_http2_goaway_sent_total{reason=\"enhance_your_calm\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_open_stream_finish_then_ends_the_connection() {
+    let origin = Origin::start(|_| async move { Response::ok("finished").delay(Duration::from_millis(1500)) }).await;
+    let port = free_port();
+    let mut p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/slow"))
+        .body(())
+        .expect("request");
+    let (resp, _) = client.send_request(req, true).expect("send");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    p.signal(15);
+    let (parts, mut body) = resp.await.expect("response").into_parts();
+    assert_eq!(parts.status, 200);
+    let mut got = Vec::new();
+    while let Some(c) = body.data().await {
+        got.extend_from_slice(&c.expect("data"));
+    }
+    assert_eq!(text(&got), "finished");
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(
+        ended.is_ok(),
+        "the connection was kept after its last stream while draining"
+    );
+    assert!(
+        p.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "portico did not exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origins_early_hints_reach_an_h2_client_before_the_final_response() {
+    let origin = common::RawOrigin::start(|mut s| async move {
+        common::read_request_head(&mut s).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n")
+            .await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 5\r\n\r\nfinal")
+            .await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\nh2c = true\n\n[[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"web\"\n",
+        origin.addr()
+    );
+    let p = Portico::start(&config).await;
+    let url = format!("http://127.0.0.1:{port}/hints");
+    let out = common::curl(&["--http2-prior-knowledge", "-v", &url]).await;
+    assert_eq!(text(&out.stdout), "final", "{}", p.stderr());
+    let verbose = text(&out.stderr);
+    let hints = verbose
+        .find("< HTTP/2 103")
+        .unwrap_or_else(|| panic!("no 103 over h2: {verbose}"));
+    let link = verbose
+        .find("< link: </style.css>; rel=preload; as=style")
+        .expect("the 103's Link field");
+    let last = verbose.find("< HTTP/2 200").expect("the final response");
+    assert!(hints < link && link < last, "{verbose}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_opens_no_window_has_its_stream_reset_after_send_timeout() {
+    let origin = Origin::start(|_| async move { Response::ok(vec![b'x'; 100_000]) }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[limits]\nsend_timeout = \"1s\"\n",
+    ))
+    .await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    // A window of 0: the server may send headers, never a body byte.
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://127.0.0.1:{port}/big"))
+        .body(())
+        .expect("request");
+    let (resp, _) = client.send_request(req, true).expect("send");
+    let (parts, mut body) = resp.await.expect("response head").into_parts();
+    assert_eq!(parts.status, 200);
+    let started = std::time::Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .expect("an answer in time");
+    let err = match got {
+        Some(Err(e)) => e,
+        other => panic!("no reset: {other:?}"),
+    };
+    assert_eq!(err.reason(), Some(h2::Reason::CANCEL), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "reset before send_timeout"
+    );
+    assert_eq!(metric(&p, "portico_http2_resets_sent_total").await, 1);
+    assert_eq!(metric(&p, "portico_send_timeouts_total").await, 1);
+}
