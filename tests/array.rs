@@ -115,6 +115,28 @@ fn sample(metrics: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in\n{metrics}")) as u64
 }
 
+/// Waits until every node in `nodes` sees every array member up: a node's
+/// first probe may find a member that is still starting and keep it down
+/// until its next probe (every 100 ms here), which would move that
+/// member's URLs for a moment.
+async fn all_up(nodes: &[SocketAddr]) {
+    for _ in 0..100 {
+        let mut up = true;
+        for &n in nodes {
+            let metrics = page(n, "/metrics").await;
+            up &= metrics
+                .lines()
+                .filter(|l| l.starts_with("portico_array_member_up{"))
+                .all(|l| l.ends_with(" 1"));
+        }
+        if up {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("array members still down after 5 s");
+}
+
 /// New origin requests since `since`: path -> how many times, and who fetched.
 fn since(origin: &Origin, since: usize) -> (HashMap<String, usize>, HashMap<String, usize>) {
     let (mut paths, mut by) = (HashMap::new(), HashMap::new());
@@ -168,6 +190,7 @@ async fn three_members_fetch_each_url_once_and_a_dead_members_share_moves_and_re
         nodes.push(Some(Portico::start(c).await));
     }
     let sock: Vec<SocketAddr> = addrs.iter().map(|a| a.parse().expect("addr")).collect();
+    all_up(&sock).await;
 
     // Pass 1, round-robin over the nodes: every URL reaches the origin
     // once, fetched by its CARP owner.
@@ -320,6 +343,13 @@ async fn a_forwarded_request_is_never_forwarded_again() {
     let (addrs, configs) = disagreeing_pair();
     let _a = Portico::start(&configs[0]).await;
     let _b = Portico::start(&configs[1]).await;
+    all_up(
+        &addrs
+            .iter()
+            .map(|x| x.parse().expect("addr"))
+            .collect::<Vec<SocketAddr>>(),
+    )
+    .await;
     let a: SocketAddr = addrs[0].parse().expect("addr");
     let b: SocketAddr = addrs[1].parse().expect("addr");
     let url = format!("{}/one", origin.url());
@@ -343,6 +373,13 @@ async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
     configs[0].push_str("\n[[acl]]\naction = \"deny\"\npath = \"/secret\"\n");
     let _a = Portico::start(&configs[0]).await;
     let _b = Portico::start(&configs[1]).await;
+    all_up(
+        &addrs
+            .iter()
+            .map(|x| x.parse().expect("addr"))
+            .collect::<Vec<SocketAddr>>(),
+    )
+    .await;
     let a: SocketAddr = addrs[0].parse().expect("addr");
     let outsider: IpAddr = "127.0.0.1".parse().expect("ip");
     let marker = "Portico-Array: 127.0.0.12\r\n";
@@ -377,6 +414,13 @@ async fn a_purge_sent_to_one_member_reaches_the_owner_and_so_does_portico_cache_
     let admin = "\n[access]\nadmin_allow = [\"127.0.0.0/8\"]\n";
     let a_node = Portico::start(&format!("{}{admin}", configs[0])).await;
     let _b = Portico::start(&format!("{}{admin}", configs[1])).await;
+    all_up(
+        &addrs
+            .iter()
+            .map(|x| x.parse().expect("addr"))
+            .collect::<Vec<SocketAddr>>(),
+    )
+    .await;
     let a: SocketAddr = addrs[0].parse().expect("addr");
     let url = format!("{}/purged", origin.url());
     // A forwards it to B, which caches it; A keeps no copy.
@@ -421,6 +465,13 @@ async fn with_auth_the_owner_checks_the_clients_own_credentials() {
     let auth = format!("\n[auth]\nhtpasswd = \"{}\"\nrequired = true\n", users.display());
     let _a = Portico::start(&format!("{}{auth}", configs[0])).await;
     let _b = Portico::start(&format!("{}{auth}", configs[1])).await;
+    all_up(
+        &addrs
+            .iter()
+            .map(|x| x.parse().expect("addr"))
+            .collect::<Vec<SocketAddr>>(),
+    )
+    .await;
     let a: SocketAddr = addrs[0].parse().expect("addr");
     // "alice:secret" and "alice:wrong" in Basic.
     let good = "Proxy-Authorization: Basic YWxpY2U6c2VjcmV0\r\n";
