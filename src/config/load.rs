@@ -479,6 +479,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "a groups file needs auth.htpasswd".into(),
         ));
     }
+    validate_tls(&c.tls)?;
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }
@@ -486,6 +487,41 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         return Err((
             vec![Key("limits"), Key("max_request_line")],
             "cannot be larger than limits.max_header_size".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `[tls]`: the session lifetime within TLS 1.3's limit, and few enough
+/// ticket keys kept to cover it.
+fn validate_tls(t: &crate::config::TlsConfig) -> Result<(), Invalid> {
+    use Seg::Key;
+    let timeout = t.session_timeout.get().as_secs();
+    if !(1..=crate::tls_resume::MAX_TIMEOUT_SECS).contains(&timeout) {
+        return Err((
+            vec![Key("tls"), Key("session_timeout")],
+            format!(
+                "{}: must be between 1s and 7days (RFC 8446 4.6.1: a ticket lives at most 604800 seconds)",
+                t.session_timeout
+            ),
+        ));
+    }
+    let rotation = t.session_ticket_rotation.get().as_secs();
+    if rotation == 0 {
+        return Err((
+            vec![Key("tls"), Key("session_ticket_rotation")],
+            "must be at least 1s".into(),
+        ));
+    }
+    if timeout.div_ceil(rotation) > crate::tls_resume::MAX_KEYS {
+        return Err((
+            vec![Key("tls"), Key("session_ticket_rotation")],
+            format!(
+                "{}: too short for session_timeout = {} (a ticket key is kept for each rotation within the timeout; at most {} keys)",
+                t.session_ticket_rotation,
+                t.session_timeout,
+                crate::tls_resume::MAX_KEYS
+            ),
         ));
     }
     Ok(())
