@@ -48,6 +48,10 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
     };
+    let resumption = crate::tls_resume::listener_id(
+        &l.address,
+        certs.iter().flat_map(|c| c.key.cert.iter().map(|d| d.as_ref())),
+    );
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|e| format!("listener {}: TLS: {e}", l.address))?
@@ -55,7 +59,7 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         .with_cert_resolver(Arc::new(BySni { certs }));
     // Session resumption ([tls]): the process's session cache and ticket
     // keys, which outlive this config (a reload keeps sessions resumable).
-    crate::tls_resume::apply(&mut config, &l.address);
+    crate::tls_resume::apply(&mut config, resumption);
     Ok(Some(Arc::new(config)))
 }
 

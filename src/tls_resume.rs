@@ -24,9 +24,12 @@
 //! Keys are never logged nor written anywhere but that one private file.
 //!
 //! A ticket is `period (8 bytes) | nonce (12) | AES-256-GCM(issued time
-//! (8) | rustls's session)`, its additional data the listener's address
-//! and the period: a ticket opens only on the listener that issued it, and
-//! only while younger than `session_timeout`. Anything else (forged,
+//! (8) | rustls's session)`, its additional data the listener's identity
+//! ([`listener_id`]: its address and certificates) and the period: a
+//! ticket opens only on the listener that issued it, with the certificates
+//! it had then (a renewed certificate ends the sessions made under the old
+//! one, as nginx's session ID context does), and only while younger than
+//! `session_timeout`. Anything else (forged,
 //! truncated, too old, from another server) opens to nothing, and rustls
 //! then does a full handshake: a bad ticket never fails a handshake.
 //!
@@ -374,7 +377,7 @@ impl Tickets {
     }
 }
 
-/// One listener's ticketer: the process's keys, the listener's address
+/// One listener's ticketer: the process's keys, the listener's identity
 /// bound into every ticket.
 #[derive(Clone)]
 struct ListenerTickets {
@@ -447,7 +450,7 @@ impl SessionCache {
 }
 
 /// One listener's view of the session cache: its keys prefixed with the
-/// listener's address, so a session resumes only where it was made.
+/// listener's identity, so a session resumes only where it was made.
 #[derive(Clone)]
 struct ListenerCache {
     shared: Arc<SessionCache>,
@@ -530,14 +533,31 @@ pub fn install(t: &TlsConfig, seed: Option<Seed>) -> Result<(), String> {
     Ok(())
 }
 
+/// What a listener's sessions are bound to: its address and the DER of
+/// every certificate it serves (SHA-256). The same in every worker
+/// process (they read the same files); a new certificate makes a new
+/// identity, so a session made under the old one is not resumed with the
+/// new one (the client would keep trusting the certificate it saw then).
+pub fn listener_id<'a>(address: &std::net::SocketAddr, certs: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+    let address = address.to_string();
+    h.update(&(address.len() as u64).to_be_bytes());
+    h.update(address.as_bytes());
+    for der in certs {
+        h.update(&(der.len() as u64).to_be_bytes());
+        h.update(der);
+    }
+    h.finish().as_ref().to_vec()
+}
+
 /// Sets a listener's session storage, ticketer and TLS 1.3 tickets from
-/// this process's state ([`install`]); rustls's defaults stay where
-/// nothing was installed (`portico check`).
-pub fn apply(config: &mut ServerConfig, listener: &std::net::SocketAddr) {
+/// this process's state ([`install`]), its sessions bound to `context`
+/// ([`listener_id`]); rustls's defaults stay where nothing was installed
+/// (`portico check`).
+pub fn apply(config: &mut ServerConfig, context: Vec<u8>) {
     let Some(state) = STATE.get() else {
         return;
     };
-    let context = listener.to_string().into_bytes();
     config.session_storage = match &state.cache {
         Some(c) => Arc::new(ListenerCache {
             shared: c.clone(),
