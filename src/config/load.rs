@@ -804,6 +804,26 @@ mod tests {
     }
 
     #[test]
+    fn a_tls_session_timeout_beyond_tls_1_3_s_week_or_too_many_ticket_keys_is_refused_by_key() {
+        let e = parse_str("[tls]\nsession_timeout = \"8days\"\n", "p.toml").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("tls.session_timeout")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("between 1s and 7days"), "{e}");
+        let e = parse_str("[tls]\nsession_ticket_rotation = \"1s\"\n", "p.toml").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("tls.session_ticket_rotation"), "{e}");
+        assert!(e.to_string().contains("at most 10080 keys"), "{e}");
+        let c = parse_str(
+            "[tls]\nsession_timeout = \"10s\"\nsession_ticket_rotation = \"1s\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(c.tls.session_cache_entries, 10_000);
+    }
+
+    #[test]
     fn bad_value_names_line_and_key() {
         let e = parse_str("[keepalive]\n\ntimeout = \"15 fortnights\"\n", "p.toml").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
