@@ -435,3 +435,70 @@ async fn ticket_keys_rotate_and_an_older_ticket_resumes_within_the_session_timeo
     assert_eq!(metric(&p, FULL).await, 2);
     assert_eq!(metric(&p, PROBE_FAILURES).await, 1);
 }
+
+/// Worker `i`'s pid from the supervisor's log (`worker I started (pid N)`),
+/// the latest start.
+fn worker_pid(p: &Portico, i: usize) -> Option<u32> {
+    let needle = format!("worker {i} started (pid ");
+    p.stderr()
+        .lines()
+        .rev()
+        .filter_map(|l| l.split_once(&needle).map(|(_, rest)| rest))
+        .find_map(|rest| rest.split(')').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_worker_opens_the_tickets_sealed_before_it_started() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path());
+    let port = free_port();
+    let p = Portico::start(&config(
+        free_port(),
+        port,
+        &pem,
+        "[server]\nprocesses = 2\nworkers = 1\n",
+    ))
+    .await;
+    let sess = dir.path().join("session.pem");
+    let first = connect(port, "1.3", None, Some(sess.clone()), &[]).await;
+    assert!(first.served, "{}\n{}", first.out, p.stderr());
+    let victim = worker_pid(&p, 0).expect("worker 0's pid in the log");
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a
+    // worker of the Portico this test started.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    // Its replacement is serving once its own figures are readable.
+    let mut ready = false;
+    for _ in 0..200 {
+        let restarted = worker_pid(&p, 0).is_some_and(|pid| pid != victim);
+        if restarted {
+            let doc = page(&p, "/.stats.json?worker=0").await;
+            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&doc)
+                && json["snapshot"]["server"]["pid"]
+                    .as_u64()
+                    .is_some_and(|pid| pid != u64::from(victim))
+            {
+                ready = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "worker 0 was not restarted:\n{}", p.stderr());
+    for n in 0..16 {
+        let c = connect(port, "1.3", Some(sess.clone()), None, &[]).await;
+        assert!(c.reused && c.served, "connection {n} did not resume:\n{}", c.out);
+    }
+    // The new worker (its counters start at 0) resumed some of them: it
+    // opened a ticket sealed before it existed.
+    let mut resumed = 0;
+    for _ in 0..50 {
+        let json: serde_json::Value =
+            serde_json::from_str(&page(&p, "/.stats.json?worker=0").await).unwrap_or_default();
+        resumed = json["snapshot"]["tls"]["resumed"].as_u64().unwrap_or(0);
+        if resumed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resumed > 0, "the restarted worker resumed nothing");
+}
