@@ -42,6 +42,7 @@ pub mod sizing;
 pub mod stats;
 pub(crate) mod supervisor;
 pub mod tls;
+pub mod tls_resume;
 pub(crate) mod upstream;
 pub mod util;
 pub(crate) mod worker;

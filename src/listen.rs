@@ -163,6 +163,7 @@ async fn first<H: Handler>(
             match crate::http1::tls::accept(stream, config.clone(), serving.settings.header_timeout).await {
                 Ok(tls) => {
                     crate::tls::counters().handshake_done();
+                    crate::tls_resume::count_handshake(tls.resumed());
                     ClientStream::Tls(Box::new(tls))
                 }
                 Err(why) => {

@@ -324,6 +324,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         keepalive.park_after,
         log.error,
         log.level,
+        tls,
     );
 }
 

@@ -68,6 +68,17 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         (Some(_), Some(path)) => reread(config, path),
         _ => config,
     };
+    // TLS session resumption: a worker seals tickets with the keys the
+    // supervisor handed it (the same in every worker); one process draws its own.
+    let seed = match opts.worker {
+        Some(_) => crate::tls_resume::Seed::from_supervisor()?,
+        None => None,
+    };
+    let tls_listeners = config.listener.iter().any(|l| !l.certificate.is_empty());
+    if opts.worker.is_some() && seed.is_none() && config.tls.session_tickets && tls_listeners {
+        tracing::warn!("no ticket keys from the supervisor: this worker's session tickets resume only on it");
+    }
+    crate::tls_resume::install(&config.tls, seed)?;
     // Connections are bounded by file descriptors: use all the hard limit
     // allows, and size the connection limits left at 0 from it.
     let files = crate::sizing::raise_open_files();

@@ -34,8 +34,12 @@
 //! `reload::per_process` for its budget), and a private directory (0700,
 //! under the temp dir, removed at exit) where each worker leaves its
 //! statistics once a second, so that whichever worker answers a monitoring
-//! request shows the sum over all (`stats::workers`). Per process: the
-//! memory tier, the upstream connection pools, the counters.
+//! request shows the sum over all (`stats::workers`). The same directory
+//! carries each worker's TLS ticket key seed as it starts (a 0600 file the
+//! worker removes once read; `tls_resume`), so every worker seals and
+//! opens session tickets with the same rotating keys. Per process: the
+//! memory tier, the upstream connection pools, the TLS session cache, the
+//! counters.
 
 use crate::config::Config;
 use crate::signals::{Sig, Signals};
@@ -132,9 +136,22 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
         crate::privdrop::chown_tree(dir, t.uid, t.gid);
     }
     let relay_path = relay.as_ref().map(|(_, p)| p.clone());
-    let env = WorkerEnv {
+    // The ticket keys every worker shares (`tls_resume`): one chain drawn
+    // here, handed to each worker as it starts; without the private
+    // directory each worker draws its own.
+    let seed = match (config.tls.session_tickets, stats_dir) {
+        (true, Some(_)) => Some(crate::tls_resume::Seed::generate(&config.tls, now_unix())?),
+        (true, None) => {
+            tracing::warn!("no private directory for the ticket keys: each worker's session tickets resume only on it");
+            None
+        }
+        (false, _) => None,
+    };
+    let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
         notify: relay_path,
+        seed,
+        tls: config.tls.clone(),
     };
     runtime.block_on(async move {
         let relay = relay.map(|(s, _)| s);
@@ -150,8 +167,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                 quick_failures: 0,
                 first_run: true,
             });
-            start(&exe, config_path.as_ref(), &env, i, &mut workers[i], &mut events);
+            start(&exe, config_path.as_ref(), &mut env, i, &mut workers[i], &mut events);
         }
+        // The supervisor's copy of the ticket key chain moves on as keys
+        // age out, so it holds nothing older than the workers keep.
+        let mut ratchet = tokio::time::interval(env.tls.session_ticket_rotation.get().max(Duration::from_secs(1)));
+        ratchet.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         if relay.is_none() {
             // Without the relay (no statistics directory), the best the
             // supervisor knows: the workers are started.
@@ -165,6 +186,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                 return failure.map_or(Ok(()), Err);
             }
             tokio::select! {
+                _ = ratchet.tick() => {
+                    let tls = env.tls.clone();
+                    if let Some(seed) = env.seed.as_mut() {
+                        seed.ratchet(&tls, now_unix());
+                    }
+                }
                 sig = signals.next() => match sig {
                     Sig::Term(name) => {
                         crate::notify::stopping("stopping the workers");
@@ -253,7 +280,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                         });
                     }
                     Ok(Event::Restart(i)) if !stopping => {
-                        start(&exe, config_path.as_ref(), &env, i, &mut workers[i], &mut events);
+                        start(&exe, config_path.as_ref(), &mut env, i, &mut workers[i], &mut events);
                     }
                     Ok(Event::Restart(_)) => {}
                     Err(e) => tracing::error!("supervisor task failed: {e}"),
@@ -285,7 +312,7 @@ impl Drop for RemoveOnDrop {
 fn start(
     exe: &PathBuf,
     config_path: Option<&PathBuf>,
-    env: &WorkerEnv,
+    env: &mut WorkerEnv,
     i: usize,
     w: &mut Worker,
     events: &mut JoinSet<Event>,
@@ -297,6 +324,20 @@ fn start(
     }
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
+    }
+    // The ticket keys: the chain as of the oldest period a worker keeps now.
+    cmd.env_remove(crate::tls_resume::ENV_SEED);
+    if let (Some(seed), Some(dir)) = (env.seed.as_mut(), &env.stats_dir) {
+        seed.ratchet(&env.tls, now_unix());
+        match seed.hand_to_worker(dir, i) {
+            Ok(path) => {
+                cmd.env(crate::tls_resume::ENV_SEED, path);
+            }
+            Err(e) => tracing::warn!(
+                "cannot hand the ticket keys to worker {i}: {cause}; its session tickets resume only on it",
+                cause = crate::util::io_cause(&e)
+            ),
+        }
     }
     // The supervisor's relay, or none: only the supervisor talks to systemd.
     match &env.notify {
@@ -343,6 +384,17 @@ struct WorkerEnv {
     stats_dir: Option<PathBuf>,
     /// The supervisor's readiness relay (their `NOTIFY_SOCKET`).
     notify: Option<PathBuf>,
+    /// The ticket key chain every worker gets (`tls_resume`).
+    seed: Option<crate::tls_resume::Seed>,
+    /// `[tls]` as the supervisor started: how far the chain moves on.
+    tls: crate::config::TlsConfig,
+}
+
+/// The current time in seconds since the epoch.
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The index of the next worker reporting `READY=1` on the relay; never

@@ -6,8 +6,8 @@
 //! Everything a listener's TLS needs is built by [`server_config`], at
 //! start-up, by `portico check`, and again at each reload (SIGHUP), so a
 //! renewed certificate is picked up by new handshakes while connections
-//! already established keep the keys they negotiated. A session cache or
-//! ticketer and ALPN protocols belong in [`server_config`] too.
+//! already established keep the keys they negotiated. The session cache
+//! and ticketer (`tls_resume`) are set there too, and ALPN protocols belong there.
 //!
 //! The handshake and the record layer of an established connection are
 //! in `http1::tls`.
@@ -48,12 +48,19 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
     };
+    let resumption = crate::tls_resume::listener_id(
+        &l.address,
+        certs.iter().flat_map(|c| c.key.cert.iter().map(|d| d.as_ref())),
+    );
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|e| format!("listener {}: TLS: {e}", l.address))?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(BySni { certs }));
     config.alpn_protocols = alpn_protocols(l);
+    // Session resumption ([tls]): the process's session cache and ticket
+    // keys, which outlive this config (a reload keeps sessions resumable).
+    crate::tls_resume::apply(&mut config, resumption);
     Ok(Some(Arc::new(config)))
 }
 

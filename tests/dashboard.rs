@@ -417,3 +417,79 @@ async fn dashboard_shows_the_array_members_their_state_and_the_duplicate_rate() 
     assert!(rate > 10.0 && rate < 90.0, "duplicate rate {rate} %");
     assert_plot_layout("arrayrate", &layout_report(&dom)["arrayrate"], false);
 }
+
+/// One `openssl s_client` connection to a TLS port (SNI www.test), reading
+/// its session from `sess_in` if given and saving the one it ends with.
+fn tls_visit(port: u16, sess: &std::path::Path, resume: bool) {
+    let connect = format!("127.0.0.1:{port}");
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.args(["s_client", "-connect", &connect, "-servername", "www.test", "-tls1_2"]);
+    cmd.arg(if resume { "-sess_in" } else { "-sess_out" }).arg(sess);
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl not found: install Debian package `openssl` (scripts/install-test-deps does)");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("TLSv1.2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_tls_handshakes_and_resumption_once_a_tls_listener_is_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = rcgen::KeyPair::generate().expect("key pair");
+    let cert = rcgen::CertificateParams::new(vec!["www.test".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    let (cert_file, key_file) = (dir.path().join("www.pem"), dir.path().join("www.key"));
+    std::fs::write(&cert_file, cert.pem()).expect("write certificate");
+    std::fs::write(&key_file, key.serialize_pem()).expect("write key");
+    let tls_addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"{tls_addr}\"\nmode = \"forward\"\n\n\
+         [[listener.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n\n[log]\naccess = \"\"\n",
+        free_addr(),
+        cert_file.display(),
+        key_file.display()
+    ))
+    .await;
+    let port: u16 = tls_addr
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("port");
+    // One full handshake, then resumed ones while the browser polls.
+    let sess = dir.path().join("session.pem");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = tokio::task::spawn_blocking({
+        let (stop, sess) = (stop.clone(), sess.clone());
+        move || {
+            tls_visit(port, &sess, false);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tls_visit(port, &sess, true);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    });
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-tls.png");
+    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.await.expect("traffic task");
+    assert!(updates(&dom) >= 3, "{dom}");
+    assert!(!is_hidden(&dom, "card-tls"), "TLS tile hidden after TLS handshakes");
+    let ratio: f64 = element_text(&dom, "v-tls-ratio").parse().expect("resumed percent");
+    assert!(ratio > 50.0, "resumed {ratio}%");
+    let cache = element_text(&dom, "v-tls-cache");
+    assert!(cache.contains("/10000"), "{cache}");
+    let tickets = element_text(&dom, "v-tls-tickets");
+    assert!(tickets.contains("issued") && tickets.contains("0 refused"), "{tickets}");
+    for id in ["v-tls-full", "v-tls-resumed", "v-tls-failed", "v-tls-entries"] {
+        let v = element_text(&dom, id);
+        assert!(v.parse::<f64>().is_ok(), "{id} = {v:?}");
+    }
+    let report = layout_report(&dom);
+    assert_plot_layout("tlsrate", &report["tlsrate"], true);
+}

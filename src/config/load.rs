@@ -479,6 +479,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "a groups file needs auth.htpasswd".into(),
         ));
     }
+    validate_tls(&c.tls)?;
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }
@@ -486,6 +487,41 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         return Err((
             vec![Key("limits"), Key("max_request_line")],
             "cannot be larger than limits.max_header_size".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `[tls]`: the session lifetime within TLS 1.3's limit, and few enough
+/// ticket keys kept to cover it.
+fn validate_tls(t: &crate::config::TlsConfig) -> Result<(), Invalid> {
+    use Seg::Key;
+    let timeout = t.session_timeout.get().as_secs();
+    if !(1..=crate::tls_resume::MAX_TIMEOUT_SECS).contains(&timeout) {
+        return Err((
+            vec![Key("tls"), Key("session_timeout")],
+            format!(
+                "{}: must be between 1s and 7days (RFC 8446 4.6.1: a ticket lives at most 604800 seconds)",
+                t.session_timeout
+            ),
+        ));
+    }
+    let rotation = t.session_ticket_rotation.get().as_secs();
+    if rotation == 0 {
+        return Err((
+            vec![Key("tls"), Key("session_ticket_rotation")],
+            "must be at least 1s".into(),
+        ));
+    }
+    if timeout.div_ceil(rotation) > crate::tls_resume::MAX_KEYS {
+        return Err((
+            vec![Key("tls"), Key("session_ticket_rotation")],
+            format!(
+                "{}: too short for session_timeout = {} (a ticket key is kept for each rotation within the timeout; at most {} keys)",
+                t.session_ticket_rotation,
+                t.session_timeout,
+                crate::tls_resume::MAX_KEYS
+            ),
         ));
     }
     Ok(())
@@ -765,6 +801,26 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("listener[0].adress"), "{e}");
         assert!(e.to_string().contains("did you mean `address`"), "{e}");
         assert!(e.to_string().starts_with("p.toml:5:"), "{e}");
+    }
+
+    #[test]
+    fn a_tls_session_timeout_beyond_tls_1_3_s_week_or_too_many_ticket_keys_is_refused_by_key() {
+        let e = parse_str("[tls]\nsession_timeout = \"8days\"\n", "p.toml").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("tls.session_timeout")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("between 1s and 7days"), "{e}");
+        let e = parse_str("[tls]\nsession_ticket_rotation = \"1s\"\n", "p.toml").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("tls.session_ticket_rotation"), "{e}");
+        assert!(e.to_string().contains("at most 10080 keys"), "{e}");
+        let c = parse_str(
+            "[tls]\nsession_timeout = \"10s\"\nsession_ticket_rotation = \"1s\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(c.tls.session_cache_entries, 10_000);
     }
 
     #[test]

@@ -122,6 +122,12 @@ impl TlsConn {
         }
     }
 
+    /// Whether the handshake resumed an earlier session (a ticket or a
+    /// cached session) rather than doing a full one.
+    pub fn resumed(&self) -> bool {
+        self.lock().handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+    }
+
     /// The TCP connection underneath (addresses, socket options, shutdown).
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp

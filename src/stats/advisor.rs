@@ -22,6 +22,10 @@ pub const MIN_LOOKUPS: u64 = 20;
 pub const LOW_HIT_RATIO: f64 = 40.0;
 /// Below this DNS cache hit ratio (percent) the advisor speaks.
 pub const LOW_DNS_RATIO: f64 = 50.0;
+/// TLS handshakes needed before the resumed share means anything.
+pub const MIN_HANDSHAKES: u64 = 20;
+/// Below this share of resumed TLS handshakes (percent) the advisor looks for a cause.
+pub const LOW_RESUMED_RATIO: f64 = 50.0;
 
 /// Every rule that applies to `s`.
 pub fn advise(s: &Snapshot) -> Vec<Advice> {
@@ -256,6 +260,44 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
         "the connection was reset or closed mid-response",
         "Check the origins' error logs.",
     );
+    // The Sun Web Server 7 guide tunes its SSL session cache because a
+    // full handshake costs several times a resumed one. A low resumed
+    // share alone is no fault (each client's first handshake is full, and
+    // some clients never offer a session): the rule speaks only when
+    // clients offered sessions that were not resumed (cache misses,
+    // refused tickets), and says which setting lost them.
+    let tls = &s.tls;
+    let lost = tls.session_cache_misses + tls.tickets_refused;
+    if tls.full + tls.resumed >= MIN_HANDSHAKES
+        && tls.resumed_ratio() < LOW_RESUMED_RATIO
+        && lost * 10 >= tls.full + tls.resumed
+    {
+        let workers = s.processes.len().max(1);
+        let cause = if !tls.tickets_enabled && workers > 1 {
+            format!(
+                "With {workers} worker processes each keeps its own session cache, and a client's next connection usually reaches another: turn on tls.session_tickets, which every worker opens."
+            )
+        } else if tls.session_cache_limit > 0 && tls.session_cache_entries >= tls.session_cache_limit {
+            "The session cache is full: raise tls.session_cache_entries to about the number of clients seen within tls.session_timeout.".to_string()
+        } else if tls.tickets_refused > tls.session_cache_misses {
+            "Most lost sessions were refused tickets: older than tls.session_timeout (raise it), or sealed before a restart (ticket keys are not kept across restarts).".to_string()
+        } else {
+            "Sessions expired before their clients came back: raise tls.session_timeout.".to_string()
+        };
+        say(
+            "low-tls-resumption",
+            format!(
+                "Only {} of {} TLS handshakes ({:.1}%) resumed a session, and {lost} sessions clients offered were not resumed (SSLInfo: Session Cache Lookups {} misses, Session Tickets {} refused; Session Cache Entries {}/{}). {cause}",
+                tls.resumed,
+                tls.full + tls.resumed,
+                tls.resumed_ratio(),
+                tls.session_cache_misses,
+                tls.tickets_refused,
+                tls.session_cache_entries,
+                tls.session_cache_limit,
+            ),
+        );
+    }
     for l in &s.listeners {
         if l.listen_queue_configured > l.listen_queue {
             say(
@@ -663,6 +705,65 @@ mod tests {
         assert!(rules(&s).is_empty());
         s.upstream.requests = 10;
         s.upstream.connect_errors = 10;
+        assert!(rules(&s).is_empty());
+    }
+
+    fn tls(full: u64, resumed: u64, misses: u64, refused: u64) -> TlsInfo {
+        TlsInfo {
+            handshakes: full + resumed,
+            full,
+            resumed,
+            session_cache_misses: misses,
+            session_cache_entries: 50,
+            session_cache_limit: 10_000,
+            tickets_refused: refused,
+            tickets_enabled: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn low_tls_resumption_fires_when_offered_sessions_were_lost() {
+        let mut s = Snapshot::default();
+        // 30 full, 10 resumed (25%), 20 tickets refused.
+        s.tls = tls(30, 10, 0, 20);
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["low-tls-resumption"]);
+        assert!(
+            a[0].text.contains("Only 10 of 40 TLS handshakes (25.0%)") && a[0].text.contains("tls.session_timeout"),
+            "{}",
+            a[0].text
+        );
+    }
+
+    #[test]
+    fn low_tls_resumption_names_the_full_cache_or_the_missing_tickets() {
+        let mut s = Snapshot::default();
+        s.tls = tls(30, 10, 20, 0);
+        s.tls.session_cache_entries = 10_000;
+        assert!(advise(&s)[0].text.contains("raise tls.session_cache_entries"));
+        let mut s = Snapshot::default();
+        s.tls = tls(30, 10, 20, 0);
+        s.tls.tickets_enabled = false;
+        s.processes = vec![ProcessInfo::default(), ProcessInfo::default()];
+        let text = &advise(&s)[0].text;
+        assert!(
+            text.contains("2 worker processes") && text.contains("turn on tls.session_tickets"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn low_tls_resumption_is_silent_when_clients_offered_no_session_or_traffic_is_light() {
+        let mut s = Snapshot::default();
+        // Every client new: all full, none offered a session.
+        s.tls = tls(100, 0, 0, 0);
+        assert!(rules(&s).is_empty());
+        // Half resumed: fine.
+        s.tls = tls(20, 20, 5, 5);
+        assert!(rules(&s).is_empty());
+        // Too few handshakes to say anything.
+        s.tls = tls(15, 0, 15, 0);
         assert!(rules(&s).is_empty());
     }
 

@@ -587,6 +587,8 @@ impl AuthInfo {
 
 /// The help of the failed TLS handshakes (one metric family, by reason).
 const TLS_FAILURES: &str = "TLS handshakes with clients that failed, by reason.";
+/// The help of the completed TLS handshakes by kind (one metric family).
+const TLS_KINDS: &str = "TLS handshakes with clients completed, full or resumed.";
 
 crate::section! {
     /// TLS handshakes with clients (`[[listener.certificate]]`), the Sun
@@ -608,6 +610,42 @@ crate::section! {
         /// Failed otherwise (the client closed the connection mid-handshake).
         failed_other: u64 => Counter, Add, None, TLS_FAILURES,
             prom "portico_tls_handshake_failures_total" { "reason" = "other" }, xml "ssl-bucket" "countOtherFailures";
+        /// Completed handshakes that were full (certificate, key exchange).
+        #[serde(default)]
+        full: u64 => Counter, Add, None, TLS_KINDS,
+            prom "portico_tls_handshakes_by_kind_total" { "kind" = "full" }, xml "ssl-bucket" "countFullHandshakes";
+        /// Completed handshakes that resumed a session (a ticket or a cached session).
+        #[serde(default)]
+        resumed: u64 => Counter, Add, None, TLS_KINDS,
+            prom "portico_tls_handshakes_by_kind_total" { "kind" = "resumed" }, xml "ssl-bucket" "countResumedHandshakes";
+        /// Session cache lookups that found a live session.
+        #[serde(default)]
+        session_cache_hits: u64 => Counter, Add, None, "TLS session cache lookups that found a live session.",
+            prom "portico_tls_session_cache_hits_total", xml "ssl-bucket" "countSessionCacheHits";
+        /// Session cache lookups that found none (unknown, evicted, expired).
+        #[serde(default)]
+        session_cache_misses: u64 => Counter, Add, None, "TLS session cache lookups that found no live session.",
+            prom "portico_tls_session_cache_misses_total", xml "ssl-bucket" "countSessionCacheMisses";
+        /// Sessions in the session cache now.
+        #[serde(default)]
+        session_cache_entries: u64 => Gauge, Add, None, "TLS sessions in the session cache.",
+            prom "portico_tls_session_cache_entries", xml "ssl-bucket" "countSessionCacheEntries";
+        /// `tls.session_cache_entries` (each process has its own cache).
+        #[serde(default)]
+        session_cache_limit: u64 => Gauge, Add, None, "TLS sessions the session cache holds at most.",
+            prom "portico_tls_session_cache_limit", xml "ssl-bucket" "maxSessionCacheEntries";
+        /// Session tickets sealed.
+        #[serde(default)]
+        tickets_issued: u64 => Counter, Add, None, "TLS session tickets issued.",
+            prom "portico_tls_tickets_issued_total", xml "ssl-bucket" "countTicketsIssued";
+        /// Tickets that did not open: forged, older than `tls.session_timeout`, another server's.
+        #[serde(default)]
+        tickets_refused: u64 => Counter, Add, None, "TLS session tickets refused (forged, expired, or sealed by another server): a full handshake instead.",
+            prom "portico_tls_tickets_refused_total", xml "ssl-bucket" "countTicketsRefused";
+        /// `tls.session_tickets`.
+        #[serde(default)]
+        tickets_enabled: bool => Gauge, All, None, "1 while TLS session tickets are issued (tls.session_tickets).",
+            prom "portico_tls_tickets_enabled", xml "ssl-bucket" "flagTickets";
     }
 }
 
@@ -615,13 +653,28 @@ impl TlsInfo {
     /// This process's handshake counters.
     pub fn current() -> TlsInfo {
         let (done, [protocol, certificate, timeout, other]) = crate::tls::counters().read();
+        let r = crate::tls_resume::figures();
         TlsInfo {
             handshakes: done,
             failed_protocol: protocol,
             failed_certificate: certificate,
             failed_timeout: timeout,
             failed_other: other,
+            full: r.full,
+            resumed: r.resumed,
+            session_cache_hits: r.cache_hits,
+            session_cache_misses: r.cache_misses,
+            session_cache_entries: r.cache_entries,
+            session_cache_limit: r.cache_limit,
+            tickets_issued: r.tickets_issued,
+            tickets_refused: r.tickets_refused,
+            tickets_enabled: r.tickets,
         }
+    }
+
+    /// resumed / (full + resumed), percent.
+    pub fn resumed_ratio(&self) -> f64 {
+        percent(self.resumed, self.full + self.resumed)
     }
 
     /// All failed handshakes.

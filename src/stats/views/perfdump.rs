@@ -147,6 +147,32 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             tls.failed_timeout,
             tls.failed_other
         );
+        let _ = writeln!(
+            o,
+            "{:<28} {} full, {} resumed ({:.2}% resumed)",
+            "Handshake Kinds",
+            tls.full,
+            tls.resumed,
+            tls.resumed_ratio()
+        );
+        let _ = writeln!(
+            o,
+            "{:<28} {}/{}",
+            "Session Cache Entries", tls.session_cache_entries, tls.session_cache_limit
+        );
+        let _ = writeln!(
+            o,
+            "{:<28} {} hits, {} misses",
+            "Session Cache Lookups", tls.session_cache_hits, tls.session_cache_misses
+        );
+        let _ = writeln!(
+            o,
+            "{:<28} {} issued, {} refused{}",
+            "Session Tickets",
+            tls.tickets_issued,
+            tls.tickets_refused,
+            if tls.tickets_enabled { "" } else { " (off)" }
+        );
         o.push('\n');
     }
 
