@@ -55,6 +55,10 @@ pub struct ResponseWriter<'a> {
     send_timeout: Duration,
     /// Where a send timeout is counted.
     keepalive: &'a KeepAlive,
+    /// A send timeout has been counted: the client is gone, and a later
+    /// write that times out too (a final empty frame on an HTTP/2 stream
+    /// whose window never opens) is the same event.
+    timeout_counted: bool,
     /// The client sent `Expect: 100-continue` with a body and has not been
     /// told to send it yet.
     awaiting_continue: bool,
@@ -86,6 +90,7 @@ impl<'a> ResponseWriter<'a> {
             edits: Vec::new(),
             send_timeout: settings.send_timeout,
             keepalive: &settings.keepalive,
+            timeout_counted: false,
             awaiting_continue: false,
             continue_sent: false,
         }
@@ -108,6 +113,7 @@ impl<'a> ResponseWriter<'a> {
             edits: Vec::new(),
             send_timeout: settings.send_timeout,
             keepalive: &settings.keepalive,
+            timeout_counted: false,
             awaiting_continue: false,
             continue_sent: false,
         }
@@ -144,7 +150,10 @@ impl<'a> ResponseWriter<'a> {
     fn counted(&mut self, e: io::Error) -> io::Error {
         if e.kind() == io::ErrorKind::TimedOut {
             self.keep_alive = false;
-            self.keepalive.send_timed_out();
+            if !self.timeout_counted {
+                self.timeout_counted = true;
+                self.keepalive.send_timed_out();
+            }
         }
         e
     }
