@@ -11,12 +11,13 @@
 //!
 //! What is checked when:
 //! - the envelope (magics, size equation, metadata) on every open, as before;
-//! - the body checksum on the first complete read of each file this process
-//!   opens (so after every restart, and again whenever a file is opened
-//!   anew after it left this cache); hits on a held file whose checksum
-//!   matched are not checksummed again. A file changed in place while held
-//!   (never done by Portico: objects are replaced by rename) is therefore
-//!   only caught when it is next opened;
+//! - the body checksum when written, and on the first complete read of
+//!   each object version in each process (so after every restart); the
+//!   index entry remembers it (`Entry::verified`, reset by every commit), so
+//!   neither hits on a held file nor a reopen of a file closed to make room
+//!   checksum it again. A file changed in place after that (never done by
+//!   Portico: objects are replaced by rename) is only caught after a
+//!   restart;
 //! - ranges are read at their offset and never checksummed (they do not
 //!   read the whole body), as before.
 //!
