@@ -15,7 +15,9 @@
 //!   each object version in each process (so after every restart); the
 //!   index entry remembers it (`Entry::verified`, reset by every commit), so
 //!   neither hits on a held file nor a reopen of a file closed to make room
-//!   checksum it again. A file changed in place after that (never done by
+//!   checksum it again (except with a directory shared by worker processes,
+//!   where another process may have replaced the file unseen by our index:
+//!   there every reopen checksums). A file changed in place after that (never done by
 //!   Portico: objects are replaced by rename) is only caught after a
 //!   restart;
 //! - ranges are read at their offset and never checksummed (they do not

@@ -606,6 +606,68 @@ mod tests {
         assert_eq!(b.stats().snapshot().objects, 0);
     }
 
+    fn read_whole(store: &DiskStore, id: ObjectId) -> Vec<u8> {
+        let mut o = store.open_blocking(id).expect("stored");
+        let mut out = Vec::new();
+        while let Some(c) = o.body.chunk_blocking().unwrap() {
+            out.extend_from_slice(&c);
+        }
+        out
+    }
+
+    /// Makes `id`'s held file in `store` look last checked long ago.
+    fn age_held(store: &DiskStore, id: ObjectId) {
+        let held = store.inner.held.as_ref().unwrap().get(id).unwrap();
+        held.checked.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_held_file_replaced_by_another_process_is_noticed_after_its_validity() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let b = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        b.set_shared_dir(true);
+        let id = ObjectId(9);
+        let put = |body: &[u8]| {
+            let mut w = a.writer_blocking(id, &meta("http://h/")).unwrap();
+            w.write_blocking(body).unwrap();
+            w.commit_blocking(0).unwrap();
+        };
+        put(b"version one");
+        // The first open indexes it (stored by another process after b's
+        // scan); the second, of an indexed generation, holds it.
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert!(b.held(id).is_none());
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert!(b.held(id).is_some());
+        // Past the validity, the path still names the held file: kept,
+        // without opening it again.
+        age_held(&b, id);
+        assert!(b.held(id).is_none(), "not used unchecked");
+        let misses = b.stats().snapshot().open_file_misses;
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert_eq!(b.stats().snapshot().open_file_misses, misses);
+        assert!(b.held(id).is_some());
+        // Another process renames a new version over it: b keeps serving
+        // what it holds until the validity ends, then the new version,
+        // checksummed (b's index cannot tell it is new: this one is
+        // damaged, and b notices).
+        put(b"version two!");
+        let path = a.path_of(id);
+        let mut bytes = fs::read(&path).unwrap();
+        let at = bytes.len() - 32 - 3;
+        bytes[at] ^= 0x20;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(b.held(id).unwrap().body_len, 11);
+        age_held(&b, id);
+        let mut o = b.open_blocking(id).expect("the new file opens");
+        assert_eq!(o.body_len, 12);
+        assert!(o.body.chunk_blocking().is_err(), "a damaged new version is caught");
+        assert_eq!(b.stats().snapshot().open_file_misses, misses + 1);
+        assert_eq!(b.stats().snapshot().checksum_failures, 1);
+        assert!(b.held(id).is_none());
+    }
+
     #[test]
     fn abort_and_drop_remove_the_tmp_file() {
         let dir = tempfile::tempdir().unwrap();

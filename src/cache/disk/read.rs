@@ -109,12 +109,15 @@ impl Inner {
         // since): not again, as for a held file. Only if the file opened is
         // that generation: under the id's lock, a replacement (rename and
         // index update together) is either wholly before or after.
-        let verified = entry.is_some_and(|before| {
-            let _guard = self.lock(id);
-            self.index
-                .get(id)
-                .is_some_and(|now| now.generation == before.generation && now.verified)
-        });
+        // Not when other processes write here: they replace files without
+        // changing our index's generation.
+        let verified = !self.shared_dir.load(Ordering::Relaxed)
+            && entry.is_some_and(|before| {
+                let _guard = self.lock(id);
+                self.index
+                    .get(id)
+                    .is_some_and(|now| now.generation == before.generation && now.verified)
+            });
         let obj = Arc::new(OpenObject {
             file,
             id,
