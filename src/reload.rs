@@ -311,6 +311,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         cache.max_memory_object,
         cache.dir,
         cache.disk,
+        cache.open_files,
         cache.levels,
         cache.gc,
         cache.watermarks,

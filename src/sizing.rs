@@ -84,6 +84,15 @@ pub(crate) fn derive(nofile: u64) -> Derived {
     }
 }
 
+/// Default `cache.open_files`: the disk tier's held-open files take a
+/// quarter of the usable descriptors (they come out of the share kept for
+/// the disk file of each request in service, which a hit from a held file
+/// does not open), at most 10,000, at least 16.
+pub(crate) fn open_files(nofile: u64) -> usize {
+    let n = (nofile.saturating_sub(RESERVED) / 4).clamp(FLOOR, 10_000);
+    usize::try_from(n).unwrap_or(10_000)
+}
+
 /// Replaces the config's sized-from-the-machine zeros (`server.max_requests`,
 /// `server.queue_size`, `keepalive.max_connections`, `server.blocking_queue`)
 /// with their values for `nofile`; returns a description of what was chosen.
@@ -108,6 +117,9 @@ pub fn resolve(config: &mut Config, nofile: u64) -> String {
     );
     let max_requests = config.server.max_requests;
     fill(&mut config.server.blocking_queue, max_requests, "server.blocking_queue");
+    if config.cache.disk.bytes() > 0 {
+        fill(&mut config.cache.open_files, open_files(nofile), "cache.open_files");
+    }
     format!("open files {nofile}: {}", parts.join(", "))
 }
 
@@ -123,6 +135,20 @@ mod tests {
         assert_eq!(d.keepalive_connections, 19_936 * 3 / 8);
         // Together they fit in the limit: 3 per request, 1 per other connection.
         assert!(3 * d.max_requests + d.queue_size + d.keepalive_connections <= 20_000);
+    }
+
+    #[test]
+    fn held_open_cache_files_take_a_quarter_of_the_usable_limit() {
+        assert_eq!(open_files(20_064), 5_000);
+        assert_eq!(open_files(1 << 20), 10_000);
+        assert_eq!(open_files(100), 16);
+        let mut c = Config::default();
+        resolve(&mut c, 20_064);
+        assert_eq!(c.cache.open_files, 5_000);
+        c.cache.disk = crate::config::Size(0);
+        c.cache.open_files = 0;
+        resolve(&mut c, 20_064);
+        assert_eq!(c.cache.open_files, 0, "no disk tier, nothing derived");
     }
 
     #[test]

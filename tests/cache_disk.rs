@@ -661,3 +661,63 @@ async fn the_budget_counts_the_blocks_small_objects_occupy_not_their_sizes() {
     assert_eq!((store.stats().snapshot().objects, store.used()), left);
     assert!(left.1 <= c.disk.bytes() / 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_file_is_dropped_when_its_object_is_replaced_evicted_or_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DiskStore::start(&config(dir.path())).unwrap();
+    store.wait_scan().await;
+    let url = "http://h/held";
+    let v1 = body(150_000, 1);
+    let id = put(&store, url, &v1, 0).await;
+    // Not held before its checksum has matched once in this process.
+    assert!(store.held(id).is_none());
+    assert_eq!(read_all(&store, id).await.unwrap().unwrap(), v1);
+    let held = store.held(id).expect("held after a checked read");
+    assert_eq!(store.held_files(), 1);
+    // Replaced while held: the next lookup sees the new object; whoever
+    // still has the old file reads the old bytes, whole and right.
+    let v2 = body(120_000, 2);
+    put(&store, url, &v2, 0).await;
+    assert!(store.held(id).is_none());
+    assert_eq!(held.read_at(0, u64::MAX).await.unwrap(), v1[..READ_CHUNK]);
+    assert_eq!(held.read_at(100, 110).await.unwrap(), v1[100..110]);
+    assert_eq!(held.read_all().await.unwrap(), v1);
+    assert_eq!(read_all(&store, id).await.unwrap().unwrap(), v2);
+    assert_eq!(store.held(id).expect("the new file held").body_len, 120_000);
+    // Evicted by the GC while held.
+    let report = store.gc_blocking(0, false, &mut |_| {});
+    assert_eq!(report.evicted, 1);
+    assert!(store.held(id).is_none());
+    assert!(store.open(id).await.is_none());
+    assert_eq!(store.held_files(), 0);
+    // Removed (a purge) while held.
+    let id = put(&store, url, &v1, 0).await;
+    assert_eq!(read_all(&store, id).await.unwrap().unwrap(), v1);
+    let held = store.held(id).expect("held");
+    assert!(store.remove(id).await);
+    assert!(store.held(id).is_none());
+    assert!(store.open(id).await.is_none());
+    assert_eq!(held.read_all().await.unwrap(), v1, "an open file outlives its name");
+    let s = store.stats().snapshot();
+    assert!(s.open_file_hits >= 2 && s.open_file_misses >= 3, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_whose_checksum_failed_is_never_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DiskStore::start(&config(dir.path())).unwrap();
+    store.wait_scan().await;
+    let url = "http://h/bad";
+    let id = put(&store, url, &body(100_000, 3), 0).await;
+    let p = store.path_of(id);
+    let f = File::options().read(true).write(true).open(&p).unwrap();
+    let off = 12 + meta(url).encode().len() as u64 + 50_000;
+    f.write_all_at(b"\xff\xfe", off).unwrap();
+    drop(f);
+    assert!(read_all(&store, id).await.unwrap().is_err());
+    assert!(store.held(id).is_none());
+    assert_eq!(store.held_files(), 0);
+    assert!(store.open(id).await.is_none());
+    assert_eq!(store.stats().snapshot().checksum_failures, 1);
+}

@@ -194,8 +194,9 @@ fn documented_rows(section: &str) -> BTreeMap<String, String> {
 }
 
 /// Keys whose printed default depends on the machine (the doc says how).
-const MACHINE_DEPENDENT: [&str; 5] = [
+const MACHINE_DEPENDENT: [&str; 6] = [
     "cache.memory",
+    "cache.open_files",
     "server.max_requests",
     "server.queue_size",
     "server.blocking_queue",

@@ -735,3 +735,44 @@ async fn wait_metric(p: &Portico, series: &str, n: u64) {
     }
     panic!("{series} never reached {n}:\n{}", page(p, "/metrics").await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_gets_a_disk_hit_from_a_held_file_copied_not_sendfiled() {
+    // `sendfile` cannot encrypt: over TLS a held disk file is read (from
+    // the page cache, else on the blocking pool) and sent through rustls.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path(), "www", &["www.test"]);
+    let origin = Origin::start(|_| async move {
+        Response::ok("")
+            .generated(200 << 10)
+            .header("Cache-Control", "max-age=300")
+    })
+    .await;
+    let (port, plain) = (free_port(), free_port());
+    // The plain listener first: the statistics are read there.
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{plain}\"\nmode = \"reverse\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n{}\n[[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"web\"\n\n[cache]\nmax_memory_object = \"4KiB\"\n",
+        cert_table(&pem),
+        origin.addr()
+    );
+    let p = Portico::start(&config).await;
+    let resolve = format!("www.test:{port}:127.0.0.1");
+    let url = format!("https://www.test:{port}/big");
+    let ca = pem.cert.display().to_string();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let out = common::curl(&["--http1.1", "-i", "--cacert", &ca, "--resolve", &resolve, &url]).await;
+        assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
+        let r = parse_response(&out.stdout);
+        assert_eq!((r.status, r.body.len()), (200, 200 << 10));
+        assert!(common::pattern_matches(0, &r.body), "the bytes of the stored body");
+        seen.push(r.header("X-Cache").unwrap_or("").to_string());
+    }
+    assert_eq!(seen, ["MISS", "HIT", "HIT"]);
+    assert_eq!(origin.count(), 1);
+    // The third request was answered from the held file, by reads.
+    assert_eq!(metric(&p, "portico_cache_disk_open_file_hits_total").await, 1);
+    let reads = metric(&p, "portico_cache_disk_reads_nowait_total").await
+        + metric(&p, "portico_cache_disk_reads_blocked_total").await;
+    assert_eq!(reads, 4, "200 KiB in 64 KiB reads");
+}

@@ -46,6 +46,7 @@ impl Weighter<ObjectId, Arc<MemObject>> for ByWeight {
 pub struct MemoryTier {
     cache: Cache<ObjectId, Arc<MemObject>, ByWeight>,
     max_object: u64,
+    budget: u64,
 }
 
 impl MemoryTier {
@@ -56,6 +57,7 @@ impl MemoryTier {
         MemoryTier {
             cache: Cache::with_weighter(estimate, budget.max(1), ByWeight),
             max_object,
+            budget,
         }
     }
 
@@ -67,6 +69,15 @@ impl MemoryTier {
     /// True if an object of `len` body bytes may be admitted.
     pub fn admits(&self, len: u64) -> bool {
         len <= self.max_object
+    }
+
+    /// True if an object of `len` body bytes would be admitted while the
+    /// tier is still filling: after it fills to 7/8 of its budget, it has
+    /// only the slack eviction leaves (quick_cache evicts per shard, so a
+    /// full tier's total stays a little under the budget), and an object
+    /// put there would push out others.
+    pub fn has_room(&self, len: u64) -> bool {
+        self.admits(len) && self.bytes() + len <= self.budget / 8 * 7
     }
 
     /// Stores (or replaces) an object; too large ones are ignored.

@@ -7,7 +7,7 @@
 //! records the varying field names and the variants stored, so a lookup
 //! finds the right variant and an invalidation removes them all.
 
-use super::disk::{BodyReader, DiskStore, DiskWriter};
+use super::disk::{BodyReader, DiskStore, DiskWriter, OpenObject};
 use super::flight::Flights;
 use super::key::{CacheKey, ObjectId};
 use super::memory::{MemObject, MemoryTier};
@@ -112,23 +112,50 @@ pub struct Stored {
 pub enum StoredBody {
     /// Whole, in memory.
     Memory(Bytes),
-    /// In a file of the disk tier, read on demand, front to back (the
-    /// reader and how far it has read).
-    Disk(std::sync::Mutex<Option<DiskCursor>>),
+    /// In a held-open file of the disk tier whose checksum has matched in
+    /// this process: read at any offset, or sent with `sendfile`.
+    File(Arc<OpenObject>),
+    /// In a file of the disk tier opened for this request and not yet
+    /// checksummed: the whole body is read front to back and checked at
+    /// the end (`cursor`); a part of it is read at its offset (`file`).
+    Disk {
+        /// The open file.
+        file: Arc<OpenObject>,
+        /// The checksummed front-to-back read (taken out while awaiting).
+        cursor: std::sync::Mutex<Option<DiskCursor>>,
+    },
 }
 
 /// Reads a range of a stored body in chunks.
 pub struct RangeReader<'a> {
     source: &'a StoredBody,
     range: Range<u64>,
+    /// Reading the whole body of an unchecked file: through its cursor.
+    whole: bool,
 }
 
 impl StoredBody {
-    /// The bytes in `range`, chunk by chunk. A disk body is read front to
-    /// back; a range that starts before the bytes already read (ranges asked
-    /// in decreasing order) reopens the object, which must not have changed.
+    /// The bytes in `range`, chunk by chunk. A range is read at its offset
+    /// (never the bytes before it); the whole body of a file not yet
+    /// checksummed in this process is read front to back and checked.
     pub fn read(&self, range: Range<u64>) -> RangeReader<'_> {
-        RangeReader { source: self, range }
+        let whole = match self {
+            StoredBody::Disk { file, .. } => range.start == 0 && range.end >= file.body_len,
+            _ => false,
+        };
+        RangeReader {
+            source: self,
+            range,
+            whole,
+        }
+    }
+
+    /// The held, checksummed file a body can be sent from with `sendfile`.
+    pub fn sendable(&self) -> Option<&OpenObject> {
+        match self {
+            StoredBody::File(f) => Some(f),
+            _ => None,
+        }
     }
 }
 
@@ -138,24 +165,38 @@ impl RangeReader<'_> {
         if self.range.is_empty() {
             return None;
         }
-        match self.source {
+        let file = match self.source {
             StoredBody::Memory(b) => {
                 let start = usize::try_from(self.range.start).ok()?.min(b.len());
                 let end = usize::try_from(self.range.end).ok()?.min(b.len());
                 self.range.start = self.range.end;
-                (start < end).then(|| Ok(b.slice(start..end)))
+                return (start < end).then(|| Ok(b.slice(start..end)));
             }
-            StoredBody::Disk(cell) => {
+            StoredBody::Disk { cursor, .. } if self.whole => {
                 // The reader is taken out while awaiting (a std Mutex is not
                 // held across the await) and put back after.
-                let taken = cell.lock().ok()?.take();
+                let taken = cursor.lock().ok()?.take();
                 let mut state = taken?;
                 let result = state.next_in(&mut self.range).await;
-                if let Ok(mut guard) = cell.lock() {
+                if let Ok(mut guard) = cursor.lock() {
                     *guard = Some(state);
                 }
-                result
+                return result;
             }
+            StoredBody::Disk { file, .. } | StoredBody::File(file) => file,
+        };
+        let end = self.range.end.min(file.body_len);
+        if self.range.start >= end {
+            return None;
+        }
+        match file.read_at(self.range.start, end).await {
+            Ok(c) if c.is_empty() => Some(Err(file.truncated())),
+            Ok(c) => {
+                let take = (end - self.range.start).min(c.len() as u64) as usize;
+                self.range.start += take as u64;
+                Some(Ok(c.slice(..take)))
+            }
+            Err(e) => Some(Err(e)),
         }
     }
 }
@@ -166,46 +207,16 @@ pub struct DiskCursor {
     reader: BodyReader,
     base: u64,
     carry: Bytes,
-    /// To read from the start again (a range before one already sent): the
-    /// object as it was opened.
-    origin: Box<Reopen>,
-}
-
-struct Reopen {
-    store: DiskStore,
-    id: ObjectId,
-    meta: Arc<StoredMeta>,
-    body_len: u64,
 }
 
 impl DiskCursor {
-    /// Opens the object again and reads from the start, provided it is the
-    /// very object first opened (not replaced or updated since).
-    async fn rewind(&mut self) -> std::io::Result<()> {
-        let o = &self.origin;
-        match o.store.open(o.id).await {
-            Some(found) if found.meta == *o.meta && found.body_len == o.body_len => {
-                self.reader = found.body;
-                self.base = 0;
-                self.carry = Bytes::new();
-                Ok(())
-            }
-            _ => Err(std::io::Error::other(
-                "stored object changed while its ranges were sent",
-            )),
-        }
-    }
-
     async fn next_in(&mut self, range: &mut Range<u64>) -> Option<std::io::Result<Bytes>> {
         loop {
             if range.is_empty() {
                 return None;
             }
-            // Ranges asked in decreasing order (kept so, RFC 9110 14.6).
-            if range.start < self.base
-                && let Err(e) = self.rewind().await
-            {
-                return Some(Err(e));
+            if range.start < self.base {
+                return Some(Err(std::io::Error::other("stored body read out of order")));
             }
             if self.carry.is_empty() {
                 match self.reader.chunk().await {
@@ -452,6 +463,10 @@ impl Cache {
         let Some(disk) = self.disk.as_ref() else {
             return Ok(None);
         };
+        // A held, checksummed file: no blocking pool, no system call.
+        if let Some(file) = disk.held(id) {
+            return Ok(Some(self.stored_from_held(id, file).await));
+        }
         let found = if refuse_when_busy {
             disk.try_open(id).await.map_err(|_| PoolBusy)?
         } else {
@@ -463,6 +478,38 @@ impl Cache {
         Ok(self.stored_from_disk(disk, id, found).await)
     }
 
+    /// A hit on a held file. The memory tier takes it only while it has
+    /// room without evicting: once full, copying every disk hit into it
+    /// would push out as much as it brings in (with a working set larger
+    /// than the memory tier, most of it), and the file serves the hit
+    /// without a copy.
+    async fn stored_from_held(&self, id: ObjectId, file: Arc<OpenObject>) -> Stored {
+        let (meta, len) = (file.meta.clone(), file.body_len);
+        if self.memory.has_room(len)
+            && let Ok(body) = file.read_all().await
+        {
+            self.memory.insert(
+                id,
+                Arc::new(MemObject {
+                    meta: meta.clone(),
+                    body: body.clone(),
+                }),
+            );
+            return Stored {
+                id,
+                len,
+                meta,
+                body: StoredBody::Memory(body),
+            };
+        }
+        Stored {
+            id,
+            len,
+            meta,
+            body: StoredBody::File(file),
+        }
+    }
+
     async fn stored_from_disk(
         &self,
         disk: &DiskStore,
@@ -470,8 +517,15 @@ impl Cache {
         found: crate::cache::disk::DiskObject,
     ) -> Option<Stored> {
         disk.touch(id);
-        let (meta, body_len, mut reader) = (Arc::new(found.meta), found.body_len, found.body);
-        if self.memory.admits(body_len) {
+        if found.file.verified() {
+            // A held file whose path was checked again (`open` after
+            // `HELD_VALID_SECS`): as a held hit.
+            return Some(self.stored_from_held(id, found.file).await);
+        }
+        let (meta, body_len, mut reader) = (found.file.meta.clone(), found.body_len, found.body);
+        // Into the memory tier (read whole and checksummed before anything
+        // is sent) only while it has room, as `stored_from_held` explains.
+        if self.memory.has_room(body_len) {
             let mut body = BytesMut::with_capacity(usize::try_from(body_len).unwrap_or(0));
             loop {
                 match reader.chunk().await {
@@ -501,18 +555,15 @@ impl Cache {
         Some(Stored {
             id,
             len: body_len,
-            meta: meta.clone(),
-            body: StoredBody::Disk(std::sync::Mutex::new(Some(DiskCursor {
-                reader,
-                base: 0,
-                carry: Bytes::new(),
-                origin: Box::new(Reopen {
-                    store: disk.clone(),
-                    id,
-                    meta,
-                    body_len,
-                }),
-            }))),
+            meta,
+            body: StoredBody::Disk {
+                file: found.file,
+                cursor: std::sync::Mutex::new(Some(DiskCursor {
+                    reader,
+                    base: 0,
+                    carry: Bytes::new(),
+                })),
+            },
         })
     }
 

@@ -1056,6 +1056,9 @@ pub struct CacheConfig {
     pub dir: PathBuf,
     /// Disk tier budget; 0 disables the disk tier.
     pub disk: Size,
+    /// Disk tier files kept open between hits (nginx's `open_file_cache
+    /// max=`); 0 = derived from the open-files limit (`sizing::resolve`).
+    pub open_files: usize,
     /// Largest object stored at all.
     pub max_object_size: Size,
     /// Directory levels under `dir`: first-level and second-level directory counts.
@@ -1129,6 +1132,7 @@ impl Default for CacheConfig {
             max_memory_object: Size(1 << 20),
             dir: PathBuf::from("portico-cache"),
             disk: Size(1 << 30),
+            open_files: 0,
             max_object_size: Size(1 << 30),
             levels: [16, 256],
             gc: GcMode::Auto,

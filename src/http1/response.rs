@@ -409,6 +409,42 @@ impl<'a> ResponseWriter<'a> {
         Ok(())
     }
 
+    /// Sends `len` body bytes of `file` from `offset` (and the queued head
+    /// before them): on plain TCP with `sendfile`, the head written with
+    /// `MSG_MORE` so head and body share packets. Ok(false) when this
+    /// stream cannot (TLS: the record layer must encrypt the bytes; a
+    /// chunked or bodiless response): nothing was written, send the bytes
+    /// with [`ResponseWriter::send_data`] instead.
+    pub async fn send_file(&mut self, file: &std::fs::File, offset: u64, len: u64) -> io::Result<bool> {
+        // An HTTP/2 stream's DATA frames go through the stream's windows.
+        let Sink::H1(ClientStream::Plain(tcp)) = self.sink else {
+            return Ok(false);
+        };
+        match self.framing {
+            Framing::Length if self.body_bytes + len > self.declared => {
+                self.keep_alive = false;
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "body longer than its Content-Length",
+                ));
+            }
+            Framing::Length | Framing::Close => {}
+            Framing::None | Framing::Chunked => return Ok(false),
+        }
+        if len == 0 {
+            return Ok(true);
+        }
+        let t = self.send_timeout;
+        if let Some(head) = self.pending_head.take() {
+            let r = super::io::send_more(tcp, &head, t).await;
+            r.map_err(|e| self.counted(e))?;
+        }
+        let r = super::io::sendfile_all(tcp, file, offset, len, t).await;
+        r.map_err(|e| self.counted(e))?;
+        self.body_bytes += len;
+        Ok(true)
+    }
+
     /// Ends the response (with trailers, for a chunked body).
     pub async fn finish(&mut self, trailers: Option<&HeaderMap>) -> io::Result<()> {
         if self.framing == Framing::Length && self.body_bytes != self.declared {

@@ -1219,6 +1219,27 @@ async fn send_range(ex: &mut Exchange<'_>, stored: &Stored, r: std::ops::Range<u
     if ex.head.method == Method::HEAD || r.is_empty() {
         return true;
     }
+    // A held, checksummed disk file to a plain-TCP client: `sendfile`.
+    if let Some(file) = stored.body.sendable() {
+        let len = r.end - r.start;
+        match ex.out.send_file(file.file(), file.file_offset(r.start), len).await {
+            Ok(true) => {
+                file.count_sent(len);
+                return true;
+            }
+            Ok(false) => {} // TLS: copied below
+            Err(e) => {
+                // A client that went away is not worth a word; a file
+                // shorter than its envelope said is (and is removed).
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    let e = file.truncated();
+                    tracing::warn!(key = stored.meta.key, "stored body unreadable: {e}");
+                }
+                ex.out.close_after();
+                return false;
+            }
+        }
+    }
     let mut chunks = stored.body.read(r);
     loop {
         match chunks.next().await {

@@ -483,6 +483,27 @@ crate::section! {
         /// Lookups that found no file.
         misses: u64 => Counter, Add, None, "Disk lookups that found no file.",
             prom "portico_cache_disk_misses_total", xml "cache-bucket" "countDiskMisses";
+        /// Files held open between hits now (nginx's `open_file_cache`).
+        open_files: u64 => Gauge, Add, None, "Disk tier files held open between hits.",
+            prom "portico_cache_disk_open_files", xml "cache-bucket" "countDiskOpenFiles";
+        /// Most files held open (`cache.open_files`).
+        open_files_limit: u64 => Gauge, Add, None, "Most disk tier files held open (cache.open_files).",
+            prom "portico_cache_disk_open_files_limit", xml "cache-bucket" "maxDiskOpenFiles";
+        /// Disk hits served from a held-open file.
+        open_file_hits: u64 => Counter, Add, None, "Disk hits served from a held-open file.",
+            prom "portico_cache_disk_open_file_hits_total", xml "cache-bucket" "countDiskOpenFileHits";
+        /// Disk lookups that had to open the file.
+        open_file_misses: u64 => Counter, Add, None, "Disk lookups that had to open the file.",
+            prom "portico_cache_disk_open_file_misses_total", xml "cache-bucket" "countDiskOpenFileMisses";
+        /// Reads of held files done at once from the page cache.
+        reads_nowait: u64 => Counter, Add, None, "Disk reads served from the page cache without the blocking pool.",
+            prom "portico_cache_disk_reads_nowait_total", xml "cache-bucket" "countDiskReadsNowait";
+        /// Reads of held files that went to the blocking pool.
+        reads_blocked: u64 => Counter, Add, None, "Disk reads that would have blocked, run on the blocking pool.",
+            prom "portico_cache_disk_reads_blocked_total", xml "cache-bucket" "countDiskReadsBlocked";
+        /// Body bytes read from or sent out of disk tier files.
+        bytes_read: u64 => Counter, Add, Bytes, "Body bytes read (or sent with sendfile) from disk tier files.",
+            prom "portico_cache_disk_read_bytes_total", xml "cache-bucket" "sizeDiskRead";
         /// Objects written.
         writes: u64 => Counter, Add, None, "Objects written to disk.",
             prom "portico_cache_disk_writes_total", xml "cache-bucket" "countDiskWrites";

@@ -138,6 +138,7 @@ impl Inner {
             _ => return None, // replaced, removed or used since the snapshot
         }
         let key = if read_keys { read_key(&path) } else { None };
+        self.forget_held(c.id);
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // removed by another process
@@ -213,6 +214,7 @@ mod tests {
             hits,
             generation: 0,
             key_ok: true,
+            verified: false,
         }
     }
 

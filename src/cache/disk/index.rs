@@ -53,6 +53,9 @@ pub struct Entry {
     /// The metadata's key hashes to the object's id; when false no lookup
     /// can ever find the object, so the GC evicts it first.
     pub key_ok: bool,
+    /// Its body's checksum matched when read in this process: a reopened
+    /// file of this generation is not checksummed again.
+    pub verified: bool,
 }
 
 /// The sharded map.
@@ -149,6 +152,15 @@ impl Index {
         None
     }
 
+    /// Notes that the checksum of `id`'s file of `generation` matched.
+    pub fn mark_verified(&self, id: ObjectId, generation: u32) {
+        if let Some(e) = self.shard(id).get_mut(&id.0)
+            && e.generation == generation
+        {
+            e.verified = true;
+        }
+    }
+
     /// The entry for an id.
     pub fn get(&self, id: ObjectId) -> Option<Entry> {
         self.shard(id).get(&id.0).copied()
@@ -199,6 +211,7 @@ mod tests {
             hits: 0,
             generation: 1,
             key_ok: true,
+            verified: false,
         }
     }
 

@@ -21,7 +21,10 @@
 //!
 //! All file I/O is blocking; the async methods run it on the blocking pool
 //! (`crate::blocking`, the Sun Java System Web Proxy Server 4's NativePool), never on the
-//! async workers.
+//! async workers, with one exception: a held-open file (`held`) is read
+//! on the worker with `preadv2(RWF_NOWAIT)`, which never waits for the disk
+//! (it fails instead, and the read goes to the pool), or sent with
+//! `sendfile` once its checksum has matched (its pages were just read).
 //! Methods named `*_blocking` do it on the calling thread (CLI, tests).
 //!
 //! Concurrency: every change of an object's file and index entry (commit,
@@ -34,6 +37,7 @@
 
 pub(crate) mod format;
 mod gc;
+mod held;
 pub(crate) mod index;
 mod read;
 mod scan;
@@ -42,6 +46,7 @@ mod write;
 
 pub use format::{Corrupt, Envelope, Layout, Trailer};
 pub use gc::{Evicted, GcReport};
+pub use held::{HELD_VALID_SECS, OpenObject};
 pub use read::{BodyReader, DiskObject};
 pub use scan::{ObjectFile, for_each_object_file};
 pub use stats::{DiskStats, DiskStatsSnapshot, ScanProgress};
@@ -62,6 +67,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Body bytes per chunk returned by `BodyReader::chunk`.
 pub const READ_CHUNK: usize = 64 << 10;
+/// Files held open when `cache.open_files` was left at 0 and not sized
+/// from the open-files limit (library use; a server sizes it).
+const DEFAULT_OPEN_FILES: usize = 1024;
 const PATH_LOCKS: usize = 1024;
 
 /// The byte budget and its watermarks.
@@ -176,6 +184,10 @@ struct Inner {
     /// Other server processes write to the same directory (multi-process
     /// mode): an id missing from our index may still be on disk.
     shared_dir: AtomicBool,
+    /// Files kept open between hits (`cache.open_files`); None: none.
+    held: Option<held::HeldFiles>,
+    /// The directory is on tmpfs or ramfs: reads never wait for a disk.
+    memory_fs: bool,
 }
 
 impl Drop for Inner {
@@ -225,11 +237,18 @@ impl Inner {
             }
             self.index.remove(id);
         }
+        // Whichever file is there now, the held one is not to be trusted.
+        if let Some(h) = &self.held
+            && h.get(id).is_some_and(|o| o.dev == dev && o.ino == ino)
+        {
+            h.remove(id);
+        }
     }
 
     fn remove_blocking(&self, id: ObjectId) -> bool {
         let path = self.layout.path_of(id);
         let _guard = self.lock(id);
+        self.forget_held(id);
         let existed = match fs::remove_file(&path) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -315,6 +334,12 @@ impl DiskStore {
             scan_notify: tokio::sync::Notify::new(),
             pool,
             shared_dir: AtomicBool::new(false),
+            memory_fs: held::on_memory_fs(&cfg.dir),
+            held: held::HeldFiles::new(if cfg.open_files == 0 {
+                DEFAULT_OPEN_FILES
+            } else {
+                cfg.open_files
+            }),
         };
         Ok(DiskStore { inner: Arc::new(inner) })
     }
@@ -454,6 +479,23 @@ impl DiskStore {
         self.inner.contains_blocking(id)
     }
 
+    /// A held-open file of `id` whose checksum has matched and whose path
+    /// was checked recently: a hit served from it needs no system call but
+    /// the body's. Counts as an access (`touch`). None: use `open`.
+    pub fn held(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
+        let obj = self.inner.held_fresh(id)?;
+        let s = &self.inner.stats;
+        s.open_file_hits.fetch_add(1, Ordering::Relaxed);
+        s.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.index.touch(id, secs32(now_secs()));
+        Some(obj)
+    }
+
+    /// Files held open now (at most `cache.open_files`).
+    pub fn held_files(&self) -> usize {
+        self.inner.held_count()
+    }
+
     /// Records an access (a hit served from another tier, say): no I/O.
     pub fn touch(&self, id: ObjectId) -> bool {
         self.inner.index.touch(id, secs32(now_secs()))
@@ -581,6 +623,68 @@ mod tests {
         fs::remove_file(a.path_of(id)).unwrap();
         assert!(b.open_blocking(id).is_none());
         assert_eq!(b.stats().snapshot().objects, 0);
+    }
+
+    fn read_whole(store: &DiskStore, id: ObjectId) -> Vec<u8> {
+        let mut o = store.open_blocking(id).expect("stored");
+        let mut out = Vec::new();
+        while let Some(c) = o.body.chunk_blocking().unwrap() {
+            out.extend_from_slice(&c);
+        }
+        out
+    }
+
+    /// Makes `id`'s held file in `store` look last checked long ago.
+    fn age_held(store: &DiskStore, id: ObjectId) {
+        let held = store.inner.held.as_ref().unwrap().get(id).unwrap();
+        held.checked.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_held_file_replaced_by_another_process_is_noticed_after_its_validity() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let b = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        b.set_shared_dir(true);
+        let id = ObjectId(9);
+        let put = |body: &[u8]| {
+            let mut w = a.writer_blocking(id, &meta("http://h/")).unwrap();
+            w.write_blocking(body).unwrap();
+            w.commit_blocking(0).unwrap();
+        };
+        put(b"version one");
+        // The first open indexes it (stored by another process after b's
+        // scan); the second, of an indexed generation, holds it.
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert!(b.held(id).is_none());
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert!(b.held(id).is_some());
+        // Past the validity, the path still names the held file: kept,
+        // without opening it again.
+        age_held(&b, id);
+        assert!(b.held(id).is_none(), "not used unchecked");
+        let misses = b.stats().snapshot().open_file_misses;
+        assert_eq!(read_whole(&b, id), b"version one");
+        assert_eq!(b.stats().snapshot().open_file_misses, misses);
+        assert!(b.held(id).is_some());
+        // Another process renames a new version over it: b keeps serving
+        // what it holds until the validity ends, then the new version,
+        // checksummed (b's index cannot tell it is new: this one is
+        // damaged, and b notices).
+        put(b"version two!");
+        let path = a.path_of(id);
+        let mut bytes = fs::read(&path).unwrap();
+        let at = bytes.len() - 32 - 3;
+        bytes[at] ^= 0x20;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(b.held(id).unwrap().body_len, 11);
+        age_held(&b, id);
+        let mut o = b.open_blocking(id).expect("the new file opens");
+        assert_eq!(o.body_len, 12);
+        assert!(o.body.chunk_blocking().is_err(), "a damaged new version is caught");
+        assert_eq!(b.stats().snapshot().open_file_misses, misses + 1);
+        assert_eq!(b.stats().snapshot().checksum_failures, 1);
+        assert!(b.held(id).is_none());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! checked, an invalid file removed) and streaming its body in chunks on
 //! the blocking pool, the checksum verified on the last one.
 
-use super::format::{self, Checksum, ReadError, Trailer};
+use super::format::{self, Checksum, ReadError};
+use super::held::OpenObject;
 use super::index::Entry;
 use super::{DiskStore, Inner, READ_CHUNK, blocking, key_matches, now_secs, secs32};
 use crate::blocking::{BlockingPool, PoolError};
@@ -12,8 +13,8 @@ use bytes::Bytes;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 impl Inner {
     pub(super) fn miss(&self) -> Option<DiskObject> {
@@ -32,7 +33,19 @@ impl Inner {
         if entry.is_none() && !self.may_exist_unindexed() {
             return self.miss();
         }
+        // A held file past its validity: still the file the path names?
+        if entry.is_some()
+            && let Some(obj) = self.held_recheck(id)
+        {
+            self.stats.open_file_hits.fetch_add(1, Ordering::Relaxed);
+            self.index.touch(id, secs32(now_secs()));
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            return Some(DiskObject::from_open(obj, self.pool.clone()));
+        }
         let path = self.layout.path_of(id);
+        if self.held.is_some() {
+            self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
+        }
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) => {
@@ -86,34 +99,51 @@ impl Inner {
                     hits: 0,
                     generation: self.index.next_generation(),
                     key_ok: key_matches(id, &meta),
+                    verified: false,
                 },
             );
         }
         self.index.touch(id, secs32(now_secs()));
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        Some(DiskObject {
+        // Checked already in this process (the file was closed to make room
+        // since): not again, as for a held file. Only if the file opened is
+        // that generation: under the id's lock, a replacement (rename and
+        // index update together) is either wholly before or after.
+        // Not when other processes write here: they replace files without
+        // changing our index's generation.
+        let verified = !self.shared_dir.load(Ordering::Relaxed)
+            && entry.is_some_and(|before| {
+                let _guard = self.lock(id);
+                self.index
+                    .get(id)
+                    .is_some_and(|now| now.generation == before.generation && now.verified)
+            });
+        let obj = Arc::new(OpenObject {
+            file,
             id,
-            meta,
+            dev: env.dev,
+            ino: env.ino,
+            // Held only while it is the indexed version (`hold`); the
+            // generation read before the open may already be older than the
+            // file opened, which then is simply not held.
+            generation: entry.map_or(0, |e| e.generation),
+            meta: Arc::new(meta),
+            body_off: env.body_offset(),
             body_len: env.trailer.body_len,
             expires: env.trailer.expires,
             file_len: env.file_len,
-            body: BodyReader {
-                state: Some(Box::new(ReadState {
-                    off: env.body_offset(),
-                    left: env.trailer.body_len,
-                    sum: Some(Checksum::new(&env.meta)),
-                    trailer: env.trailer,
-                    file,
-                    id,
-                    dev: env.dev,
-                    ino: env.ino,
-                    store: Arc::downgrade(self),
-                })),
-                remaining: env.trailer.body_len,
-                failed: None,
-                pool: self.pool.clone(),
-            },
-        })
+            trailer: env.trailer,
+            verified: AtomicBool::new(verified),
+            checked: AtomicU64::new(now_secs()),
+            store: Arc::downgrade(self),
+        });
+        self.hold(&obj);
+        let checksum = !obj.verified();
+        let mut found = DiskObject::from_open(obj, self.pool.clone());
+        if checksum && let Some(st) = found.body.state.as_mut() {
+            st.sum = Some(Checksum::new(&env.meta));
+        }
+        Some(found)
     }
 }
 
@@ -168,43 +198,71 @@ pub struct DiskObject {
     pub file_len: u64,
     /// The body, streamed.
     pub body: BodyReader,
+    /// The open file: positional reads (ranges), `sendfile`, and whether
+    /// its checksum has matched in this process.
+    pub file: Arc<OpenObject>,
+}
+
+impl DiskObject {
+    /// A reader over an open file; it checksums the body only when given
+    /// the metadata bytes to start from (`sum`), i.e. on a fresh open.
+    fn from_open(obj: Arc<OpenObject>, pool: BlockingPool) -> DiskObject {
+        DiskObject {
+            id: obj.id,
+            meta: (*obj.meta).clone(),
+            body_len: obj.body_len,
+            expires: obj.expires,
+            file_len: obj.file_len,
+            body: BodyReader {
+                state: Some(Box::new(ReadState {
+                    off: obj.body_off,
+                    left: obj.body_len,
+                    sum: None,
+                    obj: obj.clone(),
+                })),
+                remaining: obj.body_len,
+                failed: None,
+                pool,
+            },
+            file: obj,
+        }
+    }
 }
 
 struct ReadState {
-    file: File,
+    obj: Arc<OpenObject>,
     off: u64,
     left: u64,
+    /// The running checksum; None when the file is not checksummed on this
+    /// read (it matched before) or once it has been checked.
     sum: Option<Checksum>,
-    trailer: Trailer,
-    id: ObjectId,
-    dev: u64,
-    ino: u64,
-    store: Weak<Inner>,
 }
 
 impl ReadState {
     fn fail(&mut self, why: &'static str, checksum: bool) -> io::Error {
         self.sum = None;
-        if let Some(inner) = self.store.upgrade() {
+        self.left = 0;
+        let o = &self.obj;
+        if let Some(inner) = o.store.upgrade() {
             if checksum {
                 inner.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
             }
-            inner.remove_corrupt(self.id, self.dev, self.ino, why);
+            inner.remove_corrupt(o.id, o.dev, o.ino, why);
         }
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("cached object {} is corrupt: {why}", self.id),
+            format!("cached object {} is corrupt: {why}", o.id),
         )
     }
 
     fn next(&mut self) -> io::Result<Option<Bytes>> {
-        if self.sum.is_none() {
+        let n = self.left.min(READ_CHUNK as u64) as usize;
+        if n == 0 && self.sum.is_none() {
             return Ok(None);
         }
-        let n = self.left.min(READ_CHUNK as u64) as usize;
         let mut buf = vec![0u8; n];
         if n > 0 {
-            if let Err(e) = self.file.read_exact_at(&mut buf, self.off) {
+            if let Err(e) = self.obj.file.read_exact_at(&mut buf, self.off) {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     return Err(self.fail("truncated while reading", false));
                 }
@@ -218,11 +276,17 @@ impl ReadState {
         }
         if self.left == 0
             && let Some(sum) = self.sum.take()
-            && sum.finish(self.trailer.body_len, self.trailer.expires) != self.trailer.checksum
         {
-            return Err(self.fail("checksum mismatch", true));
+            let t = self.obj.trailer;
+            if sum.finish(t.body_len, t.expires) != t.checksum {
+                return Err(self.fail("checksum mismatch", true));
+            }
+            self.obj.verified.store(true, Ordering::Release);
+            if let Some(inner) = self.obj.store.upgrade() {
+                inner.index.mark_verified(self.obj.id, self.obj.generation);
+            }
         }
-        if let Some(inner) = self.store.upgrade() {
+        if let Some(inner) = self.obj.store.upgrade() {
             inner.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok((n > 0).then(|| Bytes::from(buf)))

@@ -200,6 +200,7 @@ fn scan_file(inner: &Inner, id: ObjectId, path: &Path, relocate: bool) {
             hits: 0,
             generation: inner.index.next_generation(),
             key_ok: key_matches(id, &meta),
+            verified: false,
         },
     );
 }

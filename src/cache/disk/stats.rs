@@ -23,6 +23,16 @@ pub struct DiskStats {
     pub misses: AtomicU64,
     /// Body bytes read.
     pub bytes_read: AtomicU64,
+    /// Lookups answered from a held-open file (`cache.open_files`).
+    pub open_file_hits: AtomicU64,
+    /// Lookups that had to open the file.
+    pub open_file_misses: AtomicU64,
+    /// Body reads from held files done on the async worker
+    /// (`preadv2(RWF_NOWAIT)`: the bytes were in the page cache).
+    pub reads_nowait: AtomicU64,
+    /// Body reads from held files handed to the blocking pool (they would
+    /// have waited for the disk).
+    pub reads_blocked: AtomicU64,
     /// Bodies whose checksum did not match when read to the end.
     pub checksum_failures: AtomicU64,
     /// Invalid or corrupt files removed (on open, read, scan).
@@ -70,6 +80,14 @@ pub struct DiskStatsSnapshot {
     /// See `DiskStats`.
     pub bytes_read: u64,
     /// See `DiskStats`.
+    pub open_file_hits: u64,
+    /// See `DiskStats`.
+    pub open_file_misses: u64,
+    /// See `DiskStats`.
+    pub reads_nowait: u64,
+    /// See `DiskStats`.
+    pub reads_blocked: u64,
+    /// See `DiskStats`.
     pub checksum_failures: u64,
     /// See `DiskStats`.
     pub corrupt_removed: u64,
@@ -98,6 +116,10 @@ impl DiskStats {
             reads: l(&self.reads),
             misses: l(&self.misses),
             bytes_read: l(&self.bytes_read),
+            open_file_hits: l(&self.open_file_hits),
+            open_file_misses: l(&self.open_file_misses),
+            reads_nowait: l(&self.reads_nowait),
+            reads_blocked: l(&self.reads_blocked),
             checksum_failures: l(&self.checksum_failures),
             corrupt_removed: l(&self.corrupt_removed),
             evictions: l(&self.evictions),

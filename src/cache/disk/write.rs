@@ -26,6 +26,7 @@ impl Inner {
     fn publish(&self, id: ObjectId, tmp: &Path, entry: Entry) -> io::Result<()> {
         let path = self.layout.path_of(id);
         let guard = self.lock(id);
+        self.forget_held(id);
         if let Err(e) = fs::rename(tmp, &path) {
             if e.kind() != io::ErrorKind::NotFound {
                 return Err(e);
@@ -146,6 +147,7 @@ impl Inner {
             hits: old_entry.map_or(0, |e| e.hits),
             generation: self.index.next_generation(),
             key_ok: st.key_ok,
+            verified: false,
         };
         // Publish only over the very file we copied from: if a new object
         // was committed meanwhile, it wins and this update is dropped.
@@ -154,6 +156,7 @@ impl Inner {
             Ok(m) if m.dev() == env.dev && m.ino() == env.ino => {}
             _ => return Ok(false),
         }
+        self.forget_held(id);
         fs::rename(&st.tmp, &path)?;
         st.done = true;
         self.index.insert(id, entry);
@@ -261,6 +264,7 @@ impl WriteState {
             hits: 0,
             generation: inner.index.next_generation(),
             key_ok: self.key_ok,
+            verified: false,
         };
         inner.publish(id, &self.tmp, entry)?;
         self.done = true;

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Disk-tier hits, measured by hand (bench/README.md, "Disk-tier hits").
+
+The object set of bench/run (10,000 objects, exp 13 KiB, nginx origin on
+127.0.0.1:38080 pinned to CPU 1), Portico as a reverse proxy on
+127.0.0.1:38081 pinned to CPU 0 with a 16 MiB memory tier and a 1 GiB disk
+tier, both under /dev/shm/dh; every object fetched twice (stored, then read
+once from disk), then:
+
+  diskhit.py PORTICO_BIN wrk ROUNDS SECONDS   wrk -t1 -c64 random hits (CPU 1):
+                                              req/s, Portico CPU, req per core
+  diskhit.py PORTICO_BIN callgrind N          Portico restarted under callgrind
+                                              (instrumentation off), every object
+                                              read again, then N sequential random
+                                              hits instrumented: instructions/request
+  diskhit.py PORTICO_BIN strace N             strace -c -f over N sequential hits:
+                                              system calls per request
+  diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
+
+DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000').
+Ports 38080/38081 keep it clear of bench/run's.
+"""
+import os, sys, time, json, random, subprocess, signal, http.client, shutil, re
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench
+W = "/dev/shm/dh"
+ORIGIN, PORT = 38080, 38081
+CLK = os.sysconf("SC_CLK_TCK")
+
+def setup_data():
+    data = f"{W}/data"
+    if not os.path.exists(f"{data}/o/09999"):
+        shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
+        bench.generate_objects(data)
+    paths = [f"/o/{i:05d}" for i in range(10000)]
+    open(f"{W}/paths.txt", "w").write("\n".join(paths) + "\n")
+    return data, paths
+
+def start_origin(data):
+    d = f"{W}/origin"; shutil.rmtree(d, ignore_errors=True); os.makedirs(d)
+    conf = bench.origin_conf(d, data).replace("28080", str(ORIGIN))
+    open(f"{d}/nginx.conf", "w").write(conf)
+    p = subprocess.Popen(["taskset", "-c", "1", "nginx", "-e", f"{d}/err.log", "-p", d, "-c", f"{d}/nginx.conf"], start_new_session=True)
+    wait(ORIGIN, "/o/00000"); return p
+
+def wait(port, path, t=60):
+    end = time.time() + t
+    while time.time() < end:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2); c.request("GET", path); r = c.getresponse(); r.read(); c.close(); return
+        except Exception: time.sleep(0.2)
+    raise SystemExit(f"port {port} not ready")
+
+def portico_conf(extra=""):
+    return f"""[server]
+workers = 1
+[[listener]]
+address = "127.0.0.1:{PORT}"
+mode = "reverse"
+[keepalive]
+max_requests = 0
+timeout = "120s"
+[[upstream]]
+name = "origin"
+servers = ["127.0.0.1:{ORIGIN}"]
+[[rule]]
+upstream = "origin"
+[cache]
+memory = "16MiB"
+disk = "1GiB"
+dir = "{W}/cache"
+{os.environ.get("DH_CACHE", "")}
+[log]
+access = ""
+level = "warn"
+{extra}"""
+
+def start_portico(binary, wrap=()):
+    open(f"{W}/portico.toml", "w").write(portico_conf(os.environ.get("DH_EXTRA", "")))
+    p = subprocess.Popen(["taskset", "-c", "0", *wrap, binary, "run", "-c", f"{W}/portico.toml"], start_new_session=True, stderr=open(f"{W}/portico.err", "a"))
+    wait(PORT, "/o/00000", 300); return p
+
+def client_run(paths, n, seed=1):
+    rng = random.Random(seed)
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+    disk = 0
+    for i in range(n):
+        c.request("GET", rng.choice(paths)); r = c.getresponse(); b = r.read()
+        if r.status != 200: raise SystemExit(f"status {r.status}")
+    c.close()
+
+def prefill(paths):
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+    for p in paths:
+        c.request("GET", p); r = c.getresponse(); r.read()
+    c.close()
+
+def stats():
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30); c.request("GET", "/.stats.json"); r = c.getresponse(); j = json.loads(r.read()); c.close(); return j
+
+def jiffies(pid):
+    tot = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        s = open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()
+        tot += int(s[11]) + int(s[12])
+    return tot
+
+def stop(p):
+    try: os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError: pass
+    try: p.wait(30)
+    except Exception: os.killpg(p.pid, signal.SIGKILL); p.wait()
+
+def disk_counters():
+    j = stats()
+    def find(o):
+        if isinstance(o, dict):
+            if "checksum_failures" in o and "reads" in o: return o
+            for v in o.values():
+                r = find(v)
+                if r: return r
+    d = find(j) or {}
+    return {k: v for k, v in d.items() if isinstance(v, (int, float))}
+
+def main():
+    binary, mode = sys.argv[1], sys.argv[2]
+    os.makedirs(W, exist_ok=True)
+    data, paths = setup_data()
+    shutil.rmtree(f"{W}/cache", ignore_errors=True)
+    lua = f"{W}/hits.lua"
+    open(lua, "w").write(bench.WRK_RANDOM % {"paths": f"{W}/paths.txt", "seed": bench.SEED})
+    origin = start_origin(data)
+    procs = [origin]
+    try:
+        pt = start_portico(binary); procs.append(pt)
+        prefill(paths); prefill(paths)
+        if mode == "wrk":
+            rounds, dur = int(sys.argv[3]), int(sys.argv[4])
+            subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d3s", "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True)
+            d0 = disk_counters()
+            res = []
+            for i in range(rounds):
+                j0, t0 = jiffies(pt.pid), time.time()
+                out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
+                j1, t1 = jiffies(pt.pid), time.time()
+                reqs = int(re.search(r"(\d+) requests in", out).group(1))
+                non2xx = re.search(r"Non-2xx.*?(\d+)", out)
+                p99 = re.search(r"99%\s+(\S+)", out).group(1)
+                cpu = (j1 - j0) / CLK / (t1 - t0)
+                rps = reqs / (t1 - t0)
+                res.append((rps, cpu, rps / cpu))
+                print(f"round {i}: {rps:,.0f} req/s, proxy CPU {cpu:.2f}, {rps/cpu:,.0f} req/core, p99 {p99}, non2xx {non2xx.group(1) if non2xx else 0}", flush=True)
+            d1 = disk_counters()
+            print("disk counters delta:", {k: d1[k] - d0.get(k, 0) for k in d1 if d1[k] != d0.get(k, 0)})
+            res.sort(key=lambda r: r[2]); print(f"median requests per core: {res[len(res)//2][2]:,.0f}")
+        elif mode == "serve":
+            print("ready", pt.pid, flush=True)
+            time.sleep(int(sys.argv[3]))
+        elif mode in ("callgrind", "strace"):
+            n = int(sys.argv[3])
+            client_run(paths, 500, seed=7)
+            d0 = disk_counters()
+            if mode == "callgrind":
+                stop(pt); procs.remove(pt)
+                wrap = ("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={W}/cg.out")
+                pt = start_portico(binary, wrap); procs.append(pt)
+                prefill(paths)
+                client_run(paths, 500, seed=7)
+                d0 = disk_counters()
+                subprocess.run(["callgrind_control", "-i", "on", str(pt.pid)], check=True, capture_output=True)
+                client_run(paths, n, seed=9)
+                subprocess.run(["callgrind_control", "-d", str(pt.pid)], check=True, capture_output=True)
+                subprocess.run(["callgrind_control", "-i", "off", str(pt.pid)], check=True, capture_output=True)
+                time.sleep(1)
+                dumps = sorted(f for f in os.listdir(W) if f.startswith("cg.out"))
+                ir = 0
+                for f in dumps:
+                    for line in open(f"{W}/{f}"):
+                        if line.startswith("summary:") or line.startswith("totals:"):
+                            ir = max(ir, int(line.split()[1]))
+                print(f"dumps {dumps}; Ir {ir:,}; instructions per request: {ir / n:,.0f}")
+                for f in dumps: os.rename(f"{W}/{f}", f"{W}/last-{f}")
+            if mode == "strace":
+                st = subprocess.Popen(["strace", "-c", "-f", "-o", f"{W}/strace.txt", "-p", str(pt.pid)])
+                time.sleep(1.5)
+                client_run(paths, n, seed=9)
+                st.send_signal(signal.SIGINT); st.wait()
+                txt = open(f"{W}/strace.txt").read(); print(txt)
+                total = int([l for l in txt.splitlines() if l.rstrip().endswith("total")][0].split()[3])
+                print(f"syscalls per request: {total / n:.1f}")
+            d1 = disk_counters()
+            print("disk counters delta:", {k: d1[k] - d0.get(k, 0) for k in d1 if d1[k] != d0.get(k, 0)})
+    finally:
+        for p in reversed(procs): stop(p)
+
+if __name__ == "__main__":
+    main()

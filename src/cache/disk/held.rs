@@ -1,0 +1,331 @@
+//! Held-open object files: nginx's `open_file_cache` for the disk tier.
+//!
+//! A hit on a disk object normally costs `open`, `fstat`, a read of the
+//! envelope, decoding the metadata, the body read and `close`, all on the
+//! blocking pool. An object whose file was opened once stays open here (at
+//! most `cache.open_files` of them, the least used dropped first), with its
+//! metadata decoded and its place in the file known, so the next hit costs
+//! a map lookup and the body's bytes: read with `preadv2(RWF_NOWAIT)` on the
+//! async worker when they are in the page cache (the pool only when that
+//! would block), or sent with `sendfile` to a plain-TCP client.
+//!
+//! What is checked when:
+//! - the envelope (magics, size equation, metadata) on every open, as before;
+//! - the body checksum when written, and on the first complete read of
+//!   each object version in each process (so after every restart); the
+//!   index entry remembers it (`Entry::verified`, reset by every commit), so
+//!   neither hits on a held file nor a reopen of a file closed to make room
+//!   checksum it again (except with a directory shared by worker processes,
+//!   where another process may have replaced the file unseen by our index:
+//!   there every reopen checksums). A file changed in place after that (never done by
+//!   Portico: objects are replaced by rename) is only caught after a
+//!   restart;
+//! - ranges are read at their offset and never checksummed (they do not
+//!   read the whole body), as before.
+//!
+//! Validity: every change of an object in this process (commit, metadata
+//! update, removal, purge, GC eviction, a corrupt file removed) drops the
+//! held file under the id's lock. Changes by other processes (the workers of
+//! `server.processes` sharing the directory, `portico cache gc` beside a
+//! server) are not seen that way, so a held file is used for at most
+//! `HELD_VALID` before the path is checked again (nginx's
+//! `open_file_cache_valid`): still the same file, it is kept, else reopened.
+
+use super::format::Trailer;
+use super::{Inner, READ_CHUNK, blocking, now_secs};
+use crate::cache::key::ObjectId;
+use crate::cache::object::StoredMeta;
+use bytes::{Bytes, BytesMut};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Whether `dir` is on a file system held in memory (tmpfs, ramfs): its
+/// reads never wait for a disk, though it refuses `RWF_NOWAIT`.
+pub(super) fn on_memory_fs(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct we pass and reads the
+    // NUL-terminated path, which outlives the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs by target
+    let t = st.f_type as i64;
+    t == TMPFS_MAGIC || t == RAMFS_MAGIC
+}
+
+/// How long a held file is used before its path is checked again (seconds).
+pub const HELD_VALID_SECS: u64 = 30;
+
+/// An object file opened and checked: its metadata decoded and where its
+/// body is. Shared by every request reading it; the file is closed when the
+/// last of them and the held-file cache let go of it.
+pub struct OpenObject {
+    pub(super) file: File,
+    pub(super) id: ObjectId,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    /// The index generation this file was (0: not indexed when opened).
+    pub(super) generation: u32,
+    /// Its metadata.
+    pub meta: Arc<StoredMeta>,
+    pub(super) body_off: u64,
+    /// Body length in bytes.
+    pub body_len: u64,
+    /// Expiry hint given at commit (unix seconds, 0 = unknown).
+    pub expires: u64,
+    /// File size on disk.
+    pub file_len: u64,
+    pub(super) trailer: Trailer,
+    /// The body's checksum matched since this process opened the file.
+    pub(super) verified: AtomicBool,
+    /// When the path last named this file (unix seconds).
+    pub(super) checked: AtomicU64,
+    pub(super) store: Weak<Inner>,
+}
+
+impl std::fmt::Debug for OpenObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenObject")
+            .field("id", &self.id)
+            .field("body_len", &self.body_len)
+            .finish()
+    }
+}
+
+/// A non-blocking read: `preadv2` with `RWF_NOWAIT` reads what the page
+/// cache holds and fails with `EAGAIN` rather than wait for the disk.
+/// `Ok(None)`: it would block (or the file system cannot say), read on the
+/// blocking pool instead.
+fn pread_nowait(file: &File, buf: &mut [u8], off: u64) -> io::Result<Option<usize>> {
+    let Ok(off) = libc::off_t::try_from(off) else {
+        return Ok(None);
+    };
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: `iov` points at `buf`, which is valid for writes of its whole
+    // length and outlives the call; the descriptor is owned by `file`.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off, libc::RWF_NOWAIT) };
+    if n >= 0 {
+        return Ok(Some(n as usize));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => Ok(None),
+        Some(libc::EINTR) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+impl OpenObject {
+    /// Whether the body's checksum matched since this process opened the
+    /// file (its hits then skip the checksum and may use `sendfile`).
+    pub fn verified(&self) -> bool {
+        self.verified.load(Ordering::Acquire)
+    }
+
+    /// The file, for `sendfile`.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Where body byte `n` is in the file.
+    pub fn file_offset(&self, n: u64) -> u64 {
+        self.body_off + n
+    }
+
+    /// The file held less than its envelope promised (truncated under us):
+    /// it is removed, never served again.
+    pub fn truncated(&self) -> io::Error {
+        if let Some(inner) = self.store.upgrade() {
+            inner.remove_corrupt(self.id, self.dev, self.ino, "truncated while reading");
+        }
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("cached object {} is corrupt: truncated while reading", self.id),
+        )
+    }
+
+    /// Counts body bytes sent from the file (by `sendfile`).
+    pub fn count_sent(&self, n: u64) {
+        if let Some(inner) = self.store.upgrade() {
+            inner.stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the body bytes from body offset `from` up to `to`, at most
+    /// `READ_CHUNK` of them (fewer at the end of the body): from the page
+    /// cache on the calling thread when it holds them, else on the
+    /// blocking pool. Not checksummed.
+    pub async fn read_at(self: &Arc<Self>, from: u64, to: u64) -> io::Result<Bytes> {
+        let n = to.min(self.body_len).saturating_sub(from).min(READ_CHUNK as u64) as usize;
+        if n == 0 {
+            return Ok(Bytes::new());
+        }
+        let mut buf = BytesMut::zeroed(n);
+        let inner = self.store.upgrade();
+        let memory_fs = inner.as_ref().is_some_and(|i| i.memory_fs);
+        let nowait = if memory_fs {
+            // tmpfs refuses RWF_NOWAIT (EOPNOTSUPP) but never waits for a
+            // disk: a plain read is what the non-blocking one would be.
+            match self.file.read_at(&mut buf, self.file_offset(from)) {
+                Ok(got) => Some(got),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            pread_nowait(&self.file, &mut buf, self.file_offset(from))?
+        };
+        if let Some(got) = nowait
+            && got == n
+        {
+            if let Some(i) = &inner {
+                i.stats.reads_nowait.fetch_add(1, Ordering::Relaxed);
+                i.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            return Ok(buf.freeze());
+        }
+        let Some(inner) = inner else {
+            return Err(io::Error::other("the disk cache was shut down"));
+        };
+        inner.stats.reads_blocked.fetch_add(1, Ordering::Relaxed);
+        let obj = self.clone();
+        let r = blocking(&inner.pool, move || {
+            let r = obj.file.read_exact_at(&mut buf, obj.file_offset(from));
+            (buf, r)
+        })
+        .await?;
+        match r {
+            (buf, Ok(())) => {
+                inner.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(buf.freeze())
+            }
+            (_, Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Err(self.truncated()),
+            (_, Err(e)) => Err(e),
+        }
+    }
+
+    /// Reads the whole body (for the memory tier), as [`OpenObject::read_at`].
+    pub async fn read_all(self: &Arc<Self>) -> io::Result<Bytes> {
+        if self.body_len <= READ_CHUNK as u64 {
+            return self.read_at(0, self.body_len).await;
+        }
+        let mut out = BytesMut::with_capacity(usize::try_from(self.body_len).unwrap_or(0));
+        while (out.len() as u64) < self.body_len {
+            let c = self.read_at(out.len() as u64, self.body_len).await?;
+            if c.is_empty() {
+                return Err(self.truncated());
+            }
+            out.extend_from_slice(&c);
+        }
+        Ok(out.freeze())
+    }
+}
+
+/// The held files of a store, bounded (quick_cache's S3-FIFO: a file used
+/// once does not push out files used again).
+pub(super) struct HeldFiles {
+    files: quick_cache::sync::Cache<ObjectId, Arc<OpenObject>>,
+}
+
+impl HeldFiles {
+    /// At most `capacity` files; None when 0.
+    pub(super) fn new(capacity: usize) -> Option<HeldFiles> {
+        (capacity > 0).then(|| HeldFiles {
+            files: quick_cache::sync::Cache::new(capacity),
+        })
+    }
+
+    pub(super) fn get(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
+        self.files.get(&id)
+    }
+
+    pub(super) fn insert(&self, obj: Arc<OpenObject>) {
+        self.files.insert(obj.id, obj);
+    }
+
+    pub(super) fn remove(&self, id: ObjectId) {
+        self.files.remove(&id);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.files.len()
+    }
+}
+
+impl Inner {
+    /// Drops the held file of `id` (its object changed or went away).
+    /// Called with the id's lock held, so no open can hold the old file
+    /// again (`hold` checks the index generation under the same lock).
+    pub(super) fn forget_held(&self, id: ObjectId) {
+        if let Some(h) = &self.held {
+            h.remove(id);
+        }
+    }
+
+    /// Keeps `obj` open for later hits if it is still the indexed version.
+    pub(super) fn hold(&self, obj: &Arc<OpenObject>) {
+        let Some(h) = &self.held else { return };
+        if obj.generation == 0 {
+            return;
+        }
+        let _guard = self.lock(obj.id);
+        if self.index.get(obj.id).is_some_and(|e| e.generation == obj.generation) {
+            h.insert(obj.clone());
+        }
+    }
+
+    /// A held file that may be used without any system call: checksummed
+    /// already, and its path checked within `HELD_VALID_SECS`.
+    pub(super) fn held_fresh(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
+        let obj = self.held.as_ref()?.get(id)?;
+        if !obj.verified() || now_secs().saturating_sub(obj.checked.load(Ordering::Relaxed)) >= HELD_VALID_SECS {
+            return None;
+        }
+        Some(obj)
+    }
+
+    /// A checksummed held file past `HELD_VALID_SECS`: kept when the path
+    /// still names it (checked with `stat`, no read), else dropped. A held
+    /// file not checksummed yet is not used: the caller opens the file
+    /// again and reads it checksummed. Blocking.
+    pub(super) fn held_recheck(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
+        use std::os::unix::fs::MetadataExt;
+        let obj = self.held.as_ref()?.get(id)?;
+        if !obj.verified() {
+            return None;
+        }
+        match std::fs::symlink_metadata(self.layout.path_of(id)) {
+            Ok(m) if m.dev() == obj.dev && m.ino() == obj.ino && m.len() == obj.file_len => {
+                obj.checked.store(now_secs(), Ordering::Relaxed);
+                Some(obj)
+            }
+            _ => {
+                let _guard = self.lock(id);
+                if let Some(h) = &self.held
+                    && h.get(id).is_some_and(|o| Arc::ptr_eq(&o, &obj))
+                {
+                    h.remove(id);
+                }
+                None
+            }
+        }
+    }
+
+    /// Held files now.
+    pub(super) fn held_count(&self) -> usize {
+        self.held.as_ref().map_or(0, HeldFiles::len)
+    }
+}

@@ -1,0 +1,187 @@
+//! Disk tier hits through the real binary: a hit keeps the object's file
+//! open for the next (nginx's `open_file_cache`), the bytes stay right when
+//! the object is replaced or purged while its file is held, a Range is read
+//! at its offset and a multipart Range opens the file once. Each figure is
+//! read from the statistics (`/.stats.json`, `cache.disk`).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+
+/// A forward proxy whose memory tier keeps nothing over 4 KiB, so `/large`
+/// lives on disk only.
+async fn proxy(cache_dir: &Path) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\n",
+        cache_dir.display()
+    ))
+    .await
+}
+
+/// `/large`: 100 KiB of the pattern, fresh for an hour. `/versioned`:
+/// 50,000 bytes of the request number's digit, so a refetch shows.
+async fn origin() -> (Origin, Arc<AtomicUsize>) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    let origin = Origin::start(move |req| {
+        let n = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let r = match req.uri.path() {
+                "/versioned" => Response::ok(format!("{}", n % 10).repeat(50_000)),
+                _ => Response::ok("").generated(100 << 10),
+            };
+            r.header("Cache-Control", "max-age=3600")
+        }
+    })
+    .await;
+    (origin, count)
+}
+
+async fn get(p: &Portico, origin: &Origin, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    request(p, origin, "GET", path, headers).await
+}
+
+async fn request(p: &Portico, origin: &Origin, method: &str, path: &str, headers: &[(&str, &str)]) -> ParsedResponse {
+    let o = origin.addr();
+    let mut req = format!("{method} http://{o}{path} HTTP/1.1\r\nHost: {o}\r\n");
+    for (name, value) in headers {
+        req += &format!("{name}: {value}\r\n");
+    }
+    req += "Connection: close\r\n\r\n";
+    parse_response(&raw_request_timeout(p.addr(), req.as_bytes(), Duration::from_secs(30)).await)
+}
+
+/// The disk tier's counters.
+async fn disk(p: &Portico) -> serde_json::Value {
+    let req = format!(
+        "GET /.stats.json HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        p.addr()
+    );
+    let r = parse_response(&raw_request(p.addr(), req.as_bytes()).await);
+    let json: serde_json::Value = serde_json::from_str(&r.body_str()).expect("JSON");
+    json["snapshot"]["cache"]["disk"].clone()
+}
+
+fn n(v: &serde_json::Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no counter {key} in {v}"))
+}
+
+fn x_cache(r: &ParsedResponse) -> &str {
+    r.header("x-cache").unwrap_or("<none>")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_hit_keeps_the_file_open_for_the_next_one() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(cache.path()).await;
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert_eq!((r.status, r.body.len()), (200, 100 << 10));
+    let before = disk(&p).await;
+    // The first hit opens the file (and checks its checksum)...
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    let after_first = disk(&p).await;
+    assert_eq!(n(&after_first, "open_file_misses") - n(&before, "open_file_misses"), 1);
+    assert_eq!(n(&after_first, "open_files"), 1);
+    // ... the next ones use the file held open: no open at all.
+    for _ in 0..3 {
+        let r = get(&p, &origin, "/large", &[]).await;
+        assert_eq!(x_cache(&r), "HIT");
+        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    let later = disk(&p).await;
+    assert_eq!(n(&later, "open_file_misses"), n(&after_first, "open_file_misses"));
+    assert_eq!(n(&later, "open_file_hits") - n(&after_first, "open_file_hits"), 3);
+    assert!(n(&later, "open_files_limit") >= 16, "{later}");
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bytes_stay_right_when_a_held_object_is_replaced_or_purged() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(cache.path()).await;
+    let body = |r: &ParsedResponse| r.body_str();
+    assert_eq!(body(&get(&p, &origin, "/versioned", &[]).await), "1".repeat(50_000));
+    // Held open after two hits.
+    for _ in 0..2 {
+        let r = get(&p, &origin, "/versioned", &[]).await;
+        assert_eq!((x_cache(&r), body(&r)), ("HIT", "1".repeat(50_000)));
+    }
+    assert_eq!(n(&disk(&p).await, "open_files"), 1);
+    // Replaced (a reload fetches and stores version 2): hits serve it.
+    let r = get(&p, &origin, "/versioned", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(body(&r), "2".repeat(50_000));
+    for _ in 0..2 {
+        let r = get(&p, &origin, "/versioned", &[]).await;
+        assert_eq!((x_cache(&r), body(&r)), ("HIT", "2".repeat(50_000)));
+    }
+    // Purged: the held file goes with it; the next request is a miss.
+    let r = request(&p, &origin, "PURGE", "/versioned", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let r = get(&p, &origin, "/versioned", &[]).await;
+    assert_ne!(x_cache(&r), "HIT");
+    assert_eq!(body(&r), "3".repeat(50_000));
+    let r = get(&p, &origin, "/versioned", &[]).await;
+    assert_eq!((x_cache(&r), body(&r)), ("HIT", "3".repeat(50_000)));
+    assert_eq!(fetched.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_of_a_disk_object_is_read_from_its_offset() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, _) = origin().await;
+    let p = proxy(cache.path()).await;
+    assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    // Twice: from a file just opened, then from the file held open.
+    for round in 0..2 {
+        let before = disk(&p).await;
+        let r = get(&p, &origin, "/large", &[("Range", "bytes=90000-90099")]).await;
+        assert_eq!(r.status, 206, "round {round}");
+        assert_eq!(r.header("content-range"), Some("bytes 90000-90099/102400"));
+        assert!(r.body.len() == 100 && pattern_matches(90_000, &r.body), "round {round}");
+        let after = disk(&p).await;
+        // Only the 100 bytes asked for, not the 90,000 before them.
+        assert_eq!(n(&after, "bytes_read") - n(&before, "bytes_read"), 100, "round {round}");
+        // Make the file checksummed and held for the second round.
+        assert!(pattern_matches(0, &get(&p, &origin, "/large", &[]).await.body));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_range_opens_the_file_once() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, _) = origin().await;
+    let p = proxy(cache.path()).await;
+    assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    let before = disk(&p).await;
+    // Decreasing order (kept so, RFC 9110 14.6): the second part lies
+    // before the first.
+    let r = get(&p, &origin, "/large", &[("Range", "bytes=90000-90009,10-19")]).await;
+    assert_eq!(r.status, 206);
+    let after = disk(&p).await;
+    assert_eq!(n(&after, "reads") - n(&before, "reads"), 1, "one open for both parts");
+    assert_eq!(n(&after, "bytes_read") - n(&before, "bytes_read"), 20);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let first = text
+        .find("Content-Range: bytes 90000-90009/102400")
+        .expect("first part");
+    let second = text.find("Content-Range: bytes 10-19/102400").expect("second part");
+    assert!(first < second, "parts in the order asked");
+    // Each part's 10 bytes follow its headers' blank line.
+    let part = |at: usize| {
+        let start = at + r.body[at..].windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        r.body[start..start + 10].to_vec()
+    };
+    assert!(pattern_matches(90_000, &part(first)));
+    assert!(pattern_matches(10, &part(second)));
+}
