@@ -201,6 +201,9 @@ pub struct H2Out {
     respond: SendResponse<Bytes>,
     head: Option<http::Response<()>>,
     send: Option<SendStream<Bytes>>,
+    /// The stream has been reset already (a send timeout sends CANCEL):
+    /// `abort` neither resets nor counts it again.
+    reset: bool,
 }
 
 /// An `h2` error as an I/O error for the writer's callers; a reset by the
@@ -218,6 +221,7 @@ impl H2Out {
             respond,
             head: None,
             send: None,
+            reset: false,
         }
     }
 
@@ -257,7 +261,11 @@ impl H2Out {
         let Some(send) = self.send.as_mut() else {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "no response stream"));
         };
-        send_all(send, Bytes::copy_from_slice(data), timeout).await
+        let sent = send_all(send, Bytes::copy_from_slice(data), timeout).await;
+        if sent.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::TimedOut) {
+            self.reset = true;
+        }
+        sent
     }
 
     /// Ends the stream (with trailers when there are some).
@@ -303,6 +311,9 @@ impl H2Out {
 
     /// Resets the stream: the response could not be completed.
     fn abort(&mut self) {
+        if std::mem::replace(&mut self.reset, true) {
+            return;
+        }
         counters().resets_sent.fetch_add(1, Relaxed);
         match self.send.as_mut() {
             Some(s) => s.send_reset(Reason::INTERNAL_ERROR),
