@@ -523,16 +523,15 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     assert_eq!(int(&c, "native_pool", "limit"), 1);
     assert_eq!(int(&c, "native_pool", "queue_limit"), 1);
 
-    // A miss stores the object on disk; a hit reads it back (it is too big
-    // for the memory tier): both run on the pool.
-    for want in ["MISS", "HIT"] {
-        let raw = raw_request(p.addr(), &get(&origin, "/big", "Connection: close\r\n")).await;
-        let resp = parse_response(&raw);
-        assert_eq!((resp.status, resp.header("x-cache")), (200, Some(want)));
-        assert_eq!(resp.body.len(), 10_000);
-    }
+    // A miss stores the object on disk (too big for the memory tier): the
+    // file work runs on the pool. No hit yet: a hit would keep the file
+    // open (`cache.open_files`) and later hits would not open it again.
+    let raw = raw_request(p.addr(), &get(&origin, "/big", "Connection: close\r\n")).await;
+    let resp = parse_response(&raw);
+    assert_eq!((resp.status, resp.header("x-cache")), (200, Some("MISS")));
+    assert_eq!(resp.body.len(), 10_000);
     let c = counters_when(&p, "an idle pool thread", |c| c["native_pool"]["idle"] == 1).await;
-    assert!(int(&c, "native_pool", "jobs") >= 3, "{c}");
+    assert!(int(&c, "native_pool", "jobs") >= 1, "{c}");
     assert_eq!(int(&c, "native_pool", "threads"), 1);
     assert_eq!(int(&c, "native_pool", "peak"), 1);
 
