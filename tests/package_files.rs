@@ -29,7 +29,7 @@ const MACHINE_DEPENDENT: &[&str] = &["cache.memory"];
 /// The config file with every commented-out setting (`# key = value`, `#
 /// [table]`, `# [[table]]`) uncommented; comments in prose stay comments.
 fn uncommented(text: &str) -> String {
-    let setting = regex::Regex::new(r"^# (\[\[?[a-z_.]+\]\]?$|[a-z_]+ = )").expect("regex");
+    let setting = regex::Regex::new(r"^# (\[\[?[a-z0-9_.]+\]\]?$|[a-z][a-z0-9_]* = )").expect("regex");
     text.lines()
         .map(|l| if setting.is_match(l) { &l[2..] } else { l })
         .collect::<Vec<_>>()
