@@ -34,7 +34,7 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
     if l.certificate.is_empty() {
         return Ok(None);
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(provider());
     let mut certs = Vec::with_capacity(l.certificate.len());
     for (i, c) in l.certificate.iter().enumerate() {
         let cert = load_certificate(c, &provider, now)
@@ -42,8 +42,9 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         certs.push(cert);
     }
     // rustls's defaults otherwise: its cipher suites (AEAD with forward
-    // secrecy only: no CBC, RC4 or static RSA key exchange), its key
-    // exchange groups (X25519, P-256, P-384), no client certificates.
+    // secrecy only: no CBC, RC4 or static RSA key exchange) in Portico's
+    // order ([`provider`]), its key exchange groups (X25519, P-256,
+    // P-384), no client certificates.
     let versions: &[&rustls::SupportedProtocolVersion] = match l.tls_min_version {
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
@@ -58,10 +59,43 @@ fn server_config_at(l: &ListenerConfig, now: i64) -> Result<Option<Arc<ServerCon
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(BySni { certs }));
     config.alpn_protocols = alpn_protocols(l);
+    // The suite is Portico's first choice among the client's, not the
+    // client's first: see `provider`.
+    config.ignore_client_order = true;
     // Session resumption ([tls]): the process's session cache and ticket
     // keys, which outlive this config (a reload keeps sessions resumable).
     crate::tls_resume::apply(&mut config, resumption);
     Ok(Some(Arc::new(config)))
+}
+
+/// rustls's ring provider with its cipher suites reordered: AES-128-GCM,
+/// then ChaCha20-Poly1305, then AES-256-GCM, for TLS 1.3 and 1.2 alike (Go's
+/// crypto/tls orders them so too). Clients (OpenSSL's, so curl's and wrk's)
+/// list AES-256-GCM first, and TLS 1.3's AES-256 suite computes its key
+/// schedule with SHA-384, which ring runs in plain code on x86 CPUs
+/// without SHA-512 instructions (most of them), where SHA-256 has them:
+/// a tenth of a resumed handshake's CPU was that SHA-384. AES-128 is 128-bit
+/// security, the level of the X25519 and P-256 exchanges that carry its key.
+fn provider() -> CryptoProvider {
+    let mut p = rustls::crypto::ring::default_provider();
+    // Stable: within a rank, rustls's order (TLS 1.3 first, ECDSA first).
+    p.cipher_suites.sort_by_key(|s| suite_rank(s.suite()));
+    p
+}
+
+/// A suite's place in Portico's order: 0 AES-128-GCM, 1 ChaCha20-Poly1305,
+/// 2 the others (AES-256-GCM).
+fn suite_rank(s: rustls::CipherSuite) -> u8 {
+    use rustls::CipherSuite as C;
+    match s {
+        C::TLS13_AES_128_GCM_SHA256
+        | C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        | C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 0,
+        C::TLS13_CHACHA20_POLY1305_SHA256
+        | C::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        | C::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => 1,
+        _ => 2,
+    }
 }
 
 /// The ALPN protocols a TLS listener offers, preferred first: `h2` when
@@ -316,6 +350,28 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_default_suite_is_offered_aes_128_first_then_chacha20_then_aes_256() {
+        let names = |p: &CryptoProvider| p.cipher_suites.iter().map(|s| s.suite()).collect::<Vec<_>>();
+        let ours = names(&provider());
+        let mut theirs = names(&rustls::crypto::ring::default_provider());
+        assert_eq!(ours.len(), theirs.len());
+        for s in &ours {
+            assert!(theirs.contains(s), "{s:?} is not one of rustls's defaults");
+        }
+        theirs.sort_by_key(|s| format!("{s:?}"));
+        let mut sorted = ours.clone();
+        sorted.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(sorted, theirs, "the same suites, reordered only");
+        use rustls::CipherSuite as C;
+        let at = |s: C| ours.iter().position(|x| *x == s).expect("offered");
+        assert!(at(C::TLS13_AES_128_GCM_SHA256) < at(C::TLS13_CHACHA20_POLY1305_SHA256));
+        assert!(at(C::TLS13_CHACHA20_POLY1305_SHA256) < at(C::TLS13_AES_256_GCM_SHA384));
+        assert!(at(C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256) < at(C::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256));
+        assert!(at(C::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256) < at(C::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384));
+        assert!(at(C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256) < at(C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384));
+    }
 
     fn named(names: &[&str]) -> Named {
         // The key is never used by `pick`: any parsed certificate will do.

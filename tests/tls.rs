@@ -386,6 +386,58 @@ async fn tls_1_2_and_1_3_are_served_and_tls_min_version_refuses_1_2() {
     );
 }
 
+/// The cipher suite `openssl s_client` reports after a handshake with
+/// `port` made with the extra `args`.
+fn negotiated(port: u16, args: &[&str]) -> String {
+    let connect = format!("127.0.0.1:{port}");
+    let out = std::process::Command::new("openssl")
+        .args(["s_client", "-connect", &connect, "-servername", "www.test"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client (is openssl installed?)");
+    let text = stdout(&out);
+    // "New, TLSv1.3, Cipher is TLS_AES_128_GCM_SHA256"
+    text.lines()
+        .find_map(|l| l.split_once("Cipher is ").map(|(_, c)| c.trim().to_string()))
+        .unwrap_or_else(|| panic!("no cipher from s_client {args:?}:\n{text}\n{}", stderr(&out)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_picks_aes_128_gcm_over_a_clients_aes_256_preference_and_serves_what_it_offers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = cert(dir.path(), "www", &["www.test"]);
+    let port = free_port();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}",
+        cert_table(&pem)
+    ))
+    .await;
+    // OpenSSL's own order (AES-256 first): Portico's first choice wins.
+    let all13 = "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256";
+    assert_eq!(
+        negotiated(port, &["-tls1_3", "-ciphersuites", all13]),
+        "TLS_AES_128_GCM_SHA256"
+    );
+    let no128 = "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+    assert_eq!(
+        negotiated(port, &["-tls1_3", "-ciphersuites", no128]),
+        "TLS_CHACHA20_POLY1305_SHA256"
+    );
+    // A client that offers only AES-256 is still served.
+    assert_eq!(
+        negotiated(port, &["-tls1_3", "-ciphersuites", "TLS_AES_256_GCM_SHA384"]),
+        "TLS_AES_256_GCM_SHA384"
+    );
+    let all12 = "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256";
+    assert_eq!(
+        negotiated(port, &["-tls1_2", "-cipher", all12]),
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "{}",
+        p.stderr()
+    );
+}
+
 /// `portico check` on a listener with `certificate` tables; its output.
 fn check(tables: &str) -> std::process::Output {
     let port = free_port();
