@@ -10,6 +10,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{Origin, Portico, Response, free_port, parse_response, raw_request};
+use rustls::pki_types::pem::PemObject;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -812,4 +813,84 @@ async fn a_client_that_opens_no_window_has_its_stream_reset_after_send_timeout()
     );
     assert_eq!(metric(&p, "portico_http2_resets_sent_total").await, 1);
     assert_eq!(metric(&p, "portico_send_timeouts_total").await, 1);
+}
+
+/// The body the origin serves for `/big/N`: `BIG` bytes, different per N.
+fn big_body(n: u8) -> Vec<u8> {
+    (0..BIG).map(|i| ((i * 31 + n as usize) % 251) as u8).collect()
+}
+
+const BIG: usize = 3 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
+    // Several 3 MiB bodies at once on one TLS connection: more than rustls
+    // buffers before it must send (64 KiB), so the writes that fill its
+    // buffer, wait for the socket and go on are all taken, while the
+    // client's flow control paces the streams. Once missed (the origin's
+    // bytes relayed), once hit (the cache's bytes handed to the stream).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = Origin::start(|req| async move {
+        let n: u8 = req.uri.path().trim_start_matches("/big/").parse().unwrap_or(0);
+        Response::ok(big_body(n)).header("Cache-Control", "max-age=300")
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        &cert_table(&c, &k),
+        &origin,
+        "\n[cache]\nmemory = \"64MiB\"\n",
+    ))
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    let der = rustls::pki_types::CertificateDer::from_pem_file(&c).expect("certificate");
+    roots.add(der).expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("www.test").expect("name");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    for want in ["MISS", "HIT"] {
+        let mut streams = Vec::new();
+        for n in 0..4u8 {
+            let mut send = send.clone();
+            streams.push(tokio::spawn(async move {
+                let req = http::Request::get(format!("https://www.test:{port}/big/{n}"))
+                    .body(())
+                    .expect("request");
+                let (parts, body) = h2_get(&mut send, req).await;
+                (n, parts, body)
+            }));
+        }
+        for s in streams {
+            let (n, parts, body) = tokio::time::timeout(Duration::from_secs(60), s)
+                .await
+                .expect("a stream stalled")
+                .expect("stream task");
+            assert_eq!(parts.status, 200, "{}", p.stderr());
+            let x_cache = parts.headers.get("x-cache").and_then(|v| v.to_str().ok()).unwrap_or("");
+            assert_eq!(x_cache, want, "/big/{n}");
+            assert_eq!(body.len(), BIG, "/big/{n} {want}: length");
+            assert!(
+                body == big_body(n),
+                "/big/{n} {want}: the bytes differ from the origin's"
+            );
+        }
+    }
+    assert_eq!(origin.count(), 4);
 }

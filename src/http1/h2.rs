@@ -156,9 +156,21 @@ impl AsyncRead for Io {
 
 impl AsyncWrite for Io {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(data)])
+    }
+
+    /// Vectored, so that the h2 crate hands a DATA frame's head and its
+    /// payload (and whatever else its pass wrote) in one call: one
+    /// `writev` on a plain connection, full records over TLS (sent at the
+    /// flush that ends the pass: `TlsConn::poll_write_vectored_deferred`).
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         match &self.0 {
             ClientStream::Plain(tcp) => loop {
-                match tcp.try_write(data) {
+                match tcp.try_write_vectored(bufs) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
                         Poll::Ready(Ok(())) => continue,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -167,8 +179,12 @@ impl AsyncWrite for Io {
                     r => return Poll::Ready(r),
                 }
             },
-            ClientStream::Tls(t) => t.poll_write_some(cx, data),
+            ClientStream::Tls(t) => t.poll_write_vectored_deferred(cx, bufs),
         }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -256,12 +272,12 @@ impl H2Out {
     /// Sends body bytes as DATA frames, within the client's flow-control
     /// windows: waits for window (at most `timeout`, as for an HTTP/1
     /// client that takes no bytes) rather than buffer past it.
-    pub(super) async fn send_data(&mut self, data: &[u8], timeout: Duration) -> io::Result<()> {
+    pub(super) async fn send_data(&mut self, data: Bytes, timeout: Duration) -> io::Result<()> {
         self.start(false)?;
         let Some(send) = self.send.as_mut() else {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "no response stream"));
         };
-        let sent = send_all(send, Bytes::copy_from_slice(data), timeout).await;
+        let sent = send_all(send, data, timeout).await;
         if sent.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::TimedOut) {
             self.reset = true;
         }

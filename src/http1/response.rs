@@ -361,25 +361,47 @@ impl<'a> ResponseWriter<'a> {
         self.status = Some(status);
     }
 
+    /// [`ResponseWriter::send_data`] for bytes already in a `Bytes` (a
+    /// cached body): an HTTP/2 stream takes them as they are, where a
+    /// slice must be copied into a buffer of the stream's own.
+    pub async fn send_bytes(&mut self, data: Bytes) -> io::Result<()> {
+        if matches!(self.sink, Sink::H2(_)) {
+            return self.send_h2(data).await;
+        }
+        self.send_data(&data).await
+    }
+
+    /// The HTTP/2 form of [`ResponseWriter::send_data`].
+    async fn send_h2(&mut self, data: Bytes) -> io::Result<()> {
+        let Sink::H2(o) = &mut self.sink else {
+            return Ok(());
+        };
+        if data.is_empty() {
+            return Ok(());
+        }
+        let len = data.len() as u64;
+        if self.framing == Framing::Length && self.body_bytes + len > self.declared {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "body longer than its Content-Length",
+            ));
+        }
+        if self.framing == Framing::None {
+            return Ok(());
+        }
+        let r = o.send_data(data, self.send_timeout).await;
+        r.map_err(|e| self.counted(e))?;
+        self.body_bytes += len;
+        Ok(())
+    }
+
     /// Writes body bytes (and the queued head, if not yet written).
     pub async fn send_data(&mut self, data: &[u8]) -> io::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
-        if let Sink::H2(o) = &mut self.sink {
-            if self.framing == Framing::Length && self.body_bytes + data.len() as u64 > self.declared {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "body longer than its Content-Length",
-                ));
-            }
-            if self.framing == Framing::None {
-                return Ok(());
-            }
-            let r = o.send_data(data, self.send_timeout).await;
-            r.map_err(|e| self.counted(e))?;
-            self.body_bytes += data.len() as u64;
-            return Ok(());
+        if matches!(self.sink, Sink::H2(_)) {
+            return self.send_h2(Bytes::copy_from_slice(data)).await;
         }
         let Sink::H1(stream) = self.sink else { return Ok(()) };
         let head = self.pending_head.take();

@@ -307,22 +307,40 @@ impl TlsConn {
         }
     }
 
-    /// Poll form of a write: encrypts what rustls's buffer takes of `data`
-    /// and sends what the socket takes; `Pending` only when neither took
-    /// anything.
-    pub fn poll_write_some(&self, cx: &mut std::task::Context<'_>, data: &[u8]) -> std::task::Poll<io::Result<usize>> {
+    /// Poll form of a vectored write, for the HTTP/2 connection: encrypts
+    /// what rustls's buffer takes of `bufs` (one record for all of them,
+    /// up to the record size) and leaves the sending to the flush that the
+    /// h2 crate makes at the end of each of its write passes. So a pass's
+    /// frames (a HEADERS frame, a DATA frame's 9-byte head, its payload,
+    /// other streams' frames) leave in full records and one system call,
+    /// where sending at each write cost a record and a `sendmsg` per piece:
+    /// 2.8 per response in the `h2-hits` benchmark. Sends first only when
+    /// rustls's buffer is full (its 64 KiB limit on unsent records);
+    /// `Pending` only when the socket then takes nothing.
+    pub fn poll_write_vectored_deferred(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
         use std::task::Poll;
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
         loop {
             {
                 let mut conn = self.lock();
-                let n = conn.writer().write(data)?;
-                let flushed = self.flush_now(&mut conn)?;
-                if n > 0 || data.is_empty() {
+                let n = conn.writer().write_vectored(bufs)?;
+                if n > 0 {
                     return Poll::Ready(Ok(n));
                 }
-                if flushed {
-                    // Nothing taken and nothing left to send: closing.
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                if self.flush_now(&mut conn)? {
+                    // Everything sent and still nothing taken: closing.
+                    let n = conn.writer().write_vectored(bufs)?;
+                    return Poll::Ready(if n > 0 {
+                        Ok(n)
+                    } else {
+                        Err(io::ErrorKind::WriteZero.into())
+                    });
                 }
             }
             match self.tcp.poll_write_ready(cx) {

@@ -1244,7 +1244,7 @@ async fn send_range(ex: &mut Exchange<'_>, stored: &Stored, r: std::ops::Range<u
     loop {
         match chunks.next().await {
             Some(Ok(data)) => {
-                if ex.out.send_data(&data).await.is_err() {
+                if ex.out.send_bytes(data).await.is_err() {
                     ex.out.close_after();
                     return false;
                 }
