@@ -25,6 +25,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and 
 import ldap  # noqa: E402  (bench/ldap.py: the auth-ldap scenario's slapd and LDAP client)
 import array_bench  # noqa: E402  (bench/array_bench.py: the array scenario)
 import hitratio_bench  # noqa: E402  (bench/hitratio_bench.py: the hitratio scenario)
+import tls_bench  # noqa: E402  (bench/tls_bench.py: the TLS and HTTP/2 scenarios)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 
@@ -72,6 +74,7 @@ SCENARIOS = {
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
 }
+SCENARIOS.update(tls_bench.SCENARIOS)
 # Run only when named (soak: an hour; hitratio: ~15 min a round) or by --smoke: not part of a plain `bench/run`.
 NAMED_ONLY = ("soak", "hitratio")
 WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
@@ -92,6 +95,19 @@ SITS_OUT = {
                              "memory cache as small as the others' it would miss, not hit "
                              "(bench/peers/haproxy.md)"},
 }
+_NO_TLS = {
+    "varnish": "open-source Varnish does not terminate TLS (Varnish Software's hitch does, as a "
+               "separate process in front)",
+    "squid": "Debian's squid package is built without TLS (squid-openssl has it): an HTTPS "
+             "accelerator (https_port) is not configured here yet",
+    "haproxy": "terminates TLS and HTTP/2 but is not configured for these scenarios yet: the "
+               "TLS scenarios compare Portico with nginx, same certificate and session settings",
+    "ats": "terminates TLS and HTTP/2 but is not configured for these scenarios yet: the TLS "
+           "scenarios compare Portico with nginx, same certificate and session settings",
+}
+for _p, _why in _NO_TLS.items():
+    for _s in tls_bench.SCENARIOS:
+        SITS_OUT.setdefault(_p, {})[_s] = _why
 for _p, _why in hitratio_bench.SITS_OUT.items():
     SITS_OUT.setdefault(_p, {})["hitratio"] = _why
 # disk-hits: every proxy's memory cache, far smaller than the 127 MiB object set.
@@ -108,7 +124,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 APT_PACKAGES = {"nginx": "nginx-light", "varnishd": "varnish", "squid": "squid",
                 "wrk": "wrk", "curl": "curl", "taskset": "util-linux",
                 "htpasswd": "apache2-utils", "slapd": "slapd", "ldapadd": "ldap-utils",
-                "haproxy": "haproxy", "traffic_server": "trafficserver"}
+                "haproxy": "haproxy", "traffic_server": "trafficserver",
+                "h2load": "nghttp2-client", "openssl": "openssl"}
 # auth scenario: the one user of the htpasswd file (bcrypt, cost AUTH_COST) and its password.
 AUTH_USER, AUTH_PASSWORD, AUTH_COST = "bench", "bench-secret-1", 10
 AUTH_SUBJECTS = ["anonymous", "authenticated"]
@@ -356,10 +373,26 @@ def port_free(port):
         s.close()
 
 
-def http_get(port, path, conn=None, headers=None):
+def client_tls():
+    """The harness's TLS client context (the TLS scenarios): the bench's
+    self-signed certificate is not verified, SNI and Host name www.test."""
+    c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    c.check_hostname = False
+    c.verify_mode = ssl.CERT_NONE
+    return c
+
+
+def connect(port, tls=False):
+    """A keep-alive connection to a proxy port: plain, or HTTPS (`tls`)."""
+    if tls:
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=client_tls())
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+
+def http_get(port, path, conn=None, headers=None, tls=False):
     own = conn is None
     if own:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = connect(port, tls)
     conn.request("GET", path, headers=headers or {})
     r = conn.getresponse()
     body = r.read()
@@ -955,12 +988,13 @@ class CpuMeter:
                 "other_cpu": max(0.0, other_s / wall)}
 
 
-def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=()):
+def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=(),
+            scheme="http"):
     argv = ["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{conns}", f"-d{duration}s",
             "--latency", "--timeout", "5s", "-s", script]
     for h in headers:
         argv += ["-H", h]
-    argv.append(f"http://127.0.0.1:{port}{path}")
+    argv.append(f"{scheme}://127.0.0.1:{port}{path}")
     or0 = origin_requests()
     cpu = CpuMeter(proxy_pid, origin_pid)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
@@ -984,11 +1018,12 @@ def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=
     return r
 
 
-def warm_hits(port, paths, workers=8):
+def warm_hits(port, paths, workers=8, tls=False):
     """Fetch each object once through the proxy: `workers` keep-alive
-    connections, each walking its share of the list in order."""
+    connections (HTTPS with `tls`), each walking its share of the list in
+    order."""
     def walk(share):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = connect(port, tls)
         bad = 0
         for p in share:
             for attempt in range(2):
@@ -997,7 +1032,7 @@ def warm_hits(port, paths, workers=8):
                     break
                 except (OSError, http.client.HTTPException):
                     conn.close()
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    conn = connect(port, tls)
             else:
                 status = 0
             if status != 200:
@@ -1069,10 +1104,10 @@ def portico_tiers(port):
         return None
 
 
-def sample_hits(port, paths, n=200, prefix=""):
+def sample_hits(port, paths, n=200, prefix="", tls=False):
     """X-Cache on a seeded sample of responses: (hits, sampled, header seen)."""
     rng = random.Random(SEED + 1)
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = connect(port, tls)
     hits = seen = ram = 0
     for _ in range(n):
         _, h, _ = http_get(port, prefix + rng.choice(paths), conn)
@@ -1848,6 +1883,9 @@ def versions(portico_bin, given):
         "squid": cmd(["squid", "-v"]),
         "wrk": cmd(["wrk", "-v"]),
         "oha": cmd([find_oha() or "oha", "--version"]),
+        "h2load": cmd(["h2load", "--version"]),
+        "openssl": cmd(["openssl", "version"]) + " (bench client: Python "
+                   + ssl.OPENSSL_VERSION + ")",
     }
 
 
@@ -1876,15 +1914,21 @@ def write_report(scenario, results, args, vers, outdir, command):
                    "soak": report_soak, "auth": report_auth,
                    "array": lambda *a: array_bench.report(sys.modules[__name__], *a),
                    "hitratio": lambda *a: hitratio_bench.report(sys.modules[__name__], *a),
+                   **{s: (lambda *a: tls_bench.report(sys.modules[__name__], *a))
+                      for s in tls_bench.SCENARIOS},
                    "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
                                                                   args)
     L += extra
     want = {"rate": tuple(PEERS) + ("oha",),
             "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",),
             "array": ("portico", "wrk"), "hitratio": tuple(PEERS),
-            "idle": tuple(PEERS), "soak": ("portico",)}.get(scenario, tuple(PEERS) + ("wrk",))
+            "idle": tuple(PEERS), "soak": ("portico",),
+            "h2-hits": tuple(PEERS) + ("h2load", "openssl"),
+            "tls-roundtrips": tuple(PEERS) + ("openssl",)}.get(
+                scenario, tuple(PEERS) + ("wrk",) + (("openssl",) if scenario in
+                                                      tls_bench.SCENARIOS else ()))
     for k in want:
-        if k in ("portico", "wrk", "oha") or k in subjects:
+        if k in ("portico", "wrk", "oha", "h2load", "openssl") or k in subjects:
             L.append(f"- {k}: {vers.get(k)}")
     if PORTICO_EXTRA:
         L.append(f"- Portico config: --portico-extra {PORTICO_EXTRA_PATH} merged in: "
@@ -2323,7 +2367,7 @@ def chart(scenario, results, subjects, outdir, args):
         ax.bar(subjects, meds, yerr=[lo, hi], capsize=4, color=color)
         ax.set_title(label, fontsize=9)
 
-    if scenario in WRK_SCENARIOS or scenario == "auth":
+    if scenario in WRK_SCENARIOS or scenario == "auth" or scenario in tls_bench.THROUGHPUT:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         bars(axes[0], "rps", "requests/s (higher is better)")
         bars(axes[1], "rps_per_core", "requests/s per proxy core (higher is better)")
@@ -2412,6 +2456,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return array_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
     if scenario == "hitratio":
         return hitratio_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
+    if scenario in tls_bench.SCENARIOS:
+        return tls_bench.run(sys.modules[__name__], scenario, subject, tmp, args, ctx, origin)
     raise ValueError(scenario)
 
 
@@ -2538,6 +2584,9 @@ def main():
     ap.add_argument("--hitratio-requests", type=int, default=None,
                     help=f"hitratio: requests in the stream (default "
                          f"{hitratio_bench.REQUESTS:,}; --smoke: {hitratio_bench.REQUESTS_SMOKE:,})")
+    ap.add_argument("--tls-key", choices=["rsa", "ec"], default="rsa",
+                    help="tls-full, tls-resume, tls-hits, h2-hits: the certificate's key, RSA "
+                         "2048 (default) or ECDSA P-256 (tls-roundtrips runs both)")
     ap.add_argument("--portico-extra", metavar="FILE",
                     help="TOML merged into Portico's generated config (tables key by key, "
                          "arrays of tables appended), e.g. [server] max_requests / queue_size")
@@ -2605,7 +2654,10 @@ def main():
 
     if not args.no_install:
         ensure_installed(args.peers, (["htpasswd"] if "auth" in args.scenarios else []) +
-                         (["slapd", "ldapadd"] if "auth-ldap" in args.scenarios else []))
+                         (["slapd", "ldapadd"] if "auth-ldap" in args.scenarios else []) +
+                         (["openssl"] if set(args.scenarios) & set(tls_bench.SCENARIOS)
+                          else []) +
+                         (["h2load"] if "h2-hits" in args.scenarios else []))
     args.peers = drop_missing_peers(args.peers)
     oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
     if "rate" in args.scenarios and not oha:
