@@ -293,6 +293,73 @@ async fn max_age_sends_users_back_to_the_file() {
     assert_eq!(metric(&p, "portico_auth_cache_misses_total").await, 2.0);
 }
 
+/// GET on a kept-alive connection with `alice`'s credentials `pw`.
+async fn get_on(c: &mut common::RawClient, o: &Origin, pw: &str) -> ParsedResponse {
+    let req = format!(
+        "GET {}/x HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: {}\r\n\r\n",
+        o.url(),
+        o.addr(),
+        basic("alice", pw)
+    );
+    c.send(req.as_bytes()).await;
+    c.read_response().await
+}
+
+#[tokio::test]
+async fn a_connection_that_repeats_its_credentials_is_still_checked_after_a_change() {
+    // A connection that sends the field it had accepted is answered from
+    // its own memo (no decoding, no lock); that memo must not outlive a
+    // changed file, and another field on the same connection is checked.
+    if !have_htpasswd() {
+        return;
+    }
+    let (_d, file) = user_file(&[("-B", "alice", "old-pw")]);
+    let o = origin().await;
+    // The connection stays in its task (and keeps its memo) between requests.
+    let p = proxy(&file, "max_age = \"1h\"\n\n[keepalive]\npark_after = \"1min\"").await;
+    let mut c = common::RawClient::connect(p.addr()).await;
+    assert_eq!(get_on(&mut c, &o, "old-pw").await.status, 200);
+    assert_eq!(get_on(&mut c, &o, "old-pw").await.status, 200);
+    assert_eq!(metric(&p, "portico_auth_cache_hits_total").await, 1.0);
+    assert_challenge(&get_on(&mut c, &o, "wrong").await, "a wrong password after a good one");
+    assert_eq!(get_on(&mut c, &o, "old-pw").await.status, 200);
+    assert_eq!(metric(&p, "portico_auth_cache_misses_total").await, 2.0);
+    htpasswd(&["-bB", file.to_str().expect("utf-8"), "alice", "new-pw"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get_on(&mut c, &o, "old-pw").await;
+        if r.status == 407 {
+            break;
+        }
+        assert_eq!(r.status, 200);
+        assert!(
+            Instant::now() < deadline,
+            "the old password is still accepted on a connection that used it"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(get_on(&mut c, &o, "new-pw").await.status, 200);
+    assert_eq!(get_on(&mut c, &o, "new-pw").await.status, 200);
+}
+
+#[tokio::test]
+async fn a_connections_memo_of_its_credentials_ends_with_the_user_cache_entry() {
+    if !have_htpasswd() {
+        return;
+    }
+    let (_d, file) = user_file(&[("-m", "alice", "pw")]);
+    let o = origin().await;
+    let p = proxy(&file, "max_age = \"1s\"\n\n[keepalive]\npark_after = \"1min\"").await;
+    let mut c = common::RawClient::connect(p.addr()).await;
+    assert_eq!(get_on(&mut c, &o, "pw").await.status, 200);
+    assert_eq!(get_on(&mut c, &o, "pw").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // Past max_age the file is asked again, memo or not.
+    assert_eq!(get_on(&mut c, &o, "pw").await.status, 200);
+    assert_eq!(metric(&p, "portico_auth_cache_hits_total").await, 1.0);
+    assert_eq!(metric(&p, "portico_auth_cache_misses_total").await, 2.0);
+}
+
 #[tokio::test]
 async fn thousand_users_through_a_hundred_entry_cache() {
     if !have_htpasswd() {

@@ -124,6 +124,28 @@ struct Cache {
     failed: HashMap<[u8; 32], Instant>,
 }
 
+/// What a connection remembers of the last credentials it presented that
+/// were accepted, so that the next request on it carrying the very same
+/// field skips decoding, the keyed hash and the shared cache's lock
+/// ([`Authenticator::remembered`]). It holds no password: only a keyed
+/// hash of the field, and the user.
+#[derive(Clone)]
+pub struct Memo {
+    /// Keyed hash (SipHash-1-3, a key random per authenticator) of the
+    /// credentials field's bytes.
+    tag: u64,
+    user: Arc<User>,
+    /// When the user cache's entry was verified: the memo lives no longer
+    /// than the entry it was taken from.
+    verified: Instant,
+    /// The authenticator's generation then: a reload (or another
+    /// authenticator after a SIGHUP) makes the memo worthless.
+    generation: u64,
+}
+
+/// Generations of the authenticators' user caches, unique in the process.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
 /// The file back-end and the user cache. One per `[auth]` configuration;
 /// a SIGHUP with the same `[auth]` keeps it (and its cache) and re-reads the files.
 pub struct Authenticator {
@@ -151,6 +173,11 @@ pub struct Authenticator {
     next_probe_ms: AtomicU64,
     /// Why the last SIGHUP could not re-read `bind_password_file`.
     secret_error: Mutex<Option<String>>,
+    /// The user cache's generation: taken anew whenever the cache is
+    /// emptied, so that connections' [`Memo`]s of it stop matching.
+    generation: AtomicU64,
+    /// The key of the [`Memo`] tags.
+    tagger: std::hash::RandomState,
 }
 
 /// How often the files may be looked at on use.
@@ -180,6 +207,8 @@ impl Authenticator {
             directory: None,
             next_probe_ms: AtomicU64::new(0),
             secret_error: Mutex::new(None),
+            generation: AtomicU64::new(GENERATION.fetch_add(1, Relaxed)),
+            tagger: std::hash::RandomState::new(),
         };
         if cfg.ldap.enabled() {
             let d = ldap::Directory::new(&cfg.ldap)?;
@@ -232,6 +261,7 @@ impl Authenticator {
         // verified against the old one is trusted any more.
         if let Ok(mut c) = self.cache.lock() {
             *c = Cache::default();
+            self.generation.store(GENERATION.fetch_add(1, Relaxed), Relaxed);
         }
         if let Ok(mut ids) = self.ids.lock() {
             *ids = (Some(hid), gid);
@@ -326,12 +356,71 @@ impl Authenticator {
         out
     }
 
+    /// The user of `field` (the raw credentials field) if it is the one
+    /// `memo` remembers and still good: same authenticator and cache
+    /// generation (no reload since), within `max_age` of the cache entry's
+    /// verification. Counted as a user cache hit.
+    pub fn remembered(self: &Arc<Self>, field: &http::HeaderValue, memo: &Option<Memo>) -> Option<Arc<User>> {
+        let m = memo.as_ref()?;
+        if m.generation != self.generation.load(Relaxed)
+            || m.tag != self.tag(field)
+            || m.verified.elapsed() >= self.cfg.max_age.get()
+        {
+            return None;
+        }
+        self.maybe_check();
+        self.stats.hits.fetch_add(1, Relaxed);
+        Some(m.user.clone())
+    }
+
+    /// A [`Memo`] of `field`, accepted as `user` verified at `verified`.
+    fn memo(&self, field: &http::HeaderValue, user: &Arc<User>, verified: Instant, generation: u64) -> Memo {
+        Memo {
+            tag: self.tag(field),
+            user: user.clone(),
+            verified,
+            generation,
+        }
+    }
+
+    fn tag(&self, field: &http::HeaderValue) -> u64 {
+        use std::hash::BuildHasher;
+        self.tagger.hash_one(field.as_bytes())
+    }
+
+    /// [`Authenticator::authenticate`], then, when the credentials came
+    /// from `field` and were accepted, their [`Memo`] in `memo`.
+    pub async fn authenticate_remembering(
+        self: &Arc<Self>,
+        creds: basic::Basic,
+        field: &http::HeaderValue,
+        memo: &mut Option<Memo>,
+        pool: &crate::blocking::BlockingPool,
+    ) -> Result<Arc<User>, Refusal> {
+        // The generation before the check: a reload during it leaves a
+        // memo that no longer matches, never one that outlives the reload.
+        let generation = self.generation.load(Relaxed);
+        let (user, verified) = self.check(creds, pool).await?;
+        *memo = Some(self.memo(field, &user, verified, generation));
+        Ok(user)
+    }
+
     /// Checks credentials: the user cache, then the file (verified on `pool`).
     pub async fn authenticate(
         self: &Arc<Self>,
         creds: basic::Basic,
         pool: &crate::blocking::BlockingPool,
     ) -> Result<Arc<User>, Refusal> {
+        self.check(creds, pool).await.map(|(user, _)| user)
+    }
+
+    /// [`Authenticator::authenticate`], with when the accepted user's cache
+    /// entry was verified.
+    async fn check(
+        self: &Arc<Self>,
+        creds: basic::Basic,
+        pool: &crate::blocking::BlockingPool,
+    ) -> Result<(Arc<User>, Instant), Refusal> {
         self.maybe_check();
         let digest = self.digest(&creds.user, &creds.password);
         let now = Instant::now();
@@ -341,7 +430,7 @@ impl Authenticator {
                 && now.duration_since(e.verified) < self.cfg.max_age.get()
             {
                 self.stats.hits.fetch_add(1, Relaxed);
-                return Ok(e.user.clone());
+                return Ok((e.user.clone(), e.verified));
             }
             if let Some(t) = c.failed.get(&digest)
                 && now.duration_since(*t) < self.cfg.failed_ttl.get()
@@ -404,7 +493,7 @@ impl Authenticator {
                 verified: now,
             },
         );
-        Ok(user)
+        Ok((user, now))
     }
 
     /// The htpasswd file's answer: (password right, the user's groups).

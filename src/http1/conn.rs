@@ -61,6 +61,16 @@ pub struct Exchange<'a> {
     /// The authenticated user (`[auth]`), noted by the handler for the
     /// access log and the access-control step; this layer never reads it.
     pub user: Option<std::sync::Arc<crate::auth::User>>,
+    /// What the connection keeps for the handler from one request to the
+    /// next (an HTTP/2 stream: from nothing); this layer never reads it.
+    pub memory: &'a mut ConnMemory,
+}
+
+/// What the handler keeps on a connection between its requests.
+#[derive(Default)]
+pub struct ConnMemory {
+    /// The last credentials accepted on the connection (`[auth]`).
+    pub auth: Option<crate::auth::Memo>,
 }
 
 /// What the handler did with the connection.
@@ -168,6 +178,7 @@ pub async fn serve<H: Handler>(
         ka.poller().map(|p| start.park_after.unwrap_or(p.park_after()))
     };
     let mut carry: Option<BytesMut> = None;
+    let mut memory = ConnMemory::default();
     let mut served = start.served;
     let mut ready = start.ready;
     loop {
@@ -227,7 +238,16 @@ pub async fn serve<H: Handler>(
         }
         let buf = carry.take().unwrap_or_default();
         // Boxed so an idle connection's task holds only this small loop.
-        let one = Box::pin(serve_one(&stream, buf, peer, local, served, settings, handler));
+        let one = Box::pin(serve_one(
+            &stream,
+            buf,
+            &mut memory,
+            peer,
+            local,
+            served,
+            settings,
+            handler,
+        ));
         // The statistics timer wraps the box, so only a pointer moves (not
         // the request's whole future, as wrapping it inside the handler would).
         let next = if handler.timed() {
@@ -355,9 +375,11 @@ pub(crate) async fn lingering_close(stream: &ClientStream) {
 
 /// Serves one request; returns the unread bytes (pipelined requests) when
 /// the connection can be reused.
+#[allow(clippy::too_many_arguments)]
 async fn serve_one<H: Handler>(
     stream: &ClientStream,
     mut buf: BytesMut,
+    memory: &mut ConnMemory,
     peer: SocketAddr,
     local: SocketAddr,
     served: u32,
@@ -420,6 +442,7 @@ async fn serve_one<H: Handler>(
         cache_result: None,
         hierarchy: None,
         user: None,
+        memory,
     };
     let outcome = handler.handle(&mut ex).await;
     let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();

@@ -745,6 +745,9 @@ async fn serve_stream<H: Handler>(
     };
     let mut buf = BytesMut::new();
     let body = BodyReader::h2(recv, &mut buf, settings.max_body, settings.body_idle_timeout);
+    // A stream's requests share no memory: streams run at once, and a
+    // connection's memo would need a lock for what one lookup costs.
+    let mut memory = super::conn::ConnMemory::default();
     let mut ex = Exchange {
         head,
         body,
@@ -755,6 +758,7 @@ async fn serve_stream<H: Handler>(
         cache_result: None,
         hierarchy: None,
         user: None,
+        memory: &mut memory,
     };
     let one = Box::pin(handler.handle(&mut ex));
     let outcome = if handler.timed() {

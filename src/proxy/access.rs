@@ -58,14 +58,22 @@ impl ListenerHandler {
         // Removed whatever it holds: on a reverse listener with `[auth]`
         // the field is Portico's, not the origin's (docs/CONFIG.md).
         let value = ex.head.headers.remove(&field);
-        let presented = match value.as_ref().map(parse) {
-            None | Some(Ok(Presented::OtherScheme)) => None,
-            Some(Ok(Presented::Basic(b))) => Some(b),
-            Some(Err(why)) => {
+        // The field this connection's last request presented and had
+        // accepted: no decoding, no hashing of the password, no lock.
+        if let Some(v) = &value
+            && let Some(user) = auth.remembered(v, &ex.memory.auth)
+        {
+            ex.user = Some(user);
+            return None;
+        }
+        let presented = match value.as_ref().map(|v| (v, parse(v))) {
+            None | Some((_, Ok(Presented::OtherScheme))) => None,
+            Some((v, Ok(Presented::Basic(b)))) => Some((v, b)),
+            Some((_, Err(why))) => {
                 return Some(self.refuse(ex, super::ACCESS_NONE, StatusCode::BAD_REQUEST, why).await);
             }
         };
-        let Some(creds) = presented else {
+        let Some((field, creds)) = presented else {
             if sh.config.auth.required || value.is_some() {
                 ex.cache_result = Some(super::ACCESS_DENIED);
                 return Some(
@@ -75,7 +83,10 @@ impl ListenerHandler {
             return None;
         };
         let name = creds.user.clone();
-        match auth.authenticate(creds, &sh.blocking).await {
+        match auth
+            .authenticate_remembering(creds, field, &mut ex.memory.auth, &sh.blocking)
+            .await
+        {
             Ok(user) => {
                 ex.user = Some(user);
                 None
