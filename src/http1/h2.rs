@@ -123,11 +123,16 @@ pub async fn sniff_preface(stream: &ClientStream, timeout: Duration) -> bool {
 
 /// `AsyncRead`/`AsyncWrite` for the `h2` crate over a client connection,
 /// plain or TLS (whose record layer is `http1::tls`).
-struct Io(ClientStream);
+struct Io {
+    stream: ClientStream,
+    /// The flush that ends the current write pass has yielded once
+    /// already (TLS: see `poll_flush`).
+    flush_yielded: bool,
+}
 
 impl AsyncRead for Io {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match &self.0 {
+        match &self.stream {
             ClientStream::Plain(tcp) => loop {
                 match tcp.try_read(buf.initialize_unfilled()) {
                     Ok(n) => {
@@ -168,7 +173,7 @@ impl AsyncWrite for Io {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &self.0 {
+        match &self.stream {
             ClientStream::Plain(tcp) => loop {
                 match tcp.try_write_vectored(bufs) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
@@ -187,15 +192,33 @@ impl AsyncWrite for Io {
         true
     }
 
+    /// Over TLS the pass's records are sent here, but first the task
+    /// yields once: a response's stream task wakes the connection's task,
+    /// which tokio then runs next, so without the yield each flush would
+    /// carry the one response that woke it; after it, the other streams
+    /// that were ready have queued theirs too, and one `sendmsg` carries
+    /// them all (up to rustls's 64 KiB buffer, which sends when full).
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.0 {
+        let this = self.get_mut();
+        match &this.stream {
             ClientStream::Plain(_) => Poll::Ready(Ok(())),
-            ClientStream::Tls(t) => t.poll_flush_all(cx),
+            ClientStream::Tls(t) => {
+                if !this.flush_yielded && t.wants_write() {
+                    this.flush_yielded = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                let r = t.poll_flush_all(cx);
+                if r.is_ready() {
+                    this.flush_yielded = false;
+                }
+                r
+            }
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.0 {
+        match &self.stream {
             ClientStream::Plain(tcp) => {
                 let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
                 Poll::Ready(Ok(()))
@@ -594,7 +617,10 @@ pub async fn serve<H: Handler>(
         .max_pending_accept_reset_streams(h2s.max_pending_reset_streams)
         .max_local_error_reset_streams(Some(h2s.max_error_resets))
         .max_send_buffer_size(256 << 10);
-    let handshake = builder.handshake::<_, Bytes>(Io(stream));
+    let handshake = builder.handshake::<_, Bytes>(Io {
+        stream,
+        flush_yielded: false,
+    });
     let mut conn = match tokio::time::timeout(settings.header_timeout, handshake).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

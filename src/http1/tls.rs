@@ -351,6 +351,11 @@ impl TlsConn {
         }
     }
 
+    /// True when encrypted bytes wait to be sent.
+    pub fn wants_write(&self) -> bool {
+        self.lock().wants_write()
+    }
+
     /// Poll form of a flush: every encrypted byte handed to the socket.
     pub fn poll_flush_all(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
         use std::task::Poll;
