@@ -781,3 +781,36 @@ async fn a_queued_request_whose_client_leaves_is_dropped() {
     let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.path().to_string()).collect();
     assert_eq!(paths, ["/slow", "/next"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_close_ends_without_lingering_only_when_nothing_more_was_sent() {
+    // A `Connection: close` request read whole, with nothing after it, is
+    // closed outright; but a client that sends more while its response is
+    // on the way (here: 4 MiB it is slow to read) must still get all of it:
+    // closing on its unread bytes would send a reset that can destroy the
+    // response's tail in the client's buffers.
+    use tokio::io::AsyncReadExt;
+    const BIG: usize = 4 << 20;
+    let origin = Origin::start(|_req| async move { Response::ok(vec![b'x'; BIG]) }).await;
+    let p = proxy("[cache]\nenabled = false\n").await;
+    for junk in [false, true] {
+        let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+        s.write_all(&get(&origin, "/big", "Connection: close\r\n"))
+            .await
+            .expect("send");
+        if junk {
+            // After Portico has read the head and started writing.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s.write_all(b"more bytes the client should not have sent\r\n")
+                .await
+                .expect("send junk");
+        }
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut got)).await;
+        let read = read.expect("the connection was never closed");
+        read.unwrap_or_else(|e| panic!("junk {junk}: {e} after {} bytes", got.len()));
+        let r = parse_response(&got);
+        assert_eq!(r.status, 200, "junk {junk}");
+        assert_eq!(r.body.len(), BIG, "junk {junk}: the response was cut");
+    }
+}

@@ -179,6 +179,8 @@ pub async fn serve<H: Handler>(
     };
     let mut carry: Option<BytesMut> = None;
     let mut memory = ConnMemory::default();
+    // The last request asked to close and left nothing unread (serve_one).
+    let mut clean_end = false;
     let mut served = start.served;
     let mut ready = start.ready;
     loop {
@@ -237,10 +239,12 @@ pub async fn serve<H: Handler>(
             }
         }
         let buf = carry.take().unwrap_or_default();
+        clean_end = false;
         // Boxed so an idle connection's task holds only this small loop.
         let one = Box::pin(serve_one(
             &stream,
             buf,
+            &mut clean_end,
             &mut memory,
             peer,
             local,
@@ -266,9 +270,32 @@ pub async fn serve<H: Handler>(
             None => break,
         }
     }
+    if clean_end && nothing_unread(&stream) {
+        // The client said it would send nothing more, and has not: a
+        // plain close (FIN after the response) cannot reset anything, so
+        // no lingering (a shutdown, a timer and a read or two saved per
+        // `Connection: close` request, as nginx's `lingering_close on`
+        // saves them).
+        return None;
+    }
     // Boxed: its read buffer must not enlarge every idle connection's task.
     Box::pin(lingering_close(&stream)).await;
     None
+}
+
+/// True when a plain TCP connection has no input waiting in the kernel (or
+/// only the client's FIN): closing it then sends no reset. TLS connections
+/// always linger (the client's close_notify may be on its way).
+fn nothing_unread(stream: &ClientStream) -> bool {
+    let ClientStream::Plain(tcp) = stream else {
+        return false;
+    };
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match socket2::SockRef::from(tcp).peek(&mut one) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    }
 }
 
 /// Waits until the client has sent something (true) or closed (false),
@@ -379,6 +406,7 @@ pub(crate) async fn lingering_close(stream: &ClientStream) {
 async fn serve_one<H: Handler>(
     stream: &ClientStream,
     mut buf: BytesMut,
+    clean_end: &mut bool,
     memory: &mut ConnMemory,
     peer: SocketAddr,
     local: SocketAddr,
@@ -417,6 +445,7 @@ async fn serve_one<H: Handler>(
     if served > 0 {
         settings.keepalive.hit();
     }
+    let client_closes = !head.keep_alive;
     let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
     let keep_alive = head.keep_alive && !last_allowed && settings.keepalive.enabled();
     let mut out = ResponseWriter::new(stream, head.version, &head.method, keep_alive, settings);
@@ -450,6 +479,11 @@ async fn serve_one<H: Handler>(
         settings.keepalive.refusal();
     }
     if !(complete && ex.out.keep_alive()) {
+        // Closing: cleanly, without lingering, when the client asked for
+        // it and nothing of its request is left unread.
+        let body_done = ex.body.is_done();
+        drop(ex);
+        *clean_end = complete && client_closes && body_done && buf.is_empty();
         return None;
     }
     // A body the handler did not read must be consumed before the next request.
