@@ -373,12 +373,15 @@ def port_free(port):
         s.close()
 
 
-def client_tls():
+def client_tls(version=None):
     """The harness's TLS client context (the TLS scenarios): the bench's
-    self-signed certificate is not verified, SNI and Host name www.test."""
+    self-signed certificate is not verified; `version` (ssl.TLSVersion)
+    pins the protocol version."""
     c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     c.check_hostname = False
     c.verify_mode = ssl.CERT_NONE
+    if version:
+        c.minimum_version = c.maximum_version = version
     return c
 
 
@@ -1122,6 +1125,39 @@ def sample_hits(port, paths, n=200, prefix="", tls=False):
     return hits, n, seen
 
 
+def check_portico_hits(port, tiers0, r, info, problems):
+    """Portico's own counters over a hit run (`tiers0`: portico_tiers before
+    it, None for another proxy or with the statistics pages off): its hits,
+    and how many read the disk tier. Fewer hits than responses fails."""
+    tiers1 = portico_tiers(port) if tiers0 is not None else None
+    if tiers1 is None:
+        return
+    info["peer_hits"] = tiers1[0] - tiers0[0]
+    info["disk_reads"] = tiers1[1] - tiers0[1]
+    if info["peer_hits"] < r["requests"]:
+        problems.append(f"portico counted {info['peer_hits']:,} cache hits for "
+                        f"{r['requests']:,} responses")
+
+
+def check_hit_sample(port, paths, info, problems, tls=False):
+    """After a hit run: 200 sampled responses must all say HIT (where the
+    proxy says), and the warm-up (info["warm_bad"]) must have passed."""
+    h, n, seen = sample_hits(port, paths, tls=tls)
+    info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
+    if seen and h != n:
+        problems.append(f"X-Cache sample: {h}/{n} HIT")
+    if info["warm_bad"]:
+        problems.append(f"{info['warm_bad']} warm-up requests failed")
+
+
+def check_completed(r, problems, load="wrk"):
+    """No errors from the load generator, and some requests done."""
+    if r["errors"]:
+        problems.append(f"{r['errors']} {load} errors (socket errors or non-2xx)")
+    if r["requests"] == 0:
+        problems.append("no requests completed")
+
+
 def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
     """hot, hits, close, miss: one wrk run against a freshly started peer, with
     the scenario's checks. Returns the result with `problems` (failed checks)."""
@@ -1148,15 +1184,7 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
         r = run_wrk(port, path, ctx["scripts"][scenario], args.duration, args.connections,
                     daemon.pid, origin.pid, headers)
         r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
-        tiers1 = portico_tiers(port) if tiers0 is not None else None
-        if tiers1 is not None:
-            # Portico's own counters: hits during the run, and how many read the disk tier
-            # (disk-hits: most of them, with the 16 MiB memory tier)
-            info["peer_hits"] = tiers1[0] - tiers0[0]
-            info["disk_reads"] = tiers1[1] - tiers0[1]
-            if info["peer_hits"] < r["requests"]:
-                problems.append(f"portico counted {info['peer_hits']:,} cache hits for "
-                                f"{r['requests']:,} responses")
+        check_portico_hits(port, tiers0, r, info, problems)
         if hits0 is not None:
             hits1 = peer_hit_counter(peer, tmp)
             if hits1 is not None:
@@ -1168,14 +1196,9 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                                     f"{r['requests']:,} responses")
         r["origin_during"] = r["origin_requests"]
         if scenario in ("hits", "close", "disk-hits"):
-            h, n, seen = sample_hits(port, paths)
-            info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
+            check_hit_sample(port, paths, info, problems)
             if peer == "ats":   # its Via codes tell RAM-cache hits from disk-cache hits
                 info["sample_hits"] += f" ({SAMPLE_RAM_HITS.get(port, 0)} from RAM)"
-            if seen and h != n:
-                problems.append(f"X-Cache sample: {h}/{n} HIT")
-            if info["warm_bad"]:
-                problems.append(f"{info['warm_bad']} warm-up requests failed")
         elif scenario == "hot":
             xc = info["warm_xcache"]
             info["sample_hits"] = xc or "no X-Cache"
@@ -1193,10 +1216,7 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                                 f"{r['requests']} responses: not every request was a miss")
         elif r["origin_during"] != 0:
             problems.append(f"origin saw {r['origin_during']} requests during a hit run")
-        if r["errors"]:
-            problems.append(f"{r['errors']} wrk errors (socket errors or non-2xx)")
-        if r["requests"] == 0:
-            problems.append("no requests completed")
+        check_completed(r, problems)
         r.update(info)
         r["problems"] = problems
         r["summary"] = (f"{r['rps']:,.0f} req/s, p50 {r['p50_us']/1000:.2f} ms, "

@@ -163,15 +163,6 @@ def start(b, peer, tmp, args, kind, resume):
     return daemon
 
 
-def client_ctx(version=None):
-    c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    c.check_hostname = False
-    c.verify_mode = ssl.CERT_NONE
-    if version:
-        c.minimum_version = c.maximum_version = version
-    return c
-
-
 def round_trip(port, ctx, session=None, path="/page"):
     """One connection: connect, handshake (offering `session`), GET `path`,
     read the whole response by its Content-Length, close. Returns (status,
@@ -211,10 +202,10 @@ def round_trip(port, ctx, session=None, path="/page"):
         raw.close()
 
 
-def resumption_check(port):
+def resumption_check(b, port):
     """(resumed, protocol, cipher): a second connection offering the first
     one's session (the protocol versions both servers default to)."""
-    ctx = client_ctx()
+    ctx = b.client_tls()
     _, _, _, sess, proto, cipher = round_trip(port, ctx)
     _, _, resumed, _, _, _ = round_trip(port, ctx, sess)
     return resumed, proto, cipher
@@ -287,7 +278,7 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
         t = time.time()
         info["warm_bad"] = b.warm_hits(tport, paths, tls=True)
         info["warm_s"] = round(time.time() - t, 1)
-        resumed, proto, cipher = resumption_check(tport)
+        resumed, proto, cipher = resumption_check(b, tport)
         info["tls"] = f"{proto} {cipher}"
         info["check_resumed"] = resumed
         if scenario in ("tls-full", "tls-resume") and resumed != resume:
@@ -303,12 +294,7 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
             r = b.run_wrk(tport, "/", ctx["scripts"]["hits"], args.duration, args.connections,
                           daemon.pid, origin.pid, headers, scheme="https")
         r["rss_mib"] = b.tree_rss_kib(daemon.pid) / 1024
-        if tiers0 is not None:
-            tiers1 = b.portico_tiers(b.PORTS[peer])
-            info["peer_hits"] = tiers1[0] - tiers0[0]
-            if info["peer_hits"] < r["requests"]:
-                problems.append(f"portico counted {info['peer_hits']:,} cache hits for "
-                                f"{r['requests']:,} responses")
+        b.check_portico_hits(b.PORTS[peer], tiers0, r, info, problems)
         if hs0 is not None:
             hs1 = portico_tls(b, b.PORTS[peer])
             full, res = hs1["full"] - hs0["full"], hs1["resumed"] - hs0["resumed"]
@@ -320,18 +306,10 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
                 problems.append(f"Portico counted {full:,} full and {res:,} resumed handshakes "
                                 f"for {r['requests']:,} requests: want nearly all resumed")
         r["origin_during"] = r["origin_requests"]
-        h, n, seen = b.sample_hits(tport, paths, tls=True)
-        info["sample_hits"] = f"{h}/{n}" if seen else "no X-Cache"
-        if seen and h != n:
-            problems.append(f"X-Cache sample: {h}/{n} HIT")
-        if info["warm_bad"]:
-            problems.append(f"{info['warm_bad']} warm-up requests failed")
+        b.check_hit_sample(tport, paths, info, problems, tls=True)
         if r["origin_during"] != 0:
             problems.append(f"origin saw {r['origin_during']} requests during a hit run")
-        if r["errors"]:
-            problems.append(f"{r['errors']} errors (socket errors or non-2xx)")
-        if r["requests"] == 0:
-            problems.append("no requests completed")
+        b.check_completed(r, problems, "h2load" if scenario == "h2-hits" else "wrk")
         r.update(info)
         r["problems"] = problems
         r["summary"] = (f"{r['rps']:,.0f} req/s, p50 {r['p50_us']/1000:.2f} ms, "
@@ -363,7 +341,7 @@ def run_roundtrips(b, peer, tmp, args):
                 jiffies0 = b.tree_jiffies(daemon.pid)
                 for label, version in (("1.2", ssl.TLSVersion.TLSv1_2),
                                        ("1.3", ssl.TLSVersion.TLSv1_3)):
-                    ctx = client_ctx(version)
+                    ctx = b.client_tls(version)
                     round_trip(TLS_PORTS[peer], ctx)          # the page is cached now
                     times, resumed, wrong = [], 0, 0
                     for _ in range(sets):

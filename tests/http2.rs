@@ -9,22 +9,17 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Origin, Portico, Response, free_port, parse_response, raw_request};
+use common::{Origin, Portico, Response, free_port, metric, page};
 use rustls::pki_types::pem::PemObject;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A self-signed certificate for `name`, as `<stem>.pem` and `<stem>.key`.
+/// A self-signed certificate for `name`, as `cert.pem` and `cert.key`.
 fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = rcgen::KeyPair::generate().expect("key pair");
-    let params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
-    let cert = params.self_signed(&key).expect("self-signed certificate");
-    let (c, k) = (dir.join("cert.pem"), dir.join("cert.key"));
-    std::fs::write(&c, cert.pem()).expect("write certificate");
-    std::fs::write(&k, key.serialize_pem()).expect("write key");
-    (c, k)
+    let pem = common::Pem::new(dir, "cert", &[name]);
+    (pem.cert, pem.key)
 }
 
 /// A `[[listener.certificate]]` table.
@@ -44,21 +39,6 @@ fn reverse_config(port: u16, listener_extra: &str, origin: &Origin, rest: &str) 
         free_port(),
         origin.addr()
     )
-}
-
-/// A monitoring page from the plain (first) listener.
-async fn page(p: &Portico, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
-    parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
-}
-
-/// The value of a line of /metrics (`name{labels}` as written).
-async fn metric(p: &Portico, series: &str) -> u64 {
-    let text = page(p, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
 }
 
 /// Waits (up to 10 s) for a /metrics series to reach `n`.

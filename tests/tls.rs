@@ -7,70 +7,13 @@
 
 mod common;
 
-use common::{Origin, Portico, Response, free_port, parse_response, raw_request};
+use common::{Origin, Pem, Portico, Response, cert_table, free_port, metric, page, parse_response};
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// A certificate and its key written as PEM files.
-struct Pem {
-    cert: PathBuf,
-    key: PathBuf,
-    der: Vec<u8>,
-}
-
-/// Writes a self-signed certificate for `names` (CN the first name),
-/// valid from `from` to `to` (years), as `<stem>.pem` and `<stem>.key`.
-fn cert_between(dir: &Path, stem: &str, names: &[&str], from: i32, to: i32) -> Pem {
-    let key = rcgen::KeyPair::generate().expect("key pair");
-    let mut params =
-        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, names[0]);
-    params.not_before = rcgen::date_time_ymd(from, 1, 1);
-    params.not_after = rcgen::date_time_ymd(to, 1, 1);
-    let cert = params.self_signed(&key).expect("self-signed certificate");
-    let pem = Pem {
-        cert: dir.join(format!("{stem}.pem")),
-        key: dir.join(format!("{stem}.key")),
-        der: cert.der().to_vec(),
-    };
-    std::fs::write(&pem.cert, cert.pem()).expect("write certificate");
-    std::fs::write(&pem.key, key.serialize_pem()).expect("write key");
-    pem
-}
-
-/// [`cert_between`], valid now (2020 to 2100).
-fn cert(dir: &Path, stem: &str, names: &[&str]) -> Pem {
-    cert_between(dir, stem, names, 2020, 2100)
-}
-
-/// A `[[listener.certificate]]` table for `pem`.
-fn cert_table(pem: &Pem) -> String {
-    format!(
-        "[[listener.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n",
-        pem.cert.display(),
-        pem.key.display()
-    )
-}
-
-/// A monitoring page, from the plain listener `p.addr()`.
-async fn page(p: &Portico, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
-    parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
-}
-
-/// The value of a line of /metrics (`name{labels}` as written).
-async fn metric(p: &Portico, series: &str) -> u64 {
-    let text = page(p, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
-}
 
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -83,7 +26,7 @@ fn stderr(o: &std::process::Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_forward_proxy_port_serves_http_urls_and_connect_inside_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
+    let pem = Pem::new(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
     let origin = Origin::start(|req| async move { Response::ok(format!("plain {}", req.uri.path())) }).await;
     let secure = Origin::start_tls(|req| async move { Response::ok(format!("secure {}", req.uri.path())) }).await;
     let port = free_port();
@@ -109,7 +52,7 @@ async fn an_https_forward_proxy_port_serves_http_urls_and_connect_inside_tls() {
     assert_eq!(stdout(&out), "secure /c");
     // curl refuses a proxy whose certificate it cannot verify: the proxy
     // really presented ours.
-    let other = cert(dir.path(), "other", &["other.test"]);
+    let other = Pem::new(dir.path(), "other", &["other.test"]);
     let out = common::curl(&[
         "--proxy",
         &proxy,
@@ -130,7 +73,7 @@ async fn large_bodies_both_ways_cross_a_tls_listener_intact() {
     // sending, 16 KiB records), so the writes wait for the client and the
     // reads span many records.
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
+    let pem = Pem::new(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
     let origin = Origin::start(|req| async move {
         if req.method == http::Method::POST {
             let sum: u64 = req.body.iter().map(|b| u64::from(*b)).sum();
@@ -172,7 +115,7 @@ async fn large_bodies_both_ways_cross_a_tls_listener_intact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_process_serves_tls_and_the_supervisor_checks_the_certificates() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
+    let pem = Pem::new(dir.path(), "proxy", &["proxy.test", "127.0.0.1"]);
     let origin = Origin::start(|_| async move { Response::ok("ok") }).await;
     let port = free_port();
     let config = format!(
@@ -213,7 +156,7 @@ async fn every_worker_process_serves_tls_and_the_supervisor_checks_the_certifica
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_reverse_listener_serves_from_the_cache() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let origin =
         Origin::start(|_| async move { Response::ok("cached page").header("Cache-Control", "max-age=300") }).await;
     let port = free_port();
@@ -242,7 +185,7 @@ async fn an_https_reverse_listener_serves_from_the_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transparent_listener_serves_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let origin = Origin::start(|req| async move { Response::ok(format!("origin {}", req.uri.path())) }).await;
     let port = free_port();
     let config = format!(
@@ -286,8 +229,8 @@ fn subject_for(port: u16, name: Option<&str>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_chooses_the_certificate_and_the_first_is_the_default() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let a = cert(dir.path(), "a", &["a.test"]);
-    let b = cert(dir.path(), "b", &["b.test", "*.b.test"]);
+    let a = Pem::new(dir.path(), "a", &["a.test"]);
+    let b = Pem::new(dir.path(), "b", &["b.test", "*.b.test"]);
     let port = free_port();
     let config = format!(
         "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}{}",
@@ -339,7 +282,7 @@ async fn sni_chooses_the_certificate_and_the_first_is_the_default() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_1_2_and_1_3_are_served_and_tls_min_version_refuses_1_2() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let (both, only13) = (free_port(), free_port());
     let config = format!(
         "[[listener]]\naddress = \"127.0.0.1:{both}\"\nmode = \"forward\"\n{t}\n[[listener]]\naddress = \"127.0.0.1:{only13}\"\nmode = \"forward\"\ntls_min_version = \"1.3\"\n{t}",
@@ -406,7 +349,7 @@ fn negotiated(port: u16, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_picks_aes_128_gcm_over_a_clients_aes_256_preference_and_serves_what_it_offers() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&format!(
         "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}",
@@ -449,10 +392,10 @@ fn check(tables: &str) -> std::process::Output {
 #[test]
 fn check_and_run_name_the_file_and_listener_of_a_bad_certificate() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let good = cert(dir.path(), "good", &["good.test"]);
-    let other = cert(dir.path(), "other", &["other.test"]);
-    let expired = cert_between(dir.path(), "expired", &["old.test"], 2000, 2001);
-    let future = cert_between(dir.path(), "future", &["new.test"], 2090, 2100);
+    let good = Pem::new(dir.path(), "good", &["good.test"]);
+    let other = Pem::new(dir.path(), "other", &["other.test"]);
+    let expired = Pem::between(dir.path(), "expired", &["old.test"], 2000, 2001);
+    let future = Pem::between(dir.path(), "future", &["new.test"], 2090, 2100);
     let missing = dir.path().join("missing.pem");
     let table = |c: &Path, k: &Path| {
         format!(
@@ -607,7 +550,7 @@ async fn fetch(tls: &mut Tls, p: &Portico, url: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_certificates_keeping_connections_and_refuses_a_bad_one() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let old = cert(dir.path(), "www", &["www.test"]);
+    let old = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let config = format!(
         "[[listener]]\naddress = \"127.0.0.1:{}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}",
@@ -620,7 +563,7 @@ async fn sighup_reloads_certificates_keeping_connections_and_refuses_a_bad_one()
     // Renewal writes the new files over the old ones, as certbot's deploy
     // hook would copy them.
     let new_dir = tempfile::tempdir().expect("temp dir");
-    let new = cert(new_dir.path(), "www", &["www.test"]);
+    let new = Pem::new(new_dir.path(), "www", &["www.test"]);
     let trust = client_config(&[&old, &new]);
     let (mut kept, der) = tls_connect(port, trust.clone()).await;
     assert_eq!(der, old.der);
@@ -638,7 +581,7 @@ async fn sighup_reloads_certificates_keeping_connections_and_refuses_a_bad_one()
     assert_eq!(fetch(&mut fresh, &p, &url).await, (200, "kept".to_string()));
 
     // A bad certificate (expired) is refused; the running one stays.
-    let expired = cert_between(new_dir.path(), "expired", &["www.test"], 2000, 2001);
+    let expired = Pem::between(new_dir.path(), "expired", &["www.test"], 2000, 2001);
     std::fs::copy(&expired.cert, &old.cert).expect("copy cert");
     std::fs::copy(&expired.key, &old.key).expect("copy key");
     p.signal(libc::SIGHUP);
@@ -671,7 +614,7 @@ async fn wait_for(p: &Portico, text: &str, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_or_a_truncated_client_hello_on_a_tls_port_is_closed_and_counted() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     // The first listener is plain: the statistics are read there.
     let config = format!(
@@ -731,7 +674,7 @@ async fn plain_http_or_a_truncated_client_hello_on_a_tls_port_is_closed_and_coun
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_queue() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = gate.clone();
     let origin = Origin::start(move |_| {
@@ -793,7 +736,7 @@ async fn a_tls_client_gets_a_disk_hit_from_a_held_file_copied_not_sendfiled() {
     // `sendfile` cannot encrypt: over TLS a held disk file is read (from
     // the page cache, else on the blocking pool) and sent through rustls.
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path(), "www", &["www.test"]);
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let origin = Origin::start(|_| async move {
         Response::ok("")
             .generated(200 << 10)

@@ -9,35 +9,11 @@
 
 mod common;
 
-use common::{Portico, free_port, parse_response, raw_request};
+use common::{Pem, Portico, free_port, metric, page};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// A certificate and its key written as PEM files.
-struct Pem {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-/// A self-signed certificate for `www.test`, valid now.
-fn cert(dir: &Path) -> Pem {
-    let key = rcgen::KeyPair::generate().expect("key pair");
-    let mut params = rcgen::CertificateParams::new(vec!["www.test".to_string()]).expect("params");
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, "www.test");
-    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2100, 1, 1);
-    let cert = params.self_signed(&key).expect("self-signed certificate");
-    let pem = Pem {
-        cert: dir.join("www.pem"),
-        key: dir.join("www.key"),
-    };
-    std::fs::write(&pem.cert, cert.pem()).expect("write certificate");
-    std::fs::write(&pem.key, key.serialize_pem()).expect("write key");
-    pem
-}
 
 /// A config with a plain listener (statistics are read there) on
 /// `plain`, a TLS one on `port`, and `extra` appended.
@@ -47,21 +23,6 @@ fn config(plain: u16, port: u16, pem: &Pem, extra: &str) -> String {
         pem.cert.display(),
         pem.key.display()
     )
-}
-
-/// A monitoring page, from the plain listener `p.addr()`.
-async fn page(p: &Portico, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
-    parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str()
-}
-
-/// The value of a line of /metrics (`name{labels}` as written).
-async fn metric(p: &Portico, series: &str) -> u64 {
-    let text = page(p, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
 }
 
 /// Waits until the /metrics series `series` is exactly `n` (the workers'
@@ -152,7 +113,7 @@ async fn connect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openssl_resumes_tls_1_2_and_1_3_sessions_and_every_view_counts_full_and_resumed() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(free_port(), port, &pem, "")).await;
     let sess = dir.path().join("session.pem");
@@ -205,7 +166,7 @@ async fn openssl_resumes_tls_1_2_and_1_3_sessions_and_every_view_counts_full_and
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_worker_processes_every_connection_after_the_first_resumes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(
         free_port(),
@@ -248,7 +209,7 @@ async fn without_tickets_two_workers_resume_only_sessions_their_own_cache_holds(
     // own cache, so some connections land on the worker that does not
     // have the session and get a full handshake.
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(
         free_port(),
@@ -278,7 +239,7 @@ async fn without_tickets_two_workers_resume_only_sessions_their_own_cache_holds(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tickets_and_the_cache_off_nothing_resumes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(
         free_port(),
@@ -359,7 +320,7 @@ fn forge(sess: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_ticket_or_another_server_s_gets_a_full_handshake_not_a_failure() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let (plain, port) = (free_port(), free_port());
     let cfg = config(plain, port, &pem, "");
     let p = Portico::start(&cfg).await;
@@ -403,7 +364,7 @@ async fn a_forged_ticket_or_another_server_s_gets_a_full_handshake_not_a_failure
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ticket_keys_rotate_and_an_older_ticket_resumes_within_the_session_timeout() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(
         free_port(),
@@ -450,7 +411,7 @@ fn worker_pid(p: &Portico, i: usize) -> Option<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_worker_opens_the_tickets_sealed_before_it_started() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pem = cert(dir.path());
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let port = free_port();
     let p = Portico::start(&config(
         free_port(),

@@ -75,34 +75,26 @@ impl<'a> ResponseWriter<'a> {
         keep_alive: bool,
         settings: &'a super::ConnSettings,
     ) -> Self {
-        ResponseWriter {
-            sink: Sink::H1(stream),
-            version,
-            head_request: *method == Method::HEAD,
-            keep_alive,
-            framing: Framing::None,
-            pending_head: None,
-            status: None,
-            declared: 0,
-            locations: HeaderMap::new(),
-            body_bytes: 0,
-            finished: false,
-            edits: Vec::new(),
-            send_timeout: settings.send_timeout,
-            keepalive: &settings.keepalive,
-            timeout_counted: false,
-            awaiting_continue: false,
-            continue_sent: false,
-        }
+        Self::with_sink(Sink::H1(stream), version, method, keep_alive, settings)
     }
 
     /// A writer for one HTTP/2 stream's response.
     pub(super) fn h2(out: super::h2::H2Out, method: &Method, settings: &'a super::ConnSettings) -> Self {
+        Self::with_sink(Sink::H2(Box::new(out)), Version::HTTP_2, method, true, settings)
+    }
+
+    fn with_sink(
+        sink: Sink<'a>,
+        version: Version,
+        method: &Method,
+        keep_alive: bool,
+        settings: &'a super::ConnSettings,
+    ) -> Self {
         ResponseWriter {
-            sink: Sink::H2(Box::new(out)),
-            version: Version::HTTP_2,
+            sink,
+            version,
             head_request: *method == Method::HEAD,
-            keep_alive: true,
+            keep_alive,
             framing: Framing::None,
             pending_head: None,
             status: None,

@@ -15,6 +15,7 @@
 // Not every test file uses every helper.
 #![allow(dead_code, unused_imports)]
 
+mod certs;
 mod client;
 mod dns;
 mod origin;
@@ -22,13 +23,14 @@ mod portico;
 mod raw_origin;
 pub mod slapd;
 
+pub use certs::{Pem, cert_table};
 pub use client::{
     Framing, ParsedResponse, RawClient, connect_tunnel, curl, parse_head_response, parse_response, parse_responses,
     parse_responses_lenient, raw_request, raw_request_from, raw_request_timeout,
 };
 pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
-pub use portico::{Portico, listener_addrs, with_nameserver};
+pub use portico::{Portico, listener_addrs, metric, page, with_nameserver};
 pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
 pub use slapd::{Slapd, have_slapd};
 

@@ -325,3 +325,19 @@ impl Drop for Portico {
         let _ = self.child.wait();
     }
 }
+
+/// A monitoring page (`/metrics`, `/.stats.json`, ...) read from
+/// `p.addr()`, the first listener, as a loopback admin client.
+pub async fn page(p: &Portico, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr());
+    super::client::parse_response(&super::client::raw_request(p.addr(), req.as_bytes()).await).body_str()
+}
+
+/// The value of a line of /metrics (`name{labels}` as written).
+pub async fn metric(p: &Portico, series: &str) -> u64 {
+    let text = page(p, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+}
