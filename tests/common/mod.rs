@@ -11,6 +11,8 @@
 //! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
 //! - [`Slapd`]: a real OpenLDAP directory for the LDAP tests.
 //! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
+//! - [`page`], [`metric`]: the monitoring pages of a running Portico.
+//! - [`Pem`], [`cert_table`]: self-signed certificates for TLS listeners.
 
 // Not every test file uses every helper.
 #![allow(dead_code, unused_imports)]
