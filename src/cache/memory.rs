@@ -110,13 +110,14 @@ impl MemoryTier {
     }
 
     /// Up to `limit` objects held: id, key URL, body size, whether it is a
-    /// Vary marker (for the /nsc listing).
+    /// Vary or slice marker (for the /nsc listing).
     pub fn list(&self, limit: usize) -> Vec<(ObjectId, String, u64, bool)> {
         self.cache
             .iter()
             .take(limit)
             .map(|(id, obj)| {
-                let marker = obj.meta.headers.contains_key(super::object::MARKER);
+                let marker = obj.meta.headers.contains_key(super::object::MARKER)
+                    || obj.meta.headers.contains_key(super::object::SLICED);
                 (id, obj.meta.key.clone(), obj.body.len() as u64, marker)
             })
             .collect()

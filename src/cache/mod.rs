@@ -15,4 +15,4 @@ pub(crate) mod range;
 mod tiers;
 
 pub use key::{CacheKey, ObjectId};
-pub(crate) use tiers::{Cache, StoreSink, Stored};
+pub(crate) use tiers::{Cache, StoreSink, Stored, slice_variant};

@@ -13,6 +13,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// stored metadata both use, so that the two do not import each other.
 pub(crate) const MARKER: &str = "x-portico-vary-marker";
 
+/// Header that marks a stored object as a slice marker (never served):
+/// what is stored under the primary key of an object stored in slices
+/// (`cache.slice`), its value `<slice size> <complete length>`, so that an
+/// invalidation finds every slice. The slices themselves are stored as
+/// variants of the primary key selected by [`SLICE_FIELD`].
+pub(crate) const SLICED: &str = "x-portico-sliced";
+
+/// The pseudo request field whose value (a slice's first byte offset)
+/// selects one slice of a sliced object, as a `Vary` field selects a
+/// variant: the slice's id is `CacheKey::variant_id` of it. No request
+/// field is ever looked up by this name.
+pub(crate) const SLICE_FIELD: &str = "x-portico-slice";
+
 /// Stored response metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMeta {

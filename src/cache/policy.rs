@@ -95,6 +95,8 @@ pub struct Policy {
     targeted: Vec<HeaderName>,
     /// `cache.strip_targeted_fields` (acts only with `targeted`).
     strip_targeted: bool,
+    /// `cache.slice` in bytes; 0: objects are fetched and stored whole.
+    slice: u64,
 }
 
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
@@ -197,7 +199,14 @@ impl Policy {
             max_stale_on_error: cfg.max_stale_on_error.get().as_secs(),
             targeted: Vec::new(),
             strip_targeted: cfg.strip_targeted_fields,
+            slice: cfg.slice.bytes(),
         })
+    }
+
+    /// `cache.slice`: the size of the slices objects are fetched and stored
+    /// in, None when they are fetched and stored whole.
+    pub fn slice_size(&self) -> Option<u64> {
+        (self.slice > 0).then_some(self.slice)
     }
 
     /// This policy, obeying the targeted cache-control fields of `cfg`

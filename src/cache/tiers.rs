@@ -6,13 +6,19 @@
 //! (`CacheKey::variant_id`), and a small *marker* under the primary id
 //! records the varying field names and the variants stored, so a lookup
 //! finds the right variant and an invalidation removes them all.
+//!
+//! Slices (`cache.slice`): each slice of an object is stored as a variant
+//! of its primary key selected by its first byte's offset
+//! ([`slice_variant`]), and a *slice marker* under the primary id records
+//! the slice size and the complete length, so an invalidation can name
+//! every slice. A plain lookup never returns a marker of either kind.
 
 use super::disk::{BodyReader, DiskStore, DiskWriter, OpenObject};
 use super::flight::Flights;
 use super::key::{CacheKey, ObjectId};
 use super::memory::{MemObject, MemoryTier};
-use super::object::MARKER;
 use super::object::StoredMeta;
+use super::object::{MARKER, SLICE_FIELD, SLICED};
 use super::policy::{self, Policy};
 use crate::blocking::BlockingPool;
 use crate::config::CacheConfig;
@@ -575,8 +581,10 @@ impl Cache {
         let Some(primary) = self.get_or_busy(key.id(), true).await? else {
             return Ok(None);
         };
-        if primary.meta.key != key.text() {
-            return Ok(None); // a 128-bit hash collision: treat as a miss
+        if primary.meta.key != key.text() || primary.meta.headers.contains_key(SLICED) {
+            // A 128-bit hash collision, or an object stored in slices
+            // (`lookup_slice`): a miss for a lookup of the whole.
+            return Ok(None);
         }
         let Some(fields) = primary.meta.headers.get(MARKER) else {
             return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
@@ -594,6 +602,40 @@ impl Cache {
             return Ok(None);
         };
         Ok((found.meta.key == key.text() && found.meta.variant == variant).then_some(found))
+    }
+
+    /// The stored slice of `key` that starts at byte `start` (`cache.slice`);
+    /// `PoolBusy` as for [`Cache::lookup`].
+    pub async fn lookup_slice(&self, key: &CacheKey, start: u64) -> Result<Option<Stored>, PoolBusy> {
+        let variant = slice_variant(start);
+        let Some(found) = self.get_or_busy(key.variant_id(&variant), true).await? else {
+            return Ok(None);
+        };
+        Ok((found.meta.key == key.text() && found.meta.variant == variant).then_some(found))
+    }
+
+    /// Records under the primary id of `key` that the object is stored in
+    /// slices of `size` bytes, `complete` bytes in all, unless that is
+    /// recorded already. A complete response or a Vary marker stored there
+    /// is left alone (its own invalidation would lose track of it): the
+    /// slices are then found by their own ids, and removed by `purge` and
+    /// the garbage collector as any object is.
+    pub async fn mark_sliced(&self, key: &CacheKey, size: u64, complete: u64) {
+        let value = format!("{size} {complete}");
+        let primary = key.id();
+        if let Some(old) = self.get(primary).await {
+            match old.meta.headers.get(SLICED) {
+                Some(v) if v.as_bytes() == value.as_bytes() => return,
+                Some(_) => {}
+                None if old.meta.key != key.text() => {}
+                None => return,
+            }
+        }
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(SLICED), v);
+        }
+        self.write_primary_marker(key, headers, Bytes::new()).await;
     }
 
     /// Starts storing a response as it streams: `vary` is its Vary field
@@ -645,6 +687,13 @@ impl Cache {
         if let Ok(v) = HeaderValue::from_str(&vary.join(", ")) {
             headers.insert(HeaderName::from_static(MARKER), v);
         }
+        self.write_primary_marker(key, headers, Bytes::from(body)).await;
+    }
+
+    /// Stores a marker (never served: `headers` say which kind) with `body`
+    /// under the primary id of `key`, in both tiers.
+    async fn write_primary_marker(&self, key: &CacheKey, headers: HeaderMap, body: Bytes) {
+        let primary = key.id();
         let now = SystemTime::now();
         let meta = StoredMeta {
             key: key.text().to_string(),
@@ -654,7 +703,6 @@ impl Cache {
             request_time: now,
             response_time: now,
         };
-        let body = Bytes::from(body);
         if let Some(d) = &self.disk
             && let Ok(mut w) = d.writer(primary, &meta).await
             && w.write(&body).await.is_ok()
@@ -700,6 +748,9 @@ impl Cache {
         if found.meta.headers.contains_key(MARKER) {
             ids.extend(marker_ids(&found).await);
         }
+        if let Some(v) = found.meta.headers.get(SLICED) {
+            ids.extend(slice_ids(key, v.as_bytes()));
+        }
         for id in ids {
             self.memory.remove(id);
             if let Some(d) = &self.disk {
@@ -709,6 +760,28 @@ impl Cache {
         }
         true
     }
+}
+
+/// The variant that selects the slice starting at byte `start` of a sliced
+/// object (see the module's documentation).
+pub fn slice_variant(start: u64) -> Vec<(String, Option<String>)> {
+    vec![(SLICE_FIELD.to_string(), Some(start.to_string()))]
+}
+
+/// The ids of every slice a slice marker's value (`<size> <complete>`)
+/// names; none for a value that is not one.
+fn slice_ids(key: &CacheKey, value: &[u8]) -> Vec<ObjectId> {
+    let text = std::str::from_utf8(value).unwrap_or("");
+    let mut numbers = text.split(' ').map(|n| n.parse::<u64>().ok());
+    let (Some(Some(size)), Some(Some(complete)), None) = (numbers.next(), numbers.next(), numbers.next()) else {
+        return Vec::new();
+    };
+    if size == 0 {
+        return Vec::new();
+    }
+    (0..complete.div_ceil(size))
+        .map(|i| key.variant_id(&slice_variant(i * size)))
+        .collect()
 }
 
 /// The variant ids a Vary marker lists, wherever its body is (a marker

@@ -435,6 +435,23 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if c.cache.max_ttl.get() > std::time::Duration::ZERO && c.cache.min_ttl > c.cache.max_ttl {
         return Err((vec![Key("cache"), Key("min_ttl")], "min_ttl is above max_ttl".into()));
     }
+    // A slice the cache may not store would be fetched again by every
+    // request that touches it.
+    let max_object = c.cache.max_object_size;
+    let slices = std::iter::once((c.cache.slice, vec![Key("cache"), Key("slice")])).chain(
+        c.rule.iter().enumerate().filter_map(|(i, r)| {
+            let slice = r.cache.as_ref()?.slice?;
+            Some((slice, vec![Key("rule"), Index(i), Key("cache"), Key("slice")]))
+        }),
+    );
+    for (slice, at) in slices {
+        if slice.bytes() > max_object.bytes() {
+            return Err((
+                at,
+                format!("slice {slice} is larger than cache.max_object_size ({max_object}): no slice could be stored"),
+            ));
+        }
+    }
     if tracing_level(&c.log.level).is_none() {
         return Err((
             vec![Key("log"), Key("level")],

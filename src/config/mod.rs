@@ -945,6 +945,9 @@ pub struct CacheOverrides {
     /// As `cache.strip_targeted_fields`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strip_targeted_fields: Option<bool>,
+    /// As `cache.slice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<Size>,
 }
 
 impl CacheOverrides {
@@ -980,6 +983,9 @@ impl CacheOverrides {
         }
         if let Some(v) = self.strip_targeted_fields {
             c.strip_targeted_fields = v;
+        }
+        if let Some(v) = self.slice {
+            c.slice = v;
         }
         c
     }
@@ -1108,6 +1114,9 @@ pub struct CacheConfig {
     /// Reverse listeners remove the `targeted_fields` from the responses
     /// they send from or through the cache.
     pub strip_targeted_fields: bool,
+    /// Fetch and store objects in slices of this size (nginx's `slice`):
+    /// a Range request costs the origin only the slices it touches; 0 = off.
+    pub slice: Size,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -1153,6 +1162,7 @@ impl Default for CacheConfig {
             revalidation_wait: Dur::secs(10),
             targeted_fields: vec!["CDN-Cache-Control".to_string()],
             strip_targeted_fields: false,
+            slice: Size(0),
         }
     }
 }

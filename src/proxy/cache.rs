@@ -24,6 +24,8 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+mod slice;
+
 /// What the cache did for a request (the `X-Cache` value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheStatus {
@@ -114,6 +116,9 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         return Ok(());
     };
     let Some(stored) = found else {
+        if let Some(size) = policy.slice_size() {
+            return Box::pin(tx.sliced(size)).await;
+        }
         if let Some(done) = tx.partial_hit().await {
             return done;
         }

@@ -64,6 +64,8 @@ pub enum Body {
     /// 64 KiB pieces (never held in memory); with `Content-Length` unless
     /// `chunked`.
     Generated {
+        /// The pattern offset of the first byte (0 for a whole body).
+        from: u64,
         /// Total body length in bytes.
         len: u64,
         /// Use chunked encoding instead of `Content-Length`.
@@ -140,13 +142,32 @@ impl Response {
 
     /// `len` lazily generated pattern bytes with `Content-Length`.
     pub fn generated(mut self, len: u64) -> Self {
-        self.body = Body::Generated { len, chunked: false };
+        self.body = Body::Generated {
+            from: 0,
+            len,
+            chunked: false,
+        };
+        self
+    }
+
+    /// Bytes `from..from + len` of the generated pattern with
+    /// `Content-Length`: a range of a generated body (`pattern_matches(from, ..)`).
+    pub fn generated_range(mut self, from: u64, len: u64) -> Self {
+        self.body = Body::Generated {
+            from,
+            len,
+            chunked: false,
+        };
         self
     }
 
     /// `len` lazily generated pattern bytes, chunked.
     pub fn generated_chunked(mut self, len: u64) -> Self {
-        self.body = Body::Generated { len, chunked: true };
+        self.body = Body::Generated {
+            from: 0,
+            len,
+            chunked: true,
+        };
         self
     }
 
@@ -238,10 +259,10 @@ impl OriginBody {
                 });
                 (BodyState::Chunked(chunks.into(), map), None)
             }
-            Body::Generated { len, chunked } => (
+            Body::Generated { from, len, chunked } => (
                 BodyState::Generated {
                     remaining: len,
-                    offset: 0,
+                    offset: from,
                 },
                 (!chunked).then_some(len),
             ),

@@ -1,0 +1,631 @@
+//! Objects cached in fixed-size slices (`cache.slice`), as nginx's slice
+//! module caches them: each slice is fetched from the origin with a `Range`
+//! of its own, stored as an object of its own (both tiers, evicted on its
+//! own) and answered from by every request that touches it. A Range request
+//! for the middle of a multi-gigabyte file costs the origin the one slice
+//! holding it, and a video player's seek is a hit once that slice is
+//! stored; a request for the whole object is sent slice after slice.
+//!
+//! The slices of one object must be one representation: each slice used
+//! after the first must have the first's complete length, `ETag` and
+//! `Last-Modified`. When one does not (the object changed at the origin
+//! between two slices), the response already begun cannot be completed
+//! honestly: the connection is closed before its announced length, and every
+//! slice of the object is invalidated so the next request starts afresh
+//! (nginx's module ends the response the same way).
+//!
+//! An origin that does not answer a slice's `Range` with that range (a
+//! 200: it does not do ranges; an error) is answered as without slicing:
+//! its response is relayed, and a complete 200 stored whole, which later
+//! requests find before they look for slices.
+
+use super::{CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, send_range};
+use crate::cache::Stored;
+use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
+use crate::cache::object::StoredMeta;
+use crate::cache::partial::{self, parse_content_range};
+use crate::cache::policy::{self, Decision, Precondition};
+use crate::cache::range::{self, RangePlan};
+use crate::cache::{StoreSink, slice_variant};
+use crate::http1::BodyLen;
+use crate::proxy::forward::Failure;
+use bytes::Bytes;
+use http::header::{
+    AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE, LAST_MODIFIED, RANGE, VARY,
+};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Where one slice's bytes come from.
+enum Source<'c> {
+    /// Stored and fresh: a hit.
+    Stored(Stored),
+    /// Fetched by this request: stored as it arrives and shared with the
+    /// requests collapsed onto it.
+    Fetch(Box<Fetch<'c>>),
+    /// Being fetched by another request, followed as it arrives.
+    Follow(Follower),
+}
+
+/// A slice this request is fetching.
+struct Fetch<'c> {
+    /// `cache.slice`, for the slice marker.
+    size: u64,
+    body: hyper::body::Incoming,
+    sink: Option<StoreSink<'c>>,
+    leader: Option<Leader>,
+}
+
+/// See [`Slice::identity`].
+type Identity = (u64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// One slice of the object.
+struct Slice<'c> {
+    /// Its bytes in the object (end exclusive).
+    range: Range<u64>,
+    /// The object's complete length.
+    complete: u64,
+    /// Its response as stored: status 206, with its `Content-Range`.
+    meta: Arc<StoredMeta>,
+    source: Source<'c>,
+}
+
+/// What asking for a slice gave.
+enum Got<'c> {
+    /// The slice.
+    Slice(Slice<'c>),
+    /// The origin answered the slice's request with something else.
+    Other(Fetched),
+}
+
+impl Slice<'_> {
+    /// The complete response's metadata as the first slice says it: status
+    /// 200, the slice's own `Content-Range` and `Content-Length` removed.
+    fn whole_meta(&self) -> StoredMeta {
+        StoredMeta {
+            key: self.meta.key.clone(),
+            variant: Vec::new(),
+            status: StatusCode::OK,
+            headers: partial::whole_headers(self.meta.headers.clone()),
+            request_time: self.meta.request_time,
+            response_time: self.meta.response_time,
+        }
+    }
+
+    /// What every slice of one representation shares (see the module's
+    /// documentation): the complete length, `ETag` and `Last-Modified`.
+    fn identity(&self) -> Identity {
+        let field = |name| self.meta.headers.get(name).map(|v: &HeaderValue| v.as_bytes().to_vec());
+        (self.complete, field(ETAG), field(LAST_MODIFIED))
+    }
+
+    fn is_hit(&self) -> bool {
+        matches!(self.source, Source::Stored(_))
+    }
+}
+
+/// The first byte a `Range` request asks for, when its first range says
+/// it (`bytes=N-...`): where the first slice to get is. None for no
+/// `Range`, a suffix range or anything else (the first slice then is the
+/// object's first, which also says its length).
+fn first_byte(headers: &HeaderMap) -> Option<u64> {
+    let spec = headers.get(RANGE)?.to_str().ok()?.trim().strip_prefix("bytes=")?;
+    let first = spec.split(',').next()?.trim();
+    let (start, _) = first.split_once('-')?;
+    start.trim().parse().ok()
+}
+
+/// The `Content-Range` a slice request's 206 must carry: the slice asked
+/// for, cut at the complete length.
+fn answers(fetched: &Fetched, start: u64, size: u64) -> Option<(Range<u64>, u64)> {
+    let response = &fetched.response;
+    if response.status() != StatusCode::PARTIAL_CONTENT {
+        return None;
+    }
+    let cr = parse_content_range(response.headers().get(CONTENT_RANGE)?.as_bytes())?;
+    let complete = cr.complete?;
+    let end = start.saturating_add(size).min(complete);
+    let len = response.body().size_hint().exact();
+    (cr.range == (start..end) && len == Some(end - start)).then_some((cr.range, complete))
+}
+
+impl<'c> Transaction<'c, '_> {
+    /// A GET or HEAD for an object nothing complete is stored for, on a
+    /// route with `cache.slice`: answered slice by slice (see the module's
+    /// documentation).
+    pub(super) async fn sliced(&mut self, size: u64) -> Result<(), Failure> {
+        let start = first_byte(&self.ex.head.headers).unwrap_or(0) / size * size;
+        let first = match self.slice(start, size).await? {
+            Got::Slice(s) => s,
+            Got::Other(fetched) => return self.not_sliced(fetched, start).await,
+        };
+        let hit = first.is_hit();
+        if hit {
+            self.cache.stats.hit();
+        } else {
+            self.cache.stats.miss();
+        }
+        let status = if hit { CacheStatus::Hit } else { CacheStatus::Miss };
+        let whole = first.whole_meta();
+        if let Some(why) = super::super::reply_acl::denied(&self.dest.reply, whole.status, &whole.headers) {
+            self.drain(first).await;
+            super::super::reply_acl::refuse(&mut self.ex.out, self.sh, &self.ex.head, &why).await;
+            return Ok(());
+        }
+        note_cache(self.ex, status.outcome());
+        let _send = crate::stats::stage(crate::stats::Stage::Send);
+        let now = SystemTime::now();
+        let mut headers = whole.headers.clone();
+        self.policy.take_unshared(&mut headers);
+        self.policy.strip_targeted(&mut headers);
+        headers.insert(AGE, policy::age_header(&whole, now));
+        if let Some(name) = &self.cache.status_header {
+            headers.insert(name.clone(), status.value());
+        }
+        let method = self.ex.head.method.clone();
+        match policy::check_preconditions(&method, &self.ex.head.headers, &whole) {
+            Precondition::NotModified => {
+                self.drain(first).await;
+                let h = policy::not_modified_headers(&headers);
+                self.ex.out.send_head(StatusCode::NOT_MODIFIED, h, BodyLen::Known(0));
+                finish(self.ex).await;
+                return Ok(());
+            }
+            Precondition::Failed => {
+                self.drain(first).await;
+                return Err((
+                    StatusCode::PRECONDITION_FAILED,
+                    "a precondition of the request failed".into(),
+                ));
+            }
+            Precondition::Proceed => {}
+        }
+        let complete = first.complete;
+        // What to send: (a multipart delimiter, the object's bytes) each.
+        let mut parts: Vec<(Bytes, Range<u64>)> = Vec::new();
+        let mut trailer = Bytes::new();
+        match range::plan(&method, &self.ex.head.headers, StatusCode::OK, &headers, complete) {
+            RangePlan::Full => {
+                if method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(complete));
+                }
+                self.ex.out.send_head(StatusCode::OK, headers, BodyLen::Known(complete));
+                parts.push((Bytes::new(), 0..complete));
+            }
+            RangePlan::Single(r) => {
+                headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, complete)));
+                if method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(r.end - r.start));
+                }
+                let len = BodyLen::Known(r.end - r.start);
+                self.ex.out.send_head(StatusCode::PARTIAL_CONTENT, headers, len);
+                parts.push((Bytes::new(), r));
+            }
+            RangePlan::Multi(ranges) => {
+                let part_type = headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let boundary = range::boundary(self.key.id().0 as u64 ^ complete);
+                let mp = range::multipart(&ranges, complete, part_type.as_deref(), &boundary);
+                headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
+                if method == Method::HEAD {
+                    headers.insert(CONTENT_LENGTH, HeaderValue::from(mp.content_length));
+                }
+                let len = BodyLen::Known(mp.content_length);
+                self.ex.out.send_head(StatusCode::PARTIAL_CONTENT, headers, len);
+                parts = mp.parts;
+                trailer = mp.trailer;
+            }
+            RangePlan::Unsatisfiable => {
+                let mut h = HeaderMap::new();
+                h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(complete)));
+                if let Some(name) = &self.cache.status_header {
+                    h.insert(name.clone(), status.value());
+                }
+                self.ex
+                    .out
+                    .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
+            }
+        }
+        if method == Method::HEAD {
+            parts.clear();
+        }
+        // Every slice sent must be of the representation whose head was sent.
+        let identity = first.identity();
+        let mut pending = Some(first);
+        let before = self.ex.out.body_bytes();
+        let mut whole = true;
+        for (prefix, r) in &parts {
+            // Never the next part after one cut short.
+            whole = (prefix.is_empty() || self.ex.out.send_data(prefix).await.is_ok())
+                && self.send_slices(r.clone(), size, &mut pending, &identity).await;
+            if !whole {
+                break;
+            }
+        }
+        if whole && !trailer.is_empty() {
+            whole = self.ex.out.send_data(&trailer).await.is_ok();
+        }
+        // The first slice, when no part wanted its bytes: stored all the same.
+        if let Some(first) = pending {
+            self.drain(first).await;
+        }
+        if hit {
+            self.cache.stats.served(self.ex.out.body_bytes() - before);
+        }
+        if whole {
+            finish(self.ex).await;
+        } else {
+            // Short of its announced length: the client must see it end.
+            self.ex.out.close_after();
+        }
+        Ok(())
+    }
+
+    /// The origin answered the first slice's request with something other
+    /// than that slice: a 200 (it does not do ranges) or an error is relayed
+    /// as it is (and stored when the policy allows, whole); a 416 for the
+    /// first slice of all says the object is empty (no range of it exists):
+    /// the client's own request is fetched instead. A 206 of another range
+    /// is not what anyone asked for.
+    async fn not_sliced(&mut self, fetched: Fetched, start: u64) -> Result<(), Failure> {
+        let status = fetched.response.status();
+        if status == StatusCode::PARTIAL_CONTENT {
+            drop(fetched);
+            return Err((
+                StatusCode::BAD_GATEWAY,
+                "the origin answered a slice's Range with another range".into(),
+            ));
+        }
+        self.cache.stats.miss();
+        if status == StatusCode::RANGE_NOT_SATISFIABLE && start == 0 {
+            drop(fetched);
+            let fetched = self.fetch(None).await?;
+            self.store_and_send(fetched, None).await;
+            return Ok(());
+        }
+        self.store_and_send(fetched, None).await;
+        Ok(())
+    }
+
+    /// Sends the bytes `r` of the object, slice after slice; `pending` is
+    /// the first slice (used when `r` needs it, and taken then), `first` the
+    /// identity of the first slice, whose head was sent: every slice sent
+    /// must match it. False when the response cannot go on (client gone, a
+    /// slice failed or was of another representation).
+    async fn send_slices(
+        &mut self,
+        r: Range<u64>,
+        size: u64,
+        pending: &mut Option<Slice<'c>>,
+        first: &Identity,
+    ) -> bool {
+        let mut at = r.start;
+        while at < r.end {
+            let start = at / size * size;
+            let slice = match pending.take_if(|s| s.range.start == start) {
+                Some(s) => s,
+                None => {
+                    // The first slice is not this one: read it (and store it)
+                    // now, rather than leave its origin connection waiting
+                    // while others are fetched; if a later part wants it, it
+                    // is stored by then.
+                    if let Some(first) = pending.take() {
+                        self.drain(first).await;
+                    }
+                    match self.slice(start, size).await {
+                        Ok(Got::Slice(s)) => s,
+                        Ok(Got::Other(_)) | Err(_) => {
+                            tracing::warn!(key = self.key.text(), start, "slice unavailable: response cut short");
+                            return false;
+                        }
+                    }
+                }
+            };
+            if slice.identity() != *first {
+                tracing::warn!(
+                    key = self.key.text(),
+                    start,
+                    "slices of different representations (the object changed at the origin): \
+                     response cut short, object invalidated"
+                );
+                self.drain(slice).await;
+                self.cache.invalidate(&self.key).await;
+                return false;
+            }
+            let end = r.end.min(slice.range.end);
+            if end <= at {
+                return false; // cannot be: the complete length matched
+            }
+            let local = (at - start)..(end - start);
+            if !self.pump(slice, Some(local)).await {
+                return false;
+            }
+            at = end;
+        }
+        true
+    }
+
+    /// Reads a slice whole (storing it) without sending any of it.
+    async fn drain(&mut self, slice: Slice<'c>) {
+        if matches!(slice.source, Source::Fetch(_)) {
+            self.pump(slice, None).await;
+        }
+    }
+
+    /// Sends the bytes `local` (offsets in the slice) of `slice` to the
+    /// client; a slice being fetched is read whole and stored whatever the
+    /// client takes. False when the client or the slice failed.
+    async fn pump(&mut self, slice: Slice<'c>, local: Option<Range<u64>>) -> bool {
+        let len = slice.range.end - slice.range.start;
+        let key = self.key.text();
+        match slice.source {
+            Source::Stored(stored) => match local {
+                Some(l) => send_range(self.ex, &stored, l).await,
+                None => true,
+            },
+            Source::Follow(mut follower) => {
+                let mut pos = 0u64;
+                loop {
+                    match follower.next().await {
+                        Next::Data(d) => {
+                            let n = d.len() as u64;
+                            if let Some(l) = &local
+                                && !send_within(self.ex, &d, pos, l).await
+                            {
+                                return false;
+                            }
+                            pos += n;
+                        }
+                        Next::End => return pos == len,
+                        Next::Failed => return false,
+                    }
+                }
+            }
+            Source::Fetch(fetch) => {
+                let Fetch {
+                    size,
+                    mut body,
+                    mut sink,
+                    leader,
+                } = *fetch;
+                let idle = self.sh.upstream.idle_timeout;
+                let mut client_ok = local.is_some();
+                let mut pos = 0u64;
+                let complete = loop {
+                    let frame = match tokio::time::timeout(idle, body.frame()).await {
+                        Ok(Some(Ok(frame))) => frame,
+                        Ok(None) => break pos == len,
+                        Ok(Some(Err(e))) => {
+                            tracing::warn!(key, "{}", crate::upstream::origin_cause(&e, true));
+                            break false;
+                        }
+                        Err(_) => {
+                            tracing::warn!(key, "origin response body stalled (slice)");
+                            break false;
+                        }
+                    };
+                    let Ok(data) = frame.into_data() else { continue };
+                    self.cache.stats.fetched(data.len() as u64);
+                    if let Some(s) = sink.as_mut()
+                        && !s.data(&data).await
+                    {
+                        sink = None;
+                    }
+                    if let Some(l) = &leader {
+                        l.data(data.clone());
+                    }
+                    if client_ok
+                        && let Some(l) = &local
+                        && !send_within(self.ex, &data, pos, l).await
+                    {
+                        client_ok = false;
+                    }
+                    pos += data.len() as u64;
+                    if !client_ok && sink.is_none() && leader.is_none() {
+                        break false;
+                    }
+                };
+                if complete {
+                    if let Some(s) = sink {
+                        self.cache.mark_sliced(&self.key, size, slice.complete).await;
+                        s.commit().await;
+                        self.cache.stats.stored();
+                    }
+                    if let Some(l) = leader {
+                        l.finish(Ending::Complete);
+                    }
+                } else if let Some(l) = leader {
+                    l.finish(Ending::Failed);
+                }
+                complete && (client_ok || local.is_none())
+            }
+        }
+    }
+
+    /// The slice that starts at byte `start`: stored and fresh, being
+    /// fetched by another request (followed), or fetched now.
+    async fn slice(&mut self, start: u64, size: u64) -> Result<Got<'c>, Failure> {
+        let variant = slice_variant(start);
+        let id = self.key.variant_id(&variant);
+        // A rejoin after a fetch that shared nothing with us; bounded as
+        // `fetch_and_store`'s.
+        for _ in 0..4 {
+            if let Some(stored) = self.stored_slice(start).await? {
+                return Ok(Got::Slice(stored));
+            }
+            let mut follower = match self.cache.flights.join(id) {
+                Role::Leader(l) => return self.fetch_slice(start, size, Some(l)).await,
+                Role::Follower(f) => f,
+            };
+            if let Some(head) = follower.head().await
+                && let Some(slice) = followed(&head, self.key.text(), start, size, follower)
+            {
+                self.cache.stats.collapsed();
+                return Ok(Got::Slice(slice));
+            }
+        }
+        self.fetch_slice(start, size, None).await
+    }
+
+    /// The stored slice starting at `start`, when it is fresh for this request.
+    async fn stored_slice(&mut self, start: u64) -> Result<Option<Slice<'c>>, Failure> {
+        let found = self
+            .cache
+            .lookup_slice(&self.key, start)
+            .await
+            .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "the disk cache is busy".to_string()))?;
+        let Some(stored) = found else { return Ok(None) };
+        let Some(cr) = stored
+            .meta
+            .headers
+            .get(CONTENT_RANGE)
+            .and_then(|v| parse_content_range(v.as_bytes()))
+        else {
+            return Ok(None);
+        };
+        let (Some(complete), true) = (cr.complete, cr.range.end - cr.range.start == stored.len) else {
+            return Ok(None);
+        };
+        if self.policy.evaluate(&self.ex.head.headers, &stored.meta, self.now) != Decision::Fresh {
+            return Ok(None);
+        }
+        Ok(Some(Slice {
+            range: cr.range,
+            complete,
+            meta: stored.meta.clone(),
+            source: Source::Stored(stored),
+        }))
+    }
+
+    /// Asks the origin for the slice starting at `start` (a GET with only
+    /// that `Range`, whatever this client asked for) and opens its store.
+    async fn fetch_slice(&mut self, start: u64, size: u64, leader: Option<Leader>) -> Result<Got<'c>, Failure> {
+        if policy::only_if_cached(&self.ex.head.headers) {
+            return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
+        }
+        let mut head = self.ex.head.clone();
+        head.method = Method::GET;
+        for name in [
+            IF_RANGE,
+            IF_MATCH,
+            IF_NONE_MATCH,
+            IF_MODIFIED_SINCE,
+            IF_UNMODIFIED_SINCE,
+        ] {
+            head.headers.remove(name);
+        }
+        let last = start.saturating_add(size) - 1;
+        head.headers
+            .insert(RANGE, header_value(&format!("bytes={start}-{last}")));
+        let (fetched, hierarchy) = fetch_timed(self.sh, &head, self.ex.peer.ip(), self.dest, None, None).await?;
+        self.ex.hierarchy = Some(hierarchy);
+        let Some((range, complete)) = answers(&fetched, start, size) else {
+            if let Some(l) = leader {
+                l.finish(Ending::NotShared);
+            }
+            return Ok(Got::Other(fetched));
+        };
+        let len = range.end - range.start;
+        let (head_out, body) = fetched.into_head(self.sh, false);
+        let mut shared = head_out.headers;
+        self.policy.take_unshared(&mut shared);
+        let meta = StoredMeta {
+            key: self.key.text().to_string(),
+            variant: slice_variant(start),
+            status: StatusCode::PARTIAL_CONTENT,
+            headers: shared,
+            request_time: head_out.times.request,
+            response_time: head_out.times.response,
+        };
+        // Storable as the complete response would be (RFC 9111 3.3: a cache
+        // may store a 206 as it would a 200), and never one that varies: its
+        // slices would mix the variants.
+        let storable = !meta.headers.contains_key(VARY)
+            && len <= self.cache.max_object_size()
+            && self
+                .policy
+                .storable(
+                    &Method::GET,
+                    &self.key,
+                    &self.ex.head.headers,
+                    StatusCode::OK,
+                    &meta.headers,
+                )
+                .is_ok();
+        let (sink, leader) = if storable {
+            let sink = self.cache.sink(&self.key, meta.clone(), &[], Some(len)).await;
+            if let Some(l) = &leader {
+                l.head(SharedHead {
+                    status: meta.status,
+                    headers: meta.headers.clone(),
+                    length: Some(len),
+                    vary: Vec::new(),
+                    variant: Vec::new(),
+                    request_time: meta.request_time,
+                    response_time: meta.response_time,
+                });
+            }
+            (Some(sink), leader)
+        } else {
+            if let Some(l) = leader {
+                l.finish(Ending::NotShared);
+            }
+            (None, None)
+        };
+        Ok(Got::Slice(Slice {
+            range,
+            complete,
+            meta: Arc::new(meta),
+            source: Source::Fetch(Box::new(Fetch {
+                size,
+                body,
+                sink,
+                leader,
+            })),
+        }))
+    }
+}
+
+/// The slice another request is fetching, from the head it shared: None
+/// when that head is not the slice's (cannot be, but a follower never
+/// sends what it cannot place).
+fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: Follower) -> Option<Slice<'c>> {
+    let cr = parse_content_range(head.headers.get(CONTENT_RANGE)?.as_bytes())?;
+    let complete = cr.complete?;
+    if cr.range.start != start || cr.range.end != start.saturating_add(size).min(complete) {
+        return None;
+    }
+    let meta = StoredMeta {
+        key: key.to_string(),
+        variant: slice_variant(start),
+        status: head.status,
+        headers: head.headers.clone(),
+        request_time: head.request_time,
+        response_time: head.response_time,
+    };
+    Some(Slice {
+        range: cr.range,
+        complete,
+        meta: Arc::new(meta),
+        source: Source::Follow(follower),
+    })
+}
+
+/// Sends the part of `data` (at offset `pos` of its slice) that falls in
+/// `want` (offsets in the slice). False when the client is gone.
+async fn send_within(ex: &mut crate::http1::Exchange<'_>, data: &Bytes, pos: u64, want: &Range<u64>) -> bool {
+    let end = pos + data.len() as u64;
+    let (from, to) = (want.start.max(pos), want.end.min(end));
+    if from >= to {
+        return true;
+    }
+    let piece = data.slice((from - pos) as usize..(to - pos) as usize);
+    ex.out.send_bytes(piece).await.is_ok()
+}

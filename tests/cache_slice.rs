@@ -1,0 +1,409 @@
+//! Objects cached in slices (`cache.slice`, as nginx's slice module): a
+//! Range request costs the origin only the slices it touches, each slice
+//! is stored on its own and reused by every request that touches it, and
+//! the slices of one response are one representation or the response is
+//! cut short. The real `portico` binary as a forward proxy with both
+//! tiers; an origin serving byte ranges of a generated representation
+//! (`common::pattern_matches`) and counting the requests it gets.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A forward proxy storing objects in 1 MiB slices, with a memory tier
+/// smaller than the objects (slices then come from the disk tier too).
+async fn proxy() -> Portico {
+    proxy_in("{dir}/cache").await
+}
+
+/// [`proxy`] with its disk tier in `dir`.
+async fn proxy_in(dir: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [cache]\ndir = \"{dir}\"\nmemory = \"4MiB\"\ndisk = \"1GiB\"\nslice = \"1MiB\"\n"
+    ))
+    .await
+}
+
+/// What the origin does: the representation's length and entity tag, and
+/// whether it answers `Range` at all.
+#[derive(Clone)]
+struct Repr {
+    len: u64,
+    etag: String,
+    ranges: bool,
+    chunk_delay: Duration,
+}
+
+/// An origin serving the generated pattern of `repr.len` bytes, fresh for
+/// an hour, a 206 for a `bytes=a-b` Range (as nginx or Apache answer it)
+/// unless `ranges` is off; a POST gets a 200.
+async fn origin(repr: Arc<Mutex<Repr>>) -> Origin {
+    Origin::start(move |req| {
+        let r = repr.lock().expect("lock").clone();
+        async move {
+            if req.method == "POST" {
+                return Response::ok("posted");
+            }
+            let range = req
+                .header("range")
+                .filter(|_| r.ranges)
+                .and_then(|v| v.strip_prefix("bytes="))
+                .and_then(|v| v.split_once('-'))
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+            let resp = match range {
+                Some((a, _)) if a >= r.len => {
+                    return Response::new(416).header("Content-Range", &format!("bytes */{}", r.len));
+                }
+                Some((a, b)) => {
+                    let b = b.min(r.len - 1);
+                    Response::new(206)
+                        .generated_range(a, b - a + 1)
+                        .header("Content-Range", &format!("bytes {a}-{b}/{}", r.len))
+                }
+                None => Response::ok("").generated(r.len),
+            };
+            resp.header("Cache-Control", "max-age=3600")
+                .header("ETag", &r.etag)
+                .header("Accept-Ranges", "bytes")
+                .chunk_delay(r.chunk_delay)
+        }
+    })
+    .await
+}
+
+fn repr(len: u64) -> Arc<Mutex<Repr>> {
+    Arc::new(Mutex::new(Repr {
+        len,
+        etag: "\"v1\"".into(),
+        ranges: true,
+        chunk_delay: Duration::ZERO,
+    }))
+}
+
+/// `method` of the origin's `/big` through the proxy, with a `Range` if
+/// given; the raw bytes (the connection closes after the response).
+async fn send(p: &Portico, o: SocketAddr, method: &str, range: Option<&str>) -> Vec<u8> {
+    let range = range.map(|r| format!("Range: {r}\r\n")).unwrap_or_default();
+    let req = format!("{method} http://{o}/big HTTP/1.1\r\nHost: {o}\r\n{range}Connection: close\r\n\r\n");
+    raw_request(p.addr(), req.as_bytes()).await
+}
+
+async fn get(p: &Portico, o: SocketAddr, range: Option<&str>) -> ParsedResponse {
+    parse_response(&send(p, o, "GET", range).await)
+}
+
+/// The `Range` fields of the requests the origin got, in order.
+fn ranges_asked(o: &Origin) -> Vec<String> {
+    o.requests()
+        .iter()
+        .map(|r| r.header("range").unwrap_or("-").to_string())
+        .collect()
+}
+
+#[track_caller]
+fn check(r: &ParsedResponse, status: u16, x_cache: &str, from: u64, len: u64) {
+    assert_eq!(r.status, status, "{:?}", r.headers);
+    assert_eq!(r.header("x-cache"), Some(x_cache), "{:?}", r.headers);
+    assert_eq!(r.body.len() as u64, len, "{:?}", r.headers);
+    assert!(pattern_matches(from, &r.body), "wrong bytes from {from}");
+}
+
+/// A seek into the middle of a large object costs the origin the one slice
+/// holding it, and is a hit once that slice is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_in_the_middle_of_a_large_object_fetches_only_its_slice() {
+    let p = proxy().await;
+    let o = origin(repr(64 * MIB)).await;
+    let r = get(&p, o.addr(), Some("bytes=40000000-40000099")).await;
+    check(&r, 206, "MISS", 40_000_000, 100);
+    assert_eq!(r.header("content-range"), Some("bytes 40000000-40000099/67108864"));
+    assert_eq!(r.header("etag"), Some("\"v1\""));
+    // The slice holding byte 40,000,000: 38 MiB to 39 MiB.
+    assert_eq!(ranges_asked(&o), ["bytes=39845888-40894463"]);
+    assert_eq!(metric(&p, "portico_cache_fetched_bytes_total").await, MIB);
+    // Elsewhere in the same slice: a hit.
+    let r = get(&p, o.addr(), Some("bytes=40500000-")).await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), Some("bytes 40500000-67108863/67108864"));
+    assert_eq!(r.header("x-cache"), Some("HIT"), "the first slice is stored");
+    assert_eq!(r.body.len() as u64, 64 * MIB - 40_500_000);
+    assert!(pattern_matches(40_500_000, &r.body));
+    // It needed the 25 slices after the first: each fetched once.
+    assert_eq!(o.count(), 1 + 25);
+    let r = get(&p, o.addr(), Some("bytes=40000050-40000059")).await;
+    check(&r, 206, "HIT", 40_000_050, 10);
+    let r = get(&p, o.addr(), Some("bytes=-10")).await;
+    assert_eq!(r.header("content-range"), Some("bytes 67108854-67108863/67108864"));
+    assert!(pattern_matches(64 * MIB - 10, &r.body));
+    // A suffix range asks for the first slice (which says the length) first.
+    assert_eq!(o.count(), 1 + 25 + 1);
+    assert_eq!(ranges_asked(&o).last().map(String::as_str), Some("bytes=0-1048575"));
+}
+
+/// A request for the whole object is answered with its complete length,
+/// fetched slice after slice; then every part of it is a hit, HEAD and
+/// multipart ranges included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_object_is_fetched_slice_by_slice_then_served_from_the_slices() {
+    let p = proxy().await;
+    let len = 5 * MIB + MIB / 2;
+    let o = origin(repr(len)).await;
+    let r = get(&p, o.addr(), None).await;
+    check(&r, 200, "MISS", 0, len);
+    assert_eq!(r.header("content-length"), Some(len.to_string().as_str()));
+    assert_eq!(r.header("content-range"), None);
+    let want: Vec<String> = (0..6)
+        .map(|i| format!("bytes={}-{}", i * MIB, (i + 1) * MIB - 1))
+        .collect();
+    assert_eq!(ranges_asked(&o), want);
+    let r = get(&p, o.addr(), None).await;
+    check(&r, 200, "HIT", 0, len);
+    let head = parse_head_response(&send(&p, o.addr(), "HEAD", None).await);
+    assert_eq!((head.status, head.header("x-cache")), (200, Some("HIT")));
+    assert_eq!(head.header("content-length"), Some(len.to_string().as_str()));
+    let r = get(&p, o.addr(), Some("bytes=0-9,3000000-3000009")).await;
+    assert_eq!(r.status, 206);
+    let ct = r.header("content-type").unwrap_or_default();
+    assert!(ct.starts_with("multipart/byteranges; boundary="), "{ct}");
+    for at in [0u64, 3_000_000] {
+        let label = format!("Content-Range: bytes {at}-{}/{len}\r\n\r\n", at + 9);
+        let found = r
+            .body
+            .windows(label.len())
+            .position(|w| w == label.as_bytes())
+            .unwrap_or_else(|| panic!("no part {label:?}"));
+        let bytes = &r.body[found + label.len()..found + label.len() + 10];
+        assert!(pattern_matches(at, bytes), "part at {at}");
+    }
+    assert_eq!(o.count(), 6, "every later request was answered from the slices");
+    assert!(metric(&p, "portico_cache_stored_total").await >= 6);
+}
+
+/// The slices of one response must be one representation: when the object
+/// changed at the origin between two slices, the response is cut short
+/// (the client sees fewer bytes than announced, never a mix), and the next
+/// request gets the new representation whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_two_representations_never_make_one_response() {
+    let p = proxy().await;
+    let len = 3 * MIB;
+    let state = repr(len);
+    let o = origin(state.clone()).await;
+    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    state.lock().expect("lock").etag = "\"v2\"".into();
+    let raw = send(&p, o.addr(), "GET", None).await;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("ETag: \"v1\"") || head.contains("etag: \"v1\""), "{head}");
+    let body = &raw[split..];
+    assert!(
+        (body.len() as u64) <= MIB,
+        "cut short after the first slice, not {} bytes",
+        body.len()
+    );
+    assert!(pattern_matches(0, body));
+    // Invalidated: the next request fetches every slice, all of "v2".
+    let before = o.count();
+    let r = get(&p, o.addr(), None).await;
+    check(&r, 200, "MISS", 0, len);
+    assert_eq!(r.header("etag"), Some("\"v2\""));
+    assert_eq!(o.count() - before, 3);
+}
+
+/// The same when the head came from the first slice and the bytes would
+/// come from another: a suffix range learns the length from the first
+/// slice (stored, "v1"), and the last slice is now "v2".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suffix_range_is_never_sent_from_another_representation_than_its_head() {
+    let p = proxy().await;
+    let state = repr(3 * MIB);
+    let o = origin(state.clone()).await;
+    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    state.lock().expect("lock").etag = "\"v2\"".into();
+    // The head waits for the first body byte, so the client sees the
+    // connection close with nothing, or at most v1's head and no byte.
+    let raw = send(&p, o.addr(), "GET", Some("bytes=-10")).await;
+    if let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+        assert!(head.contains("etag: \"v1\""), "{head}");
+        assert_eq!(raw.len(), split + 4, "no byte of v2 under v1's head");
+    }
+    let r = get(&p, o.addr(), Some("bytes=-10")).await;
+    check(&r, 206, "MISS", 3 * MIB - 10, 10);
+    assert_eq!(r.header("etag"), Some("\"v2\""));
+}
+
+/// An origin that ignores `Range` answers the first slice's request with
+/// the whole object: relayed, stored whole, and later ranges are hits on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_without_ranges_is_answered_and_stored_whole() {
+    let p = proxy().await;
+    let state = repr(2 * MIB);
+    state.lock().expect("lock").ranges = false;
+    let o = origin(state).await;
+    let r = get(&p, o.addr(), Some("bytes=5-9")).await;
+    check(&r, 200, "MISS", 0, 2 * MIB);
+    let r = get(&p, o.addr(), Some("bytes=5-9")).await;
+    check(&r, 206, "HIT", 5, 5);
+    assert_eq!(o.count(), 1);
+}
+
+/// Hostile origin: a 206 of another range than the slice asked for (or of
+/// another length than its Content-Range says) is not what anyone asked:
+/// 502, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_answered_with_another_range_is_a_bad_gateway() {
+    let p = proxy().await;
+    let o = Origin::start(|_req| async {
+        Response::new(206)
+            .body("0123456789")
+            .header("Content-Range", "bytes 0-9/100")
+            .header("Cache-Control", "max-age=3600")
+    })
+    .await;
+    for _ in 0..2 {
+        let r = get(&p, o.addr(), Some("bytes=0-9")).await;
+        assert_eq!(r.status, 502, "{:?} {}", r.headers, r.body_str());
+    }
+    assert_eq!(o.count(), 2, "nothing stored");
+}
+
+/// Slices are stored objects of the disk tier: one file each, and a
+/// restarted Portico answers from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_are_disk_objects_that_outlive_a_restart() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let dir = cache.path().display().to_string();
+    let o = origin(repr(3 * MIB)).await;
+    {
+        let p = proxy_in(&dir).await;
+        check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
+    }
+    // Three slices and the marker that lists them under the URL's own key.
+    let mut files = Vec::new();
+    let mut stack = vec![cache.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let path = e.path();
+            if path.is_dir() && e.file_name() != "tmp" {
+                stack.push(path);
+            } else if e.file_name().len() == 32 {
+                files.push(std::fs::metadata(&path).expect("stat").len());
+            }
+        }
+    }
+    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!(files.iter().filter(|&&n| n > MIB).count(), 3, "{files:?}");
+    let p = proxy_in(&dir).await;
+    check(
+        &get(&p, o.addr(), Some("bytes=1500000-2500000")).await,
+        206,
+        "HIT",
+        1_500_000,
+        1_000_001,
+    );
+    assert_eq!(o.count(), 3);
+}
+
+/// Concurrent requests touching one slice that is being fetched wait for
+/// that fetch (one origin request) and get its bytes as they arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_for_one_slice_make_one_origin_request() {
+    let p = proxy().await;
+    let state = repr(2 * MIB);
+    state.lock().expect("lock").chunk_delay = Duration::from_millis(40);
+    let o = origin(state).await;
+    let clients: Vec<_> = (0..4u64)
+        .map(|i| {
+            let (p_addr, o_addr) = (p.addr(), o.addr());
+            tokio::spawn(async move {
+                let at = 1000 * i;
+                let req = format!(
+                    "GET http://{o_addr}/big HTTP/1.1\r\nHost: {o_addr}\r\nRange: bytes={at}-{}\r\nConnection: close\r\n\r\n",
+                    at + 99
+                );
+                (at, parse_response(&raw_request(p_addr, req.as_bytes()).await))
+            })
+        })
+        .collect();
+    for c in clients {
+        let (at, r) = c.await.expect("client");
+        assert_eq!(r.status, 206);
+        assert!(pattern_matches(at, &r.body), "bytes at {at}");
+    }
+    assert_eq!(ranges_asked(&o), ["bytes=0-1048575"]);
+}
+
+/// RFC 9111 4.4: a successful unsafe request invalidates the URL: every
+/// slice of it; so does a PURGE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsafe_request_invalidates_every_slice() {
+    let p = proxy().await;
+    let o = origin(repr(3 * MIB)).await;
+    check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
+    check(
+        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
+        206,
+        "HIT",
+        2_500_000,
+        10,
+    );
+    assert_eq!(o.count(), 3);
+    let posted = parse_response(&send(&p, o.addr(), "POST", None).await);
+    assert_eq!(posted.status, 200);
+    check(
+        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
+        206,
+        "MISS",
+        2_500_000,
+        10,
+    );
+    assert_eq!(
+        ranges_asked(&o).last().map(String::as_str),
+        Some("bytes=2097152-3145727")
+    );
+    check(
+        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
+        206,
+        "HIT",
+        2_500_000,
+        10,
+    );
+    let purged = parse_response(&send(&p, o.addr(), "PURGE", None).await);
+    assert_eq!(purged.status, 200, "{}", purged.body_str());
+    check(
+        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
+        206,
+        "MISS",
+        2_500_000,
+        10,
+    );
+    assert_eq!(
+        o.count(),
+        3 + 1 + 1 + 1,
+        "the POST, and one slice after each invalidation"
+    );
+}
+
+/// A slice larger than any object the cache may store is refused at start.
+#[test]
+fn a_slice_larger_than_the_largest_object_is_a_config_error() {
+    let out = Portico::check("[cache]\nmax_object_size = \"1MiB\"\nslice = \"2MiB\"\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("portico.toml:3: key `cache.slice`"), "{err}");
+    assert!(err.contains("larger than cache.max_object_size"), "{err}");
+    let out = Portico::check("[[rule]]\npath = \"/video/\"\ncache = { slice = \"4GiB\" }\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("key `rule[0].cache.slice`"), "{err}");
+}
