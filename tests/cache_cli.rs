@@ -77,9 +77,14 @@ impl Cache {
     /// What the disk budget counts for the objects: each file's size
     /// rounded up to the directory's block size.
     fn bytes(&self) -> u64 {
+        self.bytes_of(&self.objects())
+    }
+
+    /// What the disk budget counts for these files.
+    fn bytes_of(&self, files: &[PathBuf]) -> u64 {
         use std::os::unix::fs::MetadataExt;
         let block = fs::metadata(self.root()).unwrap().blksize().clamp(512, 1 << 20);
-        self.objects()
+        files
             .iter()
             .map(|p| fs::metadata(p).unwrap().len().div_ceil(block) * block)
             .sum()
@@ -316,5 +321,69 @@ fn missing_cache_directory_is_an_error() {
             stderr(&out)
         );
         assert!(!Path::new(&c.root()).exists(), "{cmd:?} created the directory");
+    }
+}
+
+/// `cache.replacement` decides which live objects a collection removes:
+/// `gdsf` and `balanced` the large unused one first (it frees the most
+/// room for the least value per byte), `lru` and `lfuda` the least recently
+/// used small ones (objects just read back from disk have no hits yet).
+#[test]
+fn gc_removes_live_objects_in_the_replacement_policys_order() {
+    for (policy, big_goes) in [("gdsf", true), ("balanced", true), ("lru", false), ("lfuda", false)] {
+        let c = Cache::new("");
+        let store = c.store();
+        let root = c.root();
+        let path = |id: ObjectId| portico::cache::disk::Layout::new(&root, [16, 256]).path_of(id);
+        let now = SystemTime::now();
+        let age = |id: ObjectId, secs: u64| {
+            let t = now - Duration::from_secs(secs);
+            File::options()
+                .write(true)
+                .open(path(id))
+                .unwrap()
+                .set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+                .unwrap();
+        };
+        let small: Vec<ObjectId> = (0..40)
+            .map(|i| {
+                let id = put_plain(&store, &format!("http://h/small/{i:02}"), &[1; 3_000]);
+                age(id, 1000 - i);
+                id
+            })
+            .collect();
+        // The most recently used object of all.
+        let big = put_plain(&store, "http://h/big", &[2; 150_000]);
+        drop(store);
+        let total = c.bytes();
+        let big_bytes = total - c.bytes_of(&small.iter().map(|&id| path(id)).collect::<Vec<_>>());
+        assert!(
+            big_bytes * 2 > total * 9 / 10 && big_bytes < total,
+            "{big_bytes} of {total}"
+        );
+        // High watermark just under the total, low at 62% of it: a third
+        // of the bytes must go, less than the big object's share.
+        let disk = total * 100 / 81;
+        fs::write(
+            &c.config,
+            format!(
+                "[cache]\ndir = \"{}\"\nlevels = [16, 256]\ndisk = \"{disk}B\"\nwatermarks = [50, 80]\nreplacement = \"{policy}\"\n",
+                root.display()
+            ),
+        )
+        .unwrap();
+        let out = c.run(&["gc"]);
+        assert!(out.status.success(), "{policy}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert_eq!(!path(big).exists(), big_goes, "{policy}: {text}");
+        let kept = small.iter().filter(|&&id| path(id).exists()).count();
+        if big_goes {
+            assert_eq!(kept, 40, "{policy}: only the big one goes\n{text}");
+        } else {
+            assert!((1..40).contains(&kept), "{policy}: {kept} small ones kept\n{text}");
+            // Least recently used first: the ones kept are the newest.
+            let newest = &small[40 - kept..];
+            assert!(newest.iter().all(|&id| path(id).exists()), "{policy}: {text}");
+        }
     }
 }

@@ -1017,6 +1017,33 @@ pub enum GcMode {
     Scheduled,
 }
 
+/// Which live objects the disk tier's garbage collector evicts first
+/// (`cache.replacement`), as Squid's `cache_replacement_policy`: each object
+/// gets a priority when stored and at every hit, and the lowest goes first.
+/// The three heap policies age priorities with a clock (Greedy-Dual: the
+/// clock rises to each evicted priority), so an object once popular does
+/// not stay for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Replacement {
+    /// GDSF with a per-byte term: priority = clock + (1 + hits) x (1 /
+    /// blocks + 0.15). Small popular objects are kept first, as GDSF
+    /// does, but a large one requested often still outlives a small
+    /// one-hit wonder: most of GDSF's hit ratio and most of LFU-DA's byte
+    /// hit ratio.
+    Balanced,
+    /// Greedy-Dual Size Frequency (Squid's `heap GDSF`): priority = clock +
+    /// (1 + hits) / blocks. The best hit ratio (requests answered), at the
+    /// cost of large objects and so of the byte hit ratio.
+    Gdsf,
+    /// LFU with dynamic aging (Squid's `heap LFUDA`): priority = clock +
+    /// 1 + hits, whatever the size. The best byte hit ratio (bytes answered).
+    Lfuda,
+    /// Least recently used, every doubling of an object's hits worth one
+    /// hour of recency (at most a day): Portico's policy before 2026-11.
+    Lru,
+}
+
 /// When the disk tier calls fsync on a new object before publishing it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1073,6 +1100,8 @@ pub struct CacheConfig {
     pub gc: GcMode,
     /// Low and high watermarks, percent of `disk`: GC starts above high and stops at low.
     pub watermarks: [u8; 2],
+    /// Which live objects the disk tier's GC evicts first: balanced | gdsf | lfuda | lru.
+    pub replacement: Replacement,
     /// never | always.
     pub fsync: Fsync,
     /// Heuristic freshness rules, first match wins; a URL no pattern
@@ -1145,7 +1174,8 @@ impl Default for CacheConfig {
             max_object_size: Size(1 << 30),
             levels: [16, 256],
             gc: GcMode::Auto,
-            watermarks: [90, 95],
+            watermarks: [97, 99],
+            replacement: Replacement::Balanced,
             fsync: Fsync::Never,
             refresh: Vec::new(),
             heuristic_percent: 10,

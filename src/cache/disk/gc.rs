@@ -6,12 +6,12 @@
 //! 1. **dead**: objects whose expiry hint has passed (`0 < expires <
 //!    now`) or whose stored key does not hash to their id (never found by
 //!    a lookup), oldest last access first;
-//! 2. **live**: the rest, lowest score first, where
-//!    `score = last_access + 3600 * min(floor(log2(1 + hits)), 24)` seconds:
-//!    least recently used first, and every doubling of an object's hit
-//!    count is worth one hour of recency (at most a day), so a popular
-//!    object outlives a one-hit wonder fetched a little later. Ties: larger
-//!    objects first.
+//! 2. **live**: the rest, lowest score first, the score given by
+//!    `cache.replacement` (`Index::rank`: a Greedy-Dual priority, or for
+//!    `lru` the last access plus an hour per doubling of the hits). Ties:
+//!    least recently used first, then larger objects first. Each live
+//!    eviction raises the Greedy-Dual clock to the evicted score
+//!    (`Index::evicted_at`).
 //!
 //! A pass copies the index shard by shard (each shard's lock held only
 //! while it is copied), sorts the candidates, then evicts them one at a
@@ -58,16 +58,6 @@ pub struct Evicted {
     pub key: Option<String>,
 }
 
-/// The eviction order key of an entry: (class, score); lower goes first.
-pub(super) fn rank(e: &super::index::Entry, now: u64) -> (u8, u64) {
-    let dead = !e.key_ok || (e.expires != 0 && u64::from(e.expires) < now);
-    if dead {
-        return (0, u64::from(e.last_access));
-    }
-    let doublings = u64::from(31 - e.hits.saturating_add(1).leading_zeros()).min(24);
-    (1, u64::from(e.last_access) + 3600 * doublings)
-}
-
 struct Candidate {
     class: u8,
     score: u64,
@@ -96,7 +86,7 @@ impl Inner {
             let now = now_secs();
             let mut cands = Vec::new();
             self.index.for_each(|id, e| {
-                let (class, score) = rank(e, now);
+                let (class, score) = self.index.rank(e, now);
                 cands.push(Candidate {
                     class,
                     score,
@@ -106,14 +96,16 @@ impl Inner {
                     last_access: e.last_access,
                 });
             });
-            cands.sort_unstable_by(|a, b| {
-                (a.class, a.score, std::cmp::Reverse(a.size)).cmp(&(b.class, b.score, std::cmp::Reverse(b.size)))
-            });
+            // Equal priorities: least recently used first, then larger first.
+            cands.sort_unstable_by_key(|c| (c.class, c.score, c.last_access, std::cmp::Reverse(c.size)));
             for c in cands {
                 if self.stats.bytes.load(Ordering::Relaxed) <= target {
                     break;
                 }
                 if let Some(ev) = self.evict(&c, read_keys) {
+                    if c.class == 1 {
+                        self.index.evicted_at(c.score);
+                    }
                     report.evicted += 1;
                     report.bytes += ev.size;
                     if ev.expired {
@@ -203,12 +195,17 @@ pub(super) fn spawn(store: Weak<Inner>, signal: Arc<GcSignal>) -> io::Result<()>
 
 #[cfg(test)]
 mod tests {
-    use super::super::index::Entry;
-    use super::*;
+    use super::super::DiskStats;
+    use super::super::index::{Entry, Index};
+    use crate::config::Replacement;
+    use std::sync::Arc;
+
+    const BLOCK: u64 = 4096;
 
     fn e(last_access: u32, hits: u32, expires: u32) -> Entry {
         Entry {
-            size: 1,
+            clock: 0,
+            size: BLOCK,
             last_access,
             expires,
             hits,
@@ -218,20 +215,91 @@ mod tests {
         }
     }
 
+    fn sized(blocks: u64, hits: u32) -> Entry {
+        Entry {
+            size: blocks * BLOCK,
+            ..e(0, hits, 0)
+        }
+    }
+
+    fn index(replacement: Replacement) -> Index {
+        Index::new(Arc::new(DiskStats::default()), BLOCK, replacement)
+    }
+
     #[test]
-    fn ranking() {
+    fn dead_objects_go_first_whatever_the_policy() {
         let now = 1_000_000;
-        // Expired before live, whatever their recency.
-        assert!(rank(&e(999_999, 100, 10), now) < rank(&e(1, 0, 0), now));
-        // Unreachable counts as dead.
-        let mut bad = e(999_999, 0, 0);
-        bad.key_ok = false;
-        assert_eq!(rank(&bad, now).0, 0);
-        // LRU among equals; future expiry is live.
-        assert!(rank(&e(100, 0, 2_000_000), now) < rank(&e(200, 0, 0), now));
-        // One hour per doubling of hits: 3 hits (2 doublings) beats 2 hours later with none.
-        assert_eq!(rank(&e(0, 3, 0), now), (1, 7200));
-        assert!(rank(&e(0, 3, 0), now) > rank(&e(7000, 0, 0), now));
-        assert_eq!(rank(&e(0, u32::MAX, 0), now), (1, 24 * 3600));
+        for r in [
+            Replacement::Lru,
+            Replacement::Gdsf,
+            Replacement::Lfuda,
+            Replacement::Balanced,
+        ] {
+            let idx = index(r);
+            // Expired before live, whatever their recency and hits.
+            assert!(
+                idx.rank(&e(999_999, 100, 10), now) < idx.rank(&e(1, 0, 0), now),
+                "{r:?}"
+            );
+            // Unreachable counts as dead; a future expiry is live.
+            let mut bad = e(999_999, 0, 0);
+            bad.key_ok = false;
+            assert_eq!(idx.rank(&bad, now).0, 0, "{r:?}");
+            assert_eq!(idx.rank(&e(100, 0, 2_000_000), now).0, 1, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn lru_ranks_by_recency_with_an_hour_per_doubling_of_hits() {
+        let (idx, now) = (index(Replacement::Lru), 1_000_000);
+        assert!(idx.rank(&e(100, 0, 2_000_000), now) < idx.rank(&e(200, 0, 0), now));
+        // 3 hits (2 doublings) beats 2 hours later with none.
+        assert_eq!(idx.rank(&e(0, 3, 0), now), (1, 7200));
+        assert!(idx.rank(&e(0, 3, 0), now) > idx.rank(&e(7000, 0, 0), now));
+        assert_eq!(idx.rank(&e(0, u32::MAX, 0), now), (1, 24 * 3600));
+    }
+
+    #[test]
+    fn gdsf_evicts_large_objects_before_small_ones_lfuda_by_hits_alone() {
+        let now = 1_000_000;
+        let (small_unused, large_popular) = (sized(1, 0), sized(100, 10));
+        let gdsf = index(Replacement::Gdsf);
+        assert!(gdsf.rank(&large_popular, now) < gdsf.rank(&small_unused, now));
+        let lfuda = index(Replacement::Lfuda);
+        assert!(lfuda.rank(&small_unused, now) < lfuda.rank(&large_popular, now));
+        assert_eq!(lfuda.rank(&sized(1, 3), now), lfuda.rank(&sized(1000, 3), now));
+    }
+
+    #[test]
+    fn balanced_keeps_a_popular_large_object_over_an_unused_small_one() {
+        let (idx, now) = (index(Replacement::Balanced), 1_000_000);
+        // 11 x (1/100 + 0.15) = 1.76 > 1 x (1 + 0.15) = 1.15 > 1 x (1/100 + 0.15)
+        assert!(idx.rank(&sized(1, 0), now) < idx.rank(&sized(100, 10), now));
+        assert!(idx.rank(&sized(100, 0), now) < idx.rank(&sized(1, 0), now));
+        // Among equals in size, the more hits the later.
+        assert!(idx.rank(&sized(4, 1), now) < idx.rank(&sized(4, 2), now));
+    }
+
+    #[test]
+    fn the_clock_ages_objects_hit_long_ago_below_those_stored_since() {
+        use crate::cache::key::ObjectId;
+        let (idx, now) = (index(Replacement::Balanced), 1_000_000);
+        idx.insert(ObjectId(1), sized(1, 50));
+        let old = idx.get(ObjectId(1)).expect("indexed");
+        // Evicting what ranked above the old favourite moves the clock past it.
+        let (_, score) = idx.rank(&old, now);
+        idx.evicted_at(score + 1);
+        idx.insert(ObjectId(2), sized(1, 0));
+        let new = idx.get(ObjectId(2)).expect("indexed");
+        assert!(idx.rank(&old, now) < idx.rank(&new, now));
+        // A hit brings the old one up to the clock again.
+        idx.touch(ObjectId(1), 0);
+        let hit = idx.get(ObjectId(1)).expect("indexed");
+        assert!(idx.rank(&hit, now) > idx.rank(&new, now));
+        // The LRU policy has no clock.
+        let lru = index(Replacement::Lru);
+        lru.evicted_at(u64::MAX);
+        lru.insert(ObjectId(3), sized(1, 0));
+        assert_eq!(lru.get(ObjectId(3)).map(|e| e.clock), Some(0));
     }
 }

@@ -324,7 +324,7 @@ impl DiskStore {
             budget: Budget::new(cfg.disk.bytes(), cfg.watermarks),
             fsync: cfg.fsync == Fsync::Always,
             max_object: cfg.max_object_size.bytes(),
-            index: Index::new(stats.clone(), allocation_unit(&cfg.dir)),
+            index: Index::new(stats.clone(), allocation_unit(&cfg.dir), cfg.replacement),
             stats,
             locks: (0..PATH_LOCKS).map(|_| Mutex::new(())).collect(),
             instance,

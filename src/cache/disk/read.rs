@@ -93,6 +93,7 @@ impl Inner {
             self.index.insert_if_absent(
                 id,
                 Entry {
+                    clock: 0,
                     size: env.file_len,
                     last_access: secs32(now_secs()),
                     expires: secs32(env.trailer.expires),

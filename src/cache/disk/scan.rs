@@ -194,6 +194,7 @@ fn scan_file(inner: &Inner, id: ObjectId, path: &Path, relocate: bool) {
     inner.index.insert_if_absent(
         id,
         Entry {
+            clock: 0,
             size: env.file_len,
             last_access: secs32(last),
             expires: secs32(env.trailer.expires),

@@ -141,6 +141,7 @@ impl Inner {
         let size = st.finish(expires)?;
         let old_entry = self.index.get(id);
         let entry = Entry {
+            clock: 0,
             size,
             last_access: secs32(now_secs()),
             expires: secs32(expires),
@@ -258,6 +259,7 @@ impl WriteState {
         let size = self.finish(expires)?;
         let inner = self.store.upgrade().ok_or_else(|| io_other("disk cache closed"))?;
         let entry = Entry {
+            clock: 0,
             size,
             last_access: secs32(now_secs()),
             expires: secs32(expires),
