@@ -40,17 +40,25 @@ struct Repr {
     etag: String,
     ranges: bool,
     chunk_delay: Duration,
+    max_age: u32,
 }
 
 /// An origin serving the generated pattern of `repr.len` bytes, fresh for
-/// an hour, a 206 for a `bytes=a-b` Range (as nginx or Apache answer it)
-/// unless `ranges` is off; a POST gets a 200.
+/// `max_age` seconds, a 206 for a `bytes=a-b` Range (as nginx or Apache
+/// answer it) unless `ranges` is off, a 304 to an `If-None-Match` with its
+/// entity tag; a POST gets a 200.
 async fn origin(repr: Arc<Mutex<Repr>>) -> Origin {
     Origin::start(move |req| {
         let r = repr.lock().expect("lock").clone();
         async move {
             if req.method == "POST" {
                 return Response::ok("posted");
+            }
+            let cache_control = format!("max-age={}", r.max_age);
+            if req.header("if-none-match") == Some(r.etag.as_str()) {
+                return Response::new(304)
+                    .header("ETag", &r.etag)
+                    .header("Cache-Control", &cache_control);
             }
             let range = req
                 .header("range")
@@ -70,7 +78,7 @@ async fn origin(repr: Arc<Mutex<Repr>>) -> Origin {
                 }
                 None => Response::ok("").generated(r.len),
             };
-            resp.header("Cache-Control", "max-age=3600")
+            resp.header("Cache-Control", &cache_control)
                 .header("ETag", &r.etag)
                 .header("Accept-Ranges", "bytes")
                 .chunk_delay(r.chunk_delay)
@@ -85,6 +93,7 @@ fn repr(len: u64) -> Arc<Mutex<Repr>> {
         etag: "\"v1\"".into(),
         ranges: true,
         chunk_delay: Duration::ZERO,
+        max_age: 3600,
     }))
 }
 
@@ -239,6 +248,41 @@ async fn a_suffix_range_is_never_sent_from_another_representation_than_its_head(
     }
     let r = get(&p, o.addr(), Some("bytes=-10")).await;
     check(&r, 206, "MISS", 3 * MIB - 10, 10);
+    assert_eq!(r.header("etag"), Some("\"v2\""));
+}
+
+/// RFC 9111 4.3: a stale slice is validated with the origin (its `Range`
+/// and its validators); a 304 makes it fresh again without its bytes being
+/// fetched, and a new representation replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_slice_is_revalidated_rather_than_fetched_again() {
+    let p = proxy().await;
+    let state = repr(3 * MIB);
+    // Long enough that the 304's whole-second Date leaves it fresh after.
+    state.lock().expect("lock").max_age = 3;
+    let o = origin(state.clone()).await;
+    check(&get(&p, o.addr(), Some("bytes=100-199")).await, 206, "MISS", 100, 100);
+    tokio::time::sleep(Duration::from_millis(4100)).await;
+    let r = get(&p, o.addr(), Some("bytes=100-199")).await;
+    check(&r, 206, "REVALIDATED", 100, 100);
+    let asked = &o.requests()[1];
+    assert_eq!(
+        (asked.header("range"), asked.header("if-none-match")),
+        (Some("bytes=0-1048575"), Some("\"v1\""))
+    );
+    assert_eq!(
+        metric(&p, "portico_cache_fetched_bytes_total").await,
+        MIB,
+        "no byte fetched again"
+    );
+    // Fresh again for max-age: a hit.
+    check(&get(&p, o.addr(), Some("bytes=150-159")).await, 206, "HIT", 150, 10);
+    assert_eq!(o.count(), 2);
+    // Changed at the origin: the new slice replaces the stale one.
+    state.lock().expect("lock").etag = "\"v2\"".into();
+    tokio::time::sleep(Duration::from_millis(4100)).await;
+    let r = get(&p, o.addr(), Some("bytes=100-199")).await;
+    check(&r, 206, "MISS", 100, 100);
     assert_eq!(r.header("etag"), Some("\"v2\""));
 }
 

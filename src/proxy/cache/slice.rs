@@ -1,8 +1,9 @@
 //! Objects cached in fixed-size slices (`cache.slice`), as nginx's slice
 //! module caches them: each slice is fetched from the origin with a `Range`
 //! of its own, stored as an object of its own (both tiers, evicted on its
-//! own) and answered from by every request that touches it. A Range request
-//! for the middle of a multi-gigabyte file costs the origin the one slice
+//! own), answered from by every request that touches it, and revalidated
+//! on its own (its `Range` and validators) once stale. A Range request for
+//! the middle of a multi-gigabyte file costs the origin the one slice
 //! holding it, and a video player's seek is a hit once that slice is
 //! stored; a request for the whole object is sent slice after slice.
 //!
@@ -19,12 +20,14 @@
 //! its response is relayed, and a complete 200 stored whole, which later
 //! requests find before they look for slices.
 
-use super::{CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, send_range};
+use super::{
+    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, send_range, update_from_304,
+};
 use crate::cache::Stored;
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
-use crate::cache::partial::{self, parse_content_range};
-use crate::cache::policy::{self, Decision, Precondition};
+use crate::cache::partial::{self, ContentRange, parse_content_range};
+use crate::cache::policy::{self, Decision, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
 use crate::cache::{StoreSink, slice_variant};
 use crate::http1::BodyLen;
@@ -72,6 +75,9 @@ struct Slice<'c> {
     complete: u64,
     /// Its response as stored: status 206, with its `Content-Range`.
     meta: Arc<StoredMeta>,
+    /// Answered from the cache (`Hit`), after a 304 (`Revalidated`), or
+    /// by the origin (`Miss`).
+    how: CacheStatus,
     source: Source<'c>,
 }
 
@@ -102,10 +108,6 @@ impl Slice<'_> {
     fn identity(&self) -> Identity {
         let field = |name| self.meta.headers.get(name).map(|v: &HeaderValue| v.as_bytes().to_vec());
         (self.complete, field(ETAG), field(LAST_MODIFIED))
-    }
-
-    fn is_hit(&self) -> bool {
-        matches!(self.source, Source::Stored(_))
     }
 }
 
@@ -144,13 +146,12 @@ impl<'c> Transaction<'c, '_> {
             Got::Slice(s) => s,
             Got::Other(fetched) => return self.not_sliced(fetched, start).await,
         };
-        let hit = first.is_hit();
-        if hit {
-            self.cache.stats.hit();
-        } else {
-            self.cache.stats.miss();
+        let status = first.how;
+        let hit = status != CacheStatus::Miss;
+        match status {
+            CacheStatus::Miss => self.cache.stats.miss(),
+            _ => self.cache.stats.hit(),
         }
-        let status = if hit { CacheStatus::Hit } else { CacheStatus::Miss };
         let whole = first.whole_meta();
         if let Some(why) = super::super::reply_acl::denied(&self.dest.reply, whole.status, &whole.headers) {
             self.drain(first).await;
@@ -450,18 +451,21 @@ impl<'c> Transaction<'c, '_> {
     }
 
     /// The slice that starts at byte `start`: stored and fresh, being
-    /// fetched by another request (followed), or fetched now.
+    /// fetched by another request (followed), or fetched now (with the
+    /// validators of a stale stored one: a 304 makes it fresh again).
     async fn slice(&mut self, start: u64, size: u64) -> Result<Got<'c>, Failure> {
         let variant = slice_variant(start);
         let id = self.key.variant_id(&variant);
         // A rejoin after a fetch that shared nothing with us; bounded as
         // `fetch_and_store`'s.
         for _ in 0..4 {
-            if let Some(stored) = self.stored_slice(start).await? {
-                return Ok(Got::Slice(stored));
-            }
+            let stale = match self.stored_slice(start).await? {
+                Some(Ok(fresh)) => return Ok(Got::Slice(fresh)),
+                Some(Err(stale)) => Some(stale),
+                None => None,
+            };
             let mut follower = match self.cache.flights.join(id) {
-                Role::Leader(l) => return self.fetch_slice(start, size, Some(l)).await,
+                Role::Leader(l) => return self.fetch_slice(start, size, Some(l), stale).await,
                 Role::Follower(f) => f,
             };
             if let Some(head) = follower.head().await
@@ -471,11 +475,12 @@ impl<'c> Transaction<'c, '_> {
                 return Ok(Got::Slice(slice));
             }
         }
-        self.fetch_slice(start, size, None).await
+        self.fetch_slice(start, size, None, None).await
     }
 
-    /// The stored slice starting at `start`, when it is fresh for this request.
-    async fn stored_slice(&mut self, start: u64) -> Result<Option<Slice<'c>>, Failure> {
+    /// The stored slice starting at `start`: Ok when it is fresh for this
+    /// request, Err (the stored response) when it must be revalidated.
+    async fn stored_slice(&mut self, start: u64) -> Result<Option<Result<Slice<'c>, Stored>>, Failure> {
         let found = self
             .cache
             .lookup_slice(&self.key, start)
@@ -494,19 +499,28 @@ impl<'c> Transaction<'c, '_> {
             return Ok(None);
         };
         if self.policy.evaluate(&self.ex.head.headers, &stored.meta, self.now) != Decision::Fresh {
-            return Ok(None);
+            return Ok(Some(Err(stored)));
         }
-        Ok(Some(Slice {
+        Ok(Some(Ok(Slice {
             range: cr.range,
             complete,
             meta: stored.meta.clone(),
+            how: CacheStatus::Hit,
             source: Source::Stored(stored),
-        }))
+        })))
     }
 
     /// Asks the origin for the slice starting at `start` (a GET with only
-    /// that `Range`, whatever this client asked for) and opens its store.
-    async fn fetch_slice(&mut self, start: u64, size: u64, leader: Option<Leader>) -> Result<Got<'c>, Failure> {
+    /// that `Range`, whatever this client asked for, and the validators of
+    /// `stale`, the stored slice, if any) and opens its store. A 304 for
+    /// `stale` updates its stored fields (RFC 9111 4.3.4) and answers from it.
+    async fn fetch_slice(
+        &mut self,
+        start: u64,
+        size: u64,
+        leader: Option<Leader>,
+        stale: Option<Stored>,
+    ) -> Result<Got<'c>, Failure> {
         if policy::only_if_cached(&self.ex.head.headers) {
             return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
         }
@@ -524,8 +538,18 @@ impl<'c> Transaction<'c, '_> {
         let last = start.saturating_add(size) - 1;
         head.headers
             .insert(RANGE, header_value(&format!("bytes={start}-{last}")));
-        let (fetched, hierarchy) = fetch_timed(self.sh, &head, self.ex.peer.ip(), self.dest, None, None).await?;
+        let conditional = stale.as_ref().map(|s| policy::conditional_headers(&s.meta));
+        if stale.is_some() {
+            self.cache.stats.revalidation();
+        }
+        let (fetched, hierarchy) =
+            fetch_timed(self.sh, &head, self.ex.peer.ip(), self.dest, conditional.as_ref(), None).await?;
         self.ex.hierarchy = Some(hierarchy);
+        if let Some(stored) = stale
+            && fetched.response.status() == StatusCode::NOT_MODIFIED
+        {
+            return Ok(self.not_modified(stored, fetched, leader).await);
+        }
         let Some((range, complete)) = answers(&fetched, start, size) else {
             if let Some(l) = leader {
                 l.finish(Ending::NotShared);
@@ -583,6 +607,7 @@ impl<'c> Transaction<'c, '_> {
             range,
             complete,
             meta: Arc::new(meta),
+            how: CacheStatus::Miss,
             source: Source::Fetch(Box::new(Fetch {
                 size,
                 body,
@@ -590,6 +615,48 @@ impl<'c> Transaction<'c, '_> {
                 leader,
             })),
         }))
+    }
+}
+
+impl<'c> Transaction<'c, '_> {
+    /// A 304 to a stale slice's revalidation: its fields updated in both
+    /// tiers when the 304 selects it (RFC 9111 4.3.4), and the stored slice
+    /// answered from; requests waiting on the flight look it up.
+    async fn not_modified(&mut self, stored: Stored, fetched: Fetched, leader: Option<Leader>) -> Got<'c> {
+        let stored = match policy::revalidation(&stored.meta, fetched.response.status(), fetched.response.headers()) {
+            Revalidation::NotModified => {
+                let fresh = fetched.response.into_parts().0.headers;
+                let (meta, _own) =
+                    update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
+                Stored { meta, ..stored }
+            }
+            // A 304 that selects nothing updates nothing: the stored slice
+            // is served as it is, as a revalidation of a whole response does.
+            _ => stored,
+        };
+        if let Some(l) = leader {
+            l.finish(Ending::NotShared);
+        }
+        let cr = stored
+            .meta
+            .headers
+            .get(CONTENT_RANGE)
+            .and_then(|v| parse_content_range(v.as_bytes()));
+        // Checked when it was looked up: a stored slice has both.
+        let (range, complete) = match cr {
+            Some(ContentRange {
+                range,
+                complete: Some(c),
+            }) => (range, c),
+            _ => (0..stored.len, stored.len),
+        };
+        Got::Slice(Slice {
+            range,
+            complete,
+            meta: stored.meta.clone(),
+            how: CacheStatus::Revalidated,
+            source: Source::Stored(stored),
+        })
     }
 }
 
@@ -614,6 +681,7 @@ fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: F
         range: cr.range,
         complete,
         meta: Arc::new(meta),
+        how: CacheStatus::Miss,
         source: Source::Follow(follower),
     })
 }
