@@ -278,6 +278,14 @@ async fn a_stale_slice_is_revalidated_rather_than_fetched_again() {
     // Fresh again for max-age: a hit.
     check(&get(&p, o.addr(), Some("bytes=150-159")).await, 206, "HIT", 150, 10);
     assert_eq!(o.count(), 2);
+    // Counted as a whole response's would be: one miss, one revalidation, one hit.
+    for (series, n) in [
+        ("portico_cache_misses_total", 1),
+        ("portico_cache_revalidations_total", 1),
+        ("portico_cache_hits_total", 1),
+    ] {
+        assert_eq!(metric(&p, series).await, n, "{series}");
+    }
     // Changed at the origin: the new slice replaces the stale one.
     state.lock().expect("lock").etag = "\"v2\"".into();
     tokio::time::sleep(Duration::from_millis(4100)).await;

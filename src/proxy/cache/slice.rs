@@ -148,9 +148,12 @@ impl<'c> Transaction<'c, '_> {
         };
         let status = first.how;
         let hit = status != CacheStatus::Miss;
+        // A revalidation is counted as one when it is sent (`fetch_slice`),
+        // as for a whole response.
         match status {
             CacheStatus::Miss => self.cache.stats.miss(),
-            _ => self.cache.stats.hit(),
+            CacheStatus::Hit => self.cache.stats.hit(),
+            CacheStatus::Revalidated | CacheStatus::Stale => {}
         }
         let whole = first.whole_meta();
         if let Some(why) = super::super::reply_acl::denied(&self.dest.reply, whole.status, &whole.headers) {
@@ -241,17 +244,17 @@ impl<'c> Transaction<'c, '_> {
         let identity = first.identity();
         let mut pending = Some(first);
         let before = self.ex.out.body_bytes();
-        let mut whole = true;
+        let mut intact = true;
         for (prefix, r) in &parts {
             // Never the next part after one cut short.
-            whole = (prefix.is_empty() || self.ex.out.send_data(prefix).await.is_ok())
+            intact = (prefix.is_empty() || self.ex.out.send_data(prefix).await.is_ok())
                 && self.send_slices(r.clone(), size, &mut pending, &identity).await;
-            if !whole {
+            if !intact {
                 break;
             }
         }
-        if whole && !trailer.is_empty() {
-            whole = self.ex.out.send_data(&trailer).await.is_ok();
+        if intact && !trailer.is_empty() {
+            intact = self.ex.out.send_data(&trailer).await.is_ok();
         }
         // The first slice, when no part wanted its bytes: stored all the same.
         if let Some(first) = pending {
@@ -260,7 +263,7 @@ impl<'c> Transaction<'c, '_> {
         if hit {
             self.cache.stats.served(self.ex.out.body_bytes() - before);
         }
-        if whole {
+        if intact {
             finish(self.ex).await;
         } else {
             // Short of its announced length: the client must see it end.
