@@ -294,6 +294,41 @@ async fn a_stale_slice_is_revalidated_rather_than_fetched_again() {
     assert_eq!(r.header("etag"), Some("\"v2\""));
 }
 
+/// RFC 9110 13.1 and 14.2 on a sliced object: the client's own
+/// conditionals and unsatisfiable ranges are answered from the first
+/// slice's head, as for a whole stored response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditionals_and_unsatisfiable_ranges_are_answered_from_the_slices() {
+    let p = proxy().await;
+    // 100 bytes short of 3 MiB: its last slice ends before 3 MiB.
+    let len = 3 * MIB - 100;
+    let o = origin(repr(len)).await;
+    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    let o_addr = o.addr();
+    let ask =
+        |extra: &str| format!("GET http://{o_addr}/big HTTP/1.1\r\nHost: {o_addr}\r\n{extra}Connection: close\r\n\r\n");
+    let r = parse_response(&raw_request(p.addr(), ask("If-None-Match: \"v1\"\r\n").as_bytes()).await);
+    assert_eq!((r.status, r.header("etag")), (304, Some("\"v1\"")), "{:?}", r.headers);
+    let r = parse_response(&raw_request(p.addr(), ask("If-Match: \"v0\"\r\n").as_bytes()).await);
+    assert_eq!(r.status, 412, "{:?}", r.headers);
+    // Past the last slice: the slice asked for does not exist, and the
+    // origin's 416 is relayed.
+    let r = get(&p, o.addr(), Some("bytes=5000000-")).await;
+    assert_eq!(r.status, 416, "{:?}", r.headers);
+    // Within the last slice but past the end: Portico's own 416, from the
+    // complete length that slice gives.
+    let r = get(&p, o.addr(), Some("bytes=3145700-")).await;
+    assert_eq!(
+        (r.status, r.header("content-range")),
+        (416, Some("bytes */3145628")),
+        "{:?}",
+        r.headers
+    );
+    // A wrong If-Range: the whole object, as a 200.
+    let r = parse_response(&raw_request(p.addr(), ask("Range: bytes=0-9\r\nIf-Range: \"v0\"\r\n").as_bytes()).await);
+    check(&r, 200, "HIT", 0, len);
+}
+
 /// An origin that ignores `Range` answers the first slice's request with
 /// the whole object: relayed, stored whole, and later ranges are hits on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
