@@ -19,15 +19,15 @@ const MIB: u64 = 1 << 20;
 /// A forward proxy storing objects in 1 MiB slices, with a memory tier
 /// smaller than the objects (slices then come from the disk tier too).
 async fn proxy() -> Portico {
-    proxy_in("{dir}/cache").await
+    proxy_in("{dir}/cache", "1MiB").await
 }
 
-/// [`proxy`] with its disk tier in `dir`.
-async fn proxy_in(dir: &str) -> Portico {
+/// [`proxy`] with its disk tier in `dir` and slices of `slice`.
+async fn proxy_in(dir: &str, slice: &str) -> Portico {
     let addr = free_addr();
     Portico::start(&format!(
         "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
-         [cache]\ndir = \"{dir}\"\nmemory = \"4MiB\"\ndisk = \"1GiB\"\nslice = \"1MiB\"\n"
+         [cache]\ndir = \"{dir}\"\nmemory = \"4MiB\"\ndisk = \"1GiB\"\nslice = \"{slice}\"\n"
     ))
     .await
 }
@@ -115,6 +115,12 @@ fn ranges_asked(o: &Origin) -> Vec<String> {
         .iter()
         .map(|r| r.header("range").unwrap_or("-").to_string())
         .collect()
+}
+
+/// GETs bytes `at..at + len` and checks the 206: `X-Cache` and the bytes.
+async fn check_range(p: &Portico, o: SocketAddr, at: u64, len: u64, x_cache: &str) {
+    let r = get(p, o, Some(&format!("bytes={at}-{}", at + len - 1))).await;
+    check(&r, 206, x_cache, at, len);
 }
 
 #[track_caller]
@@ -206,7 +212,7 @@ async fn slices_of_two_representations_never_make_one_response() {
     let len = 3 * MIB;
     let state = repr(len);
     let o = origin(state.clone()).await;
-    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    check_range(&p, o.addr(), 0, 10, "MISS").await;
     state.lock().expect("lock").etag = "\"v2\"".into();
     let raw = send(&p, o.addr(), "GET", None).await;
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
@@ -236,7 +242,7 @@ async fn a_suffix_range_is_never_sent_from_another_representation_than_its_head(
     let p = proxy().await;
     let state = repr(3 * MIB);
     let o = origin(state.clone()).await;
-    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    check_range(&p, o.addr(), 0, 10, "MISS").await;
     state.lock().expect("lock").etag = "\"v2\"".into();
     // The head waits for the first body byte, so the client sees the
     // connection close with nothing, or at most v1's head and no byte.
@@ -261,7 +267,7 @@ async fn a_stale_slice_is_revalidated_rather_than_fetched_again() {
     // Long enough that the 304's whole-second Date leaves it fresh after.
     state.lock().expect("lock").max_age = 3;
     let o = origin(state.clone()).await;
-    check(&get(&p, o.addr(), Some("bytes=100-199")).await, 206, "MISS", 100, 100);
+    check_range(&p, o.addr(), 100, 100, "MISS").await;
     tokio::time::sleep(Duration::from_millis(4100)).await;
     let r = get(&p, o.addr(), Some("bytes=100-199")).await;
     check(&r, 206, "REVALIDATED", 100, 100);
@@ -276,7 +282,7 @@ async fn a_stale_slice_is_revalidated_rather_than_fetched_again() {
         "no byte fetched again"
     );
     // Fresh again for max-age: a hit.
-    check(&get(&p, o.addr(), Some("bytes=150-159")).await, 206, "HIT", 150, 10);
+    check_range(&p, o.addr(), 150, 10, "HIT").await;
     assert_eq!(o.count(), 2);
     // Counted as a whole response's would be: one miss, one revalidation, one hit.
     for (series, n) in [
@@ -303,7 +309,7 @@ async fn conditionals_and_unsatisfiable_ranges_are_answered_from_the_slices() {
     // 100 bytes short of 3 MiB: its last slice ends before 3 MiB.
     let len = 3 * MIB - 100;
     let o = origin(repr(len)).await;
-    check(&get(&p, o.addr(), Some("bytes=0-9")).await, 206, "MISS", 0, 10);
+    check_range(&p, o.addr(), 0, 10, "MISS").await;
     let o_addr = o.addr();
     let ask =
         |extra: &str| format!("GET http://{o_addr}/big HTTP/1.1\r\nHost: {o_addr}\r\n{extra}Connection: close\r\n\r\n");
@@ -372,7 +378,7 @@ async fn slices_are_disk_objects_that_outlive_a_restart() {
     let dir = cache.path().display().to_string();
     let o = origin(repr(3 * MIB)).await;
     {
-        let p = proxy_in(&dir).await;
+        let p = proxy_in(&dir, "1MiB").await;
         check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
     }
     // Three slices and the marker that lists them under the URL's own key.
@@ -390,15 +396,30 @@ async fn slices_are_disk_objects_that_outlive_a_restart() {
     }
     assert_eq!(files.len(), 4, "{files:?}");
     assert_eq!(files.iter().filter(|&&n| n > MIB).count(), 3, "{files:?}");
-    let p = proxy_in(&dir).await;
-    check(
-        &get(&p, o.addr(), Some("bytes=1500000-2500000")).await,
-        206,
-        "HIT",
-        1_500_000,
-        1_000_001,
-    );
+    let p = proxy_in(&dir, "1MiB").await;
+    check_range(&p, o.addr(), 1_500_000, 1_000_001, "HIT").await;
     assert_eq!(o.count(), 3);
+}
+
+/// Slices stored at another size (`cache.slice` changed across a restart)
+/// are used only where they are exactly a slice of the new size; the others
+/// are fetched again, never mistaken for the slice a request needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_an_older_size_are_fetched_again_at_the_new_one() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let dir = cache.path().display().to_string();
+    let o = origin(repr(3 * MIB)).await;
+    {
+        let p = proxy_in(&dir, "1MiB").await;
+        check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
+    }
+    let p = proxy_in(&dir, "2MiB").await;
+    check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
+    // The old first slice (0-1 MiB) is not the new one (0-2 MiB); the old
+    // third (2-3 MiB) is the new second exactly, cut at the end: reused.
+    let asked = ranges_asked(&o);
+    assert_eq!(asked[3..], ["bytes=0-2097151"]);
+    check(&get(&p, o.addr(), None).await, 200, "HIT", 0, 3 * MIB);
 }
 
 /// Concurrent requests touching one slice that is being fetched wait for
@@ -437,43 +458,19 @@ async fn an_unsafe_request_invalidates_every_slice() {
     let p = proxy().await;
     let o = origin(repr(3 * MIB)).await;
     check(&get(&p, o.addr(), None).await, 200, "MISS", 0, 3 * MIB);
-    check(
-        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
-        206,
-        "HIT",
-        2_500_000,
-        10,
-    );
+    check_range(&p, o.addr(), 2_500_000, 10, "HIT").await;
     assert_eq!(o.count(), 3);
     let posted = parse_response(&send(&p, o.addr(), "POST", None).await);
     assert_eq!(posted.status, 200);
-    check(
-        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
-        206,
-        "MISS",
-        2_500_000,
-        10,
-    );
+    check_range(&p, o.addr(), 2_500_000, 10, "MISS").await;
     assert_eq!(
         ranges_asked(&o).last().map(String::as_str),
         Some("bytes=2097152-3145727")
     );
-    check(
-        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
-        206,
-        "HIT",
-        2_500_000,
-        10,
-    );
+    check_range(&p, o.addr(), 2_500_000, 10, "HIT").await;
     let purged = parse_response(&send(&p, o.addr(), "PURGE", None).await);
     assert_eq!(purged.status, 200, "{}", purged.body_str());
-    check(
-        &get(&p, o.addr(), Some("bytes=2500000-2500009")).await,
-        206,
-        "MISS",
-        2_500_000,
-        10,
-    );
+    check_range(&p, o.addr(), 2_500_000, 10, "MISS").await;
     assert_eq!(
         o.count(),
         3 + 1 + 1 + 1,

@@ -122,6 +122,25 @@ fn parse_spec(item: &[u8]) -> Option<Spec> {
     (last >= first).then_some(Spec::Int(first, Some(last)))
 }
 
+/// The first byte the first range of a `Range` value asks for, when it
+/// names one (`bytes=N-` or `bytes=N-M`, then anything): where a sliced
+/// object's first slice is (`cache.slice`). None for a suffix range, another
+/// unit or a value that does not parse so far.
+pub fn first_byte(value: &[u8]) -> Option<u64> {
+    let eq = value.iter().position(|&b| b == b'=')?;
+    if !value[..eq].trim_ascii().eq_ignore_ascii_case(b"bytes") {
+        return None;
+    }
+    let first = value[eq + 1..]
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .find(|item| !item.is_empty())?;
+    match parse_spec(first)? {
+        Spec::Int(first, _) => Some(first),
+        Spec::Suffix(_) => None,
+    }
+}
+
 /// Parses a `Range` value (`bytes=0-499, -500, 9500-`) against a total
 /// length, with the rules in the module documentation.
 pub fn parse(value: &[u8], len: u64) -> RangePlan {
@@ -481,5 +500,14 @@ mod tests {
         let mp = multipart(&[0..1, 2..3], 3, None, "B");
         assert_eq!(&mp.parts[0].0[..], b"--B\r\nContent-Range: bytes 0-0/3\r\n\r\n");
         assert_eq!(&mp.parts[1].0[..], b"\r\n--B\r\nContent-Range: bytes 2-2/3\r\n\r\n");
+    }
+
+    #[test]
+    fn the_first_byte_is_that_of_the_first_range_as_written() {
+        assert_eq!(first_byte(b"bytes=100-199"), Some(100));
+        assert_eq!(first_byte(b"Bytes = , 5000-, 0-9"), Some(5000));
+        assert_eq!(first_byte(b"bytes=-500"), None);
+        assert_eq!(first_byte(b"items=1-2"), None);
+        assert_eq!(first_byte(b"bytes=9-1"), None);
     }
 }

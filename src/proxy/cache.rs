@@ -940,21 +940,7 @@ impl Transaction<'_, '_> {
         let Role::Leader(leader) = self.cache.flights.join(self.key.id()) else {
             return;
         };
-        // The refresh is for the stored GET response: a plain GET, whatever
-        // this client asked for (HEAD, a range, preconditions of its own),
-        // else a HEAD or 206 answer would replace (remove) the stored response.
-        let mut head = self.ex.head.clone();
-        head.method = Method::GET;
-        for name in [
-            RANGE,
-            IF_RANGE,
-            IF_MATCH,
-            IF_NONE_MATCH,
-            IF_MODIFIED_SINCE,
-            IF_UNMODIFIED_SINCE,
-        ] {
-            head.headers.remove(name);
-        }
+        let head = plain_get(&self.ex.head);
         let background = Background {
             sh: self.sh.clone(),
             head,
@@ -966,6 +952,26 @@ impl Transaction<'_, '_> {
         };
         tokio::spawn(background.revalidate(leader));
     }
+}
+
+/// `head` as a plain GET, for a response the cache stores whole (a
+/// background refresh, a slice): whatever the client asked for (HEAD, a
+/// range, preconditions of its own), else a HEAD, 206 or 304 answer would
+/// replace (remove) the stored response or answer the client's own question.
+fn plain_get(head: &RequestHead) -> RequestHead {
+    let mut head = head.clone();
+    head.method = Method::GET;
+    for name in [
+        RANGE,
+        IF_RANGE,
+        IF_MATCH,
+        IF_NONE_MATCH,
+        IF_MODIFIED_SINCE,
+        IF_UNMODIFIED_SINCE,
+    ] {
+        head.headers.remove(name);
+    }
+    head
 }
 
 /// A background revalidation (stale-while-revalidate): the transaction's
@@ -1142,70 +1148,105 @@ impl Transaction<'_, '_> {
         }
         x_cache(&mut headers);
         let len = stored.len;
-        match range::plan(
-            &ex.head.method,
-            &ex.head.headers,
-            stored.meta.status,
-            &stored.meta.headers,
-            len,
-        ) {
-            RangePlan::Full => {
-                if ex.head.method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
-                }
-                ex.out.send_head(stored.meta.status, headers, BodyLen::Known(len));
-                send_range(ex, &stored, 0..len).await;
+        let seed = stored.id.0 as u64 ^ len;
+        let body = send_head_for_range(ex, stored.meta.status, headers, len, cache.status_header.as_ref(), seed);
+        for (prefix, r) in body.parts() {
+            if !prefix.is_empty() && ex.out.send_data(prefix).await.is_err() {
+                ex.out.close_after();
+                return Ok(());
             }
-            RangePlan::Single(r) => {
-                headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, len)));
-                if ex.head.method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(r.end - r.start));
-                }
-                ex.out
-                    .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(r.end - r.start));
-                send_range(ex, &stored, r).await;
+            if !send_range(ex, &stored, r).await {
+                // Never the next part after a missing one.
+                return Ok(());
             }
-            RangePlan::Multi(ranges) => {
-                let part_type = headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-                let boundary = range::boundary(stored.id.0 as u64 ^ len);
-                let mp = range::multipart(&ranges, len, part_type.as_deref(), &boundary);
-                headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
-                if ex.head.method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(mp.content_length));
-                }
-                ex.out
-                    .send_head(StatusCode::PARTIAL_CONTENT, headers, BodyLen::Known(mp.content_length));
-                if ex.head.method != Method::HEAD {
-                    for (prefix, r) in &mp.parts {
-                        if ex.out.send_data(prefix).await.is_err() {
-                            ex.out.close_after();
-                            return Ok(());
-                        }
-                        if !send_range(ex, &stored, r.clone()).await {
-                            // Never the next part after a missing one.
-                            return Ok(());
-                        }
-                    }
-                    if ex.out.send_data(&mp.trailer).await.is_err() {
-                        ex.out.close_after();
-                        return Ok(());
-                    }
-                }
-            }
-            RangePlan::Unsatisfiable => {
-                let mut h = HeaderMap::new();
-                h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(len)));
-                x_cache(&mut h);
-                ex.out
-                    .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
-            }
+        }
+        if ex.out.send_data(body.trailer()).await.is_err() {
+            ex.out.close_after();
+            return Ok(());
         }
         finish(ex).await;
         Ok(())
     }
+}
+
+/// What the body of an answer from the cache carries after its head
+/// ([`send_head_for_range`]): the stored bytes of each part, after its
+/// multipart delimiter, then the closing delimiter.
+enum BodyPlan {
+    /// No body (HEAD, 416).
+    Nothing,
+    /// These stored bytes (the whole response, or one range).
+    One(std::ops::Range<u64>),
+    /// `multipart/byteranges`.
+    Multi(range::Multipart),
+}
+
+impl BodyPlan {
+    /// Each part: the delimiter to write first (empty but for multipart), then
+    /// the range of stored bytes.
+    fn parts(&self) -> impl Iterator<Item = (&[u8], std::ops::Range<u64>)> {
+        let (one, multi) = match self {
+            BodyPlan::Nothing => (None, &[][..]),
+            BodyPlan::One(r) => (Some((&[][..], r.clone())), &[][..]),
+            BodyPlan::Multi(m) => (None, &m.parts[..]),
+        };
+        one.into_iter().chain(multi.iter().map(|(p, r)| (&p[..], r.clone())))
+    }
+
+    /// What follows the last part (multipart's closing delimiter).
+    fn trailer(&self) -> &[u8] {
+        match self {
+            BodyPlan::Multi(m) => &m.trailer,
+            _ => &[],
+        }
+    }
+}
+
+/// Sends the head of the answer to the request from a stored response of
+/// `status`, `headers` (`Age` and the cache status header set) and `len`
+/// body bytes, as its `Range` asks (RFC 9110 14.2): the whole response,
+/// one range or several (206), or 416 (with only `Content-Range` and the
+/// `status_header`). A HEAD gets the `Content-Length` the GET would; `seed`
+/// makes the multipart boundary. Returns what the body must carry.
+fn send_head_for_range(
+    ex: &mut Exchange<'_>,
+    status: StatusCode,
+    mut headers: HeaderMap,
+    len: u64,
+    status_header: Option<&http::HeaderName>,
+    seed: u64,
+) -> BodyPlan {
+    let head_only = ex.head.method == Method::HEAD;
+    let (status, length, body) = match range::plan(&ex.head.method, &ex.head.headers, status, &headers, len) {
+        RangePlan::Full => (status, len, BodyPlan::One(0..len)),
+        RangePlan::Single(r) => {
+            headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, len)));
+            (StatusCode::PARTIAL_CONTENT, r.end - r.start, BodyPlan::One(r))
+        }
+        RangePlan::Multi(ranges) => {
+            let part_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+            let mp = range::multipart(&ranges, len, part_type, &range::boundary(seed));
+            headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
+            (StatusCode::PARTIAL_CONTENT, mp.content_length, BodyPlan::Multi(mp))
+        }
+        RangePlan::Unsatisfiable => {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(len)));
+            if let Some(name) = status_header
+                && let Some(v) = headers.get(name)
+            {
+                h.insert(name.clone(), v.clone());
+            }
+            ex.out
+                .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
+            return BodyPlan::Nothing;
+        }
+    };
+    if head_only {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    ex.out.send_head(status, headers, BodyLen::Known(length));
+    if head_only { BodyPlan::Nothing } else { body }
 }
 
 fn header_value(s: &str) -> HeaderValue {

@@ -21,22 +21,20 @@
 //! requests find before they look for slices.
 
 use super::{
-    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, send_range, update_from_304,
+    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, plain_get, send_head_for_range,
+    send_range, update_from_304,
 };
 use crate::cache::Stored;
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
 use crate::cache::object::StoredMeta;
-use crate::cache::partial::{self, ContentRange, parse_content_range};
+use crate::cache::partial::{self, parse_content_range};
 use crate::cache::policy::{self, Decision, Precondition, Revalidation};
-use crate::cache::range::{self, RangePlan};
+use crate::cache::range;
 use crate::cache::{StoreSink, slice_variant};
 use crate::http1::BodyLen;
 use crate::proxy::forward::Failure;
 use bytes::Bytes;
-use http::header::{
-    AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
-    IF_UNMODIFIED_SINCE, LAST_MODIFIED, RANGE, VARY,
-};
+use http::header::{AGE, CONTENT_RANGE, ETAG, LAST_MODIFIED, RANGE, VARY};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -111,29 +109,25 @@ impl Slice<'_> {
     }
 }
 
-/// The first byte a `Range` request asks for, when its first range says
-/// it (`bytes=N-...`): where the first slice to get is. None for no
-/// `Range`, a suffix range or anything else (the first slice then is the
-/// object's first, which also says its length).
-fn first_byte(headers: &HeaderMap) -> Option<u64> {
-    let spec = headers.get(RANGE)?.to_str().ok()?.trim().strip_prefix("bytes=")?;
-    let first = spec.split(',').next()?.trim();
-    let (start, _) = first.split_once('-')?;
-    start.trim().parse().ok()
+/// The bytes a slice's response holds and the complete length, from its
+/// `Content-Range`, when that is exactly the slice that starts at `start`:
+/// `size` bytes, cut at a known complete length. A stored slice of another
+/// size (`cache.slice` changed since) is none.
+fn span(headers: &HeaderMap, start: u64, size: u64) -> Option<(Range<u64>, u64)> {
+    let cr = parse_content_range(headers.get(CONTENT_RANGE)?.as_bytes())?;
+    let complete = cr.complete?;
+    (cr.range == (start..start.saturating_add(size).min(complete))).then_some((cr.range, complete))
 }
 
-/// The `Content-Range` a slice request's 206 must carry: the slice asked
-/// for, cut at the complete length.
+/// [`span`] of an origin's answer to a slice's request: a 206 for that
+/// slice whose body is announced at its length.
 fn answers(fetched: &Fetched, start: u64, size: u64) -> Option<(Range<u64>, u64)> {
     let response = &fetched.response;
     if response.status() != StatusCode::PARTIAL_CONTENT {
         return None;
     }
-    let cr = parse_content_range(response.headers().get(CONTENT_RANGE)?.as_bytes())?;
-    let complete = cr.complete?;
-    let end = start.saturating_add(size).min(complete);
-    let len = response.body().size_hint().exact();
-    (cr.range == (start..end) && len == Some(end - start)).then_some((cr.range, complete))
+    let (range, complete) = span(response.headers(), start, size)?;
+    (response.body().size_hint().exact() == Some(range.end - range.start)).then_some((range, complete))
 }
 
 impl<'c> Transaction<'c, '_> {
@@ -141,7 +135,15 @@ impl<'c> Transaction<'c, '_> {
     /// route with `cache.slice`: answered slice by slice (see the module's
     /// documentation).
     pub(super) async fn sliced(&mut self, size: u64) -> Result<(), Failure> {
-        let start = first_byte(&self.ex.head.headers).unwrap_or(0) / size * size;
+        // The slice holding the first byte asked for; the object's first
+        // (which also says its length) when that is not known yet.
+        let first_byte = self
+            .ex
+            .head
+            .headers
+            .get(RANGE)
+            .and_then(|v| range::first_byte(v.as_bytes()));
+        let start = first_byte.unwrap_or(0) / size * size;
         let first = match self.slice(start, size).await? {
             Got::Slice(s) => s,
             Got::Other(fetched) => return self.not_sliced(fetched, start).await,
@@ -190,71 +192,24 @@ impl<'c> Transaction<'c, '_> {
             Precondition::Proceed => {}
         }
         let complete = first.complete;
-        // What to send: (a multipart delimiter, the object's bytes) each.
-        let mut parts: Vec<(Bytes, Range<u64>)> = Vec::new();
-        let mut trailer = Bytes::new();
-        match range::plan(&method, &self.ex.head.headers, StatusCode::OK, &headers, complete) {
-            RangePlan::Full => {
-                if method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(complete));
-                }
-                self.ex.out.send_head(StatusCode::OK, headers, BodyLen::Known(complete));
-                parts.push((Bytes::new(), 0..complete));
-            }
-            RangePlan::Single(r) => {
-                headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, complete)));
-                if method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(r.end - r.start));
-                }
-                let len = BodyLen::Known(r.end - r.start);
-                self.ex.out.send_head(StatusCode::PARTIAL_CONTENT, headers, len);
-                parts.push((Bytes::new(), r));
-            }
-            RangePlan::Multi(ranges) => {
-                let part_type = headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-                let boundary = range::boundary(self.key.id().0 as u64 ^ complete);
-                let mp = range::multipart(&ranges, complete, part_type.as_deref(), &boundary);
-                headers.insert(CONTENT_TYPE, header_value(&mp.content_type));
-                if method == Method::HEAD {
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(mp.content_length));
-                }
-                let len = BodyLen::Known(mp.content_length);
-                self.ex.out.send_head(StatusCode::PARTIAL_CONTENT, headers, len);
-                parts = mp.parts;
-                trailer = mp.trailer;
-            }
-            RangePlan::Unsatisfiable => {
-                let mut h = HeaderMap::new();
-                h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(complete)));
-                if let Some(name) = &self.cache.status_header {
-                    h.insert(name.clone(), status.value());
-                }
-                self.ex
-                    .out
-                    .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));
-            }
-        }
-        if method == Method::HEAD {
-            parts.clear();
-        }
+        let seed = self.key.id().0 as u64 ^ complete;
+        let status_header = self.cache.status_header.as_ref();
+        let body = send_head_for_range(self.ex, StatusCode::OK, headers, complete, status_header, seed);
         // Every slice sent must be of the representation whose head was sent.
         let identity = first.identity();
         let mut pending = Some(first);
         let before = self.ex.out.body_bytes();
         let mut intact = true;
-        for (prefix, r) in &parts {
+        for (prefix, r) in body.parts() {
             // Never the next part after one cut short.
             intact = (prefix.is_empty() || self.ex.out.send_data(prefix).await.is_ok())
-                && self.send_slices(r.clone(), size, &mut pending, &identity).await;
+                && self.send_slices(r, size, &mut pending, &identity).await;
             if !intact {
                 break;
             }
         }
-        if intact && !trailer.is_empty() {
-            intact = self.ex.out.send_data(&trailer).await.is_ok();
+        if intact {
+            intact = self.ex.out.send_data(body.trailer()).await.is_ok();
         }
         // The first slice, when no part wanted its bytes: stored all the same.
         if let Some(first) = pending {
@@ -462,9 +417,9 @@ impl<'c> Transaction<'c, '_> {
         // A rejoin after a fetch that shared nothing with us; bounded as
         // `fetch_and_store`'s.
         for _ in 0..4 {
-            let stale = match self.stored_slice(start).await? {
-                Some(Ok(fresh)) => return Ok(Got::Slice(fresh)),
-                Some(Err(stale)) => Some(stale),
+            let stale = match self.stored_slice(start, size).await? {
+                Some((slice, true)) => return Ok(Got::Slice(slice)),
+                Some((slice, false)) => Some(slice),
                 None => None,
             };
             let mut follower = match self.cache.flights.join(id) {
@@ -481,36 +436,29 @@ impl<'c> Transaction<'c, '_> {
         self.fetch_slice(start, size, None, None).await
     }
 
-    /// The stored slice starting at `start`: Ok when it is fresh for this
-    /// request, Err (the stored response) when it must be revalidated.
-    async fn stored_slice(&mut self, start: u64) -> Result<Option<Result<Slice<'c>, Stored>>, Failure> {
+    /// The stored slice starting at `start`, and whether it is fresh for
+    /// this request (else it must be revalidated).
+    async fn stored_slice(&mut self, start: u64, size: u64) -> Result<Option<(Slice<'c>, bool)>, Failure> {
         let found = self
             .cache
             .lookup_slice(&self.key, start)
             .await
             .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "the disk cache is busy".to_string()))?;
         let Some(stored) = found else { return Ok(None) };
-        let Some(cr) = stored
-            .meta
-            .headers
-            .get(CONTENT_RANGE)
-            .and_then(|v| parse_content_range(v.as_bytes()))
+        let Some((range, complete)) =
+            span(&stored.meta.headers, start, size).filter(|(r, _)| r.end - r.start == stored.len)
         else {
             return Ok(None);
         };
-        let (Some(complete), true) = (cr.complete, cr.range.end - cr.range.start == stored.len) else {
-            return Ok(None);
-        };
-        if self.policy.evaluate(&self.ex.head.headers, &stored.meta, self.now) != Decision::Fresh {
-            return Ok(Some(Err(stored)));
-        }
-        Ok(Some(Ok(Slice {
-            range: cr.range,
+        let fresh = self.policy.evaluate(&self.ex.head.headers, &stored.meta, self.now) == Decision::Fresh;
+        let slice = Slice {
+            range,
             complete,
             meta: stored.meta.clone(),
             how: CacheStatus::Hit,
             source: Source::Stored(stored),
-        })))
+        };
+        Ok(Some((slice, fresh)))
     }
 
     /// Asks the origin for the slice starting at `start` (a GET with only
@@ -522,22 +470,12 @@ impl<'c> Transaction<'c, '_> {
         start: u64,
         size: u64,
         leader: Option<Leader>,
-        stale: Option<Stored>,
+        stale: Option<Slice<'c>>,
     ) -> Result<Got<'c>, Failure> {
         if policy::only_if_cached(&self.ex.head.headers) {
             return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
         }
-        let mut head = self.ex.head.clone();
-        head.method = Method::GET;
-        for name in [
-            IF_RANGE,
-            IF_MATCH,
-            IF_NONE_MATCH,
-            IF_MODIFIED_SINCE,
-            IF_UNMODIFIED_SINCE,
-        ] {
-            head.headers.remove(name);
-        }
+        let mut head = plain_get(&self.ex.head);
         let last = start.saturating_add(size) - 1;
         head.headers
             .insert(RANGE, header_value(&format!("bytes={start}-{last}")));
@@ -548,10 +486,10 @@ impl<'c> Transaction<'c, '_> {
         let (fetched, hierarchy) =
             fetch_timed(self.sh, &head, self.ex.peer.ip(), self.dest, conditional.as_ref(), None).await?;
         self.ex.hierarchy = Some(hierarchy);
-        if let Some(stored) = stale
+        if let Some(slice) = stale
             && fetched.response.status() == StatusCode::NOT_MODIFIED
         {
-            return Ok(self.not_modified(stored, fetched, leader).await);
+            return Ok(self.not_modified(slice, fetched, leader).await);
         }
         let Some((range, complete)) = answers(&fetched, start, size) else {
             if let Some(l) = leader {
@@ -625,41 +563,24 @@ impl<'c> Transaction<'c, '_> {
     /// A 304 to a stale slice's revalidation: its fields updated in both
     /// tiers when the 304 selects it (RFC 9111 4.3.4), and the stored slice
     /// answered from; requests waiting on the flight look it up.
-    async fn not_modified(&mut self, stored: Stored, fetched: Fetched, leader: Option<Leader>) -> Got<'c> {
-        let stored = match policy::revalidation(&stored.meta, fetched.response.status(), fetched.response.headers()) {
-            Revalidation::NotModified => {
-                let fresh = fetched.response.into_parts().0.headers;
-                let (meta, _own) =
-                    update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
-                Stored { meta, ..stored }
-            }
-            // A 304 that selects nothing updates nothing: the stored slice
-            // is served as it is, as a revalidation of a whole response does.
-            _ => stored,
-        };
+    async fn not_modified(&mut self, mut slice: Slice<'c>, fetched: Fetched, leader: Option<Leader>) -> Got<'c> {
+        // A 304 that selects nothing updates nothing: the stored slice is
+        // served as it is, as a revalidation of a whole response does.
+        if let Source::Stored(stored) = &mut slice.source
+            && policy::revalidation(&stored.meta, fetched.response.status(), fetched.response.headers())
+                == Revalidation::NotModified
+        {
+            let fresh = fetched.response.into_parts().0.headers;
+            let (meta, _own) =
+                update_from_304(self.cache, self.policy, stored.id, &stored.meta, fresh, fetched.times).await;
+            stored.meta = meta.clone();
+            slice.meta = meta;
+        }
         if let Some(l) = leader {
             l.finish(Ending::NotShared);
         }
-        let cr = stored
-            .meta
-            .headers
-            .get(CONTENT_RANGE)
-            .and_then(|v| parse_content_range(v.as_bytes()));
-        // Checked when it was looked up: a stored slice has both.
-        let (range, complete) = match cr {
-            Some(ContentRange {
-                range,
-                complete: Some(c),
-            }) => (range, c),
-            _ => (0..stored.len, stored.len),
-        };
-        Got::Slice(Slice {
-            range,
-            complete,
-            meta: stored.meta.clone(),
-            how: CacheStatus::Revalidated,
-            source: Source::Stored(stored),
-        })
+        slice.how = CacheStatus::Revalidated;
+        Got::Slice(slice)
     }
 }
 
@@ -667,11 +588,7 @@ impl<'c> Transaction<'c, '_> {
 /// when that head is not the slice's (cannot be, but a follower never
 /// sends what it cannot place).
 fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: Follower) -> Option<Slice<'c>> {
-    let cr = parse_content_range(head.headers.get(CONTENT_RANGE)?.as_bytes())?;
-    let complete = cr.complete?;
-    if cr.range.start != start || cr.range.end != start.saturating_add(size).min(complete) {
-        return None;
-    }
+    let (range, complete) = span(&head.headers, start, size)?;
     let meta = StoredMeta {
         key: key.to_string(),
         variant: slice_variant(start),
@@ -681,7 +598,7 @@ fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: F
         response_time: head.response_time,
     };
     Some(Slice {
-        range: cr.range,
+        range,
         complete,
         meta: Arc::new(meta),
         how: CacheStatus::Miss,
