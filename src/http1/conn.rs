@@ -158,6 +158,10 @@ pub struct GoneIdle {
     pub waited: Duration,
 }
 
+/// The first read of a request head takes a buffer of this size (most
+/// heads fit); larger heads grow it.
+const HEAD_CHUNK: usize = 4 << 10;
+
 /// Serves one client connection until it closes (None) or stays idle long
 /// enough to be handed to the keep-alive poller (the connection is returned).
 pub async fn serve<H: Handler>(
@@ -198,7 +202,7 @@ pub async fn serve<H: Handler>(
             let bytes = if served == 0 {
                 tokio::select! {
                     r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r,
-                    () = drained => Ok(false),
+                    () = drained => Ok(None),
                 }
             } else {
                 // Between requests the connection is in the keep-alive set,
@@ -207,12 +211,12 @@ pub async fn serve<H: Handler>(
                 let _idle = ka.enter(stream.tcp());
                 tokio::select! {
                     r = tokio::time::timeout(wait, bytes_waiting(&stream)) => r,
-                    () = drained => Ok(false),
+                    () = drained => Ok(None),
                 }
             };
             match bytes {
-                Ok(true) => {}
-                Ok(false) => break,
+                Ok(Some(first)) => carry = (!first.is_empty()).then_some(first),
+                Ok(None) => break,
                 Err(_) if wait < full => {
                     let ClientStream::Plain(stream) = stream else {
                         // Never: `park_after` is None for TLS.
@@ -298,32 +302,41 @@ fn nothing_unread(stream: &ClientStream) -> bool {
     }
 }
 
-/// Waits until the client has sent something (true) or closed (false),
-/// holding no buffer. Readiness can be reported spuriously (tokio says so,
-/// and a fresh connection often is), so it is confirmed by peeking one byte
-/// before the caller takes a buffer: otherwise every connection that has
-/// not sent its request yet would hold a read buffer.
-async fn bytes_waiting(stream: &ClientStream) -> bool {
+/// Waits until the client has sent something (Some) or closed (None),
+/// holding no buffer while it waits. On plain TCP the bytes are read at
+/// once into a buffer taken only when the socket is readable (and dropped
+/// again when the readiness was spurious, as tokio says it can be): one
+/// `recv` per request, where a peek to confirm the readiness and then the
+/// read cost two. Over TLS the records are read by `read_head` (Some of an
+/// empty buffer), after a peek.
+async fn bytes_waiting(stream: &ClientStream) -> Option<BytesMut> {
     let stream = match stream {
-        ClientStream::Plain(s) => s,
+        ClientStream::Plain(s) => loop {
+            s.readable().await.ok()?;
+            let mut buf = BytesMut::with_capacity(HEAD_CHUNK);
+            match s.try_read_buf(&mut buf) {
+                Ok(0) => return None,
+                Ok(_) => return Some(buf),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return None,
+            }
+        },
         // Decrypted bytes already read off the socket (with the end of
         // the handshake, or after the previous request) count too.
-        ClientStream::Tls(t) if t.has_plaintext() => return true,
+        ClientStream::Tls(t) if t.has_plaintext() => return Some(BytesMut::new()),
         ClientStream::Tls(t) => t.tcp(),
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
-        if stream.readable().await.is_err() {
-            return false;
-        }
+        stream.readable().await.ok()?;
         let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
             socket2::SockRef::from(stream).peek(&mut one)
         });
         match peeked {
-            Ok(0) => return false,
-            Ok(_) => return true,
+            Ok(0) => return None,
+            Ok(_) => return Some(BytesMut::new()),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(_) => return false,
+            Err(_) => return None,
         }
     }
 }
@@ -522,7 +535,7 @@ async fn read_head(
         }
         scanned = buf.len();
         // Most heads fit in 4 KiB: start there, grow for larger ones.
-        let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, 4 << 10);
+        let want = (limits.max_head + 1).saturating_sub(buf.len()).clamp(1, HEAD_CHUNK);
         match tokio::time::timeout_at(deadline, read_buf(stream, buf, want)).await {
             Err(_) if buf.is_empty() => return Ok(None),
             Err(_) => {
