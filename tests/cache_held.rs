@@ -2,7 +2,9 @@
 //! open for the next (nginx's `open_file_cache`), the bytes stay right when
 //! the object is replaced or purged while its file is held, a Range is read
 //! at its offset and a multipart Range opens the file once. Each figure is
-//! read from the statistics (`/.stats.json`, `cache.disk`).
+//! read from the statistics (`/.stats.json`, `cache.disk`). A memory-tier
+//! hit is sent from the same version's held file with `sendfile` once that
+//! file is checked, never from a damaged or older one.
 
 mod common;
 
@@ -184,4 +186,126 @@ async fn a_multipart_range_opens_the_file_once() {
     };
     assert!(pattern_matches(90_000, &part(first)));
     assert!(pattern_matches(10, &part(second)));
+}
+
+/// A forward proxy whose memory tier keeps `/large` and `/versioned` too.
+async fn proxy_both_tiers(cache_dir: &Path) -> Portico {
+    let addr = free_addr();
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\n",
+        cache_dir.display()
+    ))
+    .await
+}
+
+/// Polls the disk tier's counters until `ready` holds (5 s at most).
+async fn disk_until(p: &Portico, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..100 {
+        let d = disk(p).await;
+        if ready(&d) {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what}: not within 5 s: {}", disk(p).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy_both_tiers(cache.path()).await;
+    assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    // The first memory hit has the file opened and checksummed in the
+    // background; once it is held, hits send the body from it.
+    let r = get(&p, &origin, "/large", &[]).await;
+    assert!(x_cache(&r) == "HIT" && r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    let before = disk_until(&p, "the file checked", |d| n(d, "background_checks") == 1).await;
+    assert_eq!(n(&before, "open_files"), 1);
+    for _ in 0..3 {
+        let r = get(&p, &origin, "/large", &[]).await;
+        assert_eq!(x_cache(&r), "HIT");
+        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    let after = disk(&p).await;
+    assert_eq!(
+        n(&after, "bytes_read") - n(&before, "bytes_read"),
+        3 * (100 << 10),
+        "each hit's body sent from the file: {after}"
+    );
+    // Memory-tier hits: not counted as disk-tier reads.
+    assert_eq!(n(&after, "reads"), n(&before, "reads"));
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_file_damaged_under_a_memory_object_is_never_sent() {
+    use std::os::unix::fs::FileExt;
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy_both_tiers(cache.path()).await;
+    assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    let files = cache_object_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    // One body byte flipped in place (same file, same size: only the
+    // checksum can tell), before any hit had the file checked.
+    let f = std::fs::File::options().read(true).write(true).open(&files[0]).unwrap();
+    let mid = f.metadata().unwrap().len() / 2;
+    let mut byte = [0u8];
+    f.read_exact_at(&mut byte, mid).unwrap();
+    f.write_all_at(&[byte[0] ^ 0xff], mid).unwrap();
+    drop(f);
+    for _ in 0..2 {
+        let r = get(&p, &origin, "/large", &[]).await;
+        assert_eq!(x_cache(&r), "HIT");
+        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    // The background check caught it and removed the file ...
+    let before = disk_until(&p, "the checksum failure", |d| n(d, "checksum_failures") == 1).await;
+    assert!(!files[0].exists());
+    assert_eq!((n(&before, "open_files"), n(&before, "background_checks")), (0, 0));
+    // ... and the memory tier goes on serving the right bytes from memory.
+    for _ in 0..3 {
+        let r = get(&p, &origin, "/large", &[]).await;
+        assert_eq!(x_cache(&r), "HIT");
+        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    assert_eq!(n(&disk(&p).await, "bytes_read"), n(&before, "bytes_read"));
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hit_never_sends_an_older_version_from_the_disk_file() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy_both_tiers(cache.path()).await;
+    let body = |r: &ParsedResponse| r.body_str();
+    assert_eq!(body(&get(&p, &origin, "/versioned", &[]).await), "1".repeat(50_000));
+    assert_eq!(body(&get(&p, &origin, "/versioned", &[]).await), "1".repeat(50_000));
+    let held = disk_until(&p, "the file checked", |d| n(d, "background_checks") == 1).await;
+    let r = get(&p, &origin, "/versioned", &[]).await;
+    assert_eq!((x_cache(&r), body(&r)), ("HIT", "1".repeat(50_000)));
+    assert_eq!(
+        n(&disk(&p).await, "bytes_read") - n(&held, "bytes_read"),
+        50_000,
+        "sent from the file"
+    );
+    // Replaced: every later hit is version 2, whether from memory or
+    // (once its new file is checked) from the file.
+    let r = get(&p, &origin, "/versioned", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(body(&r), "2".repeat(50_000));
+    for _ in 0..20 {
+        let r = get(&p, &origin, "/versioned", &[]).await;
+        assert_eq!((x_cache(&r), body(&r)), ("HIT", "2".repeat(50_000)));
+    }
+    let checked = disk_until(&p, "the new file checked", |d| n(d, "background_checks") == 2).await;
+    let r = get(&p, &origin, "/versioned", &[]).await;
+    assert_eq!((x_cache(&r), body(&r)), ("HIT", "2".repeat(50_000)));
+    assert_eq!(
+        n(&disk(&p).await, "bytes_read") - n(&checked, "bytes_read"),
+        50_000,
+        "sent from the file"
+    );
+    assert_eq!(fetched.load(Ordering::SeqCst), 2);
 }

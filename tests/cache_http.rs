@@ -848,30 +848,9 @@ async fn ranges_of_a_disk_object() {
     let p = proxy("max_memory_object = \"4KiB\"").await;
     check_ranges(&p, &origin, "/large", len).await;
     // It is served from the disk tier: the object file exists there.
-    let files = object_files(&p.dir().join("cache"));
+    let files = cache_object_files(&p.dir().join("cache"));
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(std::fs::metadata(&files[0]).unwrap().len() > len as u64);
-}
-
-/// Object files (32 hex digit names) under a cache directory's levels.
-fn object_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-        for e in rd.flatten() {
-            let path = e.path();
-            if e.file_name() == "tmp" {
-                continue;
-            }
-            if path.is_dir() {
-                stack.push(path);
-            } else if e.file_name().len() == 32 {
-                out.push(path);
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -41,27 +41,6 @@ async fn get(p: &Portico, origin: &Origin, path: &str, headers: &[(&str, &str)])
 
 fn x_cache(r: &ParsedResponse) -> &str {
     r.header("x-cache").unwrap_or("<none>")
-}
-
-/// Object files (named by 32 hex digits) under the cache's level directories.
-fn object_files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-        for e in rd.flatten() {
-            let path = e.path();
-            if e.file_name() == "tmp" {
-                continue;
-            }
-            if path.is_dir() {
-                stack.push(path);
-            } else if e.file_name().len() == 32 {
-                out.push(path);
-            }
-        }
-    }
-    out
 }
 
 fn tmp_files(root: &Path) -> Vec<String> {
@@ -136,7 +115,7 @@ async fn truncated_object_is_not_served_after_restart() {
         let p = proxy(cache.path(), "").await;
         assert_eq!(get(&p, &origin, "/small", &[]).await.body_str(), "/small #1");
     }
-    let files = object_files(cache.path());
+    let files = cache_object_files(cache.path());
     assert_eq!(files.len(), 1, "{files:?}");
     let file = std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap();
     let len = file.metadata().unwrap().len();
@@ -161,7 +140,7 @@ async fn corrupted_object_is_never_served_complete_after_restart() {
         let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
         assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
     }
-    let files = object_files(cache.path());
+    let files = cache_object_files(cache.path());
     assert_eq!(files.len(), 1, "{files:?}");
     // Flip one body byte in the middle of the file (the size stays right:
     // only the checksum can tell).
@@ -243,7 +222,7 @@ async fn kill_during_a_large_store_leaves_nothing_corrupt() {
     assert_eq!(unsafe { libc::kill(old_pid as i32, libc::SIGKILL) }, 0);
     drop(p); // reaps it
     drop(client);
-    assert!(object_files(cache.path()).is_empty(), "nothing was published");
+    assert!(cache_object_files(cache.path()).is_empty(), "nothing was published");
 
     let p = proxy(cache.path(), "").await;
     let r = get(&p, &origin, "/huge", &[]).await;

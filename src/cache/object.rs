@@ -64,6 +64,11 @@ fn millis(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Whether two times are equal as stored on disk (to the millisecond).
+pub fn same_millis(a: SystemTime, b: SystemTime) -> bool {
+    millis(a) == millis(b)
+}
+
 fn from_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }

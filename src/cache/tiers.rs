@@ -98,6 +98,12 @@ impl CacheStats {
     }
 }
 
+/// The smallest memory-tier body sent from its disk tier file with
+/// `sendfile` rather than copied into the socket (StoredBody::Mirrored).
+/// Below it, head and body in one `writev` cost fewer system calls than a
+/// head sent with `MSG_MORE` and then a `sendfile` (bench/README.md).
+pub const MIRROR_FROM: u64 = 8 << 10;
+
 /// A lookup needed the disk and the blocking pool's work queue was full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolBusy;
@@ -118,6 +124,16 @@ pub struct Stored {
 pub enum StoredBody {
     /// Whole, in memory.
     Memory(Bytes),
+    /// Whole in memory, and the same version in a held, checksummed file of
+    /// the disk tier: read from memory (TLS, HTTP/2), sent from the file
+    /// with `sendfile` to a plain-TCP client, which saves copying the body
+    /// into the socket (as nginx serves every hit from the page cache).
+    Mirrored {
+        /// The memory tier's copy.
+        memory: Bytes,
+        /// The disk tier's file of the same version.
+        file: Arc<OpenObject>,
+    },
     /// In a held-open file of the disk tier whose checksum has matched in
     /// this process: read at any offset, or sent with `sendfile`.
     File(Arc<OpenObject>),
@@ -159,7 +175,7 @@ impl StoredBody {
     /// The held, checksummed file a body can be sent from with `sendfile`.
     pub fn sendable(&self) -> Option<&OpenObject> {
         match self {
-            StoredBody::File(f) => Some(f),
+            StoredBody::File(f) | StoredBody::Mirrored { file: f, .. } => Some(f),
             _ => None,
         }
     }
@@ -172,7 +188,7 @@ impl RangeReader<'_> {
             return None;
         }
         let file = match self.source {
-            StoredBody::Memory(b) => {
+            StoredBody::Memory(b) | StoredBody::Mirrored { memory: b, .. } => {
                 let start = usize::try_from(self.range.start).ok()?.min(b.len());
                 let end = usize::try_from(self.range.end).ok()?.min(b.len());
                 self.range.start = self.range.end;
@@ -459,11 +475,18 @@ impl Cache {
     /// full blocking-pool queue is refused with `PoolBusy` instead.
     async fn get_or_busy(&self, id: ObjectId, refuse_when_busy: bool) -> Result<Option<Stored>, PoolBusy> {
         if let Some(obj) = self.memory.get(id) {
+            let body = match self.mirror(id, &obj) {
+                Some(file) => StoredBody::Mirrored {
+                    memory: obj.body.clone(),
+                    file,
+                },
+                None => StoredBody::Memory(obj.body.clone()),
+            };
             return Ok(Some(Stored {
                 id,
                 len: obj.body.len() as u64,
                 meta: obj.meta.clone(),
-                body: StoredBody::Memory(obj.body.clone()),
+                body,
             }));
         }
         let Some(disk) = self.disk.as_ref() else {
@@ -482,6 +505,28 @@ impl Cache {
             return Ok(None);
         };
         Ok(self.stored_from_disk(disk, id, found).await)
+    }
+
+    /// The disk tier's held, checksummed file of the very version of `obj`
+    /// the memory tier holds, when its body is large enough for `sendfile`
+    /// to beat a copy ([`MIRROR_FROM`]). The version is told by its length
+    /// and its request and response times (stored to the millisecond):
+    /// between a new version's memory insert and its disk commit, and
+    /// between a 304's two metadata updates, the held file is the old
+    /// version and differs in them, so the memory copy is used.
+    fn mirror(&self, id: ObjectId, obj: &MemObject) -> Option<Arc<OpenObject>> {
+        if (obj.body.len() as u64) < MIRROR_FROM {
+            return None;
+        }
+        let disk = self.disk.as_ref()?;
+        let Some(file) = disk.held_quiet(id) else {
+            disk.check_in_background(id);
+            return None;
+        };
+        let same = file.body_len == obj.body.len() as u64
+            && crate::cache::object::same_millis(file.meta.response_time, obj.meta.response_time)
+            && crate::cache::object::same_millis(file.meta.request_time, obj.meta.request_time);
+        same.then_some(file)
     }
 
     /// A hit on a held file. The memory tier takes it only while it has
@@ -858,6 +903,109 @@ impl StoreSink<'_> {
             && let Err(e) = w.commit(expires).await
         {
             tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Size;
+    use std::time::Duration;
+
+    fn cache(dir: &std::path::Path) -> Cache {
+        let cfg = CacheConfig {
+            dir: dir.to_path_buf(),
+            disk: Size(64 << 20),
+            memory: Size(16 << 20),
+            ..CacheConfig::default()
+        };
+        Cache::new(&cfg, &[], BlockingPool::new(2, 16)).expect("cache")
+    }
+
+    fn meta(key: &CacheKey, at: u64) -> StoredMeta {
+        StoredMeta {
+            key: key.text().to_string(),
+            variant: Vec::new(),
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            request_time: UNIX_EPOCH + Duration::from_millis(at),
+            response_time: UNIX_EPOCH + Duration::from_millis(at + 1),
+        }
+    }
+
+    async fn store(c: &Cache, key: &CacheKey, meta: StoredMeta, body: &Bytes) {
+        let mut sink = c.sink(key, meta, &[], Some(body.len() as u64)).await;
+        assert!(sink.data(body).await);
+        sink.commit().await;
+    }
+
+    fn mirrored(s: &Stored) -> bool {
+        matches!(s.body, StoredBody::Mirrored { .. })
+    }
+
+    fn memory_bytes(s: &Stored) -> &Bytes {
+        match &s.body {
+            StoredBody::Memory(b) | StoredBody::Mirrored { memory: b, .. } => b,
+            _ => panic!("not a memory-tier body"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_memory_object_is_mirrored_only_by_a_checked_file_of_its_own_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path());
+        let disk = c.disk().expect("disk tier").clone();
+        disk.wait_scan().await;
+        let key = c.key("http", "h", "/big");
+        let v1 = Bytes::from(vec![b'1'; 64 << 10]);
+        store(&c, &key, meta(&key, 1_700_000_000_000), &v1).await;
+        let none = HeaderMap::new();
+        // Not checked yet: served from memory; the lookup starts the check.
+        let s = c.lookup(&key, &none).await.unwrap().unwrap();
+        assert!(!mirrored(&s) && memory_bytes(&s) == &v1);
+        let mut checked = false;
+        for _ in 0..100 {
+            if disk.held_quiet(key.id()).is_some() {
+                checked = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(checked, "the background check held the file");
+        let s = c.lookup(&key, &none).await.unwrap().unwrap();
+        assert!(mirrored(&s), "same version: sent from the file");
+        let file = s.body.sendable().expect("a file to send");
+        assert_eq!(file.body_len, v1.len() as u64);
+
+        // A new version in memory before its disk commit (StoreSink::commit
+        // inserts it first), same length: never paired with the old file.
+        let v2 = Bytes::from(vec![b'2'; 64 << 10]);
+        let newer = Arc::new(MemObject {
+            meta: Arc::new(meta(&key, 1_700_000_005_000)),
+            body: v2.clone(),
+        });
+        c.memory.insert(key.id(), newer);
+        let s = c.lookup(&key, &none).await.unwrap().unwrap();
+        assert!(!mirrored(&s) && memory_bytes(&s) == &v2);
+        assert!(s.body.sendable().is_none());
+        // A 304's refreshed metadata in memory before the disk update: the
+        // body is the same, but the pair is told apart the same way.
+        let refreshed = Arc::new(MemObject {
+            meta: Arc::new(meta(&key, 1_700_000_009_000)),
+            body: v1.clone(),
+        });
+        c.memory.insert(key.id(), refreshed);
+        let s = c.lookup(&key, &none).await.unwrap().unwrap();
+        assert!(!mirrored(&s));
+        // Small bodies are copied, never sent from a file.
+        let small_key = c.key("http", "h", "/small");
+        let small = Bytes::from(vec![b's'; 100]);
+        store(&c, &small_key, meta(&small_key, 1_700_000_000_000), &small).await;
+        for _ in 0..3 {
+            let s = c.lookup(&small_key, &none).await.unwrap().unwrap();
+            assert!(!mirrored(&s));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

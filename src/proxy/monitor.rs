@@ -467,6 +467,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                     open_file_misses: ds.open_file_misses,
                     reads_nowait: ds.reads_nowait,
                     reads_blocked: ds.reads_blocked,
+                    background_checks: ds.background_checks,
                     bytes_read: ds.bytes_read,
                     writes: ds.writes,
                     write_aborts: ds.write_aborts,

@@ -501,6 +501,10 @@ crate::section! {
         /// Reads of held files that went to the blocking pool.
         reads_blocked: u64 => Counter, Add, None, "Disk reads that would have blocked, run on the blocking pool.",
             prom "portico_cache_disk_reads_blocked_total", xml "cache-bucket" "countDiskReadsBlocked";
+        /// Files of memory-tier objects checked in the background, so that
+        /// hits send the body from the file with sendfile.
+        background_checks: u64 => Counter, Add, None, "Disk files of memory-tier objects checksummed in the background, so that their hits are sent from the file with sendfile.",
+            prom "portico_cache_disk_background_checks_total", xml "cache-bucket" "countDiskBackgroundChecks";
         /// Body bytes read from or sent out of disk tier files.
         bytes_read: u64 => Counter, Add, Bytes, "Body bytes read (or sent with sendfile) from disk tier files.",
             prom "portico_cache_disk_read_bytes_total", xml "cache-bucket" "sizeDiskRead";

@@ -38,6 +38,28 @@ pub use slapd::{Slapd, have_slapd};
 
 use std::net::TcpListener;
 
+/// The disk tier's object files (named by 32 hex digits) under a cache
+/// directory's levels, without the files being written in `tmp`.
+pub fn cache_object_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let path = e.path();
+            if e.file_name() == "tmp" {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if e.file_name().len() == 32 {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago
 /// (bound to port 0, read back, released).
 pub fn free_port() -> u16 {

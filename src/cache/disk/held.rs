@@ -238,13 +238,23 @@ impl OpenObject {
 /// once does not push out files used again).
 pub(super) struct HeldFiles {
     files: quick_cache::sync::Cache<ObjectId, Arc<OpenObject>>,
+    capacity: usize,
+    /// Objects being opened and checksummed in the background
+    /// (`DiskStore::check_in_background`), at most `MAX_CHECKING`.
+    checking: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
 }
+
+/// At most this many background checks at a time: they take blocking-pool
+/// threads, which requests need more.
+const MAX_CHECKING: usize = 4;
 
 impl HeldFiles {
     /// At most `capacity` files; None when 0.
     pub(super) fn new(capacity: usize) -> Option<HeldFiles> {
         (capacity > 0).then(|| HeldFiles {
             files: quick_cache::sync::Cache::new(capacity),
+            capacity,
+            checking: std::sync::Mutex::default(),
         })
     }
 
@@ -262,6 +272,65 @@ impl HeldFiles {
 
     pub(super) fn len(&self) -> usize {
         self.files.len()
+    }
+
+    /// Claims a background check of `id`; false when one is running or
+    /// `MAX_CHECKING` are.
+    fn start_check(&self, id: ObjectId) -> bool {
+        // Only into room: a check that pushed out another held file would
+        // trade one file for another (and cost a whole read each time)
+        // when more objects are hit than files can be held.
+        if self.files.len() >= self.capacity {
+            return false;
+        }
+        let Ok(mut c) = self.checking.lock() else {
+            return false;
+        };
+        c.len() < MAX_CHECKING && c.insert(id)
+    }
+
+    fn end_check(&self, id: ObjectId) {
+        if let Ok(mut c) = self.checking.lock() {
+            c.remove(&id);
+        }
+    }
+}
+
+impl super::DiskStore {
+    /// Opens `id`'s file and reads its body through the checksum in the
+    /// background, so that it ends up held and checked: for an object the
+    /// memory tier serves, whose body is then sent from this file with
+    /// `sendfile` (`StoredBody::Mirrored`). Nothing when files are not
+    /// held, when it is held already, not stored, when the held files
+    /// leave no room, or when enough checks run.
+    pub fn check_in_background(&self, id: ObjectId) {
+        let Some(held) = &self.inner.held else { return };
+        if self.inner.held_fresh(id).is_some() || self.inner.index.get(id).is_none() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !held.start_check(id) {
+            return;
+        }
+        let store = self.clone();
+        rt.spawn(async move {
+            // A held file past `HELD_VALID_SECS` is only checked again
+            // with `stat` (in `open`); any other is read to the end: the
+            // last chunk comes only when the checksum matched.
+            if let Some(mut found) = store.open(id).await
+                && !found.file.verified()
+            {
+                while let Ok(Some(_)) = found.body.chunk().await {}
+                if found.file.verified() {
+                    store.inner.stats.background_checks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if let Some(h) = &store.inner.held {
+                h.end_check(id);
+            }
+        });
     }
 }
 

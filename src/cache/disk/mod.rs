@@ -491,6 +491,14 @@ impl DiskStore {
         Some(obj)
     }
 
+    /// The held, checksummed file of `id`, as [`DiskStore::held`] but
+    /// neither counted as a read nor recorded as an access: for a hit the
+    /// memory tier serves, which may send the body from this file
+    /// (the bytes are counted when sent, `OpenObject::count_sent`).
+    pub fn held_quiet(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
+        self.inner.held_fresh(id)
+    }
+
     /// Files held open now (at most `cache.open_files`).
     pub fn held_files(&self) -> usize {
         self.inner.held_count()

@@ -33,6 +33,9 @@ pub struct DiskStats {
     /// Body reads from held files handed to the blocking pool (they would
     /// have waited for the disk).
     pub reads_blocked: AtomicU64,
+    /// Files checked in the background for memory-tier objects, so their
+    /// hits are sent from the file (`DiskStore::check_in_background`).
+    pub background_checks: AtomicU64,
     /// Bodies whose checksum did not match when read to the end.
     pub checksum_failures: AtomicU64,
     /// Invalid or corrupt files removed (on open, read, scan).
@@ -87,6 +90,8 @@ pub struct DiskStatsSnapshot {
     pub reads_nowait: u64,
     /// See `DiskStats`.
     pub reads_blocked: u64,
+    /// See [`DiskStats::background_checks`].
+    pub background_checks: u64,
     /// See `DiskStats`.
     pub checksum_failures: u64,
     /// See `DiskStats`.
@@ -120,6 +125,7 @@ impl DiskStats {
             open_file_misses: l(&self.open_file_misses),
             reads_nowait: l(&self.reads_nowait),
             reads_blocked: l(&self.reads_blocked),
+            background_checks: l(&self.background_checks),
             checksum_failures: l(&self.checksum_failures),
             corrupt_removed: l(&self.corrupt_removed),
             evictions: l(&self.evictions),
