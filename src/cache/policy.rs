@@ -267,7 +267,16 @@ impl Policy {
 
     /// Whether `headers` hold a field [`Policy::take_unshared`] would take.
     pub fn has_unshared(&self, headers: &HeaderMap) -> bool {
-        self.unshared_fields(headers).iter().any(|n| headers.contains_key(n))
+        // Asked on every hit: the cookie fields first, and no list built.
+        if self.set_cookie != SetCookie::Store && COOKIE_FIELDS.iter().any(|n| headers.contains_key(n)) {
+            return true;
+        }
+        let rs = self.response_directives(headers);
+        ["no-cache", "private"]
+            .into_iter()
+            .flat_map(|d| rs.qualified_fields(d))
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .any(|n| !NEVER_UNSHARED.contains(&n) && headers.contains_key(&n))
     }
 
     /// The fields [`Policy::take_unshared`] takes: the cookie fields unless
@@ -1202,7 +1211,60 @@ fn remove_dot_segments(path: &str) -> String {
 /// An HTTP-date (any of the three formats) as seconds since the epoch.
 pub(crate) fn parse_http_date(value: &HeaderValue) -> Option<u64> {
     let text = value.to_str().ok()?.trim();
-    httpdate::parse_http_date(text).ok().map(secs)
+    // A hit reads its stored Date several times (age, lifetime) and often
+    // Last-Modified: the usual form is read by position here, and anything
+    // the fast path does not fully vouch for goes to httpdate.
+    imf_fixdate(text.as_bytes()).or_else(|| httpdate::parse_http_date(text).ok().map(secs))
+}
+
+/// The preferred HTTP-date form (RFC 9110 5.6.7, IMF-fixdate:
+/// `Sun, 06 Nov 1994 08:49:37 GMT`) read by position, as seconds since
+/// the epoch. None for anything else, including a date httpdate would
+/// refuse (a weekday that does not match, February 30, a time past
+/// 23:59:59, a year before 1970), which the caller then gives httpdate.
+fn imf_fixdate(b: &[u8]) -> Option<u64> {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",
+    ];
+    if b.len() != 29 || &b[3..5] != b", " || b[7] != b' ' || b[11] != b' ' || b[16] != b' ' {
+        return None;
+    }
+    if b[19] != b':' || b[22] != b':' || &b[25..] != b" GMT" {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        b[r].iter()
+            .try_fold(0u64, |n, d| d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0')))
+    };
+    let (day, year) = (num(5..7)?, num(12..16)?);
+    let (hour, minute, second) = (num(17..19)?, num(20..22)?, num(23..25)?);
+    let month = MONTHS.iter().position(|m| m[..] == b[8..11])? as u64 + 1;
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if year < 1970 || day == 0 || day > month_days || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    if DAYS[(days % 7) as usize][..] != b[0..3] {
+        return None;
+    }
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
 /// delta-seconds (RFC 9111 1.2.2): digits only; too large counts as 2^31.
@@ -1468,6 +1530,73 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_imf_fixdate_read_by_position_is_what_httpdate_reads() {
+        // Every 768,143rd second from 1970 to 2100, and the edges.
+        let mut t: u64 = 0;
+        let mut checked = 0;
+        while t < 4_102_444_800 {
+            let text = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(t));
+            assert_eq!(imf_fixdate(text.as_bytes()), Some(t), "{text}");
+            t += 768_143;
+            checked += 1;
+        }
+        assert!(checked > 5_000);
+        for (text, want) in [
+            ("Thu, 01 Jan 1970 00:00:00 GMT", Some(0)),
+            ("Sun, 06 Nov 1994 08:49:37 GMT", Some(784_111_777)),
+            ("Thu, 29 Feb 2024 23:59:59 GMT", Some(1_709_251_199)),
+            ("Fri, 31 Dec 9999 23:59:59 GMT", Some(253_402_300_799)),
+        ] {
+            assert_eq!(imf_fixdate(text.as_bytes()), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_date_the_fast_path_does_not_vouch_for_is_left_to_httpdate() {
+        let good = "Sun, 06 Nov 1994 08:49:37 GMT";
+        // Each byte changed to each of a few others: wherever the fast path
+        // answers, httpdate agrees, and parse_http_date always equals httpdate.
+        let mut answered = 0;
+        for i in 0..good.len() {
+            for c in [b'0', b'9', b'x', b' ', b'S', b'a', b':', b',', b'7'] {
+                let mut b = good.as_bytes().to_vec();
+                b[i] = c;
+                let text = String::from_utf8(b).unwrap();
+                let reference = httpdate::parse_http_date(text.trim()).ok().map(secs);
+                if let Some(fast) = imf_fixdate(text.as_bytes()) {
+                    assert_eq!(Some(fast), reference, "{text}");
+                    answered += 1;
+                }
+                let value = HeaderValue::from_str(&text).unwrap();
+                assert_eq!(parse_http_date(&value), reference, "{text}");
+            }
+        }
+        assert!(answered > 0);
+        for text in [
+            "Mon, 06 Nov 1994 08:49:37 GMT", // the weekday does not match
+            "Wed, 30 Feb 2000 00:00:00 GMT",
+            "Fri, 29 Feb 2019 00:00:00 GMT",
+            "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Nov 1994 08:60:00 GMT",
+            "Sun, 06 Nov 1994 08:49:60 GMT",
+            "Wed, 31 Dec 1969 23:59:59 GMT",
+            "sun, 06 nov 1994 08:49:37 gmt",
+            "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+            "Sun, 6 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 08:49:37 GMT ",
+            "Sun, 0\u{e9} Nov 1994 08:49:37 GMT",
+        ] {
+            assert_eq!(imf_fixdate(text.as_bytes()), None, "{text:?}");
+            let reference = httpdate::parse_http_date(text.trim()).ok().map(secs);
+            if let Ok(value) = HeaderValue::from_str(text) {
+                assert_eq!(parse_http_date(&value), reference, "{text}");
+            }
+        }
+    }
+
     use super::*;
     use crate::config::{Dur, RefreshPattern};
 
