@@ -83,10 +83,11 @@ impl ListenerHandler {
             return None;
         };
         let name = creds.user.clone();
-        match auth
-            .authenticate_remembering(creds, field, &mut ex.memory.auth, &sh.blocking)
-            .await
-        {
+        // Boxed: a verification (the user cache, bcrypt on the blocking
+        // pool, an LDAP search and bind) is 4 KB of future state that every
+        // request's future would otherwise carry, authenticated or not; the
+        // connection's memo above answers most authenticated requests.
+        match Box::pin(auth.authenticate_remembering(creds, field, &mut ex.memory.auth, &sh.blocking)).await {
             Ok(user) => {
                 ex.user = Some(user);
                 None
