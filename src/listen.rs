@@ -101,7 +101,8 @@ pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, s
 /// a reload changes the listener's settings (connections keep the one they
 /// were accepted with; the handler picks up a new config per request).
 pub struct Serving<H> {
-    /// Set TCP_NODELAY on accepted connections.
+    /// TCP_NODELAY (`listener.nodelay`): set here on TLS and SOCKS
+    /// connections and on h2c ones, by `http1::conn` on plain HTTP/1 ones.
     pub nodelay: bool,
     /// Timeouts and limits for the connection.
     pub settings: Arc<ConnSettings>,
@@ -139,7 +140,10 @@ pub async fn accept_loop<H: Handler>(
             }
         };
         let serving = serving.load_full();
-        if serving.nodelay {
+        // A plain HTTP connection gets it at its first request, unless that
+        // asks to close (`http1::conn`); a TLS handshake and a SOCKS
+        // session need it from the start.
+        if serving.nodelay && (serving.tls.is_some() || serving.handler.takes_connections()) {
             let _ = stream.set_nodelay(true);
         }
         let open = crate::drain::track();
@@ -207,6 +211,9 @@ async fn run<H: Handler>(
             }
         };
         if is_h2 {
+            if serving.nodelay && matches!(stream, ClientStream::Plain(_)) {
+                let _ = stream.tcp().set_nodelay(true);
+            }
             crate::http1::h2::serve(stream, peer, serving.settings.clone(), h2, serving.handler.clone()).await;
             drop(open);
             return;

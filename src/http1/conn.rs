@@ -33,6 +33,29 @@ pub struct ConnSettings {
     pub send_timeout: Duration,
     /// HTTP/2 on this listener (ALPN `h2`, or h2c); None: HTTP/1 only.
     pub h2: Option<super::h2::H2Settings>,
+    /// TCP_NODELAY (`listener.nodelay`) on a plain connection, set when its
+    /// first request does not ask to close it ([`set_nodelay_for`]).
+    pub nodelay: bool,
+}
+
+/// Sets TCP_NODELAY on a plain connection at its first request unless that
+/// request asks to close it, as nginx's `tcp_nodelay` waits for keep-alive:
+/// a connection that carries one response and closes never waits on
+/// Nagle (its close pushes out what is queued), so a `Connection: close`
+/// request costs one `setsockopt` less. A CONNECT or Upgrade becomes a
+/// tunnel whatever it says, and gets it. TLS connections have it from the
+/// accept (for their handshake).
+fn set_nodelay_for(stream: &ClientStream, head: &RequestHead, served: u32, nodelay: bool) {
+    if served > 0 || !nodelay {
+        return;
+    }
+    let ClientStream::Plain(tcp) = stream else {
+        return;
+    };
+    let tunnel = head.method == http::Method::CONNECT || head.headers.contains_key(http::header::UPGRADE);
+    if head.keep_alive || tunnel {
+        let _ = tcp.set_nodelay(true);
+    }
 }
 
 /// Everything the handler gets for one request.
@@ -50,7 +73,7 @@ pub struct Exchange<'a> {
     /// The client's address.
     pub peer: SocketAddr,
     /// The local address the client connected to.
-    pub local: SocketAddr,
+    pub local: LocalAddr<'a>,
     /// What the cache did for the request (HIT, MISS, ...), noted by the
     /// handler for its access-log line; this layer never reads it.
     pub cache_result: Option<&'static str>,
@@ -120,6 +143,43 @@ impl Exchange<'_> {
     }
 }
 
+/// The local address a client connected to, read from the socket
+/// (`getsockname`) only when first asked: only monitoring and PAC requests
+/// in absolute form or on transparent listeners need it, so most
+/// connections never make that system call.
+pub struct LocalAddr<'a> {
+    socket: Option<&'a tokio::net::TcpStream>,
+    addr: std::sync::OnceLock<SocketAddr>,
+}
+
+impl<'a> LocalAddr<'a> {
+    /// The address of `socket`, read when first asked.
+    pub fn of(socket: &'a tokio::net::TcpStream) -> LocalAddr<'a> {
+        LocalAddr {
+            socket: Some(socket),
+            addr: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// An address known already.
+    pub fn known(addr: SocketAddr) -> LocalAddr<'static> {
+        LocalAddr {
+            socket: None,
+            addr: std::sync::OnceLock::from(addr),
+        }
+    }
+
+    /// The address (`0.0.0.0:0` when the socket cannot say: it names no
+    /// listener, so nothing is taken for Portico's own).
+    pub fn get(&self) -> SocketAddr {
+        *self.addr.get_or_init(|| {
+            self.socket
+                .and_then(|s| s.local_addr().ok())
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
+        })
+    }
+}
+
 /// A request that was rejected before it could be parsed.
 pub struct RejectInfo<'a> {
     /// Why.
@@ -171,7 +231,6 @@ pub async fn serve<H: Handler>(
     settings: &ConnSettings,
     handler: &H,
 ) -> Option<GoneIdle> {
-    let local = stream.tcp().local_addr().ok()?;
     let ka = &*settings.keepalive;
     // A TLS connection stays in its task while idle: the poller holds
     // bare descriptors, and a TLS connection is also rustls's state
@@ -251,7 +310,6 @@ pub async fn serve<H: Handler>(
             &mut clean_end,
             &mut memory,
             peer,
-            local,
             served,
             settings,
             handler,
@@ -422,7 +480,6 @@ async fn serve_one<H: Handler>(
     clean_end: &mut bool,
     memory: &mut ConnMemory,
     peer: SocketAddr,
-    local: SocketAddr,
     served: u32,
     settings: &ConnSettings,
     handler: &H,
@@ -455,6 +512,7 @@ async fn serve_one<H: Handler>(
         }
     };
     let _ = buf.split_to(used);
+    set_nodelay_for(stream, &head, served, settings.nodelay);
     if served > 0 {
         settings.keepalive.hit();
     }
@@ -480,7 +538,7 @@ async fn serve_one<H: Handler>(
         out,
         stream: Some(stream),
         peer,
-        local,
+        local: LocalAddr::of(stream.tcp()),
         cache_result: None,
         hierarchy: None,
         user: None,
@@ -555,6 +613,69 @@ async fn read_head(
                 });
             }
             Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> RequestHead {
+        let limits = HeadLimits {
+            max_request_line: 8 << 10,
+            max_head: 64 << 10,
+            max_headers: 100,
+        };
+        parse_request(text.as_bytes(), &limits)
+            .expect("valid")
+            .expect("complete")
+            .0
+    }
+
+    /// A connected plain server-side stream, with TCP_NODELAY off.
+    async fn accepted() -> (ClientStream, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        assert!(!server.nodelay().unwrap());
+        (ClientStream::Plain(server), client)
+    }
+
+    #[tokio::test]
+    async fn nodelay_is_set_at_the_first_request_unless_it_asks_to_close() {
+        let cases = [
+            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0, true, true),
+            ("GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 0, true, false),
+            ("GET / HTTP/1.0\r\n\r\n", 0, true, false),
+            ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", 0, true, true),
+            // Tunnels get it whatever they say.
+            (
+                "CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\nConnection: close\r\n\r\n",
+                0,
+                true,
+                true,
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: h\r\nConnection: close, upgrade\r\nUpgrade: websocket\r\n\r\n",
+                0,
+                true,
+                true,
+            ),
+            // Only at the first request, and only when the listener wants it.
+            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 1, true, false),
+            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0, false, false),
+        ];
+        for (text, served, enabled, want) in cases {
+            let (stream, _client) = accepted().await;
+            set_nodelay_for(&stream, &head(text), served, enabled);
+            assert_eq!(
+                stream.tcp().nodelay().unwrap(),
+                want,
+                "{text:?} served {served} enabled {enabled}"
+            );
         }
     }
 }

@@ -780,7 +780,7 @@ async fn serve_stream<H: Handler>(
         out,
         stream: None,
         peer,
-        local,
+        local: super::conn::LocalAddr::known(local),
         cache_result: None,
         hierarchy: None,
         user: None,

@@ -17,7 +17,7 @@ pub mod tls;
 
 pub(crate) use body::{BodyError, BodyFrame, BodyReader};
 pub(crate) use conn::{
-    ConnSettings, Exchange, Handler, Outcome, RejectInfo, Start, client_closed, lingering_close, serve,
+    ConnSettings, Exchange, Handler, LocalAddr, Outcome, RejectInfo, Start, client_closed, lingering_close, serve,
 };
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
 pub(crate) use io::{ClientStream, read_buf, write_all};

@@ -313,7 +313,7 @@ impl Handler for ListenerHandler {
         // client does not have. `serve` answers it 508 (forwarding loop)
         // before anything else, PURGE included.
         let looped = headers::via_contains(&ex.head.headers, &sh.config.proxy.via);
-        if !looped && let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, ex.local, self.mode) {
+        if !looped && let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, &ex.local, self.mode) {
             // Before admission, so the statistics can be read when the
             // server is saturated; kept out of the request counters (and
             // closed after, out of the keep-alive ones), so reading them

@@ -6,7 +6,7 @@
 
 use super::Shared;
 use crate::config::{Mode, MonitorConfig};
-use crate::http1::{Exchange, Outcome, RequestHead};
+use crate::http1::{Exchange, LocalAddr, Outcome, RequestHead};
 use crate::stats::{self, Snapshot, advisor, views, workers};
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
@@ -46,7 +46,12 @@ pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, loca
 /// The endpoint and query string a request names, if it names one. On a
 /// transparent listener an origin-form request belongs to the site in its
 /// `Host`, so it is ours only when that `Host` names the listener itself.
-pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr, mode: Mode) -> Option<(Endpoint, String)> {
+pub fn endpoint(
+    cfg: &MonitorConfig,
+    head: &RequestHead,
+    local: &LocalAddr<'_>,
+    mode: Mode,
+) -> Option<(Endpoint, String)> {
     if head.method != Method::GET && head.method != Method::HEAD {
         return None;
     }
@@ -54,7 +59,7 @@ pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr, mode
     let path_and_query = if target.starts_with('/') {
         if mode == Mode::Transparent {
             let host = head.headers.get(http::header::HOST)?.to_str().ok()?;
-            if !names_us(&host.parse().ok()?, 80, local) {
+            if !names_us(&host.parse().ok()?, 80, local.get()) {
                 return None;
             }
         }
@@ -66,7 +71,7 @@ pub fn endpoint(cfg: &MonitorConfig, head: &RequestHead, local: SocketAddr, mode
         } else {
             80
         };
-        if !names_us(uri.authority()?, default_port, local) {
+        if !names_us(uri.authority()?, default_port, local.get()) {
             return None;
         }
         let start = target.find("://").map(|i| i + 3)?;
@@ -582,7 +587,7 @@ mod tests {
     fn finds_endpoints_in_origin_and_own_absolute_form() {
         let cfg = MonitorConfig::default();
         let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), local, Mode::Forward);
+        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), &LocalAddr::known(local), Mode::Forward);
         assert_eq!(
             ep(Method::GET, "/.perf?refresh=5"),
             Some((Endpoint::Perf, "refresh=5".into()))
@@ -605,17 +610,25 @@ mod tests {
             perf: String::new(),
             ..MonitorConfig::default()
         };
-        assert_eq!(endpoint(&off, &head(Method::GET, "/.perf"), local, Mode::Forward), None);
+        assert_eq!(
+            endpoint(
+                &off,
+                &head(Method::GET, "/.perf"),
+                &LocalAddr::known(local),
+                Mode::Forward
+            ),
+            None
+        );
         // Transparent: only with a Host naming the listener.
         let mut h = head(Method::GET, "/.perf");
-        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        assert_eq!(endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent), None);
         h.headers
             .insert(http::header::HOST, HeaderValue::from_static("example.com"));
-        assert_eq!(endpoint(&cfg, &h, local, Mode::Transparent), None);
+        assert_eq!(endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent), None);
         h.headers
             .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
         assert_eq!(
-            endpoint(&cfg, &h, local, Mode::Transparent).map(|x| x.0),
+            endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent).map(|x| x.0),
             Some(Endpoint::Perf)
         );
     }

@@ -30,7 +30,7 @@ pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode) -> bool {
                 .get(http::header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .and_then(|h| h.parse().ok())
-                .is_some_and(|auth| super::monitor::names_us(&auth, 80, ex.local));
+                .is_some_and(|auth| super::monitor::names_us(&auth, 80, ex.local.get()));
             if !names_us {
                 return false;
             }
@@ -47,7 +47,7 @@ pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode) -> bool {
         };
         if !uri
             .authority()
-            .is_some_and(|auth| super::monitor::names_us(auth, default_port, ex.local))
+            .is_some_and(|auth| super::monitor::names_us(auth, default_port, ex.local.get()))
         {
             return false;
         }
@@ -67,7 +67,7 @@ pub(super) async fn serve(ex: &mut Exchange<'_>, sh: &Shared, mode: Mode) -> Out
             Ok(()) | Err(_) => Outcome::Close,
         };
     }
-    let Some(body) = crate::array::pac_file(&sh.config, ex.local, mode) else {
+    let Some(body) = crate::array::pac_file(&sh.config, ex.local.get(), mode) else {
         return match super::reply::error_page(&mut ex.out, StatusCode::NOT_FOUND, "no PAC file is configured").await {
             Ok(()) | Err(_) => Outcome::Close,
         };
