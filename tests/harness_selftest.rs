@@ -37,6 +37,28 @@ fn free_port_and_addr_are_bindable() {
     std::net::TcpListener::bind(&addr).expect("free_addr is bindable");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_address_taken_before_portico_binds_it_is_replaced() {
+    // Something else took the port free_addr() found free, as an outgoing
+    // connection's ephemeral port does: bound, not listening.
+    let taken = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    taken
+        .bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into())
+        .unwrap();
+    let busy = taken.local_addr().unwrap().as_socket().unwrap();
+    let p = Portico::start(&format!("[[listener]]\naddress = \"{busy}\"\nmode = \"forward\"\n")).await;
+    assert_ne!(p.addr(), busy);
+    let config = std::fs::read_to_string(p.dir().join("portico.toml")).unwrap();
+    assert!(
+        config.contains(&p.addr().to_string()) && !config.contains(&busy.to_string()),
+        "{config}"
+    );
+    let r =
+        parse_response(&raw_request(p.addr(), b"GET /.perf HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await);
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    drop(taken);
+}
+
 #[test]
 fn listener_addrs_parses_config() {
     let cfg = "[[listener]]\naddress = \"127.0.0.1:8001\"\n\n[[listener]]\naddress = \"0.0.0.0:8002\"\n\n[cache]\npath = \"{dir}/cache\"\n";

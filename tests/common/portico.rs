@@ -139,61 +139,88 @@ impl Portico {
 
     /// [`Portico::start`] with `env` added to portico's environment (as
     /// `NOTIFY_SOCKET`, which a service manager sets).
+    ///
+    /// A listener address from [`free_addr`](super::free_addr) was free when
+    /// it was picked, but another process (any test's outgoing connection
+    /// takes an ephemeral port from the same range) may take it before
+    /// Portico binds it. When Portico says so ("cannot bind listener ADDR:
+    /// address already in use"), the config is started again with that
+    /// address replaced by a newly picked one, up to three times; the
+    /// listener addresses ([`Portico::addr`]) are the ones it listens on.
     pub async fn start_with_env(config_toml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Portico {
         let dns = DnsServer::start();
-        let edited = with_nameserver(config_toml, dns.addr());
-        let dns = (edited != config_toml).then_some(dns);
-        let (dir, config_path, text) = write_config(&edited);
-        let listeners = listener_addrs(&text);
-        let out = File::create(dir.path().join("portico.stdout")).expect("create stdout file");
-        let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
-        // Run in the temp dir, so relative paths (the default cache
-        // directory, access.log) never land in the repository.
-        let child = Command::new(BIN)
-            .current_dir(dir.path())
-            .arg("run")
-            .arg("-c")
-            .arg(&config_path)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let mut portico = Portico {
-            child,
-            dir,
-            config_path,
-            listeners,
-            dns,
-        };
-        portico.wait_listening().await;
-        portico
+        let mut edited = with_nameserver(config_toml, dns.addr());
+        let mut dns = (edited != config_toml).then_some(dns);
+        for attempt in 0.. {
+            let (dir, config_path, text) = write_config(&edited);
+            let listeners = listener_addrs(&text);
+            let out = File::create(dir.path().join("portico.stdout")).expect("create stdout file");
+            let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
+            // Run in the temp dir, so relative paths (the default cache
+            // directory, access.log) never land in the repository.
+            let child = Command::new(BIN)
+                .current_dir(dir.path())
+                .arg("run")
+                .arg("-c")
+                .arg(&config_path)
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+            let mut portico = Portico {
+                child,
+                dir,
+                config_path,
+                listeners,
+                dns: dns.take(),
+            };
+            let Err(report) = portico.wait_listening().await else {
+                return portico;
+            };
+            let taken = portico
+                .listeners
+                .iter()
+                .find(|a| report.contains(&format!("cannot bind listener {a}: address already in use")))
+                .copied();
+            match taken {
+                Some(addr) if attempt < 3 => {
+                    dns = portico.dns.take();
+                    edited = edited.replace(&addr.to_string(), &super::free_addr());
+                }
+                _ => panic!("{report}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
     }
 
-    async fn wait_listening(&mut self) {
+    /// Waits until every listener accepts connections; the report (with
+    /// portico's output) when it exits first or does not listen in time.
+    async fn wait_listening(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         for addr in self.listeners.clone() {
             loop {
                 if let Some(status) = self.child.try_wait().expect("try_wait on portico") {
-                    panic!(
+                    return Err(format!(
                         "portico exited ({status}) before listening on {addr}\n{}",
                         self.output_report()
-                    );
+                    ));
                 }
                 let attempt = tokio::net::TcpStream::connect(addr);
                 if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), attempt).await {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    panic!(
+                    return Err(format!(
                         "portico did not listen on {addr} within {STARTUP_TIMEOUT:?}\n{}",
                         self.output_report()
-                    );
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        Ok(())
     }
 
     fn output_report(&self) -> String {
