@@ -62,17 +62,18 @@ async fn request(p: &Portico, origin: &Origin, method: &str, path: &str, headers
 
 /// The disk tier's counters.
 async fn disk(p: &Portico) -> serde_json::Value {
-    let req = format!(
-        "GET /.stats.json HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        p.addr()
-    );
-    let r = parse_response(&raw_request(p.addr(), req.as_bytes()).await);
-    let json: serde_json::Value = serde_json::from_str(&r.body_str()).expect("JSON");
-    json["snapshot"]["cache"]["disk"].clone()
+    stats_snapshot(p).await["cache"]["disk"].clone()
 }
 
 fn n(v: &serde_json::Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("no counter {key} in {v}"))
+}
+
+/// A GET of `/large` that must be a hit with the whole, right body.
+async fn large_hit(p: &Portico, origin: &Origin) {
+    let r = get(p, origin, "/large", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
 }
 
 fn x_cache(r: &ParsedResponse) -> &str {
@@ -96,9 +97,7 @@ async fn a_disk_hit_keeps_the_file_open_for_the_next_one() {
     assert_eq!(n(&after_first, "open_files"), 1);
     // ... the next ones use the file held open: no open at all.
     for _ in 0..3 {
-        let r = get(&p, &origin, "/large", &[]).await;
-        assert_eq!(x_cache(&r), "HIT");
-        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+        large_hit(&p, &origin).await;
     }
     let later = disk(&p).await;
     assert_eq!(n(&later, "open_file_misses"), n(&after_first, "open_file_misses"));
@@ -199,16 +198,9 @@ async fn proxy_both_tiers(cache_dir: &Path) -> Portico {
     .await
 }
 
-/// Polls the disk tier's counters until `ready` holds (5 s at most).
+/// Polls the disk tier's counters until `ready` holds.
 async fn disk_until(p: &Portico, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    for _ in 0..100 {
-        let d = disk(p).await;
-        if ready(&d) {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not within 5 s: {}", disk(p).await);
+    stats_when(p, what, |s| ready(&s["cache"]["disk"])).await["cache"]["disk"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,9 +216,7 @@ async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
     let before = disk_until(&p, "the file checked", |d| n(d, "background_checks") == 1).await;
     assert_eq!(n(&before, "open_files"), 1);
     for _ in 0..3 {
-        let r = get(&p, &origin, "/large", &[]).await;
-        assert_eq!(x_cache(&r), "HIT");
-        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+        large_hit(&p, &origin).await;
     }
     let after = disk(&p).await;
     assert_eq!(
@@ -257,9 +247,7 @@ async fn a_disk_file_damaged_under_a_memory_object_is_never_sent() {
     f.write_all_at(&[byte[0] ^ 0xff], mid).unwrap();
     drop(f);
     for _ in 0..2 {
-        let r = get(&p, &origin, "/large", &[]).await;
-        assert_eq!(x_cache(&r), "HIT");
-        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+        large_hit(&p, &origin).await;
     }
     // The background check caught it and removed the file ...
     let before = disk_until(&p, "the checksum failure", |d| n(d, "checksum_failures") == 1).await;
@@ -267,9 +255,7 @@ async fn a_disk_file_damaged_under_a_memory_object_is_never_sent() {
     assert_eq!((n(&before, "open_files"), n(&before, "background_checks")), (0, 0));
     // ... and the memory tier goes on serving the right bytes from memory.
     for _ in 0..3 {
-        let r = get(&p, &origin, "/large", &[]).await;
-        assert_eq!(x_cache(&r), "HIT");
-        assert!(r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+        large_hit(&p, &origin).await;
     }
     assert_eq!(n(&disk(&p).await, "bytes_read"), n(&before, "bytes_read"));
     assert_eq!(fetched.load(Ordering::SeqCst), 1);

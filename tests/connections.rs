@@ -33,34 +33,6 @@ async fn proxy_with(extra: &str, listener_extra: &str) -> Portico {
     .await
 }
 
-/// The statistics snapshot from the monitoring JSON.
-async fn counters(p: &Portico) -> Value {
-    let addr = p.addr();
-    let raw = raw_request(
-        addr,
-        format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
-    )
-    .await;
-    let resp = parse_response(&raw);
-    assert_eq!(resp.status, 200, "counters: {}", resp.body_str());
-    assert_eq!(resp.header("content-type"), Some("application/json"));
-    let doc: Value = serde_json::from_slice(&resp.body)
-        .unwrap_or_else(|e| panic!("counters are not JSON: {e}\n{}", resp.body_str()));
-    doc["snapshot"].clone()
-}
-
-/// Polls the counters until `ready` holds for them (10 s at most).
-async fn counters_when(p: &Portico, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
-    for _ in 0..1000 {
-        let c = counters(p).await;
-        if ready(&c) {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("counters never showed {what}: {}", counters(p).await);
-}
-
 fn num(v: &Value, section: &str, key: &str) -> f64 {
     v[section][key]
         .as_f64()
@@ -113,7 +85,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     )
     .await;
     let addr = p.addr();
-    let before = counters(&p).await;
+    let before = stats_snapshot(&p).await;
     assert_eq!(int(&before, "sessions", "limit"), 2);
     assert_eq!(int(&before, "connection_queue", "limit"), 1);
 
@@ -136,13 +108,13 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
         2,
         "the two slow requests never reached the origin"
     );
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "sessions", "active"), 2);
 
     // The third waits in the connection queue.
     let req = get(&origin, "/queued", "Connection: close\r\n");
     let queued = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
-    let c = counters_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
+    let c = stats_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
     assert_eq!(int(&c, "connection_queue", "total_queued"), 1);
     assert_eq!(
         arrived.load(Ordering::SeqCst),
@@ -167,7 +139,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     let post = format!("POST http://{o}/overflow HTTP/1.1\r\nHost: {o}\r\nContent-Length: 5\r\n\r\nhello");
     let resp = parse_response(&raw_request(addr, post.as_bytes()).await);
     assert_eq!((resp.status, resp.header("connection")), (503, Some("close")));
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "connection_queue", "overflows"), 3);
     // A route that names its own busy body gets it instead.
     let resp = parse_response(&raw_request(addr, &get(&origin, "/special/x", "Connection: close\r\n")).await);
@@ -183,7 +155,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
     let resp = parse_response(&queued.await.expect("join"));
     assert_eq!((resp.status, resp.body_str().as_str()), (200, "slow /queued"));
 
-    let c = counters_when(&p, "an empty queue", |c| c["sessions"]["active"] == 0).await;
+    let c = stats_when(&p, "an empty queue", |c| c["sessions"]["active"] == 0).await;
     let q = "connection_queue";
     assert_eq!(int(&c, q, "current"), 0);
     assert_eq!(int(&c, q, "peak"), 1);
@@ -222,7 +194,7 @@ async fn idle_connections_beyond_the_limit_are_closed_oldest_first() {
         // Each becomes idle in turn, so their age order is a, b, c. The
         // set holds two: c's arrival flushes a.
         let idle = (i + 1).min(2) as u64;
-        counters_when(&p, "the connection idle", |c| c["keepalive"]["count"] == idle).await;
+        stats_when(&p, "the connection idle", |c| c["keepalive"]["count"] == idle).await;
     }
     let mut oldest = clients.remove(0);
     oldest.timeout = Duration::from_secs(10);
@@ -234,7 +206,7 @@ async fn idle_connections_beyond_the_limit_are_closed_oldest_first() {
         let resp = c.read_response().await;
         assert_eq!((resp.status, resp.body_str()), (200, format!("fast /{name}2")));
     }
-    let c = counters_when(&p, "two idle connections", |c| c["keepalive"]["count"] == 2).await;
+    let c = stats_when(&p, "two idle connections", |c| c["keepalive"]["count"] == 2).await;
     assert_eq!(int(&c, "keepalive", "max"), 2);
     assert_eq!(int(&c, "keepalive", "flushes"), 1);
     assert_eq!(int(&c, "keepalive", "hits"), 2);
@@ -256,7 +228,7 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
     for _ in 0..10 {
         fresh.push(RawClient::connect(p.addr()).await);
     }
-    let c = counters_when(&p, "every idle connection with the poller", |c| {
+    let c = stats_when(&p, "every idle connection with the poller", |c| {
         c["keepalive"]["parked"] == 20 && c["keepalive"]["parked_new"] == 10
     })
     .await;
@@ -297,7 +269,7 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
         assert_eq!((resp.status, resp.body_str()), (200, format!("fast /first{i}")));
     }
     // All 30 idle again, all kept-alive now, and back with the poller.
-    let c = counters_when(&p, "the 30 connections parked again", |c| {
+    let c = stats_when(&p, "the 30 connections parked again", |c| {
         c["keepalive"]["parked"] == 30 && c["keepalive"]["parked_new"] == 0
     })
     .await;
@@ -313,7 +285,7 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
     assert_eq!(c0.read_response().await.body_str(), "fast /p2");
     // A client that closes while parked is closed here too, uncounted.
     drop(used.pop());
-    counters_when(&p, "the closed connection gone", |c| c["keepalive"]["count"] == 29).await;
+    stats_when(&p, "the closed connection gone", |c| c["keepalive"]["count"] == 29).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,13 +297,13 @@ async fn a_client_with_a_steady_rhythm_is_not_parked_for_every_request() {
     // 100 ms), the client speaks 30 ms later, so its wait doubles to 200 ms
     // and the following pauses are waited out in the task.
     let mut steady = RawClient::connect(p.addr()).await;
-    let before = parks(&counters(&p).await);
+    let before = parks(&stats_snapshot(&p).await);
     for i in 0..9 {
         steady.send(&get(&origin, &format!("/s{i}"), "")).await;
         assert_eq!(steady.read_response().await.status, 200);
         tokio::time::sleep(Duration::from_millis(130)).await;
     }
-    let steady_parks = parks(&counters(&p).await) - before;
+    let steady_parks = parks(&stats_snapshot(&p).await) - before;
     assert!(
         (1..=3).contains(&steady_parks),
         "9 requests 130 ms apart were parked {steady_parks} times"
@@ -341,14 +313,14 @@ async fn a_client_with_a_steady_rhythm_is_not_parked_for_every_request() {
     let mut slow = RawClient::connect(p.addr()).await;
     slow.send(&get(&origin, "/first", "")).await;
     assert_eq!(slow.read_response().await.status, 200);
-    let before = parks(&counters(&p).await);
+    let before = parks(&stats_snapshot(&p).await);
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(400)).await;
         slow.send(&get(&origin, &format!("/slow{i}"), "")).await;
         assert_eq!(slow.read_response().await.status, 200);
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let slow_parks = parks(&counters(&p).await) - before;
+    let slow_parks = parks(&stats_snapshot(&p).await) - before;
     assert_eq!(slow_parks, 4, "4 pauses of 400 ms");
 }
 
@@ -369,16 +341,16 @@ async fn the_poller_times_out_and_flushes_the_connections_it_holds() {
         // Parked in turn (a, b, c); the poller holds two: c's arrival in
         // the idle set flushes a, the one the poller has held the longest.
         let parked = (i + 1).min(2) as u64;
-        counters_when(&p, "the connection parked", |c| c["keepalive"]["parked"] == parked).await;
+        stats_when(&p, "the connection parked", |c| c["keepalive"]["parked"] == parked).await;
     }
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "keepalive", "flushes"), 1, "{c}");
     assert!(clients[0].read_to_end().await.is_empty());
     assert!(clients[0].is_eof(), "the oldest parked connection was not flushed");
     // A silent new connection: the poller closes it after header_timeout.
     let mut silent = RawClient::connect(p.addr()).await;
     silent.timeout = Duration::from_secs(10);
-    counters_when(&p, "the new connection parked", |c| c["keepalive"]["parked_new"] == 1).await;
+    stats_when(&p, "the new connection parked", |c| c["keepalive"]["parked_new"] == 1).await;
     // b and c time out in the poller after keepalive.timeout.
     for c in &mut clients[1..] {
         assert!(c.read_to_end().await.is_empty());
@@ -386,7 +358,7 @@ async fn the_poller_times_out_and_flushes_the_connections_it_holds() {
     }
     assert!(silent.read_to_end().await.is_empty());
     assert!(silent.is_eof(), "a silent new connection outlived header_timeout");
-    let c = counters_when(&p, "two timeouts and a header timeout", |c| {
+    let c = stats_when(&p, "two timeouts and a header timeout", |c| {
         c["keepalive"]["timeouts"] == 2 && c["keepalive"]["header_timeouts"] == 1
     })
     .await;
@@ -443,7 +415,7 @@ async fn slowloris_is_cut_off_while_others_are_served() {
     // The silent one is closed without a response.
     assert!(silent.read_to_end().await.is_empty());
     assert!(silent.is_eof());
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "keepalive", "header_timeouts"), 2, "{c}");
 }
 
@@ -451,7 +423,7 @@ async fn slowloris_is_cut_off_while_others_are_served() {
 async fn idle_timeout_hits_and_refusals_are_counted() {
     let origin = fast_origin().await;
     let p = proxy("[keepalive]\ntimeout = \"1s\"\nmax_requests = 3\n").await;
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(num(&c, "keepalive", "timeout_secs"), 1.0);
 
     // Three requests on one connection: two hits; the third response
@@ -470,7 +442,7 @@ async fn idle_timeout_hits_and_refusals_are_counted() {
     assert_eq!(parse_response(&raw).status, 200);
     let raw = raw_request(p.addr(), &get(&origin, "/close", "Connection: close\r\n")).await;
     assert_eq!(parse_response(&raw).status, 200);
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "keepalive", "hits"), 2);
     assert_eq!(int(&c, "keepalive", "refusals"), 3);
     assert_eq!(int(&c, "keepalive", "timeouts"), 0);
@@ -482,7 +454,7 @@ async fn idle_timeout_hits_and_refusals_are_counted() {
     assert_eq!(idle.read_response().await.status, 200);
     assert!(idle.read_to_end().await.is_empty());
     assert!(idle.is_eof(), "the idle connection was not closed");
-    let c = counters_when(&p, "a keep-alive timeout", |c| c["keepalive"]["timeouts"] == 1).await;
+    let c = stats_when(&p, "a keep-alive timeout", |c| c["keepalive"]["timeouts"] == 1).await;
     assert_eq!(int(&c, "keepalive", "count"), 0);
     assert_eq!(int(&c, "keepalive", "refusals"), 3);
 }
@@ -519,7 +491,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
         &format!("busy_file = \"{}\"", busy_file.display()),
     )
     .await;
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "native_pool", "limit"), 1);
     assert_eq!(int(&c, "native_pool", "queue_limit"), 1);
 
@@ -530,7 +502,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     let resp = parse_response(&raw);
     assert_eq!((resp.status, resp.header("x-cache")), (200, Some("MISS")));
     assert_eq!(resp.body.len(), 10_000);
-    let c = counters_when(&p, "an idle pool thread", |c| c["native_pool"]["idle"] == 1).await;
+    let c = stats_when(&p, "an idle pool thread", |c| c["native_pool"]["idle"] == 1).await;
     assert!(int(&c, "native_pool", "jobs") >= 1, "{c}");
     assert_eq!(int(&c, "native_pool", "threads"), 1);
     assert_eq!(int(&c, "native_pool", "peak"), 1);
@@ -550,7 +522,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
         let req = req.clone();
         async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await }
     });
-    counters_when(&p, "the pool thread busy", |c| {
+    stats_when(&p, "the pool thread busy", |c| {
         c["native_pool"]["threads"] == 1 && c["native_pool"]["idle"] == 0
     })
     .await;
@@ -558,7 +530,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
         let req = req.clone();
         async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await }
     });
-    counters_when(&p, "a queued disk job", |c| c["native_pool"]["queue"] == 1).await;
+    stats_when(&p, "a queued disk job", |c| c["native_pool"]["queue"] == 1).await;
     // The work queue is full: the next lookup is refused with a busy 503.
     let raw = raw_request(p.addr(), &req).await;
     let resp = parse_response(&raw);
@@ -574,7 +546,7 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
         let resp = parse_response(&t.await.expect("join"));
         assert_eq!((resp.status, resp.body.len()), (200, 10_000));
     }
-    let c = counters_when(&p, "the queue drained", |c| c["native_pool"]["idle"] == 1).await;
+    let c = stats_when(&p, "the queue drained", |c| c["native_pool"]["idle"] == 1).await;
     let b = "native_pool";
     assert_eq!(int(&c, b, "queue"), 0);
     // At least the queued lookup; the two origin fetches' disk writes may
@@ -649,7 +621,7 @@ async fn limits_are_sized_from_the_open_files_limit() {
     // A running server uses the same values, says so in its log, and keeps
     // the ones the config sets.
     let p = proxy("[server]\nqueue_size = 7\n").await;
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "sessions", "limit"), max_requests);
     assert_eq!(int(&c, "connection_queue", "limit"), 7);
     assert_eq!(int(&c, "keepalive", "max"), keepalive);
@@ -671,7 +643,7 @@ async fn limits_are_sized_whatever_the_log_level() {
         "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\nlevel = \"warn\"\n"
     ))
     .await;
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "sessions", "limit"), usable / 6);
     assert_eq!(int(&c, "keepalive", "max"), usable * 3 / 8);
 }
@@ -701,7 +673,7 @@ async fn counters_are_for_admin_clients_and_the_listener_itself() {
     )
     .await;
     assert_eq!(parse_response(&raw).body_str(), "fast /.stats.json");
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert!(c["keepalive"]["count"].is_u64(), "{c}");
 }
 
@@ -715,7 +687,7 @@ async fn keepalive_timeout_zero_turns_keepalive_off() {
     assert_eq!((resp.status, resp.header("connection")), (200, Some("close")));
     assert!(client.read_to_end().await.is_empty());
     assert!(client.is_eof());
-    let c = counters(&p).await;
+    let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "keepalive", "refusals"), 1);
     assert_eq!(num(&c, "keepalive", "timeout_secs"), 0.0);
 }
@@ -767,9 +739,9 @@ async fn a_queued_request_whose_client_leaves_is_dropped() {
     }
     let mut leaving = RawClient::connect(addr).await;
     leaving.send(&get(&origin, "/abandoned", "")).await;
-    counters_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
+    stats_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
     drop(leaving);
-    let c = counters_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
+    let c = stats_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
     assert_eq!(int(&c, "connection_queue", "abandoned"), 1);
     assert_eq!(int(&c, "sessions", "active"), 1);
     // The next request after the slow one is served; the abandoned one never

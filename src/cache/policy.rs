@@ -677,15 +677,21 @@ fn parse_expires(value: &HeaderValue) -> Option<u64> {
         number(hms.next()?, 2)?,
         number(hms.next()?, 2)?,
     );
-    if hms.next().is_some() || h > 23 || m > 59 || s > 60 || year < 1970 {
+    if hms.next().is_some() || h > 23 || m > 59 || s > 60 {
         return None;
     }
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    Some(days_since_epoch(year, month, day)? * 86_400 + h * 3600 + m * 60 + s)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar
+/// (Howard Hinnant's days_from_civil); None for a day the month does not
+/// have (February 30, a day 0) or a year before 1970.
+fn days_since_epoch(year: u64, month: u64, day: u64) -> Option<u64> {
+    let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
     let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    if day == 0 || day > month_days[(month - 1) as usize] {
+    if year < 1970 || day == 0 || day > *month_days.get(usize::try_from(month).ok()?.checked_sub(1)?)? {
         return None;
     }
-    // Days since 1970-01-01 (proleptic Gregorian; "days from civil").
     let (y, mo) = if month <= 2 {
         (year - 1, month + 9)
     } else {
@@ -695,8 +701,7 @@ fn parse_expires(value: &HeaderValue) -> Option<u64> {
     let yoe = y % 400;
     let doy = (153 * mo + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146_097 + doe).checked_sub(719_468)?;
-    Some(days * 86_400 + h * 3600 + m * 60 + s)
+    (era * 146_097 + doe).checked_sub(719_468)
 }
 
 // ---------------------------------------------------------------------------
@@ -1240,27 +1245,10 @@ fn imf_fixdate(b: &[u8]) -> Option<u64> {
     let (day, year) = (num(5..7)?, num(12..16)?);
     let (hour, minute, second) = (num(17..19)?, num(20..22)?, num(23..25)?);
     let month = MONTHS.iter().position(|m| m[..] == b[8..11])? as u64 + 1;
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = match month {
-        2 if leap => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    };
-    if year < 1970 || day == 0 || day > month_days || hour > 23 || minute > 59 || second > 59 {
+    if hour > 23 || minute > 59 || second > 59 {
         return None;
     }
-    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    let days = days_since_epoch(year, month, day)?;
     if DAYS[(days % 7) as usize][..] != b[0..3] {
         return None;
     }

@@ -100,8 +100,9 @@ impl CacheStats {
 
 /// The smallest memory-tier body sent from its disk tier file with
 /// `sendfile` rather than copied into the socket (StoredBody::Mirrored).
-/// Below it, head and body in one `writev` cost fewer system calls than a
-/// head sent with `MSG_MORE` and then a `sendfile` (bench/README.md).
+/// Below it, head and body go in one `writev`: one system call, where a
+/// head sent with `MSG_MORE` and then a `sendfile` are two. Chosen, not
+/// measured (bench/README.md).
 pub const MIRROR_FROM: u64 = 8 << 10;
 
 /// A lookup needed the disk and the blocking pool's work queue was full.

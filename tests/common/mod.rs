@@ -11,7 +11,8 @@
 //! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
 //! - [`Slapd`]: a real OpenLDAP directory for the LDAP tests.
 //! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
-//! - [`page`], [`metric`]: the monitoring pages of a running Portico.
+//! - [`page`], [`metric`], [`stats_snapshot`], [`stats_when`]: the monitoring
+//!   pages of a running Portico.
 //! - [`Pem`], [`cert_table`]: self-signed certificates for TLS listeners.
 
 // Not every test file uses every helper.
@@ -32,7 +33,7 @@ pub use client::{
 };
 pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
-pub use portico::{Portico, listener_addrs, metric, page, with_nameserver};
+pub use portico::{Portico, listener_addrs, metric, page, stats_snapshot, stats_when, with_nameserver};
 pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
 pub use slapd::{Slapd, have_slapd};
 

@@ -360,6 +360,32 @@ pub async fn page(p: &Portico, path: &str) -> String {
     super::client::parse_response(&super::client::raw_request(p.addr(), req.as_bytes()).await).body_str()
 }
 
+/// The statistics snapshot of the monitoring JSON (`/.stats.json`,
+/// its `snapshot`); panics unless it is a 200 with JSON.
+pub async fn stats_snapshot(p: &Portico) -> serde_json::Value {
+    let addr = p.addr();
+    let req = format!("GET /.stats.json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let resp = super::client::parse_response(&super::client::raw_request(addr, req.as_bytes()).await);
+    assert_eq!(resp.status, 200, "statistics: {}", resp.body_str());
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    let doc: serde_json::Value = serde_json::from_slice(&resp.body)
+        .unwrap_or_else(|e| panic!("statistics are not JSON: {e}\n{}", resp.body_str()));
+    doc["snapshot"].clone()
+}
+
+/// Polls [`stats_snapshot`] until `ready` holds for it (10 s at most);
+/// panics naming `what` with the last snapshot.
+pub async fn stats_when(p: &Portico, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    for _ in 0..1000 {
+        let s = stats_snapshot(p).await;
+        if ready(&s) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the statistics never showed {what}: {}", stats_snapshot(p).await);
+}
+
 /// The value of a line of /metrics (`name{labels}` as written).
 pub async fn metric(p: &Portico, series: &str) -> u64 {
     let text = page(p, "/metrics").await;

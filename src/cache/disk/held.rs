@@ -274,15 +274,17 @@ impl HeldFiles {
         self.files.len()
     }
 
+    /// Whether a file can be held without closing another. Background
+    /// checks go only into room: one that pushed out another held file
+    /// would trade one file for another (and cost a whole read each time)
+    /// when more objects are hit than files can be held.
+    fn has_room(&self) -> bool {
+        self.files.len() < self.capacity
+    }
+
     /// Claims a background check of `id`; false when one is running or
     /// `MAX_CHECKING` are.
     fn start_check(&self, id: ObjectId) -> bool {
-        // Only into room: a check that pushed out another held file would
-        // trade one file for another (and cost a whole read each time)
-        // when more objects are hit than files can be held.
-        if self.files.len() >= self.capacity {
-            return false;
-        }
         let Ok(mut c) = self.checking.lock() else {
             return false;
         };
@@ -300,12 +302,14 @@ impl super::DiskStore {
     /// Opens `id`'s file and reads its body through the checksum in the
     /// background, so that it ends up held and checked: for an object the
     /// memory tier serves, whose body is then sent from this file with
-    /// `sendfile` (`StoredBody::Mirrored`). Nothing when files are not
-    /// held, when it is held already, not stored, when the held files
-    /// leave no room, or when enough checks run.
+    /// `sendfile` (`StoredBody::Mirrored`). The caller has found no checked
+    /// held file for it ([`DiskStore::held_quiet`]). Nothing when files are
+    /// not held, when the held files leave no room, when it is not stored,
+    /// or when enough checks run. Asked on memory hits: the cheap refusals
+    /// come first, and no lock is taken while the held files are full.
     pub fn check_in_background(&self, id: ObjectId) {
         let Some(held) = &self.inner.held else { return };
-        if self.inner.held_fresh(id).is_some() || self.inner.index.get(id).is_none() {
+        if !held.has_room() || self.inner.index.get(id).is_none() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
