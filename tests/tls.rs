@@ -279,6 +279,39 @@ async fn sni_chooses_the_certificate_and_the_first_is_the_default() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// A client that sends an IP address as its SNI name (RFC 6066 forbids
+/// it; wrk and some libraries do it anyway) makes rustls warn once per
+/// handshake. Any client could fill the error log with those lines and
+/// make every handshake cost a write, so at the default levels rustls's
+/// lines are kept to errors; at debug level they are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_sending_an_ip_address_as_sni_write_nothing_to_the_error_log_below_debug() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "a", &["a.test"]);
+    for (level, logged) in [("warn", false), ("info", false), ("debug", true)] {
+        let port = free_port();
+        let config = format!(
+            "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}\n[log]\nlevel = \"{level}\"\n",
+            cert_table(&pem)
+        );
+        let p = Portico::start(&config).await;
+        let subjects = tokio::task::spawn_blocking(move || {
+            (0..5).map(|_| subject_for(port, Some("127.0.0.1"))).collect::<Vec<_>>()
+        })
+        .await
+        .expect("s_client");
+        assert!(subjects.iter().all(|s| s == "subject=CN=a.test"), "{subjects:?}");
+        // Each handshake was complete (the subject was printed) before its
+        // log line, if any, would have been written.
+        let err = p.stderr();
+        assert_eq!(
+            err.matches("Illegal SNI").count(),
+            if logged { 5 } else { 0 },
+            "level {level}:\n{err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_1_2_and_1_3_are_served_and_tls_min_version_refuses_1_2() {
     let dir = tempfile::tempdir().expect("temp dir");

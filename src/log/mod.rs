@@ -60,7 +60,7 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
     let level = crate::config::tracing_level(&cfg.level).unwrap_or(tracing::Level::INFO);
     let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
+        .with_env_filter(error_log_filter(level))
         .with_target(false)
         .fmt_fields(WorkerTagged::default());
     let result = if cfg.error.as_os_str().is_empty() {
@@ -91,6 +91,29 @@ pub fn init_error_log(cfg: &LogConfig) -> Result<(), String> {
         builder.with_ansi(false).with_writer(|| ErrorWriter).try_init()
     };
     result.map_err(|e| format!("cannot install the error log: {e}"))
+}
+
+/// What the error log lets through at `level`: everything at that level or
+/// above, except rustls's own log lines, which stay at error unless the
+/// level is debug or trace. rustls warns about each peer that breaks a
+/// rule (a client sending an IP address as its SNI name, as wrk and some
+/// libraries do, an unexpected alert): one line per connection that any
+/// client can make the server write, and a write per handshake. Portico
+/// counts its failed handshakes by reason itself
+/// (`portico_tls_handshake_failures_total`);
+/// the detail is there at debug level for whoever chases one.
+fn error_log_filter(level: tracing::Level) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::filter::{Directive, LevelFilter};
+    let rustls = if level >= tracing::Level::DEBUG {
+        LevelFilter::from_level(level)
+    } else {
+        LevelFilter::ERROR
+    };
+    let mut f = tracing_subscriber::EnvFilter::default().add_directive(LevelFilter::from_level(level).into());
+    if let Ok(d) = format!("rustls={rustls}").parse::<Directive>() {
+        f = f.add_directive(d);
+    }
+    f
 }
 
 /// The error log's field formatter: tracing's own, after `worker I: ` in a
