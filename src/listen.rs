@@ -97,12 +97,39 @@ pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, s
         .collect()
 }
 
+/// TCP_NODELAY as the listening socket has it. Linux copies it to every
+/// connection the socket accepts, so a connection costs no `setsockopt`
+/// (one per connection before: a `Connection: close` request or a TLS
+/// handshake paid it on every connection).
+#[derive(Default)]
+struct NoDelay(Option<bool>);
+
+impl NoDelay {
+    /// Sets `want` on `listener` if it does not have it yet (at the start,
+    /// or after a reload changed `listener.nodelay`), and then on
+    /// `accepted` too: it was queued with the old setting. Connections
+    /// queued behind it keep the old one; those that arrive later inherit
+    /// the new.
+    fn apply(&mut self, listener: &TcpListener, want: bool, accepted: Option<&TcpStream>) {
+        if self.0 == Some(want) {
+            return;
+        }
+        match socket2::SockRef::from(listener).set_tcp_nodelay(want) {
+            Ok(()) => self.0 = Some(want),
+            Err(e) => tracing::warn!("cannot set TCP_NODELAY on a listener: {}", crate::util::io_cause(&e)),
+        }
+        if let Some(s) = accepted {
+            let _ = s.set_nodelay(want);
+        }
+    }
+}
+
 /// What an accept loop gives each new connection; replaced as a whole when
 /// a reload changes the listener's settings (connections keep the one they
 /// were accepted with; the handler picks up a new config per request).
 pub struct Serving<H> {
-    /// TCP_NODELAY (`listener.nodelay`): set here on TLS and SOCKS
-    /// connections and on h2c ones, by `http1::conn` on plain HTTP/1 ones.
+    /// TCP_NODELAY (`listener.nodelay`): set on the listening socket, so
+    /// that every connection has it from its start ([`NoDelay`]).
     pub nodelay: bool,
     /// Timeouts and limits for the connection.
     pub settings: Arc<ConnSettings>,
@@ -121,6 +148,8 @@ pub async fn accept_loop<H: Handler>(
     serving: Arc<ArcSwap<Serving<H>>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut nodelay = NoDelay::default();
+    nodelay.apply(&listener, serving.load().nodelay, None);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -140,12 +169,7 @@ pub async fn accept_loop<H: Handler>(
             }
         };
         let serving = serving.load_full();
-        // A plain HTTP connection gets it at its first request, unless that
-        // asks to close (`http1::conn`); a TLS handshake and a SOCKS
-        // session need it from the start.
-        if serving.nodelay && (serving.tls.is_some() || serving.handler.takes_connections()) {
-            let _ = stream.set_nodelay(true);
-        }
+        nodelay.apply(&listener, serving.nodelay, Some(&stream));
         let open = crate::drain::track();
         tokio::spawn(first(serving, stream, peer, open));
     }
@@ -211,9 +235,6 @@ async fn run<H: Handler>(
             }
         };
         if is_h2 {
-            if serving.nodelay && matches!(stream, ClientStream::Plain(_)) {
-                let _ = stream.tcp().set_nodelay(true);
-            }
             crate::http1::h2::serve(stream, peer, serving.settings.clone(), h2, serving.handler.clone()).await;
             drop(open);
             return;
@@ -316,7 +337,41 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{bind_only, capped_backlog, matches_listener};
+    use super::{NoDelay, bind_only, capped_backlog, matches_listener};
+
+    /// A connection to `listener`, as accepted.
+    async fn accept_one(listener: &tokio::net::TcpListener) -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let addr = listener.local_addr().expect("listener address");
+        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (accepted, _) = listener.accept().await.expect("accept");
+        (accepted, client)
+    }
+
+    #[tokio::test]
+    async fn connections_have_tcp_nodelay_from_the_listener_and_a_reload_changes_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut nodelay = NoDelay::default();
+        nodelay.apply(&listener, true, None);
+        // Accepted with no setsockopt of its own: the kernel copied it.
+        let (a, _ca) = accept_one(&listener).await;
+        assert!(a.nodelay().expect("getsockopt"));
+        // A reload turns it off: the first connection accepted after it
+        // was queued with the old setting and is corrected; later ones
+        // inherit the new one.
+        let (b, _cb) = accept_one(&listener).await;
+        assert!(b.nodelay().expect("getsockopt"));
+        nodelay.apply(&listener, false, Some(&b));
+        assert!(!b.nodelay().expect("getsockopt"));
+        let (c, _cc) = accept_one(&listener).await;
+        nodelay.apply(&listener, false, Some(&c));
+        assert!(!c.nodelay().expect("getsockopt"));
+        // And on again.
+        let (d, _cd) = accept_one(&listener).await;
+        assert!(!d.nodelay().expect("getsockopt"));
+        nodelay.apply(&listener, true, Some(&d));
+        let (e, _ce) = accept_one(&listener).await;
+        assert!(d.nodelay().expect("getsockopt") && e.nodelay().expect("getsockopt"));
+    }
 
     #[test]
     fn a_socket_bound_for_the_start_up_check_refuses_connections() {

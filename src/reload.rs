@@ -85,7 +85,6 @@ impl Running {
             nodelay: cfg.nodelay,
             settings: Arc::new(ConnSettings {
                 h2: crate::http1::h2::H2Settings::for_listener(config, cfg),
-                nodelay: cfg.nodelay,
                 ..conn_settings(config, keepalive)
             }),
             handler: Arc::new(ListenerHandler::new(
@@ -354,8 +353,7 @@ pub fn conn_settings(c: &Config, keepalive: Arc<crate::keepalive::KeepAlive>) ->
         max_body: c.limits.max_body_size.bytes(),
         body_idle_timeout: c.origin.idle_timeout.get(),
         send_timeout: c.limits.send_timeout.get(),
-        // The listener's own `h2` and `nodelay` replace these (`serving`).
+        // The listener's own `h2` replaces this (`serving`).
         h2: None,
-        nodelay: true,
     }
 }

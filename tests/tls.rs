@@ -580,6 +580,136 @@ async fn fetch(tls: &mut Tls, p: &Portico, url: &str) -> (u16, String) {
     }
 }
 
+/// A client session store that counts the TLS 1.3 tickets it is given.
+#[derive(Debug)]
+struct CountingStore {
+    inner: rustls::client::ClientSessionMemoryCache,
+    tickets: std::sync::atomic::AtomicUsize,
+}
+
+impl rustls::client::ClientSessionStore for CountingStore {
+    fn set_kx_hint(&self, name: rustls::pki_types::ServerName<'static>, group: rustls::NamedGroup) {
+        self.inner.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &rustls::pki_types::ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.inner.kx_hint(name)
+    }
+    fn set_tls12_session(
+        &self,
+        name: rustls::pki_types::ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.inner.set_tls12_session(name, value)
+    }
+    fn tls12_session(
+        &self,
+        name: &rustls::pki_types::ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.inner.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &rustls::pki_types::ServerName<'static>) {
+        self.inner.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        name: rustls::pki_types::ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.tickets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.insert_tls13_ticket(name, value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        name: &rustls::pki_types::ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.inner.take_tls13_ticket(name)
+    }
+}
+
+/// TLS 1.3 session tickets leave with a connection's first response (one
+/// write for both); a client that sends nothing after its handshake (a
+/// browser's preconnected socket) still gets them, as they are sent
+/// before the server waits for the client. Its next connection resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_nothing_after_its_handshake_still_gets_its_session_tickets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}",
+        cert_table(&pem)
+    );
+    let p = Portico::start(&config).await;
+    let store = Arc::new(CountingStore {
+        inner: rustls::client::ClientSessionMemoryCache::new(8),
+        tickets: Default::default(),
+    });
+    let mut client = (*client_config(&[&pem])).clone();
+    client.resumption = rustls::client::Resumption::store(store.clone());
+    let client = Arc::new(client);
+    let (mut tls, _) = tls_connect(port, client.clone()).await;
+    // Reading (which processes what arrives) without sending anything:
+    // nothing but the tickets may come, and they must.
+    let mut one = [0u8; 1];
+    for _ in 0..50 {
+        if store.tickets.load(std::sync::atomic::Ordering::SeqCst) >= 2 {
+            break;
+        }
+        let read = tokio::time::timeout(Duration::from_millis(100), tls.read(&mut one)).await;
+        assert!(
+            read.is_err(),
+            "the server sent data or closed: {read:?}\n{}",
+            p.stderr()
+        );
+    }
+    assert_eq!(store.tickets.load(std::sync::atomic::Ordering::SeqCst), 2);
+    drop(tls);
+    let (again, _) = tls_connect(port, client).await;
+    assert_eq!(again.get_ref().1.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+}
+
+/// A `Connection: close` response over TLS ends with close_notify, and
+/// the connection is closed without lingering only when the client sent
+/// nothing more: one that sends more while its 32 MiB response is on the
+/// way (see `connection_close_ends_without_lingering_only_when_nothing_
+/// more_was_sent` in tests/connections.rs for plain TCP) still gets all of
+/// it, where a close on its unread bytes would reset the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_close_response_over_tls_ends_cleanly_and_lingers_only_for_a_client_that_sent_more() {
+    const BIG: usize = 32 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
+    let origin = Origin::start(|_| async move { Response::ok("").generated(BIG as u64) }).await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n{}\n[[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"web\"\n\n[cache]\nenabled = false\n",
+        cert_table(&pem),
+        origin.addr()
+    );
+    let p = Portico::start(&config).await;
+    for junk in [false, true] {
+        let (mut tls, _) = tls_connect(port, client_config(&[&pem])).await;
+        tls.write_all(b"GET /big HTTP/1.1\r\nHost: www.test\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        if junk {
+            // After Portico has read the head and started writing.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tls.write_all(b"more bytes the client should not have sent\r\n")
+                .await
+                .expect("send junk");
+        }
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut got)).await;
+        let read = read.expect("the connection was never closed");
+        // rustls reports a TCP close without close_notify as an error.
+        read.unwrap_or_else(|e| panic!("junk {junk}: {e} after {} bytes\n{}", got.len(), p.stderr()));
+        let r = parse_response(&got);
+        assert_eq!(r.status, 200, "junk {junk}");
+        assert_eq!(r.body.len(), BIG, "junk {junk}: the response was cut");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_certificates_keeping_connections_and_refuses_a_bad_one() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -33,29 +33,6 @@ pub struct ConnSettings {
     pub send_timeout: Duration,
     /// HTTP/2 on this listener (ALPN `h2`, or h2c); None: HTTP/1 only.
     pub h2: Option<super::h2::H2Settings>,
-    /// TCP_NODELAY (`listener.nodelay`) on a plain connection, set when its
-    /// first request does not ask to close it ([`set_nodelay_for`]).
-    pub nodelay: bool,
-}
-
-/// Sets TCP_NODELAY on a plain connection at its first request unless that
-/// request asks to close it, as nginx's `tcp_nodelay` waits for keep-alive:
-/// a connection that carries one response and closes never waits on
-/// Nagle (its close pushes out what is queued), so a `Connection: close`
-/// request costs one `setsockopt` less. A CONNECT or Upgrade becomes a
-/// tunnel whatever it says, and gets it. TLS connections have it from the
-/// accept (for their handshake).
-fn set_nodelay_for(stream: &ClientStream, head: &RequestHead, served: u32, nodelay: bool) {
-    if served > 0 || !nodelay {
-        return;
-    }
-    let ClientStream::Plain(tcp) = stream else {
-        return;
-    };
-    let tunnel = head.method == http::Method::CONNECT || head.headers.contains_key(http::header::UPGRADE);
-    if head.keep_alive || tunnel {
-        let _ = tcp.set_nodelay(true);
-    }
 }
 
 /// Everything the handler gets for one request.
@@ -337,7 +314,11 @@ pub async fn serve<H: Handler>(
         // plain close (FIN after the response) cannot reset anything, so
         // no lingering (a shutdown, a timer and a read or two saved per
         // `Connection: close` request, as nginx's `lingering_close on`
-        // saves them).
+        // saves them). Over TLS the close_notify goes first (it usually
+        // left with the response already).
+        if let ClientStream::Tls(t) = &stream {
+            t.send_close_notify();
+        }
         return None;
     }
     // Boxed: its read buffer must not enlarge every idle connection's task.
@@ -345,12 +326,18 @@ pub async fn serve<H: Handler>(
     None
 }
 
-/// True when a plain TCP connection has no input waiting in the kernel (or
-/// only the client's FIN): closing it then sends no reset. TLS connections
-/// always linger (the client's close_notify may be on its way).
+/// True when the connection has no input waiting in the kernel (or only
+/// the client's FIN), and over TLS none decrypted and unread either:
+/// closing it then sends no reset. A TLS client's close_notify that comes
+/// after the close meets a reset, as it does at nginx, which does not wait
+/// for it either: a client sends it once it has read what it wanted (one
+/// that closes its side early has sent it before the response, and it is
+/// waiting here: the connection then lingers).
 fn nothing_unread(stream: &ClientStream) -> bool {
-    let ClientStream::Plain(tcp) = stream else {
-        return false;
+    let tcp = match stream {
+        ClientStream::Plain(tcp) => tcp,
+        ClientStream::Tls(t) if t.nothing_buffered() => t.tcp(),
+        ClientStream::Tls(_) => return false,
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     match socket2::SockRef::from(tcp).peek(&mut one) {
@@ -380,9 +367,14 @@ async fn bytes_waiting(stream: &ClientStream) -> Option<BytesMut> {
             }
         },
         // Decrypted bytes already read off the socket (with the end of
-        // the handshake, or after the previous request) count too.
-        ClientStream::Tls(t) if t.has_plaintext() => return Some(BytesMut::new()),
-        ClientStream::Tls(t) => t.tcp(),
+        // the handshake, or after the previous request) count too; when
+        // there are none, what rustls queued (the session tickets after a
+        // handshake) is sent before the wait.
+        ClientStream::Tls(t) => match t.plaintext_or_flushed().await {
+            Ok(true) => return Some(BytesMut::new()),
+            Ok(false) => t.tcp(),
+            Err(_) => return None,
+        },
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
@@ -512,7 +504,6 @@ async fn serve_one<H: Handler>(
         }
     };
     let _ = buf.split_to(used);
-    set_nodelay_for(stream, &head, served, settings.nodelay);
     if served > 0 {
         settings.keepalive.hit();
     }
@@ -613,69 +604,6 @@ async fn read_head(
                 });
             }
             Ok(Ok(_)) => {}
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn head(text: &str) -> RequestHead {
-        let limits = HeadLimits {
-            max_request_line: 8 << 10,
-            max_head: 64 << 10,
-            max_headers: 100,
-        };
-        parse_request(text.as_bytes(), &limits)
-            .expect("valid")
-            .expect("complete")
-            .0
-    }
-
-    /// A connected plain server-side stream, with TCP_NODELAY off.
-    async fn accepted() -> (ClientStream, tokio::net::TcpStream) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        assert!(!server.nodelay().unwrap());
-        (ClientStream::Plain(server), client)
-    }
-
-    #[tokio::test]
-    async fn nodelay_is_set_at_the_first_request_unless_it_asks_to_close() {
-        let cases = [
-            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0, true, true),
-            ("GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 0, true, false),
-            ("GET / HTTP/1.0\r\n\r\n", 0, true, false),
-            ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", 0, true, true),
-            // Tunnels get it whatever they say.
-            (
-                "CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\nConnection: close\r\n\r\n",
-                0,
-                true,
-                true,
-            ),
-            (
-                "GET / HTTP/1.1\r\nHost: h\r\nConnection: close, upgrade\r\nUpgrade: websocket\r\n\r\n",
-                0,
-                true,
-                true,
-            ),
-            // Only at the first request, and only when the listener wants it.
-            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 1, true, false),
-            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0, false, false),
-        ];
-        for (text, served, enabled, want) in cases {
-            let (stream, _client) = accepted().await;
-            set_nodelay_for(&stream, &head(text), served, enabled);
-            assert_eq!(
-                stream.tcp().nodelay().unwrap(),
-                want,
-                "{text:?} served {served} enabled {enabled}"
-            );
         }
     }
 }

@@ -93,7 +93,7 @@ pub(super) async fn writable_within(stream: &TcpStream, timeout: Duration) -> io
 pub async fn write_all(stream: &ClientStream, data: &[u8], timeout: Duration) -> io::Result<()> {
     match stream {
         ClientStream::Plain(s) => write_all_tcp(s, data, timeout).await,
-        ClientStream::Tls(t) => t.write_all(&[data], timeout).await,
+        ClientStream::Tls(t) => t.write_all(&[data], false, timeout).await,
     }
 }
 
@@ -118,7 +118,17 @@ pub async fn write_all_vectored(stream: &ClientStream, parts: &[&[u8]], timeout:
         ClientStream::Plain(s) => write_all_vectored_tcp(s, parts, timeout).await,
         // One TLS record layer call: the head and the first body bytes
         // still leave in as few records (and syscalls) as rustls makes.
-        ClientStream::Tls(t) => t.write_all(parts, timeout).await,
+        ClientStream::Tls(t) => t.write_all(parts, false, timeout).await,
+    }
+}
+
+/// [`write_all_vectored`] for the last bytes the connection will carry:
+/// over TLS the close_notify alert leaves in the same write (on plain TCP
+/// the close that follows is the FIN).
+pub async fn write_all_vectored_last(stream: &ClientStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+    match stream {
+        ClientStream::Plain(s) => write_all_vectored_tcp(s, parts, timeout).await,
+        ClientStream::Tls(t) => t.write_all(parts, true, timeout).await,
     }
 }
 

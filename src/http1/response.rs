@@ -3,7 +3,7 @@
 
 use super::chunked::{chunk_header, last_chunk};
 use super::io::ClientStream;
-use super::io::{write_all, write_all_vectored};
+use super::io::{write_all, write_all_vectored, write_all_vectored_last};
 use crate::keepalive::KeepAlive;
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
@@ -409,6 +409,11 @@ impl<'a> ResponseWriter<'a> {
                     io::ErrorKind::InvalidData,
                     "body longer than its Content-Length",
                 ));
+            }
+            // The bytes that complete a response after which the
+            // connection closes are its last.
+            Framing::Length if !self.keep_alive && self.body_bytes + data.len() as u64 == self.declared => {
+                write_all_vectored_last(stream, &[head, data], t).await
             }
             Framing::Length | Framing::Close => write_all_vectored(stream, &[head, data], t).await,
             Framing::Chunked => {

@@ -3,8 +3,8 @@
 //! the request-body reader and the response writer of one exchange (and
 //! the two directions of a CONNECT tunnel) use the one connection at once.
 //!
-//! The handshake is tokio-rustls's (`accept`); the connection is then taken
-//! apart (`into_inner`) and its rustls state kept behind a mutex that is
+//! The handshake is driven here too ([`accept`]), on the same state: its
+//! rustls state is kept behind a mutex that is
 //! only ever held for one non-blocking step (never across an `await`, which
 //! the compiler enforces: the guard is not `Send`), so the two users never
 //! wait on each other for longer than a decryption or encryption.
@@ -45,27 +45,21 @@ pub async fn accept(
     config: Arc<rustls::ServerConfig>,
     timeout: Duration,
 ) -> Result<TlsConn, HandshakeFailure> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+    let conn = rustls::ServerConnection::new(config).map_err(|_| HandshakeFailure::Other)?;
+    let tls = TlsConn {
+        tcp,
+        conn: Mutex::new(Connection::Server(conn)),
+    };
+    match tokio::time::timeout(timeout, tls.handshake()).await {
         Err(_) => Err(HandshakeFailure::Timeout),
-        Ok(Err(e)) => Err(classify(&e)),
-        Ok(Ok(stream)) => {
-            let (tcp, conn) = stream.into_inner();
-            Ok(TlsConn {
-                tcp,
-                conn: Mutex::new(Connection::Server(conn)),
-            })
-        }
+        Ok(r) => r.map(|()| tls),
     }
 }
 
 /// The coarse reason of a failed handshake.
-fn classify(e: &io::Error) -> HandshakeFailure {
+fn classify(e: &rustls::Error) -> HandshakeFailure {
     use rustls::{AlertDescription as A, Error as E};
-    let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
-        return HandshakeFailure::Other;
-    };
-    match inner {
+    match e {
         E::AlertReceived(
             A::BadCertificate
             | A::UnsupportedCertificate
@@ -112,6 +106,100 @@ impl Write for Sock<'_> {
 }
 
 impl TlsConn {
+    /// Drives a server handshake to its end: each flight rustls queues is
+    /// sent before the client's next one is read, except what it queues
+    /// with the last step: TLS 1.3's session tickets (and, in a full TLS
+    /// 1.2 handshake, the server's last flight). Those leave with the first
+    /// response, or before the connection first waits for the client
+    /// ([`TlsConn::plaintext_or_flushed`], [`TlsConn::read_buf`]). A client
+    /// whose request follows its Finished at once (a resumed connection
+    /// with `Connection: close`, the common case) gets tickets, response and
+    /// all in one write: two system calls and packets fewer than sending
+    /// the tickets on their own.
+    async fn handshake(&self) -> Result<(), HandshakeFailure> {
+        loop {
+            // This step's flight first: the client waits for it.
+            loop {
+                let sent = {
+                    let mut conn = self.lock();
+                    if !conn.is_handshaking() {
+                        return Ok(());
+                    }
+                    self.flush_now(&mut conn).map_err(|_| HandshakeFailure::Other)?
+                };
+                if sent {
+                    break;
+                }
+                self.tcp.writable().await.map_err(|_| HandshakeFailure::Other)?;
+            }
+            let wait = {
+                let mut conn = self.lock();
+                match self
+                    .tcp
+                    .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
+                {
+                    // The client left mid-handshake.
+                    Ok(0) => return Err(HandshakeFailure::Other),
+                    Ok(_) => {
+                        if let Err(e) = conn.process_new_packets() {
+                            // rustls has queued an alert saying why.
+                            let _ = self.flush_now(&mut conn);
+                            return Err(classify(&e));
+                        }
+                        false
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+                    Err(_) => return Err(HandshakeFailure::Other),
+                }
+            };
+            if wait {
+                self.tcp.readable().await.map_err(|_| HandshakeFailure::Other)?;
+            }
+        }
+    }
+
+    /// Before a wait for the client: reads the records already waiting on
+    /// the socket, and when they hold no decrypted bytes, sends what rustls
+    /// has queued (see [`TlsConn::handshake`]), so that nothing the client
+    /// may be waiting for stays unsent while the connection waits. True
+    /// when decrypted bytes are waiting, or the client has closed (the read
+    /// that follows says which).
+    pub async fn plaintext_or_flushed(&self) -> io::Result<bool> {
+        loop {
+            {
+                let mut conn = self.lock();
+                loop {
+                    match conn.process_new_packets() {
+                        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+                        Ok(s) if s.plaintext_bytes_to_read() > 0 || s.peer_has_closed() => return Ok(true),
+                        Ok(_) => {}
+                    }
+                    match self
+                        .tcp
+                        .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
+                    {
+                        Ok(0) => return Ok(true),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                if self.flush_now(&mut conn)? {
+                    return Ok(false);
+                }
+            }
+            self.tcp.writable().await?;
+        }
+    }
+
+    /// Sends everything rustls has queued, waiting for the socket as needed.
+    async fn flush_queued(&self) -> io::Result<()> {
+        while !self.flush_now(&mut self.lock())? {
+            self.tcp.writable().await?;
+        }
+        Ok(())
+    }
+
     /// The client side of an established TLS connection (its handshake
     /// done by tokio-rustls), to a parent proxy: a `CONNECT` tunnel through
     /// it is relayed with the same record layer as a client's.
@@ -202,7 +290,11 @@ impl TlsConn {
             buf.truncate(start + *r.as_ref().unwrap_or(&0));
             match r {
                 Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.readable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Nothing queued may wait on the client's next bytes.
+                    self.flush_queued().await?;
+                    self.tcp.readable().await?
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -235,17 +327,21 @@ impl TlsConn {
         }
     }
 
-    /// True if decrypted bytes are waiting to be read.
-    pub fn has_plaintext(&self) -> bool {
+    /// True when rustls holds no decrypted bytes the server has not read
+    /// and the records it holds are all valid (a partial record waiting for
+    /// its end is not seen).
+    pub fn nothing_buffered(&self) -> bool {
         self.lock()
             .process_new_packets()
-            .is_ok_and(|s| s.plaintext_bytes_to_read() > 0)
+            .is_ok_and(|s| s.plaintext_bytes_to_read() == 0)
     }
 
     /// Encrypts and sends all of `parts`, in order; fails with `TimedOut`
     /// (and aborts the connection) when the client accepts no bytes for
-    /// `timeout`, as plain writes do.
-    pub async fn write_all(&self, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+    /// `timeout`, as plain writes do. With `close`, the close_notify alert
+    /// follows the last part in the same write: these are the last bytes
+    /// of the connection (a response that ends it).
+    pub async fn write_all(&self, parts: &[&[u8]], close: bool, timeout: Duration) -> io::Result<()> {
         let mut idx = 0;
         let mut off = 0;
         loop {
@@ -268,6 +364,9 @@ impl TlsConn {
                     // Nothing accepted and nothing to send: rustls will not
                     // take more (the connection is closing); never spin.
                     return Err(io::ErrorKind::WriteZero.into());
+                }
+                if close && idx == parts.len() {
+                    conn.send_close_notify();
                 }
                 if self.flush_now(&mut conn)? {
                     if idx == parts.len() {
@@ -298,6 +397,11 @@ impl TlsConn {
         loop {
             match self.try_read(out) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.tcp.poll_read_ready(cx) {
+                    // What rustls queued goes out before the wait (the h2
+                    // crate's own flushes send the rest).
+                    Poll::Pending if self.flush_now(&mut self.lock()).is_err() => {
+                        return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+                    }
                     Poll::Ready(Ok(())) => continue,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => return Poll::Pending,
