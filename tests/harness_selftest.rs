@@ -37,6 +37,13 @@ fn free_port_and_addr_are_bindable() {
     std::net::TcpListener::bind(&addr).expect("free_addr is bindable");
 }
 
+#[test]
+fn free_port_never_gives_the_same_port_twice() {
+    let ports: Vec<u16> = (0..300).map(|_| free_port()).collect();
+    let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_address_taken_before_portico_binds_it_is_replaced() {
     // Something else took the port free_addr() found free, as an outgoing

@@ -63,9 +63,21 @@ pub fn cache_object_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago
 /// (bound to port 0, read back, released).
+///
+/// Never the same port twice in one test process: the kernel may hand a
+/// port just released to the next bind, and two listeners of one config
+/// picked one after the other then got the same address.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port");
-    listener.local_addr().expect("local_addr of ephemeral listener").port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port");
+        let port = listener.local_addr().expect("local_addr of ephemeral listener").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// `"127.0.0.1:<free port>"`, ready to paste into a config.
