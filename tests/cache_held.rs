@@ -215,6 +215,13 @@ async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
     assert!(x_cache(&r) == "HIT" && r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
     let before = disk_until(&p, "the file checked", |d| n(d, "background_checks") == 1).await;
     assert_eq!(n(&before, "open_files"), 1);
+    // The check is counted as one, not as a disk-tier read (nothing has
+    // been served from the disk tier).
+    assert_eq!(
+        (n(&before, "reads"), n(&before, "open_file_misses")),
+        (0, 0),
+        "{before}"
+    );
     for _ in 0..3 {
         large_hit(&p, &origin).await;
     }

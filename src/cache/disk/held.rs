@@ -323,7 +323,7 @@ impl super::DiskStore {
             // A held file past `HELD_VALID_SECS` is only checked again
             // with `stat` (in `open`); any other is read to the end: the
             // last chunk comes only when the checksum matched.
-            if let Some(mut found) = store.open(id).await
+            if let Some(mut found) = store.open_for_check(id).await
                 && !found.file.verified()
             {
                 while let Ok(Some(_)) = found.body.chunk().await {}

@@ -29,6 +29,14 @@ impl Inner {
     }
 
     pub(super) fn open_blocking(self: &Arc<Self>, id: ObjectId) -> Option<DiskObject> {
+        self.open_for(id, true)
+    }
+
+    /// Opens `id` for a request (`request`: counted as a read and a held
+    /// file hit or miss, recorded as an access) or for a background check
+    /// of a memory-tier object's file (`DiskStore::check_in_background`,
+    /// which has its own counter: none of those).
+    pub(super) fn open_for(self: &Arc<Self>, id: ObjectId, request: bool) -> Option<DiskObject> {
         let entry = self.index.get(id);
         if entry.is_none() && !self.may_exist_unindexed() {
             return self.miss();
@@ -37,13 +45,15 @@ impl Inner {
         if entry.is_some()
             && let Some(obj) = self.held_recheck(id)
         {
-            self.stats.open_file_hits.fetch_add(1, Ordering::Relaxed);
-            self.index.touch(id, secs32(now_secs()));
-            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            if request {
+                self.stats.open_file_hits.fetch_add(1, Ordering::Relaxed);
+                self.index.touch(id, secs32(now_secs()));
+                self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            }
             return Some(DiskObject::from_open(obj, self.pool.clone()));
         }
         let path = self.layout.path_of(id);
-        if self.held.is_some() {
+        if self.held.is_some() && request {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
         let file = match File::open(&path) {
@@ -104,8 +114,10 @@ impl Inner {
                 },
             );
         }
-        self.index.touch(id, secs32(now_secs()));
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        if request {
+            self.index.touch(id, secs32(now_secs()));
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        }
         // Checked already in this process (the file was closed to make room
         // since): not again, as for a held file. Only if the file opened is
         // that generation: under the id's lock, a replacement (rename and
@@ -158,6 +170,16 @@ impl DiskStore {
             return inner.miss();
         }
         blocking(&self.inner.pool, move || inner.open_blocking(id))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// `open` for a background check (`check_in_background`): neither a
+    /// read nor an access in the statistics.
+    pub(super) async fn open_for_check(&self, id: ObjectId) -> Option<DiskObject> {
+        let inner = self.inner.clone();
+        blocking(&self.inner.pool, move || inner.open_for(id, false))
             .await
             .ok()
             .flatten()
