@@ -271,6 +271,18 @@ impl Policy {
         if self.set_cookie != SetCookie::Store && COOKIE_FIELDS.iter().any(|n| headers.contains_key(n)) {
             return true;
         }
+        // Only a `no-cache` or `private` directive can name fields: when no
+        // field the directives may come from has either word, there is
+        // nothing to parse (the usual `max-age=N`, `public`).
+        let may_name = |name: &HeaderName| {
+            headers
+                .get_all(name)
+                .iter()
+                .any(|v| mentions(v.as_bytes(), b"no-cache") || mentions(v.as_bytes(), b"private"))
+        };
+        if !may_name(&header::CACHE_CONTROL) && !self.targeted.iter().any(may_name) {
+            return false;
+        }
         let rs = self.response_directives(headers);
         ["no-cache", "private"]
             .into_iter()
@@ -1351,6 +1363,11 @@ pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
 /// true) has none, one set to false (`?0`) is left out, and any other value
 /// (Decimal, Byte Sequence, Inner List, ...) is kept as text no directive
 /// accepts (`max-age=1.5` is an invalid `max-age`: stale).
+/// Whether `word` (lower-case ASCII) occurs in `text`, ignoring ASCII case.
+fn mentions(text: &[u8], word: &[u8]) -> bool {
+    text.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word))
+}
+
 fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives> {
     let mut lines = headers.get_all(name).iter();
     let first = lines.next()?;
@@ -2408,6 +2425,55 @@ mod tests {
         headers.insert("content-length", HeaderValue::from_static("4"));
         assert!(p.take_unshared(&mut headers).is_empty());
         assert_eq!(headers.len(), 2);
+    }
+
+    #[test]
+    fn whether_a_stored_response_has_fields_to_take_out_is_answered_as_taking_them_would() {
+        // `has_unshared` skips the parse when no field the directives may
+        // come from mentions `no-cache` or `private`: it must still agree
+        // with `take_unshared` on every response, targeted fields included.
+        let plain = policy_with(|c| c.set_cookie = SetCookie::Store);
+        let cdn = policy_with(|c| c.set_cookie = SetCookie::Store)
+            .targeted(&CacheConfig {
+                targeted_fields: vec!["cdn-cache-control".into()],
+                ..CacheConfig::default()
+            })
+            .unwrap();
+        let values = [
+            None,
+            Some("max-age=600"),
+            Some("public, max-age=60"),
+            Some("no-cache"),
+            Some("No-Cache=\"X-User\""),
+            Some("max-age=1, PRIVATE=x-user"),
+            Some("private=\"x-team, x-user\""),
+            Some("no-cache=x-absent"),
+            Some("x-private-thing=1, max-age=5"),
+        ];
+        for p in [&plain, &cdn] {
+            for cc in values {
+                for cdn_cc in values {
+                    for with_field in [false, true] {
+                        let mut h = HeaderMap::new();
+                        if let Some(v) = cc {
+                            h.insert(header::CACHE_CONTROL, HeaderValue::from_str(v).unwrap());
+                        }
+                        if let Some(v) = cdn_cc {
+                            h.insert("cdn-cache-control", HeaderValue::from_str(v).unwrap());
+                        }
+                        if with_field {
+                            h.insert("x-user", HeaderValue::from_static("alice"));
+                        }
+                        let taken = p.take_unshared(&mut h.clone());
+                        assert_eq!(
+                            p.has_unshared(&h),
+                            !taken.is_empty(),
+                            "{cc:?} / {cdn_cc:?} / {with_field}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
