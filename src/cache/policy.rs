@@ -54,6 +54,7 @@ use crate::config::{CacheConfig, SetCookie};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use regex::{Regex, RegexSet};
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// RFC 9111 1.2.2: a delta-seconds value too large to represent, or a
@@ -239,7 +240,7 @@ impl Policy {
     /// The response's cache directives (RFC 9213 2.2): those of the first
     /// targeted field, in the order of [`Policy::targeted`], with a valid
     /// (RFC 8941 Dictionary), non-empty value; else `Cache-Control`'s.
-    fn response_directives(&self, headers: &HeaderMap) -> Directives {
+    fn response_directives<'h>(&self, headers: &'h HeaderMap) -> Directives<'h> {
         self.targeted
             .iter()
             .find_map(|name| targeted_directives(headers, name))
@@ -1355,6 +1356,11 @@ pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
         .and_then(|v| etag_list(v.as_bytes()).into_iter().next())
 }
 
+/// Whether `word` (lower-case ASCII) occurs in `text`, ignoring ASCII case.
+fn mentions(text: &[u8], word: &[u8]) -> bool {
+    text.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// The directives of the targeted field `name` (RFC 9213): all its field
 /// lines as one RFC 8941 Dictionary (2.1); `None` when absent, empty or
 /// invalid (a parse failure ignores the whole field, which then does not
@@ -1363,12 +1369,7 @@ pub(crate) fn first_etag(headers: &HeaderMap) -> Option<ETag<'_>> {
 /// true) has none, one set to false (`?0`) is left out, and any other value
 /// (Decimal, Byte Sequence, Inner List, ...) is kept as text no directive
 /// accepts (`max-age=1.5` is an invalid `max-age`: stale).
-/// Whether `word` (lower-case ASCII) occurs in `text`, ignoring ASCII case.
-fn mentions(text: &[u8], word: &[u8]) -> bool {
-    text.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word))
-}
-
-fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives> {
+fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives<'static>> {
     let mut lines = headers.get_all(name).iter();
     let first = lines.next()?;
     let mut text = first.as_bytes().to_vec();
@@ -1386,26 +1387,30 @@ fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directi
             sfv::ListEntry::Item(item) => match &item.bare_item {
                 sfv::BareItem::Boolean(true) => None,
                 sfv::BareItem::Boolean(false) => continue,
-                sfv::BareItem::Integer(n) => Some(n.to_string()),
-                sfv::BareItem::String(v) => Some(v.as_str().to_string()),
-                sfv::BareItem::Token(v) => Some(v.as_str().to_string()),
-                _ => Some("?".to_string()),
+                sfv::BareItem::Integer(n) => Some(Cow::Owned(n.to_string())),
+                sfv::BareItem::String(v) => Some(Cow::Owned(v.as_str().to_string())),
+                sfv::BareItem::Token(v) => Some(Cow::Owned(v.as_str().to_string())),
+                _ => Some(Cow::Borrowed("?")),
             },
-            sfv::ListEntry::InnerList(_) => Some("?".to_string()),
+            sfv::ListEntry::InnerList(_) => Some(Cow::Borrowed("?")),
         };
-        out.push((key.as_str().to_string(), value));
+        out.push((Cow::Owned(key.as_str().to_string()), value));
     }
     Some(Directives(out, true))
 }
 
 /// Cache-Control directives of all field lines, in order: lower-cased names
-/// and unquoted values.
+/// and unquoted values, borrowed from the field values where they are
+/// already so (the usual `max-age=600`: no allocation but the list's).
 /// The second field: the directives come from a targeted field (RFC 9213),
 /// so `Expires` is ignored with `Cache-Control`.
-struct Directives(Vec<(String, Option<String>)>, bool);
+struct Directives<'a>(Vec<Directive<'a>>, bool);
 
-impl Directives {
-    fn of(headers: &HeaderMap) -> Directives {
+/// A directive's name and value (see [`Directives`]).
+type Directive<'a> = (Cow<'a, str>, Option<Cow<'a, str>>);
+
+impl<'a> Directives<'a> {
+    fn of(headers: &'a HeaderMap) -> Directives<'a> {
         let mut out = Vec::new();
         for value in headers.get_all(header::CACHE_CONTROL) {
             parse_directives(value.as_bytes(), &mut out);
@@ -1480,7 +1485,7 @@ fn field_names(value: &str) -> Option<Vec<String>> {
 
 /// Parses one Cache-Control field line: `name[=token|"quoted"]` items
 /// separated by commas, whitespace tolerated around names and values.
-fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
+fn parse_directives<'a>(s: &'a [u8], out: &mut Vec<Directive<'a>>) {
     let mut i = 0;
     while i < s.len() {
         while i < s.len() && (s[i] == b',' || s[i].is_ascii_whitespace()) {
@@ -1490,7 +1495,12 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
         while i < s.len() && s[i] != b'=' && s[i] != b',' {
             i += 1;
         }
-        let name = String::from_utf8_lossy(s[start..i].trim_ascii()).to_ascii_lowercase();
+        let name = String::from_utf8_lossy(s[start..i].trim_ascii());
+        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(name.to_ascii_lowercase())
+        } else {
+            name
+        };
         let mut value = None;
         if i < s.len() && s[i] == b'=' {
             // RFC 9111 5.2 allows no whitespace around "=": an unquoted value
@@ -1514,7 +1524,7 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
                     v.push(s[i]);
                     i += 1;
                 }
-                value = Some(String::from_utf8_lossy(&v).into_owned());
+                value = Some(Cow::Owned(String::from_utf8_lossy(&v).into_owned()));
                 while i < s.len() && s[i] != b',' {
                     i += 1;
                 }
@@ -1524,7 +1534,7 @@ fn parse_directives(s: &[u8], out: &mut Vec<(String, Option<String>)>) {
                     i += 1;
                 }
                 let text = String::from_utf8_lossy(s[vstart..i].trim_ascii());
-                value = Some(if spaced { format!(" {text}") } else { text.into_owned() });
+                value = Some(if spaced { Cow::Owned(format!(" {text}")) } else { text });
             }
         }
         if !name.is_empty() {
@@ -3395,7 +3405,7 @@ mod tests {
             br#"Max-Age=5, no-cache="a, b", private, x="q\"uote", ,s-maxage = 7 "#,
             &mut out,
         );
-        let view: Vec<(&str, Option<&str>)> = out.iter().map(|(n, v)| (n.as_str(), v.as_deref())).collect();
+        let view: Vec<(&str, Option<&str>)> = out.iter().map(|(n, v)| (n.as_ref(), v.as_deref())).collect();
         assert_eq!(
             view,
             [
