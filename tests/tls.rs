@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{Origin, Pem, Portico, Response, cert_table, free_port, metric, page, parse_response};
+use common::{
+    Origin, Pem, Portico, Response, cert_table, close_request_then_junk, free_port, metric, page, parse_response,
+};
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -689,22 +691,11 @@ async fn a_connection_close_response_over_tls_ends_cleanly_and_lingers_only_for_
     let p = Portico::start(&config).await;
     for junk in [false, true] {
         let (mut tls, _) = tls_connect(port, client_config(&[&pem])).await;
-        tls.write_all(b"GET /big HTTP/1.1\r\nHost: www.test\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("send");
-        if junk {
-            // After Portico has read the head and started writing.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            tls.write_all(b"more bytes the client should not have sent\r\n")
-                .await
-                .expect("send junk");
-        }
-        let mut got = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut got)).await;
-        let read = read.expect("the connection was never closed");
+        let request = b"GET /big HTTP/1.1\r\nHost: www.test\r\nConnection: close\r\n\r\n";
         // rustls reports a TCP close without close_notify as an error.
-        read.unwrap_or_else(|e| panic!("junk {junk}: {e} after {} bytes\n{}", got.len(), p.stderr()));
-        let r = parse_response(&got);
+        let r = close_request_then_junk(&mut tls, request, junk)
+            .await
+            .unwrap_or_else(|e| panic!("junk {junk}: {e}\n{}", p.stderr()));
         assert_eq!(r.status, 200, "junk {junk}");
         assert_eq!(r.body.len(), BIG, "junk {junk}: the response was cut");
     }

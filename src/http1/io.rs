@@ -114,21 +114,22 @@ async fn write_all_tcp(stream: &TcpStream, mut data: &[u8], timeout: Duration) -
 /// kernel allows (a response head and its first body bytes go out in one);
 /// fails with `TimedOut` as [`write_all`] does.
 pub async fn write_all_vectored(stream: &ClientStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
-    match stream {
-        ClientStream::Plain(s) => write_all_vectored_tcp(s, parts, timeout).await,
-        // One TLS record layer call: the head and the first body bytes
-        // still leave in as few records (and syscalls) as rustls makes.
-        ClientStream::Tls(t) => t.write_all(parts, false, timeout).await,
-    }
+    write_parts(stream, parts, false, timeout).await
 }
 
 /// [`write_all_vectored`] for the last bytes the connection will carry:
 /// over TLS the close_notify alert leaves in the same write (on plain TCP
 /// the close that follows is the FIN).
 pub async fn write_all_vectored_last(stream: &ClientStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+    write_parts(stream, parts, true, timeout).await
+}
+
+async fn write_parts(stream: &ClientStream, parts: &[&[u8]], last: bool, timeout: Duration) -> io::Result<()> {
     match stream {
         ClientStream::Plain(s) => write_all_vectored_tcp(s, parts, timeout).await,
-        ClientStream::Tls(t) => t.write_all(parts, true, timeout).await,
+        // One TLS record layer call: the head and the first body bytes
+        // still leave in as few records (and syscalls) as rustls makes.
+        ClientStream::Tls(t) => t.write_all(parts, last, timeout).await,
     }
 }
 

@@ -83,6 +83,20 @@ fn classify(e: &rustls::Error) -> HandshakeFailure {
     }
 }
 
+/// What [`TlsConn::read_waiting`] found.
+enum Waiting {
+    /// Decrypted bytes to read.
+    Plaintext,
+    /// The client closed: close_notify, or the TCP connection.
+    Closed,
+    /// A record rustls refused (it has queued an alert saying why).
+    Broken(rustls::Error),
+    /// The socket failed.
+    Failed(io::Error),
+    /// Nothing more is waiting.
+    Nothing,
+}
+
 /// `Read` and `Write` on a shared tokio `TcpStream` for rustls, used only
 /// inside `try_io` (which turns `WouldBlock` into "wait for readiness").
 struct Sock<'a>(&'a TcpStream);
@@ -168,27 +182,40 @@ impl TlsConn {
         loop {
             {
                 let mut conn = self.lock();
-                loop {
-                    match conn.process_new_packets() {
-                        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-                        Ok(s) if s.plaintext_bytes_to_read() > 0 || s.peer_has_closed() => return Ok(true),
-                        Ok(_) => {}
-                    }
-                    match self
-                        .tcp
-                        .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
-                    {
-                        Ok(0) => return Ok(true),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e),
-                    }
+                match self.read_waiting(&mut conn) {
+                    Waiting::Plaintext | Waiting::Closed => return Ok(true),
+                    Waiting::Broken(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+                    Waiting::Failed(e) => return Err(e),
+                    Waiting::Nothing => {}
                 }
                 if self.flush_now(&mut conn)? {
                     return Ok(false);
                 }
             }
             self.tcp.writable().await?;
+        }
+    }
+
+    /// Reads the records waiting on the socket into rustls, without
+    /// waiting, and processes them, until decrypted bytes are there, the
+    /// client has closed, or nothing more is waiting.
+    fn read_waiting(&self, conn: &mut Connection) -> Waiting {
+        loop {
+            match conn.process_new_packets() {
+                Err(e) => return Waiting::Broken(e),
+                Ok(s) if s.peer_has_closed() => return Waiting::Closed,
+                Ok(s) if s.plaintext_bytes_to_read() > 0 => return Waiting::Plaintext,
+                Ok(_) => {}
+            }
+            match self
+                .tcp
+                .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
+            {
+                Ok(0) => return Waiting::Closed,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Waiting::Nothing,
+                Err(e) => return Waiting::Failed(e),
+            }
         }
     }
 
@@ -307,23 +334,10 @@ impl TlsConn {
     /// there and has sent data (a pipelined request, a body);
     /// `WouldBlock`: nothing to tell yet.
     pub fn closed_now(&self) -> io::Result<bool> {
-        let mut conn = self.lock();
-        loop {
-            match conn.process_new_packets() {
-                Err(_) => return Ok(true),
-                Ok(s) if s.peer_has_closed() => return Ok(true),
-                Ok(s) if s.plaintext_bytes_to_read() > 0 => return Ok(false),
-                Ok(_) => {}
-            }
-            match self
-                .tcp
-                .try_io(Interest::READABLE, || conn.read_tls(&mut Sock(&self.tcp)))
-            {
-                Ok(0) => return Ok(true),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
-                Err(_) => return Ok(true),
-            }
+        match self.read_waiting(&mut self.lock()) {
+            Waiting::Plaintext => Ok(false),
+            Waiting::Nothing => Err(io::ErrorKind::WouldBlock.into()),
+            Waiting::Closed | Waiting::Broken(_) | Waiting::Failed(_) => Ok(true),
         }
     }
 

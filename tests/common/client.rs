@@ -3,12 +3,37 @@
 use std::process::Output;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::time::{Instant, timeout_at};
 
 /// Default time [`raw_request`] and [`RawClient`] wait for data.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends `request` (one that asks to close the connection) on `s` and,
+/// with `junk`, more bytes 300 ms later, once the server has read the head
+/// and started writing; then reads to the end (20 s at most; panics if the
+/// connection is never closed). The response, or the error that ended the
+/// read with how many bytes came before it. For the lingering close: a
+/// client that sends more must still get its whole response.
+pub async fn close_request_then_junk<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    request: &[u8],
+    junk: bool,
+) -> Result<ParsedResponse, String> {
+    s.write_all(request).await.expect("send");
+    if junk {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.write_all(b"more bytes the client should not have sent\r\n")
+            .await
+            .expect("send junk");
+    }
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut got)).await;
+    let read = read.expect("the connection was never closed");
+    read.map_err(|e| format!("{e} after {} bytes", got.len()))?;
+    Ok(parse_response(&got))
+}
 
 /// Connects to `addr`, writes `request`, and reads until EOF or 5 s have
 /// passed; returns every byte received. Send `Connection: close` unless

@@ -28,8 +28,8 @@ pub mod slapd;
 
 pub use certs::{Pem, cert_table};
 pub use client::{
-    Framing, ParsedResponse, RawClient, connect_tunnel, curl, parse_head_response, parse_response, parse_responses,
-    parse_responses_lenient, raw_request, raw_request_from, raw_request_timeout,
+    Framing, ParsedResponse, RawClient, close_request_then_junk, connect_tunnel, curl, parse_head_response,
+    parse_response, parse_responses, parse_responses_lenient, raw_request, raw_request_from, raw_request_timeout,
 };
 pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
