@@ -1,10 +1,11 @@
-//! Invariants of `parse_request`, shared by the `request_head` and
-//! `pipeline` targets. The oracles re-derive the framing from the raw head
+//! Invariants of `parse_request` (and of `take_request`, the server's way
+//! to the same result), shared by the `request_head` and `pipeline` targets. The oracles re-derive the framing from the raw head
 //! bytes (not from the parser's `HeaderMap`), so a field the parser silently
 //! skipped still counts.
 
 use http::Version;
-use portico::http1::head::{BodyFraming, HeadLimits, RequestHead, parse_request};
+use bytes::BytesMut;
+use portico::http1::head::{BodyFraming, HeadLimits, RequestHead, parse_request, take_request};
 
 /// Small limits from three control bytes (0 included: a zero limit must be
 /// an error, never a panic).
@@ -71,7 +72,23 @@ fn same_head(a: &RequestHead, b: &RequestHead) -> bool {
 
 /// Parses `buf` and checks every invariant of the result; returns it.
 pub fn check(buf: &[u8], limits: &HeadLimits) -> Option<(RequestHead, usize)> {
-    let (head, used) = match parse_request(buf, limits) {
+    let parsed = parse_request(buf, limits);
+    // The server's `take_request` gives the same answer, takes exactly the
+    // used bytes off the buffer, and leaves it untouched otherwise.
+    let mut owned = BytesMut::from(buf);
+    match (&parsed, take_request(&mut owned, limits)) {
+        (Ok(Some((a, used))), Ok(Some(b))) => {
+            assert!(same_head(a, &b), "take_request differs: {a:?} vs {b:?}");
+            assert_eq!(&owned[..], &buf[*used..], "take_request took other bytes");
+        }
+        (Ok(None), Ok(None)) => assert_eq!(&owned[..], buf),
+        (Err(a), Err(b)) => {
+            assert_eq!(*a, b);
+            assert_eq!(&owned[..], buf, "take_request lost bytes on an error");
+        }
+        (a, b) => panic!("parse_request {a:?} but take_request {b:?}"),
+    }
+    let (head, used) = match parsed {
         Err(e) => {
             assert!(
                 matches!(e.status.as_u16(), 400 | 414 | 417 | 431 | 501 | 505),

@@ -4,7 +4,7 @@
 //! is returned to the caller instead, for the keep-alive poller.
 
 use super::body::BodyReader;
-use super::head::{HeadError, HeadLimits, RequestHead, parse_request};
+use super::head::{HeadError, HeadLimits, RequestHead, take_request};
 use super::io::{ClientStream, read_buf};
 use super::response::ResponseWriter;
 use crate::keepalive::KeepAlive;
@@ -359,7 +359,7 @@ async fn bytes_waiting(stream: &ClientStream) -> Option<BytesMut> {
         ClientStream::Plain(s) => loop {
             s.readable().await.ok()?;
             let mut buf = BytesMut::with_capacity(HEAD_CHUNK);
-            match s.try_read_buf(&mut buf) {
+            match super::io::try_read_drained(s, &mut buf) {
                 Ok(0) => return None,
                 Ok(_) => return Some(buf),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -477,8 +477,8 @@ async fn serve_one<H: Handler>(
     handler: &H,
 ) -> Option<BytesMut> {
     let deadline = Instant::now() + settings.header_timeout;
-    let (head, used) = match read_head(stream, &mut buf, &settings.limits, deadline).await {
-        Ok(Some(x)) => x,
+    let head = match read_head(stream, &mut buf, &settings.limits, deadline).await {
+        Ok(Some(head)) => head,
         Ok(None) => return None,
         Err(error) => {
             if error.status == http::StatusCode::REQUEST_TIMEOUT {
@@ -503,7 +503,6 @@ async fn serve_one<H: Handler>(
             return None;
         }
     };
-    let _ = buf.split_to(used);
     if served > 0 {
         settings.keepalive.hit();
     }
@@ -556,24 +555,25 @@ async fn serve_one<H: Handler>(
     Some(buf)
 }
 
-/// Errors reading a head: answer with the status, or just close.
+/// Reads a request head and takes it off `buf`. Errors reading a head:
+/// answer with the status, or just close.
 async fn read_head(
     stream: &ClientStream,
     buf: &mut BytesMut,
     limits: &HeadLimits,
     deadline: Instant,
-) -> Result<Option<(RequestHead, usize)>, HeadError> {
+) -> Result<Option<RequestHead>, HeadError> {
     let mut scanned = 0;
     loop {
         // Parse only when a new line arrived or a limit may be crossed, so a
         // client trickling bytes cannot make us rescan the head per byte.
         let new_line = buf[scanned..].contains(&b'\n');
         if (new_line || buf.len() > limits.max_request_line || buf.len() > limits.max_head)
-            && let Some(parsed) = parse_request(buf, limits)?
+            && let Some(parsed) = take_request(buf, limits)?
         {
             return Ok(Some(parsed));
         }
-        // `parse_request` skips leading empty lines without counting them,
+        // `take_request` skips leading empty lines without counting them,
         // so a head that is still incomplete past the limit can only be a run
         // of blank lines: refuse it rather than buffer (and rescan) it forever.
         if buf.len() > limits.max_head {

@@ -2,6 +2,7 @@
 //! that keep a proxy safe from request smuggling. Pure functions over
 //! bytes (no I/O), so they are fuzzed directly.
 
+use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
@@ -80,6 +81,44 @@ const STACK_HEADERS: usize = 128;
 /// of bytes it took (leading empty lines included). Any framing the proxy
 /// could misread differently from an origin is rejected.
 pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let Some((start, end)) = locate(buf, limits)? else {
+        return Ok(None);
+    };
+    let head = fields(&buf[start..start + end], limits, &mut |v| {
+        HeaderValue::from_bytes(v).ok()
+    })?;
+    Ok(Some((head, start + end)))
+}
+
+/// [`parse_request`] on a connection's read buffer: the head (with the
+/// empty lines before it) is taken off the front of `buf`, and the field
+/// values are slices of its bytes instead of copies (no allocation per
+/// field). After an error `buf` holds what it held before.
+pub fn take_request(buf: &mut BytesMut, limits: &HeadLimits) -> Result<Option<RequestHead>, HeadError> {
+    let Some((start, end)) = locate(buf, limits)? else {
+        return Ok(None);
+    };
+    let bytes = buf.split_to(start + end).freeze();
+    let parsed = fields(&bytes[start..], limits, &mut |v| {
+        HeaderValue::from_maybe_shared(bytes.slice_ref(v)).ok()
+    });
+    match parsed {
+        Ok(head) => Ok(Some(head)),
+        Err(e) => {
+            // Nothing refers to the head's bytes any more: they go back
+            // in front of the rest (for the error's log line).
+            let mut whole = bytes.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
+            whole.unsplit(std::mem::take(buf));
+            *buf = whole;
+            Err(e)
+        }
+    }
+}
+
+/// Where the head at the start of `buf` lies: the length of the empty
+/// lines before it and of the head itself (up to its blank line), once it
+/// is all there and within `limits`.
+fn locate(buf: &[u8], limits: &HeadLimits) -> Result<Option<(usize, usize)>, HeadError> {
     // RFC 9112 2.2: ignore empty lines received before the request line.
     let mut start = 0;
     while buf[start..].starts_with(b"\r\n") {
@@ -133,20 +172,31 @@ pub fn parse_request(buf: &[u8], limits: &HeadLimits) -> Result<Option<(RequestH
             reason: "request head too large",
         });
     }
-    let head_bytes = &data[..end];
-    check_line_endings(head_bytes)?;
-
-    let head = if limits.max_headers <= STACK_HEADERS {
-        let mut storage = [httparse::EMPTY_HEADER; STACK_HEADERS];
-        parse_fields(head_bytes, &mut storage[..limits.max_headers])?
-    } else {
-        let mut storage = vec![httparse::EMPTY_HEADER; limits.max_headers];
-        parse_fields(head_bytes, &mut storage)?
-    };
-    Ok(Some((head, start + end)))
+    check_line_endings(&data[..end])?;
+    Ok(Some((start, end)))
 }
 
-fn parse_fields<'b>(head_bytes: &'b [u8], storage: &mut [httparse::Header<'b>]) -> Result<RequestHead, HeadError> {
+/// Parses the head `head_bytes` (request line to blank line), each field
+/// value made by `value`.
+fn fields(
+    head_bytes: &[u8],
+    limits: &HeadLimits,
+    value: &mut dyn FnMut(&[u8]) -> Option<HeaderValue>,
+) -> Result<RequestHead, HeadError> {
+    if limits.max_headers <= STACK_HEADERS {
+        let mut storage = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        parse_fields(head_bytes, &mut storage[..limits.max_headers], value)
+    } else {
+        let mut storage = vec![httparse::EMPTY_HEADER; limits.max_headers];
+        parse_fields(head_bytes, &mut storage, value)
+    }
+}
+
+fn parse_fields<'b>(
+    head_bytes: &'b [u8],
+    storage: &mut [httparse::Header<'b>],
+    value: &mut dyn FnMut(&[u8]) -> Option<HeaderValue>,
+) -> Result<RequestHead, HeadError> {
     let mut req = httparse::Request::new(storage);
     match req.parse(head_bytes) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -187,7 +237,7 @@ fn parse_fields<'b>(head_bytes: &'b [u8], storage: &mut [httparse::Header<'b>]) 
             return Err(bad("header field name resembling Content-Length or Transfer-Encoding"));
         }
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad("invalid header field name"))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| bad("invalid header field value"))?;
+        let value = value(h.value).ok_or(bad("invalid header field value"))?;
         headers.append(name, value);
     }
 
@@ -417,6 +467,37 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn take_request_agrees_with_parse_request_and_shares_the_head_bytes() {
+        let inputs: [&[u8]; 6] = [
+            b"GET /a HTTP/1.1\r\nHost: h\r\nX-Long: some value\r\n\r\nGET /b",
+            b"\r\n\r\nPOST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc",
+            b"GET / HTTP/1.1\r\nHost: h\r\nX-Empty:\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nzz",
+            b"GET / HTTP/1.1\r\nHost: h\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        ];
+        for input in inputs {
+            let mut buf = BytesMut::from(input);
+            let taken = take_request(&mut buf, &HeadLimits::default());
+            match (parse_request(input, &HeadLimits::default()), taken) {
+                (Ok(Some((a, used))), Ok(Some(b))) => {
+                    assert_eq!(
+                        (a.method, a.target, a.headers, a.body),
+                        (b.method, b.target, b.headers, b.body)
+                    );
+                    assert_eq!(&buf[..], &input[used..], "{input:?}");
+                }
+                (Ok(None), Ok(None)) => assert_eq!(&buf[..], input),
+                (Err(a), Err(b)) => {
+                    assert_eq!(a, b);
+                    assert_eq!(&buf[..], input, "the buffer is as it was after an error");
+                }
+                (a, b) => panic!("{input:?}: {a:?} vs {b:?}"),
+            }
+        }
+    }
 
     fn parse(s: &str) -> Result<Option<(RequestHead, usize)>, HeadError> {
         parse_request(s.as_bytes(), &HeadLimits::default())

@@ -53,11 +53,36 @@ async fn read_buf_tcp(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> i
         if buf.capacity() - buf.len() < 512 {
             buf.reserve(chunk);
         }
-        match stream.try_read_buf(buf) {
+        match try_read_drained(stream, buf) {
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.readable().await?,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// One non-blocking read into `buf`'s spare room (as `try_read_buf`). A
+/// read that fills less than the room emptied the socket's receive queue:
+/// the socket's readiness is then cleared, so that the next read waits for
+/// the next event instead of making a `recv` that can only fail with
+/// EAGAIN (nginx's `ngx_unix_recv` does the same). The readiness cleared is
+/// the one observed before the read: an event that arrives during it keeps
+/// the socket readable (tokio compares its tick), and a close behind the
+/// data stays seen (tokio never clears READ_CLOSED).
+pub fn try_read_drained(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut got = 0;
+    let read = stream.try_io(tokio::io::Interest::READABLE, || {
+        got = stream.try_read_buf(buf)?;
+        if got > 0 && got < room {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(got)
+        }
+    });
+    match read {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+        other => other,
     }
 }
 
