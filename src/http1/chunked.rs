@@ -275,11 +275,52 @@ pub fn chunk_header(len: usize) -> Vec<u8> {
     format!("{len:X}\r\n").into_bytes()
 }
 
-/// The last chunk with an optional trailer section, ending the body.
+/// Whether a field may be passed on in a trailer section. RFC 9110 6.5.1:
+/// fields that must be known before the content (framing, routing,
+/// authentication, request modifiers, response controls, content format)
+/// cannot be processed as trailers, and a sender "MUST NOT generate a
+/// trailer field unless the sender knows the corresponding header field
+/// name's definition permits the field to be sent in trailers". Passed
+/// on, a `Content-Length` trailer is read as framing by a next hop that
+/// merges trailers into the header section.
+pub fn allowed_in_trailers(name: &HeaderName) -> bool {
+    const NOT_IN_TRAILERS: [&str; 26] = [
+        "authorization",
+        "age",
+        "cache-control",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-range",
+        "content-type",
+        "cookie",
+        "expect",
+        "expires",
+        "host",
+        "keep-alive",
+        "max-forwards",
+        "pragma",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "range",
+        "set-cookie",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "vary",
+        "www-authenticate",
+    ];
+    !NOT_IN_TRAILERS.contains(&name.as_str()) && !crate::http1::head::framing_lookalike(name.as_str())
+}
+
+/// The last chunk with an optional trailer section, ending the body; the
+/// fields [`allowed_in_trailers`] refuses are left out.
 pub fn last_chunk(trailers: Option<&HeaderMap>) -> Vec<u8> {
     let mut out = b"0\r\n".to_vec();
     if let Some(t) = trailers {
-        for (name, value) in t {
+        for (name, value) in t.iter().filter(|(n, _)| allowed_in_trailers(n)) {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(value.as_bytes());

@@ -20,5 +20,5 @@ pub(crate) use conn::{
     ConnSettings, Exchange, Handler, LocalAddr, Outcome, RejectInfo, Start, client_closed, lingering_close, serve,
 };
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
-pub(crate) use io::{ClientStream, read_buf, write_all};
+pub(crate) use io::{ClientStream, read_buf, try_read_drained, write_all};
 pub(crate) use response::{BodyLen, ResponseWriter};

@@ -183,7 +183,7 @@ struct Times {
 
 /// A response from the origin, as `forward::fetch` returned it, with its times.
 struct Fetched {
-    response: http::Response<hyper::body::Incoming>,
+    response: http::Response<crate::upstream::OriginBody>,
     rewrite: Option<LocationRewrite>,
     times: Times,
 }
@@ -201,7 +201,7 @@ impl Fetched {
     /// The head the client gets, and the body; `relay_challenge`: a
     /// parent's 407 keeps its `Proxy-Authenticate` (the client's own
     /// credentials are passed to that parent: `parent_credentials = "pass"`).
-    fn into_head(self, sh: &Shared, relay_challenge: bool) -> (ClientHead, hyper::body::Incoming) {
+    fn into_head(self, sh: &Shared, relay_challenge: bool) -> (ClientHead, crate::upstream::OriginBody) {
         let (parts, body) = self.response.into_parts();
         let head = ClientHead {
             status: parts.status,
@@ -812,8 +812,7 @@ impl Transaction<'_, '_> {
                 Ok(Some(Ok(frame))) => frame,
                 Ok(None) => break Ending::Complete,
                 Ok(Some(Err(e))) => {
-                    tracing::debug!(key, "origin response body failed: {e}");
-                    tracing::warn!(key, "{}", crate::upstream::origin_cause(&e, true));
+                    tracing::warn!(key, "{e}");
                     break Ending::Failed;
                 }
                 Err(_) => {

@@ -9,12 +9,11 @@ use crate::config::HostHeader;
 use crate::http1::RequestHead;
 use crate::http1::head::{list_tokens, normalise_content_length};
 use crate::http1::{BodyFrame, BodyFraming, BodyLen, BodyReader, Exchange, ResponseWriter};
-use crate::upstream::{BodySender, ConnectErrorKind, ProxyBody, Upstream, UpstreamError};
+use crate::upstream::{BodySender, ConnectErrorKind, OriginBody, ProxyBody, Upstream, UpstreamError};
 use http::header::{CONTENT_LENGTH, CONTENT_LOCATION, EXPECT, HOST, LOCATION, TE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use std::net::IpAddr;
 
 /// A failure to report to the client as an error page.
@@ -291,7 +290,7 @@ pub async fn send_upstream(
     sh: &Shared,
     dest: &Dest,
     upgrade: Option<&HeaderValue>,
-) -> Result<Option<http::Response<Incoming>>, Failure> {
+) -> Result<Option<http::Response<OriginBody>>, Failure> {
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
@@ -340,7 +339,7 @@ pub async fn send_upstream(
 /// 3.2.4): with `OPTIONS *`, or with an absolute-form OPTIONS whose URI has
 /// an empty path and no query, which the last proxy must send on as
 /// `OPTIONS *`. A parent proxy is not the last one: it gets the absolute
-/// form, which hyper can only write with a `/` path. A routing rule that
+/// form, with a `/` path (an absolute URI has no asterisk). A routing rule that
 /// rewrote the path wins.
 fn asterisk_form(head: &RequestHead, dest: &Dest, uri: Uri) -> Uri {
     let whole_server = head.target == "*"
@@ -357,7 +356,7 @@ fn asterisk_form(head: &RequestHead, dest: &Dest, uri: Uri) -> Uri {
     }
     let mut parts = uri.clone().into_parts();
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
-    // hyper-util writes the path of this absolute URI in origin form: `*`.
+    // The upstream client writes this absolute URI's path in origin form: `*`.
     Uri::from_parts(parts).unwrap_or(uri)
 }
 
@@ -396,7 +395,7 @@ pub async fn fetch(
     dest: &Dest,
     extra: Option<&HeaderMap>,
     mut out: Option<&mut ResponseWriter<'_>>,
-) -> Result<(http::Response<Incoming>, Option<LocationRewrite>, String), Failure> {
+) -> Result<(http::Response<OriginBody>, Option<LocationRewrite>, String), Failure> {
     let mut failed = None;
     loop {
         let attempt = dest.attempt(sh, failed)?;
@@ -495,16 +494,16 @@ fn request_parts(
     headers.remove(EXPECT);
     // The framing sent upstream is exactly the one Portico read the body
     // by, in one canonical field: never the client's fields as received.
-    // hyper would pass `Content-Length: 5, 5` (or `005`, or the field
-    // twice) through verbatim, and an origin reading it another way sees
+    // Passed through verbatim, `Content-Length: 5, 5` (or `005`, or the
+    // field twice) may be read another way by the origin, which then sees
     // other message boundaries on a connection pooled across clients.
     headers.remove(CONTENT_LENGTH);
     match head.body {
         BodyFraming::Length(n) => {
             headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
         }
-        // Said explicitly: hyper assumes a GET or HEAD body of unknown length
-        // is empty and would silently drop it.
+        // Said explicitly in the one framing field the body goes out with
+        // (the client's own fields were removed as hop-by-hop).
         BodyFraming::Chunked => {
             headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         }
@@ -551,7 +550,7 @@ async fn exchange(
     rewrite: Option<&LocationRewrite>,
     dest: &Dest,
     upgrading: bool,
-) -> Result<Option<http::Response<Incoming>>, UpstreamError> {
+) -> Result<Option<http::Response<OriginBody>>, UpstreamError> {
     let (body, sender) = match ex.head.body {
         BodyFraming::Empty => (ProxyBody::empty(), None),
         BodyFraming::Length(n) => {
@@ -659,7 +658,7 @@ pub fn response_headers(
 /// frame. Failures after the head is sent can only end the connection.
 async fn stream_response(
     out: &mut ResponseWriter<'_>,
-    response: http::Response<hyper::body::Incoming>,
+    response: http::Response<OriginBody>,
     sh: &Shared,
     rewrite: Option<&LocationRewrite>,
     relay_challenge: bool,
@@ -679,8 +678,7 @@ async fn stream_response(
             Ok(Some(Ok(frame))) => frame,
             Ok(None) => break,
             Ok(Some(Err(e))) => {
-                tracing::debug!("origin response body failed: {e}");
-                tracing::warn!("{}", crate::upstream::origin_cause(&e, true));
+                tracing::warn!("{e}");
                 out.close_after();
                 return;
             }

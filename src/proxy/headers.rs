@@ -9,8 +9,7 @@ use std::net::IpAddr;
 
 /// Fields that describe one connection, never forwarded. `Trailer` is not
 /// one of them (RFC 9110 6.6.2, 7.6.1): it announces the trailer fields of
-/// a chunked body, which are forwarded, and hyper only sends request
-/// trailers that a `Trailer` field announces.
+/// a chunked body, which are forwarded.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",

@@ -2,11 +2,11 @@
 //! the final response (RFC 9110 15.2: "A proxy MUST forward 1xx responses
 //! unless the proxy itself requested the generation of the 1xx
 //! response"): `102 Processing`, `103 Early Hints` with its `Link` fields,
-//! an unsolicited `100 Continue`. hyper's client reads them while it waits
-//! for the final head and hands each to a callback on the request
-//! (`hyper::ext::on_informational`); the callback runs inside hyper's
-//! connection task and cannot write to the client, so it queues them and
-//! the request's own task writes them out. They are never stored: the
+//! an unsolicited `100 Continue`. The upstream client reads them while it
+//! waits for the final head and hands each to a callback
+//! (`upstream::OnInterim`); the callback runs inside the client's poll and
+//! cannot write to the client, so it queues them and the request's task
+//! writes them out while the client goes on waiting. They are never stored: the
 //! final response is a separate head, and what the cache keeps is built
 //! from it alone (cache-tests `interim-not-cached`,
 //! `interim-no-header-reuse`).
@@ -14,11 +14,12 @@
 use super::Shared;
 use super::headers::{add_via, remove_framing_lookalikes, strip_hop_by_hop};
 use crate::http1::ResponseWriter;
-use crate::upstream::{ProxyBody, Upstream, UpstreamError};
+use crate::upstream::{OriginBody, ProxyBody, Upstream, UpstreamError};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// Interim responses queued while the client takes the earlier ones. An
 /// origin sending more than this before the client reads them loses the
@@ -28,37 +29,46 @@ const QUEUE: usize = 16;
 
 /// Sends `request` through `upstream` and returns the final response head,
 /// writing every interim response that arrives before it to `out` (when
-/// there is a client: background revalidation has none, and gets hyper's
-/// default, the 1xx dropped).
+/// there is a client: background revalidation has none, and drops them).
 pub async fn send(
     upstream: &Upstream,
-    mut request: Request<ProxyBody>,
+    request: Request<ProxyBody>,
     out: Option<&mut ResponseWriter<'_>>,
     sh: &Shared,
-) -> Result<Response<Incoming>, UpstreamError> {
+) -> Result<Response<OriginBody>, UpstreamError> {
     let Some(out) = out else {
-        return upstream.send(request).await;
+        return upstream.send(request, None).await;
     };
-    let (tx, mut rx) = mpsc::channel::<(StatusCode, HeaderMap)>(QUEUE);
-    hyper::ext::on_informational(&mut request, move |res| {
-        let _ = tx.try_send((res.status(), res.headers().clone()));
-    });
-    let sending = upstream.send(request);
+    // Nothing is allocated for a request whose origin sends no 1xx (most).
+    let queue: Mutex<VecDeque<(StatusCode, HeaderMap)>> = Mutex::new(VecDeque::new());
+    let arrived = Notify::new();
+    let mut on_interim = |status, headers| {
+        if let Ok(mut q) = queue.lock()
+            && q.len() < QUEUE
+        {
+            q.push_back((status, headers));
+        }
+        arrived.notify_one();
+    };
+    let next = || queue.lock().ok().and_then(|mut q| q.pop_front());
+    let sending = upstream.send(request, Some(&mut on_interim));
     tokio::pin!(sending);
     let mut client_ok = true;
     let result = loop {
         tokio::select! {
             // The final head wins a tie only after the interim ones queued
-            // before it: hyper calls back before it hands over the head.
+            // before it: the client calls back before it returns the head.
             biased;
-            Some((status, headers)) = rx.recv() => {
-                client_ok = client_ok && relay(out, upstream, sh, status, headers).await;
+            () = arrived.notified() => {
+                while let Some((status, headers)) = next() {
+                    client_ok = client_ok && relay(out, upstream, sh, status, headers).await;
+                }
             }
             r = &mut sending => break r,
         }
     };
     if result.is_ok() {
-        while let Ok((status, headers)) = rx.try_recv() {
+        while let Some((status, headers)) = next() {
             client_ok = client_ok && relay(out, upstream, sh, status, headers).await;
         }
     }

@@ -102,7 +102,7 @@ async fn purge_member(sh: &Shared, group: usize, head: &crate::http1::RequestHea
         req = req.header("portico-purge", v.clone());
     }
     let req = req.body(crate::upstream::ProxyBody::empty()).ok()?;
-    match upstream.send(req).await {
+    match upstream.send(req, None).await {
         Ok(response) => Some(response.status()),
         Err(e) => {
             tracing::warn!(group = %sh.groups[group].name, "PURGE not passed on to the array member: {e}");

@@ -17,7 +17,6 @@ use crate::proxy::admission::Permit;
 use bytes::BytesMut;
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, StatusCode, Version};
-use hyper_util::rt::TokioIo;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -80,7 +79,7 @@ pub async fn serve(
     offer: HeaderValue,
     permit: &mut Option<Permit<'_>>,
 ) -> Result<(), Failure> {
-    let Some(mut response) = super::forward::send_upstream(ex, sh, dest, Some(&offer)).await? else {
+    let Some(response) = super::forward::send_upstream(ex, sh, dest, Some(&offer)).await? else {
         return Ok(());
     };
     // RFC 9110 15.2.2: the server switches to a protocol the client
@@ -96,16 +95,13 @@ pub async fn serve(
             ),
         ));
     }
-    let upgraded = match hyper::upgrade::on(&mut response).await {
-        Ok(u) => u,
-        Err(e) => {
-            return Err((
-                StatusCode::BAD_GATEWAY,
-                format!("the origin connection could not be taken over after its 101: {e}"),
-            ));
-        }
+    let (parts, body) = response.into_parts();
+    let Some(mut origin) = body.upgrade() else {
+        return Err((
+            StatusCode::BAD_GATEWAY,
+            "the origin connection could not be taken over after its 101".into(),
+        ));
     };
-    let (parts, _) = response.into_parts();
     let upgrade_field = parts.headers.get_all(UPGRADE).iter().cloned().collect::<Vec<_>>();
     let mut headers = response_headers(parts.headers, parts.version, sh, None);
     for v in upgrade_field {
@@ -131,7 +127,6 @@ pub async fn serve(
     }
     sh.upstream.stats().0.upgrades.fetch_add(1, Ordering::Relaxed);
     permit.take();
-    let mut origin = TokioIo::new(upgraded);
     let idle = sh.config.proxy.tunnel_idle_timeout.get();
     // Bytes the client sent right after its request head (a first
     // WebSocket frame) are already in our buffer.

@@ -30,7 +30,7 @@ impl std::error::Error for ClientBodyError {}
 
 type Item = Result<Frame<Bytes>, ClientBodyError>;
 
-/// A request body for hyper: empty, or fed by a [`BodySender`].
+/// A request body for the upstream client: empty, or fed by a [`BodySender`].
 pub struct ProxyBody {
     rx: Option<mpsc::Receiver<Item>>,
     length: Option<u64>,
@@ -45,7 +45,7 @@ pub struct BodySender {
 }
 
 /// How far a request body has gone: frames offered by the client side,
-/// frames taken by hyper to write to the origin, and whether the end has
+/// frames taken by the upstream client to write to the origin, and whether the end has
 /// been taken. The exchange's timers follow it: `origin.first_byte_timeout`
 /// starts only once the whole body is out (a slow upload is not a slow
 /// origin), and a frame the origin does not take for `origin.idle_timeout`
@@ -60,7 +60,7 @@ pub struct BodyProgress {
 }
 
 impl BodyProgress {
-    /// True once hyper has taken the end of the body (or there was none).
+    /// True once the client has taken the end of the body (or there was none).
     pub fn ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
@@ -167,8 +167,8 @@ impl Body for ProxyBody {
                     this.sent += d.len() as u64;
                 }
                 this.progress.take();
-                // With a Content-Length, hyper stops polling once that many
-                // bytes are out: the last of them is the end of the body.
+                // With a Content-Length, the upstream client stops polling
+                // once that many bytes are out: the last of them is the end.
                 if this.length == Some(this.sent) {
                     this.progress.end();
                 }

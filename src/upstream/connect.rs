@@ -2,18 +2,15 @@
 //! connect timeout, and TLS (rustls) for `https` origins. Used by the pooled
 //! HTTP client and by CONNECT tunnels. A connector made with
 //! [`Connector::via_parent`] dials a parent proxy instead: `http` origins
-//! get a plain connection to the parent marked as proxied (so hyper sends
-//! the request line in absolute form), `https` origins a `CONNECT` tunnel
-//! through the parent with TLS to the origin inside it.
+//! get a plain connection to the parent marked as proxied (so the client
+//! sends the request line in absolute form), `https` origins a `CONNECT`
+//! tunnel through the parent with TLS to the origin inside it.
 
 use crate::stats::Histogram;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use std::collections::HashMap;
-use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -175,11 +172,14 @@ pub enum Conn {
     Proxied(Wire),
 }
 
-impl Connection for Conn {
-    fn connected(&self) -> Connected {
-        // Marked proxied, hyper writes the request line in absolute form
-        // (`GET http://origin/path HTTP/1.1`), which a proxy needs.
-        Connected::new().proxy(matches!(self, Conn::Proxied(_)))
+impl Conn {
+    /// The TCP connection underneath (readiness, addresses).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Proxied(w) => w.tcp(),
+            Conn::Tls(t) => t.get_ref().0.tcp(),
+        }
     }
 }
 
@@ -883,21 +883,6 @@ fn connect_status(line: &str) -> Option<u16> {
         return None;
     }
     code.parse().ok()
-}
-
-impl tower_service::Service<http::Uri> for Connector {
-    type Response = TokioIo<Conn>;
-    type Error = ConnectError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.open(&uri).await.map(TokioIo::new) })
-    }
 }
 
 /// The TLS client configuration for origins: system roots (if enabled) plus

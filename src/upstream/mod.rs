@@ -1,20 +1,21 @@
-//! The upstream side: origin connections (DNS, TCP, TLS), the pooled HTTP/1.1
-//! client (hyper), server groups with round-robin and passive health
-//! checks, and clients that go through a parent proxy.
+//! The upstream side: origin connections (DNS, TCP, TLS), Portico's own
+//! pooled HTTP/1.1 client, server groups with round-robin and passive
+//! health checks, and clients that go through a parent proxy.
 
 mod body;
+mod client;
 mod connect;
 pub mod credentials;
 mod group;
+pub mod response;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
+pub use client::{OnInterim, OriginBody};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
 
 use crate::config::OriginConfig;
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use client::Client;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +51,7 @@ impl std::fmt::Display for UpstreamError {
 
 /// The pooled client every request to an origin goes through.
 pub struct Upstream {
-    client: Client<Connector, ProxyBody>,
+    client: Client,
     connector: Connector,
     pool_idle_timeout: Duration,
     pool_max_idle: usize,
@@ -74,12 +75,8 @@ impl Upstream {
         })
     }
 
-    fn client(connector: &Connector, idle: Duration, max_idle: usize) -> Client<Connector, ProxyBody> {
-        Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(idle)
-            .pool_max_idle_per_host(max_idle)
-            .pool_timer(TokioTimer::new())
-            .build(connector.clone())
+    fn client(connector: &Connector, idle: Duration, max_idle: usize) -> Client {
+        Client::new(connector.clone(), idle, max_idle)
     }
 
     /// A client with the same settings and counters whose every connection
@@ -87,7 +84,7 @@ impl Upstream {
     /// absolute URI, sent in absolute form for `http` origins, through a
     /// `CONNECT` tunnel for `https` ones. One such client per parent server
     /// keeps each pooled connection tied to the parent it was opened to
-    /// (hyper pools by the request's scheme and authority, the origin's).
+    /// (the pool is keyed by the request's scheme and authority, the origin's).
     /// `credentials` (the group's `credentials_file`) go with the `CONNECT`
     /// of every tunnel this client opens through the parent.
     pub fn via_parent(&self, parent: &ServerAddr, credentials: Option<http::HeaderValue>) -> Upstream {
@@ -135,16 +132,20 @@ impl Upstream {
     /// origin answering slowly. While the body goes out, a frame the origin
     /// does not take for `origin.idle_timeout` ends the exchange (504); a
     /// client that sends nothing for that long is cut off by the body
-    /// reader's own idle timeout (its error reaches hyper through the body).
-    pub async fn send(&self, mut req: http::Request<ProxyBody>) -> Result<http::Response<Incoming>, UpstreamError> {
+    /// reader's own idle timeout (its error reaches the exchange through
+    /// the body). `on_interim` gets the 1xx responses before the final one.
+    pub async fn send(
+        &self,
+        req: http::Request<ProxyBody>,
+        on_interim: Option<OnInterim<'_>>,
+    ) -> Result<http::Response<OriginBody>, UpstreamError> {
         use std::sync::atomic::Ordering::Relaxed;
-        let connection = hyper_util::client::legacy::connect::capture_connection(&mut req);
         let stats = &self.connector.stats;
         stats.requests.fetch_add(1, Relaxed);
         let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
         let started = std::time::Instant::now();
         let progress = req.body().progress();
-        let request = self.client.request(req);
+        let request = self.client.send(req, on_interim);
         tokio::pin!(request);
         let answered = loop {
             let changed = progress.changed();
@@ -186,111 +187,15 @@ impl Upstream {
                 Ok(resp)
             }
             Ok(Err(e)) => {
-                let e = classify(e);
                 // Connect failures were counted by the connector.
                 if !e.is_connect() {
+                    tracing::debug!("origin exchange failed: {e}");
                     stats.other_errors.fetch_add(1, Relaxed);
                 }
                 Err(e)
             }
         };
         drop(stage);
-        result.and_then(|resp| refuse_ambiguous_framing(resp, &connection))
+        result
     }
-}
-
-/// A response with both `Transfer-Encoding` and `Content-Length` "might
-/// indicate an attempt to perform request smuggling or response splitting
-/// and ought to be handled as an error" (RFC 9112 6.3): hyper reads it as
-/// chunked and would then reuse the connection, although the origin (or
-/// whatever sits in front of it) may have meant the length, and the bytes
-/// after it would be read as the answer to the next request, whoever sent
-/// it. So, like nginx, Portico answers 502 instead (nothing of it is
-/// passed on, nothing stored), and poisons the connection so the pool
-/// never hands it out again: dropping the unread body closes it.
-fn refuse_ambiguous_framing(
-    resp: http::Response<Incoming>,
-    connection: &hyper_util::client::legacy::connect::CaptureConnection,
-) -> Result<http::Response<Incoming>, UpstreamError> {
-    let headers = resp.headers();
-    if !(headers.contains_key(http::header::TRANSFER_ENCODING) && headers.contains_key(http::header::CONTENT_LENGTH)) {
-        return Ok(resp);
-    }
-    if let Some(connected) = connection.connection_metadata().as_ref() {
-        connected.poison();
-    }
-    Err(UpstreamError::Failed(
-        "the origin sent a response with both Content-Length and Transfer-Encoding (refused: RFC 9112 6.3)".into(),
-    ))
-}
-
-/// Finds what really went wrong inside hyper's error chain.
-fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
-    while let Some(s) = source {
-        if let Some(c) = s.downcast_ref::<ConnectError>() {
-            return UpstreamError::Connect(ConnectError {
-                kind: c.kind,
-                target: c.target.clone(),
-                detail: c.detail.clone(),
-            });
-        }
-        if let Some(b) = s.downcast_ref::<body::ClientBodyError>() {
-            return UpstreamError::ClientBody(b.clone());
-        }
-        source = s.source();
-    }
-    // hyper's own text (`client error (SendRequest): connection closed
-    // before message completed`) is for the debug log; pages and warnings
-    // get the cause in plain words.
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    let mut hyper_error = None;
-    let mut io_error = None;
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        hyper_error = hyper_error.or_else(|| s.downcast_ref::<hyper::Error>());
-        io_error = io_error.or_else(|| s.downcast_ref::<std::io::Error>());
-        source = s.source();
-    }
-    tracing::debug!("origin exchange failed: {text}");
-    let cause = match (hyper_error, io_error) {
-        (Some(h), _) => origin_cause(h, false),
-        (None, Some(io)) => format!("the origin connection failed: {}", crate::util::io_cause(io)),
-        (None, None) => "the exchange with the origin failed".to_string(),
-    };
-    UpstreamError::Failed(cause)
-}
-
-/// What hyper's error `e` means for an exchange with an origin, in plain
-/// words; `in_body` when it happened while the response body arrived.
-pub fn origin_cause(e: &hyper::Error, in_body: bool) -> String {
-    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
-    let closed_early = io.is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
-    let text = if e.is_incomplete_message() || closed_early {
-        if in_body {
-            "the origin closed the connection before the end of the body"
-        } else {
-            "the origin closed the connection before answering"
-        }
-    } else if e.is_parse_status() {
-        "the origin's response has an invalid status code"
-    } else if e.is_parse() {
-        // hyper tells a head too large apart only in a server build.
-        "the origin's response is not valid HTTP/1.1, or its head is too large"
-    } else if e.is_canceled() {
-        "the origin connection closed before the request could be sent"
-    } else if e.is_body_write_aborted() {
-        "sending the request body to the origin was cut short"
-    } else if let Some(io) = io {
-        return format!("the origin connection failed: {}", crate::util::io_cause(io));
-    } else if e.is_closed() {
-        "the origin closed the connection"
-    } else if in_body {
-        "reading the response body from the origin failed"
-    } else {
-        "the exchange with the origin failed"
-    };
-    text.to_string()
 }

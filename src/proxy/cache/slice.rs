@@ -57,7 +57,7 @@ enum Source<'c> {
 struct Fetch<'c> {
     /// `cache.slice`, for the slice marker.
     size: u64,
-    body: hyper::body::Incoming,
+    body: crate::upstream::OriginBody,
     sink: Option<StoreSink<'c>>,
     leader: Option<Leader>,
 }
@@ -362,7 +362,7 @@ impl<'c> Transaction<'c, '_> {
                         Ok(Some(Ok(frame))) => frame,
                         Ok(None) => break pos == len,
                         Ok(Some(Err(e))) => {
-                            tracing::warn!(key, "{}", crate::upstream::origin_cause(&e, true));
+                            tracing::warn!(key, "{e}");
                             break false;
                         }
                         Err(_) => {
