@@ -283,8 +283,9 @@ def proc_tree(root_pid):
     return out
 
 
-def tree_jiffies(root_pid):
-    total = 0
+def tree_jiffies_split(root_pid):
+    """User and system CPU of the process tree under root_pid, in jiffies."""
+    user = system = 0
     for p in proc_tree(root_pid):
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -292,8 +293,13 @@ def tree_jiffies(root_pid):
         except OSError:
             continue
         fields = s[s.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total
+        user += int(fields[11])  # utime
+        system += int(fields[12])  # stime
+    return user, system
+
+
+def tree_jiffies(root_pid):
+    return sum(tree_jiffies_split(root_pid))
 
 
 def machine_busy_jiffies():
@@ -974,13 +980,15 @@ class CpuMeter:
         self.proxy_pid, self.origin_pid = proxy_pid, origin_pid
         self.ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.self0 = resource.getrusage(resource.RUSAGE_SELF)
-        self.p0, self.o0 = tree_jiffies(proxy_pid), tree_jiffies(origin_pid)
+        self.p0_split = tree_jiffies_split(proxy_pid)
+        self.p0, self.o0 = sum(self.p0_split), tree_jiffies(origin_pid)
         self.m0 = machine_busy_jiffies()
         self.t0 = time.time()
 
     def stop(self):
-        p1, o1, m1 = tree_jiffies(self.proxy_pid), tree_jiffies(self.origin_pid), \
-            machine_busy_jiffies()
+        p1_split = tree_jiffies_split(self.proxy_pid)
+        p1, o1, m1 = sum(p1_split), tree_jiffies(self.origin_pid), machine_busy_jiffies()
+        proxy_sys = p1_split[1] - self.p0_split[1]
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         wall = time.time() - self.t0
@@ -991,7 +999,8 @@ class CpuMeter:
         other_s = (m1 - self.m0) / CLK_TCK - proxy_s - load_s - origin_s - self_s
         return {"wall_s": wall, "proxy_s": proxy_s, "proxy_cpu": proxy_s / wall,
                 "load_cpu": load_s / wall, "origin_cpu": origin_s / wall,
-                "other_cpu": max(0.0, other_s / wall)}
+                "other_cpu": max(0.0, other_s / wall),
+                "proxy_sys_share": proxy_sys / (p1 - self.p0) if p1 > self.p0 else 0.0}
 
 
 def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=(),
@@ -1018,6 +1027,7 @@ def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=
         "cpu_us_per_req": c["proxy_s"] * 1e6 / r["requests"] if r["requests"] else 0.0,
         "wrk_cpu": c["load_cpu"],
         "other_cpu": c["other_cpu"],
+        "proxy_sys_share": c["proxy_sys_share"],
         "origin_requests": or1 - or0 - 1,  # minus the first status request
         "errors": r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"],
     })
@@ -2049,9 +2059,9 @@ def report_wrk(scenario, results, peers, args):
                  "(bench/peers/nginx.md).\n")
     L.append("## Checks\n")
     L.append("| proxy | round | requests | errors (non-2xx/socket) | origin requests during run | "
-             "X-Cache sample | hits by its own counter | RSS MiB after | wrk CPU | other CPU | "
-             "attempts |")
-    L.append("|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
+             "X-Cache sample | hits by its own counter | RSS MiB after | proxy CPU in the kernel | "
+             "wrk CPU | other CPU | attempts |")
+    L.append("|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for p in peers:
         for i, r in enumerate(results[p]):
             own = f"{r['peer_hits']:,}" if "peer_hits" in r else "—"
@@ -2059,6 +2069,7 @@ def report_wrk(scenario, results, peers, args):
                 own += f" ({r['disk_reads']:,} from the disk tier)"
             L.append(f"| {p} | {i+1} | {r['requests']:,} | {r['errors']} | {r['origin_during']:,} | "
                      f"{r.get('sample_hits') or '—'} | {own} | {r['rss_mib']:.0f} | "
+                     f"{r.get('proxy_sys_share', 0.0):.0%} | "
                      f"{r['wrk_cpu']:.2f} | {r['other_cpu']:.2f} | {r.get('attempts', 1)} |")
     L.append("")
     if scenario == "miss":

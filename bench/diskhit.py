@@ -18,6 +18,9 @@ once from disk), then:
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000').
+DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
+serves with Cache-Control: no-store: every request is then a miss (the
+miss path measured the same ways).
 Ports 38080/38081 keep it clear of bench/run's.
 """
 import os, sys, time, json, random, subprocess, signal, http.client, shutil, re
@@ -32,7 +35,7 @@ def setup_data():
     if not os.path.exists(f"{data}/o/09999"):
         shutil.rmtree(data, ignore_errors=True); os.makedirs(data)
         bench.generate_objects(data)
-    paths = [f"/o/{i:05d}" for i in range(10000)]
+    paths = [os.environ.get("DH_PREFIX", "") + f"/o/{i:05d}" for i in range(10000)]
     open(f"{W}/paths.txt", "w").write("\n".join(paths) + "\n")
     return data, paths
 
@@ -99,11 +102,13 @@ def stats():
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30); c.request("GET", "/.stats.json"); r = c.getresponse(); j = json.loads(r.read()); c.close(); return j
 
 def jiffies(pid):
-    tot = 0
+    """User and system CPU of all of pid's threads, in jiffies."""
+    user = system = 0
     for t in os.listdir(f"/proc/{pid}/task"):
         s = open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()
-        tot += int(s[11]) + int(s[12])
-    return tot
+        user += int(s[11])
+        system += int(s[12])
+    return user, system
 
 def stop(p):
     try: os.killpg(p.pid, signal.SIGTERM)
@@ -140,16 +145,19 @@ def main():
             d0 = disk_counters()
             res = []
             for i in range(rounds):
-                j0, t0 = jiffies(pt.pid), time.time()
+                (u0, s0), t0 = jiffies(pt.pid), time.time()
                 out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
-                j1, t1 = jiffies(pt.pid), time.time()
+                (u1, s1), t1 = jiffies(pt.pid), time.time()
                 reqs = int(re.search(r"(\d+) requests in", out).group(1))
                 non2xx = re.search(r"Non-2xx.*?(\d+)", out)
                 p99 = re.search(r"99%\s+(\S+)", out).group(1)
-                cpu = (j1 - j0) / CLK / (t1 - t0)
+                user, system = (u1 - u0) / CLK, (s1 - s0) / CLK
+                cpu = (user + system) / (t1 - t0)
                 rps = reqs / (t1 - t0)
                 res.append((rps, cpu, rps / cpu))
-                print(f"round {i}: {rps:,.0f} req/s, proxy CPU {cpu:.2f}, {rps/cpu:,.0f} req/core, p99 {p99}, non2xx {non2xx.group(1) if non2xx else 0}", flush=True)
+                print(f"round {i}: {rps:,.0f} req/s, proxy CPU {cpu:.2f}, {rps/cpu:,.0f} req/core "
+                      f"(per request {user / reqs * 1e6:.1f} us user, {system / reqs * 1e6:.1f} us system), "
+                      f"p99 {p99}, non2xx {non2xx.group(1) if non2xx else 0}", flush=True)
             d1 = disk_counters()
             print("disk counters delta:", {k: d1[k] - d0.get(k, 0) for k in d1 if d1[k] != d0.get(k, 0)})
             res.sort(key=lambda r: r[2]); print(f"median requests per core: {res[len(res)//2][2]:,.0f}")
