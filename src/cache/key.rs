@@ -76,7 +76,9 @@ impl CacheKey {
         if ignore_query {
             pq = pq.split('?').next().unwrap_or("/");
         }
-        let mut url = String::with_capacity(scheme.len() + 3 + authority.len() + pq.len());
+        // With room for an upstream group's name (`in_upstream`, on every
+        // request a rule sends to a group), which would otherwise reallocate.
+        let mut url = String::with_capacity(scheme.len() + 3 + authority.len() + pq.len() + 32);
         url.extend(scheme.chars().map(|c| c.to_ascii_lowercase()));
         url.push_str("://");
         url.extend(authority.chars().map(|c| c.to_ascii_lowercase()));

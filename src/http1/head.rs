@@ -5,6 +5,7 @@
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use std::mem::MaybeUninit;
 
 /// Size limits applied while reading a request head.
 #[derive(Debug, Clone, Copy)]
@@ -183,22 +184,25 @@ fn fields(
     limits: &HeadLimits,
     value: &mut dyn FnMut(&[u8]) -> Option<HeaderValue>,
 ) -> Result<RequestHead, HeadError> {
+    // Left uninitialised: httparse writes the slots it uses (4 KiB of
+    // empty headers were written for every request otherwise).
     if limits.max_headers <= STACK_HEADERS {
-        let mut storage = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        let mut storage = [const { MaybeUninit::uninit() }; STACK_HEADERS];
         parse_fields(head_bytes, &mut storage[..limits.max_headers], value)
     } else {
-        let mut storage = vec![httparse::EMPTY_HEADER; limits.max_headers];
+        let mut storage = Vec::new();
+        storage.resize_with(limits.max_headers, MaybeUninit::uninit);
         parse_fields(head_bytes, &mut storage, value)
     }
 }
 
 fn parse_fields<'b>(
     head_bytes: &'b [u8],
-    storage: &mut [httparse::Header<'b>],
+    storage: &mut [MaybeUninit<httparse::Header<'b>>],
     value: &mut dyn FnMut(&[u8]) -> Option<HeaderValue>,
 ) -> Result<RequestHead, HeadError> {
-    let mut req = httparse::Request::new(storage);
-    match req.parse(head_bytes) {
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(head_bytes, storage) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return Err(bad("incomplete request head")),
         Err(httparse::Error::TooManyHeaders) => {
@@ -304,7 +308,10 @@ pub fn framing_lookalike(name: &str) -> bool {
                 .zip(framing.bytes())
                 .all(|(a, b)| a.eq_ignore_ascii_case(&b) || (a == b'_' && b == b'-'))
     };
-    name.contains('_') && (same("content-length") || same("transfer-encoding"))
+    // Only two lengths can match: the usual name is ruled out without a scan.
+    (name.len() == 14 || name.len() == 17)
+        && name.contains('_')
+        && (same("content-length") || same("transfer-encoding"))
 }
 
 /// The request target must have the form its method allows (RFC 9112 3.2).
@@ -414,8 +421,12 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> 
 /// canonical field (`Content-Length: 5` for `5, 5`, `005` or the field
 /// twice), or removes them when they state no valid length.
 pub fn normalise_content_length(headers: &mut HeaderMap) {
-    if !headers.contains_key(CONTENT_LENGTH) {
-        return;
+    let mut fields = headers.get_all(CONTENT_LENGTH).iter();
+    match (fields.next(), fields.next()) {
+        (None, _) => return,
+        // Already one canonical field (the usual case): nothing to make.
+        (Some(v), None) if canonical_digits(v.as_bytes()) => return,
+        _ => {}
     }
     match content_length(headers) {
         Ok(Some(n)) => {
@@ -425,6 +436,27 @@ pub fn normalise_content_length(headers: &mut HeaderMap) {
             headers.remove(CONTENT_LENGTH);
         }
     }
+}
+
+/// True when `headers` has exactly one `Content-Length` field and it is
+/// `n` in canonical form (decimal digits, no leading zero, nothing else):
+/// then it can stay as it is, with no new value made.
+pub fn states_length(headers: &HeaderMap, n: u64) -> bool {
+    let mut fields = headers.get_all(CONTENT_LENGTH).iter();
+    let (Some(v), None) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    canonical_digits(v.as_bytes())
+        && std::str::from_utf8(v.as_bytes())
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            == Some(n)
+}
+
+/// A length as Portico writes one: 1 to 18 decimal digits (as
+/// `content_length` accepts), no leading zero.
+fn canonical_digits(b: &[u8]) -> bool {
+    !b.is_empty() && b.len() <= 18 && (b[0] != b'0' || b.len() == 1) && b.iter().all(u8::is_ascii_digit)
 }
 
 /// The comma-separated tokens of every field named `name`, trimmed.
@@ -467,6 +499,44 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_one_canonical_content_length_states_a_length() {
+        let with = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(CONTENT_LENGTH, HeaderValue::from_static(v));
+            }
+            h
+        };
+        assert!(states_length(&with(&["5"]), 5));
+        assert!(states_length(&with(&["0"]), 0));
+        assert!(states_length(&with(&["999999999999999999"]), 999_999_999_999_999_999));
+        assert!(
+            !states_length(&with(&["18446744073709551615"]), u64::MAX),
+            "longer than content_length reads"
+        );
+        for values in [&["05"][..], &["5, 5"], &["5", "5"], &[" 5"], &["+5"], &[""], &["6"]] {
+            assert!(!states_length(&with(values), 5), "{values:?}");
+        }
+        assert!(!states_length(&HeaderMap::new(), 0));
+        // normalise_content_length leaves the canonical field and fixes the rest.
+        for (values, want) in [
+            (&["5"][..], Some("5")),
+            (&["5, 5"], Some("5")),
+            (&["005"], Some("5")),
+            (&["x"], None),
+        ] {
+            let mut h = with(values);
+            normalise_content_length(&mut h);
+            let got: Vec<&str> = h
+                .get_all(CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.to_str().unwrap_or("?"))
+                .collect();
+            assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "{values:?}");
+        }
+    }
 
     #[test]
     fn take_request_agrees_with_parse_request_and_shares_the_head_bytes() {

@@ -287,7 +287,9 @@ impl<'a> ResponseWriter<'a> {
             match len {
                 BodyLen::Known(n) => {
                     self.declared = n;
-                    headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+                    if !super::head::states_length(&headers, n) {
+                        headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+                    }
                     Framing::Length
                 }
                 BodyLen::Unknown if self.version == Version::HTTP_11 => {
@@ -334,7 +336,14 @@ impl<'a> ResponseWriter<'a> {
         } else if self.version == Version::HTTP_10 {
             headers.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
         }
-        let mut out = Vec::with_capacity(256);
+        // Sized for the fields (a head that outgrows its first buffer is
+        // copied into a larger one).
+        let size = 64
+            + headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 4)
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(size);
         // RFC 9110 2.5: answer with our own highest minor version (1.1), which
         // HTTP/1.0 clients accept; the framing above is what keeps it valid for them.
         out.extend_from_slice(b"HTTP/1.1 ");

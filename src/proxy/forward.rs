@@ -482,7 +482,13 @@ fn request_parts(
     host: HeaderValue,
     extra: Option<&HeaderMap>,
 ) -> Result<http::request::Parts, Failure> {
-    let mut headers = head.headers.clone();
+    // Built with room for what is added below (Host, Via, X-Forwarded-For,
+    // the framing field, validators): a clone of the client's map has no
+    // spare room, and growing a `HeaderMap` rehashes and reallocates it.
+    let mut headers = HeaderMap::with_capacity(head.headers.len() + 6);
+    for (name, value) in &head.headers {
+        headers.append(name.clone(), value.clone());
+    }
     let accepts_trailers = list_tokens(&headers, &TE).any(|t| t.eq_ignore_ascii_case("trailers"));
     strip_hop_by_hop(&mut headers);
     if accepts_trailers {

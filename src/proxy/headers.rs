@@ -23,7 +23,10 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// Removes the hop-by-hop fields, including every field named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // `close` and `keep-alive`, the usual tokens, name no field to look up
+    // beyond the fixed list (and parsing one allocates).
     let mut doomed: Vec<HeaderName> = list_tokens(headers, &CONNECTION)
+        .filter(|t| !t.eq_ignore_ascii_case("close") && !HOP_BY_HOP.iter().any(|h| t.eq_ignore_ascii_case(h)))
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     // One pass over the names present (a handful, usually none of them

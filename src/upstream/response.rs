@@ -10,6 +10,7 @@ use crate::http1::head::{content_length, list_tokens};
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// Largest response head read, status line and fields together (Squid's
@@ -69,24 +70,26 @@ impl std::fmt::Display for InvalidResponse {
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<ResponseHead>, InvalidResponse> {
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_FIELDS];
     let (used, status, version, count) = {
-        let mut storage = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut res = httparse::Response::new(&mut storage);
-        let used = match res.parse(buf) {
-            Ok(httparse::Status::Complete(n)) => n,
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                return Err(InvalidResponse("its head is larger than 64 KiB"));
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(InvalidResponse("its head has more than 128 header fields"));
-            }
-            Err(httparse::Error::Status) => return Err(InvalidResponse("its status code is invalid")),
-            Err(httparse::Error::Version) => return Err(InvalidResponse("it is not HTTP/1.0 or HTTP/1.1")),
-            Err(httparse::Error::HeaderName) => return Err(InvalidResponse("a header field name is invalid")),
-            Err(httparse::Error::HeaderValue) => return Err(InvalidResponse("a header field value is invalid")),
-            Err(httparse::Error::NewLine) => return Err(InvalidResponse("a line ending is invalid")),
-            Err(_) => return Err(InvalidResponse("its status line is malformed")),
-        };
+        // Left uninitialised: httparse writes the slots it uses.
+        let mut storage = [const { MaybeUninit::uninit() }; MAX_FIELDS];
+        let mut res = httparse::Response::new(&mut []);
+        let used =
+            match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut storage) {
+                Ok(httparse::Status::Complete(n)) => n,
+                Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                    return Err(InvalidResponse("its head is larger than 64 KiB"));
+                }
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(InvalidResponse("its head has more than 128 header fields"));
+                }
+                Err(httparse::Error::Status) => return Err(InvalidResponse("its status code is invalid")),
+                Err(httparse::Error::Version) => return Err(InvalidResponse("it is not HTTP/1.0 or HTTP/1.1")),
+                Err(httparse::Error::HeaderName) => return Err(InvalidResponse("a header field name is invalid")),
+                Err(httparse::Error::HeaderValue) => return Err(InvalidResponse("a header field value is invalid")),
+                Err(httparse::Error::NewLine) => return Err(InvalidResponse("a line ending is invalid")),
+                Err(_) => return Err(InvalidResponse("its status line is malformed")),
+            };
         if used > MAX_HEAD {
             return Err(InvalidResponse("its head is larger than 64 KiB"));
         }
@@ -112,7 +115,9 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Resp
     };
     let head: Bytes = buf.split_to(used).freeze();
     let range = |a: u32, b: u32| -> Range<usize> { a as usize..b as usize };
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for what the proxy adds (Via, Date, Age, the cache status, the
+    // framing field): growing a `HeaderMap` rehashes and reallocates it.
+    let mut headers = HeaderMap::with_capacity(count + 6);
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[range(n0, n1)])
             .map_err(|_| InvalidResponse("a header field name is invalid"))?;
