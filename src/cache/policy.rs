@@ -457,12 +457,7 @@ impl Policy {
     pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
         let rq = Directives::of(req_headers);
         let rs = self.response_directives(&meta.headers);
-        // 5.1: an invalid Age makes the response stale: an age beyond any lifetime.
-        let age = if age_is_invalid(meta) {
-            current_age_secs(meta, now).max(DELTA_MAX)
-        } else {
-            current_age_secs(meta, now)
-        };
+        let age = current_age_secs(meta, now);
         let lifetime = self.lifetime_with(url_of(&meta.key), meta.status, &meta.headers, &rs, date_value(meta));
         // 4.2.4: these forbid serving the response stale, whatever the client says.
         let no_stale =
@@ -634,8 +629,13 @@ fn explicit_lifetime(cc: &Directives, headers: &HeaderMap, date: u64) -> Option<
     if cc.1 {
         return None;
     }
-    // 5.3: an invalid Expires (e.g. "0") means already expired.
-    let expires = headers.get(header::EXPIRES)?;
+    // 5.3: an invalid Expires (e.g. "0") means already expired; so do two
+    // field lines, the field being a single date.
+    let mut lines = headers.get_all(header::EXPIRES).iter();
+    let expires = lines.next()?;
+    if lines.next().is_some() {
+        return Some(0);
+    }
     Some(parse_expires(expires).map_or(0, |expires| expires.saturating_sub(date)))
 }
 
@@ -650,50 +650,92 @@ fn lenient_delta(value: Option<&str>) -> u64 {
     parse_delta(&bytes[..digits]).unwrap_or(0)
 }
 
-/// An `Expires` value (RFC 9111 5.3) as Squid, Apache Traffic Server, Apache
-/// httpd and nginx read it: any of the three HTTP-date formats (RFC 9110
-/// 5.6.7), with day, month and zone names in any case and the weekday not
-/// checked against the date (only the date matters). `None` when it is not
-/// a date, which the caller treats as "already expired".
+/// An `Expires` value (RFC 9111 5.3) in one of the three HTTP-date formats
+/// (RFC 9110 5.6.7), exactly as their grammar lays them out (single spaces,
+/// two-digit days and hours, a four-digit year except in RFC 850's form,
+/// `GMT`), but with day, month and zone names in any case and the weekday
+/// not checked against the date, as Squid, Apache Traffic Server, Apache
+/// httpd and nginx read it (only the date matters). `None` for anything
+/// else, which the caller treats as "already expired": a two-digit year in
+/// the preferred form, a missing comma, doubled spaces, dashes with a
+/// four-digit year, a one-digit hour, another zone (cache-tests
+/// `freshness-expires-invalid-*`).
 fn parse_expires(value: &HeaderValue) -> Option<u64> {
-    let text = value.to_str().ok()?.trim();
-    // The weekday ends at the first comma (IMF-fixdate, RFC 850) or space (asctime).
-    let rest = &text[text.find([',', ' '])? + 1..];
-    let tokens: Vec<&str> = rest.split([' ', '-']).filter(|t| !t.is_empty()).collect();
-    let (day, month, year, time) = match tokens.as_slice() {
-        // asctime: "Nov  6 08:49:37 1994".
-        [month, day, time, year] if month.bytes().all(|b| b.is_ascii_alphabetic()) => (*day, *month, *year, *time),
-        // IMF-fixdate "06 Nov 1994 08:49:37 GMT", RFC 850 "06-Nov-94 08:49:37 GMT".
-        [day, month, year, time, zone] if zone.eq_ignore_ascii_case("gmt") => (*day, *month, *year, *time),
-        _ => return None,
-    };
-    let number = |s: &str, max_len: usize| -> Option<u64> {
-        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse().ok())
-            .flatten()
-    };
-    const MONTHS: [&str; 12] = [
-        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    const WEEKDAYS: [&str; 7] = [
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
     ];
-    let month = MONTHS.iter().position(|m| m.eq_ignore_ascii_case(month))? as u64 + 1;
-    let day = number(day, 2)?;
-    let year = match year.len() {
-        // RFC 9110 5.6.7: a two-digit year is the closest century (simplified
-        // as httpdate does: 70-99 is 19xx, 00-69 is 20xx).
-        2 => number(year, 2).map(|y| if y < 70 { 2000 + y } else { 1900 + y })?,
-        4 => number(year, 4)?,
-        _ => return None,
+    const MONTHS: [&[u8]; 12] = [
+        b"jan", b"feb", b"mar", b"apr", b"may", b"jun", b"jul", b"aug", b"sep", b"oct", b"nov", b"dec",
+    ];
+    let b = value.as_bytes().trim_ascii();
+    let digits = |s: &[u8]| -> Option<u64> {
+        (!s.is_empty() && s.iter().all(u8::is_ascii_digit))
+            .then(|| s.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
     };
-    let mut hms = time.split(':');
-    let (h, m, s) = (
-        number(hms.next()?, 2)?,
-        number(hms.next()?, 2)?,
-        number(hms.next()?, 2)?,
-    );
-    if hms.next().is_some() || h > 23 || m > 59 || s > 60 {
-        return None;
-    }
-    Some(days_since_epoch(year, month, day)? * 86_400 + h * 3600 + m * 60 + s)
+    let month = |s: &[u8]| {
+        MONTHS
+            .iter()
+            .position(|m| m.eq_ignore_ascii_case(s))
+            .map(|i| i as u64 + 1)
+    };
+    let short_day = |s: &[u8]| WEEKDAYS.iter().any(|d| d.as_bytes()[..3].eq_ignore_ascii_case(s));
+    let long_day = |s: &[u8]| WEEKDAYS.iter().any(|d| d.as_bytes().eq_ignore_ascii_case(s));
+    // "08:49:37"
+    let time = |s: &[u8]| -> Option<u64> {
+        if s.len() != 8 || s[2] != b':' || s[5] != b':' {
+            return None;
+        }
+        let (h, m, sec) = (digits(&s[0..2])?, digits(&s[3..5])?, digits(&s[6..8])?);
+        (h <= 23 && m <= 59 && sec <= 60).then_some(h * 3600 + m * 60 + sec)
+    };
+    let (year, month, day, seconds) = if b.len() == 29 && b[3] == b',' {
+        // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT".
+        if !short_day(&b[..3]) || b[4] != b' ' || b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[25] != b' ' {
+            return None;
+        }
+        if !b[26..].eq_ignore_ascii_case(b"GMT") {
+            return None;
+        }
+        (
+            digits(&b[12..16])?,
+            month(&b[8..11])?,
+            digits(&b[5..7])?,
+            time(&b[17..25])?,
+        )
+    } else if b.len() == 24 && b[3] == b' ' {
+        // asctime: "Sun Nov  6 08:49:37 1994" (the day is space-padded).
+        if !short_day(&b[..3]) || b[7] != b' ' || b[10] != b' ' || b[19] != b' ' {
+            return None;
+        }
+        let day = if b[8] == b' ' {
+            digits(&b[9..10])?
+        } else {
+            digits(&b[8..10])?
+        };
+        (digits(&b[20..24])?, month(&b[4..7])?, day, time(&b[11..19])?)
+    } else {
+        // RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT".
+        let comma = b.iter().position(|&c| c == b',')?;
+        let rest = &b[comma + 1..];
+        if !long_day(&b[..comma]) || rest.len() != 23 || rest[0] != b' ' || rest[3] != b'-' || rest[7] != b'-' {
+            return None;
+        }
+        if rest[10] != b' ' || rest[19] != b' ' || !rest[20..].eq_ignore_ascii_case(b"GMT") {
+            return None;
+        }
+        // RFC 9110 5.6.7: a two-digit year is the closest century
+        // (simplified as httpdate does: 70-99 is 19xx, 00-69 is 20xx).
+        let yy = digits(&rest[8..10])?;
+        let year = if yy < 70 { 2000 + yy } else { 1900 + yy };
+        (year, month(&rest[4..7])?, digits(&rest[1..3])?, time(&rest[11..19])?)
+    };
+    Some(days_since_epoch(year, month, day)? * 86_400 + seconds)
 }
 
 /// Days from 1970-01-01 to a date of the proleptic Gregorian calendar
@@ -746,28 +788,27 @@ pub fn response_delay(meta: &StoredMeta) -> Duration {
 }
 
 /// `corrected_age_value = age_value + response_delay`, where `age_value` is
-/// the stored `Age` header (0 when missing or invalid).
+/// the stored `Age` header as [`age_value`] reads it.
 pub fn corrected_age_value(meta: &StoredMeta) -> Duration {
-    let age_value = meta
-        .headers
-        .get(header::AGE)
-        .and_then(|v| parse_delta(v.as_bytes().trim_ascii()))
-        .unwrap_or(0);
-    Duration::from_secs(age_value).saturating_add(response_delay(meta))
+    Duration::from_secs(age_value(&meta.headers)).saturating_add(response_delay(meta))
 }
 
-/// Whether the stored `Age` is present but invalid (RFC 9111 5.1): more
-/// than one field line, a list (`7200, 0`), a parameter (`7200;foo=bar`) or
-/// anything but a non-negative integer. Such a response is stale whatever
-/// its lifetime ([`Policy::evaluate`]); the `Age` Portico sends for it
-/// ([`age_header`]) ignores the invalid value and stays a valid integer.
-pub fn age_is_invalid(meta: &StoredMeta) -> bool {
-    let mut lines = meta.headers.get_all(header::AGE).iter();
-    match (lines.next(), lines.next()) {
-        (None, _) => false,
-        (Some(value), None) => parse_delta(value.as_bytes().trim_ascii()).is_none(),
-        (Some(_), Some(_)) => true,
-    }
+/// The `Age` header's value (RFC 9111 5.1): "a cache encountering a message
+/// with a list-based Age field value SHOULD use the first member of the
+/// field value, discarding subsequent ones" (of several field lines, the
+/// first line's first member); a parameter after the number
+/// (`7200;foo=bar`) is left out, the number stands. "If the field value
+/// (after discarding additional members ...) is invalid (e.g., it contains
+/// something other than a non-negative integer), a cache SHOULD ignore the
+/// field": 0, as when it is absent (`abc`, `-7200`, `7200.0`).
+pub fn age_value(headers: &HeaderMap) -> u64 {
+    let Some(line) = headers.get(header::AGE) else {
+        return 0;
+    };
+    let bytes = line.as_bytes();
+    let first = bytes.split(|&b| b == b',').next().unwrap_or(bytes);
+    let number = first.split(|&b| b == b';').next().unwrap_or(first);
+    parse_delta(number.trim_ascii()).unwrap_or(0)
 }
 
 /// `corrected_initial_age = max(apparent_age, corrected_age_value)`.
@@ -1368,8 +1409,12 @@ fn mentions(text: &[u8], word: &[u8]) -> bool {
 /// String or Token as itself; a member without a value (`private`, Boolean
 /// true) has none, one set to false (`?0`) is left out, and any other value
 /// (Decimal, Byte Sequence, Inner List, ...) is kept as text no directive
-/// accepts (`max-age=1.5` is an invalid `max-age`: stale).
+/// accepts (`max-age=1.5` is an invalid `max-age`: stale). A directive
+/// whose value is delta-seconds with any other type than an Integer
+/// (`max-age="10000"`, a String) makes the field invalid as a whole: it is
+/// ignored (RFC 9213 2.1, cache-tests `cdn-cc-invalid-sh-type-wrong`).
 fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directives<'static>> {
+    const DELTAS: [&str; 4] = ["max-age", "s-maxage", "stale-while-revalidate", "stale-if-error"];
     let mut lines = headers.get_all(name).iter();
     let first = lines.next()?;
     let mut text = first.as_bytes().to_vec();
@@ -1383,6 +1428,10 @@ fn targeted_directives(headers: &HeaderMap, name: &HeaderName) -> Option<Directi
     }
     let mut out = Vec::with_capacity(dict.len());
     for (key, entry) in &dict {
+        let integer = matches!(entry, sfv::ListEntry::Item(i) if matches!(i.bare_item, sfv::BareItem::Integer(_)));
+        if DELTAS.contains(&key.as_str()) && !integer {
+            return None;
+        }
         let value = match entry {
             sfv::ListEntry::Item(item) => match &item.bare_item {
                 sfv::BareItem::Boolean(true) => None,
@@ -2133,10 +2182,34 @@ mod tests {
             "Tue, +4 Nov 2023 23:13:20 GMT",
             "0",
             "",
+            // Not laid out as any of the three formats (cache-tests
+            // freshness-expires-invalid-*): a two-digit year in the
+            // preferred form, no comma, doubled spaces, dashes with a
+            // four-digit year, a one-digit hour, dots in the time, UTC.
+            "Tue, 14 Nov 23 23:13:20 GMT",
+            "Tue 14 Nov 2023 23:13:20 GMT",
+            "Tue, 14  Nov  2023 23:13:20 GMT",
+            "Tue, 14-Nov-2023 23:13:20 GMT",
+            "Tue, 14 Nov 2023 3:13:20 GMT",
+            "Tue, 14 Nov 2023 23.13.20 GMT",
+            "Tue, 14 Nov 2023 23:13:20 UTC",
+            "Tue, 14 Nov 2023 23:13:20 AEST",
+            "Tue, 14-Nov-23 23:13:20 GMT",
+            "Sun Nov 14 23:13:20 23",
         ] {
             let m = meta(&[("date", &date), ("expires", expires)]);
             assert_eq!(lifetime(&p, &m), 0, "{expires:?}");
         }
+    }
+
+    #[test]
+    fn expires_on_two_field_lines_is_invalid_so_already_expired() {
+        // RFC 9111 5.3: Expires is one HTTP-date (cache-tests
+        // freshness-expires-invalid-multiple-lines).
+        let p = policy();
+        let one = http_date(3600);
+        let m = meta(&[("date", &http_date(0)), ("expires", &one), ("expires", &one)]);
+        assert_eq!(lifetime(&p, &m), 0);
     }
 
     #[test]
@@ -2277,26 +2350,38 @@ mod tests {
     }
 
     #[test]
-    fn an_invalid_age_makes_the_response_stale() {
+    fn a_list_based_age_uses_its_first_member_and_an_invalid_age_is_ignored() {
         let p = policy();
         let fresh = ("cache-control", "max-age=3600");
-        for age in ["7200, 0", "7200;foo=bar", "7200;foo=111", "abc", "-7200", "7200.0", ""] {
-            let m = meta(&[fresh, ("date", &http_date(0)), ("age", age)]);
-            assert!(age_is_invalid(&m), "{age:?}");
-            assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("stale"), "{age:?}");
-            // The Age sent stays a valid non-negative integer (the resident time).
-            assert_eq!(age_header(&m, t(1)), "1", "{age:?}");
+        let date = http_date(0);
+        // The decision one second after the response, and the Age sent then.
+        let at = |age: &[&str]| {
+            let mut fields = vec![fresh, ("date", date.as_str())];
+            fields.extend(age.iter().map(|a| ("age", *a)));
+            let m = meta(&fields);
+            let sent = age_header(&m, t(1)).to_str().unwrap_or("?").to_string();
+            (p.evaluate(&HeaderMap::new(), &m, t(1)), sent)
+        };
+        // "SHOULD use the first member of the field value, discarding
+        // subsequent ones" (cache-tests age-parse-prefix, -suffix, -dup-*).
+        assert_eq!(at(&["0, 7200"]), (Decision::Fresh, "1".to_string()));
+        assert_eq!(at(&["7200, 0"]).0, revalidate("stale"));
+        assert_eq!(at(&["0", "7200"]).0, Decision::Fresh);
+        assert_eq!(at(&["7200", "0"]).0, revalidate("stale"));
+        assert_eq!(at(&["0, 0"]).0, Decision::Fresh);
+        assert_eq!(at(&["3600", "3600"]), (revalidate("stale"), "3601".to_string()));
+        assert_eq!(at(&["60", "60"]), (Decision::Fresh, "61".to_string()));
+        // "If the field value ... is invalid ... a cache SHOULD ignore the
+        // field" (age-parse-nonnumeric, -negative, -float): as if absent.
+        for invalid in ["abc", "-7200", "7200.0", ""] {
+            assert_eq!(at(&[invalid]), (Decision::Fresh, "1".to_string()), "{invalid:?}");
         }
-        // Two Age field lines are a list too.
-        let m = meta(&[fresh, ("age", "0"), ("age", "0")]);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("stale"));
+        // A parameter after the number leaves the number (age-parse-parameter).
+        assert_eq!(at(&["7200;foo=bar"]).0, revalidate("stale"));
+        assert_eq!(at(&["7200;foo=111"]).0, revalidate("stale"));
         // Valid values, a huge one clamped, keep working.
-        let m = meta(&[fresh, ("age", " 10 ")]);
-        assert!(!age_is_invalid(&m));
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), Decision::Fresh);
-        assert_eq!(age_header(&m, t(1)), "11");
+        assert_eq!(at(&[" 10 "]), (Decision::Fresh, "11".to_string()));
         let m = meta(&[fresh, ("age", "99999999999999")]);
-        assert!(!age_is_invalid(&m));
         assert_eq!(age_header(&m, t(1)), "2147483648");
     }
 
@@ -2759,23 +2844,39 @@ mod tests {
             HeaderValue::from_bytes(b"max-age=600, \xff").unwrap(),
         );
         assert_eq!(lifetime(&p, &m), 10);
-        // Valid structure, invalid directive value: an invalid max-age (stale).
+        // Valid structure, a delta-seconds directive of another type than
+        // an Integer (a String, Decimal, Byte Sequence, Inner List,
+        // Boolean): the field is invalid and ignored, Cache-Control applies
+        // (cache-tests cdn-cc-invalid-sh-type-wrong: `max-age="10000"`).
         for odd in [
+            "max-age=\"10000\"",
             "max-age=1.5",
-            "max-age=-1",
             "max-age=:AAA=:",
             "max-age=(1 2)",
             "max-age=?1",
+            "max-age",
+            "s-maxage=\"60\"",
+            "no-cache, stale-if-error=1.5",
         ] {
             let m = meta(&[
                 ("date", &http_date(0)),
                 ("cache-control", "max-age=10"),
                 ("cdn-cache-control", odd),
             ]);
-            assert_eq!(lifetime(&p, &m), 0, "{odd:?}");
+            assert_eq!(lifetime(&p, &m), 10, "{odd:?}");
         }
-        // Strings and tokens are values as in Cache-Control.
-        let m = meta(&[("date", &http_date(0)), ("cdn-cache-control", "max-age=\"60\"")]);
+        // An Integer out of range is an invalid max-age: stale.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cache-control", "max-age=10"),
+            ("cdn-cache-control", "max-age=-1"),
+        ]);
+        assert_eq!(lifetime(&p, &m), 0);
+        // Other directives' Strings and Tokens are values as in Cache-Control.
+        let m = meta(&[
+            ("date", &http_date(0)),
+            ("cdn-cache-control", "max-age=60, no-cache=\"set-cookie\""),
+        ]);
         assert_eq!(lifetime(&p, &m), 60);
     }
 
