@@ -44,5 +44,8 @@ pub(crate) mod supervisor;
 pub mod tls;
 pub mod tls_resume;
 pub(crate) mod upstream;
+/// Response heads from origins (the upstream client's parser), public for
+/// the fuzz targets like `http1::head`.
+pub use upstream::response as origin_response;
 pub mod util;
 pub(crate) mod worker;
