@@ -18,7 +18,8 @@ once from disk), then:
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000').
-DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
+DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
+so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
 serves with Cache-Control: no-store: every request is then a miss (the
 miss path measured the same ways).
 Ports 38080/38081 keep it clear of bench/run's.
@@ -69,7 +70,7 @@ servers = ["127.0.0.1:{ORIGIN}"]
 [[rule]]
 upstream = "origin"
 [cache]
-memory = "16MiB"
+memory = "{os.environ.get("DH_MEMORY", "16MiB")}"
 disk = "1GiB"
 dir = "{W}/cache"
 {os.environ.get("DH_CACHE", "")}

@@ -151,6 +151,7 @@ mod tests {
                 headers: HeaderMap::new(),
                 request_time: SystemTime::now(),
                 response_time: SystemTime::now(),
+                derived: Default::default(),
             }),
             body: Bytes::from(vec![b'x'; len]),
         })

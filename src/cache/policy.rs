@@ -771,14 +771,28 @@ fn secs(t: SystemTime) -> u64 {
 /// The `Date` value in seconds, or `response_time` when it is missing or
 /// invalid (RFC 9110 6.6.1: a recipient adds the time it received it).
 fn date_value(meta: &StoredMeta) -> u64 {
-    meta.headers
-        .get(header::DATE)
-        .and_then(parse_http_date)
-        .unwrap_or_else(|| secs(meta.response_time))
+    derived(meta).0
 }
 
-/// `apparent_age = max(0, response_time - date_value)`.
-pub fn apparent_age(meta: &StoredMeta) -> Duration {
+/// [`date_value`] and [`corrected_initial_age`] in seconds, computed once
+/// per stored metadata ([`crate::cache::object::Derived`]).
+fn derived(meta: &StoredMeta) -> (u64, u64) {
+    meta.derived.get_or_init(|| {
+        let date = meta
+            .headers
+            .get(header::DATE)
+            .and_then(parse_http_date)
+            .unwrap_or_else(|| secs(meta.response_time));
+        // corrected_initial_age = max(apparent_age, corrected_age_value).
+        let apparent_age = secs(meta.response_time).saturating_sub(date);
+        (date, apparent_age.max(corrected_age_value(meta).as_secs()))
+    })
+}
+
+/// `apparent_age = max(0, response_time - date_value)` (computed within
+/// [`derived`]; this form for the tests).
+#[cfg(test)]
+fn apparent_age(meta: &StoredMeta) -> Duration {
     Duration::from_secs(secs(meta.response_time).saturating_sub(date_value(meta)))
 }
 
@@ -813,7 +827,7 @@ pub fn age_value(headers: &HeaderMap) -> u64 {
 
 /// `corrected_initial_age = max(apparent_age, corrected_age_value)`.
 pub fn corrected_initial_age(meta: &StoredMeta) -> Duration {
-    apparent_age(meta).max(corrected_age_value(meta))
+    Duration::from_secs(derived(meta).1)
 }
 
 /// `resident_time = now - response_time`.
@@ -975,6 +989,7 @@ pub fn update_from_304(
     }
     meta.request_time = request_time;
     meta.response_time = response_time;
+    meta.derived.clear();
 }
 
 /// What a response to a `HEAD` the cache forwarded does to the stored `GET`
@@ -1046,7 +1061,15 @@ pub enum Precondition {
 /// time received (RFC 9111 4.3.2). `If-Match` (strong comparison) and
 /// `If-Unmodified-Since` give 412 when they fail.
 pub fn check_preconditions(method: &Method, req_headers: &HeaderMap, meta: &StoredMeta) -> Precondition {
-    if !meta.status.is_success() {
+    // Most requests carry no precondition: one look at the request's few
+    // field names, and the stored validators are not parsed at all.
+    let conditional = req_headers.keys().any(|k| {
+        k == header::IF_MATCH
+            || k == header::IF_NONE_MATCH
+            || k == header::IF_MODIFIED_SINCE
+            || k == header::IF_UNMODIFIED_SINCE
+    });
+    if !conditional || !meta.status.is_success() {
         return Precondition::Proceed;
     }
     let stored_etag = first_etag(&meta.headers);
@@ -1700,6 +1723,7 @@ mod tests {
             headers: hm(headers),
             request_time: t(0),
             response_time: t(0),
+            derived: Default::default(),
         }
     }
 
@@ -3041,6 +3065,24 @@ mod tests {
     }
 
     #[test]
+    fn the_date_and_age_worked_out_once_are_not_carried_into_a_changed_clone() {
+        let m = meta(&[("date", &http_date(-100)), ("age", "30")]);
+        assert_eq!(current_age(&m, t(0)).as_secs(), 100);
+        assert_eq!(current_age(&m, t(5)).as_secs(), 105, "kept, plus the resident time");
+        let mut changed = m.clone();
+        changed
+            .headers
+            .insert(header::DATE, HeaderValue::from_str(&http_date(0)).unwrap());
+        assert_eq!(
+            current_age(&changed, t(0)).as_secs(),
+            30,
+            "from the new Date, the same Age"
+        );
+        // m has its facts, its clone none: still equal.
+        assert_eq!(m, m.clone());
+    }
+
+    #[test]
     fn update_from_304_replaces_fields_but_not_content_length_or_framing() {
         let mut m = meta(&[
             ("date", &http_date(-100)),
@@ -3063,6 +3105,8 @@ mod tests {
             ("x-hop", "1"),
             ("keep-alive", "timeout=5"),
         ]);
+        // Worked out once and kept (Derived): the update must drop it.
+        assert_eq!(current_age(&m, t(0)).as_secs(), 100);
         update_from_304(&mut m, &update, t(1000), t(1001));
         assert_eq!(m.headers.get("cache-control").unwrap(), "max-age=600");
         assert_eq!(m.headers.get("content-length").unwrap(), "1234");

@@ -748,6 +748,7 @@ impl Cache {
             headers,
             request_time: now,
             response_time: now,
+            derived: Default::default(),
         };
         if let Some(d) = &self.disk
             && let Ok(mut w) = d.writer(primary, &meta).await
@@ -932,6 +933,7 @@ mod tests {
             headers: HeaderMap::new(),
             request_time: UNIX_EPOCH + Duration::from_millis(at),
             response_time: UNIX_EPOCH + Duration::from_millis(at + 1),
+            derived: Default::default(),
         }
     }
 

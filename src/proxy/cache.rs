@@ -272,6 +272,7 @@ async fn open_store<'c>(
         headers: shared.clone(),
         request_time: head.times.request,
         response_time: head.times.response,
+        derived: Default::default(),
     };
     let sink = cache.sink(key, meta, &vary, head.length).await;
     let shared = SharedHead {
@@ -411,6 +412,7 @@ impl Transaction<'_, '_> {
             headers,
             request_time: head.times.request,
             response_time: head.times.response,
+            derived: Default::default(),
         };
         let part = NewPart {
             meta,
@@ -895,6 +897,7 @@ impl Transaction<'_, '_> {
             headers: head.headers.clone(),
             request_time: head.request_time,
             response_time: head.response_time,
+            derived: Default::default(),
         };
         let age = policy::age_header(&meta, SystemTime::now());
         let mut headers = meta.headers;

@@ -555,6 +555,7 @@ mod tests {
             headers: HeaderMap::new(),
             request_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
+            derived: Default::default(),
         }
     }
 

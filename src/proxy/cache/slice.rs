@@ -98,6 +98,7 @@ impl Slice<'_> {
             headers: partial::whole_headers(self.meta.headers.clone()),
             request_time: self.meta.request_time,
             response_time: self.meta.response_time,
+            derived: Default::default(),
         }
     }
 
@@ -508,6 +509,7 @@ impl<'c> Transaction<'c, '_> {
             headers: shared,
             request_time: head_out.times.request,
             response_time: head_out.times.response,
+            derived: Default::default(),
         };
         // Storable as the complete response would be (RFC 9111 3.3: a cache
         // may store a 206 as it would a 200), and never one that varies: its
@@ -596,6 +598,7 @@ fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: F
         headers: head.headers.clone(),
         request_time: head.request_time,
         response_time: head.response_time,
+        derived: Default::default(),
     };
     Some(Slice {
         range,
