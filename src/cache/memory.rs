@@ -20,16 +20,47 @@ pub struct MemObject {
     pub body: Bytes,
 }
 
+/// What the allocator adds to each allocation (glibc malloc's chunk header
+/// and rounding to 16 bytes), counted once per allocation an object makes.
+const PER_ALLOCATION: usize = 24;
+
+/// Bytes a `HeaderMap` spends per entry it has room for, besides the name
+/// and value bytes: the bucket (name, value, hash and the links to extra
+/// values) and its share of the index table (a `Pos` per slot, at most
+/// three quarters of the slots used).
+const PER_HEADER_SLOT: usize =
+    size_of::<http::HeaderName>() + size_of::<http::HeaderValue>() + 3 * size_of::<usize>() + 8;
+
+/// Bytes quick_cache spends per entry besides the value itself: the key,
+/// the `Arc` pointer, its hash, frequency and queue links.
+const PER_CACHE_ENTRY: usize = 64;
+
 impl MemObject {
-    /// Approximate memory held: body, key and headers.
+    /// The memory the object holds, as the allocator sees it: the body, the
+    /// key and variant strings, the header fields (name and value bytes and
+    /// every slot the header map has room for), the structures themselves
+    /// and the allocator's overhead per allocation. The memory tier's
+    /// budget bounds this sum, so it must not flatter: an estimate that left
+    /// out the header map (about 1 KiB for a typical response) let a 128 MiB
+    /// tier of 1 KB objects hold twice its budget.
     pub fn weight(&self) -> u64 {
-        let headers: usize = self
-            .meta
-            .headers
+        let meta = &self.meta;
+        let field_bytes: usize = meta.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        let variant: usize = meta
+            .variant
             .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .map(|(n, v)| n.capacity() + v.as_ref().map_or(0, String::capacity) + 2 * PER_ALLOCATION)
             .sum();
-        (self.body.len() + self.meta.key.len() + headers + 128) as u64
+        let allocations = 6 + meta.headers.len();
+        (self.body.len()
+            + meta.key.capacity()
+            + variant
+            + field_bytes
+            + meta.headers.capacity() * PER_HEADER_SLOT
+            + size_of::<MemObject>()
+            + size_of::<StoredMeta>()
+            + PER_CACHE_ENTRY
+            + allocations * PER_ALLOCATION) as u64
     }
 }
 

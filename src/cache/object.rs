@@ -158,6 +158,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A copy of `headers` in a map with room for no more fields than it
+/// holds. A response's map is made with room for the fields a proxy adds
+/// (Via, Date, Age...), and a clone keeps that room; stored metadata lives
+/// as long as the object and never grows, so it should not carry it (a
+/// `HeaderMap` slot costs about 100 bytes).
+pub fn exact_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
 impl StoredMeta {
     /// The byte form written to disk.
     pub fn encode(&self) -> Vec<u8> {

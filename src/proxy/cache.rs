@@ -269,7 +269,7 @@ async fn open_store<'c>(
         key: key.text().to_string(),
         variant: variant.clone(),
         status: head.status,
-        headers: shared.clone(),
+        headers: crate::cache::object::exact_headers(&shared),
         request_time: head.times.request,
         response_time: head.times.response,
         derived: Default::default(),

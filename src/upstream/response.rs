@@ -7,7 +7,7 @@
 //! field value is a slice of them: no value is copied.
 
 use crate::http1::head::{content_length, list_tokens};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use std::mem::MaybeUninit;
@@ -113,7 +113,13 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Resp
         }
         (used, status, version, res.headers.len())
     };
-    let head: Bytes = buf.split_to(used).freeze();
+    // The head gets an allocation of its own rather than a share of the
+    // read buffer: its values live as long as the stored response, and a
+    // slice of the buffer would keep all of it (16 KiB and more) alive with
+    // every cached object (a 128 MiB memory tier of 13 KB objects held a
+    // 305 MiB process). Copying a few hundred bytes costs less than that.
+    let head = Bytes::copy_from_slice(&buf[..used]);
+    buf.advance(used);
     let range = |a: u32, b: u32| -> Range<usize> { a as usize..b as usize };
     // Room for what the proxy adds (Via, Date, Age, the cache status, the
     // framing field): growing a `HeaderMap` rehashes and reallocates it.

@@ -268,7 +268,14 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
                     c.max_age_secs.to_string()
                 }
             );
-            let _ = writeln!(o, "{:<28} {}/{} bytes", "Memory Tier", c.memory_bytes, c.memory_limit);
+            // The process's resident memory beside the tier's budget: the
+            // tier counts what its objects hold, allocator overhead included,
+            // so the difference is what connections and buffers cost.
+            let _ = writeln!(
+                o,
+                "{:<28} {}/{} bytes in {} objects (process resident {} bytes)",
+                "Memory Tier", c.memory_bytes, c.memory_limit, c.memory_entries, srv.rss_bytes
+            );
             if let Some(d) = &c.disk {
                 let _ = writeln!(
                     o,
