@@ -1527,6 +1527,25 @@ async fn concurrent_misses_collapse_into_one_origin_request() {
     }
     assert_eq!(origin.count(), 1);
     assert_eq!(misses, 1, "only the leader fetched");
+    // The statistics keep the requests that waited for the leader's fetch
+    // apart from hits (they had a miss's wait): COLLAPSED, as many as the
+    // collapsed-request counter, and with the hits, every follower.
+    let s = stats_snapshot(&p).await;
+    let by_cache = |name: &str| -> u64 {
+        s["requests"]["by_cache"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e[0] == name))
+            .and_then(|e| e[1].as_u64())
+            .unwrap_or_else(|| panic!("no {name} in requests.by_cache: {}", s["requests"]))
+    };
+    assert_eq!(by_cache("MISS"), 1, "{}", s["requests"]);
+    assert!(by_cache("COLLAPSED") > 0, "{}", s["requests"]);
+    assert_eq!(
+        by_cache("COLLAPSED"),
+        s["cache"]["collapsed"].as_u64().unwrap_or(0),
+        "{s}"
+    );
+    assert_eq!(by_cache("COLLAPSED") + by_cache("HIT"), 49, "{}", s["requests"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

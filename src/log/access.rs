@@ -510,6 +510,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 Some("NONE") => "NONE",
                 Some("REDIRECT") => "TCP_REDIRECT",
                 Some("HIT") => "TCP_HIT",
+                Some("COLLAPSED") => "TCP_CF_HIT",
                 Some("MISS") => "TCP_MISS",
                 Some("STALE") => "TCP_STALE_HIT",
                 Some("STALE_ON_ERROR") => "TCP_REFRESH_FAIL_OLD",
@@ -520,7 +521,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
             // A hit, or a response made here (an error page, a monitoring
             // page), fetched nothing: Squid's HIER_NONE.
             let hier = match (r.cache, r.hierarchy) {
-                (Some("HIT" | "STALE"), _) | (_, None) => "HIER_NONE/-",
+                (Some("HIT" | "STALE" | "COLLAPSED"), _) | (_, None) => "HIER_NONE/-",
                 (_, Some(h)) => h,
             };
             format!(
@@ -712,6 +713,20 @@ mod tests {
         assert_eq!(
             format_line(LogFormat::Squid, &[], &r, "127.0.0.1", t),
             "971185336.250      1 127.0.0.1 TCP_HIT/200 1234 GET http://h/ - HIER_NONE/- -\n"
+        );
+        // A request answered from another's fetch: Squid's collapsed-forwarding hit.
+        assert_eq!(
+            format_line(
+                LogFormat::Squid,
+                &[],
+                &AccessRecord {
+                    cache: Some("COLLAPSED"),
+                    ..record(1234)
+                },
+                "127.0.0.1",
+                t
+            ),
+            "971185336.250      1 127.0.0.1 TCP_CF_HIT/200 1234 GET http://h/ - HIER_NONE/- -\n"
         );
         let mut headers = HeaderMap::new();
         headers.insert("x-trace", "abc".parse().unwrap());

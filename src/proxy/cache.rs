@@ -736,7 +736,10 @@ impl Transaction<'_, '_> {
                             == Decision::Fresh
                     {
                         self.cache.stats.collapsed();
-                        return self.send_stored(stored, CacheStatus::Hit).await;
+                        let sent = self.send_stored(stored, CacheStatus::Hit).await;
+                        // It waited for the fetch: a collapsed answer, not a hit.
+                        note_cache(self.ex, crate::stats::CacheOutcome::Collapsed);
+                        return sent;
                     }
                     break; // fetch for ourselves
                 }
@@ -909,7 +912,7 @@ impl Transaction<'_, '_> {
             headers.insert(name.clone(), CacheStatus::Hit.value());
         }
         let ex = &mut *self.ex;
-        note_cache(ex, crate::stats::CacheOutcome::Hit);
+        note_cache(ex, crate::stats::CacheOutcome::Collapsed);
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let len = match head.length {
             Some(n) => BodyLen::Known(n),

@@ -95,9 +95,14 @@ pub enum CacheOutcome {
     Stale,
     /// Validated with the origin and served from the cache.
     Revalidated,
+    /// Answered from another request's fetch of the same object, after
+    /// waiting for it (collapsed forwarding): no origin request of its own,
+    /// but the wait of a miss. Kept apart from `Hit` so that what waits on
+    /// the origin is seen (Squid logs these as `TCP_CF_HIT`).
+    Collapsed,
 }
 
-const CACHE_NAMES: [&str; 5] = ["HIT", "MISS", "STALE", "REVALIDATED", "NONE"];
+const CACHE_NAMES: [&str; 6] = ["HIT", "MISS", "STALE", "REVALIDATED", "COLLAPSED", "NONE"];
 const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "PURGE", "other"];
 const STATUS: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
@@ -157,7 +162,7 @@ pub struct Stats {
     requests: AtomicU64,
     by_method: [AtomicU64; 8],
     by_status: [AtomicU64; 5],
-    by_cache: [AtomicU64; 5],
+    by_cache: [AtomicU64; CACHE_NAMES.len()],
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     admin_requests: AtomicU64,
@@ -306,7 +311,7 @@ impl Stats {
         self.timed_requests.fetch_add(1, Ordering::Relaxed);
         let idx = match t.cache {
             Some(c) => c as usize,
-            None => 4,
+            None => CACHE_NAMES.len() - 1,
         };
         self.by_cache[idx].fetch_add(1, Ordering::Relaxed);
         let b = &self.buckets[t.bucket.min(self.buckets.len() - 1)];
@@ -501,7 +506,7 @@ pub fn note_cache(outcome: CacheOutcome) {
 }
 
 impl CacheOutcome {
-    /// HIT, MISS, STALE or REVALIDATED.
+    /// HIT, MISS, STALE, REVALIDATED or COLLAPSED.
     pub fn name(self) -> &'static str {
         CACHE_NAMES[self as usize]
     }

@@ -157,7 +157,7 @@ crate::section! {
         by_status: Vec<(String, u64)> => Counter, Add, None, "Responses, by status class.",
             prom "portico_responses_total" { "code" = "" };
         /// By what the cache did (HIT, MISS, STALE, REVALIDATED, NONE); needs `monitor.enabled`.
-        by_cache: Vec<(String, u64)> => Counter, Add, None, "Requests by what the cache did (NONE: not cacheable or bypassed).",
+        by_cache: Vec<(String, u64)> => Counter, Add, None, "Requests by what the cache did (COLLAPSED: answered from another request's fetch after waiting for it; NONE: not cacheable or bypassed).",
             prom "portico_cache_requests_total" { "cache" = "" };
         /// Request body bytes received.
         bytes_in: u64 => Counter, Add, Bytes, "Request body bytes received.",
