@@ -182,6 +182,135 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_is_answered_at_once_while_slow_misses_hold_every_slot_and_the_queue() {
+    // `/cached` is answered at once and fresh for a minute; every other
+    // path waits for the gate.
+    let gate = Arc::new(Semaphore::new(0));
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (g, a) = (gate.clone(), arrived.clone());
+    let origin = Origin::start(move |req| {
+        let (g, a) = (g.clone(), a.clone());
+        async move {
+            if req.uri.path() == "/cached" {
+                return Response::ok("stored").header("Cache-Control", "max-age=60");
+            }
+            a.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = g.acquire().await {
+                p.forget();
+            }
+            Response::ok(format!("slow {}", req.uri.path()))
+        }
+    })
+    .await;
+    let p = proxy("[server]\nmax_requests = 2\nqueue_size = 1\n").await;
+    let addr = p.addr();
+    let first = parse_response(&raw_request(addr, &get(&origin, "/cached", "Connection: close\r\n")).await);
+    assert_eq!((first.status, first.header("x-cache")), (200, Some("MISS")));
+
+    // Two slow misses take both places in service, a third the queue's one.
+    let mut slow = Vec::new();
+    for path in ["/slow0", "/slow1", "/queued"] {
+        let req = get(&origin, path, "Connection: close\r\n");
+        slow.push(tokio::spawn(async move {
+            raw_request_timeout(addr, &req, Duration::from_secs(30)).await
+        }));
+        if path == "/slow1" {
+            for _ in 0..2000 {
+                if arrived.load(Ordering::SeqCst) >= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    stats_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
+
+    // The hit waits for nothing: answered from the cache without a slot.
+    let hit = parse_response(
+        &raw_request_timeout(
+            addr,
+            &get(&origin, "/cached", "Connection: close\r\n"),
+            Duration::from_secs(5),
+        )
+        .await,
+    );
+    assert_eq!(
+        (hit.status, hit.header("x-cache"), hit.body_str().as_str()),
+        (200, Some("HIT"), "stored")
+    );
+    // A miss still needs a slot: the queue is full, so a busy 503, and
+    // nothing reaches the origin for it.
+    let miss = parse_response(&raw_request(addr, &get(&origin, "/overflow", "Connection: close\r\n")).await);
+    assert_eq!(miss.status, 503);
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "only the two admitted misses reached the origin"
+    );
+    let c = stats_snapshot(&p).await;
+    let q = "connection_queue";
+    assert_eq!(int(&c, q, "unqueued_hits"), 1, "{c}");
+    assert_eq!(int(&c, q, "overflows"), 1, "{c}");
+    assert_eq!(int(&c, q, "total_queued"), 1, "{c}");
+    let perf = page(&p, "/.perf").await;
+    assert!(
+        perf.lines()
+            .any(|l| l.starts_with("Hits Answered Without Queueing") && l.trim_end().ends_with(" 1")),
+        "{perf}"
+    );
+
+    gate.add_permits(3);
+    for (t, path) in slow.into_iter().zip(["/slow0", "/slow1", "/queued"]) {
+        let resp = parse_response(&t.await.expect("join"));
+        assert_eq!((resp.status, resp.body_str()), (200, format!("slow {path}")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_that_waited_in_the_queue_is_answered_from_what_was_stored_meanwhile() {
+    // Every answer waits for the gate and is fresh for a minute.
+    let (gate, arrived) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (g, a) = (gate.clone(), arrived.clone());
+    let origin = Origin::start(move |req| {
+        let (g, a) = (g.clone(), a.clone());
+        async move {
+            a.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = g.acquire().await {
+                p.forget();
+            }
+            Response::ok(format!("slow {}", req.uri.path())).header("Cache-Control", "max-age=60")
+        }
+    })
+    .await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n").await;
+    let addr = p.addr();
+    let req = get(&origin, "/a", "Connection: close\r\n");
+    let r1 = req.clone();
+    let first = tokio::spawn(async move { raw_request_timeout(addr, &r1, Duration::from_secs(30)).await });
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The same URL, while the first holds the only place: looked up (a
+    // miss), then queued for a place.
+    let second = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    stats_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
+    gate.add_permits(2);
+    let first = parse_response(&first.await.expect("join"));
+    assert_eq!((first.status, first.header("x-cache")), (200, Some("MISS")));
+    // Admitted after the first stored its response: it looks again and
+    // is answered from the cache, not sent to the origin a second time.
+    let second = parse_response(&second.await.expect("join"));
+    assert_eq!(
+        (second.status, second.header("x-cache"), second.body_str().as_str()),
+        (200, Some("HIT"), "slow /a")
+    );
+    assert_eq!(arrived.load(Ordering::SeqCst), 1, "one origin request for /a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_beyond_the_limit_are_closed_oldest_first() {
     let origin = fast_origin().await;
     let p = proxy("[keepalive]\nmax_connections = 2\n").await;

@@ -4,6 +4,7 @@
 //! client. Unsafe methods pass through and invalidate what they change.
 
 use super::Shared;
+use super::admission::{Permit, admit_deferred};
 use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
 use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
@@ -13,7 +14,7 @@ use crate::cache::partial::{self, NewPart};
 use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
 use crate::cache::{Cache, CacheKey, ObjectId, StoreSink, Stored};
-use crate::http1::{BodyFraming, BodyLen, Exchange, RequestHead};
+use crate::http1::{BodyFraming, BodyLen, Exchange, Outcome, RequestHead};
 use http::header::{
     AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
     IF_UNMODIFIED_SINCE, RANGE,
@@ -72,12 +73,21 @@ pub(super) fn key_for(cache: &Cache, sh: &Shared, dest: &Dest) -> CacheKey {
 
 /// Serves a request that may involve the cache. `busy` is the page sent
 /// when the disk tier cannot take the lookup now (blocking pool queue full).
-pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &BusyPage) -> Result<(), Failure> {
+pub async fn serve<'s>(
+    ex: &mut Exchange<'_>,
+    sh: &'s Arc<Shared>,
+    dest: Dest,
+    busy: &BusyPage,
+    permit: &mut Option<Permit<'s>>,
+) -> Result<(), Failure> {
     let Some(cache) = sh
         .cache
         .as_ref()
         .filter(|c| c.is_running() && c.enabled_for(dest.cache_rule))
     else {
+        if let Some(outcome) = admit_deferred(ex, &sh.admission, busy, permit).await {
+            return answered(ex, outcome);
+        }
         return Box::pin(forward(ex, sh, &dest)).await;
     };
     let policy = if dest.reverse {
@@ -87,6 +97,12 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     };
     let key = key_for(cache, sh, &dest);
     let now = SystemTime::now();
+    let bypass = (ex.head.method != Method::GET && ex.head.method != Method::HEAD)
+        || ex.head.body != BodyFraming::Empty
+        || policy.bypasses_cache(&ex.head.headers);
+    if bypass && let Some(outcome) = admit_deferred(ex, &sh.admission, busy, permit).await {
+        return answered(ex, outcome);
+    }
     let mut tx = Transaction {
         ex,
         sh,
@@ -100,24 +116,49 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     {
         return tx.pass_through().await;
     }
-    if policy.bypasses_cache(&tx.ex.head.headers) {
+    if bypass {
         // Boxed: its fetch is 5 KB of state that every hit's future would
         // otherwise carry (and copy into its box).
         return Box::pin(tx.bypass()).await;
     }
     cache.stats.lookup();
-    let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
-    let found = cache.lookup(&tx.key, &tx.ex.head.headers).await;
-    drop(lookup_stage);
-    let Ok(found) = found else {
-        let ex = tx.ex;
-        tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
-        // A GET or HEAD without a body: the connection can stay open.
-        ex.cache_result = Some(super::ACCESS_NONE);
-        let _ = reply::busy(&mut ex.out, busy, None).await;
-        return Ok(());
+    let from_cache = |d: &Option<Decision>| {
+        matches!(
+            d,
+            Some(Decision::Fresh | Decision::Stale | Decision::StaleWhileRevalidate | Decision::GatewayTimeout)
+        )
     };
-    let Some(stored) = found else {
+    // At most twice: a request without a permit that must go upstream (a
+    // miss, a revalidation) takes one first, and may wait in the queue for
+    // seconds; meanwhile what it looked up may have been stored (by the
+    // very fetch it would have joined) or replaced, so it looks again.
+    let (found, decision) = loop {
+        let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
+        let found = cache.lookup(&tx.key, &tx.ex.head.headers).await;
+        drop(lookup_stage);
+        let Ok(found) = found else {
+            let ex = tx.ex;
+            tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
+            // A GET or HEAD without a body: the connection can stay open.
+            ex.cache_result = Some(super::ACCESS_NONE);
+            let _ = reply::busy(&mut ex.out, busy, None).await;
+            return Ok(());
+        };
+        let decision = found
+            .as_ref()
+            .map(|stored| policy.evaluate(&tx.ex.head.headers, &stored.meta, tx.now));
+        if permit.is_some() || from_cache(&decision) {
+            break (found, decision);
+        }
+        if let Some(outcome) = admit_deferred(tx.ex, &sh.admission, busy, permit).await {
+            return answered(tx.ex, outcome);
+        }
+        tx.now = SystemTime::now();
+    };
+    if permit.is_none() {
+        sh.admission.unqueued_hit();
+    }
+    let (Some(stored), Some(decision)) = (found, decision) else {
         if let Some(size) = policy.slice_size() {
             return Box::pin(tx.sliced(size)).await;
         }
@@ -129,7 +170,7 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
     let stored = shareable(policy, stored);
     // One await sends every answer from the cache, so the hit path's future
     // holds one `send_stored` (see `Transaction`).
-    let status = match policy.evaluate(&tx.ex.head.headers, &stored.meta, tx.now) {
+    let status = match decision {
         Decision::Fresh => tx.fresh(),
         Decision::Stale => tx.stale(),
         Decision::StaleWhileRevalidate => tx.stale_while_revalidate(&stored),
@@ -139,6 +180,15 @@ pub async fn serve(ex: &mut Exchange<'_>, sh: &Arc<Shared>, dest: Dest, busy: &B
         } => return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await,
     };
     tx.send_stored(stored, status).await
+}
+
+/// A request `admit_deferred` answered (busy 503) or gave up (its client
+/// went away): nothing more is sent; the connection closes if it must.
+fn answered(ex: &mut Exchange<'_>, outcome: Outcome) -> Result<(), Failure> {
+    if matches!(outcome, Outcome::Close) {
+        ex.out.close_after();
+    }
+    Ok(())
 }
 
 /// One request's cache transaction: what every step of the cache stage

@@ -393,7 +393,12 @@ impl Handler for ListenerHandler {
 }
 
 impl ListenerHandler {
-    async fn serve(&self, ex: &mut Exchange<'_>, shared: &Arc<Shared>, permit: &mut Option<Permit<'_>>) -> Outcome {
+    async fn serve<'s>(
+        &self,
+        ex: &mut Exchange<'_>,
+        shared: &'s Arc<Shared>,
+        permit: &mut Option<Permit<'s>>,
+    ) -> Outcome {
         let sh = &**shared;
         let access = crate::stats::stage(crate::stats::Stage::Access);
         if !sh.allow.allows(ex.peer.ip()) {
@@ -634,17 +639,25 @@ impl ListenerHandler {
             reverse: self.mode == Mode::Reverse,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
+        let busy = route_busy.as_ref().unwrap_or(&self.busy);
+        // A request without a permit (every one was taken when it came) may
+        // go on only to the cache's lookup: past the cache, it takes one.
+        let offer = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols);
+        let past_cache = to_member || purge::is_purge(&ex.head.method) || offer.is_some();
+        if past_cache && let Some(outcome) = admission::admit_deferred(ex, &sh.admission, busy, permit).await {
+            return outcome;
+        }
         let result = if to_member {
             // The owner caches it; a copy here would be a duplicate.
             ex.cache_result = Some("MISS");
             Box::pin(forward::forward(ex, sh, &dest)).await
         } else if purge::is_purge(&ex.head.method) {
             Box::pin(purge::purge(ex, sh, &dest, !from_member)).await
-        } else if let Some(offer) = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols) {
+        } else if let Some(offer) = offer {
             // Past the cache: an upgraded exchange is not a response to store.
             Box::pin(upgrade::serve(ex, sh, &dest, offer, permit)).await
         } else {
-            cache::serve(ex, shared, dest, route_busy.as_ref().unwrap_or(&self.busy)).await
+            cache::serve(ex, shared, dest, busy, permit).await
         };
         match result {
             Ok(()) => Outcome::Done,

@@ -403,6 +403,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         avg_5: q.avg_5min,
         avg_15: q.avg_15min,
         total_admitted: q.total_admitted,
+        unqueued_hits: q.unqueued_hits,
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

@@ -277,6 +277,12 @@ crate::section! {
         #[serde(default)]
         total_admitted: u64 => Counter, Add, None, "Requests admitted since start (with or without queueing).",
             prom "portico_connection_queue_admitted_total", xml "connection-queue-bucket" "countTotalAdmitted";
+        /// Requests that found every slot taken and were answered from the
+        /// cache without one, never queued (a GET or HEAD waits for a slot
+        /// only where it must go upstream).
+        #[serde(default)]
+        unqueued_hits: u64 => Counter, Add, None, "Requests answered from the cache while every slot was taken, without queueing.",
+            prom "portico_connection_queue_unqueued_hits_total", xml "connection-queue-bucket" "countUnqueuedHits";
     }
 }
 
