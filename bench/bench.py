@@ -38,6 +38,7 @@ import soak  # noqa: E402  (bench/soak.py: the soak scenario's origin, load and 
 import ldap  # noqa: E402  (bench/ldap.py: the auth-ldap scenario's slapd and LDAP client)
 import array_bench  # noqa: E402  (bench/array_bench.py: the array scenario)
 import hitratio_bench  # noqa: E402  (bench/hitratio_bench.py: the hitratio scenario)
+import polygraph_bench  # noqa: E402  (bench/polygraph_bench.py: the polygraph scenario)
 import tls_bench  # noqa: E402  (bench/tls_bench.py: the TLS and HTTP/2 scenarios)
 REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
@@ -70,13 +71,16 @@ SCENARIOS = {
     "hitratio": "hit ratio and byte hit ratio at equal budgets (64 MiB memory + 1 GiB disk): "
                 "one Zipf stream over 1,000,000 URLs (exp. sizes, mean 13 KiB, 0.1% of 1-100 MiB) "
                 "from a counting origin",
+    "polygraph": "response times of hits under a PolyMix-like open-loop load (55% offered hits, "
+                 "exp. 13 KiB bodies, origin think time normal(2.5 s, 1 s)): mean, median, p90, "
+                 "p99 of hits, where a hit can wait on an in-flight miss",
     "soak": "Portico only: mixed open-loop load (hits, misses, revalidations, CONNECT, aborted "
             "clients, origin resets and stalls), an hour by default; RSS, fds, connections and disk "
             "use must not trend upward, every body must be the origin's",
 }
 SCENARIOS.update(tls_bench.SCENARIOS)
-# Run only when named (soak: an hour; hitratio: ~15 min a round) or by --smoke: not part of a plain `bench/run`.
-NAMED_ONLY = ("soak", "hitratio")
+# Run only when named (soak: an hour; hitratio: ~15 min a round; polygraph: ~1.5 min a proxy) or by --smoke: not part of a plain `bench/run`.
+NAMED_ONLY = ("soak", "hitratio", "polygraph")
 WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
 RULE_COUNTS = [10, 100, 1000, 10000]
 # The Sun proxy's assign-name table (Sun Java System Web Proxy Server 4.0.11 Performance
@@ -110,6 +114,8 @@ for _p, _why in _NO_TLS.items():
         SITS_OUT.setdefault(_p, {})[_s] = _why
 for _p, _why in hitratio_bench.SITS_OUT.items():
     SITS_OUT.setdefault(_p, {})["hitratio"] = _why
+for _p, _why in polygraph_bench.SITS_OUT.items():
+    SITS_OUT.setdefault(_p, {})["polygraph"] = _why
 # disk-hits: every proxy's memory cache, far smaller than the 127 MiB object set.
 DISK_HITS_MEMORY_MIB = 16
 PROXY_CPU = "0"   # proxy under test
@@ -1947,6 +1953,7 @@ def write_report(scenario, results, args, vers, outdir, command):
                    "soak": report_soak, "auth": report_auth,
                    "array": lambda *a: array_bench.report(sys.modules[__name__], *a),
                    "hitratio": lambda *a: hitratio_bench.report(sys.modules[__name__], *a),
+                   "polygraph": lambda *a: polygraph_bench.report(sys.modules[__name__], *a),
                    **{s: (lambda *a: tls_bench.report(sys.modules[__name__], *a))
                       for s in tls_bench.SCENARIOS},
                    "auth-ldap": report_auth_ldap}.get(scenario, report_wrk)(scenario, results, subjects,
@@ -1954,7 +1961,7 @@ def write_report(scenario, results, args, vers, outdir, command):
     L += extra
     want = {"rate": tuple(PEERS) + ("oha",),
             "rules": ("portico", "wrk"), "auth": ("portico", "wrk"), "auth-ldap": ("portico",),
-            "array": ("portico", "wrk"), "hitratio": tuple(PEERS),
+            "array": ("portico", "wrk"), "hitratio": tuple(PEERS), "polygraph": tuple(PEERS),
             "idle": tuple(PEERS), "soak": ("portico",),
             "h2-hits": tuple(PEERS) + ("h2load", "openssl"),
             "tls-roundtrips": tuple(PEERS) + ("openssl",)}.get(
@@ -2490,6 +2497,8 @@ def run_one(scenario, subject, tmp, args, ctx, origin):
         return array_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
     if scenario == "hitratio":
         return hitratio_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
+    if scenario == "polygraph":
+        return polygraph_bench.run(sys.modules[__name__], subject, tmp, args, ctx, origin)
     if scenario in tls_bench.SCENARIOS:
         return tls_bench.run(sys.modules[__name__], scenario, subject, tmp, args, ctx, origin)
     raise ValueError(scenario)
@@ -2615,6 +2624,13 @@ def main():
                     help="soak: percent of requests that may end unexpectedly (client "
                          "timeout, unexpected status) before the run fails (default 1.0); "
                          "a wrong body always fails")
+    ap.add_argument("--polygraph-rate", type=int, default=None,
+                    help=f"polygraph: offered requests/s (default {polygraph_bench.RATE}; "
+                         f"--smoke: {polygraph_bench.RATE_SMOKE}); the outside run's figures "
+                         f"were at 800-2,400")
+    ap.add_argument("--polygraph-seconds", type=int, default=None,
+                    help=f"polygraph: seconds of offered load (default "
+                         f"{polygraph_bench.DURATION}; --smoke: {polygraph_bench.DURATION_SMOKE})")
     ap.add_argument("--hitratio-requests", type=int, default=None,
                     help=f"hitratio: requests in the stream (default "
                          f"{hitratio_bench.REQUESTS:,}; --smoke: {hitratio_bench.REQUESTS_SMOKE:,})")

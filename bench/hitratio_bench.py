@@ -303,9 +303,10 @@ async def replay_part(port, stream, sizes, lo, hi, conns):
 
 # ---------------------------------------------------------------- the proxies
 
-def budget_conf(b, peer, d):
+def budget_conf(b, peer, d, portico_cache=None):
     """Write `peer`'s config with the scenario's budgets, its origin the
-    scenario's origin. Returns (argv, env)."""
+    scenario's origin (`portico_cache`: more [cache] keys for Portico, for
+    the scenarios that reuse these configs). Returns (argv, env)."""
     mine = str(ORIGIN_PORT)
     theirs = str(b.PORTS["origin"])
     if peer == "portico":
@@ -313,6 +314,7 @@ def budget_conf(b, peer, d):
         conf["upstream"] = [{"name": "origin", "servers": [f"127.0.0.1:{ORIGIN_PORT}"]}]
         # max_object_size (1 GiB) and max_memory_object (1 MiB) at their defaults.
         conf["cache"].update({"memory": f"{MEMORY_MIB}MiB", "disk": f"{DISK_MIB}MiB"})
+        conf["cache"].update(portico_cache or {})
         if b.PORTICO_EXTRA:
             b.merge_conf(conf, b.PORTICO_EXTRA)
         path = os.path.join(d, "portico.toml")
@@ -375,12 +377,12 @@ def budget_conf(b, peer, d):
     raise ValueError(peer)
 
 
-def start_proxy(b, peer, tmp, args):
+def start_proxy(b, peer, tmp, args, portico_cache=None):
     d = os.path.join(tmp, f"hitratio-{peer}")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     os.chmod(d, 0o777)
-    conf, env = budget_conf(b, peer, d)
+    conf, env = budget_conf(b, peer, d, portico_cache)
     if peer == "portico":
         b.portico_check(args.portico_bin, conf)
         argv = [args.portico_bin, "run", "-c", conf]
