@@ -209,6 +209,9 @@ async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
     let (origin, fetched) = origin().await;
     let p = proxy_both_tiers(cache.path()).await;
     assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    // The response is stored after its last byte is sent: a request sent
+    // before that would follow the fetch (and look at the disk tier).
+    disk_until(&p, "the response stored", |d| n(d, "writes") == 1).await;
     // The first memory hit has the file opened and checksummed in the
     // background; once it is held, hits send the body from it.
     let r = get(&p, &origin, "/large", &[]).await;
