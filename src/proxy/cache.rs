@@ -85,7 +85,9 @@ pub async fn serve<'s>(
         .as_ref()
         .filter(|c| c.is_running() && c.enabled_for(dest.cache_rule))
     else {
-        if let Some(outcome) = admit_deferred(ex, &sh.admission, busy, permit).await {
+        if permit.is_none()
+            && let Some(outcome) = Box::pin(admit_deferred(ex, &sh.admission, busy, permit)).await
+        {
             return answered(ex, outcome);
         }
         return Box::pin(forward(ex, sh, &dest)).await;
@@ -100,7 +102,10 @@ pub async fn serve<'s>(
     let bypass = (ex.head.method != Method::GET && ex.head.method != Method::HEAD)
         || ex.head.body != BodyFraming::Empty
         || policy.bypasses_cache(&ex.head.headers);
-    if bypass && let Some(outcome) = admit_deferred(ex, &sh.admission, busy, permit).await {
+    if bypass
+        && permit.is_none()
+        && let Some(outcome) = Box::pin(admit_deferred(ex, &sh.admission, busy, permit)).await
+    {
         return answered(ex, outcome);
     }
     let mut tx = Transaction {
@@ -150,7 +155,9 @@ pub async fn serve<'s>(
         if permit.is_some() || from_cache(&decision) {
             break (found, decision);
         }
-        if let Some(outcome) = admit_deferred(tx.ex, &sh.admission, busy, permit).await {
+        // Boxed, as every rarely taken branch here: the hit path's future
+        // would otherwise carry the queue's state.
+        if let Some(outcome) = Box::pin(admit_deferred(tx.ex, &sh.admission, busy, permit)).await {
             return answered(tx.ex, outcome);
         }
         tx.now = SystemTime::now();

@@ -644,7 +644,10 @@ impl ListenerHandler {
         // go on only to the cache's lookup: past the cache, it takes one.
         let offer = upgrade::offered(&ex.head, &sh.config.proxy.upgrade_protocols);
         let past_cache = to_member || purge::is_purge(&ex.head.method) || offer.is_some();
-        if past_cache && let Some(outcome) = admission::admit_deferred(ex, &sh.admission, busy, permit).await {
+        if past_cache
+            && permit.is_none()
+            && let Some(outcome) = Box::pin(admission::admit_deferred(ex, &sh.admission, busy, permit)).await
+        {
             return outcome;
         }
         let result = if to_member {
