@@ -156,7 +156,7 @@ crate::section! {
         /// By status class (1xx .. 5xx).
         by_status: Vec<(String, u64)> => Counter, Add, None, "Responses, by status class.",
             prom "portico_responses_total" { "code" = "" };
-        /// By what the cache did (HIT, MISS, STALE, REVALIDATED, NONE); needs `monitor.enabled`.
+        /// By what the cache did (HIT, MISS, STALE, REVALIDATED, COLLAPSED, NONE); needs `monitor.enabled`.
         by_cache: Vec<(String, u64)> => Counter, Add, None, "Requests by what the cache did (COLLAPSED: answered from another request's fetch after waiting for it; NONE: not cacheable or bypassed).",
             prom "portico_cache_requests_total" { "cache" = "" };
         /// Request body bytes received.

@@ -3,8 +3,9 @@
 //! whether its connection can carry another request. Pure functions over a
 //! buffer (no I/O), like the client side's `http1::head`.
 //!
-//! The head's bytes are split off the read buffer and frozen, and every
-//! field value is a slice of them: no value is copied.
+//! The head's bytes are copied off the read buffer into one allocation of
+//! their own (see `parse_response`), and every field value is a slice of
+//! it: no value is copied on its own.
 
 use crate::http1::head::{content_length, list_tokens};
 use bytes::{Buf, Bytes, BytesMut};
