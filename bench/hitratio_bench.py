@@ -131,6 +131,15 @@ def stream_facts(stream, sizes):
 def origin_main(argv):
     """`hitratio_bench.py origin PORT SEED HEAVY_MAX`: serve every /h/N."""
     port, seed, heavy_max = int(argv[0]), int(argv[1]), int(argv[2])
+    serve_origin(port, seed, lambda n: size_of(n, seed, heavy_max) if 0 <= n < URLS else None)
+
+
+def serve_origin(port, seed, size, delay=None):
+    """The counting origin of the hitratio and polygraph scenarios: answers
+    every `/h/N` with `size(n)` bytes (404 where it is None), a slice of one
+    seeded random block, fresh for MAX_AGE, after `delay(n)` seconds when
+    given; `/__count` returns the requests and body bytes answered so far
+    (itself not counted). Serves until killed."""
     block = random.Random(seed).randbytes(BLOCK)
     block2 = memoryview(block + block)
     count = {"requests": 0, "bytes": 0}
@@ -152,25 +161,25 @@ def origin_main(argv):
                                  % len(body) + body)
                     await writer.drain()
                     continue
-                n = -1
-                if target.startswith("/h/") and target[3:].isdigit():
-                    n = int(target[3:])
-                if not 0 <= n < URLS:
+                n = int(target[3:]) if target.startswith("/h/") and target[3:].isdigit() else -1
+                length = size(n) if n >= 0 else None
+                if length is None:
                     writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
                     await writer.drain()
                     continue
-                size = size_of(n, seed, heavy_max)
                 count["requests"] += 1
+                if delay is not None:
+                    await asyncio.sleep(delay(n))
                 # Date: RFC 9110 6.6.1 (an origin with a clock sends it); Squid
                 # stores nothing without it.
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                              b"Date: %s\r\nCache-Control: max-age=%d\r\n"
                              b"Content-Length: %d\r\n\r\n"
-                             % (email.utils.formatdate(usegmt=True).encode(), MAX_AGE, size))
+                             % (email.utils.formatdate(usegmt=True).encode(), MAX_AGE, length))
                 if method == "HEAD":
                     await writer.drain()
                     continue
-                off, left = (n * 7919) % BLOCK, size
+                off, left = (n * 7919) % BLOCK, length
                 while left:
                     k = min(left, BLOCK)
                     writer.write(block2[off:off + k])
@@ -183,7 +192,9 @@ def origin_main(argv):
             writer.close()
 
     async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024,
+        # backlog: the polygraph scenario's slow origin has thousands of
+        # connections opening at once.
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096,
                                             limit=1 << 16)
         async with server:
             await server.serve_forever()
@@ -207,13 +218,18 @@ def origin_count():
 
 
 def start_origin(b, tmp, heavy_max):
-    d = os.path.join(tmp, "hitratio-origin")
+    return start_origin_daemon(b, tmp, "hitratio-origin", __file__, [str(heavy_max)])
+
+
+def start_origin_daemon(b, tmp, name, script, args):
+    """Starts `script origin ORIGIN_PORT SEED *args` (a `serve_origin`) on the
+    load CPU and waits until it answers `/__count`."""
+    d = os.path.join(tmp, name)
     os.makedirs(d, exist_ok=True)
     if not b.port_free(ORIGIN_PORT):
-        raise RuntimeError(f"hitratio origin port {ORIGIN_PORT} is in use")
-    dm = b.Daemon("hitratio-origin", [sys.executable, os.path.abspath(__file__), "origin",
-                                      str(ORIGIN_PORT), str(b.SEED), str(heavy_max)],
-                  b.LOAD_CPU, d)
+        raise RuntimeError(f"{name} port {ORIGIN_PORT} is in use")
+    dm = b.Daemon(name, [sys.executable, os.path.abspath(script), "origin", str(ORIGIN_PORT),
+                         str(b.SEED), *args], b.LOAD_CPU, d)
     deadline = time.time() + 20
     while True:
         try:
@@ -222,14 +238,15 @@ def start_origin(b, tmp, heavy_max):
         except (OSError, ValueError):
             if not dm.alive() or time.time() > deadline:
                 dm.stop()
-                raise RuntimeError(f"hitratio origin not ready: {dm.tail()}")
+                raise RuntimeError(f"{name} not ready: {dm.tail()}")
             time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- the client
 
-async def fetch(reader, writer, path, port):
-    """One GET on a keep-alive connection: (status, body bytes received)."""
+async def get(reader, writer, path, port):
+    """One GET on a keep-alive connection, its body read whole: (status, body
+    bytes received, header fields by lower-case name)."""
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -259,6 +276,12 @@ async def fetch(reader, writer, path, port):
             await reader.readexactly(k)
             got += k
             left -= k
+    return status, got, fields
+
+
+async def fetch(reader, writer, path, port):
+    """One GET on a keep-alive connection: (status, body bytes received)."""
+    status, got, fields = await get(reader, writer, path, port)
     if fields.get("connection", "").lower() == "close":
         raise ConnectionResetError("closed by the proxy")   # reconnect for the next one
     return status, got

@@ -45,11 +45,11 @@ and busy (503) counts.
 """
 
 import asyncio
-import email.utils
+import collections
 import json
 import math
-import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -66,7 +66,7 @@ FILL, FILL_SMOKE = 60_000, 300
 FILL_BASE = 5_000_000                 # fill URLs: /h/5000000.. (no think time)
 FILL_CONNS = 64
 ORIGIN_PORT = hitratio_bench.ORIGIN_PORT   # the proxies' configs for it come from hitratio_bench
-READY_PATH = f"/h/{hitratio_bench.URLS - 1:07d}"   # answered at once (readiness probe)
+READY_URL = hitratio_bench.URLS - 1   # hitratio_bench.start_proxy's readiness probe: no think time
 PEERS = ("portico", "nginx", "varnish", "squid", "ats")
 SITS_OUT = dict(hitratio_bench.SITS_OUT)
 LAG_LIMIT_MS = 1000
@@ -103,106 +103,25 @@ def schedule(rate, duration, seed, fill):
 # ---------------------------------------------------------------- the origin
 
 def origin_main(argv):
-    """`polygraph_bench.py origin PORT SEED`: serve every /h/N after its think time."""
+    """`polygraph_bench.py origin PORT SEED`: serve every /h/N after its think
+    time (none for the fill URLs and the readiness probe's)."""
     port, seed = int(argv[0]), int(argv[1])
-    block = random.Random(seed).randbytes(1 << 20)
-    block2 = memoryview(block + block)
-    count = {"requests": 0, "bytes": 0}
 
-    async def handle(reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-                if len(line) < 2:
-                    return
-                target = line[1]
-                if "://" in target:
-                    target = "/" + target.split("://", 1)[1].partition("/")[2]
-                if target == "/__count":
-                    body = json.dumps(count).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Cache-Control: no-store\r\nContent-Length: %d\r\n\r\n"
-                                 % len(body) + body)
-                    await writer.drain()
-                    continue
-                n = int(target[3:]) if target.startswith("/h/") and target[3:].isdigit() else -1
-                if n < 0:
-                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                    await writer.drain()
-                    continue
-                if target != READY_PATH:
-                    count["requests"] += 1
-                    if n < FILL_BASE:
-                        await asyncio.sleep(think_of(n, seed))
-                size = size_of(n, seed)
-                off = (n * 7919) % (1 << 20)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                             b"Date: %s\r\nCache-Control: max-age=86400\r\n"
-                             b"Content-Length: %d\r\n\r\n"
-                             % (email.utils.formatdate(usegmt=True).encode(), size))
-                writer.write(block2[off:off + size] if size <= (1 << 20) else b"x" * size)
-                await writer.drain()
-                count["bytes"] += size
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
+    def think(n):
+        return 0 if n >= FILL_BASE or n == READY_URL else think_of(n, seed)
 
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096,
-                                            limit=1 << 16)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
+    hitratio_bench.serve_origin(port, seed, lambda n: size_of(n, seed), think)
 
 
 def start_origin(b, tmp):
-    d = os.path.join(tmp, "polygraph-origin")
-    os.makedirs(d, exist_ok=True)
-    if not b.port_free(ORIGIN_PORT):
-        raise RuntimeError(f"polygraph origin port {ORIGIN_PORT} is in use")
-    dm = b.Daemon("polygraph-origin", [sys.executable, os.path.abspath(__file__), "origin",
-                                       str(ORIGIN_PORT), str(b.SEED)], b.LOAD_CPU, d)
-    deadline = time.time() + 20
-    while True:
-        try:
-            hitratio_bench.origin_count()
-            return dm
-        except (OSError, ValueError):
-            if not dm.alive() or time.time() > deadline:
-                dm.stop()
-                raise RuntimeError(f"polygraph origin not ready: {dm.tail()}")
-            time.sleep(0.2)
+    return hitratio_bench.start_origin_daemon(b, tmp, "polygraph-origin", __file__, [])
 
 
 # ---------------------------------------------------------------- the client
 
 async def fetch(reader, writer, path, port):
     """One GET: (status, body bytes, X-Cache or '', connection reusable)."""
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    fields = {}
-    for line in lines[1:]:
-        k, _, v = line.partition(":")
-        fields[k.strip().lower()] = v.strip()
-    got = 0
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            await reader.readexactly(size + 2)
-            got += size
-    else:
-        left = int(fields.get("content-length", "0"))
-        if left:
-            await reader.readexactly(left)
-            got = left
+    status, got, fields = await hitratio_bench.get(reader, writer, path, port)
     # The first word of X-Cache (HIT, MISS, STALE...; Squid's "HIT from host").
     xc = fields.get("x-cache", "").split(" ")[0].split(",")[0].upper()
     return status, got, xc, fields.get("connection", "").lower() != "close"
@@ -218,7 +137,7 @@ async def replay(port, plan, sizes):
 
     async def one(due, n, hit, t0):
         lag = (time.monotonic() - t0 - due) * 1000
-        path = f"/h/{n:07d}"
+        path = hitratio_bench.path_of(n)
         async with slots:
             st, got, xc, ms = "error", 0, "", 0.0
             for _ in range(2):
@@ -256,37 +175,6 @@ async def replay(port, plan, sizes):
     return records, open_conns[0]
 
 
-async def fill_phase(port, fill, seed):
-    """Fetches the fill URLs once each on FILL_CONNS connections; returns how
-    many were not a 200 with the whole body."""
-    nxt, bad = [0], [0]
-
-    async def worker():
-        conn = None
-        while nxt[0] < fill:
-            n = FILL_BASE + nxt[0]
-            nxt[0] += 1
-            try:
-                if conn is None:
-                    conn = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-                st, got, _, keep = await asyncio.wait_for(
-                    fetch(conn[0], conn[1], f"/h/{n:07d}", port), timeout=60)
-                if not keep:
-                    conn[1].close()
-                    conn = None
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError,
-                    IndexError):
-                if conn is not None:
-                    conn[1].close()
-                conn, st, got = None, 0, 0
-            bad[0] += st != 200 or got != size_of(n, seed)
-        if conn is not None:
-            conn[1].close()
-
-    await asyncio.gather(*(worker() for _ in range(FILL_CONNS)))
-    return bad[0]
-
-
 # ---------------------------------------------------------------- one run
 
 def quantiles(ms):
@@ -316,7 +204,10 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
         port = b.PORTS[peer]
         cpu = b.CpuMeter(dm.pid, origin.pid)
         t = time.time()
-        fill_bad = asyncio.run(fill_phase(port, fill, b.SEED))
+        # The fill: each fill URL once, FILL_CONNS keep-alive connections.
+        fill_urls = range(FILL_BASE, FILL_BASE + fill)
+        _, fill_bad = asyncio.run(hitratio_bench.replay_part(
+            port, fill_urls, {n: size_of(n, b.SEED) for n in fill_urls}, 0, fill, FILL_CONNS))
         fill_secs = time.time() - t
         c0 = hitratio_bench.origin_count()
         t = time.time()
@@ -337,13 +228,12 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
         lag = quantiles([r[5] for r in records])
         problems = []
         if errors:
-            kinds = {}
-            for e in errors:
-                kinds[str(e[1])] = kinds.get(str(e[1]), 0) + 1
+            kinds = collections.Counter(str(e[1]) for e in errors)
             problems.append(f"{len(errors)} of {n} responses not a 200 with the whole body: "
-                            f"{kinds}; the proxy's log ends: {dm.tail(5)!r}")
+                            f"{dict(kinds)}; the proxy's log ends: {dm.tail(5)!r}")
         if fill_bad:
-            problems.append(f"{fill_bad} of {fill} fill requests not a 200 with the whole body")
+            problems.append(f"{len(fill_bad)} of {fill} fill requests not a 200 with the whole "
+                            f"body, e.g. {fill_bad[:3]}")
         if lag["p99"] > LAG_LIMIT_MS:
             problems.append(f"the client lagged its schedule by {lag['p99']:.0f} ms at p99: "
                             "it did not offer the load it claims")
@@ -375,7 +265,6 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
             dm.stop()
         origin.stop()
         if d:
-            import shutil
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -84,11 +84,7 @@ async fn a_full_memory_tier_of_small_objects_holds_no_more_than_its_budget_and_a
         grown <= budget + budget / 4,
         "resident memory grew by {grown} bytes for a tier of {budget} holding {entries} objects ({held} bytes by its count)"
     );
-    let perf = page(&p, "/.perf").await;
-    let line = perf
-        .lines()
-        .find(|l| l.starts_with("Memory Tier"))
-        .unwrap_or_else(|| panic!("no Memory Tier line:\n{perf}"));
+    let line = perf_line(&p, "Memory Tier").await;
     assert!(
         line.contains(&format!(
             "{held}/{budget} bytes in {entries} objects (process resident "

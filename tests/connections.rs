@@ -54,21 +54,46 @@ fn get(origin: &Origin, path: &str, headers: &str) -> Vec<u8> {
 /// An origin whose responses wait until the test adds permits to `gate`;
 /// `arrived` counts the requests it has received.
 async fn gated_origin() -> (Origin, Arc<Semaphore>, Arc<AtomicUsize>) {
+    gated_origin_with(false).await
+}
+
+/// As [`gated_origin`]; with `fresh`, every response is fresh for a minute,
+/// and `/cached` is answered at once (with `stored`, and not counted).
+async fn gated_origin_with(fresh: bool) -> (Origin, Arc<Semaphore>, Arc<AtomicUsize>) {
     let gate = Arc::new(Semaphore::new(0));
     let arrived = Arc::new(AtomicUsize::new(0));
     let (g, a) = (gate.clone(), arrived.clone());
     let origin = Origin::start(move |req| {
         let (g, a) = (g.clone(), a.clone());
         async move {
-            a.fetch_add(1, Ordering::SeqCst);
-            if let Ok(p) = g.acquire().await {
-                p.forget();
+            let resp = if fresh && req.uri.path() == "/cached" {
+                Response::ok("stored")
+            } else {
+                a.fetch_add(1, Ordering::SeqCst);
+                if let Ok(p) = g.acquire().await {
+                    p.forget();
+                }
+                Response::ok(format!("slow {}", req.uri.path()))
+            };
+            if fresh {
+                resp.header("Cache-Control", "max-age=60")
+            } else {
+                resp
             }
-            Response::ok(format!("slow {}", req.uri.path()))
         }
     })
     .await;
     (origin, gate, arrived)
+}
+
+/// Waits (10 s at most) until the origin has received `n` requests.
+async fn until_arrived(arrived: &AtomicUsize, n: usize) {
+    for _ in 0..2000 {
+        if arrived.load(Ordering::SeqCst) >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn fast_origin() -> Origin {
@@ -97,12 +122,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
             raw_request_timeout(addr, &req, Duration::from_secs(30)).await
         }));
     }
-    for _ in 0..2000 {
-        if arrived.load(Ordering::SeqCst) >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_arrived(&arrived, 2).await;
     assert_eq!(
         arrived.load(Ordering::SeqCst),
         2,
@@ -185,23 +205,7 @@ async fn max_requests_queues_then_answers_busy_503_with_retry_after() {
 async fn a_hit_is_answered_at_once_while_slow_misses_hold_every_slot_and_the_queue() {
     // `/cached` is answered at once and fresh for a minute; every other
     // path waits for the gate.
-    let gate = Arc::new(Semaphore::new(0));
-    let arrived = Arc::new(AtomicUsize::new(0));
-    let (g, a) = (gate.clone(), arrived.clone());
-    let origin = Origin::start(move |req| {
-        let (g, a) = (g.clone(), a.clone());
-        async move {
-            if req.uri.path() == "/cached" {
-                return Response::ok("stored").header("Cache-Control", "max-age=60");
-            }
-            a.fetch_add(1, Ordering::SeqCst);
-            if let Ok(p) = g.acquire().await {
-                p.forget();
-            }
-            Response::ok(format!("slow {}", req.uri.path()))
-        }
-    })
-    .await;
+    let (origin, gate, arrived) = gated_origin_with(true).await;
     let p = proxy("[server]\nmax_requests = 2\nqueue_size = 1\n").await;
     let addr = p.addr();
     let first = parse_response(&raw_request(addr, &get(&origin, "/cached", "Connection: close\r\n")).await);
@@ -215,12 +219,7 @@ async fn a_hit_is_answered_at_once_while_slow_misses_hold_every_slot_and_the_que
             raw_request_timeout(addr, &req, Duration::from_secs(30)).await
         }));
         if path == "/slow1" {
-            for _ in 0..2000 {
-                if arrived.load(Ordering::SeqCst) >= 2 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            until_arrived(&arrived, 2).await;
         }
     }
     stats_when(&p, "one queued request", |c| c["connection_queue"]["current"] == 1).await;
@@ -252,12 +251,8 @@ async fn a_hit_is_answered_at_once_while_slow_misses_hold_every_slot_and_the_que
     assert_eq!(int(&c, q, "unqueued_hits"), 1, "{c}");
     assert_eq!(int(&c, q, "overflows"), 1, "{c}");
     assert_eq!(int(&c, q, "total_queued"), 1, "{c}");
-    let perf = page(&p, "/.perf").await;
-    assert!(
-        perf.lines()
-            .any(|l| l.starts_with("Hits Answered Without Queueing") && l.trim_end().ends_with(" 1")),
-        "{perf}"
-    );
+    let line = perf_line(&p, "Hits Answered Without Queueing").await;
+    assert!(line.trim_end().ends_with(" 1"), "{line}");
 
     gate.add_permits(3);
     for (t, path) in slow.into_iter().zip(["/slow0", "/slow1", "/queued"]) {
@@ -269,30 +264,13 @@ async fn a_hit_is_answered_at_once_while_slow_misses_hold_every_slot_and_the_que
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miss_that_waited_in_the_queue_is_answered_from_what_was_stored_meanwhile() {
     // Every answer waits for the gate and is fresh for a minute.
-    let (gate, arrived) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (g, a) = (gate.clone(), arrived.clone());
-    let origin = Origin::start(move |req| {
-        let (g, a) = (g.clone(), a.clone());
-        async move {
-            a.fetch_add(1, Ordering::SeqCst);
-            if let Ok(p) = g.acquire().await {
-                p.forget();
-            }
-            Response::ok(format!("slow {}", req.uri.path())).header("Cache-Control", "max-age=60")
-        }
-    })
-    .await;
+    let (origin, gate, arrived) = gated_origin_with(true).await;
     let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n").await;
     let addr = p.addr();
     let req = get(&origin, "/a", "Connection: close\r\n");
     let r1 = req.clone();
     let first = tokio::spawn(async move { raw_request_timeout(addr, &r1, Duration::from_secs(30)).await });
-    for _ in 0..2000 {
-        if arrived.load(Ordering::SeqCst) >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_arrived(&arrived, 1).await;
     // The same URL, while the first holds the only place: looked up (a
     // miss), then queued for a place.
     let second = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
@@ -860,12 +838,7 @@ async fn a_queued_request_whose_client_leaves_is_dropped() {
     let addr = p.addr();
     let req = get(&origin, "/slow", "Connection: close\r\n");
     let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
-    for _ in 0..2000 {
-        if arrived.load(Ordering::SeqCst) >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_arrived(&arrived, 1).await;
     let mut leaving = RawClient::connect(addr).await;
     leaving.send(&get(&origin, "/abandoned", "")).await;
     stats_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;

@@ -38,6 +38,10 @@ pub enum CacheStatus {
     Stale,
     /// Validated with the origin (304) and served from the cache.
     Revalidated,
+    /// Answered from another request's fetch after waiting for it: `HIT`
+    /// to the client (no origin request was made for it), `COLLAPSED` in
+    /// the statistics and the access log (it had a miss's wait).
+    Collapsed,
 }
 
 impl CacheStatus {
@@ -47,12 +51,13 @@ impl CacheStatus {
             CacheStatus::Miss => crate::stats::CacheOutcome::Miss,
             CacheStatus::Stale => crate::stats::CacheOutcome::Stale,
             CacheStatus::Revalidated => crate::stats::CacheOutcome::Revalidated,
+            CacheStatus::Collapsed => crate::stats::CacheOutcome::Collapsed,
         }
     }
 
     fn value(self) -> HeaderValue {
         HeaderValue::from_static(match self {
-            CacheStatus::Hit => "HIT",
+            CacheStatus::Hit | CacheStatus::Collapsed => "HIT",
             CacheStatus::Miss => "MISS",
             CacheStatus::Stale => "STALE",
             CacheStatus::Revalidated => "REVALIDATED",
@@ -99,10 +104,13 @@ pub async fn serve<'s>(
     };
     let key = key_for(cache, sh, &dest);
     let now = SystemTime::now();
-    let bypass = (ex.head.method != Method::GET && ex.head.method != Method::HEAD)
-        || ex.head.body != BodyFraming::Empty
-        || policy.bypasses_cache(&ex.head.headers);
-    if bypass
+    // Unsafe methods and requests with a body pass the cache by; so does a
+    // request the policy bypasses it for. Either goes upstream: a request
+    // without a permit takes one first.
+    let pass_through =
+        (ex.head.method != Method::GET && ex.head.method != Method::HEAD) || ex.head.body != BodyFraming::Empty;
+    let bypass = !pass_through && policy.bypasses_cache(&ex.head.headers);
+    if (pass_through || bypass)
         && permit.is_none()
         && let Some(outcome) = Box::pin(admit_deferred(ex, &sh.admission, busy, permit)).await
     {
@@ -117,8 +125,7 @@ pub async fn serve<'s>(
         key,
         now,
     };
-    if (tx.ex.head.method != Method::GET && tx.ex.head.method != Method::HEAD) || tx.ex.head.body != BodyFraming::Empty
-    {
+    if pass_through {
         return tx.pass_through().await;
     }
     if bypass {
@@ -793,10 +800,7 @@ impl Transaction<'_, '_> {
                             == Decision::Fresh
                     {
                         self.cache.stats.collapsed();
-                        let sent = self.send_stored(stored, CacheStatus::Hit).await;
-                        // It waited for the fetch: a collapsed answer, not a hit.
-                        note_cache(self.ex, crate::stats::CacheOutcome::Collapsed);
-                        return sent;
+                        return self.send_stored(stored, CacheStatus::Collapsed).await;
                     }
                     break; // fetch for ourselves
                 }
@@ -966,10 +970,10 @@ impl Transaction<'_, '_> {
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, age);
         if let Some(name) = &self.cache.status_header {
-            headers.insert(name.clone(), CacheStatus::Hit.value());
+            headers.insert(name.clone(), CacheStatus::Collapsed.value());
         }
         let ex = &mut *self.ex;
-        note_cache(ex, crate::stats::CacheOutcome::Collapsed);
+        note_cache(ex, CacheStatus::Collapsed.outcome());
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let len = match head.length {
             Some(n) => BodyLen::Known(n),

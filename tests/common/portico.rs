@@ -360,6 +360,16 @@ pub async fn page(p: &Portico, path: &str) -> String {
     super::client::parse_response(&super::client::raw_request(p.addr(), req.as_bytes()).await).body_str()
 }
 
+/// The perfdump (`/.perf`) line that starts with `label`; panics with the
+/// page when there is none.
+pub async fn perf_line(p: &Portico, label: &str) -> String {
+    let perf = page(p, "/.perf").await;
+    perf.lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label} line in the perfdump:\n{perf}"))
+        .to_string()
+}
+
 /// The statistics snapshot of the monitoring JSON (`/.stats.json`,
 /// its `snapshot`); panics unless it is a 200 with JSON.
 pub async fn stats_snapshot(p: &Portico) -> serde_json::Value {

@@ -156,7 +156,7 @@ impl<'c> Transaction<'c, '_> {
         match status {
             CacheStatus::Miss => self.cache.stats.miss(),
             CacheStatus::Hit => self.cache.stats.hit(),
-            CacheStatus::Revalidated | CacheStatus::Stale => {}
+            CacheStatus::Revalidated | CacheStatus::Stale | CacheStatus::Collapsed => {}
         }
         let whole = first.whole_meta();
         if let Some(why) = super::super::reply_acl::denied(&self.dest.reply, whole.status, &whole.headers) {
