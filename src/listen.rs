@@ -246,7 +246,6 @@ async fn run<H: Handler>(
     if let Some(poller) = serving.settings.keepalive.poller() {
         let conn = Parked {
             stream: idle.stream,
-            peer,
             served: idle.served,
             waited: idle.waited,
             open,
@@ -258,6 +257,11 @@ async fn run<H: Handler>(
 impl<H: Handler> Resume for Serving<H> {
     fn resume(self: Arc<Self>, conn: Parked, ready: bool, runtime: &tokio::runtime::Handle) {
         runtime.spawn(async move {
+            // The poller keeps no address: the kernel's is the one accept
+            // returned. A socket that has none any more is already dead.
+            let Ok(peer) = conn.stream.peer_addr() else {
+                return;
+            };
             // Registers the socket with this runtime's reactor again.
             let Ok(stream) = TcpStream::from_std(conn.stream) else {
                 return;
@@ -267,7 +271,7 @@ impl<H: Handler> Resume for Serving<H> {
                 ready,
                 park_after: Some(conn.waited),
             };
-            run(self, ClientStream::Plain(stream), conn.peer, start, conn.open).await;
+            run(self, ClientStream::Plain(stream), peer, start, conn.open).await;
         });
     }
 }

@@ -62,6 +62,23 @@ pub fn raise_open_files() -> OpenFiles {
     OpenFiles { before, now: before }
 }
 
+/// The open-files soft limit now (1,024 if it cannot be read), at most
+/// 1 << 20: how many descriptors, so connections, this process can hold.
+// rlim_t is u64 on the 64-bit targets we build for, u32 on some others.
+#[allow(clippy::useless_conversion)]
+pub fn open_files_limit() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and has no other
+    // preconditions.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    usize::try_from(u64::from(lim.rlim_cur).min(1 << 20)).unwrap_or(1 << 20)
+}
+
 /// The values derived from an open-files limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Derived {

@@ -395,6 +395,40 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
     stats_when(&p, "the closed connection gone", |c| c["keepalive"]["count"] == 29).await;
 }
 
+/// The poller keeps no client address: a resumed connection takes the
+/// socket's own peer address again. A client at 127.0.0.3 is still that
+/// client after parking, for the access list and in the access log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_connection_keeps_its_client_address() {
+    let origin = fast_origin().await;
+    let p = proxy(
+        "[keepalive]\npark_after = \"20ms\"\ntimeout = \"30s\"\n\n\
+         [[acl]]\naction = \"allow\"\nclient = \"127.0.0.3\"\n\n\
+         [[acl]]\naction = \"deny\"\nreason = \"Not the help desk\"\n",
+    )
+    .await;
+    let mut desk = RawClient::connect_from("127.0.0.3".parse().expect("ip"), p.addr()).await;
+    let mut other = RawClient::connect(p.addr()).await;
+    desk.send(&get(&origin, "/before", "")).await;
+    assert_eq!(desk.read_response().await.status, 200);
+    other.send(&get(&origin, "/before", "")).await;
+    assert_eq!(other.read_response().await.status, 403);
+    stats_when(&p, "both connections parked", |c| c["keepalive"]["parked"] == 2).await;
+    desk.send(&get(&origin, "/after", "")).await;
+    let r = desk.read_response().await;
+    assert_eq!((r.status, r.body_str()), (200, "fast /after".to_string()));
+    other.send(&get(&origin, "/after", "")).await;
+    assert_eq!(other.read_response().await.status, 403);
+    let lines = file_lines(&p.dir().join("access.log"), 4).await;
+    let after: Vec<&String> = lines.iter().filter(|l| l.contains("/after")).collect();
+    assert_eq!(after.len(), 2, "{lines:?}");
+    assert!(
+        after.iter().any(|l| l.starts_with("127.0.0.3 ") && l.contains(" 200 "))
+            && after.iter().any(|l| l.starts_with("127.0.0.1 ") && l.contains(" 403 ")),
+        "{lines:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_with_a_steady_rhythm_is_not_parked_for_every_request() {
     let origin = fast_origin().await;
