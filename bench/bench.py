@@ -53,6 +53,8 @@ SCENARIOS = {
                  "caches (page cache), keep-alive, 64 connections",
     "miss": "every request a miss: uniform random over the 10,000 objects served by the origin "
             "with Cache-Control: no-store, keep-alive, 64 connections",
+    "busy": "hits as in `hits` from 1,000 keep-alive connections at once (issue 17 item 7: "
+            "the tail when many connections are busy)",
     "idle": "memory per idle keep-alive connection: 10,000 connections held open, "
             "before any request and after one request each",
     "rate": "open-loop fixed-rate load (oha) at 25-150% of the closed-loop peak, hits over "
@@ -81,7 +83,10 @@ SCENARIOS = {
 SCENARIOS.update(tls_bench.SCENARIOS)
 # Run only when named (soak: an hour; hitratio: ~15 min a round; polygraph: ~1.5 min a proxy) or by --smoke: not part of a plain `bench/run`.
 NAMED_ONLY = ("soak", "hitratio", "polygraph")
-WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits")
+WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits", "busy")
+# Scenarios that serve the 10,000 cached objects at random (wrk script `hits`).
+HIT_SCENARIOS = ("hits", "close", "disk-hits", "busy")
+BUSY_CONNECTIONS = 1000
 RULE_COUNTS = [10, 100, 1000, 10000]
 # The Sun proxy's assign-name table (Sun Java System Web Proxy Server 4.0.11 Performance
 # Tuning, Sizing, and Scaling Guide, chapter 6 "Scalability Studies"):
@@ -975,7 +980,13 @@ def write_wrk_scripts(tmp, paths):
             f.write(body)
     out["close"] = out["hits"]
     out["disk-hits"] = out["hits"]
+    out["busy"] = out["hits"]
     return out
+
+
+def wrk_connections(scenario, args):
+    """wrk's connections: `busy` has its own 1,000, the others --connections."""
+    return BUSY_CONNECTIONS if scenario == "busy" else args.connections
 
 
 class CpuMeter:
@@ -1189,7 +1200,7 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
             _, h, _ = http_get(port, "/page")  # should be a hit
             info["warm_xcache"] = cache_status(h)
             path = "/page"
-        elif scenario in ("hits", "close", "disk-hits"):
+        elif scenario in HIT_SCENARIOS:
             t = time.time()
             info["warm_bad"] = warm_hits(port, paths)
             info["warm_s"] = round(time.time() - t, 1)
@@ -1200,8 +1211,8 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
             path = "/"
         hits0 = peer_hit_counter(peer, tmp) if scenario != "miss" else None
         tiers0 = portico_tiers(port) if peer == "portico" and scenario != "miss" else None
-        r = run_wrk(port, path, ctx["scripts"][scenario], args.duration, args.connections,
-                    daemon.pid, origin.pid, headers)
+        r = run_wrk(port, path, ctx["scripts"][scenario], args.duration,
+                    wrk_connections(scenario, args), daemon.pid, origin.pid, headers)
         r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
         check_portico_hits(port, tiers0, r, info, problems)
         if hits0 is not None:
@@ -1214,7 +1225,7 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                     problems.append(f"{peer} counted {info['peer_hits']:,} cache hits for "
                                     f"{r['requests']:,} responses")
         r["origin_during"] = r["origin_requests"]
-        if scenario in ("hits", "close", "disk-hits"):
+        if scenario in HIT_SCENARIOS:
             check_hit_sample(port, paths, info, problems)
             if peer == "ats":   # its Via codes tell RAM-cache hits from disk-cache hits
                 info["sample_hits"] += f" ({SAMPLE_RAM_HITS.get(port, 0)} from RAM)"
@@ -2017,7 +2028,7 @@ def med(rs, key):
 
 
 def report_wrk(scenario, results, peers, args):
-    extra = [f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency"
+    extra = [f"- Load: `wrk -t1 -c{wrk_connections(scenario, args)} -d{args.duration}s --latency"
              + (" -H 'Connection: close'" if scenario == "close" else "")
              + f"` on CPU {LOAD_CPU} (with the origin); proxy under test on CPU {PROXY_CPU}; "
              f"{args.rounds} interleaved round(s), fresh cache per run"]
