@@ -319,13 +319,15 @@ def machine_busy_jiffies():
     return sum(v) - v[3] - v[4]  # minus idle, iowait
 
 
-def tree_rss_kib(root_pid):
+def tree_rss_kib(root_pid, field="VmRSS"):
+    """The RSS of a process tree in KiB (summed over its processes); with
+    field="VmHWM", the sum of each process's peak RSS so far."""
     total = 0
     for p in proc_tree(root_pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS"):
+                    if line.startswith(field):
                         total += int(line.split()[1])
         except OSError:
             pass

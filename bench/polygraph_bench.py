@@ -245,7 +245,8 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
              "client_connections": conns, "seconds": secs, "rps": n / secs,
              "fill": fill, "fill_seconds": fill_secs,
              "proxy_cpu": c["proxy_cpu"], "other_cpu": 0.0, "machine_other_cpu": c["other_cpu"],
-             "rss_mib": b.tree_rss_kib(dm.pid) / 1024, "problems": problems}
+             "rss_mib": b.tree_rss_kib(dm.pid) / 1024,
+             "rss_peak_mib": b.tree_rss_kib(dm.pid, "VmHWM") / 1024, "problems": problems}
         h = r["hits"]
         r["summary"] = (f"{n:,} requests at {rate}/s: offered hits {h['n']:,}, mean "
                         f"{h.get('mean', 0):.1f} ms, median {h.get('p50', 0):.1f}, p90 "
@@ -283,7 +284,7 @@ def report(b, scenario, results, subjects, args):
          "rounds.\n",
          "| proxy | rate/s | requests | offered hits: mean ms | median | p90 | p99 | over 100 ms "
          "| others: median ms | hit ratio (origin's count) | errors | client lag p99 ms "
-         "| proxy CPU | RSS MiB |",
+         "| proxy CPU | RSS MiB at the end (peak) |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in subjects:
         rs = results[p]
@@ -297,7 +298,8 @@ def report(b, scenario, results, subjects, args):
                  f"{med(rs, lambda r: r['hit_ratio']):.1%} of "
                  f"{med(rs, lambda r: r['offered_hits']):.1%} | "
                  f"{sum(r['errors'] for r in rs)} | {med(rs, lambda r: r['lag']['p99']):.1f} | "
-                 f"{med(rs, lambda r: r['proxy_cpu']):.2f} | {med(rs, lambda r: r['rss_mib']):.0f} |")
+                 f"{med(rs, lambda r: r['proxy_cpu']):.2f} | {med(rs, lambda r: r['rss_mib']):.0f} "
+                 f"({med(rs, lambda r: r.get('rss_peak_mib', 0)):.0f}) |")
     L += ["", "## Offered hits and the rest by the proxy's X-Cache (first round)\n",
           "| proxy | requests | X-Cache | n | mean ms | median | p90 | p99 | over 100 ms |",
           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
