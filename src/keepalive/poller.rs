@@ -39,6 +39,9 @@ const WAKE: Token = Token(usize::MAX);
 const TRIM_AFTER: u64 = 256;
 /// How long parking must have been quiet before trimming.
 const TRIM_QUIET_MS: u64 = 50;
+/// At most this many connections' room is reserved at start (4.75 MiB of
+/// address space for the table, its orders and its free list).
+const RESERVE_MAX: usize = 1 << 16;
 /// A connection's wait before parking grows to at most this many times
 /// `park_after` (see [`Poller::next_wait`]).
 const MAX_WAIT_FACTOR: u32 = 32;
@@ -102,7 +105,8 @@ struct Slot {
 #[derive(Default)]
 struct Table {
     /// The table and the orders below are reserved at start for as many
-    /// connections as there can be descriptors ([`Table::reserved`]): one
+    /// connections as there can be descriptors, up to [`RESERVE_MAX`]
+    /// ([`Table::reserved`]): one
     /// mapping each, of which only the pages in use are resident. So they
     /// never double (a vector grown to 10,000 slots holds 16,384), and they
     /// never sit among the short-lived allocations of the tasks parked
@@ -306,9 +310,11 @@ impl Poller {
         let waker = Waker::new(poll.registry(), WAKE)?;
         let poller = Arc::new(Poller {
             // Every parked connection holds a descriptor: the open-files
-            // limit bounds them (reserved, not touched: 48 MB of address
-            // space at Linux's highest limit, resident only as used).
-            table: Mutex::new(Table::reserved(crate::sizing::open_files_limit())),
+            // limit bounds them. Reserved, not touched (resident only as
+            // used), but capped: address space reserved is still committed
+            // memory under strict overcommit (`vm.overcommit_memory = 2`).
+            // Past the cap the vectors grow as vectors do.
+            table: Mutex::new(Table::reserved(crate::sizing::open_files_limit().min(RESERVE_MAX))),
             registry,
             waker,
             epoch: Instant::now(),
