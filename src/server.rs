@@ -71,8 +71,8 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         // benchmark's p99) while the median was 8 ms. A poll that brings no
         // more tasks than the worker runs before the next one never
         // overflows: the rest wait in the kernel's ready list, in the order
-        // they became ready, as they do for nginx (p99 33-38 ms, nginx's
-        // 29-33).
+        // they became ready, as they do for nginx (the `busy` benchmark's
+        // p99 now 31-47 ms, nginx's 27-31).
         .event_interval(EVENT_INTERVAL)
         .max_io_events_per_tick(IO_EVENTS_PER_POLL)
         .enable_all();
