@@ -4,8 +4,9 @@
 //! `/.dashboard?layout`, the page reads its canvases' pixels back and
 //! reports where the lines and the text landed, so the layout (axes with
 //! ticks and units, legends beside the plots, lines filling the width) is
-//! asserted, not only the numbers. Screenshots are saved as
-//! target/dashboard.png and target/dashboard-auth.png for a person to look at.
+//! asserted, not only the numbers. Screenshots are saved in cargo's
+//! temporary directory for integration tests (`target/tmp/dashboard*.png`,
+//! under `CARGO_TARGET_DIR` when that is set) for a person to look at.
 
 mod common;
 
@@ -170,7 +171,7 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         }
     }
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
     // The page polled several times (so rates and a time span exist) and wrote the values.
     let updates = updates(&dom);
@@ -305,7 +306,7 @@ async fn dashboard_shows_the_user_cache_when_auth_is_on() {
         }
     });
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-auth.png");
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-auth.png");
     let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.await.expect("traffic task");
@@ -398,7 +399,7 @@ async fn dashboard_shows_the_array_members_their_state_and_the_duplicate_rate() 
         assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
     }
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-array.png");
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-array.png");
     let dom = browse(url, p.dir().join("chromium-profile"), png, 4000).await;
     assert!(updates(&dom) >= 2, "{dom}");
     assert!(!is_hidden(&dom, "card-array"), "array tile hidden with [array]");
@@ -474,7 +475,7 @@ async fn dashboard_shows_tls_handshakes_and_resumption_once_a_tls_listener_is_us
         }
     });
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-tls.png");
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-tls.png");
     let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.await.expect("traffic task");
