@@ -27,13 +27,10 @@ pub struct OpenFiles {
     pub now: u64,
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit (capped at 1 << 20,
-/// which is Linux's usual `nr_open`, so an "unlimited" hard limit does not
-/// make setrlimit fail). Returns the limits; on failure the soft limit is
-/// kept and reported unchanged.
+/// The open-files limits (soft, hard), or None if they cannot be read.
 // rlim_t is u64 on the 64-bit targets we build for, u32 on some others.
 #[allow(clippy::useless_conversion)]
-pub fn raise_open_files() -> OpenFiles {
+fn nofile() -> Option<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -41,17 +38,29 @@ pub fn raise_open_files() -> OpenFiles {
     // SAFETY: getrlimit writes into the struct we pass and has no other
     // preconditions.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    Some((u64::from(lim.rlim_cur), u64::from(lim.rlim_max)))
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (capped at 1 << 20,
+/// which is Linux's usual `nr_open`, so an "unlimited" hard limit does not
+/// make setrlimit fail). Returns the limits; on failure the soft limit is
+/// kept and reported unchanged.
+pub fn raise_open_files() -> OpenFiles {
+    let Some((before, hard)) = nofile() else {
         return OpenFiles {
             before: 1024,
             now: 1024,
         };
-    }
-    let before = u64::from(lim.rlim_cur);
-    let target = u64::from(lim.rlim_max).min(1 << 20);
-    if target > before {
+    };
+    let target = hard.min(1 << 20);
+    if target > before
+        && let (Ok(cur), Ok(max)) = (libc::rlim_t::try_from(target), libc::rlim_t::try_from(hard))
+    {
         let raised = libc::rlimit {
-            rlim_cur: libc::rlim_t::try_from(target).unwrap_or(lim.rlim_max),
-            rlim_max: lim.rlim_max,
+            rlim_cur: cur,
+            rlim_max: max,
         };
         // SAFETY: setrlimit reads the struct we pass; raising the soft
         // limit up to the hard limit needs no privilege.
@@ -64,19 +73,9 @@ pub fn raise_open_files() -> OpenFiles {
 
 /// The open-files soft limit now (1,024 if it cannot be read), at most
 /// 1 << 20: how many descriptors, so connections, this process can hold.
-// rlim_t is u64 on the 64-bit targets we build for, u32 on some others.
-#[allow(clippy::useless_conversion)]
 pub fn open_files_limit() -> usize {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass and has no other
-    // preconditions.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 1024;
-    }
-    usize::try_from(u64::from(lim.rlim_cur).min(1 << 20)).unwrap_or(1 << 20)
+    let soft = nofile().map_or(1024, |(soft, _)| soft.min(1 << 20));
+    usize::try_from(soft).unwrap_or(1 << 20)
 }
 
 /// The values derived from an open-files limit.
