@@ -60,8 +60,9 @@ pub struct Parked {
 }
 
 /// Gives a connection whose client has sent something (`ready`) a task
-/// again; implemented by the accept loop's per-listener state. Called on
-/// the poller thread, so it only spawns.
+/// again; implemented by the accept loop's per-listener state. Called by
+/// the poller's dispatch task (see [`dispatch`]), one connection after
+/// another, so it only spawns.
 pub trait Resume: Send + Sync {
     /// Serves `conn` from here on; `ready` is false when the wake-up may
     /// have been spurious (the task then waits for bytes itself).
@@ -285,11 +286,8 @@ pub struct Poller {
     waker: Waker,
     epoch: Instant,
     park_after: Duration,
-    /// Where resumed connections' tasks are spawned.
-    runtime: tokio::runtime::Handle,
-    /// Connections woken, on their way to [`Poller::dispatch`].
-    handoff: Mutex<Vec<Woken>>,
-    handoff_ready: tokio::sync::Notify,
+    /// Connections woken, on their way to [`dispatch`] (a channel).
+    handoff: tokio::sync::mpsc::UnboundedSender<Woken>,
     parks: AtomicU64,
     /// Kept-alive connections parked now (read without the lock).
     kept: AtomicUsize,
@@ -308,6 +306,7 @@ impl Poller {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
+        let (handoff, woken) = tokio::sync::mpsc::unbounded_channel();
         let poller = Arc::new(Poller {
             // Every parked connection holds a descriptor: the open-files
             // limit bounds them. Reserved, not touched (resident only as
@@ -319,15 +318,14 @@ impl Poller {
             waker,
             epoch: Instant::now(),
             park_after,
-            runtime: runtime.clone(),
-            handoff: Mutex::new(Vec::new()),
-            handoff_ready: tokio::sync::Notify::new(),
+            handoff,
             parks: AtomicU64::new(0),
             kept: AtomicUsize::new(0),
             fresh: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
         });
-        runtime.spawn(Arc::clone(&poller).dispatch());
+        let spawner = runtime.clone();
+        runtime.spawn(dispatch(woken, spawner));
         let thread = Arc::clone(&poller);
         let ka = Arc::clone(keepalive);
         std::thread::Builder::new()
@@ -338,24 +336,6 @@ impl Poller {
             let _ = wake.waker.wake();
         }));
         Ok(poller)
-    }
-
-    /// Gives woken connections their tasks. A task of the runtime rather
-    /// than the poller thread spawns them, so that their memory comes from
-    /// the runtime's threads' allocator arenas: spawned here, every burst
-    /// of resumed connections would grow an arena of the poller thread's
-    /// own, which glibc keeps partly resident (its top pad and the pages
-    /// around what stays allocated in it) long after the burst.
-    async fn dispatch(self: Arc<Self>) {
-        let mut batch = Vec::new();
-        loop {
-            self.handoff_ready.notified().await;
-            // Swapped, not taken: both vectors keep their capacity.
-            std::mem::swap(&mut batch, &mut *self.handoff.lock().unwrap_or_else(|e| e.into_inner()));
-            for (conn, ready, resume) in batch.drain(..) {
-                resume.resume(conn, ready, &self.runtime);
-            }
-        }
     }
 
     /// How long a connection's task waits for bytes before parking it.
@@ -562,11 +542,9 @@ impl Poller {
             waited: next_wait(self.park_after, waited, parked),
             open: entry.open,
         };
-        self.handoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((conn, ready, entry.resume));
-        self.handoff_ready.notify_one();
+        // Fails only once the runtime, and its dispatch task, are gone:
+        // the connection is then closed.
+        let _ = self.handoff.send((conn, ready, entry.resume));
     }
 }
 
@@ -578,6 +556,18 @@ impl std::fmt::Debug for Poller {
             .field("fresh", &self.fresh())
             .field("parks", &self.parks())
             .finish_non_exhaustive()
+    }
+}
+
+/// Gives woken connections their tasks. A task of the runtime rather than
+/// the poller thread spawns them, so that their memory comes from the
+/// runtime's threads' allocator arenas: spawned on the poller thread, every
+/// burst of resumed connections would grow an arena of that thread's own,
+/// which glibc keeps partly resident (its top pad and the pages around what
+/// stays allocated in it) long after the burst.
+async fn dispatch(mut woken: tokio::sync::mpsc::UnboundedReceiver<Woken>, runtime: tokio::runtime::Handle) {
+    while let Some((conn, ready, resume)) = woken.recv().await {
+        resume.resume(conn, ready, &runtime);
     }
 }
 
