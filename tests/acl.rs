@@ -8,7 +8,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -45,20 +44,6 @@ async fn via(p: &Portico, method: &str, host: &str, port: u16, path: &str, heade
     let req = req.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
     let req = if method == "POST" { format!("{req}hi") } else { req };
     parse_response(&raw_request(p.addr(), req.as_bytes()).await)
-}
-
-/// Waits (up to 5 s) for the access log to contain `needle`; returns the log.
-async fn access_log_with(dir: &Path, needle: &str) -> String {
-    let path = dir.join("access.log");
-    let mut log = String::new();
-    for _ in 0..100 {
-        log = std::fs::read_to_string(&path).unwrap_or_default();
-        if log.contains(needle) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    log
 }
 
 /// A monitoring page of `p`.

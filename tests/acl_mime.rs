@@ -106,20 +106,6 @@ content_type = ["video/*", "application/x-msdownload"]
 reason = "This file type is blocked"
 "#;
 
-/// Waits (up to 5 s) for the access log to contain `needle`; returns the log.
-async fn access_log_with(dir: &Path, needle: &str) -> String {
-    let path = dir.join("access.log");
-    let mut log = String::new();
-    for _ in 0..100 {
-        log = std::fs::read_to_string(&path).unwrap_or_default();
-        if log.contains(needle) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    log
-}
-
 /// `acl_denied` from `/.stats.json`.
 async fn acl_denied(p: &Portico) -> u64 {
     let r = send(

@@ -4,7 +4,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -17,20 +16,6 @@ fn forward_config(extra: &str) -> String {
         "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n[log]\naccess = \"{{dir}}/access.log\"\n\n{extra}",
         free_addr()
     )
-}
-
-/// Waits (up to 5 s) for the access log to contain `needle`; returns the log.
-async fn access_log_with(dir: &Path, needle: &str) -> String {
-    let path = dir.join("access.log");
-    let mut log = String::new();
-    for _ in 0..100 {
-        log = std::fs::read_to_string(&path).unwrap_or_default();
-        if log.contains(needle) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    log
 }
 
 /// An origin that echoes every byte back until the peer half-closes, then

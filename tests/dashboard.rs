@@ -105,8 +105,12 @@ fn assert_plot_layout(id: &str, p: &serde_json::Value, must_fill: bool) {
 }
 
 /// Loads `url` in headless Chromium (as the DOM after `budget_ms` of the
-/// page's virtual time) and takes a screenshot of it into `png`.
-async fn browse(url: String, profile: std::path::PathBuf, png: std::path::PathBuf, budget_ms: u32) -> String {
+/// page's virtual time) and takes a screenshot of it into the file `png` of
+/// cargo's temporary directory for integration tests, which exists wherever
+/// the target directory is (Chromium writes nothing, and still succeeds,
+/// into a directory that does not exist).
+async fn browse(url: String, profile: std::path::PathBuf, png: &str, budget_ms: u32) -> String {
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(png);
     let (dump, shot) = tokio::task::spawn_blocking(move || {
         let budget = format!("--virtual-time-budget={budget_ms}");
         let dump = chromium(&["--dump-dom", &budget, &url], &profile);
@@ -171,8 +175,7 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         }
     }
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    let dom = browse(url, p.dir().join("chromium-profile"), "dashboard.png", 6000).await;
     // The page polled several times (so rates and a time span exist) and wrote the values.
     let updates = updates(&dom);
     assert!(updates >= 3, "updates {updates}\n{dom}");
@@ -306,8 +309,7 @@ async fn dashboard_shows_the_user_cache_when_auth_is_on() {
         }
     });
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-auth.png");
-    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    let dom = browse(url, p.dir().join("chromium-profile"), "dashboard-auth.png", 6000).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.await.expect("traffic task");
     assert!(updates(&dom) >= 3, "{dom}");
@@ -399,8 +401,7 @@ async fn dashboard_shows_the_array_members_their_state_and_the_duplicate_rate() 
         assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
     }
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-array.png");
-    let dom = browse(url, p.dir().join("chromium-profile"), png, 4000).await;
+    let dom = browse(url, p.dir().join("chromium-profile"), "dashboard-array.png", 4000).await;
     assert!(updates(&dom) >= 2, "{dom}");
     assert!(!is_hidden(&dom, "card-array"), "array tile hidden with [array]");
     let alpha = member_row(&dom, "alpha");
@@ -475,8 +476,7 @@ async fn dashboard_shows_tls_handshakes_and_resumption_once_a_tls_listener_is_us
         }
     });
     let url = format!("http://{}/.dashboard?layout", p.addr());
-    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-tls.png");
-    let dom = browse(url, p.dir().join("chromium-profile"), png, 6000).await;
+    let dom = browse(url, p.dir().join("chromium-profile"), "dashboard-tls.png", 6000).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.await.expect("traffic task");
     assert!(updates(&dom) >= 3, "{dom}");

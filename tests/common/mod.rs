@@ -109,6 +109,21 @@ pub async fn file_lines(path: &std::path::Path, n: usize) -> Vec<String> {
     got
 }
 
+/// Waits (up to 5 s) for `dir`'s `access.log` (written by its own thread)
+/// to contain `needle`; returns the log as it then is.
+pub async fn access_log_with(dir: &std::path::Path, needle: &str) -> String {
+    let path = dir.join("access.log");
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = std::fs::read_to_string(&path).unwrap_or_default();
+        if log.contains(needle) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    log
+}
+
 /// Asserts that `promtool check metrics` accepts a Prometheus exposition,
 /// lint included (metric names, types, help texts). promtool is the
 /// Debian package `prometheus`, which scripts/install-test-deps installs.
