@@ -353,7 +353,9 @@ async fn queue<'s>(
 /// it arrived; see the module doc): takes one now, before the request goes
 /// upstream, waiting in the connection queue. None: admitted (or already
 /// was). Some(outcome): the request was answered with the busy 503 (`busy`)
-/// or its client went away, and must go no further.
+/// or its client went away, and must go no further. Its callers test
+/// `permit.is_none()` first and box the call: the hot path (a permit held)
+/// then allocates nothing and its future does not carry the queue's state.
 pub(super) async fn admit_deferred<'s>(
     ex: &mut Exchange<'_>,
     admission: &'s Admission,
