@@ -521,17 +521,23 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
         sent += 1;
     }
 
-    // Each worker publishes its figures once a second: wait until the sum
-    // has every request, then it must hold whichever worker answers.
+    // Each worker publishes its figures once a second and sums its own live
+    // counts with the others' published ones: wait until each worker's sum
+    // has every request (so each has published its share), then the sum
+    // must hold whichever worker answers.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, status, body) = monitor_page(addr, "/.stats.json", &all).await;
+    let mut complete = BTreeSet::new();
+    while complete != all {
+        let (by, status, body) = monitor_page(addr, "/.stats.json", &all).await;
         assert_eq!(status, 200, "{body}");
         if total(&json(&body)) == sent {
-            break;
+            complete.insert(by.expect("a worker accepted"));
         }
-        assert!(Instant::now() < deadline, "sum never reached {sent}: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            Instant::now() < deadline,
+            "sum never reached {sent} in both: {complete:?} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut answered = BTreeSet::new();
     let mut late = 0;
@@ -665,9 +671,13 @@ async fn a_killed_supervisor_leaves_no_statistics_directory() {
     }
 }
 
-/// Whether worker `i`'s cache is running, from its own figures.
+/// Whether worker `i`'s cache is running, from its own figures; None
+/// before the worker published its first (a 404 that says so).
 async fn cache_running(addr: SocketAddr, i: usize, pids: &BTreeSet<u32>) -> Option<bool> {
     let (_, status, body) = monitor_page(addr, &format!("/.stats.json?worker={i}"), pids).await;
+    if status == 404 && body.contains(&format!("worker {i}: no figures yet")) {
+        return None;
+    }
     assert_eq!(status, 200, "{body}");
     json(&body)["snapshot"]["cache"]["running"].as_bool()
 }
