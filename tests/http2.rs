@@ -184,6 +184,52 @@ async fn h2c_by_prior_knowledge_is_served_only_where_enabled_beside_http1() {
     );
 }
 
+/// A connection's streams are served concurrently, inside the connection's
+/// task: one waiting on a slow origin holds back neither the others'
+/// responses nor their cache hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_waiting_on_a_slow_origin_holds_back_no_other_stream_of_its_connection() {
+    let origin = Origin::start(|req| async move {
+        let r = Response::ok(format!("got {}", req.uri.path())).header("Cache-Control", "max-age=60");
+        if req.uri.path() == "/slow" {
+            r.delay(Duration::from_secs(4))
+        } else {
+            r
+        }
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let mut send = h2c(port).await;
+    let get = |path: &str| {
+        http::Request::get(format!("http://127.0.0.1:{port}{path}"))
+            .body(())
+            .expect("request")
+    };
+    let mut slow_send = send.clone();
+    let slow_req = get("/slow");
+    let slow = tokio::spawn(async move { h2_get(&mut slow_send, slow_req).await });
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await, "{}", p.stderr());
+
+    // While /slow waits on the origin: a miss, then the same URL as a hit.
+    let started = std::time::Instant::now();
+    for (n, x_cache) in [(0, "MISS"), (1, "HIT")] {
+        let (parts, body) = tokio::time::timeout(Duration::from_secs(2), h2_get(&mut send, get("/fast")))
+            .await
+            .unwrap_or_else(|_| panic!("request {n} for /fast waited behind /slow"));
+        assert_eq!(parts.status, 200);
+        assert_eq!(text(&body), "got /fast");
+        assert_eq!(
+            parts.headers.get("x-cache").and_then(|v| v.to_str().ok()),
+            Some(x_cache)
+        );
+    }
+    assert!(!slow.is_finished(), "/slow answered within {:?}", started.elapsed());
+    let (parts, body) = slow.await.expect("slow stream");
+    assert_eq!(parts.status, 200);
+    assert_eq!(text(&body), "got /slow");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_listener_serves_absolute_urls_from_scheme_and_authority_over_h2() {
     let origin = Origin::start(|req| async move {
