@@ -15,7 +15,8 @@ mean comes from:
 - Fill: before the measured phase, FILL URLs (60,000, about 780 MB: within
   the disk budget; 300 in --smoke),
   numbered from FILL_BASE, are fetched once on 64 connections; the origin
-  answers them without think time. As PolyMix's fill phase, it gives the
+  answers them without think time (their first request only: a fill URL
+  asked again after an eviction waits as any miss). As PolyMix's fill phase, it gives the
   cache a history: without one, a 60 s run's offered hits go mostly to the
   few thousand URLs whose first request is still waiting on the origin
   (17% of them in a 60 s run from empty, against under 1% in an hour-long
@@ -106,11 +107,20 @@ def schedule(rate, duration, seed, fill):
 
 def origin_main(argv):
     """`polygraph_bench.py origin PORT SEED`: serve every /h/N after its think
-    time (none for the fill URLs and the readiness probe's)."""
+    time (none for the readiness probe's, nor for a fill URL's first request:
+    the fill is not measured; a fill URL asked again, after a proxy evicted
+    it, costs the think time as any other miss, so that a proxy evicting the
+    fill first is not rewarded with misses that cost nothing)."""
     port, seed = int(argv[0]), int(argv[1])
+    filled = set()
 
     def think(n):
-        return 0 if n >= FILL_BASE or n == READY_URL else think_of(n, seed)
+        if n == READY_URL:
+            return 0
+        if n >= FILL_BASE and n not in filled:
+            filled.add(n)
+            return 0
+        return think_of(n, seed)
 
     hitratio_bench.serve_origin(port, seed, lambda n: size_of(n, seed), think)
 
