@@ -12,14 +12,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// fields its variants are selected by. The tiers facade writes and reads
 /// it; the memory tier's listing (/nsc) shows it. Declared here, with the
 /// stored metadata both use, so that the two do not import each other.
-pub(crate) const MARKER: &str = "x-portico-vary-marker";
+pub(crate) const MARKER: http::HeaderName = http::HeaderName::from_static("x-portico-vary-marker");
 
 /// Header that marks a stored object as a slice marker (never served):
 /// what is stored under the primary key of an object stored in slices
 /// (`cache.slice`), its value `<slice size> <complete length>`, so that an
 /// invalidation finds every slice. The slices themselves are stored as
 /// variants of the primary key selected by [`SLICE_FIELD`].
-pub(crate) const SLICED: &str = "x-portico-sliced";
+pub(crate) const SLICED: http::HeaderName = http::HeaderName::from_static("x-portico-sliced");
 
 /// The pseudo request field whose value (a slice's first byte offset)
 /// selects one slice of a sliced object, as a `Vary` field selects a

@@ -679,7 +679,7 @@ impl Cache {
         }
         let mut headers = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(HeaderName::from_static(SLICED), v);
+            headers.insert(SLICED, v);
         }
         self.write_primary_marker(key, headers, Bytes::new()).await;
     }
@@ -731,7 +731,7 @@ impl Cache {
         let body: String = variants.iter().map(|v| format!("{v}\n")).collect();
         let mut headers = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_str(&vary.join(", ")) {
-            headers.insert(HeaderName::from_static(MARKER), v);
+            headers.insert(MARKER, v);
         }
         self.write_primary_marker(key, headers, Bytes::from(body)).await;
     }

@@ -510,12 +510,17 @@ pub fn strip_connection_fields(headers: &mut HeaderMap) {
     for n in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
         headers.remove(n);
     }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
+    headers.remove(KEEP_ALIVE);
+    headers.remove(PROXY_CONNECTION);
     if headers.get(TE).is_some_and(|v| v.as_bytes() != b"trailers") {
         headers.remove(TE);
     }
 }
+
+/// HTTP/1 connection fields that `http` has no constant for, named once
+/// (a `&str` name is parsed at every lookup).
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// An HTTP/2 request as the head an HTTP/1 request would have had
 /// (RFC 9113 8.3.1: `:authority` is the `Host`; cookies split over
