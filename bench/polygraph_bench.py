@@ -13,13 +13,13 @@ mean comes from:
   earlier ones were answered) at RATE requests/s for DURATION seconds, with
   Poisson arrivals from a seeded generator, the same for every proxy.
 - Fill: before the measured phase, FILL URLs (60,000, about 780 MB: within
-  the disk budget; 300 in --smoke),
-  numbered from FILL_BASE, are fetched once on 64 connections; the origin
-  answers them without think time (their first request only: a fill URL
-  asked again after an eviction waits as any miss). As PolyMix's fill phase, it gives the
-  cache a history: without one, a 60 s run's offered hits go mostly to the
-  few thousand URLs whose first request is still waiting on the origin
-  (17% of them in a 60 s run from empty, against under 1% in an hour-long
+  the disk budget; 300 in --smoke), numbered from FILL_BASE, are fetched
+  once on 64 connections; the origin answers them without think time
+  (their first request only: a fill URL asked again after an eviction
+  waits as any miss). As PolyMix's fill phase, it gives the cache a
+  history: without one, a 60 s run's offered hits go mostly to the few
+  thousand URLs whose first request is still waiting on the origin (17% of
+  them in a 60 s run from empty, against under 1% in an hour-long
   Polygraph run), and such waits, not the cache, set the mean.
 - Offered hits: each request asks, with probability HIT_OFFERED (0.55), for
   a URL requested before (uniform over those, the fill URLs included),
@@ -66,7 +66,7 @@ HIT_OFFERED = 0.55
 MEAN_SIZE = 13 * 1024
 THINK_MEAN, THINK_SD, THINK_MAX = 2.5, 1.0, 10.0
 FILL, FILL_SMOKE = 60_000, 300
-FILL_BASE = 5_000_000                 # fill URLs: /h/5000000.. (no think time)
+FILL_BASE = 5_000_000                 # fill URLs: /h/5000000.. (first request: no think time)
 FILL_CONNS = 64
 ORIGIN_PORT = hitratio_bench.ORIGIN_PORT   # the proxies' configs for it come from hitratio_bench
 READY_URL = hitratio_bench.URLS - 1   # hitratio_bench.start_proxy's readiness probe: no think time
