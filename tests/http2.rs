@@ -192,7 +192,10 @@ async fn a_stream_waiting_on_a_slow_origin_holds_back_no_other_stream_of_its_con
     let origin = Origin::start(|req| async move {
         let r = Response::ok(format!("got {}", req.uri.path())).header("Cache-Control", "max-age=60");
         if req.uri.path() == "/slow" {
-            r.delay(Duration::from_secs(4))
+            // Longer than both other requests' timeouts together, so that
+            // /slow is still waiting when they are checked, even on a
+            // loaded machine.
+            r.delay(Duration::from_secs(8))
         } else {
             r
         }
@@ -214,7 +217,7 @@ async fn a_stream_waiting_on_a_slow_origin_holds_back_no_other_stream_of_its_con
     // While /slow waits on the origin: a miss, then the same URL as a hit.
     let started = std::time::Instant::now();
     for (n, x_cache) in [(0, "MISS"), (1, "HIT")] {
-        let (parts, body) = tokio::time::timeout(Duration::from_secs(2), h2_get(&mut send, get("/fast")))
+        let (parts, body) = tokio::time::timeout(Duration::from_secs(3), h2_get(&mut send, get("/fast")))
             .await
             .unwrap_or_else(|_| panic!("request {n} for /fast waited behind /slow"));
         assert_eq!(parts.status, 200);
