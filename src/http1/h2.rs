@@ -18,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
-use http::header::{CONNECTION, CONTENT_LENGTH, COOKIE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LENGTH, COOKIE, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use std::io;
 use std::net::SocketAddr;
@@ -497,30 +497,27 @@ pub(crate) async fn tunnel(
 /// what it names, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`,
 /// `Upgrade`, and `TE` other than `trailers`.
 pub fn strip_connection_fields(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+    // Usually none is present (a proxied response lost its hop-by-hop
+    // fields, a stored one never had them): one pass over the names there
+    // are, as `proxy::headers::strip_hop_by_hop` does, rather than a lookup
+    // for each forbidden name.
+    let mut doomed: Vec<HeaderName> = super::head::list_tokens(headers, &CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
-    for n in named {
-        headers.remove(n);
-    }
-    for n in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
-        headers.remove(n);
-    }
-    headers.remove(KEEP_ALIVE);
-    headers.remove(PROXY_CONNECTION);
-    if headers.get(TE).is_some_and(|v| v.as_bytes() != b"trailers") {
-        headers.remove(TE);
+    doomed.extend(
+        headers
+            .iter()
+            .filter(|(name, value)| match name.as_str() {
+                "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade" => true,
+                "te" => value.as_bytes() != b"trailers",
+                _ => false,
+            })
+            .map(|(name, _)| name.clone()),
+    );
+    for name in doomed {
+        headers.remove(&name);
     }
 }
-
-/// HTTP/1 connection fields that `http` has no constant for, named once
-/// (a `&str` name is parsed at every lookup).
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// An HTTP/2 request as the head an HTTP/1 request would have had
 /// (RFC 9113 8.3.1: `:authority` is the `Host`; cookies split over
@@ -660,7 +657,9 @@ pub async fn serve<H: Handler>(
     let drained = crate::drain::started(usize::from(peer.port()));
     tokio::pin!(drained);
     let far = Duration::from_secs(86400 * 365);
-    let mut streams: FuturesUnordered<StreamFuture> = FuturesUnordered::new();
+    // One future type (this function's async block): FuturesUnordered keeps
+    // each in its own task node, with no box of ours around it.
+    let mut streams = FuturesUnordered::new();
     loop {
         let ping_at = pong_due.or(next_ping).unwrap_or_else(|| Instant::now() + far);
         tokio::select! {
@@ -670,10 +669,10 @@ pub async fn serve<H: Handler>(
                     active.fetch_add(1, Relaxed);
                     let guard = StreamGuard { active: active.clone(), last_end: last_end.clone(), epoch };
                     let (settings, handler, absolute) = (settings.clone(), handler.clone(), h2s.absolute_targets);
-                    streams.push(Box::pin(async move {
+                    streams.push(async move {
                         let _guard = guard;
                         serve_stream(req, respond, peer, local, &settings, &*handler, absolute).await;
-                    }) as StreamFuture);
+                    });
                 }
                 Some(Err(e)) => {
                     // A GOAWAY of our own making (idle, ping, drain) is counted already.
@@ -744,9 +743,6 @@ pub async fn serve<H: Handler>(
     // Closing: wait for the GOAWAY and the last frames to go out.
     let _ = tokio::time::timeout(Duration::from_secs(1), std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
 }
-
-/// One stream's service, as the connection's task polls it.
-type StreamFuture = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Counts a stream's end and notes when the last one ended.
 struct StreamGuard {
@@ -960,5 +956,22 @@ mod tests {
         strip_connection_fields(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-end"));
+    }
+
+    #[test]
+    fn te_is_kept_only_as_trailers_and_the_other_http1_fields_go() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        strip_connection_fields(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get(http::header::TE).unwrap(), "trailers");
+
+        let mut h = HeaderMap::new();
+        h.append(http::header::TE, HeaderValue::from_static("trailers"));
+        h.append(http::header::TE, HeaderValue::from_static("gzip"));
+        strip_connection_fields(&mut h);
+        assert!(h.is_empty(), "{h:?}");
     }
 }
