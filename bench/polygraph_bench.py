@@ -48,6 +48,7 @@ and busy (503) counts.
 
 import asyncio
 import collections
+import functools
 import json
 import math
 import os
@@ -132,20 +133,17 @@ def start_origin(b, tmp):
 # ---------------------------------------------------------------- the client
 
 REPLAY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay")
-_replay_bin = []
 
 
+@functools.cache
 def replay_bin():
     """bench/replay's binary, built (release, into the repository's cargo
     target directory) on first use by this bench/run."""
-    if not _replay_bin:
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        target = os.path.abspath(os.environ.get("CARGO_TARGET_DIR") or os.path.join(repo, "target"))
-        subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path",
-                        os.path.join(REPLAY_DIR, "Cargo.toml"), "--target-dir", target],
-                       check=True)
-        _replay_bin.append(os.path.join(target, "release", "replay"))
-    return _replay_bin[0]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    target = os.path.abspath(os.environ.get("CARGO_TARGET_DIR") or os.path.join(repo, "target"))
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path",
+                    os.path.join(REPLAY_DIR, "Cargo.toml"), "--target-dir", target], check=True)
+    return os.path.join(target, "release", "replay")
 
 
 def replay(port, plan, sizes, tmp):

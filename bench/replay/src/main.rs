@@ -19,7 +19,7 @@
 //! request left against its schedule). The last line is `# connections N`:
 //! connections opened.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::Write as _;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -125,7 +125,7 @@ fn read_plan(path: &str) -> Vec<Planned> {
 
 async fn replay(port: u16, plan: Vec<Planned>) -> (Vec<Record>, usize) {
     let idle: Rc<RefCell<Vec<Conn>>> = Rc::default();
-    let opened = Rc::new(RefCell::new(0usize));
+    let opened = Rc::new(Cell::new(0usize));
     let records: Rc<RefCell<Vec<Record>>> = Rc::new(RefCell::new(vec![Record::default(); plan.len()]));
     let slots = Rc::new(Semaphore::new(MAX_CONNS));
     let t0 = tokio::time::Instant::now();
@@ -151,7 +151,7 @@ async fn replay(port: u16, plan: Vec<Planned>) -> (Vec<Record>, usize) {
                     Some(c) => Ok(c),
                     None => match TcpStream::connect(("127.0.0.1", port)).await {
                         Ok(s) => {
-                            *opened.borrow_mut() += 1;
+                            opened.set(opened.get() + 1);
                             let _ = s.set_nodelay(true);
                             Ok(BufReader::with_capacity(64 << 10, s))
                         }
@@ -186,9 +186,7 @@ async fn replay(port: u16, plan: Vec<Planned>) -> (Vec<Record>, usize) {
     for t in tasks {
         let _ = t.await;
     }
-    let records = records.borrow().clone();
-    let opened = *opened.borrow();
-    (records, opened)
+    (records.take(), opened.get())
 }
 
 /// One GET on `conn`, its body read whole (Content-Length or chunked).
