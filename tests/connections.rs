@@ -915,3 +915,135 @@ async fn connection_close_ends_without_lingering_only_when_nothing_more_was_sent
         assert_eq!(r.body.len(), BIG, "junk {junk}: the response was cut");
     }
 }
+
+/// Sends `n` slow GETs (each on its own connection, `Connection: close`)
+/// for `/slowI` through `addr`, answered when the test opens the gate.
+fn slow_requests(addr: std::net::SocketAddr, origin: &Origin, n: usize) -> Vec<tokio::task::JoinHandle<Vec<u8>>> {
+    (0..n)
+        .map(|i| {
+            let req = get(origin, &format!("/slow{i}"), "Connection: close\r\n");
+            tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(60)).await })
+        })
+        .collect()
+}
+
+/// Open-files limit for the descriptor tests: `usable` = 192, so a derived
+/// `max_requests` of 32 and a queue of 24.
+const SMALL_NOFILE: u64 = 256;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
+    // The split behind a derived limit reserves three descriptors for each
+    // request in service; these hold two (client, origin). Before
+    // descriptor-aware admission, 16 of the 48 waited in the queue.
+    let (origin, gate, arrived) = gated_origin().await;
+    let addr = free_addr();
+    let p = Portico::start_with_open_files(
+        &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n"),
+        SMALL_NOFILE,
+    )
+    .await;
+    let c = stats_snapshot(&p).await;
+    assert_eq!(int(&c, "sessions", "limit"), 32, "{c}");
+    assert_eq!(int(&c, "connection_queue", "limit"), 24, "{c}");
+
+    let waiting = slow_requests(p.addr(), &origin, 48);
+    until_arrived(&arrived, 48).await;
+    assert_eq!(arrived.load(Ordering::SeqCst), 48, "every request reached the origin");
+    let c = stats_snapshot(&p).await;
+    assert_eq!(int(&c, "sessions", "active"), 48, "{c}");
+    let q = "connection_queue";
+    assert_eq!(int(&c, q, "admitted_beyond_limit"), 16, "{c}");
+    assert_eq!(int(&c, q, "total_queued"), 0, "{c}");
+    gate.add_permits(48);
+    for t in waiting {
+        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
+    }
+    let perf = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(
+        perf.contains(&format!("{:<40} 16\n", "Admitted Beyond The Limit")),
+        "{perf}"
+    );
+    let metrics = parse_response(
+        &raw_request(
+            p.addr(),
+            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
+        )
+        .await,
+    )
+    .body_str();
+    assert!(
+        metrics.contains("\nportico_connection_queue_admitted_beyond_limit_total 16\n"),
+        "{metrics}"
+    );
+
+    // A limit the config sets stays a wall: 32 in service, the rest queued.
+    let (origin, gate, arrived) = gated_origin().await;
+    let addr = free_addr();
+    let p = Portico::start_with_open_files(
+        &format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[server]\nmax_requests = 32\n\n[cache]\nenabled = false\n"
+        ),
+        SMALL_NOFILE,
+    )
+    .await;
+    let waiting = slow_requests(p.addr(), &origin, 48);
+    let c = stats_when(&p, "16 queued", |c| c["connection_queue"]["current"] == 16).await;
+    assert_eq!(int(&c, "sessions", "active"), 32, "{c}");
+    until_arrived(&arrived, 32).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        32,
+        "a queued request reached the origin"
+    );
+    assert_eq!(int(&c, "connection_queue", "admitted_beyond_limit"), 0, "{c}");
+    gate.add_permits(48);
+    for t in waiting {
+        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_a_derived_limit_descriptors_run_short_as_busy_503s_never_as_failures() {
+    // 150 clients at once against 256 descriptors: each holds one, and each
+    // request in service one more for its origin. Admission stops where the
+    // descriptors would run short (with the headroom kept for accepting),
+    // the queue takes what it can, and the rest get the busy 503 at once;
+    // nobody gets a 502 from a connect that found no descriptor, and every
+    // admitted request is answered.
+    let (origin, gate, arrived) = gated_origin().await;
+    let addr = free_addr();
+    let p = Portico::start_with_open_files(
+        &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n"),
+        SMALL_NOFILE,
+    )
+    .await;
+    let waiting = slow_requests(p.addr(), &origin, 150);
+    let c = stats_when(&p, "a full queue", |c| c["connection_queue"]["current"] == 24).await;
+    let in_service = int(&c, "sessions", "active");
+    assert!((32..150 - 24).contains(&(in_service as usize)), "{c}");
+    gate.add_permits(1000);
+    let mut statuses = std::collections::BTreeMap::new();
+    for t in waiting {
+        *statuses
+            .entry(parse_response(&t.await.expect("join")).status)
+            .or_insert(0) += 1;
+    }
+    let served = statuses.get(&200).copied().unwrap_or(0);
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        vec![200, 503],
+        "{statuses:?}"
+    );
+    assert_eq!(served, arrived.load(Ordering::SeqCst), "{statuses:?}");
+    assert!(served >= in_service as usize + 24, "{statuses:?} {c}");
+    assert!(p.stderr().find("accept failed").is_none(), "{}", p.stderr());
+}

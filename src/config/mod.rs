@@ -115,6 +115,10 @@ pub struct ServerConfig {
     pub user: String,
     /// The group to switch to with `user`; empty = the user's primary group.
     pub group: String,
+    /// Not a setting: filled by `sizing::resolve` when `max_requests` was
+    /// derived, so admission may go past it while descriptors are free.
+    #[serde(skip)]
+    pub descriptors: Option<crate::sizing::Descriptors>,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +135,7 @@ impl Default for ServerConfig {
             pid_file: PathBuf::new(),
             user: String::new(),
             group: String::new(),
+            descriptors: None,
         }
     }
 }

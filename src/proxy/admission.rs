@@ -22,6 +22,22 @@
 //! what goes upstream (descriptors, origin connections); a hit uses
 //! neither.
 //!
+//! When `server.max_requests` was derived from the open-files limit
+//! (`sizing`), it is where admission starts counting descriptors, not a
+//! wall: a request that finds every permit taken is still admitted, as
+//! one **beyond the limit**, while the descriptors in use leave room for
+//! it ([`Descriptors`](crate::sizing::Descriptors): the client connections
+//! open, one for each request in service (its origin connection), the
+//! cache files being written, the idle pooled origin connections, one for
+//! each tunnel or upgraded connection pumping, and the held-file budget as
+//! if full), with a headroom kept free for new connections and cache files
+//! read without being held. The split behind the derived limit reserves
+//! three descriptors for every request in service, which few use. Requests beyond the limit never overtake the queue: one
+//! is admitted at once only while nobody waits; otherwise the room is
+//! given to the head of the queue (a permit lent to it, taken back when a
+//! permit is next released), and the newcomer queues behind. A limit the
+//! config sets stays a wall.
+//!
 //! The hot path (a permit is free) is one atomic operation on the
 //! semaphore; the counters are relaxed atomics. Only queueing, which
 //! happens when the server is already saturated, takes a small lock, to
@@ -49,6 +65,19 @@ pub struct QueueFull;
 pub struct Admission {
     permits: Semaphore,
     max_requests: usize,
+    /// Set when `max_requests` was derived: admit past it while these allow.
+    descriptors: Option<crate::sizing::Descriptors>,
+    /// Requests in service now (permits held, lent ones and those beyond
+    /// the limit included).
+    in_service: AtomicUsize,
+    /// Requests in service beyond `max_requests` without a permit.
+    beyond: AtomicUsize,
+    /// Permits added to the semaphore for the queue's head, not yet taken back.
+    lent: AtomicUsize,
+    /// Tunnels and upgraded connections pumping (each holds an origin descriptor).
+    pumping: AtomicUsize,
+    /// Requests ever admitted beyond `max_requests` (at once or lent a permit).
+    admitted_beyond: AtomicU64,
     queue_limit: usize,
     queued: AtomicUsize,
     peak: AtomicUsize,
@@ -65,7 +94,54 @@ pub struct Admission {
 /// A request in service; dropping it lets the next one in.
 #[derive(Debug)]
 pub struct Permit<'a> {
-    _permit: SemaphorePermit<'a>,
+    admission: &'a Admission,
+    /// None for a request beyond the limit.
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let a = self.admission;
+        a.in_service.fetch_sub(1, Relaxed);
+        match self.permit.take() {
+            // A lent permit is taken back: the semaphore returns to its size.
+            Some(p) if take_one(&a.lent) => p.forget(),
+            Some(p) => drop(p),
+            None => {
+                a.beyond.fetch_sub(1, Relaxed);
+                // Its descriptors are free: the head of the queue takes them.
+                if a.queued.load(Relaxed) > 0 {
+                    a.lend();
+                }
+            }
+        }
+    }
+}
+
+impl<'a> Permit<'a> {
+    /// The request became a tunnel or an upgraded connection: it leaves
+    /// service, but its origin descriptor stays counted until the returned
+    /// guard drops (the pump ends).
+    pub fn into_pump(self) -> Pumping<'a> {
+        let a = self.admission;
+        a.pumping.fetch_add(1, Relaxed);
+        Pumping(a)
+    }
+}
+
+/// A tunnel or upgraded connection pumping; counted until dropped.
+#[derive(Debug)]
+pub struct Pumping<'a>(&'a Admission);
+
+impl Drop for Pumping<'_> {
+    fn drop(&mut self) {
+        self.0.pumping.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Decrements `n` if it is above zero; whether it did.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1)).is_ok()
 }
 
 /// Exponentially damped averages of the queue length, in continuous time:
@@ -109,12 +185,20 @@ impl Drop for Waiting<'_> {
 }
 
 impl Admission {
-    /// `max_requests` in service at once, `queue_limit` waiting (both at least 1).
-    pub fn new(max_requests: usize, queue_limit: usize) -> Admission {
+    /// `max_requests` in service at once, `queue_limit` waiting (both at
+    /// least 1); past `max_requests` while `descriptors` (when given, for a
+    /// derived limit) leave room.
+    pub fn new(max_requests: usize, queue_limit: usize, descriptors: Option<crate::sizing::Descriptors>) -> Admission {
         let max_requests = max_requests.clamp(1, Semaphore::MAX_PERMITS);
         Admission {
             permits: Semaphore::new(max_requests),
             max_requests,
+            descriptors,
+            in_service: AtomicUsize::new(0),
+            beyond: AtomicUsize::new(0),
+            lent: AtomicUsize::new(0),
+            pumping: AtomicUsize::new(0),
+            admitted_beyond: AtomicU64::new(0),
             queue_limit: queue_limit.max(1),
             queued: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
@@ -133,12 +217,13 @@ impl Admission {
         }
     }
 
-    /// Admits a request: at once if a permit is free, else after waiting in
+    /// Admits a request: at once if a permit is free (or, for a derived
+    /// limit, nobody waits and descriptors are free), else after waiting in
     /// the connection queue (first come, first served); `QueueFull` at once
     /// if the queue has no room.
     pub async fn admit(&self) -> Result<Permit<'_>, QueueFull> {
-        if let Ok(p) = self.permits.try_acquire() {
-            return Ok(self.admitted(p));
+        if let Some(p) = self.try_admit() {
+            return Ok(p);
         }
         let length = self.queued.fetch_add(1, Relaxed) + 1;
         if length > self.queue_limit {
@@ -151,16 +236,55 @@ impl Admission {
         let since = Instant::now();
         self.change_length(since, 1.0);
         let waiting = Waiting { admission: self, since };
+        // Descriptors are free though others wait: the head of the queue
+        // (maybe this request) gets a permit now.
+        if self.room_for_one() {
+            self.lend();
+        }
         // The semaphore is never closed, so acquire cannot fail; if it ever
         // did, refusing the request is the safe answer.
         let permit = self.permits.acquire().await.map_err(|_| QueueFull)?;
         drop(waiting);
-        Ok(self.admitted(permit))
+        Ok(self.admitted(Some(permit)))
     }
 
-    /// Admits a request if a permit is free now, without queueing.
+    /// Admits a request if a permit is free now (or, for a derived limit,
+    /// nobody waits and descriptors are free), without queueing.
     pub fn try_admit(&self) -> Option<Permit<'_>> {
-        self.permits.try_acquire().ok().map(|p| self.admitted(p))
+        if let Ok(p) = self.permits.try_acquire() {
+            return Some(self.admitted(Some(p)));
+        }
+        if self.queued.load(Relaxed) == 0 && self.room_for_one() {
+            self.beyond.fetch_add(1, Relaxed);
+            self.admitted_beyond.fetch_add(1, Relaxed);
+            return Some(self.admitted(None));
+        }
+        None
+    }
+
+    /// Whether one more request in service fits in the descriptors
+    /// (always false for a configured limit).
+    fn room_for_one(&self) -> bool {
+        let Some(d) = &self.descriptors else {
+            return false;
+        };
+        let in_use = d
+            .fixed
+            .saturating_add(crate::drain::open_connections())
+            .saturating_add(self.in_service.load(Relaxed))
+            .saturating_add(crate::cache::disk::files_being_written())
+            .saturating_add(self.pumping.load(Relaxed))
+            .saturating_add(crate::upstream::idle_connections());
+        // This request's origin connection and the cache file it may write.
+        in_use.saturating_add(2).saturating_add(d.headroom) <= d.limit
+    }
+
+    /// Adds a permit for the head of the queue, taken back when a permit is
+    /// next released.
+    fn lend(&self) {
+        self.lent.fetch_add(1, Relaxed);
+        self.admitted_beyond.fetch_add(1, Relaxed);
+        self.permits.add_permits(1);
     }
 
     /// A request that found every permit taken was answered from the cache
@@ -175,18 +299,17 @@ impl Admission {
         self.abandoned.fetch_add(1, Relaxed);
     }
 
-    fn admitted<'a>(&'a self, permit: SemaphorePermit<'a>) -> Permit<'a> {
+    fn admitted<'a>(&'a self, permit: Option<SemaphorePermit<'a>>) -> Permit<'a> {
         self.admitted.fetch_add(1, Relaxed);
-        let in_service = self.in_service();
+        let in_service = self.in_service.fetch_add(1, Relaxed) + 1;
         // Read first: a write to this shared line only when the peak moves.
         if in_service > self.in_service_peak.load(Relaxed) {
             self.in_service_peak.fetch_max(in_service, Relaxed);
         }
-        Permit { _permit: permit }
-    }
-
-    fn in_service(&self) -> usize {
-        self.max_requests.saturating_sub(self.permits.available_permits())
+        Permit {
+            admission: self,
+            permit,
+        }
     }
 
     fn change_length(&self, now: Instant, delta: f64) {
@@ -220,10 +343,11 @@ impl Admission {
             avg_1min: avg[0],
             avg_5min: avg[1],
             avg_15min: avg[2],
-            in_service: self.in_service(),
+            in_service: self.in_service.load(Relaxed),
             in_service_peak: self.in_service_peak.load(Relaxed),
             max_requests: self.max_requests,
             total_admitted: self.admitted.load(Relaxed),
+            admitted_beyond_limit: self.admitted_beyond.load(Relaxed),
             unqueued_hits: self.unqueued_hits.load(Relaxed),
         }
     }
@@ -264,6 +388,9 @@ pub struct ConnectionQueue {
     pub max_requests: usize,
     /// Requests admitted since start (with or without queueing).
     pub total_admitted: u64,
+    /// Requests admitted past a derived `max_requests` because descriptors
+    /// were free (at once, or by a permit lent to the queue's head).
+    pub admitted_beyond_limit: u64,
     /// Requests that found every permit taken and were answered from the
     /// cache without one (never queued).
     pub unqueued_hits: u64,
@@ -381,7 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn queues_then_overflows_then_admits_in_order() {
-        let a = Admission::new(1, 1);
+        let a = Admission::new(1, 1, None);
         let first = a.admit().await.expect("a free permit");
         let a2 = &a;
         let mut second = Box::pin(a2.admit());
@@ -396,6 +523,65 @@ mod tests {
         assert_eq!((s.total_queued, s.overflows, s.total_admitted), (1, 1, 2));
         assert_eq!((s.in_service, s.in_service_peak, s.max_requests), (1, 1, 1));
         assert!(s.avg_1min >= 0.0 && s.avg_1min <= 1.0);
+    }
+
+    /// A budget with room for `requests` in service (one descriptor each,
+    /// and two for the last) beyond what the process already holds.
+    fn room_for(requests: usize) -> crate::sizing::Descriptors {
+        let held = crate::drain::open_connections()
+            + crate::upstream::idle_connections()
+            + crate::cache::disk::files_being_written();
+        crate::sizing::Descriptors {
+            limit: 100 + held + requests + 1,
+            fixed: 100,
+            headroom: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
+        let a = Admission::new(1, 1, Some(room_for(3)));
+        let p1 = a.try_admit().expect("a permit");
+        let p2 = a.try_admit().expect("beyond the limit: room for 3");
+        let p3 = a.admit().await.expect("beyond the limit: room for 3");
+        assert!(a.try_admit().is_none(), "no room for a fourth");
+        let s = a.snapshot();
+        assert_eq!((s.in_service, s.in_service_peak, s.admitted_beyond_limit), (3, 3, 2));
+        drop((p1, p2, p3));
+        assert_eq!(a.snapshot().in_service, 0);
+        let _p = a.try_admit().expect("room again");
+    }
+
+    #[tokio::test]
+    async fn a_configured_limit_stays_a_wall() {
+        let a = Admission::new(1, 1, None);
+        let _p = a.try_admit().expect("a permit");
+        assert!(a.try_admit().is_none());
+    }
+
+    #[tokio::test]
+    async fn requests_beyond_the_limit_do_not_overtake_the_queue() {
+        let a = Admission::new(1, 4, Some(room_for(2)));
+        let p1 = a.try_admit().expect("a permit");
+        let p2 = a.try_admit().expect("beyond the limit");
+        let a2 = &a;
+        let mut queued = Box::pin(a2.admit());
+        assert!(
+            futures_poll_once(queued.as_mut()).await.is_none(),
+            "no room for a third"
+        );
+        // The request beyond the limit ends: its room goes to the queue's
+        // head, not to a newcomer.
+        drop(p2);
+        assert!(a.try_admit().is_none(), "a newcomer waits behind the queue");
+        let p3 = queued.await.expect("the queue's head got the room");
+        assert_eq!(a.snapshot().in_service, 2);
+        // The lent permit is taken back when a permit is released: the
+        // semaphore keeps its size.
+        drop(p3);
+        drop(p1);
+        assert_eq!(a.permits.available_permits(), 1);
+        assert_eq!(a.lent.load(Relaxed), 0);
     }
 
     async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {

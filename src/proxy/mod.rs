@@ -131,7 +131,11 @@ impl Shared {
         };
         let admission = match old {
             Some(o) => o.admission.clone(),
-            None => Arc::new(Admission::new(config.server.max_requests, config.server.queue_size)),
+            None => Arc::new(Admission::new(
+                config.server.max_requests,
+                config.server.queue_size,
+                config.server.descriptors,
+            )),
         };
         let keepalive = match old {
             Some(o) => o.keepalive.clone(),

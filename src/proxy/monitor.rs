@@ -404,6 +404,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         avg_15: q.avg_15min,
         total_admitted: q.total_admitted,
         unqueued_hits: q.unqueued_hits,
+        admitted_beyond_limit: q.admitted_beyond_limit,
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

@@ -606,7 +606,7 @@ impl ListenerHandler {
         if self.reply(stream, Reply::Succeeded, bound, send_timeout).await.is_err() {
             return false;
         }
-        drop(permit);
+        let _pump = permit.into_pump();
         counters.established.fetch_add(1, Relaxed);
         s.status = 200;
         s.cache = None;

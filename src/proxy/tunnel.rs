@@ -76,7 +76,7 @@ pub async fn run(
         let Ok(send) = ex.out.open_h2_tunnel() else {
             return Outcome::Close;
         };
-        permit.take();
+        let _pump = permit.take().map(Permit::into_pump);
         let upstream = upstream.into_relay();
         let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle).await;
         ex.out.add_body_bytes(down);
@@ -91,7 +91,7 @@ pub async fn run(
     {
         return Outcome::Close;
     }
-    permit.take();
+    let _pump = permit.take().map(Permit::into_pump);
     // Bytes the far end sent right after the parent's answer (a protocol
     // where the server speaks first) were read with that answer.
     if !parent_early.is_empty() && write_all(client, &parent_early, ex.out.send_timeout()).await.is_err() {

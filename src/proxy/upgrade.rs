@@ -126,7 +126,7 @@ pub async fn serve(
         return Ok(());
     }
     sh.upstream.stats().0.upgrades.fetch_add(1, Ordering::Relaxed);
-    permit.take();
+    let _pump = permit.take().map(Permit::into_pump);
     let idle = sh.config.proxy.tunnel_idle_timeout.get();
     // Bytes the client sent right after its request head (a first
     // WebSocket frame) are already in our buffer.

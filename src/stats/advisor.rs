@@ -79,10 +79,20 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
     if let (Some(limit), Some(waited)) = (s.sessions.limit, s.sessions.waited)
         && waited > 0
     {
+        // Past a derived limit, what made requests wait was the descriptors
+        // left, so the open-files limit is the setting to raise.
+        let beyond = s.connection_queue.as_ref().map_or(0, |q| q.admitted_beyond_limit);
+        let advice = if beyond > 0 {
+            format!(
+                "; {beyond} were admitted beyond it while file descriptors were free (Admitted Beyond The Limit), so the open-files limit is what held the rest: if they were not answered promptly, raise it (LimitNOFILE in the service unit, or ulimit -n)"
+            )
+        } else {
+            String::from(". If the server answered them promptly this is fine; otherwise raise server.max_requests")
+        };
         say(
             "max-requests-reached",
             format!(
-                "{waited} requests waited because {} were already in service (SessionCreationInfo Sessions Waited; server.max_requests = {limit}, Peak/Limit Sessions {}/{limit}). If the server answered them promptly this is fine; otherwise raise server.max_requests.",
+                "{waited} requests waited because {} were already in service (SessionCreationInfo Sessions Waited; server.max_requests = {limit}, Peak/Limit Sessions {}/{limit}){advice}.",
                 limit, s.sessions.peak
             ),
         );
@@ -407,6 +417,25 @@ mod tests {
         };
         assert_eq!(rules(&s), ["max-requests-reached"]);
         assert!(advise(&s)[0].text.contains("Sessions Waited"));
+    }
+
+    #[test]
+    fn max_requests_reached_names_the_open_files_limit_past_a_derived_limit() {
+        let mut s = Snapshot::default();
+        s.sessions = SessionInfo {
+            active: 1,
+            peak: 90,
+            limit: Some(64),
+            waited: Some(7),
+        };
+        s.connection_queue = Some(ConnectionQueueInfo {
+            admitted_beyond_limit: 26,
+            ..ConnectionQueueInfo::default()
+        });
+        let text = &advise(&s)[0].text;
+        assert!(text.contains("26 were admitted beyond it"), "{text}");
+        assert!(text.contains("LimitNOFILE"), "{text}");
+        assert!(!text.contains("raise server.max_requests"), "{text}");
     }
 
     #[test]

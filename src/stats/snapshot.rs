@@ -283,6 +283,12 @@ crate::section! {
         #[serde(default)]
         unqueued_hits: u64 => Counter, Add, None, "Requests answered from the cache while every slot was taken, without queueing.",
             prom "portico_connection_queue_unqueued_hits_total", xml "connection-queue-bucket" "countUnqueuedHits";
+        /// Requests admitted past a derived `server.max_requests` because
+        /// descriptors were free (at once, or by a permit lent to the
+        /// queue's head).
+        #[serde(default)]
+        admitted_beyond_limit: u64 => Counter, Add, None, "Requests admitted past a derived server.max_requests because file descriptors were free.",
+            prom "portico_connection_queue_admitted_beyond_limit_total", xml "connection-queue-bucket" "countAdmittedBeyondLimit";
     }
 }
 

@@ -34,7 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -758,6 +758,33 @@ struct Pool {
 struct Idle {
     conn: Conn,
     since: Instant,
+    _counted: IdleCount,
+}
+
+/// Idle upstream connections held by every pool of the process: each is
+/// a descriptor, which admission counts (`proxy::admission`).
+static IDLE_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Idle upstream connections held now, in every pool of the process.
+pub fn idle_connections() -> usize {
+    IDLE_OPEN.load(Ordering::Relaxed)
+}
+
+/// Counts one pooled connection in [`IDLE_OPEN`] until dropped (taken out
+/// of the pool, or closed).
+struct IdleCount;
+
+impl IdleCount {
+    fn new() -> IdleCount {
+        IDLE_OPEN.fetch_add(1, Ordering::Relaxed);
+        IdleCount
+    }
+}
+
+impl Drop for IdleCount {
+    fn drop(&mut self) {
+        IDLE_OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Pool {
@@ -791,6 +818,7 @@ impl Pool {
             list.push(Idle {
                 conn,
                 since: Instant::now(),
+                _counted: IdleCount::new(),
             });
             dropped
         };

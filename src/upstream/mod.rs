@@ -10,7 +10,7 @@ mod group;
 pub mod response;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
-pub use client::{OnInterim, OriginBody};
+pub use client::{OnInterim, OriginBody, idle_connections};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
 

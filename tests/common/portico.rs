@@ -148,6 +148,17 @@ impl Portico {
     /// address replaced by a newly picked one, up to three times; the
     /// listener addresses ([`Portico::addr`]) are the ones it listens on.
     pub async fn start_with_env(config_toml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Portico {
+        Portico::start_inner(config_toml, env, None).await
+    }
+
+    /// [`Portico::start`] with the open-files limit (soft and hard) set to
+    /// `nofile` in the child before it runs portico, as `ulimit -n` would:
+    /// portico cannot raise it, and sizes its limits from it.
+    pub async fn start_with_open_files(config_toml: &str, nofile: u64) -> Portico {
+        Portico::start_inner(config_toml, &[], Some(nofile)).await
+    }
+
+    async fn start_inner(config_toml: &str, env: &[(&str, &std::ffi::OsStr)], nofile: Option<u64>) -> Portico {
         let dns = DnsServer::start();
         let mut edited = with_nameserver(config_toml, dns.addr());
         let mut dns = (edited != config_toml).then_some(dns);
@@ -158,7 +169,8 @@ impl Portico {
             let err = File::create(dir.path().join("portico.stderr")).expect("create stderr file");
             // Run in the temp dir, so relative paths (the default cache
             // directory, access.log) never land in the repository.
-            let child = Command::new(BIN)
+            let mut command = Command::new(BIN);
+            command
                 .current_dir(dir.path())
                 .arg("run")
                 .arg("-c")
@@ -166,9 +178,26 @@ impl Portico {
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(out)
-                .stderr(err)
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+                .stderr(err);
+            if let Some(n) = nofile {
+                let limit = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                // SAFETY: the closure runs in the forked child before exec
+                // and only calls setrlimit, which is async-signal-safe; it
+                // touches no lock or allocation of the parent.
+                unsafe {
+                    std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                            Ok(())
+                        } else {
+                            Err(std::io::Error::last_os_error())
+                        }
+                    });
+                }
+            }
+            let child = command.spawn().unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
             let mut portico = Portico {
                 child,
                 dir,

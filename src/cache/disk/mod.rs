@@ -50,7 +50,7 @@ pub use held::{HELD_VALID_SECS, OpenObject};
 pub use read::{BodyReader, DiskObject};
 pub use scan::{ObjectFile, for_each_object_file};
 pub use stats::{DiskStats, DiskStatsSnapshot, ScanProgress};
-pub use write::DiskWriter;
+pub use write::{DiskWriter, files_being_written};
 
 use crate::blocking::BlockingPool;
 use crate::cache::key::{CacheKey, ObjectId};

@@ -15,7 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// A writer hands its buffer to the blocking pool once it holds this much.
@@ -79,6 +79,7 @@ impl Inner {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "metadata too large"))?;
         let mut st = WriteState {
             file,
+            _counted: WritingCount::new(),
             tmp,
             sum: Some(Checksum::new(&meta_bytes)),
             meta_len: u64::from(meta_len),
@@ -216,8 +217,36 @@ impl DiskStore {
     }
 }
 
+/// Cache files open for writing in the process: each is a descriptor,
+/// which admission counts (`proxy::admission`).
+static WRITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Cache files open for writing now (objects being stored), in every
+/// disk tier of the process.
+pub fn files_being_written() -> usize {
+    WRITING.load(Ordering::Relaxed)
+}
+
+/// Counts one file in [`WRITING`] from its creation until its writer is
+/// dropped (committed or aborted), which closes it.
+struct WritingCount;
+
+impl WritingCount {
+    fn new() -> WritingCount {
+        WRITING.fetch_add(1, Ordering::Relaxed);
+        WritingCount
+    }
+}
+
+impl Drop for WritingCount {
+    fn drop(&mut self) {
+        WRITING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct WriteState {
     file: File,
+    _counted: WritingCount,
     tmp: PathBuf,
     sum: Option<Checksum>,
     meta_len: u64,
