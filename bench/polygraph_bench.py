@@ -194,7 +194,10 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
         # open_file_cache: with this machine's limit of 20,000 descriptors,
         # 20,000 held files leave none for the thousands of connections a
         # slow origin keeps open (misses failed with EMFILE: 502s).
-        dm, d = hitratio_bench.start_proxy(b, peer, tmp, args, {"open_files": 0})
+        # cache_status: Portico's RFC 9211 Cache-Status says which answers
+        # waited on another request's fetch (`collapsed`); bench/replay
+        # records those as COLLAPSED instead of X-Cache's HIT.
+        dm, d = hitratio_bench.start_proxy(b, peer, tmp, args, {"open_files": 0, "cache_status": "portico"})
         port = b.PORTS[peer]
         cpu = b.CpuMeter(dm.pid, origin.pid)
         t = time.time()

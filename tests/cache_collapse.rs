@@ -266,3 +266,38 @@ async fn must_revalidate_prohibits_the_waiting_requests_a_stale_response_when_th
         assert_ne!(x_cache(&r), "STALE");
     }
 }
+
+/// Concurrent requests for a URL not stored yet: one goes to the origin,
+/// the others wait for its response and get it. `Cache-Status` (RFC 9211
+/// 2.7) tells them apart: the first was forwarded and stored, each other
+/// one `collapsed` into it, though `X-Cache` calls those hits (no origin
+/// request was made for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_which_requests_were_collapsed_into_another_s_fetch() {
+    let p = proxy("cache_status = \"edge\"").await;
+    let o = Origin::start(|_| async move {
+        Response::ok("first fetch")
+            .header("Cache-Control", "max-age=3600")
+            .delay(SLOW)
+    })
+    .await;
+    let answers = concurrent_gets(&p, o.addr(), "/new").await;
+    assert_eq!(o.count(), 1, "one origin request");
+    let members: Vec<&str> = answers
+        .iter()
+        .map(|r| {
+            assert_eq!((r.status, r.body_str().as_str()), (200, "first fetch"));
+            let all = r.headers_all("cache-status");
+            assert_eq!(all.len(), 1, "{:?}", r.headers);
+            all[0]
+        })
+        .collect();
+    let leader: Vec<_> = members.iter().filter(|m| !m.contains("collapsed")).collect();
+    assert_eq!(leader, [&"edge; fwd=miss; fwd-status=200; stored"], "{members:?}");
+    for m in members.iter().filter(|m| m.contains("collapsed")) {
+        assert!(m.starts_with("edge; fwd=miss; fwd-status=200; ttl="), "{m}");
+        assert!(m.ends_with("; collapsed"), "{m}");
+    }
+    let collapsed = answers.iter().filter(|r| x_cache(r) == "HIT").count();
+    assert_eq!(collapsed, CLIENTS - 1, "{members:?}");
+}

@@ -1956,6 +1956,111 @@ async fn status_header_can_be_disabled() {
 }
 
 // ---------------------------------------------------------------------------
+// Cache-Status (RFC 9211).
+// ---------------------------------------------------------------------------
+
+/// The `Cache-Status` values of a response, in order.
+fn cache_status(r: &ParsedResponse) -> Vec<&str> {
+    r.headers_all("cache-status")
+}
+
+/// The `ttl` parameter of the last `Cache-Status` member.
+fn ttl_of(r: &ParsedResponse) -> i64 {
+    let last = *cache_status(r).last().expect("a Cache-Status member");
+    let ttl = last
+        .split("; ")
+        .find_map(|p| p.strip_prefix("ttl="))
+        .unwrap_or_else(|| panic!("no ttl in {last:?}"));
+    ttl.parse().expect("ttl is an integer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_the_miss_was_forwarded_and_stored_then_the_hit_with_its_ttl() {
+    let origin = fixed(Response::ok("status").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("cache_status = \"edge1.example\"").await;
+    let miss = get(&p, &origin, "/s", &[]).await;
+    check(&miss, 200, "status", "MISS");
+    // RFC 9211 2.2, 2.3, 2.6: fwd says why it went forward, fwd-status
+    // what the next hop answered, stored that the response was kept.
+    assert_eq!(cache_status(&miss), ["edge1.example; fwd=miss; fwd-status=200; stored"]);
+    let hit = get(&p, &origin, "/s", &[]).await;
+    check(&hit, 200, "status", "HIT");
+    // 2.1 hit: the origin was not contacted; 2.5 ttl: freshness left.
+    let member = cache_status(&hit)[0];
+    assert!(member.starts_with("edge1.example; hit; ttl="), "{member}");
+    assert!((58..=60).contains(&ttl_of(&hit)), "{member}");
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_a_revalidation_went_forward_because_the_stored_response_was_stale() {
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"v1\"") {
+            Response::new(304)
+                .header("ETag", "\"v1\"")
+                .header("Cache-Control", "max-age=30")
+        } else {
+            Response::ok("old")
+                .header("ETag", "\"v1\"")
+                .header("Cache-Control", "max-age=1")
+        }
+    })
+    .await;
+    let p = proxy("cache_status = \"c\"").await;
+    get(&p, &origin, "/v", &[]).await;
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    let revalidated = get(&p, &origin, "/v", &[]).await;
+    check(&revalidated, 200, "old", "REVALIDATED");
+    let member = cache_status(&revalidated)[0];
+    assert!(member.starts_with("c; fwd=stale; fwd-status=304; ttl="), "{member}");
+    assert!((28..=30).contains(&ttl_of(&revalidated)), "{member}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_members_of_caches_nearer_the_origin_come_first() {
+    let origin = fixed(
+        Response::ok("layered")
+            .header("Cache-Control", "max-age=60")
+            .header("Cache-Status", "OriginCache; hit; ttl=1100"),
+    )
+    .await;
+    let p = proxy("cache_status = \"edge\"").await;
+    let miss = get(&p, &origin, "/l", &[]).await;
+    assert_eq!(
+        cache_status(&miss),
+        ["OriginCache; hit; ttl=1100", "edge; fwd=miss; fwd-status=200; stored"]
+    );
+    let hit = get(&p, &origin, "/l", &[]).await;
+    let all = cache_status(&hit);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0], "OriginCache; hit; ttl=1100");
+    assert!(all[1].starts_with("edge; hit; ttl="), "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_is_off_unless_named() {
+    let origin = fixed(Response::ok("plain").header("Cache-Control", "max-age=60")).await;
+    let p = proxy("").await;
+    for _ in 0..2 {
+        let r = get(&p, &origin, "/o", &[]).await;
+        assert!(cache_status(&r).is_empty(), "{:?}", r.headers);
+    }
+}
+
+#[test]
+fn a_cache_status_identifier_that_is_not_a_token_is_refused_with_its_key() {
+    for bad in ["two words", "9lives", "quo\\\"te"] {
+        let out = Portico::check(&format!(
+            "[[listener]]\naddress = \"127.0.0.1:1\"\nmode = \"forward\"\n\n[cache]\ncache_status = \"{bad}\"\n"
+        ));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(err.contains("cache.cache_status"), "{err}");
+        assert!(err.contains("is not a structured-field token"), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Operator overrides.
 // ---------------------------------------------------------------------------
 

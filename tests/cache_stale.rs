@@ -179,10 +179,32 @@ async fn a_disconnected_cache_serves_the_stale_response_when_the_origin_times_ou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_serves_the_stale_response_when_the_origin_answers_503() {
-    let p = proxy("").await;
+    let p = proxy("cache_status = \"edge\"").await;
     let (r, asked) = stale_then_failing(&p, "max-age=1", Failing::Unavailable).await;
     check(&r, 200, STORED, "STALE");
     assert_eq!(asked, 2);
+    // RFC 9211: it went forward to validate the stale response and the
+    // origin answered 503; the stored response is past its freshness.
+    let member = r.header("cache-status").expect("Cache-Status");
+    assert!(member.starts_with("edge; fwd=stale; fwd-status=503; ttl="), "{member}");
+    assert!(ttl_of(member) <= 0, "{member}");
+}
+
+/// The `ttl` of a `Cache-Status` member: at most 0 for a stale response
+/// (its age, in whole seconds, has reached its freshness lifetime).
+fn ttl_of(member: &str) -> i64 {
+    let ttl = member.split("; ").find_map(|p| p.strip_prefix("ttl=")).expect("a ttl");
+    ttl.parse().expect("ttl is an integer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_a_stale_response_served_for_a_failed_connection_went_forward() {
+    let p = proxy("cache_status = \"edge\"").await;
+    let (r, _) = stale_then_failing(&p, "max-age=1", Failing::Close).await;
+    check(&r, 200, STORED, "STALE");
+    let member = r.header("cache-status").expect("Cache-Status");
+    assert!(member.starts_with("edge; fwd=stale; ttl="), "{member}");
+    assert!(ttl_of(member) <= 0, "{member}");
 }
 
 /// RFC 9111 4.2.4: "A cache MUST NOT generate a stale response if it is

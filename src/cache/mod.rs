@@ -1,7 +1,8 @@
 //! The HTTP cache (RFC 9111, shared cache): a library with no knowledge of
 //! sockets. `key` names objects, `object` is their stored metadata,
-//! `policy` decides what may be stored and served, `memory` and `disk` are
-//! the two tiers; `admin` holds the offline operations of `portico cache`.
+//! `policy` decides what may be stored and served, `status` writes the
+//! `Cache-Status` field, `memory` and `disk` are the two tiers; `admin`
+//! holds the offline operations of `portico cache`.
 
 pub mod admin;
 pub mod disk;
@@ -12,7 +13,9 @@ pub mod object;
 pub(crate) mod partial;
 pub(crate) mod policy;
 pub(crate) mod range;
+pub(crate) mod status;
 mod tiers;
 
 pub use key::{CacheKey, ObjectId};
+pub(crate) use status::is_sf_token;
 pub(crate) use tiers::{Cache, StoreSink, Stored, slice_variant};

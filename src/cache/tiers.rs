@@ -281,6 +281,8 @@ pub struct Cache {
     pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
     pub status_header: Option<HeaderName>,
+    /// This cache's identifier in the `Cache-Status` field (RFC 9211), if enabled.
+    pub cache_status: Option<Box<str>>,
     /// `cache.revalidation_wait`: how long a request waits for another's
     /// revalidation of the same stored object.
     pub revalidation_wait: std::time::Duration,
@@ -328,6 +330,7 @@ impl Cache {
             flights: Arc::new(Flights::default()),
             stats: Arc::default(),
             status_header: None,
+            cache_status: None,
             revalidation_wait: std::time::Duration::ZERO,
             // Parts of objects the memory tier would admit whole, within an
             // eighth of its budget.
@@ -400,6 +403,7 @@ impl Cache {
             flights: self.flights.clone(),
             stats: self.stats.clone(),
             status_header,
+            cache_status: (!cfg.cache_status.is_empty()).then(|| cfg.cache_status.as_str().into()),
             revalidation_wait: cfg.revalidation_wait.get(),
             partials: self.partials.clone(),
             memory: self.memory.clone(),

@@ -403,6 +403,15 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             return Err((vec![Key("monitor"), Key(key)], format!("{p:?} is also monitor.{other}")));
         }
     }
+    if !c.cache.cache_status.is_empty() && !crate::cache::is_sf_token(&c.cache.cache_status) {
+        return Err((
+            vec![Key("cache"), Key("cache_status")],
+            format!(
+                "{:?} is not a structured-field token (RFC 8941: a letter or *, then letters, digits and :/!#$%&'*+-.^_`|~), such as \"proxy1.example.com\"",
+                c.cache.cache_status
+            ),
+        ));
+    }
     let [low, high] = c.cache.watermarks;
     if low >= high || high > 100 {
         return Err((

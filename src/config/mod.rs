@@ -1119,6 +1119,10 @@ pub struct CacheConfig {
     pub heuristic_max: Dur,
     /// Name of the response header saying HIT, MISS, STALE or REVALIDATED; empty = none.
     pub status_header: String,
+    /// This cache's identifier in an RFC 9211 `Cache-Status` member added
+    /// to the responses it handles (a structured-field token, such as the
+    /// host name); empty = no `Cache-Status`.
+    pub cache_status: String,
     /// Override (breaks RFC 9111): ignore client `Cache-Control: no-cache` / `Pragma: no-cache`.
     pub ignore_reload: bool,
     /// Override (breaks RFC 9111): store responses marked `no-store` or `private`.
@@ -1186,6 +1190,7 @@ impl Default for CacheConfig {
             heuristic_percent: 10,
             heuristic_max: Dur::secs(86_400),
             status_header: "X-Cache".to_string(),
+            cache_status: String::new(),
             ignore_reload: false,
             ignore_no_store: false,
             cache_query: true,

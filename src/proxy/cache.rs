@@ -42,6 +42,58 @@ pub enum CacheStatus {
     /// to the client (no origin request was made for it), `COLLAPSED` in
     /// the statistics and the access log (it had a miss's wait).
     Collapsed,
+    /// Served stale because its revalidation failed (`STALE`, as
+    /// [`CacheStatus::Stale`]; `Cache-Status` says it went forward), with
+    /// the origin's status code when it answered (a 5xx).
+    StaleOnError(Option<StatusCode>),
+}
+
+/// What a response's `Cache-Status` member says beyond the cache status:
+/// the origin's status code, whether the response is being stored, and
+/// the freshness left.
+#[derive(Debug, Clone, Copy, Default)]
+struct Said {
+    fwd_status: Option<StatusCode>,
+    stored: bool,
+    ttl: Option<i64>,
+}
+
+/// The `Cache-Status` field (RFC 9211).
+const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
+
+/// Marks a response with what the cache did: the `cache.status_header`
+/// (`X-Cache`) and, when `cache.cache_status` names this cache, its member
+/// of `Cache-Status`, after those of the caches nearer the origin (RFC
+/// 9211 §2: each cache appends its own).
+fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, said: Said) {
+    if let Some(name) = &cache.status_header {
+        headers.insert(name.clone(), status.value());
+    }
+    let Some(id) = &cache.cache_status else {
+        return;
+    };
+    use crate::cache::status::{Fwd, Member};
+    let (hit, fwd, collapsed) = match status {
+        CacheStatus::Hit | CacheStatus::Stale => (true, None, false),
+        CacheStatus::Miss => (false, Some(Fwd::Miss), false),
+        CacheStatus::Collapsed => (false, Some(Fwd::Miss), true),
+        CacheStatus::Revalidated | CacheStatus::StaleOnError(_) => (false, Some(Fwd::Stale), false),
+    };
+    let member = Member {
+        hit,
+        fwd,
+        fwd_status: said.fwd_status.map(|s| s.as_u16()),
+        ttl: said.ttl,
+        stored: said.stored,
+        collapsed,
+    };
+    headers.append(CACHE_STATUS, member.value(id));
+}
+
+/// Seconds a stored response stays fresh from `now` (negative: stale).
+fn ttl(policy: &Policy, meta: &StoredMeta, now: SystemTime) -> i64 {
+    let secs = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    secs(policy.freshness_lifetime(meta)).saturating_sub(secs(policy::current_age(meta, now)))
 }
 
 impl CacheStatus {
@@ -49,7 +101,7 @@ impl CacheStatus {
         match self {
             CacheStatus::Hit => crate::stats::CacheOutcome::Hit,
             CacheStatus::Miss => crate::stats::CacheOutcome::Miss,
-            CacheStatus::Stale => crate::stats::CacheOutcome::Stale,
+            CacheStatus::Stale | CacheStatus::StaleOnError(_) => crate::stats::CacheOutcome::Stale,
             CacheStatus::Revalidated => crate::stats::CacheOutcome::Revalidated,
             CacheStatus::Collapsed => crate::stats::CacheOutcome::Collapsed,
         }
@@ -59,7 +111,7 @@ impl CacheStatus {
         HeaderValue::from_static(match self {
             CacheStatus::Hit | CacheStatus::Collapsed => "HIT",
             CacheStatus::Miss => "MISS",
-            CacheStatus::Stale => "STALE",
+            CacheStatus::Stale | CacheStatus::StaleOnError(_) => "STALE",
             CacheStatus::Revalidated => "REVALIDATED",
         })
     }
@@ -425,9 +477,11 @@ impl Transaction<'_, '_> {
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&parts.meta, SystemTime::now()));
         headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, parts.complete)));
-        if let Some(name) = &self.cache.status_header {
-            headers.insert(name.clone(), CacheStatus::Hit.value());
-        }
+        let said = Said {
+            ttl: Some(ttl(self.policy, &parts.meta, SystemTime::now())),
+            ..Said::default()
+        };
+        mark(self.cache, &mut headers, CacheStatus::Hit, said);
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let ex = &mut *self.ex;
         ex.out
@@ -504,9 +558,10 @@ impl Transaction<'_, '_> {
     /// `cache.max_stale_on_error`: the stored response is served stale
     /// (`X-Cache: STALE`, a stale hit in the statistics), logged as Squid
     /// logs it (`TCP_REFRESH_FAIL_OLD`).
-    async fn stale_on_error(&mut self, stored: Stored) -> Result<(), Failure> {
-        let status = self.stale();
-        let result = self.send_stored(stored, status).await;
+    /// `answered`: the origin's status code, when it answered (a 5xx).
+    async fn stale_on_error(&mut self, stored: Stored, answered: Option<StatusCode>) -> Result<(), Failure> {
+        self.stale();
+        let result = self.send_stored(stored, CacheStatus::StaleOnError(answered)).await;
         // After `send_stored`, which notes STALE: the access log's own name.
         if self.ex.cache_result == Some(crate::stats::CacheOutcome::Stale.name()) {
             self.ex.cache_result = Some(super::ACCESS_STALE_ON_ERROR);
@@ -614,7 +669,7 @@ impl Transaction<'_, '_> {
                 None if follower.origin_failed() => {
                     if stale_ok(SystemTime::now()) {
                         self.cache.stats.collapsed();
-                        return self.stale_on_error(stored).await;
+                        return self.stale_on_error(stored, None).await;
                     }
                     break;
                 }
@@ -671,7 +726,7 @@ impl Transaction<'_, '_> {
             Err(failure) if policy::is_origin_error(failure.0) && stale_ok(SystemTime::now()) => {
                 end(leader, Ending::OriginFailed);
                 tracing::debug!(key = self.key.text(), "origin failed ({}): served stale", failure.1);
-                return self.stale_on_error(stored).await;
+                return self.stale_on_error(stored, None).await;
             }
             Err(failure) if policy::is_origin_error(failure.0) => {
                 end(leader, Ending::OriginFailed);
@@ -699,11 +754,12 @@ impl Transaction<'_, '_> {
                 self.send_stored(stored, CacheStatus::Revalidated).await
             }
             Revalidation::ServerError if stale_ok(fetched.times.response) => {
+                let answered = fetched.response.status();
                 // The error's body is not wanted: dropped now, not held
                 // while the stored response is sent.
                 drop(fetched);
                 end(leader, Ending::OriginFailed);
-                self.stale_on_error(stored).await
+                self.stale_on_error(stored, Some(answered)).await
             }
             // RFC 9111 4.3.4: a 304 that selects no stored response updates
             // none. Fetching again without validators would make a second
@@ -861,9 +917,12 @@ impl Transaction<'_, '_> {
             ..
         } = head;
         self.policy.strip_targeted(&mut headers);
-        if let Some(name) = &self.cache.status_header {
-            headers.insert(name.clone(), CacheStatus::Miss.value());
-        }
+        let said = Said {
+            fwd_status: Some(status),
+            stored: sink.is_some(),
+            ttl: None,
+        };
+        mark(self.cache, &mut headers, CacheStatus::Miss, said);
         let len = match length {
             Some(n) => BodyLen::Known(n),
             None => BodyLen::Unknown,
@@ -963,15 +1022,19 @@ impl Transaction<'_, '_> {
             response_time: head.response_time,
             derived: Default::default(),
         };
-        let age = policy::age_header(&meta, SystemTime::now());
+        let now = SystemTime::now();
+        let age = policy::age_header(&meta, now);
+        let said = Said {
+            fwd_status: Some(meta.status),
+            ttl: Some(ttl(self.policy, &meta, now)),
+            ..Said::default()
+        };
         let mut headers = meta.headers;
         // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
         self.policy.take_unshared(&mut headers);
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, age);
-        if let Some(name) = &self.cache.status_header {
-            headers.insert(name.clone(), CacheStatus::Collapsed.value());
-        }
+        mark(self.cache, &mut headers, CacheStatus::Collapsed, said);
         let ex = &mut *self.ex;
         note_cache(ex, CacheStatus::Collapsed.outcome());
         let _send = crate::stats::stage(crate::stats::Stage::Send);
@@ -1192,11 +1255,17 @@ impl Transaction<'_, '_> {
         let mut headers = stored.meta.headers.clone();
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&stored.meta, now));
-        let x_cache = |h: &mut HeaderMap| {
-            if let Some(name) = &cache.status_header {
-                h.insert(name.clone(), status.value());
-            }
+        let said = Said {
+            fwd_status: match status {
+                CacheStatus::Revalidated => Some(StatusCode::NOT_MODIFIED),
+                CacheStatus::Miss | CacheStatus::Collapsed => Some(stored.meta.status),
+                CacheStatus::StaleOnError(answered) => answered,
+                CacheStatus::Hit | CacheStatus::Stale => None,
+            },
+            stored: status == CacheStatus::Miss,
+            ttl: Some(ttl(self.policy, &stored.meta, now)),
         };
+        let x_cache = |h: &mut HeaderMap| mark(cache, h, status, said);
         match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
             Precondition::NotModified => {
                 let mut h = policy::not_modified_headers(&headers);
@@ -1217,7 +1286,7 @@ impl Transaction<'_, '_> {
         x_cache(&mut headers);
         let len = stored.len;
         let seed = stored.id.0 as u64 ^ len;
-        let body = send_head_for_range(ex, stored.meta.status, headers, len, cache.status_header.as_ref(), seed);
+        let body = send_head_for_range(ex, stored.meta.status, headers, len, cache, seed);
         for (prefix, r) in body.parts() {
             if !prefix.is_empty() && ex.out.send_data(prefix).await.is_err() {
                 ex.out.close_after();
@@ -1273,15 +1342,15 @@ impl BodyPlan {
 /// Sends the head of the answer to the request from a stored response of
 /// `status`, `headers` (`Age` and the cache status header set) and `len`
 /// body bytes, as its `Range` asks (RFC 9110 14.2): the whole response,
-/// one range or several (206), or 416 (with only `Content-Range` and the
-/// `status_header`). A HEAD gets the `Content-Length` the GET would; `seed`
+/// one range or several (206), or 416 (with only `Content-Range`, the
+/// `status_header` and `Cache-Status`). A HEAD gets the `Content-Length` the GET would; `seed`
 /// makes the multipart boundary. Returns what the body must carry.
 fn send_head_for_range(
     ex: &mut Exchange<'_>,
     status: StatusCode,
     mut headers: HeaderMap,
     len: u64,
-    status_header: Option<&http::HeaderName>,
+    cache: &Cache,
     seed: u64,
 ) -> BodyPlan {
     let head_only = ex.head.method == Method::HEAD;
@@ -1300,10 +1369,13 @@ fn send_head_for_range(
         RangePlan::Unsatisfiable => {
             let mut h = HeaderMap::new();
             h.insert(CONTENT_RANGE, header_value(&range::unsatisfied_range(len)));
-            if let Some(name) = status_header
+            if let Some(name) = &cache.status_header
                 && let Some(v) = headers.get(name)
             {
                 h.insert(name.clone(), v.clone());
+            }
+            for v in headers.get_all(CACHE_STATUS) {
+                h.append(CACHE_STATUS, v.clone());
             }
             ex.out
                 .send_head(StatusCode::RANGE_NOT_SATISFIABLE, h, BodyLen::Known(0));

@@ -14,7 +14,8 @@
 //! DUE_US microseconds from the start. OUT: one line per request in plan
 //! order, tab-separated: offered hit (0|1), status (a number, or an error's
 //! text), whole body (0|1: a 200 with EXPECTED_BYTES of body), X-Cache's
-//! first word (or `-`), response ms (from the request's write, or the
+//! first word (or `-`; `COLLAPSED` when a `Cache-Status` member says
+//! `collapsed`), response ms (from the request's write, or the
 //! connect before it, to the body's last byte), lag ms (how late the
 //! request left against its schedule). The last line is `# connections N`:
 //! connections opened.
@@ -49,7 +50,8 @@ struct Record {
 
 type Conn = BufReader<TcpStream>;
 
-/// What one response was: status, body bytes, X-Cache's first word, and
+/// What one response was: status, body bytes, X-Cache's first word (or
+/// `COLLAPSED`), and
 /// whether the connection may carry another request.
 struct Answer {
     status: u16,
@@ -204,6 +206,7 @@ async fn get(conn: &mut Conn, path: &str, port: u16) -> Result<Answer, String> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("bad status line {:?}", line.trim_end()))?;
     let (mut length, mut chunked, mut keep, mut x_cache) = (0u64, false, true, String::new());
+    let mut collapsed = false;
     loop {
         read_line(conn, &mut line).await?;
         let l = line.trim_end();
@@ -220,8 +223,15 @@ async fn get(conn: &mut Conn, path: &str, port: u16) -> Result<Answer, String> {
             "connection" => keep = !value.eq_ignore_ascii_case("close"),
             // Squid's "HIT from host", a list: the first word, upper-case.
             "x-cache" => x_cache = value.split([' ', ',']).next().unwrap_or("").to_ascii_uppercase(),
+            // RFC 9211: a request that waited for another's fetch says
+            // `collapsed` (Portico with cache.cache_status set); its X-Cache
+            // says HIT, as no origin request was made for it.
+            "cache-status" => collapsed |= value.split(',').any(|m| m.split(';').any(|p| p.trim() == "collapsed")),
             _ => {}
         }
+    }
+    if collapsed {
+        x_cache = String::from("COLLAPSED");
     }
     let mut body = 0;
     if chunked {

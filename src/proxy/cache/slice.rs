@@ -21,8 +21,8 @@
 //! requests find before they look for slices.
 
 use super::{
-    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, note_cache, plain_get, send_head_for_range,
-    send_range, update_from_304,
+    CacheStatus, Fetched, Said, Transaction, fetch_timed, finish, header_value, mark, note_cache, plain_get,
+    send_head_for_range, send_range, ttl, update_from_304,
 };
 use crate::cache::Stored;
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
@@ -156,7 +156,7 @@ impl<'c> Transaction<'c, '_> {
         match status {
             CacheStatus::Miss => self.cache.stats.miss(),
             CacheStatus::Hit => self.cache.stats.hit(),
-            CacheStatus::Revalidated | CacheStatus::Stale | CacheStatus::Collapsed => {}
+            CacheStatus::Revalidated | CacheStatus::Stale | CacheStatus::StaleOnError(_) | CacheStatus::Collapsed => {}
         }
         let whole = first.whole_meta();
         if let Some(why) = super::super::reply_acl::denied(&self.dest.reply, whole.status, &whole.headers) {
@@ -171,9 +171,12 @@ impl<'c> Transaction<'c, '_> {
         self.policy.take_unshared(&mut headers);
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&whole, now));
-        if let Some(name) = &self.cache.status_header {
-            headers.insert(name.clone(), status.value());
-        }
+        let said = Said {
+            fwd_status: (status == CacheStatus::Miss).then_some(whole.status),
+            stored: status == CacheStatus::Miss,
+            ttl: Some(ttl(self.policy, &whole, now)),
+        };
+        mark(self.cache, &mut headers, status, said);
         let method = self.ex.head.method.clone();
         match policy::check_preconditions(&method, &self.ex.head.headers, &whole) {
             Precondition::NotModified => {
@@ -194,8 +197,7 @@ impl<'c> Transaction<'c, '_> {
         }
         let complete = first.complete;
         let seed = self.key.id().0 as u64 ^ complete;
-        let status_header = self.cache.status_header.as_ref();
-        let body = send_head_for_range(self.ex, StatusCode::OK, headers, complete, status_header, seed);
+        let body = send_head_for_range(self.ex, StatusCode::OK, headers, complete, self.cache, seed);
         // Every slice sent must be of the representation whose head was sent.
         let identity = first.identity();
         let mut pending = Some(first);
