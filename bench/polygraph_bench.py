@@ -39,7 +39,8 @@ mean comes from:
 
 Reported: for offered hits and for the rest, the mean, median, p90, p99 and
 the share over 100 ms of the response time (from the request's write to the
-body's last byte), split by the proxy's `X-Cache` where it sends one; the
+body's last byte), split by the proxy's `X-Cache` where it sends one (for
+Portico, `COLLAPSED` where its `Cache-Status` says `collapsed`); the
 hit ratio from the origin's own count (1 - origin requests / requests); the
 client's lag behind its schedule (a run whose p99 lag is over a second did
 not offer the load it claims and says so); for Portico, its collapsed-lookup
