@@ -32,14 +32,16 @@
 //! each tunnel or upgraded connection pumping, and the held-file budget as
 //! if full), with a headroom kept free for new connections and cache files
 //! read without being held. The split behind the derived limit reserves
-//! three descriptors for every request in service, which few use. Requests beyond the limit never overtake the queue: one
-//! is admitted at once only while nobody waits; otherwise the room is
-//! given to the head of the queue (a permit lent to it, taken back when a
-//! permit is next released), and the newcomer queues behind. A limit the
-//! config sets stays a wall.
+//! three descriptors for every request in service, which few use.
+//! Requests beyond the limit never overtake the queue: one is admitted at
+//! once only while nobody waits; otherwise the room is given to the head
+//! of the queue (a permit lent to it, taken back at a later release when
+//! no room is left for a waiting request), and the newcomer queues behind.
+//! A limit the config sets stays a wall.
 //!
 //! The hot path (a permit is free) is one atomic operation on the
-//! semaphore; the counters are relaxed atomics. Only queueing, which
+//! semaphore and one on the count in service; the counters are relaxed
+//! atomics. Only queueing, which
 //! happens when the server is already saturated, takes a small lock, to
 //! keep the 1/5/15-minute queue-length averages.
 
@@ -70,8 +72,6 @@ pub struct Admission {
     /// Requests in service now (permits held, lent ones and those beyond
     /// the limit included).
     in_service: AtomicUsize,
-    /// Requests in service beyond `max_requests` without a permit.
-    beyond: AtomicUsize,
     /// Permits added to the semaphore for the queue's head, not yet taken back.
     lent: AtomicUsize,
     /// Tunnels and upgraded connections pumping (each holds an origin descriptor).
@@ -103,17 +103,26 @@ impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let a = self.admission;
         a.in_service.fetch_sub(1, Relaxed);
+        let waiting = a.queued.load(Relaxed) > 0;
         match self.permit.take() {
-            // A lent permit is taken back: the semaphore returns to its size.
-            Some(p) if take_one(&a.lent) => p.forget(),
-            Some(p) => drop(p),
-            None => {
-                a.beyond.fetch_sub(1, Relaxed);
-                // Its descriptors are free: the head of the queue takes them.
-                if a.queued.load(Relaxed) > 0 {
-                    a.lend();
+            Some(p) if a.lent.load(Relaxed) > 0 => {
+                if waiting && a.room_for_one() {
+                    // Passed on: the next waiting request is in service
+                    // beyond the limit too.
+                    a.admitted_beyond.fetch_add(1, Relaxed);
+                    drop(p);
+                } else if take_one(&a.lent) {
+                    // Taken back: the semaphore returns to its size.
+                    p.forget();
+                } else {
+                    drop(p);
                 }
             }
+            Some(p) => drop(p),
+            // Beyond the limit: its descriptors are free, and the head of
+            // the queue takes them.
+            None if waiting => a.lend(),
+            None => {}
         }
     }
 }
@@ -195,7 +204,6 @@ impl Admission {
             max_requests,
             descriptors,
             in_service: AtomicUsize::new(0),
-            beyond: AtomicUsize::new(0),
             lent: AtomicUsize::new(0),
             pumping: AtomicUsize::new(0),
             admitted_beyond: AtomicU64::new(0),
@@ -255,7 +263,6 @@ impl Admission {
             return Some(self.admitted(Some(p)));
         }
         if self.queued.load(Relaxed) == 0 && self.room_for_one() {
-            self.beyond.fetch_add(1, Relaxed);
             self.admitted_beyond.fetch_add(1, Relaxed);
             return Some(self.admitted(None));
         }
@@ -581,6 +588,29 @@ mod tests {
         drop(p3);
         drop(p1);
         assert_eq!(a.permits.available_permits(), 1);
+        assert_eq!(a.lent.load(Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_released_permit_goes_to_the_queue_while_descriptors_leave_room() {
+        let a = Admission::new(1, 4, Some(room_for(2)));
+        let p1 = a.try_admit().expect("a permit");
+        let p2 = a.try_admit().expect("beyond the limit");
+        let a2 = &a;
+        let mut q3 = Box::pin(a2.admit());
+        assert!(futures_poll_once(q3.as_mut()).await.is_none());
+        drop(p2);
+        let p3 = q3.await.expect("lent the room of the request beyond the limit");
+        let mut q4 = Box::pin(a2.admit());
+        assert!(futures_poll_once(q4.as_mut()).await.is_none(), "no room for a third");
+        // p1's permit is not taken back while a request waits and there is
+        // room for it: the waiting request gets it.
+        drop(p1);
+        let p4 = q4.await.expect("passed on");
+        assert_eq!(a.snapshot().in_service, 2);
+        assert_eq!(a.snapshot().admitted_beyond_limit, 3);
+        drop((p3, p4));
+        assert_eq!(a.permits.available_permits(), 1, "the semaphore is back to its size");
         assert_eq!(a.lent.load(Relaxed), 0);
     }
 
