@@ -14,10 +14,10 @@
 //! That split reserves for the worst case, where every request in service
 //! holds three descriptors at once. Most hold fewer (a hit from a held
 //! file none beyond its client's, a miss waiting on its origin one, and a
-//! cache file only while its body is stored), so a
-//! derived `max_requests` is where admission starts counting, not a wall:
-//! past it, a request is still admitted while the descriptors in use
-//! ([`Descriptors`], counted by `proxy::admission`) leave room for it.
+//! cache file only while its body is stored), so a derived `max_requests`
+//! is where admission starts counting, not a wall: past it, a request is
+//! still admitted while the descriptors in use ([`Descriptors`], counted
+//! by `proxy::admission`) leave room for it.
 //! Under a Web Polygraph workload at 3,200 requests/s (2.5 s origin think
 //! time) the split's 3,322 places refused 12% of the requests with the busy
 //! 503 while a third of the 20,000 descriptors were free.
@@ -100,8 +100,8 @@ pub struct Descriptors {
     /// (`cache.open_files`, as if all were).
     pub fixed: usize,
     /// Kept free for new connections and short-lived files (a sixteenth
-    /// of the usable descriptors, at least 16), so that accepting a client or
-    /// opening a cache file never fails for want of one.
+    /// of the usable descriptors, at least 16), so that accepting a client
+    /// or opening a cache file never fails for want of one.
     pub headroom: usize,
 }
 

@@ -7,9 +7,9 @@
 //! `hit` (answered without going to the origin), `fwd` (why it went:
 //! `miss`, or `stale` to validate a stored response), `fwd-status` (the
 //! origin's status code), `ttl` (whole seconds of freshness left, 0 or
-//! less when stale), `stored` and `collapsed`. Portico cannot tell a URL miss from a
-//! Vary miss at the point it answers, so it says `miss`, which RFC 9211
-//! §2.2 provides for exactly that.
+//! less when stale), `stored` and `collapsed`. Portico cannot tell a URL
+//! miss from a Vary miss at the point it answers, so it says `miss`, which
+//! RFC 9211 §2.2 provides for exactly that.
 
 use http::HeaderValue;
 
