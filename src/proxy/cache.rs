@@ -90,10 +90,13 @@ fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, said: Said)
     headers.append(CACHE_STATUS, member.value(id));
 }
 
-/// Seconds a stored response stays fresh from `now` (negative: stale).
-fn ttl(policy: &Policy, meta: &StoredMeta, now: SystemTime) -> i64 {
+/// Whole seconds a stored response stays fresh from `now` (0 or less:
+/// stale), for `Cache-Status`; None (and no work on the hit path) when the
+/// cache sends none.
+fn ttl(cache: &Cache, policy: &Policy, meta: &StoredMeta, now: SystemTime) -> Option<i64> {
+    cache.cache_status.as_ref()?;
     let secs = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-    secs(policy.freshness_lifetime(meta)).saturating_sub(secs(policy::current_age(meta, now)))
+    Some(secs(policy.freshness_lifetime(meta)).saturating_sub(secs(policy::current_age(meta, now))))
 }
 
 impl CacheStatus {
@@ -478,7 +481,7 @@ impl Transaction<'_, '_> {
         headers.insert(AGE, policy::age_header(&parts.meta, SystemTime::now()));
         headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, parts.complete)));
         let said = Said {
-            ttl: Some(ttl(self.policy, &parts.meta, SystemTime::now())),
+            ttl: ttl(self.cache, self.policy, &parts.meta, SystemTime::now()),
             ..Said::default()
         };
         mark(self.cache, &mut headers, CacheStatus::Hit, said);
@@ -1026,7 +1029,7 @@ impl Transaction<'_, '_> {
         let age = policy::age_header(&meta, now);
         let said = Said {
             fwd_status: Some(meta.status),
-            ttl: Some(ttl(self.policy, &meta, now)),
+            ttl: ttl(self.cache, self.policy, &meta, now),
             ..Said::default()
         };
         let mut headers = meta.headers;
@@ -1263,7 +1266,7 @@ impl Transaction<'_, '_> {
                 CacheStatus::Hit | CacheStatus::Stale => None,
             },
             stored: status == CacheStatus::Miss,
-            ttl: Some(ttl(self.policy, &stored.meta, now)),
+            ttl: ttl(cache, self.policy, &stored.meta, now),
         };
         let x_cache = |h: &mut HeaderMap| mark(cache, h, status, said);
         match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
@@ -1343,8 +1346,8 @@ impl BodyPlan {
 /// `status`, `headers` (`Age` and the cache status header set) and `len`
 /// body bytes, as its `Range` asks (RFC 9110 14.2): the whole response,
 /// one range or several (206), or 416 (with only `Content-Range`, the
-/// `status_header` and `Cache-Status`). A HEAD gets the `Content-Length` the GET would; `seed`
-/// makes the multipart boundary. Returns what the body must carry.
+/// `status_header` and `Cache-Status`). A HEAD gets the `Content-Length`
+/// the GET would; `seed` makes the multipart boundary. Returns what the body must carry.
 fn send_head_for_range(
     ex: &mut Exchange<'_>,
     status: StatusCode,

@@ -174,7 +174,7 @@ impl<'c> Transaction<'c, '_> {
         let said = Said {
             fwd_status: (status == CacheStatus::Miss).then_some(whole.status),
             stored: status == CacheStatus::Miss,
-            ttl: Some(ttl(self.policy, &whole, now)),
+            ttl: ttl(self.cache, self.policy, &whole, now),
         };
         mark(self.cache, &mut headers, status, said);
         let method = self.ex.head.method.clone();
