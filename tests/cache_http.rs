@@ -2017,6 +2017,35 @@ async fn cache_status_says_a_revalidation_went_forward_because_the_stored_respon
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_fwd_request_when_the_request_s_directives_sent_it_to_the_origin() {
+    let origin = Origin::start(|req| async move {
+        if req.header("if-none-match") == Some("\"v1\"") {
+            Response::new(304)
+                .header("ETag", "\"v1\"")
+                .header("Cache-Control", "max-age=60")
+        } else {
+            Response::ok("fresh")
+                .header("ETag", "\"v1\"")
+                .header("Cache-Control", "max-age=60")
+        }
+    })
+    .await;
+    let p = proxy("cache_status = \"c\"").await;
+    get(&p, &origin, "/f", &[]).await;
+    // Fresh, but the client's no-cache asks for validation: RFC 9211 2.2
+    // `request`, not `stale`.
+    let reloaded = get(&p, &origin, "/f", &[("Cache-Control", "no-cache")]).await;
+    check(&reloaded, 200, "fresh", "REVALIDATED");
+    let member = cache_status(&reloaded)[0];
+    assert!(member.starts_with("c; fwd=request; fwd-status=304; ttl="), "{member}");
+    // The client's no-store: answered by the origin, not stored.
+    let unstored = get(&p, &origin, "/f", &[("Cache-Control", "no-store")]).await;
+    check(&unstored, 200, "fresh", "MISS");
+    assert_eq!(cache_status(&unstored), ["c; fwd=request; fwd-status=200"]);
+    assert_eq!(origin.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_status_members_of_caches_nearer_the_origin_come_first() {
     let origin = fixed(
         Response::ok("layered")

@@ -5,7 +5,8 @@
 //!
 //! The parameters written are those a shared cache can state exactly:
 //! `hit` (answered without going to the origin), `fwd` (why it went:
-//! `miss`, or `stale` to validate a stored response), `fwd-status` (the
+//! `miss`, `stale` to validate a stored response, or `request` when the
+//! request's own directives sent it), `fwd-status` (the
 //! origin's status code), `ttl` (whole seconds of freshness left, 0 or
 //! less when stale), `stored` and `collapsed`. Portico cannot tell a URL
 //! miss from a Vary miss at the point it answers, so it says `miss`, which
@@ -37,6 +38,9 @@ pub enum Fwd {
     Miss,
     /// A stored response was found stale and validated with the origin.
     Stale,
+    /// A stored response could have been used, but the request did not
+    /// allow it (`no-cache`, `max-age`, `min-fresh`, `no-store`).
+    Request,
 }
 
 impl Member {
@@ -52,6 +56,7 @@ impl Member {
             s.push_str(match fwd {
                 Fwd::Miss => "; fwd=miss",
                 Fwd::Stale => "; fwd=stale",
+                Fwd::Request => "; fwd=request",
             });
         }
         if let Some(code) = self.fwd_status {
@@ -117,6 +122,17 @@ mod tests {
             ..Member::default()
         };
         assert_eq!(m.value("c"), "c; fwd=stale; fwd-status=304; ttl=-5");
+    }
+
+    #[test]
+    fn fwd_request_says_the_request_s_semantics_did_not_allow_a_stored_response() {
+        let m = Member {
+            fwd: Some(Fwd::Request),
+            fwd_status: Some(304),
+            ttl: Some(30),
+            ..Member::default()
+        };
+        assert_eq!(m.value("c"), "c; fwd=request; fwd-status=304; ttl=30");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum CacheStatus {
 /// the freshness left.
 #[derive(Debug, Clone, Copy, Default)]
 struct Said {
+    /// Why the request went forward, when not what the status implies
+    /// (the transaction's [`Transaction::fwd`]).
+    fwd: Option<crate::cache::status::Fwd>,
     fwd_status: Option<StatusCode>,
     stored: bool,
     ttl: Option<i64>,
@@ -81,7 +84,7 @@ fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, said: Said)
     };
     let member = Member {
         hit,
-        fwd,
+        fwd: fwd.map(|default| said.fwd.unwrap_or(default)),
         fwd_status: said.fwd_status.map(|s| s.as_u16()),
         ttl: said.ttl,
         stored: said.stored,
@@ -179,6 +182,7 @@ pub async fn serve<'s>(
         dest: &dest,
         key,
         now,
+        fwd: None,
     };
     if pass_through {
         return tx.pass_through().await;
@@ -245,8 +249,19 @@ pub async fn serve<'s>(
         Decision::StaleWhileRevalidate => tx.stale_while_revalidate(&stored),
         Decision::GatewayTimeout => return Err(tx.gateway_timeout()),
         Decision::Revalidate {
-            stale_if_error_until, ..
-        } => return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await,
+            reason,
+            stale_if_error_until,
+        } => {
+            use crate::cache::status::Fwd;
+            // The request's `no-cache`, `max-age` or `min-fresh`, not the
+            // stored response, sent it (RFC 9211 2.2's `request`).
+            tx.fwd = Some(if reason.starts_with("request") {
+                Fwd::Request
+            } else {
+                Fwd::Stale
+            });
+            return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await;
+        }
     };
     tx.send_stored(stored, status).await
 }
@@ -290,6 +305,10 @@ struct Transaction<'t, 'e> {
     /// When the request reached the cache: the stored response's freshness
     /// is judged at this time.
     now: SystemTime,
+    /// Why this request went to the origin when it was not a plain miss
+    /// (`Cache-Status`'s `fwd`): `stale` for a stored response validated,
+    /// `request` when the request's directives sent it.
+    fwd: Option<crate::cache::status::Fwd>,
 }
 
 /// When a request was sent upstream and when its response head arrived
@@ -604,6 +623,7 @@ impl Transaction<'_, '_> {
     /// another request's fetch, and not stored ([`Policy::storable`] says no).
     async fn bypass(&mut self) -> Result<(), Failure> {
         self.cache.stats.miss();
+        self.fwd = Some(crate::cache::status::Fwd::Request);
         let fetched = self.fetch(None).await?;
         self.store_and_send(fetched, None).await;
         Ok(())
@@ -921,6 +941,7 @@ impl Transaction<'_, '_> {
         } = head;
         self.policy.strip_targeted(&mut headers);
         let said = Said {
+            fwd: self.fwd,
             fwd_status: Some(status),
             stored: sink.is_some(),
             ttl: None,
@@ -1028,6 +1049,7 @@ impl Transaction<'_, '_> {
         let now = SystemTime::now();
         let age = policy::age_header(&meta, now);
         let said = Said {
+            fwd: self.fwd,
             fwd_status: Some(meta.status),
             ttl: ttl(self.cache, self.policy, &meta, now),
             ..Said::default()
@@ -1259,6 +1281,7 @@ impl Transaction<'_, '_> {
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&stored.meta, now));
         let said = Said {
+            fwd: self.fwd,
             fwd_status: match status {
                 CacheStatus::Revalidated => Some(StatusCode::NOT_MODIFIED),
                 CacheStatus::Miss | CacheStatus::Collapsed => Some(stored.meta.status),

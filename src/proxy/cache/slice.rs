@@ -172,6 +172,7 @@ impl<'c> Transaction<'c, '_> {
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&whole, now));
         let said = Said {
+            fwd: self.fwd,
             fwd_status: (status == CacheStatus::Miss).then_some(whole.status),
             stored: status == CacheStatus::Miss,
             ttl: ttl(self.cache, self.policy, &whole, now),
