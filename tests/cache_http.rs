@@ -2017,6 +2017,19 @@ async fn cache_status_says_a_revalidation_went_forward_because_the_stored_respon
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_a_stale_response_replaced_by_the_origin_went_forward_as_stale() {
+    let origin = counting("version", &[("Cache-Control", "max-age=1"), ("ETag", "\"e\"")]).await;
+    let p = proxy("cache_status = \"c\"").await;
+    get(&p, &origin, "/r", &[]).await;
+    tokio::time::sleep(PAST_ONE_SECOND).await;
+    // The conditional request got a new 200 (this origin ignores
+    // validators), which replaced the stored one.
+    let replaced = get(&p, &origin, "/r", &[]).await;
+    check(&replaced, 200, "version #2", "MISS");
+    assert_eq!(cache_status(&replaced), ["c; fwd=stale; fwd-status=200; stored"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_status_says_fwd_request_when_the_request_s_directives_sent_it_to_the_origin() {
     let origin = Origin::start(|req| async move {
         if req.header("if-none-match") == Some("\"v1\"") {
