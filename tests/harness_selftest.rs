@@ -1,5 +1,6 @@
-//! Self-test of the integration-test harness (everything except `Portico`,
-//! which needs the real proxy).
+//! Self-test of the integration-test harness: the origins, clients and
+//! helpers, and what `Portico`'s start-up does around the real binary
+//! (a taken listener address replaced, the open-files limit set).
 
 mod common;
 
@@ -64,6 +65,24 @@ async fn a_listener_address_taken_before_portico_binds_it_is_replaced() {
         parse_response(&raw_request(p.addr(), b"GET /.perf HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await);
     assert_eq!(r.status, 200, "{}", r.body_str());
     drop(taken);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_with_open_files_sets_both_limits_of_the_child() {
+    let addr = free_addr();
+    let p = Portico::start_with_open_files(
+        &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n"),
+        300,
+    )
+    .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.pid())).expect("read /proc/PID/limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // "Max open files  SOFT  HARD  files": portico cannot raise either.
+    assert_eq!(&fields[3..5], ["300", "300"], "{line}");
 }
 
 #[test]
