@@ -2,6 +2,7 @@
 
 use http::HeaderValue;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The current time as an HTTP-date header value, formatted at most once a
@@ -24,6 +25,26 @@ pub(crate) fn http_date_now() -> HeaderValue {
         }
         cache.1.clone()
     })
+}
+
+/// Counts one in a gauge until dropped: each holder of a resource
+/// (a cache file being written, a pooled origin connection, a pumping
+/// tunnel) carries one, so the count cannot drift from what is held.
+#[derive(Debug)]
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    /// Adds one to `gauge`; the drop takes it away.
+    pub(crate) fn new(gauge: &'a AtomicUsize) -> Counted<'a> {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// An I/O error's cause in plain words, for error pages and the error log:

@@ -1964,6 +1964,22 @@ fn cache_status(r: &ParsedResponse) -> Vec<&str> {
     r.headers_all("cache-status")
 }
 
+/// An origin that answers `body` with `ETag: "v1"` and `Cache-Control:
+/// cc`, and a request validating that ETag with a 304 carrying
+/// `Cache-Control: refreshed_cc`.
+async fn validating_origin(body: &'static str, cc: &'static str, refreshed_cc: &'static str) -> Origin {
+    Origin::start(move |req| async move {
+        if req.header("if-none-match") == Some("\"v1\"") {
+            Response::new(304)
+                .header("ETag", "\"v1\"")
+                .header("Cache-Control", refreshed_cc)
+        } else {
+            Response::ok(body).header("ETag", "\"v1\"").header("Cache-Control", cc)
+        }
+    })
+    .await
+}
+
 /// The `ttl` parameter of the last `Cache-Status` member.
 fn ttl_of(r: &ParsedResponse) -> i64 {
     let last = *cache_status(r).last().expect("a Cache-Status member");
@@ -1994,18 +2010,7 @@ async fn cache_status_says_the_miss_was_forwarded_and_stored_then_the_hit_with_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_status_says_a_revalidation_went_forward_because_the_stored_response_was_stale() {
-    let origin = Origin::start(|req| async move {
-        if req.header("if-none-match") == Some("\"v1\"") {
-            Response::new(304)
-                .header("ETag", "\"v1\"")
-                .header("Cache-Control", "max-age=30")
-        } else {
-            Response::ok("old")
-                .header("ETag", "\"v1\"")
-                .header("Cache-Control", "max-age=1")
-        }
-    })
-    .await;
+    let origin = validating_origin("old", "max-age=1", "max-age=30").await;
     let p = proxy("cache_status = \"c\"").await;
     get(&p, &origin, "/v", &[]).await;
     tokio::time::sleep(PAST_ONE_SECOND).await;
@@ -2031,18 +2036,7 @@ async fn cache_status_says_a_stale_response_replaced_by_the_origin_went_forward_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_status_says_fwd_request_when_the_request_s_directives_sent_it_to_the_origin() {
-    let origin = Origin::start(|req| async move {
-        if req.header("if-none-match") == Some("\"v1\"") {
-            Response::new(304)
-                .header("ETag", "\"v1\"")
-                .header("Cache-Control", "max-age=60")
-        } else {
-            Response::ok("fresh")
-                .header("ETag", "\"v1\"")
-                .header("Cache-Control", "max-age=60")
-        }
-    })
-    .await;
+    let origin = validating_origin("fresh", "max-age=60", "max-age=60").await;
     let p = proxy("cache_status = \"c\"").await;
     get(&p, &origin, "/f", &[]).await;
     // Fresh, but the client's no-cache asks for validation: RFC 9211 2.2

@@ -931,18 +931,33 @@ fn slow_requests(addr: std::net::SocketAddr, origin: &Origin, n: usize) -> Vec<t
 /// `max_requests` of 32 and a queue of 24.
 const SMALL_NOFILE: u64 = 256;
 
+/// A forward proxy without a cache, started with [`SMALL_NOFILE`]
+/// descriptors; `server` is more `[server]` keys.
+async fn small_proxy(server: &str) -> Portico {
+    let addr = free_addr();
+    Portico::start_with_open_files(
+        &format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[server]\n{server}\n\n[cache]\nenabled = false\n"
+        ),
+        SMALL_NOFILE,
+    )
+    .await
+}
+
+/// Waits for every request of [`slow_requests`] and checks it got a 200.
+async fn all_ok(waiting: Vec<tokio::task::JoinHandle<Vec<u8>>>) {
+    for t in waiting {
+        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
     // The split behind a derived limit reserves three descriptors for each
     // request in service; these hold two (client, origin). Before
     // descriptor-aware admission, 16 of the 48 waited in the queue.
     let (origin, gate, arrived) = gated_origin().await;
-    let addr = free_addr();
-    let p = Portico::start_with_open_files(
-        &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n"),
-        SMALL_NOFILE,
-    )
-    .await;
+    let p = small_proxy("").await;
     let c = stats_snapshot(&p).await;
     assert_eq!(int(&c, "sessions", "limit"), 32, "{c}");
     assert_eq!(int(&c, "connection_queue", "limit"), 24, "{c}");
@@ -956,29 +971,10 @@ async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
     assert_eq!(int(&c, q, "admitted_beyond_limit"), 16, "{c}");
     assert_eq!(int(&c, q, "total_queued"), 0, "{c}");
     gate.add_permits(48);
-    for t in waiting {
-        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
-    }
-    let perf = parse_response(
-        &raw_request(
-            p.addr(),
-            format!("GET /.perf HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
-        )
-        .await,
-    )
-    .body_str();
-    assert!(
-        perf.contains(&format!("{:<40} 16\n", "Admitted Beyond The Limit")),
-        "{perf}"
-    );
-    let metrics = parse_response(
-        &raw_request(
-            p.addr(),
-            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", p.addr()).as_bytes(),
-        )
-        .await,
-    )
-    .body_str();
+    all_ok(waiting).await;
+    let label = "Admitted Beyond The Limit";
+    assert_eq!(perf_line(&p, label).await, format!("{label:<40} 16"));
+    let metrics = page(&p, "/metrics").await;
     assert!(
         metrics.contains("\nportico_connection_queue_admitted_beyond_limit_total 16\n"),
         "{metrics}"
@@ -986,14 +982,7 @@ async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
 
     // A limit the config sets stays a wall: 32 in service, the rest queued.
     let (origin, gate, arrived) = gated_origin().await;
-    let addr = free_addr();
-    let p = Portico::start_with_open_files(
-        &format!(
-            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[server]\nmax_requests = 32\n\n[cache]\nenabled = false\n"
-        ),
-        SMALL_NOFILE,
-    )
-    .await;
+    let p = small_proxy("max_requests = 32").await;
     let waiting = slow_requests(p.addr(), &origin, 48);
     let c = stats_when(&p, "16 queued", |c| c["connection_queue"]["current"] == 16).await;
     assert_eq!(int(&c, "sessions", "active"), 32, "{c}");
@@ -1006,9 +995,7 @@ async fn a_derived_limit_admits_beyond_itself_while_descriptors_are_free() {
     );
     assert_eq!(int(&c, "connection_queue", "admitted_beyond_limit"), 0, "{c}");
     gate.add_permits(48);
-    for t in waiting {
-        assert_eq!(parse_response(&t.await.expect("join")).status, 200);
-    }
+    all_ok(waiting).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1020,12 +1007,7 @@ async fn past_a_derived_limit_descriptors_run_short_as_busy_503s_never_as_failur
     // nobody gets a 502 from a connect that found no descriptor, and every
     // admitted request is answered.
     let (origin, gate, arrived) = gated_origin().await;
-    let addr = free_addr();
-    let p = Portico::start_with_open_files(
-        &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n"),
-        SMALL_NOFILE,
-    )
-    .await;
+    let p = small_proxy("").await;
     let waiting = slow_requests(p.addr(), &origin, 150);
     let c = stats_when(&p, "a full queue", |c| c["connection_queue"]["current"] == 24).await;
     let in_service = int(&c, "sessions", "active");

@@ -12,7 +12,8 @@
 //! miss from a Vary miss at the point it answers, so it says `miss`, which
 //! RFC 9211 §2.2 provides for exactly that.
 
-use http::HeaderValue;
+use http::{HeaderValue, StatusCode};
+use std::fmt::Write as _;
 
 /// What one cache did for one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,7 +23,7 @@ pub struct Member {
     /// Why the request went to the origin, when it did.
     pub fwd: Option<Fwd>,
     /// The origin's status code, when the request went to it.
-    pub fwd_status: Option<u16>,
+    pub fwd_status: Option<StatusCode>,
     /// Whole seconds the response stays fresh (0 or less: stale).
     pub ttl: Option<i64>,
     /// The response was stored.
@@ -59,11 +60,12 @@ impl Member {
                 Fwd::Request => "; fwd=request",
             });
         }
+        // Writing to a String cannot fail.
         if let Some(code) = self.fwd_status {
-            s.push_str(&format!("; fwd-status={code}"));
+            let _ = write!(s, "; fwd-status={}", code.as_u16());
         }
         if let Some(ttl) = self.ttl {
-            s.push_str(&format!("; ttl={ttl}"));
+            let _ = write!(s, "; ttl={ttl}");
         }
         if self.stored {
             s.push_str("; stored");
@@ -72,7 +74,7 @@ impl Member {
             s.push_str("; collapsed");
         }
         // A token, "; ", "=", digits and "-" are all visible ASCII.
-        HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
     }
 }
 
@@ -102,7 +104,7 @@ mod tests {
     fn fwd_status_is_the_status_the_next_hop_returned() {
         let m = Member {
             fwd: Some(Fwd::Miss),
-            fwd_status: Some(200),
+            fwd_status: Some(StatusCode::OK),
             stored: true,
             ttl: Some(60),
             ..Member::default()
@@ -117,7 +119,7 @@ mod tests {
     fn a_negative_ttl_says_how_long_the_response_has_been_stale() {
         let m = Member {
             fwd: Some(Fwd::Stale),
-            fwd_status: Some(304),
+            fwd_status: Some(StatusCode::NOT_MODIFIED),
             ttl: Some(-5),
             ..Member::default()
         };
@@ -128,7 +130,7 @@ mod tests {
     fn fwd_request_says_the_request_s_semantics_did_not_allow_a_stored_response() {
         let m = Member {
             fwd: Some(Fwd::Request),
-            fwd_status: Some(304),
+            fwd_status: Some(StatusCode::NOT_MODIFIED),
             ttl: Some(30),
             ..Member::default()
         };
@@ -139,7 +141,7 @@ mod tests {
     fn collapsed_says_the_request_shared_another_request_s_forward() {
         let m = Member {
             fwd: Some(Fwd::Miss),
-            fwd_status: Some(200),
+            fwd_status: Some(StatusCode::OK),
             collapsed: true,
             ..Member::default()
         };

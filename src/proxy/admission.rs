@@ -131,20 +131,8 @@ impl<'a> Permit<'a> {
     /// The request became a tunnel or an upgraded connection: it leaves
     /// service, but its origin descriptor stays counted until the returned
     /// guard drops (the pump ends).
-    pub fn into_pump(self) -> Pumping<'a> {
-        let a = self.admission;
-        a.pumping.fetch_add(1, Relaxed);
-        Pumping(a)
-    }
-}
-
-/// A tunnel or upgraded connection pumping; counted until dropped.
-#[derive(Debug)]
-pub struct Pumping<'a>(&'a Admission);
-
-impl Drop for Pumping<'_> {
-    fn drop(&mut self) {
-        self.0.pumping.fetch_sub(1, Relaxed);
+    pub fn into_pump(self) -> crate::util::Counted<'a> {
+        crate::util::Counted::new(&self.admission.pumping)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::cache::object::StoredMeta;
 use crate::cache::partial::{self, NewPart};
 use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
+use crate::cache::status::{Fwd, Member};
 use crate::cache::{Cache, CacheKey, ObjectId, StoreSink, Stored};
 use crate::http1::{BodyFraming, BodyLen, Exchange, Outcome, RequestHead};
 use http::header::{
@@ -48,48 +49,32 @@ pub enum CacheStatus {
     StaleOnError(Option<StatusCode>),
 }
 
-/// What a response's `Cache-Status` member says beyond the cache status:
-/// the origin's status code, whether the response is being stored, and
-/// the freshness left.
-#[derive(Debug, Clone, Copy, Default)]
-struct Said {
-    /// Why the request went forward, when not what the status implies
-    /// (the transaction's [`Transaction::fwd`]).
-    fwd: Option<crate::cache::status::Fwd>,
-    fwd_status: Option<StatusCode>,
-    stored: bool,
-    ttl: Option<i64>,
-}
-
 /// The `Cache-Status` field (RFC 9211).
 const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
 
 /// Marks a response with what the cache did: the `cache.status_header`
 /// (`X-Cache`) and, when `cache.cache_status` names this cache, its member
 /// of `Cache-Status`, after those of the caches nearer the origin (RFC
-/// 9211 §2: each cache appends its own).
-fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, said: Said) {
+/// 9211 §2: each cache appends its own). `member` brings what only the
+/// caller knows (`fwd-status`, `ttl`, `stored`, and in `fwd` why a
+/// forwarded request went, when not what `status` implies); `hit`,
+/// `collapsed` and whether there is a `fwd` at all follow from `status`.
+fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, mut member: Member) {
     if let Some(name) = &cache.status_header {
         headers.insert(name.clone(), status.value());
     }
     let Some(id) = &cache.cache_status else {
         return;
     };
-    use crate::cache::status::{Fwd, Member};
     let (hit, fwd, collapsed) = match status {
         CacheStatus::Hit | CacheStatus::Stale => (true, None, false),
         CacheStatus::Miss => (false, Some(Fwd::Miss), false),
         CacheStatus::Collapsed => (false, Some(Fwd::Miss), true),
         CacheStatus::Revalidated | CacheStatus::StaleOnError(_) => (false, Some(Fwd::Stale), false),
     };
-    let member = Member {
-        hit,
-        fwd: fwd.map(|default| said.fwd.unwrap_or(default)),
-        fwd_status: said.fwd_status.map(|s| s.as_u16()),
-        ttl: said.ttl,
-        stored: said.stored,
-        collapsed,
-    };
+    member.hit = hit;
+    member.collapsed = collapsed;
+    member.fwd = fwd.map(|implied| member.fwd.unwrap_or(implied));
     headers.append(CACHE_STATUS, member.value(id));
 }
 
@@ -252,7 +237,6 @@ pub async fn serve<'s>(
             reason,
             stale_if_error_until,
         } => {
-            use crate::cache::status::Fwd;
             // The request's `no-cache`, `max-age` or `min-fresh`, not the
             // stored response, sent it (RFC 9211 2.2's `request`).
             tx.fwd = Some(if reason.starts_with("request") {
@@ -308,7 +292,7 @@ struct Transaction<'t, 'e> {
     /// Why this request went to the origin when it was not a plain miss
     /// (`Cache-Status`'s `fwd`): `stale` for a stored response validated,
     /// `request` when the request's directives sent it.
-    fwd: Option<crate::cache::status::Fwd>,
+    fwd: Option<Fwd>,
 }
 
 /// When a request was sent upstream and when its response head arrived
@@ -499,11 +483,11 @@ impl Transaction<'_, '_> {
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&parts.meta, SystemTime::now()));
         headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, parts.complete)));
-        let said = Said {
+        let member = Member {
             ttl: ttl(self.cache, self.policy, &parts.meta, SystemTime::now()),
-            ..Said::default()
+            ..Member::default()
         };
-        mark(self.cache, &mut headers, CacheStatus::Hit, said);
+        mark(self.cache, &mut headers, CacheStatus::Hit, member);
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let ex = &mut *self.ex;
         ex.out
@@ -623,7 +607,7 @@ impl Transaction<'_, '_> {
     /// another request's fetch, and not stored ([`Policy::storable`] says no).
     async fn bypass(&mut self) -> Result<(), Failure> {
         self.cache.stats.miss();
-        self.fwd = Some(crate::cache::status::Fwd::Request);
+        self.fwd = Some(Fwd::Request);
         let fetched = self.fetch(None).await?;
         self.store_and_send(fetched, None).await;
         Ok(())
@@ -940,13 +924,13 @@ impl Transaction<'_, '_> {
             ..
         } = head;
         self.policy.strip_targeted(&mut headers);
-        let said = Said {
+        let member = Member {
             fwd: self.fwd,
             fwd_status: Some(status),
             stored: sink.is_some(),
-            ttl: None,
+            ..Member::default()
         };
-        mark(self.cache, &mut headers, CacheStatus::Miss, said);
+        mark(self.cache, &mut headers, CacheStatus::Miss, member);
         let len = match length {
             Some(n) => BodyLen::Known(n),
             None => BodyLen::Unknown,
@@ -1048,18 +1032,18 @@ impl Transaction<'_, '_> {
         };
         let now = SystemTime::now();
         let age = policy::age_header(&meta, now);
-        let said = Said {
+        let member = Member {
             fwd: self.fwd,
             fwd_status: Some(meta.status),
             ttl: ttl(self.cache, self.policy, &meta, now),
-            ..Said::default()
+            ..Member::default()
         };
         let mut headers = meta.headers;
         // The leader's route may replay cookies (`set_cookie = "store"`); ours may not.
         self.policy.take_unshared(&mut headers);
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, age);
-        mark(self.cache, &mut headers, CacheStatus::Collapsed, said);
+        mark(self.cache, &mut headers, CacheStatus::Collapsed, member);
         let ex = &mut *self.ex;
         note_cache(ex, CacheStatus::Collapsed.outcome());
         let _send = crate::stats::stage(crate::stats::Stage::Send);
@@ -1280,7 +1264,7 @@ impl Transaction<'_, '_> {
         let mut headers = stored.meta.headers.clone();
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&stored.meta, now));
-        let said = Said {
+        let member = Member {
             fwd: self.fwd,
             fwd_status: match status {
                 CacheStatus::Revalidated => Some(StatusCode::NOT_MODIFIED),
@@ -1290,8 +1274,9 @@ impl Transaction<'_, '_> {
             },
             stored: status == CacheStatus::Miss,
             ttl: ttl(cache, self.policy, &stored.meta, now),
+            ..Member::default()
         };
-        let x_cache = |h: &mut HeaderMap| mark(cache, h, status, said);
+        let x_cache = |h: &mut HeaderMap| mark(cache, h, status, member);
         match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
             Precondition::NotModified => {
                 let mut h = policy::not_modified_headers(&headers);

@@ -758,7 +758,8 @@ struct Pool {
 struct Idle {
     conn: Conn,
     since: Instant,
-    _counted: IdleCount,
+    /// In [`IDLE_OPEN`] until taken out of the pool or closed.
+    _counted: crate::util::Counted<'static>,
 }
 
 /// Idle upstream connections held by every pool of the process: each is
@@ -768,23 +769,6 @@ static IDLE_OPEN: AtomicUsize = AtomicUsize::new(0);
 /// Idle upstream connections held now, in every pool of the process.
 pub fn idle_connections() -> usize {
     IDLE_OPEN.load(Ordering::Relaxed)
-}
-
-/// Counts one pooled connection in [`IDLE_OPEN`] until dropped (taken out
-/// of the pool, or closed).
-struct IdleCount;
-
-impl IdleCount {
-    fn new() -> IdleCount {
-        IDLE_OPEN.fetch_add(1, Ordering::Relaxed);
-        IdleCount
-    }
-}
-
-impl Drop for IdleCount {
-    fn drop(&mut self) {
-        IDLE_OPEN.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 impl Pool {
@@ -818,7 +802,7 @@ impl Pool {
             list.push(Idle {
                 conn,
                 since: Instant::now(),
-                _counted: IdleCount::new(),
+                _counted: crate::util::Counted::new(&IDLE_OPEN),
             });
             dropped
         };

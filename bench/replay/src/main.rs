@@ -51,8 +51,7 @@ struct Record {
 type Conn = BufReader<TcpStream>;
 
 /// What one response was: status, body bytes, X-Cache's first word (or
-/// `COLLAPSED`), and
-/// whether the connection may carry another request.
+/// `COLLAPSED`), and whether the connection may carry another request.
 struct Answer {
     status: u16,
     body: u64,

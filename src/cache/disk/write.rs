@@ -79,7 +79,7 @@ impl Inner {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "metadata too large"))?;
         let mut st = WriteState {
             file,
-            _counted: WritingCount::new(),
+            _counted: crate::util::Counted::new(&WRITING),
             tmp,
             sum: Some(Checksum::new(&meta_bytes)),
             meta_len: u64::from(meta_len),
@@ -227,26 +227,11 @@ pub fn files_being_written() -> usize {
     WRITING.load(Ordering::Relaxed)
 }
 
-/// Counts one file in [`WRITING`] from its creation until its writer is
-/// dropped (committed or aborted), which closes it.
-struct WritingCount;
-
-impl WritingCount {
-    fn new() -> WritingCount {
-        WRITING.fetch_add(1, Ordering::Relaxed);
-        WritingCount
-    }
-}
-
-impl Drop for WritingCount {
-    fn drop(&mut self) {
-        WRITING.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 struct WriteState {
     file: File,
-    _counted: WritingCount,
+    /// In [`WRITING`] from its creation until the writer is dropped
+    /// (committed or aborted), which closes the file.
+    _counted: crate::util::Counted<'static>,
     tmp: PathBuf,
     sum: Option<Checksum>,
     meta_len: u64,

@@ -21,7 +21,7 @@
 //! requests find before they look for slices.
 
 use super::{
-    CacheStatus, Fetched, Said, Transaction, fetch_timed, finish, header_value, mark, note_cache, plain_get,
+    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, mark, note_cache, plain_get,
     send_head_for_range, send_range, ttl, update_from_304,
 };
 use crate::cache::Stored;
@@ -171,13 +171,14 @@ impl<'c> Transaction<'c, '_> {
         self.policy.take_unshared(&mut headers);
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&whole, now));
-        let said = Said {
+        let member = crate::cache::status::Member {
             fwd: self.fwd,
             fwd_status: (status == CacheStatus::Miss).then_some(whole.status),
             stored: status == CacheStatus::Miss,
             ttl: ttl(self.cache, self.policy, &whole, now),
+            ..crate::cache::status::Member::default()
         };
-        mark(self.cache, &mut headers, status, said);
+        mark(self.cache, &mut headers, status, member);
         let method = self.ex.head.method.clone();
         match policy::check_preconditions(&method, &self.ex.head.headers, &whole) {
             Precondition::NotModified => {
