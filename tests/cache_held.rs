@@ -305,3 +305,46 @@ async fn a_memory_hit_never_sends_an_older_version_from_the_disk_file() {
     );
     assert_eq!(fetched.load(Ordering::SeqCst), 2);
 }
+
+/// `cache.open_files` larger than the open-files limit allows: once the
+/// held files take the last descriptors, an open that fails for want of
+/// one closes a quarter of them and holds fewer from then on, so objects
+/// are still stored and served. Without it every open failed: hits became
+/// misses and new objects could not be written (Too many open files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_closes_held_files_instead_of_failing_hits() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let addr = free_addr();
+    let p = Portico::start_with_open_files(
+        &format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+             [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\nopen_files = 1000\n",
+            cache.path().display()
+        ),
+        256,
+    )
+    .await;
+    // 300 objects, each asked for twice: a miss that stores it, then a
+    // hit that opens its file and holds it. 256 descriptors cannot hold 300.
+    for i in 0..300 {
+        let path = format!("/large/{i}");
+        let first = get(&p, &origin, &path, &[]).await;
+        assert_eq!((first.status, x_cache(&first)), (200, "MISS"), "{path}");
+        let again = get(&p, &origin, &path, &[]).await;
+        assert_eq!((again.status, x_cache(&again)), (200, "HIT"), "{path}: {}", p.stderr());
+        assert!(
+            again.body.len() == 100 << 10 && pattern_matches(0, &again.body),
+            "{path}"
+        );
+    }
+    assert_eq!(fetched.load(Ordering::SeqCst), 300, "each object fetched once");
+    let d = disk(&p).await;
+    let limit = n(&d, "open_files_limit");
+    assert!(limit < 256, "the held files were not cut back: {d}");
+    assert!(
+        p.stderr().contains("disk cache: out of file descriptors"),
+        "{}",
+        p.stderr()
+    );
+}

@@ -469,7 +469,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                     reads: ds.reads,
                     misses: ds.misses,
                     open_files: d.held_files() as u64,
-                    open_files_limit: cfg.cache.open_files as u64,
+                    open_files_limit: d.held_limit() as u64,
                     open_file_hits: ds.open_file_hits,
                     open_file_misses: ds.open_file_misses,
                     reads_nowait: ds.reads_nowait,

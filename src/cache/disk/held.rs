@@ -40,7 +40,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Whether `dir` is on a file system held in memory (tmpfs, ramfs): its
@@ -238,7 +238,9 @@ impl OpenObject {
 /// once does not push out files used again).
 pub(super) struct HeldFiles {
     files: quick_cache::sync::Cache<ObjectId, Arc<OpenObject>>,
-    capacity: usize,
+    /// `cache.open_files`, lowered for good each time the process ran out
+    /// of descriptors (`shrink`).
+    capacity: AtomicUsize,
     /// Objects being opened and checksummed in the background
     /// (`DiskStore::check_in_background`), at most `MAX_CHECKING`.
     checking: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
@@ -253,7 +255,7 @@ impl HeldFiles {
     pub(super) fn new(capacity: usize) -> Option<HeldFiles> {
         (capacity > 0).then(|| HeldFiles {
             files: quick_cache::sync::Cache::new(capacity),
-            capacity,
+            capacity: AtomicUsize::new(capacity),
             checking: std::sync::Mutex::default(),
         })
     }
@@ -279,7 +281,26 @@ impl HeldFiles {
     /// would trade one file for another (and cost a whole read each time)
     /// when more objects are hit than files can be held.
     fn has_room(&self) -> bool {
-        self.files.len() < self.capacity
+        self.files.len() < self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The most files held from now on.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Closes a quarter of the held files and holds at most that many
+    /// fewer from now on; returns the new capacity, None when none were
+    /// held (closing nothing frees nothing).
+    fn shrink(&self) -> Option<usize> {
+        let held = self.files.len();
+        if held == 0 {
+            return None;
+        }
+        let smaller = held * 3 / 4;
+        self.capacity.fetch_min(smaller, Ordering::Relaxed);
+        self.files.set_capacity(smaller as u64);
+        Some(smaller)
     }
 
     /// Claims a background check of `id`; false when one is running or
@@ -400,5 +421,32 @@ impl Inner {
     /// Held files now.
     pub(super) fn held_count(&self) -> usize {
         self.held.as_ref().map_or(0, HeldFiles::len)
+    }
+
+    /// Called when opening or creating a file failed with `e`: if the
+    /// process is out of descriptors (EMFILE, or ENFILE for the whole
+    /// system) and files are held, closes a quarter of them and holds that
+    /// many fewer from now on, so that the files requests need (and the
+    /// connections they come on) come before hits kept cheap. True when
+    /// the caller should try once more.
+    pub(super) fn out_of_descriptors(&self, e: &io::Error) -> bool {
+        if !matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            return false;
+        }
+        let Some(capacity) = self.held.as_ref().and_then(HeldFiles::shrink) else {
+            return false;
+        };
+        tracing::warn!(
+            "disk cache: out of file descriptors ({cause}): holding at most {capacity} cache files open from now \
+             on; raise the open-files limit (LimitNOFILE) or lower cache.open_files",
+            cause = crate::util::io_cause(e)
+        );
+        true
+    }
+
+    /// The most files held open now: `cache.open_files`, or fewer once
+    /// descriptors ran out.
+    pub(super) fn held_capacity(&self) -> usize {
+        self.held.as_ref().map_or(0, HeldFiles::capacity)
     }
 }

@@ -504,6 +504,13 @@ impl DiskStore {
         self.inner.held_count()
     }
 
+    /// The most files held open: `cache.open_files`, or fewer once the
+    /// process ran out of descriptors (each time, a quarter of the held
+    /// files were closed for good).
+    pub fn held_limit(&self) -> usize {
+        self.inner.held_capacity()
+    }
+
     /// Records an access (a hit served from another tier, say): no I/O.
     pub fn touch(&self, id: ObjectId) -> bool {
         self.inner.index.touch(id, secs32(now_secs()))

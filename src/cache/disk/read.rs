@@ -56,7 +56,13 @@ impl Inner {
         if self.held.is_some() && request {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
-        let file = match File::open(&path) {
+        let file = match File::open(&path).or_else(|e| {
+            if self.out_of_descriptors(&e) {
+                File::open(&path)
+            } else {
+                Err(e)
+            }
+        }) {
             Ok(f) => f,
             Err(e) => {
                 if e.kind() == io::ErrorKind::NotFound {
