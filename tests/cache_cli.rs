@@ -326,12 +326,20 @@ fn missing_cache_directory_is_an_error() {
 }
 
 /// `cache.replacement` decides which live objects a collection removes:
-/// `gdsf` and `balanced` the large unused one first (it frees the most
-/// room for the least value per byte), `lru` and `lfuda` the least recently
-/// used small ones (objects just read back from disk have no hits yet).
+/// `gdsf`, `balanced` and `frequency` the large unused one first (it frees
+/// the most room for the least value per byte; `portico cache gc` has
+/// counted no lookups, so `frequency` ranks by size alone), `lru` and
+/// `lfuda` the least recently used small ones (objects just read back from
+/// disk have no hits yet).
 #[test]
 fn gc_removes_live_objects_in_the_replacement_policys_order() {
-    for (policy, big_goes) in [("gdsf", true), ("balanced", true), ("lru", false), ("lfuda", false)] {
+    for (policy, big_goes) in [
+        ("gdsf", true),
+        ("balanced", true),
+        ("frequency", true),
+        ("lru", false),
+        ("lfuda", false),
+    ] {
         let c = Cache::new("");
         let store = c.store();
         let root = c.root();

@@ -472,6 +472,15 @@ impl Cache {
 
     /// The stored object under `id`: memory first, then disk (small disk
     /// objects are promoted to memory).
+    /// Counts a request's lookup of `id`, whichever tier answers it or
+    /// none: the disk tier's replacement may rank objects by how often they
+    /// are asked for (`cache.replacement = "frequency"`).
+    fn asked(&self, id: ObjectId) {
+        if let Some(disk) = &self.disk {
+            disk.asked(id);
+        }
+    }
+
     async fn get(&self, id: ObjectId) -> Option<Stored> {
         self.get_or_busy(id, false).await.ok().flatten()
     }
@@ -628,6 +637,7 @@ impl Cache {
     /// read and the blocking pool's queue is full: the request gets a busy
     /// response rather than waiting.
     pub async fn lookup(&self, key: &CacheKey, req_headers: &HeaderMap) -> Result<Option<Stored>, PoolBusy> {
+        self.asked(key.id());
         let Some(primary) = self.get_or_busy(key.id(), true).await? else {
             return Ok(None);
         };
@@ -647,6 +657,7 @@ impl Cache {
             .filter(|f| !f.is_empty())
             .collect();
         let variant = policy::variant_of(&fields, req_headers);
+        self.asked(key.variant_id(&variant));
         // This request already holds a place on the disk: wait, do not refuse.
         let Some(found) = self.get(key.variant_id(&variant)).await else {
             return Ok(None);
@@ -658,6 +669,7 @@ impl Cache {
     /// `PoolBusy` as for [`Cache::lookup`].
     pub async fn lookup_slice(&self, key: &CacheKey, start: u64) -> Result<Option<Stored>, PoolBusy> {
         let variant = slice_variant(start);
+        self.asked(key.variant_id(&variant));
         let Some(found) = self.get_or_busy(key.variant_id(&variant), true).await? else {
             return Ok(None);
         };

@@ -1024,10 +1024,11 @@ pub enum GcMode {
 
 /// Which live objects the disk tier's garbage collector evicts first
 /// (`cache.replacement`), as Squid's `cache_replacement_policy`: each object
-/// gets a priority when stored and at every hit, and the lowest goes first.
-/// The three heap policies age priorities with a clock (Greedy-Dual: the
-/// clock rises to each evicted priority), so an object once popular does
-/// not stay for ever.
+/// has a priority, and the lowest goes first. `Frequency` (the default)
+/// ranks by lookups counted in a sketch that halves itself; the three heap
+/// policies set a priority when an object is stored and at every hit and
+/// age it with a clock (Greedy-Dual: the clock rises to each evicted
+/// priority), so an object once popular does not stay for ever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Replacement {
@@ -1047,6 +1048,12 @@ pub enum Replacement {
     /// Least recently used, every doubling of an object's hits worth one
     /// hour of recency (at most a day): Portico's policy before 2026-11.
     Lru,
+    /// How often an object was asked for lately, stored or not (TinyLFU's
+    /// count-min sketch of every lookup, halved every ten lookups per
+    /// object the budget holds): priority = lookups x (1 / blocks + 0.5).
+    /// No clock: the halving ages. An object evicted and asked for again
+    /// keeps its history, which the heap policies' hit counts lose.
+    Frequency,
 }
 
 /// When the disk tier calls fsync on a new object before publishing it.
@@ -1105,7 +1112,7 @@ pub struct CacheConfig {
     pub gc: GcMode,
     /// Low and high watermarks, percent of `disk`: GC starts above high and stops at low.
     pub watermarks: [u8; 2],
-    /// Which live objects the disk tier's GC evicts first: balanced | gdsf | lfuda | lru.
+    /// Which live objects the disk tier's GC evicts first: frequency | balanced | gdsf | lfuda | lru.
     pub replacement: Replacement,
     /// never | always.
     pub fsync: Fsync,
@@ -1184,7 +1191,7 @@ impl Default for CacheConfig {
             levels: [16, 256],
             gc: GcMode::Auto,
             watermarks: [97, 99],
-            replacement: Replacement::Balanced,
+            replacement: Replacement::Frequency,
             fsync: Fsync::Never,
             refresh: Vec::new(),
             heuristic_percent: 10,

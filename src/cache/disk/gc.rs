@@ -86,7 +86,7 @@ impl Inner {
             let now = now_secs();
             let mut cands = Vec::new();
             self.index.for_each(|id, e| {
-                let (class, score) = self.index.rank(e, now);
+                let (class, score) = self.index.rank(id, e, now);
                 cands.push(Candidate {
                     class,
                     score,
@@ -197,6 +197,7 @@ pub(super) fn spawn(store: Weak<Inner>, signal: Arc<GcSignal>) -> io::Result<()>
 mod tests {
     use super::super::DiskStats;
     use super::super::index::{Entry, Index};
+    use crate::cache::key::ObjectId;
     use crate::config::Replacement;
     use std::sync::Arc;
 
@@ -223,7 +224,7 @@ mod tests {
     }
 
     fn index(replacement: Replacement) -> Index {
-        Index::new(Arc::new(DiskStats::default()), BLOCK, replacement)
+        Index::new(Arc::new(DiskStats::default()), BLOCK, replacement, 1 << 30)
     }
 
     #[test]
@@ -234,29 +235,30 @@ mod tests {
             Replacement::Gdsf,
             Replacement::Lfuda,
             Replacement::Balanced,
+            Replacement::Frequency,
         ] {
             let idx = index(r);
             // Expired before live, whatever their recency and hits.
             assert!(
-                idx.rank(&e(999_999, 100, 10), now) < idx.rank(&e(1, 0, 0), now),
+                idx.rank(ObjectId(0), &e(999_999, 100, 10), now) < idx.rank(ObjectId(0), &e(1, 0, 0), now),
                 "{r:?}"
             );
             // Unreachable counts as dead; a future expiry is live.
             let mut bad = e(999_999, 0, 0);
             bad.key_ok = false;
-            assert_eq!(idx.rank(&bad, now).0, 0, "{r:?}");
-            assert_eq!(idx.rank(&e(100, 0, 2_000_000), now).0, 1, "{r:?}");
+            assert_eq!(idx.rank(ObjectId(0), &bad, now).0, 0, "{r:?}");
+            assert_eq!(idx.rank(ObjectId(0), &e(100, 0, 2_000_000), now).0, 1, "{r:?}");
         }
     }
 
     #[test]
     fn lru_ranks_by_recency_with_an_hour_per_doubling_of_hits() {
         let (idx, now) = (index(Replacement::Lru), 1_000_000);
-        assert!(idx.rank(&e(100, 0, 2_000_000), now) < idx.rank(&e(200, 0, 0), now));
+        assert!(idx.rank(ObjectId(0), &e(100, 0, 2_000_000), now) < idx.rank(ObjectId(0), &e(200, 0, 0), now));
         // 3 hits (2 doublings) beats 2 hours later with none.
-        assert_eq!(idx.rank(&e(0, 3, 0), now), (1, 7200));
-        assert!(idx.rank(&e(0, 3, 0), now) > idx.rank(&e(7000, 0, 0), now));
-        assert_eq!(idx.rank(&e(0, u32::MAX, 0), now), (1, 24 * 3600));
+        assert_eq!(idx.rank(ObjectId(0), &e(0, 3, 0), now), (1, 7200));
+        assert!(idx.rank(ObjectId(0), &e(0, 3, 0), now) > idx.rank(ObjectId(0), &e(7000, 0, 0), now));
+        assert_eq!(idx.rank(ObjectId(0), &e(0, u32::MAX, 0), now), (1, 24 * 3600));
     }
 
     #[test]
@@ -264,38 +266,73 @@ mod tests {
         let now = 1_000_000;
         let (small_unused, large_popular) = (sized(1, 0), sized(100, 10));
         let gdsf = index(Replacement::Gdsf);
-        assert!(gdsf.rank(&large_popular, now) < gdsf.rank(&small_unused, now));
+        assert!(gdsf.rank(ObjectId(0), &large_popular, now) < gdsf.rank(ObjectId(0), &small_unused, now));
         let lfuda = index(Replacement::Lfuda);
-        assert!(lfuda.rank(&small_unused, now) < lfuda.rank(&large_popular, now));
-        assert_eq!(lfuda.rank(&sized(1, 3), now), lfuda.rank(&sized(1000, 3), now));
+        assert!(lfuda.rank(ObjectId(0), &small_unused, now) < lfuda.rank(ObjectId(0), &large_popular, now));
+        assert_eq!(
+            lfuda.rank(ObjectId(0), &sized(1, 3), now),
+            lfuda.rank(ObjectId(0), &sized(1000, 3), now)
+        );
     }
 
     #[test]
     fn balanced_keeps_a_popular_large_object_over_an_unused_small_one() {
         let (idx, now) = (index(Replacement::Balanced), 1_000_000);
         // 11 x (1/100 + 0.15) = 1.76 > 1 x (1 + 0.15) = 1.15 > 1 x (1/100 + 0.15)
-        assert!(idx.rank(&sized(1, 0), now) < idx.rank(&sized(100, 10), now));
-        assert!(idx.rank(&sized(100, 0), now) < idx.rank(&sized(1, 0), now));
+        assert!(idx.rank(ObjectId(0), &sized(1, 0), now) < idx.rank(ObjectId(0), &sized(100, 10), now));
+        assert!(idx.rank(ObjectId(0), &sized(100, 0), now) < idx.rank(ObjectId(0), &sized(1, 0), now));
         // Among equals in size, the more hits the later.
-        assert!(idx.rank(&sized(4, 1), now) < idx.rank(&sized(4, 2), now));
+        assert!(idx.rank(ObjectId(0), &sized(4, 1), now) < idx.rank(ObjectId(0), &sized(4, 2), now));
+    }
+
+    #[test]
+    fn frequency_ranks_by_lookups_counted_before_the_object_was_stored() {
+        let (idx, now) = (index(Replacement::Frequency), 1_000_000);
+        let (popular, once) = (ObjectId(7 << 64 | 7), ObjectId(9 << 64 | 9));
+        // Asked for five times while it was not stored (misses count), then
+        // stored with no hits of its own: it outranks an object asked once.
+        for _ in 0..5 {
+            idx.asked(popular);
+        }
+        idx.asked(once);
+        assert!(idx.rank(once, &sized(1, 0), now) < idx.rank(popular, &sized(1, 0), now));
+        // Hits counted by the index do not matter, lookups do.
+        assert!(idx.rank(once, &sized(1, 100), now) < idx.rank(popular, &sized(1, 0), now));
+        // Size weighs as in balanced, with 0.5 per object: 5 x (1/100 +
+        // 0.5) = 2.55 > 1 x (1 + 0.5) = 1.5.
+        assert!(idx.rank(once, &sized(1, 0), now) < idx.rank(popular, &sized(100, 0), now));
+        assert!(idx.rank(once, &sized(100, 0), now) < idx.rank(once, &sized(1, 0), now));
+        // No clock: an eviction does not lift objects stored later.
+        idx.evicted_at(u64::MAX / 2);
+        assert!(idx.rank(once, &sized(1, 0), now).1 < u64::MAX / 4);
+    }
+
+    #[test]
+    fn only_frequency_counts_lookups() {
+        let (idx, now) = (index(Replacement::Balanced), 1_000_000);
+        let id = ObjectId(3 << 64 | 3);
+        let before = idx.rank(id, &sized(1, 0), now);
+        for _ in 0..5 {
+            idx.asked(id);
+        }
+        assert_eq!(idx.rank(id, &sized(1, 0), now), before);
     }
 
     #[test]
     fn the_clock_ages_objects_hit_long_ago_below_those_stored_since() {
-        use crate::cache::key::ObjectId;
         let (idx, now) = (index(Replacement::Balanced), 1_000_000);
         idx.insert(ObjectId(1), sized(1, 50));
         let old = idx.get(ObjectId(1)).expect("indexed");
         // Evicting what ranked above the old favourite moves the clock past it.
-        let (_, score) = idx.rank(&old, now);
+        let (_, score) = idx.rank(ObjectId(0), &old, now);
         idx.evicted_at(score + 1);
         idx.insert(ObjectId(2), sized(1, 0));
         let new = idx.get(ObjectId(2)).expect("indexed");
-        assert!(idx.rank(&old, now) < idx.rank(&new, now));
+        assert!(idx.rank(ObjectId(0), &old, now) < idx.rank(ObjectId(0), &new, now));
         // A hit brings the old one up to the clock again.
         idx.touch(ObjectId(1), 0);
         let hit = idx.get(ObjectId(1)).expect("indexed");
-        assert!(idx.rank(&hit, now) > idx.rank(&new, now));
+        assert!(idx.rank(ObjectId(0), &hit, now) > idx.rank(ObjectId(0), &new, now));
         // The LRU policy has no clock.
         let lru = index(Replacement::Lru);
         lru.evicted_at(u64::MAX);

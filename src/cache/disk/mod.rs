@@ -39,6 +39,7 @@ pub(crate) mod format;
 mod gc;
 mod held;
 pub(crate) mod index;
+mod popularity;
 mod read;
 mod scan;
 mod stats;
@@ -324,7 +325,12 @@ impl DiskStore {
             budget: Budget::new(cfg.disk.bytes(), cfg.watermarks),
             fsync: cfg.fsync == Fsync::Always,
             max_object: cfg.max_object_size.bytes(),
-            index: Index::new(stats.clone(), allocation_unit(&cfg.dir), cfg.replacement),
+            index: Index::new(
+                stats.clone(),
+                allocation_unit(&cfg.dir),
+                cfg.replacement,
+                cfg.disk.bytes(),
+            ),
             stats,
             locks: (0..PATH_LOCKS).map(|_| Mutex::new(())).collect(),
             instance,
@@ -509,6 +515,12 @@ impl DiskStore {
     /// files were closed for good).
     pub fn held_limit(&self) -> usize {
         self.inner.held_capacity()
+    }
+
+    /// Counts a lookup of `id`, found in some tier or not, for
+    /// `cache.replacement = "frequency"` (nothing otherwise): no I/O, no lock.
+    pub fn asked(&self, id: ObjectId) {
+        self.inner.index.asked(id);
     }
 
     /// Records an access (a hit served from another tier, say): no I/O.

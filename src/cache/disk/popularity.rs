@@ -1,0 +1,194 @@
+//! How often each object has been asked for lately, stored or not: the
+//! frequency estimate behind `cache.replacement = "frequency"` (TinyLFU's
+//! sketch, as in Caffeine and Ristretto).
+//!
+//! A count-min sketch: four rows of 8-bit counters; a lookup of an id adds
+//! one to its counter in each row (only to the smallest of the four, the
+//! "conservative update", which keeps collisions from inflating counts) and
+//! the estimate is the smallest of the four. Every `window` lookups all
+//! counters are halved, so the estimate follows what is popular now and an
+//! object popular last week ages out.
+//!
+//! Why a sketch rather than the index's own hit counts: the index forgets an
+//! object when it is evicted, so an object evicted and asked for again
+//! starts from nothing and is evicted again before its next request; the
+//! sketch remembers misses too, in a fixed few bytes per expected object.
+//!
+//! Lock-free and racy on purpose: two lookups of one id at once may add
+//! one between them, and a halving may lose increments made while it runs.
+//! An estimate is off by one at worst, which ranking tolerates.
+
+use crate::cache::key::ObjectId;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+/// Rows of counters (hash functions).
+const ROWS: usize = 4;
+/// The budget bytes counted as one expected object (the mean object of the
+/// `bench/run hitratio` stream is 13 KiB).
+const BYTES_PER_OBJECT: u64 = 16 << 10;
+/// Counters per row, at least and at most (4 x 4 MiB of counters at most).
+const MIN_WIDTH: usize = 1 << 12;
+const MAX_WIDTH: usize = 1 << 22;
+/// Lookups between halvings, per expected object (Caffeine's sample size).
+const WINDOW_PER_OBJECT: u64 = 10;
+
+/// The sketch.
+pub struct Popularity {
+    counters: Box<[AtomicU8]>,
+    /// Counters per row minus one (the width is a power of two).
+    mask: usize,
+    /// Lookups between halvings.
+    window: u64,
+    /// Lookups recorded.
+    seen: AtomicU64,
+}
+
+impl Popularity {
+    /// A sketch for a disk tier of `budget` bytes: four counters per row for
+    /// each object the budget is expected to hold (one per 16 KiB), so that
+    /// few objects share all four; halved every ten lookups per expected
+    /// object. 1 MiB of counters for a 1 GiB budget.
+    pub fn for_budget(budget: u64) -> Popularity {
+        let expected = (budget / BYTES_PER_OBJECT).max(1024);
+        let width = usize::try_from(expected.saturating_mul(4))
+            .unwrap_or(MAX_WIDTH)
+            .next_power_of_two()
+            .clamp(MIN_WIDTH, MAX_WIDTH);
+        Popularity::new(width, expected * WINDOW_PER_OBJECT)
+    }
+
+    /// A sketch of `width` (a power of two) counters per row, halved every
+    /// `window` lookups.
+    pub fn new(width: usize, window: u64) -> Popularity {
+        let width = width.next_power_of_two();
+        Popularity {
+            counters: (0..width * ROWS).map(|_| AtomicU8::new(0)).collect(),
+            mask: width - 1,
+            window: window.max(1),
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// The counter of `id` in each row. Ids are already uniformly
+    /// distributed 128-bit hashes, so each row takes its own 32 bits.
+    fn slots(&self, id: ObjectId) -> [usize; ROWS] {
+        let width = self.mask + 1;
+        std::array::from_fn(|row| row * width + ((id.0 >> (32 * row)) as u32 as usize & self.mask))
+    }
+
+    /// Counts one lookup of `id`.
+    pub fn record(&self, id: ObjectId) {
+        let slots = self.slots(id);
+        let values = slots.map(|s| self.counters[s].load(Ordering::Relaxed));
+        let least = values.iter().copied().min().unwrap_or(0);
+        if least < u8::MAX {
+            for (slot, value) in slots.iter().zip(values) {
+                if value == least {
+                    self.counters[*slot].store(least + 1, Ordering::Relaxed);
+                }
+            }
+        }
+        if (self.seen.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(self.window) {
+            self.halve();
+        }
+    }
+
+    /// How many lookups of `id` were counted lately (at most 255).
+    pub fn estimate(&self, id: ObjectId) -> u32 {
+        let least = self
+            .slots(id)
+            .iter()
+            .map(|s| self.counters[*s].load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        u32::from(least)
+    }
+
+    /// Halves every counter: a lookup a window ago counts half as much as
+    /// one now.
+    fn halve(&self) {
+        for c in self.counters.iter() {
+            let v = c.load(Ordering::Relaxed);
+            if v != 0 {
+                c.store(v >> 1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Bytes the counters take.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.counters.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> ObjectId {
+        // Spread like real ids (xxh3-128 of the key).
+        ObjectId(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes()))
+    }
+
+    #[test]
+    fn counts_lookups_per_object() {
+        let p = Popularity::new(1 << 12, 1 << 30);
+        for _ in 0..5 {
+            p.record(id(1));
+        }
+        p.record(id(2));
+        assert_eq!(p.estimate(id(1)), 5);
+        assert_eq!(p.estimate(id(2)), 1);
+        assert_eq!(p.estimate(id(3)), 0);
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_wrapping() {
+        let p = Popularity::new(1 << 12, 1 << 30);
+        for _ in 0..300 {
+            p.record(id(1));
+        }
+        assert_eq!(p.estimate(id(1)), 255);
+    }
+
+    #[test]
+    fn every_window_of_lookups_halves_the_counts() {
+        let p = Popularity::new(1 << 12, 100);
+        for _ in 0..40 {
+            p.record(id(1));
+        }
+        for n in 0..59 {
+            p.record(id(100 + n));
+        }
+        assert_eq!(p.estimate(id(1)), 40);
+        p.record(id(2)); // the 100th lookup
+        assert_eq!(p.estimate(id(1)), 20);
+        assert_eq!(p.estimate(id(2)), 0, "1 halved is 0");
+    }
+
+    #[test]
+    fn collisions_rarely_inflate_a_count_with_four_counters_per_object() {
+        // 4,096 objects asked for once each in a sketch sized for them:
+        // nearly all still read 1, none more than 2.
+        let p = Popularity::new(4 * 4096, 1 << 30);
+        for n in 0..4096 {
+            p.record(id(n));
+        }
+        let over: Vec<u32> = (0..4096).map(|n| p.estimate(id(n))).filter(|&e| e != 1).collect();
+        assert!(over.len() < 41, "{} of 4,096 estimates are not 1", over.len());
+        assert!(over.iter().all(|&e| e == 2), "{over:?}");
+        // An object never asked for reads 0 nearly always.
+        let ghosts = (10_000..14_096).filter(|&n| p.estimate(id(n)) > 0).count();
+        assert!(ghosts < 41, "{ghosts} of 4,096 unseen objects read above 0");
+    }
+
+    #[test]
+    fn sized_from_the_budget() {
+        let p = Popularity::for_budget(1 << 30);
+        assert_eq!(p.bytes(), 4 * (1 << 18), "1 MiB of counters for 1 GiB");
+        assert_eq!(p.window, 10 * 65_536);
+        assert_eq!(Popularity::for_budget(0).bytes(), 4 * MIN_WIDTH);
+        assert_eq!(Popularity::for_budget(1 << 50).bytes(), 4 * MAX_WIDTH);
+    }
+}
