@@ -109,6 +109,9 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // level is above info, and the sizing must happen regardless.
     let sized = crate::sizing::resolve(&mut config, files.now);
     tracing::info!("sizing: {sized}");
+    if let Some(w) = crate::sizing::open_files_warning(&config, files.now) {
+        tracing::warn!("{w}");
+    }
     // Which of the files Portico writes exist before it opens them (those it
     // creates go to `server.user`); an unknown user fails start-up here.
     crate::privdrop::prepare(&config)?;

@@ -137,6 +137,23 @@ pub(crate) fn open_files(nofile: u64) -> usize {
     usize::try_from(n).unwrap_or(10_000)
 }
 
+/// A warning when `cache.open_files` is more than half of the descriptors
+/// an open-files limit of `nofile` leaves usable: held files would crowd
+/// out connections and the files requests open (the disk tier then closes
+/// some each time descriptors run out, but hits are cheaper meanwhile only
+/// for the files it could hold).
+pub fn open_files_warning(config: &Config, nofile: u64) -> Option<String> {
+    let usable = nofile.saturating_sub(RESERVED);
+    let held = config.cache.open_files as u64;
+    (config.cache.enabled && config.cache.disk.bytes() > 0 && held > usable / 2).then(|| {
+        format!(
+            "cache.open_files = {held} is more than half of the {usable} descriptors the open-files limit \
+             ({nofile}) leaves usable: held cache files will be closed when descriptors run out; lower it \
+             or raise the limit (LimitNOFILE)"
+        )
+    })
+}
+
 /// The descriptor budget for an open-files limit `nofile` with up to
 /// `held` disk-tier files held open.
 pub(crate) fn descriptors(nofile: u64, held: usize) -> Descriptors {
@@ -188,6 +205,22 @@ pub fn resolve(config: &mut Config, nofile: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_files_over_half_the_usable_descriptors_are_warned_about() {
+        let mut c = Config::default();
+        c.cache.disk = crate::config::Size(1 << 30);
+        c.cache.open_files = 10_000;
+        assert_eq!(open_files_warning(&c, 20_064), None, "exactly half");
+        c.cache.open_files = 10_001;
+        let w = open_files_warning(&c, 20_064).expect("a warning");
+        assert!(
+            w.starts_with("cache.open_files = 10001 is more than half of the 20000 descriptors"),
+            "{w}"
+        );
+        c.cache.disk = crate::config::Size(0);
+        assert_eq!(open_files_warning(&c, 20_064), None, "no disk tier, no held files");
+    }
 
     #[test]
     fn formulas_split_the_limit() {
