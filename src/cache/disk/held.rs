@@ -291,16 +291,24 @@ impl HeldFiles {
 
     /// Closes a quarter of the held files and holds at most that many
     /// fewer from now on; returns the new capacity, None when none were
-    /// held (closing nothing frees nothing).
+    /// held (closing nothing frees nothing). Callers that ran out at the
+    /// same moment shrink once between them, not a quarter each: the ones
+    /// that lose the race just try again in the room the winner made.
     fn shrink(&self) -> Option<usize> {
         let held = self.files.len();
         if held == 0 {
             return None;
         }
-        let smaller = held * 3 / 4;
-        self.capacity.fetch_min(smaller, Ordering::Relaxed);
-        self.files.set_capacity(smaller as u64);
-        Some(smaller)
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        let smaller = held.min(capacity) * 3 / 4;
+        if self
+            .capacity
+            .compare_exchange(capacity, smaller, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.files.set_capacity(smaller as u64);
+        }
+        Some(self.capacity())
     }
 
     /// Claims a background check of `id`; false when one is running or
