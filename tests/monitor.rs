@@ -224,6 +224,8 @@ async fn nsc_lists_stops_starts_and_restarts_the_cache() {
         "{page1}"
     );
     assert!(page1.contains("Parameter settings") && page1.contains("MaxObjectSize: "));
+    // The replacement policy in effect, as the config spells it (the default).
+    assert!(page1.contains("\nReplacement: frequency\n"), "{page1}");
     let line = page1
         .lines()
         .find(|l| l.ends_with(&format!("{}/one", o.url())))

@@ -96,6 +96,9 @@ pub fn render(s: &Snapshot, cfg: &CacheConfig, list: Option<&[NscEntry]>, messag
     let _ = writeln!(o, "Directory: {}", cfg.dir.display());
     let _ = writeln!(o, "Levels: {} x {}", cfg.levels[0], cfg.levels[1]);
     let _ = writeln!(o, "Watermarks: {}% / {}%", cfg.watermarks[0], cfg.watermarks[1]);
+    // As spelt in the config (`cache.replacement`).
+    let _ = writeln!(o, "Replacement: {}", format!("{:?}", cfg.replacement).to_lowercase());
+    let _ = writeln!(o, "OpenFiles: {}", cfg.open_files);
     let _ = writeln!(o, "GC: {:?}", cfg.gc);
     let _ = writeln!(o, "Fsync: {:?}", cfg.fsync);
     let _ = writeln!(o, "IgnoreReload: {}", cfg.ignore_reload);
