@@ -137,9 +137,8 @@ pub enum Decision {
     StaleWhileRevalidate,
     /// Validate with the origin before serving ([`conditional_headers`]).
     Revalidate {
-        /// Why, for logs: "stale", "request no-cache", "response no-cache",
-        /// "request max-age", "request min-fresh".
-        reason: &'static str,
+        /// Why.
+        reason: RevalidateReason,
         /// When `stale-if-error` (RFC 5861, response or request) or
         /// `cache.max_stale_on_error` (RFC 9111 4.2.4, disconnected) applies:
         /// if the origin cannot be reached or answers 500, 502, 503 or 504
@@ -152,6 +151,32 @@ pub enum Decision {
     /// The request has `only-if-cached` (RFC 9111 5.2.1.7) and the stored
     /// response cannot be used without the origin: answer 504.
     GatewayTimeout,
+}
+
+/// Why a stored response must be validated before it is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevalidateReason {
+    /// It is stale (RFC 9111 4.2) and nothing lets it be served so.
+    Stale,
+    /// The response's unqualified `no-cache` (5.2.2.4).
+    ResponseNoCache,
+    /// The request's `no-cache` or `Pragma: no-cache` (5.2.1.4).
+    RequestNoCache,
+    /// The request's `max-age` is below the response's age (5.2.1.1).
+    RequestMaxAge,
+    /// The request's `min-fresh` asks for more freshness than is left (5.2.1.3).
+    RequestMinFresh,
+}
+
+impl RevalidateReason {
+    /// The request's own directives, not the stored response, sent it to
+    /// the origin (RFC 9211 2.2's `fwd=request`).
+    pub fn by_request(self) -> bool {
+        matches!(
+            self,
+            RevalidateReason::RequestNoCache | RevalidateReason::RequestMaxAge | RevalidateReason::RequestMinFresh
+        )
+    }
 }
 
 impl Policy {
@@ -487,7 +512,7 @@ impl Policy {
                 UNIX_EPOCH + Duration::from_secs(stale_at.saturating_add(window))
             })
         };
-        let revalidate = |reason: &'static str| {
+        let revalidate = |reason: RevalidateReason| {
             if rq.has("only-if-cached") {
                 Decision::GatewayTimeout
             } else {
@@ -501,23 +526,23 @@ impl Policy {
         // 5.2.2.4: no-cache without field names; the qualified form lets the
         // response be reused without the named fields (`take_unshared`).
         if rs.unqualified("no-cache") {
-            return revalidate("response no-cache");
+            return revalidate(RevalidateReason::ResponseNoCache);
         }
         if !self.ignore_reload && request_no_cache(req_headers, &rq) {
-            return revalidate("request no-cache");
+            return revalidate(RevalidateReason::RequestNoCache);
         }
         // 5.2.1.1: an invalid request max-age is ignored.
         if let Some(max_age) = rq.delta("max-age").flatten()
             && (max_age == 0 || age > max_age)
         {
-            return revalidate("request max-age");
+            return revalidate(RevalidateReason::RequestMaxAge);
         }
         if lifetime > age {
             // 5.2.1.3: min-fresh wants at least that much freshness left.
             if let Some(min_fresh) = rq.delta("min-fresh").flatten()
                 && lifetime - age < min_fresh
             {
-                return revalidate("request min-fresh");
+                return revalidate(RevalidateReason::RequestMinFresh);
             }
             return Decision::Fresh;
         }
@@ -538,7 +563,7 @@ impl Policy {
                 return Decision::StaleWhileRevalidate;
             }
         }
-        revalidate("stale")
+        revalidate(RevalidateReason::Stale)
     }
 
     /// The keys whose stored responses must be removed after a request with
@@ -1767,7 +1792,7 @@ mod tests {
         p.freshness_lifetime(m).as_secs()
     }
 
-    fn revalidate(reason: &'static str) -> Decision {
+    fn revalidate(reason: RevalidateReason) -> Decision {
         Decision::Revalidate {
             reason,
             stale_if_error_until: None,
@@ -2389,11 +2414,14 @@ mod tests {
         // "SHOULD use the first member of the field value, discarding
         // subsequent ones" (cache-tests age-parse-prefix, -suffix, -dup-*).
         assert_eq!(at(&["0, 7200"]), (Decision::Fresh, "1".to_string()));
-        assert_eq!(at(&["7200, 0"]).0, revalidate("stale"));
+        assert_eq!(at(&["7200, 0"]).0, revalidate(RevalidateReason::Stale));
         assert_eq!(at(&["0", "7200"]).0, Decision::Fresh);
-        assert_eq!(at(&["7200", "0"]).0, revalidate("stale"));
+        assert_eq!(at(&["7200", "0"]).0, revalidate(RevalidateReason::Stale));
         assert_eq!(at(&["0, 0"]).0, Decision::Fresh);
-        assert_eq!(at(&["3600", "3600"]), (revalidate("stale"), "3601".to_string()));
+        assert_eq!(
+            at(&["3600", "3600"]),
+            (revalidate(RevalidateReason::Stale), "3601".to_string())
+        );
         assert_eq!(at(&["60", "60"]), (Decision::Fresh, "61".to_string()));
         // "If the field value ... is invalid ... a cache SHOULD ignore the
         // field" (age-parse-nonnumeric, -negative, -float): as if absent.
@@ -2401,8 +2429,8 @@ mod tests {
             assert_eq!(at(&[invalid]), (Decision::Fresh, "1".to_string()), "{invalid:?}");
         }
         // A parameter after the number leaves the number (age-parse-parameter).
-        assert_eq!(at(&["7200;foo=bar"]).0, revalidate("stale"));
-        assert_eq!(at(&["7200;foo=111"]).0, revalidate("stale"));
+        assert_eq!(at(&["7200;foo=bar"]).0, revalidate(RevalidateReason::Stale));
+        assert_eq!(at(&["7200;foo=111"]).0, revalidate(RevalidateReason::Stale));
         // Valid values, a huge one clamped, keep working.
         assert_eq!(at(&[" 10 "]), (Decision::Fresh, "11".to_string()));
         let m = meta(&[fresh, ("age", "99999999999999")]);
@@ -2416,13 +2444,22 @@ mod tests {
         let p = policy();
         let m = meta(&[("date", &http_date(0)), ("cache-control", "max-age=60")]);
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(59)), Decision::Fresh);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(60)), revalidate("stale"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(60)),
+            revalidate(RevalidateReason::Stale)
+        );
         // max-age=0: stale at once.
         let m = meta(&[("cache-control", "max-age=0")]);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(0)), revalidate("stale"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(0)),
+            revalidate(RevalidateReason::Stale)
+        );
         // Age from upstream counts.
         let m = meta(&[("cache-control", "max-age=60"), ("age", "50")]);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(10)), revalidate("stale"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(10)),
+            revalidate(RevalidateReason::Stale)
+        );
     }
 
     #[test]
@@ -2430,9 +2467,15 @@ mod tests {
         let p = policy();
         let m = meta(&[("cache-control", "max-age=600")]);
         let no_cache = hm(&[("cache-control", "no-cache")]);
-        assert_eq!(p.evaluate(&no_cache, &m, t(1)), revalidate("request no-cache"));
+        assert_eq!(
+            p.evaluate(&no_cache, &m, t(1)),
+            revalidate(RevalidateReason::RequestNoCache)
+        );
         let pragma = hm(&[("pragma", "no-cache")]);
-        assert_eq!(p.evaluate(&pragma, &m, t(1)), revalidate("request no-cache"));
+        assert_eq!(
+            p.evaluate(&pragma, &m, t(1)),
+            revalidate(RevalidateReason::RequestNoCache)
+        );
         // Pragma is ignored when Cache-Control is present (RFC 9111 5.4).
         let both = hm(&[("pragma", "no-cache"), ("cache-control", "max-stale=10")]);
         assert_eq!(p.evaluate(&both, &m, t(1)), Decision::Fresh);
@@ -2460,9 +2503,9 @@ mod tests {
         let m = meta(&[("cache-control", "max-age=600")]);
         let req = hm(&[("cache-control", "max-age=30")]);
         assert_eq!(p.evaluate(&req, &m, t(30)), Decision::Fresh);
-        assert_eq!(p.evaluate(&req, &m, t(31)), revalidate("request max-age"));
+        assert_eq!(p.evaluate(&req, &m, t(31)), revalidate(RevalidateReason::RequestMaxAge));
         let zero = hm(&[("cache-control", "max-age=0")]);
-        assert_eq!(p.evaluate(&zero, &m, t(0)), revalidate("request max-age"));
+        assert_eq!(p.evaluate(&zero, &m, t(0)), revalidate(RevalidateReason::RequestMaxAge));
         let invalid = hm(&[("cache-control", "max-age=soon")]);
         assert_eq!(p.evaluate(&invalid, &m, t(31)), Decision::Fresh);
     }
@@ -2475,9 +2518,9 @@ mod tests {
         assert_eq!(p.evaluate(&any, &m, t(100_000)), Decision::Stale);
         let ten = hm(&[("cache-control", "max-stale=10")]);
         assert_eq!(p.evaluate(&ten, &m, t(70)), Decision::Stale);
-        assert_eq!(p.evaluate(&ten, &m, t(71)), revalidate("stale"));
+        assert_eq!(p.evaluate(&ten, &m, t(71)), revalidate(RevalidateReason::Stale));
         let invalid = hm(&[("cache-control", "max-stale=x")]);
-        assert_eq!(p.evaluate(&invalid, &m, t(61)), revalidate("stale"));
+        assert_eq!(p.evaluate(&invalid, &m, t(61)), revalidate(RevalidateReason::Stale));
         // Fresh stays Fresh.
         assert_eq!(p.evaluate(&ten, &m, t(1)), Decision::Fresh);
     }
@@ -2488,7 +2531,10 @@ mod tests {
         let m = meta(&[("cache-control", "max-age=60")]);
         let req = hm(&[("cache-control", "min-fresh=20")]);
         assert_eq!(p.evaluate(&req, &m, t(40)), Decision::Fresh);
-        assert_eq!(p.evaluate(&req, &m, t(41)), revalidate("request min-fresh"));
+        assert_eq!(
+            p.evaluate(&req, &m, t(41)),
+            revalidate(RevalidateReason::RequestMinFresh)
+        );
     }
 
     #[test]
@@ -2502,7 +2548,7 @@ mod tests {
             let m = meta(&[("cache-control", cc)]);
             assert_eq!(
                 p.evaluate(&HeaderMap::new(), &m, t(1)),
-                revalidate("response no-cache"),
+                revalidate(RevalidateReason::ResponseNoCache),
                 "{cc}"
             );
         }
@@ -2606,7 +2652,11 @@ mod tests {
         ] {
             let m = meta(&[("cache-control", cc)]);
             assert_eq!(p.evaluate(&max_stale, &m, t(30)), Decision::Fresh, "{cc}");
-            assert_eq!(p.evaluate(&max_stale, &m, t(61)), revalidate("stale"), "{cc}");
+            assert_eq!(
+                p.evaluate(&max_stale, &m, t(61)),
+                revalidate(RevalidateReason::Stale),
+                "{cc}"
+            );
         }
     }
 
@@ -2617,10 +2667,16 @@ mod tests {
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(59)), Decision::Fresh);
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(60)), Decision::StaleWhileRevalidate);
         assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(89)), Decision::StaleWhileRevalidate);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(90)), revalidate("stale"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(90)),
+            revalidate(RevalidateReason::Stale)
+        );
         // A request that insists on validation does not get the stale response.
         let no_cache = hm(&[("cache-control", "no-cache")]);
-        assert_eq!(p.evaluate(&no_cache, &m, t(61)), revalidate("request no-cache"));
+        assert_eq!(
+            p.evaluate(&no_cache, &m, t(61)),
+            revalidate(RevalidateReason::RequestNoCache)
+        );
     }
 
     #[test]
@@ -2633,7 +2689,7 @@ mod tests {
         assert_eq!(
             p.evaluate(&HeaderMap::new(), &m, t(100)),
             Decision::Revalidate {
-                reason: "stale",
+                reason: RevalidateReason::Stale,
                 stale_if_error_until: Some(t(360)),
             }
         );
@@ -2643,7 +2699,7 @@ mod tests {
         assert_eq!(
             p.evaluate(&req, &m, t(70)),
             Decision::Revalidate {
-                reason: "stale",
+                reason: RevalidateReason::Stale,
                 stale_if_error_until: Some(t(160)),
             }
         );
@@ -2666,7 +2722,10 @@ mod tests {
         assert_eq!(stale_if_error_until, Some(t(70)));
         // Response no-cache forbids it.
         let m = meta(&[("cache-control", "no-cache, stale-if-error=300")]);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(1)),
+            revalidate(RevalidateReason::ResponseNoCache)
+        );
     }
 
     fn stale_on_error_until(p: &Policy, req: &HeaderMap, m: &StoredMeta, now: SystemTime) -> Option<SystemTime> {
@@ -2959,7 +3018,10 @@ mod tests {
             ("cache-control", "max-age=600"),
             ("cdn-cache-control", "max-age=600, no-cache"),
         ]);
-        assert_eq!(p.evaluate(&HeaderMap::new(), &m, t(1)), revalidate("response no-cache"));
+        assert_eq!(
+            p.evaluate(&HeaderMap::new(), &m, t(1)),
+            revalidate(RevalidateReason::ResponseNoCache)
+        );
         let p = policy_with(|c| c.max_stale_on_error = Dur::secs(0))
             .targeted(&CacheConfig::default())
             .unwrap();
@@ -2970,7 +3032,7 @@ mod tests {
         ]);
         assert_eq!(
             p.evaluate(&hm(&[("cache-control", "max-stale")]), &m, t(61)),
-            revalidate("stale")
+            revalidate(RevalidateReason::Stale)
         );
         assert!(
             Policy::new(&CacheConfig::default())

@@ -239,11 +239,7 @@ pub async fn serve<'s>(
         } => {
             // The request's `no-cache`, `max-age` or `min-fresh`, not the
             // stored response, sent it (RFC 9211 2.2's `request`).
-            tx.fwd = Some(if reason.starts_with("request") {
-                Fwd::Request
-            } else {
-                Fwd::Stale
-            });
+            tx.fwd = Some(if reason.by_request() { Fwd::Request } else { Fwd::Stale });
             return Box::pin(tx.revalidate_collapsed(stored, stale_if_error_until)).await;
         }
     };
