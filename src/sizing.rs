@@ -139,9 +139,8 @@ pub(crate) fn open_files(nofile: u64) -> usize {
 
 /// A warning when `cache.open_files` is more than half of the descriptors
 /// an open-files limit of `nofile` leaves usable: held files would crowd
-/// out connections and the files requests open (the disk tier then closes
-/// some each time descriptors run out, but hits are cheaper meanwhile only
-/// for the files it could hold).
+/// out connections and the files requests open, until the disk tier
+/// closes some when descriptors run out.
 pub fn open_files_warning(config: &Config, nofile: u64) -> Option<String> {
     let usable = nofile.saturating_sub(RESERVED);
     let held = config.cache.open_files as u64;

@@ -302,9 +302,15 @@ mod tests {
         // 0.5) = 2.55 > 1 x (1 + 0.5) = 1.5.
         assert!(idx.rank(once, &sized(1, 0), now) < idx.rank(popular, &sized(100, 0), now));
         assert!(idx.rank(once, &sized(100, 0), now) < idx.rank(once, &sized(1, 0), now));
-        // No clock: an eviction does not lift objects stored later.
+        // No clock: an eviction does not raise it, and a rank ignores it.
         idx.evicted_at(u64::MAX / 2);
-        assert!(idx.rank(once, &sized(1, 0), now).1 < u64::MAX / 4);
+        idx.insert(once, sized(1, 0));
+        assert_eq!(idx.get(once).map(|e| e.clock), Some(0));
+        let late = Entry {
+            clock: u64::MAX / 2,
+            ..sized(1, 0)
+        };
+        assert!(idx.rank(once, &late, now).1 < u64::MAX / 4);
     }
 
     #[test]

@@ -431,25 +431,25 @@ impl Inner {
         self.held.as_ref().map_or(0, HeldFiles::len)
     }
 
-    /// Called when opening or creating a file failed with `e`: if the
+    /// Opens (or creates) a file with `open`; if that fails because the
     /// process is out of descriptors (EMFILE, or ENFILE for the whole
-    /// system) and files are held, closes a quarter of them and holds that
-    /// many fewer from now on, so that the files requests need (and the
-    /// connections they come on) come before hits kept cheap. True when
-    /// the caller should try once more.
-    pub(super) fn out_of_descriptors(&self, e: &io::Error) -> bool {
-        if !matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-            return false;
-        }
+    /// system) while files are held, closes a quarter of them, holds that
+    /// many fewer from now on, and tries once more: the files requests
+    /// need (and the connections they come on) come before hits kept cheap.
+    pub(super) fn open_file<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
+        let e = match open() {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => e,
+            done => return done,
+        };
         let Some(capacity) = self.held.as_ref().and_then(HeldFiles::shrink) else {
-            return false;
+            return Err(e);
         };
         tracing::warn!(
             "disk cache: out of file descriptors ({cause}): holding at most {capacity} cache files open from now \
              on; raise the open-files limit (LimitNOFILE) or lower cache.open_files",
-            cause = crate::util::io_cause(e)
+            cause = crate::util::io_cause(&e)
         );
-        true
+        open()
     }
 
     /// The most files held open now: `cache.open_files`, or fewer once

@@ -60,13 +60,12 @@ impl Popularity {
         let expected = (budget / BYTES_PER_OBJECT).max(1024);
         let width = usize::try_from(expected.saturating_mul(4))
             .unwrap_or(MAX_WIDTH)
-            .next_power_of_two()
             .clamp(MIN_WIDTH, MAX_WIDTH);
         Popularity::new(width, expected * WINDOW_PER_OBJECT)
     }
 
-    /// A sketch of `width` (a power of two) counters per row, halved every
-    /// `window` lookups.
+    /// A sketch of `width` counters per row (rounded up to a power of two),
+    /// halved every `window` lookups.
     pub fn new(width: usize, window: u64) -> Popularity {
         let width = width.next_power_of_two();
         Popularity {

@@ -56,13 +56,7 @@ impl Inner {
         if self.held.is_some() && request {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
-        let file = match File::open(&path).or_else(|e| {
-            if self.out_of_descriptors(&e) {
-                File::open(&path)
-            } else {
-                Err(e)
-            }
-        }) {
+        let file = match self.open_file(|| File::open(&path)) {
             Ok(f) => f,
             Err(e) => {
                 if e.kind() == io::ErrorKind::NotFound {

@@ -64,10 +64,7 @@ impl Inner {
     /// Creates a tmp file holding the header and `meta`.
     fn new_write_state(self: &Arc<Self>, id: ObjectId, meta: &StoredMeta) -> io::Result<WriteState> {
         let tmp = self.tmp_path(id);
-        let create = || {
-            let open = || OpenOptions::new().write(true).create_new(true).open(&tmp);
-            open().or_else(|e| if self.out_of_descriptors(&e) { open() } else { Err(e) })
-        };
+        let create = || self.open_file(|| OpenOptions::new().write(true).create_new(true).open(&tmp));
         let file = match create() {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(self.layout.tmp_dir())?;
