@@ -162,6 +162,12 @@ pub async fn accept_loop<H: Handler>(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
+                // Out of descriptors while cache files are held open:
+                // close some of those and accept again at once (the
+                // connection waits in the backlog meanwhile).
+                if crate::sizing::out_of_descriptors(&e) && crate::sizing::relieve(&e) {
+                    continue;
+                }
                 // Out of file descriptors or similar: back off instead of spinning.
                 tracing::error!("accept failed: {}", crate::util::io_cause(&e));
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -90,6 +90,76 @@ pub fn open_files_limit() -> usize {
     usize::try_from(soft).unwrap_or(1 << 20)
 }
 
+/// Whether `e` says the process (EMFILE) or the whole system (ENFILE) is
+/// out of file descriptors.
+pub fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// Something that holds descriptors it can do without: the disk tiers'
+/// cache files held open between hits (`cache.open_files`).
+pub trait Relief: Send + Sync {
+    /// Closes some of what it holds and holds that much less from now on;
+    /// returns how many it may hold now, None when it held nothing.
+    fn relieve(&self) -> Option<usize>;
+}
+
+/// Every [`Relief`] of the process, for [`relieve`].
+static RELIEF: std::sync::Mutex<Vec<std::sync::Weak<dyn Relief>>> = std::sync::Mutex::new(Vec::new());
+
+/// Held descriptors given up for good by [`Relief`]s: admission counts the
+/// configured `cache.open_files` less these.
+static GIVEN_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Adds `r` to what [`relieve`] asks (until it is dropped).
+pub fn register_relief(r: std::sync::Weak<dyn Relief>) {
+    let mut all = RELIEF.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    all.push(r);
+}
+
+/// Called where something the process cannot do without (an accepted
+/// client connection, an origin connection, a cache file a request needs)
+/// found no descriptor (`cause`): asks every [`Relief`] to give some back,
+/// logs a warning for each that did, and returns whether any did (try
+/// again then). Held cache files only make hits cheaper; connections come
+/// first.
+pub fn relieve(cause: &std::io::Error) -> bool {
+    let all: Vec<_> = RELIEF
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    let mut any = false;
+    for r in all {
+        if let Some(capacity) = r.relieve() {
+            warn_relieved(capacity, cause);
+            any = true;
+        }
+    }
+    any
+}
+
+/// The warning for a [`Relief`] that now holds at most `capacity`.
+pub fn warn_relieved(capacity: usize, cause: &std::io::Error) {
+    tracing::warn!(
+        "out of file descriptors ({cause}): holding at most {capacity} cache files open from now on; \
+         raise the open-files limit (LimitNOFILE) or lower cache.open_files",
+        cause = crate::util::io_cause(cause)
+    );
+}
+
+/// Records that `n` held descriptors were given up for good.
+pub fn gave_up(n: usize) {
+    GIVEN_UP.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Held descriptors given up for good so far ([`gave_up`]).
+pub fn given_up() -> usize {
+    GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What admission needs to admit past a derived `server.max_requests`
 /// while descriptors are free (the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +168,8 @@ pub struct Descriptors {
     pub limit: usize,
     /// Counted as always taken: the reserve for logs, listeners and the
     /// cache's own files, plus every disk-tier file that may be held open
-    /// (`cache.open_files`, as if all were).
+    /// (`cache.open_files`, as if all were; less what was given up when
+    /// descriptors ran out, [`given_up`]).
     pub fixed: usize,
     /// Kept free for new connections and short-lived files (a sixteenth
     /// of the usable descriptors, at least 16), so that accepting a client

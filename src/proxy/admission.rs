@@ -265,6 +265,7 @@ impl Admission {
         };
         let in_use = d
             .fixed
+            .saturating_sub(crate::sizing::given_up())
             .saturating_add(crate::drain::open_connections())
             .saturating_add(self.in_service.load(Relaxed))
             .saturating_add(crate::cache::disk::files_being_written())

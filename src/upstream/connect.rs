@@ -499,8 +499,18 @@ impl Connector {
     }
 
     /// Connects to `addr`, from `self.source` when it is set and of the
-    /// same address family.
+    /// same address family. Out of descriptors while cache files are held
+    /// open, it closes some of those and tries once more.
     async fn connect_from(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        match self.connect_once(addr).await {
+            Err(e) if crate::sizing::out_of_descriptors(&e) && crate::sizing::relieve(&e) => {
+                self.connect_once(addr).await
+            }
+            done => done,
+        }
+    }
+
+    async fn connect_once(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
         let Some(source) = self.source.filter(|s| s.is_ipv4() == addr.is_ipv4()) else {
             return TcpStream::connect(addr).await;
         };

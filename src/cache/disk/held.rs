@@ -250,14 +250,28 @@ pub(super) struct HeldFiles {
 /// threads, which requests need more.
 const MAX_CHECKING: usize = 4;
 
+impl crate::sizing::Relief for HeldFiles {
+    fn relieve(&self) -> Option<usize> {
+        self.shrink()
+    }
+}
+
 impl HeldFiles {
-    /// At most `capacity` files; None when 0.
-    pub(super) fn new(capacity: usize) -> Option<HeldFiles> {
-        (capacity > 0).then(|| HeldFiles {
+    /// At most `capacity` files; None when 0. Registered with
+    /// [`crate::sizing::relieve`], so that an accept or an origin connect
+    /// that finds no descriptor closes some of them too.
+    pub(super) fn new(capacity: usize) -> Option<Arc<HeldFiles>> {
+        if capacity == 0 {
+            return None;
+        }
+        let held = Arc::new(HeldFiles {
             files: quick_cache::sync::Cache::new(capacity),
             capacity: AtomicUsize::new(capacity),
             checking: std::sync::Mutex::default(),
-        })
+        });
+        let relief: Arc<dyn crate::sizing::Relief> = held.clone();
+        crate::sizing::register_relief(Arc::downgrade(&relief));
+        Some(held)
     }
 
     pub(super) fn get(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
@@ -307,6 +321,7 @@ impl HeldFiles {
             .is_ok()
         {
             self.files.set_capacity(smaller as u64);
+            crate::sizing::gave_up(capacity - smaller);
         }
         Some(self.capacity())
     }
@@ -428,7 +443,7 @@ impl Inner {
 
     /// Held files now.
     pub(super) fn held_count(&self) -> usize {
-        self.held.as_ref().map_or(0, HeldFiles::len)
+        self.held.as_deref().map_or(0, HeldFiles::len)
     }
 
     /// Opens (or creates) a file with `open`; if that fails because the
@@ -438,23 +453,19 @@ impl Inner {
     /// need (and the connections they come on) come before hits kept cheap.
     pub(super) fn open_file<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
         let e = match open() {
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => e,
+            Err(e) if crate::sizing::out_of_descriptors(&e) => e,
             done => return done,
         };
-        let Some(capacity) = self.held.as_ref().and_then(HeldFiles::shrink) else {
+        let Some(capacity) = self.held.as_deref().and_then(HeldFiles::shrink) else {
             return Err(e);
         };
-        tracing::warn!(
-            "disk cache: out of file descriptors ({cause}): holding at most {capacity} cache files open from now \
-             on; raise the open-files limit (LimitNOFILE) or lower cache.open_files",
-            cause = crate::util::io_cause(&e)
-        );
+        crate::sizing::warn_relieved(capacity, &e);
         open()
     }
 
     /// The most files held open now: `cache.open_files`, or fewer once
     /// descriptors ran out.
     pub(super) fn held_capacity(&self) -> usize {
-        self.held.as_ref().map_or(0, HeldFiles::capacity)
+        self.held.as_deref().map_or(0, HeldFiles::capacity)
     }
 }

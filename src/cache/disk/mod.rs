@@ -186,7 +186,7 @@ struct Inner {
     /// mode): an id missing from our index may still be on disk.
     shared_dir: AtomicBool,
     /// Files kept open between hits (`cache.open_files`); None: none.
-    held: Option<held::HeldFiles>,
+    held: Option<Arc<held::HeldFiles>>,
     /// The directory is on tmpfs or ramfs: reads never wait for a disk.
     memory_fs: bool,
 }
