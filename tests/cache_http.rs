@@ -2436,3 +2436,63 @@ async fn cache_purge_command_also_clears_the_running_server() {
     check(&get(&p, &origin, "/purge-me", &[]).await, 200, "page #2", "MISS");
     assert_eq!(origin.count(), 2);
 }
+
+/// A hit on HTTP/1 writes the stored fields straight from the stored
+/// response (no copy of them to edit); a HEAD hit builds its head the
+/// general way. Both must say the same: the stored fields in their order
+/// (repeated ones too), an upstream cache's `Cache-Status` before ours, our
+/// `X-Cache` and `Age` instead of the stored ones, one `Content-Length`.
+#[tokio::test]
+async fn a_hit_sends_the_stored_fields_whichever_way_its_head_is_written() {
+    let origin = Origin::start(|_| async {
+        Response::ok("stored body")
+            .header("Cache-Control", "max-age=600")
+            .header("Age", "5")
+            .header("X-Cache", "HIT from upstream")
+            .header("Cache-Status", "upstream; hit")
+            .header("ETag", "\"v1\"")
+            .header("X-Custom", "a")
+            .header("Content-Type", "text/plain")
+            .header("X-Custom", "b")
+    })
+    .await;
+    let p = proxy("cache_status = \"edge1\"").await;
+    check(&get(&p, &origin, "/f", &[]).await, 200, "stored body", "MISS");
+    let hit = get(&p, &origin, "/f", &[]).await;
+    check(&hit, 200, "stored body", "HIT");
+    let head = send(&p, "HEAD", origin.addr(), "/f", &[]).await;
+    assert_eq!((head.status, x_cache(&head)), (200, "HIT"), "{:?}", head.headers);
+    let fields = |r: &ParsedResponse| {
+        let mut f: Vec<(String, String)> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case("date") && !n.eq_ignore_ascii_case("age"))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+            .collect();
+        f.sort();
+        f
+    };
+    assert_eq!(
+        fields(&hit),
+        fields(&head),
+        "GET hit {:?}\nHEAD hit {:?}",
+        hit.headers,
+        head.headers
+    );
+    for r in [&hit, &head] {
+        let one = |name: &str| r.headers_all(name).len() == 1;
+        assert!(
+            one("date") && one("age") && one("content-length") && one("x-cache"),
+            "{:?}",
+            r.headers
+        );
+        let age: u64 = r.header("age").and_then(|a| a.parse().ok()).expect("a numeric Age");
+        assert!(age >= 5, "the stored Age counts: {age}");
+        assert_eq!(r.header("content-length"), Some("11"));
+        assert_eq!(r.headers_all("x-custom"), ["a", "b"], "repeated fields in order");
+        let statuses = r.headers_all("cache-status");
+        assert_eq!(statuses.len(), 2, "{statuses:?}");
+        assert_eq!(statuses[0], "upstream; hit");
+        assert!(statuses[1].starts_with("edge1; hit; ttl="), "{statuses:?}");
+    }
+}

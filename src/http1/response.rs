@@ -7,7 +7,7 @@ use super::io::{write_all, write_all_vectored, write_all_vectored_last};
 use crate::keepalive::KeepAlive;
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use std::io;
 use std::time::Duration;
 
@@ -65,6 +65,37 @@ pub struct ResponseWriter<'a> {
     /// A `100 Continue` has been written (Portico's own or an origin's):
     /// never a second one.
     continue_sent: bool,
+}
+
+/// Appends a response's status line (always HTTP/1.1: RFC 9110 2.5, our
+/// own highest minor version, which HTTP/1.0 clients accept).
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal, written into the end of `buf` (20 digits hold any u64).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// Appends one field line.
+fn field_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 impl<'a> ResponseWriter<'a> {
@@ -233,20 +264,13 @@ impl<'a> ResponseWriter<'a> {
             }
         };
         let mut out = Vec::with_capacity(128);
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
-        out.extend_from_slice(b"\r\n");
+        status_line(&mut out, status);
         for (name, value) in headers {
             // A 1xx has no body: framing fields would only mislead.
             if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
                 continue;
             }
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            field_line(&mut out, name, value.as_bytes());
         }
         out.extend_from_slice(b"\r\n");
         self.continue_sent |= is_continue;
@@ -320,6 +344,30 @@ impl<'a> ResponseWriter<'a> {
             self.status = Some(status);
             return;
         }
+        if let Some(c) = self.connection_field() {
+            headers.insert(CONNECTION, HeaderValue::from_static(c));
+        }
+        // Sized for the fields (a head that outgrows its first buffer is
+        // copied into a larger one).
+        let size = 64
+            + headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 4)
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        status_line(&mut out, status);
+        for (name, value) in &headers {
+            field_line(&mut out, name, value.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        self.pending_head = Some(out);
+        self.status = Some(status);
+    }
+
+    /// The `Connection` field an HTTP/1 head carries: `close` when this is
+    /// the connection's last response, `keep-alive` to an HTTP/1.0 client
+    /// that keeps it; decides which first.
+    fn connection_field(&mut self) -> Option<&'static str> {
         // A final answer instead of 100 Continue: the client may send its
         // body anyway or skip it (RFC 9110 10.1.1), and its next request
         // would be read as that body, or the body as its next request. Only
@@ -332,30 +380,75 @@ impl<'a> ResponseWriter<'a> {
             self.keep_alive = false;
         }
         if !self.keep_alive {
-            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+            Some("close")
         } else if self.version == Version::HTTP_10 {
-            headers.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
+            Some("keep-alive")
+        } else {
+            None
         }
-        // Sized for the fields (a head that outgrows its first buffer is
-        // copied into a larger one).
-        let size = 64
-            + headers
-                .iter()
+    }
+
+    /// Whether [`ResponseWriter::send_borrowed_head`] can send a `status`
+    /// response: on HTTP/1, to a request that is not HEAD, with no header
+    /// edits from the rules, and a status that has a body.
+    pub fn takes_borrowed_head(&self, status: StatusCode) -> bool {
+        matches!(self.sink, Sink::H1(_))
+            && self.edits.is_empty()
+            && !self.head_request
+            && !status.is_informational()
+            && status != StatusCode::NO_CONTENT
+            && status != StatusCode::NOT_MODIFIED
+    }
+
+    /// [`ResponseWriter::send_head`] for a response with a body of `len`
+    /// bytes whose fields are read from `base` where they lie, never copied
+    /// into a map of their own (a cache hit sends its stored response's
+    /// fields so), but for those `skip` names and the framing fields
+    /// (`Content-Length`, `Transfer-Encoding`, `Connection`), which are
+    /// Portico's; `extra` follows them. Only where
+    /// [`ResponseWriter::takes_borrowed_head`] says so.
+    pub fn send_borrowed_head<'x>(
+        &mut self,
+        status: StatusCode,
+        base: &HeaderMap,
+        skip: impl Fn(&HeaderName) -> bool,
+        extra: impl Iterator<Item = &'x (HeaderName, HeaderValue)> + Clone,
+        len: u64,
+    ) {
+        debug_assert!(self.takes_borrowed_head(status));
+        self.framing = Framing::Length;
+        self.declared = len;
+        for name in [http::header::LOCATION, http::header::CONTENT_LOCATION] {
+            if let Some(v) = base.get(&name) {
+                self.locations.insert(name, v.clone());
+            }
+        }
+        let date = (!base.contains_key(DATE)).then(crate::util::http_date_now);
+        let connection = self.connection_field();
+        let sent = |n: &HeaderName| !(n == CONTENT_LENGTH || n == TRANSFER_ENCODING || n == CONNECTION || skip(n));
+        let size = 128
+            + base.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum::<usize>()
+            + extra
+                .clone()
                 .map(|(n, v)| n.as_str().len() + v.len() + 4)
                 .sum::<usize>();
         let mut out = Vec::with_capacity(size);
-        // RFC 9110 2.5: answer with our own highest minor version (1.1), which
-        // HTTP/1.0 clients accept; the framing above is what keeps it valid for them.
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
-        out.extend_from_slice(b"\r\n");
-        for (name, value) in &headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+        status_line(&mut out, status);
+        for (name, value) in base {
+            if sent(name) {
+                field_line(&mut out, name, value.as_bytes());
+            }
+        }
+        for (name, value) in extra {
+            field_line(&mut out, name, value.as_bytes());
+        }
+        let mut digits = [0u8; 20];
+        field_line(&mut out, &CONTENT_LENGTH, decimal(len, &mut digits));
+        if let Some(d) = &date {
+            field_line(&mut out, &DATE, d.as_bytes());
+        }
+        if let Some(c) = connection {
+            field_line(&mut out, &CONNECTION, c.as_bytes());
         }
         out.extend_from_slice(b"\r\n");
         self.pending_head = Some(out);
@@ -530,5 +623,18 @@ impl<'a> ResponseWriter<'a> {
         self.send_head(status, headers, BodyLen::Known(body.len() as u64));
         self.send_data(&body).await?;
         self.finish(None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal;
+
+    #[test]
+    fn decimal_writes_every_u64_as_its_digits() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 11, 999, 1_000, 65_536, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes(), "{n}");
+        }
     }
 }

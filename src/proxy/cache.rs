@@ -20,7 +20,7 @@ use http::header::{
     AGE, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
     IF_UNMODIFIED_SINCE, RANGE,
 };
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use std::sync::Arc;
@@ -59,12 +59,23 @@ const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-stat
 /// caller knows (`fwd-status`, `ttl`, `stored`, and in `fwd` why a
 /// forwarded request went, when not what `status` implies); `hit`,
 /// `collapsed` and whether there is a `fwd` at all follow from `status`.
-fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, mut member: Member) {
-    if let Some(name) = &cache.status_header {
-        headers.insert(name.clone(), status.value());
+fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, member: Member) {
+    let [status_header, cache_status] = marks(cache, status, member);
+    if let Some((name, value)) = status_header {
+        headers.insert(name, value);
     }
+    if let Some((name, value)) = cache_status {
+        headers.append(name, value);
+    }
+}
+
+/// What [`mark`] sets: the status header (replacing any stored one) and
+/// this cache's `Cache-Status` member (after any stored ones), each when
+/// configured.
+fn marks(cache: &Cache, status: CacheStatus, mut member: Member) -> [Option<(HeaderName, HeaderValue)>; 2] {
+    let status_header = cache.status_header.as_ref().map(|name| (name.clone(), status.value()));
     let Some(id) = &cache.cache_status else {
-        return;
+        return [status_header, None];
     };
     let (hit, fwd, collapsed) = match status {
         CacheStatus::Hit | CacheStatus::Stale => (true, None, false),
@@ -75,7 +86,7 @@ fn mark(cache: &Cache, headers: &mut HeaderMap, status: CacheStatus, mut member:
     member.hit = hit;
     member.collapsed = collapsed;
     member.fwd = fwd.map(|implied| member.fwd.unwrap_or(implied));
-    headers.append(CACHE_STATUS, member.value(id));
+    [status_header, Some((CACHE_STATUS, member.value(id)))]
 }
 
 /// Whole seconds a stored response stays fresh from `now` (0 or less:
@@ -1255,11 +1266,15 @@ impl Transaction<'_, '_> {
     /// Answers from a stored response: preconditions (304/412), ranges
     /// (206/416), HEAD, with `Age` and the cache status header.
     async fn send_stored_now(&mut self, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
-        let (ex, cache) = (&mut *self.ex, self.cache);
+        let (ex, cache, policy) = (&mut *self.ex, self.cache, self.policy);
         let now = SystemTime::now();
-        let mut headers = stored.meta.headers.clone();
-        self.policy.strip_targeted(&mut headers);
-        headers.insert(AGE, policy::age_header(&stored.meta, now));
+        let age = policy::age_header(&stored.meta, now);
+        let owned = || {
+            let mut headers = stored.meta.headers.clone();
+            policy.strip_targeted(&mut headers);
+            headers.insert(AGE, age.clone());
+            headers
+        };
         let member = Member {
             fwd: self.fwd,
             fwd_status: match status {
@@ -1275,8 +1290,8 @@ impl Transaction<'_, '_> {
         let x_cache = |h: &mut HeaderMap| mark(cache, h, status, member);
         match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
             Precondition::NotModified => {
-                let mut h = policy::not_modified_headers(&headers);
-                h.insert(AGE, policy::age_header(&stored.meta, now));
+                let mut h = policy::not_modified_headers(&owned());
+                h.insert(AGE, age.clone());
                 x_cache(&mut h);
                 ex.out.send_head(StatusCode::NOT_MODIFIED, h, BodyLen::Known(0));
                 finish(ex).await;
@@ -1290,10 +1305,32 @@ impl Transaction<'_, '_> {
             }
             Precondition::Proceed => {}
         }
-        x_cache(&mut headers);
         let len = stored.len;
-        let seed = stored.id.0 as u64 ^ len;
-        let body = send_head_for_range(ex, stored.meta.status, headers, len, cache, seed);
+        let code = stored.meta.status;
+        let body = if ex.out.takes_borrowed_head(code)
+            && matches!(
+                range::plan(&ex.head.method, &ex.head.headers, code, &stored.meta.headers, len),
+                RangePlan::Full
+            ) {
+            // The whole stored response, as it is stored: its fields are
+            // written from the stored map, with no copy of it to edit.
+            let [status_header, cache_status] = marks(cache, status, member);
+            let extra = [Some((AGE, age)), status_header, cache_status];
+            let status_name = cache.status_header.as_ref();
+            ex.out.send_borrowed_head(
+                code,
+                &stored.meta.headers,
+                |n| *n == AGE || Some(n) == status_name || policy.strips(n),
+                extra.iter().flatten(),
+                len,
+            );
+            BodyPlan::One(0..len)
+        } else {
+            let mut headers = owned();
+            x_cache(&mut headers);
+            let seed = stored.id.0 as u64 ^ len;
+            send_head_for_range(ex, code, headers, len, cache, seed)
+        };
         for (prefix, r) in body.parts() {
             if !prefix.is_empty() && ex.out.send_data(prefix).await.is_err() {
                 ex.out.close_after();
