@@ -51,6 +51,7 @@ HEAVY_MIN, HEAVY_MAX = 1 << 20, 100 << 20
 HEAVY_MAX_SMOKE = 4 << 20          # --smoke: heavy objects 1-4 MiB
 REQUESTS, REQUESTS_SMOKE = 1_000_000, 3_000   # 200,000 until 2026-11-27: too short to show issue 16's goal (bench/README.md)
 MEMORY_MIB, DISK_MIB = 64, 1024
+USAGE_EVERY = 5.0                   # seconds between samples of each proxy's work dir
 CLIENT_CONNS = 8
 PARTS = 10
 ORIGIN_PORT = 28088
@@ -462,6 +463,27 @@ def start_proxy(b, peer, tmp, args, portico_cache=None):
     return dm, d
 
 
+class DiskUsage:
+    """Samples allocated_bytes(d) every USAGE_EVERY seconds on a thread of its own
+    until stop(), which returns the mean and the peak of the samples."""
+
+    def __init__(self, d):
+        import threading
+        self.d, self.samples, self.done = d, [], threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.done.wait(USAGE_EVERY):
+            self.samples.append(allocated_bytes(self.d))
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        s = self.samples or [allocated_bytes(self.d)]
+        return {"mean": sum(s) / len(s), "peak": max(s), "samples": len(s)}
+
+
 def allocated_bytes(d):
     total = 0
     for root, _, files in os.walk(d):
@@ -488,10 +510,11 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
         cpu = b.CpuMeter(dm.pid, origin.pid)
         c0 = origin_count()
         parts, bad, received = [], [], 0
-        # The cache directory's size at each part's end: a proxy that evicts
-        # late holds more than its budget for a while, and the end alone
-        # does not show it.
-        peak = 0
+        # The cache directory's size every few seconds: a proxy that evicts
+        # late holds more than its budget for a while (nginx's cache manager
+        # checks max_size at most every 10 s while nothing is inactive), and
+        # neither the end nor a tenth's end shows how much on average.
+        usage = DiskUsage(d)
         t0 = time.time()
         for k in range(PARTS):
             lo, hi = n * k // PARTS, n * (k + 1) // PARTS
@@ -504,10 +527,10 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
             received += got
             bad += bad_k
             c0 = c1
-            peak = max(peak, allocated_bytes(d))
             if not dm.alive():
                 raise RuntimeError(f"{peer} died: {dm.tail()}")
         secs = time.time() - t0
+        used = usage.stop()
         c = cpu.stop()
         for p in parts:
             p["hit_ratio"] = 1 - p["origin_requests"] / p["requests"]
@@ -530,7 +553,8 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
              # The harness redoes a run when other processes used > 0.3 core; a hit
              # ratio does not depend on CPU time, so it is kept under another name.
              "other_cpu": 0.0, "machine_other_cpu": c["other_cpu"], "rss_mib": rss, "cache_dir_bytes": disk,
-             "cache_dir_peak_bytes": max(peak, disk),
+             "cache_dir_peak_bytes": max(used["peak"], disk),
+             "cache_dir_mean_bytes": used["mean"], "cache_dir_samples": used["samples"],
              "problems": problems,
              "summary": f"hit ratio {hr:.1%}, byte hit ratio {bhr:.1%} ({oreq:,} origin "
                         f"requests, {obytes / 2**20:,.0f} MiB, for {n:,} requests, "
@@ -579,18 +603,23 @@ def report(b, scenario, results, subjects, args):
          f"the origin's own counts (1 − origin requests / requests; bytes: 1 − origin body "
          f"bytes / body bytes received), not from the proxies.\n",
          "| proxy | rounds | hit ratio (median) | spread | byte hit ratio (median) | spread "
-         "| origin requests | origin GiB | errors | run s | cache dir GiB at end "
-         "| largest at a tenth's end |",
-         "|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+         "| origin requests | origin GiB | errors | run s | disk GiB in use: mean "
+         "| peak | at end |",
+         "|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for p in subjects:
         rs = results[p]
         L.append(f"| {p} | {len(rs)} | {med(rs, 'hit_ratio'):.1%} | {spread(rs, 'hit_ratio')} | "
                  f"{med(rs, 'byte_hit_ratio'):.1%} | {spread(rs, 'byte_hit_ratio')} | "
                  f"{med(rs, 'origin_requests'):,.0f} | {med(rs, 'origin_bytes') / 2**30:.2f} | "
                  f"{sum(r['errors'] for r in rs)} | {med(rs, 'seconds'):.0f} | "
-                 f"{med(rs, 'cache_dir_bytes') / 2**30:.2f} | "
-                 f"{med(rs, 'cache_dir_peak_bytes') / 2**30:.2f} |")
-    L.append("")
+                 f"{med(rs, 'cache_dir_mean_bytes') / 2**30:.2f} | "
+                 f"{med(rs, 'cache_dir_peak_bytes') / 2**30:.2f} | "
+                 f"{med(rs, 'cache_dir_bytes') / 2**30:.2f} |")
+    L += ["", f"Disk in use: the blocks allocated under each proxy's work directory (its "
+          f"cache files, and the cache file ATS and Varnish allocate whole), sampled every "
+          f"{USAGE_EVERY:.0f} s over the run. A proxy whose mean is well above "
+          f"{DISK_MIB / 1024:.0f} GiB held more than the budget it was given, and its ratios "
+          f"are those of a larger cache.", ""]
     others = [p for p in subjects if p != "portico"]
     if "portico" in subjects and others:
         pm = {k: med(results["portico"], k) for k in ("hit_ratio", "byte_hit_ratio")}
@@ -598,7 +627,10 @@ def report(b, scenario, results, subjects, args):
             best = max(others, key=lambda p: med(results[p], k))
             d = (pm[k] - med(results[best], k)) * 100
             L.append(f"- {name}: Portico {pm[k]:.1%}, best peer {best} "
-                     f"{med(results[best], k):.1%}: {d:+.1f} points (issue 16's goal: +5)")
+                     f"{med(results[best], k):.1%}: {d:+.1f} points (issue 16's goal: +5); "
+                     f"disk in use on average: Portico "
+                     f"{med(results['portico'], 'cache_dir_mean_bytes') / 2**30:.2f} GiB, {best} "
+                     f"{med(results[best], 'cache_dir_mean_bytes') / 2**30:.2f} GiB")
         L.append("")
     L += ["## Per 10% of the stream\n",
           "Each cell: hit ratio / byte hit ratio within that tenth of the stream (median over "
