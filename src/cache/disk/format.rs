@@ -32,6 +32,7 @@
 use crate::cache::key::ObjectId;
 use std::fs::File;
 use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
@@ -215,10 +216,13 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
     if len < HEADER_LEN + TRAILER_LEN {
         return Err(Corrupt("shorter than header and trailer").into());
     }
-    let first = len.min(4096) as usize;
-    let mut buf = vec![0u8; first];
-    file.read_exact_at(&mut buf, 0)?;
-    let meta_len = decode_header(&buf)? as u64;
+    // On the stack: a zeroed 4 KiB from the allocator (calloc) cost about
+    // 2,000 instructions of every disk-tier hit without a held file.
+    let mut first = [0u8; 4096];
+    let buf = &mut first[..len.min(4096) as usize];
+    file.read_exact_at(buf, 0)?;
+    let buf = &*buf;
+    let meta_len = decode_header(buf)? as u64;
     let meta_end = HEADER_LEN + meta_len;
     if meta_end + TRAILER_LEN > len {
         return Err(Corrupt("metadata runs past the end").into());
@@ -293,6 +297,14 @@ pub fn level_name(n: u32, count: u16) -> String {
     }
 }
 
+/// Appends the low `digits` hex digits of `n`, lower-case, zero-padded
+/// (as `{:0digits$x}` for values that fit).
+fn push_hex(out: &mut Vec<u8>, n: u128, digits: u32) {
+    for i in (0..digits).rev() {
+        out.push(b"0123456789abcdef"[((n >> (4 * i)) & 0xf) as usize]);
+    }
+}
+
 /// Parses a level directory name (2 or 3 lower-case hex digits).
 pub fn parse_level_name(name: &str) -> Option<u32> {
     let ok =
@@ -339,9 +351,25 @@ impl Layout {
             .join(level_name(b, self.levels[1]))
     }
 
-    /// The final path of an object.
+    /// The final path of an object: `dir_of(id)` joined with `id.hex()`,
+    /// built in one allocation (every disk-tier hit without a held file
+    /// asks for it; three `format!`s and two joins were about 2,400
+    /// instructions of it).
     pub fn path_of(&self, id: ObjectId) -> PathBuf {
-        self.dir_of(id).join(id.hex())
+        let (a, b) = self.slots(id);
+        let root = self.root.as_os_str().as_bytes();
+        let mut path = Vec::with_capacity(root.len() + 1 + 3 + 1 + 3 + 1 + 32);
+        path.extend_from_slice(root);
+        for (n, count) in [(a, self.levels[0]), (b, self.levels[1])] {
+            if path.last().is_some_and(|&c| c != b'/') {
+                path.push(b'/');
+            }
+            let digits = if count <= 256 { 2 } else { 3 };
+            push_hex(&mut path, u128::from(n), digits);
+        }
+        path.push(b'/');
+        push_hex(&mut path, id.0, 32);
+        PathBuf::from(std::ffi::OsString::from_vec(path))
     }
 }
 
@@ -349,6 +377,23 @@ impl Layout {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn path_of_is_the_object_directory_joined_with_its_hex_name() {
+        let ids = [0, 1, 255, 256, 4095, 0xdead_beef, u128::MAX / 3, u128::MAX].map(ObjectId);
+        for root in ["", "/", "/var/cache/portico", "/var/cache/portico/", "rel/dir"] {
+            for levels in [[1, 1], [16, 256], [256, 256], [257, 4096], [4096, 16]] {
+                let layout = Layout::new(Path::new(root), levels);
+                for id in ids {
+                    assert_eq!(
+                        layout.path_of(id),
+                        layout.dir_of(id).join(id.hex()),
+                        "{root} {levels:?} {id:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn header_and_trailer_round_trip() {
