@@ -155,26 +155,41 @@ pub fn gave_up(n: usize) {
     GIVEN_UP.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Held descriptors given up for good so far ([`gave_up`]).
-pub fn given_up() -> usize {
-    GIVEN_UP.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// What admission needs to admit past a derived `server.max_requests`
 /// while descriptors are free (the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Descriptors {
     /// The open-files limit.
     pub limit: usize,
     /// Counted as always taken: the reserve for logs, listeners and the
     /// cache's own files, plus every disk-tier file that may be held open
     /// (`cache.open_files`, as if all were; less what was given up when
-    /// descriptors ran out, [`given_up`]).
+    /// descriptors ran out, `given_up`).
     pub fixed: usize,
     /// Kept free for new connections and short-lived files (a sixteenth
     /// of the usable descriptors, at least 16), so that accepting a client
     /// or opening a cache file never fails for want of one.
     pub headroom: usize,
+    /// Held descriptors given up since (taken off `fixed`): the process's
+    /// count ([`gave_up`]), or a test's own.
+    pub given_up: &'static std::sync::atomic::AtomicUsize,
+}
+
+impl PartialEq for Descriptors {
+    fn eq(&self, other: &Self) -> bool {
+        (self.limit, self.fixed, self.headroom) == (other.limit, other.fixed, other.headroom)
+            && std::ptr::eq(self.given_up, other.given_up)
+    }
+}
+
+impl Eq for Descriptors {}
+
+impl Descriptors {
+    /// `fixed` less the held descriptors given up since.
+    pub fn fixed_now(&self) -> usize {
+        self.fixed
+            .saturating_sub(self.given_up.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// The values derived from an open-files limit.
@@ -232,6 +247,7 @@ pub(crate) fn descriptors(nofile: u64, held: usize) -> Descriptors {
         limit: as_usize(nofile),
         fixed: as_usize(RESERVED).saturating_add(held),
         headroom: as_usize((nofile.saturating_sub(RESERVED) / 16).max(FLOOR)),
+        given_up: &GIVEN_UP,
     }
 }
 

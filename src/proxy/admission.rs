@@ -264,8 +264,7 @@ impl Admission {
             return false;
         };
         let in_use = d
-            .fixed
-            .saturating_sub(crate::sizing::given_up())
+            .fixed_now()
             .saturating_add(crate::drain::open_connections())
             .saturating_add(self.in_service.load(Relaxed))
             .saturating_add(crate::cache::disk::files_being_written())
@@ -531,7 +530,22 @@ mod tests {
             limit: 100 + held + requests + 1,
             fixed: 100,
             headroom: 0,
+            given_up: Box::leak(Box::default()),
         }
+    }
+
+    #[tokio::test]
+    async fn held_files_given_up_leave_room_for_more_requests() {
+        let d = room_for(1);
+        let a = Admission::new(1, 1, Some(d));
+        let _p1 = a.try_admit().expect("a permit");
+        assert!(a.try_admit().is_none(), "no room beyond the limit");
+        // Descriptors ran out and the held cache files were cut by two:
+        // fixed counted them as held, so that room is free now.
+        d.given_up.fetch_add(2, Relaxed);
+        let _p2 = a.try_admit().expect("room the held files gave up");
+        let _p3 = a.try_admit().expect("and for another");
+        assert!(a.try_admit().is_none(), "and no more");
     }
 
     #[tokio::test]
