@@ -137,7 +137,7 @@ async fn round_trip_small_and_medium() {
         let id = put(&store, &url, &data, 0).await;
         assert!(store.contains(id).await);
         let o = store.open(id).await.unwrap();
-        assert_eq!(o.meta, meta(&url));
+        assert_eq!(*o.meta, meta(&url));
         assert_eq!(o.body_len, len as u64);
         drop(o);
         assert_eq!(read_all(&store, id).await.unwrap().unwrap(), data, "len {len}");
@@ -542,7 +542,7 @@ async fn update_meta_replaces_headers_and_keeps_old_readers_consistent() {
     }
     assert_eq!(rest, data);
     let new = store.open(id).await.unwrap();
-    assert_eq!(new.meta, m);
+    assert_eq!(*new.meta, m);
     assert_eq!(new.expires, 200);
     drop(new);
     assert_eq!(read_all(&store, id).await.unwrap().unwrap(), data);

@@ -601,7 +601,7 @@ mod tests {
         assert_eq!(store.stats().snapshot().objects, 1);
         assert_eq!(store.used(), store.charged(size));
         let mut o = store.open_blocking(id).unwrap();
-        assert_eq!(o.meta, meta(url));
+        assert_eq!(*o.meta, meta(url));
         assert_eq!((o.body_len, o.expires), (11, 123));
         assert_eq!(
             o.body.chunk_blocking().unwrap().unwrap(),

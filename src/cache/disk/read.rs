@@ -211,8 +211,8 @@ impl DiskStore {
 pub struct DiskObject {
     /// Its id.
     pub id: ObjectId,
-    /// Its metadata.
-    pub meta: StoredMeta,
+    /// Its metadata, shared with the open file's (never copied per hit).
+    pub meta: Arc<StoredMeta>,
     /// Body length in bytes.
     pub body_len: u64,
     /// Expiry hint given at commit (unix seconds, 0 = unknown).
@@ -232,7 +232,7 @@ impl DiskObject {
     fn from_open(obj: Arc<OpenObject>, pool: BlockingPool) -> DiskObject {
         DiskObject {
             id: obj.id,
-            meta: (*obj.meta).clone(),
+            meta: obj.meta.clone(),
             body_len: obj.body_len,
             expires: obj.expires,
             file_len: obj.file_len,
