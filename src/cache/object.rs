@@ -201,6 +201,14 @@ impl StoredMeta {
 
     /// Parses what `encode` wrote.
     pub fn decode(data: &[u8]) -> Result<StoredMeta, DecodeError> {
+        Self::decode_shared(&bytes::Bytes::copy_from_slice(data))
+    }
+
+    /// [`StoredMeta::decode`] of bytes already in a `Bytes`: the header
+    /// values are slices of it (checked as every value is), not a copy
+    /// (and an allocation) each.
+    pub fn decode_shared(shared: &bytes::Bytes) -> Result<StoredMeta, DecodeError> {
+        let data: &[u8] = shared;
         let mut r = Reader { data };
         if r.u8()? != VERSION {
             return Err(DecodeError("unknown metadata version"));
@@ -224,7 +232,8 @@ impl StoredMeta {
         let mut headers = HeaderMap::with_capacity(nheaders.min(256));
         for _ in 0..nheaders {
             let name = HeaderName::from_bytes(r.bytes()?).map_err(|_| DecodeError("invalid header name"))?;
-            let value = HeaderValue::from_bytes(r.bytes()?).map_err(|_| DecodeError("invalid header value"))?;
+            let value = HeaderValue::from_maybe_shared(shared.slice_ref(r.bytes()?))
+                .map_err(|_| DecodeError("invalid header value"))?;
             headers.append(name, value);
         }
         if !r.data.is_empty() {

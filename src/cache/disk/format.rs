@@ -185,7 +185,7 @@ impl std::fmt::Display for ReadError {
 #[derive(Debug, Clone)]
 pub struct Envelope {
     /// The raw metadata bytes (decode with `StoredMeta::decode`).
-    pub meta: Vec<u8>,
+    pub meta: bytes::Bytes,
     /// The trailer.
     pub trailer: Trailer,
     /// File size.
@@ -228,11 +228,11 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
         return Err(Corrupt("metadata runs past the end").into());
     }
     let meta = if meta_end as usize <= buf.len() {
-        buf[HEADER_LEN as usize..meta_end as usize].to_vec()
+        bytes::Bytes::copy_from_slice(&buf[HEADER_LEN as usize..meta_end as usize])
     } else {
         let mut m = vec![0u8; meta_len as usize];
         file.read_exact_at(&mut m, HEADER_LEN)?;
-        m
+        m.into()
     };
     let tstart = len - TRAILER_LEN;
     let trailer = if len as usize <= buf.len() {
