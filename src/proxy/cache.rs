@@ -1266,12 +1266,12 @@ impl Transaction<'_, '_> {
     /// Answers from a stored response: preconditions (304/412), ranges
     /// (206/416), HEAD, with `Age` and the cache status header.
     async fn send_stored_now(&mut self, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
-        let (ex, cache, policy) = (&mut *self.ex, self.cache, self.policy);
+        let (ex, cache, cache_policy) = (&mut *self.ex, self.cache, self.policy);
         let now = SystemTime::now();
         let age = policy::age_header(&stored.meta, now);
         let owned = || {
             let mut headers = stored.meta.headers.clone();
-            policy.strip_targeted(&mut headers);
+            cache_policy.strip_targeted(&mut headers);
             headers.insert(AGE, age.clone());
             headers
         };
@@ -1320,7 +1320,7 @@ impl Transaction<'_, '_> {
             ex.out.send_borrowed_head(
                 code,
                 &stored.meta.headers,
-                |n| *n == AGE || Some(n) == status_name || policy.strips(n),
+                |n| *n == AGE || Some(n) == status_name || cache_policy.strips(n),
                 extra.iter().flatten(),
                 len,
             );
