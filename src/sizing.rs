@@ -99,16 +99,17 @@ pub fn out_of_descriptors(e: &std::io::Error) -> bool {
 /// Something that holds descriptors it can do without: the disk tiers'
 /// cache files held open between hits (`cache.open_files`).
 pub trait Relief: Send + Sync {
-    /// Closes some of what it holds and holds that much less from now on;
-    /// returns how many it may hold now, None when it held nothing.
+    /// Closes some of what it holds and holds that much less from now on
+    /// (until it has not run out for a while); returns how many it may
+    /// hold now, None when it held nothing.
     fn relieve(&self) -> Option<usize>;
 }
 
 /// Every [`Relief`] of the process, for [`relieve`].
 static RELIEF: std::sync::Mutex<Vec<std::sync::Weak<dyn Relief>>> = std::sync::Mutex::new(Vec::new());
 
-/// Held descriptors given up for good by [`Relief`]s: admission counts the
-/// configured `cache.open_files` less these.
+/// Held descriptors given up by [`Relief`]s and not taken back: admission
+/// counts the configured `cache.open_files` less these.
 static GIVEN_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Adds `r` to what [`relieve`] asks (until it is dropped).
@@ -144,15 +145,24 @@ pub fn relieve(cause: &std::io::Error) -> bool {
 /// The warning for a [`Relief`] that now holds at most `capacity`.
 pub fn warn_relieved(capacity: usize, cause: &std::io::Error) {
     tracing::warn!(
-        "out of file descriptors ({cause}): holding at most {capacity} cache files open from now on; \
+        "out of file descriptors ({cause}): holding at most {capacity} cache files open for now; \
          raise the open-files limit (LimitNOFILE) or lower cache.open_files",
         cause = crate::util::io_cause(cause)
     );
 }
 
-/// Records that `n` held descriptors were given up for good.
+/// Records that `n` held descriptors were given up.
 pub fn gave_up(n: usize) {
     GIVEN_UP.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Records that `n` held descriptors given up are held again.
+pub fn took_back(n: usize) {
+    let _ = GIVEN_UP.fetch_update(
+        std::sync::atomic::Ordering::Relaxed,
+        std::sync::atomic::Ordering::Relaxed,
+        |g| Some(g.saturating_sub(n)),
+    );
 }
 
 /// What admission needs to admit past a derived `server.max_requests`

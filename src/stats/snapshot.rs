@@ -499,7 +499,7 @@ crate::section! {
         open_files: u64 => Gauge, Add, None, "Disk tier files held open between hits.",
             prom "portico_cache_disk_open_files", xml "cache-bucket" "countDiskOpenFiles";
         /// Most files held open (`cache.open_files`).
-        open_files_limit: u64 => Gauge, Add, None, "Most disk tier files held open (cache.open_files, lowered for good when the process ran out of descriptors).",
+        open_files_limit: u64 => Gauge, Add, None, "Most disk tier files held open (cache.open_files, lowered when the process runs out of descriptors, back up a step a minute after).",
             prom "portico_cache_disk_open_files_limit", xml "cache-bucket" "maxDiskOpenFiles";
         /// Disk hits served from a held-open file.
         open_file_hits: u64 => Counter, Add, None, "Disk hits served from a held-open file.",

@@ -238,9 +238,15 @@ impl OpenObject {
 /// once does not push out files used again).
 pub(super) struct HeldFiles {
     files: quick_cache::sync::Cache<ObjectId, Arc<OpenObject>>,
-    /// `cache.open_files`, lowered for good each time the process ran out
-    /// of descriptors (`shrink`).
+    /// `cache.open_files`, lowered each time the process ran out of
+    /// descriptors (`shrink`), raised again a step at a time once it has
+    /// not for a while (`regrow`).
     capacity: AtomicUsize,
+    /// `cache.open_files`: the most `regrow` gives back.
+    configured: usize,
+    /// When the process last ran out (unix seconds; 0: never), or the
+    /// capacity last grew back.
+    pub(super) shrunk_at: AtomicU64,
     /// Objects being opened and checksummed in the background
     /// (`DiskStore::check_in_background`), at most `MAX_CHECKING`.
     checking: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
@@ -249,6 +255,10 @@ pub(super) struct HeldFiles {
 /// At most this many background checks at a time: they take blocking-pool
 /// threads, which requests need more.
 const MAX_CHECKING: usize = 4;
+
+/// Seconds without running out of descriptors before the held set grows
+/// back a step (`HeldFiles::regrow`).
+pub(super) const REGROW_AFTER_SECS: u64 = 60;
 
 impl crate::sizing::Relief for HeldFiles {
     fn relieve(&self) -> Option<usize> {
@@ -267,6 +277,8 @@ impl HeldFiles {
         let held = Arc::new(HeldFiles {
             files: quick_cache::sync::Cache::new(capacity),
             capacity: AtomicUsize::new(capacity),
+            configured: capacity,
+            shrunk_at: AtomicU64::new(0),
             checking: std::sync::Mutex::default(),
         });
         let relief: Arc<dyn crate::sizing::Relief> = held.clone();
@@ -298,17 +310,17 @@ impl HeldFiles {
         self.files.len() < self.capacity.load(Ordering::Relaxed)
     }
 
-    /// The most files held from now on.
+    /// The most files held now.
     pub(super) fn capacity(&self) -> usize {
         self.capacity.load(Ordering::Relaxed)
     }
 
     /// Closes a quarter of the held files and holds at most that many
-    /// fewer from now on; returns the new capacity, None when none were
+    /// fewer until `regrow`; returns the new capacity, None when none were
     /// held (closing nothing frees nothing). Callers that ran out at the
     /// same moment shrink once between them, not a quarter each: the ones
     /// that lose the race just try again in the room the winner made.
-    fn shrink(&self) -> Option<usize> {
+    pub(super) fn shrink(&self) -> Option<usize> {
         let held = self.files.len();
         if held == 0 {
             return None;
@@ -322,8 +334,34 @@ impl HeldFiles {
         {
             self.files.set_capacity(smaller as u64);
             crate::sizing::gave_up(capacity - smaller);
+            self.shrunk_at.store(now_secs(), Ordering::Relaxed);
         }
         Some(self.capacity())
+    }
+
+    /// Once `REGROW_AFTER_SECS` have passed since descriptors last ran out
+    /// (or since the last step), holds a quarter of `cache.open_files` more
+    /// again, up to it; returns the new capacity when it grew. A burst of
+    /// connections that once took every descriptor does not cost the hits
+    /// after it their held files for good; if descriptors are still short,
+    /// the next failure shrinks the set again.
+    fn regrow(&self, now: u64) -> Option<usize> {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        if capacity >= self.configured || now.saturating_sub(self.shrunk_at.load(Ordering::Relaxed)) < REGROW_AFTER_SECS
+        {
+            return None;
+        }
+        let larger = capacity
+            .saturating_add((self.configured / 4).max(1))
+            .min(self.configured);
+        self.capacity
+            .compare_exchange(capacity, larger, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        self.shrunk_at.store(now, Ordering::Relaxed);
+        self.files.set_capacity(larger as u64);
+        crate::sizing::took_back(larger - capacity);
+        tracing::info!("disk cache: holding up to {larger} cache files open again");
+        Some(larger)
     }
 
     /// Claims a background check of `id`; false when one is running or
@@ -400,6 +438,9 @@ impl Inner {
         }
         let _guard = self.lock(obj.id);
         if self.index.get(obj.id).is_some_and(|e| e.generation == obj.generation) {
+            if !h.has_room() {
+                h.regrow(now_secs());
+            }
             h.insert(obj.clone());
         }
     }
@@ -449,7 +490,7 @@ impl Inner {
     /// Opens (or creates) a file with `open`; if that fails because the
     /// process is out of descriptors (EMFILE, or ENFILE for the whole
     /// system) while files are held, closes a quarter of them, holds that
-    /// many fewer from now on, and tries once more: the files requests
+    /// many fewer for a while (`HeldFiles::regrow`), and tries once more: the files requests
     /// need (and the connections they come on) come before hits kept cheap.
     pub(super) fn open_file<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
         let e = match open() {

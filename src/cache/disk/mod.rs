@@ -510,9 +510,9 @@ impl DiskStore {
         self.inner.held_count()
     }
 
-    /// The most files held open: `cache.open_files`, or fewer once the
-    /// process ran out of descriptors (each time, a quarter of the held
-    /// files were closed for good).
+    /// The most files held open: `cache.open_files`, or fewer while the
+    /// process runs out of descriptors (each time, a quarter of the held
+    /// files are closed; the limit grows back a minute later).
     pub fn held_limit(&self) -> usize {
         self.inner.held_capacity()
     }
@@ -666,6 +666,49 @@ mod tests {
     fn age_held(store: &DiskStore, id: ObjectId) {
         let held = store.inner.held.as_ref().unwrap().get(id).unwrap();
         held.checked.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn held_files_cut_back_for_want_of_descriptors_grow_back_a_minute_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStore::start_offline(
+            &CacheConfig {
+                open_files: 8,
+                ..cfg(dir.path())
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        let ids: Vec<ObjectId> = (1..=12).map(ObjectId).collect();
+        for &id in &ids {
+            let mut w = store.writer_blocking(id, &meta("http://h/")).unwrap();
+            w.write_blocking(b"body").unwrap();
+            w.commit_blocking(0).unwrap();
+            read_whole(&store, id);
+        }
+        assert_eq!((store.held_files(), store.held_limit()), (8, 8));
+        let held = store.inner.held.as_ref().unwrap();
+        assert_eq!(held.shrink(), Some(6), "a quarter closed");
+        assert_eq!(store.held_limit(), 6);
+        // Within the minute, a full set takes no more.
+        for &id in &ids {
+            read_whole(&store, id);
+        }
+        assert_eq!(store.held_limit(), 6);
+        // A minute on, the next file to hold finds room made: a quarter of
+        // open_files (2) at a time, up to it.
+        let minute_ago = now_secs() - held::REGROW_AFTER_SECS;
+        held.shrunk_at.store(minute_ago, Ordering::Relaxed);
+        for &id in &ids {
+            read_whole(&store, id);
+        }
+        assert_eq!(store.held_limit(), 8);
+        assert_eq!(held.shrink(), Some(6));
+        held.shrunk_at.store(minute_ago, Ordering::Relaxed);
+        for &id in &ids {
+            read_whole(&store, id);
+        }
+        assert_eq!(store.held_limit(), 8, "never past open_files");
     }
 
     #[test]
