@@ -511,8 +511,8 @@ def run(b, peer, tmp, args, ctx, origin_daemon):
         c0 = origin_count()
         parts, bad, received = [], [], 0
         # The cache directory's size every few seconds: a proxy that evicts
-        # late holds more than its budget for a while (nginx's cache manager
-        # checks max_size at most every 10 s while nothing is inactive), and
+        # late holds more than its budget for a while (nginx's cache manager,
+        # once under max_size, sleeps up to 10 s before checking again), and
         # neither the end nor a tenth's end shows how much on average.
         usage = DiskUsage(d)
         t0 = time.time()

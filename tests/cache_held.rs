@@ -418,8 +418,9 @@ async fn held_files_give_way_to_client_and_origin_connections() {
     assert!(held > 200, "the hits held {held} files");
     assert_eq!(n(&d, "open_files_limit"), 1000, "descriptors ran out too soon");
     // Silent client connections take the rest (and more if something else
-    // runs out first and closes held files). The proxy's accept fails with
-    // 255 listed in /proc (a 256th is taken for a moment on accepting).
+    // runs out first and closes held files). Full, for the proxy's
+    // accept, is 255 listed in /proc: found by trying (the 256th is not
+    // there for an accept, though an origin connect below gets it).
     let full = |p: &Portico| open_descriptors(p) >= LIMIT - 1;
     let mut clients = Vec::new();
     while !full(&p) && clients.len() < 150 {
