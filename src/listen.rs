@@ -165,7 +165,7 @@ pub async fn accept_loop<H: Handler>(
                 // Out of descriptors while cache files are held open:
                 // close some of those and accept again at once (the
                 // connection waits in the backlog meanwhile).
-                if crate::sizing::out_of_descriptors(&e) && crate::sizing::relieve(&e) {
+                if crate::sizing::relieve(&e) {
                     continue;
                 }
                 // Out of file descriptors or similar: back off instead of spinning.

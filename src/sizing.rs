@@ -90,12 +90,6 @@ pub fn open_files_limit() -> usize {
     usize::try_from(soft).unwrap_or(1 << 20)
 }
 
-/// Whether `e` says the process (EMFILE) or the whole system (ENFILE) is
-/// out of file descriptors.
-pub fn out_of_descriptors(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-}
-
 /// Something that holds descriptors it can do without: the disk tiers'
 /// cache files held open between hits (`cache.open_files`).
 pub trait Relief: Send + Sync {
@@ -121,11 +115,15 @@ pub fn register_relief(r: std::sync::Weak<dyn Relief>) {
 
 /// Called where something the process cannot do without (an accepted
 /// client connection, an origin connection, a cache file a request needs)
-/// found no descriptor (`cause`): asks every [`Relief`] to give some back,
-/// logs a warning for each that did, and returns whether any did (try
-/// again then). Held cache files only make hits cheaper; connections come
-/// first.
+/// failed with `cause`: when that says the process (EMFILE) or the system
+/// (ENFILE) is out of descriptors, asks every [`Relief`] to give some
+/// back, logs a warning for each that did, and returns whether any did
+/// (try again then). Held cache files only make hits cheaper; connections
+/// come first.
 pub fn relieve(cause: &std::io::Error) -> bool {
+    if !matches!(cause.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+        return false;
+    }
     let all: Vec<_> = RELIEF
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -135,20 +133,15 @@ pub fn relieve(cause: &std::io::Error) -> bool {
     let mut any = false;
     for r in all {
         if let Some(capacity) = r.relieve() {
-            warn_relieved(capacity, cause);
+            tracing::warn!(
+                "out of file descriptors ({cause}): holding at most {capacity} cache files open for now; \
+                 raise the open-files limit (LimitNOFILE) or lower cache.open_files",
+                cause = crate::util::io_cause(cause)
+            );
             any = true;
         }
     }
     any
-}
-
-/// The warning for a [`Relief`] that now holds at most `capacity`.
-pub fn warn_relieved(capacity: usize, cause: &std::io::Error) {
-    tracing::warn!(
-        "out of file descriptors ({cause}): holding at most {capacity} cache files open for now; \
-         raise the open-files limit (LimitNOFILE) or lower cache.open_files",
-        cause = crate::util::io_cause(cause)
-    );
 }
 
 /// Records that `n` held descriptors were given up.

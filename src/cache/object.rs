@@ -199,15 +199,10 @@ impl StoredMeta {
         out
     }
 
-    /// Parses what `encode` wrote.
-    pub fn decode(data: &[u8]) -> Result<StoredMeta, DecodeError> {
-        Self::decode_shared(&bytes::Bytes::copy_from_slice(data))
-    }
-
-    /// [`StoredMeta::decode`] of bytes already in a `Bytes`: the header
-    /// values are slices of it (checked as every value is), not a copy
-    /// (and an allocation) each.
-    pub fn decode_shared(shared: &bytes::Bytes) -> Result<StoredMeta, DecodeError> {
+    /// Parses what `encode` wrote. The header values are slices of
+    /// `shared` (each checked as a header value), not a copy (and an
+    /// allocation) each.
+    pub fn decode(shared: &bytes::Bytes) -> Result<StoredMeta, DecodeError> {
         let data: &[u8] = shared;
         let mut r = Reader { data };
         if r.u8()? != VERSION {
@@ -277,17 +272,20 @@ mod tests {
     #[test]
     fn round_trip() {
         let m = sample();
-        assert_eq!(StoredMeta::decode(&m.encode()).unwrap(), m);
+        assert_eq!(StoredMeta::decode(&m.encode().into()).unwrap(), m);
     }
 
     #[test]
     fn truncated_or_extended_is_an_error() {
         let bytes = sample().encode();
         for cut in [0, 1, 5, bytes.len() / 2, bytes.len() - 1] {
-            assert!(StoredMeta::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                StoredMeta::decode(&bytes::Bytes::copy_from_slice(&bytes[..cut])).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut longer = bytes.clone();
         longer.push(0);
-        assert!(StoredMeta::decode(&longer).is_err());
+        assert!(StoredMeta::decode(&longer.into()).is_err());
     }
 }

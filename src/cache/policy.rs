@@ -254,18 +254,18 @@ impl Policy {
     /// to be sent, when `cache.strip_targeted_fields` says so (they were
     /// meant for this cache alone); else they are passed on, as RFC 9213
     /// lets every CDN on the way use `CDN-Cache-Control`.
-    /// Whether `name` is a targeted field [`Policy::strip_targeted`]
-    /// takes out of responses.
-    pub fn strips(&self, name: &HeaderName) -> bool {
-        self.strip_targeted && self.targeted.contains(name)
-    }
-
     pub fn strip_targeted(&self, headers: &mut HeaderMap) {
         if self.strip_targeted {
             for name in &self.targeted {
                 headers.remove(name);
             }
         }
+    }
+
+    /// Whether `name` is a targeted field [`Policy::strip_targeted`]
+    /// takes out of responses (a head written without a copy skips it).
+    pub fn strips(&self, name: &HeaderName) -> bool {
+        self.strip_targeted && self.targeted.contains(name)
     }
 
     /// The response's cache directives (RFC 9213 2.2): those of the first

@@ -90,6 +90,11 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// The bytes `fields` take as field lines (name, ": ", value, CRLF).
+fn fields_len<'f>(fields: impl IntoIterator<Item = (&'f HeaderName, &'f HeaderValue)>) -> usize {
+    fields.into_iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum()
+}
+
 /// Appends one field line.
 fn field_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     out.extend_from_slice(name.as_str().as_bytes());
@@ -347,18 +352,21 @@ impl<'a> ResponseWriter<'a> {
         if let Some(c) = self.connection_field() {
             headers.insert(CONNECTION, HeaderValue::from_static(c));
         }
-        // Sized for the fields (a head that outgrows its first buffer is
-        // copied into a larger one).
-        let size = 64
-            + headers
-                .iter()
-                .map(|(n, v)| n.as_str().len() + v.len() + 4)
-                .sum::<usize>();
-        let mut out = Vec::with_capacity(size);
+        self.queue_head(status, fields_len(&headers), |out| {
+            for (name, value) in &headers {
+                field_line(out, name, value.as_bytes());
+            }
+        });
+    }
+
+    /// Queues an HTTP/1 head of `status` whose field lines `write_fields`
+    /// appends (about `fields` bytes of them: the buffer is sized for that,
+    /// as a head that outgrew its first buffer would be copied into a
+    /// larger one); it is written with the first body bytes.
+    fn queue_head(&mut self, status: StatusCode, fields: usize, write_fields: impl FnOnce(&mut Vec<u8>)) {
+        let mut out = Vec::with_capacity(64 + fields);
         status_line(&mut out, status);
-        for (name, value) in &headers {
-            field_line(&mut out, name, value.as_bytes());
-        }
+        write_fields(&mut out);
         out.extend_from_slice(b"\r\n");
         self.pending_head = Some(out);
         self.status = Some(status);
@@ -426,33 +434,26 @@ impl<'a> ResponseWriter<'a> {
         let date = (!base.contains_key(DATE)).then(crate::util::http_date_now);
         let connection = self.connection_field();
         let sent = |n: &HeaderName| !(n == CONTENT_LENGTH || n == TRANSFER_ENCODING || n == CONNECTION || skip(n));
-        let size = 128
-            + base.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum::<usize>()
-            + extra
-                .clone()
-                .map(|(n, v)| n.as_str().len() + v.len() + 4)
-                .sum::<usize>();
-        let mut out = Vec::with_capacity(size);
-        status_line(&mut out, status);
-        for (name, value) in base {
-            if sent(name) {
-                field_line(&mut out, name, value.as_bytes());
+        // Sized for every base field, skipped or not, and the framing ones.
+        let size = fields_len(base) + fields_len(extra.clone().map(|(n, v)| (n, v))) + 64;
+        self.queue_head(status, size, |out| {
+            for (name, value) in base {
+                if sent(name) {
+                    field_line(out, name, value.as_bytes());
+                }
             }
-        }
-        for (name, value) in extra {
-            field_line(&mut out, name, value.as_bytes());
-        }
-        let mut digits = [0u8; 20];
-        field_line(&mut out, &CONTENT_LENGTH, decimal(len, &mut digits));
-        if let Some(d) = &date {
-            field_line(&mut out, &DATE, d.as_bytes());
-        }
-        if let Some(c) = connection {
-            field_line(&mut out, &CONNECTION, c.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
-        self.pending_head = Some(out);
-        self.status = Some(status);
+            for (name, value) in extra {
+                field_line(out, name, value.as_bytes());
+            }
+            let mut digits = [0u8; 20];
+            field_line(out, &CONTENT_LENGTH, decimal(len, &mut digits));
+            if let Some(d) = &date {
+                field_line(out, &DATE, d.as_bytes());
+            }
+            if let Some(c) = connection {
+                field_line(out, &CONNECTION, c.as_bytes());
+            }
+        });
     }
 
     /// [`ResponseWriter::send_data`] for bytes already in a `Bytes` (a

@@ -1307,11 +1307,8 @@ impl Transaction<'_, '_> {
         }
         let len = stored.len;
         let code = stored.meta.status;
-        let body = if ex.out.takes_borrowed_head(code)
-            && matches!(
-                range::plan(&ex.head.method, &ex.head.headers, code, &stored.meta.headers, len),
-                RangePlan::Full
-            ) {
+        let plan = range::plan(&ex.head.method, &ex.head.headers, code, &stored.meta.headers, len);
+        let body = if matches!(plan, RangePlan::Full) && ex.out.takes_borrowed_head(code) {
             // The whole stored response, as it is stored: its fields are
             // written from the stored map, with no copy of it to edit.
             let [status_header, cache_status] = marks(cache, status, member);
@@ -1329,7 +1326,7 @@ impl Transaction<'_, '_> {
             let mut headers = owned();
             x_cache(&mut headers);
             let seed = stored.id.0 as u64 ^ len;
-            send_head_for_range(ex, code, headers, len, cache, seed)
+            send_head_for_range(ex, plan, code, headers, len, cache, seed)
         };
         for (prefix, r) in body.parts() {
             if !prefix.is_empty() && ex.out.send_data(prefix).await.is_err() {
@@ -1385,12 +1382,14 @@ impl BodyPlan {
 
 /// Sends the head of the answer to the request from a stored response of
 /// `status`, `headers` (`Age` and the cache status header set) and `len`
-/// body bytes, as its `Range` asks (RFC 9110 14.2): the whole response,
+/// body bytes, as its `Range` asks (RFC 9110 14.2; `plan`, worked out from
+/// the request and `headers` by `range::plan`): the whole response,
 /// one range or several (206), or 416 (with only `Content-Range`, the
 /// `status_header` and `Cache-Status`). A HEAD gets the `Content-Length`
 /// the GET would; `seed` makes the multipart boundary. Returns what the body must carry.
 fn send_head_for_range(
     ex: &mut Exchange<'_>,
+    plan: RangePlan,
     status: StatusCode,
     mut headers: HeaderMap,
     len: u64,
@@ -1398,7 +1397,7 @@ fn send_head_for_range(
     seed: u64,
 ) -> BodyPlan {
     let head_only = ex.head.method == Method::HEAD;
-    let (status, length, body) = match range::plan(&ex.head.method, &ex.head.headers, status, &headers, len) {
+    let (status, length, body) = match plan {
         RangePlan::Full => (status, len, BodyPlan::One(0..len)),
         RangePlan::Single(r) => {
             headers.insert(CONTENT_RANGE, header_value(&range::content_range(&r, len)));

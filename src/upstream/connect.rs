@@ -503,9 +503,7 @@ impl Connector {
     /// open, it closes some of those and tries once more.
     async fn connect_from(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
         match self.connect_once(addr).await {
-            Err(e) if crate::sizing::out_of_descriptors(&e) && crate::sizing::relieve(&e) => {
-                self.connect_once(addr).await
-            }
+            Err(e) if crate::sizing::relieve(&e) => self.connect_once(addr).await,
             done => done,
         }
     }

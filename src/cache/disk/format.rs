@@ -216,8 +216,8 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
     if len < HEADER_LEN + TRAILER_LEN {
         return Err(Corrupt("shorter than header and trailer").into());
     }
-    // On the stack: a zeroed 4 KiB from the allocator (calloc) cost about
-    // 2,000 instructions of every disk-tier hit without a held file.
+    // On the stack, not from the allocator: no malloc and free for every
+    // disk-tier hit without a held file.
     let mut first = [0u8; 4096];
     let buf = &mut first[..len.min(4096) as usize];
     file.read_exact_at(buf, 0)?;
@@ -288,13 +288,10 @@ pub struct Layout {
     levels: [u16; 2],
 }
 
-/// A level directory's name: `%02x` up to 256 directories, `%03x` above.
-pub fn level_name(n: u32, count: u16) -> String {
-    if count <= 256 {
-        format!("{n:02x}")
-    } else {
-        format!("{n:03x}")
-    }
+/// Appends a level directory's name: `%02x` up to 256 directories,
+/// `%03x` above.
+fn push_level_name(out: &mut Vec<u8>, n: u32, count: u16) {
+    push_hex(out, u128::from(n), if count <= 256 { 2 } else { 3 });
 }
 
 /// Appends the low `digits` hex digits of `n`, lower-case, zero-padded
@@ -345,10 +342,7 @@ impl Layout {
 
     /// The directory holding an object.
     pub fn dir_of(&self, id: ObjectId) -> PathBuf {
-        let (a, b) = self.slots(id);
-        self.root
-            .join(level_name(a, self.levels[0]))
-            .join(level_name(b, self.levels[1]))
+        PathBuf::from(std::ffi::OsString::from_vec(self.dir_bytes(id)))
     }
 
     /// The final path of an object: `dir_of(id)` joined with `id.hex()`,
@@ -356,20 +350,27 @@ impl Layout {
     /// asks for it; three `format!`s and two joins were about 2,400
     /// instructions of it).
     pub fn path_of(&self, id: ObjectId) -> PathBuf {
+        let mut path = self.dir_bytes(id);
+        path.push(b'/');
+        push_hex(&mut path, id.0, 32);
+        PathBuf::from(std::ffi::OsString::from_vec(path))
+    }
+
+    /// `dir_of`'s bytes, with room for the object's name after them.
+    fn dir_bytes(&self, id: ObjectId) -> Vec<u8> {
         let (a, b) = self.slots(id);
         let root = self.root.as_os_str().as_bytes();
         let mut path = Vec::with_capacity(root.len() + 1 + 3 + 1 + 3 + 1 + 32);
         path.extend_from_slice(root);
         for (n, count) in [(a, self.levels[0]), (b, self.levels[1])] {
+            // As `Path::join`: no separator after an empty root or a
+            // trailing one.
             if path.last().is_some_and(|&c| c != b'/') {
                 path.push(b'/');
             }
-            let digits = if count <= 256 { 2 } else { 3 };
-            push_hex(&mut path, u128::from(n), digits);
+            push_level_name(&mut path, n, count);
         }
-        path.push(b'/');
-        push_hex(&mut path, id.0, 32);
-        PathBuf::from(std::ffi::OsString::from_vec(path))
+        path
     }
 }
 
@@ -380,6 +381,18 @@ mod tests {
 
     #[test]
     fn path_of_is_the_object_directory_joined_with_its_hex_name() {
+        // id 0x1234 with 16 x 256 directories: 0x1234 % 16 = 4, then
+        // (0x1234 / 16) % 256 = 0x23.
+        let layout = Layout::new(Path::new("/c"), [16, 256]);
+        assert_eq!(layout.dir_of(ObjectId(0x1234)), Path::new("/c/04/23"));
+        assert_eq!(
+            layout.path_of(ObjectId(0x1234)),
+            Path::new("/c/04/23/00000000000000000000000000001234")
+        );
+        assert_eq!(
+            Layout::new(Path::new("/c/"), [257, 16]).dir_of(ObjectId(256)),
+            Path::new("/c/100/00")
+        );
         let ids = [0, 1, 255, 256, 4095, 0xdead_beef, u128::MAX / 3, u128::MAX].map(ObjectId);
         for root in ["", "/", "/var/cache/portico", "/var/cache/portico/", "rel/dir"] {
             for levels in [[1, 1], [16, 256], [256, 256], [257, 4096], [4096, 16]] {

@@ -489,19 +489,15 @@ impl Inner {
 
     /// Opens (or creates) a file with `open`; if that fails because the
     /// process is out of descriptors (EMFILE, or ENFILE for the whole
-    /// system) while files are held, closes a quarter of them, holds that
-    /// many fewer for a while (`HeldFiles::regrow`), and tries once more: the files requests
-    /// need (and the connections they come on) come before hits kept cheap.
+    /// system) while files are held, has a quarter of them closed
+    /// ([`crate::sizing::relieve`], as an accept or an origin connect
+    /// does) and tries once more: the files requests need (and the
+    /// connections they come on) come before hits kept cheap.
     pub(super) fn open_file<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
-        let e = match open() {
-            Err(e) if crate::sizing::out_of_descriptors(&e) => e,
-            done => return done,
-        };
-        let Some(capacity) = self.held.as_deref().and_then(HeldFiles::shrink) else {
-            return Err(e);
-        };
-        crate::sizing::warn_relieved(capacity, &e);
-        open()
+        match open() {
+            Err(e) if crate::sizing::relieve(&e) => open(),
+            done => done,
+        }
     }
 
     /// The most files held open now: `cache.open_files`, or fewer once

@@ -92,7 +92,7 @@ impl Inner {
                 return self.miss();
             }
         };
-        let meta = match StoredMeta::decode_shared(&env.meta) {
+        let meta = match StoredMeta::decode(&env.meta) {
             Ok(m) if !m.key.is_empty() => m,
             Ok(_) => return corrupt("empty key"),
             Err(e) => return corrupt(e.0),

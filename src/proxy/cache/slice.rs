@@ -199,7 +199,14 @@ impl<'c> Transaction<'c, '_> {
         }
         let complete = first.complete;
         let seed = self.key.id().0 as u64 ^ complete;
-        let body = send_head_for_range(self.ex, StatusCode::OK, headers, complete, self.cache, seed);
+        let plan = range::plan(
+            &self.ex.head.method,
+            &self.ex.head.headers,
+            StatusCode::OK,
+            &headers,
+            complete,
+        );
+        let body = send_head_for_range(self.ex, plan, StatusCode::OK, headers, complete, self.cache, seed);
         // Every slice sent must be of the representation whose head was sent.
         let identity = first.identity();
         let mut pending = Some(first);
