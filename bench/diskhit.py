@@ -17,7 +17,8 @@ once from disk), then:
                                               system calls per request
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
-DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000').
+DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000'),
+DH_SERVER to its [server] (e.g. bench/overload.toml's limits).
 DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
 so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
 serves with Cache-Control: no-store: every request is then a miss (the
@@ -58,6 +59,7 @@ def wait(port, path, t=60):
 def portico_conf(extra=""):
     return f"""[server]
 workers = 1
+{os.environ.get("DH_SERVER", "")}
 [[listener]]
 address = "127.0.0.1:{PORT}"
 mode = "reverse"
