@@ -211,20 +211,18 @@ impl Dest {
             } => {
                 let group = &sh.groups[*group];
                 let idx = group.pick(failed);
-                let server = group.server(idx);
-                let client_host = (!public_host.is_empty())
-                    .then(|| HeaderValue::from_str(public_host).ok())
-                    .flatten();
-                let host = match (group.host_header, &client_host) {
-                    (HostHeader::Preserve, Some(h)) => h.clone(),
-                    _ => HeaderValue::from_str(server.authority.as_str()).map_err(|_| bad_uri())?,
+                // Made when the group was built: no formatting per request.
+                let preserved = match group.host_header {
+                    HostHeader::Preserve if !public_host.is_empty() => HeaderValue::from_str(public_host).ok(),
+                    _ => None,
                 };
+                let host = preserved.unwrap_or_else(|| group.host_value(idx).clone());
                 let rewrite = (!public_host.is_empty()).then(|| LocationRewrite {
-                    from: format!("{}://{}", server.scheme, server.authority),
-                    to: format!("http://{public_host}"),
+                    from: group.prefix(idx).clone(),
+                    to_host: public_host.clone(),
                 });
                 Ok(Attempt {
-                    uri: server.uri(path_and_query).map_err(|_| bad_uri())?,
+                    uri: group.server(idx).uri(path_and_query).map_err(|_| bad_uri())?,
                     host,
                     rewrite,
                     server: Some(idx),
@@ -431,8 +429,10 @@ pub async fn fetch(
 /// back to the public name the client used.
 #[derive(Debug, Clone)]
 pub struct LocationRewrite {
-    from: String,
-    to: String,
+    /// The server's `scheme://host:port`.
+    from: std::sync::Arc<str>,
+    /// The host the client asked for: the rewritten URL is `http://` and it.
+    to_host: String,
 }
 
 impl LocationRewrite {
@@ -442,13 +442,13 @@ impl LocationRewrite {
             let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) else {
                 continue;
             };
-            let Some(rest) = value.strip_prefix(self.from.as_str()) else {
+            let Some(rest) = value.strip_prefix(&*self.from) else {
                 continue;
             };
             if !(rest.is_empty() || rest.starts_with('/') || rest.starts_with('?')) {
                 continue;
             }
-            if let Ok(v) = HeaderValue::from_str(&format!("{}{rest}", self.to)) {
+            if let Ok(v) = HeaderValue::from_str(&["http://", &self.to_host, rest].concat()) {
                 headers.insert(name, v);
             }
         }

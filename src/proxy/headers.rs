@@ -65,15 +65,16 @@ pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
     // Built by appending: `format!` costs several hundred instructions a
     // call, and this runs twice per proxied request.
     let existing = headers.get(VIA).and_then(|v| v.to_str().ok()).filter(|e| !e.is_empty());
-    let mut combined = String::with_capacity(existing.map_or(0, |e| e.len() + 2) + proto.len() + pseudonym.len());
+    let mut combined = Vec::with_capacity(existing.map_or(0, |e| e.len() + 2) + proto.len() + pseudonym.len());
     if let Some(e) = existing {
-        combined.push_str(e);
-        combined.push_str(", ");
+        combined.extend_from_slice(e.as_bytes());
+        combined.extend_from_slice(b", ");
     }
-    combined.push_str(proto);
-    combined.push_str(pseudonym);
-    if let Ok(v) = HeaderValue::from_str(&combined) {
-        headers.remove(VIA);
+    combined.extend_from_slice(proto.as_bytes());
+    combined.extend_from_slice(pseudonym.as_bytes());
+    // The buffer becomes the value's own (no copy); `insert` replaces
+    // every earlier `Via` line.
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
         headers.insert(VIA, v);
     }
 }
@@ -104,10 +105,7 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             headers.remove(&name);
         }
         ForwardedFor::Replace => {
-            headers.insert(
-                name,
-                HeaderValue::from_str(&crate::util::ip_text(ip)).unwrap_or(HeaderValue::from_static("unknown")),
-            );
+            headers.insert(name, owned_value(crate::util::ip_text(ip)));
         }
         ForwardedFor::Append => {
             let prior: Vec<&str> = headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -116,11 +114,15 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             } else {
                 [prior.join(", ").as_str(), ", ", &crate::util::ip_text(ip)].concat()
             };
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(name, v);
-            }
+            headers.insert(name, owned_value(value));
         }
     }
+}
+
+/// `text` as a field value that owns its buffer (no copy); "unknown" in
+/// the impossible case it is not a valid value.
+fn owned_value(text: String) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 /// The `Max-Forwards` value, if present and valid.

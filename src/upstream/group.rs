@@ -58,6 +58,11 @@ impl ServerAddr {
 
 struct Server {
     addr: ServerAddr,
+    /// `host:port` as a `Host` field value, made once rather than per request.
+    host: http::HeaderValue,
+    /// `scheme://host:port`: how the server's own absolute URLs (in
+    /// `Location`) start.
+    prefix: std::sync::Arc<str>,
     /// Milliseconds since the group's epoch until which the server is skipped.
     down_until: AtomicU64,
 }
@@ -88,7 +93,12 @@ impl Group {
             .servers
             .iter()
             .map(|s| {
-                ServerAddr::parse(s).map(|addr| Server {
+                let addr = ServerAddr::parse(s)?;
+                let host = http::HeaderValue::from_str(addr.authority.as_str())
+                    .map_err(|_| format!("invalid server {s:?}: not a valid Host value"))?;
+                Ok::<_, String>(Server {
+                    host,
+                    prefix: format!("{}://{}", addr.scheme, addr.authority).into(),
                     addr,
                     down_until: AtomicU64::new(0),
                 })
@@ -149,6 +159,16 @@ impl Group {
     /// The address of server `i`.
     pub fn server(&self, i: usize) -> &ServerAddr {
         &self.servers[i].addr
+    }
+
+    /// Server `i`'s `host:port` as a `Host` field value.
+    pub fn host_value(&self, i: usize) -> &http::HeaderValue {
+        &self.servers[i].host
+    }
+
+    /// `scheme://host:port` of server `i`.
+    pub fn prefix(&self, i: usize) -> &std::sync::Arc<str> {
+        &self.servers[i].prefix
     }
 
     /// Whether server `i` is being skipped (marked down, `down_time` not over).
