@@ -57,18 +57,37 @@ pub struct StoredMeta {
 /// being how stored metadata is changed (`policy::update_from_304` also
 /// clears them after it changes the fields), and they never make two
 /// metadata unequal.
+///
+/// Also kept: what the first cache policy to evaluate the response
+/// concluded from its fields alone (its freshness lifetime and the
+/// directives that matter on a hit, [`crate::cache::policy::StoredFacts`]),
+/// which a hit used to reparse from `Cache-Control` every time.
 #[derive(Debug, Default)]
-pub struct Derived(OnceLock<(u64, u64)>);
+pub struct Derived {
+    times: OnceLock<(u64, u64)>,
+    facts: OnceLock<crate::cache::policy::StoredFacts>,
+}
 
 impl Derived {
     /// The kept facts, computing them with `compute` the first time.
     pub(crate) fn get_or_init(&self, compute: impl FnOnce() -> (u64, u64)) -> (u64, u64) {
-        *self.0.get_or_init(compute)
+        *self.times.get_or_init(compute)
+    }
+
+    /// The policy's conclusions, when some policy has kept them.
+    pub(crate) fn facts(&self) -> Option<&crate::cache::policy::StoredFacts> {
+        self.facts.get()
+    }
+
+    /// Keeps a policy's conclusions, unless some are kept already (the
+    /// first policy's stay: each is tagged with the policy it holds for).
+    pub(crate) fn keep_facts(&self, facts: crate::cache::policy::StoredFacts) {
+        let _ = self.facts.set(facts);
     }
 
     /// Forgets the facts (after the fields they come from changed).
     pub(crate) fn clear(&mut self) {
-        self.0 = OnceLock::new();
+        *self = Derived::default();
     }
 }
 

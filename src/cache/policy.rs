@@ -98,6 +98,35 @@ pub struct Policy {
     strip_targeted: bool,
     /// `cache.slice` in bytes; 0: objects are fetched and stored whole.
     slice: u64,
+    /// A hash of everything above: tags the conclusions this policy keeps
+    /// with a stored response ([`StoredFacts`]), so that another policy
+    /// (another listener's, or the one a reload built from a changed
+    /// config) never takes them for its own. An unchanged config reloaded
+    /// gives the same fingerprint, and the kept conclusions stay good.
+    fingerprint: u64,
+}
+
+/// What a policy concludes from a stored response's fields alone, worked
+/// out on the response's first evaluation and kept with its metadata
+/// ([`crate::cache::object::Derived`]): a hit then compares numbers instead
+/// of parsing `Cache-Control` (or a targeted field, RFC 9213) again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredFacts {
+    /// The [`Policy`] fingerprint they hold for.
+    policy: u64,
+    /// Freshness lifetime in seconds (4.2.1).
+    lifetime: u64,
+    /// `no-cache`, `must-revalidate`, `proxy-revalidate` or `s-maxage`:
+    /// never served stale (4.2.4).
+    no_stale: bool,
+    /// `no-cache` without field names (5.2.2.4).
+    no_cache: bool,
+    /// `stale-if-error` (RFC 5861 4), when valid.
+    stale_if_error: Option<u64>,
+    /// `stale-while-revalidate` (RFC 5861 3), when valid.
+    stale_while_revalidate: Option<u64>,
+    /// [`Policy::has_unshared`] of the stored fields.
+    unshared: bool,
 }
 
 /// The fields that carry a cookie for one client: `Set-Cookie` and the
@@ -226,7 +255,20 @@ impl Policy {
             targeted: Vec::new(),
             strip_targeted: cfg.strip_targeted_fields,
             slice: cfg.slice.bytes(),
-        })
+            fingerprint: 0,
+        }
+        .fingerprinted())
+    }
+
+    /// Sets [`Policy::fingerprint`] from the other fields: their `Debug`
+    /// form (the regular expressions print their patterns) hashed.
+    fn fingerprinted(mut self) -> Policy {
+        use std::hash::{Hash, Hasher};
+        self.fingerprint = 0;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        format!("{self:?}").hash(&mut h);
+        self.fingerprint = h.finish();
+        self
     }
 
     /// `cache.slice`: the size of the slices objects are fetched and stored
@@ -247,7 +289,7 @@ impl Policy {
                     .map_err(|_| format!("cache.targeted_fields: {name:?} is not a header field name"))
             })
             .collect::<Result<_, _>>()?;
-        Ok(self)
+        Ok(self.fingerprinted())
     }
 
     /// Removes the targeted fields this policy obeys from a response about
@@ -472,6 +514,37 @@ impl Policy {
         }
     }
 
+    /// What this policy concludes from `meta`'s fields alone: kept with the
+    /// metadata on first use, worked out again only for another policy.
+    fn facts(&self, meta: &StoredMeta) -> StoredFacts {
+        if let Some(kept) = meta.derived.facts()
+            && kept.policy == self.fingerprint
+        {
+            return *kept;
+        }
+        let rs = self.response_directives(&meta.headers);
+        let facts = StoredFacts {
+            policy: self.fingerprint,
+            lifetime: self.lifetime_with(url_of(&meta.key), meta.status, &meta.headers, &rs, date_value(meta)),
+            // 4.2.4: these forbid serving the response stale, whatever the client says.
+            no_stale: rs.has("no-cache")
+                || rs.has("must-revalidate")
+                || rs.has("proxy-revalidate")
+                || rs.has("s-maxage"),
+            no_cache: rs.unqualified("no-cache"),
+            stale_if_error: rs.delta("stale-if-error").flatten(),
+            stale_while_revalidate: rs.delta("stale-while-revalidate").flatten(),
+            unshared: self.has_unshared(&meta.headers),
+        };
+        meta.derived.keep_facts(facts);
+        facts
+    }
+
+    /// [`Policy::has_unshared`] of a stored response's fields, kept with it.
+    pub fn stored_has_unshared(&self, meta: &StoredMeta) -> bool {
+        self.facts(meta).unshared
+    }
+
     /// Decides how a stored response may answer a request (RFC 9111 4.2,
     /// 5.2.1, 5.2.2, RFC 5861). The caller has already selected the right
     /// variant ([`variant_matches`]).
@@ -487,12 +560,10 @@ impl Policy {
     /// revalidation becomes `GatewayTimeout`.
     pub fn evaluate(&self, req_headers: &HeaderMap, meta: &StoredMeta, now: SystemTime) -> Decision {
         let rq = Directives::of(req_headers);
-        let rs = self.response_directives(&meta.headers);
+        let facts = self.facts(meta);
         let age = current_age_secs(meta, now);
-        let lifetime = self.lifetime_with(url_of(&meta.key), meta.status, &meta.headers, &rs, date_value(meta));
-        // 4.2.4: these forbid serving the response stale, whatever the client says.
-        let no_stale =
-            rs.has("no-cache") || rs.has("must-revalidate") || rs.has("proxy-revalidate") || rs.has("s-maxage");
+        let lifetime = facts.lifetime;
+        let no_stale = facts.no_stale;
         let stale_if_error_until = if no_stale {
             None
         } else {
@@ -505,14 +576,10 @@ impl Policy {
                     .map_or(self.max_stale_on_error, |max| max.min(self.max_stale_on_error)),
                 _ => self.max_stale_on_error,
             });
-            let window = [
-                rs.delta("stale-if-error").flatten(),
-                rq.delta("stale-if-error").flatten(),
-                configured,
-            ]
-            .into_iter()
-            .flatten()
-            .max();
+            let window = [facts.stale_if_error, rq.delta("stale-if-error").flatten(), configured]
+                .into_iter()
+                .flatten()
+                .max();
             window.map(|window| {
                 let stale_at = secs(now).saturating_add(lifetime).saturating_sub(age);
                 UNIX_EPOCH + Duration::from_secs(stale_at.saturating_add(window))
@@ -531,7 +598,7 @@ impl Policy {
 
         // 5.2.2.4: no-cache without field names; the qualified form lets the
         // response be reused without the named fields (`take_unshared`).
-        if rs.unqualified("no-cache") {
+        if facts.no_cache {
             return revalidate(RevalidateReason::ResponseNoCache);
         }
         if !self.ignore_reload && request_no_cache(req_headers, &rq) {
@@ -563,7 +630,7 @@ impl Policy {
                 }
                 _ => {}
             }
-            if let Some(window) = rs.delta("stale-while-revalidate").flatten()
+            if let Some(window) = facts.stale_while_revalidate
                 && staleness < window
             {
                 return Decision::StaleWhileRevalidate;
@@ -2402,6 +2469,30 @@ mod tests {
         // The Age header is capped at 2^31.
         let m = meta(&[("age", "99999999999999")]);
         assert_eq!(age_header(&m, t(1_000_000)), "2147483648");
+    }
+
+    #[test]
+    fn what_a_policy_concludes_from_stored_fields_is_kept_for_that_policy_alone() {
+        // max-age=60: stale a minute on under the defaults, fresh under a
+        // `cache.min_ttl` of an hour.
+        let mut m = meta(&[("cache-control", "max-age=60"), ("date", &http_date(0))]);
+        let defaults = policy();
+        let an_hour = policy_with(|c| c.min_ttl = Dur::secs(3600));
+        let stale = revalidate(RevalidateReason::Stale);
+        assert_eq!(defaults.evaluate(&HeaderMap::new(), &m, t(61)), stale);
+        assert!(m.derived.facts().is_some(), "kept after the first evaluation");
+        // Another policy (another listener's, or a changed config reloaded)
+        // draws its own conclusions, and the first policy keeps its.
+        assert_eq!(an_hour.evaluate(&HeaderMap::new(), &m, t(61)), Decision::Fresh);
+        assert_eq!(defaults.evaluate(&HeaderMap::new(), &m, t(61)), stale);
+        assert_ne!(an_hour.fingerprint, defaults.fingerprint);
+        // The same config built again (a reload that changed nothing)
+        // finds them good.
+        assert_eq!(policy().fingerprint, defaults.fingerprint);
+        // New fields from a 304 (RFC 9111 4.3.4) are judged anew.
+        update_from_304(&mut m, &hm(&[("cache-control", "max-age=3600")]), t(60), t(60));
+        assert!(m.derived.facts().is_none());
+        assert_eq!(defaults.evaluate(&HeaderMap::new(), &m, t(61)), Decision::Fresh);
     }
 
     #[test]

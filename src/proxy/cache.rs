@@ -1226,7 +1226,7 @@ async fn keep_part(cache: &Cache, key: &CacheKey, mut part: NewPart, body: bytes
 /// replayed them (`set_cookie = "store"` before a reload, or on another
 /// rule's route to the same object) must not replay them now.
 fn shareable(policy: &Policy, stored: Stored) -> Stored {
-    if !policy.has_unshared(&stored.meta.headers) {
+    if !policy.stored_has_unshared(&stored.meta) {
         return stored;
     }
     let mut meta = StoredMeta::clone(&stored.meta);
