@@ -236,26 +236,43 @@ fn parse_fields<'b>(
         }
     };
     let mut headers = HeaderMap::with_capacity(req.headers.len());
+    // Which of the fields looked at below are present, noted as the map is
+    // built: most requests have none but Host, and each lookup in the map
+    // costs a hash and a probe.
+    let (mut hosts, mut framed, mut connection, mut expect) = (0usize, false, false, false);
     for h in req.headers.iter() {
         if framing_lookalike(h.name) {
             return Err(bad("header field name resembling Content-Length or Transfer-Encoding"));
         }
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad("invalid header field name"))?;
         let value = value(h.value).ok_or(bad("invalid header field value"))?;
+        if name == HOST {
+            hosts += 1;
+        } else if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            framed = true;
+        } else if name == CONNECTION {
+            connection = true;
+        } else if name == EXPECT {
+            expect = true;
+        }
         headers.append(name, value);
     }
 
     check_target(&method, &target)?;
-    let body = framing(&headers, version)?;
+    let body = if framed {
+        framing(&headers, version)?
+    } else {
+        BodyFraming::Empty
+    };
 
-    let hosts = headers.get_all(HOST).iter().count();
     if hosts > 1 {
         return Err(bad("more than one Host header"));
     }
     if hosts == 0 && version == Version::HTTP_11 {
         return Err(bad("HTTP/1.1 request without Host header"));
     }
-    if let Some(h) = headers.get(HOST)
+    if hosts == 1
+        && let Some(h) = headers.get(HOST)
         && !h.is_empty()
         && h.to_str()
             .ok()
@@ -266,21 +283,25 @@ fn parse_fields<'b>(
     }
 
     let (mut close, mut keep) = (false, false);
-    for token in list_tokens(&headers, &CONNECTION) {
-        close |= token.eq_ignore_ascii_case("close");
-        keep |= token.eq_ignore_ascii_case("keep-alive");
+    if connection {
+        for token in list_tokens(&headers, &CONNECTION) {
+            close |= token.eq_ignore_ascii_case("close");
+            keep |= token.eq_ignore_ascii_case("keep-alive");
+        }
     }
     let keep_alive = !close && (version == Version::HTTP_11 || keep);
 
     let mut expect_continue = false;
-    for value in headers.get_all(EXPECT) {
-        if value.as_bytes().eq_ignore_ascii_case(b"100-continue") {
-            expect_continue = version == Version::HTTP_11;
-        } else {
-            return Err(HeadError {
-                status: StatusCode::EXPECTATION_FAILED,
-                reason: "unsupported expectation",
-            });
+    if expect {
+        for value in headers.get_all(EXPECT) {
+            if value.as_bytes().eq_ignore_ascii_case(b"100-continue") {
+                expect_continue = version == Version::HTTP_11;
+            } else {
+                return Err(HeadError {
+                    status: StatusCode::EXPECTATION_FAILED,
+                    reason: "unsupported expectation",
+                });
+            }
         }
     }
 

@@ -205,6 +205,12 @@ impl AccessLog {
         })
     }
 
+    /// Whether lines are being written (`log.access` is not empty): when
+    /// they are not, the caller need not gather a record at all.
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// Records one request; never waits (a full queue drops the line and counts it).
     pub fn record(&self, r: &AccessRecord<'_>) {
         let Some(tx) = &self.tx else { return };

@@ -697,6 +697,10 @@ impl ListenerHandler {
     }
 
     fn log(&self, ex: &Exchange<'_>, sh: &Shared, started: std::time::Instant) {
+        // No access log: no request line to join, no clock to read.
+        if !sh.access_log.enabled() {
+            return;
+        }
         let h = &ex.head;
         let version = match h.version {
             http::Version::HTTP_10 => "HTTP/1.0",
