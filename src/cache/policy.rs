@@ -945,7 +945,12 @@ fn current_age_secs(meta: &StoredMeta, now: SystemTime) -> u64 {
 /// The `Age` header value to send with a response served from the cache:
 /// `current_age` in whole seconds, at most 2^31 (RFC 9111 5.1).
 pub fn age_header(meta: &StoredMeta, now: SystemTime) -> HeaderValue {
-    HeaderValue::from(current_age_secs(meta, now).min(DELTA_MAX))
+    HeaderValue::from(age_secs(meta, now))
+}
+
+/// The number [`age_header`] sends.
+pub fn age_secs(meta: &StoredMeta, now: SystemTime) -> u64 {
+    current_age_secs(meta, now).min(DELTA_MAX)
 }
 
 // ---------------------------------------------------------------------------

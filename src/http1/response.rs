@@ -6,7 +6,7 @@ use super::io::ClientStream;
 use super::io::{write_all, write_all_vectored, write_all_vectored_last};
 use crate::keepalive::KeepAlive;
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::header::{AGE, CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use std::io;
 use std::time::Duration;
@@ -411,15 +411,17 @@ impl<'a> ResponseWriter<'a> {
     /// [`ResponseWriter::send_head`] for a response with a body of `len`
     /// bytes whose fields are read from `base` where they lie, never copied
     /// into a map of their own (a cache hit sends its stored response's
-    /// fields so), but for those `skip` names and the framing fields
-    /// (`Content-Length`, `Transfer-Encoding`, `Connection`), which are
-    /// Portico's; `extra` follows them. Only where
-    /// [`ResponseWriter::takes_borrowed_head`] says so.
+    /// fields so), but for those `skip` names and the fields Portico
+    /// writes itself (`Age`, `Content-Length`, `Transfer-Encoding`,
+    /// `Connection`); `Age: age` (written from the number: a `HeaderValue`
+    /// of it would be an allocation per hit) and `extra` follow them. Only
+    /// where [`ResponseWriter::takes_borrowed_head`] says so.
     pub fn send_borrowed_head<'x>(
         &mut self,
         status: StatusCode,
         base: &HeaderMap,
         skip: impl Fn(&HeaderName) -> bool,
+        age: u64,
         extra: impl Iterator<Item = &'x (HeaderName, HeaderValue)> + Clone,
         len: u64,
     ) {
@@ -433,19 +435,22 @@ impl<'a> ResponseWriter<'a> {
         }
         let date = (!base.contains_key(DATE)).then(crate::util::http_date_now);
         let connection = self.connection_field();
-        let sent = |n: &HeaderName| !(n == CONTENT_LENGTH || n == TRANSFER_ENCODING || n == CONNECTION || skip(n));
-        // Sized for every base field, skipped or not, and the framing ones.
-        let size = fields_len(base) + fields_len(extra.clone().map(|(n, v)| (n, v))) + 64;
+        let sent =
+            |n: &HeaderName| !(n == AGE || n == CONTENT_LENGTH || n == TRANSFER_ENCODING || n == CONNECTION || skip(n));
+        // Sized for every base field, skipped or not, and Portico's own
+        // (Age, Content-Length, Date, Connection).
+        let size = fields_len(base) + fields_len(extra.clone().map(|(n, v)| (n, v))) + 96;
         self.queue_head(status, size, |out| {
             for (name, value) in base {
                 if sent(name) {
                     field_line(out, name, value.as_bytes());
                 }
             }
+            let mut digits = [0u8; 20];
+            field_line(out, &AGE, decimal(age, &mut digits));
             for (name, value) in extra {
                 field_line(out, name, value.as_bytes());
             }
-            let mut digits = [0u8; 20];
             field_line(out, &CONTENT_LENGTH, decimal(len, &mut digits));
             if let Some(d) = &date {
                 field_line(out, &DATE, d.as_bytes());

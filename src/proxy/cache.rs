@@ -1268,11 +1268,11 @@ impl Transaction<'_, '_> {
     async fn send_stored_now(&mut self, stored: Stored, status: CacheStatus) -> Result<(), Failure> {
         let (ex, cache, cache_policy) = (&mut *self.ex, self.cache, self.policy);
         let now = SystemTime::now();
-        let age = policy::age_header(&stored.meta, now);
+        let age = policy::age_secs(&stored.meta, now);
         let owned = || {
             let mut headers = stored.meta.headers.clone();
             cache_policy.strip_targeted(&mut headers);
-            headers.insert(AGE, age.clone());
+            headers.insert(AGE, HeaderValue::from(age));
             headers
         };
         let member = Member {
@@ -1291,7 +1291,7 @@ impl Transaction<'_, '_> {
         match policy::check_preconditions(&ex.head.method, &ex.head.headers, &stored.meta) {
             Precondition::NotModified => {
                 let mut h = policy::not_modified_headers(&owned());
-                h.insert(AGE, age.clone());
+                h.insert(AGE, HeaderValue::from(age));
                 x_cache(&mut h);
                 ex.out.send_head(StatusCode::NOT_MODIFIED, h, BodyLen::Known(0));
                 finish(ex).await;
@@ -1312,12 +1312,13 @@ impl Transaction<'_, '_> {
             // The whole stored response, as it is stored: its fields are
             // written from the stored map, with no copy of it to edit.
             let [status_header, cache_status] = marks(cache, status, member);
-            let extra = [Some((AGE, age)), status_header, cache_status];
+            let extra = [status_header, cache_status];
             let status_name = cache.status_header.as_ref();
             ex.out.send_borrowed_head(
                 code,
                 &stored.meta.headers,
-                |n| *n == AGE || Some(n) == status_name || cache_policy.strips(n),
+                |n| Some(n) == status_name || cache_policy.strips(n),
+                age,
                 extra.iter().flatten(),
                 len,
             );
