@@ -83,6 +83,28 @@ async fn curl_get_reaches_origin_in_origin_form_with_via_and_forwarded_for() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_recipient_appends_its_via_entry_to_every_earlier_one() {
+    // RFC 9110 7.6.3, both ways: the client's two proxies and the origin's
+    // two, each on a line of its own, all kept, Portico's entry last.
+    let origin = Origin::start(|_| async {
+        Response::ok("v")
+            .header("via", "1.1 origin-side")
+            .header("via", "1.1 cdn")
+    })
+    .await;
+    let p = proxy("").await;
+    let o = origin.addr();
+    let raw = format!(
+        "GET http://{o}/v HTTP/1.1\r\nHost: {o}\r\nVia: 1.0 fred\r\nVia: 1.1 wilma\r\nConnection: close\r\n\r\n"
+    );
+    let resp = parse_response(&raw_request(p.addr(), raw.as_bytes()).await);
+    assert_eq!(resp.status, 200);
+    let sent: Vec<_> = origin.requests()[0].headers.get_all("via").iter().cloned().collect();
+    assert_eq!(sent, ["1.0 fred, 1.1 wilma, 1.1 portico"]);
+    assert_eq!(resp.headers_all("via"), ["1.1 origin-side, 1.1 cdn, 1.1 portico"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_method_is_forwarded_with_its_body() {
     let origin = echo_origin().await;
     let p = proxy("").await;

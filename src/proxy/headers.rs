@@ -64,10 +64,19 @@ pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
     };
     // Built by appending: `format!` costs several hundred instructions a
     // call, and this runs twice per proxied request.
-    let existing = headers.get(VIA).and_then(|v| v.to_str().ok()).filter(|e| !e.is_empty());
-    let mut combined = Vec::with_capacity(existing.map_or(0, |e| e.len() + 2) + proto.len() + pseudonym.len());
-    if let Some(e) = existing {
-        combined.extend_from_slice(e.as_bytes());
+    // Every earlier line is kept (RFC 9110 7.6.3: each recipient appends
+    // its entry to the list), joined into one with ours at the end.
+    let earlier = || {
+        headers
+            .get_all(VIA)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .filter(|e| !e.is_empty())
+    };
+    let room = earlier().map(|e| e.len() + 2).sum::<usize>() + proto.len() + pseudonym.len();
+    let mut combined = Vec::with_capacity(room);
+    for e in earlier() {
+        combined.extend_from_slice(e);
         combined.extend_from_slice(b", ");
     }
     combined.extend_from_slice(proto.as_bytes());
@@ -183,6 +192,16 @@ mod tests {
         assert_eq!(h.get("via").unwrap(), "1.0 fred, 1.1 portico");
         assert!(via_contains(&h, "portico"));
         assert!(!via_contains(&h, "port"));
+    }
+
+    #[test]
+    fn each_recipient_appends_its_via_entry_to_every_earlier_one() {
+        // RFC 9110 7.6.3: two proxies before us sent a line each.
+        let mut h = map(&[("via", "1.0 fred"), ("via", "1.1 wilma")]);
+        add_via(&mut h, Version::HTTP_10, "portico");
+        let lines: Vec<_> = h.get_all("via").iter().collect();
+        assert_eq!(lines, ["1.0 fred, 1.1 wilma, 1.0 portico"]);
+        assert_eq!(via_count(&h, "portico"), 1);
     }
 
     #[test]
