@@ -110,7 +110,7 @@ pub struct Policy {
 /// out on the response's first evaluation and kept with its metadata
 /// ([`crate::cache::object::Derived`]): a hit then compares numbers instead
 /// of parsing `Cache-Control` (or a targeted field, RFC 9213) again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct StoredFacts {
     /// The [`Policy`] fingerprint they hold for.
     policy: u64,
@@ -948,7 +948,8 @@ pub fn age_header(meta: &StoredMeta, now: SystemTime) -> HeaderValue {
     HeaderValue::from(age_secs(meta, now))
 }
 
-/// The number [`age_header`] sends.
+/// The number [`age_header`] sends (a hit head writes it without a
+/// `HeaderValue`).
 pub fn age_secs(meta: &StoredMeta, now: SystemTime) -> u64 {
     current_age_secs(meta, now).min(DELTA_MAX)
 }

@@ -81,8 +81,10 @@ pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
     }
     combined.extend_from_slice(proto.as_bytes());
     combined.extend_from_slice(pseudonym.as_bytes());
-    // The buffer becomes the value's own (no copy); `insert` replaces
-    // every earlier `Via` line.
+    // The buffer becomes the value's own, without a copy: sized exactly
+    // (the two passes over the lines above), since `Bytes` takes a `Vec`
+    // with spare capacity only with a second allocation. `insert`
+    // replaces every earlier `Via` line.
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
         headers.insert(VIA, v);
     }
@@ -114,7 +116,10 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             headers.remove(&name);
         }
         ForwardedFor::Replace => {
-            headers.insert(name, owned_value(crate::util::ip_text(ip)));
+            headers.insert(
+                name,
+                HeaderValue::from_str(&crate::util::ip_text(ip)).unwrap_or(HeaderValue::from_static("unknown")),
+            );
         }
         ForwardedFor::Append => {
             let prior: Vec<&str> = headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
@@ -123,15 +128,11 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             } else {
                 [prior.join(", ").as_str(), ", ", &crate::util::ip_text(ip)].concat()
             };
-            headers.insert(name, owned_value(value));
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
         }
     }
-}
-
-/// `text` as a field value that owns its buffer (no copy); "unknown" in
-/// the impossible case it is not a valid value.
-fn owned_value(text: String) -> HeaderValue {
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 /// The `Max-Forwards` value, if present and valid.
