@@ -13,12 +13,17 @@ once from disk), then:
                                               (instrumentation off), every object
                                               read again, then N sequential random
                                               hits instrumented: instructions/request
+  diskhit.py PORTICO_BIN h2callgrind N        as callgrind, the N hits over cleartext HTTP/2
+                                              (h2load, prior knowledge: the listener gets
+                                              h2c = true), 1 connection of 100 streams
   diskhit.py PORTICO_BIN strace N             strace -c -f over N sequential hits:
                                               system calls per request
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000'),
-DH_SERVER to its [server] (e.g. bench/overload.toml's limits).
+DH_LISTENER to its [[listener]] (h2callgrind sets h2c = true),
+DH_SERVER to its [server] (e.g. bench/overload.toml's limits), DH_LISTENER
+to its [[listener]] (h2callgrind adds h2c = true).
 DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
 so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
 serves with Cache-Control: no-store: every request is then a miss (the
@@ -63,6 +68,7 @@ workers = 1
 [[listener]]
 address = "127.0.0.1:{PORT}"
 mode = "reverse"
+{os.environ.get("DH_LISTENER", "")}
 [keepalive]
 max_requests = 0
 timeout = "120s"
@@ -94,6 +100,18 @@ def client_run(paths, n, seed=1):
         c.request("GET", rng.choice(paths)); r = c.getresponse(); b = r.read()
         if r.status != 200: raise SystemExit(f"status {r.status}")
     c.close()
+
+def h2_run(paths, n, seed=1):
+    """n random hits over cleartext HTTP/2 (h2load: one connection, 100
+    streams at once), every one a 200."""
+    rng = random.Random(seed)
+    with open(f"{W}/h2-uris.txt", "w") as f:
+        f.write("\n".join(f"http://127.0.0.1:{PORT}{rng.choice(paths)}" for _ in range(n)) + "\n")
+    out = subprocess.run(["taskset", "-c", "1", "h2load", "-n", str(n), "-c1", "-m100", "-i", f"{W}/h2-uris.txt"],
+                         capture_output=True, text=True, timeout=600).stdout
+    codes = next((ln for ln in out.splitlines() if ln.startswith("status codes:")), "")
+    if not codes.startswith(f"status codes: {n} 2xx"):
+        raise SystemExit(f"h2load: {out[-600:]}")
 
 def prefill(paths):
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
@@ -132,6 +150,8 @@ def disk_counters():
 
 def main():
     binary, mode = sys.argv[1], sys.argv[2]
+    if mode == "h2callgrind":
+        os.environ["DH_LISTENER"] = os.environ.get("DH_LISTENER", "") + "\nh2c = true"
     os.makedirs(W, exist_ok=True)
     data, paths = setup_data()
     shutil.rmtree(f"{W}/cache", ignore_errors=True)
@@ -167,11 +187,11 @@ def main():
         elif mode == "serve":
             print("ready", pt.pid, flush=True)
             time.sleep(int(sys.argv[3]))
-        elif mode in ("callgrind", "strace"):
+        elif mode in ("callgrind", "h2callgrind", "strace"):
             n = int(sys.argv[3])
             client_run(paths, 500, seed=7)
             d0 = disk_counters()
-            if mode == "callgrind":
+            if mode in ("callgrind", "h2callgrind"):
                 stop(pt); procs.remove(pt)
                 wrap = ("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={W}/cg.out")
                 pt = start_portico(binary, wrap); procs.append(pt)
@@ -179,7 +199,10 @@ def main():
                 client_run(paths, 500, seed=7)
                 d0 = disk_counters()
                 subprocess.run(["callgrind_control", "-i", "on", str(pt.pid)], check=True, capture_output=True)
-                client_run(paths, n, seed=9)
+                if mode == "h2callgrind":
+                    h2_run(paths, n, seed=9)
+                else:
+                    client_run(paths, n, seed=9)
                 subprocess.run(["callgrind_control", "-d", str(pt.pid)], check=True, capture_output=True)
                 subprocess.run(["callgrind_control", "-i", "off", str(pt.pid)], check=True, capture_output=True)
                 time.sleep(1)
