@@ -457,6 +457,42 @@ async fn still_serves(port: u16) {
     assert_eq!(text(&out.stdout), "fine 2", "{}", text(&out.stderr));
 }
 
+const DATA: u8 = 0;
+
+/// A response body of known length ends its stream with its last DATA
+/// frame (END_STREAM on it), with no empty DATA frame of its own after
+/// the body: from the origin (a miss) and from the cache (a hit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_known_length_ends_the_stream_with_its_last_data_frame() {
+    let origin =
+        Origin::start(|_req| async move { Response::ok("b".repeat(5000)).header("Cache-Control", "max-age=300") })
+            .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    for (stream, want) in [(1u32, "MISS"), (3, "HIT")] {
+        let mut s = raw_h2c(port).await;
+        s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, stream, &get_block()))
+            .await
+            .expect("request");
+        let (frames, _) = read_frames(&mut s, Duration::from_secs(2)).await;
+        let data: Vec<_> = frames.iter().filter(|f| f.0 == DATA && f.2 == stream).collect();
+        let body: usize = data.iter().map(|f| f.3.len()).sum();
+        assert_eq!(body, 5000, "{want}: {} DATA frames", data.len());
+        let last = data.last().expect("DATA frames");
+        assert!(!last.3.is_empty(), "{want}: an empty DATA frame ended the stream");
+        assert_eq!(
+            last.1 & END_STREAM,
+            END_STREAM,
+            "{want}: the last DATA frame does not end the stream"
+        );
+        assert!(
+            data.iter().rev().skip(1).all(|f| f.1 & END_STREAM == 0),
+            "{want}: END_STREAM before the last frame"
+        );
+    }
+    assert_eq!(origin.count(), 1, "the second request was a hit\n{}", p.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rapid_reset_flood_gets_goaway_enhance_your_calm_and_others_are_still_served() {
     let origin = Origin::start(|_| async move { Response::ok("fine").delay(Duration::from_millis(50)) }).await;

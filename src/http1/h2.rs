@@ -132,30 +132,13 @@ struct Io {
 }
 
 impl AsyncRead for Io {
+    /// Into `buf`'s unfilled part as it is: the h2 crate's reader hands
+    /// over uninitialised spare capacity (up to 8 KiB), which reading
+    /// through a slice would zero at every read.
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match &self.stream {
-            ClientStream::Plain(tcp) => loop {
-                match tcp.try_read(buf.initialize_unfilled()) {
-                    Ok(n) => {
-                        buf.advance(n);
-                        return Poll::Ready(Ok(()));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_read_ready(cx) {
-                        Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    },
-                    Err(e) => return Poll::Ready(Err(e)),
-                }
-            },
-            ClientStream::Tls(t) => match t.poll_read_some(cx, buf.initialize_unfilled()) {
-                Poll::Ready(Ok(n)) => {
-                    buf.advance(n);
-                    Poll::Ready(Ok(()))
-                }
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            },
+        match &mut self.get_mut().stream {
+            ClientStream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            ClientStream::Tls(t) => t.poll_read_buf(cx, buf),
         }
     }
 }
@@ -245,6 +228,9 @@ pub struct H2Out {
     /// The stream has been reset already (a send timeout sends CANCEL):
     /// `abort` neither resets nor counts it again.
     reset: bool,
+    /// The last DATA frame carried END_STREAM (the body's announced
+    /// length reached): `finish` has nothing left to send.
+    ended: bool,
 }
 
 /// An `h2` error as an I/O error for the writer's callers; a reset by the
@@ -263,6 +249,7 @@ impl H2Out {
             head: None,
             send: None,
             reset: false,
+            ended: false,
         }
     }
 
@@ -296,21 +283,29 @@ impl H2Out {
 
     /// Sends body bytes as DATA frames, within the client's flow-control
     /// windows: waits for window (at most `timeout`, as for an HTTP/1
-    /// client that takes no bytes) rather than buffer past it.
-    pub(super) async fn send_data(&mut self, data: Bytes, timeout: Duration) -> io::Result<()> {
+    /// client that takes no bytes) rather than buffer past it. `last`:
+    /// these bytes complete the body, and their last frame ends the stream
+    /// (no empty DATA frame of its own at `finish`).
+    pub(super) async fn send_data(&mut self, data: Bytes, last: bool, timeout: Duration) -> io::Result<()> {
         self.start(false)?;
         let Some(send) = self.send.as_mut() else {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "no response stream"));
         };
-        let sent = send_all(send, data, timeout).await;
+        let sent = send_all(send, data, last, timeout).await;
         if sent.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::TimedOut) {
             self.reset = true;
         }
+        self.ended = last && sent.is_ok();
         sent
     }
 
     /// Ends the stream (with trailers when there are some).
     pub(super) fn finish(&mut self, trailers: Option<&HeaderMap>) -> io::Result<()> {
+        if self.ended {
+            // A body of announced length has no trailers from an HTTP/1
+            // origin (only a chunked one carries them).
+            return Ok(());
+        }
         let trailers = trailers.filter(|t| !t.is_empty());
         if self.head.is_some() {
             self.start(trailers.is_none())?;
@@ -352,7 +347,8 @@ impl H2Out {
 
     /// Resets the stream: the response could not be completed.
     fn abort(&mut self) {
-        if std::mem::replace(&mut self.reset, true) {
+        // A stream whose last DATA frame ended it is complete already.
+        if self.ended || std::mem::replace(&mut self.reset, true) {
             return;
         }
         counters().resets_sent.fetch_add(1, Relaxed);
@@ -365,8 +361,14 @@ impl H2Out {
 
 /// Sends `rest` as DATA frames within the client's flow-control windows:
 /// waits for window (at most `timeout`, as for an HTTP/1 client that takes
-/// no bytes) rather than buffer past it.
-pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut rest: Bytes, timeout: Duration) -> io::Result<()> {
+/// no bytes) rather than buffer past it. `end`: the last frame ends the
+/// stream.
+pub(crate) async fn send_all(
+    send: &mut SendStream<Bytes>,
+    mut rest: Bytes,
+    end: bool,
+    timeout: Duration,
+) -> io::Result<()> {
     while !rest.is_empty() {
         send.reserve_capacity(rest.len());
         let mut cap = send.capacity();
@@ -398,7 +400,7 @@ pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut rest: Bytes, time
             continue;
         }
         let chunk = rest.split_to(cap.min(rest.len()));
-        send.send_data(chunk, false).map_err(h2_io)?;
+        send.send_data(chunk, end && rest.is_empty()).map_err(h2_io)?;
     }
     Ok(())
 }
@@ -457,7 +459,7 @@ pub(crate) async fn tunnel(
     };
     let down = async {
         let mut total = early.len() as u64;
-        if !early.is_empty() && send_all(&mut send, early, idle).await.is_err() {
+        if !early.is_empty() && send_all(&mut send, early, false, idle).await.is_err() {
             return 0;
         }
         let mut buf = BytesMut::with_capacity(16 << 10);
@@ -481,7 +483,7 @@ pub(crate) async fn tunnel(
                 Ok(Ok(n)) => {
                     seen(&last);
                     let data = buf.split_to(n).freeze();
-                    if send_all(&mut send, data, idle).await.is_err() {
+                    if send_all(&mut send, data, false, idle).await.is_err() {
                         let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Read);
                         return total;
                     }
@@ -524,13 +526,16 @@ pub fn strip_connection_fields(headers: &mut HeaderMap) {
 /// several fields are joined again, 8.2.3). `end` says the stream
 /// carries no body. A CONNECT's target is its authority; other requests
 /// are origin-form with `Host`, or absolute-form for `http` on a forward listener.
-pub fn request_head(parts: &http::request::Parts, end: bool, absolute: bool) -> Result<RequestHead, HeadError> {
+/// The fields are taken from `parts`, not copied (its method and target
+/// stay, for the log line of a request refused here).
+pub fn request_head(parts: &mut http::request::Parts, end: bool, absolute: bool) -> Result<RequestHead, HeadError> {
     let bad = |reason| HeadError {
         status: StatusCode::BAD_REQUEST,
         reason,
     };
-    let authority = parts.uri.authority().map(|a| a.as_str().to_string());
-    let mut headers = parts.headers.clone();
+    let mut headers = std::mem::take(&mut parts.headers);
+    let parts = &*parts;
+    let authority = parts.uri.authority().map(|a| a.as_str());
     if headers.contains_key(CONNECTION) || headers.contains_key(TRANSFER_ENCODING) || headers.contains_key(UPGRADE) {
         return Err(bad("connection-specific field in an HTTP/2 request"));
     }
@@ -540,14 +545,15 @@ pub fn request_head(parts: &http::request::Parts, end: bool, absolute: bool) -> 
     } else if !headers.contains_key(HOST) {
         return Err(bad("no :authority and no Host"));
     }
-    let cookies: Vec<&[u8]> = parts.headers.get_all(COOKIE).iter().map(|v| v.as_bytes()).collect();
-    if cookies.len() > 1 {
-        let joined = cookies.join(&b"; "[..]);
+    let mut cookies = headers.get_all(COOKIE).iter();
+    if cookies.next().is_some() && cookies.next().is_some() {
+        let parts: Vec<&[u8]> = headers.get_all(COOKIE).iter().map(|v| v.as_bytes()).collect();
+        let joined = parts.join(&b"; "[..]);
         let v = HeaderValue::from_bytes(&joined).map_err(|_| bad("invalid cookie"))?;
         headers.insert(COOKIE, v);
     }
     let target = if parts.method == Method::CONNECT {
-        authority.clone().ok_or(bad("CONNECT without :authority"))?
+        authority.map(str::to_string).ok_or(bad("CONNECT without :authority"))?
     } else {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         // An `http` URL asked of a forward proxy is another server's; an
@@ -769,8 +775,8 @@ async fn serve_stream<H: Handler>(
     handler: &H,
     absolute: bool,
 ) {
-    let (parts, recv) = req.into_parts();
-    let head = request_head(&parts, recv.is_end_stream(), absolute);
+    let (mut parts, recv) = req.into_parts();
+    let head = request_head(&mut parts, recv.is_end_stream(), absolute);
     let method = parts.method.clone();
     let out = ResponseWriter::h2(H2Out::new(respond), &method, settings);
     let head = match head {
@@ -896,7 +902,7 @@ mod tests {
     #[test]
     fn the_authority_pseudo_header_is_the_host_of_an_origin_form_request() {
         let h = request_head(
-            &parts("GET", "https://www.example/a?b", &[("host", "other")]),
+            &mut parts("GET", "https://www.example/a?b", &[("host", "other")]),
             true,
             false,
         )
@@ -908,19 +914,19 @@ mod tests {
 
     #[test]
     fn a_forward_listener_gets_the_absolute_url_from_scheme_and_authority() {
-        let h = request_head(&parts("GET", "http://www.example:8080/x", &[]), true, true).expect("valid");
+        let h = request_head(&mut parts("GET", "http://www.example:8080/x", &[]), true, true).expect("valid");
         assert_eq!(h.target, "http://www.example:8080/x");
     }
 
     #[test]
     fn an_https_request_to_a_forward_listener_is_for_the_proxy_itself() {
-        let h = request_head(&parts("GET", "https://proxy.example/.perf", &[]), true, true).expect("valid");
+        let h = request_head(&mut parts("GET", "https://proxy.example/.perf", &[]), true, true).expect("valid");
         assert_eq!(h.target, "/.perf");
     }
 
     #[test]
     fn a_connect_request_targets_its_authority() {
-        let h = request_head(&parts("CONNECT", "www.example:443", &[]), false, true).expect("valid");
+        let h = request_head(&mut parts("CONNECT", "www.example:443", &[]), false, true).expect("valid");
         assert_eq!(h.target, "www.example:443");
         assert_eq!(h.body, BodyFraming::Empty);
     }
@@ -928,7 +934,7 @@ mod tests {
     #[test]
     fn cookie_fields_split_by_the_client_are_joined_with_semicolons() {
         let h = request_head(
-            &parts("GET", "https://a/", &[("cookie", "a=1"), ("cookie", "b=2")]),
+            &mut parts("GET", "https://a/", &[("cookie", "a=1"), ("cookie", "b=2")]),
             true,
             false,
         )
@@ -938,11 +944,23 @@ mod tests {
 
     #[test]
     fn a_body_without_a_length_is_streamed_chunked_upstream() {
-        let h = request_head(&parts("POST", "https://a/", &[]), false, false).expect("valid");
+        let h = request_head(&mut parts("POST", "https://a/", &[]), false, false).expect("valid");
         assert_eq!(h.body, BodyFraming::Chunked);
-        let h = request_head(&parts("POST", "https://a/", &[("content-length", "5")]), false, false).expect("valid");
+        let h = request_head(
+            &mut parts("POST", "https://a/", &[("content-length", "5")]),
+            false,
+            false,
+        )
+        .expect("valid");
         assert_eq!(h.body, BodyFraming::Length(5));
-        assert!(request_head(&parts("POST", "https://a/", &[("content-length", "x")]), false, false).is_err());
+        assert!(
+            request_head(
+                &mut parts("POST", "https://a/", &[("content-length", "x")]),
+                false,
+                false
+            )
+            .is_err()
+        );
     }
 
     #[test]

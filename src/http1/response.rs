@@ -489,7 +489,9 @@ impl<'a> ResponseWriter<'a> {
         if self.framing == Framing::None {
             return Ok(());
         }
-        let r = o.send_data(data, self.send_timeout).await;
+        // The bytes that complete an announced length end the stream.
+        let last = self.framing == Framing::Length && self.body_bytes + len == self.declared;
+        let r = o.send_data(data, last, self.send_timeout).await;
         r.map_err(|e| self.counted(e))?;
         self.body_bytes += len;
         Ok(())

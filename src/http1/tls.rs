@@ -271,19 +271,41 @@ impl TlsConn {
         Ok(true)
     }
 
-    /// Decrypted bytes into `out` without waiting: `WouldBlock` when the
-    /// socket must become readable first, 0 at the end of the stream
-    /// (close_notify, or the client closed the TCP connection).
-    fn try_read(&self, out: &mut [u8]) -> io::Result<usize> {
+    /// Decrypted bytes, at most `room` of them, handed to `put` as rustls
+    /// holds them (one slice per record's plaintext), without waiting:
+    /// `WouldBlock` when the socket must become readable first, 0 at the
+    /// end of the stream (close_notify, or the client closed the TCP
+    /// connection). Nothing is zeroed first, as reading into a slice of
+    /// spare capacity would need: the HTTP/2 reader's was up to 8 KiB a
+    /// read (a tenth of an h2 hit's instructions).
+    fn try_read_with(&self, room: usize, mut put: impl FnMut(&[u8])) -> io::Result<usize> {
+        use std::io::BufRead;
         let mut conn = self.lock();
         loop {
-            match conn.reader().read(out) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                // The client closed without close_notify: for HTTP/1 the
-                // message framing says whether anything was cut short.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
-                Err(e) => return Err(e),
+            let mut reader = conn.reader();
+            let mut taken = 0;
+            while taken < room {
+                match reader.fill_buf() {
+                    Ok(chunk) if !chunk.is_empty() => {
+                        let n = chunk.len().min(room - taken);
+                        put(&chunk[..n]);
+                        reader.consume(n);
+                        taken += n;
+                    }
+                    // close_notify, after whatever preceded it.
+                    Ok(_) => return Ok(taken),
+                    // No more for now (or the end, which the next read
+                    // reports): what was taken is the answer.
+                    Err(_) if taken > 0 => return Ok(taken),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // The client closed without close_notify: for HTTP/1 the
+                    // message framing says whether anything was cut short.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                    Err(e) => return Err(e),
+                }
+            }
+            if taken > 0 || room == 0 {
+                return Ok(taken);
             }
             let read = self
                 .tcp
@@ -308,14 +330,10 @@ impl TlsConn {
             if buf.capacity() - buf.len() < 512 {
                 buf.reserve(chunk);
             }
-            // rustls reads into initialised memory only: zero at most
-            // `chunk` bytes of the spare capacity, not all of it.
-            let start = buf.len();
-            let room = (buf.capacity() - start).min(chunk.max(512));
-            buf.resize(start + room, 0);
-            let r = self.try_read(&mut buf[start..]);
-            buf.truncate(start + *r.as_ref().unwrap_or(&0));
-            match r {
+            // At most `chunk` bytes, and never more than the spare
+            // capacity: a read never moves the buffer.
+            let room = (buf.capacity() - buf.len()).min(chunk.max(512));
+            match self.try_read_with(room, |plain| buf.extend_from_slice(plain)) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Nothing queued may wait on the client's next bytes.
@@ -400,16 +418,16 @@ impl TlsConn {
         self.lock().alpn_protocol() == Some(b"h2")
     }
 
-    /// Poll form of a read (for the HTTP/2 connection, which wants
-    /// `AsyncRead`): decrypted bytes into `out`, 0 at the end of the stream.
-    pub fn poll_read_some(
+    /// Poll form of a read, for the HTTP/2 connection: what is available
+    /// into `buf`'s unfilled part (left uninitialised until then).
+    pub fn poll_read_buf(
         &self,
         cx: &mut std::task::Context<'_>,
-        out: &mut [u8],
-    ) -> std::task::Poll<io::Result<usize>> {
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
         use std::task::Poll;
         loop {
-            match self.try_read(out) {
+            match self.try_read_with(buf.remaining(), |plain| buf.put_slice(plain)) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.tcp.poll_read_ready(cx) {
                     // What rustls queued goes out before the wait (the h2
                     // crate's own flushes send the rest).
@@ -420,7 +438,7 @@ impl TlsConn {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => return Poll::Pending,
                 },
-                r => return Poll::Ready(r),
+                r => return Poll::Ready(r.map(|_| ())),
             }
         }
     }
