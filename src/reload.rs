@@ -52,10 +52,11 @@ impl Running {
     ) -> Result<Running, String> {
         let config = per_process(config);
         let state = Shared::new(config.clone())?;
-        if config.server.processes > 1
-            && let Some(disk) = state.cache.as_ref().and_then(|c| c.disk())
-        {
-            disk.set_shared_dir(true);
+        if let Some(disk) = state.cache.as_ref().and_then(|c| c.disk()) {
+            if config.server.processes > 1 {
+                disk.set_shared_dir(true);
+            }
+            disk.keep_popularity(crate::worker::index());
         }
         // The logs and the cache are open, the listeners bound: no longer
         // root (`server.user`) before the first request is accepted.
@@ -75,6 +76,16 @@ impl Running {
             running.spawn(cfg, socket)?;
         }
         Ok(running)
+    }
+
+    /// Saves what the disk cache keeps between runs besides its objects
+    /// (the popularity sketch), at shutdown; a failure is logged.
+    pub fn save_cache_state(&self) {
+        if let Some(disk) = self.shared.load().cache.as_ref().and_then(|c| c.disk())
+            && let Err(e) = disk.save_popularity()
+        {
+            tracing::warn!("disk cache: {e}");
+        }
     }
 
     /// What listener `cfg` serves with under `config`; fails if its

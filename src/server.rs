@@ -144,7 +144,9 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
                 }
             }
         }
-        drain(&mut running, &mut signals).await
+        let drained = drain(&mut running, &mut signals).await;
+        running.save_cache_state();
+        drained
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     // After the runtime: its figures writer can no longer recreate the file.

@@ -284,3 +284,136 @@ async fn headers_updated_by_a_304_survive_a_restart() {
     assert_eq!(r.body_str(), "kept body");
     assert_eq!(origin.count(), 2);
 }
+
+/// Stops `p` as a service manager does (SIGTERM), waiting for it to exit.
+async fn stop(p: &mut Portico) {
+    p.signal(libc::SIGTERM);
+    let status = p.wait_exit(WAIT).await.expect("portico did not exit on SIGTERM");
+    assert!(status.success(), "exit status {status}\n{}", p.stderr());
+}
+
+/// Whether `p`'s error log says `text` within [`WAIT`].
+async fn log_says(p: &Portico, text: &str) -> bool {
+    let end = std::time::Instant::now() + WAIT;
+    while !p.stderr().contains(text) {
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// The number of lookups Portico said it restored ("popularity of N
+/// lookups restored from ..."), waiting for the line; None if none came.
+async fn restored_lookups(p: &Portico) -> Option<u64> {
+    let said = log_says(p, "lookups restored from").await;
+    let log = p.stderr();
+    let line = log.lines().find(|l| l.contains("lookups restored from"));
+    said.then(|| line.and_then(|l| l.split("popularity of ").nth(1)?.split(' ').next()?.parse().ok()))
+        .flatten()
+}
+
+/// How often each object was asked for (`cache.replacement = "frequency"`,
+/// the default, ranks objects for eviction by it) survives a restart as
+/// the objects do: saved in the cache directory at shutdown, restored at
+/// start, so the first evictions after a restart are not made blind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn how_often_objects_were_asked_for_survives_a_restart() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let file = cache.path().join("popularity");
+    let mut p = proxy(cache.path(), "").await;
+    for _ in 0..5 {
+        assert_eq!(get(&p, &origin, "/small", &[]).await.status, 200);
+    }
+    assert!(!file.exists(), "saved before shutdown (every five minutes)");
+    stop(&mut p).await;
+    let saved = std::fs::read(&file).expect("the sketch is saved at shutdown");
+    assert!(saved.starts_with(b"PORTPOP1"), "{:?}", &saved[..saved.len().min(16)]);
+
+    let mut p = proxy(cache.path(), "").await;
+    let n = restored_lookups(&p).await;
+    assert!(n.is_some_and(|n| n >= 5), "restored {n:?}\n{}", p.stderr());
+    assert_eq!(x_cache(&get(&p, &origin, "/small", &[]).await), "HIT");
+    stop(&mut p).await;
+    // Counted on from where it was: the next run restores more.
+    let p = proxy(cache.path(), "").await;
+    let m = restored_lookups(&p).await;
+    assert!(m > n, "restored {m:?} after {n:?}\n{}", p.stderr());
+}
+
+/// A damaged or foreign `popularity` file (truncated, overwritten, a
+/// directory, another budget's) never stops the server or the cache: it is
+/// named in the log with why, the sketch starts empty, every object on disk
+/// is still served, and the next save replaces a bad file with a good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_popularity_file_is_refused_named_and_replaced() {
+    let cache = tempfile::tempdir().unwrap();
+    let origin = origin().await;
+    let file = cache.path().join("popularity");
+    let mut p = proxy(cache.path(), "").await;
+    get(&p, &origin, "/small", &[]).await;
+    stop(&mut p).await;
+    let good = std::fs::read(&file).expect("saved at shutdown");
+
+    let mut flipped = good.clone();
+    flipped[100] ^= 0x40;
+    let mut huge = good.clone();
+    huge.resize(17 << 20, 0);
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        ("larger than 16 MiB", huge, "damaged (larger than any popularity file)"),
+        (
+            "truncated",
+            good[..good.len() / 2].to_vec(),
+            "damaged (checksum mismatch)",
+        ),
+        ("one bit flipped", flipped, "damaged (checksum mismatch)"),
+        (
+            "another file",
+            b"GET / HTTP/1.1\r\n\r\n".repeat(10),
+            "damaged (not a popularity file)",
+        ),
+        ("empty", Vec::new(), "damaged (shorter than its header)"),
+    ];
+    for (what, bytes, why) in cases {
+        std::fs::write(&file, bytes).unwrap();
+        let mut p = proxy(cache.path(), "").await;
+        let said = log_says(&p, "not restored").await;
+        let log = p.stderr();
+        assert!(said, "{what}: nothing said\n{log}");
+        let line = log.lines().find(|l| l.contains("not restored")).unwrap_or("");
+        assert!(
+            line.contains(&file.display().to_string()) && line.contains(why),
+            "{what}: {line}"
+        );
+        assert!(!log.contains("lookups restored"), "{what}: {log}");
+        let r = get(&p, &origin, "/small", &[]).await;
+        assert_eq!((r.status, x_cache(&r)), (200, "HIT"), "{what}");
+        stop(&mut p).await;
+        let again = std::fs::read(&file).expect("saved again");
+        assert!(
+            again.starts_with(b"PORTPOP1") && again.len() == good.len(),
+            "{what}: not replaced"
+        );
+    }
+    assert_eq!(origin.count(), 1, "the object was served from disk every time");
+
+    // A directory where the file should be: said, served, and the save at
+    // shutdown fails with its reason in the log, not the exit status.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    let mut p = proxy(cache.path(), "").await;
+    assert_eq!(x_cache(&get(&p, &origin, "/small", &[]).await), "HIT");
+    assert!(log_says(&p, "cannot read").await, "{}", p.stderr());
+    stop(&mut p).await;
+    assert!(p.stderr().contains("cannot write"), "{}", p.stderr());
+
+    // Another disk budget: counted anew, at info level.
+    std::fs::remove_dir(&file).unwrap();
+    std::fs::write(&file, &good).unwrap();
+    let mut p = proxy(cache.path(), "disk = \"64MiB\"").await;
+    assert!(log_says(&p, "made for another disk budget").await, "{}", p.stderr());
+    assert_eq!(x_cache(&get(&p, &origin, "/small", &[]).await), "HIT");
+    stop(&mut p).await;
+}

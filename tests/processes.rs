@@ -404,6 +404,60 @@ async fn workers_share_the_disk_tier() {
     assert_eq!(a.count(), 1, "fetched once for both workers");
 }
 
+/// Each worker counts how often objects are asked for in a sketch of its
+/// own, and keeps it in a file of its own in the shared directory
+/// (`popularity.I`): saved when SIGTERM reaches it, restored by worker I
+/// of the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_keeps_its_own_popularity_file() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    // One cache directory for both runs (each run has its own {dir}).
+    let shared = tempfile::tempdir().expect("temp dir");
+    let cache = shared.path().join("cache");
+    let config =
+        |addr: &str| config_with_disk(addr, &a, &b, "a", "64MiB").replace("{dir}/cache", &cache.display().to_string());
+    let mut p = Portico::start(&config(&free_addr())).await;
+    let all: BTreeSet<u32> = both_started(&p).await.values().copied().collect();
+    let mut seen = BTreeSet::new();
+    for _ in 0..200 {
+        let (by, resp) = get_via(p.addr(), "/page", &all).await;
+        assert_eq!(resp.status, 200);
+        seen.insert(by.expect("accepted"));
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen, all, "both workers served");
+    p.signal(libc::SIGTERM);
+    let status = p
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("supervisor did not exit");
+    assert!(status.success(), "{status}\n{}", p.stderr());
+    let mut files: Vec<String> = std::fs::read_dir(&cache)
+        .expect("cache dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("popularity"))
+        .collect();
+    files.sort();
+    assert_eq!(files, ["popularity.0", "popularity.1"]);
+
+    let p = Portico::start(&config(&free_addr())).await;
+    let restored = |i: usize| {
+        let file = cache.join(format!("popularity.{i}")).display().to_string();
+        p.stderr()
+            .lines()
+            .any(|l| l.contains(&format!("worker {i}")) && l.contains("lookups restored from") && l.contains(&file))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(restored(0) && restored(1)) {
+        assert!(Instant::now() < deadline, "not both restored:\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Runs `portico run` on `config` (with `{dir}` set to `dir`) to its exit.
 async fn run_to_exit(dir: &std::path::Path, config: &str) -> std::process::Output {
     let path = dir.join("portico.toml");

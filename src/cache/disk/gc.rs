@@ -160,6 +160,7 @@ pub(super) fn spawn(store: Weak<Inner>, signal: Arc<GcSignal>) -> io::Result<()>
     std::thread::Builder::new()
         .name("portico-disk-gc".into())
         .spawn(move || {
+            let mut last_save = Instant::now();
             loop {
                 {
                     let mut st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,6 +177,12 @@ pub(super) fn spawn(store: Weak<Inner>, signal: Arc<GcSignal>) -> io::Result<()>
                     st.0 = false;
                 }
                 let Some(inner) = store.upgrade() else { return };
+                if last_save.elapsed() >= super::POPULARITY_SAVE_EVERY {
+                    last_save = Instant::now();
+                    if let Err(e) = inner.save_popularity() {
+                        tracing::warn!("disk cache: {e}");
+                    }
+                }
                 if inner.over_high() {
                     let r = inner.gc_pass(inner.budget.low, false, &mut |_| {});
                     tracing::debug!(

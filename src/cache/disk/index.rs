@@ -118,6 +118,12 @@ impl Index {
         }
     }
 
+    /// The sketch of how often objects are asked for
+    /// (`Replacement::Frequency` only).
+    pub fn popularity(&self) -> Option<&Popularity> {
+        self.popularity.as_ref()
+    }
+
     /// Counts a lookup of `id` (stored or not) when the policy ranks by
     /// how often objects are asked for.
     pub fn asked(&self, id: ObjectId) {

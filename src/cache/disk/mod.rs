@@ -189,7 +189,17 @@ struct Inner {
     held: Option<Arc<held::HeldFiles>>,
     /// The directory is on tmpfs or ramfs: reads never wait for a disk.
     memory_fs: bool,
+    /// Where the popularity sketch is kept between runs, once a server
+    /// asked for it ([`DiskStore::keep_popularity`]).
+    popularity_file: std::sync::OnceLock<PathBuf>,
+    /// The sketch's lookups when it was last saved or restored.
+    popularity_saved: AtomicU64,
 }
+
+/// How often the GC thread saves the popularity sketch (when lookups were
+/// counted since the last save), besides the save at shutdown: what a
+/// crash can lose.
+const POPULARITY_SAVE_EVERY: Duration = Duration::from_secs(300);
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -210,6 +220,34 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl Inner {
+    fn save_popularity(&self) -> io::Result<bool> {
+        let (Some(path), Some(p)) = (self.popularity_file.get(), self.index.popularity()) else {
+            return Ok(false);
+        };
+        let seen = p.seen();
+        if seen == self.popularity_saved.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let tmp = self.layout.tmp_dir().join(format!("popularity.{}", std::process::id()));
+        let written = (|| {
+            let mut f = File::create(&tmp)?;
+            io::Write::write_all(&mut f, &p.to_file_bytes())?;
+            if self.fsync {
+                f.sync_all()?;
+            }
+            fs::rename(&tmp, path)
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot write {}: {}", path.display(), crate::util::io_cause(&e)),
+            ));
+        }
+        self.popularity_saved.store(seen, Ordering::Relaxed);
+        Ok(true)
+    }
+
     fn lock(&self, id: ObjectId) -> MutexGuard<'_, ()> {
         let i = (id.0 >> 64) as usize % PATH_LOCKS;
         self.locks[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -346,6 +384,8 @@ impl DiskStore {
             } else {
                 cfg.open_files
             }),
+            popularity_file: std::sync::OnceLock::new(),
+            popularity_saved: AtomicU64::new(0),
         };
         Ok(DiskStore { inner: Arc::new(inner) })
     }
@@ -379,6 +419,69 @@ impl DiskStore {
     /// the blocking pool per disk miss.
     pub fn set_shared_dir(&self, shared: bool) {
         self.inner.shared_dir.store(shared, Ordering::Relaxed);
+    }
+
+    /// Keeps the popularity sketch (`cache.replacement = "frequency"`) in
+    /// the directory between runs: in `popularity`, or `popularity.I` for
+    /// worker I of a multi-process server (each counts its own share of
+    /// the lookups). Restores it now if that file is there and fits; from
+    /// now on the GC thread saves it every five minutes when lookups were
+    /// counted, and [`DiskStore::save_popularity`] at shutdown. A file that
+    /// does not fit is named in a warning and the sketch starts empty (the
+    /// next save replaces it); a server only, never `portico cache`.
+    pub fn keep_popularity(&self, worker: Option<usize>) {
+        let Some(p) = self.inner.index.popularity() else {
+            return;
+        };
+        let name = match worker {
+            Some(i) => format!("popularity.{i}"),
+            None => "popularity".to_string(),
+        };
+        let path = self.inner.layout.root().join(name);
+        // Never more than the largest sketch's file into memory, whatever
+        // was put there under that name.
+        let read = File::open(&path).and_then(|f| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut io::Read::take(f, popularity::MAX_FILE_LEN + 1), &mut bytes)?;
+            Ok(bytes)
+        });
+        match read {
+            Ok(bytes) if bytes.len() as u64 > popularity::MAX_FILE_LEN => tracing::warn!(
+                "disk cache: {} not restored: damaged (larger than any popularity file); the popularity sketch starts empty",
+                path.display()
+            ),
+            Ok(bytes) => match p.restore(&bytes) {
+                Ok(seen) => {
+                    self.inner.popularity_saved.store(seen, Ordering::Relaxed);
+                    tracing::info!(
+                        "disk cache: popularity of {seen} lookups restored from {}",
+                        path.display()
+                    );
+                }
+                Err(e @ popularity::RestoreError::OtherShape { .. }) => {
+                    tracing::info!("disk cache: {} not restored: {e}; counting anew", path.display());
+                }
+                Err(e) => tracing::warn!(
+                    "disk cache: {} not restored: {e}; the popularity sketch starts empty",
+                    path.display()
+                ),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(
+                "disk cache: cannot read {}: {}; the popularity sketch starts empty",
+                path.display(),
+                crate::util::io_cause(&e)
+            ),
+        }
+        let _ = self.inner.popularity_file.set(path);
+    }
+
+    /// Writes the popularity sketch to its file now (tmp file, then
+    /// rename: a reader never sees half of one), if it is kept
+    /// ([`DiskStore::keep_popularity`]) and lookups were counted since it
+    /// was last saved or restored. Ok(false): nothing to write.
+    pub fn save_popularity(&self) -> io::Result<bool> {
+        self.inner.save_popularity()
     }
 
     /// Opens the store for offline work (`portico cache ...`): scans on the

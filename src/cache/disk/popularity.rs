@@ -20,6 +20,13 @@
 //! Lock-free and racy on purpose: two lookups of one id at once may add
 //! one between them, and a halving may lose increments made while it runs.
 //! An estimate is off by one at worst, which ranking tolerates.
+//!
+//! Kept between runs in a file of the cache directory
+//! ([`Popularity::to_file_bytes`], [`Popularity::restore`]): the objects on
+//! disk survive a restart, and so must what ranks them, or every object
+//! would start from nothing and the first evictions after a restart would
+//! be made blind. A file that does not fit (damaged, or made for another
+//! disk budget) is refused whole and the sketch starts empty.
 
 use crate::cache::key::ObjectId;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -36,6 +43,44 @@ const MAX_WIDTH: usize = 1 << 22;
 const WINDOW_PER_OBJECT: u64 = 10;
 /// Counters halved by each lookup while a halving is under way.
 const HALVE_CHUNK: usize = 4096;
+
+/// What a sketch's file starts with.
+const FILE_MAGIC: &[u8; 8] = b"PORTPOP1";
+/// Magic, rows (u32), width, window, lookups seen (u64 each).
+const FILE_HEAD: usize = 8 + 4 + 8 + 8 + 8;
+/// The xxh3-64 of everything before it, at the end of the file.
+const FILE_SUM: usize = 8;
+
+/// The largest file a sketch makes (the widest rows): a longer one is
+/// refused unread, whatever it holds.
+pub const MAX_FILE_LEN: u64 = (FILE_HEAD + ROWS * MAX_WIDTH + FILE_SUM) as u64;
+
+/// Why a sketch's file was not restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreError {
+    /// Not a whole file of the format (short, another magic, a length
+    /// that does not match its header, a checksum that does not match).
+    Damaged(&'static str),
+    /// A whole file for a sketch of another shape: the disk budget
+    /// changed since it was written.
+    OtherShape {
+        /// Counters per row in the file.
+        file: u64,
+        /// Counters per row in this sketch.
+        now: u64,
+    },
+}
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Damaged(why) => write!(f, "damaged ({why})"),
+            RestoreError::OtherShape { file, now } => {
+                write!(f, "made for another disk budget ({file} counters per row, {now} now)")
+            }
+        }
+    }
+}
 
 /// The sketch.
 pub struct Popularity {
@@ -130,6 +175,66 @@ impl Popularity {
         }
     }
 
+    /// Lookups recorded since the sketch was made (or restored: the
+    /// count its file held, plus those since).
+    pub fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
+    }
+
+    /// The sketch as its file holds it: [`FILE_MAGIC`], the rows, the
+    /// width and window, the lookups seen (little-endian), the counters
+    /// row by row, then the xxh3-64 of all of that.
+    pub fn to_file_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FILE_HEAD + self.counters.len() + FILE_SUM);
+        out.extend_from_slice(FILE_MAGIC);
+        out.extend_from_slice(&(ROWS as u32).to_le_bytes());
+        out.extend_from_slice(&((self.mask + 1) as u64).to_le_bytes());
+        out.extend_from_slice(&self.window.to_le_bytes());
+        out.extend_from_slice(&self.seen().to_le_bytes());
+        out.extend(self.counters.iter().map(|c| c.load(Ordering::Relaxed)));
+        let sum = xxhash_rust::xxh3::xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Takes the counters and the count of lookups from `file` (what
+    /// [`Popularity::to_file_bytes`] wrote), if it is whole and of this
+    /// sketch's shape; otherwise changes nothing and says why. Returns the
+    /// lookups the file had counted.
+    pub fn restore(&self, file: &[u8]) -> Result<u64, RestoreError> {
+        let damaged = |why| Err(RestoreError::Damaged(why));
+        if file.len() < FILE_HEAD + FILE_SUM {
+            return damaged("shorter than its header");
+        }
+        if &file[..8] != FILE_MAGIC {
+            return damaged("not a popularity file");
+        }
+        let (body, sum) = file.split_at(file.len() - FILE_SUM);
+        if xxhash_rust::xxh3::xxh3_64(body).to_le_bytes() != sum {
+            return damaged("checksum mismatch");
+        }
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&body[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let rows = u32::from_le_bytes([body[8], body[9], body[10], body[11]]);
+        let (width, window, seen) = (u64_at(12), u64_at(20), u64_at(28));
+        let now = (self.mask + 1) as u64;
+        if rows as usize != ROWS || width != now || window != self.window {
+            return Err(RestoreError::OtherShape { file: width, now });
+        }
+        let counters = &body[FILE_HEAD..];
+        if counters.len() != self.counters.len() {
+            return damaged("length does not match its header");
+        }
+        for (c, v) in self.counters.iter().zip(counters) {
+            c.store(*v, Ordering::Relaxed);
+        }
+        self.seen.store(seen, Ordering::Relaxed);
+        Ok(seen)
+    }
+
     /// Bytes the counters take.
     #[cfg(test)]
     pub fn bytes(&self) -> usize {
@@ -206,6 +311,84 @@ mod tests {
         // An object never asked for reads 0 nearly always.
         let ghosts = (10_000..14_096).filter(|&n| p.estimate(id(n)) > 0).count();
         assert!(ghosts < 41, "{ghosts} of 4,096 unseen objects read above 0");
+    }
+
+    #[test]
+    fn a_sketch_written_to_its_file_and_restored_estimates_as_before() {
+        let p = Popularity::new(1 << 12, 1000);
+        for _ in 0..7 {
+            p.record(id(1));
+        }
+        p.record(id(2));
+        let file = p.to_file_bytes();
+        assert_eq!(file.len(), FILE_HEAD + 4 * (1 << 12) + FILE_SUM);
+        let q = Popularity::new(1 << 12, 1000);
+        assert_eq!(q.restore(&file), Ok(8));
+        assert_eq!((q.estimate(id(1)), q.estimate(id(2)), q.estimate(id(3))), (7, 1, 0));
+        assert_eq!(q.seen(), 8);
+        // The halving window goes on from the lookups the file counted.
+        assert_eq!(q.to_file_bytes(), file);
+    }
+
+    #[test]
+    fn a_damaged_file_is_refused_whole_and_changes_nothing() {
+        let p = Popularity::new(1 << 12, 1000);
+        for _ in 0..9 {
+            p.record(id(1));
+        }
+        let file = p.to_file_bytes();
+        let fresh = || {
+            let q = Popularity::new(1 << 12, 1000);
+            q.record(id(5));
+            q
+        };
+        let mut flipped = file.clone();
+        flipped[FILE_HEAD + 100] ^= 1;
+        let mut magic = file.clone();
+        magic[0] = b'X';
+        let mut long = file[..file.len() - FILE_SUM].to_vec();
+        long.push(0);
+        let sum = xxhash_rust::xxh3::xxh3_64(&long);
+        long.extend_from_slice(&sum.to_le_bytes());
+        let cases: [(&[u8], &str); 6] = [
+            (&[], "shorter than its header"),
+            (&file[..FILE_HEAD], "shorter than its header"),
+            (&file[..file.len() - 1], "checksum mismatch"),
+            (&flipped, "checksum mismatch"),
+            (&magic, "not a popularity file"),
+            (&long, "length does not match its header"),
+        ];
+        for (bytes, why) in cases {
+            let q = fresh();
+            assert_eq!(q.restore(bytes), Err(RestoreError::Damaged(why)));
+            assert_eq!((q.estimate(id(1)), q.estimate(id(5)), q.seen()), (0, 1, 1), "{why}");
+        }
+        // Random bytes of the right length are no better.
+        let noise: Vec<u8> = (0..file.len()).map(|i| (i * 131 % 251) as u8).collect();
+        assert_eq!(
+            fresh().restore(&noise),
+            Err(RestoreError::Damaged("not a popularity file"))
+        );
+    }
+
+    #[test]
+    fn a_file_for_another_budget_is_refused() {
+        let small = Popularity::for_budget(64 << 20);
+        small.record(id(1));
+        let big = Popularity::for_budget(1 << 30);
+        let err = big.restore(&small.to_file_bytes()).expect_err("another shape");
+        assert_eq!(
+            err,
+            RestoreError::OtherShape {
+                file: 16_384,
+                now: 262_144
+            }
+        );
+        assert_eq!(big.estimate(id(1)), 0);
+        assert_eq!(
+            err.to_string(),
+            "made for another disk budget (16384 counters per row, 262144 now)"
+        );
     }
 
     #[test]
