@@ -239,6 +239,51 @@ async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
     assert_eq!(fetched.load(Ordering::SeqCst), 1);
 }
 
+/// A client that cannot take `sendfile` (HTTP/2 here; TLS alike) gets its
+/// memory-tier hits from memory, and its hits never have the disk file
+/// opened and checksummed for a `sendfile` it would not use; an HTTP/1
+/// client's hit on plain TCP does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_over_http2_leave_the_disk_file_unread() {
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let (admin, site) = (free_addr(), free_addr());
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{admin}\"\n\n\
+         [[listener]]\naddress = \"{site}\"\nmode = \"reverse\"\nh2c = true\n\n\
+         [[upstream]]\nname = \"o\"\nservers = [\"{}\"]\n\n[[rule]]\nupstream = \"o\"\n\n\
+         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\n",
+        origin.addr(),
+        cache.path().display()
+    ))
+    .await;
+    let url = format!("http://{site}/large");
+    let h2_hit = || async {
+        let out = curl(&["--http2-prior-knowledge", "-s", "-D", "-", "-o", "/dev/null", &url]).await;
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(head.starts_with("http/2 200"), "{head}");
+        head.contains("x-cache: hit")
+    };
+    assert!(!h2_hit().await, "the first request is a miss");
+    disk_until(&p, "the response stored", |d| n(d, "writes") == 1).await;
+    for _ in 0..5 {
+        assert!(h2_hit().await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let d = disk(&p).await;
+    assert_eq!(
+        (n(&d, "background_checks"), n(&d, "open_files"), n(&d, "reads")),
+        (0, 0, 0),
+        "{d}"
+    );
+    // One HTTP/1 hit on plain TCP: now the file is checked for sendfile.
+    let req = format!("GET /large HTTP/1.1\r\nHost: {site}\r\nConnection: close\r\n\r\n");
+    let r = parse_response(&raw_request_timeout(site, req.as_bytes(), Duration::from_secs(30)).await);
+    assert!(x_cache(&r) == "HIT" && pattern_matches(0, &r.body));
+    disk_until(&p, "the file checked", |d| n(d, "background_checks") == 1).await;
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_file_damaged_under_a_memory_object_is_never_sent() {
     use std::os::unix::fs::FileExt;

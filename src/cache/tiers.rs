@@ -482,14 +482,18 @@ impl Cache {
     }
 
     async fn get(&self, id: ObjectId) -> Option<Stored> {
-        self.get_or_busy(id, false).await.ok().flatten()
+        self.get_or_busy(id, false, true).await.ok().flatten()
     }
 
     /// `get`; with `refuse_when_busy`, a disk read that would wait in a
-    /// full blocking-pool queue is refused with `PoolBusy` instead.
-    async fn get_or_busy(&self, id: ObjectId, refuse_when_busy: bool) -> Result<Option<Stored>, PoolBusy> {
+    /// full blocking-pool queue is refused with `PoolBusy` instead. Without
+    /// `files` (a client that cannot take `sendfile`: TLS, HTTP/2), a
+    /// memory-tier body is not paired with its disk file
+    /// ([`StoredBody::Mirrored`]): it would be read from memory anyway.
+    async fn get_or_busy(&self, id: ObjectId, refuse_when_busy: bool, files: bool) -> Result<Option<Stored>, PoolBusy> {
         if let Some(obj) = self.memory.get(id) {
-            let body = match self.mirror(id, &obj) {
+            let mirrored = if files { self.mirror(id, &obj) } else { None };
+            let body = match mirrored {
                 Some(file) => StoredBody::Mirrored {
                     memory: obj.body.clone(),
                     file,
@@ -637,8 +641,21 @@ impl Cache {
     /// read and the blocking pool's queue is full: the request gets a busy
     /// response rather than waiting.
     pub async fn lookup(&self, key: &CacheKey, req_headers: &HeaderMap) -> Result<Option<Stored>, PoolBusy> {
+        self.lookup_for(key, req_headers, true).await
+    }
+
+    /// [`Cache::lookup`] for a client that can (`files`) or cannot take a
+    /// body with `sendfile`: without, a memory-tier hit skips looking for
+    /// its disk file (an index lookup, and a check started when the file is
+    /// not held) that only `sendfile` would use.
+    pub async fn lookup_for(
+        &self,
+        key: &CacheKey,
+        req_headers: &HeaderMap,
+        files: bool,
+    ) -> Result<Option<Stored>, PoolBusy> {
         self.asked(key.id());
-        let Some(primary) = self.get_or_busy(key.id(), true).await? else {
+        let Some(primary) = self.get_or_busy(key.id(), true, files).await? else {
             return Ok(None);
         };
         if primary.meta.key != key.text() || primary.meta.headers.contains_key(SLICED) {
@@ -659,7 +676,8 @@ impl Cache {
         let variant = policy::variant_of(&fields, req_headers);
         self.asked(key.variant_id(&variant));
         // This request already holds a place on the disk: wait, do not refuse.
-        let Some(found) = self.get(key.variant_id(&variant)).await else {
+        let found = self.get_or_busy(key.variant_id(&variant), false, files).await;
+        let Some(found) = found.ok().flatten() else {
             return Ok(None);
         };
         Ok((found.meta.key == key.text() && found.meta.variant == variant).then_some(found))
@@ -670,7 +688,7 @@ impl Cache {
     pub async fn lookup_slice(&self, key: &CacheKey, start: u64) -> Result<Option<Stored>, PoolBusy> {
         let variant = slice_variant(start);
         self.asked(key.variant_id(&variant));
-        let Some(found) = self.get_or_busy(key.variant_id(&variant), true).await? else {
+        let Some(found) = self.get_or_busy(key.variant_id(&variant), true, true).await? else {
             return Ok(None);
         };
         Ok((found.meta.key == key.text() && found.meta.variant == variant).then_some(found))

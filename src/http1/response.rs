@@ -538,6 +538,12 @@ impl<'a> ResponseWriter<'a> {
         Ok(())
     }
 
+    /// Whether [`ResponseWriter::send_file`] can send file bytes with
+    /// `sendfile` here: an HTTP/1 client on plain TCP.
+    pub fn takes_files(&self) -> bool {
+        matches!(self.sink, Sink::H1(ClientStream::Plain(_)))
+    }
+
     /// Sends `len` body bytes of `file` from `offset` (and the queued head
     /// before them): on plain TCP with `sendfile`, the head written with
     /// `MSG_MORE` so head and body share packets. Ok(false) when this

@@ -201,7 +201,9 @@ pub async fn serve<'s>(
     // very fetch it would have joined) or replaced, so it looks again.
     let (found, decision) = loop {
         let lookup_stage = crate::stats::stage(crate::stats::Stage::CacheLookup);
-        let found = cache.lookup(&tx.key, &tx.ex.head.headers).await;
+        let found = cache
+            .lookup_for(&tx.key, &tx.ex.head.headers, tx.ex.out.takes_files())
+            .await;
         drop(lookup_stage);
         let Ok(found) = found else {
             let ex = tx.ex;
