@@ -138,7 +138,7 @@ fn locate(buf: &[u8], limits: &HeadLimits) -> Result<Option<(usize, usize)>, Hea
     }
     let data = &buf[start..];
 
-    match memchr(b'\n', data) {
+    match memchr::memchr(b'\n', data) {
         None if data.len() > limits.max_request_line => {
             return Err(HeadError {
                 status: StatusCode::URI_TOO_LONG,
@@ -155,16 +155,15 @@ fn locate(buf: &[u8], limits: &HeadLimits) -> Result<Option<(usize, usize)>, Hea
         Some(_) => {}
     }
 
-    let Some(end) = find_head_end(data) else {
+    // Bare CR and LF are rejected early too, rather than waiting for a
+    // terminator that a confused peer may never send.
+    let Some(end) = head_end(data)? else {
         if data.len() > limits.max_head {
             return Err(HeadError {
                 status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 reason: "request head too large",
             });
         }
-        // Reject bare CR/LF early rather than waiting for a terminator that
-        // a confused peer may never send.
-        check_line_endings(data)?;
         return Ok(None);
     };
     if end > limits.max_head {
@@ -173,8 +172,37 @@ fn locate(buf: &[u8], limits: &HeadLimits) -> Result<Option<(usize, usize)>, Hea
             reason: "request head too large",
         });
     }
-    check_line_endings(&data[..end])?;
     Ok(Some((start, end)))
+}
+
+/// Where the head at the start of `data` ends (just past its blank line),
+/// if it is all there, with every line ending sound: every LF follows a CR
+/// and every CR precedes an LF (a bare CR or LF is a classic smuggling
+/// vector between parsers that disagree), but for a CR that is the last
+/// byte so far. One pass from LF to LF (SIMD), then a count of the CRs:
+/// with each LF's CR checked, there are as many CRs as LFs unless one is
+/// bare.
+fn head_end(data: &[u8]) -> Result<Option<usize>, HeadError> {
+    let mut lfs = 0;
+    let mut end = None;
+    for i in memchr::memchr_iter(b'\n', data) {
+        if i == 0 || data[i - 1] != b'\r' {
+            return Err(bad("bare LF in request head"));
+        }
+        lfs += 1;
+        if data[i + 1..].starts_with(b"\r\n") {
+            end = Some(i + 3);
+            lfs += 1;
+            break;
+        }
+    }
+    let seen = &data[..end.unwrap_or(data.len())];
+    let crs = memchr::memchr_iter(b'\r', seen).count();
+    let pending = usize::from(end.is_none() && seen.last() == Some(&b'\r'));
+    if crs != lfs + pending {
+        return Err(bad("bare CR in request head"));
+    }
+    Ok(end)
 }
 
 /// Parses the head `head_bytes` (request line to blank line), each field
@@ -495,28 +523,6 @@ pub fn list_tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterat
         .filter(|t| !t.is_empty())
 }
 
-/// Every LF must follow a CR and every CR must precede an LF (no bare CR or
-/// LF: both are classic smuggling vectors between parsers that disagree).
-fn check_line_endings(bytes: &[u8]) -> Result<(), HeadError> {
-    for (i, &b) in bytes.iter().enumerate() {
-        match b {
-            b'\n' if i == 0 || bytes[i - 1] != b'\r' => return Err(bad("bare LF in request head")),
-            b'\r' if i + 1 < bytes.len() && bytes[i + 1] != b'\n' => return Err(bad("bare CR in request head")),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Offset just past the blank line that ends the head, if it is in `data`.
-fn find_head_end(data: &[u8]) -> Option<usize> {
-    data.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
-}
-
-fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -752,6 +758,26 @@ mod tests {
         assert_eq!(status("\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
         // A bare LF is caught even before the head is complete.
         assert_eq!(status("GET / HTTP/1.1\r\nHost: x\nX: "), 400);
+    }
+
+    #[test]
+    fn every_cr_in_a_head_precedes_an_lf_and_every_lf_follows_a_cr() {
+        let end = |s: &str| head_end(s.as_bytes()).map_err(|e| e.reason);
+        let head = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(end(head), Ok(Some(head.len())));
+        // What follows the blank line is the body's, not the head's.
+        assert_eq!(end(&format!("{head}a\rb\nc")), Ok(Some(head.len())));
+        // A CR that is the last byte so far may be a CRLF's first half.
+        assert_eq!(end("GET / HTTP/1.1\r\nHost: x\r"), Ok(None));
+        assert_eq!(end("GET / HTTP/1.1\r\nHost: x\r\n\r"), Ok(None));
+        assert_eq!(end("GET / HTTP/1.1\r\nHost: x\rX"), Err("bare CR in request head"));
+        assert_eq!(
+            end("GET / HTTP/1.1\r\nHost: x\r\n\r\r\n"),
+            Err("bare CR in request head")
+        );
+        assert_eq!(end("GET / HTTP/1.1\r\nA: \r\r\n\r\n"), Err("bare CR in request head"));
+        assert_eq!(end("GET / HTTP/1.1\r\nHost: x\r\n\n"), Err("bare LF in request head"));
+        assert_eq!(end("\nGET / HTTP/1.1\r\n\r\n"), Err("bare LF in request head"));
     }
 
     #[test]
