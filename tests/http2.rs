@@ -132,6 +132,47 @@ async fn curl_speaks_http2_by_alpn_to_a_tls_reverse_listener_and_gets_a_cache_hi
     assert_eq!(metric(&p, "portico_http2_streams_total").await, 2);
 }
 
+/// A large request body over HTTP/2 on TLS reaches the origin whole, in
+/// order: the connection's reads take rustls's plaintext record by record
+/// into the h2 crate's buffer (`TlsConn::poll_read_buf`), many of them
+/// per read while the upload streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_over_h2_on_tls_reaches_the_origin_whole() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = Origin::start(|req| async move {
+        let sum: u64 = req.body.iter().map(|b| u64::from(*b)).sum();
+        Response::ok(format!("{} {sum}", req.body.len()))
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let body: Vec<u8> = (0..2_500_000u32).map(|i| (i % 241) as u8).collect();
+    let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
+    let file = dir.path().join("upload.bin");
+    std::fs::write(&file, &body).expect("write body");
+    let data = format!("@{}", file.display());
+    let resolve = format!("www.test:{port}:127.0.0.1");
+    let url = format!("https://www.test:{port}/up");
+    let ca = c.display().to_string();
+    let out = common::curl(&[
+        "--http2",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "--data-binary",
+        &data,
+        "-w",
+        " %{http_version}",
+        &url,
+    ])
+    .await;
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
+    assert_eq!(text(&out.stdout), format!("{} {sum} 2", body.len()));
+    assert_eq!(origin.requests()[0].body, body, "the body was altered on the way");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_false_keeps_a_tls_listener_to_http_1_1() {
     let dir = tempfile::tempdir().expect("temp dir");
