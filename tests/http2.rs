@@ -31,6 +31,19 @@ fn cert_table(c: &Path, k: &Path) -> String {
     )
 }
 
+/// curl, offering HTTP/2, to `https://www.test:{port}{path}` on a TLS
+/// listener whose certificate `cert` it trusts (the name resolved to
+/// loopback), with `args` before the URL.
+async fn curl_www_test(cert: &Path, port: u16, path: &str, args: &[&str]) -> std::process::Output {
+    let ca = cert.display().to_string();
+    let resolve = format!("www.test:{port}:127.0.0.1");
+    let url = format!("https://www.test:{port}{path}");
+    let mut all = vec!["--http2", "--cacert", &ca, "--resolve", &resolve];
+    all.extend_from_slice(args);
+    all.push(&url);
+    common::curl(&all).await
+}
+
 /// A reverse listener on `port` in front of `origin` (with `extra` keys
 /// inside the listener table), and a plain admin listener for the pages.
 fn reverse_config(port: u16, listener_extra: &str, origin: &Origin, rest: &str) -> String {
@@ -90,23 +103,9 @@ async fn curl_speaks_http2_by_alpn_to_a_tls_reverse_listener_and_gets_a_cache_hi
     .await;
     let port = free_port();
     let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
-    let resolve = format!("www.test:{port}:127.0.0.1");
-    let url = format!("https://www.test:{port}/page");
-    let ca = c.display().to_string();
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let out = common::curl(&[
-            "--http2",
-            "-i",
-            "--cacert",
-            &ca,
-            "--resolve",
-            &resolve,
-            "-w",
-            "\n%{http_version}",
-            &url,
-        ])
-        .await;
+        let out = curl_www_test(&c, port, "/page", &["-i", "-w", "\n%{http_version}"]).await;
         assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
         let stdout = text(&out.stdout);
         assert!(stdout.starts_with("HTTP/2 200"), "{stdout}");
@@ -152,22 +151,7 @@ async fn an_upload_over_h2_on_tls_reaches_the_origin_whole() {
     let file = dir.path().join("upload.bin");
     std::fs::write(&file, &body).expect("write body");
     let data = format!("@{}", file.display());
-    let resolve = format!("www.test:{port}:127.0.0.1");
-    let url = format!("https://www.test:{port}/up");
-    let ca = c.display().to_string();
-    let out = common::curl(&[
-        "--http2",
-        "--cacert",
-        &ca,
-        "--resolve",
-        &resolve,
-        "--data-binary",
-        &data,
-        "-w",
-        " %{http_version}",
-        &url,
-    ])
-    .await;
+    let out = curl_www_test(&c, port, "/up", &["--data-binary", &data, "-w", " %{http_version}"]).await;
     assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
     assert_eq!(text(&out.stdout), format!("{} {sum} 2", body.len()));
     assert_eq!(origin.requests()[0].body, body, "the body was altered on the way");
@@ -181,20 +165,7 @@ async fn http2_false_keeps_a_tls_listener_to_http_1_1() {
     let port = free_port();
     let listener = format!("http2 = false\n{}", cert_table(&c, &k));
     let p = Portico::start(&reverse_config(port, &listener, &origin, "")).await;
-    let resolve = format!("www.test:{port}:127.0.0.1");
-    let url = format!("https://www.test:{port}/");
-    let ca = c.display().to_string();
-    let out = common::curl(&[
-        "--http2",
-        "--cacert",
-        &ca,
-        "--resolve",
-        &resolve,
-        "-w",
-        " %{http_version}",
-        &url,
-    ])
-    .await;
+    let out = curl_www_test(&c, port, "/", &["-w", " %{http_version}"]).await;
     assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
     assert_eq!(text(&out.stdout), "one 1.1");
 }

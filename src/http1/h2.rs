@@ -545,10 +545,13 @@ pub fn request_head(parts: &mut http::request::Parts, end: bool, absolute: bool)
     } else if !headers.contains_key(HOST) {
         return Err(bad("no :authority and no Host"));
     }
-    let mut cookies = headers.get_all(COOKIE).iter();
-    if cookies.next().is_some() && cookies.next().is_some() {
-        let parts: Vec<&[u8]> = headers.get_all(COOKIE).iter().map(|v| v.as_bytes()).collect();
-        let joined = parts.join(&b"; "[..]);
+    let cookies = headers.get_all(COOKIE);
+    if cookies.iter().nth(1).is_some() {
+        let joined = cookies
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect::<Vec<_>>()
+            .join(&b"; "[..]);
         let v = HeaderValue::from_bytes(&joined).map_err(|_| bad("invalid cookie"))?;
         headers.insert(COOKIE, v);
     }
