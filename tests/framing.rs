@@ -565,6 +565,59 @@ async fn content_length_is_sent_upstream_once_and_canonical() {
     assert_eq!(origin.connections(), 1);
 }
 
+/// The first read of a head takes 1 KiB (as nginx's
+/// `client_header_buffer_size`); a larger head grows the buffer. Heads on
+/// either side of that edge and far past it, each sent at once, in pieces,
+/// and with the next request right behind it on a keep-alive connection,
+/// reach the origin whole, their bodies too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_past_the_first_read_reach_the_origin_whole() {
+    let origin = RecordingOrigin::start().await;
+    let a = origin.addr();
+    let p = portico("").await;
+    // A POST whose head is `size` bytes (an X-Pad field fills it), and the pad.
+    let request = |size: usize, body: &str| {
+        let head = format!(
+            "POST http://{a}/up HTTP/1.1\r\nHost: {a}\r\nContent-Length: {}\r\nX-Pad: ",
+            body.len()
+        );
+        let pad = "p".repeat(size - head.len() - 4);
+        (format!("{head}{pad}\r\n\r\n{body}").into_bytes(), pad)
+    };
+    for size in [900, 1023, 1024, 1025, 2048, 3000, 5000, 40_000] {
+        let (first, pad) = request(size, "hello");
+        let (second, _) = request(size, "again");
+        assert_eq!(first.len(), size + 5);
+        let one: &[&[u8]] = &[b"hello"];
+        let two: &[&[u8]] = &[b"hello", b"again"];
+        for (how, pieces, bodies) in [
+            ("at once", vec![first.clone()], one),
+            (
+                "in 700-byte pieces",
+                first.chunks(700).map(<[u8]>::to_vec).collect(),
+                one,
+            ),
+            ("two in one write", vec![[first.clone(), second.clone()].concat()], two),
+        ] {
+            let mut client = RawClient::connect(p.addr()).await;
+            for piece in &pieces {
+                client.send(piece).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            for _ in bodies {
+                let resp = client.read_response().await;
+                assert_eq!(resp.status, 200, "{size} {how}: {resp:?}");
+            }
+            let got = origin.take().await;
+            assert_eq!(got.len(), bodies.len(), "{size} {how}");
+            for (req, body) in got.iter().zip(bodies) {
+                assert_eq!(req.headers_all("x-pad"), [pad.as_str()], "{size} {how}");
+                assert_eq!(req.body, *body, "{size} {how}");
+            }
+        }
+    }
+}
+
 /// `OPTIONS *` asks about the server, `OPTIONS /` about one resource: the
 /// asterisk form goes upstream unchanged (RFC 9112 3.2.4), from a reverse
 /// listener, and a forward proxy turns `OPTIONS http://host:port` (empty
