@@ -21,9 +21,10 @@ once from disk), then:
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000'),
-DH_LISTENER to its [[listener]] (h2callgrind sets h2c = true),
 DH_SERVER to its [server] (e.g. bench/overload.toml's limits), DH_LISTENER
-to its [[listener]] (h2callgrind adds h2c = true).
+to its [[listener]] (h2callgrind adds h2c = true). DH_CLOSE=1 makes the
+callgrind and strace modes send each request on a connection of its own
+with `Connection: close` (the close scenario).
 DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
 so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
 serves with Cache-Control: no-store: every request is then a miss (the
@@ -93,12 +94,20 @@ def start_portico(binary, wrap=()):
     wait(PORT, "/o/00000", 300); return p
 
 def client_run(paths, n, seed=1):
+    """n random GETs on one keep-alive connection, or with DH_CLOSE=1 each
+    on a connection of its own with `Connection: close` (the close scenario)."""
     rng = random.Random(seed)
+    close = os.environ.get("DH_CLOSE") == "1"
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
-    disk = 0
     for i in range(n):
-        c.request("GET", rng.choice(paths)); r = c.getresponse(); b = r.read()
+        if close:
+            c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+            c.request("GET", rng.choice(paths), headers={"Connection": "close"})
+        else:
+            c.request("GET", rng.choice(paths))
+        r = c.getresponse(); r.read()
         if r.status != 200: raise SystemExit(f"status {r.status}")
+        if close: c.close()
     c.close()
 
 def h2_run(paths, n, seed=1):

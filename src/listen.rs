@@ -194,7 +194,14 @@ async fn first<H: Handler>(
     let stream = match &serving.tls {
         None => ClientStream::Plain(stream),
         Some(config) => {
-            match crate::http1::tls::accept(stream, config.clone(), serving.settings.header_timeout).await {
+            // Boxed, as SOCKS and HTTP/2 in `run`: see there.
+            match Box::pin(crate::http1::tls::accept(
+                stream,
+                config.clone(),
+                serving.settings.header_timeout,
+            ))
+            .await
+            {
                 Ok(tls) => {
                     crate::tls::counters().handshake_done();
                     crate::tls_resume::count_handshake(tls.resumed());
@@ -224,7 +231,14 @@ async fn run<H: Handler>(
     if serving.handler.takes_connections() {
         // Not HTTP (a SOCKS listener): the handler has the connection to
         // its end, and it never goes idle in the keep-alive set.
-        serving.handler.serve_connection(stream, peer).await;
+        //
+        // Boxed, as HTTP/2 below and the TLS handshake in `first`: a task's
+        // future is as large as its largest path, and tokio copies it
+        // whole several times as it spawns, polls and completes the task.
+        // SOCKS's future inlined made every connection's task 6,200 bytes
+        // (the HTTP/1 path alone needs 1,136), and those copies 6,200 of a
+        // `Connection: close` hit's 39,100 instructions.
+        Box::pin(serving.handler.serve_connection(stream, peer)).await;
         drop(open);
         return;
     }
@@ -241,7 +255,15 @@ async fn run<H: Handler>(
             }
         };
         if is_h2 {
-            crate::http1::h2::serve(stream, peer, serving.settings.clone(), h2, serving.handler.clone()).await;
+            // Boxed: see SOCKS above.
+            Box::pin(crate::http1::h2::serve(
+                stream,
+                peer,
+                serving.settings.clone(),
+                h2,
+                serving.handler.clone(),
+            ))
+            .await;
             drop(open);
             return;
         }

@@ -398,6 +398,53 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
 /// The poller keeps no client address: a resumed connection takes the
 /// socket's own peer address again. A client at 127.0.0.3 is still that
 /// client after parking, for the access list and in the access log.
+/// A connection waiting in its own task (new and silent, or kept alive,
+/// before `park_after`) costs about 1.4 KiB (docs/CONFIG.md): the task and
+/// the HTTP/1 loop's future. Paths that are not that loop (SOCKS, HTTP/2,
+/// the TLS handshake) are boxed when taken; inlined, SOCKS's state made
+/// every connection's task 6,200 bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_waiting_in_its_task_costs_under_3_kib() {
+    let p =
+        proxy("[keepalive]\npark_after = \"1min\"\ntimeout = \"1min\"\n\n[limits]\nheader_timeout = \"1min\"\n").await;
+    let descriptors = || std::fs::read_dir(format!("/proc/{}/fd", p.pid())).map_or(0, |d| d.count());
+    // Under the test process's own open-files limit (often 1,024).
+    let n = 800;
+    let mut held = Vec::with_capacity(n);
+    // The first connections also grow the runtime's and the allocator's
+    // structures once: measure from after a first batch.
+    for _ in 0..100 {
+        held.push(tokio::net::TcpStream::connect(p.addr()).await.expect("connect"));
+    }
+    until(|| descriptors() >= 100).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (before, open) = (p.rss_kib(), descriptors());
+    for _ in 0..n {
+        held.push(tokio::net::TcpStream::connect(p.addr()).await.expect("connect"));
+    }
+    until(|| descriptors() >= open + n).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let per_connection = (p.rss_kib().saturating_sub(before)) * 1024 / n as u64;
+    let c = stats_snapshot(&p).await;
+    assert_eq!(int(&c, "keepalive", "parked_new"), 0, "still in their tasks: {c}");
+    assert!(
+        per_connection < 3 << 10,
+        "{per_connection} bytes per connection waiting in its task"
+    );
+    drop(held);
+}
+
+/// Waits (up to 10 s) until `done` holds.
+async fn until(done: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not reached in 10 s");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_connection_keeps_its_client_address() {
     let origin = fast_origin().await;
