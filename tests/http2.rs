@@ -733,6 +733,55 @@ async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() 
     assert_eq!(json["snapshot"]["http2"]["connections"], 2, "{json}");
 }
 
+/// A request Portico refuses itself (here: neither `:authority` nor
+/// `Host`, RFC 9113 8.3.1) gets its 400 on its stream, is logged with its
+/// request line, and leaves the connection serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_authority_gets_400_on_its_stream_and_is_logged() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        "h2c = true\n",
+        &origin,
+        "\n[log]\naccess = \"{dir}/access.log\"\n",
+    ))
+    .await;
+    let mut s = raw_h2c(port).await;
+    // :method GET, :scheme http, :path /nohost: no :authority, no Host.
+    let mut requests = frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &[0x82, 0x86, 0x04, 7, b'/', b'n', b'o', b'h', b'o', b's', b't'],
+    );
+    // Then a good one on the same connection.
+    requests.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, &get_block()));
+    s.write_all(&requests).await.expect("requests");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(2)).await;
+    let status = |stream| {
+        frames
+            .iter()
+            .find(|f| f.0 == HEADERS && f.2 == stream)
+            .and_then(|f| f.3.first().copied())
+    };
+    // HPACK static table: 0x8c is `:status 400`, 0x88 `:status 200`.
+    assert_eq!(status(1), Some(0x8c), "{frames:?}");
+    assert_eq!(status(3), Some(0x88), "{frames:?}");
+    assert!(!closed, "{frames:?}");
+    assert_eq!(origin.count(), 1);
+    let mut log = String::new();
+    for _ in 0..50 {
+        log = std::fs::read_to_string(p.dir().join("access.log")).unwrap_or_default();
+        if log.lines().count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(log.contains("\"GET /nohost HTTP/2.0\" 400"), "access log: {log}");
+    assert!(p.stderr().contains("no :authority and no Host"), "{}", p.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_streams_past_max_error_resets_close_the_connection() {
     // Each request carries a `Connection` field: malformed in HTTP/2
