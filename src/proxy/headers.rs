@@ -103,35 +103,40 @@ pub fn via_count(headers: &HeaderMap, pseudonym: &str) -> usize {
         .count()
 }
 
+/// `X-Forwarded-For`, made once (at compile time).
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Applies the `X-Forwarded-For` policy for a request from `client`.
 pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) {
-    let name = HeaderName::from_static("x-forwarded-for");
     let ip = match client {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(client),
         v4 => v4,
     };
-    match policy {
-        ForwardedFor::Pass => {}
+    let earlier =
+        |headers: &HeaderMap| -> usize { headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.len() + 2).sum() };
+    let prior = match policy {
+        ForwardedFor::Pass => return,
         ForwardedFor::Remove => {
-            headers.remove(&name);
+            headers.remove(&X_FORWARDED_FOR);
+            return;
         }
-        ForwardedFor::Replace => {
-            headers.insert(
-                name,
-                HeaderValue::from_str(&crate::util::ip_text(ip)).unwrap_or(HeaderValue::from_static("unknown")),
-            );
+        ForwardedFor::Replace => 0,
+        ForwardedFor::Append => earlier(headers),
+    };
+    // One buffer of the exact size, which becomes the value without a copy
+    // (as `add_via`'s): this runs on every proxied request.
+    let ip = crate::util::ip_text(ip);
+    let mut value = Vec::with_capacity(prior + ip.len());
+    if prior > 0 {
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            value.extend_from_slice(v.as_bytes());
+            value.extend_from_slice(b", ");
         }
-        ForwardedFor::Append => {
-            let prior: Vec<&str> = headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
-            let value = if prior.is_empty() {
-                crate::util::ip_text(ip)
-            } else {
-                [prior.join(", ").as_str(), ", ", &crate::util::ip_text(ip)].concat()
-            };
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(name, v);
-            }
-        }
+    }
+    value.extend_from_slice(ip.as_bytes());
+    // Earlier values are valid field values, and so is an address.
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -215,6 +220,28 @@ mod tests {
         assert_eq!(h.get("x-forwarded-for").unwrap(), "127.0.0.2");
         forwarded_for(&mut h, ip, ForwardedFor::Remove);
         assert!(h.get("x-forwarded-for").is_none());
+        // No earlier value: the client alone; Pass leaves the fields be.
+        forwarded_for(&mut h, ip, ForwardedFor::Append);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "127.0.0.2");
+        forwarded_for(&mut h, "10.9.9.9".parse().unwrap(), ForwardedFor::Pass);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "127.0.0.2");
+    }
+
+    #[test]
+    fn x_forwarded_for_joins_every_earlier_line_into_one() {
+        let mut h = map(&[
+            ("x-forwarded-for", "10.0.0.1, 10.0.0.2"),
+            ("x-forwarded-for", "10.0.0.3"),
+        ]);
+        // An IPv4 client seen through an IPv6 socket is written as IPv4.
+        forwarded_for(&mut h, "::ffff:192.0.2.7".parse().unwrap(), ForwardedFor::Append);
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7"]);
+        forwarded_for(&mut h, "2001:db8::1".parse().unwrap(), ForwardedFor::Append);
+        assert_eq!(
+            h.get("x-forwarded-for").unwrap(),
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7, 2001:db8::1"
+        );
     }
 
     #[test]
