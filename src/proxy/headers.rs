@@ -112,8 +112,7 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(client),
         v4 => v4,
     };
-    let earlier =
-        |headers: &HeaderMap| -> usize { headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.len() + 2).sum() };
+    // The room the earlier values take, each followed by ", ".
     let prior = match policy {
         ForwardedFor::Pass => return,
         ForwardedFor::Remove => {
@@ -121,7 +120,7 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             return;
         }
         ForwardedFor::Replace => 0,
-        ForwardedFor::Append => earlier(headers),
+        ForwardedFor::Append => headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.len() + 2).sum(),
     };
     // One buffer of the exact size, which becomes the value without a copy
     // (as `add_via`'s): this runs on every proxied request.
