@@ -54,6 +54,14 @@ fn reverse_config(port: u16, listener_extra: &str, origin: &Origin, rest: &str) 
     )
 }
 
+/// A reverse listener speaking h2c on a free port, in front of `origin`,
+/// with `rest` added to the config: its port and the running Portico.
+async fn h2c_portico(origin: &Origin, rest: &str) -> (u16, Portico) {
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", origin, rest)).await;
+    (port, p)
+}
+
 /// Waits (up to 10 s) for a /metrics series to reach `n`.
 async fn wait_metric(p: &Portico, series: &str, n: u64) {
     for _ in 0..100 {
@@ -173,8 +181,7 @@ async fn http2_false_keeps_a_tls_listener_to_http_1_1() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_by_prior_knowledge_is_served_only_where_enabled_beside_http1() {
     let origin = Origin::start(|req| async move { Response::ok(format!("got {}", req.uri.path())) }).await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, p) = h2c_portico(&origin, "").await;
     let url = format!("http://127.0.0.1:{port}/a?b=1");
     let out = common::curl(&["--http2-prior-knowledge", "-w", " %{http_version}", &url]).await;
     assert!(out.status.success(), "{}\n{}", text(&out.stderr), p.stderr());
@@ -213,8 +220,7 @@ async fn a_stream_waiting_on_a_slow_origin_holds_back_no_other_stream_of_its_con
         }
     })
     .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, p) = h2c_portico(&origin, "").await;
     let mut send = h2c(port).await;
     let get = |path: &str| {
         http::Request::get(format!("http://127.0.0.1:{port}{path}"))
@@ -297,8 +303,7 @@ async fn request_bodies_with_and_without_a_length_reach_the_origin_over_h2() {
         ))
     })
     .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, p) = h2c_portico(&origin, "").await;
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let file = p.dir().join("upload.bin");
     std::fs::write(&file, &body).expect("write body");
@@ -479,8 +484,7 @@ async fn a_body_of_known_length_ends_the_stream_with_its_last_data_frame() {
     let origin =
         Origin::start(|_req| async move { Response::ok("b".repeat(5000)).header("Cache-Control", "max-age=300") })
             .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, p) = h2c_portico(&origin, "").await;
     for (stream, want) in [(1u32, "MISS"), (3, "HIT")] {
         let mut s = raw_h2c(port).await;
         s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, stream, &get_block()))
@@ -508,14 +512,7 @@ async fn a_body_of_known_length_ends_the_stream_with_its_last_data_frame() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rapid_reset_flood_gets_goaway_enhance_your_calm_and_others_are_still_served() {
     let origin = Origin::start(|_| async move { Response::ok("fine").delay(Duration::from_millis(50)) }).await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        "h2c = true\n",
-        &origin,
-        "\n[http2]\nmax_pending_reset_streams = 10\n",
-    ))
-    .await;
+    let (port, p) = h2c_portico(&origin, "\n[http2]\nmax_pending_reset_streams = 10\n").await;
     let mut s = raw_h2c(port).await;
     // CVE-2023-44487: HEADERS then RST_STREAM, 200 times, in one go.
     let mut flood = Vec::new();
@@ -542,14 +539,7 @@ async fn a_rapid_reset_flood_gets_goaway_enhance_your_calm_and_others_are_still_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_flood_closes_the_connection_and_others_are_still_served() {
     let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        "h2c = true\n",
-        &origin,
-        "\n[http2]\nmax_header_list_size = \"16KiB\"\n",
-    ))
-    .await;
+    let (port, p) = h2c_portico(&origin, "\n[http2]\nmax_header_list_size = \"16KiB\"\n").await;
     let mut s = raw_h2c(port).await;
     // A header block that never ends: HEADERS without END_HEADERS, then
     // CONTINUATION frames (each a header field) without end.
@@ -739,14 +729,7 @@ async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_authority_gets_400_on_its_stream_and_is_logged() {
     let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        "h2c = true\n",
-        &origin,
-        "\n[log]\naccess = \"{dir}/access.log\"\n",
-    ))
-    .await;
+    let (port, p) = h2c_portico(&origin, "\n[log]\naccess = \"{dir}/access.log\"\n").await;
     let mut s = raw_h2c(port).await;
     // :method GET, :scheme http, :path /nohost: no :authority, no Host.
     let mut requests = frame(
@@ -797,8 +780,7 @@ async fn malformed_streams_past_max_error_resets_close_the_connection() {
     }
     let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
     // Within the default bound (1024): each stream reset, the connection kept.
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, p) = h2c_portico(&origin, "").await;
     let mut s = raw_h2c(port).await;
     s.write_all(&bad).await.expect("requests");
     let (frames, closed) = read_frames(&mut s, Duration::from_secs(1)).await;
@@ -807,14 +789,7 @@ async fn malformed_streams_past_max_error_resets_close_the_connection() {
     assert!(!closed && goaway_code(&frames).is_none(), "{frames:?}");
     drop(p);
     // Past `max_error_resets`: GOAWAY ENHANCE_YOUR_CALM, closed.
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        "h2c = true\n",
-        &origin,
-        "\n[http2]\nmax_error_resets = 5\n",
-    ))
-    .await;
+    let (port, p) = h2c_portico(&origin, "\n[http2]\nmax_error_resets = 5\n").await;
     let mut s = raw_h2c(port).await;
     s.write_all(&bad).await.expect("requests");
     let (frames, closed) = read_frames(&mut s, Duration::from_secs(10)).await;
@@ -835,8 +810,7 @@ async fn malformed_streams_past_max_error_resets_close_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_an_open_stream_finish_then_ends_the_connection() {
     let origin = Origin::start(|_| async move { Response::ok("finished").delay(Duration::from_millis(1500)) }).await;
-    let port = free_port();
-    let mut p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, "")).await;
+    let (port, mut p) = h2c_portico(&origin, "").await;
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
     let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
     let conn = tokio::spawn(conn);
@@ -901,14 +875,7 @@ async fn an_origins_early_hints_reach_an_h2_client_before_the_final_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_opens_no_window_has_its_stream_reset_after_send_timeout() {
     let origin = Origin::start(|_| async move { Response::ok(vec![b'x'; 100_000]) }).await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        "h2c = true\n",
-        &origin,
-        "\n[limits]\nsend_timeout = \"1s\"\n",
-    ))
-    .await;
+    let (port, p) = h2c_portico(&origin, "\n[limits]\nsend_timeout = \"1s\"\n").await;
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
     // A window of 0: the server may send headers, never a body byte.
     let (client, conn) = h2::client::Builder::new()
