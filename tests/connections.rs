@@ -86,14 +86,20 @@ async fn gated_origin_with(fresh: bool) -> (Origin, Arc<Semaphore>, Arc<AtomicUs
     (origin, gate, arrived)
 }
 
-/// Waits (10 s at most) until the origin has received `n` requests.
-async fn until_arrived(arrived: &AtomicUsize, n: usize) {
+/// Waits (10 s at most) until `done` holds; whether it does.
+async fn until(done: impl Fn() -> bool) -> bool {
     for _ in 0..2000 {
-        if arrived.load(Ordering::SeqCst) >= n {
-            break;
+        if done() {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    false
+}
+
+/// Waits (10 s at most) until the origin has received `n` requests.
+async fn until_arrived(arrived: &AtomicUsize, n: usize) {
+    until(|| arrived.load(Ordering::SeqCst) >= n).await;
 }
 
 async fn fast_origin() -> Origin {
@@ -416,13 +422,19 @@ async fn a_connection_waiting_in_its_task_costs_under_3_kib() {
     for _ in 0..100 {
         held.push(tokio::net::TcpStream::connect(p.addr()).await.expect("connect"));
     }
-    until(|| descriptors() >= 100).await;
+    assert!(
+        until(|| descriptors() >= 100).await,
+        "the first connections not accepted"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (before, open) = (p.rss_kib(), descriptors());
     for _ in 0..n {
         held.push(tokio::net::TcpStream::connect(p.addr()).await.expect("connect"));
     }
-    until(|| descriptors() >= open + n).await;
+    assert!(
+        until(|| descriptors() >= open + n).await,
+        "{n} connections not accepted"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let per_connection = (p.rss_kib().saturating_sub(before)) * 1024 / n as u64;
     let c = stats_snapshot(&p).await;
@@ -453,17 +465,6 @@ fn raise_own_open_files() -> u64 {
     }
     #[allow(clippy::useless_conversion)]
     u64::from(lim.rlim_cur)
-}
-
-/// Waits (up to 10 s) until `done` holds.
-async fn until(done: impl Fn() -> bool) {
-    for _ in 0..1000 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("not reached in 10 s");
 }
 
 /// The poller keeps no client address: a resumed connection takes the
