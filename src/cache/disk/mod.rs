@@ -194,6 +194,9 @@ struct Inner {
     popularity_file: std::sync::OnceLock<PathBuf>,
     /// The sketch's lookups when it was last saved or restored.
     popularity_saved: AtomicU64,
+    /// Held while the sketch is saved: the GC thread's periodic save and
+    /// the one at shutdown share one tmp file name.
+    popularity_saving: Mutex<()>,
 }
 
 /// How often the GC thread saves the popularity sketch (when lookups were
@@ -224,6 +227,7 @@ impl Inner {
         let (Some(path), Some(p)) = (self.popularity_file.get(), self.index.popularity()) else {
             return Ok(false);
         };
+        let _saving = self.popularity_saving.lock().unwrap_or_else(|e| e.into_inner());
         let seen = p.seen();
         if seen == self.popularity_saved.load(Ordering::Relaxed) {
             return Ok(false);
@@ -386,6 +390,7 @@ impl DiskStore {
             }),
             popularity_file: std::sync::OnceLock::new(),
             popularity_saved: AtomicU64::new(0),
+            popularity_saving: Mutex::new(()),
         };
         Ok(DiskStore { inner: Arc::new(inner) })
     }
