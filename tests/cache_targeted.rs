@@ -7,6 +7,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::*;
 
@@ -43,7 +44,14 @@ async fn origin() -> Origin {
 /// with `cache_extra` more `[cache]` keys.
 async fn proxy(origin: &Origin, cache_extra: &str) -> (Portico, SocketAddr, SocketAddr) {
     let (forward, reverse) = (free_addr(), free_addr());
-    let p = Portico::start(&format!(
+    let p = Portico::start(&config(origin, &forward, &reverse, cache_extra)).await;
+    let parse = |a: &str| a.parse::<SocketAddr>().expect("listener address");
+    (p, parse(&forward), parse(&reverse))
+}
+
+/// The config [`proxy`] starts with (and a reload may rewrite).
+fn config(origin: &Origin, forward: &str, reverse: &str, cache_extra: &str) -> String {
+    format!(
         "[[listener]]\naddress = \"{forward}\"\nmode = \"forward\"\n\n\
          [[listener]]\naddress = \"{reverse}\"\nmode = \"reverse\"\n\n\
          [[upstream]]\nname = \"site\"\nservers = [\"{}\"]\n\n\
@@ -51,10 +59,7 @@ async fn proxy(origin: &Origin, cache_extra: &str) -> (Portico, SocketAddr, Sock
          [log]\naccess = \"{{dir}}/access.log\"\n\n\
          [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\n{cache_extra}\n",
         origin.addr()
-    ))
-    .await;
-    let parse = |a: &str| a.parse::<SocketAddr>().expect("listener address");
-    (p, parse(&forward), parse(&reverse))
+    )
 }
 
 /// `GET path` on the reverse listener.
@@ -159,6 +164,49 @@ async fn the_first_field_on_the_target_list_wins_and_stripped_fields_reach_no_cl
         assert_eq!(r.header("cdn-cache-control"), None, "{:?}", r.headers);
         assert_eq!(r.header("cache-control"), Some("no-store"));
     }
+}
+
+/// A hit's head is written from field lines kept with the stored response
+/// on its first hit; a reload that starts stripping targeted fields must
+/// not go on sending the lines written before it (nor, reloaded back, the
+/// lines written while stripping).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_fields_are_stripped_from_hits_after_a_reload_that_strips_them() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let p = Portico::start(&config(&o, &forward, &reverse, "")).await;
+    let reverse: SocketAddr = reverse.parse().expect("listener address");
+    let path = "/cdn-overrides-no-store";
+    let (a, b) = (reverse_get(reverse, path).await, reverse_get(reverse, path).await);
+    assert_eq!(x_caches(&a, &b), ("MISS".into(), "HIT".into()));
+    assert_eq!(b.header("cdn-cache-control"), Some("max-age=600"));
+
+    // Reloads until a hit shows the field `present` or not (a reload takes
+    // effect a moment after the signal), checking every answer is a hit.
+    let reload_until = |extra: &'static str, present: bool| {
+        p.rewrite_config(&config(&o, &forward, &reverse.to_string(), extra));
+        p.signal(libc::SIGHUP);
+        async move {
+            for _ in 0..100 {
+                let r = reverse_get(reverse, path).await;
+                assert_eq!((r.status, r.header("x-cache")), (200, Some("HIT")), "{:?}", r.headers);
+                if r.header("cdn-cache-control").is_some() == present {
+                    return r;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!(
+                "CDN-Cache-Control still {} after the reload",
+                if present { "absent" } else { "sent" }
+            );
+        }
+    };
+    let r = reload_until("strip_targeted_fields = true", false).await;
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert_eq!(r.body_str(), "page /cdn-overrides-no-store");
+    let r = reload_until("", true).await;
+    assert_eq!(r.header("cdn-cache-control"), Some("max-age=600"));
+    assert_eq!(o.count(), 1, "every answer after the first came from the cache");
 }
 
 /// Per route: a rule's `cache = { targeted_fields = [] }` obeys none.

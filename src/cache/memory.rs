@@ -42,7 +42,9 @@ impl MemObject {
     /// and the allocator's overhead per allocation. The memory tier's
     /// budget bounds this sum, so it must not flatter: an estimate that left
     /// out the header map (about 1 KiB for a typical response) let a 128 MiB
-    /// tier of 1 KB objects hold twice its budget.
+    /// tier of 1 KB objects hold twice its budget. The field lines kept
+    /// for its hits' heads (`object::KeptLines`, no more bytes than the
+    /// fields) are counted from the start, before the first hit writes them.
     pub fn weight(&self) -> u64 {
         let meta = &self.meta;
         let field_bytes: usize = meta.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
@@ -51,11 +53,11 @@ impl MemObject {
             .iter()
             .map(|(n, v)| n.capacity() + v.as_ref().map_or(0, String::capacity) + 2 * PER_ALLOCATION)
             .sum();
-        let allocations = 6 + meta.headers.len();
+        let allocations = 7 + meta.headers.len();
         (self.body.len()
             + meta.key.capacity()
             + variant
-            + field_bytes
+            + 2 * field_bytes
             + meta.headers.capacity() * PER_HEADER_SLOT
             + size_of::<MemObject>()
             + size_of::<StoredMeta>()

@@ -304,6 +304,12 @@ impl Policy {
         }
     }
 
+    /// Identifies the settings: two policies with the same fingerprint
+    /// decide alike (what is kept with a stored response is tagged with it).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
     /// Whether `name` is a targeted field [`Policy::strip_targeted`]
     /// takes out of responses (a head written without a copy skips it).
     pub fn strips(&self, name: &HeaderName) -> bool {

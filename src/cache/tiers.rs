@@ -283,6 +283,8 @@ pub struct Cache {
     pub status_header: Option<HeaderName>,
     /// This cache's identifier in the `Cache-Status` field (RFC 9211), if enabled.
     pub cache_status: Option<Box<str>>,
+    /// `status_header` hashed: see [`Cache::lines_tag`].
+    status_tag: u64,
     /// `cache.revalidation_wait`: how long a request waits for another's
     /// revalidation of the same stored object.
     pub revalidation_wait: std::time::Duration,
@@ -331,6 +333,7 @@ impl Cache {
             stats: Arc::default(),
             status_header: None,
             cache_status: None,
+            status_tag: 0,
             revalidation_wait: std::time::Duration::ZERO,
             // Parts of objects the memory tier would admit whole, within an
             // eighth of its budget.
@@ -396,6 +399,12 @@ impl Cache {
                     .map_err(|_| format!("cache.status_header {:?} is not a header name", cfg.status_header))?,
             )
         };
+        let status_tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            status_header.as_ref().map(HeaderName::as_str).hash(&mut h);
+            h.finish()
+        };
         Ok(Cache {
             policy,
             routes,
@@ -403,6 +412,7 @@ impl Cache {
             flights: self.flights.clone(),
             stats: self.stats.clone(),
             status_header,
+            status_tag,
             cache_status: (!cfg.cache_status.is_empty()).then(|| cfg.cache_status.as_str().into()),
             revalidation_wait: cfg.revalidation_wait.get(),
             partials: self.partials.clone(),
@@ -413,6 +423,14 @@ impl Cache {
             marker_lock: self.marker_lock.clone(),
             running: self.running.clone(),
         })
+    }
+
+    /// The tag of a stored response's kept field lines
+    /// ([`crate::cache::object::KeptLines`]) written for hits under
+    /// `policy`: which fields a hit's head leaves out depends on the
+    /// policy's settings and on the cache status header's name.
+    pub fn lines_tag(&self, policy: &Policy) -> u64 {
+        policy.fingerprint() ^ self.status_tag
     }
 
     /// The policy for requests routed by rule `route` (None: not routed by a rule).

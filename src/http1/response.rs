@@ -103,6 +103,39 @@ fn field_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// A stored response's fields as [`ResponseWriter::send_stored_head`]
+/// takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredLines<'f> {
+    /// Field lines from [`stored_field_lines`].
+    pub lines: &'f [u8],
+    /// Whether the lines include `Date` (else the head gets the time now).
+    pub has_date: bool,
+    /// The fields the lines were written from, when they include `Location`
+    /// or `Content-Location` (noted for [`ResponseWriter::sent_headers`]).
+    pub locations: Option<&'f HeaderMap>,
+}
+
+/// The field lines (`name: value` CRLF) of a stored response's fields
+/// that a hit's head carries as they are: every field of `base` but those
+/// `skip` names and those Portico writes itself (`Age`, `Content-Length`,
+/// `Transfer-Encoding`, `Connection`). Written once per stored response and
+/// kept with it, they cost a hit one copy instead of a line per field.
+/// Also says whether `base` has `Date`, and `Location` or
+/// `Content-Location` ([`StoredLines`]).
+pub fn stored_field_lines(base: &HeaderMap, skip: impl Fn(&HeaderName) -> bool) -> (Vec<u8>, bool, bool) {
+    let (mut has_date, mut has_location) = (false, false);
+    let mut out = Vec::with_capacity(fields_len(base));
+    for (name, value) in base {
+        has_date |= name == DATE;
+        has_location |= name == http::header::LOCATION || name == http::header::CONTENT_LOCATION;
+        if !(name == AGE || name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION || skip(name)) {
+            field_line(&mut out, name, value.as_bytes());
+        }
+    }
+    (out, has_date, has_location)
+}
+
 impl<'a> ResponseWriter<'a> {
     pub(super) fn new(
         stream: &'a ClientStream,
@@ -396,10 +429,10 @@ impl<'a> ResponseWriter<'a> {
         }
     }
 
-    /// Whether [`ResponseWriter::send_borrowed_head`] can send a `status`
+    /// Whether [`ResponseWriter::send_stored_head`] can send a `status`
     /// response: on HTTP/1, to a request that is not HEAD, with no header
     /// edits from the rules, and a status that has a body.
-    pub fn takes_borrowed_head(&self, status: StatusCode) -> bool {
+    pub fn takes_stored_head(&self, status: StatusCode) -> bool {
         matches!(self.sink, Sink::H1(_))
             && self.edits.is_empty()
             && !self.head_request
@@ -409,43 +442,37 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// [`ResponseWriter::send_head`] for a response with a body of `len`
-    /// bytes whose fields are read from `base` where they lie, never copied
-    /// into a map of their own (a cache hit sends its stored response's
-    /// fields so), but for those `skip` names and the fields Portico
-    /// writes itself (`Age`, `Content-Length`, `Transfer-Encoding`,
-    /// `Connection`); `Age: age` (written from the number: a `HeaderValue`
-    /// of it would be an allocation per hit) and `extra` follow them. Only
-    /// where [`ResponseWriter::takes_borrowed_head`] says so.
-    pub fn send_borrowed_head<'x>(
+    /// bytes whose fields were written as lines once ([`stored_field_lines`]:
+    /// a cache hit sends its stored response's so, with no map of their own
+    /// to edit and no field written one by one); `Age: age` (written from
+    /// the number: a `HeaderValue` of it would be an allocation per hit),
+    /// `extra`, `Content-Length`, and `Date` when the lines have none,
+    /// follow them. Only where [`ResponseWriter::takes_stored_head`] says so.
+    pub fn send_stored_head<'x>(
         &mut self,
         status: StatusCode,
-        base: &HeaderMap,
-        skip: impl Fn(&HeaderName) -> bool,
+        fields: StoredLines<'_>,
         age: u64,
         extra: impl Iterator<Item = &'x (HeaderName, HeaderValue)> + Clone,
         len: u64,
     ) {
-        debug_assert!(self.takes_borrowed_head(status));
+        debug_assert!(self.takes_stored_head(status));
         self.framing = Framing::Length;
         self.declared = len;
-        for name in [http::header::LOCATION, http::header::CONTENT_LOCATION] {
-            if let Some(v) = base.get(&name) {
-                self.locations.insert(name, v.clone());
-            }
-        }
-        let date = (!base.contains_key(DATE)).then(crate::util::http_date_now);
-        let connection = self.connection_field();
-        let sent =
-            |n: &HeaderName| !(n == AGE || n == CONTENT_LENGTH || n == TRANSFER_ENCODING || n == CONNECTION || skip(n));
-        // Sized for every base field, skipped or not, and Portico's own
-        // (Age, Content-Length, Date, Connection).
-        let size = fields_len(base) + fields_len(extra.clone().map(|(n, v)| (n, v))) + 96;
-        self.queue_head(status, size, |out| {
-            for (name, value) in base {
-                if sent(name) {
-                    field_line(out, name, value.as_bytes());
+        if let Some(base) = fields.locations {
+            for name in [http::header::LOCATION, http::header::CONTENT_LOCATION] {
+                if let Some(v) = base.get(&name) {
+                    self.locations.insert(name, v.clone());
                 }
             }
+        }
+        let date = (!fields.has_date).then(crate::util::http_date_now);
+        let connection = self.connection_field();
+        // Sized for the lines and Portico's own fields (Age, Content-Length,
+        // Date, Connection).
+        let size = fields.lines.len() + fields_len(extra.clone().map(|(n, v)| (n, v))) + 96;
+        self.queue_head(status, size, |out| {
+            out.extend_from_slice(fields.lines);
             let mut digits = [0u8; 20];
             field_line(out, &AGE, decimal(age, &mut digits));
             for (name, value) in extra {

@@ -9,7 +9,7 @@ use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
 use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
 use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
-use crate::cache::object::StoredMeta;
+use crate::cache::object::{KeptLines, StoredMeta};
 use crate::cache::partial::{self, NewPart};
 use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
 use crate::cache::range::{self, RangePlan};
@@ -1310,20 +1310,40 @@ impl Transaction<'_, '_> {
         let len = stored.len;
         let code = stored.meta.status;
         let plan = range::plan(&ex.head.method, &ex.head.headers, code, &stored.meta.headers, len);
-        let body = if matches!(plan, RangePlan::Full) && ex.out.takes_borrowed_head(code) {
+        let body = if matches!(plan, RangePlan::Full) && ex.out.takes_stored_head(code) {
             // The whole stored response, as it is stored: its fields are
-            // written from the stored map, with no copy of it to edit.
+            // the lines kept with it, with no copy of the map to edit.
             let [status_header, cache_status] = marks(cache, status, member);
             let extra = [status_header, cache_status];
-            let status_name = cache.status_header.as_ref();
-            ex.out.send_borrowed_head(
-                code,
-                &stored.meta.headers,
-                |n| Some(n) == status_name || cache_policy.strips(n),
-                age,
-                extra.iter().flatten(),
-                len,
-            );
+            let tag = cache.lines_tag(cache_policy);
+            let write = || {
+                let status_name = cache.status_header.as_ref();
+                let (lines, has_date, has_location) = crate::http1::stored_field_lines(&stored.meta.headers, |n| {
+                    Some(n) == status_name || cache_policy.strips(n)
+                });
+                KeptLines {
+                    tag,
+                    lines,
+                    has_date,
+                    has_location,
+                }
+            };
+            // Kept on the first hit; a hit under other settings (a reload, a
+            // route's own policy) writes its own.
+            let kept = stored.meta.derived.lines_or_init(write);
+            let own;
+            let lines = if kept.tag == tag {
+                kept
+            } else {
+                own = write();
+                &own
+            };
+            let fields = crate::http1::StoredLines {
+                lines: &lines.lines,
+                has_date: lines.has_date,
+                locations: lines.has_location.then_some(&stored.meta.headers),
+            };
+            ex.out.send_stored_head(code, fields, age, extra.iter().flatten(), len);
             BodyPlan::One(0..len)
         } else {
             let mut headers = owned();
