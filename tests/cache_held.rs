@@ -208,6 +208,9 @@ async fn a_memory_hit_is_sent_from_the_disk_file_once_the_file_is_checked() {
     let cache = tempfile::tempdir().unwrap();
     let (origin, fetched) = origin().await;
     let p = proxy_both_tiers(cache.path()).await;
+    // Until the start-up scan has indexed the (empty) directory, a lookup
+    // tries the file itself and counts a held-file miss.
+    disk_until(&p, "the index ready", |d| d["index_ready"] == true).await;
     assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
     // The response is stored after its last byte is sent: a request sent
     // before that would follow the fetch (and look at the disk tier).
