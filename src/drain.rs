@@ -2,9 +2,11 @@
 //! count of client connections still open.
 //!
 //! Once draining starts, listeners stop accepting (`server.rs`), idle
-//! keep-alive connections close at once (`http1::serve` waits on
-//! [`started`] while idle), a response whose head is not yet written says
-//! `Connection: close` (`ResponseWriter::send_head` checks [`is_draining`]),
+//! connections close at once (a new one waits on [`started`] for its first
+//! request in `http1::serve`; the keep-alive set shuts down those idle
+//! between requests from an [`on_start`] hook), a response whose head is
+//! not yet written says `Connection: close` (`ResponseWriter::send_head`
+//! checks [`is_draining`]),
 //! and a connection ends after its current response. The server exits when
 //! [`open_connections`] reaches zero or `server.shutdown_timeout` passes.
 //!
@@ -15,9 +17,9 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
-/// Shards of the "draining started" notification: every idle connection
-/// registers with one while it waits, and a single `Notify` would make all
-/// worker threads take the same lock on every keep-alive request.
+/// Shards of the "draining started" notification: every new connection
+/// registers with one while it waits for its first request, and a single
+/// `Notify` would make all worker threads take the same lock on every one.
 const SHARDS: usize = 32;
 
 struct State {

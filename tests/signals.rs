@@ -253,6 +253,52 @@ async fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_e
     );
 }
 
+/// A keep-alive connection idle in its own task (never handed to the
+/// poller here) is closed as soon as the drain starts, not after
+/// `keepalive.timeout`: the keep-alive set shuts it down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_keepalive_connections_idle_in_their_tasks_at_once() {
+    let a = origin("a", Duration::ZERO).await;
+    let b = origin("b", Duration::ZERO).await;
+    let addr = free_addr();
+    let mut p = Portico::start(&config(
+        &[&addr],
+        &a,
+        &b,
+        "a",
+        "[keepalive]\ntimeout = \"60s\"\npark_after = \"1h\"\n",
+    ))
+    .await;
+    let addr = p.addr();
+    let mut idle = Vec::new();
+    for i in 0..3 {
+        let mut c = RawClient::connect(addr).await;
+        c.send(format!("GET /i{i} HTTP/1.1\r\nHost: www.example.com\r\n\r\n").as_bytes())
+            .await;
+        assert_eq!(c.read_response().await.body_str(), format!("a /i{i}"));
+        idle.push(c);
+    }
+    let k = keepalive(addr).await;
+    assert_eq!(
+        (k["count"].as_u64(), k["parked"].as_u64()),
+        (Some(3), Some(0)),
+        "three connections idle in their tasks: {k}"
+    );
+    p.signal(libc::SIGTERM);
+    for c in &mut idle {
+        c.timeout = Duration::from_secs(3);
+        assert!(
+            c.read_to_end().await.is_empty() && c.is_eof(),
+            "idle connection not closed"
+        );
+    }
+    let status = p
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("portico did not exit");
+    assert!(status.success(), "exit status {status}\n{}", p.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_the_connections_the_keepalive_poller_holds_at_once() {
     let a = origin("a", Duration::ZERO).await;

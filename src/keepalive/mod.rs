@@ -64,8 +64,41 @@ impl Drop for Idle<'_> {
 
 impl KeepAlive {
     /// At most `max` idle connections (at least 1), each kept `timeout`;
-    /// a zero `timeout` turns keep-alive off.
-    pub fn new(max: usize, timeout: Duration) -> KeepAlive {
+    /// a zero `timeout` turns keep-alive off. When draining starts (SIGTERM)
+    /// every connection idle in its task is closed at once
+    /// ([`KeepAlive::close_idle`]); those parked by the poller are closed by it.
+    pub fn new(max: usize, timeout: Duration) -> Arc<KeepAlive> {
+        let ka = Arc::new(KeepAlive::unwatched(max, timeout));
+        let weak = Arc::downgrade(&ka);
+        crate::drain::on_start(Box::new(move || {
+            if let Some(ka) = weak.upgrade() {
+                ka.close_idle();
+            }
+        }));
+        ka
+    }
+
+    /// Shuts down every connection idle in its task; each task sees
+    /// end-of-stream and closes (its guard then leaves the set). A
+    /// connection that enters the set afterwards sees
+    /// [`crate::drain::is_draining`] instead: the drain sets that flag
+    /// before it calls this, which takes the set's lock after any entry made
+    /// before it.
+    fn close_idle(&self) {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        for &fd in idle.values() {
+            // SAFETY: as for a flush in `enter`: `fd` belongs to a
+            // connection whose `Idle` guard has not been dropped (dropping
+            // it removes the entry, under this lock), and the guard is
+            // dropped before its socket is closed, so `fd` is still that
+            // open socket. shutdown(2) only ends the TCP connection.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+
+    fn unwatched(max: usize, timeout: Duration) -> KeepAlive {
         KeepAlive {
             max: max.max(1),
             timeout,

@@ -140,10 +140,7 @@ impl Shared {
         let keepalive = match old {
             Some(o) => o.keepalive.clone(),
             None => {
-                let ka = Arc::new(KeepAlive::new(
-                    config.keepalive.max_connections,
-                    config.keepalive.timeout.get(),
-                ));
+                let ka = KeepAlive::new(config.keepalive.max_connections, config.keepalive.timeout.get());
                 if let Err(e) = ka.start_poller(config.keepalive.park_after.get()) {
                     tracing::warn!(
                         "keep-alive poller not started ({cause}): idle connections wait in their own tasks",
