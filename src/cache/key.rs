@@ -79,9 +79,12 @@ impl CacheKey {
         // With room for an upstream group's name (`in_upstream`, on every
         // request a rule sends to a group), which would otherwise reallocate.
         let mut url = String::with_capacity(scheme.len() + 3 + authority.len() + pq.len() + 32);
-        url.extend(scheme.chars().map(|c| c.to_ascii_lowercase()));
+        url.push_str(scheme);
         url.push_str("://");
-        url.extend(authority.chars().map(|c| c.to_ascii_lowercase()));
+        url.push_str(authority);
+        // Lower-cased in place, as bytes: pushed char by char, the two took
+        // about 20 instructions a character.
+        url.make_ascii_lowercase();
         url.push_str(pq);
         CacheKey {
             url_len: url.len(),
@@ -186,6 +189,11 @@ mod tests {
     fn normalisation() {
         let a = CacheKey::new("HTTP", "Example.COM:80", "/a?b=1", false);
         assert_eq!(a.url(), "http://example.com/a?b=1");
+        // Only the scheme and the authority are lower-cased.
+        assert_eq!(
+            CacheKey::new("HTTP", "H.Test", "/A/B?C=D", false).url(),
+            "http://h.test/A/B?C=D"
+        );
         assert_eq!(CacheKey::new("https", "h:443", "", false).url(), "https://h/");
         assert_eq!(CacheKey::new("http", "h:8080", "/x?q", true).url(), "http://h:8080/x");
         assert_eq!(
