@@ -123,8 +123,20 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
         ForwardedFor::Append => headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.len() + 2).sum(),
     };
     // One buffer of the exact size, which becomes the value without a copy
-    // (as `add_via`'s): this runs on every proxied request.
-    let ip = crate::util::ip_text(ip);
+    // (as `add_via`'s): this runs on every proxied request. An IPv4
+    // address is written from its digits, with no `String` of its own.
+    let mut digits = [0u8; 15];
+    let six;
+    let ip: &[u8] = match ip {
+        IpAddr::V4(v4) => {
+            let len = crate::util::ipv4_digits(v4, &mut digits);
+            &digits[..len]
+        }
+        IpAddr::V6(_) => {
+            six = ip.to_string();
+            six.as_bytes()
+        }
+    };
     let mut value = Vec::with_capacity(prior + ip.len());
     if prior > 0 {
         for v in headers.get_all(&X_FORWARDED_FOR) {
@@ -132,7 +144,7 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             value.extend_from_slice(b", ");
         }
     }
-    value.extend_from_slice(ip.as_bytes());
+    value.extend_from_slice(ip);
     // Earlier values are valid field values, and so is an address.
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR, v);
