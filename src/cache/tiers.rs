@@ -672,16 +672,29 @@ impl Cache {
         req_headers: &HeaderMap,
         files: bool,
     ) -> Result<Option<Stored>, PoolBusy> {
-        self.asked(key.id());
-        let Some(primary) = self.get_or_busy(key.id(), true, files).await? else {
+        let id = key.id();
+        self.asked(id);
+        let Some(primary) = self.get_or_busy(id, true, files).await? else {
             return Ok(None);
         };
-        if primary.meta.key != key.text() || primary.meta.headers.contains_key(SLICED) {
-            // A 128-bit hash collision, or an object stored in slices
-            // (`lookup_slice`): a miss for a lookup of the whole.
+        if primary.meta.key != key.text() {
+            // A 128-bit hash collision.
             return Ok(None);
         }
-        let Some(fields) = primary.meta.headers.get(MARKER) else {
+        // Looked up once per stored object, not on every hit.
+        let headers = &primary.meta.headers;
+        let plain = primary
+            .meta
+            .derived
+            .plain_or_init(|| !headers.contains_key(SLICED) && !headers.contains_key(MARKER));
+        if plain {
+            return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
+        }
+        if headers.contains_key(SLICED) {
+            // Stored in slices (`lookup_slice`): a miss for a lookup of the whole.
+            return Ok(None);
+        }
+        let Some(fields) = headers.get(MARKER) else {
             return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
         };
         let fields: Vec<String> = fields
