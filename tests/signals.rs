@@ -278,11 +278,17 @@ async fn sigterm_closes_keepalive_connections_idle_in_their_tasks_at_once() {
         assert_eq!(c.read_response().await.body_str(), format!("a /i{i}"));
         idle.push(c);
     }
-    let k = keepalive(addr).await;
-    assert_eq!(
-        (k["count"].as_u64(), k["parked"].as_u64()),
-        (Some(3), Some(0)),
-        "three connections idle in their tasks: {k}"
+    // Each enters the idle set once its response is logged, a moment after
+    // the client has it.
+    let idle_in_tasks = eventually(Duration::from_secs(5), || async {
+        let k = keepalive(addr).await;
+        (k["count"].as_u64(), k["parked"].as_u64()) == (Some(3), Some(0))
+    })
+    .await;
+    assert!(
+        idle_in_tasks,
+        "not three connections idle in their tasks: {}",
+        keepalive(addr).await
     );
     p.signal(libc::SIGTERM);
     for c in &mut idle {

@@ -98,6 +98,7 @@ impl KeepAlive {
         }
     }
 
+    /// The set itself, with no drain hook ([`KeepAlive::new`] adds it).
     fn unwatched(max: usize, timeout: Duration) -> KeepAlive {
         KeepAlive {
             max: max.max(1),

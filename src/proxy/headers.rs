@@ -126,15 +126,15 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
     // (as `add_via`'s): this runs on every proxied request. An IPv4
     // address is written from its digits, with no `String` of its own.
     let mut digits = [0u8; 15];
-    let six;
+    let v6_text;
     let ip: &[u8] = match ip {
         IpAddr::V4(v4) => {
             let len = crate::util::ipv4_digits(v4, &mut digits);
             &digits[..len]
         }
         IpAddr::V6(_) => {
-            six = ip.to_string();
-            six.as_bytes()
+            v6_text = ip.to_string();
+            v6_text.as_bytes()
         }
     };
     let mut value = Vec::with_capacity(prior + ip.len());
