@@ -449,22 +449,25 @@ async fn a_connection_waiting_in_its_task_costs_under_3_kib() {
 /// Raises this process's open-files soft limit to its hard limit; returns
 /// the limit now in force.
 fn raise_own_open_files() -> u64 {
+    let mut lim = open_files_limit();
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit only reads the struct passed.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        lim = open_files_limit();
+    }
+    #[allow(clippy::useless_conversion)]
+    u64::from(lim.rlim_cur)
+}
+
+/// This process's open-files limits.
+fn open_files_limit() -> libc::rlimit {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit and setrlimit only read or write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        lim.rlim_cur = lim.rlim_max;
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        }
-    }
-    #[allow(clippy::useless_conversion)]
-    u64::from(lim.rlim_cur)
+    // SAFETY: getrlimit only writes the struct passed.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    lim
 }
 
 /// The poller keeps no client address: a resumed connection takes the
@@ -797,14 +800,8 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
 /// The open-files limit a started portico runs with: the hard limit
 /// (capped at 1 << 20), as `sizing::raise_open_files` sets it.
 fn nofile_after_raise() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct passed.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
     #[allow(clippy::useless_conversion)]
-    u64::from(lim.rlim_max).min(1 << 20)
+    u64::from(open_files_limit().rlim_max).min(1 << 20)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,8 +62,6 @@ pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
         Version::HTTP_2 => "2 ",
         _ => "1.1 ",
     };
-    // Built by appending: `format!` costs several hundred instructions a
-    // call, and this runs twice per proxied request.
     // Every earlier line is kept (RFC 9110 7.6.3: each recipient appends
     // its entry to the list), joined into one with ours at the end.
     let earlier = || {
@@ -73,21 +71,33 @@ pub fn add_via(headers: &mut HeaderMap, received: Version, pseudonym: &str) {
             .map(HeaderValue::as_bytes)
             .filter(|e| !e.is_empty())
     };
-    let room = earlier().map(|e| e.len() + 2).sum::<usize>() + proto.len() + pseudonym.len();
-    let mut combined = Vec::with_capacity(room);
-    for e in earlier() {
-        combined.extend_from_slice(e);
-        combined.extend_from_slice(b", ");
-    }
-    combined.extend_from_slice(proto.as_bytes());
-    combined.extend_from_slice(pseudonym.as_bytes());
-    // The buffer becomes the value's own, without a copy: sized exactly
-    // (the two passes over the lines above), since `Bytes` takes a `Vec`
-    // with spare capacity only with a second allocation. `insert`
-    // replaces every earlier `Via` line.
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
+    if let Some(v) = joined(earlier, &[proto.as_bytes(), pseudonym.as_bytes()]) {
         headers.insert(VIA, v);
     }
+}
+
+/// One field value: the `earlier` list values, each followed by ", ", then
+/// `ours` (its pieces concatenated). Built by appending (`format!` costs
+/// several hundred instructions a call, and this runs for `Via` and
+/// `X-Forwarded-For` on every proxied request) into one buffer of the exact
+/// size, sized by a first pass over `earlier`: the buffer becomes the
+/// value's own without a copy, since `Bytes` takes a `Vec` with spare
+/// capacity only with a second allocation. None if the result is not a
+/// valid field value (earlier values are, and so are our pieces).
+fn joined<'a, I>(earlier: impl Fn() -> I, ours: &[&[u8]]) -> Option<HeaderValue>
+where
+    I: Iterator<Item = &'a [u8]>,
+{
+    let room = earlier().map(|e| e.len() + 2).sum::<usize>() + ours.iter().map(|o| o.len()).sum::<usize>();
+    let mut value = Vec::with_capacity(room);
+    for e in earlier() {
+        value.extend_from_slice(e);
+        value.extend_from_slice(b", ");
+    }
+    for o in ours {
+        value.extend_from_slice(o);
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
 }
 
 /// True if the request already passed through a proxy calling itself
@@ -112,19 +122,16 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(client),
         v4 => v4,
     };
-    // The room the earlier values take, each followed by ", ".
-    let prior = match policy {
+    let append = match policy {
         ForwardedFor::Pass => return,
         ForwardedFor::Remove => {
             headers.remove(&X_FORWARDED_FOR);
             return;
         }
-        ForwardedFor::Replace => 0,
-        ForwardedFor::Append => headers.get_all(&X_FORWARDED_FOR).iter().map(|v| v.len() + 2).sum(),
+        ForwardedFor::Replace => false,
+        ForwardedFor::Append => true,
     };
-    // One buffer of the exact size, which becomes the value without a copy
-    // (as `add_via`'s): this runs on every proxied request. An IPv4
-    // address is written from its digits, with no `String` of its own.
+    // An IPv4 address is written from its digits, with no `String` of its own.
     let mut digits = [0u8; 15];
     let v6_text;
     let ip: &[u8] = match ip {
@@ -137,16 +144,15 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
             v6_text.as_bytes()
         }
     };
-    let mut value = Vec::with_capacity(prior + ip.len());
-    if prior > 0 {
-        for v in headers.get_all(&X_FORWARDED_FOR) {
-            value.extend_from_slice(v.as_bytes());
-            value.extend_from_slice(b", ");
-        }
-    }
-    value.extend_from_slice(ip);
-    // Earlier values are valid field values, and so is an address.
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+    let value = if append {
+        joined(
+            || headers.get_all(&X_FORWARDED_FOR).iter().map(HeaderValue::as_bytes),
+            &[ip],
+        )
+    } else {
+        joined(std::iter::empty, &[ip])
+    };
+    if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR, v);
     }
 }
