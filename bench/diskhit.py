@@ -8,7 +8,9 @@ tier, both under /dev/shm/dh; every object fetched twice (stored, then read
 once from disk), then:
 
   diskhit.py PORTICO_BIN wrk ROUNDS SECONDS   wrk -t1 -c64 random hits (CPU 1):
-                                              req/s, Portico CPU, req per core
+                                              req/s, Portico CPU, req per core, TCP
+                                              segments per request (whole machine:
+                                              client, Portico and origin)
   diskhit.py PORTICO_BIN callgrind N          Portico restarted under callgrind
                                               (instrumentation off), every object
                                               read again, then N sequential random
@@ -23,7 +25,7 @@ once from disk), then:
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000'),
 DH_SERVER to its [server] (e.g. bench/overload.toml's limits), DH_LISTENER
 to its [[listener]] (h2callgrind adds h2c = true). DH_CLOSE=1 makes the
-callgrind and strace modes send each request on a connection of its own
+wrk, callgrind and strace modes send each request on a connection of its own
 with `Connection: close` (the close scenario).
 DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
 so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
@@ -131,6 +133,12 @@ def prefill(paths):
 def stats():
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30); c.request("GET", "/.stats.json"); r = c.getresponse(); j = json.loads(r.read()); c.close(); return j
 
+def out_segments():
+    """TCP segments sent by the whole machine so far (/proc/net/snmp
+    OutSegs): the client's, Portico's and the origin's, all on loopback."""
+    rows = [l.split() for l in open("/proc/net/snmp") if l.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("OutSegs")])
+
 def jiffies(pid):
     """User and system CPU of all of pid's threads, in jiffies."""
     user = system = 0
@@ -177,19 +185,21 @@ def main():
             d0 = disk_counters()
             res = []
             for i in range(rounds):
-                (u0, s0), t0 = jiffies(pt.pid), time.time()
-                out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
-                (u1, s1), t1 = jiffies(pt.pid), time.time()
+                (u0, s0), t0, g0 = jiffies(pt.pid), time.time(), out_segments()
+                close = ["-H", "Connection: close"] if os.environ.get("DH_CLOSE") else []
+                out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", *close, "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
+                (u1, s1), t1, g1 = jiffies(pt.pid), time.time(), out_segments()
                 reqs = int(re.search(r"(\d+) requests in", out).group(1))
                 non2xx = re.search(r"Non-2xx.*?(\d+)", out)
-                p99 = re.search(r"99%\s+(\S+)", out).group(1)
+                p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)
                 user, system = (u1 - u0) / CLK, (s1 - s0) / CLK
                 cpu = (user + system) / (t1 - t0)
                 rps = reqs / (t1 - t0)
                 res.append((rps, cpu, rps / cpu))
                 print(f"round {i}: {rps:,.0f} req/s, proxy CPU {cpu:.2f}, {rps/cpu:,.0f} req/core "
                       f"(per request {user / reqs * 1e6:.1f} us user, {system / reqs * 1e6:.1f} us system), "
-                      f"p99 {p99}, non2xx {non2xx.group(1) if non2xx else 0}", flush=True)
+                      f"p99 {p99}, non2xx {non2xx.group(1) if non2xx else 0}, "
+                      f"TCP segments per request {(g1 - g0) / reqs:.2f}", flush=True)
             d1 = disk_counters()
             print("disk counters delta:", {k: d1[k] - d0.get(k, 0) for k in d1 if d1[k] != d0.get(k, 0)})
             res.sort(key=lambda r: r[2]); print(f"median requests per core: {res[len(res)//2][2]:,.0f}")

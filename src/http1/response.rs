@@ -565,6 +565,77 @@ impl<'a> ResponseWriter<'a> {
         Ok(())
     }
 
+    /// Writes several pieces of body (and the queued head, if not yet
+    /// written) in one write: what the origin had sent by the time the
+    /// first piece was read (`OriginBody::ready_data`), sent as it came, in
+    /// one system call and, on plain TCP, as few segments as the bytes
+    /// need. Chunked, they make one chunk.
+    pub async fn send_data_parts(&mut self, parts: &[Bytes]) -> io::Result<()> {
+        /// Pieces one write takes (the head, a chunk header and its end
+        /// besides): more are sent one by one.
+        const MOST: usize = 8;
+        if parts.len() == 1 || parts.len() > MOST {
+            for p in parts {
+                self.send_data(p).await?;
+            }
+            return Ok(());
+        }
+        if matches!(self.sink, Sink::H2(_)) {
+            for p in parts {
+                self.send_h2(p.clone()).await?;
+            }
+            return Ok(());
+        }
+        let Sink::H1(stream) = self.sink else { return Ok(()) };
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if len == 0 {
+            return Ok(());
+        }
+        let head = self.pending_head.take();
+        let head = head.as_deref().unwrap_or(&[]);
+        let t = self.send_timeout;
+        let chunked = self.framing == Framing::Chunked;
+        let size = if chunked {
+            chunk_header(usize::try_from(len).unwrap_or(usize::MAX))
+        } else {
+            Vec::new()
+        };
+        let mut slices: [&[u8]; MOST + 3] = [&[]; MOST + 3];
+        slices[0] = head;
+        let mut n = 1;
+        if chunked {
+            slices[n] = &size;
+            n += 1;
+        }
+        for p in parts {
+            slices[n] = p;
+            n += 1;
+        }
+        if chunked {
+            slices[n] = b"\r\n";
+            n += 1;
+        }
+        let written = match self.framing {
+            Framing::None => write_all(stream, head, t).await,
+            Framing::Length if self.body_bytes + len > self.declared => {
+                self.keep_alive = false;
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "body longer than its Content-Length",
+                ));
+            }
+            Framing::Length if !self.keep_alive && self.body_bytes + len == self.declared => {
+                write_all_vectored_last(stream, &slices[..n], t).await
+            }
+            Framing::Length | Framing::Close | Framing::Chunked => write_all_vectored(stream, &slices[..n], t).await,
+        };
+        written.map_err(|e| self.counted(e))?;
+        if self.framing != Framing::None {
+            self.body_bytes += len;
+        }
+        Ok(())
+    }
+
     /// Whether [`ResponseWriter::send_file`] can send file bytes with
     /// `sendfile` here: an HTTP/1 client on plain TCP.
     pub fn takes_files(&self) -> bool {

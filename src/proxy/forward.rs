@@ -660,8 +660,32 @@ pub fn response_headers(
     headers
 }
 
+/// Body bytes gathered into one write to the client at most (see
+/// [`gather`]).
+const GATHER: usize = 64 << 10;
+
+/// `first` and the body bytes the origin had already sent after it
+/// (`OriginBody::ready_data`), up to [`GATHER`] bytes, into `batch` (emptied
+/// first), for one write to the client. A body that came in two reads
+/// (the head's, then the rest) then leaves in one: without it, the client
+/// got two segments, and was woken for each.
+pub(super) fn gather(body: &mut OriginBody, first: bytes::Bytes, batch: &mut Vec<bytes::Bytes>) {
+    batch.clear();
+    let mut len = first.len();
+    batch.push(first);
+    while len < GATHER
+        && batch.len() < 8
+        && !body.is_end_stream()
+        && let Some(more) = body.ready_data()
+    {
+        len += more.len();
+        batch.push(more);
+    }
+}
+
 /// Sends the origin's response to the client, streaming the body frame by
-/// frame. Failures after the head is sent can only end the connection.
+/// frame (what has arrived gathered into one write). Failures after the
+/// head is sent can only end the connection.
 async fn stream_response(
     out: &mut ResponseWriter<'_>,
     response: http::Response<OriginBody>,
@@ -679,6 +703,7 @@ async fn stream_response(
     out.send_head(parts.status, headers, len);
     let idle = sh.upstream.idle_timeout;
     let mut trailers = None;
+    let mut batch = Vec::new();
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {
             Ok(Some(Ok(frame))) => frame,
@@ -696,7 +721,13 @@ async fn stream_response(
         };
         match frame.into_data() {
             Ok(data) => {
-                if out.send_data(&data).await.is_err() {
+                let sent = if body.is_end_stream() {
+                    out.send_data(&data).await
+                } else {
+                    gather(&mut body, data, &mut batch);
+                    out.send_data_parts(&batch).await
+                };
+                if sent.is_err() {
                     out.close_after();
                     return;
                 }

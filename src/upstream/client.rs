@@ -497,7 +497,7 @@ fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<Orig
             Framing::UntilClose => BodyState::Reading(reading(ex, Decoder::UntilClose, keep_alive, release)),
         }
     };
-    let mut response = Response::new(OriginBody { state });
+    let mut response = Response::new(OriginBody { state, peeked: None });
     *response.status_mut() = status;
     *response.version_mut() = version;
     *response.headers_mut() = headers;
@@ -531,6 +531,9 @@ fn nothing_decrypted(conn: &mut Conn) -> bool {
 /// A response body from an origin, read from its connection as it is polled.
 pub struct OriginBody {
     state: BodyState,
+    /// What [`OriginBody::ready_data`] found next when it was not data (the
+    /// end, trailers, an error): the next `poll_frame` returns it.
+    peeked: Option<Option<Result<Frame<Bytes>, OriginBodyError>>>,
 }
 
 enum BodyState {
@@ -571,6 +574,36 @@ impl std::fmt::Display for OriginBodyError {
 impl std::error::Error for OriginBodyError {}
 
 impl OriginBody {
+    /// The next body bytes if the origin has sent them already: from what
+    /// was read with earlier frames, or from one read that does not wait.
+    /// None when none are there yet, and when what comes next is not data
+    /// (the next `poll_frame` returns it). A caller that sends what it has
+    /// gathered this way in one write sends a response that came in two
+    /// reads (its head's and the rest) as one: one system call and one
+    /// segment to the client, not two (HAProxy gets the same from
+    /// `MSG_MORE`, which would hold the first part back when the rest is
+    /// slow to come; this never waits).
+    pub fn ready_data(&mut self) -> Option<Bytes> {
+        if self.peeked.is_some() {
+            return None;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut *self).poll_frame(&mut cx) {
+            Poll::Pending => None,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Some(data),
+                Err(frame) => {
+                    self.peeked = Some(Some(Ok(frame)));
+                    None
+                }
+            },
+            Poll::Ready(other) => {
+                self.peeked = Some(other);
+                None
+            }
+        }
+    }
+
     /// After a `101 Switching Protocols`: the connection, for the caller's
     /// byte pump, with what the origin already sent after the head.
     pub fn upgrade(self) -> Option<Upgraded> {
@@ -602,6 +635,9 @@ impl Body for OriginBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, OriginBodyError>>> {
         let this = &mut *self;
+        if let Some(next) = this.peeked.take() {
+            return Poll::Ready(next);
+        }
         let r = match &mut this.state {
             BodyState::Done | BodyState::Upgrade(_) => return Poll::Ready(None),
             BodyState::Full(_) => {
@@ -677,6 +713,9 @@ impl Body for OriginBody {
     }
 
     fn is_end_stream(&self) -> bool {
+        if let Some(next) = &self.peeked {
+            return next.is_none();
+        }
         match &self.state {
             BodyState::Done | BodyState::Upgrade(_) => true,
             BodyState::Full(_) => false,
@@ -685,6 +724,10 @@ impl Body for OriginBody {
     }
 
     fn size_hint(&self) -> SizeHint {
+        // What is peeked is never data: no body bytes are left before it.
+        if self.peeked.is_some() {
+            return SizeHint::with_exact(0);
+        }
         match &self.state {
             BodyState::Done | BodyState::Upgrade(_) => SizeHint::with_exact(0),
             BodyState::Full(data) => SizeHint::with_exact(data.len() as u64),
