@@ -660,13 +660,13 @@ pub fn response_headers(
     headers
 }
 
-/// Body bytes gathered into one write to the client at most (see
-/// [`gather`]).
+/// Body bytes in hand after which [`gather`] takes no more (one more read
+/// of up to 64 KiB may have brought it past).
 const GATHER: usize = 64 << 10;
 
 /// `first` and the body bytes the origin had already sent after it
-/// (`OriginBody::ready_data`), up to [`GATHER`] bytes, into `batch` (emptied
-/// first), for one write to the client. A body that came in two reads
+/// (`OriginBody::ready_data`), until [`GATHER`] bytes are in hand, into
+/// `batch` (emptied first), for one write to the client. A body that came in two reads
 /// (the head's, then the rest) then leaves in one: without it, the client
 /// got two segments, and was woken for each.
 pub(super) fn gather(body: &mut OriginBody, first: bytes::Bytes, batch: &mut Vec<bytes::Bytes>) {
