@@ -219,3 +219,66 @@ async fn an_origin_that_closes_inside_a_body_sent_in_one_go_cuts_the_clients_res
         "the cut response was not served from the cache"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunk_after_a_body_part_sent_in_one_go_cuts_the_clients_response() {
+    // A valid 20,000-byte chunk, then a chunk-size line that is not hex,
+    // all in one write: the error is met while gathering what follows the
+    // first part. The client gets the first part and then the close, never
+    // a chunked body that ends cleanly.
+    let origin = RawOrigin::start(|mut s| async move {
+        read_request_head(&mut s).await;
+        let mut resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=60\r\n\r\n".to_vec();
+        resp.extend_from_slice(format!("{:x}\r\n", 20_000).as_bytes());
+        resp.extend_from_slice(&body(20_000));
+        resp.extend_from_slice(b"\r\nzz\r\nnot a chunk\r\n0\r\n\r\n");
+        let _ = s.write_all(&resp).await;
+        let _ = s.read(&mut [0u8; 1]).await;
+    })
+    .await;
+    let p = proxy().await;
+    for method in ["GET", "POST"] {
+        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
+        s.write_all(&request(method, origin.addr(), "/bad-chunk", ""))
+            .await
+            .expect("send");
+        let (head, mut got) = read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}");
+        // Read to the close (bounded: a relay that kept the connection
+        // open would time out here).
+        read_until(&mut s, &mut got, usize::MAX, &format!("{method}: the cut body")).await;
+        let (data, complete) = dechunk(&got);
+        assert!(
+            !complete,
+            "{method}: the body must not end like a complete chunked body"
+        );
+        assert_eq!(data, body(20_000), "{method}: the valid first part, and nothing else");
+    }
+}
+
+/// The data of a chunked body as far as it is well formed, and whether it
+/// ended with its last chunk.
+fn dechunk(mut raw: &[u8]) -> (Vec<u8>, bool) {
+    let mut data = Vec::new();
+    loop {
+        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return (data, false);
+        };
+        let Some(size) = std::str::from_utf8(&raw[..eol])
+            .ok()
+            .and_then(|t| usize::from_str_radix(t.trim(), 16).ok())
+        else {
+            return (data, false);
+        };
+        if size == 0 {
+            return (data, raw[eol + 2..].starts_with(b"\r\n"));
+        }
+        let start = eol + 2;
+        if raw.len() < start + size + 2 {
+            data.extend_from_slice(&raw[start.min(raw.len())..]);
+            return (data, false);
+        }
+        data.extend_from_slice(&raw[start..start + size]);
+        raw = &raw[start + size + 2..];
+    }
+}
