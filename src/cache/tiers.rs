@@ -1076,4 +1076,39 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_object_stored_under_another_keys_id_is_never_its_hit() {
+        // What a 128-bit id collision (an accidental one, or one crafted
+        // against xxh3, which is not keyed) would leave: the object of one
+        // key where another key's id leads.
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path());
+        c.disk().expect("disk tier").wait_scan().await;
+        let asked = c.key("http", "h", "/asked");
+        let other = c.key("http", "h", "/other");
+        let none = HeaderMap::new();
+        let body = Bytes::from_static(b"the other object");
+        c.memory.insert(
+            asked.id(),
+            Arc::new(MemObject {
+                meta: Arc::new(meta(&other, 1_700_000_000_000)),
+                body: body.clone(),
+            }),
+        );
+        assert!(
+            c.lookup(&asked, &none).await.unwrap().is_none(),
+            "another key's object served"
+        );
+        // Its own key's object is a hit.
+        c.memory.insert(
+            asked.id(),
+            Arc::new(MemObject {
+                meta: Arc::new(meta(&asked, 1_700_000_000_000)),
+                body: body.clone(),
+            }),
+        );
+        let hit = c.lookup(&asked, &none).await.unwrap().expect("its own object");
+        assert_eq!(hit.meta.key, asked.text());
+    }
 }
