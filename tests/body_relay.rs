@@ -83,6 +83,17 @@ async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, want: usize, what: &st
     }
 }
 
+/// Sends `method path` to `origin` through the proxy on a connection of
+/// its own; checks the answer is a 200 and returns the connection and the
+/// body bytes read with its head.
+async fn ask(p: &Portico, method: &str, origin: SocketAddr, path: &str) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(p.addr()).await.expect("connect");
+    s.write_all(&request(method, origin, path, "")).await.expect("send");
+    let (head, got) = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}");
+    (s, got)
+}
+
 /// An origin that sends the head and the first [`FIRST`] bytes of a
 /// [`TOTAL`]-byte body, then waits for `go` before sending the rest.
 async fn pausing_origin(go: Arc<Notify>) -> RawOrigin {
@@ -110,12 +121,7 @@ async fn body_bytes_the_origin_sent_reach_the_client_while_the_rest_is_still_to_
         let go = Arc::new(Notify::new());
         let origin = pausing_origin(go.clone()).await;
         let p = proxy().await;
-        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        s.write_all(&request(method, origin.addr(), "/pause", ""))
-            .await
-            .expect("send");
-        let (head, mut got) = read_head(&mut s).await;
-        assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}");
+        let (mut s, mut got) = ask(&p, method, origin.addr(), "/pause").await;
         // The origin sends no more until the client has these: a relay
         // that held them back for the rest would stall here.
         read_until(&mut s, &mut got, FIRST, &format!("{method}: the first part")).await;
@@ -196,23 +202,13 @@ async fn an_origin_that_closes_inside_a_body_sent_in_one_go_cuts_the_clients_res
     .await;
     let p = proxy().await;
     for method in ["GET", "POST"] {
-        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        s.write_all(&request(method, origin.addr(), "/cut", ""))
-            .await
-            .expect("send");
-        let (head, mut got) = read_head(&mut s).await;
-        assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}");
+        let (mut s, mut got) = ask(&p, method, origin.addr(), "/cut").await;
         read_until(&mut s, &mut got, TOTAL, &format!("{method}: the cut body")).await;
         assert_eq!(got, body(30_000), "{method}: what the origin sent, then the close");
     }
     // Neither answer was stored: a third request goes to the origin again.
     let before = origin.connections();
-    let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-    s.write_all(&request("GET", origin.addr(), "/cut", ""))
-        .await
-        .expect("send");
-    let (head, _) = read_head(&mut s).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    ask(&p, "GET", origin.addr(), "/cut").await;
     assert_eq!(
         origin.connections(),
         before + 1,
@@ -238,12 +234,7 @@ async fn a_malformed_chunk_after_a_body_part_sent_in_one_go_cuts_the_clients_res
     .await;
     let p = proxy().await;
     for method in ["GET", "POST"] {
-        let mut s = TcpStream::connect(p.addr()).await.expect("connect");
-        s.write_all(&request(method, origin.addr(), "/bad-chunk", ""))
-            .await
-            .expect("send");
-        let (head, mut got) = read_head(&mut s).await;
-        assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}");
+        let (mut s, mut got) = ask(&p, method, origin.addr(), "/bad-chunk").await;
         // Read to the close (bounded: a relay that kept the connection
         // open would time out here).
         read_until(&mut s, &mut got, usize::MAX, &format!("{method}: the cut body")).await;

@@ -690,12 +690,10 @@ impl Cache {
         if plain {
             return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
         }
-        if headers.contains_key(SLICED) {
-            // Stored in slices (`lookup_slice`): a miss for a lookup of the whole.
+        // Not plain: stored in slices (`lookup_slice`: a miss for a lookup
+        // of the whole), or a `Vary` marker.
+        let Some(fields) = headers.get(MARKER).filter(|_| !headers.contains_key(SLICED)) else {
             return Ok(None);
-        }
-        let Some(fields) = headers.get(MARKER) else {
-            return Ok(policy::variant_matches(&primary.meta, req_headers).then_some(primary));
         };
         let fields: Vec<String> = fields
             .to_str()

@@ -21,4 +21,4 @@ pub(crate) use conn::{
 };
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
 pub(crate) use io::{ClientStream, read_buf, try_read_drained, write_all};
-pub(crate) use response::{BodyLen, ResponseWriter, StoredLines, stored_field_lines};
+pub(crate) use response::{BodyLen, PARTS_PER_WRITE, ResponseWriter, StoredLines, stored_field_lines};

@@ -136,6 +136,9 @@ pub fn stored_field_lines(base: &HeaderMap, skip: impl Fn(&HeaderName) -> bool) 
     (out, has_date, has_location)
 }
 
+/// Body pieces one write of [`ResponseWriter::send_data_parts`] carries.
+pub const PARTS_PER_WRITE: usize = 8;
+
 impl<'a> ResponseWriter<'a> {
     pub(super) fn new(
         stream: &'a ClientStream,
@@ -492,10 +495,7 @@ impl<'a> ResponseWriter<'a> {
     /// cached body): an HTTP/2 stream takes them as they are, where a
     /// slice must be copied into a buffer of the stream's own.
     pub async fn send_bytes(&mut self, data: Bytes) -> io::Result<()> {
-        if matches!(self.sink, Sink::H2(_)) {
-            return self.send_h2(data).await;
-        }
-        self.send_data(&data).await
+        self.send_data_parts(std::slice::from_ref(&data)).await
     }
 
     /// The HTTP/2 form of [`ResponseWriter::send_data`].
@@ -526,66 +526,39 @@ impl<'a> ResponseWriter<'a> {
 
     /// Writes body bytes (and the queued head, if not yet written).
     pub async fn send_data(&mut self, data: &[u8]) -> io::Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
         if matches!(self.sink, Sink::H2(_)) {
             return self.send_h2(Bytes::copy_from_slice(data)).await;
         }
-        let Sink::H1(stream) = self.sink else { return Ok(()) };
-        let head = self.pending_head.take();
-        let head = head.as_deref().unwrap_or(&[]);
-        let t = self.send_timeout;
-        let written = match self.framing {
-            Framing::None => write_all(stream, head, t).await,
-            Framing::Length if self.body_bytes + data.len() as u64 > self.declared => {
-                // Never write past the announced length: the excess would be
-                // read by the client as the start of the next response.
-                self.keep_alive = false;
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "body longer than its Content-Length",
-                ));
-            }
-            // The bytes that complete a response after which the
-            // connection closes are its last.
-            Framing::Length if !self.keep_alive && self.body_bytes + data.len() as u64 == self.declared => {
-                write_all_vectored_last(stream, &[head, data], t).await
-            }
-            Framing::Length | Framing::Close => write_all_vectored(stream, &[head, data], t).await,
-            Framing::Chunked => {
-                let size = chunk_header(data.len());
-                write_all_vectored(stream, &[head, &size, data, b"\r\n"], t).await
-            }
-        };
-        written.map_err(|e| self.counted(e))?;
-        if self.framing != Framing::None {
-            self.body_bytes += data.len() as u64;
-        }
-        Ok(())
+        self.write_body(&[data]).await
     }
 
     /// Writes several pieces of body (and the queued head, if not yet
-    /// written) in one write: what the origin had sent by the time the
-    /// first piece was read (`OriginBody::ready_data`), sent as it came, in
-    /// one system call and, on plain TCP, as few segments as the bytes
-    /// need. Chunked, they make one chunk.
+    /// written): what the origin had sent by the time the first piece was
+    /// read (`OriginBody::ready_data`), on HTTP/1 in one system call for
+    /// every [`PARTS_PER_WRITE`] pieces and, on plain TCP, as few segments
+    /// as the bytes need (chunked, each write is one chunk); an HTTP/2
+    /// stream takes them as they are.
     pub async fn send_data_parts(&mut self, parts: &[Bytes]) -> io::Result<()> {
-        /// Pieces one write takes (the head, a chunk header and its end
-        /// besides): more are sent one by one.
-        const MOST: usize = 8;
-        if parts.len() == 1 || parts.len() > MOST {
-            for p in parts {
-                self.send_data(p).await?;
-            }
-            return Ok(());
-        }
         if matches!(self.sink, Sink::H2(_)) {
             for p in parts {
                 self.send_h2(p.clone()).await?;
             }
             return Ok(());
         }
+        for group in parts.chunks(PARTS_PER_WRITE) {
+            let mut slices: [&[u8]; PARTS_PER_WRITE] = [&[]; PARTS_PER_WRITE];
+            for (slice, part) in slices.iter_mut().zip(group) {
+                *slice = part;
+            }
+            self.write_body(&slices[..group.len()]).await?;
+        }
+        Ok(())
+    }
+
+    /// HTTP/1 body bytes, at most [`PARTS_PER_WRITE`] pieces, framed and in
+    /// one write with the queued head if it is not yet written.
+    async fn write_body(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        debug_assert!(parts.len() <= PARTS_PER_WRITE);
         let Sink::H1(stream) = self.sink else { return Ok(()) };
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         if len == 0 {
@@ -600,15 +573,16 @@ impl<'a> ResponseWriter<'a> {
         } else {
             Vec::new()
         };
-        let mut slices: [&[u8]; MOST + 3] = [&[]; MOST + 3];
+        // The head, a chunk's size line, the pieces, the chunk's end.
+        let mut slices: [&[u8]; PARTS_PER_WRITE + 3] = [&[]; PARTS_PER_WRITE + 3];
         slices[0] = head;
         let mut n = 1;
         if chunked {
             slices[n] = &size;
             n += 1;
         }
-        for p in parts {
-            slices[n] = p;
+        for part in parts {
+            slices[n] = part;
             n += 1;
         }
         if chunked {
@@ -618,12 +592,16 @@ impl<'a> ResponseWriter<'a> {
         let written = match self.framing {
             Framing::None => write_all(stream, head, t).await,
             Framing::Length if self.body_bytes + len > self.declared => {
+                // Never write past the announced length: the excess would be
+                // read by the client as the start of the next response.
                 self.keep_alive = false;
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "body longer than its Content-Length",
                 ));
             }
+            // The bytes that complete a response after which the
+            // connection closes are its last.
             Framing::Length if !self.keep_alive && self.body_bytes + len == self.declared => {
                 write_all_vectored_last(stream, &slices[..n], t).await
             }

@@ -949,7 +949,6 @@ impl Transaction<'_, '_> {
         let idle = self.sh.upstream.idle_timeout;
         let mut client_ok = true;
         let mut trailers = None;
-        let mut batch = Vec::new();
         let ending = loop {
             let frame = match tokio::time::timeout(idle, body.frame()).await {
                 Ok(Some(Ok(frame))) => frame,
@@ -971,15 +970,8 @@ impl Transaction<'_, '_> {
                 }
             };
             // What the origin has sent already goes to the client in one write.
-            let single;
-            let pieces: &[bytes::Bytes] = if body.is_end_stream() {
-                single = data;
-                std::slice::from_ref(&single)
-            } else {
-                super::forward::gather(&mut body, data, &mut batch);
-                &batch
-            };
-            for data in pieces {
+            let gathered = super::forward::gather(&mut body, data);
+            for data in gathered.parts() {
                 self.cache.stats.fetched(data.len() as u64);
                 if let Some((_, len, buf)) = part.as_mut() {
                     buf.extend_from_slice(data);
@@ -996,7 +988,7 @@ impl Transaction<'_, '_> {
                     l.data(data.clone());
                 }
             }
-            if client_ok && ex.out.send_data_parts(pieces).await.is_err() {
+            if client_ok && ex.out.send_data_parts(gathered.parts()).await.is_err() {
                 client_ok = false;
                 ex.out.close_after();
             }

@@ -664,23 +664,42 @@ pub fn response_headers(
 /// of up to 64 KiB may have brought it past).
 const GATHER: usize = 64 << 10;
 
+/// The body pieces [`gather`] took, for one write to the client.
+pub(super) struct Gathered {
+    parts: [bytes::Bytes; crate::http1::PARTS_PER_WRITE],
+    len: usize,
+}
+
+impl Gathered {
+    /// The pieces, in order.
+    pub(super) fn parts(&self) -> &[bytes::Bytes] {
+        &self.parts[..self.len]
+    }
+}
+
 /// `first` and the body bytes the origin had already sent after it
-/// (`OriginBody::ready_data`), until [`GATHER`] bytes are in hand, into
-/// `batch` (emptied first), for one write to the client. A body that came in two reads
-/// (the head's, then the rest) then leaves in one: without it, the client
-/// got two segments, and was woken for each.
-pub(super) fn gather(body: &mut OriginBody, first: bytes::Bytes, batch: &mut Vec<bytes::Bytes>) {
-    batch.clear();
-    let mut len = first.len();
-    batch.push(first);
-    while len < GATHER
-        && batch.len() < 8
+/// (`OriginBody::ready_data`), until [`GATHER`] bytes are in hand or one
+/// write's worth of pieces, for one write to the client. A body that came
+/// in two reads (the head's, then the rest) then leaves in one: without it,
+/// the client got two segments, and was woken for each. Held on the stack:
+/// no allocation per response.
+pub(super) fn gather(body: &mut OriginBody, first: bytes::Bytes) -> Gathered {
+    let mut bytes = first.len();
+    let mut g = Gathered {
+        parts: Default::default(),
+        len: 1,
+    };
+    g.parts[0] = first;
+    while bytes < GATHER
+        && g.len < g.parts.len()
         && !body.is_end_stream()
         && let Some(more) = body.ready_data()
     {
-        len += more.len();
-        batch.push(more);
+        bytes += more.len();
+        g.parts[g.len] = more;
+        g.len += 1;
     }
+    g
 }
 
 /// Sends the origin's response to the client, streaming the body frame by
@@ -703,7 +722,6 @@ async fn stream_response(
     out.send_head(parts.status, headers, len);
     let idle = sh.upstream.idle_timeout;
     let mut trailers = None;
-    let mut batch = Vec::new();
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {
             Ok(Some(Ok(frame))) => frame,
@@ -721,13 +739,7 @@ async fn stream_response(
         };
         match frame.into_data() {
             Ok(data) => {
-                let sent = if body.is_end_stream() {
-                    out.send_data(&data).await
-                } else {
-                    gather(&mut body, data, &mut batch);
-                    out.send_data_parts(&batch).await
-                };
-                if sent.is_err() {
+                if out.send_data_parts(gather(&mut body, data).parts()).await.is_err() {
                     out.close_after();
                     return;
                 }
