@@ -437,7 +437,10 @@ async fn raw_h2c(port: u16) -> TcpStream {
 
 /// Reads frames until the server closes (true) or `within` passes
 /// (false): (type, flags, stream, payload) each.
-async fn read_frames(s: &mut TcpStream, within: Duration) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
+async fn read_frames(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
     let deadline = tokio::time::Instant::now() + within;
     let mut frames = Vec::new();
     loop {
@@ -937,23 +940,7 @@ async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
         "\n[cache]\nmemory = \"64MiB\"\n",
     ))
     .await;
-    let mut roots = rustls::RootCertStore::empty();
-    let der = rustls::pki_types::CertificateDer::from_pem_file(&c).expect("certificate");
-    roots.add(der).expect("root");
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let name = rustls::pki_types::ServerName::try_from("www.test").expect("name");
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .expect("TLS handshake");
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let tls = tls_h2(&c, port).await;
     let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
     tokio::spawn(async move {
         let _ = conn.await;
@@ -986,4 +973,92 @@ async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
         }
     }
     assert_eq!(origin.count(), 4);
+}
+
+/// A TLS connection to `www.test` on `port` (trusting `cert`) that
+/// negotiated `h2` by ALPN.
+async fn tls_h2(cert: &Path, port: u16) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    let der = rustls::pki_types::CertificateDer::from_pem_file(cert).expect("certificate");
+    roots.add(der).expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("www.test").expect("name");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    tls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_more() {
+    // Over TLS the connection's frames are encrypted as the h2 crate writes
+    // them and sent once its pass is over. A response that becomes ready
+    // later (the origin answers after the request was read) is written in
+    // a pass of its own, woken by the stream, with nothing for the
+    // connection to read: it must still leave then, not wait for the
+    // client's next frame. This client sends nothing after its request.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = Origin::start(|_req| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Response::ok(b"answered late".to_vec())
+    })
+    .await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let mut tls = tls_h2(&c, port).await;
+    // The server's preface (its SETTINGS) comes without waiting for the
+    // client's (RFC 9113 3.4), while the handshake waits for that.
+    let (frames, closed) = read_frames(&mut tls, Duration::from_millis(500)).await;
+    assert!(
+        !closed && frames.iter().any(|f| f.0 == SETTINGS && f.1 == 0),
+        "{frames:?}"
+    );
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    tls.write_all(&hello).await.expect("preface");
+    tls.flush().await.expect("flush");
+    let (mut frames, _) = read_frames(&mut tls, Duration::from_millis(500)).await;
+    tls.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("SETTINGS ACK");
+    tls.flush().await.expect("flush");
+    // The server's acknowledgement of ours, the last frame it owes, may
+    // have come with its SETTINGS or come now.
+    frames.extend(read_frames(&mut tls, Duration::from_millis(500)).await.0);
+    assert!(frames.iter().any(|f| f.0 == SETTINGS && f.1 == 1), "{frames:?}");
+    // GET https://www.test/late: :method GET, :scheme https, then :path
+    // and :authority as literals without indexing.
+    let mut block = vec![0x82, 0x87, 0x04, 5];
+    block.extend_from_slice(b"/late");
+    block.extend_from_slice(&[0x01, 8]);
+    block.extend_from_slice(b"www.test");
+    tls.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+        .await
+        .expect("request");
+    tls.flush().await.expect("flush");
+    let (frames, closed) = read_frames(&mut tls, Duration::from_secs(3)).await;
+    assert!(!closed, "{}", p.stderr());
+    assert!(
+        frames.iter().any(|f| f.0 == HEADERS && f.2 == 1),
+        "no response head within 3 s: {frames:?}"
+    );
+    let body: Vec<u8> = frames
+        .iter()
+        .filter(|f| f.0 == DATA && f.2 == 1)
+        .flat_map(|f| f.3.clone())
+        .collect();
+    assert_eq!(text(&body), "answered late");
+    assert!(
+        frames.iter().any(|f| f.0 == DATA && f.2 == 1 && f.1 & END_STREAM != 0),
+        "{frames:?}"
+    );
+    assert_eq!(origin.count(), 1);
 }

@@ -428,12 +428,9 @@ impl TlsConn {
         use std::task::Poll;
         loop {
             match self.try_read_with(buf.remaining(), |plain| buf.put_slice(plain)) {
+                // What rustls holds to send goes out when the HTTP/2
+                // connection's pass is over (`h2::send_pass`), not here.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.tcp.poll_read_ready(cx) {
-                    // What rustls queued goes out before the wait (the h2
-                    // crate's own flushes send the rest).
-                    Poll::Pending if self.flush_now(&mut self.lock()).is_err() => {
-                        return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-                    }
                     Poll::Ready(Ok(())) => continue,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => return Poll::Pending,
@@ -445,8 +442,8 @@ impl TlsConn {
 
     /// Poll form of a vectored write, for the HTTP/2 connection: encrypts
     /// what rustls's buffer takes of `bufs` (one record for all of them,
-    /// up to the record size) and leaves the sending to the flush that the
-    /// h2 crate makes at the end of each of its write passes. So a pass's
+    /// up to the record size) and leaves the sending to the end of the
+    /// HTTP/2 connection's pass (`h2::send_pass`). So a pass's
     /// frames (a HEADERS frame, a DATA frame's 9-byte head, its payload,
     /// other streams' frames) leave in full records and one system call,
     /// where sending at each write cost a record and a `sendmsg` per piece:
@@ -485,11 +482,6 @@ impl TlsConn {
                 Poll::Pending => return Poll::Pending,
             }
         }
-    }
-
-    /// True when encrypted bytes wait to be sent.
-    pub fn wants_write(&self) -> bool {
-        self.lock().wants_write()
     }
 
     /// Poll form of a flush: every encrypted byte handed to the socket.
