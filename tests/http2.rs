@@ -441,9 +441,22 @@ async fn read_frames(
     s: &mut (impl tokio::io::AsyncRead + Unpin),
     within: Duration,
 ) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
+    read_frames_until(s, within, |_| false).await
+}
+
+/// As [`read_frames`], but returns (false) as soon as `done` says the
+/// frames read so far are all that is wanted.
+async fn read_frames_until(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+    done: impl Fn(&[(u8, u8, u32, Vec<u8>)]) -> bool,
+) -> (Vec<(u8, u8, u32, Vec<u8>)>, bool) {
     let deadline = tokio::time::Instant::now() + within;
     let mut frames = Vec::new();
     loop {
+        if done(&frames) {
+            return (frames, false);
+        }
         let mut head = [0u8; 9];
         match tokio::time::timeout_at(deadline, s.read_exact(&mut head)).await {
             Err(_) => return (frames, false),
@@ -1044,7 +1057,8 @@ async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_m
         .await
         .expect("request");
     tls.flush().await.expect("flush");
-    let (frames, closed) = read_frames(&mut tls, Duration::from_secs(3)).await;
+    let ended = |f: &[(u8, u8, u32, Vec<u8>)]| f.iter().any(|f| f.0 == DATA && f.2 == 1 && f.1 & END_STREAM != 0);
+    let (frames, closed) = read_frames_until(&mut tls, Duration::from_secs(3), ended).await;
     assert!(!closed, "{}", p.stderr());
     assert!(
         frames.iter().any(|f| f.0 == HEADERS && f.2 == 1),
