@@ -931,30 +931,24 @@ fn big_body(n: u8) -> Vec<u8> {
 
 const BIG: usize = 3 << 20;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
-    // Several 3 MiB bodies at once on one TLS connection: more than rustls
-    // buffers before it must send (64 KiB), so the writes that fill its
-    // buffer, wait for the socket and go on are all taken, while the
-    // client's flow control paces the streams. Once missed (the origin's
-    // bytes relayed), once hit (the cache's bytes handed to the stream).
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
-    let origin = Origin::start(|req| async move {
+/// An origin serving `/big/N` (`big_body(N)`), cacheable.
+async fn big_origin() -> Origin {
+    Origin::start(|req| async move {
         let n: u8 = req.uri.path().trim_start_matches("/big/").parse().unwrap_or(0);
         Response::ok(big_body(n)).header("Cache-Control", "max-age=300")
     })
-    .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        &cert_table(&c, &k),
-        &origin,
-        "\n[cache]\nmemory = \"64MiB\"\n",
-    ))
-    .await;
-    let tls = tls_h2(&c, port).await;
-    let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    .await
+}
+
+/// Four 3 MiB bodies at once on the HTTP/2 connection `io` (to Portico on
+/// `port`, in front of [`big_origin`]), twice: missed then hit.
+async fn large_bodies_arrive_whole(
+    io: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    scheme: &str,
+    port: u16,
+    p: &Portico,
+) {
+    let (send, conn) = h2::client::handshake(io).await.expect("h2 handshake");
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -962,10 +956,9 @@ async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
         let mut streams = Vec::new();
         for n in 0..4u8 {
             let mut send = send.clone();
+            let url = format!("{scheme}://www.test:{port}/big/{n}");
             streams.push(tokio::spawn(async move {
-                let req = http::Request::get(format!("https://www.test:{port}/big/{n}"))
-                    .body(())
-                    .expect("request");
+                let req = http::Request::get(url).body(()).expect("request");
                 let (parts, body) = h2_get(&mut send, req).await;
                 (n, parts, body)
             }));
@@ -985,6 +978,39 @@ async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
+    // Several 3 MiB bodies at once on one TLS connection: more than rustls
+    // buffers before it must send (64 KiB), so the writes that fill its
+    // buffer, wait for the socket and go on are all taken, while the
+    // client's flow control paces the streams. Once missed (the origin's
+    // bytes relayed), once hit (the cache's bytes handed to the stream).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = big_origin().await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(
+        port,
+        &cert_table(&c, &k),
+        &origin,
+        "\n[cache]\nmemory = \"64MiB\"\n",
+    ))
+    .await;
+    large_bodies_arrive_whole(tls_h2(&c, port).await, "https", port, &p).await;
+    assert_eq!(origin.count(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_on_concurrent_h2c_streams_arrive_whole_missed_and_hit() {
+    // The same over cleartext: what a pass writes is held up to 64 KiB
+    // before it is sent without waiting for the pass's end, the same
+    // fill, wait and go on as rustls's buffer over TLS.
+    let origin = big_origin().await;
+    let (port, p) = h2c_portico(&origin, "\n[cache]\nmemory = \"64MiB\"\n").await;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    large_bodies_arrive_whole(tcp, "http", port, &p).await;
     assert_eq!(origin.count(), 4);
 }
 
@@ -1011,54 +1037,61 @@ async fn tls_h2(cert: &Path, port: u16) -> tokio_rustls::client::TlsStream<TcpSt
     tls
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_more() {
-    // Over TLS the connection's frames are encrypted as the h2 crate writes
-    // them and sent once its pass is over. A response that becomes ready
-    // later (the origin answers after the request was read) is written in
-    // a pass of its own, woken by the stream, with nothing for the
-    // connection to read: it must still leave then, not wait for the
-    // client's next frame. This client sends nothing after its request.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
-    let origin = Origin::start(|_req| async move {
+/// An origin that answers every request after 300 ms.
+async fn late_origin() -> Origin {
+    Origin::start(|_req| async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         Response::ok(b"answered late".to_vec())
     })
-    .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
-    let mut tls = tls_h2(&c, port).await;
-    // The server's preface (its SETTINGS) comes without waiting for the
-    // client's (RFC 9113 3.4), while the handshake waits for that.
-    let (frames, closed) = read_frames(&mut tls, Duration::from_millis(500)).await;
-    assert!(
-        !closed && frames.iter().any(|f| f.0 == SETTINGS && f.1 == 0),
-        "{frames:?}"
-    );
+    .await
+}
+
+/// Raw frames on `s`: the prefaces and their acknowledgements, then one
+/// GET of `/late` (`scheme`: the HPACK static index of `:scheme`), and
+/// nothing more from the client: the response must still arrive whole.
+/// The frames of a pass are held and sent once the pass is over; the
+/// response, ready 300 ms after the request was read, is written in a
+/// pass of its own, woken by its stream with nothing for the connection
+/// to read, and must leave then, not wait for the client's next frame.
+/// `server_first`: the server's preface (its SETTINGS) comes before the
+/// client's (RFC 9113 3.4 lets it; over TLS Portico sends it while its
+/// handshake waits for the client's; h2c is only known from the client's).
+async fn a_late_response_reaches_a_silent_client(
+    s: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    scheme: u8,
+    server_first: bool,
+    p: &Portico,
+) {
+    let mut frames = Vec::new();
+    if server_first {
+        let (got, closed) = read_frames(s, Duration::from_millis(500)).await;
+        assert!(!closed && got.iter().any(|f| f.0 == SETTINGS && f.1 == 0), "{got:?}");
+        frames = got;
+    }
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     hello.extend(frame(SETTINGS, 0, 0, &[]));
-    tls.write_all(&hello).await.expect("preface");
-    tls.flush().await.expect("flush");
-    let (mut frames, _) = read_frames(&mut tls, Duration::from_millis(500)).await;
-    tls.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("SETTINGS ACK");
-    tls.flush().await.expect("flush");
+    s.write_all(&hello).await.expect("preface");
+    s.flush().await.expect("flush");
+    frames.extend(read_frames(s, Duration::from_millis(500)).await.0);
+    assert!(frames.iter().any(|f| f.0 == SETTINGS && f.1 == 0), "{frames:?}");
+    s.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("SETTINGS ACK");
+    s.flush().await.expect("flush");
     // The server's acknowledgement of ours, the last frame it owes, may
     // have come with its SETTINGS or come now.
-    frames.extend(read_frames(&mut tls, Duration::from_millis(500)).await.0);
+    frames.extend(read_frames(s, Duration::from_millis(500)).await.0);
     assert!(frames.iter().any(|f| f.0 == SETTINGS && f.1 == 1), "{frames:?}");
-    // GET https://www.test/late: :method GET, :scheme https, then :path
-    // and :authority as literals without indexing.
-    let mut block = vec![0x82, 0x87, 0x04, 5];
+    // GET /late: :method GET, :scheme, then :path and :authority as
+    // literals without indexing.
+    let mut block = vec![0x82, scheme, 0x04, 5];
     block.extend_from_slice(b"/late");
     block.extend_from_slice(&[0x01, 8]);
     block.extend_from_slice(b"www.test");
-    tls.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+    s.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
         .await
         .expect("request");
-    tls.flush().await.expect("flush");
+    s.flush().await.expect("flush");
     let ended = |f: &[(u8, u8, u32, Vec<u8>)]| f.iter().any(|f| f.0 == DATA && f.2 == 1 && f.1 & END_STREAM != 0);
-    let (frames, closed) = read_frames_until(&mut tls, Duration::from_secs(3), ended).await;
+    let (frames, closed) = read_frames_until(s, Duration::from_secs(3), ended).await;
     assert!(!closed, "{}", p.stderr());
     assert!(
         frames.iter().any(|f| f.0 == HEADERS && f.2 == 1),
@@ -1070,9 +1103,26 @@ async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_m
         .flat_map(|f| f.3.clone())
         .collect();
     assert_eq!(text(&body), "answered late");
-    assert!(
-        frames.iter().any(|f| f.0 == DATA && f.2 == 1 && f.1 & END_STREAM != 0),
-        "{frames:?}"
-    );
+    assert!(ended(&frames), "{frames:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_more() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (c, k) = cert(dir.path(), "www.test");
+    let origin = late_origin().await;
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let mut tls = tls_h2(&c, port).await;
+    a_late_response_reaches_a_silent_client(&mut tls, 0x87, true, &p).await;
+    assert_eq!(origin.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_h2c_leaves_when_ready_though_the_client_sends_nothing_more() {
+    let origin = late_origin().await;
+    let (port, p) = h2c_portico(&origin, "").await;
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    a_late_response_reaches_a_silent_client(&mut tcp, 0x86, false, &p).await;
     assert_eq!(origin.count(), 1);
 }

@@ -123,29 +123,85 @@ pub async fn sniff_preface(stream: &ClientStream, timeout: Duration) -> bool {
 }
 
 /// `AsyncRead`/`AsyncWrite` for the `h2` crate over a client connection,
-/// plain or TLS (whose record layer is `http1::tls`). The TLS connection
-/// is shared with [`serve`], which sends what a write pass encrypted once
-/// the pass is over (see `poll_flush`).
+/// plain or TLS (whose record layer is `http1::tls`). What a pass of the
+/// connection writes is held (in [`PlainOut`], or encrypted in rustls's
+/// buffer) and sent by [`serve`] once the pass is over (see `poll_flush`).
 enum Io {
-    Plain(tokio::net::TcpStream),
+    Plain(tokio::net::tcp::OwnedReadHalf, Arc<PlainOut>),
     Tls(Arc<super::tls::TlsConn>),
+}
+
+/// A plain connection's writing side and the bytes of the pass under way.
+struct PlainOut(std::sync::Mutex<(tokio::net::tcp::OwnedWriteHalf, BytesMut)>);
+
+/// Bytes held for a pass before they are sent without waiting for its
+/// end, as rustls's buffer limit does over TLS.
+const PASS_LIMIT: usize = 64 << 10;
+
+impl PlainOut {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (tokio::net::tcp::OwnedWriteHalf, BytesMut)> {
+        // Nothing panics while holding it; if something did, the bytes
+        // are still the connection's to send.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends everything held; Pending (with the task registered for the
+    /// socket's room) while the socket takes no more.
+    fn poll_send(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut guard = self.lock();
+        let (tcp, out) = &mut *guard;
+        send_held(tcp, out, cx)
+    }
+}
+
+/// Writes `out` to `tcp` until it is empty (Ready) or the socket is full
+/// (Pending, the task registered for its room).
+fn send_held(
+    tcp: &mut tokio::net::tcp::OwnedWriteHalf,
+    out: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    while !out.is_empty() {
+        match Pin::new(&mut *tcp).poll_write(cx, out) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => bytes::Buf::advance(out, n),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    // All sent: an idle connection keeps no buffer (the next pass takes
+    // one, `poll_write_vectored`).
+    *out = BytesMut::new();
+    Poll::Ready(Ok(()))
 }
 
 impl Io {
     fn new(stream: ClientStream) -> Io {
         match stream {
-            ClientStream::Plain(tcp) => Io::Plain(tcp),
+            ClientStream::Plain(tcp) => {
+                let (read, write) = tcp.into_split();
+                Io::Plain(
+                    read,
+                    Arc::new(PlainOut(std::sync::Mutex::new((write, BytesMut::new())))),
+                )
+            }
             ClientStream::Tls(t) => Io::Tls(Arc::from(t)),
         }
     }
 
-    /// The TLS connection, for [`serve`] to send its records.
-    fn tls(&self) -> Option<Arc<super::tls::TlsConn>> {
+    /// The sending side, for [`serve`] to send what each pass wrote.
+    fn sender(&self) -> Sender {
         match self {
-            Io::Plain(_) => None,
-            Io::Tls(t) => Some(t.clone()),
+            Io::Plain(_, out) => Sender::Plain(out.clone()),
+            Io::Tls(t) => Sender::Tls(t.clone()),
         }
     }
+}
+
+/// What [`send_pass`] sends from.
+enum Sender {
+    Plain(Arc<PlainOut>),
+    Tls(Arc<super::tls::TlsConn>),
 }
 
 impl AsyncRead for Io {
@@ -154,7 +210,7 @@ impl AsyncRead for Io {
     /// through a slice would zero at every read.
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Io::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Io::Plain(read, _) => Pin::new(read).poll_read(cx, buf),
             Io::Tls(t) => t.poll_read_buf(cx, buf),
         }
     }
@@ -166,25 +222,33 @@ impl AsyncWrite for Io {
     }
 
     /// Vectored, so that the h2 crate hands a DATA frame's head and its
-    /// payload (and whatever else its pass wrote) in one call: one
-    /// `writev` on a plain connection, full records over TLS (sent when
-    /// the pass is over: `TlsConn::poll_write_vectored_deferred`).
+    /// payload (and whatever else its pass wrote) in one call. Nothing is
+    /// sent here unless the pass has more than [`PASS_LIMIT`] in hand:
+    /// plain bytes are copied to [`PlainOut`], TLS ones encrypted into
+    /// rustls's buffer (`TlsConn::poll_write_vectored_deferred`).
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match &*self {
-            Io::Plain(tcp) => loop {
-                match tcp.try_write_vectored(bufs) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
-                        Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    },
-                    r => return Poll::Ready(r),
+            Io::Plain(_, out) => {
+                let mut guard = out.lock();
+                let (tcp, held) = &mut *guard;
+                if held.len() >= PASS_LIMIT && send_held(tcp, held, cx)?.is_pending() {
+                    return Poll::Pending;
                 }
-            },
+                let total: usize = bufs.iter().map(|b| b.len()).sum();
+                if held.is_empty() {
+                    // One allocation for the pass: what it holds stays
+                    // under PASS_LIMIT plus one write.
+                    held.reserve(PASS_LIMIT + total);
+                }
+                for b in bufs {
+                    held.extend_from_slice(b);
+                }
+                Poll::Ready(Ok(total))
+            }
             Io::Tls(t) => t.poll_write_vectored_deferred(cx, bufs),
         }
     }
@@ -193,22 +257,23 @@ impl AsyncWrite for Io {
         true
     }
 
-    /// Over TLS, nothing is sent here: [`serve`] sends the records once
-    /// the connection's pass is over (`send_pass`). The h2 crate flushes
+    /// Nothing is sent here: [`serve`] sends what the connection's pass
+    /// wrote once the pass is over (`send_pass`). The h2 crate flushes
     /// after every DATA frame whose payload it did not copy (every body
-    /// of 256 bytes or more), so sending here cost a `sendmsg` per
-    /// response, 1.33 per response in the `h2-hits` benchmark; sent after
-    /// the pass, one carries every response the pass wrote (rustls's 64
-    /// KiB buffer still sends when full, in `poll_write_vectored`).
+    /// of 256 bytes or more), so sending here cost a system call per
+    /// response, 1.33 per response in the `h2-hits` benchmark over TLS;
+    /// sent after the pass, one carries every response the pass wrote.
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &*self {
-            Io::Plain(tcp) => {
-                let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
-                Poll::Ready(Ok(()))
+            Io::Plain(_, out) => {
+                let mut guard = out.lock();
+                let (tcp, held) = &mut *guard;
+                std::task::ready!(send_held(tcp, held, cx))?;
+                Pin::new(tcp).poll_shutdown(cx)
             }
             Io::Tls(t) => {
                 t.send_close_notify();
@@ -222,14 +287,14 @@ impl AsyncWrite for Io {
     }
 }
 
-/// Sends what the connection's pass left encrypted (TLS; a plain
-/// connection wrote as it went). Pending only when the socket is full,
-/// with the task registered to be woken when it has room: the bytes then
-/// go out at the next pass's end, or here again.
-fn send_pass(tls: Option<&super::tls::TlsConn>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-    match tls {
-        Some(t) => t.poll_flush_all(cx),
-        None => Poll::Ready(Ok(())),
+/// Sends what the connection's pass left (held plain bytes, or rustls's
+/// records). Pending only when the socket is full, with the task
+/// registered to be woken when it has room: the bytes then go out at the
+/// next pass's end, or here again.
+fn send_pass(sender: &Sender, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    match sender {
+        Sender::Plain(out) => out.poll_send(cx),
+        Sender::Tls(t) => t.poll_flush_all(cx),
     }
 }
 
@@ -652,14 +717,13 @@ pub async fn serve<H: Handler>(
         .max_local_error_reset_streams(Some(h2s.max_error_resets))
         .max_send_buffer_size(256 << 10);
     let io = Io::new(stream);
-    let tls = io.tls();
-    let tls = tls.as_deref();
+    let sender = io.sender();
     let handshake = builder.handshake::<_, Bytes>(io);
     tokio::pin!(handshake);
     // The server's SETTINGS go out while it waits for the client's preface.
     let handshake = std::future::poll_fn(|cx| {
         let r = handshake.as_mut().poll(cx);
-        let _ = send_pass(tls, cx);
+        let _ = send_pass(&sender, cx);
         r
     });
     let mut conn = match tokio::time::timeout(settings.header_timeout, handshake).await {
@@ -702,7 +766,7 @@ pub async fn serve<H: Handler>(
                     // over, and the loop comes straight back here.
                     return r;
                 }
-                match send_pass(tls, cx) {
+                match send_pass(&sender, cx) {
                     Poll::Ready(Err(e)) => {
                         tracing::debug!(client = %peer.ip(), "HTTP/2 connection lost: {e}");
                         Poll::Ready(None)
@@ -788,7 +852,7 @@ pub async fn serve<H: Handler>(
     // Closing: wait for the GOAWAY and the last frames to go out.
     let closed = std::future::poll_fn(|cx| {
         let r = conn.poll_closed(cx);
-        let _ = send_pass(tls, cx);
+        let _ = send_pass(&sender, cx);
         r
     });
     let _ = tokio::time::timeout(Duration::from_secs(1), closed).await;
