@@ -1977,6 +1977,7 @@ def write_report(scenario, results, args, vers, outdir, command):
             "array": ("portico", "wrk"), "hitratio": tuple(PEERS), "polygraph": tuple(PEERS),
             "idle": tuple(PEERS), "soak": ("portico",),
             "h2-hits": tuple(PEERS) + ("h2load", "openssl"),
+            "h2c-hits": tuple(PEERS) + ("h2load",),
             "tls-roundtrips": tuple(PEERS) + ("openssl",)}.get(
                 scenario, tuple(PEERS) + ("wrk",) + (("openssl",) if scenario in
                                                       tls_bench.SCENARIOS else ()))
@@ -2720,7 +2721,7 @@ def main():
                          (["slapd", "ldapadd"] if "auth-ldap" in args.scenarios else []) +
                          (["openssl"] if set(args.scenarios) & set(tls_bench.SCENARIOS)
                           else []) +
-                         (["h2load"] if "h2-hits" in args.scenarios else []))
+                         (["h2load"] if set(args.scenarios) & set(tls_bench.H2LOAD) else []))
     args.peers = drop_missing_peers(args.peers)
     oha = ensure_oha(not args.no_install) if "rate" in args.scenarios else find_oha()
     if "rate" in args.scenarios and not oha:

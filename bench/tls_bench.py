@@ -17,6 +17,9 @@ protocol versions and the same session settings.
 - `tls-hits`: the `hits` scenario over HTTPS (keep-alive, 64 connections).
 - `h2-hits`: the hits over HTTP/2 (TLS, ALPN h2): h2load, 8 connections of
   100 concurrent streams, the 10,000 URLs in a seeded shuffled order.
+- `h2c-hits`: the same over cleartext HTTP/2 (h2c by prior knowledge) on a
+  port of its own (Portico `h2c = true`, nginx `listen ... http2` without
+  `ssl`); no TLS, the same h2load load.
 - `tls-roundtrips`: the Oracle HTTP Server tuning guide's experiment: "the
   elapsed time for 5 connections was 11.4 seconds without SSL session
   caching. With SSL session caching enabled, the elapsed time for 5 round
@@ -48,6 +51,8 @@ SCENARIOS = {
     "tls-hits": "hits over the 10,000 cached objects over HTTPS, keep-alive, 64 connections",
     "h2-hits": "hits over the 10,000 cached objects over HTTP/2 (TLS, ALPN h2): h2load, "
                "8 connections of 100 concurrent streams",
+    "h2c-hits": "hits over the 10,000 cached objects over cleartext HTTP/2 (h2c, prior "
+                "knowledge): h2load, 8 connections of 100 concurrent streams",
     "tls-roundtrips": "the Oracle HTTP Server tuning guide's experiment: 5 connect/disconnect "
                       "round trips to an HTTPS server, elapsed time without and with session "
                       "caching (RSA 2048 and ECDSA P-256, TLS 1.2 and 1.3)",
@@ -55,13 +60,16 @@ SCENARIOS = {
 # The servers that terminate TLS here; the others sit out (bench.SITS_OUT says why).
 SUBJECTS = ("portico", "nginx", "nginx-tput")
 TLS_PORTS = {"portico": 28181, "nginx": 28182, "nginx-tput": 28187}
+# h2c-hits: the cleartext HTTP/2 ports (nginx's `http2` port speaks nothing else).
+H2C_PORTS = {"portico": 28191, "nginx": 28192, "nginx-tput": 28197}
 SNI = "www.test"
 H2_CONNECTIONS, H2_STREAMS = 8, 100
 ROUNDTRIPS = 5                       # the Oracle guide's 5 connections
 ROUNDTRIP_SETS, ROUNDTRIP_SETS_SMOKE = 200, 10
 # The Oracle guide's figures: 5 round trips, seconds, without and with session caching.
 ORACLE = (11.4, 1.9)
-THROUGHPUT = ("tls-full", "tls-resume", "tls-hits", "h2-hits")
+THROUGHPUT = ("tls-full", "tls-resume", "tls-hits", "h2-hits", "h2c-hits")
+H2LOAD = ("h2-hits", "h2c-hits")
 # Medians of this invocation's runs, by scenario and subject: the tls-resume
 # report sets them against tls-full's (the issue's "resumption at least 5x").
 MEDIANS = {}
@@ -103,13 +111,15 @@ NGINX_SUITES = (
 
 def nginx_tls_conf(b, d, tput, cert, key, resume):
     """The peer's usual config (bench.nginx_conf) with a TLS + HTTP/2 listen
-    on the same server block and the session settings in the http block."""
+    and a cleartext HTTP/2 one (h2c-hits) on the same server block, and the
+    session settings in the http block."""
     conf = b.nginx_conf(d, tput=tput)
-    port = b.PORTS["nginx-tput" if tput else "nginx"]
-    tport = TLS_PORTS["nginx-tput" if tput else "nginx"]
+    peer = "nginx-tput" if tput else "nginx"
+    port, tport, cport = b.PORTS[peer], TLS_PORTS[peer], H2C_PORTS[peer]
     listen = f"        listen 127.0.0.1:{port} backlog=4096;\n"
     assert listen in conf
     conf = conf.replace(listen, listen +
+                        f"        listen 127.0.0.1:{cport} http2 backlog=4096;\n"
                         f"        listen 127.0.0.1:{tport} ssl http2 backlog=4096;\n"
                         f"        ssl_certificate {cert};\n"
                         f"        ssl_certificate_key {key};\n")
@@ -122,8 +132,9 @@ def nginx_tls_conf(b, d, tput, cert, key, resume):
 
 
 def start(b, peer, tmp, args, kind, resume):
-    """`peer` with a fresh cache, its plain port as usual and a TLS port
-    (TLS_PORTS) with the `kind` certificate; session resumption on or off."""
+    """`peer` with a fresh cache, its plain port as usual, a TLS port
+    (TLS_PORTS) with the `kind` certificate (session resumption on or off)
+    and a cleartext HTTP/2 port (H2C_PORTS)."""
     cert, key = make_cert(tmp, kind)
     d = os.path.join(tmp, peer)
     if os.path.exists(d):
@@ -134,6 +145,8 @@ def start(b, peer, tmp, args, kind, resume):
         conf = b.portico_conf(d)
         conf["listener"].append({"address": f"127.0.0.1:{TLS_PORTS[peer]}", "mode": "reverse",
                                  "certificate": [{"cert": cert, "key": key}]})
+        conf["listener"].append({"address": f"127.0.0.1:{H2C_PORTS[peer]}", "mode": "reverse",
+                                 "h2c": True})
         conf["tls"] = ({} if resume else {"session_tickets": False, "session_cache_entries": 0})
         if b.PORTICO_EXTRA:
             b.merge_conf(conf, b.PORTICO_EXTRA)
@@ -150,7 +163,7 @@ def start(b, peer, tmp, args, kind, resume):
         argv = ["nginx", "-e", f"{d}/error.log", "-p", d, "-c", path]
     else:
         raise ValueError(peer)
-    for port in (b.PORTS[peer], TLS_PORTS[peer]):
+    for port in (b.PORTS[peer], TLS_PORTS[peer], H2C_PORTS[peer]):
         if not b.port_free(port):
             raise RuntimeError(f"port {port} is in use")
     daemon = b.Daemon(peer, argv, b.PROXY_CPU, d)
@@ -219,16 +232,17 @@ def portico_tls(b, port):
         return None
 
 
-def run_h2load(b, port, paths, duration, proxy_pid, origin_pid, tmp):
-    """h2load over TLS (ALPN h2) on the load CPU: the paths as full URLs in a
-    seeded shuffled order (each client walks the list). Per-request times from
-    its --log-file give the percentiles."""
+def run_h2load(b, port, paths, duration, proxy_pid, origin_pid, tmp, scheme="https"):
+    """h2load on the load CPU, over TLS (ALPN h2) or, with `scheme` http,
+    cleartext HTTP/2 by prior knowledge (h2load's way for http URLs): the
+    paths as full URLs in a seeded shuffled order (each client walks the
+    list). Per-request times from its --log-file give the percentiles."""
     import random
     order = list(paths)
     random.Random(b.SEED).shuffle(order)
     uris = os.path.join(tmp, "h2-uris.txt")
     with open(uris, "w") as f:
-        f.write("\n".join(f"https://127.0.0.1:{port}{p}" for p in order) + "\n")
+        f.write("\n".join(f"{scheme}://127.0.0.1:{port}{p}" for p in order) + "\n")
     logf = os.path.join(tmp, "h2load.log")
     argv = ["taskset", "-c", b.LOAD_CPU, "h2load", "-t1", f"-c{H2_CONNECTIONS}",
             f"-m{H2_STREAMS}", f"-D{duration}", "-i", uris, "--log-file", logf]
@@ -274,12 +288,19 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
     daemon = start(b, peer, tmp, args, args.tls_key, resume)
     try:
         tport, paths = TLS_PORTS[peer], ctx["paths"]
+        h2c = scenario == "h2c-hits"
         info, problems = {}, []
         t = time.time()
-        info["warm_bad"] = b.warm_hits(tport, paths, tls=True)
+        # h2c-hits: warmed (and sampled) over HTTP/1, for Portico on the h2c
+        # port itself (which also speaks HTTP/1; its cache keys carry the
+        # port the client named), for nginx on the plain port (its `http2`
+        # port speaks nothing else; its keys name the upstream); no TLS, so
+        # no resumption check.
+        warm_port = (H2C_PORTS[peer] if peer == "portico" else b.PORTS[peer]) if h2c else tport
+        info["warm_bad"] = b.warm_hits(warm_port, paths, tls=not h2c)
         info["warm_s"] = round(time.time() - t, 1)
-        resumed, proto, cipher = resumption_check(b, tport)
-        info["tls"] = f"{proto} {cipher}"
+        resumed, proto, cipher = (False, "h2c", "none") if h2c else resumption_check(b, tport)
+        info["tls"] = "none (h2c)" if h2c else f"{proto} {cipher}"
         info["check_resumed"] = resumed
         if scenario in ("tls-full", "tls-resume") and resumed != resume:
             problems.append(f"a connection offering the previous one's session was "
@@ -289,6 +310,9 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
         hs0 = portico_tls(b, b.PORTS[peer]) if peer == "portico" else None
         if scenario == "h2-hits":
             r = run_h2load(b, tport, paths, args.duration, daemon.pid, origin.pid, tmp)
+        elif h2c:
+            r = run_h2load(b, H2C_PORTS[peer], paths, args.duration, daemon.pid, origin.pid, tmp,
+                           scheme="http")
         else:
             headers = ["Connection: close"] if scenario in ("tls-full", "tls-resume") else []
             r = b.run_wrk(tport, "/", ctx["scripts"]["hits"], args.duration, args.connections,
@@ -306,16 +330,17 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
                 problems.append(f"Portico counted {full:,} full and {res:,} resumed handshakes "
                                 f"for {r['requests']:,} requests: want nearly all resumed")
         r["origin_during"] = r["origin_requests"]
-        b.check_hit_sample(tport, paths, info, problems, tls=True)
+        b.check_hit_sample(warm_port, paths, info, problems, tls=not h2c)
         if r["origin_during"] != 0:
             problems.append(f"origin saw {r['origin_during']} requests during a hit run")
-        b.check_completed(r, problems, "h2load" if scenario == "h2-hits" else "wrk")
+        b.check_completed(r, problems, "h2load" if scenario in H2LOAD else "wrk")
         r.update(info)
         r["problems"] = problems
         r["summary"] = (f"{r['rps']:,.0f} req/s, p50 {r['p50_us']/1000:.2f} ms, "
                         f"p99 {r['p99_us']/1000:.2f} ms, proxy CPU {r['proxy_cpu']:.2f}, "
                         f"{r['rps_per_core']:,.0f} req/s/core, errors {r['errors']}, "
-                        f"{info['tls']}, resumption check {'resumed' if resumed else 'full'}"
+                        f"{info['tls']}"
+                        + ("" if h2c else f", resumption check {'resumed' if resumed else 'full'}")
                         + (f", handshakes {info['handshakes']}" if "handshakes" in info else "")
                         + f", other CPU {r['other_cpu']:.2f}, X-Cache {info['sample_hits']}")
         if not daemon.alive():
@@ -385,9 +410,10 @@ def report(b, scenario, results, peers, args):
     if scenario == "tls-roundtrips":
         return report_roundtrips(b, results, peers, args)
     L, extra = b.report_wrk(scenario, results, peers, args)
-    if scenario == "h2-hits":
+    if scenario in H2LOAD:
         load = (f"- Load: `h2load -t1 -c{H2_CONNECTIONS} -m{H2_STREAMS} -D{args.duration}` over "
-                f"TLS (ALPN h2) on CPU {b.LOAD_CPU}")
+                + ("cleartext HTTP/2 (h2c, prior knowledge)" if scenario == "h2c-hits"
+                   else "TLS (ALPN h2)") + f" on CPU {b.LOAD_CPU}")
     else:
         load = (f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency"
                 + (" -H 'Connection: close'" if scenario in ("tls-full", "tls-resume") else "")
@@ -396,7 +422,12 @@ def report(b, scenario, results, peers, args):
                 f"{args.rounds} interleaved round(s), fresh cache per run")
     key = {"rsa": "RSA 2048", "ec": "ECDSA P-256"}[args.tls_key]
     suites = ", ".join(f"{p} {results[p][0].get('tls', '?')}" for p in peers if results[p])
-    notes = [f"Same {key} certificate on every server (self-signed, made by `openssl req`); "
+    notes = (["No TLS: Portico's listener with `h2c = true`, nginx's `listen ... http2` "
+              "without `ssl`, each on a port of its own; warmed and sampled over HTTP/1 "
+              "(Portico on its h2c port, which speaks both and whose cache keys carry the "
+              "port; nginx on its plain port, whose cache the `http2` port shares).\n"]
+             if scenario == "h2c-hits" else
+             [f"Same {key} certificate on every server (self-signed, made by `openssl req`); "
              f"TLS 1.2 and 1.3 offered, the same cipher suites in the same order (Portico's "
              f"default: AES-128-GCM, ChaCha20-Poly1305, AES-256-GCM, the server's choice; "
              f"nginx `ssl_prefer_server_ciphers on` with that order), negotiated with the "
@@ -407,7 +438,7 @@ def report(b, scenario, results, peers, args):
                 if scenario == "tls-full" else
                 "session resumption on (Portico's `[tls]` defaults: tickets and a 10,000-entry "
                 "session cache; nginx `ssl_session_cache shared:SSL:10m`, `ssl_session_timeout "
-                "1d`, `ssl_session_tickets on`).") + "\n"]
+                "1d`, `ssl_session_tickets on`).") + "\n"])
     if scenario in ("tls-full", "tls-resume"):
         hs = [f"{p} round {i + 1}: {r['handshakes']}" for p in peers
               for i, r in enumerate(results[p]) if "handshakes" in r]
