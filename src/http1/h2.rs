@@ -273,7 +273,9 @@ impl AsyncWrite for Io {
                 let mut guard = out.lock();
                 let (tcp, held) = &mut *guard;
                 std::task::ready!(send_held(tcp, held, cx))?;
-                Pin::new(tcp).poll_shutdown(cx)
+                // As before the split: a peer already gone is no error here.
+                let _ = Pin::new(tcp).poll_shutdown(cx);
+                Poll::Ready(Ok(()))
             }
             Io::Tls(t) => {
                 t.send_close_notify();
@@ -758,7 +760,7 @@ pub async fn serve<H: Handler>(
         tokio::select! {
             accepted = std::future::poll_fn(|cx| {
                 // The streams first, so that what they answer goes out in
-                // this pass: one `sendmsg` for every response that was ready.
+                // this pass: one system call for every response that was ready.
                 while let Poll::Ready(Some(())) = streams.poll_next_unpin(cx) {}
                 let r = conn.poll_accept(cx);
                 if matches!(r, Poll::Ready(Some(Ok(_)))) {
