@@ -1126,3 +1126,41 @@ async fn a_response_over_h2c_leaves_when_ready_though_the_client_sends_nothing_m
     a_late_response_reaches_a_silent_client(&mut tcp, 0x86, false, &p).await;
     assert_eq!(origin.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_socket_has_its_streams_reset_after_send_timeout() {
+    // The frames of a pass are held (64 KiB at most) and sent at its end:
+    // a client that asks for large bodies, opens every window and then
+    // reads nothing more from its socket fills the kernel's buffers, then
+    // the pass's, then each stream's send buffer. Nothing grows past
+    // those: each stream waits for room, and `send_timeout` ends the wait
+    // (a CANCEL, counted), while other clients are served.
+    let origin = Origin::start(|req| async move {
+        if req.uri.path() == "/after" {
+            Response::ok(b"fine".to_vec())
+        } else {
+            Response::ok(vec![b'x'; 8 << 20])
+        }
+    })
+    .await;
+    let (port, p) = h2c_portico(&origin, "\n[limits]\nsend_timeout = \"1s\"\n").await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut s = socket.connect(([127, 0, 0, 1], port).into()).await.expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 2^31-1, and the connection's window
+    // opened as far: flow control never holds the server back.
+    let max = 0x7fff_ffffu32;
+    let mut settings = vec![0, 4];
+    settings.extend_from_slice(&max.to_be_bytes());
+    hello.extend(frame(SETTINGS, 0, 0, &settings));
+    hello.extend(frame(8, 0, 0, &(max - 65_535).to_be_bytes()));
+    for stream in [1u32, 3, 5, 7] {
+        hello.extend(frame(HEADERS, END_STREAM | END_HEADERS, stream, &get_block()));
+    }
+    s.write_all(&hello).await.expect("requests");
+    wait_metric(&p, "portico_send_timeouts_total", 1).await;
+    still_serves(port).await;
+    assert!(metric(&p, "portico_http2_resets_sent_total").await >= 1);
+    drop(s);
+}
