@@ -47,26 +47,6 @@ fn request(method: &str, origin: SocketAddr, path: &str, extra: &str) -> Vec<u8>
     format!("{method} http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\n{extra}{body}").into_bytes()
 }
 
-/// Reads a response head; returns it and the body bytes read with it.
-async fn read_head(s: &mut TcpStream) -> (String, Vec<u8>) {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 65536];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            return (
-                String::from_utf8_lossy(&buf[..end]).into_owned(),
-                buf[end + 4..].to_vec(),
-            );
-        }
-        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut tmp))
-            .await
-            .expect("no response head within 10 s")
-            .expect("read");
-        assert!(n > 0, "closed before the end of the head");
-        buf.extend_from_slice(&tmp[..n]);
-    }
-}
-
 /// Reads into `got` until it holds `want` bytes or the peer closes;
 /// panics if neither happens within 10 s.
 async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, want: usize, what: &str) {
@@ -89,8 +69,11 @@ async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, want: usize, what: &st
 async fn ask(p: &Portico, method: &str, origin: SocketAddr, path: &str) -> (TcpStream, Vec<u8>) {
     let mut s = TcpStream::connect(p.addr()).await.expect("connect");
     s.write_all(&request(method, origin, path, "")).await.expect("send");
-    let (head, got) = read_head(&mut s).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}");
+    let (head, got) = read_response_head(&mut s).await;
+    assert!(
+        head.version == "HTTP/1.1" && head.status == 200,
+        "{method} {path}: {head:?}"
+    );
     (s, got)
 }
 

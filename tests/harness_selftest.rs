@@ -307,6 +307,30 @@ async fn raw_origin_sends_hand_framed_bytes() {
     assert_eq!(origin.connections(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_response_head_returns_the_head_and_only_the_bytes_that_came_with_it() {
+    // The head arrives in two writes, the first body bytes with its end;
+    // the rest of the body only after the client answers.
+    let origin = RawOrigin::start(|mut stream| async move {
+        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Le").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = stream.write_all(b"ngth: 10\r\nX-A: b\r\n\r\n01234").await;
+        let mut go = [0u8; 1];
+        let _ = stream.read_exact(&mut go).await;
+        let _ = stream.write_all(b"56789").await;
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(origin.addr()).await.expect("connect");
+    let (head, rest) = read_response_head(&mut s).await;
+    assert_eq!((head.version.as_str(), head.status), ("HTTP/1.1", 200));
+    assert_eq!(head.header("x-a"), Some("b"));
+    assert_eq!(rest, b"01234");
+    s.write_all(b"!").await.expect("go");
+    let mut more = [0u8; 5];
+    s.read_exact(&mut more).await.expect("the rest, left in the socket");
+    assert_eq!(&more, b"56789");
+}
+
 #[test]
 fn parser_handles_the_three_framings() {
     let cl = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A:  b \r\n\r\nhelloEXTRA");

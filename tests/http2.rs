@@ -62,6 +62,17 @@ async fn h2c_portico(origin: &Origin, rest: &str) -> (u16, Portico) {
     (port, p)
 }
 
+/// A reverse listener speaking TLS (a certificate for `www.test` made in
+/// `dir`) on a free port, in front of `origin`, with `rest` added to the
+/// config: its port, the certificate (for clients to trust) and the
+/// running Portico.
+async fn tls_portico(dir: &Path, origin: &Origin, rest: &str) -> (u16, PathBuf, Portico) {
+    let (c, k) = cert(dir, "www.test");
+    let port = free_port();
+    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), origin, rest)).await;
+    (port, c, p)
+}
+
 /// Waits (up to 10 s) for a /metrics series to reach `n`.
 async fn wait_metric(p: &Portico, series: &str, n: u64) {
     for _ in 0..100 {
@@ -104,13 +115,11 @@ async fn h2_get(send: &mut h2::client::SendRequest<Bytes>, req: http::Request<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_speaks_http2_by_alpn_to_a_tls_reverse_listener_and_gets_a_cache_hit() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
     let origin = Origin::start(|req| async move {
         Response::ok(format!("page over {:?}", req.version)).header("Cache-Control", "max-age=300")
     })
     .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let (port, c, p) = tls_portico(dir.path(), &origin, "").await;
     let mut seen = Vec::new();
     for _ in 0..2 {
         let out = curl_www_test(&c, port, "/page", &["-i", "-w", "\n%{http_version}"]).await;
@@ -146,14 +155,12 @@ async fn curl_speaks_http2_by_alpn_to_a_tls_reverse_listener_and_gets_a_cache_hi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_over_h2_on_tls_reaches_the_origin_whole() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
     let origin = Origin::start(|req| async move {
         let sum: u64 = req.body.iter().map(|b| u64::from(*b)).sum();
         Response::ok(format!("{} {sum}", req.body.len()))
     })
     .await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let (port, c, p) = tls_portico(dir.path(), &origin, "").await;
     let body: Vec<u8> = (0..2_500_000u32).map(|i| (i % 241) as u8).collect();
     let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
     let file = dir.path().join("upload.bin");
@@ -414,6 +421,7 @@ const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
 const PING: u8 = 6;
 const GOAWAY: u8 = 7;
+const WINDOW_UPDATE: u8 = 8;
 const CONTINUATION: u8 = 9;
 const END_STREAM: u8 = 1;
 const END_HEADERS: u8 = 4;
@@ -426,12 +434,18 @@ fn get_block() -> Vec<u8> {
     b
 }
 
+/// The client connection preface (RFC 9113 3.4): the magic octets and a
+/// SETTINGS frame carrying `settings`.
+fn client_preface(settings: &[u8]) -> Vec<u8> {
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, settings));
+    hello
+}
+
 /// A raw h2c connection: the preface and an empty SETTINGS sent.
 async fn raw_h2c(port: u16) -> TcpStream {
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
-    s.write_all(&hello).await.expect("preface");
+    s.write_all(&client_preface(&[])).await.expect("preface");
     s
 }
 
@@ -988,16 +1002,8 @@ async fn large_bodies_on_concurrent_tls_streams_arrive_whole_missed_and_hit() {
     // client's flow control paces the streams. Once missed (the origin's
     // bytes relayed), once hit (the cache's bytes handed to the stream).
     let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
     let origin = big_origin().await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(
-        port,
-        &cert_table(&c, &k),
-        &origin,
-        "\n[cache]\nmemory = \"64MiB\"\n",
-    ))
-    .await;
+    let (port, c, p) = tls_portico(dir.path(), &origin, "\n[cache]\nmemory = \"64MiB\"\n").await;
     large_bodies_arrive_whole(tls_h2(&c, port).await, "https", port, &p).await;
     assert_eq!(origin.count(), 4);
 }
@@ -1068,9 +1074,7 @@ async fn a_late_response_reaches_a_silent_client(
         assert!(!closed && got.iter().any(|f| f.0 == SETTINGS && f.1 == 0), "{got:?}");
         frames = got;
     }
-    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
-    s.write_all(&hello).await.expect("preface");
+    s.write_all(&client_preface(&[])).await.expect("preface");
     s.flush().await.expect("flush");
     frames.extend(read_frames(s, Duration::from_millis(500)).await.0);
     assert!(frames.iter().any(|f| f.0 == SETTINGS && f.1 == 0), "{frames:?}");
@@ -1109,10 +1113,8 @@ async fn a_late_response_reaches_a_silent_client(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_over_tls_leaves_when_ready_though_the_client_sends_nothing_more() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (c, k) = cert(dir.path(), "www.test");
     let origin = late_origin().await;
-    let port = free_port();
-    let p = Portico::start(&reverse_config(port, &cert_table(&c, &k), &origin, "")).await;
+    let (port, c, p) = tls_portico(dir.path(), &origin, "").await;
     let mut tls = tls_h2(&c, port).await;
     a_late_response_reaches_a_silent_client(&mut tls, 0x87, true, &p).await;
     assert_eq!(origin.count(), 1);
@@ -1147,14 +1149,13 @@ async fn a_client_that_stops_reading_its_socket_has_its_streams_reset_after_send
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let mut s = socket.connect(([127, 0, 0, 1], port).into()).await.expect("connect");
-    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     // SETTINGS_INITIAL_WINDOW_SIZE = 2^31-1, and the connection's window
     // opened as far: flow control never holds the server back.
     let max = 0x7fff_ffffu32;
     let mut settings = vec![0, 4];
     settings.extend_from_slice(&max.to_be_bytes());
-    hello.extend(frame(SETTINGS, 0, 0, &settings));
-    hello.extend(frame(8, 0, 0, &(max - 65_535).to_be_bytes()));
+    let mut hello = client_preface(&settings);
+    hello.extend(frame(WINDOW_UPDATE, 0, 0, &(max - 65_535).to_be_bytes()));
     for stream in [1u32, 3, 5, 7] {
         hello.extend(frame(HEADERS, END_STREAM | END_HEADERS, stream, &get_block()));
     }

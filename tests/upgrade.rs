@@ -133,26 +133,6 @@ async fn metric(p: &Portico, name: &str) -> Option<f64> {
     })
 }
 
-/// Reads a response head (up to the blank line) off `s`, leaving what
-/// follows unread in the socket except for bytes that came with the head,
-/// which are returned too.
-async fn read_head(s: &mut TcpStream) -> (ParsedResponse, Vec<u8>) {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = parse_head_response(&buf[..end + 4]);
-            return (head, buf[end + 4..].to_vec());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, s.read(&mut tmp)).await {
-            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-            other => panic!("no response head ({other:?}); have {:?}", String::from_utf8_lossy(&buf)),
-        }
-    }
-}
-
 /// A masked client text frame (RFC 6455 5.2), payload under 126 bytes.
 fn client_text_frame(payload: &[u8]) -> Vec<u8> {
     assert!(payload.len() < 126);
@@ -232,7 +212,7 @@ async fn a_websocket_client_and_echo_server_talk_through_a_reverse_listener() {
 async fn raw_websocket_echo(proxy: std::net::SocketAddr, target: &str, host: &str) {
     let mut s = TcpStream::connect(proxy).await.expect("connect");
     s.write_all(handshake(target, host).as_bytes()).await.expect("send");
-    let (head, mut pending) = read_head(&mut s).await;
+    let (head, mut pending) = read_response_head(&mut s).await;
     assert_eq!(head.status, 101, "{head:?}");
     assert_eq!(
         head.header("upgrade").map(str::to_ascii_lowercase).as_deref(),
@@ -335,7 +315,7 @@ async fn the_101s_fields_reach_the_client_unchanged_and_bytes_flow_both_ways() {
     let mut first = handshake("/chat", "www.example.com").into_bytes();
     first.extend_from_slice(b"early bytes|");
     s.write_all(&first).await.expect("send");
-    let (head, mut rest) = read_head(&mut s).await;
+    let (head, mut rest) = read_response_head(&mut s).await;
     assert_eq!(head.status, 101);
     assert_eq!(head.reason, "Switching Protocols");
     assert_eq!(head.header("upgrade"), Some("websocket"));
@@ -380,7 +360,7 @@ async fn an_upgraded_connection_silent_for_the_tunnel_idle_timeout_is_closed() {
     s.write_all(handshake("/chat", "www.example.com").as_bytes())
         .await
         .expect("send");
-    let (head, _) = read_head(&mut s).await;
+    let (head, _) = read_response_head(&mut s).await;
     assert_eq!(head.status, 101);
     let started = Instant::now();
     let mut tmp = [0u8; 64];
@@ -446,7 +426,7 @@ async fn an_origin_switching_to_a_protocol_not_offered_is_a_bad_gateway() {
     s.write_all(handshake("/chat", "www.example.com").as_bytes())
         .await
         .expect("send");
-    let (head, _) = read_head(&mut s).await;
+    let (head, _) = read_response_head(&mut s).await;
     assert_eq!(head.status, 502, "{head:?}");
 }
 
@@ -459,7 +439,7 @@ async fn an_acl_deny_refuses_an_upgrade_request_before_the_origin() {
     s.write_all(handshake("/chat", "www.example.com").as_bytes())
         .await
         .expect("send");
-    let (head, _) = read_head(&mut s).await;
+    let (head, _) = read_response_head(&mut s).await;
     assert_eq!(head.status, 403, "{head:?}");
     assert_eq!(o.connections(), 0, "the origin was never contacted");
 }

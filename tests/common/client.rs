@@ -238,6 +238,26 @@ pub fn parse_response(bytes: &[u8]) -> ParsedResponse {
     parse_all(bytes, false, true).remove(0)
 }
 
+/// Reads a response head (up to the blank line) off `s`, leaving what
+/// follows unread in the socket except for bytes that came with the head,
+/// which are returned too. Panics if no whole head comes within 10 s or
+/// the connection ends first.
+pub async fn read_response_head(s: &mut TcpStream) -> (ParsedResponse, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 65536];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = parse_head_response(&buf[..end + 4]);
+            return (head, buf[end + 4..].to_vec());
+        }
+        match timeout_at(deadline, s.read(&mut tmp)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&tmp[..n]),
+            other => panic!("no response head ({other:?}); have {:?}", String::from_utf8_lossy(&buf)),
+        }
+    }
+}
+
 /// [`parse_response`] for the answer to a HEAD request (no body read).
 pub fn parse_head_response(bytes: &[u8]) -> ParsedResponse {
     parse_all(bytes, true, true).remove(0)

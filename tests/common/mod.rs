@@ -10,7 +10,8 @@
 //! - [`Origin`]: scripted hyper-based HTTP/1.1 origin (plain or TLS).
 //! - [`RawOrigin`], [`Blackhole`], [`dead_addr`]: misbehaving origins.
 //! - [`Slapd`]: a real OpenLDAP directory for the LDAP tests.
-//! - [`raw_request`], [`RawClient`], [`parse_response`], [`curl`]: clients.
+//! - [`raw_request`], [`RawClient`], [`parse_response`],
+//!   [`read_response_head`], [`curl`]: clients.
 //! - [`page`], [`metric`], [`stats_snapshot`], [`stats_when`]: the monitoring
 //!   pages of a running Portico.
 //! - [`Pem`], [`cert_table`]: self-signed certificates for TLS listeners.
@@ -30,6 +31,7 @@ pub use certs::{Pem, cert_table};
 pub use client::{
     Framing, ParsedResponse, RawClient, close_request_then_junk, connect_tunnel, curl, parse_head_response,
     parse_response, parse_responses, parse_responses_lenient, raw_request, raw_request_from, raw_request_timeout,
+    read_response_head,
 };
 pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
