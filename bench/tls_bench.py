@@ -299,8 +299,11 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
         warm_port = (H2C_PORTS[peer] if peer == "portico" else b.PORTS[peer]) if h2c else tport
         info["warm_bad"] = b.warm_hits(warm_port, paths, tls=not h2c)
         info["warm_s"] = round(time.time() - t, 1)
-        resumed, proto, cipher = (False, "h2c", "none") if h2c else resumption_check(b, tport)
-        info["tls"] = "none (h2c)" if h2c else f"{proto} {cipher}"
+        if h2c:
+            resumed, info["tls"] = False, "none (h2c)"
+        else:
+            resumed, proto, cipher = resumption_check(b, tport)
+            info["tls"] = f"{proto} {cipher}"
         info["check_resumed"] = resumed
         if scenario in ("tls-full", "tls-resume") and resumed != resume:
             problems.append(f"a connection offering the previous one's session was "

@@ -261,7 +261,7 @@ impl AsyncWrite for Io {
     /// wrote once the pass is over (`send_pass`). The h2 crate flushes
     /// after every DATA frame whose payload it did not copy (every body
     /// of 256 bytes or more), so sending here cost a system call per
-    /// response, 1.33 per response in the `h2-hits` benchmark over TLS;
+    /// response, 1.34 per response in the `h2-hits` benchmark over TLS;
     /// sent after the pass, one carries every response the pass wrote.
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))

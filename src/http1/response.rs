@@ -546,21 +546,17 @@ impl<'a> ResponseWriter<'a> {
             return Ok(());
         }
         for group in parts.chunks(PARTS_PER_WRITE) {
-            let mut slices: [&[u8]; PARTS_PER_WRITE] = [&[]; PARTS_PER_WRITE];
-            for (slice, part) in slices.iter_mut().zip(group) {
-                *slice = part;
-            }
-            self.write_body(&slices[..group.len()]).await?;
+            self.write_body(group).await?;
         }
         Ok(())
     }
 
     /// HTTP/1 body bytes, at most [`PARTS_PER_WRITE`] pieces, framed and in
     /// one write with the queued head if it is not yet written.
-    async fn write_body(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+    async fn write_body<P: AsRef<[u8]>>(&mut self, parts: &[P]) -> io::Result<()> {
         debug_assert!(parts.len() <= PARTS_PER_WRITE);
         let Sink::H1(stream) = self.sink else { return Ok(()) };
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let len: u64 = parts.iter().map(|p| p.as_ref().len() as u64).sum();
         if len == 0 {
             return Ok(());
         }
@@ -582,7 +578,7 @@ impl<'a> ResponseWriter<'a> {
             n += 1;
         }
         for part in parts {
-            slices[n] = part;
+            slices[n] = part.as_ref();
             n += 1;
         }
         if chunked {
