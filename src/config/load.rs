@@ -353,6 +353,14 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             .collect();
         return Err((path, message));
     }
+    // A semaphore's permits; more places than any server has descriptors
+    // for is no cap anyway.
+    if c.origin.max_connections > 1_000_000 {
+        return Err((
+            vec![Key("origin"), Key("max_connections")],
+            format!("{}: must be at most 1000000 (0 for no cap)", c.origin.max_connections),
+        ));
+    }
     if c.server.processes == 0 || c.server.processes > 1024 {
         return Err((
             vec![Key("server"), Key("processes")],
@@ -847,6 +855,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.tls.session_cache_entries, 10_000);
+    }
+
+    #[test]
+    fn a_connection_cap_beyond_a_million_is_refused_by_key() {
+        let e = parse_str("[origin]\nmax_connections = 4611686018427387904\n", "p.toml").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("origin.max_connections")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("at most 1000000"), "{e}");
+        let c = parse_str(
+            "[origin]\nmax_connections = 1000000\nqueue_timeout = \"0s\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(c.origin.max_connections, 1_000_000);
+        assert_eq!(
+            parse_str("", "p.toml").unwrap().origin.max_connections,
+            0,
+            "no cap by default"
+        );
     }
 
     #[test]

@@ -598,6 +598,11 @@ pub struct OriginConfig {
     pub pool_idle_timeout: Dur,
     /// Idle pooled connections kept per origin.
     pub pool_max_idle: usize,
+    /// Connections in use at once per server connected to (an origin, a
+    /// parent, an array member); 0 = no cap.
+    pub max_connections: usize,
+    /// Longest wait for one of those when all are in use (503 beyond it).
+    pub queue_timeout: Dur,
     /// Trust the system's root certificates for https origins.
     pub system_roots: bool,
     /// Extra PEM certificates trusted for https origins.
@@ -626,6 +631,8 @@ impl Default for OriginConfig {
             idle_timeout: Dur::secs(60),
             pool_idle_timeout: Dur::secs(90),
             pool_max_idle: 64,
+            max_connections: 0,
+            queue_timeout: Dur::secs(10),
             system_roots: true,
             ca_file: None,
             dns_cache_entries: 1024,

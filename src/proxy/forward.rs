@@ -465,6 +465,8 @@ pub fn failure(e: UpstreamError) -> Failure {
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Loop => StatusCode::LOOP_DETECTED,
         UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        // As HAProxy answers a request whose server queue timed out.
+        UpstreamError::Queue(_) => StatusCode::SERVICE_UNAVAILABLE,
         UpstreamError::ClientBody(b) if b.too_large => StatusCode::PAYLOAD_TOO_LARGE,
         UpstreamError::ClientBody(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::BAD_GATEWAY,

@@ -509,6 +509,9 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         other_errors: l(&up.other_errors),
         interim_relayed: l(&up.interim_relayed),
         upgrades: l(&up.upgrades),
+        queued: l(&up.queued),
+        queue_timeouts: l(&up.queue_timeouts),
+        waiting: sh.upstream.waiting(),
         connect_time: up.connect_time.snapshot(),
         first_byte_time: up.first_byte_time.snapshot(),
     };

@@ -270,6 +270,21 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
         "the connection was reset or closed mid-response",
         "Check the origins' error logs.",
     );
+    // Refusals by the cap on connections per server: never sent, so not
+    // among the requests above; whether to raise the cap depends on what
+    // the origins can take, which only the operator knows.
+    let asked = up.requests + up.queue_timeouts;
+    if asked >= MIN_LOOKUPS && up.queue_timeouts * 20 > asked {
+        say(
+            "upstream-queue-timeouts",
+            format!(
+                "{} of {asked} requests for origins ({:.1}%) got 503 after waiting origin.queue_timeout for a connection (UpstreamInfo Queued For a Connection: {} timed out): their servers had all origin.max_connections places in use. If the origins can take more requests at once, raise origin.max_connections; if they cannot, these 503s are the cap protecting them (add servers, or let requests wait longer with origin.queue_timeout).",
+                up.queue_timeouts,
+                percent(up.queue_timeouts, asked),
+                up.queue_timeouts,
+            ),
+        );
+    }
     // The Sun Web Server 7 guide tunes its SSL session cache because a
     // full handshake costs several times a resumed one. A low resumed
     // share alone is no fault (each client's first handshake is full, and
@@ -722,6 +737,24 @@ mod tests {
             assert_eq!(rules(&s), [rule]);
             assert!(a[0].text.contains(names), "{}", a[0].text);
         }
+    }
+
+    #[test]
+    fn requests_refused_by_the_connection_cap_name_both_settings() {
+        let mut s = Snapshot::default();
+        s.upstream.requests = 90;
+        s.upstream.queue_timeouts = 10;
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["upstream-queue-timeouts"]);
+        assert!(a[0].text.contains("10 of 100"), "{}", a[0].text);
+        assert!(a[0].text.contains("origin.max_connections") && a[0].text.contains("origin.queue_timeout"));
+        // At 5% or less, or with little traffic: silent.
+        s.upstream.queue_timeouts = 5;
+        s.upstream.requests = 95;
+        assert!(rules(&s).is_empty());
+        s.upstream.requests = 2;
+        s.upstream.queue_timeouts = 8;
+        assert!(rules(&s).is_empty());
     }
 
     #[test]

@@ -876,6 +876,19 @@ crate::section! {
         #[serde(default)]
         upgrades: u64 => Counter, Add, None, "Connections upgraded to another protocol (101 Switching Protocols relayed, e.g. WebSocket).",
             prom "portico_upstream_upgrades_total", xml "upstream-bucket" "countUpgrades";
+        /// Requests that found every place at their server taken
+        /// (`origin.max_connections`) and waited in its queue.
+        #[serde(default)]
+        queued: u64 => Counter, Add, None, "Requests that waited for a connection place at their server (origin.max_connections).",
+            prom "portico_upstream_queued_total", xml "upstream-bucket" "countQueued";
+        /// Of those, the ones that waited `origin.queue_timeout` in vain (503).
+        #[serde(default)]
+        queue_timeouts: u64 => Counter, Add, None, "Requests answered 503 after waiting origin.queue_timeout for a connection place.",
+            prom "portico_upstream_queue_timeouts_total", xml "upstream-bucket" "countQueueTimeouts";
+        /// Requests waiting for a place now.
+        #[serde(default)]
+        waiting: u64 => Gauge, Add, None, "Requests waiting now for a connection place at their server.",
+            prom "portico_upstream_waiting_requests", xml "upstream-bucket" "countWaiting";
     }
 }
 

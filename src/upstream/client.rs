@@ -23,6 +23,7 @@
 
 use super::UpstreamError;
 use super::body::{ClientBodyError, ProxyBody};
+use super::caps::Place;
 use super::connect::{Conn, Connector};
 use super::response::{Framing, ResponseHead, parse_response};
 use crate::http1::chunked::{ChunkedDecoder, Decoded, last_chunk};
@@ -81,10 +82,13 @@ impl Client {
     /// Sends `req` (absolute URI) and returns the response head as soon as
     /// it has arrived; its body is read as it is polled. `on_interim` gets
     /// the 1xx responses that come first.
+    /// `place` (a place at the origin, caps.rs) is given back when the
+    /// exchange is over, with the connection.
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
         mut on_interim: Option<OnInterim<'_>>,
+        place: Option<Place>,
     ) -> Result<Response<OriginBody>, UpstreamError> {
         let (parts, body) = req.into_parts();
         let https = parts.uri.scheme() == Some(&http::uri::Scheme::HTTPS);
@@ -119,6 +123,7 @@ impl Client {
                         pool: self.pool.clone(),
                         https,
                         authority,
+                        _place: place,
                     };
                     return Ok(response(head, ex, release));
                 }
@@ -446,11 +451,14 @@ impl Exchange {
     }
 }
 
-/// Where a finished connection goes back to.
+/// Where a finished connection goes back to, and the place at its origin
+/// it held (given back when this is dropped: after the connection is
+/// pooled or closed, or when it is upgraded).
 struct Release {
     pool: Arc<Pool>,
     https: bool,
     authority: Authority,
+    _place: Option<Place>,
 }
 
 /// The response for `head`, its body read from `ex`.

@@ -260,6 +260,10 @@ pub struct UpstreamStats {
     pub interim_relayed: AtomicU64,
     /// Connections upgraded (a 101 relayed, then bytes both ways).
     pub upgrades: AtomicU64,
+    /// Requests that waited for a place at their server (`origin.max_connections`).
+    pub queued: AtomicU64,
+    /// Requests that waited `origin.queue_timeout` for a place and got 503.
+    pub queue_timeouts: AtomicU64,
     /// Time to open a connection.
     pub connect_time: Histogram,
     /// Time to the response head (a new connection's connect included).

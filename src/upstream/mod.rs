@@ -3,6 +3,7 @@
 //! health checks, and clients that go through a parent proxy.
 
 mod body;
+mod caps;
 mod client;
 mod connect;
 pub mod credentials;
@@ -15,6 +16,7 @@ pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamS
 pub use group::{Group, ServerAddr};
 
 use crate::config::OriginConfig;
+use caps::OriginCaps;
 use client::Client;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +32,9 @@ pub enum UpstreamError {
     Failed(String),
     /// The client's request body failed while being forwarded.
     ClientBody(ClientBodyError),
+    /// Every place at the origin (`origin.max_connections`) stayed taken
+    /// for `origin.queue_timeout`: nothing was sent.
+    Queue(String),
 }
 
 impl UpstreamError {
@@ -43,7 +48,7 @@ impl std::fmt::Display for UpstreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UpstreamError::Connect(e) => e.fmt(f),
-            UpstreamError::Timeout(s) | UpstreamError::Failed(s) => f.write_str(s),
+            UpstreamError::Timeout(s) | UpstreamError::Failed(s) | UpstreamError::Queue(s) => f.write_str(s),
             UpstreamError::ClientBody(e) => e.fmt(f),
         }
     }
@@ -58,6 +63,12 @@ pub struct Upstream {
     first_byte_timeout: Duration,
     /// Longest silence allowed while a response body arrives.
     pub idle_timeout: Duration,
+    /// Places per server connected to (`origin.max_connections`), shared
+    /// by this client and those made from it for parents.
+    caps: Arc<OriginCaps>,
+    /// The server this client connects to when it is not the request's
+    /// origin: a parent proxy or an array member, whose places it takes.
+    server: Option<(bool, Box<str>)>,
 }
 
 impl Upstream {
@@ -72,6 +83,8 @@ impl Upstream {
             pool_max_idle: cfg.pool_max_idle,
             first_byte_timeout: cfg.first_byte_timeout.get(),
             idle_timeout: cfg.idle_timeout.get(),
+            caps: OriginCaps::new(cfg.max_connections, cfg.queue_timeout.get()),
+            server: None,
         })
     }
 
@@ -89,14 +102,7 @@ impl Upstream {
     /// of every tunnel this client opens through the parent.
     pub fn via_parent(&self, parent: &ServerAddr, credentials: Option<http::HeaderValue>) -> Upstream {
         let connector = self.connector.via_parent(parent.clone(), credentials);
-        Upstream {
-            client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
-            connector,
-            pool_idle_timeout: self.pool_idle_timeout,
-            pool_max_idle: self.pool_max_idle,
-            first_byte_timeout: self.first_byte_timeout,
-            idle_timeout: self.idle_timeout,
-        }
+        self.through(connector, parent)
     }
 
     /// [`Upstream::via_parent`], its connections made from the local
@@ -104,6 +110,12 @@ impl Upstream {
     /// forwards to checks).
     pub fn via_member(&self, member: &ServerAddr, source: Option<std::net::IpAddr>) -> Upstream {
         let connector = self.connector.via_parent(member.clone(), None).with_source(source);
+        self.through(connector, member)
+    }
+
+    /// A client with these settings, counters and places on `connector`,
+    /// whose connections all go to `server`.
+    fn through(&self, connector: Connector, server: &ServerAddr) -> Upstream {
         Upstream {
             client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
             connector,
@@ -111,6 +123,11 @@ impl Upstream {
             pool_max_idle: self.pool_max_idle,
             first_byte_timeout: self.first_byte_timeout,
             idle_timeout: self.idle_timeout,
+            caps: self.caps.clone(),
+            server: Some((
+                server.scheme == http::uri::Scheme::HTTPS,
+                server.authority.as_str().into(),
+            )),
         }
     }
 
@@ -124,6 +141,11 @@ impl Upstream {
         (&self.connector.stats, &self.connector.dns)
     }
 
+    /// Requests waiting now for a place at their server (`origin.max_connections`).
+    pub fn waiting(&self) -> u64 {
+        self.caps.waiting()
+    }
+
     /// Sends `req` (absolute URI) and waits for the response head.
     ///
     /// `origin.first_byte_timeout` runs from the moment the whole request
@@ -134,6 +156,10 @@ impl Upstream {
     /// client that sends nothing for that long is cut off by the body
     /// reader's own idle timeout (its error reaches the exchange through
     /// the body). `on_interim` gets the 1xx responses before the final one.
+    ///
+    /// Before any of that, the request takes a place at the server it goes
+    /// to (`origin.max_connections`), waiting up to `origin.queue_timeout`
+    /// for one; the place goes back when the exchange is over (caps.rs).
     pub async fn send(
         &self,
         req: http::Request<ProxyBody>,
@@ -141,11 +167,35 @@ impl Upstream {
     ) -> Result<http::Response<OriginBody>, UpstreamError> {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = &self.connector.stats;
+        let (https, authority) = match &self.server {
+            Some((https, authority)) => (*https, &**authority),
+            None => (
+                req.uri().scheme() == Some(&http::uri::Scheme::HTTPS),
+                req.uri().authority().map_or("", |a| a.as_str()),
+            ),
+        };
+        let place = match self.caps.take_now(https, authority) {
+            Ok(place) => place,
+            Err(waiting) => {
+                stats.queued.fetch_add(1, Relaxed);
+                // Boxed: the wait's timer stays out of the future that
+                // every request carries.
+                let waited = Box::pin(self.caps.wait(waiting)).await;
+                Some(waited.map_err(|e| {
+                    stats.queue_timeouts.fetch_add(1, Relaxed);
+                    UpstreamError::Queue(format!(
+                        "{authority} has all its {} connections in use (origin.max_connections) and none was free within {}",
+                        e.max,
+                        humantime::format_duration(e.waited)
+                    ))
+                })?)
+            }
+        };
         stats.requests.fetch_add(1, Relaxed);
         let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
         let started = std::time::Instant::now();
         let progress = req.body().progress();
-        let request = self.client.send(req, on_interim);
+        let request = self.client.send(req, on_interim, place);
         tokio::pin!(request);
         let answered = loop {
             let changed = progress.changed();

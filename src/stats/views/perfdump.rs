@@ -414,6 +414,11 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "{:<28} {}", "Connections Upgraded", u.upgrades);
     let _ = writeln!(
         o,
+        "{:<28} {} waiting now, {} waited, {} timed out (503)",
+        "Queued For a Connection", u.waiting, u.queued, u.queue_timeouts
+    );
+    let _ = writeln!(
+        o,
         "{:<28} {} ({} DNS, {} refused, {} connect timeouts, {} TLS, {} response timeouts, {} other)",
         "Errors",
         u.errors(),

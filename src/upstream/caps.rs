@@ -1,0 +1,263 @@
+//! The cap on connections in use per origin (`origin.max_connections`):
+//! what HAProxy's server `maxconn` and its queue, nginx's `max_conns`,
+//! Squid's `cache_peer ... max-conn` and Traffic Server's
+//! `per_server.connection.max` do. Under overload an origin is kept near
+//! the concurrency it can take instead of being handed every request at
+//! once: a request that finds all of its origin's places taken waits, first
+//! come first served, for at most `origin.queue_timeout`, then gets a 503.
+//!
+//! A place is taken before a pooled connection is taken or a new one
+//! opened, and given back when the exchange is over: the response read to
+//! its end (its connection pooled or closed), the body dropped unread, the
+//! exchange failed, or the connection upgraded (a WebSocket holds its
+//! connection for as long as it lives, and must not starve the requests
+//! queued behind it). An idle pooled connection holds no place.
+//!
+//! Places are counted per scheme and authority, as the pool keeps its
+//! connections. An origin's entry exists only while someone holds or
+//! waits for one of its places, so a forward proxy that meets millions of
+//! hosts keeps no entry for each.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// A server as the pool knows it: whether it is reached over TLS, and
+/// its `host:port`.
+type ServerKey = (bool, Box<str>);
+
+/// The places of every origin, for one configuration.
+pub struct OriginCaps {
+    /// Places per origin; 0: no cap (nothing is counted).
+    max: usize,
+    /// Longest wait for a place.
+    queue_timeout: Duration,
+    /// Origins with a place held or waited for.
+    origins: Mutex<HashMap<ServerKey, Arc<Slot>>>,
+    /// Requests waiting for a place now, in every origin.
+    waiting: AtomicU64,
+}
+
+/// One origin's places.
+struct Slot {
+    key: ServerKey,
+    places: Semaphore,
+}
+
+/// A place taken ([`OriginCaps::take_now`], [`OriginCaps::wait`]), or one waited for: dropping it
+/// gives the place back (if held) and forgets the origin once nobody holds
+/// or waits for its places.
+pub struct Place {
+    caps: Arc<OriginCaps>,
+    slot: Arc<Slot>,
+    held: bool,
+}
+
+/// A request waited `origin.queue_timeout` without getting a place.
+#[derive(Debug)]
+pub struct QueueTimeout {
+    /// The wait.
+    pub waited: Duration,
+    /// The cap it waited on.
+    pub max: usize,
+}
+
+impl OriginCaps {
+    /// `max` places per origin (0: no cap), waited for at most `queue_timeout`.
+    pub fn new(max: usize, queue_timeout: Duration) -> Arc<OriginCaps> {
+        Arc::new(OriginCaps {
+            max,
+            queue_timeout,
+            origins: Mutex::new(HashMap::new()),
+            waiting: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests waiting for a place now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Relaxed)
+    }
+
+    /// A place at the server `https`, `authority` if one is free now:
+    /// `Ok(Some)`, held; `Ok(None)` when there is no cap; `Err` with the
+    /// place to wait for ([`OriginCaps::wait`]) when all are taken. Apart
+    /// from the wait, so that the request's future, which every request
+    /// carries, holds no timer for a wait few requests make.
+    pub fn take_now(self: &Arc<Self>, https: bool, authority: &str) -> Result<Option<Place>, Place> {
+        if self.max == 0 {
+            return Ok(None);
+        }
+        let slot = {
+            let mut origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (https, Box::<str>::from(authority));
+            match origins.get(&key) {
+                Some(slot) => slot.clone(),
+                None => {
+                    let slot = Arc::new(Slot {
+                        key: key.clone(),
+                        places: Semaphore::new(self.max),
+                    });
+                    origins.insert(key, slot.clone());
+                    slot
+                }
+            }
+        };
+        // From here, dropping `place` (a wait given up included: the client
+        // went away) forgets the server if nobody else needs it.
+        let mut place = Place {
+            caps: self.clone(),
+            slot,
+            held: false,
+        };
+        place.held = match place.slot.places.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                true
+            }
+            Err(_) => false,
+        };
+        if place.held { Ok(Some(place)) } else { Err(place) }
+    }
+
+    /// Waits in line for `place` (from [`OriginCaps::take_now`]), at most
+    /// `origin.queue_timeout`.
+    pub async fn wait(&self, mut place: Place) -> Result<Place, QueueTimeout> {
+        self.waiting.fetch_add(1, Relaxed);
+        let _waiting = WaitingCount(&self.waiting);
+        place.held = match tokio::time::timeout(self.queue_timeout, place.slot.places.acquire()).await {
+            Ok(Ok(permit)) => {
+                permit.forget();
+                true
+            }
+            // Closed (never done) or timed out.
+            Ok(Err(_)) | Err(_) => false,
+        };
+        if place.held {
+            Ok(place)
+        } else {
+            Err(QueueTimeout {
+                waited: self.queue_timeout,
+                max: self.max,
+            })
+        }
+    }
+}
+
+/// Keeps [`OriginCaps::waiting`] right however a wait ends.
+struct WaitingCount<'a>(&'a AtomicU64);
+
+impl Drop for WaitingCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.held {
+            self.slot.places.add_permits(1);
+        }
+        let mut origins = self.caps.origins.lock().unwrap_or_else(|e| e.into_inner());
+        // Every holder and waiter has a reference, each taken under this
+        // lock: with only the map's and this one left, nobody holds or
+        // waits for a place here, and nobody can start to meanwhile.
+        if Arc::strong_count(&self.slot) == 2 {
+            origins.remove(&self.slot.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(caps: &OriginCaps) -> usize {
+        caps.origins.lock().map_or(0, |m| m.len())
+    }
+
+    /// A place, waited for if need be; `waited` is set if it was.
+    async fn take(
+        caps: &Arc<OriginCaps>,
+        https: bool,
+        authority: &str,
+        waited: &std::sync::atomic::AtomicBool,
+    ) -> Result<Option<Place>, QueueTimeout> {
+        match caps.take_now(https, authority) {
+            Ok(place) => Ok(place),
+            Err(place) => {
+                waited.store(true, Relaxed);
+                caps.wait(place).await.map(Some)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_cap_nothing_is_counted() {
+        let caps = OriginCaps::new(0, Duration::from_secs(1));
+        let mut places = Vec::new();
+        for _ in 0..100 {
+            places.push(caps.take_now(false, "o.test").ok().expect("no wait"));
+        }
+        assert!(places.iter().all(Option::is_none));
+        assert_eq!(entries(&caps), 0);
+    }
+
+    #[tokio::test]
+    async fn places_are_per_scheme_and_authority_and_the_next_waits_for_a_place_given_back() {
+        let caps = OriginCaps::new(2, Duration::from_secs(5));
+        let free = |https, authority| caps.take_now(https, authority).ok().flatten().expect("a free place");
+        let a = free(false, "o.test");
+        let _b = free(false, "o.test");
+        // Another origin, or the same over https, has places of its own.
+        let _c = free(true, "o.test");
+        let _d = free(false, "p.test");
+        let waited = std::sync::atomic::AtomicBool::new(false);
+        let third = take(&caps, false, "o.test", &waited);
+        tokio::pin!(third);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut third)
+                .await
+                .is_err(),
+            "the third waits"
+        );
+        assert!(waited.load(Relaxed));
+        assert_eq!(caps.waiting(), 1);
+        drop(a);
+        let third = tokio::time::timeout(Duration::from_secs(1), third)
+            .await
+            .expect("a place given back goes to the one waiting");
+        assert!(matches!(third, Ok(Some(_))));
+        assert_eq!(caps.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_at_the_queue_timeout() {
+        let caps = OriginCaps::new(1, Duration::from_millis(100));
+        let no = std::sync::atomic::AtomicBool::new(false);
+        let _held = take(&caps, false, "o.test", &no).await.expect("held");
+        let started = std::time::Instant::now();
+        let e = take(&caps, false, "o.test", &no).await.err().expect("timed out");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert_eq!((e.max, e.waited), (1, Duration::from_millis(100)));
+        assert_eq!(caps.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_origin_is_forgotten_once_nobody_holds_or_waits_for_its_places() {
+        let caps = OriginCaps::new(1, Duration::from_secs(5));
+        let no = std::sync::atomic::AtomicBool::new(false);
+        let held = take(&caps, false, "o.test", &no).await.expect("held");
+        // A wait given up (its client went away) leaves nothing behind...
+        let wait = take(&caps, false, "o.test", &no);
+        assert!(tokio::time::timeout(Duration::from_millis(20), wait).await.is_err());
+        assert_eq!(entries(&caps), 1, "still held");
+        assert_eq!(caps.waiting(), 0);
+        // ...and the last place given back forgets the origin.
+        drop(held);
+        assert_eq!(entries(&caps), 0);
+        // Nothing was lost: the one place is free again.
+        assert!(matches!(caps.take_now(false, "o.test"), Ok(Some(_))), "free again");
+    }
+}

@@ -1,0 +1,346 @@
+//! `origin.max_connections` and `origin.queue_timeout` through the real
+//! binary: an origin never has more requests in hand than the cap, the
+//! rest wait their turn and are all answered; a wait past the queue
+//! timeout is a 503 that never reaches the origin, logged and counted; a
+//! place is never lost, neither to a client that gives up while waiting
+//! nor to an upgraded (WebSocket) connection; through a parent proxy the
+//! places are the parent's; a stale copy is served when no place frees up.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A forward proxy on a free port with `extra` config.
+async fn forward(extra: &str) -> Portico {
+    Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n{extra}\n",
+        free_addr()
+    ))
+    .await
+}
+
+/// `GET http://origin/path` through the proxy on a connection of its own.
+async fn get(p: &Portico, origin: std::net::SocketAddr, path: &str) -> ParsedResponse {
+    let request = format!("GET http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+    let bytes = raw_request(p.addr(), request.as_bytes()).await;
+    assert!(!bytes.is_empty(), "no answer to GET {path}");
+    parse_response(&bytes)
+}
+
+/// The value of the un-labelled Prometheus sample `name`.
+async fn metric(p: &Portico, name: &str) -> u64 {
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        p.addr()
+    );
+    let page = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
+}
+
+/// An origin that holds every request `hold` before answering it, and
+/// the most requests it ever had in hand at once.
+async fn holding_origin(hold: Duration) -> (Origin, Arc<AtomicUsize>) {
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, m) = (now.clone(), most.clone());
+    let origin = Origin::start(move |req| {
+        let (n, m) = (n.clone(), m.clone());
+        async move {
+            let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(inside, Ordering::SeqCst);
+            tokio::time::sleep(hold).await;
+            n.fetch_sub(1, Ordering::SeqCst);
+            Response::ok(format!("answer to {}", req.uri))
+        }
+    })
+    .await;
+    (origin, most)
+}
+
+/// Eight GETs for eight URLs (no collapsing) at once; their answers.
+async fn eight_at_once(p: &Arc<Portico>, origin: std::net::SocketAddr) -> Vec<ParsedResponse> {
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let p = p.clone();
+            tokio::spawn(async move { get(&p, origin, &format!("/{i}")).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("client task"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_origin_never_has_more_requests_in_hand_than_the_cap_and_all_are_answered() {
+    let (origin, most) = holding_origin(Duration::from_millis(200)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 2\n").await);
+    let started = Instant::now();
+    let answers = eight_at_once(&p, origin.addr()).await;
+    for (i, r) in answers.iter().enumerate() {
+        assert_eq!((r.status, r.body_str()), (200, format!("answer to /{i}")));
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 2, "two at a time, never more");
+    assert!(origin.connections() <= 2, "{} connections opened", origin.connections());
+    // Four turns of 200 ms: the six that waited were answered in turn.
+    assert!(
+        started.elapsed() >= Duration::from_millis(790),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(metric(&p, "portico_upstream_queued_total").await, 6);
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
+    assert_eq!(metric(&p, "portico_upstream_waiting_requests").await, 0);
+    assert_eq!(metric(&p, "portico_upstream_requests_total").await, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_cap_the_origin_gets_every_request_at_once() {
+    // The default: what the test above would see without its setting.
+    let (origin, most) = holding_origin(Duration::from_millis(600)).await;
+    let p = Arc::new(forward("").await);
+    let answers = eight_at_once(&p, origin.addr()).await;
+    assert!(answers.iter().all(|r| r.status == 200));
+    assert!(
+        most.load(Ordering::SeqCst) > 2,
+        "at most {} at once",
+        most.load(Ordering::SeqCst)
+    );
+    assert_eq!(metric(&p, "portico_upstream_queued_total").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() {
+    let (origin, _) = holding_origin(Duration::from_millis(1500)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"300ms\"\n").await);
+    let first = {
+        let p = p.clone();
+        let addr = origin.addr();
+        tokio::spawn(async move { get(&p, addr, "/slow").await })
+    };
+    assert!(
+        origin.wait_count(1, Duration::from_secs(5)).await,
+        "the first is in hand"
+    );
+    let started = Instant::now();
+    let refused = get(&p, origin.addr(), "/waits").await;
+    let waited = started.elapsed();
+    assert_eq!(refused.status, 503, "{}", refused.body_str());
+    assert!(
+        refused.body_str().contains("connections in use"),
+        "the page says why: {}",
+        refused.body_str()
+    );
+    assert!(
+        waited >= Duration::from_millis(290) && waited < Duration::from_millis(1400),
+        "answered after {waited:?}"
+    );
+    let slow = first.await.expect("first");
+    assert_eq!(slow.status, 200, "the one in hand is unharmed");
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+    assert_eq!(paths, ["/slow"], "the refused request was never sent");
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 1);
+    assert_eq!(metric(&p, "portico_upstream_requests_total").await, 1);
+    let log = access_log_with(p.dir(), "/waits").await;
+    let line = log.lines().find(|l| l.contains("/waits")).expect("logged");
+    assert!(line.contains(" 503 "), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_timeout_of_zero_refuses_at_once() {
+    let (origin, _) = holding_origin(Duration::from_millis(800)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"0s\"\n").await);
+    let first = {
+        let p = p.clone();
+        let addr = origin.addr();
+        tokio::spawn(async move { get(&p, addr, "/held").await })
+    };
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let started = Instant::now();
+    assert_eq!(get(&p, origin.addr(), "/now").await.status, 503);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(first.await.expect("first").status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_while_waiting_costs_no_place() {
+    let (origin, _) = holding_origin(Duration::from_millis(400)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"3s\"\n").await);
+    let first = {
+        let p = p.clone();
+        let addr = origin.addr();
+        tokio::spawn(async move { get(&p, addr, "/first").await })
+    };
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    // Three clients queue behind it and hang up before their turn.
+    for i in 0..3 {
+        let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+        let origin = origin.addr();
+        c.write_all(format!("GET http://{origin}/gone{i} HTTP/1.1\r\nHost: {origin}\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        drop(c);
+    }
+    assert_eq!(first.await.expect("first").status, 200);
+    // Had any of them kept its place (or its wait a place), this one would
+    // wait out the 3 s queue timeout: it must be answered at once.
+    let started = Instant::now();
+    let next = get(&p, origin.addr(), "/next").await;
+    assert_eq!(next.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(metric(&p, "portico_upstream_waiting_requests").await, 0);
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_gives_its_place_back() {
+    // A WebSocket may live for hours: it must not hold the origin's only
+    // place while plain requests wait behind it.
+    let origin = RawOrigin::start(|mut s| async move {
+        let head = String::from_utf8_lossy(&read_request_head(&mut s).await).to_ascii_lowercase();
+        if head.contains("upgrade: websocket") {
+            let _ = s
+                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                .await;
+            // Echo until the client goes.
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        } else {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nplain").await;
+        }
+    })
+    .await;
+    let p = forward("[origin]\nmax_connections = 1\nqueue_timeout = \"1s\"\n").await;
+    let o = origin.addr();
+    let mut ws = TcpStream::connect(p.addr()).await.expect("connect");
+    ws.write_all(
+        format!(
+            "GET http://{o}/chat HTTP/1.1\r\nHost: {o}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("send");
+    let (head, _) = read_response_head(&mut ws).await;
+    assert_eq!(head.status, 101);
+    ws.write_all(b"ping").await.expect("ping");
+    let mut echo = [0u8; 4];
+    ws.read_exact(&mut echo).await.expect("echo");
+    assert_eq!(&echo, b"ping", "the tunnel is up");
+    // The tunnel still open, a plain request gets the place.
+    let plain = get(&p, o, "/plain").await;
+    assert_eq!((plain.status, plain.body_str().as_str()), (200, "plain"));
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_parent_the_places_are_the_parents() {
+    // Requests for two origins, both through one parent proxy: the parent
+    // is the server connected to, so they share its one place.
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, m) = (now.clone(), most.clone());
+    let parent = RawOrigin::start(move |mut s| {
+        let (n, m) = (n.clone(), m.clone());
+        async move {
+            loop {
+                let head = read_request_head(&mut s).await;
+                if head.is_empty() {
+                    return;
+                }
+                m.fetch_max(n.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                let target = String::from_utf8_lossy(&head)
+                    .split(' ')
+                    .nth(1)
+                    .unwrap_or("")
+                    .to_string();
+                let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{target}", target.len());
+                if s.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let p = Arc::new(
+        forward(&format!(
+            "[cache]\nenabled = false\n\n[origin]\nmax_connections = 1\n\n\
+             [[upstream]]\nname = \"parents\"\nparent = true\nservers = [\"{}\"]\n\n\
+             [[rule]]\nhost = \"*.via.test\"\nupstream = \"parents\"\n",
+            parent.addr()
+        ))
+        .await,
+    );
+    let tasks: Vec<_> = ["a.via.test", "b.via.test"]
+        .into_iter()
+        .map(|host| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let req = format!("GET http://{host}/x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request(p.addr(), req.as_bytes()).await)
+            })
+        })
+        .collect();
+    for (t, host) in tasks.into_iter().zip(["a.via.test", "b.via.test"]) {
+        let r = t.await.expect("client");
+        assert_eq!((r.status, r.body_str()), (200, format!("http://{host}/x")));
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "one at a time at the parent");
+    assert_eq!(metric(&p, "portico_upstream_queued_total").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_is_served_while_the_origin_has_no_place_free() {
+    // RFC 9111 4.2.4: the queue timeout is the origin failing to answer,
+    // as a 503 from it would be (`cache.max_stale_on_error`).
+    let origin = Origin::start(|req| async move {
+        if req.uri.path() == "/slow" {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        Response::ok(format!("copy of {}", req.uri)).header("Cache-Control", "max-age=1")
+    })
+    .await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"300ms\"\n").await);
+    assert_eq!(get(&p, origin.addr(), "/page").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let held = {
+        let p = p.clone();
+        let addr = origin.addr();
+        tokio::spawn(async move { get(&p, addr, "/slow").await })
+    };
+    assert!(origin.wait_count(2, Duration::from_secs(5)).await);
+    let stale = get(&p, origin.addr(), "/page").await;
+    assert_eq!((stale.status, stale.body_str().as_str()), (200, "copy of /page"));
+    assert!(
+        stale.header("x-cache").is_some_and(|x| x.starts_with("STALE")),
+        "{:?}",
+        stale.header("x-cache")
+    );
+    assert_eq!(origin.count(), 2, "the revalidation never reached the origin");
+    assert_eq!(held.await.expect("held").status, 200);
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 1);
+}
