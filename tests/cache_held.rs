@@ -519,3 +519,42 @@ async fn held_files_give_way_to_client_and_origin_connections() {
     assert!(p.stderr().contains("out of file descriptors"), "{}", p.stderr());
     drop(clients);
 }
+
+/// A file's last access time.
+fn accessed(path: &Path) -> std::time::SystemTime {
+    std::fs::metadata(path).and_then(|m| m.accessed()).expect("atime")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_leave_the_access_times_of_cache_files_alone() {
+    // Portico keeps its own access times (the index); the kernel's would
+    // cost an inode write on the first read after each write (relatime).
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(cache.path()).await;
+    assert_eq!(get(&p, &origin, "/large", &[]).await.body.len(), 100 << 10);
+    let mut files = cache_object_files(cache.path());
+    for _ in 0..100 {
+        if !files.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        files = cache_object_files(cache.path());
+    }
+    assert_eq!(files.len(), 1, "{files:?}");
+    // Older than the file's last change: relatime updates it on the next read.
+    let long_ago = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    let f = std::fs::File::open(&files[0]).unwrap();
+    f.set_times(std::fs::FileTimes::new().set_accessed(long_ago)).unwrap();
+    drop(f);
+    for _ in 0..3 {
+        large_hit(&p, &origin).await;
+    }
+    assert!(n(&disk(&p).await, "bytes_read") > 0, "the hits read the file");
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+    assert_eq!(accessed(&files[0]), long_ago, "Portico's reads left it");
+    // This file system does record reads (else the check above proves
+    // nothing): a plain read by the test moves it.
+    std::fs::read(&files[0]).unwrap();
+    assert_ne!(accessed(&files[0]), long_ago, "the file system records access times");
+}

@@ -22,7 +22,7 @@
 use super::{GcSignal, Inner, now_secs};
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -68,7 +68,7 @@ struct Candidate {
 }
 
 fn read_key(path: &std::path::Path) -> Option<String> {
-    let f = File::open(path).ok()?;
+    let f = super::open_read(path).ok()?;
     let env = super::format::read_envelope(&f).ok()?;
     StoredMeta::decode(&env.meta).ok().map(|m| m.key)
 }

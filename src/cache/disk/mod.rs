@@ -222,6 +222,25 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Opens a cache file to read it, with `O_NOATIME`: Portico keeps its own
+/// access times in the index, and without the flag every read (a held
+/// file's `sendfile` on each hit included) has the kernel check the file's
+/// access time, and write the inode where the mount updates it (`relatime`:
+/// on the first read after each write, and daily; a start-up scan of a
+/// million files is a million inode writes). Only the file's owner may ask
+/// for it: a file of another user (EPERM) is opened without it.
+fn open_read(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(path)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => File::open(path),
+        opened => opened,
+    }
+}
+
 impl Inner {
     fn save_popularity(&self) -> io::Result<bool> {
         let (Some(path), Some(p)) = (self.popularity_file.get(), self.index.popularity()) else {

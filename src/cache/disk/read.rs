@@ -5,12 +5,11 @@
 use super::format::{self, Checksum, ReadError};
 use super::held::OpenObject;
 use super::index::Entry;
-use super::{DiskStore, Inner, READ_CHUNK, blocking, key_matches, now_secs, secs32};
+use super::{DiskStore, Inner, READ_CHUNK, blocking, key_matches, now_secs, open_read, secs32};
 use crate::blocking::{BlockingPool, PoolError};
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::Bytes;
-use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
@@ -56,7 +55,7 @@ impl Inner {
         if self.held.is_some() && request {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
-        let file = match self.open_file(|| File::open(&path)) {
+        let file = match self.open_file(|| open_read(&path)) {
             Ok(f) => f,
             Err(e) => {
                 if e.kind() == io::ErrorKind::NotFound {

@@ -17,7 +17,7 @@ use super::index::Entry;
 use super::{Inner, ScanProgress, key_matches, secs32};
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
@@ -144,7 +144,7 @@ fn scan_file(inner: &Inner, id: ObjectId, path: &Path, relocate: bool) {
     if inner.index.get(id).is_some() {
         return; // committed while the scan runs: newer than what we would read
     }
-    let file = match File::open(path) {
+    let file = match super::open_read(path) {
         Ok(f) => f,
         Err(_) => return,
     };

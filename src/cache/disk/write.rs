@@ -99,7 +99,7 @@ impl Inner {
 
     fn update_meta_blocking(self: &Arc<Self>, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
         let path = self.layout.path_of(id);
-        let old = match File::open(&path) {
+        let old = match super::open_read(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
