@@ -61,6 +61,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl.list",
     "acl.content_type",
     "upstream.credentials_file",
+    "upstream.max_connections",
     "rule.parent_credentials",
     "acl_list.name",
     "acl_list.file",

@@ -4,7 +4,8 @@
 //! timeout is a 503 that never reaches the origin, logged and counted; a
 //! place is never lost, neither to a client that gives up while waiting
 //! nor to an upgraded (WebSocket) connection; through a parent proxy the
-//! places are the parent's; a stale copy is served when no place frees up.
+//! places are the parent's; a group's own cap holds its servers and no other
+//! requests; a stale copy is served when no place frees up.
 
 mod common;
 
@@ -343,4 +344,59 @@ async fn a_stale_copy_is_served_while_the_origin_has_no_place_free() {
     assert_eq!(origin.count(), 2, "the revalidation never reached the origin");
     assert_eq!(held.await.expect("held").status, 200);
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
+    // Application servers of one worker behind a reverse listener; the
+    // same server asked directly through the forward listener is not held
+    // back by the group's count.
+    let (origin, most) = holding_origin(Duration::from_millis(300)).await;
+    let (fwd, rev) = (free_addr(), free_addr());
+    let p = Arc::new(
+        Portico::start(&format!(
+            "[[listener]]\naddress = \"{fwd}\"\nmode = \"forward\"\n\n\
+             [[listener]]\naddress = \"{rev}\"\nmode = \"reverse\"\n\n\
+             [cache]\nenabled = false\n\n\
+             [[upstream]]\nname = \"app\"\nservers = [\"{}\"]\nmax_connections = 1\n\n\
+             [[rule]]\nmode = \"reverse\"\nupstream = \"app\"\n",
+            origin.addr()
+        ))
+        .await,
+    );
+    let rev: std::net::SocketAddr = rev.parse().expect("addr");
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(async move {
+                let req = format!("GET /r{i} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request(rev, req.as_bytes()).await)
+            })
+        })
+        .collect();
+    // While the group's three wait their turns, a forward request for the
+    // same server goes straight in.
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let direct = get(&p, origin.addr(), "/direct").await;
+    assert_eq!(direct.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(850),
+        "the direct request did not wait for the group's: {:?}",
+        started.elapsed()
+    );
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.expect("client");
+        assert_eq!((r.status, r.body_str()), (200, format!("answer to /r{i}")));
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "the group's one, and the direct one beside it"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(890),
+        "three turns: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(metric(&p, "portico_upstream_queued_total").await, 2);
 }

@@ -88,6 +88,7 @@ impl Router {
                     retry: false,
                     parent: true,
                     credentials_file: None,
+                    max_connections: None,
                 })?;
                 Ok(Member {
                     name: m.carp_name().to_string(),

@@ -361,6 +361,14 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             format!("{}: must be at most 1000000 (0 for no cap)", c.origin.max_connections),
         ));
     }
+    for (i, u) in c.upstream.iter().enumerate() {
+        if let Some(n) = u.max_connections.filter(|&n| n > 1_000_000) {
+            return Err((
+                vec![Key("upstream"), Index(i), Key("max_connections")],
+                format!("{n}: must be at most 1000000 (0 for no cap)"),
+            ));
+        }
+    }
     if c.server.processes == 0 || c.server.processes > 1024 {
         return Err((
             vec![Key("server"), Key("processes")],
@@ -877,6 +885,13 @@ mod tests {
             0,
             "no cap by default"
         );
+        let e = parse_str(
+            "[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:1\"]\nmax_connections = 2000000\n",
+            "p.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().contains("at most 1000000"), "{e}");
     }
 
     #[test]

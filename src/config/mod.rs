@@ -714,6 +714,10 @@ pub struct UpstreamConfig {
     /// `Proxy-Authorization` (Squid's `cache_peer ... login=user:password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<std::path::PathBuf>,
+    /// Connections in use at once to each of the group's servers, counted
+    /// for this group's requests; unset: `origin.max_connections`; 0: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
 }
 
 fn default_host_header() -> HostHeader {

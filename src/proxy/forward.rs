@@ -133,6 +133,17 @@ struct Attempt<'a> {
     server: Option<usize>,
     /// The client that sends it: the direct one, or a parent server's.
     upstream: &'a Upstream,
+    /// Its group's cap on connections in use per server, if it has one.
+    cap: Option<usize>,
+}
+
+impl Attempt<'_> {
+    /// The request's parts, marked with the group's cap (`upstream::ServerCap`).
+    fn mark(&self, parts: &mut http::request::Parts) {
+        if let Some(n) = self.cap {
+            parts.extensions.insert(crate::upstream::ServerCap(n));
+        }
+    }
 }
 
 impl Dest {
@@ -172,6 +183,7 @@ impl Dest {
                 rewrite: None,
                 server: None,
                 upstream: &sh.upstream,
+                cap: None,
             }),
             // An array member that could not be reached: this node serves
             // the request itself, directly from the origin.
@@ -181,6 +193,7 @@ impl Dest {
                 rewrite: None,
                 server: None,
                 upstream: &sh.upstream,
+                cap: None,
             }),
             To::Parent { group, origin } => {
                 let idx = sh.groups[*group].pick(failed);
@@ -202,6 +215,7 @@ impl Dest {
                     rewrite: None,
                     server: Some(idx),
                     upstream,
+                    cap: sh.groups[*group].max_connections,
                 })
             }
             To::Group {
@@ -227,6 +241,7 @@ impl Dest {
                     rewrite,
                     server: Some(idx),
                     upstream: &sh.upstream,
+                    cap: group.max_connections,
                 })
             }
         }
@@ -303,6 +318,7 @@ pub async fn send_upstream(
         )?;
         dest.add_parent_credentials(&mut parts.headers);
         dest.add_array_marker(sh, &attempt, &mut parts.headers);
+        attempt.mark(&mut parts);
         if let Some(offer) = upgrade {
             parts.headers.insert(http::header::UPGRADE, offer.clone());
             parts
@@ -399,6 +415,7 @@ pub async fn fetch(
         let attempt = dest.attempt(sh, failed)?;
         let mut parts = request_parts(head, client, sh, attempt.uri.clone(), attempt.host.clone(), extra)?;
         dest.add_parent_credentials(&mut parts.headers);
+        attempt.mark(&mut parts);
         let request = Request::from_parts(parts, ProxyBody::empty());
         match super::interim::send(attempt.upstream, request, out.as_deref_mut(), sh).await {
             // This request offered no upgrade (those go through

@@ -14,7 +14,9 @@
 //! queued behind it). An idle pooled connection holds no place.
 //!
 //! Places are counted per scheme and authority, as the pool keeps its
-//! connections. An origin's entry exists only while someone holds or
+//! connections, and per cap: a request of an `[[upstream]]` group with its
+//! own `max_connections` (`ServerCap`) counts among that group's places at
+//! the server, apart from other requests'. An origin's entry exists only while someone holds or
 //! waits for one of its places, so a forward proxy that meets millions of
 //! hosts keeps no entry for each.
 
@@ -24,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// A server as the pool knows it: whether it is reached over TLS, and
-/// its `host:port`.
-type ServerKey = (bool, Box<str>);
+/// A server as the pool knows it (whether it is reached over TLS, its
+/// `host:port`), and the cap its places are counted under: a group's own
+/// (`[[upstream]] max_connections`) counts apart from the default's.
+type ServerKey = (bool, Box<str>, usize);
 
 /// The places of every origin, for one configuration.
 pub struct OriginCaps {
@@ -85,19 +88,28 @@ impl OriginCaps {
     /// place to wait for ([`OriginCaps::wait`]) when all are taken. Apart
     /// from the wait, so that the request's future, which every request
     /// carries, holds no timer for a wait few requests make.
-    pub fn take_now(self: &Arc<Self>, https: bool, authority: &str) -> Result<Option<Place>, Place> {
-        if self.max == 0 {
+    ///
+    /// `cap`, when given, replaces `origin.max_connections` for this
+    /// request (its group's; 0: no cap).
+    pub fn take_now(
+        self: &Arc<Self>,
+        https: bool,
+        authority: &str,
+        cap: Option<usize>,
+    ) -> Result<Option<Place>, Place> {
+        let max = cap.unwrap_or(self.max);
+        if max == 0 {
             return Ok(None);
         }
         let slot = {
             let mut origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
-            let key = (https, Box::<str>::from(authority));
+            let key = (https, Box::<str>::from(authority), max);
             match origins.get(&key) {
                 Some(slot) => slot.clone(),
                 None => {
                     let slot = Arc::new(Slot {
                         key: key.clone(),
-                        places: Semaphore::new(self.max),
+                        places: Semaphore::new(max),
                     });
                     origins.insert(key, slot.clone());
                     slot
@@ -139,7 +151,7 @@ impl OriginCaps {
         } else {
             Err(QueueTimeout {
                 waited: self.queue_timeout,
-                max: self.max,
+                max: place.slot.key.2,
             })
         }
     }
@@ -184,7 +196,7 @@ mod tests {
         authority: &str,
         waited: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<Place>, QueueTimeout> {
-        match caps.take_now(https, authority) {
+        match caps.take_now(https, authority, None) {
             Ok(place) => Ok(place),
             Err(place) => {
                 waited.store(true, Relaxed);
@@ -198,7 +210,7 @@ mod tests {
         let caps = OriginCaps::new(0, Duration::from_secs(1));
         let mut places = Vec::new();
         for _ in 0..100 {
-            places.push(caps.take_now(false, "o.test").ok().expect("no wait"));
+            places.push(caps.take_now(false, "o.test", None).ok().expect("no wait"));
         }
         assert!(places.iter().all(Option::is_none));
         assert_eq!(entries(&caps), 0);
@@ -207,7 +219,12 @@ mod tests {
     #[tokio::test]
     async fn places_are_per_scheme_and_authority_and_the_next_waits_for_a_place_given_back() {
         let caps = OriginCaps::new(2, Duration::from_secs(5));
-        let free = |https, authority| caps.take_now(https, authority).ok().flatten().expect("a free place");
+        let free = |https, authority| {
+            caps.take_now(https, authority, None)
+                .ok()
+                .flatten()
+                .expect("a free place")
+        };
         let a = free(false, "o.test");
         let _b = free(false, "o.test");
         // Another origin, or the same over https, has places of its own.
@@ -230,6 +247,23 @@ mod tests {
             .expect("a place given back goes to the one waiting");
         assert!(matches!(third, Ok(Some(_))));
         assert_eq!(caps.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_groups_own_cap_counts_apart_and_zero_means_none() {
+        let caps = OriginCaps::new(1, Duration::from_millis(20));
+        let _default = caps.take_now(false, "o.test", None).ok().flatten().expect("free");
+        // The default's one place is taken; a group's cap of 2 has its own.
+        let _g1 = caps.take_now(false, "o.test", Some(2)).ok().flatten().expect("free");
+        let _g2 = caps.take_now(false, "o.test", Some(2)).ok().flatten().expect("free");
+        let third = caps.take_now(false, "o.test", Some(2)).err().expect("taken");
+        let e = caps.wait(third).await.err().expect("timed out");
+        assert_eq!(e.max, 2, "the cap it waited on is the group's");
+        assert!(matches!(caps.take_now(false, "o.test", Some(0)), Ok(None)), "0: no cap");
+        assert!(
+            caps.take_now(false, "o.test", None).is_err(),
+            "the default's still taken"
+        );
     }
 
     #[tokio::test]
@@ -258,6 +292,9 @@ mod tests {
         drop(held);
         assert_eq!(entries(&caps), 0);
         // Nothing was lost: the one place is free again.
-        assert!(matches!(caps.take_now(false, "o.test"), Ok(Some(_))), "free again");
+        assert!(
+            matches!(caps.take_now(false, "o.test", None), Ok(Some(_))),
+            "free again"
+        );
     }
 }

@@ -87,6 +87,9 @@ pub struct Group {
     /// `Proxy-Authorization` for the parents (`credentials_file`), read
     /// when the group is built (start-up and every reload).
     pub credentials: Option<http::HeaderValue>,
+    /// Connections in use at once to each server, for this group's
+    /// requests (`max_connections`); None: `origin.max_connections`.
+    pub max_connections: Option<usize>,
 }
 
 impl Group {
@@ -121,6 +124,7 @@ impl Group {
             host_header: cfg.host_header,
             retry: cfg.retry,
             parent: cfg.parent,
+            max_connections: cfg.max_connections,
         })
     }
 
@@ -205,6 +209,7 @@ mod tests {
             retry: true,
             parent: false,
             credentials_file: None,
+            max_connections: None,
         })
         .unwrap()
     }

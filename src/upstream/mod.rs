@@ -54,6 +54,13 @@ impl std::fmt::Display for UpstreamError {
     }
 }
 
+/// A request's own cap on the connections in use to its server, in its
+/// extensions: its `[[upstream]]` group's `max_connections`, which
+/// overrides `origin.max_connections` (caps.rs: the group's places at a
+/// server are counted apart from other requests').
+#[derive(Debug, Clone, Copy)]
+pub struct ServerCap(pub usize);
+
 /// The pooled client every request to an origin goes through.
 pub struct Upstream {
     client: Client,
@@ -174,7 +181,8 @@ impl Upstream {
                 req.uri().authority().map_or("", |a| a.as_str()),
             ),
         };
-        let place = match self.caps.take_now(https, authority) {
+        let cap = req.extensions().get::<ServerCap>().map(|c| c.0);
+        let place = match self.caps.take_now(https, authority, cap) {
             Ok(place) => place,
             Err(waiting) => {
                 stats.queued.fetch_add(1, Relaxed);
