@@ -189,6 +189,7 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         "v-mem",
         "v-disk",
         "v-uperr",
+        "v-upwait",
         "v-bytehit",
         "v-queue",
         "v-idle",
@@ -196,8 +197,9 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
         let v = element_text(&dom, id);
         assert!(v.parse::<f64>().is_ok(), "{id} = {v:?}");
     }
-    // Nothing waits in the connection queue.
+    // Nothing waits in the connection queue, nor for an origin connection.
     assert_eq!(element_text(&dom, "v-queue"), "0.00");
+    assert_eq!(element_text(&dom, "v-upwait"), "0.00");
     // 12 proxied requests, plus whatever the browser asked for itself (/favicon.ico).
     let status = element_text(&dom, "status");
     let requests: u64 = status
@@ -214,7 +216,7 @@ async fn dashboard_plots_live_numbers_in_headless_chromium() {
     let report = layout_report(&dom);
     let mut ids: Vec<&str> = report.keys().map(String::as_str).collect();
     ids.sort_unstable();
-    assert_eq!(ids, ["conn", "hit", "lat", "rps", "uperr", "use"], "plots");
+    assert_eq!(ids, ["conn", "hit", "lat", "rps", "uperr", "upwait", "use"], "plots");
     for (id, plot) in &report {
         assert_plot_layout(id, plot, true);
     }
@@ -493,4 +495,43 @@ async fn dashboard_shows_tls_handshakes_and_resumption_once_a_tls_listener_is_us
     }
     let report = layout_report(&dom);
     assert_plot_layout("tlsrate", &report["tlsrate"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_requests_waiting_for_an_origin_connection() {
+    // One place at the origin, which holds every request 12 s: one request
+    // in hand, two waiting while the browser polls.
+    let o = Origin::start(|_| async move {
+        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+        Response::ok("late")
+    })
+    .await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n\n[origin]\nmax_connections = 1\nqueue_timeout = \"30s\"\n\n[log]\naccess = \"\"\n",
+        free_addr()
+    ))
+    .await;
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            let (proxy, url) = (p.addr(), o.url());
+            tokio::spawn(async move {
+                let req = format!("GET {url}/w{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                raw_request_timeout(proxy, req.as_bytes(), std::time::Duration::from_secs(40)).await
+            })
+        })
+        .collect();
+    assert!(o.wait_count(1, std::time::Duration::from_secs(5)).await);
+    let url = format!("http://{}/.dashboard?layout", p.addr());
+    let dom = browse(url, p.dir().join("chromium-profile"), "dashboard-upstream.png", 5000).await;
+    assert!(updates(&dom) >= 3, "{dom}");
+    assert_eq!(
+        element_text(&dom, "v-upwait"),
+        "2.00",
+        "two requests wait for the origin's one place"
+    );
+    let report = layout_report(&dom);
+    assert_plot_layout("upwait", &report["upwait"], true);
+    for c in clients {
+        c.abort();
+    }
 }
