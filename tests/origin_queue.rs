@@ -186,7 +186,9 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
         tokio::spawn(async move { get(&p, addr, "/first").await })
     };
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
-    // Three clients queue behind it and hang up before their turn.
+    // Three clients queue behind it and hang up before their turn. (Their
+    // requests are still sent in turn: Portico does not watch a waiting
+    // request's client, as HAProxy's `option abortonclose` does.)
     for i in 0..3 {
         let mut c = TcpStream::connect(p.addr()).await.expect("connect");
         let origin = origin.addr();
