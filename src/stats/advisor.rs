@@ -278,7 +278,7 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
         say(
             "upstream-queue-timeouts",
             format!(
-                "{} of {asked} requests for origins ({:.1}%) got 503 after waiting origin.queue_timeout for a connection (UpstreamInfo Queued For a Connection: {} timed out): their servers had all origin.max_connections places in use. If the origins can take more requests at once, raise origin.max_connections; if they cannot, these 503s are the cap protecting them (add servers, or let requests wait longer with origin.queue_timeout).",
+                "{} of {asked} requests for origins ({:.1}%) got 503 after waiting origin.queue_timeout for a connection (UpstreamInfo Queued For a Connection: {} timed out): their servers had all their places in use (origin.max_connections, or a group's own max_connections). If the origins can take more requests at once, raise the cap; if they cannot, these 503s are the cap protecting them (add servers, or let requests wait longer with origin.queue_timeout).",
                 up.queue_timeouts,
                 percent(up.queue_timeouts, asked),
                 up.queue_timeouts,

@@ -16,9 +16,14 @@
 //! Places are counted per scheme and authority, as the pool keeps its
 //! connections, and per cap: a request of an `[[upstream]]` group with its
 //! own `max_connections` (`ServerCap`) counts among that group's places at
-//! the server, apart from other requests'. An origin's entry exists only while someone holds or
-//! waits for one of its places, so a forward proxy that meets millions of
-//! hosts keeps no entry for each.
+//! the server, apart from other requests'. An origin's entry exists only
+//! while someone holds or waits for one of its places, so a forward proxy
+//! that meets millions of hosts keeps no entry for each.
+//!
+//! A wait ends with its request's future: a cancelled one (a connection
+//! dropped at shutdown, say) leaves nothing behind. A request whose client
+//! hangs up while it waits is not cancelled, though: it keeps its turn and
+//! is sent (HAProxy's `option abortonclose` drops such requests; not done).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -49,9 +54,9 @@ struct Slot {
     places: Semaphore,
 }
 
-/// A place taken ([`OriginCaps::take_now`], [`OriginCaps::wait`]), or one waited for: dropping it
-/// gives the place back (if held) and forgets the origin once nobody holds
-/// or waits for its places.
+/// A place taken ([`OriginCaps::take_now`], [`OriginCaps::wait`]), or one
+/// waited for: dropping it gives the place back (if held) and forgets the
+/// origin once nobody holds or waits for its places.
 pub struct Place {
     caps: Arc<OriginCaps>,
     slot: Arc<Slot>,
@@ -116,8 +121,8 @@ impl OriginCaps {
                 }
             }
         };
-        // From here, dropping `place` (a wait given up included: the client
-        // went away) forgets the server if nobody else needs it.
+        // From here, dropping `place` (a cancelled wait included) forgets
+        // the server if nobody else needs it.
         let mut place = Place {
             caps: self.clone(),
             slot,
@@ -283,7 +288,7 @@ mod tests {
         let caps = OriginCaps::new(1, Duration::from_secs(5));
         let no = std::sync::atomic::AtomicBool::new(false);
         let held = take(&caps, false, "o.test", &no).await.expect("held");
-        // A wait given up (its client went away) leaves nothing behind...
+        // A wait cancelled (its request's future dropped) leaves nothing behind...
         let wait = take(&caps, false, "o.test", &no);
         assert!(tokio::time::timeout(Duration::from_millis(20), wait).await.is_err());
         assert_eq!(entries(&caps), 1, "still held");

@@ -192,7 +192,7 @@ impl Upstream {
                 Some(waited.map_err(|e| {
                     stats.queue_timeouts.fetch_add(1, Relaxed);
                     UpstreamError::Queue(format!(
-                        "{authority} has all its {} connections in use (origin.max_connections) and none was free within {}",
+                        "{authority} has all its {} connections in use (max_connections) and none was free within {}",
                         e.max,
                         humantime::format_duration(e.waited)
                     ))
