@@ -18,7 +18,8 @@
 //! own `max_connections` (`ServerCap`) counts among that group's places at
 //! the server, apart from other requests'. An origin's entry exists only
 //! while someone holds or waits for one of its places, so a forward proxy
-//! that meets millions of hosts keeps no entry for each.
+//! that meets millions of hosts keeps no entry for each. The count is the
+//! process's: each worker process (`server.processes`) has its own.
 //!
 //! A wait ends with its request's future: a cancelled one (a connection
 //! dropped at shutdown, say) leaves nothing behind. A request whose client
