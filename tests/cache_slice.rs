@@ -491,3 +491,28 @@ fn a_slice_larger_than_the_largest_object_is_a_config_error() {
     assert!(!out.status.success());
     assert!(err.contains("key `rule[0].cache.slice`"), "{err}");
 }
+
+/// Slices are fetched one after another, each giving its origin
+/// connection back before the next is asked for: with one connection
+/// allowed to the origin (`origin.max_connections = 1`), a whole object
+/// still comes through, never waiting on itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_fetched_under_a_cap_of_one_origin_connection_never_wait_on_each_other() {
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"4MiB\"\ndisk = \"1GiB\"\nslice = \"1MiB\"\n\n\
+         [origin]\nmax_connections = 1\nqueue_timeout = \"0s\"\n"
+    ))
+    .await;
+    let len = 4 * MIB + 100;
+    let o = origin(repr(len)).await;
+    let r = get(&p, o.addr(), None).await;
+    check(&r, 200, "MISS", 0, len);
+    assert_eq!(ranges_asked(&o).len(), 5, "{:?}", ranges_asked(&o));
+    // A Range across three slices, none stored yet.
+    let o2 = origin(repr(len)).await;
+    let r = get(&p, o2.addr(), Some("bytes=500000-2600000")).await;
+    check(&r, 206, "MISS", 500_000, 2_100_001);
+    assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
+}
