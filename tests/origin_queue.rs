@@ -154,6 +154,15 @@ async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() 
     let log = access_log_with(p.dir(), "/waits").await;
     let line = log.lines().find(|l| l.contains("/waits")).expect("logged");
     assert!(line.contains(" 503 "), "{line}");
+    // The error log says which server and why.
+    let errors = p.stderr();
+    assert!(
+        errors.contains(&format!(
+            "/waits: {} has all its 1 connections in use (max_connections) and none was free within 300ms",
+            origin.addr()
+        )) && errors.contains("status=503"),
+        "{errors}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
