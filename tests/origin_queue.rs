@@ -83,7 +83,7 @@ async fn eight_at_once(p: &Arc<Portico>, origin: std::net::SocketAddr) -> Vec<Pa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_origin_never_has_more_requests_in_hand_than_the_cap_and_all_are_answered() {
-    let (origin, most) = holding_origin(Duration::from_millis(200)).await;
+    let (origin, most) = holding_origin(Duration::from_millis(400)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 2\n").await);
     let started = Instant::now();
     let answers = eight_at_once(&p, origin.addr()).await;
@@ -92,9 +92,9 @@ async fn a_capped_origin_never_has_more_requests_in_hand_than_the_cap_and_all_ar
     }
     assert_eq!(most.load(Ordering::SeqCst), 2, "two at a time, never more");
     assert!(origin.connections() <= 2, "{} connections opened", origin.connections());
-    // Four turns of 200 ms: the six that waited were answered in turn.
+    // Four turns of 400 ms: the six that waited were answered in turn.
     assert!(
-        started.elapsed() >= Duration::from_millis(790),
+        started.elapsed() >= Duration::from_millis(1590),
         "{:?}",
         started.elapsed()
     );
@@ -167,7 +167,7 @@ async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_timeout_of_zero_refuses_at_once() {
-    let (origin, _) = holding_origin(Duration::from_millis(800)).await;
+    let (origin, _) = holding_origin(Duration::from_millis(2000)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"0s\"\n").await);
     let first = {
         let p = p.clone();
@@ -178,7 +178,7 @@ async fn a_queue_timeout_of_zero_refuses_at_once() {
     let started = Instant::now();
     assert_eq!(get(&p, origin.addr(), "/now").await.status, 503);
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < Duration::from_millis(1000),
         "{:?}",
         started.elapsed()
     );
@@ -209,15 +209,9 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
     }
     assert_eq!(first.await.expect("first").status, 200);
     // Had any of them kept its place (or its wait a place), this one would
-    // wait out the 3 s queue timeout: it must be answered at once.
-    let started = Instant::now();
+    // wait out the 3 s queue timeout and get 503.
     let next = get(&p, origin.addr(), "/next").await;
     assert_eq!(next.status, 200);
-    assert!(
-        started.elapsed() < Duration::from_millis(2500),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(metric(&p, "portico_upstream_waiting_requests").await, 0);
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
 }
@@ -283,7 +277,7 @@ async fn through_a_parent_the_places_are_the_parents() {
                     return;
                 }
                 m.fetch_max(n.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(Duration::from_millis(600)).await;
                 n.fetch_sub(1, Ordering::SeqCst);
                 let target = String::from_utf8_lossy(&head)
                     .split(' ')
@@ -362,7 +356,7 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
     // Application servers of one worker behind a reverse listener; the
     // same server asked directly through the forward listener is not held
     // back by the group's count.
-    let (origin, most) = holding_origin(Duration::from_millis(300)).await;
+    let (origin, most) = holding_origin(Duration::from_millis(500)).await;
     let (fwd, rev) = (free_addr(), free_addr());
     let p = Arc::new(
         Portico::start(&format!(
@@ -391,7 +385,7 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
     let direct = get(&p, origin.addr(), "/direct").await;
     assert_eq!(direct.status, 200);
     assert!(
-        started.elapsed() < Duration::from_millis(850),
+        started.elapsed() < Duration::from_millis(1200),
         "the direct request did not wait for the group's: {:?}",
         started.elapsed()
     );
@@ -405,7 +399,7 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
         "the group's one, and the direct one beside it"
     );
     assert!(
-        started.elapsed() >= Duration::from_millis(890),
+        started.elapsed() >= Duration::from_millis(1490),
         "three turns: {:?}",
         started.elapsed()
     );
