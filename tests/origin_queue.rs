@@ -405,3 +405,55 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
     );
     assert_eq!(metric(&p, "portico_upstream_queued_total").await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_statistics_name_the_server_at_its_cap_and_how_many_wait() {
+    let (origin, _) = holding_origin(Duration::from_millis(1500)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\n").await);
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            let p = p.clone();
+            let addr = origin.addr();
+            tokio::spawn(async move { get(&p, addr, &format!("/s{i}")).await })
+        })
+        .collect();
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    // Until both others wait (they may still be on their way in).
+    let mut servers = serde_json::Value::Null;
+    for _ in 0..50 {
+        servers = stats_snapshot(&p).await["upstream"]["servers"].clone();
+        if servers[0]["waiting"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let o = origin.addr().to_string();
+    assert_eq!(
+        servers,
+        serde_json::json!([{"server": o, "in_use": 1, "limit": 1, "waiting": 2}]),
+        "JSON"
+    );
+    assert_eq!(
+        metric(
+            &p,
+            &format!("portico_upstream_server_waiting_requests{{server=\"{o}\"}}")
+        )
+        .await,
+        2
+    );
+    let req = format!("GET /.perf HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", p.addr());
+    let perf = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
+    assert!(
+        perf.lines()
+            .any(|l| l.trim_start().starts_with(&o) && l.contains("1/1 in use, 2 waiting")),
+        "{perf}"
+    );
+    for c in clients {
+        assert_eq!(c.await.expect("client").status, 200);
+    }
+    assert_eq!(
+        stats_snapshot(&p).await["upstream"]["servers"],
+        serde_json::json!([]),
+        "none busy now"
+    );
+}

@@ -512,6 +512,17 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         queued: l(&up.queued),
         queue_timeouts: l(&up.queue_timeouts),
         waiting: sh.upstream.waiting(),
+        servers: sh
+            .upstream
+            .busy_servers(20)
+            .into_iter()
+            .map(|s| stats::ServerQueueInfo {
+                server: s.server,
+                in_use: s.in_use,
+                limit: s.limit,
+                waiting: s.waiting,
+            })
+            .collect(),
         connect_time: up.connect_time.snapshot(),
         first_byte_time: up.first_byte_time.snapshot(),
     };

@@ -426,6 +426,10 @@ mod tests {
             }],
             ..Default::default()
         };
+        s.upstream.servers = vec![ServerQueueInfo {
+            server: "o.test:80".into(),
+            ..Default::default()
+        }];
         s.buckets.buckets = vec![BucketInfo {
             name: "default-bucket".into(),
             stages: vec![StageInfo {

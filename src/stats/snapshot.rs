@@ -889,6 +889,34 @@ crate::section! {
         #[serde(default)]
         waiting: u64 => Gauge, Add, None, "Requests waiting now for a connection place at their server.",
             prom "portico_upstream_waiting_requests", xml "upstream-bucket" "countWaiting";
+        /// The servers with a place in use or a request waiting under a
+        /// cap now, busiest first (at most 20).
+        #[serde(default)]
+        servers: Vec<ServerQueueInfo> => Section, Add, None, "One per server with connections in use under a cap (origin.max_connections).";
+    }
+}
+
+crate::section! {
+    /// One server under a connection cap. Its name labels its figures.
+    pub struct ServerQueueInfo at "upstream.servers" {
+        /// `host:port` (`https://` before it over TLS; ` max N` after it for
+        /// a group's own cap).
+        server: String => Info, First, None, "Server connected to under a cap.", prom "server", xml "upstream-server" "server";
+        /// Places in use.
+        in_use: u64 => Gauge, Add, None, "Connections in use at a server under a cap.",
+            prom "portico_upstream_server_connections_in_use", xml "upstream-server" "countInUse";
+        /// The cap (each worker process has its own: summed).
+        limit: u64 => Gauge, Add, None, "Connections allowed in use at a server (origin.max_connections, or its group's).",
+            prom "portico_upstream_server_connections_limit", xml "upstream-server" "maxInUse";
+        /// Requests waiting for one of its places.
+        waiting: u64 => Gauge, Add, None, "Requests waiting for a connection place at a server.",
+            prom "portico_upstream_server_waiting_requests", xml "upstream-server" "countWaiting";
+    }
+}
+
+impl super::declare::Keyed for ServerQueueInfo {
+    fn key(&self) -> &str {
+        &self.server
     }
 }
 

@@ -53,6 +53,22 @@ pub struct OriginCaps {
 struct Slot {
     key: ServerKey,
     places: Semaphore,
+    /// Requests waiting for one of them now.
+    waiting: AtomicU64,
+}
+
+/// A server under a cap, as [`OriginCaps::servers`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLoad {
+    /// `host:port`, `https://` before it over TLS, ` max N` after it for a
+    /// group's own cap.
+    pub server: String,
+    /// Places in use.
+    pub in_use: u64,
+    /// The cap.
+    pub limit: u64,
+    /// Requests waiting for a place.
+    pub waiting: u64,
 }
 
 /// A place taken ([`OriginCaps::take_now`], [`OriginCaps::wait`]), or one
@@ -89,6 +105,38 @@ impl OriginCaps {
         self.waiting.load(Relaxed)
     }
 
+    /// The servers with a place in use or a request waiting now, the most
+    /// waiting first (then the most in use), at most `n` of them: the map
+    /// holds exactly those.
+    pub fn servers(&self, n: usize) -> Vec<ServerLoad> {
+        let mut out: Vec<ServerLoad> = {
+            let origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
+            origins
+                .values()
+                .map(|slot| {
+                    let (https, authority, max) = &slot.key;
+                    let mut server = if *https {
+                        format!("https://{authority}")
+                    } else {
+                        authority.to_string()
+                    };
+                    if *max != self.max {
+                        server.push_str(&format!(" max {max}"));
+                    }
+                    ServerLoad {
+                        server,
+                        in_use: max.saturating_sub(slot.places.available_permits()) as u64,
+                        limit: *max as u64,
+                        waiting: slot.waiting.load(Relaxed),
+                    }
+                })
+                .collect()
+        };
+        out.sort_by(|a, b| (b.waiting, b.in_use, &a.server).cmp(&(a.waiting, a.in_use, &b.server)));
+        out.truncate(n);
+        out
+    }
+
     /// A place at the server `https`, `authority` if one is free now:
     /// `Ok(Some)`, held; `Ok(None)` when there is no cap; `Err` with the
     /// place to wait for ([`OriginCaps::wait`]) when all are taken. Apart
@@ -116,6 +164,7 @@ impl OriginCaps {
                     let slot = Arc::new(Slot {
                         key: key.clone(),
                         places: Semaphore::new(max),
+                        waiting: AtomicU64::new(0),
                     });
                     origins.insert(key, slot.clone());
                     slot
@@ -142,8 +191,8 @@ impl OriginCaps {
     /// Waits in line for `place` (from [`OriginCaps::take_now`]), at most
     /// `origin.queue_timeout`.
     pub async fn wait(&self, mut place: Place) -> Result<Place, QueueTimeout> {
-        self.waiting.fetch_add(1, Relaxed);
-        let _waiting = WaitingCount(&self.waiting);
+        let slot = place.slot.clone();
+        let _waiting = [WaitingCount::new(&self.waiting), WaitingCount::new(&slot.waiting)];
         place.held = match tokio::time::timeout(self.queue_timeout, place.slot.places.acquire()).await {
             Ok(Ok(permit)) => {
                 permit.forget();
@@ -163,8 +212,15 @@ impl OriginCaps {
     }
 }
 
-/// Keeps [`OriginCaps::waiting`] right however a wait ends.
+/// Keeps a count of waiting requests right however a wait ends.
 struct WaitingCount<'a>(&'a AtomicU64);
+
+impl<'a> WaitingCount<'a> {
+    fn new(count: &'a AtomicU64) -> WaitingCount<'a> {
+        count.fetch_add(1, Relaxed);
+        WaitingCount(count)
+    }
+}
 
 impl Drop for WaitingCount<'_> {
     fn drop(&mut self) {
@@ -270,6 +326,42 @@ mod tests {
             caps.take_now(false, "o.test", None).is_err(),
             "the default's still taken"
         );
+    }
+
+    #[tokio::test]
+    async fn servers_lists_the_busy_ones_most_waiting_first() {
+        let caps = OriginCaps::new(1, Duration::from_secs(5));
+        let _a = caps.take_now(false, "a.test", None).ok().flatten().expect("free");
+        let _b = caps.take_now(true, "b.test", Some(3)).ok().flatten().expect("free");
+        let waits: Vec<_> = (0..2)
+            .map(|_| caps.take_now(false, "a.test", None).err().expect("taken"))
+            .map(|p| {
+                let caps = caps.clone();
+                tokio::spawn(async move { caps.wait(p).await.map(|_| ()) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            caps.servers(10),
+            [
+                ServerLoad {
+                    server: "a.test".into(),
+                    in_use: 1,
+                    limit: 1,
+                    waiting: 2
+                },
+                ServerLoad {
+                    server: "https://b.test max 3".into(),
+                    in_use: 1,
+                    limit: 3,
+                    waiting: 0
+                },
+            ]
+        );
+        assert_eq!(caps.servers(1).len(), 1);
+        for w in waits {
+            w.abort();
+        }
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ mod group;
 pub mod response;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
+pub use caps::ServerLoad;
 pub use client::{OnInterim, OriginBody, idle_connections};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
@@ -151,6 +152,12 @@ impl Upstream {
     /// Requests waiting now for a place at their server (`origin.max_connections`).
     pub fn waiting(&self) -> u64 {
         self.caps.waiting()
+    }
+
+    /// The servers with a place in use or a request waiting under a cap,
+    /// busiest first, at most `n`.
+    pub fn busy_servers(&self, n: usize) -> Vec<ServerLoad> {
+        self.caps.servers(n)
     }
 
     /// Sends `req` (absolute URI) and waits for the response head.

@@ -417,6 +417,13 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         "{:<28} {} waiting now, {} waited, {} timed out (503)",
         "Queued For a Connection", u.waiting, u.queued, u.queue_timeouts
     );
+    for s in &u.servers {
+        let _ = writeln!(
+            o,
+            "  {:<26} {}/{} in use, {} waiting",
+            s.server, s.in_use, s.limit, s.waiting
+        );
+    }
     let _ = writeln!(
         o,
         "{:<28} {} ({} DNS, {} refused, {} connect timeouts, {} TLS, {} response timeouts, {} other)",

@@ -283,6 +283,9 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
         }
     }
     o.leaf("upstream-bucket", &declared(s, "upstream-bucket"));
+    for server in &s.upstream.servers {
+        o.leaf("upstream-server", &declared(server, "upstream-server"));
+    }
     o.leaf("access-log-bucket", &declared(s, "access-log-bucket"));
     let r = &s.requests;
     o.node("thread", &with(vec![a("mode", "async")], s, "thread"), |o| {
