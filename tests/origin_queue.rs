@@ -382,6 +382,17 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
     // While the group's three wait their turns, a forward request for the
     // same server goes straight in.
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    // The statistics name the group after the server.
+    let label = format!("{} (app)", origin.addr());
+    let mut listed = serde_json::Value::Null;
+    for _ in 0..25 {
+        listed = stats_snapshot(&p).await["upstream"]["servers"].clone();
+        if listed[0]["server"] == label.as_str() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(listed[0]["server"], label.as_str(), "{listed}");
     let direct = get(&p, origin.addr(), "/direct").await;
     assert_eq!(direct.status, 200);
     assert!(

@@ -134,14 +134,14 @@ struct Attempt<'a> {
     /// The client that sends it: the direct one, or a parent server's.
     upstream: &'a Upstream,
     /// Its group's cap on connections in use per server, if it has one.
-    cap: Option<usize>,
+    cap: Option<crate::upstream::ServerCap>,
 }
 
 impl Attempt<'_> {
     /// The request's parts, marked with the group's cap (`upstream::ServerCap`).
     fn mark(&self, parts: &mut http::request::Parts) {
-        if let Some(n) = self.cap {
-            parts.extensions.insert(crate::upstream::ServerCap(n));
+        if let Some(cap) = self.cap {
+            parts.extensions.insert(cap);
         }
     }
 }
@@ -215,15 +215,17 @@ impl Dest {
                     rewrite: None,
                     server: Some(idx),
                     upstream,
-                    cap: sh.groups[*group].max_connections,
+                    cap: sh.groups[*group]
+                        .max_connections
+                        .map(|limit| crate::upstream::ServerCap { limit, group: *group }),
                 })
             }
             To::Group {
-                group,
+                group: index,
                 path_and_query,
                 public_host,
             } => {
-                let group = &sh.groups[*group];
+                let group = &sh.groups[*index];
                 let idx = group.pick(failed);
                 // Made when the group was built: no formatting per request.
                 let preserved = match group.host_header {
@@ -241,7 +243,9 @@ impl Dest {
                     rewrite,
                     server: Some(idx),
                     upstream: &sh.upstream,
-                    cap: group.max_connections,
+                    cap: group
+                        .max_connections
+                        .map(|limit| crate::upstream::ServerCap { limit, group: *index }),
                 })
             }
         }

@@ -517,7 +517,11 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             .busy_servers(20)
             .into_iter()
             .map(|s| stats::ServerQueueInfo {
-                server: s.server,
+                // A group's own cap: its name after the server.
+                server: match s.group.and_then(|g| sh.groups.get(g)) {
+                    Some(g) => format!("{} ({})", s.server, g.name),
+                    None => s.server,
+                },
                 in_use: s.in_use,
                 limit: s.limit,
                 waiting: s.waiting,

@@ -899,8 +899,8 @@ crate::section! {
 crate::section! {
     /// One server under a connection cap. Its name labels its figures.
     pub struct ServerQueueInfo at "upstream.servers" {
-        /// `host:port` (`https://` before it over TLS; ` max N` after it for
-        /// a group's own cap).
+        /// `host:port` (`https://` before it over TLS; the group's name in
+        /// parentheses after it for a group's own cap).
         server: String => Info, First, None, "Server connected to under a cap.", prom "server", xml "upstream-server" "server";
         /// Places in use.
         in_use: u64 => Gauge, Add, None, "Connections in use at a server under a cap.",

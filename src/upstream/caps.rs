@@ -33,9 +33,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// A server as the pool knows it (whether it is reached over TLS, its
-/// `host:port`), and the cap its places are counted under: a group's own
-/// (`[[upstream]] max_connections`) counts apart from the default's.
-type ServerKey = (bool, Box<str>, usize);
+/// `host:port`), the cap its places are counted under, and the group whose
+/// own cap that is (`[[upstream]] max_connections`: counted apart from
+/// every other request's; None: `origin.max_connections`).
+type ServerKey = (bool, Box<str>, usize, Option<usize>);
 
 /// The places of every origin, for one configuration.
 pub struct OriginCaps {
@@ -60,9 +61,11 @@ struct Slot {
 /// A server under a cap, as [`OriginCaps::servers`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLoad {
-    /// `host:port`, `https://` before it over TLS, ` max N` after it for a
-    /// group's own cap.
+    /// `host:port`, `https://` before it over TLS.
     pub server: String,
+    /// The group whose own cap this is (index among the `[[upstream]]`
+    /// groups); None: `origin.max_connections`.
+    pub group: Option<usize>,
     /// Places in use.
     pub in_use: u64,
     /// The cap.
@@ -114,17 +117,15 @@ impl OriginCaps {
             origins
                 .values()
                 .map(|slot| {
-                    let (https, authority, max) = &slot.key;
-                    let mut server = if *https {
+                    let (https, authority, max, group) = &slot.key;
+                    let server = if *https {
                         format!("https://{authority}")
                     } else {
                         authority.to_string()
                     };
-                    if *max != self.max {
-                        server.push_str(&format!(" max {max}"));
-                    }
                     ServerLoad {
                         server,
+                        group: *group,
                         in_use: max.saturating_sub(slot.places.available_permits()) as u64,
                         limit: *max as u64,
                         waiting: slot.waiting.load(Relaxed),
@@ -144,20 +145,20 @@ impl OriginCaps {
     /// carries, holds no timer for a wait few requests make.
     ///
     /// `cap`, when given, replaces `origin.max_connections` for this
-    /// request (its group's; 0: no cap).
+    /// request (its group's; 0: no cap), and its places are the group's.
     pub fn take_now(
         self: &Arc<Self>,
         https: bool,
         authority: &str,
-        cap: Option<usize>,
+        cap: Option<super::ServerCap>,
     ) -> Result<Option<Place>, Place> {
-        let max = cap.unwrap_or(self.max);
+        let max = cap.map_or(self.max, |c| c.limit);
         if max == 0 {
             return Ok(None);
         }
         let slot = {
             let mut origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
-            let key = (https, Box::<str>::from(authority), max);
+            let key = (https, Box::<str>::from(authority), max, cap.map(|c| c.group));
             match origins.get(&key) {
                 Some(slot) => slot.clone(),
                 None => {
@@ -246,6 +247,7 @@ impl Drop for Place {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::ServerCap;
 
     fn entries(caps: &OriginCaps) -> usize {
         caps.origins.lock().map_or(0, |m| m.len())
@@ -314,14 +316,31 @@ mod tests {
     #[tokio::test]
     async fn a_groups_own_cap_counts_apart_and_zero_means_none() {
         let caps = OriginCaps::new(1, Duration::from_millis(20));
+        let group = |group, limit| Some(ServerCap { limit, group });
         let _default = caps.take_now(false, "o.test", None).ok().flatten().expect("free");
-        // The default's one place is taken; a group's cap of 2 has its own.
-        let _g1 = caps.take_now(false, "o.test", Some(2)).ok().flatten().expect("free");
-        let _g2 = caps.take_now(false, "o.test", Some(2)).ok().flatten().expect("free");
-        let third = caps.take_now(false, "o.test", Some(2)).err().expect("taken");
+        // The default's one place is taken; group 0's cap of 2 has its own.
+        let _g1 = caps
+            .take_now(false, "o.test", group(0, 2))
+            .ok()
+            .flatten()
+            .expect("free");
+        let _g2 = caps
+            .take_now(false, "o.test", group(0, 2))
+            .ok()
+            .flatten()
+            .expect("free");
+        let third = caps.take_now(false, "o.test", group(0, 2)).err().expect("taken");
         let e = caps.wait(third).await.err().expect("timed out");
         assert_eq!(e.max, 2, "the cap it waited on is the group's");
-        assert!(matches!(caps.take_now(false, "o.test", Some(0)), Ok(None)), "0: no cap");
+        // Group 1 has the default's number, and still places of its own.
+        assert!(
+            matches!(caps.take_now(false, "o.test", group(1, 1)), Ok(Some(_))),
+            "apart from the default's"
+        );
+        assert!(
+            matches!(caps.take_now(false, "o.test", group(2, 0)), Ok(None)),
+            "0: no cap"
+        );
         assert!(
             caps.take_now(false, "o.test", None).is_err(),
             "the default's still taken"
@@ -332,7 +351,11 @@ mod tests {
     async fn servers_lists_the_busy_ones_most_waiting_first() {
         let caps = OriginCaps::new(1, Duration::from_secs(5));
         let _a = caps.take_now(false, "a.test", None).ok().flatten().expect("free");
-        let _b = caps.take_now(true, "b.test", Some(3)).ok().flatten().expect("free");
+        let _b = caps
+            .take_now(true, "b.test", Some(ServerCap { limit: 3, group: 1 }))
+            .ok()
+            .flatten()
+            .expect("free");
         let waits: Vec<_> = (0..2)
             .map(|_| caps.take_now(false, "a.test", None).err().expect("taken"))
             .map(|p| {
@@ -346,12 +369,14 @@ mod tests {
             [
                 ServerLoad {
                     server: "a.test".into(),
+                    group: None,
                     in_use: 1,
                     limit: 1,
                     waiting: 2
                 },
                 ServerLoad {
-                    server: "https://b.test max 3".into(),
+                    server: "https://b.test".into(),
+                    group: Some(1),
                     in_use: 1,
                     limit: 3,
                     waiting: 0

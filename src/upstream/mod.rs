@@ -58,9 +58,14 @@ impl std::fmt::Display for UpstreamError {
 /// A request's own cap on the connections in use to its server, in its
 /// extensions: its `[[upstream]]` group's `max_connections`, which
 /// overrides `origin.max_connections` (caps.rs: the group's places at a
-/// server are counted apart from other requests').
-#[derive(Debug, Clone, Copy)]
-pub struct ServerCap(pub usize);
+/// server are counted apart from every other request's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerCap {
+    /// Connections in use at once (0: no cap).
+    pub limit: usize,
+    /// The group (its index among the `[[upstream]]` groups).
+    pub group: usize,
+}
 
 /// The pooled client every request to an origin goes through.
 pub struct Upstream {
@@ -188,7 +193,7 @@ impl Upstream {
                 req.uri().authority().map_or("", |a| a.as_str()),
             ),
         };
-        let cap = req.extensions().get::<ServerCap>().map(|c| c.0);
+        let cap = req.extensions().get::<ServerCap>().copied();
         let place = match self.caps.take_now(https, authority, cap) {
             Ok(place) => place,
             Err(waiting) => {
