@@ -67,19 +67,6 @@ fn x_cache(r: &ParsedResponse) -> &str {
     r.header("x-cache").unwrap_or("<none>")
 }
 
-/// The value of the un-labelled Prometheus sample `name`.
-async fn metric(p: &Portico, name: &str) -> u64 {
-    let req = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        p.addr()
-    );
-    let page = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
-}
-
 /// What the origin answers a conditional request with.
 #[derive(Clone, Copy)]
 enum Answer {

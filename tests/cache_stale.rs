@@ -123,19 +123,6 @@ async fn stale_then_failing(p: &Portico, cc: &'static str, failing: Failing) -> 
     (r, n.load(Ordering::SeqCst))
 }
 
-/// The value of the un-labelled Prometheus sample `name`.
-async fn metric(p: &Portico, name: &str) -> u64 {
-    let req = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        p.addr()
-    );
-    let page = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_cache_serves_the_stale_response_when_the_origin_closes_without_answering() {
     let p = proxy("").await;

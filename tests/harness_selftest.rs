@@ -94,6 +94,31 @@ fn listener_addrs_parses_config() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_reads_plain_and_labelled_samples_and_panics_on_a_missing_one() {
+    let origin = echo_origin().await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"forward\"\n",
+        free_addr()
+    ))
+    .await;
+    assert_eq!(metric(&p, "portico_upstream_requests_total").await, 0);
+    let req = format!(
+        "GET {}/m HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        origin.url(),
+        origin.addr()
+    );
+    assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
+    assert_eq!(metric(&p, "portico_upstream_requests_total").await, 1);
+    assert_eq!(metric(&p, "portico_requests_total{method=\"GET\"}").await, 1);
+    let p = std::sync::Arc::new(p);
+    let missing = tokio::spawn({
+        let p = p.clone();
+        async move { metric(&p, "portico_no_such_metric").await }
+    });
+    assert!(missing.await.is_err(), "a missing sample panics");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_answers_curl_and_raw() {
     let origin = echo_origin().await;
 

@@ -34,19 +34,6 @@ async fn get(p: &Portico, origin: std::net::SocketAddr, path: &str) -> ParsedRes
     parse_response(&bytes)
 }
 
-/// The value of the un-labelled Prometheus sample `name`.
-async fn metric(p: &Portico, name: &str) -> u64 {
-    let req = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        p.addr()
-    );
-    let page = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
-}
-
 /// An origin that holds every request `hold` before answering it, and
 /// the most requests it ever had in hand at once.
 async fn holding_origin(hold: Duration) -> (Origin, Arc<AtomicUsize>) {
@@ -66,14 +53,15 @@ async fn holding_origin(hold: Duration) -> (Origin, Arc<AtomicUsize>) {
     (origin, most)
 }
 
+/// [`get`] on a task of its own, so that the test goes on meanwhile.
+fn spawn_get(p: &Arc<Portico>, origin: std::net::SocketAddr, path: &str) -> tokio::task::JoinHandle<ParsedResponse> {
+    let (p, path) = (p.clone(), path.to_string());
+    tokio::spawn(async move { get(&p, origin, &path).await })
+}
+
 /// Eight GETs for eight URLs (no collapsing) at once; their answers.
 async fn eight_at_once(p: &Arc<Portico>, origin: std::net::SocketAddr) -> Vec<ParsedResponse> {
-    let tasks: Vec<_> = (0..8)
-        .map(|i| {
-            let p = p.clone();
-            tokio::spawn(async move { get(&p, origin, &format!("/{i}")).await })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..8).map(|i| spawn_get(p, origin, &format!("/{i}"))).collect();
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.expect("client task"));
@@ -123,11 +111,7 @@ async fn without_a_cap_the_origin_gets_every_request_at_once() {
 async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() {
     let (origin, _) = holding_origin(Duration::from_millis(1500)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"300ms\"\n").await);
-    let first = {
-        let p = p.clone();
-        let addr = origin.addr();
-        tokio::spawn(async move { get(&p, addr, "/slow").await })
-    };
+    let first = spawn_get(&p, origin.addr(), "/slow");
     assert!(
         origin.wait_count(1, Duration::from_secs(5)).await,
         "the first is in hand"
@@ -169,11 +153,7 @@ async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() 
 async fn a_queue_timeout_of_zero_refuses_at_once() {
     let (origin, _) = holding_origin(Duration::from_millis(2000)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"0s\"\n").await);
-    let first = {
-        let p = p.clone();
-        let addr = origin.addr();
-        tokio::spawn(async move { get(&p, addr, "/held").await })
-    };
+    let first = spawn_get(&p, origin.addr(), "/held");
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
     let started = Instant::now();
     assert_eq!(get(&p, origin.addr(), "/now").await.status, 503);
@@ -189,11 +169,7 @@ async fn a_queue_timeout_of_zero_refuses_at_once() {
 async fn a_client_that_gives_up_while_waiting_costs_no_place() {
     let (origin, _) = holding_origin(Duration::from_millis(400)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"3s\"\n").await);
-    let first = {
-        let p = p.clone();
-        let addr = origin.addr();
-        tokio::spawn(async move { get(&p, addr, "/first").await })
-    };
+    let first = spawn_get(&p, origin.addr(), "/first");
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
     // Three clients queue behind it and hang up before their turn. (Their
     // requests are still sent in turn: Portico does not watch a waiting
@@ -333,11 +309,7 @@ async fn a_stale_copy_is_served_while_the_origin_has_no_place_free() {
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"300ms\"\n").await);
     assert_eq!(get(&p, origin.addr(), "/page").await.status, 200);
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let held = {
-        let p = p.clone();
-        let addr = origin.addr();
-        tokio::spawn(async move { get(&p, addr, "/slow").await })
-    };
+    let held = spawn_get(&p, origin.addr(), "/slow");
     assert!(origin.wait_count(2, Duration::from_secs(5)).await);
     let stale = get(&p, origin.addr(), "/page").await;
     assert_eq!((stale.status, stale.body_str().as_str()), (200, "copy of /page"));
@@ -384,14 +356,11 @@ async fn a_groups_own_cap_holds_its_servers_and_leaves_other_requests_alone() {
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
     // The statistics name the group after the server.
     let label = format!("{} (app)", origin.addr());
-    let mut listed = serde_json::Value::Null;
-    for _ in 0..25 {
-        listed = stats_snapshot(&p).await["upstream"]["servers"].clone();
-        if listed[0]["server"] == label.as_str() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = stats_when(&p, "the group's server", |s| {
+        s["upstream"]["servers"][0]["server"] == label.as_str()
+    })
+    .await["upstream"]["servers"]
+        .clone();
     assert_eq!(listed[0]["server"], label.as_str(), "{listed}");
     let direct = get(&p, origin.addr(), "/direct").await;
     assert_eq!(direct.status, 200);
@@ -422,22 +391,13 @@ async fn the_statistics_name_the_server_at_its_cap_and_how_many_wait() {
     let (origin, _) = holding_origin(Duration::from_millis(1500)).await;
     let p = Arc::new(forward("[origin]\nmax_connections = 1\n").await);
     let clients: Vec<_> = (0..3)
-        .map(|i| {
-            let p = p.clone();
-            let addr = origin.addr();
-            tokio::spawn(async move { get(&p, addr, &format!("/s{i}")).await })
-        })
+        .map(|i| spawn_get(&p, origin.addr(), &format!("/s{i}")))
         .collect();
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
     // Until both others wait (they may still be on their way in).
-    let mut servers = serde_json::Value::Null;
-    for _ in 0..50 {
-        servers = stats_snapshot(&p).await["upstream"]["servers"].clone();
-        if servers[0]["waiting"] == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let servers =
+        stats_when(&p, "two waiting", |s| s["upstream"]["servers"][0]["waiting"] == 2).await["upstream"]["servers"]
+            .clone();
     let o = origin.addr().to_string();
     assert_eq!(
         servers,

@@ -32,27 +32,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// A server as the pool knows it (whether it is reached over TLS, its
-/// `host:port`), the cap its places are counted under, and the group whose
-/// own cap that is (`[[upstream]] max_connections`: counted apart from
-/// every other request's; None: `origin.max_connections`).
-type ServerKey = (bool, Box<str>, usize, Option<usize>);
-
 /// The places of every origin, for one configuration.
 pub struct OriginCaps {
     /// Places per origin; 0: no cap (nothing is counted).
     max: usize,
     /// Longest wait for a place.
     queue_timeout: Duration,
-    /// Origins with a place held or waited for.
-    origins: Mutex<HashMap<ServerKey, Arc<Slot>>>,
+    /// Servers with a place held or waited for, by `host:port` (looked up
+    /// without an allocation): usually one slot each, more when groups
+    /// with caps of their own or both schemes reach the same one.
+    origins: Mutex<HashMap<Arc<str>, Vec<Arc<Slot>>>>,
     /// Requests waiting for a place now, in every origin.
     waiting: AtomicU64,
 }
 
-/// One origin's places.
+/// One server's places under one cap: the server as the pool knows it
+/// (its `host:port`, whether it is reached over TLS), the cap, and the
+/// group whose own cap that is (`[[upstream]] max_connections`: counted
+/// apart from every other request's; None: `origin.max_connections`).
 struct Slot {
-    key: ServerKey,
+    authority: Arc<str>,
+    https: bool,
+    max: usize,
+    group: Option<usize>,
     places: Semaphore,
     /// Requests waiting for one of them now.
     waiting: AtomicU64,
@@ -116,20 +118,17 @@ impl OriginCaps {
             let origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
             origins
                 .values()
-                .map(|slot| {
-                    let (https, authority, max, group) = &slot.key;
-                    let server = if *https {
-                        format!("https://{authority}")
+                .flatten()
+                .map(|slot| ServerLoad {
+                    server: if slot.https {
+                        format!("https://{}", slot.authority)
                     } else {
-                        authority.to_string()
-                    };
-                    ServerLoad {
-                        server,
-                        group: *group,
-                        in_use: max.saturating_sub(slot.places.available_permits()) as u64,
-                        limit: *max as u64,
-                        waiting: slot.waiting.load(Relaxed),
-                    }
+                        slot.authority.to_string()
+                    },
+                    group: slot.group,
+                    in_use: slot.max.saturating_sub(slot.places.available_permits()) as u64,
+                    limit: slot.max as u64,
+                    waiting: slot.waiting.load(Relaxed),
                 })
                 .collect()
         };
@@ -156,18 +155,31 @@ impl OriginCaps {
         if max == 0 {
             return Ok(None);
         }
+        let group = cap.map(|c| c.group);
         let slot = {
             let mut origins = self.origins.lock().unwrap_or_else(|e| e.into_inner());
-            let key = (https, Box::<str>::from(authority), max, cap.map(|c| c.group));
-            match origins.get(&key) {
+            // One `host:port` for the map and its slots, made only for a
+            // server not in the map yet.
+            let name: Arc<str> = match origins.get_key_value(authority) {
+                Some((name, _)) => name.clone(),
+                None => authority.into(),
+            };
+            let slots = origins.entry(name.clone()).or_default();
+            match slots
+                .iter()
+                .find(|s| s.https == https && s.max == max && s.group == group)
+            {
                 Some(slot) => slot.clone(),
                 None => {
                     let slot = Arc::new(Slot {
-                        key: key.clone(),
+                        authority: name,
+                        https,
+                        max,
+                        group,
                         places: Semaphore::new(max),
                         waiting: AtomicU64::new(0),
                     });
-                    origins.insert(key, slot.clone());
+                    slots.push(slot.clone());
                     slot
                 }
             }
@@ -207,7 +219,7 @@ impl OriginCaps {
         } else {
             Err(QueueTimeout {
                 waited: self.queue_timeout,
-                max: place.slot.key.2,
+                max: place.slot.max,
             })
         }
     }
@@ -238,8 +250,13 @@ impl Drop for Place {
         // Every holder and waiter has a reference, each taken under this
         // lock: with only the map's and this one left, nobody holds or
         // waits for a place here, and nobody can start to meanwhile.
-        if Arc::strong_count(&self.slot) == 2 {
-            origins.remove(&self.slot.key);
+        if Arc::strong_count(&self.slot) == 2
+            && let Some(slots) = origins.get_mut(&*self.slot.authority)
+        {
+            slots.retain(|s| !Arc::ptr_eq(s, &self.slot));
+            if slots.is_empty() {
+                origins.remove(&*self.slot.authority);
+            }
         }
     }
 }
@@ -250,7 +267,7 @@ mod tests {
     use crate::upstream::ServerCap;
 
     fn entries(caps: &OriginCaps) -> usize {
-        caps.origins.lock().map_or(0, |m| m.len())
+        caps.origins.lock().map_or(0, |m| m.values().map(Vec::len).sum())
     }
 
     /// A place, waited for if need be; `waited` is set if it was.
