@@ -2,8 +2,10 @@
 //! binary: an origin never has more requests in hand than the cap, the
 //! rest wait their turn and are all answered; a wait past the queue
 //! timeout is a 503 that never reaches the origin, logged and counted; a
-//! place is never lost, neither to a client that gives up while waiting
-//! nor to an upgraded (WebSocket) connection; through a parent proxy the
+//! request whose client leaves while it waits leaves the line unsent
+//! (HTTP/1 hang-up, HTTP/2 stream reset; a request collapsed onto it is
+//! still answered); a place is never lost, neither to a client that gives
+//! up while waiting nor to an upgraded (WebSocket) connection; through a parent proxy the
 //! places are the parent's; a group's own cap holds its servers and no other
 //! requests; a stale copy is served when no place frees up.
 
@@ -171,9 +173,7 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
     let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"3s\"\n").await);
     let first = spawn_get(&p, origin.addr(), "/first");
     assert!(origin.wait_count(1, Duration::from_secs(5)).await);
-    // Three clients queue behind it and hang up before their turn. (Their
-    // requests are still sent in turn: Portico does not watch a waiting
-    // request's client, as HAProxy's `option abortonclose` does.)
+    // Three clients queue behind it and hang up before their turn.
     for i in 0..3 {
         let mut c = TcpStream::connect(p.addr()).await.expect("connect");
         let origin = origin.addr();
@@ -183,13 +183,93 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(c);
     }
+    // They leave the line as their clients go, before any place frees up
+    // (as HAProxy's `option abortonclose`).
+    stats_when(&p, "three left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 3 && s["upstream"]["waiting"] == 0
+    })
+    .await;
     assert_eq!(first.await.expect("first").status, 200);
     // Had any of them kept its place (or its wait a place), this one would
     // wait out the 3 s queue timeout and get 503.
     let next = get(&p, origin.addr(), "/next").await;
     assert_eq!(next.status, 200);
-    assert_eq!(metric(&p, "portico_upstream_waiting_requests").await, 0);
+    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+    assert_eq!(sent, ["/first", "/next"], "requests whose client left are never sent");
+    assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 3);
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
+    let perf = page(&p, "/.perf").await;
+    assert!(perf.contains("3 left by their client"), "{perf}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_collapsed_onto_one_whose_client_left_the_line_is_still_answered() {
+    // The first client for /same leads its fetch and waits for the place;
+    // a second asks for /same meanwhile and follows it. The leader's client
+    // hangs up: the follower takes over the fetch and gets its answer, and
+    // the origin is asked once.
+    let (origin, _) = holding_origin(Duration::from_millis(500)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\n").await);
+    let first = spawn_get(&p, origin.addr(), "/first");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let o = origin.addr();
+    let mut leader = TcpStream::connect(p.addr()).await.expect("connect");
+    leader
+        .write_all(format!("GET http://{o}/same HTTP/1.1\r\nHost: {o}\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    stats_when(&p, "the leader waits", |s| s["upstream"]["waiting"] == 1).await;
+    let follower = spawn_get(&p, o, "/same");
+    // Followers wait on the leader's flight, not in the line.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(leader);
+    stats_when(&p, "the leader left", |s| s["upstream"]["queue_abandoned"] == 1).await;
+    assert_eq!(first.await.expect("first").status, 200);
+    let answer = follower.await.expect("follower");
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body_str(), "answer to /same");
+    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+    assert_eq!(sent, ["/first", "/same"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_while_waiting_leaves_the_line_unsent() {
+    let (origin, _) = holding_origin(Duration::from_millis(800)).await;
+    let port = free_port();
+    let p = Arc::new(
+        Portico::start(&format!(
+            "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\nh2c = true\n\n\
+             [origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\n"
+        ))
+        .await,
+    );
+    let first = spawn_get(&p, origin.addr(), "/first");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (mut h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::get(format!("http://{}/reset", origin.addr()))
+        .body(())
+        .expect("request");
+    let (response, mut stream) = h2.send_request(req, true).expect("send");
+    stats_when(&p, "the stream's request waits", |s| s["upstream"]["waiting"] == 1).await;
+    stream.send_reset(h2::Reason::CANCEL);
+    drop(response);
+    stats_when(&p, "it left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
+    })
+    .await;
+    assert_eq!(first.await.expect("first").status, 200);
+    // The connection serves its next stream.
+    let req = http::Request::get(format!("http://{}/after", origin.addr()))
+        .body(())
+        .expect("request");
+    let (response, _) = h2.send_request(req, true).expect("send");
+    assert_eq!(response.await.expect("response").status(), 200);
+    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+    assert_eq!(sent, ["/first", "/after"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,6 +192,20 @@ impl<'a> ResponseWriter<'a> {
         }
     }
 
+    /// Completes when the client has gone away before its response:
+    /// closed its connection (HTTP/1: a FIN with nothing unread before it,
+    /// see `conn::client_closed`), or reset the request's stream (HTTP/2).
+    /// `body_unread`: the request's body is still being read from the
+    /// connection, whose bytes are the body reader's alone, so an HTTP/1
+    /// client is not watched (never completes) until it is done.
+    pub(crate) async fn client_gone(&mut self, body_unread: bool) {
+        match &mut self.sink {
+            Sink::H1(_) if body_unread => std::future::pending::<()>().await,
+            Sink::H1(stream) => super::conn::client_closed(stream).await,
+            Sink::H2(o) => o.reset().await,
+        }
+    }
+
     /// CONNECT over HTTP/2: sends the `200` and hands over the stream's
     /// sending half, the tunnel's way to the client.
     pub(crate) fn open_h2_tunnel(&mut self) -> io::Result<h2::SendStream<Bytes>> {

@@ -490,9 +490,24 @@ pub fn failure(e: UpstreamError) -> Failure {
         UpstreamError::Queue(_) => StatusCode::SERVICE_UNAVAILABLE,
         UpstreamError::ClientBody(b) if b.too_large => StatusCode::PAYLOAD_TOO_LARGE,
         UpstreamError::ClientBody(_) => StatusCode::BAD_REQUEST,
+        UpstreamError::Abandoned => client_gone(),
         _ => StatusCode::BAD_GATEWAY,
     };
     (status, e.to_string())
+}
+
+/// The status a failure carries when the client went away before anything
+/// was sent upstream (nginx logs such a request as 499, "client closed
+/// request"): never sent; `Handler::fail` sees it and closes without an
+/// error page, and the cache neither serves stale nor tells collapsed
+/// requests that the origin failed (it did not).
+pub fn client_gone() -> StatusCode {
+    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+}
+
+/// True for [`client_gone`]'s status.
+pub fn is_client_gone(status: StatusCode) -> bool {
+    status.as_u16() == 499
 }
 
 /// The request to send upstream: the client's, with hop-by-hop fields

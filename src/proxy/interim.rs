@@ -14,8 +14,9 @@
 use super::Shared;
 use super::headers::{add_via, remove_framing_lookalikes, strip_hop_by_hop};
 use crate::http1::ResponseWriter;
-use crate::upstream::{OriginBody, ProxyBody, Upstream, UpstreamError};
+use crate::upstream::{OriginBody, ProxyBody, Reservation, Upstream, UpstreamError};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
@@ -39,6 +40,21 @@ pub async fn send(
     let Some(out) = out else {
         return upstream.send(request, None).await;
     };
+    // A request that must wait for a place at its server leaves the line
+    // if its client goes meanwhile (`Upstream::wait_unless`). Boxed: the
+    // wait is the rare path, and the future every request carries stays
+    // small.
+    let place = match upstream.reserve(&request) {
+        Reservation::Ready(place) => place,
+        Reservation::Waiting(place) => {
+            let body_unread = !request.body().is_end_stream();
+            Box::pin(async {
+                let gone = out.client_gone(body_unread);
+                upstream.wait_unless(place, gone).await
+            })
+            .await?
+        }
+    };
     // Nothing is allocated for a request whose origin sends no 1xx (most).
     let queue: Mutex<VecDeque<(StatusCode, HeaderMap)>> = Mutex::new(VecDeque::new());
     let arrived = Notify::new();
@@ -51,7 +67,7 @@ pub async fn send(
         arrived.notify_one();
     };
     let next = || queue.lock().ok().and_then(|mut q| q.pop_front());
-    let sending = upstream.send(request, Some(&mut on_interim));
+    let sending = upstream.send_reserved(request, Some(&mut on_interim), place);
     tokio::pin!(sending);
     let mut client_ok = true;
     let result = loop {

@@ -680,6 +680,11 @@ impl ListenerHandler {
     /// Answers with an error page (unless a response is already under way)
     /// and writes the reason to the error log.
     async fn fail(&self, ex: &mut Exchange<'_>, status: StatusCode, reason: &str) -> Outcome {
+        if forward::is_client_gone(status) {
+            // No one is left to answer, and nothing went wrong upstream.
+            tracing::debug!(client = %ex.peer.ip(), "{} {}: {reason}", ex.head.method, ex.head.target);
+            return Outcome::Close;
+        }
         tracing::warn!(client = %ex.peer.ip(), status = status.as_u16(), "{} {}: {reason}", ex.head.method, ex.head.target);
         if ex.out.head_sent() {
             return Outcome::Close;

@@ -511,6 +511,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         upgrades: l(&up.upgrades),
         queued: l(&up.queued),
         queue_timeouts: l(&up.queue_timeouts),
+        queue_abandoned: l(&up.queue_abandoned),
         waiting: sh.upstream.waiting(),
         servers: sh
             .upstream

@@ -885,6 +885,11 @@ crate::section! {
         #[serde(default)]
         queue_timeouts: u64 => Counter, Add, None, "Requests answered 503 after waiting origin.queue_timeout for a connection place.",
             prom "portico_upstream_queue_timeouts_total", xml "upstream-bucket" "countQueueTimeouts";
+        /// Of those, the ones dropped from the line unsent because their
+        /// client went away while they waited.
+        #[serde(default)]
+        queue_abandoned: u64 => Counter, Add, None, "Requests dropped unsent from a connection place queue because their client went away.",
+            prom "portico_upstream_queue_abandoned_total", xml "upstream-bucket" "countQueueAbandoned";
         /// Requests waiting for a place now.
         #[serde(default)]
         waiting: u64 => Gauge, Add, None, "Requests waiting now for a connection place at their server.",

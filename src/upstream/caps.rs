@@ -85,6 +85,13 @@ pub struct Place {
     held: bool,
 }
 
+impl Place {
+    /// The server the place is at (`host:port`), for messages.
+    pub fn server(&self) -> &str {
+        &self.slot.authority
+    }
+}
+
 /// A request waited `origin.queue_timeout` without getting a place.
 #[derive(Debug)]
 pub struct QueueTimeout {

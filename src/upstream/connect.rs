@@ -264,6 +264,8 @@ pub struct UpstreamStats {
     pub queued: AtomicU64,
     /// Requests that waited `origin.queue_timeout` for a place and got 503.
     pub queue_timeouts: AtomicU64,
+    /// Requests dropped from the line unsent: their client went away.
+    pub queue_abandoned: AtomicU64,
     /// Time to open a connection.
     pub connect_time: Histogram,
     /// Time to the response head (a new connection's connect included).

@@ -11,7 +11,7 @@ mod group;
 pub mod response;
 
 pub use body::{BodySender, ClientBodyError, ProxyBody};
-pub use caps::ServerLoad;
+pub use caps::{Place, ServerLoad};
 pub use client::{OnInterim, OriginBody, idle_connections};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
@@ -36,6 +36,9 @@ pub enum UpstreamError {
     /// Every place at the origin (`origin.max_connections`) stayed taken
     /// for `origin.queue_timeout`: nothing was sent.
     Queue(String),
+    /// The client went away while the request waited for a place at its
+    /// server: nothing was sent, and no one is left to answer.
+    Abandoned,
 }
 
 impl UpstreamError {
@@ -51,6 +54,9 @@ impl std::fmt::Display for UpstreamError {
             UpstreamError::Connect(e) => e.fmt(f),
             UpstreamError::Timeout(s) | UpstreamError::Failed(s) | UpstreamError::Queue(s) => f.write_str(s),
             UpstreamError::ClientBody(e) => e.fmt(f),
+            UpstreamError::Abandoned => {
+                f.write_str("the client went away while its request waited for a connection place")
+            }
         }
     }
 }
@@ -65,6 +71,15 @@ pub struct ServerCap {
     pub limit: usize,
     /// The group (its index among the `[[upstream]]` groups).
     pub group: usize,
+}
+
+/// A request's place at its server ([`Upstream::reserve`]).
+pub enum Reservation {
+    /// Taken, or None when no cap applies: the request may go now.
+    Ready(Option<Place>),
+    /// Every place is taken: the place to wait for, in line
+    /// ([`Upstream::wait_for_place`], [`Upstream::wait_unless`]).
+    Waiting(Place),
 }
 
 /// The pooled client every request to an origin goes through.
@@ -165,7 +180,94 @@ impl Upstream {
         self.caps.servers(n)
     }
 
-    /// Sends `req` (absolute URI) and waits for the response head.
+    /// Sends `req` (absolute URI) and waits for the response head: its
+    /// place at the server first ([`Upstream::reserve`], waiting in line
+    /// if need be), then [`Upstream::send_reserved`].
+    pub async fn send(
+        &self,
+        req: http::Request<ProxyBody>,
+        on_interim: Option<OnInterim<'_>>,
+    ) -> Result<http::Response<OriginBody>, UpstreamError> {
+        let place = match self.reserve(&req) {
+            Reservation::Ready(place) => place,
+            Reservation::Waiting(place) => self.wait_for_place(place).await?,
+        };
+        self.send_reserved(req, on_interim, place).await
+    }
+
+    /// Takes `req`'s place at the server it goes to (the origin, or the
+    /// parent proxy or array member this client goes through) when one is
+    /// free (`origin.max_connections`, or the request's [`ServerCap`]);
+    /// else says that the request must wait in that server's line. Apart
+    /// from the wait, so that a caller can stop waiting when its client
+    /// leaves (`proxy::interim`), and so that the future every request
+    /// carries holds no timer for a wait few requests make.
+    pub fn reserve(&self, req: &http::Request<ProxyBody>) -> Reservation {
+        let (https, authority) = match &self.server {
+            Some((https, authority)) => (*https, &**authority),
+            None => (
+                req.uri().scheme() == Some(&http::uri::Scheme::HTTPS),
+                req.uri().authority().map_or("", |a| a.as_str()),
+            ),
+        };
+        let cap = req.extensions().get::<ServerCap>().copied();
+        match self.caps.take_now(https, authority, cap) {
+            Ok(place) => Reservation::Ready(place),
+            Err(waiting) => {
+                self.connector
+                    .stats
+                    .queued
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Reservation::Waiting(waiting)
+            }
+        }
+    }
+
+    /// Waits in line for `place` (from [`Upstream::reserve`]), at most
+    /// `origin.queue_timeout`; then [`UpstreamError::Queue`].
+    pub async fn wait_for_place(&self, place: Place) -> Result<Option<Place>, UpstreamError> {
+        let server: Box<str> = place.server().into();
+        // Boxed: the wait's timer stays out of the future that every
+        // request carries.
+        let waited = Box::pin(self.caps.wait(place)).await;
+        waited.map(Some).map_err(|e| {
+            self.connector
+                .stats
+                .queue_timeouts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            UpstreamError::Queue(format!(
+                "{server} has all its {} connections in use (max_connections) and none was free within {}",
+                e.max,
+                humantime::format_duration(e.waited)
+            ))
+        })
+    }
+
+    /// [`Upstream::wait_for_place`], unless `gone` (the client's departure)
+    /// completes first: then the request leaves the line unsent
+    /// ([`UpstreamError::Abandoned`]), as HAProxy's `option abortonclose`
+    /// drops a queued request whose client has closed, instead of sending
+    /// the origin work no one will read.
+    pub async fn wait_unless(
+        &self,
+        place: Place,
+        gone: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<Place>, UpstreamError> {
+        tokio::select! {
+            biased;
+            () = gone => {
+                self.connector
+                    .stats
+                    .queue_abandoned
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(UpstreamError::Abandoned)
+            }
+            r = self.wait_for_place(place) => r,
+        }
+    }
+
+    /// Sends `req` holding `place` (from [`Upstream::reserve`] or a wait;
+    /// None: no cap applies) and waits for the response head.
     ///
     /// `origin.first_byte_timeout` runs from the moment the whole request
     /// body has gone to the origin (at once for a request without one),
@@ -175,42 +277,15 @@ impl Upstream {
     /// client that sends nothing for that long is cut off by the body
     /// reader's own idle timeout (its error reaches the exchange through
     /// the body). `on_interim` gets the 1xx responses before the final one.
-    ///
-    /// Before any of that, the request takes a place at the server it goes
-    /// to (`origin.max_connections`), waiting up to `origin.queue_timeout`
-    /// for one; the place goes back when the exchange is over (caps.rs).
-    pub async fn send(
+    /// The place goes back when the exchange is over (caps.rs).
+    pub async fn send_reserved(
         &self,
         req: http::Request<ProxyBody>,
         on_interim: Option<OnInterim<'_>>,
+        place: Option<Place>,
     ) -> Result<http::Response<OriginBody>, UpstreamError> {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = &self.connector.stats;
-        let (https, authority) = match &self.server {
-            Some((https, authority)) => (*https, &**authority),
-            None => (
-                req.uri().scheme() == Some(&http::uri::Scheme::HTTPS),
-                req.uri().authority().map_or("", |a| a.as_str()),
-            ),
-        };
-        let cap = req.extensions().get::<ServerCap>().copied();
-        let place = match self.caps.take_now(https, authority, cap) {
-            Ok(place) => place,
-            Err(waiting) => {
-                stats.queued.fetch_add(1, Relaxed);
-                // Boxed: the wait's timer stays out of the future that
-                // every request carries.
-                let waited = Box::pin(self.caps.wait(waiting)).await;
-                Some(waited.map_err(|e| {
-                    stats.queue_timeouts.fetch_add(1, Relaxed);
-                    UpstreamError::Queue(format!(
-                        "{authority} has all its {} connections in use (max_connections) and none was free within {}",
-                        e.max,
-                        humantime::format_duration(e.waited)
-                    ))
-                })?)
-            }
-        };
         stats.requests.fetch_add(1, Relaxed);
         let stage = crate::stats::stage(crate::stats::Stage::UpstreamResponse);
         let started = std::time::Instant::now();

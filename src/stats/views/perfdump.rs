@@ -414,8 +414,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
     let _ = writeln!(o, "{:<28} {}", "Connections Upgraded", u.upgrades);
     let _ = writeln!(
         o,
-        "{:<28} {} waiting now, {} waited, {} timed out (503)",
-        "Queued For a Connection", u.waiting, u.queued, u.queue_timeouts
+        "{:<28} {} waiting now, {} waited, {} timed out (503), {} left by their client",
+        "Queued For a Connection", u.waiting, u.queued, u.queue_timeouts, u.queue_abandoned
     );
     for s in &u.servers {
         let _ = writeln!(
