@@ -1023,7 +1023,7 @@ class CpuMeter:
 
 
 def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=(),
-            scheme="http"):
+            scheme="http", env=None):
     argv = ["taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{conns}", f"-d{duration}s",
             "--latency", "--timeout", "5s", "-s", script]
     for h in headers:
@@ -1031,7 +1031,8 @@ def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=
     argv.append(f"{scheme}://127.0.0.1:{port}{path}")
     or0 = origin_requests()
     cpu = CpuMeter(proxy_pid, origin_pid)
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60,
+                         env=None if env is None else {**os.environ, **env})
     c = cpu.stop()
     or1 = origin_requests()
     line = [x for x in out.stdout.splitlines() if x.startswith("WRKJSON ")]
@@ -1992,10 +1993,11 @@ def write_report(scenario, results, args, vers, outdir, command):
     L.append("")
     L += body
     L.append("Peer configurations and the reasons for each setting: `bench/peers/`.")
-    path = os.path.join(outdir, f"{scenario}.md")
+    stem = tls_bench.stem(scenario, args)
+    path = os.path.join(outdir, f"{stem}.md")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
-    with open(os.path.join(outdir, f"{scenario}.json"), "w") as f:
+    with open(os.path.join(outdir, f"{stem}.json"), "w") as f:
         json.dump({"command": command, "versions": vers, "portico_extra": PORTICO_EXTRA,
                    "results": results}, f, indent=1, default=str)
     log(f"wrote {path}")
@@ -2484,7 +2486,7 @@ def chart(scenario, results, subjects, outdir, args):
         return
     fig.suptitle(f"{scenario}: {SCENARIOS[scenario]}", fontsize=9)
     fig.tight_layout()
-    path = os.path.join(outdir, f"{scenario}.png")
+    path = os.path.join(outdir, f"{tls_bench.stem(scenario, args)}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     log(f"wrote {path}")
@@ -2651,6 +2653,10 @@ def main():
     ap.add_argument("--tls-key", choices=["rsa", "ec"], default="rsa",
                     help="tls-full, tls-resume, tls-hits, h2-hits: the certificate's key, RSA "
                          "2048 (default) or ECDSA P-256 (tls-roundtrips runs both)")
+    ap.add_argument("--tls-max", choices=["1.2", "1.3"], default="1.3",
+                    help="tls-full, tls-resume, tls-hits: the newest TLS version the client "
+                         "offers (wrk through OPENSSL_CONF's MaxProtocol, the harness's checks "
+                         "alike): 1.3 (default) or 1.2, whose resumption needs no key exchange")
     ap.add_argument("--portico-extra", metavar="FILE",
                     help="TOML merged into Portico's generated config (tables key by key, "
                          "arrays of tables appended), e.g. [server] max_requests / queue_size")

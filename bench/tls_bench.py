@@ -73,6 +73,36 @@ H2LOAD = ("h2-hits", "h2c-hits")
 # Medians of this invocation's runs, by scenario and subject: the tls-resume
 # report sets them against tls-full's (the issue's "resumption at least 5x").
 MEDIANS = {}
+# The scenarios whose client --tls-max caps (wrk and the harness's checks).
+CAPPED = ("tls-full", "tls-resume", "tls-hits")
+
+
+def stem(scenario, args):
+    """The results file name of a scenario: `tls-resume-tls12` when the
+    client was held to TLS 1.2, so that it sits beside the default run."""
+    capped = scenario in CAPPED and getattr(args, "tls_max", "1.3") == "1.2"
+    return f"{scenario}-tls12" if capped else scenario
+
+
+def client_max(scenario, args):
+    """The version the harness's own client pins (None: what both offer)."""
+    if scenario in CAPPED and args.tls_max == "1.2":
+        return ssl.TLSVersion.TLSv1_2
+    return None
+
+
+def wrk_env(scenario, tmp, args):
+    """wrk's environment for --tls-max 1.2: an OpenSSL config whose
+    system_default section sets MaxProtocol, which OpenSSL applies to every
+    SSL_CTX wrk makes (wrk has no option of its own for it)."""
+    if client_max(scenario, args) is None:
+        return None
+    path = os.path.join(tmp, "openssl-tls12.cnf")
+    with open(path, "w") as f:
+        f.write("openssl_conf = openssl_init\n[openssl_init]\nssl_conf = ssl_sect\n"
+                "[ssl_sect]\nsystem_default = system_default_sect\n"
+                "[system_default_sect]\nMaxProtocol = TLSv1.2\n")
+    return {"OPENSSL_CONF": path}
 
 
 def make_cert(tmp, kind):
@@ -215,10 +245,11 @@ def round_trip(port, ctx, session=None, path="/page"):
         raw.close()
 
 
-def resumption_check(b, port):
+def resumption_check(b, port, version=None):
     """(resumed, protocol, cipher): a second connection offering the first
-    one's session (the protocol versions both servers default to)."""
-    ctx = b.client_tls()
+    one's session (the protocol versions both servers default to, or
+    `version` alone)."""
+    ctx = b.client_tls(version)
     _, _, _, sess, proto, cipher = round_trip(port, ctx)
     _, _, resumed, _, _, _ = round_trip(port, ctx, sess)
     return resumed, proto, cipher
@@ -302,8 +333,10 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
         if h2c:
             resumed, info["tls"] = False, "none (h2c)"
         else:
-            resumed, proto, cipher = resumption_check(b, tport)
+            resumed, proto, cipher = resumption_check(b, tport, client_max(scenario, args))
             info["tls"] = f"{proto} {cipher}"
+            if client_max(scenario, args) and proto != "TLSv1.2":
+                problems.append(f"the client held to TLS 1.2 negotiated {proto}")
         info["check_resumed"] = resumed
         if scenario in ("tls-full", "tls-resume") and resumed != resume:
             problems.append(f"a connection offering the previous one's session was "
@@ -319,7 +352,8 @@ def run(b, scenario, peer, tmp, args, ctx, origin):
         else:
             headers = ["Connection: close"] if scenario in ("tls-full", "tls-resume") else []
             r = b.run_wrk(tport, "/", ctx["scripts"]["hits"], args.duration, args.connections,
-                          daemon.pid, origin.pid, headers, scheme="https")
+                          daemon.pid, origin.pid, headers, scheme="https",
+                          env=wrk_env(scenario, tmp, args))
         r["rss_mib"] = b.tree_rss_kib(daemon.pid) / 1024
         b.check_portico_hits(b.PORTS[peer], tiers0, r, info, problems)
         if hs0 is not None:
@@ -420,7 +454,9 @@ def report(b, scenario, results, peers, args):
     else:
         load = (f"- Load: `wrk -t1 -c{args.connections} -d{args.duration}s --latency"
                 + (" -H 'Connection: close'" if scenario in ("tls-full", "tls-resume") else "")
-                + f" https://...` on CPU {b.LOAD_CPU}")
+                + f" https://...` on CPU {b.LOAD_CPU}"
+                + (" with `OPENSSL_CONF` setting `MaxProtocol = TLSv1.2`"
+                   if client_max(scenario, args) else ""))
     extra[0] = (load + f" (with the origin); proxy under test on CPU {b.PROXY_CPU}; "
                 f"{args.rounds} interleaved round(s), fresh cache per run")
     key = {"rsa": "RSA 2048", "ec": "ECDSA P-256"}[args.tls_key]
@@ -431,7 +467,11 @@ def report(b, scenario, results, peers, args):
               "port; nginx on its plain port, whose cache the `http2` port shares).\n"]
              if scenario == "h2c-hits" else
              [f"Same {key} certificate on every server (self-signed, made by `openssl req`); "
-             f"TLS 1.2 and 1.3 offered, the same cipher suites in the same order (Portico's "
+             + ("TLS 1.2 and 1.3 offered by the servers, **the client held to TLS 1.2** "
+                "(`--tls-max 1.2`: a TLS 1.2 session resumes by its ticket or session ID "
+                "alone, where TLS 1.3's `psk_dhe_ke` runs a key exchange again), "
+                if client_max(scenario, args) else "TLS 1.2 and 1.3 offered, ")
+             + f"the same cipher suites in the same order (Portico's "
              f"default: AES-128-GCM, ChaCha20-Poly1305, AES-256-GCM, the server's choice; "
              f"nginx `ssl_prefer_server_ciphers on` with that order), negotiated with the "
              f"harness's client: {suites}; "
