@@ -14,7 +14,7 @@
 use super::Shared;
 use super::headers::{add_via, remove_framing_lookalikes, strip_hop_by_hop};
 use crate::http1::ResponseWriter;
-use crate::upstream::{OriginBody, ProxyBody, Reservation, Upstream, UpstreamError};
+use crate::upstream::{OriginBody, Place, ProxyBody, Reservation, Upstream, UpstreamError};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use std::collections::VecDeque;
@@ -34,26 +34,24 @@ const QUEUE: usize = 16;
 pub async fn send(
     upstream: &Upstream,
     request: Request<ProxyBody>,
-    out: Option<&mut ResponseWriter<'_>>,
+    mut out: Option<&mut ResponseWriter<'_>>,
     sh: &Shared,
 ) -> Result<Response<OriginBody>, UpstreamError> {
-    let Some(out) = out else {
-        return upstream.send(request, None).await;
-    };
-    // A request that must wait for a place at its server leaves the line
-    // if its client goes meanwhile (`Upstream::wait_unless`). Boxed: the
-    // wait is the rare path, and the future every request carries stays
-    // small.
+    // The place at the server first, for both kinds of callers.
     let place = match upstream.reserve(&request) {
         Reservation::Ready(place) => place,
+        // Boxed: the wait is the rare path.
         Reservation::Waiting(place) => {
             let body_unread = !request.body().is_end_stream();
-            Box::pin(async {
-                let gone = out.client_gone(body_unread);
-                upstream.wait_unless(place, gone).await
-            })
-            .await?
+            Box::pin(wait_in_line(upstream, place, body_unread, out.as_deref_mut())).await?
         }
+    };
+    let Some(out) = out else {
+        // Boxed: a background revalidation's exchange would otherwise sit
+        // beside the client's in this future, which every miss carries and
+        // copies into its box (7,824 bytes for a miss's whole future with
+        // it boxed, 8,464 without).
+        return Box::pin(upstream.send_reserved(request, None, place)).await;
     };
     // Nothing is allocated for a request whose origin sends no 1xx (most).
     let queue: Mutex<VecDeque<(StatusCode, HeaderMap)>> = Mutex::new(VecDeque::new());
@@ -89,6 +87,22 @@ pub async fn send(
         }
     }
     result
+}
+
+/// Waits for `place` at the request's server: until the client goes
+/// (`Upstream::wait_unless`: the request then leaves the line unsent), or,
+/// without a client (a background revalidation), as long as
+/// `origin.queue_timeout` allows.
+async fn wait_in_line(
+    upstream: &Upstream,
+    place: Place,
+    body_unread: bool,
+    out: Option<&mut ResponseWriter<'_>>,
+) -> Result<Option<Place>, UpstreamError> {
+    match out {
+        Some(out) => upstream.wait_unless(place, out.client_gone(body_unread)).await,
+        None => upstream.wait_for_place(place).await,
+    }
 }
 
 /// Writes one interim response to the client; false once the client
