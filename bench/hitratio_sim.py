@@ -18,7 +18,7 @@ The model:
 - a request is a hit if either tier holds the URL; otherwise the origin is
   asked and the object stored in both.
 
-Usage: bench/hitratio_sim.py [--requests N] [--policy P[:m=X][:w=N] ...]
+Usage: bench/hitratio_sim.py [--requests N] [--oracle] [--policy P[:m=X][:w=N] ...]
 Policies: see POLICIES below. One policy over 1,000,000 requests takes one
 to three minutes.
 
@@ -264,6 +264,29 @@ POLICIES = {
 }
 
 
+def oracle(stream, sizes, memory_mib, disk_mib):
+    """Bounds no online policy reaches: the tiers' bytes (disk to its low
+    watermark, plus memory) filled once with the objects chosen knowing the
+    whole stream, every request after an object's first a hit. By request
+    count (the byte hit ratio's best static choice: a byte stored earns its
+    object's count) and by count per byte (the hit ratio's)."""
+    counts = collections.Counter(stream)
+    total_bytes = sum(sizes[u] for u in stream)
+    budget = (disk_mib << 20) * 97 // 100 + (memory_mib << 20)
+    out = []
+    for label, key in (("by count", lambda kv: -kv[1]), ("by count per byte", lambda kv: -kv[1] / max(1, sizes[kv[0]]))):
+        used = hits = hit_bytes = 0
+        for u, c in sorted(counts.items(), key=key):
+            w = -(-(sizes[u] + FILE_OVERHEAD) // BLOCK) * BLOCK
+            if used + w > budget:
+                continue
+            used += w
+            hits += c - 1
+            hit_bytes += (c - 1) * sizes[u]
+        out.append((label, hits / len(stream), hit_bytes / total_bytes))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=hb.REQUESTS)
@@ -271,6 +294,8 @@ def main():
     ap.add_argument("--memory-mib", type=int, default=hb.MEMORY_MIB)
     ap.add_argument("--disk-mib", type=int, default=hb.DISK_MIB)
     ap.add_argument("--policy", action="append")
+    ap.add_argument("--oracle", action="store_true",
+                    help="also the static offline bounds (objects chosen knowing the whole stream)")
     a = ap.parse_args()
     t0 = time.time()
     stream, sizes = hb.stream_for(a.requests, a.seed, hb.HEAVY_MAX)
@@ -278,6 +303,9 @@ def main():
     print(f"{a.requests:,} requests, {facts['distinct_urls']:,} URLs; without a budget "
           f"{facts['infinite_hit_ratio']:.1%} / {facts['infinite_byte_hit_ratio']:.1%} "
           f"({time.time() - t0:.0f} s to generate)", flush=True)
+    if a.oracle:
+        for label, hr, bhr in oracle(stream, sizes, a.memory_mib, a.disk_mib):
+            print(f"{'oracle ' + label:32} {hr:6.1%} / {bhr:6.1%}", flush=True)
     for p in a.policy or ["balanced", "frequency"]:
         t0 = time.time()
         hr, bhr, tenths = simulate(stream, sizes, p, a.memory_mib, a.disk_mib)
