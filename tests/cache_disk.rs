@@ -55,7 +55,7 @@ fn body(len: usize, seed: u8) -> Vec<u8> {
 
 async fn put(store: &DiskStore, url: &str, data: &[u8], expires: u64) -> ObjectId {
     let id = id_of(url);
-    let mut w = store.writer(id, &meta(url)).await.unwrap();
+    let mut w = store.writer(id, &meta(url));
     for c in data.chunks(10_000) {
         w.write(c).await.unwrap();
     }
@@ -172,7 +172,7 @@ async fn large_object_streams_with_bounded_memory() {
     let base = body(READ_CHUNK, 7);
     let baseline = rss_kib();
     let mut peak = baseline;
-    let mut w = store.writer(id, &meta(url)).await.unwrap();
+    let mut w = store.writer(id, &meta(url));
     let chunks = LEN / READ_CHUNK as u64;
     for i in 0..chunks {
         w.write_bytes(big_chunk(&base, i)).await.unwrap();
@@ -297,7 +297,7 @@ async fn leftover_tmp_files_are_removed_and_never_served() {
     store.wait_scan().await;
     // A writer that "dies" mid-write: leaked, its tmp file stays.
     let id = id_of("http://h/partial");
-    let mut w = store.writer(id, &meta("http://h/partial")).await.unwrap();
+    let mut w = store.writer(id, &meta("http://h/partial"));
     w.write(&body(600_000, 1)).await.unwrap();
     std::mem::forget(w);
     // A partial copy of a real object dropped into tmp by hand.
@@ -493,7 +493,7 @@ async fn concurrent_writers_of_one_id_leave_one_valid_object() {
     for n in 0..8u8 {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
-            let mut w = store.writer(id, &meta(url)).await.unwrap();
+            let mut w = store.writer(id, &meta(url));
             for _ in 0..10 {
                 w.write(&vec![n; 30_000]).await.unwrap();
                 tokio::task::yield_now().await;

@@ -107,6 +107,37 @@ async fn a_disk_hit_keeps_the_file_open_for_the_next_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_smaller_than_a_write_batch_is_stored_by_one_blocking_pool_job() {
+    // The file is created, written and published by the commit's one job:
+    // a miss wakes a blocking-pool thread once (it was twice, the file
+    // created first), and the client's first bytes wait for none.
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, _) = origin().await;
+    let p = proxy(cache.path()).await;
+    disk_until(&p, "the index ready", |d| d["index_ready"] == true).await;
+    let jobs = |s: &serde_json::Value| n(&s["native_pool"], "jobs");
+    let before = stats_snapshot(&p).await;
+    for i in 0..5 {
+        let r = get(&p, &origin, &format!("/large?{i}"), &[]).await;
+        assert!(r.status == 200 && r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    let after = stats_when(&p, "five stored", |s| {
+        n(&s["cache"]["disk"], "writes") == n(&before["cache"]["disk"], "writes") + 5
+    })
+    .await;
+    assert_eq!(jobs(&after) - jobs(&before), 5, "{}", after["native_pool"]);
+    for i in 0..5 {
+        let r = get(&p, &origin, &format!("/large?{i}"), &[]).await;
+        assert!(x_cache(&r) == "HIT" && r.body.len() == 100 << 10 && pattern_matches(0, &r.body));
+    }
+    // Nothing was left behind in the tmp directory.
+    let tmp: Vec<_> = std::fs::read_dir(cache.path().join("tmp"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(tmp.is_empty(), "{tmp:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bytes_stay_right_when_a_held_object_is_replaced_or_purged() {
     let cache = tempfile::tempdir().unwrap();
     let (origin, fetched) = origin().await;

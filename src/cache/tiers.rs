@@ -755,16 +755,7 @@ impl Cache {
             self.write_marker(key, vary, id).await;
         }
         let to_memory = length.is_none_or(|n| self.memory.admits(n));
-        let disk = match &self.disk {
-            Some(d) => match d.writer(id, &meta).await {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(key = key.text(), "cannot store on disk: {e}");
-                    None
-                }
-            },
-            None => None,
-        };
+        let disk = self.disk.as_ref().map(|d| d.writer(id, &meta));
         StoreSink {
             cache: self,
             id,
@@ -813,11 +804,11 @@ impl Cache {
             response_time: now,
             derived: Default::default(),
         };
-        if let Some(d) = &self.disk
-            && let Ok(mut w) = d.writer(primary, &meta).await
-            && w.write(&body).await.is_ok()
-        {
-            let _ = w.commit(u64::MAX / 2).await;
+        if let Some(d) = &self.disk {
+            let mut w = d.writer(primary, &meta);
+            if w.write(&body).await.is_ok() {
+                let _ = w.commit(u64::MAX / 2).await;
+            }
         }
         self.memory.insert(
             primary,

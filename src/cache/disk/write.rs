@@ -173,28 +173,30 @@ impl Inner {
 }
 
 impl DiskStore {
-    /// Starts writing an object to a tmp file; nothing is visible until
-    /// `commit`, which replaces any object with the same id atomically.
-    pub async fn writer(&self, id: ObjectId, meta: &StoredMeta) -> io::Result<DiskWriter> {
-        let inner = self.inner.clone();
-        let meta = meta.clone();
-        let st = blocking(&self.inner.pool, move || inner.new_write_state(id, &meta)).await??;
-        Ok(self.wrap_writer(id, st))
+    /// Starts writing an object; nothing is visible until `commit`, which
+    /// replaces any object with the same id atomically. The tmp file is
+    /// created by the first batch the writer hands to the blocking pool:
+    /// an object smaller than a batch (most) is created, written and
+    /// published by one job at its commit, so a miss wakes a pool thread
+    /// once, and the client's first bytes wait for none.
+    pub fn writer(&self, id: ObjectId, meta: &StoredMeta) -> DiskWriter {
+        self.wrap_writer(id, Stage::Pending(Box::new(meta.clone())))
     }
 
     /// `writer` on the calling thread.
     pub fn writer_blocking(&self, id: ObjectId, meta: &StoredMeta) -> io::Result<DiskWriter> {
         let st = self.inner.new_write_state(id, meta)?;
-        Ok(self.wrap_writer(id, st))
+        Ok(self.wrap_writer(id, Stage::Open(Box::new(st))))
     }
 
-    fn wrap_writer(&self, id: ObjectId, st: WriteState) -> DiskWriter {
+    fn wrap_writer(&self, id: ObjectId, stage: Stage) -> DiskWriter {
         DiskWriter {
             id,
-            state: Some(Box::new(st)),
+            stage,
             buf: Vec::new(),
             body_len: 0,
             max: self.inner.max_object,
+            store: Arc::downgrade(&self.inner),
             pool: self.inner.pool.clone(),
         }
     }
@@ -297,15 +299,44 @@ impl Drop for WriteState {
     }
 }
 
+/// Where a [`DiskWriter`] is.
+enum Stage {
+    /// Nothing on disk yet: the metadata the tmp file will start with.
+    Pending(Box<StoredMeta>),
+    /// Its tmp file is open.
+    Open(Box<WriteState>),
+    /// Failed or refused: nothing more is written (the tmp file, if any,
+    /// is gone).
+    Aborted,
+}
+
+impl Stage {
+    /// The state, created first (on the calling thread, a blocking-pool
+    /// job's) if the writer is still pending.
+    fn open(self, store: &Weak<Inner>, id: ObjectId) -> io::Result<Box<WriteState>> {
+        match self {
+            Stage::Open(st) => Ok(st),
+            Stage::Pending(meta) => {
+                let store = store.upgrade().ok_or_else(|| io_other("disk cache closed"))?;
+                store.new_write_state(id, &meta).map(Box::new)
+            }
+            Stage::Aborted => Err(io_other("disk cache writer aborted")),
+        }
+    }
+}
+
 /// Writes one object. Nothing is visible under the object's name until
 /// `commit`; dropping the writer (or `abort`) deletes the tmp file. A
 /// `write` error (including a body over `cache.max_object_size`) aborts it.
 pub struct DiskWriter {
     id: ObjectId,
-    state: Option<Box<WriteState>>,
+    stage: Stage,
     buf: Vec<u8>,
     body_len: u64,
     max: u64,
+    /// The store, for a pending writer's file: weak, as a `WriteState`'s,
+    /// so that a writer never keeps a closed store alive.
+    store: Weak<Inner>,
     pool: BlockingPool,
 }
 
@@ -324,17 +355,20 @@ impl DiskWriter {
         self.body_len
     }
 
-    /// The tmp file being written.
+    /// The tmp file being written, once it exists.
     pub fn tmp_path(&self) -> Option<&Path> {
-        self.state.as_ref().map(|s| s.tmp.as_path())
+        match &self.stage {
+            Stage::Open(st) => Some(st.tmp.as_path()),
+            Stage::Pending(_) | Stage::Aborted => None,
+        }
     }
 
     fn accept(&mut self, n: usize) -> io::Result<()> {
-        if self.state.is_none() {
+        if matches!(self.stage, Stage::Aborted) {
             return Err(io_other("disk cache writer aborted"));
         }
         if self.body_len + n as u64 > self.max {
-            self.state = None;
+            self.stage = Stage::Aborted;
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "object larger than cache.max_object_size",
@@ -345,20 +379,25 @@ impl DiskWriter {
     }
 
     async fn write_out(&mut self, data: Option<Bytes>) -> io::Result<()> {
-        let mut st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let mut buf = std::mem::take(&mut self.buf);
-        let (st, buf, r) = blocking(&self.pool, move || {
-            let r = match &data {
-                Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
-                None => st.write_body(&buf),
-            };
+        let (store, id) = (self.store.clone(), self.id);
+        let (st, buf) = blocking(&self.pool, move || {
+            let written = stage.open(&store, id).and_then(|mut st| {
+                match &data {
+                    Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
+                    None => st.write_body(&buf),
+                }
+                .map(|()| st)
+            });
             buf.clear();
-            (st, buf, r)
+            (written, buf)
         })
         .await?;
-        r?;
+        // On an error the state was dropped on the pool thread, which
+        // removed its tmp file; the writer stays aborted.
+        self.stage = Stage::Open(st?);
         self.buf = buf;
-        self.state = Some(st);
         Ok(())
     }
 
@@ -385,37 +424,40 @@ impl DiskWriter {
     /// `write` on the calling thread.
     pub fn write_blocking(&mut self, data: &[u8]) -> io::Result<()> {
         self.accept(data.len())?;
-        let st = self
-            .state
-            .as_mut()
-            .ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
+        let mut st = stage.open(&self.store, self.id)?;
         let r = st.write_body(&self.buf).and_then(|()| st.write_body(data));
         self.buf.clear();
-        if r.is_err() {
-            self.state = None;
+        if r.is_ok() {
+            self.stage = Stage::Open(st);
         }
         r
     }
 
     /// Finishes the object: trailer with `expires` (unix seconds, 0 =
     /// unknown; the GC evicts expired objects first), fsync if configured,
-    /// rename into place (replacing any older version), index update.
+    /// rename into place (replacing any older version), index update. A
+    /// writer still pending creates its file in the same blocking-pool job.
     pub async fn commit(mut self, expires: u64) -> io::Result<()> {
-        let st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
+        if matches!(stage, Stage::Aborted) {
+            return Err(io_other("disk cache writer aborted"));
+        }
         let buf = std::mem::take(&mut self.buf);
-        let id = self.id;
-        blocking(&self.pool, move || st.commit(id, &buf, expires)).await?
+        let (store, id) = (self.store.clone(), self.id);
+        blocking(&self.pool, move || stage.open(&store, id)?.commit(id, &buf, expires)).await?
     }
 
     /// `commit` on the calling thread.
     pub fn commit_blocking(mut self, expires: u64) -> io::Result<()> {
-        let st = self.state.take().ok_or_else(|| io_other("disk cache writer aborted"))?;
+        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
+        let st = stage.open(&self.store, self.id)?;
         let buf = std::mem::take(&mut self.buf);
         st.commit(self.id, &buf, expires)
     }
 
     /// Drops the object being written (the tmp file is deleted).
     pub fn abort(mut self) {
-        self.state = None;
+        self.stage = Stage::Aborted;
     }
 }
