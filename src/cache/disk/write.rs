@@ -311,8 +311,9 @@ enum Stage {
 }
 
 impl Stage {
-    /// The state, created first (on the calling thread, a blocking-pool
-    /// job's) if the writer is still pending.
+    /// The open state; a pending writer's file is created first, on the
+    /// thread that asks (a blocking-pool job's, or the caller's for the
+    /// `_blocking` methods).
     fn open(self, store: &Weak<Inner>, id: ObjectId) -> io::Result<Box<WriteState>> {
         match self {
             Stage::Open(st) => Ok(st),
