@@ -203,6 +203,46 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_in_line_is_answered_only_with_abort_on_close_off() {
+    // A client that shuts its sending side after the request (as some
+    // scripted HTTP/1.0 clients do) still reads the answer. By default it
+    // looks gone and leaves the line unsent; with `abort_on_close = false`
+    // it waits its turn and is answered, as HAProxy without the option.
+    for abort in [true, false] {
+        let (origin, _) = holding_origin(Duration::from_millis(300)).await;
+        let p = Arc::new(
+            forward(&format!(
+                "[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\nabort_on_close = {abort}\n"
+            ))
+            .await,
+        );
+        let first = spawn_get(&p, origin.addr(), "/first");
+        assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+        let o = origin.addr();
+        let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+        c.write_all(format!("GET http://{o}/half HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
+        c.shutdown().await.expect("half-close");
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut answer)).await;
+        assert_eq!(first.await.expect("first").status, 200);
+        let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
+        if abort {
+            assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+            assert_eq!(sent, ["/first"]);
+            assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 1);
+        } else {
+            let r = parse_response(&answer);
+            assert_eq!((r.status, r.body_str().as_str()), (200, "answer to /half"));
+            assert_eq!(sent, ["/first", "/half"]);
+            assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 0);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_collapsed_onto_one_whose_client_left_the_line_is_still_answered() {
     // The first client for /same leads its fetch and waits for the place;
     // a second asks for /same meanwhile and follows it. The leader's client

@@ -603,6 +603,9 @@ pub struct OriginConfig {
     pub max_connections: usize,
     /// Longest wait for one of those when all are in use (503 beyond it).
     pub queue_timeout: Dur,
+    /// Drop a request from that wait when its client goes away (HAProxy's
+    /// `option abortonclose`); false: send it in its turn anyway.
+    pub abort_on_close: bool,
     /// Trust the system's root certificates for https origins.
     pub system_roots: bool,
     /// Extra PEM certificates trusted for https origins.
@@ -633,6 +636,7 @@ impl Default for OriginConfig {
             pool_max_idle: 64,
             max_connections: 0,
             queue_timeout: Dur::secs(10),
+            abort_on_close: true,
             system_roots: true,
             ca_file: None,
             dns_cache_entries: 1024,

@@ -94,6 +94,9 @@ pub struct Upstream {
     /// Places per server connected to (`origin.max_connections`), shared
     /// by this client and those made from it for parents.
     caps: Arc<OriginCaps>,
+    /// `origin.abort_on_close`: a waiting request whose client leaves is
+    /// dropped from the line ([`Upstream::wait_unless`]).
+    abort_on_close: bool,
     /// The server this client connects to when it is not the request's
     /// origin: a parent proxy or an array member, whose places it takes.
     server: Option<(bool, Box<str>)>,
@@ -112,6 +115,7 @@ impl Upstream {
             first_byte_timeout: cfg.first_byte_timeout.get(),
             idle_timeout: cfg.idle_timeout.get(),
             caps: OriginCaps::new(cfg.max_connections, cfg.queue_timeout.get()),
+            abort_on_close: cfg.abort_on_close,
             server: None,
         })
     }
@@ -152,6 +156,7 @@ impl Upstream {
             first_byte_timeout: self.first_byte_timeout,
             idle_timeout: self.idle_timeout,
             caps: self.caps.clone(),
+            abort_on_close: self.abort_on_close,
             server: Some((
                 server.scheme == http::uri::Scheme::HTTPS,
                 server.authority.as_str().into(),
@@ -247,12 +252,17 @@ impl Upstream {
     /// completes first: then the request leaves the line unsent
     /// ([`UpstreamError::Abandoned`]), as HAProxy's `option abortonclose`
     /// drops a queued request whose client has closed, instead of sending
-    /// the origin work no one will read.
+    /// the origin work no one will read. With `origin.abort_on_close =
+    /// false`, `gone` is not watched (a client that half-closes after its
+    /// request still waits for the answer).
     pub async fn wait_unless(
         &self,
         place: Place,
         gone: impl std::future::Future<Output = ()>,
     ) -> Result<Option<Place>, UpstreamError> {
+        if !self.abort_on_close {
+            return self.wait_for_place(place).await;
+        }
         tokio::select! {
             biased;
             () = gone => {
