@@ -4,10 +4,12 @@
 //! timeout is a 503 that never reaches the origin, logged and counted; a
 //! request whose client leaves while it waits leaves the line unsent
 //! (HTTP/1 hang-up, HTTP/2 stream reset; a request collapsed onto it is
-//! still answered); a place is never lost, neither to a client that gives
-//! up while waiting nor to an upgraded (WebSocket) connection; through a parent proxy the
-//! places are the parent's; a group's own cap holds its servers and no other
-//! requests; a stale copy is served when no place frees up.
+//! still answered; `origin.abort_on_close = false` keeps a half-closing
+//! client's request); a place is never lost, neither to a client that
+//! gives up while waiting nor to an upgraded (WebSocket) connection;
+//! through a parent proxy the places are the parent's; a group's own cap
+//! holds its servers and no other requests; a stale copy is served when no
+//! place frees up.
 
 mod common;
 
