@@ -3,10 +3,11 @@
 //! rest wait their turn and are all answered; a wait past the queue
 //! timeout is a 503 that never reaches the origin, logged and counted; a
 //! request whose client leaves while it waits leaves the line unsent
-//! (HTTP/1 hang-up, HTTP/2 stream reset; a request collapsed onto it is
-//! still answered; `origin.abort_on_close = false` keeps a half-closing
-//! client's request); a place is never lost, neither to a client that
-//! gives up while waiting nor to an upgraded (WebSocket) connection;
+//! (HTTP/1 hang-up, with or without a request body, HTTP/2 stream reset;
+//! a request collapsed onto it is still answered; `origin.abort_on_close
+//! = false` keeps a half-closing client's request); a place is never lost,
+//! neither to a client that gives up while waiting nor to an upgraded
+//! (WebSocket) connection;
 //! through a parent proxy the places are the parent's; a group's own cap
 //! holds its servers and no other requests; a stale copy is served when no
 //! place frees up.
@@ -202,6 +203,47 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
     let perf = page(&p, "/.perf").await;
     assert!(perf.contains("3 left by their client"), "{perf}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_body_whose_client_leaves_in_line_is_never_sent() {
+    // Its body is read while it waits; from then on its client's
+    // departure is watched as a bodyless request's is.
+    let (origin, _) = holding_origin(Duration::from_millis(500)).await;
+    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\n").await);
+    let first = spawn_get(&p, origin.addr(), "/first");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let o = origin.addr();
+    let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+    c.write_all(
+        format!("POST http://{o}/form HTTP/1.1\r\nHost: {o}\r\nContent-Length: 11\r\n\r\nname=value&").as_bytes(),
+    )
+    .await
+    .expect("send");
+    stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
+    drop(c);
+    stats_when(&p, "it left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
+    })
+    .await;
+    assert_eq!(first.await.expect("first").status, 200);
+    // A POST that stays is still sent, body and all.
+    let req =
+        format!("POST http://{o}/kept HTTP/1.1\r\nHost: {o}\r\nContent-Length: 4\r\nConnection: close\r\n\r\nkept");
+    let r = parse_response(&raw_request(p.addr(), req.as_bytes()).await);
+    assert_eq!((r.status, r.body_str().as_str()), (200, "answer to /kept"));
+    let sent: Vec<(String, String)> = origin
+        .requests()
+        .iter()
+        .map(|r| (r.uri.to_string(), String::from_utf8_lossy(&r.body).into_owned()))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("/first".to_string(), String::new()),
+            ("/kept".to_string(), "kept".to_string())
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,13 +195,18 @@ impl<'a> ResponseWriter<'a> {
     /// Completes when the client has gone away before its response:
     /// closed its connection (HTTP/1: a FIN with nothing unread before it,
     /// see `conn::client_closed`), or reset the request's stream (HTTP/2).
-    /// `body_unread`: the request's body is still being read from the
-    /// connection, whose bytes are the body reader's alone, so an HTTP/1
-    /// client is not watched (never completes) until it is done.
-    pub(crate) async fn client_gone(&mut self, body_unread: bool) {
+    /// `body_read`, for a request whose body is being read from the
+    /// connection: completes once the reader is done with it. Until then
+    /// the connection's bytes are the body reader's, so an HTTP/1 client
+    /// is watched only from there.
+    pub(crate) async fn client_gone(&mut self, body_read: Option<impl std::future::Future<Output = ()>>) {
         match &mut self.sink {
-            Sink::H1(_) if body_unread => std::future::pending::<()>().await,
-            Sink::H1(stream) => super::conn::client_closed(stream).await,
+            Sink::H1(stream) => {
+                if let Some(read) = body_read {
+                    read.await;
+                }
+                super::conn::client_closed(stream).await
+            }
             Sink::H2(o) => o.reset().await,
         }
     }

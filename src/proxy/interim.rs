@@ -14,12 +14,12 @@
 use super::Shared;
 use super::headers::{add_via, remove_framing_lookalikes, strip_hop_by_hop};
 use crate::http1::ResponseWriter;
-use crate::upstream::{OriginBody, Place, ProxyBody, Reservation, Upstream, UpstreamError};
+use crate::upstream::{BodyProgress, OriginBody, Place, ProxyBody, Reservation, Upstream, UpstreamError};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 /// Interim responses queued while the client takes the earlier ones. An
@@ -42,8 +42,8 @@ pub async fn send(
         Reservation::Ready(place) => place,
         // Boxed: the wait is the rare path.
         Reservation::Waiting(place) => {
-            let body_unread = !request.body().is_end_stream();
-            Box::pin(wait_in_line(upstream, place, body_unread, out.as_deref_mut())).await?
+            let body = (!request.body().is_end_stream()).then(|| request.body().progress());
+            Box::pin(wait_in_line(upstream, place, body, out.as_deref_mut())).await?
         }
     };
     let Some(out) = out else {
@@ -90,17 +90,21 @@ pub async fn send(
 }
 
 /// Waits for `place` at the request's server: until the client goes
-/// (`Upstream::wait_unless`: the request then leaves the line unsent), or,
-/// without a client (a background revalidation), as long as
+/// (`Upstream::wait_unless`: the request then leaves the line unsent;
+/// with a request body, watched once the client side has read all of it,
+/// `body`), or, without a client (a background revalidation), as long as
 /// `origin.queue_timeout` allows.
 async fn wait_in_line(
     upstream: &Upstream,
     place: Place,
-    body_unread: bool,
+    body: Option<Arc<BodyProgress>>,
     out: Option<&mut ResponseWriter<'_>>,
 ) -> Result<Option<Place>, UpstreamError> {
     match out {
-        Some(out) => upstream.wait_unless(place, out.client_gone(body_unread)).await,
+        Some(out) => {
+            let body_read = body.as_deref().map(BodyProgress::sender_gone);
+            upstream.wait_unless(place, out.client_gone(body_read)).await
+        }
         None => upstream.wait_for_place(place).await,
     }
 }

@@ -55,7 +55,11 @@ pub struct BodyProgress {
     offered: AtomicU64,
     taken: AtomicU64,
     ended: AtomicBool,
-    /// Woken at every frame offered or taken, and at the end.
+    /// The sender is gone: the client side reads no more of the body
+    /// (all of it was read, or the reading failed).
+    sender_gone: AtomicBool,
+    /// Woken at every frame offered or taken, at the end, and when the
+    /// sender goes.
     changed: Notify,
 }
 
@@ -74,6 +78,19 @@ impl BodyProgress {
     /// state: a change after its creation is never missed.
     pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
+    }
+
+    /// Completes once the sender has gone: the client's connection then
+    /// holds no more of this body for the reader (an HTTP/1 client's
+    /// departure can be watched for from there).
+    pub async fn sender_gone(&self) {
+        loop {
+            let changed = self.changed();
+            if self.sender_gone.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     fn offer(&self) {
@@ -123,6 +140,13 @@ impl ProxyBody {
     /// How far this body has gone (shared with its sender).
     pub fn progress(&self) -> Arc<BodyProgress> {
         self.progress.clone()
+    }
+}
+
+impl Drop for BodySender {
+    fn drop(&mut self) {
+        self.progress.sender_gone.store(true, Ordering::Release);
+        self.progress.changed.notify_waiters();
     }
 }
 

@@ -10,7 +10,7 @@ pub mod credentials;
 mod group;
 pub mod response;
 
-pub use body::{BodySender, ClientBodyError, ProxyBody};
+pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
 pub use caps::{Place, ServerLoad};
 pub use client::{OnInterim, OriginBody, idle_connections};
 pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
