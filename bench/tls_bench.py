@@ -80,8 +80,7 @@ CAPPED = ("tls-full", "tls-resume", "tls-hits")
 def stem(scenario, args):
     """The results file name of a scenario: `tls-resume-tls12` when the
     client was held to TLS 1.2, so that it sits beside the default run."""
-    capped = scenario in CAPPED and getattr(args, "tls_max", "1.3") == "1.2"
-    return f"{scenario}-tls12" if capped else scenario
+    return f"{scenario}-tls12" if client_max(scenario, args) else scenario
 
 
 def client_max(scenario, args):

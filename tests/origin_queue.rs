@@ -64,6 +64,34 @@ fn spawn_get(p: &Arc<Portico>, origin: std::net::SocketAddr, path: &str) -> toki
     tokio::spawn(async move { get(&p, origin, &path).await })
 }
 
+/// A forward proxy allowing one connection at a time to the origin
+/// (`[origin]` with `max_connections = 1` and `rest`), in front of an
+/// origin that holds each request `hold`, its one place taken by `/first`:
+/// the proxy, the origin and `/first`'s answer to come.
+async fn one_place_taken(
+    hold: Duration,
+    rest: &str,
+) -> (Arc<Portico>, Origin, tokio::task::JoinHandle<ParsedResponse>) {
+    let (origin, _) = holding_origin(hold).await;
+    let p = Arc::new(forward(&format!("[origin]\nmax_connections = 1\n{rest}")).await);
+    let first = spawn_get(&p, origin.addr(), "/first");
+    assert!(origin.wait_count(1, Duration::from_secs(5)).await, "/first is in hand");
+    (p, origin, first)
+}
+
+/// `request` written to the proxy on a connection of its own, left open
+/// for the test to hang up, half-close or read.
+async fn send_raw(p: &Portico, request: &str) -> TcpStream {
+    let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+    c.write_all(request.as_bytes()).await.expect("send");
+    c
+}
+
+/// The targets the origin was asked for, in order.
+fn sent(origin: &Origin) -> Vec<String> {
+    origin.requests().iter().map(|r| r.uri.to_string()).collect()
+}
+
 /// Eight GETs for eight URLs (no collapsing) at once; their answers.
 async fn eight_at_once(p: &Arc<Portico>, origin: std::net::SocketAddr) -> Vec<ParsedResponse> {
     let tasks: Vec<_> = (0..8).map(|i| spawn_get(p, origin, &format!("/{i}"))).collect();
@@ -136,8 +164,7 @@ async fn a_wait_past_the_queue_timeout_is_a_503_that_never_reaches_the_origin() 
     );
     let slow = first.await.expect("first");
     assert_eq!(slow.status, 200, "the one in hand is unharmed");
-    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
-    assert_eq!(paths, ["/slow"], "the refused request was never sent");
+    assert_eq!(sent(&origin), ["/slow"], "the refused request was never sent");
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 1);
     assert_eq!(metric(&p, "portico_upstream_requests_total").await, 1);
     let log = access_log_with(p.dir(), "/waits").await;
@@ -172,17 +199,11 @@ async fn a_queue_timeout_of_zero_refuses_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_while_waiting_costs_no_place() {
-    let (origin, _) = holding_origin(Duration::from_millis(400)).await;
-    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"3s\"\n").await);
-    let first = spawn_get(&p, origin.addr(), "/first");
-    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let (p, origin, first) = one_place_taken(Duration::from_millis(400), "queue_timeout = \"3s\"\n").await;
+    let o = origin.addr();
     // Three clients queue behind it and hang up before their turn.
     for i in 0..3 {
-        let mut c = TcpStream::connect(p.addr()).await.expect("connect");
-        let origin = origin.addr();
-        c.write_all(format!("GET http://{origin}/gone{i} HTTP/1.1\r\nHost: {origin}\r\n\r\n").as_bytes())
-            .await
-            .expect("send");
+        let c = send_raw(&p, &format!("GET http://{o}/gone{i} HTTP/1.1\r\nHost: {o}\r\n\r\n")).await;
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(c);
     }
@@ -197,8 +218,11 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
     // wait out the 3 s queue timeout and get 503.
     let next = get(&p, origin.addr(), "/next").await;
     assert_eq!(next.status, 200);
-    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
-    assert_eq!(sent, ["/first", "/next"], "requests whose client left are never sent");
+    assert_eq!(
+        sent(&origin),
+        ["/first", "/next"],
+        "requests whose client left are never sent"
+    );
     assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 3);
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
     let perf = page(&p, "/.perf").await;
@@ -209,17 +233,13 @@ async fn a_client_that_gives_up_while_waiting_costs_no_place() {
 async fn a_request_with_a_body_whose_client_leaves_in_line_is_never_sent() {
     // Its body is read while it waits; from then on its client's
     // departure is watched as a bodyless request's is.
-    let (origin, _) = holding_origin(Duration::from_millis(500)).await;
-    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\n").await);
-    let first = spawn_get(&p, origin.addr(), "/first");
-    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let (p, origin, first) = one_place_taken(Duration::from_millis(500), "queue_timeout = \"5s\"\n").await;
     let o = origin.addr();
-    let mut c = TcpStream::connect(p.addr()).await.expect("connect");
-    c.write_all(
-        format!("POST http://{o}/form HTTP/1.1\r\nHost: {o}\r\nContent-Length: 11\r\n\r\nname=value&").as_bytes(),
+    let c = send_raw(
+        &p,
+        &format!("POST http://{o}/form HTTP/1.1\r\nHost: {o}\r\nContent-Length: 11\r\n\r\nname=value&"),
     )
-    .await
-    .expect("send");
+    .await;
     stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
     drop(c);
     stats_when(&p, "it left the line", |s| {
@@ -253,34 +273,30 @@ async fn a_client_that_half_closes_in_line_is_answered_only_with_abort_on_close_
     // looks gone and leaves the line unsent; with `abort_on_close = false`
     // it waits its turn and is answered, as HAProxy without the option.
     for abort in [true, false] {
-        let (origin, _) = holding_origin(Duration::from_millis(300)).await;
-        let p = Arc::new(
-            forward(&format!(
-                "[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\nabort_on_close = {abort}\n"
-            ))
-            .await,
-        );
-        let first = spawn_get(&p, origin.addr(), "/first");
-        assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+        let (p, origin, first) = one_place_taken(
+            Duration::from_millis(300),
+            &format!("queue_timeout = \"5s\"\nabort_on_close = {abort}\n"),
+        )
+        .await;
         let o = origin.addr();
-        let mut c = TcpStream::connect(p.addr()).await.expect("connect");
-        c.write_all(format!("GET http://{o}/half HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .expect("send");
+        let mut c = send_raw(
+            &p,
+            &format!("GET http://{o}/half HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
         stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
         c.shutdown().await.expect("half-close");
         let mut answer = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut answer)).await;
         assert_eq!(first.await.expect("first").status, 200);
-        let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
         if abort {
             assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
-            assert_eq!(sent, ["/first"]);
+            assert_eq!(sent(&origin), ["/first"]);
             assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 1);
         } else {
             let r = parse_response(&answer);
             assert_eq!((r.status, r.body_str().as_str()), (200, "answer to /half"));
-            assert_eq!(sent, ["/first", "/half"]);
+            assert_eq!(sent(&origin), ["/first", "/half"]);
             assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 0);
         }
     }
@@ -292,16 +308,9 @@ async fn a_request_collapsed_onto_one_whose_client_left_the_line_is_still_answer
     // a second asks for /same meanwhile and follows it. The leader's client
     // hangs up: the follower takes over the fetch and gets its answer, and
     // the origin is asked once.
-    let (origin, _) = holding_origin(Duration::from_millis(500)).await;
-    let p = Arc::new(forward("[origin]\nmax_connections = 1\nqueue_timeout = \"5s\"\n").await);
-    let first = spawn_get(&p, origin.addr(), "/first");
-    assert!(origin.wait_count(1, Duration::from_secs(5)).await);
+    let (p, origin, first) = one_place_taken(Duration::from_millis(500), "queue_timeout = \"5s\"\n").await;
     let o = origin.addr();
-    let mut leader = TcpStream::connect(p.addr()).await.expect("connect");
-    leader
-        .write_all(format!("GET http://{o}/same HTTP/1.1\r\nHost: {o}\r\n\r\n").as_bytes())
-        .await
-        .expect("send");
+    let leader = send_raw(&p, &format!("GET http://{o}/same HTTP/1.1\r\nHost: {o}\r\n\r\n")).await;
     stats_when(&p, "the leader waits", |s| s["upstream"]["waiting"] == 1).await;
     let follower = spawn_get(&p, o, "/same");
     // Followers wait on the leader's flight, not in the line.
@@ -312,8 +321,7 @@ async fn a_request_collapsed_onto_one_whose_client_left_the_line_is_still_answer
     let answer = follower.await.expect("follower");
     assert_eq!(answer.status, 200);
     assert_eq!(answer.body_str(), "answer to /same");
-    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
-    assert_eq!(sent, ["/first", "/same"]);
+    assert_eq!(sent(&origin), ["/first", "/same"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,8 +360,7 @@ async fn an_http2_stream_reset_while_waiting_leaves_the_line_unsent() {
         .expect("request");
     let (response, _) = h2.send_request(req, true).expect("send");
     assert_eq!(response.await.expect("response").status(), 200);
-    let sent: Vec<String> = origin.requests().iter().map(|r| r.uri.to_string()).collect();
-    assert_eq!(sent, ["/first", "/after"]);
+    assert_eq!(sent(&origin), ["/first", "/after"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

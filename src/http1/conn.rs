@@ -110,13 +110,7 @@ impl Exchange<'_> {
     /// Completes when the client has gone away: closed its connection
     /// (HTTP/1), or reset the request's stream (HTTP/2).
     pub async fn client_gone(&mut self) {
-        match self.stream {
-            Some(s) => client_closed(s).await,
-            None => match self.out.h2_out() {
-                Some(o) => o.reset().await,
-                None => std::future::pending::<()>().await,
-            },
-        }
+        self.out.client_gone(None::<std::future::Ready<()>>).await
     }
 }
 

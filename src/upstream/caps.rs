@@ -85,16 +85,11 @@ pub struct Place {
     held: bool,
 }
 
-impl Place {
-    /// The server the place is at (`host:port`), for messages.
-    pub fn server(&self) -> &str {
-        &self.slot.authority
-    }
-}
-
 /// A request waited `origin.queue_timeout` without getting a place.
 #[derive(Debug)]
 pub struct QueueTimeout {
+    /// The server waited for (`host:port`).
+    pub server: Arc<str>,
     /// The wait.
     pub waited: Duration,
     /// The cap it waited on.
@@ -225,6 +220,7 @@ impl OriginCaps {
             Ok(place)
         } else {
             Err(QueueTimeout {
+                server: place.slot.authority.clone(),
                 waited: self.queue_timeout,
                 max: place.slot.max,
             })

@@ -231,7 +231,6 @@ impl Upstream {
     /// Waits in line for `place` (from [`Upstream::reserve`]), at most
     /// `origin.queue_timeout`; then [`UpstreamError::Queue`].
     pub async fn wait_for_place(&self, place: Place) -> Result<Option<Place>, UpstreamError> {
-        let server: Box<str> = place.server().into();
         // Boxed: the wait's timer stays out of the future that every
         // request carries.
         let waited = Box::pin(self.caps.wait(place)).await;
@@ -241,7 +240,8 @@ impl Upstream {
                 .queue_timeouts
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             UpstreamError::Queue(format!(
-                "{server} has all its {} connections in use (max_connections) and none was free within {}",
+                "{} has all its {} connections in use (max_connections) and none was free within {}",
+                e.server,
                 e.max,
                 humantime::format_duration(e.waited)
             ))
