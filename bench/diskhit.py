@@ -31,6 +31,9 @@ DH_MEMORY sets the memory tier (default 16MiB; 512MiB holds every object,
 so the hits are memory-tier hits). DH_PREFIX=/ns asks for the same objects under the origin's /ns/, which it
 serves with Cache-Control: no-store: every request is then a miss (the
 miss path measured the same ways).
+DH_STORE=1 (callgrind mode) restarts Portico on an empty cache and makes
+the N instrumented requests N different objects, each a miss that is
+stored (after 300 others as a warm-up): the store path measured.
 Ports 38080/38081 keep it clear of bench/run's.
 """
 import os, sys, time, json, random, subprocess, signal, http.client, shutil, re
@@ -212,14 +215,23 @@ def main():
             d0 = disk_counters()
             if mode in ("callgrind", "h2callgrind"):
                 stop(pt); procs.remove(pt)
+                store = os.environ.get("DH_STORE") == "1"
+                if store:
+                    if n > len(paths) - 301: raise SystemExit(f"DH_STORE: at most {len(paths) - 301} requests")
+                    shutil.rmtree(f"{W}/cache", ignore_errors=True)
                 wrap = ("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={W}/cg.out")
                 pt = start_portico(binary, wrap); procs.append(pt)
-                prefill(paths)
-                client_run(paths, 500, seed=7)
+                if store:
+                    prefill(paths[-300:])
+                else:
+                    prefill(paths)
+                    client_run(paths, 500, seed=7)
                 d0 = disk_counters()
                 subprocess.run(["callgrind_control", "-i", "on", str(pt.pid)], check=True, capture_output=True)
                 if mode == "h2callgrind":
                     h2_run(paths, n, seed=9)
+                elif store:
+                    prefill(paths[1:n + 1])
                 else:
                     client_run(paths, n, seed=9)
                 subprocess.run(["callgrind_control", "-d", str(pt.pid)], check=True, capture_output=True)

@@ -925,38 +925,58 @@ impl StoreSink<'_> {
         }
         if let Some(chunks) = self.memory.as_mut() {
             if self.cache.memory.admits(self.size) {
+                // The disk writer gets the body from the memory tier's
+                // copy at the commit: one copy of the bytes, not two.
                 chunks.push(data.clone());
-            } else {
-                self.memory = None;
+                return true;
+            }
+            // Too large for the memory tier after all: the disk writer
+            // takes what was kept for it.
+            let kept = self.memory.take().unwrap_or_default();
+            for c in &kept {
+                if !self.write_disk(c).await {
+                    break;
+                }
             }
         }
+        self.write_disk(data).await
+    }
+
+    /// Writes body bytes to the disk writer, dropping it on an error;
+    /// false when there is none (left).
+    async fn write_disk(&mut self, data: &[u8]) -> bool {
         if let Some(w) = self.disk.as_mut()
             && let Err(e) = w.write(data).await
         {
             tracing::warn!(key = self.meta.key, "disk cache write failed: {e}");
             self.disk = None;
         }
-        self.memory.is_some() || self.disk.is_some()
+        self.disk.is_some()
     }
 
     /// The body is complete: publish the object.
     pub async fn commit(self) {
         let expires = expires_hint(&self.cache.policy, &self.meta);
-        if let Some(chunks) = self.memory {
+        // The memory tier's body in one allocation of its own: the chunks
+        // are slices of the origin's read buffers, which they would keep.
+        let body = self.memory.map(|chunks| {
             let mut body = BytesMut::with_capacity(usize::try_from(self.size).unwrap_or(0));
             for c in chunks {
                 body.extend_from_slice(&c);
             }
+            body.freeze()
+        });
+        if let Some(body) = &body {
             self.cache.memory.insert(
                 self.id,
                 Arc::new(MemObject {
                     meta: Arc::new(self.meta.clone()),
-                    body: body.freeze(),
+                    body: body.clone(),
                 }),
             );
         }
         if let Some(w) = self.disk
-            && let Err(e) = w.commit(expires).await
+            && let Err(e) = w.commit_with(body.unwrap_or_default(), expires).await
         {
             tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
         }
@@ -1005,6 +1025,53 @@ mod tests {
         match &s.body {
             StoredBody::Memory(b) | StoredBody::Mirrored { memory: b, .. } => b,
             _ => panic!("not a memory-tier body"),
+        }
+    }
+
+    /// The whole body of `s`, read from wherever it is.
+    async fn body_of(s: &Stored) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut chunks = s.body.read(0..s.len);
+        while let Some(c) = chunks.next().await {
+            out.extend_from_slice(&c.expect("read"));
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bodies_kept_for_memory_and_bodies_that_outgrow_it_reach_the_disk_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path());
+        c.disk().expect("disk tier").wait_scan().await;
+        // Kept whole for the memory tier: the disk writer gets its copy.
+        let small_key = c.key("http", "h", "/kept");
+        let small: Bytes = (0..64u32 << 10).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        let mut sink = c.sink(&small_key, meta(&small_key, 1_700_000_000_000), &[], None).await;
+        for part in small.chunks(10_000) {
+            assert!(sink.data(&Bytes::copy_from_slice(part)).await);
+        }
+        sink.commit().await;
+        // No length, and past max_memory_object (1 MiB) midway: what was
+        // kept for memory goes to disk first, then the rest.
+        let big_key = c.key("http", "h", "/outgrown");
+        let big: Bytes = (0..(3u32 << 19))
+            .map(|i| (i / 1000 % 256) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let mut sink = c.sink(&big_key, meta(&big_key, 1_700_000_000_000), &[], None).await;
+        for part in big.chunks(100_000) {
+            assert!(sink.data(&Bytes::copy_from_slice(part)).await);
+        }
+        sink.commit().await;
+        drop(c);
+        // A new process (an empty memory tier): both come from their files.
+        let c = cache(dir.path());
+        c.disk().expect("disk tier").wait_scan().await;
+        let none = HeaderMap::new();
+        for (key, body) in [(&small_key, &small), (&big_key, &big)] {
+            let s = c.lookup(key, &none).await.unwrap().expect("stored on disk");
+            assert_eq!(s.len, body.len() as u64);
+            assert!(body_of(&s).await == body[..], "{} read back as stored", key.text());
         }
     }
 

@@ -449,6 +449,25 @@ impl DiskWriter {
         blocking(&self.pool, move || stage.open(&store, id)?.commit(id, &buf, expires)).await?
     }
 
+    /// [`DiskWriter::commit`] with the last body bytes, `rest`, taken by
+    /// reference (the memory tier's copy of a body kept whole for it) rather
+    /// than copied into the writer's buffer.
+    pub async fn commit_with(mut self, rest: Bytes, expires: u64) -> io::Result<()> {
+        if rest.is_empty() {
+            return self.commit(expires).await;
+        }
+        self.accept(rest.len())?;
+        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
+        let buf = std::mem::take(&mut self.buf);
+        let (store, id) = (self.store.clone(), self.id);
+        blocking(&self.pool, move || {
+            let mut st = stage.open(&store, id)?;
+            st.write_body(&buf)?;
+            st.commit(id, &rest, expires)
+        })
+        .await?
+    }
+
     /// `commit` on the calling thread.
     pub fn commit_blocking(mut self, expires: u64) -> io::Result<()> {
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
