@@ -62,8 +62,51 @@ pub const MAX_KEYS: u64 = 10_080;
 pub const ENV_SEED: &str = "PORTICO_TICKET_SEED";
 
 /// TLS 1.3 tickets sent after each full handshake (rustls's default): a
-/// client may open two connections that both resume.
+/// client may open two connections that both resume. After a resumed
+/// handshake one ([`one_ticket_if_resumed`]).
 const TLS13_TICKETS: usize = 2;
+
+thread_local! {
+    /// Tickets (or cached sessions) the handshake step running on this
+    /// thread may still issue; None: as many as rustls asks for.
+    static TICKETS_LEFT: std::cell::Cell<Option<u8>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `step` (rustls processing a server handshake's records) so that
+/// it issues at most one ticket when the handshake `resumed`: OpenSSL (so
+/// nginx) sends two TLS 1.3 tickets after a full handshake and one after a
+/// resumption, since a client that resumes spends one ticket per
+/// connection and has been given the rest before. rustls sends the same
+/// number after both; each costs a key derivation, two random draws, an
+/// encryption and about 200 bytes on the wire.
+pub fn one_ticket_if_resumed<R>(resumed: bool, step: impl FnOnce() -> R) -> R {
+    /// Lifts the cap when the step ends, a panic included.
+    struct Lift;
+    impl Drop for Lift {
+        fn drop(&mut self) {
+            TICKETS_LEFT.with(|t| t.set(None));
+        }
+    }
+    if !resumed {
+        return step();
+    }
+    TICKETS_LEFT.with(|t| t.set(Some(1)));
+    let _lift = Lift;
+    step()
+}
+
+/// Whether the handshake step running on this thread may issue one more
+/// ticket; counts it if so.
+fn may_issue_ticket() -> bool {
+    TICKETS_LEFT.with(|t| match t.get() {
+        None => true,
+        Some(0) => false,
+        Some(n) => {
+            t.set(Some(n - 1));
+            true
+        }
+    })
+}
 
 /// Bytes of a ticket before its ciphertext: the period and the nonce.
 const HEADER: usize = 8 + aead::NONCE_LEN;
@@ -401,6 +444,9 @@ impl ProducesTickets for ListenerTickets {
     }
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        if !may_issue_ticket() {
+            return None;
+        }
         let now = now_unix();
         let t = self.shared.with_ring(now, |r| seal(r, &self.context, plain, now));
         if t.is_some() {
@@ -475,6 +521,11 @@ impl ListenerCache {
 
 impl StoresServerSessions for ListenerCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        // Also TLS 1.3's tickets when there are no ticket keys: each names
+        // a session stored here.
+        if !may_issue_ticket() {
+            return false;
+        }
         let expires = now_unix().saturating_add(self.shared.timeout);
         self.shared.map.insert(self.key(&key), (value, expires));
         true

@@ -463,3 +463,36 @@ async fn a_restarted_worker_opens_the_tickets_sealed_before_it_started() {
     }
     assert!(resumed > 0, "the restarted worker resumed nothing");
 }
+
+/// The NewSessionTicket messages `s_client` reported.
+fn tickets_in(out: &str) -> usize {
+    out.matches("Post-Handshake New Session Ticket arrived").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_tls_1_3_handshake_gets_two_tickets_and_a_resumed_one_gets_one() {
+    // As OpenSSL's servers (nginx's) send them: the resumed client has a
+    // ticket left from before for its next connection.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
+    for extra in ["", "[tls]\nsession_tickets = false\n"] {
+        // With tickets, and with TLS 1.3 "tickets" that name sessions in
+        // the session cache.
+        let port = free_port();
+        let p = Portico::start(&config(free_port(), port, &pem, extra)).await;
+        let (one, two) = (dir.path().join("one.pem"), dir.path().join("two.pem"));
+        let full = connect(port, "1.3", None, Some(one.clone()), &[]).await;
+        assert!(!full.reused && full.served, "{}\n{}", full.out, p.stderr());
+        assert_eq!(tickets_in(&full.out), 2, "{extra}: {}", full.out);
+        let resumed = connect(port, "1.3", Some(one), Some(two.clone()), &[]).await;
+        assert!(resumed.reused && resumed.served, "{extra}: {}", resumed.out);
+        assert_eq!(tickets_in(&resumed.out), 1, "{extra}: {}", resumed.out);
+        // That one ticket resumes in turn.
+        let again = connect(port, "1.3", Some(two), None, &[]).await;
+        assert!(again.reused, "{extra}: {}", again.out);
+        if extra.is_empty() {
+            assert_eq!(metric(&p, "portico_tls_tickets_issued_total").await, 4);
+        }
+        assert_eq!(metric(&p, RESUMED).await, 2);
+    }
+}

@@ -155,7 +155,12 @@ impl TlsConn {
                     // The client left mid-handshake.
                     Ok(0) => return Err(HandshakeFailure::Other),
                     Ok(_) => {
-                        if let Err(e) = conn.process_new_packets() {
+                        // The client's Finished is processed here: the
+                        // tickets rustls sends after it are capped once
+                        // the ClientHello has said the handshake resumes.
+                        let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+                        let step = crate::tls_resume::one_ticket_if_resumed(resumed, || conn.process_new_packets());
+                        if let Err(e) = step {
                             // rustls has queued an alert saying why.
                             let _ = self.flush_now(&mut conn);
                             return Err(classify(&e));
