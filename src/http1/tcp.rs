@@ -14,8 +14,8 @@
 //! it is an ordinary `AsyncFd`, with tokio's readiness tracking.
 //!
 //! The first read is made without waiting for an epoll event: a socket
-//! registered at accept waits for the reactor's next turn even when its
-//! request is already there.
+//! registered at accept (as before) waited for the reactor's next turn even
+//! when its request was already there.
 
 use bytes::{BufMut, BytesMut};
 use std::io::{self, IoSlice, Write};
@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-/// The descriptor as the reactor knows it; the `Tcp`'s socket owns it.
+/// The descriptor as the reactor knows it; [`Tcp::sock`] owns it.
 struct Fd(RawFd);
 
 impl AsRawFd for Fd {
@@ -44,10 +44,10 @@ pub struct Tcp {
     /// `sock` so that it is dropped first: its deregistration needs the
     /// descriptor still open.
     reactor: OnceLock<io::Result<AsyncFd<Fd>>>,
-    /// Before registration, the directions in which an operation has
-    /// returned `WouldBlock` (`READ_BLOCKED`, `WRITE_BLOCKED`): later ones
-    /// fail the same way without a system call, as tokio's cleared
-    /// readiness makes them, so that the caller waits (and registers).
+    /// Before registration, the directions in which the last operation
+    /// returned `WouldBlock` ([`READ_BLOCKED`], [`WRITE_BLOCKED`]): the
+    /// next one fails the same way without a system call, as tokio's
+    /// cleared readiness does, so that the caller waits (and registers).
     blocked: AtomicU8,
     sock: TcpStream,
 }
