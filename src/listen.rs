@@ -3,14 +3,13 @@
 //! back from the keep-alive poller to a new task when its client sends again.
 
 use crate::config::ListenerConfig;
-use crate::http1::{ClientStream, ConnSettings, Handler, Start, Tcp, serve};
+use crate::http1::{ClientStream, ConnSettings, Handler, Start, serve};
 use crate::keepalive::poller::{Parked, Resume};
 use arc_swap::ArcSwap;
 use socket2::{Domain, Protocol, Socket, Type};
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::unix::AsyncFd;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Binds a listener; the error names the address and what went wrong.
 /// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
@@ -111,7 +110,7 @@ impl NoDelay {
     /// `accepted` too: it was queued with the old setting. Connections
     /// queued behind it keep the old one; those that arrive later inherit
     /// the new.
-    fn apply(&mut self, listener: &TcpListener, want: bool, accepted: Option<&Tcp>) {
+    fn apply(&mut self, listener: &TcpListener, want: bool, accepted: Option<&TcpStream>) {
         if self.0 == Some(want) {
             return;
         }
@@ -143,25 +142,14 @@ pub struct Serving<H> {
 
 /// Accepts connections until `stop` is set (or its sender dropped), serving
 /// each on its own task; the listening socket is closed on return, so new
-/// connection attempts are refused from then on. The accepted sockets are
-/// not registered with the reactor until they first have to wait
-/// ([`Tcp`]).
+/// connection attempts are refused from then on.
 pub async fn accept_loop<H: Handler>(
     listener: TcpListener,
     serving: Arc<ArcSwap<Serving<H>>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    // SAFETY: the `AsyncFd` owns the listening socket: its descriptor
-    // stays open and the same for as long as the registration lives.
-    let listener = match unsafe { AsyncFd::register_with_interest(listener, tokio::io::Interest::READABLE) } {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!("cannot watch a listening socket: {}", crate::util::io_cause(&e.into()));
-            return;
-        }
-    };
     let mut nodelay = NoDelay::default();
-    nodelay.apply(listener.get_ref(), serving.load().nodelay, None);
+    nodelay.apply(&listener, serving.load().nodelay, None);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -169,7 +157,7 @@ pub async fn accept_loop<H: Handler>(
                 let _ = r;
                 return;
             }
-            r = listener.async_io(tokio::io::Interest::READABLE, accept_one) => r,
+            r = listener.accept() => r,
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,
@@ -187,20 +175,10 @@ pub async fn accept_loop<H: Handler>(
             }
         };
         let serving = serving.load_full();
-        nodelay.apply(listener.get_ref(), serving.nodelay, Some(&stream));
+        nodelay.apply(&listener, serving.nodelay, Some(&stream));
         let open = crate::drain::track();
         tokio::spawn(first(serving, stream, peer, open));
     }
-}
-
-/// One `accept4`: the connection non-blocking and close-on-exec, as
-/// tokio's accept makes it, but not registered with the reactor.
-fn accept_one(listener: &TcpListener) -> std::io::Result<(Tcp, std::net::SocketAddr)> {
-    let (socket, addr) = socket2::SockRef::from(listener).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)?;
-    let peer = addr
-        .as_socket()
-        .ok_or_else(|| std::io::Error::other("accepted a connection without an IP address"))?;
-    Ok((Tcp::from_std(socket.into()), peer))
 }
 
 /// A new connection's task: the TLS handshake on a TLS listener, then
@@ -209,7 +187,7 @@ fn accept_one(listener: &TcpListener) -> std::io::Result<(Tcp, std::net::SocketA
 /// and a descriptor no longer than one that sends half a request head.
 async fn first<H: Handler>(
     serving: Arc<Serving<H>>,
-    stream: Tcp,
+    stream: TcpStream,
     peer: std::net::SocketAddr,
     open: crate::drain::ConnGuard,
 ) {
@@ -312,8 +290,10 @@ impl<H: Handler> Resume for Serving<H> {
             let Ok(peer) = conn.stream.peer_addr() else {
                 return;
             };
-            // Registered with this runtime's reactor when it first waits.
-            let stream = Tcp::from_std(conn.stream);
+            // Registers the socket with this runtime's reactor again.
+            let Ok(stream) = TcpStream::from_std(conn.stream) else {
+                return;
+            };
             let start = Start {
                 served: conn.served,
                 ready,
@@ -389,88 +369,40 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{NoDelay, accept_one, bind_only, capped_backlog, matches_listener};
-    use crate::http1::Tcp;
+    use super::{NoDelay, bind_only, capped_backlog, matches_listener};
 
-    /// A connection to `listener`, as the accept loop takes it.
-    fn accepted(listener: &std::net::TcpListener) -> (Tcp, std::net::TcpStream) {
+    /// A connection to `listener`, as accepted.
+    async fn accept_one(listener: &tokio::net::TcpListener) -> (tokio::net::TcpStream, tokio::net::TcpStream) {
         let addr = listener.local_addr().expect("listener address");
-        let client = std::net::TcpStream::connect(addr).expect("connect");
-        let (accepted, _) = accept_one(listener).expect("accept");
+        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (accepted, _) = listener.accept().await.expect("accept");
         (accepted, client)
-    }
-
-    fn nodelay_of(s: &Tcp) -> bool {
-        socket2::SockRef::from(s).tcp_nodelay().expect("getsockopt")
     }
 
     #[tokio::test]
     async fn connections_have_tcp_nodelay_from_the_listener_and_a_reload_changes_it() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let mut nodelay = NoDelay::default();
         nodelay.apply(&listener, true, None);
         // Accepted with no setsockopt of its own: the kernel copied it.
-        let (a, _ca) = accepted(&listener);
-        assert!(nodelay_of(&a));
+        let (a, _ca) = accept_one(&listener).await;
+        assert!(a.nodelay().expect("getsockopt"));
         // A reload turns it off: the first connection accepted after it
         // was queued with the old setting and is corrected; later ones
         // inherit the new one.
-        let (b, _cb) = accepted(&listener);
-        assert!(nodelay_of(&b));
+        let (b, _cb) = accept_one(&listener).await;
+        assert!(b.nodelay().expect("getsockopt"));
         nodelay.apply(&listener, false, Some(&b));
-        assert!(!nodelay_of(&b));
-        let (c, _cc) = accepted(&listener);
+        assert!(!b.nodelay().expect("getsockopt"));
+        let (c, _cc) = accept_one(&listener).await;
         nodelay.apply(&listener, false, Some(&c));
-        assert!(!nodelay_of(&c));
+        assert!(!c.nodelay().expect("getsockopt"));
         // And on again.
-        let (d, _cd) = accepted(&listener);
-        assert!(!nodelay_of(&d));
+        let (d, _cd) = accept_one(&listener).await;
+        assert!(!d.nodelay().expect("getsockopt"));
         nodelay.apply(&listener, true, Some(&d));
-        let (e, _ce) = accepted(&listener);
-        assert!(nodelay_of(&d) && nodelay_of(&e));
-    }
-
-    #[tokio::test]
-    async fn an_accepted_connection_is_read_and_written_without_the_reactor_until_it_waits() {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let (conn, mut client) = accepted(&listener);
-        client.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("send");
-        // Arrived (loopback): read and answered without a registration.
-        let mut buf = bytes::BytesMut::with_capacity(64);
-        while buf.is_empty() {
-            conn.read_worth_trying().await.expect("read");
-            let _ = crate::http1::try_read_drained(&conn, &mut buf);
-        }
-        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n\r\n");
-        const ANSWER: &[u8] = b"HTTP/1.1 204 \r\n\r\n";
-        assert_eq!(conn.try_write(ANSWER).expect("write"), ANSWER.len());
-        assert!(!conn.is_registered());
-        // Nothing more: the read fails at once, and the wait registers
-        // the socket and ends when the client sends again.
-        let mut more = bytes::BytesMut::with_capacity(64);
-        let e = crate::http1::try_read_drained(&conn, &mut more).expect_err("nothing waiting");
-        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
-        let late = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            client.write_all(b"x").expect("send");
-            let mut answer = [0u8; ANSWER.len()];
-            client.read_exact(&mut answer).expect("answer");
-            assert_eq!(&answer[..], ANSWER);
-            client
-        });
-        tokio::time::timeout(std::time::Duration::from_secs(5), conn.readable())
-            .await
-            .expect("woken by the client's byte")
-            .expect("readable");
-        assert!(conn.is_registered());
-        assert_eq!(crate::http1::try_read_drained(&conn, &mut more).expect("read"), 1);
-        let client = late.join().expect("client thread");
-        // Off the reactor again for the keep-alive poller, still usable.
-        let std = conn.into_std().expect("deregistered");
-        assert!(std.peer_addr().is_ok());
-        drop(client);
+        let (e, _ce) = accept_one(&listener).await;
+        assert!(d.nodelay().expect("getsockopt") && e.nodelay().expect("getsockopt"));
     }
 
     #[test]

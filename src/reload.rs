@@ -114,6 +114,8 @@ impl Running {
 
     fn spawn(&mut self, cfg: ListenerConfig, socket: std::net::TcpListener) -> Result<(), String> {
         let local = bound_address(&cfg, &socket);
+        let listener =
+            tokio::net::TcpListener::from_std(socket).map_err(|e| format!("listener {}: {e}", cfg.address))?;
         tracing::info!(
             "listening on {} ({:?} proxy{})",
             cfg.address,
@@ -122,7 +124,7 @@ impl Running {
         );
         let serving = Arc::new(ArcSwap::from_pointee(self.serving(&cfg, &self.config)?));
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(accept_loop(socket, serving.clone(), stopped));
+        tokio::spawn(accept_loop(listener, serving.clone(), stopped));
         self.slots.push(Slot {
             cfg,
             local,

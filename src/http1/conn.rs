@@ -119,13 +119,13 @@ impl Exchange<'_> {
 /// in absolute form or on transparent listeners need it, so most
 /// connections never make that system call.
 pub struct LocalAddr<'a> {
-    socket: Option<&'a super::Tcp>,
+    socket: Option<&'a tokio::net::TcpStream>,
     addr: std::sync::OnceLock<SocketAddr>,
 }
 
 impl<'a> LocalAddr<'a> {
     /// The address of `socket`, read when first asked.
-    pub fn of(socket: &'a super::Tcp) -> LocalAddr<'a> {
+    pub fn of(socket: &'a tokio::net::TcpStream) -> LocalAddr<'a> {
         LocalAddr {
             socket: Some(socket),
             addr: std::sync::OnceLock::new(),
@@ -362,10 +362,8 @@ fn nothing_unread(stream: &ClientStream) -> bool {
 /// empty buffer), after a peek.
 async fn bytes_waiting(stream: &ClientStream) -> Option<BytesMut> {
     let stream = match stream {
-        // A new connection's request is usually there already: read at
-        // once, without waiting for the reactor (`Tcp`).
         ClientStream::Plain(s) => loop {
-            s.read_worth_trying().await.ok()?;
+            s.readable().await.ok()?;
             let mut buf = BytesMut::with_capacity(FIRST_READ);
             match super::io::try_read_drained(s, &mut buf) {
                 Ok(0) => return None,

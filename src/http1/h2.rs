@@ -98,10 +98,7 @@ pub async fn sniff_preface(stream: &ClientStream, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; PREFACE.len()];
     loop {
-        if tokio::time::timeout_at(deadline, tcp.read_worth_trying())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout_at(deadline, tcp.readable()).await.is_err() {
             return false;
         }
         let n = match tcp.peek(&mut buf).await {
@@ -179,18 +176,17 @@ fn send_held(
 }
 
 impl Io {
-    /// Fails only as registering the socket with tokio's reactor can.
-    fn new(stream: ClientStream) -> io::Result<Io> {
-        Ok(match stream {
+    fn new(stream: ClientStream) -> Io {
+        match stream {
             ClientStream::Plain(tcp) => {
-                let (read, write) = tcp.into_tokio()?.into_split();
+                let (read, write) = tcp.into_split();
                 Io::Plain(
                     read,
                     Arc::new(PlainOut(std::sync::Mutex::new((write, BytesMut::new())))),
                 )
             }
             ClientStream::Tls(t) => Io::Tls(Arc::from(t)),
-        })
+        }
     }
 
     /// The sending side, for [`serve`] to send what each pass wrote.
@@ -722,9 +718,7 @@ pub async fn serve<H: Handler>(
         .max_pending_accept_reset_streams(h2s.max_pending_reset_streams)
         .max_local_error_reset_streams(Some(h2s.max_error_resets))
         .max_send_buffer_size(256 << 10);
-    let Ok(io) = Io::new(stream) else {
-        return;
-    };
+    let io = Io::new(stream);
     let sender = io.sender();
     let handshake = builder.handshake::<_, Bytes>(io);
     tokio::pin!(handshake);

@@ -9,15 +9,15 @@
 //! matched once per read or write, so plain TCP pays a predictable branch
 //! and no dynamic dispatch; the TLS record layer is `http1::tls`.
 
-use super::tcp::Tcp;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::time::Duration;
+use tokio::net::TcpStream;
 
 /// A client connection: plain TCP, or TLS on a listener with certificates.
 pub enum ClientStream {
     /// Plain TCP (and the origin side of a CONNECT tunnel).
-    Plain(Tcp),
+    Plain(TcpStream),
     /// TLS, its handshake done.
     Tls(Box<super::tls::TlsConn>),
 }
@@ -25,7 +25,7 @@ pub enum ClientStream {
 impl ClientStream {
     /// The TCP connection (underneath TLS): addresses, socket options,
     /// readiness, shutdown.
-    pub fn tcp(&self) -> &Tcp {
+    pub fn tcp(&self) -> &TcpStream {
         match self {
             ClientStream::Plain(s) => s,
             ClientStream::Tls(t) => t.tcp(),
@@ -48,7 +48,7 @@ pub async fn read_buf(stream: &ClientStream, buf: &mut BytesMut, chunk: usize) -
 }
 
 /// [`read_buf`] on plain TCP.
-async fn read_buf_tcp(stream: &Tcp, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+async fn read_buf_tcp(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
     loop {
         if buf.capacity() - buf.len() < 512 {
             buf.reserve(chunk);
@@ -61,33 +61,6 @@ async fn read_buf_tcp(stream: &Tcp, buf: &mut BytesMut, chunk: usize) -> io::Res
     }
 }
 
-/// A socket [`try_read_drained`] reads: a client's ([`Tcp`]) or an
-/// origin's (tokio's).
-pub trait ReadySocket {
-    /// As tokio's `TcpStream::try_io`.
-    fn try_io<R>(&self, interest: tokio::io::Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
-    /// One `recv` into `buf`'s spare room.
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
-}
-
-impl ReadySocket for Tcp {
-    fn try_io<R>(&self, interest: tokio::io::Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        Tcp::try_io(self, interest, f)
-    }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        Tcp::try_read_buf(self, buf)
-    }
-}
-
-impl ReadySocket for tokio::net::TcpStream {
-    fn try_io<R>(&self, interest: tokio::io::Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        tokio::net::TcpStream::try_io(self, interest, f)
-    }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        tokio::net::TcpStream::try_read_buf(self, buf)
-    }
-}
-
 /// One non-blocking read into `buf`'s spare room (as `try_read_buf`). A
 /// read that fills less than the room emptied the socket's receive queue:
 /// the socket's readiness is then cleared, so that the next read waits for
@@ -96,7 +69,7 @@ impl ReadySocket for tokio::net::TcpStream {
 /// the one observed before the read: an event that arrives during it keeps
 /// the socket readable (tokio compares its tick), and a close behind the
 /// data stays seen (tokio never clears READ_CLOSED).
-pub fn try_read_drained(stream: &impl ReadySocket, buf: &mut BytesMut) -> io::Result<usize> {
+pub fn try_read_drained(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     let room = buf.capacity() - buf.len();
     let mut got = 0;
     let read = stream.try_io(tokio::io::Interest::READABLE, || {
@@ -120,7 +93,7 @@ pub fn try_read_drained(stream: &impl ReadySocket, buf: &mut BytesMut) -> io::Re
 /// the kernel holding them for a peer that may never take them. The error
 /// is `TimedOut`.
 /// A zero `timeout` waits for ever.
-pub(super) async fn writable_within(stream: &Tcp, timeout: Duration) -> io::Result<()> {
+pub(super) async fn writable_within(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
     if timeout.is_zero() {
         return stream.writable().await;
     }
@@ -150,7 +123,7 @@ pub async fn write_all(stream: &ClientStream, data: &[u8], timeout: Duration) ->
 }
 
 /// [`write_all`] on plain TCP.
-async fn write_all_tcp(stream: &Tcp, mut data: &[u8], timeout: Duration) -> io::Result<()> {
+async fn write_all_tcp(stream: &TcpStream, mut data: &[u8], timeout: Duration) -> io::Result<()> {
     while !data.is_empty() {
         match stream.try_write(data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -186,7 +159,7 @@ async fn write_parts(stream: &ClientStream, parts: &[&[u8]], last: bool, timeout
 }
 
 /// [`write_all_vectored`] on plain TCP.
-async fn write_all_vectored_tcp(stream: &Tcp, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
+async fn write_all_vectored_tcp(stream: &TcpStream, parts: &[&[u8]], timeout: Duration) -> io::Result<()> {
     let mut idx = 0; // first slice not completely written
     let mut off = 0; // bytes of parts[idx] already written
     while idx < parts.len() {
@@ -228,7 +201,7 @@ async fn write_all_vectored_tcp(stream: &Tcp, parts: &[&[u8]], timeout: Duration
 /// response head and a small body leave in one packet, as nginx's
 /// `tcp_nopush` does, without `TCP_CORK`'s extra system calls. Fails with
 /// `TimedOut` as [`write_all`] does.
-pub(super) async fn send_more(stream: &Tcp, mut data: &[u8], timeout: Duration) -> io::Result<()> {
+pub(super) async fn send_more(stream: &TcpStream, mut data: &[u8], timeout: Duration) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     while !data.is_empty() {
         let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
@@ -263,7 +236,7 @@ pub(super) async fn send_more(stream: &Tcp, mut data: &[u8], timeout: Duration) 
 /// shorter than that fails with `UnexpectedEof`; a client that takes
 /// nothing for `timeout`, with `TimedOut` as [`write_all`].
 pub(super) async fn sendfile_all(
-    stream: &Tcp,
+    stream: &TcpStream,
     file: &std::fs::File,
     mut offset: u64,
     mut len: u64,

@@ -13,7 +13,6 @@ pub mod h2;
 pub mod head;
 mod io;
 mod response;
-pub mod tcp;
 pub mod tls;
 
 pub(crate) use body::{BodyError, BodyFrame, BodyReader};
@@ -23,4 +22,3 @@ pub(crate) use conn::{
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
 pub(crate) use io::{ClientStream, read_buf, try_read_drained, write_all};
 pub(crate) use response::{BodyLen, PARTS_PER_WRITE, ResponseWriter, StoredLines, stored_field_lines};
-pub use tcp::Tcp;

@@ -9,19 +9,19 @@
 //! the compiler enforces: the guard is not `Send`), so the two users never
 //! wait on each other for longer than a decryption or encryption.
 
-use super::tcp::Tcp;
 use bytes::BytesMut;
 use rustls::Connection;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::Interest;
+use tokio::net::TcpStream;
 
 /// An established TLS connection with a client (or, for a `CONNECT`
 /// tunnel through a parent proxy reached over TLS, with that parent: the
 /// record layer is the same on both sides).
 pub struct TlsConn {
-    tcp: Tcp,
+    tcp: TcpStream,
     conn: Mutex<Connection>,
 }
 
@@ -41,7 +41,7 @@ pub enum HandshakeFailure {
 
 /// Runs the server side of a TLS handshake on `tcp`, within `timeout`.
 pub async fn accept(
-    tcp: Tcp,
+    tcp: TcpStream,
     config: Arc<rustls::ServerConfig>,
     timeout: Duration,
 ) -> Result<TlsConn, HandshakeFailure> {
@@ -97,9 +97,9 @@ enum Waiting {
     Nothing,
 }
 
-/// `Read` and `Write` on a shared [`Tcp`] for rustls, used only
+/// `Read` and `Write` on a shared tokio `TcpStream` for rustls, used only
 /// inside `try_io` (which turns `WouldBlock` into "wait for readiness").
-struct Sock<'a>(&'a Tcp);
+struct Sock<'a>(&'a TcpStream);
 
 impl Read for Sock<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -235,7 +235,7 @@ impl TlsConn {
     /// The client side of an established TLS connection (its handshake
     /// done by tokio-rustls), to a parent proxy: a `CONNECT` tunnel through
     /// it is relayed with the same record layer as a client's.
-    pub fn from_client(tcp: Tcp, conn: rustls::ClientConnection) -> TlsConn {
+    pub fn from_client(tcp: TcpStream, conn: rustls::ClientConnection) -> TlsConn {
         TlsConn {
             tcp,
             conn: Mutex::new(Connection::Client(conn)),
@@ -249,7 +249,7 @@ impl TlsConn {
     }
 
     /// The TCP connection underneath (addresses, socket options, shutdown).
-    pub fn tcp(&self) -> &Tcp {
+    pub fn tcp(&self) -> &TcpStream {
         &self.tcp
     }
 

@@ -165,7 +165,7 @@ async fn read(stream: &ClientStream, buf: &mut [u8], deadline: tokio::time::Inst
     let mut filled = 0;
     let fill = async {
         while filled < buf.len() {
-            tcp.read_worth_trying().await.map_err(|_| Cut::Closed)?;
+            tcp.readable().await.map_err(|_| Cut::Closed)?;
             match tcp.try_read(&mut buf[filled..]) {
                 Ok(0) => return Err(Cut::Closed),
                 Ok(n) => filled += n,
@@ -614,9 +614,7 @@ impl ListenerHandler {
             return false;
         }
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
-        let Ok(upstream) = upstream.into_relay() else {
-            return false;
-        };
+        let upstream = upstream.into_relay();
         let (up, down) = tunnel::relay(stream, &upstream, idle).await;
         s.up = up;
         s.down = down + early.len() as u64;

@@ -77,9 +77,7 @@ pub async fn run(
             return Outcome::Close;
         };
         let _pump = permit.take().map(Permit::into_pump);
-        let Ok(upstream) = upstream.into_relay() else {
-            return Outcome::Close;
-        };
+        let upstream = upstream.into_relay();
         let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle).await;
         ex.out.add_body_bytes(down);
         tracing::debug!("tunnel {host}:{port} (HTTP/2) closed: {up} bytes up, {down} bytes down");
@@ -103,9 +101,7 @@ pub async fn run(
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
-    let Ok(upstream) = upstream.into_relay() else {
-        return Outcome::Close;
-    };
+    let upstream = upstream.into_relay();
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }

@@ -103,18 +103,15 @@ impl Wire {
 
     /// The connection for a tunnel's relay: TLS records go through the
     /// same record layer as a TLS client's (`http1::tls`), any bytes rustls
-    /// has already decrypted included. The socket leaves tokio's reactor
-    /// (`http1::Tcp` registers it again when it first waits); that can
-    /// fail only as `epoll_ctl` can.
-    pub fn into_relay(self) -> io::Result<crate::http1::ClientStream> {
-        Ok(match self {
-            Wire::Tcp(s) => crate::http1::ClientStream::Plain(crate::http1::Tcp::from_tokio(s)?),
+    /// has already decrypted included.
+    pub fn into_relay(self) -> crate::http1::ClientStream {
+        match self {
+            Wire::Tcp(s) => crate::http1::ClientStream::Plain(s),
             Wire::Tls(s) => {
                 let (tcp, conn) = s.into_inner();
-                let tcp = crate::http1::Tcp::from_tokio(tcp)?;
                 crate::http1::ClientStream::Tls(Box::new(crate::http1::tls::TlsConn::from_client(tcp, conn)))
             }
-        })
+        }
     }
 }
 
