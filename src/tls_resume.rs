@@ -78,7 +78,7 @@ thread_local! {
 /// resumption, since a client that resumes spends one ticket per
 /// connection and has been given the rest before. rustls sends the same
 /// number after both; each costs a key derivation, two random draws, an
-/// encryption and about 200 bytes on the wire.
+/// encryption and a NewSessionTicket message on the wire.
 pub fn one_ticket_if_resumed<R>(resumed: bool, step: impl FnOnce() -> R) -> R {
     /// Lifts the cap when the step ends, a panic included.
     struct Lift;

@@ -923,16 +923,17 @@ impl StoreSink<'_> {
         if self.size > self.cache.max_object {
             return false;
         }
-        if let Some(chunks) = self.memory.as_mut() {
-            if self.cache.memory.admits(self.size) {
-                // The disk writer gets the body from the memory tier's
-                // copy at the commit: one copy of the bytes, not two.
-                chunks.push(data.clone());
-                return true;
-            }
-            // Too large for the memory tier after all: the disk writer
-            // takes what was kept for it.
-            let kept = self.memory.take().unwrap_or_default();
+        if let Some(chunks) = self.memory.as_mut()
+            && self.cache.memory.admits(self.size)
+        {
+            // The disk writer gets the body from the memory tier's copy at
+            // the commit: one copy of the bytes, not two.
+            chunks.push(data.clone());
+            return true;
+        }
+        // Too large for the memory tier after all: the disk writer takes
+        // what was kept for it.
+        if let Some(kept) = self.memory.take() {
             for c in &kept {
                 if !self.write_disk(c).await {
                     break;

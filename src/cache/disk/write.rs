@@ -439,23 +439,15 @@ impl DiskWriter {
     /// unknown; the GC evicts expired objects first), fsync if configured,
     /// rename into place (replacing any older version), index update. A
     /// writer still pending creates its file in the same blocking-pool job.
-    pub async fn commit(mut self, expires: u64) -> io::Result<()> {
-        let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
-        if matches!(stage, Stage::Aborted) {
-            return Err(io_other("disk cache writer aborted"));
-        }
-        let buf = std::mem::take(&mut self.buf);
-        let (store, id) = (self.store.clone(), self.id);
-        blocking(&self.pool, move || stage.open(&store, id)?.commit(id, &buf, expires)).await?
+    pub async fn commit(self, expires: u64) -> io::Result<()> {
+        self.commit_with(Bytes::new(), expires).await
     }
 
     /// [`DiskWriter::commit`] with the last body bytes, `rest`, taken by
     /// reference (the memory tier's copy of a body kept whole for it) rather
     /// than copied into the writer's buffer.
     pub async fn commit_with(mut self, rest: Bytes, expires: u64) -> io::Result<()> {
-        if rest.is_empty() {
-            return self.commit(expires).await;
-        }
+        // Also refuses an aborted writer.
         self.accept(rest.len())?;
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let buf = std::mem::take(&mut self.buf);
