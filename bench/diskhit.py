@@ -33,7 +33,9 @@ serves with Cache-Control: no-store: every request is then a miss (the
 miss path measured the same ways).
 DH_STORE=1 (callgrind mode) restarts Portico on an empty cache and makes
 the N instrumented requests N different objects, each a miss that is
-stored (after 300 others as a warm-up): the store path measured.
+stored (after 300 others as a warm-up): the store path measured. In wrk
+mode it gives every request a query string of its own: each a miss that
+is stored (memory tier and disk tier, until the GC makes room).
 Ports 38080/38081 keep it clear of bench/run's.
 """
 import os, sys, time, json, random, subprocess, signal, http.client, shutil, re
@@ -190,7 +192,14 @@ def main():
             for i in range(rounds):
                 (u0, s0), t0, g0 = jiffies(pt.pid), time.time(), out_segments()
                 close = ["-H", "Connection: close"] if os.environ.get("DH_CLOSE") else []
-                out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", *close, "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
+                script = lua
+                if os.environ.get("DH_STORE") == "1":
+                    # Every request a new URL (a query string of its own): a miss that is stored.
+                    script = f"{W}/stores.lua"
+                    open(script, "w").write(bench.WRK_RANDOM.replace(
+                        'paths[math.random(#paths)])', f'paths[math.random(#paths)] .. "?s={i}-" .. tostring(math.random(1e9)))'
+                    ) % {"paths": f"{W}/paths.txt", "seed": bench.SEED + i})
+                out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", *close, "-s", script, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
                 (u1, s1), t1, g1 = jiffies(pt.pid), time.time(), out_segments()
                 reqs = int(re.search(r"(\d+) requests in", out).group(1))
                 non2xx = re.search(r"Non-2xx.*?(\d+)", out)

@@ -327,6 +327,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         cache.gc,
         cache.watermarks,
         cache.fsync,
+        cache.file_io,
         server.max_requests,
         server.queue_size,
         server.blocking_threads,

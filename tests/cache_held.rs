@@ -17,11 +17,14 @@ use common::*;
 
 /// A forward proxy whose memory tier keeps nothing over 4 KiB, so `/large`
 /// lives on disk only.
+/// File work on the blocking pool wherever the temporary directory is
+/// (on tmpfs `cache.file_io = "auto"` would run it inline): one test counts
+/// the pool's jobs.
 async fn proxy(cache_dir: &Path) -> Portico {
     let addr = free_addr();
     Portico::start(&format!(
         "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
-         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\n",
+         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\nfile_io = \"pool\"\n",
         cache_dir.display()
     ))
     .await

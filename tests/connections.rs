@@ -705,7 +705,9 @@ async fn blocking_pool_counts_disk_work_and_answers_busy_when_its_queue_is_full(
     let busy_file = files.path().join("busy.html");
     std::fs::write(&busy_file, "<p>disk busy</p>").expect("write busy file");
     let p = proxy_with(
-        "[server]\nblocking_threads = 1\nblocking_queue = 1\n\n[cache]\ndir = \"{dir}/cache\"\nmax_memory_object = \"1KiB\"\n",
+        // The file work on the pool even where the temporary directory is
+        // on tmpfs (`cache.file_io = "auto"` would run it inline).
+        "[server]\nblocking_threads = 1\nblocking_queue = 1\n\n[cache]\ndir = \"{dir}/cache\"\nmax_memory_object = \"1KiB\"\nfile_io = \"pool\"\n",
         &format!("busy_file = \"{}\"", busy_file.display()),
     )
     .await;

@@ -1082,6 +1082,23 @@ pub enum Fsync {
     Always,
 }
 
+/// Where the disk tier's file work (opens, body reads and writes, commits)
+/// runs (`cache.file_io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileIo {
+    /// `inline` when the cache directory is on a file system held in
+    /// memory (tmpfs, ramfs), `pool` otherwise.
+    Auto,
+    /// On the blocking pool's threads: a file operation that waits for
+    /// the device never holds up the connections of a worker thread.
+    Pool,
+    /// On the worker thread that needs it, as nginx does its cache file
+    /// I/O: no hand-off to another thread and back, but a slow device
+    /// stalls every connection of that thread.
+    Inline,
+}
+
 /// A Squid-style refresh pattern: heuristic freshness for responses that
 /// carry `Last-Modified` but no explicit lifetime.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1131,6 +1148,8 @@ pub struct CacheConfig {
     pub replacement: Replacement,
     /// never | always.
     pub fsync: Fsync,
+    /// Where the disk tier's file work runs: auto | pool | inline.
+    pub file_io: FileIo,
     /// Heuristic freshness rules, first match wins; a URL no pattern
     /// matches gets the default heuristic below.
     pub refresh: Vec<RefreshPattern>,
@@ -1208,6 +1227,7 @@ impl Default for CacheConfig {
             watermarks: [97, 99],
             replacement: Replacement::Frequency,
             fsync: Fsync::Never,
+            file_io: FileIo::Auto,
             refresh: Vec::new(),
             heuristic_percent: 10,
             heuristic_max: Dur::secs(86_400),

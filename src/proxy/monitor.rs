@@ -461,6 +461,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                 let budget = d.budget();
                 stats::DiskInfo {
                     dir: cfg.cache.dir.display().to_string(),
+                    file_io: if d.file_io_inline() { "inline" } else { "pool" }.to_string(),
                     objects: ds.objects,
                     bytes: ds.bytes,
                     limit: budget.disk,
@@ -474,6 +475,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                     open_file_misses: ds.open_file_misses,
                     reads_nowait: ds.reads_nowait,
                     reads_blocked: ds.reads_blocked,
+                    inline_jobs: ds.inline_jobs,
                     background_checks: ds.background_checks,
                     bytes_read: ds.bytes_read,
                     writes: ds.writes,

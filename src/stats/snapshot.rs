@@ -474,6 +474,9 @@ crate::section! {
     pub struct DiskInfo at "cache.disk" {
         /// Directory.
         dir: String => Info, First, None, "Disk tier directory.";
+        /// Where file work runs: `inline` or `pool` (`cache.file_io`, with
+        /// `auto` resolved).
+        file_io: String => Info, First, None, "Where disk tier file work runs: inline (on the worker threads) or pool (the blocking pool); cache.file_io with auto resolved.";
         /// Objects stored.
         objects: u64 => Gauge, Max, None, "Objects in the disk tier.",
             prom "portico_cache_disk_objects", xml "cache-bucket" "countDiskEntries";
@@ -511,8 +514,11 @@ crate::section! {
         reads_nowait: u64 => Counter, Add, None, "Disk reads served from the page cache without the blocking pool.",
             prom "portico_cache_disk_reads_nowait_total", xml "cache-bucket" "countDiskReadsNowait";
         /// Reads of held files that went to the blocking pool.
-        reads_blocked: u64 => Counter, Add, None, "Disk reads that would have blocked, run on the blocking pool.",
+        reads_blocked: u64 => Counter, Add, None, "Disk reads that would have waited for the device, run on the blocking pool (inline with cache.file_io = inline).",
             prom "portico_cache_disk_reads_blocked_total", xml "cache-bucket" "countDiskReadsBlocked";
+        /// File jobs run on the worker threads (`cache.file_io`).
+        inline_jobs: u64 => Counter, Add, None, "Disk tier file jobs (opens, body reads and writes, commits) run on the worker thread that needed them instead of the blocking pool (cache.file_io).",
+            prom "portico_cache_disk_inline_jobs_total", xml "cache-bucket" "countDiskInlineJobs";
         /// Files of memory-tier objects checked in the background, so that
         /// hits send the body from the file with sendfile.
         background_checks: u64 => Counter, Add, None, "Disk files of memory-tier objects checksummed in the background, so that their hits are sent from the file with sendfile.",

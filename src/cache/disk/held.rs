@@ -32,7 +32,7 @@
 //! `open_file_cache_valid`): still the same file, it is kept, else reopened.
 
 use super::format::Trailer;
-use super::{Inner, READ_CHUNK, blocking, now_secs};
+use super::{Inner, READ_CHUNK, now_secs};
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::{Bytes, BytesMut};
@@ -202,11 +202,13 @@ impl OpenObject {
         };
         inner.stats.reads_blocked.fetch_add(1, Ordering::Relaxed);
         let obj = self.clone();
-        let r = blocking(&inner.pool, move || {
-            let r = obj.file.read_exact_at(&mut buf, obj.file_offset(from));
-            (buf, r)
-        })
-        .await?;
+        let r = inner
+            .jobs
+            .run(move || {
+                let r = obj.file.read_exact_at(&mut buf, obj.file_offset(from));
+                (buf, r)
+            })
+            .await?;
         match r {
             (buf, Ok(())) => {
                 inner.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);

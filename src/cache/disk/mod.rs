@@ -53,10 +53,10 @@ pub use scan::{ObjectFile, for_each_object_file};
 pub use stats::{DiskStats, DiskStatsSnapshot, ScanProgress};
 pub use write::{DiskWriter, files_being_written};
 
-use crate::blocking::BlockingPool;
+use crate::blocking::{BlockingPool, PoolError};
 use crate::cache::key::{CacheKey, ObjectId};
 use crate::cache::object::StoredMeta;
-use crate::config::{CacheConfig, Fsync, GcMode};
+use crate::config::{CacheConfig, FileIo, Fsync, GcMode};
 use index::{Entry, Index};
 use std::fs::{self, File};
 use std::io;
@@ -181,7 +181,9 @@ struct Inner {
     gc_signal: Arc<GcSignal>,
     gc_running: Mutex<()>,
     scan_notify: tokio::sync::Notify,
-    pool: BlockingPool,
+    /// Where file work runs (`cache.file_io`), and the pool the GC's
+    /// passes run on whatever that says.
+    jobs: FileJobs,
     /// Other server processes write to the same directory (multi-process
     /// mode): an id missing from our index may still be on disk.
     shared_dir: AtomicBool,
@@ -336,6 +338,43 @@ async fn blocking<T: Send + 'static>(pool: &BlockingPool, f: impl FnOnce() -> T 
     pool.run(f).await.map_err(io_other)
 }
 
+/// Where the disk tier's file work runs (`cache.file_io`): on the blocking
+/// pool, or on the calling worker thread. On tmpfs an open, a write or a
+/// rename is a few microseconds of memory work, less than handing it to a
+/// pool thread and waking the worker again; on a device it may wait for
+/// milliseconds, and every connection of the worker would wait with it.
+#[derive(Clone, Debug)]
+pub(crate) struct FileJobs {
+    pool: BlockingPool,
+    /// Run on the calling thread, each job counted here; None: on the pool.
+    inline: Option<Arc<DiskStats>>,
+}
+
+impl FileJobs {
+    /// Runs `f` where file work runs.
+    async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+        match &self.inline {
+            Some(stats) => {
+                stats.inline_jobs.fetch_add(1, Ordering::Relaxed);
+                Ok(f())
+            }
+            None => blocking(&self.pool, f).await,
+        }
+    }
+
+    /// `run` for work that starts a request's use of the disk: refused
+    /// with `PoolError::Busy` when the pool's queue is full (never inline).
+    async fn try_run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, PoolError> {
+        match &self.inline {
+            Some(stats) => {
+                stats.inline_jobs.fetch_add(1, Ordering::Relaxed);
+                Ok(f())
+            }
+            None => self.pool.try_run(f).await,
+        }
+    }
+}
+
 /// The disk tier. Cheap to clone (a shared handle); the background scan
 /// and GC threads stop when the last handle is dropped.
 #[derive(Clone)]
@@ -379,6 +418,16 @@ impl DiskStore {
             )
         })?;
         let stats = Arc::new(DiskStats::default());
+        let memory_fs = held::on_memory_fs(&cfg.dir);
+        let inline = match cfg.file_io {
+            FileIo::Auto => memory_fs,
+            FileIo::Pool => false,
+            FileIo::Inline => true,
+        };
+        let jobs = FileJobs {
+            pool,
+            inline: inline.then(|| stats.clone()),
+        };
         let instance = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
         LIVE_INSTANCES.lock().unwrap_or_else(|e| e.into_inner()).push(instance);
         let inner = Inner {
@@ -399,9 +448,9 @@ impl DiskStore {
             gc_signal: Arc::new(GcSignal::default()),
             gc_running: Mutex::new(()),
             scan_notify: tokio::sync::Notify::new(),
-            pool,
+            jobs,
             shared_dir: AtomicBool::new(false),
-            memory_fs: held::on_memory_fs(&cfg.dir),
+            memory_fs,
             held: held::HeldFiles::new(if cfg.open_files == 0 {
                 DEFAULT_OPEN_FILES
             } else {
@@ -426,6 +475,17 @@ impl DiskStore {
     /// `start`, running the file I/O of the async methods on `pool`.
     pub fn start_with_pool(cfg: &CacheConfig, pool: BlockingPool) -> io::Result<DiskStore> {
         let store = Self::create(cfg, pool)?;
+        if store.file_io_inline() {
+            tracing::info!(
+                "disk cache: file work runs on the worker threads (cache.file_io = {}{})",
+                if cfg.file_io == FileIo::Auto { "auto" } else { "inline" },
+                if cfg.file_io == FileIo::Auto {
+                    ": the directory is on tmpfs or ramfs"
+                } else {
+                    ""
+                }
+            );
+        }
         let weak = Arc::downgrade(&store.inner);
         std::thread::Builder::new()
             .name("portico-disk-scan".into())
@@ -434,6 +494,12 @@ impl DiskStore {
             gc::spawn(Arc::downgrade(&store.inner), store.inner.gc_signal.clone())?;
         }
         Ok(store)
+    }
+
+    /// Whether file work runs on the calling worker thread (`cache.file_io`
+    /// resolved) rather than the blocking pool.
+    pub fn file_io_inline(&self) -> bool {
+        self.inner.jobs.inline.is_some()
     }
 
     /// Tells the store that other server processes use the same directory
@@ -582,7 +648,9 @@ impl DiskStore {
     /// Removes an object; true if there was one.
     pub async fn remove(&self, id: ObjectId) -> bool {
         let inner = self.inner.clone();
-        blocking(&self.inner.pool, move || inner.remove_blocking(id))
+        self.inner
+            .jobs
+            .run(move || inner.remove_blocking(id))
             .await
             .unwrap_or(false)
     }
@@ -602,7 +670,9 @@ impl DiskStore {
             return false;
         }
         let inner = self.inner.clone();
-        blocking(&self.inner.pool, move || inner.contains_blocking(id))
+        self.inner
+            .jobs
+            .run(move || inner.contains_blocking(id))
             .await
             .unwrap_or(false)
     }
@@ -664,7 +734,7 @@ impl DiskStore {
     pub async fn gc(&self) -> GcReport {
         let inner = self.inner.clone();
         let low = inner.budget.low;
-        blocking(&self.inner.pool, move || inner.gc_pass(low, false, &mut |_| {}))
+        blocking(&self.inner.jobs.pool, move || inner.gc_pass(low, false, &mut |_| {}))
             .await
             .unwrap_or_default()
     }

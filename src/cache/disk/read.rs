@@ -5,8 +5,8 @@
 use super::format::{self, Checksum, ReadError};
 use super::held::OpenObject;
 use super::index::Entry;
-use super::{DiskStore, Inner, READ_CHUNK, blocking, key_matches, now_secs, open_read, secs32};
-use crate::blocking::{BlockingPool, PoolError};
+use super::{DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, secs32};
+use crate::blocking::PoolError;
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::Bytes;
@@ -49,7 +49,7 @@ impl Inner {
                 self.index.touch(id, secs32(now_secs()));
                 self.stats.reads.fetch_add(1, Ordering::Relaxed);
             }
-            return Some(DiskObject::from_open(obj, self.pool.clone()));
+            return Some(DiskObject::from_open(obj, self.jobs.clone()));
         }
         let path = self.layout.path_of(id);
         if self.held.is_some() && request {
@@ -151,7 +151,7 @@ impl Inner {
         });
         self.hold(&obj);
         let checksum = !obj.verified();
-        let mut found = DiskObject::from_open(obj, self.pool.clone());
+        let mut found = DiskObject::from_open(obj, self.jobs.clone());
         if checksum && let Some(st) = found.body.state.as_mut() {
             st.sum = Some(Checksum::new(&env.meta));
         }
@@ -168,7 +168,9 @@ impl DiskStore {
         if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return inner.miss();
         }
-        blocking(&self.inner.pool, move || inner.open_blocking(id))
+        self.inner
+            .jobs
+            .run(move || inner.open_blocking(id))
             .await
             .ok()
             .flatten()
@@ -178,7 +180,9 @@ impl DiskStore {
     /// read nor an access in the statistics.
     pub(super) async fn open_for_check(&self, id: ObjectId) -> Option<DiskObject> {
         let inner = self.inner.clone();
-        blocking(&self.inner.pool, move || inner.open_for(id, false))
+        self.inner
+            .jobs
+            .run(move || inner.open_for(id, false))
             .await
             .ok()
             .flatten()
@@ -192,7 +196,7 @@ impl DiskStore {
         if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return Ok(inner.miss());
         }
-        match self.inner.pool.try_run(move || inner.open_blocking(id)).await {
+        match self.inner.jobs.try_run(move || inner.open_blocking(id)).await {
             Ok(found) => Ok(found),
             Err(PoolError::Busy) => Err(PoolError::Busy),
             Err(PoolError::Failed) => Ok(None),
@@ -228,7 +232,7 @@ pub struct DiskObject {
 impl DiskObject {
     /// A reader over an open file; it checksums the body only when given
     /// the metadata bytes to start from (`sum`), i.e. on a fresh open.
-    fn from_open(obj: Arc<OpenObject>, pool: BlockingPool) -> DiskObject {
+    fn from_open(obj: Arc<OpenObject>, jobs: FileJobs) -> DiskObject {
         DiskObject {
             id: obj.id,
             meta: obj.meta.clone(),
@@ -244,7 +248,7 @@ impl DiskObject {
                 })),
                 remaining: obj.body_len,
                 failed: None,
-                pool,
+                jobs,
             },
             file: obj,
         }
@@ -323,7 +327,7 @@ pub struct BodyReader {
     state: Option<Box<ReadState>>,
     remaining: u64,
     failed: Option<io::ErrorKind>,
-    pool: BlockingPool,
+    jobs: FileJobs,
 }
 
 impl std::fmt::Debug for BodyReader {
@@ -361,11 +365,13 @@ impl BodyReader {
     /// The next chunk; Ok(None) at the end (after the checksum matched).
     pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
         let mut st = self.take()?;
-        let (st, r) = blocking(&self.pool, move || {
-            let r = st.next();
-            (st, r)
-        })
-        .await?;
+        let (st, r) = self
+            .jobs
+            .run(move || {
+                let r = st.next();
+                (st, r)
+            })
+            .await?;
         self.settle(st, r)
     }
 

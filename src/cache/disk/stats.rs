@@ -30,9 +30,14 @@ pub struct DiskStats {
     /// Body reads from held files done on the async worker
     /// (`preadv2(RWF_NOWAIT)`: the bytes were in the page cache).
     pub reads_nowait: AtomicU64,
-    /// Body reads from held files handed to the blocking pool (they would
-    /// have waited for the disk).
+    /// Body reads from held files that would have waited for the disk,
+    /// handed to the blocking pool (run inline with `cache.file_io =
+    /// "inline"`).
     pub reads_blocked: AtomicU64,
+    /// File jobs (opens, body reads and writes, commits) run on the worker
+    /// thread that needed them rather than the blocking pool
+    /// (`cache.file_io`).
+    pub inline_jobs: AtomicU64,
     /// Files checked in the background for memory-tier objects, so their
     /// hits are sent from the file (`DiskStore::check_in_background`).
     pub background_checks: AtomicU64,
@@ -90,6 +95,8 @@ pub struct DiskStatsSnapshot {
     pub reads_nowait: u64,
     /// See `DiskStats`.
     pub reads_blocked: u64,
+    /// See [`DiskStats::inline_jobs`].
+    pub inline_jobs: u64,
     /// See [`DiskStats::background_checks`].
     pub background_checks: u64,
     /// See `DiskStats`.
@@ -125,6 +132,7 @@ impl DiskStats {
             open_file_misses: l(&self.open_file_misses),
             reads_nowait: l(&self.reads_nowait),
             reads_blocked: l(&self.reads_blocked),
+            inline_jobs: l(&self.inline_jobs),
             background_checks: l(&self.background_checks),
             checksum_failures: l(&self.checksum_failures),
             corrupt_removed: l(&self.corrupt_removed),

@@ -6,8 +6,7 @@
 use super::format::{self, Checksum, HEADER_LEN, ReadError, TRAILER_LEN, Trailer};
 use super::index::Entry;
 use super::stats::DiskStats;
-use super::{DiskStore, Inner, blocking, io_other, key_matches, now_secs, secs32, sync_dir};
-use crate::blocking::BlockingPool;
+use super::{DiskStore, FileJobs, Inner, blocking, io_other, key_matches, now_secs, secs32, sync_dir};
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::Bytes;
@@ -197,7 +196,7 @@ impl DiskStore {
             body_len: 0,
             max: self.inner.max_object,
             store: Arc::downgrade(&self.inner),
-            pool: self.inner.pool.clone(),
+            jobs: self.inner.jobs.clone(),
         }
     }
 
@@ -210,7 +209,12 @@ impl DiskStore {
     pub async fn update_meta(&self, id: ObjectId, meta: &StoredMeta, expires: u64) -> io::Result<bool> {
         let inner = self.inner.clone();
         let meta = meta.clone();
-        blocking(&self.inner.pool, move || inner.update_meta_blocking(id, &meta, expires)).await?
+        // On the pool whatever `cache.file_io` says: it copies (and checks)
+        // the whole body, which may be gigabytes.
+        blocking(&self.inner.jobs.pool, move || {
+            inner.update_meta_blocking(id, &meta, expires)
+        })
+        .await?
     }
 
     /// `update_meta` on the calling thread.
@@ -338,7 +342,7 @@ pub struct DiskWriter {
     /// The store, for a pending writer's file: weak, as a `WriteState`'s,
     /// so that a writer never keeps a closed store alive.
     store: Weak<Inner>,
-    pool: BlockingPool,
+    jobs: FileJobs,
 }
 
 impl std::fmt::Debug for DiskWriter {
@@ -383,18 +387,20 @@ impl DiskWriter {
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let mut buf = std::mem::take(&mut self.buf);
         let (store, id) = (self.store.clone(), self.id);
-        let (st, buf) = blocking(&self.pool, move || {
-            let written = stage.open(&store, id).and_then(|mut st| {
-                match &data {
-                    Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
-                    None => st.write_body(&buf),
-                }
-                .map(|()| st)
-            });
-            buf.clear();
-            (written, buf)
-        })
-        .await?;
+        let (st, buf) = self
+            .jobs
+            .run(move || {
+                let written = stage.open(&store, id).and_then(|mut st| {
+                    match &data {
+                        Some(d) => st.write_body(&buf).and_then(|()| st.write_body(d)),
+                        None => st.write_body(&buf),
+                    }
+                    .map(|()| st)
+                });
+                buf.clear();
+                (written, buf)
+            })
+            .await?;
         // On an error the state was dropped on the pool thread, which
         // removed its tmp file; the writer stays aborted.
         self.stage = Stage::Open(st?);
@@ -452,12 +458,13 @@ impl DiskWriter {
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let buf = std::mem::take(&mut self.buf);
         let (store, id) = (self.store.clone(), self.id);
-        blocking(&self.pool, move || {
-            let mut st = stage.open(&store, id)?;
-            st.write_body(&buf)?;
-            st.commit(id, &rest, expires)
-        })
-        .await?
+        self.jobs
+            .run(move || {
+                let mut st = stage.open(&store, id)?;
+                st.write_body(&buf)?;
+                st.commit(id, &rest, expires)
+            })
+            .await?
     }
 
     /// `commit` on the calling thread.
