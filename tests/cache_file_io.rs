@@ -4,6 +4,8 @@
 //! on disk as the pool (a restarted server serves them); `auto` runs the
 //! work inline for a directory on tmpfs and on the pool elsewhere; the
 //! statistics say which (`cache.disk.file_io`) and count the inline jobs.
+//! With the pool, a disk-tier open that has nothing to read from the device
+//! is still done on the worker thread (`opens_nowait`).
 
 mod common;
 
@@ -154,6 +156,45 @@ async fn auto_runs_file_work_inline_on_tmpfs_and_on_the_blocking_pool_on_a_disk(
         assert_eq!(n(&after, INLINE_JOBS), 0);
         assert!(!p.stderr().contains("file work runs on the worker threads"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_pool_an_open_with_nothing_to_read_from_the_disk_is_done_on_the_worker() {
+    // On a disk (the build directory), four files held open for forty
+    // objects: most hits of a second round must open their file again.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(dir.path(), "file_io = \"pool\"\nopen_files = 4").await;
+    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
+    let paths: Vec<String> = (0..40).map(|i| format!("/o{i}")).collect();
+    for path in &paths {
+        assert_eq!(get(&p, &origin, path).await, "MISS");
+    }
+    stats_when(&p, "all stored", |s| n(s, WRITES) == 40).await;
+    // The first hit of each reads its body through the checksum (on the
+    // pool: not verified yet in this process).
+    for path in &paths {
+        assert_eq!(get(&p, &origin, path).await, "HIT");
+    }
+    let before = stats_snapshot(&p).await;
+    for path in &paths {
+        assert_eq!(get(&p, &origin, path).await, "HIT");
+    }
+    let after = stats_snapshot(&p).await;
+    let opens = |s: &serde_json::Value| n(s, &["cache", "disk", "open_file_misses"]);
+    let nowait = |s: &serde_json::Value| n(s, &["cache", "disk", "opens_nowait"]);
+    let reopened = opens(&after) - opens(&before);
+    assert!(
+        reopened >= 20,
+        "{reopened} files opened again: {}",
+        after["cache"]["disk"]
+    );
+    // Every one of them opened on the worker: no pool job at all (the
+    // bodies, checked already, are sent from the files).
+    assert_eq!(nowait(&after) - nowait(&before), reopened, "{}", after["cache"]["disk"]);
+    assert_eq!(n(&after, POOL_JOBS), n(&before, POOL_JOBS), "{}", after["native_pool"]);
+    assert_eq!(n(&after, INLINE_JOBS), 0);
+    assert_eq!(fetched.load(Ordering::SeqCst), 40);
 }
 
 #[test]

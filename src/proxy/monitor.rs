@@ -475,6 +475,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
                     open_file_misses: ds.open_file_misses,
                     reads_nowait: ds.reads_nowait,
                     reads_blocked: ds.reads_blocked,
+                    opens_nowait: ds.opens_nowait,
                     inline_jobs: ds.inline_jobs,
                     background_checks: ds.background_checks,
                     bytes_read: ds.bytes_read,

@@ -516,6 +516,9 @@ crate::section! {
         /// Reads of held files that went to the blocking pool.
         reads_blocked: u64 => Counter, Add, None, "Disk reads that would have waited for the device, run on the blocking pool (inline with cache.file_io = inline).",
             prom "portico_cache_disk_reads_blocked_total", xml "cache-bucket" "countDiskReadsBlocked";
+        /// Opens done on the worker with nothing to wait for.
+        opens_nowait: u64 => Counter, Add, None, "Disk tier files opened on the worker thread because nothing had to be read from the device (openat2 RESOLVE_CACHED and preadv2 RWF_NOWAIT), where file work otherwise goes to the blocking pool.",
+            prom "portico_cache_disk_opens_nowait_total", xml "cache-bucket" "countDiskOpensNowait";
         /// File jobs run on the worker threads (`cache.file_io`).
         inline_jobs: u64 => Counter, Add, None, "Disk tier file jobs (opens, body reads and writes, commits) run on the worker thread that needed them instead of the blocking pool (cache.file_io).",
             prom "portico_cache_disk_inline_jobs_total", xml "cache-bucket" "countDiskInlineJobs";

@@ -211,6 +211,15 @@ impl Envelope {
 /// the size equation) with one read for small objects. The body and the
 /// checksum are not read.
 pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
+    read_envelope_with(file, &|f: &File, buf: &mut [u8], off: u64| f.read_exact_at(buf, off))
+}
+
+/// Reads exactly `buf.len()` bytes of a file at an offset.
+pub type ReadExactAt<'a> = &'a dyn Fn(&File, &mut [u8], u64) -> std::io::Result<()>;
+
+/// [`read_envelope`] with the file's bytes read by `read_exact_at` (one
+/// that fails with `WouldBlock` rather than wait for the disk, say).
+pub fn read_envelope_with(file: &File, read_exact_at: ReadExactAt<'_>) -> Result<Envelope, ReadError> {
     let st = file.metadata()?;
     let len = st.len();
     if len < HEADER_LEN + TRAILER_LEN {
@@ -220,7 +229,7 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
     // disk-tier hit without a held file.
     let mut first = [0u8; 4096];
     let buf = &mut first[..len.min(4096) as usize];
-    file.read_exact_at(buf, 0)?;
+    read_exact_at(file, buf, 0)?;
     let buf = &*buf;
     let meta_len = decode_header(buf)? as u64;
     let meta_end = HEADER_LEN + meta_len;
@@ -231,7 +240,7 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
         bytes::Bytes::copy_from_slice(&buf[HEADER_LEN as usize..meta_end as usize])
     } else {
         let mut m = vec![0u8; meta_len as usize];
-        file.read_exact_at(&mut m, HEADER_LEN)?;
+        read_exact_at(file, &mut m, HEADER_LEN)?;
         m.into()
     };
     let tstart = len - TRAILER_LEN;
@@ -239,7 +248,7 @@ pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
         Trailer::decode(&buf[tstart as usize..])?
     } else {
         let mut t = [0u8; TRAILER_LEN as usize];
-        file.read_exact_at(&mut t, tstart)?;
+        read_exact_at(file, &mut t, tstart)?;
         Trailer::decode(&t)?
     };
     if meta_end

@@ -107,7 +107,7 @@ impl std::fmt::Debug for OpenObject {
 /// cache holds and fails with `EAGAIN` rather than wait for the disk.
 /// `Ok(None)`: it would block (or the file system cannot say), read on the
 /// blocking pool instead.
-fn pread_nowait(file: &File, buf: &mut [u8], off: u64) -> io::Result<Option<usize>> {
+pub(super) fn pread_nowait(file: &File, buf: &mut [u8], off: u64) -> io::Result<Option<usize>> {
     let Ok(off) = libc::off_t::try_from(off) else {
         return Ok(None);
     };

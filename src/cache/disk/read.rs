@@ -3,13 +3,14 @@
 //! the blocking pool, the checksum verified on the last one.
 
 use super::format::{self, Checksum, ReadError};
-use super::held::OpenObject;
+use super::held::{OpenObject, pread_nowait};
 use super::index::Entry;
-use super::{DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, secs32};
+use super::{DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, open_read_cached, secs32};
 use crate::blocking::PoolError;
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::Bytes;
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
@@ -96,6 +97,59 @@ impl Inner {
             Ok(_) => return corrupt("empty key"),
             Err(e) => return corrupt(e.0),
         };
+        Some(self.opened(id, entry, file, env, meta, request))
+    }
+
+    /// [`Inner::open_for`] a request on the calling thread, without waiting
+    /// for the disk: the path resolved from the kernel's dentry cache, the
+    /// envelope read from its page cache (`open_read_cached`,
+    /// `preadv2(RWF_NOWAIT)`). None when that would have waited, or when it
+    /// meets what the blocking open handles and reports (an id not in the
+    /// index, a held file due for its check, a file missing, unreadable or
+    /// corrupt): the caller then opens on the blocking pool, which starts
+    /// from nothing this attempt changed.
+    pub(super) fn open_nowait(self: &Arc<Self>, id: ObjectId) -> Option<DiskObject> {
+        let entry = self.index.get(id)?;
+        if self.held.as_ref().is_some_and(|h| h.get(id).is_some()) {
+            return None;
+        }
+        let file = open_read_cached(&self.layout.path_of(id))?;
+        let read = |f: &File, buf: &mut [u8], off: u64| self.read_exact_nowait(f, buf, off);
+        let env = format::read_envelope_with(&file, &read).ok()?;
+        let meta = StoredMeta::decode(&env.meta).ok().filter(|m| !m.key.is_empty())?;
+        if self.held.is_some() {
+            self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.opens_nowait.fetch_add(1, Ordering::Relaxed);
+        Some(self.opened(id, Some(entry), file, env, meta, true))
+    }
+
+    /// Reads `buf.len()` bytes at `off` if the page cache holds them all
+    /// (on tmpfs, which has nothing to wait for, a plain read); else a
+    /// `WouldBlock` error.
+    fn read_exact_nowait(&self, file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let n = if self.memory_fs {
+            Some(file.read_at(buf, off)?)
+        } else {
+            pread_nowait(file, buf, off)?
+        };
+        match n {
+            Some(n) if n == buf.len() => Ok(()),
+            _ => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// The rest of an open, once the file's envelope has been read and its
+    /// metadata decoded: the index and statistics told, the file held.
+    fn opened(
+        self: &Arc<Self>,
+        id: ObjectId,
+        entry: Option<Entry>,
+        file: File,
+        env: format::Envelope,
+        meta: StoredMeta,
+        request: bool,
+    ) -> DiskObject {
         if entry.is_none() && self.scan_done() {
             // Written by another process since our scan: count it from now
             // on, so our GC keeps what we serve within our budget.
@@ -155,7 +209,7 @@ impl Inner {
         if checksum && let Some(st) = found.body.state.as_mut() {
             st.sum = Some(Checksum::new(&env.meta));
         }
-        Some(found)
+        found
     }
 }
 
@@ -167,6 +221,11 @@ impl DiskStore {
         let inner = self.inner.clone();
         if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return inner.miss();
+        }
+        if self.inner.jobs.inline.is_none()
+            && let Some(found) = inner.open_nowait(id)
+        {
+            return Some(found);
         }
         self.inner
             .jobs
@@ -195,6 +254,13 @@ impl DiskStore {
         let inner = self.inner.clone();
         if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
             return Ok(inner.miss());
+        }
+        // Where file work goes to the pool, an open with nothing to wait
+        // for (the common case for an object read lately) is done here.
+        if self.inner.jobs.inline.is_none()
+            && let Some(found) = inner.open_nowait(id)
+        {
+            return Ok(Some(found));
         }
         match self.inner.jobs.try_run(move || inner.open_blocking(id)).await {
             Ok(found) => Ok(found),

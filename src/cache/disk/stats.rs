@@ -34,6 +34,11 @@ pub struct DiskStats {
     /// handed to the blocking pool (run inline with `cache.file_io =
     /// "inline"`).
     pub reads_blocked: AtomicU64,
+    /// Opens of files not held done on the worker thread where file work
+    /// goes to the blocking pool: every part of the path and the file's
+    /// envelope were in the kernel's caches (`openat2` with
+    /// `RESOLVE_CACHED`, `preadv2` with `RWF_NOWAIT`).
+    pub opens_nowait: AtomicU64,
     /// File jobs (opens, body reads and writes, commits) run on the worker
     /// thread that needed them rather than the blocking pool
     /// (`cache.file_io`).
@@ -95,6 +100,8 @@ pub struct DiskStatsSnapshot {
     pub reads_nowait: u64,
     /// See `DiskStats`.
     pub reads_blocked: u64,
+    /// See [`DiskStats::opens_nowait`].
+    pub opens_nowait: u64,
     /// See [`DiskStats::inline_jobs`].
     pub inline_jobs: u64,
     /// See [`DiskStats::background_checks`].
@@ -132,6 +139,7 @@ impl DiskStats {
             open_file_misses: l(&self.open_file_misses),
             reads_nowait: l(&self.reads_nowait),
             reads_blocked: l(&self.reads_blocked),
+            opens_nowait: l(&self.opens_nowait),
             inline_jobs: l(&self.inline_jobs),
             background_checks: l(&self.background_checks),
             checksum_failures: l(&self.checksum_failures),
