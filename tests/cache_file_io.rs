@@ -197,6 +197,52 @@ async fn with_the_pool_an_open_with_nothing_to_read_from_the_disk_is_done_on_the
     assert_eq!(fetched.load(Ordering::SeqCst), 40);
 }
 
+/// The one object file under a disk cache directory (tmp files and the
+/// popularity sketch excluded).
+fn object_file(dir: &Path) -> std::path::PathBuf {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read cache dir").flatten() {
+            let kind = entry.file_type().expect("file type");
+            if kind.is_dir() && entry.file_name() != "tmp" {
+                stack.push(entry.path());
+            } else if kind.is_file() && d != dir {
+                found.push(entry.path());
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "expected one cached object: {found:?}");
+    found.remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_place_of_an_object_file_holds_up_no_worker_thread() {
+    // Inline, the open runs on a worker thread: a FIFO opened the usual way
+    // waits for a writer for ever, and every connection of the thread with
+    // it. Opened without waiting, it is refused as no object.
+    let cache = tempfile::tempdir().unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(cache.path(), "file_io = \"inline\"").await;
+    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
+    assert_eq!(get(&p, &origin, "/small").await, "MISS");
+    stats_when(&p, "stored", |s| n(s, WRITES) == 1).await;
+    let file = object_file(cache.path());
+    std::fs::remove_file(&file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let again = tokio::time::timeout(Duration::from_secs(10), get(&p, &origin, "/small"))
+        .await
+        .expect("an answer, not a worker stuck opening the FIFO");
+    assert_eq!(again, "MISS");
+    assert_eq!(fetched.load(Ordering::SeqCst), 2);
+    assert_eq!(get(&p, &origin, "/small").await, "HIT");
+    assert!(n(&stats_snapshot(&p).await, &["cache", "disk", "corrupt_removed"]) >= 1);
+}
+
 #[test]
 fn a_file_io_mode_that_does_not_exist_is_refused_with_its_line_and_key() {
     let out = Portico::check("[cache]\nfile_io = \"threads\"\n");

@@ -243,6 +243,34 @@ fn open_read(path: &Path) -> io::Result<File> {
     }
 }
 
+/// `open_read` for a worker thread (`cache.file_io` inline): opened
+/// `O_NONBLOCK`, so that what is not a regular file (a FIFO put in the
+/// directory) cannot hold the thread and its connections (the envelope
+/// check then refuses it), and the flag cleared again, so the file is read
+/// and sent as `open_read`'s are.
+fn open_read_nonblocking(path: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?,
+        opened => opened?,
+    };
+    // SAFETY: fcntl on a descriptor `opened` owns; no pointer is passed.
+    let flags = unsafe { libc::fcntl(opened.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(opened.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(opened)
+}
+
 /// `open_read` that never waits for the disk: `openat2` with
 /// `RESOLVE_CACHED` resolves the path from the kernel's dentry cache alone
 /// and fails with `EAGAIN` where it would have to read a directory from the
@@ -408,8 +436,9 @@ impl FileJobs {
         }
     }
 
-    /// `run` for work that starts a request's use of the disk: refused
-    /// with `PoolError::Busy` when the pool's queue is full (never inline).
+    /// `run` for work that starts a request's use of the disk: on the pool,
+    /// refused with `PoolError::Busy` when its queue is full; inline, never
+    /// refused.
     async fn try_run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, PoolError> {
         match &self.inline {
             Some(stats) => {

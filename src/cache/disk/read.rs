@@ -5,7 +5,10 @@
 use super::format::{self, Checksum, ReadError};
 use super::held::{OpenObject, pread_nowait};
 use super::index::Entry;
-use super::{DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, open_read_cached, secs32};
+use super::{
+    DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, open_read_cached, open_read_nonblocking,
+    secs32,
+};
 use crate::blocking::PoolError;
 use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
@@ -56,7 +59,12 @@ impl Inner {
         if self.held.is_some() && request {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
-        let file = match self.open_file(|| open_read(&path)) {
+        let open = if self.jobs.inline.is_some() {
+            open_read_nonblocking
+        } else {
+            open_read
+        };
+        let file = match self.open_file(|| open(&path)) {
             Ok(f) => f,
             Err(e) => {
                 if e.kind() == io::ErrorKind::NotFound {
