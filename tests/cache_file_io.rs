@@ -5,7 +5,8 @@
 //! work inline for a directory on tmpfs and on the pool elsewhere; the
 //! statistics say which (`cache.disk.file_io`) and count the inline jobs.
 //! With the pool, a disk-tier open that has nothing to read from the device
-//! is still done on the worker thread (`opens_nowait`).
+//! is still done on the worker thread (`opens_nowait`), and so is a body
+//! read the page cache holds (`reads_nowait`).
 
 mod common;
 
@@ -195,6 +196,38 @@ async fn with_the_pool_an_open_with_nothing_to_read_from_the_disk_is_done_on_the
     assert_eq!(n(&after, POOL_JOBS), n(&before, POOL_JOBS), "{}", after["native_pool"]);
     assert_eq!(n(&after, INLINE_JOBS), 0);
     assert_eq!(fetched.load(Ordering::SeqCst), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_pool_a_first_read_after_a_restart_is_checked_on_the_worker_from_the_page_cache() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (origin, fetched) = origin().await;
+    let p = proxy(dir.path(), "file_io = \"pool\"").await;
+    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
+    for path in ["/big", "/small"] {
+        assert_eq!(get(&p, &origin, path).await, "MISS");
+    }
+    stats_when(&p, "both stored", |s| n(s, WRITES) == 2).await;
+    drop(p);
+    // A new process has checked neither file: each first hit reads its body
+    // through the checksum, chunk by chunk, from the page cache.
+    let p = proxy(dir.path(), "file_io = \"pool\"").await;
+    stats_when(&p, "the index rebuilt", |s| {
+        s["cache"]["disk"]["index_ready"] == true && n(s, &["cache", "disk", "objects"]) == 2
+    })
+    .await;
+    let before = stats_snapshot(&p).await;
+    for path in ["/big", "/small", "/big", "/small"] {
+        assert_eq!(get(&p, &origin, path).await, "HIT");
+    }
+    let after = stats_snapshot(&p).await;
+    let disk = |s: &serde_json::Value, k: &str| n(s, &["cache", "disk", k]);
+    assert_eq!(n(&after, POOL_JOBS), n(&before, POOL_JOBS), "{}", after["native_pool"]);
+    // 1 MiB and 100 KiB in chunks of at most 64 KiB: at least 18 reads.
+    let nowait = disk(&after, "reads_nowait") - disk(&before, "reads_nowait");
+    assert!(nowait >= 18, "{nowait} reads on the worker: {}", after["cache"]["disk"]);
+    assert_eq!(disk(&after, "checksum_failures"), 0);
+    assert_eq!(fetched.load(Ordering::SeqCst), 2);
 }
 
 /// The one object file under a disk cache directory (tmp files and the

@@ -356,13 +356,33 @@ impl ReadState {
     }
 
     fn next(&mut self) -> io::Result<Option<Bytes>> {
+        self.next_with(&|f: &File, buf: &mut [u8], off: u64| f.read_exact_at(buf, off))
+    }
+
+    /// `next` on the calling thread if the page cache holds the chunk
+    /// (`preadv2(RWF_NOWAIT)`; on tmpfs a plain read), the checksum
+    /// included; a `WouldBlock` error, with nothing changed, if it does not.
+    fn next_nowait(&mut self) -> io::Result<Option<Bytes>> {
+        let Some(inner) = self.obj.store.upgrade() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let r = self.next_with(&|f: &File, buf: &mut [u8], off: u64| inner.read_exact_nowait(f, buf, off));
+        if r.is_ok() {
+            inner.stats.reads_nowait.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// `next`, the chunk read by `read_exact_at`: an error from it other
+    /// than a short file leaves the state as it was.
+    fn next_with(&mut self, read_exact_at: format::ReadExactAt<'_>) -> io::Result<Option<Bytes>> {
         let n = self.left.min(READ_CHUNK as u64) as usize;
         if n == 0 && self.sum.is_none() {
             return Ok(None);
         }
         let mut buf = vec![0u8; n];
         if n > 0 {
-            if let Err(e) = self.obj.file.read_exact_at(&mut buf, self.off) {
+            if let Err(e) = read_exact_at(&self.obj.file, &mut buf, self.off) {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     return Err(self.fail("truncated while reading", false));
                 }
@@ -437,8 +457,16 @@ impl BodyReader {
     }
 
     /// The next chunk; Ok(None) at the end (after the checksum matched).
+    /// Where file work goes to the blocking pool, a chunk the page cache
+    /// holds is read (and checksummed) here all the same.
     pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
         let mut st = self.take()?;
+        if self.jobs.inline.is_none() {
+            match st.next_nowait() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return self.settle(st, r),
+            }
+        }
         let (st, r) = self
             .jobs
             .run(move || {

@@ -27,8 +27,10 @@ pub struct DiskStats {
     pub open_file_hits: AtomicU64,
     /// Lookups that had to open the file.
     pub open_file_misses: AtomicU64,
-    /// Body reads from held files done on the async worker
-    /// (`preadv2(RWF_NOWAIT)`: the bytes were in the page cache).
+    /// Body reads done on the async worker because the page cache held
+    /// the bytes (`preadv2(RWF_NOWAIT)`): held files' reads, and where file
+    /// work goes to the blocking pool, the checksummed reads of files just
+    /// opened.
     pub reads_nowait: AtomicU64,
     /// Body reads from held files that would have waited for the disk,
     /// handed to the blocking pool (run inline with `cache.file_io =
