@@ -360,6 +360,12 @@ fn start(
             // must not kill it (the default action); it reads the file at
             // start anyway. Its own handler replaces this once installed.
             libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            // Nor a SIGUSR1 (log rotation), which killed a worker still
+            // starting: one that comes before the worker opens its logs is
+            // moot (it opens the new files); only one in the few
+            // milliseconds between its error log's open and its handler's
+            // install is lost, where it used to cost the worker's restart.
+            libc::signal(libc::SIGUSR1, libc::SIG_IGN);
             Ok(())
         });
     }

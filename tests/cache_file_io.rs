@@ -85,20 +85,26 @@ async fn store_and_hit(p: &Portico, origin: &Origin) -> (serde_json::Value, serd
     (before, stats_snapshot(p).await)
 }
 
+/// Asserts that the statistics say the file work runs inline and that the
+/// pool ran no job between `before` and `after`; returns the inline jobs.
+fn all_inline(before: &serde_json::Value, after: &serde_json::Value) -> u64 {
+    assert_eq!(
+        after["cache"]["disk"]["file_io"], "inline",
+        "{}",
+        after["cache"]["disk"]
+    );
+    assert_eq!(n(after, POOL_JOBS), n(before, POOL_JOBS), "{}", after["native_pool"]);
+    n(after, INLINE_JOBS) - n(before, INLINE_JOBS)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_file_work_stores_and_serves_objects_without_the_blocking_pool() {
     let cache = tempfile::tempdir().unwrap();
     let (origin, fetched) = origin().await;
     let p = proxy(cache.path(), "file_io = \"inline\"").await;
     let (before, after) = store_and_hit(&p, &origin).await;
-    assert_eq!(
-        after["cache"]["disk"]["file_io"], "inline",
-        "{}",
-        after["cache"]["disk"]
-    );
-    assert_eq!(n(&after, POOL_JOBS), n(&before, POOL_JOBS), "{}", after["native_pool"]);
     // Two commits, /big's earlier batches, two opens: at least five.
-    let inline = n(&after, INLINE_JOBS) - n(&before, INLINE_JOBS);
+    let inline = all_inline(&before, &after);
     assert!(inline >= 5, "{inline} inline jobs: {}", after["cache"]["disk"]);
     assert_eq!(n(&after, &["cache", "disk", "open_file_misses"]), 2);
     assert_eq!(fetched.load(Ordering::SeqCst), 2);
@@ -128,13 +134,7 @@ async fn auto_runs_file_work_inline_on_tmpfs_and_on_the_blocking_pool_on_a_disk(
 
     let p = proxy(on_tmpfs.path(), "").await;
     let (before, after) = store_and_hit(&p, &origin).await;
-    assert_eq!(
-        after["cache"]["disk"]["file_io"], "inline",
-        "{}",
-        after["cache"]["disk"]
-    );
-    assert_eq!(n(&after, POOL_JOBS), n(&before, POOL_JOBS), "{}", after["native_pool"]);
-    assert!(n(&after, INLINE_JOBS) > n(&before, INLINE_JOBS));
+    assert!(all_inline(&before, &after) > 0);
     assert!(
         p.stderr()
             .contains("(cache.file_io = auto: the directory is on tmpfs or ramfs)")

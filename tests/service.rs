@@ -122,6 +122,40 @@ async fn sigusr1_to_the_supervisor_reopens_the_logs_of_every_process() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_starting_while_logs_are_rotated_is_not_killed_by_sigusr1() {
+    // The supervisor forwards SIGUSR1 to every worker, one still starting
+    // included, whose handler is not installed yet: the default action
+    // killed it (and the supervisor restarted it). Worker 1 is killed here
+    // and, while the supervisor starts it again, SIGUSR1 keeps coming.
+    let p = Portico::start(&logs_config(&free_addr(), "[server]\nprocesses = 2\n")).await;
+    let error = p.dir().join("error.log");
+    let children = read(Path::new(&format!("/proc/{0}/task/{0}/children", p.pid())));
+    let workers: Vec<i32> = children.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    assert_eq!(workers.len(), 2, "{children:?}");
+    // SAFETY: kill takes a pid and a signal number; no memory is shared.
+    assert_eq!(unsafe { libc::kill(workers[1], libc::SIGKILL) }, 0);
+    let until = Instant::now() + Duration::from_millis(800);
+    while Instant::now() < until {
+        p.signal(libc::SIGUSR1);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let restarted = |log: &str| log.matches(" started (pid ").count() >= 3;
+    assert!(
+        eventually(Duration::from_secs(5), || restarted(&read(&error))).await,
+        "{}",
+        read(&error)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = read(&error);
+    assert!(!log.contains("killed by signal 10"), "{log}");
+    assert_eq!(
+        log.matches(" started (pid ").count(),
+        3,
+        "one restart, for the SIGKILL: {log}"
+    );
+}
+
 const BIN: &str = env!("CARGO_BIN_EXE_portico");
 
 /// Runs `portico ARGS` with `env` added; its output.
