@@ -1,8 +1,9 @@
 //! The disk tier through its public API: round trips (0 B to 256 MiB,
 //! streamed with bounded memory), corruption and truncation never served,
 //! tmp files left by a crash cleaned, restart with a background index
-//! rebuild, GC order, concurrent writers, metadata updates, and a real
-//! kill -9 of a process in the middle of writing.
+//! rebuild (past a FIFO put in place of a file), GC order, concurrent
+//! writers, metadata updates, and a real kill -9 of a process in the
+//! middle of writing.
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -727,4 +728,39 @@ async fn a_file_whose_checksum_failed_is_never_held() {
     assert_eq!(store.held_files(), 0);
     assert!(store.open(id).await.is_none());
     assert_eq!(store.stats().snapshot().checksum_failures, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_place_of_an_object_file_is_removed_by_the_scan_which_still_completes() {
+    // Opening a FIFO waits for a writer: a scan that opened it would never
+    // finish, and until it does every miss looks for files by path.
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let store = DiskStore::start(&c).unwrap();
+    store.wait_scan().await;
+    let kept = put(&store, "http://h/kept", &body(5000, 1), 0).await;
+    let gone = put(&store, "http://h/fifo", &body(5000, 2), 0).await;
+    drop(store);
+    let fifo = object_files(dir.path())
+        .into_iter()
+        .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(gone.hex().as_str()))
+        .expect("the object's file");
+    fs::remove_file(&fifo).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let store = DiskStore::start(&c).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), store.wait_scan())
+        .await
+        .expect("the scan completes past the FIFO");
+    assert!(!fifo.exists(), "the FIFO is removed");
+    let s = store.stats().snapshot();
+    assert_eq!((s.objects, s.corrupt_removed), (1, 1));
+    assert_eq!(read_all(&store, kept).await.unwrap().unwrap(), body(5000, 1));
+    assert!(read_all(&store, gone).await.is_none());
 }
