@@ -196,8 +196,10 @@ def main():
                 if os.environ.get("DH_STORE") == "1":
                     # Every request a new URL (a query string of its own): a miss that is stored.
                     script = f"{W}/stores.lua"
+                    pick = 'paths[math.random(#paths)])'
+                    assert pick in bench.WRK_RANDOM, "bench.WRK_RANDOM no longer picks a path this way"
                     open(script, "w").write(bench.WRK_RANDOM.replace(
-                        'paths[math.random(#paths)])', f'paths[math.random(#paths)] .. "?s={i}-" .. tostring(math.random(1e9)))'
+                        pick, f'paths[math.random(#paths)] .. "?s={i}-" .. tostring(math.random(1e9)))'
                     ) % {"paths": f"{W}/paths.txt", "seed": bench.SEED + i})
                 out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{dur}s", "--latency", *close, "-s", script, f"http://127.0.0.1:{PORT}/"], capture_output=True, text=True).stdout
                 (u1, s1), t1, g1 = jiffies(pt.pid), time.time(), out_segments()

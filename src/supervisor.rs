@@ -362,9 +362,10 @@ fn start(
             libc::signal(libc::SIGHUP, libc::SIG_IGN);
             // Nor a SIGUSR1 (log rotation), which killed a worker still
             // starting: one that comes before the worker opens its logs is
-            // moot (it opens the new files); only one in the few
-            // milliseconds between its error log's open and its handler's
-            // install is lost, where it used to cost the worker's restart.
+            // moot (it opens the new files); only one between its error
+            // log's open and its handler's install (the certificate check
+            // and the runtime's creation, `server::run`) is lost, where it
+            // used to cost the worker's restart.
             libc::signal(libc::SIGUSR1, libc::SIG_IGN);
             Ok(())
         });

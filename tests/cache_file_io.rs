@@ -69,16 +69,24 @@ const POOL_JOBS: &[&str] = &["native_pool", "jobs"];
 const INLINE_JOBS: &[&str] = &["cache", "disk", "inline_jobs"];
 const WRITES: &[&str] = &["cache", "disk", "writes"];
 
+/// Once the index is ready, fetches each of `paths` (each a miss) and
+/// waits until all are stored; returns the statistics from before.
+async fn store_all<S: AsRef<str>>(p: &Portico, origin: &Origin, paths: &[S]) -> serde_json::Value {
+    stats_when(p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
+    let before = stats_snapshot(p).await;
+    for path in paths {
+        assert_eq!(get(p, origin, path.as_ref()).await, "MISS");
+    }
+    let stored = n(&before, WRITES) + paths.len() as u64;
+    stats_when(p, "all stored", |s| n(s, WRITES) == stored).await;
+    before
+}
+
 /// Stores `/big` and `/small` (misses), then reads each from its file
 /// twice (the first hit opens it, the second uses it held open); returns
 /// the statistics before and after.
 async fn store_and_hit(p: &Portico, origin: &Origin) -> (serde_json::Value, serde_json::Value) {
-    stats_when(p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
-    let before = stats_snapshot(p).await;
-    for path in ["/big", "/small"] {
-        assert_eq!(get(p, origin, path).await, "MISS");
-    }
-    stats_when(p, "both stored", |s| n(s, WRITES) == n(&before, WRITES) + 2).await;
+    let before = store_all(p, origin, &["/big", "/small"]).await;
     for path in ["/big", "/small", "/big", "/small"] {
         assert_eq!(get(p, origin, path).await, "HIT");
     }
@@ -166,12 +174,8 @@ async fn with_the_pool_an_open_with_nothing_to_read_from_the_disk_is_done_on_the
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (origin, fetched) = origin().await;
     let p = proxy(dir.path(), "file_io = \"pool\"\nopen_files = 4").await;
-    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
     let paths: Vec<String> = (0..40).map(|i| format!("/o{i}")).collect();
-    for path in &paths {
-        assert_eq!(get(&p, &origin, path).await, "MISS");
-    }
-    stats_when(&p, "all stored", |s| n(s, WRITES) == 40).await;
+    store_all(&p, &origin, &paths).await;
     // The first hit of each reads its body through the checksum (on the
     // pool: not verified yet in this process).
     for path in &paths {
@@ -203,11 +207,7 @@ async fn with_the_pool_a_first_read_after_a_restart_is_checked_on_the_worker_fro
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (origin, fetched) = origin().await;
     let p = proxy(dir.path(), "file_io = \"pool\"").await;
-    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
-    for path in ["/big", "/small"] {
-        assert_eq!(get(&p, &origin, path).await, "MISS");
-    }
-    stats_when(&p, "both stored", |s| n(s, WRITES) == 2).await;
+    store_all(&p, &origin, &["/big", "/small"]).await;
     drop(p);
     // A new process has checked neither file: each first hit reads its body
     // through the checksum, chunk by chunk, from the page cache.
@@ -230,25 +230,6 @@ async fn with_the_pool_a_first_read_after_a_restart_is_checked_on_the_worker_fro
     assert_eq!(fetched.load(Ordering::SeqCst), 2);
 }
 
-/// The one object file under a disk cache directory (tmp files and the
-/// popularity sketch excluded).
-fn object_file(dir: &Path) -> std::path::PathBuf {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).expect("read cache dir").flatten() {
-            let kind = entry.file_type().expect("file type");
-            if kind.is_dir() && entry.file_name() != "tmp" {
-                stack.push(entry.path());
-            } else if kind.is_file() && d != dir {
-                found.push(entry.path());
-            }
-        }
-    }
-    assert_eq!(found.len(), 1, "expected one cached object: {found:?}");
-    found.remove(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_in_place_of_an_object_file_holds_up_no_worker_thread() {
     // Inline, the open runs on a worker thread: a FIFO opened the usual way
@@ -257,13 +238,13 @@ async fn a_fifo_in_place_of_an_object_file_holds_up_no_worker_thread() {
     let cache = tempfile::tempdir().unwrap();
     let (origin, fetched) = origin().await;
     let p = proxy(cache.path(), "file_io = \"inline\"").await;
-    stats_when(&p, "the index ready", |s| s["cache"]["disk"]["index_ready"] == true).await;
-    assert_eq!(get(&p, &origin, "/small").await, "MISS");
-    stats_when(&p, "stored", |s| n(s, WRITES) == 1).await;
-    let file = object_file(cache.path());
-    std::fs::remove_file(&file).unwrap();
+    store_all(&p, &origin, &["/small"]).await;
+    let files = cache_object_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    std::fs::remove_file(file).unwrap();
     let made = std::process::Command::new("mkfifo")
-        .arg(&file)
+        .arg(file)
         .status()
         .expect("run mkfifo");
     assert!(made.success());

@@ -103,11 +103,26 @@ impl std::fmt::Debug for OpenObject {
     }
 }
 
+/// A read that never waits for the disk: `pread_nowait`, or on a file
+/// system held in memory (`memory_fs`: tmpfs refuses `RWF_NOWAIT` with
+/// `EOPNOTSUPP` but never waits for a disk) a plain read, which is what
+/// the non-blocking one would be. `Ok(None)`: read on the blocking pool.
+pub(super) fn read_nowait(file: &File, buf: &mut [u8], off: u64, memory_fs: bool) -> io::Result<Option<usize>> {
+    if !memory_fs {
+        return pread_nowait(file, buf, off);
+    }
+    match file.read_at(buf, off) {
+        Ok(got) => Ok(Some(got)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// A non-blocking read: `preadv2` with `RWF_NOWAIT` reads what the page
 /// cache holds and fails with `EAGAIN` rather than wait for the disk.
 /// `Ok(None)`: it would block (or the file system cannot say), read on the
 /// blocking pool instead.
-pub(super) fn pread_nowait(file: &File, buf: &mut [u8], off: u64) -> io::Result<Option<usize>> {
+fn pread_nowait(file: &File, buf: &mut [u8], off: u64) -> io::Result<Option<usize>> {
     let Ok(off) = libc::off_t::try_from(off) else {
         return Ok(None);
     };
@@ -177,18 +192,7 @@ impl OpenObject {
         let mut buf = BytesMut::zeroed(n);
         let inner = self.store.upgrade();
         let memory_fs = inner.as_ref().is_some_and(|i| i.memory_fs);
-        let nowait = if memory_fs {
-            // tmpfs refuses RWF_NOWAIT (EOPNOTSUPP) but never waits for a
-            // disk: a plain read is what the non-blocking one would be.
-            match self.file.read_at(&mut buf, self.file_offset(from)) {
-                Ok(got) => Some(got),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            pread_nowait(&self.file, &mut buf, self.file_offset(from))?
-        };
-        if let Some(got) = nowait
+        if let Some(got) = read_nowait(&self.file, &mut buf, self.file_offset(from), memory_fs)?
             && got == n
         {
             if let Some(i) = &inner {

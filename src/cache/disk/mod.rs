@@ -249,26 +249,32 @@ fn open_read(path: &Path) -> io::Result<File> {
 /// check then refuses it), and the flag cleared again, so the file is read
 /// and sent as `open_read`'s are.
 fn open_read_nonblocking(path: &Path) -> io::Result<File> {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
-    let opened = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::OpenOptions::new()
+    let open = |flags: libc::c_int| {
+        std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)?,
-        opened => opened?,
+            .custom_flags(flags | libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|f| clear_nonblock(&f, flags).map(|()| f))
     };
-    // SAFETY: fcntl on a descriptor `opened` owns; no pointer is passed.
-    let flags = unsafe { libc::fcntl(opened.as_raw_fd(), libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(opened.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } != 0 {
+    match open(libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(0),
+        opened => opened,
+    }
+}
+
+/// Sets the status flags of a file opened with `O_NONBLOCK` (to open
+/// without waiting) to `flags`, those it was opened with less that one, so
+/// that it is read and sent as `open_read`'s files are: `sendfile` from a
+/// descriptor marked non-blocking would not wait for a full socket the way
+/// it does now. One `fcntl`: the flags are known, not read back.
+fn clear_nonblock(file: &File, flags: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor `file` owns; no pointer is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(opened)
+    Ok(())
 }
 
 /// `open_read` that never waits for the disk: `openat2` with
@@ -310,11 +316,8 @@ fn open_read_cached(path: &Path) -> Option<File> {
     let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
     // SAFETY: the kernel just returned this descriptor; nothing else owns it.
     let file = unsafe { File::from_raw_fd(fd) };
-    // Then as `open_read` opens: `sendfile` from a descriptor marked
-    // non-blocking would not wait for a full socket the way it does now.
-    // SAFETY: fcntl on a descriptor `file` owns; no pointer is passed.
-    let cleared = unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NOATIME) };
-    (cleared == 0).then_some(file)
+    clear_nonblock(&file, libc::O_NOATIME).ok()?;
+    Some(file)
 }
 
 impl Inner {
@@ -414,9 +417,10 @@ async fn blocking<T: Send + 'static>(pool: &BlockingPool, f: impl FnOnce() -> T 
 
 /// Where the disk tier's file work runs (`cache.file_io`): on the blocking
 /// pool, or on the calling worker thread. On tmpfs an open, a write or a
-/// rename is a few microseconds of memory work, less than handing it to a
-/// pool thread and waking the worker again; on a device it may wait for
-/// milliseconds, and every connection of the worker would wait with it.
+/// rename is memory work that never waits for a device, and doing it here
+/// costs less than handing it to a pool thread and waking the worker again
+/// (bench/README: disk-tier hits that open their file, +36%); on a device
+/// it may wait, and every connection of the worker would wait with it.
 #[derive(Clone, Debug)]
 pub(crate) struct FileJobs {
     pool: BlockingPool,
@@ -551,15 +555,11 @@ impl DiskStore {
     pub fn start_with_pool(cfg: &CacheConfig, pool: BlockingPool) -> io::Result<DiskStore> {
         let store = Self::create(cfg, pool)?;
         if store.file_io_inline() {
-            tracing::info!(
-                "disk cache: file work runs on the worker threads (cache.file_io = {}{})",
-                if cfg.file_io == FileIo::Auto { "auto" } else { "inline" },
-                if cfg.file_io == FileIo::Auto {
-                    ": the directory is on tmpfs or ramfs"
-                } else {
-                    ""
-                }
-            );
+            let why = match cfg.file_io {
+                FileIo::Auto => "auto: the directory is on tmpfs or ramfs",
+                _ => "inline",
+            };
+            tracing::info!("disk cache: file work runs on the worker threads (cache.file_io = {why})");
         }
         let weak = Arc::downgrade(&store.inner);
         std::thread::Builder::new()

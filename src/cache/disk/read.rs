@@ -3,7 +3,7 @@
 //! the blocking pool, the checksum verified on the last one.
 
 use super::format::{self, Checksum, ReadError};
-use super::held::{OpenObject, pread_nowait};
+use super::held::{OpenObject, read_nowait};
 use super::index::Entry;
 use super::{
     DiskStore, FileJobs, Inner, READ_CHUNK, key_matches, now_secs, open_read, open_read_cached, open_read_nonblocking,
@@ -136,12 +136,7 @@ impl Inner {
     /// (on tmpfs, which has nothing to wait for, a plain read); else a
     /// `WouldBlock` error.
     fn read_exact_nowait(&self, file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
-        let n = if self.memory_fs {
-            Some(file.read_at(buf, off)?)
-        } else {
-            pread_nowait(file, buf, off)?
-        };
-        match n {
+        match read_nowait(file, buf, off, self.memory_fs)? {
             Some(n) if n == buf.len() => Ok(()),
             _ => Err(io::ErrorKind::WouldBlock.into()),
         }

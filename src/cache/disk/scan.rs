@@ -233,20 +233,21 @@ pub(super) fn run(store: Weak<Inner>, relocate: bool, on_progress: &mut dyn FnMu
             for e in rd.flatten() {
                 if let Some(id) = e.file_name().to_str().and_then(ObjectId::from_hex) {
                     inner.stats.scan_scanned.fetch_add(1, Ordering::Relaxed);
-                    // Not a regular file (a FIFO, a device, a socket put
-                    // there): opening it could wait for ever and the index
-                    // would never be complete. The type comes with the
-                    // directory entry; a link is left alone too.
-                    if !e.file_type().is_ok_and(|t| t.is_file()) {
-                        if e.file_type().is_ok_and(|t| !t.is_dir() && !t.is_symlink()) {
+                    // The type comes with the directory entry. What is not
+                    // a regular file (a FIFO, a device, a socket put there)
+                    // is not opened: that could wait for ever, and the
+                    // index would never be complete. Links and
+                    // directories are left alone.
+                    match e.file_type() {
+                        Ok(t) if t.is_file() => scan_file(&inner, id, &e.path(), relocate),
+                        Ok(t) if !t.is_dir() && !t.is_symlink() => {
                             tracing::warn!("disk cache: removing {}: not a regular file", e.path().display());
                             if fs::remove_file(e.path()).is_ok() {
                                 inner.stats.corrupt_removed.fetch_add(1, Ordering::Relaxed);
                             }
                         }
-                        continue;
+                        _ => {}
                     }
-                    scan_file(&inner, id, &e.path(), relocate);
                 }
             }
         }
