@@ -419,7 +419,7 @@ async fn blocking<T: Send + 'static>(pool: &BlockingPool, f: impl FnOnce() -> T 
 /// pool, or on the calling worker thread. On tmpfs an open, a write or a
 /// rename is memory work that never waits for a device, and doing it here
 /// costs less than handing it to a pool thread and waking the worker again
-/// (bench/README: disk-tier hits that open their file, +36%); on a device
+/// (bench/README.md: disk-tier hits that open their file, +36%); on a device
 /// it may wait, and every connection of the worker would wait with it.
 #[derive(Clone, Debug)]
 pub(crate) struct FileJobs {
