@@ -94,6 +94,7 @@ impl Running {
         let keepalive = self.shared.load().keepalive.clone();
         Ok(Serving {
             nodelay: cfg.nodelay,
+            defer_accept: crate::listen::defer_accept_secs(cfg.defer_accept.get()),
             settings: Arc::new(ConnSettings {
                 h2: crate::http1::h2::H2Settings::for_listener(config, cfg),
                 ..conn_settings(config, keepalive)

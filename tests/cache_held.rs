@@ -486,7 +486,9 @@ async fn held_files_give_way_to_client_and_origin_connections() {
     let addr = free_addr();
     let p = Portico::start_with_open_files(
         &format!(
-            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\
+             # Silent clients take descriptors below: accepted at once.\n\
+             defer_accept = \"0s\"\n\n\
              [limits]\nheader_timeout = \"60s\"\n\n[keepalive]\ntimeout = \"60s\"\nmax_connections = 1000\n\n\
              [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\nopen_files = 1000\n",
             cache.path().display()

@@ -408,8 +408,12 @@ async fn idle_connections_are_handed_to_the_poller_and_back() {
 /// every connection's task 6,200 bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_waiting_in_its_task_costs_under_3_kib() {
-    let p =
-        proxy("[keepalive]\npark_after = \"1min\"\ntimeout = \"1min\"\n\n[limits]\nheader_timeout = \"1min\"\n").await;
+    // Silent new connections, accepted at once (not held by the kernel).
+    let p = proxy_with(
+        "[keepalive]\npark_after = \"1min\"\ntimeout = \"1min\"\n\n[limits]\nheader_timeout = \"1min\"\n",
+        "defer_accept = \"0s\"",
+    )
+    .await;
     let descriptors = || std::fs::read_dir(format!("/proc/{}/fd", p.pid())).map_or(0, |d| d.count());
     // As many as this test process may open (its soft limit raised to the
     // hard one), up to 3,000: the more connections, the less a stray page
@@ -1105,4 +1109,126 @@ async fn past_a_derived_limit_descriptors_run_short_as_busy_503s_never_as_failur
     assert_eq!(served, arrived.load(Ordering::SeqCst), "{statuses:?}");
     assert!(served >= in_service as usize + 24, "{statuses:?} {c}");
     assert!(p.stderr().find("accept failed").is_none(), "{}", p.stderr());
+}
+
+/// The server side of `client`'s connection to `p`, polled for up to 5 s
+/// until `want` says it is there.
+async fn server_side_when(
+    p: &Portico,
+    client: std::net::SocketAddr,
+    want: impl Fn(Option<ServerSide>) -> bool,
+) -> Option<ServerSide> {
+    let mut side = server_side(p.addr(), client);
+    for _ in 0..100 {
+        if want(side) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        side = server_side(p.addr(), client);
+    }
+    side
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_is_handed_to_portico_once_its_client_speaks() {
+    // `listener.defer_accept` (TCP_DEFER_ACCEPT, on by default): the kernel
+    // completes the handshake but queues the connection for `accept` only
+    // when its first bytes arrive, so Portico's first read finds them.
+    let origin = fast_origin().await;
+    let p = proxy("[cache]\nenabled = false\n").await;
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let client = s.local_addr().expect("local_addr");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = server_side(p.addr(), client).expect("the kernel knows the connection");
+    assert_eq!(
+        waiting.state, 3,
+        "a silent client's connection is not queued for accept yet: {waiting:?}"
+    );
+    s.write_all(&get(&origin, "/a", "Connection: close\r\n"))
+        .await
+        .expect("write");
+    let mut raw = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut s, &mut raw)
+        .await
+        .expect("read");
+    assert_eq!(parse_response(&raw).status, 200);
+
+    // Off: the connection is Portico's (accepted, an open socket) at once.
+    let p = proxy_with("[cache]\nenabled = false\n", "defer_accept = \"0s\"").await;
+    let s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let client = s.local_addr().expect("local_addr");
+    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    assert!(
+        side.is_some_and(|s| s.state == 1 && s.inode != 0),
+        "defer_accept = 0s: accepted at once: {side:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_and_stays_silent_is_still_accepted_and_timed_out() {
+    // The kernel holds a silent client for about `defer_accept`, then
+    // queues it anyway (Linux since 2.6.32): Portico sees it and closes it
+    // after `header_timeout` as any other silent client; none is left
+    // hanging in the handshake.
+    let p = proxy("[limits]\nheader_timeout = \"1s\"\n").await;
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let client = s.local_addr().expect("local_addr");
+    let first = server_side(p.addr(), client);
+    assert!(first.is_some_and(|s| s.state == 3), "deferred first: {first:?}");
+    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    assert!(
+        side.is_some_and(|s| s.state == 1),
+        "accepted after the deferral: {side:?}"
+    );
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut s, &mut buf))
+        .await
+        .expect("closed after header_timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "nothing but the close");
+    stats_when(&p, "one header timeout", |c| c["keepalive"]["header_timeouts"] == 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_turns_defer_accept_off_applies_to_the_connections_after_it() {
+    let origin = fast_origin().await;
+    let addr = free_addr();
+    let config = |defer: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\ndefer_accept = \"{defer}\"\n\n[cache]\nenabled = false\n"
+        )
+    };
+    let p = Portico::start(&config("1s")).await;
+    p.rewrite_config(&config("0s"));
+    p.signal(libc::SIGHUP);
+    // The accept loop takes the new value with the next connection it
+    // accepts (a request), and the kernel applies it to those after that.
+    let mut silent = None;
+    for _ in 0..50 {
+        assert_eq!(
+            parse_response(&raw_request(p.addr(), &get(&origin, "/a", "Connection: close\r\n")).await).status,
+            200
+        );
+        let s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        silent = server_side(p.addr(), s.local_addr().expect("local_addr"));
+        if silent.is_some_and(|side| side.inode != 0) {
+            break;
+        }
+    }
+    assert!(
+        silent.is_some_and(|s| s.state == 1 && s.inode != 0),
+        "after the reload a silent client is accepted at once: {silent:?}"
+    );
+}
+
+#[test]
+fn a_defer_accept_longer_than_a_minute_is_refused_with_its_line_and_key() {
+    let out = Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\ndefer_accept = \"2min\"\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("portico.toml:3") && err.contains("defer_accept"), "{err}");
+    let out = Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\ndefer_accept = \"soon\"\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("defer_accept"), "{err}");
 }

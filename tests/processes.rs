@@ -98,24 +98,10 @@ async fn two_workers() -> (Origin, Origin, Portico, BTreeMap<usize, u32>, BTreeS
     (a, b, p, pids, all)
 }
 
-/// `127.0.0.1:port` as written in /proc/net/tcp.
-fn proc_addr(a: SocketAddr) -> String {
-    let SocketAddr::V4(v4) = a else { panic!("IPv4 only") };
-    format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
-}
-
 /// The inode of the server side of the connection from `client` to `server`,
 /// once a process has accepted it (0 while it waits in the accept queue).
 fn server_inode(server: SocketAddr, client: SocketAddr) -> Option<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let (local, remote) = (proc_addr(server), proc_addr(client));
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        (f.len() > 9 && f[1] == local && f[2] == remote)
-            .then(|| f[9].parse().ok())
-            .flatten()
-            .filter(|inode| *inode != 0)
-    })
+    server_side(server, client).map(|s| s.inode).filter(|inode| *inode != 0)
 }
 
 /// Which of `pids` holds socket `inode` open.

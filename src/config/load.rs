@@ -237,6 +237,11 @@ fn parent_credentials(c: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The longest `listener.defer_accept`: beyond it a silent client waits
+/// more than a minute to be seen, and the kernel counts the wait in SYN-ACK
+/// retransmissions (1, 3, 7, 15, 31, 63 s...), so it would be coarse too.
+const MAX_DEFER_ACCEPT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Checks that are about more than one value: references, duplicates, ranges.
 fn validate(c: &Config) -> Result<(), Invalid> {
     use Seg::{Index, Key};
@@ -254,6 +259,16 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             return Err((
                 vec![Key("listener"), Index(i), Key("busy_file")],
                 "set busy_body or busy_file, not both".into(),
+            ));
+        }
+        if l.defer_accept.get() > MAX_DEFER_ACCEPT {
+            return Err((
+                vec![Key("listener"), Index(i), Key("defer_accept")],
+                format!(
+                    "{} is longer than the {}s allowed: a client that connects and stays silent waits that long to be accepted",
+                    l.defer_accept,
+                    MAX_DEFER_ACCEPT.as_secs()
+                ),
             ));
         }
         if l.mode == Mode::Socks && !l.certificate.is_empty() {

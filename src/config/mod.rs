@@ -167,6 +167,11 @@ pub struct ListenerConfig {
     pub listen_queue: u32,
     /// Set TCP_NODELAY on accepted connections.
     pub nodelay: bool,
+    /// TCP_DEFER_ACCEPT: the kernel hands a connection over only once its
+    /// client has sent something, waiting at most about this long (whole
+    /// seconds; 0 = off). Every protocol Portico serves has the client
+    /// speak first, so no connection is refused by it.
+    pub defer_accept: Dur,
     /// Body of this listener's busy (503) responses; empty = the built-in page.
     pub busy_body: String,
     /// File whose content is the body of busy responses (read at start-up); empty = none.
@@ -222,6 +227,7 @@ impl Default for ListenerConfig {
             mode: Mode::Forward,
             listen_queue: 4096,
             nodelay: true,
+            defer_accept: Dur::secs(1),
             busy_body: String::new(),
             busy_file: PathBuf::new(),
             certificate: Vec::new(),

@@ -63,6 +63,37 @@ pub fn cache_object_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The server side of the IPv4 TCP connection from `client` to `server`,
+/// as the kernel lists it in /proc/net/tcp (what `ss -tn` shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerSide {
+    /// The TCP state: 1 ESTABLISHED, 3 SYN_RECV (a handshake the kernel
+    /// has not queued for `accept` yet, as with TCP_DEFER_ACCEPT), ...
+    pub state: u8,
+    /// The socket's inode: 0 until a process has accepted it.
+    pub inode: u64,
+}
+
+/// Looks up [`ServerSide`] for `client` -> `server`; None when the kernel
+/// has no such connection (yet, or any more).
+pub fn server_side(server: std::net::SocketAddr, client: std::net::SocketAddr) -> Option<ServerSide> {
+    let proc_addr = |a: std::net::SocketAddr| {
+        let std::net::SocketAddr::V4(v4) = a else {
+            panic!("IPv4 only")
+        };
+        format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
+    };
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (proc_addr(server), proc_addr(client));
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() > 9 && f[1] == local && f[2] == remote).then(|| ServerSide {
+            state: u8::from_str_radix(f[3], 16).unwrap_or(0),
+            inode: f[9].parse().unwrap_or(0),
+        })
+    })
+}
+
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago
 /// (bound to port 0, read back, released).
 ///
