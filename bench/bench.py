@@ -484,8 +484,10 @@ NGINX_TCP_NOPUSH = "off"
 
 def nginx_conf(d, tput=False, port=None):
     """`tput`: nginx's throughput settings (the nginx-tput peer): tcp_nopush on
-    (head and body in full packets) and open_file_cache (cache files' descriptors
-    kept open between hits); otherwise its latency settings (tcp_nopush off)."""
+    (head and body in full packets), open_file_cache (cache files' descriptors
+    kept open between hits) and `listen ... deferred` (TCP_DEFER_ACCEPT, which
+    Portico's listeners have by default); otherwise its latency settings
+    (tcp_nopush off)."""
     nopush = "on" if tput else NGINX_TCP_NOPUSH
     ofc = ("\n    open_file_cache max=20000 inactive=60s;"
            "\n    open_file_cache_valid 60s;" if tput else "")
@@ -513,7 +515,7 @@ http {{
         keepalive_requests 1000000;
     }}
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        listen 127.0.0.1:{port} backlog=4096{" deferred" if tput else ""};
         location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -592,7 +594,7 @@ cache bench
     max-age 120
 
 frontend fe
-    bind 127.0.0.1:{PORTS['haproxy']} backlog 4096
+    bind 127.0.0.1:{PORTS['haproxy']} backlog 4096 defer-accept
     maxconn 20000
     default_backend origin
     http-after-response set-header X-Cache %[res.cache_hit,iif(HIT,MISS)]
