@@ -1284,12 +1284,25 @@ def listen_backlog(port):
     return None
 
 
+def deferred_handshakes(port):
+    """Connections to the listener on 127.0.0.1:port that the kernel holds in
+    SYN-RECV (state 03 in /proc/net/tcp): with TCP_DEFER_ACCEPT (Portico's
+    `defer_accept`, nginx's `deferred`, HAProxy's `defer-accept`) a client
+    that has sent nothing is not queued for accept until about a second
+    later."""
+    want = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return sum(1 for line in f.readlines()[1:]
+                   if (fields := line.split())[1].endswith(want) and fields[3] == "03")
+
+
 def settle_rss(pid, port, max_wait=10.0):
-    """The proxy's RSS once its accept queue is empty and RSS has stopped
-    moving (two reads 0.5 s apart within 1%)."""
+    """The proxy's RSS once the kernel holds no connection for it (none
+    deferred, the accept queue empty) and RSS has stopped moving (two reads
+    0.5 s apart within 1%)."""
     deadline = time.time() + max_wait
     time.sleep(0.5)
-    while (listen_backlog(port) or 0) > 0 and time.time() < deadline:
+    while (deferred_handshakes(port) > 0 or (listen_backlog(port) or 0) > 0) and time.time() < deadline:
         time.sleep(0.2)
     prev = tree_rss_kib(pid)
     while time.time() < deadline:
@@ -2116,7 +2129,8 @@ def report_idle(scenario, results, peers, args):
              f"test on CPU {PROXY_CPU}; {args.rounds} interleaved round(s), fresh process per run"]
     L = ["Memory per idle connection = (RSS of the proxy's process tree with the connections "
          "open − RSS before them) / connections, in KiB (1 KiB = 1,024 bytes). RSS is read once "
-         "the listener's accept queue is empty and RSS has settled. Kernel socket buffers are "
+         "the kernel holds no connection for the listener (none deferred in SYN-RECV, the accept "
+         "queue empty) and RSS has settled. Kernel socket buffers are "
          "not in RSS. **Lower is better.** Medians over rounds; spread is min–max.\n",
          "| proxy | KiB/conn, no request yet (lower is better) | spread | KiB/conn, after one "
          "request (lower is better) | spread | baseline RSS MiB | runs |",
