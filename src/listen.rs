@@ -139,9 +139,9 @@ impl NoDelay {
 /// the first read of a new connection finds its request instead of
 /// returning EAGAIN and waiting for the poller: under load, up to two
 /// system calls fewer per new connection (a `recvfrom` and an
-/// `epoll_wait`) and no wake-up in between. nginx's `listen ... deferred` and HAProxy's
-/// `defer-accept` set the same option; every client of Portico (HTTP, TLS,
-/// SOCKS 5, the PROXY protocol) speaks first, so none waits for it.
+/// `epoll_wait`) and no wake-up in between. nginx's `listen ... deferred`
+/// and HAProxy's `defer-accept` set the same option; every client of
+/// Portico (HTTP, TLS, SOCKS 5) speaks first, so none waits for it.
 struct DeferAccept(Option<u32>);
 
 impl DeferAccept {
