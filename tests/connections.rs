@@ -1190,6 +1190,30 @@ async fn a_client_that_connects_and_stays_silent_is_still_accepted_and_timed_out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_handed_over_silent_is_served_when_it_speaks() {
+    // On a listener that defers accepts a new connection normally brings
+    // its request; one the kernel handed over without data (the deferral
+    // ran out) must still be waited for, its request in two parts here.
+    let origin = fast_origin().await;
+    let p = proxy("[cache]\nenabled = false\n").await;
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let client = s.local_addr().expect("local_addr");
+    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    assert!(side.is_some_and(|s| s.inode != 0), "accepted without data: {side:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let request = get(&origin, "/late", "Connection: close\r\n");
+    let (head, rest) = request.split_at(10);
+    s.write_all(head).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(rest).await.expect("write");
+    let mut raw = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut s, &mut raw)
+        .await
+        .expect("read");
+    assert_eq!(parse_response(&raw).status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_turns_defer_accept_off_applies_to_the_connections_after_it() {
     let origin = fast_origin().await;
     let addr = free_addr();
