@@ -498,7 +498,9 @@ async fn a_resumed_connection_keeps_its_client_address() {
     assert_eq!((r.status, r.body_str()), (200, "fast /after".to_string()));
     other.send(&get(&origin, "/after", "")).await;
     assert_eq!(other.read_response().await.status, 403);
-    // The log is written in the order responses ended: the refused one last.
+    // Each line is queued after its response was sent, so the two may
+    // reach the file in either order: wait for both.
+    access_log_with(p.dir(), "/after HTTP/1.1\" 200 ").await;
     let log = access_log_with(p.dir(), "/after HTTP/1.1\" 403 ").await;
     let lines: Vec<&str> = log.lines().collect();
     let after: Vec<&&str> = lines.iter().filter(|l| l.contains("/after")).collect();
