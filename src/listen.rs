@@ -110,7 +110,7 @@ pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, s
 /// (one per connection before: a `Connection: close` request or a TLS
 /// handshake paid it on every connection).
 #[derive(Default)]
-struct NoDelay(Option<bool>);
+struct NoDelay(Applied<bool>);
 
 impl NoDelay {
     /// Sets `want` on `listener` if it does not have it yet (at the start,
@@ -119,49 +119,46 @@ impl NoDelay {
     /// queued behind it keep the old one; those that arrive later inherit
     /// the new.
     fn apply(&mut self, listener: &TcpListener, want: bool, accepted: Option<&TcpStream>) {
-        if self.0 == Some(want) {
-            return;
-        }
-        match socket2::SockRef::from(listener).set_tcp_nodelay(want) {
-            Ok(()) => self.0 = Some(want),
-            Err(e) => tracing::warn!("cannot set TCP_NODELAY on a listener: {}", crate::util::io_cause(&e)),
-        }
-        if let Some(s) = accepted {
+        if self.0.apply(want, "TCP_NODELAY", |v| {
+            socket2::SockRef::from(listener).set_tcp_nodelay(v)
+        }) && let Some(s) = accepted
+        {
             let _ = s.set_nodelay(want);
         }
     }
 }
 
-/// TCP_DEFER_ACCEPT as the listening socket has it (`listener.defer_accept`,
-/// whole seconds, 0 = off). With it the kernel completes a connection's
-/// handshake but queues it for `accept` only when its first data arrives
-/// (or, for a client that stays silent, after about that many seconds), so
+/// An option of a listening socket as last set, so that the accept loop
+/// sets it again only when a reload changed it.
+#[derive(Default)]
+struct Applied<T>(Option<T>);
+
+impl<T: Copy + PartialEq> Applied<T> {
+    /// Sets `want` with `set` unless it is set already (a failure is
+    /// logged, and tried again next time); whether it was a change.
+    fn apply(&mut self, want: T, name: &str, set: impl FnOnce(T) -> std::io::Result<()>) -> bool {
+        if self.0 == Some(want) {
+            return false;
+        }
+        match set(want) {
+            Ok(()) => self.0 = Some(want),
+            Err(e) => tracing::warn!("cannot set {name} on a listener: {}", crate::util::io_cause(&e)),
+        }
+        true
+    }
+}
+
+/// `setsockopt(TCP_DEFER_ACCEPT)` (`listener.defer_accept`, whole seconds,
+/// 0 = off; socket2 does not offer it). With it the kernel completes a
+/// connection's handshake but queues it for `accept` only when its first
+/// data arrives (or, for a client that stays silent, after about that many
+/// seconds), so
 /// the first read of a new connection finds its request instead of
 /// returning EAGAIN and waiting for the poller: under load, up to two
 /// system calls fewer per new connection (a `recvfrom` and an
 /// `epoll_wait`) and no wake-up in between. nginx's `listen ... deferred`
 /// and HAProxy's `defer-accept` set the same option; every client of
 /// Portico (HTTP, TLS, SOCKS 5) speaks first, so none waits for it.
-struct DeferAccept(Option<u32>);
-
-impl DeferAccept {
-    /// Sets `secs` on `listener` if it does not have it yet (after a
-    /// reload changed `listener.defer_accept`; [`bind`] set the first).
-    fn apply(&mut self, listener: &TcpListener, secs: u32) {
-        if self.0 == Some(secs) {
-            return;
-        }
-        match set_defer_accept(listener, secs) {
-            Ok(()) => self.0 = Some(secs),
-            Err(e) => tracing::warn!(
-                "cannot set TCP_DEFER_ACCEPT on a listener: {}",
-                crate::util::io_cause(&e)
-            ),
-        }
-    }
-}
-
-/// `setsockopt(TCP_DEFER_ACCEPT)`: socket2 does not offer it.
 fn set_defer_accept(listener: &impl std::os::fd::AsRawFd, secs: u32) -> std::io::Result<()> {
     let value = libc::c_int::try_from(secs).unwrap_or(libc::c_int::MAX);
     // SAFETY: the descriptor is the listener's own and open for the
@@ -198,7 +195,7 @@ pub struct Serving<H> {
     /// that every connection has it from its start ([`NoDelay`]).
     pub nodelay: bool,
     /// TCP_DEFER_ACCEPT in seconds (`listener.defer_accept`): set on the
-    /// listening socket ([`DeferAccept`]).
+    /// listening socket ([`set_defer_accept`]).
     pub defer_accept: u32,
     /// Timeouts and limits for the connection.
     pub settings: Arc<ConnSettings>,
@@ -220,7 +217,7 @@ pub async fn accept_loop<H: Handler>(
     let mut nodelay = NoDelay::default();
     nodelay.apply(&listener, serving.load().nodelay, None);
     // `bind` set the listener's own value.
-    let mut defer = DeferAccept(Some(serving.load().defer_accept));
+    let mut defer = Applied(Some(serving.load().defer_accept));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -249,7 +246,9 @@ pub async fn accept_loop<H: Handler>(
         nodelay.apply(&listener, serving.nodelay, Some(&stream));
         // A reload's new value applies from the next connection the kernel
         // queues (this one was queued under the old).
-        defer.apply(&listener, serving.defer_accept);
+        defer.apply(serving.defer_accept, "TCP_DEFER_ACCEPT", |v| {
+            set_defer_accept(&listener, v)
+        });
         let open = crate::drain::track();
         tokio::spawn(first(serving, stream, peer, open));
     }

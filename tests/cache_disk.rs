@@ -740,11 +740,8 @@ async fn a_fifo_in_place_of_an_object_file_is_removed_by_the_scan_which_still_co
     store.wait_scan().await;
     let kept = put(&store, "http://h/kept", &body(5000, 1), 0).await;
     let gone = put(&store, "http://h/fifo", &body(5000, 2), 0).await;
+    let fifo = store.path_of(gone);
     drop(store);
-    let fifo = object_files(dir.path())
-        .into_iter()
-        .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(gone.hex().as_str()))
-        .expect("the object's file");
     fs::remove_file(&fifo).unwrap();
     assert!(
         std::process::Command::new("mkfifo")

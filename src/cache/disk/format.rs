@@ -211,11 +211,16 @@ impl Envelope {
 /// the size equation) with one read for small objects. The body and the
 /// checksum are not read.
 pub fn read_envelope(file: &File) -> Result<Envelope, ReadError> {
-    read_envelope_with(file, &|f: &File, buf: &mut [u8], off: u64| f.read_exact_at(buf, off))
+    read_envelope_with(file, &read_exact_at)
 }
 
 /// Reads exactly `buf.len()` bytes of a file at an offset.
 pub type ReadExactAt<'a> = &'a dyn Fn(&File, &mut [u8], u64) -> std::io::Result<()>;
+
+/// The [`ReadExactAt`] that waits for the disk: `FileExt::read_exact_at`.
+pub fn read_exact_at(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    file.read_exact_at(buf, off)
+}
 
 /// [`read_envelope`] with the file's bytes read by `read_exact_at` (one
 /// that fails with `WouldBlock` rather than wait for the disk, say).

@@ -15,7 +15,7 @@ use crate::cache::object::StoredMeta;
 use bytes::Bytes;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -108,16 +108,32 @@ impl Inner {
         Some(self.opened(id, entry, file, env, meta, request))
     }
 
+    /// What a request's open settles before any file job: Some(None) for
+    /// an id neither indexed nor possibly on disk (a miss), Some(found)
+    /// where file work goes to the pool and the open had nothing to wait for
+    /// ([`Inner::open_nowait`]); None: open with a file job.
+    fn open_here(self: &Arc<Self>, id: ObjectId) -> Option<Option<DiskObject>> {
+        let entry = self.index.get(id);
+        if entry.is_none() && !self.may_exist_unindexed() {
+            return Some(self.miss());
+        }
+        // Where file work goes to the pool, an open with nothing to wait
+        // for (the common case for an object read lately) is done here.
+        if self.jobs.inline.is_none() {
+            return self.open_nowait(id, entry?).map(Some);
+        }
+        None
+    }
+
     /// [`Inner::open_for`] a request on the calling thread, without waiting
     /// for the disk: the path resolved from the kernel's dentry cache, the
     /// envelope read from its page cache (`open_read_cached`,
     /// `preadv2(RWF_NOWAIT)`). None when that would have waited, or when it
-    /// meets what the blocking open handles and reports (an id not in the
-    /// index, a held file due for its check, a file missing, unreadable or
-    /// corrupt): the caller then opens on the blocking pool, which starts
-    /// from nothing this attempt changed.
-    pub(super) fn open_nowait(self: &Arc<Self>, id: ObjectId) -> Option<DiskObject> {
-        let entry = self.index.get(id)?;
+    /// meets what the blocking open handles and reports (a held file due
+    /// for its check, a file missing, unreadable or corrupt): the caller
+    /// then opens on the blocking pool, which starts from nothing this
+    /// attempt changed.
+    fn open_nowait(self: &Arc<Self>, id: ObjectId, entry: Entry) -> Option<DiskObject> {
         if self.held.as_ref().is_some_and(|h| h.get(id).is_some()) {
             return None;
         }
@@ -222,13 +238,8 @@ impl DiskStore {
     /// Counts as an access (`touch`).
     pub async fn open(&self, id: ObjectId) -> Option<DiskObject> {
         let inner = self.inner.clone();
-        if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
-            return inner.miss();
-        }
-        if self.inner.jobs.inline.is_none()
-            && let Some(found) = inner.open_nowait(id)
-        {
-            return Some(found);
+        if let Some(found) = inner.open_here(id) {
+            return found;
         }
         self.inner
             .jobs
@@ -255,15 +266,8 @@ impl DiskStore {
     /// request then gets a busy response instead of waiting).
     pub async fn try_open(&self, id: ObjectId) -> Result<Option<DiskObject>, PoolError> {
         let inner = self.inner.clone();
-        if inner.index.get(id).is_none() && !inner.may_exist_unindexed() {
-            return Ok(inner.miss());
-        }
-        // Where file work goes to the pool, an open with nothing to wait
-        // for (the common case for an object read lately) is done here.
-        if self.inner.jobs.inline.is_none()
-            && let Some(found) = inner.open_nowait(id)
-        {
-            return Ok(Some(found));
+        if let Some(found) = inner.open_here(id) {
+            return Ok(found);
         }
         match self.inner.jobs.try_run(move || inner.open_blocking(id)).await {
             Ok(found) => Ok(found),
@@ -351,7 +355,7 @@ impl ReadState {
     }
 
     fn next(&mut self) -> io::Result<Option<Bytes>> {
-        self.next_with(&|f: &File, buf: &mut [u8], off: u64| f.read_exact_at(buf, off))
+        self.next_with(&format::read_exact_at)
     }
 
     /// `next` on the calling thread if the page cache holds the chunk
