@@ -976,6 +976,40 @@ async fn a_queued_request_whose_client_leaves_is_dropped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_behind_its_unread_body_is_dropped() {
+    // Nothing of the body is read while the request waits for a place
+    // (but what came with the head): the client's FIN comes in behind the
+    // rest, unread, and is seen there.
+    let (origin, gate, arrived) = gated_origin().await;
+    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
+    let addr = p.addr();
+    let req = get(&origin, "/slow", "Connection: close\r\n");
+    let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
+    until_arrived(&arrived, 1).await;
+    let o = origin.addr();
+    let mut leaving = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = vec![b'x'; 64 << 10];
+    let head = format!(
+        "POST http://{o}/upload HTTP/1.1\r\nHost: {o}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut leaving, &[head.as_bytes(), &body].concat())
+        .await
+        .expect("send");
+    stats_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
+    let me = leaving.local_addr().expect("local_addr");
+    let unread = server_side(addr, me).expect("the kernel knows the connection").unread;
+    assert!(unread > 0, "the body is not all in Portico's hands");
+    drop(leaving);
+    let c = stats_when(&p, "the queue emptied", |c| c["connection_queue"]["current"] == 0).await;
+    assert_eq!(int(&c, "connection_queue", "abandoned"), 1);
+    gate.add_permits(1);
+    assert_eq!(parse_response(&slow.await.expect("join")).status, 200);
+    let paths: Vec<String> = origin.requests().iter().map(|r| r.uri.path().to_string()).collect();
+    assert_eq!(paths, ["/slow"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_close_ends_without_lingering_only_when_nothing_more_was_sent() {
     // A `Connection: close` request read whole, with nothing after it, is
     // closed outright; but a client that sends more while its response is

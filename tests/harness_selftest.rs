@@ -45,6 +45,32 @@ fn free_port_never_gives_the_same_port_twice() {
     assert_eq!(distinct.len(), ports.len());
 }
 
+#[test]
+fn server_side_reads_the_accepted_sockets_state_and_unread_bytes() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server = listener.local_addr().expect("local_addr");
+    let mut client = std::net::TcpStream::connect(server).expect("connect");
+    let me = client.local_addr().expect("client address");
+    let (mut accepted, _) = listener.accept().expect("accept");
+    let side = server_side(server, me).expect("the kernel knows the connection");
+    assert_eq!((side.state, side.unread), (1, 0));
+    assert_ne!(side.inode, 0);
+    client.write_all(&[b'x'; 1000]).expect("send");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while server_side(server, me).expect("still there").unread < 1000 {
+        assert!(std::time::Instant::now() < deadline, "1000 bytes never arrived");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut some = [0u8; 400];
+    accepted.read_exact(&mut some).expect("read");
+    assert_eq!(server_side(server, me).expect("still there").unread, 600);
+    assert!(
+        server_side(me, server).is_some(),
+        "the client's own row is found the other way round"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_address_taken_before_portico_binds_it_is_replaced() {
     // Something else took the port free_addr() found free, as an outgoing

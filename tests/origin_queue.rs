@@ -3,7 +3,8 @@
 //! rest wait their turn and are all answered; a wait past the queue
 //! timeout is a 503 that never reaches the origin, logged and counted; a
 //! request whose client leaves while it waits leaves the line unsent
-//! (HTTP/1 hang-up, with or without a request body, HTTP/2 stream reset;
+//! (HTTP/1 hang-up, with or without a request body, also behind body bytes
+//! or a pipelined request not read yet; HTTP/2 stream reset;
 //! a request collapsed onto it is still answered; `origin.abort_on_close
 //! = false` keeps a half-closing client's request); a place is never lost,
 //! neither to a client that gives up while waiting nor to an upgraded
@@ -264,6 +265,95 @@ async fn a_request_with_a_body_whose_client_leaves_in_line_is_never_sent() {
             ("/kept".to_string(), "kept".to_string())
         ]
     );
+}
+
+/// Writes body bytes to `c`, 16 KiB at a time, until Portico stops
+/// reading them: its body reader is as far ahead of the origin as it goes,
+/// and the kernel holds bytes for it that stay unread. Each write is small
+/// enough for Portico's receive buffer to take whole, so none stays in the
+/// client's own send buffer and a hang-up reaches Portico behind them.
+/// Returns the bytes left unread.
+async fn write_until_unread(p: &Portico, c: &mut TcpStream) -> u64 {
+    let me = c.local_addr().expect("local_addr");
+    let unread = || {
+        server_side(p.addr(), me)
+            .expect("the kernel knows the connection")
+            .unread
+    };
+    for _ in 0..64 {
+        c.write_all(&[b'x'; 16 << 10]).await.expect("send body bytes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = unread();
+        if now > 0 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if unread() == now {
+                return now;
+            }
+        }
+    }
+    panic!("Portico read 1 MiB of a body whose request has no origin place");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_behind_body_bytes_not_read_yet_leaves_the_line() {
+    // Portico reads a few frames of a body ahead of the origin; the rest
+    // waits in the kernel, unread, in front of the client's FIN.
+    let (p, origin, first) = one_place_taken(Duration::from_secs(3), "queue_timeout = \"10s\"\n").await;
+    let o = origin.addr();
+    let mut c = send_raw(
+        &p,
+        &format!("POST http://{o}/upload HTTP/1.1\r\nHost: {o}\r\nContent-Length: 10000000\r\n\r\n"),
+    )
+    .await;
+    stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
+    assert!(write_until_unread(&p, &mut c).await > 0);
+    drop(c);
+    stats_when(&p, "it left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
+    })
+    .await;
+    assert!(
+        !first.is_finished(),
+        "it left the line only when /first gave its place back"
+    );
+    assert_eq!(first.await.expect("first").status, 200);
+    assert_eq!(sent(&origin), ["/first"]);
+    assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_behind_a_pipelined_request_leaves_the_line() {
+    let (p, origin, first) = one_place_taken(Duration::from_secs(3), "queue_timeout = \"10s\"\n").await;
+    let o = origin.addr();
+    let mut c = send_raw(&p, &format!("GET http://{o}/one HTTP/1.1\r\nHost: {o}\r\n\r\n")).await;
+    stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
+    // The next request, sent while the first waits: Portico leaves it in
+    // the kernel until the first is answered.
+    let next = format!("GET http://{o}/two HTTP/1.1\r\nHost: {o}\r\n\r\n");
+    c.write_all(next.as_bytes()).await.expect("send the next request");
+    let me = c.local_addr().expect("local_addr");
+    let mut unread = 0;
+    for _ in 0..100 {
+        unread = server_side(p.addr(), me)
+            .expect("the kernel knows the connection")
+            .unread;
+        if unread > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(unread, next.len() as u64);
+    drop(c);
+    stats_when(&p, "it left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
+    })
+    .await;
+    assert!(
+        !first.is_finished(),
+        "it left the line only when /first gave its place back"
+    );
+    assert_eq!(first.await.expect("first").status, 200);
+    assert_eq!(sent(&origin), ["/first"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

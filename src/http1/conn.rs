@@ -398,12 +398,12 @@ async fn bytes_waiting(stream: &ClientStream) -> Option<BytesMut> {
 }
 
 /// Completes when the client has closed the connection (or it failed),
-/// never while the client is still there. Bytes already waiting (a
-/// pipelined request, a body) mean the client is still there: it then stays
-/// pending for good, rather than spin on a socket that stays readable.
-/// Costs nothing until the socket becomes readable.
+/// never while the client is still there. Costs nothing until the socket
+/// becomes readable. Bytes waiting unread (a pipelined request, the rest
+/// of a body) keep it readable, so from then on the kernel is asked
+/// whether a hang-up came in behind them ([`hung_up`]).
 pub async fn client_closed(stream: &ClientStream) {
-    let stream = match stream {
+    let tcp = match stream {
         ClientStream::Plain(s) => s,
         // Over TLS, bytes waiting may be a close_notify (a client that
         // leaves says so before its TCP close): the records are read to
@@ -414,7 +414,7 @@ pub async fn client_closed(stream: &ClientStream) {
             }
             match t.closed_now() {
                 Ok(true) => return,
-                Ok(false) => std::future::pending::<()>().await,
+                Ok(false) => return hung_up(stream).await,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(_) => return,
             }
@@ -422,18 +422,53 @@ pub async fn client_closed(stream: &ClientStream) {
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     loop {
-        if stream.readable().await.is_err() {
+        if tcp.readable().await.is_err() {
             return;
         }
-        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
-            socket2::SockRef::from(stream).peek(&mut one)
+        let peeked = tcp.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(tcp).peek(&mut one)
         });
         match peeked {
             Ok(0) => return,
-            Ok(_) => std::future::pending::<()>().await,
+            Ok(_) => return hung_up(stream).await,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return,
         }
+    }
+}
+
+/// How often [`hung_up`] asks the kernel.
+const HANG_UP_CHECK: Duration = Duration::from_millis(250);
+
+/// Completes once the client has hung up (its FIN or a reset has come
+/// in), also behind bytes no one has read yet: a request body of which
+/// the reader took only what it reads ahead of the origin (a few frames)
+/// while the request waits for an origin place, or a pipelined request
+/// while the one before it waits. Those bytes keep the socket readable, so
+/// readiness cannot announce the FIN behind them and a read would take
+/// them from their reader; `poll` with POLLRDHUP tells without reading, as
+/// nginx's broken-connection check uses EPOLLRDHUP. Asked every
+/// [`HANG_UP_CHECK`]: a request waiting in line learns of its client's
+/// departure within that, and costs one system call per check.
+pub(crate) async fn hung_up(stream: &ClientStream) {
+    use std::os::fd::AsRawFd;
+    let fd = stream.tcp().as_raw_fd();
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: `p` is a live pollfd for the call's length and the count
+        // passed is 1; `fd` is the connection's socket, open for as long
+        // as `stream` is borrowed. A zero timeout: the call never blocks.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        // POLLHUP and POLLERR are reported whatever `events` asks. A
+        // failed call (EINTR) is asked again at the next check.
+        if n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            return;
+        }
+        tokio::time::sleep(HANG_UP_CHECK).await;
     }
 }
 

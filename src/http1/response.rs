@@ -193,17 +193,21 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// Completes when the client has gone away before its response:
-    /// closed its connection (HTTP/1: a FIN with nothing unread before it,
-    /// see `conn::client_closed`), or reset the request's stream (HTTP/2).
-    /// `body_read`, for a request whose body is being read from the
-    /// connection: completes once the reader is done with it. Until then
-    /// the connection's bytes are the body reader's, so an HTTP/1 client
-    /// is watched only from there.
+    /// closed its connection (HTTP/1, see `conn::client_closed`), or reset
+    /// the request's stream (HTTP/2). `body_read`, for a request whose body
+    /// is being read from the connection: completes once the reader is done
+    /// with it. Until then the connection's bytes are the body reader's,
+    /// and the reader may have stopped a few frames ahead of the origin,
+    /// so meanwhile an HTTP/1 client is watched for a hang-up behind the
+    /// unread rest (`conn::hung_up`).
     pub(crate) async fn client_gone(&mut self, body_read: Option<impl std::future::Future<Output = ()>>) {
         match &mut self.sink {
             Sink::H1(stream) => {
                 if let Some(read) = body_read {
-                    read.await;
+                    tokio::select! {
+                        () = read => {}
+                        () = super::conn::hung_up(stream) => return,
+                    }
                 }
                 super::conn::client_closed(stream).await
             }

@@ -72,6 +72,9 @@ pub struct ServerSide {
     pub state: u8,
     /// The socket's inode: 0 until a process has accepted it.
     pub inode: u64,
+    /// Bytes the kernel has received on it that the server has not read
+    /// (`rx_queue`).
+    pub unread: u64,
 }
 
 /// Looks up [`ServerSide`] for `client` -> `server`; None when the kernel
@@ -90,6 +93,10 @@ pub fn server_side(server: std::net::SocketAddr, client: std::net::SocketAddr) -
         (f.len() > 9 && f[1] == local && f[2] == remote).then(|| ServerSide {
             state: u8::from_str_radix(f[3], 16).unwrap_or(0),
             inode: f[9].parse().unwrap_or(0),
+            unread: f[4]
+                .split_once(':')
+                .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+                .unwrap_or(0),
         })
     })
 }
