@@ -91,9 +91,10 @@ pub async fn send(
 
 /// Waits for `place` at the request's server: until the client goes
 /// (`Upstream::wait_unless`: the request then leaves the line unsent;
-/// with a request body, watched once the client side has read all of it,
-/// `body`), or, without a client (a background revalidation), as long as
-/// `origin.queue_timeout` allows.
+/// with a request body, `body`, watched for a hang-up behind the bytes the
+/// client side has not read yet, and as a bodyless request once it has
+/// read all of it), or, without a client (a background revalidation), as
+/// long as `origin.queue_timeout` allows.
 async fn wait_in_line(
     upstream: &Upstream,
     place: Place,
