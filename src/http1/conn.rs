@@ -339,6 +339,16 @@ pub async fn serve<H: Handler>(
 /// for it either: a client sends it once it has read what it wanted (one
 /// that closes its side early has sent it before the response, and it is
 /// waiting here: the connection then lingers).
+///
+/// The socket is peeked only while it is marked readable. The read that
+/// took the request cleared that mark if it emptied the socket
+/// (`io::try_read_drained`), and input that came after it sets the mark
+/// again as soon as the reactor has seen its event, which it has for input
+/// that came while the response waited to be written. So a `Connection:
+/// close` request answered at once saves the peek, as nginx decides from
+/// its `read->ready` without a system call; input that comes during the
+/// last microseconds before the close, which neither sees, can only come
+/// from a client that sent more after asking to close.
 fn nothing_unread(stream: &ClientStream) -> bool {
     let tcp = match stream {
         ClientStream::Plain(tcp) => tcp,
@@ -346,7 +356,7 @@ fn nothing_unread(stream: &ClientStream) -> bool {
         ClientStream::Tls(_) => return false,
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match socket2::SockRef::from(tcp).peek(&mut one) {
+    match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp).peek(&mut one)) {
         Ok(0) => true,
         Ok(_) => false,
         Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
