@@ -1675,10 +1675,14 @@ def run_rate(peer, tmp, args, ctx, origin):
         urls = os.path.join(tmp, f"urls-{port}.txt")
         with open(urls, "w") as f:
             f.write("".join(f"http://127.0.0.1:{port}{prefix}{p}\n" for p in ctx["paths"]))
-        warm_bad = warm_hits(port, ctx["paths"]) if args.rate_load == "hits" else 0
+        hits = args.rate_load in ("hits", "close")
+        warm_bad = warm_hits(port, ctx["paths"]) if hits else 0
+        # close: a new connection per request (oha sends no Connection
+        # header then, and closes after each response), as in `close`
+        fresh = ["--disable-keepalive"] if args.rate_load == "close" else []
         or0 = origin_requests()
         whole = CpuMeter(daemon.pid, origin.pid)
-        pk = run_oha(ctx["oha"], urls, ["-c", str(args.connections)], args.rate_peak,
+        pk = run_oha(ctx["oha"], urls, ["-c", str(args.connections)] + fresh, args.rate_peak,
                      daemon.pid, origin.pid)
         peak = pk["goodput"]
         problems = []
@@ -1695,7 +1699,7 @@ def run_rate(peer, tmp, args, ctx, origin):
             target = peak * pct / 100.0
             s = run_oha(ctx["oha"], urls,
                         ["-q", f"{target:.0f}", "-c", str(args.rate_connections),
-                         "--latency-correction", "-t", f"{args.rate_timeout}s"],
+                         "--latency-correction", "-t", f"{args.rate_timeout}s"] + fresh,
                         args.rate_step, daemon.pid, origin.pid)
             s["pct"], s["target"] = pct, target
             s["goodput_pct"] = 100.0 * s["goodput"] / peak
@@ -1707,7 +1711,7 @@ def run_rate(peer, tmp, args, ctx, origin):
         c = whole.stop()
         origin_during = origin_requests() - or0 - 1
         ok_total = pk["ok"] + sum(s["ok"] for s in steps)
-        if args.rate_load == "hits" and origin_during:
+        if hits and origin_during:
             problems.append(f"origin saw {origin_during} requests during a hit run")
         if args.rate_load == "miss" and origin_during < ok_total:
             problems.append(f"origin saw {origin_during} requests for {ok_total} 2xx "
@@ -2172,8 +2176,11 @@ def report_rate(scenario, results, peers, args):
     extra = [f"- Load: oha, open loop (`-q RATE --latency-correction`, latency counted from "
              f"each request's scheduled send time), up to {args.rate_connections} connections, "
              f"request timeout {args.rate_timeout} s, URLs uniform random over " +
-             ("the 10,000 cached objects (after a warm-up pass)" if args.rate_load == "hits" else
-              "the 10,000 no-store objects under /ns/ (every request a miss, `--rate-load miss`)") +
+             {"hits": "the 10,000 cached objects (after a warm-up pass)",
+              "close": "the 10,000 cached objects (after a warm-up pass), a new connection per "
+                       "request (`--rate-load close`: oha `--disable-keepalive`)",
+              "miss": "the 10,000 no-store objects under /ns/ (every request a miss, "
+                      "`--rate-load miss`)"}[args.rate_load] +
              f", {args.rate_step}s per step; the peak is a "
              f"closed-loop oha run ({args.connections} connections, {args.rate_peak}s) of the "
              f"same load just before the steps; load generator and origin on CPU {LOAD_CPU}, "
@@ -2628,9 +2635,11 @@ def main():
     ap.add_argument("--rate-timeout", type=float, default=2.0,
                     help="rate: request timeout in seconds; slower counts as a timeout "
                          "(default 2)")
-    ap.add_argument("--rate-load", choices=["hits", "miss"], default="hits",
-                    help="rate: URLs of the hits scenario (cached, after a warm-up) or of the "
-                         "miss scenario (no-store: every request to the origin); default hits")
+    ap.add_argument("--rate-load", choices=["hits", "close", "miss"], default="hits",
+                    help="rate: URLs of the hits scenario (cached, after a warm-up), the same "
+                         "with a new connection per request (close: the close scenario's tail "
+                         "measured below the load generator's limit), or of the miss scenario "
+                         "(no-store: every request to the origin); default hits")
     ap.add_argument("--rule-counts", type=int_list, default=RULE_COUNTS,
                     help="rules: rule counts (default 10,100,1000,10000)")
     ap.add_argument("--rule-kind", choices=["path", "regex"], default="path",
@@ -2716,6 +2725,11 @@ def main():
     if args.rate_load == "miss":
         SCENARIOS["rate"] = SCENARIOS["rate"].replace(
             "hits over the 10,000 objects", "misses over the 10,000 no-store objects")
+    if args.rate_load == "close":
+        SCENARIOS["rate"] = SCENARIOS["rate"].replace(
+            "hits over the 10,000 objects (also issue 6's overload benchmark)",
+            "hits over the 10,000 objects, a new connection per request (the `close` "
+            "scenario's tail below the load generator's limit)")
     if args.idle_connections != 10000:
         SCENARIOS["idle"] = SCENARIOS["idle"].replace(
             "10,000", f"{args.idle_connections:,}")
