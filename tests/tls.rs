@@ -9,6 +9,7 @@ mod common;
 
 use common::{
     Origin, Pem, Portico, Response, cert_table, close_request_then_junk, free_port, metric, page, parse_response,
+    server_side,
 };
 use std::io::Write as _;
 use std::path::Path;
@@ -861,6 +862,69 @@ async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_q
     leaving.write_all(req.as_bytes()).await.expect("send");
     wait_metric(&p, "portico_connection_queue_length", 1).await;
     leaving.shutdown().await.expect("close_notify");
+    wait_metric(&p, "portico_connection_queue_abandoned_total", 1).await;
+    assert_eq!(metric(&p, "portico_connection_queue_length").await, 0);
+    gate.add_permits(1);
+    let mut got = vec![0u8; 4096];
+    let n = first.read(&mut got).await.expect("response");
+    assert!(
+        got[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got[..n])
+    );
+    assert_eq!(origin.count(), 1, "the abandoned request reached the origin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tls_client_that_leaves_behind_its_unread_body_is_dropped_from_the_queue() {
+    // Nothing of a queued request's body is read: its records wait on the
+    // socket in front of the close_notify and the FIN, and are still
+    // unread when the client is seen gone.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "www", &["www.test"]);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let origin = Origin::start(move |_| {
+        let g = g.clone();
+        async move {
+            let _ = g.acquire().await.map(|p| p.forget());
+            Response::ok("slow")
+        }
+    })
+    .await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}\n[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n",
+        free_port(),
+        cert_table(&pem)
+    );
+    let p = Portico::start(&config).await;
+    let url = format!("{}/x", origin.url());
+    let trust = client_config(&[&pem]);
+    let (mut first, _) = tls_connect(port, trust.clone()).await;
+    first
+        .write_all(format!("GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    wait_metric(&p, "portico_upstream_requests_total", 1).await;
+    let (mut leaving, _) = tls_connect(port, trust).await;
+    let body = vec![b'x'; 64 << 10];
+    let head = format!(
+        "POST {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    leaving
+        .write_all(&[head.as_bytes(), &body].concat())
+        .await
+        .expect("send");
+    wait_metric(&p, "portico_connection_queue_length", 1).await;
+    let me = leaving.get_ref().0.local_addr().expect("local_addr");
+    let unread = server_side(format!("127.0.0.1:{port}").parse().expect("addr"), me)
+        .expect("the kernel knows the connection")
+        .unread;
+    assert!(unread > 0, "the body is not all in Portico's hands");
+    leaving.shutdown().await.expect("close_notify");
+    drop(leaving);
     wait_metric(&p, "portico_connection_queue_abandoned_total", 1).await;
     assert_eq!(metric(&p, "portico_connection_queue_length").await, 0);
     gate.add_permits(1);
