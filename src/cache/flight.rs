@@ -257,7 +257,7 @@ impl Follower {
 /// The fetches in flight, by object id.
 #[derive(Debug, Default)]
 pub struct Flights {
-    map: Mutex<HashMap<ObjectId, Arc<Flight>>>,
+    map: Mutex<HashMap<ObjectId, Arc<Flight>, std::hash::BuildHasherDefault<crate::cache::key::IdHasher>>>,
 }
 
 /// Leading a new fetch, or following one under way.

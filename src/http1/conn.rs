@@ -356,7 +356,9 @@ fn nothing_unread(stream: &ClientStream) -> bool {
         ClientStream::Tls(_) => return false,
     };
     let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp).peek(&mut one)) {
+    match tcp.try_io(tokio::io::Interest::READABLE, || {
+        socket2::SockRef::from(tcp).peek(&mut one)
+    }) {
         Ok(0) => true,
         Ok(_) => false,
         Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,

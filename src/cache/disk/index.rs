@@ -10,32 +10,14 @@
 
 use super::DiskStats;
 use super::popularity::Popularity;
-use crate::cache::key::ObjectId;
+use crate::cache::key::{IdHasher, ObjectId};
 use crate::config::Replacement;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
-
-/// Hashes an id (already uniformly distributed) by its low 64 bits.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u128(&mut self, n: u128) {
-        self.0 = n as u64;
-    }
-}
 
 type Map = HashMap<u128, Entry, BuildHasherDefault<IdHasher>>;
 
