@@ -10,10 +10,11 @@
 //! that joins afterwards is *late*: it waits for the fetch to end, then
 //! looks the (now stored) object up or fetches for itself.
 
-use super::key::ObjectId;
+use super::key::{IdHasher, ObjectId};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 use tokio::sync::Notify;
@@ -257,7 +258,7 @@ impl Follower {
 /// The fetches in flight, by object id.
 #[derive(Debug, Default)]
 pub struct Flights {
-    map: Mutex<HashMap<ObjectId, Arc<Flight>, std::hash::BuildHasherDefault<crate::cache::key::IdHasher>>>,
+    map: Mutex<HashMap<ObjectId, Arc<Flight>, BuildHasherDefault<IdHasher>>>,
 }
 
 /// Leading a new fetch, or following one under way.
