@@ -297,8 +297,10 @@ async fn write_until_unread(p: &Portico, c: &mut TcpStream) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_behind_body_bytes_not_read_yet_leaves_the_line() {
     // Portico reads a few frames of a body ahead of the origin; the rest
-    // waits in the kernel, unread, in front of the client's FIN.
-    let (p, origin, first) = one_place_taken(Duration::from_secs(3), "queue_timeout = \"10s\"\n").await;
+    // waits in the kernel, unread, in front of the client's FIN. /first is
+    // held long enough for the writes below (about a second) on a loaded
+    // machine, and less than its client's 5 s timeout.
+    let (p, origin, first) = one_place_taken(Duration::from_millis(4500), "queue_timeout = \"10s\"\n").await;
     let o = origin.addr();
     let mut c = send_raw(
         &p,
