@@ -294,6 +294,23 @@ async fn write_until_unread(p: &Portico, c: &mut TcpStream) -> u64 {
     panic!("Portico read 1 MiB of a body whose request has no origin place");
 }
 
+/// After its client hung up: the waiting request left the line (counted)
+/// while `/first` still held the place, and only `/first` reached the
+/// origin.
+async fn left_before_its_turn(p: &Portico, origin: &Origin, first: tokio::task::JoinHandle<ParsedResponse>) {
+    stats_when(p, "it left the line", |s| {
+        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
+    })
+    .await;
+    assert!(
+        !first.is_finished(),
+        "it left the line only when /first gave its place back"
+    );
+    assert_eq!(first.await.expect("first").status, 200);
+    assert_eq!(sent(origin), ["/first"]);
+    assert_eq!(metric(p, "portico_upstream_queue_abandoned_total").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_behind_body_bytes_not_read_yet_leaves_the_line() {
     // Portico reads a few frames of a body ahead of the origin; the rest
@@ -310,17 +327,7 @@ async fn a_client_that_hangs_up_behind_body_bytes_not_read_yet_leaves_the_line()
     stats_when(&p, "it waits", |s| s["upstream"]["queued"] == 1).await;
     assert!(write_until_unread(&p, &mut c).await > 0);
     drop(c);
-    stats_when(&p, "it left the line", |s| {
-        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
-    })
-    .await;
-    assert!(
-        !first.is_finished(),
-        "it left the line only when /first gave its place back"
-    );
-    assert_eq!(first.await.expect("first").status, 200);
-    assert_eq!(sent(&origin), ["/first"]);
-    assert_eq!(metric(&p, "portico_upstream_queue_abandoned_total").await, 1);
+    left_before_its_turn(&p, &origin, first).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,16 +353,7 @@ async fn a_client_that_hangs_up_behind_a_pipelined_request_leaves_the_line() {
     }
     assert_eq!(unread, next.len() as u64);
     drop(c);
-    stats_when(&p, "it left the line", |s| {
-        s["upstream"]["queue_abandoned"] == 1 && s["upstream"]["waiting"] == 0
-    })
-    .await;
-    assert!(
-        !first.is_finished(),
-        "it left the line only when /first gave its place back"
-    );
-    assert_eq!(first.await.expect("first").status, 200);
-    assert_eq!(sent(&origin), ["/first"]);
+    left_before_its_turn(&p, &origin, first).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -826,8 +826,17 @@ async fn plain_http_or_a_truncated_client_hello_on_a_tls_port_is_closed_and_coun
     assert!(perf.contains("SSLInfo:"), "{perf}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_queue() {
+/// A TLS forward listener serving one request at a time (`max_requests =
+/// 1`, a queue of 4), its place taken by a GET whose origin holds it until
+/// the test lets it go. `leave` gets a second client's connection, the
+/// origin URL and the listener's port; it queues a request and leaves.
+/// Then the queue must be empty with that request counted as abandoned, the
+/// first answered, and the origin asked once.
+async fn queued_tls_client_leaves<F, Fut>(leave: F)
+where
+    F: FnOnce(Arc<Portico>, Tls, String, u16) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let dir = tempfile::tempdir().expect("temp dir");
     let pem = Pem::new(dir.path(), "www", &["www.test"]);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -846,7 +855,7 @@ async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_q
         free_port(),
         cert_table(&pem)
     );
-    let p = Portico::start(&config).await;
+    let p = Arc::new(Portico::start(&config).await);
     let url = format!("{}/x", origin.url());
     let trust = client_config(&[&pem]);
     // The one request in service waits on the origin.
@@ -854,14 +863,8 @@ async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_q
     let req = format!("GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     first.write_all(req.as_bytes()).await.expect("send");
     wait_metric(&p, "portico_upstream_requests_total", 1).await;
-    // The second queues, then its client leaves: close_notify, then its
-    // TCP close. The alert's bytes are waiting on the socket, which a
-    // plain peek takes for a client still there: only reading the records
-    // tells.
-    let (mut leaving, _) = tls_connect(port, trust).await;
-    leaving.write_all(req.as_bytes()).await.expect("send");
-    wait_metric(&p, "portico_connection_queue_length", 1).await;
-    leaving.shutdown().await.expect("close_notify");
+    let (leaving, _) = tls_connect(port, trust).await;
+    leave(p.clone(), leaving, url, port).await;
     wait_metric(&p, "portico_connection_queue_abandoned_total", 1).await;
     assert_eq!(metric(&p, "portico_connection_queue_length").await, 0);
     gate.add_permits(1);
@@ -876,66 +879,43 @@ async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_q
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_tls_client_that_leaves_behind_its_unread_body_is_dropped_from_the_queue() {
-    // Nothing of a queued request's body is read: its records wait on the
-    // socket in front of the close_notify and the FIN, and are still
-    // unread when the client is seen gone.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let pem = Pem::new(dir.path(), "www", &["www.test"]);
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let g = gate.clone();
-    let origin = Origin::start(move |_| {
-        let g = g.clone();
-        async move {
-            let _ = g.acquire().await.map(|p| p.forget());
-            Response::ok("slow")
-        }
+async fn a_queued_tls_client_that_leaves_with_close_notify_is_dropped_from_the_queue() {
+    queued_tls_client_leaves(|p, mut leaving, url, _| async move {
+        // It queues, then leaves: close_notify, then its TCP close. The
+        // alert's bytes are waiting on the socket, which a plain peek takes
+        // for a client still there: only reading the records tells.
+        let req = format!("GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        leaving.write_all(req.as_bytes()).await.expect("send");
+        wait_metric(&p, "portico_connection_queue_length", 1).await;
+        leaving.shutdown().await.expect("close_notify");
     })
     .await;
-    let port = free_port();
-    let config = format!(
-        "[[listener]]\naddress = \"127.0.0.1:{}\"\nmode = \"forward\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"forward\"\n{}\n[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n",
-        free_port(),
-        cert_table(&pem)
-    );
-    let p = Portico::start(&config).await;
-    let url = format!("{}/x", origin.url());
-    let trust = client_config(&[&pem]);
-    let (mut first, _) = tls_connect(port, trust.clone()).await;
-    first
-        .write_all(format!("GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await
-        .expect("send");
-    wait_metric(&p, "portico_upstream_requests_total", 1).await;
-    let (mut leaving, _) = tls_connect(port, trust).await;
-    let body = vec![b'x'; 64 << 10];
-    let head = format!(
-        "POST {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    leaving
-        .write_all(&[head.as_bytes(), &body].concat())
-        .await
-        .expect("send");
-    wait_metric(&p, "portico_connection_queue_length", 1).await;
-    let me = leaving.get_ref().0.local_addr().expect("local_addr");
-    let unread = server_side(format!("127.0.0.1:{port}").parse().expect("addr"), me)
-        .expect("the kernel knows the connection")
-        .unread;
-    assert!(unread > 0, "the body is not all in Portico's hands");
-    leaving.shutdown().await.expect("close_notify");
-    drop(leaving);
-    wait_metric(&p, "portico_connection_queue_abandoned_total", 1).await;
-    assert_eq!(metric(&p, "portico_connection_queue_length").await, 0);
-    gate.add_permits(1);
-    let mut got = vec![0u8; 4096];
-    let n = first.read(&mut got).await.expect("response");
-    assert!(
-        got[..n].starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&got[..n])
-    );
-    assert_eq!(origin.count(), 1, "the abandoned request reached the origin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tls_client_that_leaves_behind_its_unread_body_is_dropped_from_the_queue() {
+    queued_tls_client_leaves(|p, mut leaving, url, port| async move {
+        // Nothing of a queued request's body is read: its records wait on
+        // the socket in front of the close_notify and the FIN, and are
+        // still unread when the client is seen gone.
+        let body = vec![b'x'; 64 << 10];
+        let head = format!(
+            "POST {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        leaving
+            .write_all(&[head.as_bytes(), &body].concat())
+            .await
+            .expect("send");
+        wait_metric(&p, "portico_connection_queue_length", 1).await;
+        let me = leaving.get_ref().0.local_addr().expect("local_addr");
+        let unread = server_side(format!("127.0.0.1:{port}").parse().expect("addr"), me)
+            .expect("the kernel knows the connection")
+            .unread;
+        assert!(unread > 0, "the body is not all in Portico's hands");
+        leaving.shutdown().await.expect("close_notify");
+    })
+    .await;
 }
 
 /// Waits until the /metrics series `series` reaches `n`.
