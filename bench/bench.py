@@ -1677,8 +1677,8 @@ def run_rate(peer, tmp, args, ctx, origin):
             f.write("".join(f"http://127.0.0.1:{port}{prefix}{p}\n" for p in ctx["paths"]))
         hits = args.rate_load in ("hits", "close")
         warm_bad = warm_hits(port, ctx["paths"]) if hits else 0
-        # close: a new connection per request (oha sends no Connection
-        # header then, and closes after each response), as in `close`
+        # close: a new connection per request; oha then sends `Connection:
+        # close`, as wrk does in the `close` scenario
         fresh = ["--disable-keepalive"] if args.rate_load == "close" else []
         or0 = origin_requests()
         whole = CpuMeter(daemon.pid, origin.pid)
