@@ -27,6 +27,36 @@ pub(crate) fn http_date_now() -> HeaderValue {
     })
 }
 
+/// A `Hasher` for map keys that are already hashes (an xxh3 of a host
+/// name, an `ObjectId`): passes the key's low 64 bits through, where
+/// SipHash would spend instructions re-mixing bits that are mixed already
+/// (a third of an ACL decision's time; about 160 instructions per lookup of
+/// a 128-bit id).
+#[derive(Debug, Default)]
+pub(crate) struct PreHashed(u64);
+
+impl std::hash::Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` and `write_u128` are used; fold anything else
+        // in to stay correct.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+}
+
+/// A `HashMap` keyed by values that are already hashes ([`PreHashed`]).
+pub(crate) type PreHashedMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<PreHashed>>;
+
 /// Counts one in a gauge until dropped: each holder of a resource
 /// (a cache file being written, a pooled origin connection, a pumping
 /// tunnel) carries one, so the count cannot drift from what is held.

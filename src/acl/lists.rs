@@ -9,18 +9,16 @@
 //! trusted alone: a hit is confirmed by comparing the name, so a host
 //! crafted to collide with an allowed domain is not let through.
 
-use super::{KeyHasher, Request, host_key};
+use super::{Request, host_key};
 use crate::config::{AclListConfig, AclListKind};
 use regex::RegexSet;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
 /// Longest line a list file may have. A domain is at most 253 bytes; URL
 /// prefixes and regexes get room, but a multi-megabyte "line" is a damaged
 /// or wrong file, refused with its line number rather than compiled.
 pub const MAX_LINE: usize = 8192;
 
-type Table<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+type Table<V> = crate::util::PreHashedMap<u64, V>;
 
 /// One compiled list.
 #[derive(Debug)]

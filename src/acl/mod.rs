@@ -24,7 +24,6 @@ pub use mime::{MediaTypes, ReplyDenied, ReplyFilter};
 
 use crate::config::{AclAction, Mode};
 use http::{HeaderMap, Method, StatusCode};
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -151,30 +150,11 @@ pub struct Acl {
 /// one hash of the bytes and no string compare per lookup (SipHash over the
 /// name was a third of a decision's time). A collision only adds a
 /// candidate, which its own `host` matcher then rejects.
-type HostTable = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<KeyHasher>>;
+type HostTable = crate::util::PreHashedMap<u64, Vec<u32>>;
 
 /// The hash of a host or suffix as the tables key it.
 fn host_key(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
-}
-
-/// A `Hasher` for keys that are already hashes: passes the `u64` through.
-#[derive(Debug, Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used; fold anything else in to stay correct.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 #[derive(Debug)]

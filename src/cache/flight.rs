@@ -10,11 +10,10 @@
 //! that joins afterwards is *late*: it waits for the fetch to end, then
 //! looks the (now stored) object up or fetches for itself.
 
-use super::key::{IdHasher, ObjectId};
+use super::key::ObjectId;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 use tokio::sync::Notify;
@@ -258,7 +257,7 @@ impl Follower {
 /// The fetches in flight, by object id.
 #[derive(Debug, Default)]
 pub struct Flights {
-    map: Mutex<HashMap<ObjectId, Arc<Flight>, BuildHasherDefault<IdHasher>>>,
+    map: Mutex<crate::util::PreHashedMap<ObjectId, Arc<Flight>>>,
 }
 
 /// Leading a new fetch, or following one under way.

@@ -21,27 +21,6 @@ use xxhash_rust::xxh3::xxh3_128;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(pub u128);
 
-/// Hashes an [`ObjectId`] (or its `u128`), already uniformly distributed,
-/// by its low 64 bits: for the maps keyed by object (the disk index, the
-/// fetches in flight), where SipHash would only spend instructions (about
-/// 160 a lookup) re-mixing bits that are mixed already.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u128(&mut self, n: u128) {
-        self.0 = n as u64;
-    }
-}
-
 impl ObjectId {
     /// 32 lower-case hex digits (the disk file name).
     pub fn hex(self) -> String {

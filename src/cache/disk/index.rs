@@ -10,16 +10,14 @@
 
 use super::DiskStats;
 use super::popularity::Popularity;
-use crate::cache::key::{IdHasher, ObjectId};
+use crate::cache::key::ObjectId;
 use crate::config::Replacement;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
 
-type Map = HashMap<u128, Entry, BuildHasherDefault<IdHasher>>;
+type Map = crate::util::PreHashedMap<u128, Entry>;
 
 /// One object in the index (40 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
