@@ -152,10 +152,9 @@ impl<T: Copy + PartialEq> Applied<T> {
 /// 0 = off; socket2 does not offer it). With it the kernel completes a
 /// connection's handshake but queues it for `accept` only when its first
 /// data arrives (or, for a client that stays silent, after about that many
-/// seconds), so
-/// the first read of a new connection finds its request instead of
-/// returning EAGAIN and waiting for the poller: under load, up to two
-/// system calls fewer per new connection (a `recvfrom` and an
+/// seconds), so the first read of a new connection finds its request
+/// instead of returning EAGAIN and waiting for the poller: under load, up
+/// to two system calls fewer per new connection (a `recvfrom` and an
 /// `epoll_wait`) and no wake-up in between. nginx's `listen ... deferred`
 /// and HAProxy's `defer-accept` set the same option; every client of
 /// Portico (HTTP, TLS, SOCKS 5) speaks first, so none waits for it.

@@ -950,14 +950,24 @@ fn busy_page_settings_are_checked() {
     assert!(err.contains("cannot read busy_file /nonexistent/busy.html"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_request_whose_client_leaves_is_dropped() {
+/// A proxy serving one request at a time (`max_requests = 1`, a queue of
+/// 4), the one in service a `/slow` GET its gated origin holds until the
+/// test adds a permit: the origin, its gate, the proxy, and `/slow`'s
+/// answer to come.
+async fn one_request_in_service() -> (Origin, Arc<Semaphore>, Portico, tokio::task::JoinHandle<Vec<u8>>) {
     let (origin, gate, arrived) = gated_origin().await;
     let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
     let addr = p.addr();
     let req = get(&origin, "/slow", "Connection: close\r\n");
     let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
     until_arrived(&arrived, 1).await;
+    (origin, gate, p, slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_is_dropped() {
+    let (origin, gate, p, slow) = one_request_in_service().await;
+    let addr = p.addr();
     let mut leaving = RawClient::connect(addr).await;
     leaving.send(&get(&origin, "/abandoned", "")).await;
     stats_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
@@ -980,12 +990,8 @@ async fn a_queued_request_whose_client_leaves_behind_its_unread_body_is_dropped(
     // Nothing of the body is read while the request waits for a place
     // (but what came with the head): the client's FIN comes in behind the
     // rest, unread, and is seen there.
-    let (origin, gate, arrived) = gated_origin().await;
-    let p = proxy("[server]\nmax_requests = 1\nqueue_size = 4\n\n[cache]\nenabled = false\n").await;
+    let (origin, gate, p, slow) = one_request_in_service().await;
     let addr = p.addr();
-    let req = get(&origin, "/slow", "Connection: close\r\n");
-    let slow = tokio::spawn(async move { raw_request_timeout(addr, &req, Duration::from_secs(30)).await });
-    until_arrived(&arrived, 1).await;
     let o = origin.addr();
     let mut leaving = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let body = vec![b'x'; 64 << 10];
@@ -993,7 +999,8 @@ async fn a_queued_request_whose_client_leaves_behind_its_unread_body_is_dropped(
         "POST http://{o}/upload HTTP/1.1\r\nHost: {o}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    tokio::io::AsyncWriteExt::write_all(&mut leaving, &[head.as_bytes(), &body].concat())
+    leaving
+        .write_all(&[head.as_bytes(), &body].concat())
         .await
         .expect("send");
     stats_when(&p, "a queued request", |c| c["connection_queue"]["current"] == 1).await;
@@ -1147,24 +1154,6 @@ async fn past_a_derived_limit_descriptors_run_short_as_busy_503s_never_as_failur
     assert!(p.stderr().find("accept failed").is_none(), "{}", p.stderr());
 }
 
-/// The server side of `client`'s connection to `p`, polled for up to 5 s
-/// until `want` says it is there.
-async fn server_side_when(
-    p: &Portico,
-    client: std::net::SocketAddr,
-    want: impl Fn(Option<ServerSide>) -> bool,
-) -> Option<ServerSide> {
-    let mut side = server_side(p.addr(), client);
-    for _ in 0..100 {
-        if want(side) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        side = server_side(p.addr(), client);
-    }
-    side
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_connection_is_handed_to_portico_once_its_client_speaks() {
     // `listener.defer_accept` (TCP_DEFER_ACCEPT, on by default): the kernel
@@ -1193,7 +1182,7 @@ async fn a_new_connection_is_handed_to_portico_once_its_client_speaks() {
     let p = proxy_with("[cache]\nenabled = false\n", "defer_accept = \"0s\"").await;
     let s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
     let client = s.local_addr().expect("local_addr");
-    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    let side = server_side_when(p.addr(), client, |s| s.is_some_and(|s| s.inode != 0)).await;
     assert!(
         side.is_some_and(|s| s.state == 1 && s.inode != 0),
         "defer_accept = 0s: accepted at once: {side:?}"
@@ -1211,7 +1200,7 @@ async fn a_client_that_connects_and_stays_silent_is_still_accepted_and_timed_out
     let client = s.local_addr().expect("local_addr");
     let first = server_side(p.addr(), client);
     assert!(first.is_some_and(|s| s.state == 3), "deferred first: {first:?}");
-    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    let side = server_side_when(p.addr(), client, |s| s.is_some_and(|s| s.inode != 0)).await;
     assert!(
         side.is_some_and(|s| s.state == 1),
         "accepted after the deferral: {side:?}"
@@ -1234,7 +1223,7 @@ async fn a_client_handed_over_silent_is_served_when_it_speaks() {
     let p = proxy("[cache]\nenabled = false\n").await;
     let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
     let client = s.local_addr().expect("local_addr");
-    let side = server_side_when(&p, client, |s| s.is_some_and(|s| s.inode != 0)).await;
+    let side = server_side_when(p.addr(), client, |s| s.is_some_and(|s| s.inode != 0)).await;
     assert!(side.is_some_and(|s| s.inode != 0), "accepted without data: {side:?}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let request = get(&origin, "/late", "Connection: close\r\n");

@@ -341,17 +341,8 @@ async fn a_client_that_hangs_up_behind_a_pipelined_request_leaves_the_line() {
     let next = format!("GET http://{o}/two HTTP/1.1\r\nHost: {o}\r\n\r\n");
     c.write_all(next.as_bytes()).await.expect("send the next request");
     let me = c.local_addr().expect("local_addr");
-    let mut unread = 0;
-    for _ in 0..100 {
-        unread = server_side(p.addr(), me)
-            .expect("the kernel knows the connection")
-            .unread;
-        if unread > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(unread, next.len() as u64);
+    let side = server_side_when(p.addr(), me, |s| s.is_some_and(|s| s.unread > 0)).await;
+    assert_eq!(side.map(|s| s.unread), Some(next.len() as u64));
     drop(c);
     left_before_its_turn(&p, &origin, first).await;
 }

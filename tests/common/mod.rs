@@ -101,6 +101,23 @@ pub fn server_side(server: std::net::SocketAddr, client: std::net::SocketAddr) -
     })
 }
 
+/// [`server_side`], polled for up to 5 s until `want` says it is there.
+pub async fn server_side_when(
+    server: std::net::SocketAddr,
+    client: std::net::SocketAddr,
+    want: impl Fn(Option<ServerSide>) -> bool,
+) -> Option<ServerSide> {
+    let mut side = server_side(server, client);
+    for _ in 0..100 {
+        if want(side) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        side = server_side(server, client);
+    }
+    side
+}
+
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago
 /// (bound to port 0, read back, released).
 ///
