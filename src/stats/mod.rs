@@ -428,6 +428,27 @@ pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), fut)
 }
 
+/// A connection's request timer, kept between its requests by
+/// [`scope_in`] (one allocation per connection, not per request).
+#[derive(Default)]
+pub struct TimerSlot(Option<Box<RefCell<RequestTimer>>>);
+
+/// As [`scope`], with the timer's allocation taken from `slot` (or made
+/// there) and put back when `fut` completes.
+pub async fn scope_in<F: Future>(slot: &mut TimerSlot, fut: F) -> F::Output {
+    let timer = match slot.0.take() {
+        Some(mut t) => {
+            *t.get_mut() = RequestTimer::new();
+            t
+        }
+        None => Box::new(RefCell::new(RequestTimer::new())),
+    };
+    let mut scoped = std::pin::pin!(TIMER.scope(timer, fut));
+    let out = scoped.as_mut().await;
+    slot.0 = scoped.take_value();
+    out
+}
+
 /// Starts the current request's timer afresh (when the handler begins, so
 /// reading the request head is not counted); false outside a [`scope`].
 pub fn restart_timer() -> bool {
