@@ -541,8 +541,9 @@ pub(crate) async fn lingering_close(stream: &ClientStream) {
 
 /// Puts the future `make` makes in `slot`'s box, the one already there if
 /// there is one (the previous future is dropped in place), and returns it
-/// pinned. A new box is written by `make` in place (only the future's
-/// arguments), where a kept one takes a copy of the whole future.
+/// pinned. `make` runs where the future goes, so only its arguments are
+/// written, not the whole 11 KiB (callgrind shows no copy either way; a
+/// future made first and then passed in was copied whole).
 #[inline(always)]
 fn reuse_box<F: Future>(slot: &mut Option<Pin<Box<F>>>, make: impl FnOnce() -> F) -> Pin<&mut F> {
     let kept = match slot.take() {
