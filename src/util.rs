@@ -178,7 +178,7 @@ pub(crate) fn ipv4_digits(v4: std::net::Ipv4Addr, out: &mut [u8; 15]) -> usize {
 /// miss's fetch) while a new one holds only its arguments; `Box::pin` of a
 /// future made first may build it on the stack and copy it whole.
 #[inline(always)]
-pub fn boxed<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pin::Pin<Box<F>> {
+pub fn box_in_place<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pin::Pin<Box<F>> {
     Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 

@@ -551,7 +551,7 @@ fn reuse_box<F: Future>(slot: &mut Option<Pin<Box<F>>>, make: impl FnOnce() -> F
             kept.set(make());
             slot.insert(kept)
         }
-        None => slot.insert(crate::util::boxed(make)),
+        None => slot.insert(crate::util::box_in_place(make)),
     };
     kept.as_mut()
 }

@@ -933,7 +933,7 @@ async fn serve_stream<H: Handler>(
         user: None,
         memory: &mut memory,
     };
-    let one = crate::util::boxed(|| handler.handle(&mut ex));
+    let one = crate::util::box_in_place(|| handler.handle(&mut ex));
     let outcome = if handler.timed() {
         crate::stats::scope(one).await
     } else {

@@ -612,7 +612,9 @@ impl Transaction<'_, '_> {
         // boxed once per connection and reused (`http1::conn`), where a box
         // of its own (7.5 KB) was a malloc and free through glibc's bins
         // on every miss. A hit's future is written in place with only its
-        // arguments, so the larger size costs it no copy.
+        // arguments, so the larger size costs it no copy; an HTTP/2
+        // stream's box, made per stream, is the larger size (+1.9%
+        // instructions per h2 hit under callgrind).
         self.fetch_and_store().await
     }
 

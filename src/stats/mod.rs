@@ -424,8 +424,8 @@ tokio::task_local! {
 /// Runs one request's future (already boxed: only a pointer moves into the
 /// scope) with a fresh timer that [`stage`], [`restart_timer`] and
 /// [`record_current`] reach. The connection skips this when statistics are off.
-pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
-    TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), fut)
+pub async fn scope<F: Future>(fut: F) -> F::Output {
+    scope_in(&mut TimerSlot::default(), fut).await
 }
 
 /// A connection's request timer, kept between its requests by
@@ -434,7 +434,8 @@ pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
 pub struct TimerSlot(Option<Box<RefCell<RequestTimer>>>);
 
 /// As [`scope`], with the timer's allocation taken from `slot` (or made
-/// there) and put back when `fut` completes.
+/// there) and put back when `fut` completes: an HTTP/1 connection keeps
+/// one for its requests.
 pub async fn scope_in<F: Future>(slot: &mut TimerSlot, fut: F) -> F::Output {
     let timer = match slot.0.take() {
         Some(mut t) => {
