@@ -18,7 +18,7 @@ The model:
 - a request is a hit if either tier holds the URL; otherwise the origin is
   asked and the object stored in both.
 
-Usage: bench/hitratio_sim.py [--requests N] [--oracle] [--policy P[:m=X][:w=N] ...]
+Usage: bench/hitratio_sim.py [--requests N] [--oracle] [--policy P[:m=X][:w=N][:layout=L] ...]
 Policies: see POLICIES below. One policy over 1,000,000 requests takes one
 to three minutes.
 
@@ -48,12 +48,18 @@ class Sketch:
     """A count-min sketch of 8-bit counters with conservative update and
     periodic halving (TinyLFU's frequency estimate), as
     src/cache/disk/popularity.rs: `width` counters per row, 4 rows, halved
-    after `window` increments."""
+    after `window` increments. `layout`: "blocked" (src/cache/disk/
+    popularity.rs since 2026-12-06: a key's four counters in one block of
+    64, the low 64 bits of the hash choosing the block and six bits of the
+    high 64 each counter in it), "rows" (before: each row apart, each
+    counter from its own 32 bits) or "quarters" (blocked, each row's
+    counter among its own 16 of the block)."""
 
-    def __init__(self, width, window):
+    def __init__(self, width, window, layout="blocked"):
         self.width = width
-        self.slots = {}     # key -> its counter in each row (hashing once per key)
-        self.rows = [bytearray(width) for _ in range(4)]
+        self.layout = layout
+        self.slots = {}     # key -> its four counters (hashing once per key)
+        self.c = bytearray(4 * width)
         self.window = window
         self.added = 0
 
@@ -61,25 +67,31 @@ class Sketch:
         s = self.slots.get(key)
         if s is None:
             h = int.from_bytes(hashlib.blake2b(key.to_bytes(8, "little"), digest_size=16).digest(), "little")
-            s = self.slots[key] = [(h >> (32 * i)) % self.width for i in range(4)]
+            block = (h & ((1 << 64) - 1)) % (self.width // 16) * 64
+            if self.layout == "rows":
+                s = [i * self.width + (h >> (32 * i)) % self.width for i in range(4)]
+            elif self.layout == "quarters":
+                s = [block + 16 * i + ((h >> (64 + 4 * i)) & 15) for i in range(4)]
+            else:
+                s = [block + ((h >> (64 + 6 * i)) & 63) for i in range(4)]
+            self.slots[key] = s
         return s
 
     def add(self, key):
         idx = self._idx(key)
-        least = min(r[i] for r, i in zip(self.rows, idx))
+        c = self.c
+        least = min(c[i] for i in idx)
         if least < 255:
-            for r, i in zip(self.rows, idx):
-                if r[i] == least:
-                    r[i] = least + 1
+            for i in idx:
+                if c[i] == least:
+                    c[i] = least + 1
         self.added += 1
         if self.added >= self.window:
             self.added //= 2
-            for r in self.rows:
-                for i in range(self.width):
-                    r[i] >>= 1
+            self.c = bytearray(v >> 1 for v in c)
 
     def get(self, key):
-        return min(r[i] for r, i in zip(self.rows, self._idx(key)))
+        return min(self.c[i] for i in self._idx(key))
 
 
 class Memory:
@@ -148,7 +160,8 @@ class Disk:
     """The disk tier. `policy` is a name from POLICIES, optionally followed
     by `:m=X` (the per-object term, default per policy) and, for
     `frequency`, `:w=N` (2^N counters per sketch row instead of the sizing
-    of src/cache/disk/popularity.rs)."""
+    of src/cache/disk/popularity.rs) and `:layout=L` (the sketch's layout:
+    see `Sketch`)."""
 
     def __init__(self, budget, policy, sketch):
         self.budget = budget
@@ -223,7 +236,8 @@ def simulate(stream, sizes, policy, memory_mib=64, disk_mib=1024):
         expected = max(1024, (disk_mib << 20) // (16 << 10))
         w = re.search(r"w=([0-9]+)", policy)
         width = 1 << int(w.group(1)) if w else min(1 << 22, 1 << (4 * expected - 1).bit_length())
-        sketch = Sketch(width=width, window=10 * expected)
+        layout = re.search(r"layout=([a-z]+)", policy)
+        sketch = Sketch(width=width, window=10 * expected, layout=layout.group(1) if layout else "blocked")
     disk = Disk(disk_mib << 20, policy, sketch)
     mem = Memory(memory_mib << 20) if memory_mib else None
     hits = bytes_hit = total_bytes = 0

@@ -330,7 +330,7 @@ async fn how_often_objects_were_asked_for_survives_a_restart() {
     assert!(!file.exists(), "saved before shutdown (every five minutes)");
     stop(&mut p).await;
     let saved = std::fs::read(&file).expect("the sketch is saved at shutdown");
-    assert!(saved.starts_with(b"PORTPOP1"), "{:?}", &saved[..saved.len().min(16)]);
+    assert!(saved.starts_with(b"PORTPOP2"), "{:?}", &saved[..saved.len().min(16)]);
 
     let mut p = proxy(cache.path(), "").await;
     let n = restored_lookups(&p).await;
@@ -361,7 +361,14 @@ async fn a_damaged_popularity_file_is_refused_named_and_replaced() {
     flipped[100] ^= 0x40;
     let mut huge = good.clone();
     huge.resize(17 << 20, 0);
-    let cases: [(&str, Vec<u8>, &str); 5] = [
+    // The file as Portico wrote it before an object's four counters shared
+    // a cache line: whole and checksummed, but its counters would count
+    // for other objects now.
+    let mut earlier = good[..good.len() - 8].to_vec();
+    earlier[..8].copy_from_slice(b"PORTPOP1");
+    let sum = xxhash_rust::xxh3::xxh3_64(&earlier);
+    earlier.extend_from_slice(&sum.to_le_bytes());
+    let cases: [(&str, Vec<u8>, &str); 6] = [
         ("larger than 16 MiB", huge, "damaged (larger than any popularity file)"),
         (
             "truncated",
@@ -375,6 +382,11 @@ async fn a_damaged_popularity_file_is_refused_named_and_replaced() {
             "damaged (not a popularity file)",
         ),
         ("empty", Vec::new(), "damaged (shorter than its header)"),
+        (
+            "the earlier layout",
+            earlier,
+            "written by an earlier Portico (layout PORTPOP1); counting anew",
+        ),
     ];
     for (what, bytes, why) in cases {
         std::fs::write(&file, bytes).unwrap();
@@ -393,7 +405,7 @@ async fn a_damaged_popularity_file_is_refused_named_and_replaced() {
         stop(&mut p).await;
         let again = std::fs::read(&file).expect("saved again");
         assert!(
-            again.starts_with(b"PORTPOP1") && again.len() == good.len(),
+            again.starts_with(b"PORTPOP2") && again.len() == good.len(),
             "{what}: not replaced"
         );
     }

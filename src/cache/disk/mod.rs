@@ -623,7 +623,7 @@ impl DiskStore {
                         path.display()
                     );
                 }
-                Err(e @ popularity::RestoreError::OtherShape { .. }) => {
+                Err(e @ (popularity::RestoreError::OtherShape { .. } | popularity::RestoreError::EarlierLayout)) => {
                     tracing::info!("disk cache: {} not restored: {e}; counting anew", path.display());
                 }
                 Err(e) => tracing::warn!(
