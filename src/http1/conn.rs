@@ -197,10 +197,6 @@ pub struct GoneIdle {
 /// to 1,032 bytes) instead of its bins.
 const FIRST_READ: usize = 1 << 10;
 
-/// How long a kept-alive connection waiting in its task keeps its last
-/// request's future (about 11 KiB) and timer for the next request.
-const KEEP_REQUEST_STATE: Duration = Duration::from_millis(50);
-
 /// Heads larger than the first read grow the buffer by up to this much per
 /// read.
 const HEAD_CHUNK: usize = 4 << 10;
@@ -227,8 +223,8 @@ pub async fn serve<H: Handler>(
     let mut memory = ConnMemory::default();
     // The last request asked to close and left nothing unread (serve_one).
     let mut clean_end = false;
-    // The request's future and its timer, allocated by the first request
-    // and reused by the next ones (see below).
+    // The request's future and its timer, reused by a request that is
+    // already waiting when the last one ends (see below).
     let mut kept_future = None;
     let mut timer = crate::stats::TimerSlot::default();
     let mut served = start.served;
@@ -237,7 +233,11 @@ pub async fn serve<H: Handler>(
         if carry.is_none() && !std::mem::take(&mut ready) {
             // Idle: hold no buffer until the client sends something, and
             // past `park_after` not even a task. A drain (SIGTERM) closes
-            // idle connections at once.
+            // idle connections at once. The last request's future and
+            // timer go back to the allocator now, not at the next request:
+            // see `reuse_box` below.
+            kept_future = None;
+            timer = crate::stats::TimerSlot::default();
             let full = if served == 0 {
                 settings.header_timeout
             } else {
@@ -262,20 +262,7 @@ pub async fn serve<H: Handler>(
                 if crate::drain::is_draining() {
                     Ok(None)
                 } else {
-                    // The last request's future and timer are kept for the
-                    // next one only while the client is quick to send it: a
-                    // connection that stays in its task longer (a steady
-                    // client's doubled `park_after`) waits holding no more
-                    // than before its first request.
-                    let first = wait.min(KEEP_REQUEST_STATE);
-                    match tokio::time::timeout(first, bytes_waiting(&stream)).await {
-                        Err(_) if first < wait => {
-                            kept_future = None;
-                            timer = crate::stats::TimerSlot::default();
-                            tokio::time::timeout(wait - first, bytes_waiting(&stream)).await
-                        }
-                        r => r,
-                    }
+                    tokio::time::timeout(wait, bytes_waiting(&stream)).await
                 }
             };
             match bytes {
@@ -309,12 +296,18 @@ pub async fn serve<H: Handler>(
             }
         }
         let buf = carry.take().unwrap_or_default();
-        // Boxed so an idle connection's task holds only this small loop, and
-        // the box kept for the connection's next request: a request's future
-        // is about 11 KiB (a miss's fetch is not boxed apart: see
-        // `Transaction::miss`), above glibc's per-thread cache, and its
-        // malloc and free cost about 500 instructions a request. The
-        // timer's box is kept the same way.
+        // Boxed so an idle connection's task holds only this small loop. A
+        // request's future is about 11 KiB (a miss's fetch is not boxed
+        // apart: see `Transaction::miss`). Its box is reused only by a
+        // request already read with this one (pipelined), and freed when
+        // the connection goes idle. Kept across idle waits (2026-12-06),
+        // it saved a malloc and free per request (about 4% of a keep-alive
+        // hit's instructions under callgrind) but made every connection
+        // hold 11 KiB that had left the CPU's caches by its next request:
+        // hits lost 4-10% of their throughput with 64 connections and 14%
+        // with 1,000 (bench/README.md). A box freed at the end of a
+        // request is what the next request's malloc, on any connection,
+        // takes back while it is still in the cache. The timer likewise.
         let one = reuse_box(&mut kept_future, || {
             serve_one(&stream, buf, memory, peer, served, settings, handler)
         });

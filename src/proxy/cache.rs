@@ -609,12 +609,11 @@ impl Transaction<'_, '_> {
             return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
         }
         // Not boxed apart: the request's future, which holds this one, is
-        // boxed once per connection and reused (`http1::conn`), where a box
-        // of its own (7.5 KB) was a malloc and free through glibc's bins
-        // on every miss. A hit's future is written in place with only its
-        // arguments, so the larger size costs it no copy; an HTTP/2
-        // stream's box, made per stream, is the larger size (+1.9%
-        // instructions per h2 hit under callgrind).
+        // boxed anyway (`http1::conn`), and a box of its own (7.5 KB) was
+        // one more malloc and free through glibc's bins on every miss. A
+        // hit's future is written in place with only its arguments, so the
+        // larger size costs it no copy; an HTTP/2 stream's box is the
+        // larger size (+1.9% instructions per h2 hit under callgrind).
         self.fetch_and_store().await
     }
 

@@ -429,13 +429,13 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
 }
 
 /// A connection's request timer, kept between its requests by
-/// [`scope_in`] (one allocation per connection, not per request).
+/// [`scope_in`] for a request already read with the last one (pipelined).
 #[derive(Default)]
 pub struct TimerSlot(Option<Box<RefCell<RequestTimer>>>);
 
 /// As [`scope`], with the timer's allocation taken from `slot` (or made
 /// there) and put back when `fut` completes: an HTTP/1 connection keeps
-/// one for its requests.
+/// one while its requests come pipelined.
 pub async fn scope_in<F: Future>(slot: &mut TimerSlot, fut: F) -> F::Output {
     let timer = match slot.0.take() {
         Some(mut t) => {
