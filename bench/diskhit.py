@@ -22,6 +22,10 @@ once from disk), then:
                                               system calls per request
   diskhit.py PORTICO_BIN serve SECONDS        set up and wait (manual probing)
 
+DH_PREFILL: how many times every object is fetched before the mode starts
+(default 2; bench/run's hit scenarios fetch each once, so their first hits
+are each object's second request). DH_KEEPALIVE adds lines to Portico's
+[keepalive] (e.g. 'max_connections = 20000').
 DH_CACHE adds lines to Portico's [cache] (e.g. 'open_files = 10000'),
 DH_SERVER to its [server] (e.g. bench/overload.toml's limits), DH_LISTENER
 to its [[listener]] (h2callgrind adds h2c = true). DH_CLOSE=1 makes the
@@ -80,6 +84,7 @@ mode = "reverse"
 [keepalive]
 max_requests = 0
 timeout = "120s"
+{os.environ.get("DH_KEEPALIVE", "")}
 [[upstream]]
 name = "origin"
 servers = ["127.0.0.1:{ORIGIN}"]
@@ -183,7 +188,8 @@ def main():
     procs = [origin]
     try:
         pt = start_portico(binary); procs.append(pt)
-        prefill(paths); prefill(paths)
+        for _ in range(int(os.environ.get("DH_PREFILL", "2"))):
+            prefill(paths)
         if mode == "wrk":
             rounds, dur = int(sys.argv[3]), int(sys.argv[4])
             subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d3s", "-s", lua, f"http://127.0.0.1:{PORT}/"], capture_output=True)
