@@ -15,6 +15,7 @@ import argparse
 import base64
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime
 import http.client
 import json
@@ -1054,6 +1055,39 @@ def run_wrk(port, path, script, duration, conns, proxy_pid, origin_pid, headers=
         "errors": r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"],
     })
     return r
+
+
+@contextlib.contextmanager
+def objects_and_origin(prefix):
+    """For the hand-run tools beside bench/run (cpu_split.py,
+    busy_seconds.py): a work dir under default_tmp_dir() with bench/run's
+    object set and its origin started; yields (work dir, paths). The origin
+    is stopped and the dir removed on the way out."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=default_tmp_dir())
+    os.chmod(tmp, 0o755)
+    origin = None
+    try:
+        data = os.path.join(tmp, "data")
+        os.makedirs(data)
+        paths, _sizes = generate_objects(data)
+        origin = start_origin(tmp, data)
+        yield tmp, paths
+    finally:
+        if origin:
+            origin.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_peer(peer, tmp, portico_bin):
+    """start_peer with a fresh cache, stopped on the way out (half a second
+    for its port and CPU to settle before the next)."""
+    daemon = start_peer(peer, tmp, portico_bin)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        time.sleep(0.5)
 
 
 def warm_hits(port, paths, workers=8, tls=False):

@@ -17,11 +17,8 @@ Not a benchmark: no checks, no medians; bench/run gives figures to quote.
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench as b  # noqa: E402
@@ -37,19 +34,11 @@ def main():
     if len(args) < 2:
         sys.exit(__doc__)
     binary, peers = args[0], args[1:]
-    tmp = tempfile.mkdtemp(prefix="portico-bench-seconds-", dir=b.default_tmp_dir())
-    os.chmod(tmp, 0o755)
-    origin = None
-    try:
-        data = os.path.join(tmp, "data")
-        os.makedirs(data)
-        paths, _sizes = b.generate_objects(data)
-        origin = b.start_origin(tmp, data)
+    with b.objects_and_origin("portico-bench-seconds-") as (tmp, paths):
         script = b.write_wrk_scripts(tmp, paths)["busy"]
         for peer in peers:
-            daemon = b.start_peer(peer, tmp, binary)
-            port = b.PORTS[peer]
-            try:
+            with b.running_peer(peer, tmp, binary):
+                port = b.PORTS[peer]
                 b.warm_hits(port, paths)
                 print(peer, flush=True)
                 for seconds in runs:
@@ -64,14 +53,6 @@ def main():
                     rps, p50, p99 = (find(r"Requests/sec:\s+(\S+)"), find(r"50%\s+(\S+)"),
                                      find(r"99%\s+(\S+)"))
                     print(f"  {seconds} s: {rps} requests/s, p50 {p50}, p99 {p99}", flush=True)
-            finally:
-                daemon.stop()
-                time.sleep(0.5)
-    finally:
-        if origin:
-            origin.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -24,11 +24,8 @@ checks, no medians; run bench/run for figures to quote.
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench as b  # noqa: E402
@@ -53,20 +50,12 @@ def main():
     if len(sys.argv) < 5 or sys.argv[2] not in ("hits", "close", "miss"):
         sys.exit(__doc__)
     binary, scenario, rounds, peers = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-    tmp = tempfile.mkdtemp(prefix="portico-bench-split-", dir=b.default_tmp_dir())
-    os.chmod(tmp, 0o755)
-    origin = None
-    try:
-        data = os.path.join(tmp, "data")
-        os.makedirs(data)
-        paths, _sizes = b.generate_objects(data)
-        origin = b.start_origin(tmp, data)
+    with b.objects_and_origin("portico-bench-split-") as (tmp, paths):
         script = b.write_wrk_scripts(tmp, paths)["miss" if scenario == "miss" else "hits"]
         for r in range(rounds):
             for peer in peers:
-                daemon = b.start_peer(peer, tmp, binary)
-                port = b.PORTS[peer]
-                try:
+                with b.running_peer(peer, tmp, binary) as daemon:
+                    port = b.PORTS[peer]
                     if scenario != "miss":
                         b.warm_hits(port, paths)
                         b.warm_hits(port, paths)
@@ -79,14 +68,6 @@ def main():
                     print(f"{scenario} round {r + 1} {peer:10} {n / (user + system):9,.0f} requests per core"
                           f"  user {user / n * 1e6:5.1f} us  system {system / n * 1e6:5.1f} us"
                           f"  segments {(g1 - g0) / n:.2f} per request", flush=True)
-                finally:
-                    daemon.stop()
-                    time.sleep(0.5)
-    finally:
-        if origin:
-            origin.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()
