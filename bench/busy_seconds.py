@@ -10,8 +10,9 @@ requests a second, p50 and p99: the first second after the warm-up apart
 from the seconds after it (bench/README.md, "Busy connections: the tail is
 the first second after the warm-up").
 
-Usage: bench/busy_seconds.py PORTICO_BIN PEER... [--runs 1,1,1,5]
+Usage: bench/busy_seconds.py PORTICO_BIN PEER... [--runs 1,1,1,5] [--connections N]
   e.g. bench/busy_seconds.py target/release/portico portico nginx nginx-tput
+  --connections 64: the `hits` scenario the same way (default 1,000: `busy`)
 Not a benchmark: no checks, no medians; bench/run gives figures to quote.
 """
 
@@ -26,10 +27,14 @@ import bench as b  # noqa: E402
 
 def main():
     args = sys.argv[1:]
-    runs = [1, 1, 1, 5]
+    runs, connections = [1, 1, 1, 5], b.BUSY_CONNECTIONS
     if "--runs" in args:
         i = args.index("--runs")
         runs = [int(x) for x in args[i + 1].split(",")]
+        del args[i:i + 2]
+    if "--connections" in args:
+        i = args.index("--connections")
+        connections = int(args[i + 1])
         del args[i:i + 2]
     if len(args) < 2:
         sys.exit(__doc__)
@@ -43,7 +48,7 @@ def main():
                 print(peer, flush=True)
                 for seconds in runs:
                     out = subprocess.run(
-                        ["taskset", "-c", b.LOAD_CPU, "wrk", "-t1", f"-c{b.BUSY_CONNECTIONS}",
+                        ["taskset", "-c", b.LOAD_CPU, "wrk", "-t1", f"-c{connections}",
                          f"-d{seconds}s", "--latency", "-s", script, f"http://127.0.0.1:{port}/"],
                         capture_output=True, text=True, timeout=seconds + 60).stdout
 
