@@ -59,5 +59,6 @@ def main():
                                      find(r"99%\s+(\S+)"))
                     print(f"  {seconds} s: {rps} requests/s, p50 {p50}, p99 {p99}", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -69,5 +69,6 @@ def main():
                           f"  user {user / n * 1e6:5.1f} us  system {system / n * 1e6:5.1f} us"
                           f"  segments {(g1 - g0) / n:.2f} per request", flush=True)
 
+
 if __name__ == "__main__":
     main()
