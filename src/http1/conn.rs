@@ -10,7 +10,6 @@ use super::response::ResponseWriter;
 use crate::keepalive::KeepAlive;
 use bytes::BytesMut;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -223,21 +222,13 @@ pub async fn serve<H: Handler>(
     let mut memory = ConnMemory::default();
     // The last request asked to close and left nothing unread (serve_one).
     let mut clean_end = false;
-    // The request's future and its timer, reused by a request that is
-    // already waiting when the last one ends (see below).
-    let mut kept_future = None;
-    let mut timer = crate::stats::TimerSlot::default();
     let mut served = start.served;
     let mut ready = start.ready;
     loop {
         if carry.is_none() && !std::mem::take(&mut ready) {
             // Idle: hold no buffer until the client sends something, and
             // past `park_after` not even a task. A drain (SIGTERM) closes
-            // idle connections at once. The last request's future and
-            // timer go back to the allocator now, not at the next request:
-            // see `reuse_box` below.
-            kept_future = None;
-            timer = crate::stats::TimerSlot::default();
+            // idle connections at once.
             let full = if served == 0 {
                 settings.header_timeout
             } else {
@@ -269,8 +260,6 @@ pub async fn serve<H: Handler>(
                 Ok(Some(first)) => carry = (!first.is_empty()).then_some(first),
                 Ok(None) => break,
                 Err(_) if wait < full => {
-                    // The kept future borrows the stream.
-                    drop(kept_future);
                     let ClientStream::Plain(stream) = stream else {
                         // Never: `park_after` is None for TLS.
                         return None;
@@ -296,30 +285,37 @@ pub async fn serve<H: Handler>(
             }
         }
         let buf = carry.take().unwrap_or_default();
-        // Boxed so an idle connection's task holds only this small loop. A
-        // request's future is about 11 KiB (a miss's fetch is not boxed
-        // apart: see `Transaction::miss`). Its box is reused only by a
-        // request already read with this one (pipelined), and freed when
-        // the connection goes idle. Kept across idle waits (as 4d1f77b
-        // did), it saved a malloc and free per request (about 4% of a keep-alive
-        // hit's instructions under callgrind) but made every connection
-        // hold 11 KiB that had left the CPU's caches by its next request:
-        // hits lost 4-10% of their throughput with 64 connections and 14%
-        // with 1,000 (bench/README.md). A box freed at the end of a
-        // request is what the next request's malloc, on any connection,
-        // takes back while it is still in the cache. The timer likewise.
-        let one = reuse_box(&mut kept_future, || {
-            serve_one(&stream, buf, memory, peer, served, settings, handler)
+        clean_end = false;
+        // Boxed so an idle connection's task holds only this small loop,
+        // and written in place: a request's future is about 11 KiB (a
+        // miss's fetch is not boxed apart: see `Transaction::miss`). A new
+        // box per request, not one kept for the connection's next request
+        // (4d1f77b): that saved a malloc and free (about 4% of a keep-alive
+        // hit's instructions under callgrind) but left every connection
+        // holding 11 KiB that had left the CPU's caches by its next
+        // request, and hits lost 4-10% of their throughput with 64
+        // connections and 14% with 1,000 (bench/README.md); a box freed at
+        // the end of a request is what the next one's malloc takes back
+        // while it is still cached.
+        let one = crate::util::box_in_place(|| {
+            serve_one(
+                &stream,
+                buf,
+                &mut clean_end,
+                &mut memory,
+                peer,
+                served,
+                settings,
+                handler,
+            )
         });
         // The statistics timer wraps the box, so only a pointer moves (not
         // the request's whole future, as wrapping it inside the handler would).
-        let (next, kept, clean) = if handler.timed() {
-            crate::stats::scope_in(&mut timer, one).await
+        let next = if handler.timed() {
+            crate::stats::scope(one).await
         } else {
             one.await
         };
-        memory = kept;
-        clean_end = clean;
         match next {
             Some(rest) => {
                 served += 1;
@@ -532,42 +528,23 @@ pub(crate) async fn lingering_close(stream: &ClientStream) {
     }
 }
 
-/// Puts the future `make` makes in `slot`'s box, the one already there if
-/// there is one (the previous future is dropped in place), and returns it
-/// pinned. `make` runs where the future goes, so only its arguments are
-/// written, not the whole 11 KiB (callgrind shows no copy either way; a
-/// future made first and then passed in was copied whole).
-#[inline(always)]
-fn reuse_box<F: Future>(slot: &mut Option<Pin<Box<F>>>, make: impl FnOnce() -> F) -> Pin<&mut F> {
-    let kept = match slot.take() {
-        Some(mut kept) => {
-            kept.set(make());
-            slot.insert(kept)
-        }
-        None => slot.insert(crate::util::box_in_place(make)),
-    };
-    kept.as_mut()
-}
-
 /// Serves one request; returns the unread bytes (pipelined requests) when
-/// the connection can be reused, the connection's memory back, and whether
-/// the connection may close without lingering (the client asked to close
-/// and left nothing unread). The memory goes in and out by value, so the
-/// future borrows nothing the connection's loop changes between requests
-/// (its box is reused).
+/// the connection can be reused.
+#[allow(clippy::too_many_arguments)]
 async fn serve_one<H: Handler>(
     stream: &ClientStream,
     mut buf: BytesMut,
-    mut memory: ConnMemory,
+    clean_end: &mut bool,
+    memory: &mut ConnMemory,
     peer: SocketAddr,
     served: u32,
     settings: &ConnSettings,
     handler: &H,
-) -> (Option<BytesMut>, ConnMemory, bool) {
+) -> Option<BytesMut> {
     let deadline = Instant::now() + settings.header_timeout;
     let head = match read_head(stream, &mut buf, &settings.limits, deadline).await {
         Ok(Some(head)) => head,
-        Ok(None) => return (None, memory, false),
+        Ok(None) => return None,
         Err(error) => {
             if error.status == http::StatusCode::REQUEST_TIMEOUT {
                 settings.keepalive.header_timed_out();
@@ -588,7 +565,7 @@ async fn serve_one<H: Handler>(
                     first_line,
                 })
                 .await;
-            return (None, memory, false);
+            return None;
         }
     };
     if served > 0 {
@@ -620,7 +597,7 @@ async fn serve_one<H: Handler>(
         cache_result: None,
         hierarchy: None,
         user: None,
-        memory: &mut memory,
+        memory,
     };
     let outcome = handler.handle(&mut ex).await;
     let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();
@@ -632,16 +609,15 @@ async fn serve_one<H: Handler>(
         // it and nothing of its request is left unread.
         let body_done = ex.body.is_done();
         drop(ex);
-        let clean_end = complete && client_closes && body_done && buf.is_empty();
-        return (None, memory, clean_end);
+        *clean_end = complete && client_closes && body_done && buf.is_empty();
+        return None;
     }
     // A body the handler did not read must be consumed before the next request.
     if !ex.body.is_done() && !ex.body.drain(64 << 10).await {
-        drop(ex);
-        return (None, memory, false);
+        return None;
     }
     drop(ex);
-    (Some(buf), memory, false)
+    Some(buf)
 }
 
 /// Reads a request head and takes it off `buf`. Errors reading a head:

@@ -424,30 +424,8 @@ tokio::task_local! {
 /// Runs one request's future (already boxed: only a pointer moves into the
 /// scope) with a fresh timer that [`stage`], [`restart_timer`] and
 /// [`record_current`] reach. The connection skips this when statistics are off.
-pub async fn scope<F: Future>(fut: F) -> F::Output {
-    scope_in(&mut TimerSlot::default(), fut).await
-}
-
-/// A connection's request timer, kept between its requests by
-/// [`scope_in`] for a request already read with the last one (pipelined).
-#[derive(Default)]
-pub struct TimerSlot(Option<Box<RefCell<RequestTimer>>>);
-
-/// As [`scope`], with the timer's allocation taken from `slot` (or made
-/// there) and put back when `fut` completes: an HTTP/1 connection keeps
-/// one while its requests come pipelined.
-pub async fn scope_in<F: Future>(slot: &mut TimerSlot, fut: F) -> F::Output {
-    let timer = match slot.0.take() {
-        Some(mut t) => {
-            *t.get_mut() = RequestTimer::new();
-            t
-        }
-        None => Box::new(RefCell::new(RequestTimer::new())),
-    };
-    let mut scoped = std::pin::pin!(TIMER.scope(timer, fut));
-    let out = scoped.as_mut().await;
-    slot.0 = scoped.take_value();
-    out
+pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    TIMER.scope(Box::new(RefCell::new(RequestTimer::new())), fut)
 }
 
 /// Starts the current request's timer afresh (when the handler begins, so
