@@ -105,6 +105,13 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     if files.now > files.before {
         tracing::info!("open-files limit raised from {} to {}", files.before, files.now);
     }
+    match crate::sizing::grow_descriptor_table(files.now) {
+        Ok(n) => tracing::debug!("descriptor table grown to {n} descriptors"),
+        Err(e) => tracing::warn!(
+            "cannot grow the descriptor table at start-up ({}): it grows while serving, each time after a pause",
+            crate::util::io_cause(&e)
+        ),
+    }
     // Outside the log macro: its arguments are not evaluated when the
     // level is above info, and the sizing must happen regardless.
     let sized = crate::sizing::resolve(&mut config, files.now);

@@ -83,6 +83,47 @@ pub fn raise_open_files() -> OpenFiles {
     OpenFiles { before, now: before }
 }
 
+/// The most descriptors [`grow_descriptor_table`] makes room for: 512 KiB
+/// of kernel memory for the table's pointers. Past it a table still grows
+/// while serving, once per doubling.
+const GROWN_TABLE_MAX: u64 = 1 << 16;
+
+/// Grows this process's descriptor table at start-up to hold `limit`
+/// descriptors (at most 65,536), so that serving never has to.
+///
+/// Linux grows the table of a multi-threaded process only after an RCU
+/// grace period (`expand_fdtable` calls `synchronize_rcu`): the thread whose
+/// `accept` or `open` needed the room sleeps through it, and so does any
+/// other that opens or accepts meanwhile, with every connection of those
+/// threads. The table doubles each time, so a proxy getting busy paid it
+/// five times on its way to 6,400 descriptors: 7-16 ms each on the 2-core
+/// VM of bench/README.md ("The first second: the descriptor table grown
+/// while serving"), stalls of the only worker thread that made the 99th
+/// percentile of 1,000 busy connections' first second. nginx does not pay
+/// it (its worker processes are single-threaded). The table is kernel
+/// memory (8 bytes a descriptor), not counted in the resident size.
+/// Returns how many descriptors the table now holds at least.
+pub fn grow_descriptor_table(limit: u64) -> std::io::Result<u64> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let want = limit.min(GROWN_TABLE_MAX);
+    let Ok(highest) = libc::c_int::try_from(want.saturating_sub(1)) else {
+        return Ok(0);
+    };
+    // Any descriptor to duplicate: a socket needs no file system.
+    let probe = std::os::unix::net::UnixDatagram::unbound()?;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) duplicates a descriptor we own onto
+    // the lowest free number at or above `highest`, which is below the
+    // open-files limit; it touches no memory of ours.
+    let dup = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, highest) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `dup` was just returned by fcntl, so it is open and nothing
+    // else owns it; dropping the OwnedFd closes it (the table stays grown).
+    drop(unsafe { OwnedFd::from_raw_fd(dup) });
+    Ok(want)
+}
+
 /// The open-files soft limit now (1,024 if it cannot be read), at most
 /// 1 << 20: how many descriptors, so connections, this process can hold.
 pub fn open_files_limit() -> usize {
