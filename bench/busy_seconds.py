@@ -86,7 +86,7 @@ def print_offcpu(data, pgid):
     -e sched:sched_switch -a -g` file: a thread is off from the switch that
     takes it off its CPU to the one that puts it back."""
     pids = set(subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True,
-                              text=True).stdout.split())
+                              text=True).stdout.split()) | {str(pgid)}
     text = subprocess.run(["perf", "script", "-i", data, "-F", "pid,tid,time,trace,ip,sym"],
                           capture_output=True, text=True).stdout
     left, total, waits = {}, 0.0, {}
