@@ -2009,6 +2009,15 @@ def fmt_spread(vals, fmt):
     return f"{fmt(min(vals))}–{fmt(max(vals))}" if len(vals) > 1 else "—"
 
 
+def report_stem(scenario, args):
+    """A report's file name: `rate-miss` and `rate-close` for the other
+    loads of `rate`, so that they sit beside the hits one, as
+    `tls-resume-tls12` sits beside `tls-resume`."""
+    if scenario == "rate" and args.rate_load != "hits":
+        return f"rate-{args.rate_load}"
+    return tls_bench.stem(scenario, args)
+
+
 def write_report(scenario, results, args, vers, outdir, command):
     os.makedirs(outdir, exist_ok=True)
     subjects = [p for p in results if results.get(p)]
@@ -2046,7 +2055,7 @@ def write_report(scenario, results, args, vers, outdir, command):
     L.append("")
     L += body
     L.append("Peer configurations and the reasons for each setting: `bench/peers/`.")
-    stem = tls_bench.stem(scenario, args)
+    stem = report_stem(scenario, args)
     path = os.path.join(outdir, f"{stem}.md")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
@@ -2543,7 +2552,7 @@ def chart(scenario, results, subjects, outdir, args):
         return
     fig.suptitle(f"{scenario}: {SCENARIOS[scenario]}", fontsize=9)
     fig.tight_layout()
-    path = os.path.join(outdir, f"{tls_bench.stem(scenario, args)}.png")
+    path = os.path.join(outdir, f"{report_stem(scenario, args)}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     log(f"wrote {path}")
