@@ -215,8 +215,13 @@ pub async fn accept_loop<H: Handler>(
 ) {
     let mut nodelay = NoDelay::default();
     nodelay.apply(&listener, serving.load().nodelay, None);
-    // `bind` set the listener's own value.
-    let mut defer = Applied(Some(serving.load().defer_accept));
+    // Set again here, not taken as the value `bind` set: a reload (SIGHUP)
+    // handled between the bind and this task's first poll has changed
+    // `serving` already, and would never reach the socket otherwise.
+    let mut defer = Applied(None);
+    defer.apply(serving.load().defer_accept, "TCP_DEFER_ACCEPT", |v| {
+        set_defer_accept(&listener, v)
+    });
     loop {
         let accepted = tokio::select! {
             biased;
