@@ -276,4 +276,9 @@ def main():
         for p in reversed(procs): stop(p)
 
 if __name__ == "__main__":
+    # A SIGTERM (`pkill -f diskhit.py`, `timeout`) unwinds through main's
+    # `finally`, so the origin and Portico (each in a session of its own)
+    # stop with it instead of holding ports 38080/38081, where the next run
+    # would otherwise measure the old process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
