@@ -1092,7 +1092,7 @@ fn fd_table_size(pid: u32) -> u64 {
 /// proxy's table held 256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_descriptor_table_holds_the_open_files_limit_from_the_start() {
-    let nofile = 3_000;
+    let nofile = 1_000;
     let addr = free_addr();
     let p = Portico::start_with_open_files(
         &format!("[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[cache]\nenabled = false\n"),
