@@ -2764,13 +2764,13 @@ def main():
         args.rate_step, args.rate_peak = 1, 2
         args.soak_duration, args.soak_interval, args.soak_warmup = 30, 2.0, 10.0
         args.soak_slack = 24
-        # Under a default kernel's SYN backlog (net.ipv4.tcp_max_syn_backlog
-        # 2048): the idle connections are silent, so TCP_DEFER_ACCEPT keeps
-        # them in SYN-RECV, and 10,000 overflow into SYN cookies; a cookie
-        # connection whose first data comes too late fails its cookie and is
-        # reset (TcpExtSyncookiesFailed equalled the connections "closed
-        # early" in every failing run, about half of the smoke runs after
-        # `close` and `busy`, 2026-12-06). bench/README.md, "idle".
+        # Under the listener's queue of handshakes (the listen backlog,
+        # 4,096): the idle connections are silent, so TCP_DEFER_ACCEPT keeps
+        # them in SYN-RECV, and 10,000 overflow into SYN cookies, some of
+        # which fail their check and are reset (TcpExtSyncookiesFailed
+        # equalled the connections "closed early" in every failing run, about
+        # half of the smoke runs after `close` and `busy`, 2026-12-06).
+        # bench/README.md, "Silent connections past the SYN backlog".
         if args.idle_connections == 10000:
             args.idle_connections = 2000
         args.out = os.path.join(tempfile.gettempdir(), "portico-bench-smoke")

@@ -105,12 +105,11 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     if files.now > files.before {
         tracing::info!("open-files limit raised from {} to {}", files.before, files.now);
     }
-    match crate::sizing::grow_descriptor_table(files.now) {
-        Ok(n) => tracing::debug!("descriptor table grown to {n} descriptors"),
-        Err(e) => tracing::warn!(
+    if let Err(e) = crate::sizing::grow_descriptor_table(files.now) {
+        tracing::warn!(
             "cannot grow the descriptor table at start-up ({}): it grows while serving, each time after a pause",
             crate::util::io_cause(&e)
-        ),
+        );
     }
     // Outside the log macro: its arguments are not evaluated when the
     // level is above info, and the sizing must happen regardless.

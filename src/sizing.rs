@@ -86,7 +86,7 @@ pub fn raise_open_files() -> OpenFiles {
 /// The most descriptors [`grow_descriptor_table`] makes room for: 512 KiB
 /// of kernel memory for the table's pointers. Past it a table still grows
 /// while serving, once per doubling.
-const GROWN_TABLE_MAX: u64 = 1 << 16;
+const GROWN_TABLE_MAX: libc::c_int = 1 << 16;
 
 /// Grows this process's descriptor table at start-up to hold `limit`
 /// descriptors (at most 65,536), so that serving never has to.
@@ -102,26 +102,22 @@ const GROWN_TABLE_MAX: u64 = 1 << 16;
 /// percentile of 1,000 busy connections' first second. nginx does not pay
 /// it (its worker processes are single-threaded). The table is kernel
 /// memory (8 bytes a descriptor), not counted in the resident size.
-/// Returns how many descriptors the table now holds at least.
-pub fn grow_descriptor_table(limit: u64) -> std::io::Result<u64> {
+pub fn grow_descriptor_table(limit: u64) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let want = limit.min(GROWN_TABLE_MAX);
-    let Ok(highest) = libc::c_int::try_from(want.saturating_sub(1)) else {
-        return Ok(0);
-    };
+    let want = libc::c_int::try_from(limit).map_or(GROWN_TABLE_MAX, |l| l.min(GROWN_TABLE_MAX));
     // Any descriptor to duplicate: a socket needs no file system.
     let probe = std::os::unix::net::UnixDatagram::unbound()?;
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) duplicates a descriptor we own onto
-    // the lowest free number at or above `highest`, which is below the
+    // the lowest free number at or above `want - 1`, which is below the
     // open-files limit; it touches no memory of ours.
-    let dup = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, highest) };
+    let dup = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, (want - 1).max(0)) };
     if dup < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `dup` was just returned by fcntl, so it is open and nothing
     // else owns it; dropping the OwnedFd closes it (the table stays grown).
     drop(unsafe { OwnedFd::from_raw_fd(dup) });
-    Ok(want)
+    Ok(())
 }
 
 /// The open-files soft limit now (1,024 if it cannot be read), at most

@@ -1101,7 +1101,8 @@ async fn the_descriptor_table_holds_the_open_files_limit_from_the_start() {
     .await;
     let size = fd_table_size(p.pid());
     assert!(size >= nofile, "FDSize {size}, open-files limit {nofile}");
-    // The descriptor that grew it (the highest the limit allows) is closed.
+    // The descriptor that grew it (the highest the limit allows) is closed,
+    // and the proxy serves.
     let highest = format!("/proc/{}/fd/{}", p.pid(), nofile - 1);
     assert!(!std::path::Path::new(&highest).exists(), "{highest} is open");
     let c = stats_snapshot(&p).await;
