@@ -2015,6 +2015,8 @@ def report_stem(scenario, args):
     `tls-resume-tls12` sits beside `tls-resume`."""
     if scenario == "rate" and args.rate_load != "hits":
         return f"rate-{args.rate_load}"
+    if scenario == "hitratio":
+        return hitratio_bench.stem(scenario, args)
     return tls_bench.stem(scenario, args)
 
 
@@ -2718,6 +2720,12 @@ def main():
     ap.add_argument("--hitratio-requests", type=int, default=None,
                     help=f"hitratio: requests in the stream (default "
                          f"{hitratio_bench.REQUESTS:,}; --smoke: {hitratio_bench.REQUESTS_SMOKE:,})")
+    ap.add_argument("--hitratio-disk", metavar="PEER=MIB[,...]", default=None,
+                    help=f"hitratio: configure PEER with MIB of disk cache instead of "
+                         f"{hitratio_bench.DISK_MIB}, to compare at equal disk in use (e.g. "
+                         f"portico=1577: Portico given what nginx, whose cache manager falls "
+                         f"behind max_size, held on average); the report is written as "
+                         f"hitratio-disk-<peer><mib>")
     ap.add_argument("--tls-key", choices=["rsa", "ec"], default="rsa",
                     help="tls-full, tls-resume, tls-hits, h2-hits: the certificate's key, RSA "
                          "2048 (default) or ECDSA P-256 (tls-roundtrips runs both)")
@@ -2785,6 +2793,9 @@ def main():
     if args.idle_connections != 10000:
         SCENARIOS["idle"] = SCENARIOS["idle"].replace(
             "10,000", f"{args.idle_connections:,}")
+    for p in hitratio_bench.disk_overrides(args.hitratio_disk):
+        if p not in PEERS:
+            ap.error(f"--hitratio-disk: unknown peer {p!r} (have: {', '.join(PEERS)})")
     if any(n < 1 or n > 99999 for n in args.rule_counts):
         ap.error("--rule-counts: each between 1 and 99999")
     if args.portico_extra:

@@ -327,17 +327,48 @@ async def replay_part(port, stream, sizes, lo, hi, conns):
 
 # ---------------------------------------------------------------- the proxies
 
-def budget_conf(b, peer, d, portico_cache=None):
-    """Write `peer`'s config with the scenario's budgets, its origin the
-    scenario's origin (`portico_cache`: more [cache] keys for Portico, for
-    the scenarios that reuse these configs). Returns (argv, env)."""
+def disk_overrides(text):
+    """`--hitratio-disk`'s value, `PEER=MIB[,PEER=MIB...]`, as a dict; a
+    clear error for anything else."""
+    out = {}
+    for part in filter(None, (text or "").split(",")):
+        peer, sep, mib = part.partition("=")
+        if not sep or not mib.isdigit() or int(mib) < 1:
+            raise SystemExit(f"--hitratio-disk: {part!r} is not PEER=MIB (e.g. portico=1577)")
+        out[peer.strip()] = int(mib)
+    return out
+
+
+def disk_mib(args, peer):
+    """The disk budget `peer` is configured with: the scenario's DISK_MIB
+    unless `--hitratio-disk` gives it another. Equal configured budgets are
+    not equal disk in use when a proxy overruns its own (nginx's cache
+    manager falls seconds behind this stream: bench/peers/nginx.md), so the
+    override compares at equal disk in use: Portico configured with what
+    the other really held on average. (The other way round does not work
+    for nginx: a lower max_size did not lower what it held.)"""
+    return disk_overrides(getattr(args, "hitratio_disk", None)).get(peer, DISK_MIB)
+
+
+def stem(scenario, args):
+    """The report's file name: `hitratio-disk-portico1577` for a run with
+    `--hitratio-disk portico=1577`, so that it sits beside the equal-budget one."""
+    o = disk_overrides(getattr(args, "hitratio_disk", None))
+    return scenario + "".join(f"-disk-{p}{m}" for p, m in sorted(o.items()))
+
+
+def budget_conf(b, peer, d, portico_cache=None, disk=DISK_MIB):
+    """Write `peer`'s config with the scenario's budgets (`disk` MiB of disk
+    cache), its origin the scenario's origin (`portico_cache`: more [cache]
+    keys for Portico, for the scenarios that reuse these configs). Returns
+    (argv, env)."""
     mine = str(ORIGIN_PORT)
     theirs = str(b.PORTS["origin"])
     if peer == "portico":
         conf = b.portico_conf(d)
         conf["upstream"] = [{"name": "origin", "servers": [f"127.0.0.1:{ORIGIN_PORT}"]}]
         # max_object_size (1 GiB) and max_memory_object (1 MiB) at their defaults.
-        conf["cache"].update({"memory": f"{MEMORY_MIB}MiB", "disk": f"{DISK_MIB}MiB"})
+        conf["cache"].update({"memory": f"{MEMORY_MIB}MiB", "disk": f"{disk}MiB"})
         # open_files at its default (a quarter of the usable descriptors): the
         # 20,000 portico_conf gives the hits scenarios took every descriptor
         # once the disk tier held that many objects, and until Portico learnt
@@ -364,7 +395,7 @@ def budget_conf(b, peer, d, portico_cache=None):
         # behind this stream's ~4,000 stores/s on a quiet machine, and nginx
         # then held 2.86 GiB against its 1 GiB max_size (2026-11-24 22:16).
         text = text.replace(
-            old, f"keys_zone=bench:64m max_size={DISK_MIB}m inactive=1h manager_files=10000 manager_sleep=10ms")
+            old, f"keys_zone=bench:64m max_size={disk}m inactive=1h manager_files=10000 manager_sleep=10ms")
         path = os.path.join(d, "nginx.conf")
         with open(path, "w") as f:
             f.write(text)
@@ -377,7 +408,7 @@ def budget_conf(b, peer, d, portico_cache=None):
             raise RuntimeError("squid_conf changed: update hitratio_bench.budget_conf")
         # maximum_object_size (default 4 MB) must come before cache_dir to apply to it.
         text = text.replace(old_mem, f"cache_mem {MEMORY_MIB} MB\n").replace(
-            old_dir, f"maximum_object_size 128 MB\ncache_dir aufs {d}/cache {DISK_MIB} 16 256\n")
+            old_dir, f"maximum_object_size 128 MB\ncache_dir aufs {d}/cache {disk} 16 256\n")
         path = os.path.join(d, "squid.conf")
         with open(path, "w") as f:
             f.write(text)
@@ -401,7 +432,7 @@ def budget_conf(b, peer, d, portico_cache=None):
             with open(p, "w") as f:
                 f.write(t.replace(theirs, mine))
         with open(os.path.join(etc, "storage.config"), "w") as f:
-            f.write(f"{d}/cache {DISK_MIB}M\n")
+            f.write(f"{d}/cache {disk}M\n")
         return runroot, {"TS_RUNROOT": runroot}
     if peer == "varnish":
         return None, None
@@ -413,7 +444,8 @@ def start_proxy(b, peer, tmp, args, portico_cache=None):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     os.chmod(d, 0o777)
-    conf, env = budget_conf(b, peer, d, portico_cache)
+    disk = disk_mib(args, peer)
+    conf, env = budget_conf(b, peer, d, portico_cache, disk)
     if peer == "portico":
         b.portico_check(args.portico_bin, conf)
         argv = [args.portico_bin, "run", "-c", conf]
@@ -432,7 +464,7 @@ def start_proxy(b, peer, tmp, args, portico_cache=None):
         # file store (bench/peers/varnish.md). nuke_limit: objects it may evict to
         # make room for one new object (default 50; a 100 MiB object needs more).
         argv = ["varnishd", "-F", "-n", f"{d}/varnish", "-a", f"127.0.0.1:{b.PORTS['varnish']}",
-                "-b", f"127.0.0.1:{ORIGIN_PORT}", "-s", f"file,{d}/storage.bin,{DISK_MIB}M",
+                "-b", f"127.0.0.1:{ORIGIN_PORT}", "-s", f"file,{d}/storage.bin,{disk}M",
                 "-T", "none", "-p", "thread_pools=1", "-p", "thread_pool_min=200",
                 "-p", "thread_pool_max=1000", "-p", "timeout_idle=120",
                 "-p", "nuke_limit=100000"]
@@ -602,6 +634,12 @@ def report(b, scenario, results, subjects, args):
          f"`ram_cache.size` {MEMORY_MIB} MiB + a {DISK_MIB} MiB cache file. Hits counted from "
          f"the origin's own counts (1 − origin requests / requests; bytes: 1 − origin body "
          f"bytes / body bytes received), not from the proxies.\n",
+         *([f"**Budgets changed for this run** (`--hitratio-disk`): "
+            + ", ".join(f"{p} configured with {m} MiB of disk instead of {DISK_MIB}"
+                        for p, m in sorted(disk_overrides(args.hitratio_disk).items()))
+            + ". Equal configured budgets are not equal disk in use when a proxy holds more "
+            "than it was given; this run compares at equal disk in use instead: read the "
+            "ratios beside the `disk GiB in use` columns.\n"] if disk_overrides(args.hitratio_disk) else []),
          "| proxy | rounds | hit ratio (median) | spread | byte hit ratio (median) | spread "
          "| origin requests | origin GiB | errors | run s | disk GiB in use: mean "
          "| peak | at end |",
