@@ -690,7 +690,11 @@ def report(b, scenario, results, subjects, args):
     return L, extra
 
 
-def chart(b, results, subjects, outdir, title):
+def chart(b, results, subjects, outdir, title, stem="hitratio"):
+    """Both ratios per tenth of the stream, one line per proxy; the legend
+    gives each proxy's ratio over the whole stream and the disk it held on
+    average (a proxy over its budget is a larger cache). Written as
+    `<stem>.png` in `outdir`."""
     import statistics
     import matplotlib
     matplotlib.use("Agg")
@@ -705,17 +709,20 @@ def chart(b, results, subjects, outdir, title):
                  else {"color": next(palette), "linewidth": 1.2})
         for ax, key in ((axes[0], "hit_ratio"), (axes[1], "byte_hit_ratio")):
             ys = [statistics.median(r["parts"][k][key] for r in rs) * 100 for k in range(PARTS)]
-            ax.plot(xs, ys, marker="o", label=f"{p} ({statistics.median(r[key] for r in rs):.1%})",
-                    **style)
+            held = [r["cache_dir_mean_bytes"] for r in rs if "cache_dir_mean_bytes" in r]
+            disk = f", {statistics.median(held) / 2**30:.2f} GiB held" if held else ""
+            ax.plot(xs, ys, marker="o",
+                    label=f"{p} ({statistics.median(r[key] for r in rs):.1%}{disk})", **style)
     for ax, name in ((axes[0], "hit ratio"), (axes[1], "byte hit ratio")):
         ax.set_xlabel("% of the stream")
         ax.set_ylabel(f"{name} in that tenth, % (higher is better)")
-        ax.set_title(f"{name} per 10% of the stream (legend: whole stream)", fontsize=9)
+        ax.set_title(f"{name} per 10% of the stream (legend: whole stream, mean disk held)",
+                     fontsize=9)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path = os.path.join(outdir, "hitratio.png")
+    path = os.path.join(outdir, f"{stem}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
