@@ -2473,13 +2473,7 @@ def chart(scenario, results, subjects, outdir, args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     if scenario == "hitratio":
-        changed = hitratio_bench.disk_overrides(args.hitratio_disk)
-        budgets = "every proxy 64 MiB memory + 1 GiB disk" + "".join(
-            f", {p} {m} MiB disk" for p, m in sorted(changed.items()))
-        log("wrote " + hitratio_bench.chart(sys.modules[__name__], results, subjects, outdir,
-                                            "hitratio: one Zipf stream (alpha 0.8) over "
-                                            f"1,000,000 URLs, {budgets}",
-                                            report_stem(scenario, args)))
+        log("wrote " + hitratio_bench.chart(sys.modules[__name__], results, subjects, outdir, args))
         return
     if scenario == "soak":
         path = os.path.join(outdir, "soak.png")

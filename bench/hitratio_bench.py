@@ -347,13 +347,13 @@ def disk_mib(args, peer):
     override compares at equal disk in use: Portico configured with what
     the other really held on average. (The other way round does not work
     for nginx: a lower max_size did not lower what it held.)"""
-    return disk_overrides(getattr(args, "hitratio_disk", None)).get(peer, DISK_MIB)
+    return disk_overrides(args.hitratio_disk).get(peer, DISK_MIB)
 
 
 def stem(scenario, args):
     """The report's file name: `hitratio-disk-portico1577` for a run with
     `--hitratio-disk portico=1577`, so that it sits beside the equal-budget one."""
-    o = disk_overrides(getattr(args, "hitratio_disk", None))
+    o = disk_overrides(args.hitratio_disk)
     return scenario + "".join(f"-disk-{p}{m}" for p, m in sorted(o.items()))
 
 
@@ -614,6 +614,7 @@ def report(b, scenario, results, subjects, args):
     heavy_max = HEAVY_MAX_SMOKE if args.smoke else HEAVY_MAX
     stream, sizes = stream_for(n, b.SEED, heavy_max)
     f = stream_facts(stream, sizes)
+    changed = disk_overrides(args.hitratio_disk)
     med = lambda rs, k: statistics.median(r[k] for r in rs)
     spread = lambda rs, k: (f"{min(r[k] for r in rs):.1%}–{max(r[k] for r in rs):.1%}"
                             if len(rs) > 1 else "—")
@@ -636,10 +637,10 @@ def report(b, scenario, results, subjects, args):
          f"bytes / body bytes received), not from the proxies.\n",
          *([f"**Budgets changed for this run** (`--hitratio-disk`): "
             + ", ".join(f"{p} configured with {m} MiB of disk instead of {DISK_MIB}"
-                        for p, m in sorted(disk_overrides(args.hitratio_disk).items()))
+                        for p, m in sorted(changed.items()))
             + ". Equal configured budgets are not equal disk in use when a proxy holds more "
             "than it was given; this run compares at equal disk in use instead: read the "
-            "ratios beside the `disk GiB in use` columns.\n"] if disk_overrides(args.hitratio_disk) else []),
+            "ratios beside the `disk GiB in use` columns.\n"] if changed else []),
          "| proxy | rounds | hit ratio (median) | spread | byte hit ratio (median) | spread "
          "| origin requests | origin GiB | errors | run s | disk GiB in use: mean "
          "| peak | at end |",
@@ -690,11 +691,11 @@ def report(b, scenario, results, subjects, args):
     return L, extra
 
 
-def chart(b, results, subjects, outdir, title, stem="hitratio"):
+def chart(b, results, subjects, outdir, args):
     """Both ratios per tenth of the stream, one line per proxy; the legend
     gives each proxy's ratio over the whole stream and the disk it held on
-    average (a proxy over its budget is a larger cache). Written as
-    `<stem>.png` in `outdir`."""
+    average (a proxy over its budget is a larger cache). Written beside the
+    report, under the same name ([`stem`])."""
     import statistics
     import matplotlib
     matplotlib.use("Agg")
@@ -720,9 +721,12 @@ def chart(b, results, subjects, outdir, title, stem="hitratio"):
                      fontsize=9)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    budgets = f"every proxy {MEMORY_MIB} MiB memory + {DISK_MIB} MiB disk" + "".join(
+        f", {p} {m} MiB disk" for p, m in sorted(disk_overrides(args.hitratio_disk).items()))
+    fig.suptitle(f"hitratio: one Zipf stream (alpha {ZIPF_ALPHA}) over {URLS:,} URLs, {budgets}",
+                 fontsize=9)
     fig.tight_layout()
-    path = os.path.join(outdir, f"{stem}.png")
+    path = os.path.join(outdir, f"{stem('hitratio', args)}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
