@@ -795,6 +795,132 @@ async fn a_request_without_authority_gets_400_on_its_stream_and_is_logged() {
     assert!(p.stderr().contains("no :authority and no Host"), "{}", p.stderr());
 }
 
+/// The HPACK block of `GET <path>` (`:scheme http`) with the literal
+/// fields `fields` after it, each as (static-table name index, value),
+/// without Huffman coding: :authority is index 1, host 38.
+fn block_with(path: &[u8], fields: &[(u8, &[u8])]) -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x04, path.len() as u8];
+    b.extend_from_slice(path);
+    for (index, value) in fields {
+        if *index < 15 {
+            b.push(*index);
+        } else {
+            b.extend([0x0f, index - 15]);
+        }
+        b.push(value.len() as u8);
+        b.extend_from_slice(value);
+    }
+    b
+}
+
+/// The `:status` of each stream's HEADERS among `frames` (HPACK static
+/// index: 0x88 is 200, 0x8c 400).
+fn statuses(frames: &[(u8, u8, u32, Vec<u8>)], streams: &[u32]) -> Vec<Option<u8>> {
+    streams
+        .iter()
+        .map(|s| {
+            frames
+                .iter()
+                .find(|f| f.0 == HEADERS && f.2 == *s)
+                .and_then(|f| f.3.first().copied())
+        })
+        .collect()
+}
+
+/// A `Host` (without `:authority`) or `:authority` an HTTP/1 request could
+/// not carry gets 400 over h2 too. Before, a reverse listener took `Host:
+/// www.test/static` with `:path /login.js` as is: the origin was asked for
+/// `/login.js` and the answer stored under `http://www.test/static/login.js`,
+/// for every client asking for that (cache poisoning by any h2 client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_or_authority_http1_would_refuse_gets_400_over_h2_and_poisons_no_key() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("origin {}", req.uri.path())).header("Cache-Control", "max-age=300")
+    })
+    .await;
+    let (port, _p) = h2c_portico(&origin, "").await;
+    let mut s = raw_h2c(port).await;
+    let mut requests = Vec::new();
+    // No :authority, a Host with a path in it.
+    requests.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &block_with(b"/login.js", &[(38, b"www.test/static")]),
+    ));
+    // No :authority, two Hosts.
+    requests.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &block_with(b"/login.js", &[(38, b"www.test"), (38, b"evil.test")]),
+    ));
+    // User information in :authority.
+    requests.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        5,
+        &block_with(b"/login.js", &[(1, b"x@www.test")]),
+    ));
+    // A space in Host.
+    requests.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        7,
+        &block_with(b"/login.js", &[(38, b"www.test x")]),
+    ));
+    s.write_all(&requests).await.expect("requests");
+    let (frames, _) = read_frames_until(&mut s, Duration::from_secs(5), |f| {
+        statuses(f, &[1, 3, 5, 7]).iter().all(Option::is_some)
+    })
+    .await;
+    assert_eq!(statuses(&frames, &[1, 3, 5, 7]), vec![Some(0x8c); 4], "{frames:?}");
+    assert_eq!(origin.count(), 0, "a refused request reached the origin");
+
+    // What a victim asks for comes from the origin, not from a poisoned entry.
+    let url = format!("http://127.0.0.1:{port}/static/login.js");
+    let out = common::curl(&["-s", "-H", "Host: www.test", &url]).await;
+    assert_eq!(text(&out.stdout), "origin /static/login.js");
+    assert_eq!(origin.count(), 1);
+}
+
+/// On a transparent listener the host comes from `:authority`: with user
+/// information in it (`allowed.test:x@127.0.0.1:PORT`) the access rules
+/// read one host and the connection went to another. 400 now, as for an
+/// HTTP/1 `Host` with `@`, and nothing reaches the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_information_in_authority_gets_400_on_a_transparent_h2c_listener() {
+    let origin = Origin::start(|_| async move { Response::ok("reached") }).await;
+    let port = free_port();
+    let config = format!(
+        "[[listener]]\naddress = \"127.0.0.1:{}\"\n\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"transparent\"\nh2c = true\n\n[access]\nadmin_allow = [\"127.0.0.1\"]\n",
+        free_port()
+    );
+    let _p = Portico::start(&config).await;
+    let mut s = raw_h2c(port).await;
+    let authority = format!("allowed.test:x@{}", origin.addr());
+    let mut requests = frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &block_with(b"/", &[(1, authority.as_bytes())]),
+    );
+    let good = origin.addr().to_string();
+    requests.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &block_with(b"/", &[(1, good.as_bytes())]),
+    ));
+    s.write_all(&requests).await.expect("requests");
+    let (frames, _) = read_frames_until(&mut s, Duration::from_secs(5), |f| {
+        statuses(f, &[1, 3]).iter().all(Option::is_some)
+    })
+    .await;
+    assert_eq!(statuses(&frames, &[1, 3]), vec![Some(0x8c), Some(0x88)], "{frames:?}");
+    assert_eq!(origin.count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_streams_past_max_error_resets_close_the_connection() {
     // Each request carries a `Connection` field: malformed in HTTP/2

@@ -11,7 +11,7 @@
 
 use super::body::BodyReader;
 use super::conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo};
-use super::head::{BodyFraming, HeadError, RequestHead};
+use super::head::{BodyFraming, HeadError, RequestHead, valid_host};
 use super::io::ClientStream;
 use super::response::ResponseWriter;
 use bytes::{Bytes, BytesMut};
@@ -620,10 +620,23 @@ pub fn request_head(parts: &mut http::request::Parts, end: bool, absolute: bool)
         return Err(bad("connection-specific field in an HTTP/2 request"));
     }
     if let Some(a) = &authority {
+        // The `http` crate accepts `user@host` as an authority; an
+        // HTTP/1 request with such a `Host` gets 400, and so does this.
+        if !valid_host(a.as_bytes()) {
+            return Err(bad("invalid :authority"));
+        }
         let v = HeaderValue::from_str(a).map_err(|_| bad("invalid :authority"))?;
         headers.insert(HOST, v);
-    } else if !headers.contains_key(HOST) {
-        return Err(bad("no :authority and no Host"));
+    } else {
+        // Without `:authority` the client's own `Host` names the server
+        // (RFC 9113 8.3.1): exactly one, checked as an HTTP/1 one is.
+        let mut hosts = headers.get_all(HOST).iter();
+        match (hosts.next(), hosts.next()) {
+            (None, _) => return Err(bad("no :authority and no Host")),
+            (Some(h), None) if valid_host(h.as_bytes()) => {}
+            (Some(_), None) => return Err(bad("invalid Host header")),
+            (Some(_), Some(_)) => return Err(bad("more than one Host header")),
+        }
     }
     let cookies = headers.get_all(COOKIE);
     if cookies.iter().nth(1).is_some() {

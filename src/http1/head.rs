@@ -302,10 +302,7 @@ fn parse_fields<'b>(
     if hosts == 1
         && let Some(h) = headers.get(HOST)
         && !h.is_empty()
-        && h.to_str()
-            .ok()
-            .and_then(|s| s.parse::<http::uri::Authority>().ok())
-            .is_none_or(|a| a.as_str().contains('@'))
+        && !valid_host(h.as_bytes())
     {
         return Err(bad("invalid Host header"));
     }
@@ -342,6 +339,19 @@ fn parse_fields<'b>(
         keep_alive,
         expect_continue,
     })
+}
+
+/// True when `value` is a `Host` a request may carry (RFC 9112 3.2,
+/// RFC 9110 7.2): `uri-host [ ":" port ]`, the host not empty, no user
+/// information. Anything else (a `/`, a space, `user@host`) would make
+/// the host the rules and the cache key see differ from the one the
+/// connection goes to, so both HTTP/1 and HTTP/2 (`:authority`, or
+/// `Host` without it) refuse it.
+pub fn valid_host(value: &[u8]) -> bool {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse::<http::uri::Authority>().ok())
+        .is_some_and(|a| !a.as_str().contains('@') && !a.host().is_empty())
 }
 
 /// True for `Transfer_Encoding`, `content_length` and the like: valid field
