@@ -884,6 +884,46 @@ async fn a_host_or_authority_http1_would_refuse_gets_400_over_h2_and_poisons_no_
     assert_eq!(origin.count(), 1);
 }
 
+/// A field named `transfer_encoding` or `content_length` gets 400 over h2
+/// as over HTTP/1. Forwarded, it framed the body for an origin that reads
+/// `_` as `-` (CGI-style servers): a POST whose DATA was `0\r\n\r\nGET
+/// /smuggled ...` left that request on the pooled connection, answered to
+/// the next client with its cookies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_lookalike_fields_get_400_over_h2_and_reach_no_origin() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let (port, _p) = h2c_portico(&origin, "").await;
+    let mut s = raw_h2c(port).await;
+    let literal = |name: &[u8], value: &[u8]| {
+        let mut b = vec![0x00, name.len() as u8];
+        b.extend_from_slice(name);
+        b.push(value.len() as u8);
+        b.extend_from_slice(value);
+        b
+    };
+    let mut requests = Vec::new();
+    for (stream, name, value) in [
+        (1, &b"transfer_encoding"[..], &b"chunked"[..]),
+        (3, b"content_length", b"39"),
+    ] {
+        let mut block = get_block();
+        block.extend(literal(name, value));
+        requests.extend(frame(HEADERS, END_HEADERS | END_STREAM, stream, &block));
+    }
+    requests.extend(frame(HEADERS, END_HEADERS | END_STREAM, 5, &get_block()));
+    s.write_all(&requests).await.expect("requests");
+    let (frames, _) = read_frames_until(&mut s, Duration::from_secs(5), |f| {
+        statuses(f, &[1, 3, 5]).iter().all(Option::is_some)
+    })
+    .await;
+    assert_eq!(
+        statuses(&frames, &[1, 3, 5]),
+        vec![Some(0x8c), Some(0x8c), Some(0x88)],
+        "{frames:?}"
+    );
+    assert_eq!(origin.count(), 1);
+}
+
 /// On a transparent listener the host comes from `:authority`: with user
 /// information in it (`allowed.test:x@127.0.0.1:PORT`) the access rules
 /// read one host and the connection went to another. 400 now, as for an

@@ -11,7 +11,7 @@
 
 use super::body::BodyReader;
 use super::conn::{ConnSettings, Exchange, Handler, Outcome, RejectInfo};
-use super::head::{BodyFraming, HeadError, RequestHead, valid_host};
+use super::head::{BodyFraming, HeadError, RequestHead, framing_lookalike, valid_host};
 use super::io::ClientStream;
 use super::response::ResponseWriter;
 use bytes::{Bytes, BytesMut};
@@ -618,6 +618,13 @@ pub fn request_head(parts: &mut http::request::Parts, end: bool, absolute: bool)
     let authority = parts.uri.authority().map(|a| a.as_str());
     if headers.contains_key(CONNECTION) || headers.contains_key(TRANSFER_ENCODING) || headers.contains_key(UPGRADE) {
         return Err(bad("connection-specific field in an HTTP/2 request"));
+    }
+    // As over HTTP/1 (`head::framing_lookalike`): forwarded in an HTTP/1.1
+    // request, `transfer_encoding: chunked` frames the body for an origin
+    // that reads `_` as `-`, and what follows its last chunk becomes the
+    // next request on the pooled connection: another client's.
+    if headers.keys().any(|name| framing_lookalike(name.as_str())) {
+        return Err(bad("header field name resembling Content-Length or Transfer-Encoding"));
     }
     if let Some(a) = &authority {
         // The `http` crate accepts `user@host` as an authority; an
