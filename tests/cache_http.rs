@@ -230,6 +230,38 @@ async fn not_found_with_max_age_is_stored() {
     assert_eq!(origin.count(), 1);
 }
 
+/// One client's `Range` or `If-Match` must not decide what every later
+/// client gets: an origin that puts `public, max-age=300` on every status
+/// (as nginx's `add_header ... always` does) answers 416 and 412 to them;
+/// before, those were stored and every plain GET of the URL was refused
+/// from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_416_or_412_caused_by_one_clients_range_or_precondition_is_not_served_to_others() {
+    let origin = Origin::start(|req| async move {
+        let status = if req.header("range").is_some() {
+            416
+        } else if req.header("if-match").is_some() {
+            412
+        } else {
+            200
+        };
+        Response::new(status)
+            .body("body")
+            .header("Cache-Control", "public, max-age=300")
+            .header("ETag", "\"v1\"")
+    })
+    .await;
+    let p = proxy("").await;
+    let r = get(&p, &origin, "/r416", &[("Range", "bytes=9999-")]).await;
+    assert_eq!(r.status, 416, "{:?}", r.headers);
+    check(&get(&p, &origin, "/r416", &[]).await, 200, "body", "MISS");
+    let r = get(&p, &origin, "/r412", &[("If-Match", "\"nope\"")]).await;
+    assert_eq!(r.status, 412, "{:?}", r.headers);
+    check(&get(&p, &origin, "/r412", &[]).await, 200, "body", "MISS");
+    check(&get(&p, &origin, "/r412", &[]).await, 200, "body", "HIT");
+    assert_eq!(origin.count(), 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_response_is_not_stored() {
     let n = Arc::new(AtomicUsize::new(0));

@@ -424,6 +424,20 @@ impl Policy {
         if status == StatusCode::NOT_MODIFIED {
             return Err(NotStorable("304 carries no content"));
         }
+        // A 412 to a request with preconditions (RFC 9110 13.1.1, 13.1.4)
+        // or a 416 to one with `Range` (15.5.17) answers that request, not
+        // the URL: stored with the freshness an origin puts on every status,
+        // it would refuse every later request (a denial of service by one
+        // client's header; nginx strips these fields from what it fetches
+        // to store, Varnish fetches misses unconditionally).
+        if status == StatusCode::PRECONDITION_FAILED
+            && (req_headers.contains_key(header::IF_MATCH) || req_headers.contains_key(header::IF_UNMODIFIED_SINCE))
+        {
+            return Err(NotStorable("412 answers the request's preconditions"));
+        }
+        if status == StatusCode::RANGE_NOT_SATISFIABLE && req_headers.contains_key(header::RANGE) {
+            return Err(NotStorable("416 answers the request's Range"));
+        }
         if !self.cache_query && key.url().contains('?') {
             return Err(NotStorable("URL has a query string (cache_query = false)"));
         }
@@ -1948,6 +1962,31 @@ mod tests {
         assert!(store(&p, &[], 100, &fresh).is_err());
         assert_eq!(store(&p, &[], 206, &fresh), Err(NotStorable("partial content")));
         assert!(store(&p, &[], 304, &fresh).is_err());
+    }
+
+    #[test]
+    fn a_412_or_416_caused_by_the_requests_own_preconditions_or_range_is_not_stored() {
+        let p = policy();
+        let fresh = [("cache-control", "public, max-age=300")];
+        for cond in [
+            ("if-match", "\"nope\""),
+            ("if-unmodified-since", &http_date(-86400)[..]),
+        ] {
+            assert_eq!(
+                store(&p, &[cond], 412, &fresh),
+                Err(NotStorable("412 answers the request's preconditions")),
+                "{cond:?}"
+            );
+        }
+        assert_eq!(
+            store(&p, &[("range", "bytes=9999-")], 416, &fresh),
+            Err(NotStorable("416 answers the request's Range"))
+        );
+        // Not caused by the request: the origin's answer for the URL.
+        assert_eq!(store(&p, &[], 412, &fresh), Ok(()));
+        assert_eq!(store(&p, &[], 416, &fresh), Ok(()));
+        // And the full response to a request with Range is the URL's.
+        assert_eq!(store(&p, &[("range", "bytes=0-1")], 200, &fresh), Ok(()));
     }
 
     #[test]
