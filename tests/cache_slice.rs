@@ -97,6 +97,58 @@ fn repr(len: u64) -> Arc<Mutex<Repr>> {
     }))
 }
 
+/// A personal page fetched in slices: `cache.set_cookie = "no-store"`
+/// (the default) keeps it out of the cache, and the client whose request
+/// fetched it gets its own `Set-Cookie`. Before, slices were judged on the
+/// fields left after the cookie was taken out: alice's page was stored
+/// and served to bob, and alice never got her cookie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_with_set_cookie_is_not_stored_and_its_fetcher_gets_the_cookie() {
+    let o = Origin::start(|req| async move {
+        let user = req.header("x-user").unwrap_or("nobody").to_string();
+        let page = format!("PRIVATE PAGE FOR {user:<16}").into_bytes();
+        let len = page.len();
+        let cookie = format!("session={user}");
+        let range = req
+            .header("range")
+            .and_then(|v| v.strip_prefix("bytes="))
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+        let resp = match range {
+            Some((a, b)) if a < len => {
+                let b = b.min(len - 1);
+                Response::new(206)
+                    .body(page[a..=b].to_vec())
+                    .header("Content-Range", &format!("bytes {a}-{b}/{len}"))
+            }
+            _ => Response::ok(page),
+        };
+        resp.header("Cache-Control", "max-age=300")
+            .header("Accept-Ranges", "bytes")
+            .header("Set-Cookie", &cookie)
+    })
+    .await;
+    let p = proxy_in("{dir}/cache", "1KiB").await;
+    let ask = |user: &'static str, range: &'static str| {
+        let (o, p) = (o.addr(), p.addr());
+        async move {
+            let req = format!(
+                "GET http://{o}/page HTTP/1.1\r\nHost: {o}\r\nX-User: {user}\r\n{range}Connection: close\r\n\r\n"
+            );
+            parse_response(&raw_request(p, req.as_bytes()).await)
+        }
+    };
+    let alice = ask("alice", "").await;
+    assert_eq!(alice.status, 200, "{:?}", alice.headers);
+    assert!(alice.body_str().contains("alice"), "{}", alice.body_str());
+    assert_eq!(alice.header("set-cookie"), Some("session=alice"), "{:?}", alice.headers);
+    let bob = ask("bob", "Range: bytes=0-31\r\n").await;
+    assert_eq!(bob.status, 206, "{:?}", bob.headers);
+    assert!(bob.body_str().contains("bob"), "bob got {:?}", bob.body_str());
+    assert_eq!(bob.header("x-cache"), Some("MISS"), "{:?}", bob.headers);
+    assert_eq!(bob.header("set-cookie"), Some("session=bob"), "{:?}", bob.headers);
+}
+
 /// `method` of the origin's `/big` through the proxy, with a `Range` if
 /// given; the raw bytes (the connection closes after the response).
 async fn send(p: &Portico, o: SocketAddr, method: &str, range: Option<&str>) -> Vec<u8> {

@@ -168,7 +168,9 @@ impl<'c> Transaction<'c, '_> {
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let now = SystemTime::now();
         let mut headers = whole.headers.clone();
-        self.policy.take_unshared(&mut headers);
+        if !matches!(first.source, Source::Fetch(_)) {
+            self.policy.take_unshared(&mut headers);
+        }
         self.policy.strip_targeted(&mut headers);
         headers.insert(AGE, policy::age_header(&whole, now));
         let member = crate::cache::status::Member {
@@ -511,7 +513,19 @@ impl<'c> Transaction<'c, '_> {
         };
         let len = range.end - range.start;
         let (head_out, body) = fetched.into_head(self.sh, false);
-        let mut shared = head_out.headers;
+        let own = head_out.headers;
+        // Storable as the complete response would be (RFC 9111 3.3: a cache
+        // may store a 206 as it would a 200), and never one that varies: its
+        // slices would mix the variants. Judged on the fields as the origin
+        // sent them: `take_unshared` removes `Set-Cookie`, which
+        // `cache.set_cookie = "no-store"` must see.
+        let storable = !own.contains_key(VARY)
+            && len <= self.cache.max_object_size()
+            && self
+                .policy
+                .storable(&Method::GET, &self.key, &self.ex.head.headers, StatusCode::OK, &own)
+                .is_ok();
+        let mut shared = own.clone();
         self.policy.take_unshared(&mut shared);
         let meta = StoredMeta {
             key: self.key.text().to_string(),
@@ -522,21 +536,6 @@ impl<'c> Transaction<'c, '_> {
             response_time: head_out.times.response,
             derived: Default::default(),
         };
-        // Storable as the complete response would be (RFC 9111 3.3: a cache
-        // may store a 206 as it would a 200), and never one that varies: its
-        // slices would mix the variants.
-        let storable = !meta.headers.contains_key(VARY)
-            && len <= self.cache.max_object_size()
-            && self
-                .policy
-                .storable(
-                    &Method::GET,
-                    &self.key,
-                    &self.ex.head.headers,
-                    StatusCode::OK,
-                    &meta.headers,
-                )
-                .is_ok();
         let (sink, leader) = if storable {
             let sink = self.cache.sink(&self.key, meta.clone(), &[], Some(len)).await;
             if let Some(l) = &leader {
@@ -557,6 +556,10 @@ impl<'c> Transaction<'c, '_> {
             }
             (None, None)
         };
+        // The client that fetched it gets the fields meant for it alone
+        // (its `Set-Cookie`), as a whole response's fetcher does; the
+        // store and the requests collapsed on it got `meta` without them.
+        let meta = StoredMeta { headers: own, ..meta };
         Ok(Got::Slice(Slice {
             range,
             complete,
