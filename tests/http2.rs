@@ -722,6 +722,26 @@ async fn an_idle_connection_gets_goaway_but_not_while_a_stream_is_open() {
     wait_metric(&p, "portico_http2_goaway_sent_total{reason=\"idle\"}", 1).await;
 }
 
+/// The h2 crate's graceful close sends a PING with the GOAWAY and waits
+/// for its acknowledgement. A client that acknowledged nothing after the
+/// idle GOAWAY kept its connection (and its descriptor) for ever; now it
+/// is closed `ping_timeout` after the GOAWAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_answers_the_idle_goaway_is_closed_after_ping_timeout() {
+    let origin = Origin::start(|_| async move { Response::ok("fine") }).await;
+    let port = free_port();
+    let http2 = "\n[http2]\nidle_timeout = \"1s\"\nping_interval = \"0s\"\nping_timeout = \"1s\"\n";
+    let p = Portico::start(&reverse_config(port, "h2c = true\n", &origin, http2)).await;
+    let mut s = raw_h2c(port).await;
+    // Acknowledge the server's SETTINGS, then never answer anything.
+    s.write_all(&frame(SETTINGS, 1, 0, &[])).await.expect("settings ack");
+    let (frames, closed) = read_frames(&mut s, Duration::from_secs(8)).await;
+    assert!(goaway_code(&frames).is_some(), "no GOAWAY: {frames:?}");
+    assert!(frames.iter().any(|f| f.0 == PING), "no shutdown PING: {frames:?}");
+    assert!(closed, "the connection is still open 8 s later: {frames:?}");
+    wait_metric(&p, "portico_http2_goaway_sent_total{reason=\"idle\"}", 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_acknowledges_a_ping_is_closed_after_ping_timeout() {
     let origin = Origin::start(|_| async move { Response::ok("fine") }).await;

@@ -769,6 +769,13 @@ pub async fn serve<H: Handler>(
     let mut next_ping = (!ping_every.is_zero()).then(|| Instant::now() + ping_every);
     let mut pong_due: Option<Instant> = None;
     let mut going_away: Option<GoAway> = None;
+    // Once Portico has sent its GOAWAY: when to stop waiting for the
+    // client's part of the graceful close (the h2 crate waits, with no
+    // limit of its own, for the acknowledgement of the PING it sends with
+    // the GOAWAY). A client that never sends it held its connection for
+    // ever, past every other timeout here.
+    let mut close_by: Option<Instant> = None;
+    let grace = h2s.ping_timeout.max(Duration::from_secs(1));
     let drained = crate::drain::started(usize::from(peer.port()));
     tokio::pin!(drained);
     let far = Duration::from_secs(86400 * 365);
@@ -829,6 +836,7 @@ pub async fn serve<H: Handler>(
                     count_goaway(GoAway::Idle);
                     settings.keepalive.timed_out();
                     conn.graceful_shutdown();
+                    close_by = Some(now + grace);
                 } else {
                     idle_at = (ended + h2s.idle_timeout).max(now + Duration::from_millis(10));
                     if active.load(Relaxed) > 0 {
@@ -840,6 +848,16 @@ pub async fn serve<H: Handler>(
                 going_away = Some(GoAway::Drain);
                 count_goaway(GoAway::Drain);
                 conn.graceful_shutdown();
+                close_by = Some(Instant::now() + grace);
+            }
+            () = tokio::time::sleep_until(close_by.unwrap_or_else(|| Instant::now() + far)), if close_by.is_some() => {
+                // Streams still running (a drain) may finish; then the
+                // client has had `grace` more to end its part.
+                if active.load(Relaxed) == 0 {
+                    tracing::debug!(client = %peer.ip(), "HTTP/2 GOAWAY not answered: closing");
+                    break;
+                }
+                close_by = Some(Instant::now() + grace);
             }
             () = tokio::time::sleep_until(ping_at), if ping.is_some() && going_away.is_none() => {
                 if pong_due.is_some() {
@@ -847,6 +865,7 @@ pub async fn serve<H: Handler>(
                     tracing::debug!(client = %peer.ip(), "HTTP/2 PING not acknowledged: closing");
                     conn.abrupt_shutdown(Reason::NO_ERROR);
                     going_away = Some(GoAway::PingTimeout);
+                    close_by = Some(Instant::now() + grace);
                 } else if let Some(p) = ping.as_mut() {
                     if p.send_ping(h2::Ping::opaque()).is_ok() {
                         pong_due = Some(Instant::now() + h2s.ping_timeout);
