@@ -697,6 +697,12 @@ pub fn request_head(parts: &mut http::request::Parts, end: bool, absolute: bool)
     })
 }
 
+/// Bytes of response data buffered per stream in user space (two DATA
+/// frames of the default 16 KiB size): enough to keep the socket fed
+/// while the next piece of the body is read, small enough that a client
+/// that stops reading pins little (see `serve`).
+const SEND_BUFFER: usize = 32 << 10;
+
 /// Why Portico sent a GOAWAY, as the statistics count it.
 #[derive(Debug, Clone, Copy)]
 enum GoAway {
@@ -737,7 +743,13 @@ pub async fn serve<H: Handler>(
         .initial_connection_window_size(h2s.initial_connection_window)
         .max_pending_accept_reset_streams(h2s.max_pending_reset_streams)
         .max_local_error_reset_streams(Some(h2s.max_error_resets))
-        .max_send_buffer_size(256 << 10);
+        // Response bytes the h2 crate holds for each stream, not yet
+        // written to the socket: a client that opens huge windows and then
+        // reads nothing makes every open stream fill it. At 256 KiB, 100
+        // streams of a large cache hit held 34 MB per connection; at
+        // SEND_BUFFER a connection holds at most max_concurrent_streams
+        // times it, about what the kernel keeps for an HTTP/1 socket.
+        .max_send_buffer_size(SEND_BUFFER);
     let io = Io::new(stream);
     let sender = io.sender();
     let handshake = builder.handshake::<_, Bytes>(io);
