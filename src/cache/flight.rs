@@ -9,6 +9,13 @@
 //! sit in memory while it streams to the client and the disk), and a request
 //! that joins afterwards is *late*: it waits for the fetch to end, then
 //! looks the (now stored) object up or fetches for itself.
+//!
+//! A follower whose client reads slower than the origin sends keeps what
+//! it has not read: past [`LAG_LIMIT`] behind the leader it is left
+//! *behind* (its chunks dropped), waits for the fetch to end and sends the
+//! rest from the stored object. Without that, one client that stopped
+//! reading held every byte of the object in memory for as long as its
+//! connection lasted.
 
 use super::key::ObjectId;
 use bytes::Bytes;
@@ -21,6 +28,30 @@ use tokio::sync::Notify;
 /// Body bytes a flight keeps for followers that have not joined yet; past
 /// this, only what joined followers still have to read is kept.
 pub const SPOOL_LIMIT: u64 = 1 << 20;
+
+/// Most body bytes a flight keeps for its slowest follower: the followers
+/// further behind are left behind ([`Next::Behind`]).
+pub const LAG_LIMIT: u64 = 4 * SPOOL_LIMIT;
+
+/// Where a joined follower is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cursor {
+    /// Its next chunk number.
+    At(usize),
+    /// Gone (dropped).
+    Gone,
+    /// Fell more than [`LAG_LIMIT`] behind; reads nothing more here.
+    Behind,
+}
+
+impl Cursor {
+    fn at(self) -> Option<usize> {
+        match self {
+            Cursor::At(n) => Some(n),
+            Cursor::Gone | Cursor::Behind => None,
+        }
+    }
+}
 
 /// The response head the leader got, as followers will send it.
 #[derive(Debug, Clone)]
@@ -75,8 +106,8 @@ struct State {
     spooled: u64,
     /// Chunks have been (or are being) dropped: new followers are late.
     trimming: bool,
-    /// Each joined follower's next chunk number; None once it is gone.
-    cursors: Vec<Option<usize>>,
+    /// Each joined follower's place.
+    cursors: Vec<Cursor>,
     ending: Ending,
 }
 
@@ -84,11 +115,33 @@ impl State {
     /// Drops the chunks every joined follower has read.
     fn trim(&mut self) {
         let end = self.base + self.chunks.len();
-        let keep_from = self.cursors.iter().flatten().copied().min().unwrap_or(end);
+        let keep_from = self.cursors.iter().filter_map(|c| c.at()).min().unwrap_or(end);
         while self.base < keep_from {
             let Some(c) = self.chunks.pop_front() else { break };
             self.spooled -= c.len() as u64;
             self.base += 1;
+        }
+    }
+
+    /// Leaves behind the followers whose unread bytes exceed [`LAG_LIMIT`].
+    fn leave_laggards_behind(&mut self) {
+        if self.spooled <= LAG_LIMIT {
+            return;
+        }
+        // The first chunk number within LAG_LIMIT of the end.
+        let mut kept = 0u64;
+        let mut first = self.base + self.chunks.len();
+        for c in self.chunks.iter().rev() {
+            if kept + c.len() as u64 > LAG_LIMIT {
+                break;
+            }
+            kept += c.len() as u64;
+            first -= 1;
+        }
+        for cursor in &mut self.cursors {
+            if cursor.at().is_some_and(|n| n < first) {
+                *cursor = Cursor::Behind;
+            }
         }
     }
 }
@@ -135,6 +188,7 @@ impl Leader {
                 s.trimming = true;
             }
             if s.trimming {
+                s.leave_laggards_behind();
                 s.trim();
             }
         });
@@ -174,7 +228,7 @@ impl Drop for Follower {
     fn drop(&mut self) {
         if let Some(slot) = self.slot {
             let mut s = self.flight.lock();
-            s.cursors[slot] = None;
+            s.cursors[slot] = Cursor::Gone;
             if s.trimming {
                 s.trim();
             }
@@ -191,6 +245,10 @@ pub enum Next {
     End,
     /// The fetch broke: cut the client off.
     Failed,
+    /// This follower fell more than [`LAG_LIMIT`] behind and its chunks
+    /// were dropped: wait for the fetch's end ([`Follower::ended`]) and
+    /// send the rest from the stored object.
+    Behind,
 }
 
 impl Follower {
@@ -233,9 +291,12 @@ impl Follower {
             let notified = self.flight.changed.notified();
             {
                 let mut s = self.flight.lock();
-                let next = s.cursors[slot].unwrap_or(usize::MAX);
+                if s.cursors[slot] == Cursor::Behind {
+                    return Next::Behind;
+                }
+                let next = s.cursors[slot].at().unwrap_or(usize::MAX);
                 if let Some(c) = next.checked_sub(s.base).and_then(|i| s.chunks.get(i)).cloned() {
-                    s.cursors[slot] = Some(next + 1);
+                    s.cursors[slot] = Cursor::At(next + 1);
                     if s.trimming {
                         s.trim();
                     }
@@ -248,6 +309,18 @@ impl Follower {
                         return Next::Failed;
                     }
                 }
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits for the fetch to end, and says how it ended.
+    pub async fn ended(&mut self) -> Ending {
+        loop {
+            let notified = self.flight.changed.notified();
+            let ending = self.flight.lock().ending;
+            if ending != Ending::Running {
+                return ending;
             }
             notified.await;
         }
@@ -278,7 +351,7 @@ impl Flights {
             let mut s = f.lock();
             let slot = (!s.trimming).then(|| {
                 let base = s.base;
-                s.cursors.push(Some(base));
+                s.cursors.push(Cursor::At(base));
                 s.cursors.len() - 1
             });
             drop(s);
@@ -343,7 +416,7 @@ mod tests {
                 match f.next().await {
                     Next::Data(d) => body.extend_from_slice(&d),
                     Next::End => return (head.status, body),
-                    Next::Failed => panic!("failed"),
+                    Next::Failed | Next::Behind => panic!("failed"),
                 }
             }
         });
@@ -437,6 +510,40 @@ mod tests {
         assert!(!waiting.is_finished(), "a late follower waits for the end");
         leader.finish(Ending::Complete);
         assert!(waiting.await.unwrap(), "then looks up or fetches itself");
+    }
+
+    #[tokio::test]
+    async fn a_follower_more_than_lag_limit_behind_is_left_behind_and_pins_nothing() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(leader) = flights.join(ObjectId(5)) else {
+            panic!("first is leader")
+        };
+        let Role::Follower(mut slow) = flights.join(ObjectId(5)) else {
+            panic!("second follows")
+        };
+        let Role::Follower(mut fast) = flights.join(ObjectId(5)) else {
+            panic!("third follows")
+        };
+        let flight = leader.flight.clone();
+        leader.head(head_of(None));
+        assert!(slow.head().await.is_some() && fast.head().await.is_some());
+        let chunk = Bytes::from(vec![7u8; 64 << 10]);
+        let n = (LAG_LIMIT as usize / chunk.len()) * 4;
+        for _ in 0..n {
+            leader.data(chunk.clone());
+            // The fast one keeps up.
+            assert!(matches!(fast.next().await, Next::Data(_)));
+            assert!(spooled(&flight) <= LAG_LIMIT, "{}", spooled(&flight));
+        }
+        // The slow one read nothing: left behind, its bytes dropped.
+        assert!(matches!(slow.next().await, Next::Behind));
+        assert_eq!(spooled(&flight), 0);
+        let waiting = tokio::spawn(async move { slow.ended().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "it waits for the end of the fetch");
+        leader.finish(Ending::Complete);
+        assert_eq!(waiting.await.unwrap(), Ending::Complete);
+        assert!(matches!(fast.next().await, Next::End));
     }
 
     #[tokio::test]

@@ -1071,6 +1071,7 @@ impl Transaction<'_, '_> {
             None => BodyLen::Unknown,
         };
         ex.out.send_head(head.status, headers, len);
+        let mut sent = 0u64;
         loop {
             match follower.next().await {
                 Next::Data(d) => {
@@ -1078,11 +1079,39 @@ impl Transaction<'_, '_> {
                         ex.out.close_after();
                         return Ok(());
                     }
+                    sent += d.len() as u64;
                 }
                 Next::End => break,
                 Next::Failed => {
                     ex.out.close_after();
                     return Ok(());
+                }
+                // This client reads slower than the origin sends: the rest
+                // comes from the stored object once the fetch has stored it.
+                Next::Behind => {
+                    let stored = match follower.ended().await {
+                        Ending::Complete => self.cache.lookup(&self.key, &ex.head.headers).await.ok().flatten(),
+                        _ => None,
+                    };
+                    // The very response this client has the start of.
+                    let Some(stored) = stored.filter(|s| {
+                        crate::cache::object::same_millis(s.meta.response_time, head.response_time)
+                            && s.meta.status == head.status
+                            && head.length.is_none_or(|n| n == s.len)
+                            && s.len >= sent
+                    }) else {
+                        tracing::debug!(
+                            key = self.key.text(),
+                            sent,
+                            "collapsed client left behind; object not stored"
+                        );
+                        ex.out.close_after();
+                        return Ok(());
+                    };
+                    if !send_range(ex, &stored, sent..stored.len).await {
+                        return Ok(());
+                    }
+                    break;
                 }
             }
         }

@@ -358,6 +358,29 @@ impl<'c> Transaction<'c, '_> {
                         }
                         Next::End => return pos == len,
                         Next::Failed => return false,
+                        // The rest from the stored slice, once the fetch
+                        // that left this client behind has stored it.
+                        Next::Behind => {
+                            if follower.ended().await != Ending::Complete {
+                                return false;
+                            }
+                            drop(follower);
+                            let Ok(Some(stored)) = self.cache.lookup_slice(&self.key, slice.range.start).await else {
+                                return false;
+                            };
+                            if stored.len != len
+                                || !crate::cache::object::same_millis(
+                                    stored.meta.response_time,
+                                    slice.meta.response_time,
+                                )
+                            {
+                                return false;
+                            }
+                            return match &local {
+                                Some(l) => send_range(self.ex, &stored, l.start.max(pos)..l.end.max(pos)).await,
+                                None => true,
+                            };
+                        }
                     }
                 }
             }
