@@ -1011,6 +1011,31 @@ async fn vary_keeps_one_variant_per_request_value() {
     assert_eq!(origin.count(), 3);
 }
 
+/// A varying field the client names in `Connection` never reaches the
+/// origin, so the response is the one for its absence, and it is stored
+/// as that. Before, it was stored under the client's value: `X-Tenant:
+/// acme` with `Connection: X-Tenant` filled acme's variant with the
+/// tenant-less page for every later acme request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_varying_field_named_in_connection_selects_the_variant_for_its_absence() {
+    let origin = Origin::start(|req| async move {
+        let tenant = req.header("x-tenant").unwrap_or("none").to_string();
+        Response::ok(format!("tenant {tenant}"))
+            .header("Vary", "X-Tenant")
+            .header("Cache-Control", "max-age=60")
+    })
+    .await;
+    let p = proxy("").await;
+    let attack = [("X-Tenant", "acme"), ("Connection", "X-Tenant")];
+    check(&get(&p, &origin, "/dash", &attack).await, 200, "tenant none", "MISS");
+    let acme = [("X-Tenant", "acme")];
+    check(&get(&p, &origin, "/dash", &acme).await, 200, "tenant acme", "MISS");
+    check(&get(&p, &origin, "/dash", &acme).await, 200, "tenant acme", "HIT");
+    // The attacker's answer is the one for no tenant.
+    check(&get(&p, &origin, "/dash", &[]).await, 200, "tenant none", "HIT");
+    assert_eq!(origin.count(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_misses_for_different_variants_get_their_own() {
     // A request that finds another variant's fetch under way follows the

@@ -1307,11 +1307,29 @@ pub fn variant_of(fields: &[String], req_headers: &HeaderMap) -> Vec<(String, Op
         .collect()
 }
 
+/// A request's value of a varying field, as the origin got it: none for a
+/// hop-by-hop field (one the client named in `Connection` never reaches
+/// the origin, so the response it selects is the one for its absence;
+/// read as sent, `X-Tenant: acme` with `Connection: X-Tenant` stored the
+/// tenant-less answer for `acme`). Lines joined with ", ". A value that is
+/// not UTF-8 is kept byte for byte (a NUL, which no field value holds,
+/// then hex), so two such values never select one variant.
 fn normalised_value(name: &str, headers: &HeaderMap) -> Option<String> {
     let mut lines = headers.get_all(name).iter().peekable();
     lines.peek()?;
+    if crate::http1::head::is_hop_by_hop(name, headers) {
+        return None;
+    }
     let parts: Vec<String> = lines
-        .map(|v| String::from_utf8_lossy(v.as_bytes().trim_ascii()).into_owned())
+        .map(|v| {
+            let v = v.as_bytes().trim_ascii();
+            match std::str::from_utf8(v) {
+                Ok(s) => s.to_owned(),
+                Err(_) => std::iter::once("\0".to_owned())
+                    .chain(v.iter().map(|b| format!("{b:02x}")))
+                    .collect(),
+            }
+        })
         .filter(|s| !s.is_empty())
         .collect();
     Some(parts.join(", "))
@@ -3587,6 +3605,38 @@ mod tests {
             variant_of(&fields[1..2], &empty),
             vec![("accept-language".into(), Some(String::new()))]
         );
+    }
+
+    #[test]
+    fn a_field_that_does_not_reach_the_origin_selects_the_variant_for_its_absence() {
+        let fields = ["x-tenant", "te"].map(String::from);
+        let req = hm(&[
+            ("x-tenant", "acme"),
+            ("te", "trailers"),
+            ("connection", "keep-alive, X-Tenant"),
+        ]);
+        assert_eq!(
+            variant_of(&fields, &req),
+            vec![("x-tenant".into(), None), ("te".into(), None)]
+        );
+        let plain = hm(&[("x-tenant", "acme")]);
+        assert_eq!(
+            variant_of(&fields[..1], &plain),
+            vec![("x-tenant".into(), Some("acme".into()))]
+        );
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_select_different_variants() {
+        let fields = ["x-v".to_string()];
+        let of = |b: &'static [u8]| {
+            let mut h = HeaderMap::new();
+            h.insert("x-v", HeaderValue::from_bytes(b).unwrap());
+            variant_of(&fields, &h)
+        };
+        assert_ne!(of(b"\xff"), of(b"\xfe"));
+        assert_ne!(of(b"\xff"), of(b"ff"));
+        assert_eq!(of(b"plain"), vec![("x-v".into(), Some("plain".into()))]);
     }
 
     #[test]

@@ -341,6 +341,26 @@ fn parse_fields<'b>(
     })
 }
 
+/// The hop-by-hop fields a proxy never forwards (RFC 9110 7.6.1), besides
+/// those a message names in its `Connection` field; `Proxy-Authorization`
+/// and `Proxy-Authenticate` are this hop's credentials.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// True when the request's field `name` (lower case) never reaches the
+/// next hop: one of [`HOP_BY_HOP`] or named in its `Connection` field.
+pub fn is_hop_by_hop(name: &str, headers: &HeaderMap) -> bool {
+    HOP_BY_HOP.contains(&name) || list_tokens(headers, &CONNECTION).any(|t| t.eq_ignore_ascii_case(name))
+}
+
 /// True when `value` is a `Host` a request may carry (RFC 9112 3.2,
 /// RFC 9110 7.2): `uri-host [ ":" port ]`, the host not empty, no user
 /// information. Anything else (a `/`, a space, `user@host`) would make

@@ -10,16 +10,7 @@ use std::net::IpAddr;
 /// Fields that describe one connection, never forwarded. `Trailer` is not
 /// one of them (RFC 9110 6.6.2, 7.6.1): it announces the trailer fields of
 /// a chunked body, which are forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-authenticate",
-];
+use crate::http1::head::HOP_BY_HOP;
 
 /// Removes the hop-by-hop fields, including every field named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
