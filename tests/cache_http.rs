@@ -1036,6 +1036,40 @@ async fn a_varying_field_named_in_connection_selects_the_variant_for_its_absence
     assert_eq!(origin.count(), 2);
 }
 
+/// A URL keeps at most 100 variants: the 101st removes the oldest, which
+/// is then a miss, and the variants kept are still all removed when the
+/// URL is invalidated. Without a limit, a client sending a new value with
+/// every request grew one list that every Vary store rewrote under one lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_keeps_at_most_100_variants_and_the_oldest_gives_way() {
+    let origin = Origin::start(|req| async move {
+        let v = req.header("x-v").unwrap_or("none").to_string();
+        Response::ok(format!("v {v}"))
+            .header("Vary", "X-V")
+            .header("Cache-Control", "max-age=600")
+    })
+    .await;
+    let p = proxy("").await;
+    for i in 0..101 {
+        let v = i.to_string();
+        check(
+            &get(&p, &origin, "/many", &[("X-V", &v)]).await,
+            200,
+            &format!("v {i}"),
+            "MISS",
+        );
+    }
+    assert_eq!(metric(&p, "portico_cache_variants_dropped_total").await, 1);
+    check(&get(&p, &origin, "/many", &[("X-V", "100")]).await, 200, "v 100", "HIT");
+    check(&get(&p, &origin, "/many", &[("X-V", "1")]).await, 200, "v 1", "HIT");
+    check(&get(&p, &origin, "/many", &[("X-V", "0")]).await, 200, "v 0", "MISS");
+    assert_eq!(origin.count(), 102);
+    // An unsafe request invalidates every variant still listed.
+    let r = send(&p, "DELETE", origin.addr(), "/many", &[]).await;
+    assert_eq!(r.status, 200);
+    check(&get(&p, &origin, "/many", &[("X-V", "50")]).await, 200, "v 50", "MISS");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_misses_for_different_variants_get_their_own() {
     // A request that finds another variant's fetch under way follows the

@@ -448,6 +448,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             collapsed: l(&st.collapsed),
             stored: l(&st.stored),
             invalidated: l(&st.invalidated),
+            variants_dropped: l(&st.variants_dropped),
             bytes_served: l(&st.bytes_served),
             bytes_fetched: l(&st.bytes_fetched),
             memory_entries: c.memory().len() as u64,

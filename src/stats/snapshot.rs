@@ -425,6 +425,10 @@ crate::section! {
         /// Objects removed by invalidation or purge.
         invalidated: u64 => Counter, Add, None, "Objects invalidated or purged.",
             prom "portico_cache_invalidated_total", xml "cache-bucket" "countInvalidated";
+        /// Stored variants removed because their URL had more than
+        /// 100 (the oldest gives way).
+        variants_dropped: u64 => Counter, Add, None, "Variants removed past the per-URL limit.",
+            prom "portico_cache_variants_dropped_total", xml "cache-bucket" "countVariantsDropped";
         /// Body bytes served from the cache.
         bytes_served: u64 => Counter, Add, Bytes, "Body bytes served from the cache.",
             prom "portico_cache_served_bytes_total", xml "cache-bucket" "countContentHits";

@@ -257,8 +257,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             );
             let _ = writeln!(
                 o,
-                "{:<28} {} stored, {} invalidated",
-                "Objects", c.stored, c.invalidated
+                "{:<28} {} stored, {} invalidated, {} variants dropped",
+                "Objects", c.stored, c.invalidated, c.variants_dropped
             );
             let _ = writeln!(
                 o,
