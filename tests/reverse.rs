@@ -210,6 +210,33 @@ async fn single_dead_server_gives_502() {
     assert!(resp.body_str().contains(&dead), "{}", resp.body_str());
 }
 
+/// A reverse listener's cache keys the `Host` with its port as sent: an
+/// origin that gets `Host: www.test:80` (and puts it in its answer) does
+/// not answer for `www.test`, which on a TLS listener is port 443. Before,
+/// `:80` was dropped from the key and the reflected answer served to
+/// every request for `www.test`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_key_keeps_the_hosts_port_as_sent() {
+    let origin = Origin::start(|req| async move {
+        Response::ok(format!("host {}", req.header("host").unwrap_or("-"))).header("Cache-Control", "max-age=60")
+    })
+    .await;
+    let o = origin.addr();
+    let config = listener(&free_addr(), "reverse")
+        + &format!(
+            "[cache]\ndir = \"{{dir}}/cache\"\n\n[[upstream]]\nname = \"web\"\nservers = [\"{o}\"]\n\n[[rule]]\nupstream = \"web\"\n"
+        );
+    let portico = Portico::start(&config).await;
+    let r = get(portico.addr(), "www.test:80", "/page").await;
+    assert_eq!(r.body_str(), "host www.test:80");
+    let r = get(portico.addr(), "www.test", "/page").await;
+    assert_eq!(r.body_str(), "host www.test", "{:?}", r.headers);
+    let r = get(portico.addr(), "WWW.test", "/page").await;
+    assert_eq!(r.body_str(), "host www.test", "{:?}", r.headers);
+    assert_eq!(r.header("x-cache"), Some("HIT"));
+    assert_eq!(origin.count(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_header_preserved_or_rewritten() {
     let origin = Origin::start(|req| async move { Response::ok(req.header("host").unwrap_or("-").to_owned()) }).await;

@@ -15,6 +15,8 @@
 //! the URL alone: that URL is where it really came from. A URL never holds
 //! a space (the request parser and `http::Uri` reject one), so the first
 //! space of a key text ends its URL and the two kinds can never collide.
+//! The `Host` in such a key keeps the port it was sent with (`:80` too):
+//! the listener may speak TLS, and the origin may get the `Host` as sent.
 use xxhash_rust::xxh3::xxh3_128;
 
 /// A 128-bit object identifier.
@@ -65,13 +67,26 @@ impl CacheKey {
     /// lower-cased, the default port dropped, an empty path made `/`, the
     /// query dropped when `ignore_query`.
     pub fn new(scheme: &str, authority: &str, path_and_query: &str, ignore_query: bool) -> CacheKey {
-        // One allocation and no `core::fmt`: this runs for every cacheable request.
         let https = scheme.eq_ignore_ascii_case("https");
         let default_port = if https { ":443" } else { ":80" };
         let authority = match authority.len().checked_sub(default_port.len()) {
             Some(cut) if authority.get(cut..).is_some_and(|t| t == default_port) => &authority[..cut],
             _ => authority,
         };
+        Self::with_authority_as_given(scheme, authority, path_and_query, ignore_query)
+    }
+
+    /// [`CacheKey::new`] keeping a port the authority names, whatever the
+    /// scheme: for a reverse listener's `Host`, whose `http` scheme in the
+    /// key is a fiction (the listener may speak TLS, where `:80` is no
+    /// default), and which the origin may get and reflect as sent.
+    pub fn with_authority_as_given(
+        scheme: &str,
+        authority: &str,
+        path_and_query: &str,
+        ignore_query: bool,
+    ) -> CacheKey {
+        // One allocation and no `core::fmt`: this runs for every cacheable request.
         let mut pq = if path_and_query.is_empty() { "/" } else { path_and_query };
         if ignore_query {
             pq = pq.split('?').next().unwrap_or("/");

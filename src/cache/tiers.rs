@@ -495,6 +495,12 @@ impl Cache {
         CacheKey::new(scheme, authority, path_and_query, self.ignore_query)
     }
 
+    /// [`Cache::key`] with the authority's port kept as given
+    /// ([`CacheKey::with_authority_as_given`]).
+    pub fn key_as_given(&self, scheme: &str, authority: &str, path_and_query: &str) -> CacheKey {
+        CacheKey::with_authority_as_given(scheme, authority, path_and_query, self.ignore_query)
+    }
+
     /// The stored object under `id`: memory first, then disk (small disk
     /// objects are promoted to memory).
     /// Counts a request's lookup of `id`, whichever tier answers it or

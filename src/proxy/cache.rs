@@ -123,10 +123,12 @@ impl CacheStatus {
 /// upstream group it is fetched from when that is not the URL's origin.
 pub(super) fn key_for(cache: &Cache, sh: &Shared, dest: &Dest) -> CacheKey {
     let (scheme, authority, pq) = dest.public_url();
-    let key = cache.key(scheme, authority, pq);
     match dest.fetched_from(sh) {
-        Some(group) => key.in_upstream(group),
-        None => key,
+        // A reverse listener's `Host`: `example:80` is not `example` on a
+        // TLS listener, and an origin that gets `Host: example:80` may put
+        // it in its answer (a Location, links): one key each.
+        Some(group) => cache.key_as_given(scheme, authority, pq).in_upstream(group),
+        None => cache.key(scheme, authority, pq),
     }
 }
 
