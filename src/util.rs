@@ -173,6 +173,81 @@ pub(crate) fn ipv4_digits(v4: std::net::Ipv4Addr, out: &mut [u8; 15]) -> usize {
     at
 }
 
+/// The IPv4 address a host written as numbers stands for, the way
+/// `inet_aton(3)`, browsers and curl read it (the WHATWG URL standard's IPv4
+/// parser): one to four parts separated by dots, each decimal, octal
+/// (leading `0`) or hexadecimal (`0x`), the last filling the remaining
+/// bytes: `127.1`, `2130706433`, `0x7f.1` all mean 127.0.0.1. Such a host
+/// is no DNS name (no top-level domain is numeric), and sending it to DNS
+/// would both leak it and let it past the own-address check.
+fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let number = |p: &str| -> Option<u64> {
+        if p.is_empty() || p.len() > 20 {
+            return None;
+        }
+        if let Some(hex) = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")) {
+            return if hex.is_empty() {
+                Some(0)
+            } else {
+                u64::from_str_radix(hex, 16).ok()
+            };
+        }
+        if p.len() > 1 && p.starts_with('0') {
+            return u64::from_str_radix(&p[1..], 8).ok();
+        }
+        p.parse().ok()
+    };
+    let values = parts.iter().map(|p| number(p)).collect::<Option<Vec<u64>>>()?;
+    let (last, first) = values.split_last()?;
+    if first.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let rest_bits = 8 * (4 - first.len() as u32);
+    if *last >= 1u64 << rest_bits {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for (i, v) in first.iter().enumerate() {
+        n |= v << (24 - 8 * i);
+    }
+    u32::try_from(n | last).ok().map(std::net::Ipv4Addr::from)
+}
+
+/// The IP address the connector (`upstream::connect`) reads `host` as,
+/// rather than as a name to resolve: an IPv4 or IPv6 address, bracketed
+/// or not, or an IPv4 address written as numbers ([`numeric_ipv4`]). The
+/// address as written: an IPv4-mapped IPv6 address stays IPv6 (dialled,
+/// it reaches the IPv4 host all the same).
+pub(crate) fn host_ip(host: &str) -> Option<std::net::IpAddr> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Some(ip);
+    }
+    numeric_ipv4(bare).map(std::net::IpAddr::V4)
+}
+
+/// `host` as the `[[acl]]` entries, the `[[rule]]`s and the filter lists
+/// compare it: lower-case, without trailing dots, and a host the connector
+/// reads as an IP address ([`host_ip`]) in one spelling, as a browser's
+/// URL parser (WHATWG) writes it: dotted decimal for IPv4 and for
+/// IPv4-mapped IPv6, the RFC 5952 form in brackets for other IPv6. The
+/// connector dials `2130706433`, `0x7f.1`, `127.1` and
+/// `[::ffff:127.0.0.1]` all as 127.0.0.1: compared as written, each would
+/// pass an entry naming `127.0.0.1`.
+pub(crate) fn canonical_host(host: &str) -> String {
+    let host = host.trim_end_matches('.');
+    match host_ip(host).map(|ip| ip.to_canonical()) {
+        Some(ip @ std::net::IpAddr::V4(_)) => ip_text(ip),
+        Some(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+        None => host.to_ascii_lowercase(),
+    }
+}
+
 /// Boxes the future `make` makes, written straight into its allocation. A
 /// request's future is sized for its largest path (about 11 KiB with a
 /// miss's fetch) while a new one holds only its arguments; `Box::pin` of a
@@ -193,6 +268,70 @@ mod tests {
         // A kind not named: the system's text, without the error number.
         let other = std::io::Error::from_raw_os_error(libc::EPROTO);
         assert_eq!(io_cause(&other), "protocol error");
+    }
+
+    #[test]
+    fn numeric_hosts_are_ipv4_addresses() {
+        let lo = Some(std::net::Ipv4Addr::LOCALHOST);
+        for host in [
+            "127.1",
+            "127.0.1",
+            "2130706433",
+            "0x7f000001",
+            "0x7f.1",
+            "0177.0.0.1",
+            "127.0.0.1.",
+        ] {
+            assert_eq!(numeric_ipv4(host), lo, "{host}");
+        }
+        assert_eq!(numeric_ipv4("0"), Some(std::net::Ipv4Addr::UNSPECIFIED));
+        for name in [
+            "localhost",
+            "example.com",
+            "1.example",
+            "127.0.0.1.1",
+            "256.1",
+            "4294967296",
+            "08",
+            "",
+            "1..1",
+        ] {
+            assert_eq!(numeric_ipv4(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn ip_hosts_are_canonical_in_any_spelling() {
+        for host in [
+            "127.0.0.1",
+            "127.1",
+            "2130706433",
+            "0x7f000001",
+            "0X7F.1",
+            "0177.0.0.1",
+            "127.000.000.001",
+            "127.0.0.1.",
+            "[::ffff:127.0.0.1]",
+            "[::FFFF:7F00:1]",
+            "::ffff:127.0.0.1",
+            "[127.0.0.1]",
+        ] {
+            assert_eq!(canonical_host(host), "127.0.0.1", "{host}");
+        }
+        for host in ["[::1]", "[0:0:0:0:0:0:0:1]", "::1", "[0000::0001]"] {
+            assert_eq!(canonical_host(host), "[::1]", "{host}");
+        }
+        assert_eq!(canonical_host("[2001:DB8:0:0:1:0:0:1]"), "[2001:db8::1:0:0:1]");
+    }
+
+    #[test]
+    fn names_are_lower_case_without_trailing_dots() {
+        assert_eq!(canonical_host("WWW.Example.COM."), "www.example.com");
+        assert_eq!(canonical_host("example.com.."), "example.com");
+        assert_eq!(canonical_host("1.example"), "1.example");
+        assert_eq!(canonical_host("127.0.0.1.1"), "127.0.0.1.1");
+        assert_eq!(canonical_host("*.example.com"), "*.example.com");
+        assert_eq!(canonical_host(""), "");
     }
 
     #[test]

@@ -320,6 +320,64 @@ reason = "blocked agent"
     assert!(log.contains("\"CONNECT www.blocked.test:443 HTTP/1.1\" 403 "), "{log}");
 }
 
+/// Spellings of 127.0.0.1 that Portico's connector (like `inet_aton(3)`
+/// and browsers) dials as that address.
+const LOOPBACK_SPELLINGS: [&str; 9] = [
+    "2130706433",
+    "0x7f.1",
+    "0177.0.0.1",
+    "127.1",
+    "0x7f000001",
+    "127.000.000.001",
+    "127.0.0.1.",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_naming_an_ip_address_holds_for_every_spelling_of_it() {
+    let o = origin().await;
+    let tunnel = echo_origin().await;
+    let (port, t) = (o.addr().port(), tunnel.addr().port());
+    let p = Portico::start(&forward(&format!(
+        r#"
+[proxy]
+connect_ports = [{t}]
+
+[[acl]]
+action = "deny"
+host = "127.0.0.1"
+reason = "blocked address"
+"#
+    )))
+    .await;
+    for host in LOOPBACK_SPELLINGS {
+        let r = via(&p, "GET", host, port, "/a", "").await;
+        assert_eq!(r.status, 403, "GET http://{host}:{port}/a: {}", r.body_str());
+        assert!(r.body_str().contains("blocked address"), "{host}: {}", r.body_str());
+        let (head, _) = connect(&p, &format!("{host}:{t}"), "").await;
+        assert!(head.starts_with("HTTP/1.1 403 "), "CONNECT {host}:{t}: {head}");
+    }
+    // Transparent-style: the same address in a Host header.
+    let r = send(
+        p.addr(),
+        &format!("GET http://2130706433:{port}/h HTTP/1.1\r\nHost: 127.1:{port}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert_eq!(o.count(), 0, "no spelling of the address reaches the origin");
+    assert_eq!(tunnel.connections(), 0, "no tunnel to any spelling is made");
+    // The same origin by a name the entry does not list is served: the
+    // entries above were refused for their address, not their port.
+    let r = via(&p, "GET", "ok.test", port, "/a", "").await;
+    assert_eq!((r.status, r.body_str()), (200, "ok /a".to_string()));
+    let log = access_log_with(p.dir(), "\"GET http://ok.test").await;
+    assert!(
+        log.contains(&format!("\"GET http://2130706433:{port}/a HTTP/1.1\" 403 ")),
+        "the access log keeps the request as the client wrote it: {log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_needing_a_user_asks_for_credentials() {
     let o = origin().await;

@@ -360,6 +360,45 @@ rewrite = { regex = "^/old/", to = "/new/" }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_naming_an_ip_address_matches_every_spelling_of_it() {
+    let o = named_origin("direct").await;
+    let g = named_origin("group").await;
+    let addr = free_addr();
+    let port = o.addr().port();
+    // The entries spell the address another way than the requests do.
+    let rules = format!(
+        r#"
+[[rule]]
+host = "127.1"
+port = {port}
+path = "/admin/"
+deny = 403
+
+[[rule]]
+host = "[::ffff:127.0.0.1]"
+port = {port}
+upstream = "g"
+"#
+    );
+    let p = Portico::start(&config(&addr, "forward", &upstreams(&[("g", &g)]), &rules)).await;
+    for host in ["127.0.0.1", "2130706433", "0x7f.1", "0177.0.0.1", "[::ffff:7f00:1]"] {
+        let r = send(
+            p.addr(),
+            &format!("GET http://{host}:{port}/admin/x HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(r.status, 403, "{host}: {}", r.body_str());
+        let r = send(
+            p.addr(),
+            &format!("GET http://{host}:{port}/y HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(body(&r), "200 group /y", "{host}");
+    }
+    assert_eq!(o.count(), 0, "every spelling was routed by the rules");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule_cache_override_and_reverse_default_is_404() {
     let o =
         Origin::start(|req| async move { Response::ok(format!("v {}", req.uri)).header("cache-control", "max-age=0") })

@@ -472,6 +472,26 @@ async fn acl_rule_and_allow_list_refusals_get_reply_2() {
 }
 
 #[tokio::test]
+async fn an_acl_entry_naming_an_ip_address_holds_for_every_spelling_of_it() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let (p, socks) = socks_proxy("[[acl]]\naction = \"deny\"\nhost = \"127.0.0.1\"\n").await;
+    // Domain names the connector reads as 127.0.0.1 (`inet_aton(3)` forms).
+    for name in ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "127.000.000.001"] {
+        let (code, _) = request_reply(socks, &connect_name(name.as_bytes(), port)).await;
+        assert_eq!(code, 2, "domain name {name}");
+    }
+    // The IPv4-mapped IPv6 address of 127.0.0.1 (address type 4).
+    let mut v6 = vec![5, 1, 0, 4];
+    v6.extend_from_slice(&std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets());
+    v6.extend_from_slice(&port.to_be_bytes());
+    let (code, _) = request_reply(socks, &v6).await;
+    assert_eq!(code, 2, "::ffff:127.0.0.1");
+    assert_eq!(o.connections(), 0, "no spelling of the address reaches the origin");
+    assert_eq!(metric(&p, "portico_acl_denied_total").await, 6.0);
+}
+
+#[tokio::test]
 async fn clients_outside_access_allow_get_reply_2() {
     let o = origin().await;
     let (_p, socks) = socks_proxy("[access]\nallow = [\"192.0.2.0/24\"]\n").await;

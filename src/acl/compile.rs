@@ -292,7 +292,9 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
         if !crate::rules::valid_host_pattern(h) {
             return Err(at(i, "host", format!("host {h:?} must be a name, `*.domain` or `*`")));
         }
-        let h = h.trim_end_matches('.').to_ascii_lowercase();
+        // An address in the spelling requests are compared in, whichever
+        // one the entry is written in (`[::1]`, `::1`, `127.1`).
+        let h = crate::util::canonical_host(h);
         match h.strip_prefix('*') {
             _ if h == "*" => any_host = true,
             Some(suffix) => hosts.push(HostMatch::Suffix(suffix.into())),

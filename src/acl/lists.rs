@@ -361,7 +361,13 @@ fn domain(text: &str) -> Result<(String, bool), String> {
     if name.len() > 253 {
         return Err(format!("{text:?}: a domain name is at most 253 characters"));
     }
-    Ok((name.to_ascii_lowercase(), subdomains))
+    // An address (`127.1`) in the spelling requests' hosts are compared in.
+    let name = if subdomains {
+        name.to_ascii_lowercase()
+    } else {
+        crate::util::canonical_host(name)
+    };
+    Ok((name, subdomains))
 }
 
 /// A `urls` line: an absolute `http://` or `https://` URL prefix.
@@ -382,7 +388,7 @@ fn url(text: &str, line: u32) -> Result<UrlPrefix, String> {
         return Err(bad("user names are not part of what is matched"));
     }
     let authority: http::uri::Authority = authority.parse().map_err(|_| bad("no valid host"))?;
-    let host = authority.host().trim_end_matches('.').to_ascii_lowercase();
+    let host = crate::util::canonical_host(authority.host());
     if host.is_empty() {
         return Err(bad("no host"));
     }

@@ -66,7 +66,8 @@ pub struct Request<'a> {
     pub method: &'a Method,
     /// `http` or `https`; empty for a CONNECT.
     pub scheme: &'a str,
-    /// Host, lower-case, without port or trailing dot.
+    /// Host, lower-case, without port or trailing dot; an IP address in
+    /// its canonical spelling ([`crate::util::canonical_host`]).
     pub host: &'a str,
     /// The URL's port (explicit, else by scheme), or the CONNECT target's.
     pub port: u16,

@@ -98,6 +98,23 @@ client = "192.0.2.0/24"
 }
 
 #[test]
+fn ip_hosts_in_entries_are_compared_in_canonical_form() {
+    // Requests reach `decide` with canonical hosts (`util::canonical_host`);
+    // an entry may spell the address any way the connector reads it.
+    let a = acl(r#"
+[[acl]]
+action = "deny"
+host = ["127.1", "::1", "[0:0::2]"]
+"#);
+    let h = HeaderMap::new();
+    let d = |host| a.decide(&get(host, "/", &h), noon());
+    assert!(denied(&d("127.0.0.1")));
+    assert!(denied(&d("[::1]")));
+    assert!(denied(&d("[::2]")));
+    assert!(!denied(&d("127.0.0.2")));
+}
+
+#[test]
 fn each_matcher_kind() {
     let a = acl(r#"
 [[acl]]

@@ -28,7 +28,10 @@ pub struct HttpTarget {
     /// The authority the client asked for: the absolute target's (which
     /// replaces `Host`, RFC 9112 3.2.2) or the `Host` header (may be empty).
     pub authority: String,
-    /// The host, lower-case, without port or trailing dot.
+    /// The host, lower-case, without port or trailing dot; an IP address
+    /// (in any spelling the connector reads as one) in its canonical form
+    /// ([`crate::util::canonical_host`]), so `[[acl]]` and `[[rule]]`
+    /// entries naming an address match every spelling of it.
     pub host: String,
     /// Explicit port, else the scheme's default.
     pub port: u16,
@@ -73,7 +76,9 @@ fn port_of(authority: &str, scheme: &str) -> u16 {
         .unwrap_or(if scheme == "https" { 443 } else { 80 })
 }
 
-/// The host part of a Host header value, lower-cased, without port.
+/// The host part of a Host header value, without port, as the rules see
+/// it ([`crate::util::canonical_host`]: lower-cased, and an IP address in
+/// one spelling however the client wrote it).
 fn host_only(authority: &str) -> String {
     let a = authority.trim();
     let host = if a.starts_with('[') {
@@ -81,7 +86,7 @@ fn host_only(authority: &str) -> String {
     } else {
         a.rsplit_once(':').map_or(a, |(h, _)| h)
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    crate::util::canonical_host(host)
 }
 
 /// Decides what the request asks for, for a listener in `mode`; the rules
@@ -191,6 +196,9 @@ mod tests {
         assert_eq!(host_only("WWW.Example.com:8080"), "www.example.com");
         assert_eq!(host_only("[::1]:80"), "[::1]");
         assert_eq!(host_only("example.com."), "example.com");
+        assert_eq!(host_only("2130706433:80"), "127.0.0.1");
+        assert_eq!(host_only("[::ffff:127.0.0.1]:80"), "127.0.0.1");
+        assert_eq!(host_only("[0::1]"), "[::1]");
     }
 
     #[test]

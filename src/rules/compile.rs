@@ -168,7 +168,9 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
             if !valid_host_pattern(h) {
                 return Err(at(i, "host", format!("host {h:?} must be a name, `*.domain` or `*`")));
             }
-            let h = h.trim_end_matches('.').to_ascii_lowercase();
+            // An address in the spelling requests are compared in, whichever
+            // one the entry is written in (`[::1]`, `::1`, `127.1`).
+            let h = crate::util::canonical_host(h);
             match h.strip_prefix('*') {
                 _ if h == "*" => HostMatch::Any,
                 Some(suffix) => HostMatch::Suffix(suffix.into()),

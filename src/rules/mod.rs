@@ -38,7 +38,8 @@ pub struct Request<'a> {
     pub method: &'a Method,
     /// `http` or `https` (the absolute URI's scheme; `http` for origin-form).
     pub scheme: &'a str,
-    /// Host, lower-case, without port or trailing dot.
+    /// Host, lower-case, without port or trailing dot; an IP address in
+    /// its canonical spelling ([`crate::util::canonical_host`]).
     pub host: &'a str,
     /// The URL's port: explicit, else 80 (http) or 443 (https).
     pub port: u16,
@@ -83,10 +84,12 @@ impl<'a> Request<'a> {
     }
 }
 
-/// A CONNECT target's host as the rules compare it: lower-case, without
-/// a trailing dot (like [`Request::host`] of an HTTP request).
+/// A CONNECT or SOCKS target's host as the rules and the `[[acl]]`
+/// entries compare it: lower-case, without a trailing dot, an IP address
+/// in its canonical spelling (like [`Request::host`] of an HTTP request,
+/// [`crate::util::canonical_host`]).
 pub(crate) fn tunnel_host(host: &str) -> String {
-    host.trim_end_matches('.').to_ascii_lowercase()
+    crate::util::canonical_host(host)
 }
 
 impl Request<'_> {

@@ -458,13 +458,12 @@ impl Connector {
 
     /// Resolves `host` (a name, an IPv4 address or a bracketed IPv6 address).
     async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, ConnectError> {
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = bare.parse::<IpAddr>() {
+        // The same reading as the access rules' (`util::canonical_host`):
+        // what is dialled as an address is what they judged as one.
+        if let Some(ip) = crate::util::host_ip(host) {
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
-        if let Some(ip) = numeric_ipv4(bare) {
-            return Ok(vec![SocketAddr::new(IpAddr::V4(ip), port)]);
-        }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
         let err = |detail: String| ConnectError {
             kind: ConnectErrorKind::Dns,
             target: format!("{host}:{port}"),
@@ -840,51 +839,6 @@ fn tls_cause(e: &io::Error, host: &str) -> String {
     }
 }
 
-/// The IPv4 address a host written as numbers stands for, the way
-/// `inet_aton(3)`, browsers and curl read it (the WHATWG URL standard's IPv4
-/// parser): one to four parts separated by dots, each decimal, octal
-/// (leading `0`) or hexadecimal (`0x`), the last filling the remaining
-/// bytes: `127.1`, `2130706433`, `0x7f.1` all mean 127.0.0.1. Such a host
-/// is no DNS name (no top-level domain is numeric), and sending it to DNS
-/// would both leak it and let it past the own-address check.
-fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
-    let host = host.strip_suffix('.').unwrap_or(host);
-    let parts: Vec<&str> = host.split('.').collect();
-    if parts.is_empty() || parts.len() > 4 {
-        return None;
-    }
-    let number = |p: &str| -> Option<u64> {
-        if p.is_empty() || p.len() > 20 {
-            return None;
-        }
-        if let Some(hex) = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")) {
-            return if hex.is_empty() {
-                Some(0)
-            } else {
-                u64::from_str_radix(hex, 16).ok()
-            };
-        }
-        if p.len() > 1 && p.starts_with('0') {
-            return u64::from_str_radix(&p[1..], 8).ok();
-        }
-        p.parse().ok()
-    };
-    let values = parts.iter().map(|p| number(p)).collect::<Option<Vec<u64>>>()?;
-    let (last, first) = values.split_last()?;
-    if first.iter().any(|&v| v > 255) {
-        return None;
-    }
-    let rest_bits = 8 * (4 - first.len() as u32);
-    if *last >= 1u64 << rest_bits {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for (i, v) in first.iter().enumerate() {
-        n |= v << (24 - 8 * i);
-    }
-    u32::try_from(n | last).ok().map(std::net::Ipv4Addr::from)
-}
-
 /// The status code of an answer's status line (`HTTP/1.1 200 OK`).
 fn connect_status(line: &str) -> Option<u16> {
     let mut words = line.split(' ');
@@ -936,7 +890,7 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{ConnectError, ConnectErrorKind, connect_status, dns_cause, localhost, numeric_ipv4};
+    use super::{ConnectError, ConnectErrorKind, connect_status, dns_cause, localhost};
     use hickory_resolver::net::{DnsError, NetError, NoRecords};
     use hickory_resolver::proto::op::{Query, ResponseCode};
     use hickory_resolver::proto::rr::{Name, RecordType};
@@ -977,36 +931,6 @@ mod tests {
             for internal in ["Query {", "Name(", "NoRecords", "DNS error"] {
                 assert!(!page.contains(internal), "{page}");
             }
-        }
-    }
-
-    #[test]
-    fn numeric_hosts_are_ipv4_addresses() {
-        let lo = Some(std::net::Ipv4Addr::LOCALHOST);
-        for host in [
-            "127.1",
-            "127.0.1",
-            "2130706433",
-            "0x7f000001",
-            "0x7f.1",
-            "0177.0.0.1",
-            "127.0.0.1.",
-        ] {
-            assert_eq!(numeric_ipv4(host), lo, "{host}");
-        }
-        assert_eq!(numeric_ipv4("0"), Some(std::net::Ipv4Addr::UNSPECIFIED));
-        for name in [
-            "localhost",
-            "example.com",
-            "1.example",
-            "127.0.0.1.1",
-            "256.1",
-            "4294967296",
-            "08",
-            "",
-            "1..1",
-        ] {
-            assert_eq!(numeric_ipv4(name), None, "{name}");
         }
     }
 
