@@ -320,6 +320,52 @@ reason = "blocked agent"
     assert!(log.contains("\"CONNECT www.blocked.test:443 HTTP/1.1\" 403 "), "{log}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_entries_match_the_path_as_the_origin_resolves_it() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&forward(
+        r#"
+[[acl]]
+action = "deny"
+host = "ok.test"
+path = "/admin/"
+reason = "admin path"
+
+[[acl]]
+action = "deny"
+regex = '^/secret/'
+reason = "secret path"
+"#,
+    ))
+    .await;
+    // Each of these is /admin/x or /secret/x to the origin.
+    for (path, reason) in [
+        ("/admin/x", "admin path"),
+        ("/%61dmin/x", "admin path"),
+        ("/%61%64%6D%69%6E/x", "admin path"),
+        ("//admin/x", "admin path"),
+        ("/./admin/x", "admin path"),
+        ("/x/../admin/x", "admin path"),
+        ("/%2e%2e/admin/x", "admin path"),
+        ("/x//..//admin/x", "admin path"),
+        ("/%73ecret/x", "secret path"),
+        ("//secret/x", "secret path"),
+        ("/a/./../secret/x?q=1", "secret path"),
+    ] {
+        let r = via(&p, "GET", "ok.test", port, path, "").await;
+        assert_eq!(r.status, 403, "{path}: {}", r.body_str());
+        assert!(r.body_str().contains(reason), "{path}: {}", r.body_str());
+    }
+    assert_eq!(o.count(), 0, "no spelling of the denied paths reaches the origin");
+    // Not the denied path: an encoded `/` is not a separator, and paths
+    // are case-sensitive. What is allowed goes to the origin as sent.
+    for path in ["/%2Fadmin/x", "/Admin/x", "/public/./%61//b/../c"] {
+        let r = via(&p, "GET", "ok.test", port, path, "").await;
+        assert_eq!((r.status, r.body_str()), (200, format!("ok {path}")), "{path}");
+    }
+}
+
 /// Spellings of 127.0.0.1 that Portico's connector (like `inet_aton(3)`
 /// and browsers) dials as that address.
 const LOOPBACK_SPELLINGS: [&str; 9] = [

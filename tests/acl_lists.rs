@@ -190,6 +190,16 @@ reason = "regex list"
         "the prefix ends in /"
     );
     assert_eq!(get(a, "ok.test", port, "/Private/1").await, (403, "url list".into()));
+    // Other spellings of a listed path (as the origin resolves them).
+    for path in ["/%61ds/x", "//ads/x", "/./ads/x", "/x/../ads/x", "/%2E%2E/ads/"] {
+        assert_eq!(get(a, "ok.test", port, path).await, (403, "url list".into()), "{path}");
+    }
+    assert_eq!(
+        get(a, "www.ok.test", port, "/x//../track/./1").await,
+        (403, "regex list".into()),
+        "regexes see the path normalised"
+    );
+
     assert_eq!(
         get(a, "ok.test", port, "/private/1").await,
         (200, String::new()),

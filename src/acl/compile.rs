@@ -450,7 +450,9 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
         hosts,
         host_regex,
         ports: e.port.clone(),
-        paths: e.path.iter().map(|p| p.as_str().into()).collect(),
+        // In the form request paths are compared in (`path.rs`), so that
+        // `/%7Euser/` in the config is the `/~user/` requests become.
+        paths: e.path.iter().map(|p| super::path::normalize_path(p).into()).collect(),
         regex: re,
         headers,
         modes: e.mode.clone(),
@@ -465,7 +467,8 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
 }
 
 impl Entry {
-    /// Whether the entry holds for `req`: cheap matchers first, regexes
+    /// Whether the entry holds for `req`, whose path must be normalised
+    /// (`Request::normalised`): cheap matchers first, regexes
     /// last, the user matchers at the very end (NeedAuth only when all the
     /// others hold). `local` gives the local time, computed on first use.
     pub(super) fn check(&self, req: &Request<'_>, local: impl FnOnce() -> Local) -> Check {

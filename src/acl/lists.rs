@@ -238,7 +238,8 @@ impl List {
     }
 }
 
-/// The URL prefix matching `req`, lowest line first; never for a CONNECT
+/// The URL prefix matching `req` (its path normalised by the caller,
+/// `Request::normalised`), lowest line first; never for a CONNECT
 /// (it has no URL: a scheme-less `host:port` cannot match `http://...`).
 fn url_prefix<'t>(table: &'t Table<Vec<UrlPrefix>>, req: &Request<'_>) -> Option<&'t UrlPrefix> {
     if req.is_tunnel() || table.is_empty() {
@@ -396,7 +397,8 @@ fn url(text: &str, line: u32) -> Result<UrlPrefix, String> {
     let path = match path {
         "" => "/".to_string(),
         p if p.starts_with('?') => format!("/{p}"),
-        p => p.to_string(),
+        // In the form request paths are compared in (`path.rs`).
+        p => super::path::normalize_path_and_query(p).into_owned(),
     };
     Ok(UrlPrefix {
         https,

@@ -279,14 +279,16 @@ impl Acl {
             return ReplyFilter::default();
         }
         let mut local = None;
-        let ids: Vec<u32> = c
-            .reply
-            .iter()
-            .copied()
-            .filter(|&id| {
-                c.entries[id as usize].check(req, || *local.get_or_insert_with(|| c.local(now()))) == super::Check::Yes
-            })
-            .collect();
+        let ids: Vec<u32> = req.normalised(|req| {
+            c.reply
+                .iter()
+                .copied()
+                .filter(|&id| {
+                    c.entries[id as usize].check(req, || *local.get_or_insert_with(|| c.local(now())))
+                        == super::Check::Yes
+                })
+                .collect()
+        });
         if ids.is_empty() {
             return ReplyFilter::default();
         }

@@ -18,6 +18,7 @@ mod compile;
 mod explain;
 mod lists;
 mod mime;
+mod path;
 
 pub use explain::{Probe, explain};
 pub use mime::{MediaTypes, ReplyDenied, ReplyFilter};
@@ -111,6 +112,21 @@ impl<'a> Request<'a> {
     /// True for a CONNECT (no URL path or scheme to match).
     pub fn is_tunnel(&self) -> bool {
         *self.method == Method::CONNECT
+    }
+
+    /// `f` of this request as the entries and lists match it: its path
+    /// normalised (`path.rs`: percent-encoded unreserved characters
+    /// decoded, runs of `/` merged, dot-segments removed), so that no
+    /// other spelling of a path the origin resolves the same way passes an
+    /// entry. Done once per request, here, for every way into the entries.
+    fn normalised<R>(&self, f: impl FnOnce(&Request<'_>) -> R) -> R {
+        match path::normalize_path_and_query(self.path_and_query) {
+            std::borrow::Cow::Borrowed(_) => f(self),
+            std::borrow::Cow::Owned(pq) => f(&Request {
+                path_and_query: &pq,
+                ..*self
+            }),
+        }
     }
 }
 
@@ -232,8 +248,14 @@ impl Acl {
         if c.entries.is_empty() {
             return c.default_decision();
         }
+        req.normalised(|req| self.decide_normalised(req, now))
+    }
+
+    fn decide_normalised(&self, req: &Request<'_>, now: impl Fn() -> jiff::Timestamp) -> Decision {
+        let c = &*self.inner;
         thread_local! {
-            // Reused per thread: deciding allocates nothing.
+            // Reused per thread: deciding allocates nothing (but the
+            // normalised path of a request whose path needs it).
             static CANDIDATES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
         }
         let mut local: Option<Local> = None;
@@ -256,9 +278,11 @@ impl Acl {
     /// for `portico acl test`. None when the entry has no list or none matches.
     pub fn list_hit(&self, i: usize, req: &Request<'_>) -> Option<String> {
         let e = self.inner.entries.get(i)?;
-        e.lists.iter().find_map(|l| {
-            l.hit(req)
-                .map(|h| format!("list {:?} ({}:{}: {})", l.name, l.file, h.line, h.pattern))
+        req.normalised(|req| {
+            e.lists.iter().find_map(|l| {
+                l.hit(req)
+                    .map(|h| format!("list {:?} ({}:{}: {})", l.name, l.file, h.line, h.pattern))
+            })
         })
     }
 
