@@ -278,6 +278,65 @@ async fn changed_password_is_refused_once_the_file_changes() {
 }
 
 #[tokio::test]
+async fn a_removed_user_is_refused_even_when_its_verification_races_the_reload() {
+    // The request that notices the changed file starts the reload in the
+    // background and, its user not in the cache, verifies the password at
+    // the same time. Verified against the table the reload replaces, the
+    // answer must not be cached past the reload: the removed user would
+    // keep working for max_age.
+    if !have_htpasswd() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("users.htpasswd");
+    let path = file.to_str().expect("utf-8");
+    // The race made to go one way: a file of 20,000 users takes the reload
+    // longer to read than the request takes to reach the table it replaces,
+    // and a bcrypt cost of 12 makes the verification outlast that reading.
+    htpasswd(&["-cbB", "-C", "12", path, "alice", "pw"]);
+    let out = std::process::Command::new("htpasswd")
+        .args(["-nbm", "filler", "x"])
+        .output()
+        .expect("run htpasswd");
+    let line = String::from_utf8_lossy(&out.stdout);
+    let hash = line.trim().strip_prefix("filler:").expect("an htpasswd line");
+    let fillers: String = (0..20_000).map(|i| format!("filler{i}:{hash}\n")).collect();
+    let mut text = std::fs::read_to_string(&file).expect("read the user file");
+    text.push_str(&fillers);
+    std::fs::write(&file, text).expect("write the user file");
+    let o = origin().await;
+    let p = proxy(&file, "max_age = \"1h\"").await;
+    assert_eq!(get_as(&p, &o, "alice", "pw").await.status, 200);
+    // Another user is added: the reload that follows empties the cache.
+    htpasswd(&["-bB", "-C", "4", path, "carol", "pw3"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&p, "portico_auth_reloads_total").await < 2.0 {
+        assert!(Instant::now() < deadline, "the added user was not noticed");
+        assert_eq!(get_as(&p, &o, "alice", "pw").await.status, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // alice is removed; her next request is the one that notices it (the
+    // file is looked at at most once a second) and finds no cache entry.
+    htpasswd(&["-D", path, "alice"]);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get_as(&p, &o, "alice", "pw").await;
+        if r.status == 407 {
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.body_str());
+        assert!(
+            Instant::now() < deadline,
+            "the removed user's password is still accepted (cached from the replaced file)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_challenge(&get_as(&p, &o, "alice", "pw").await, "a removed user");
+    assert_eq!(get_as(&p, &o, "carol", "pw3").await.status, 200);
+}
+
+#[tokio::test]
 async fn max_age_sends_users_back_to_the_file() {
     if !have_htpasswd() {
         return;

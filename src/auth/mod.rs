@@ -8,7 +8,9 @@
 //! milliseconds of CPU, which must not stall the runtime's threads).
 //! The file is watched on use, at most once a second, by a background
 //! check: a changed file is reloaded and empties the cache, so a changed
-//! or removed password is never accepted from it. A file that disappears
+//! or removed password is never accepted from it; a verification that a
+//! reload overtakes (it read the table the reload replaced) is not cached
+//! but made again against the new table. A file that disappears
 //! or becomes unreadable fails closed: users not in the cache get a 503
 //! naming the reason, logged once per episode; cached users go on until
 //! their entry is `max_age` old.
@@ -182,6 +184,10 @@ pub struct Authenticator {
 
 /// How often the files may be looked at on use.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Verifications of one request's credentials, each overtaken by a reload
+/// of the files, before it is refused (503) rather than verified again.
+const MAX_VERIFY_ATTEMPTS: u32 = 3;
 
 impl Authenticator {
     /// Loads the files named by `cfg` (which must be enabled), or, with
@@ -424,7 +430,12 @@ impl Authenticator {
         self.maybe_check();
         let digest = self.digest(&creds.user, &creds.password);
         let now = Instant::now();
+        let mut generation = self.generation.load(Relaxed);
         if let Ok(c) = self.cache.lock() {
+            // Read under the lock `load` empties the cache and takes a new
+            // generation under, after swapping the table in: the table the
+            // verification below reads is this generation's or a newer one.
+            generation = self.generation.load(Relaxed);
             if let Some(e) = c.users.get(&creds.user)
                 && e.digest == digest
                 && now.duration_since(e.verified) < self.cfg.max_age.get()
@@ -440,23 +451,49 @@ impl Authenticator {
             }
         }
         self.stats.misses.fetch_add(1, Relaxed);
-        // The directory may spell the name differently (ldap::canonical_name).
-        let mut directory_name = None;
-        let (ok, mut groups) = match &self.directory {
-            Some(dir) => match self.ask_directory(dir, &creds.user, &creds.password).await? {
-                ldap::Verdict::Valid { name, groups } => {
-                    directory_name = Some(name);
-                    (true, groups)
+        let mut attempts = 0;
+        let (ok, mut groups, directory_name, now, mut c) = loop {
+            attempts += 1;
+            // The directory may spell the name differently (ldap::canonical_name).
+            let mut directory_name = None;
+            let (ok, groups) = match &self.directory {
+                Some(dir) => match self.ask_directory(dir, &creds.user, &creds.password).await? {
+                    ldap::Verdict::Valid { name, groups } => {
+                        directory_name = Some(name);
+                        (true, groups)
+                    }
+                    ldap::Verdict::Invalid => (false, Vec::new()),
+                },
+                None => self.ask_file(&creds.user, creds.password.clone(), pool).await?,
+            };
+            let now = Instant::now();
+            let Ok(c) = self.cache.lock() else {
+                return Err(Refusal::Unavailable(
+                    "authentication is unavailable: internal error".into(),
+                ));
+            };
+            let current = self.generation.load(Relaxed);
+            if current == generation {
+                break (ok, groups, directory_name, now, c);
+            }
+            // The files were reloaded while this was verified (typically by
+            // the check `maybe_check` started above): the answer came from
+            // the table that reload replaced, and the cache it emptied would
+            // keep it, a removed or changed password working for `max_age`.
+            // Asked again, of the new table.
+            drop(c);
+            generation = current;
+            if attempts >= MAX_VERIFY_ATTEMPTS {
+                // Reloads keep overtaking the verification: no answer is
+                // known to hold for the file as it is. Fail closed.
+                if !ok {
+                    return Err(Refusal::Invalid);
                 }
-                ldap::Verdict::Invalid => (false, Vec::new()),
-            },
-            None => self.ask_file(&creds.user, creds.password, pool).await?,
-        };
-        let now = Instant::now();
-        let Ok(mut c) = self.cache.lock() else {
-            return Err(Refusal::Unavailable(
-                "authentication is unavailable: internal error".into(),
-            ));
+                self.stats.unavailable.fetch_add(1, Relaxed);
+                return Err(Refusal::Unavailable(
+                    "authentication is unavailable: the user file keeps changing".into(),
+                ));
+            }
         };
         if !ok {
             self.stats.failures.fetch_add(1, Relaxed);
