@@ -366,6 +366,55 @@ reason = "secret path"
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_method_purge_purges_so_an_entry_for_purge_is_not_passed_by_another_case() {
+    // GET is cacheable; any other method is refused by the origin, which
+    // records what it was sent.
+    let o = Origin::start(|req| async move {
+        if req.method == http::Method::GET {
+            Response::ok(format!("ok {}", req.uri)).header("cache-control", "max-age=600")
+        } else {
+            Response::new(405)
+        }
+    })
+    .await;
+    let port = o.addr().port();
+    let cfg = forward(
+        r#"
+[[acl]]
+action = "deny"
+method = "PURGE"
+reason = "no purging"
+"#,
+    )
+    .replace(
+        "[cache]\nenabled = false",
+        "[cache]\ndir = \"{dir}/cache\"\nmemory = \"16MiB\"",
+    );
+    let p = Portico::start(&cfg).await;
+    let url = format!("http://ok.test:{port}/x");
+    let request = |method: &str| format!("{method} {url} HTTP/1.1\r\nHost: ok.test:{port}\r\n\r\n");
+    let r = send(p.addr(), &request("GET")).await;
+    assert_eq!((r.status, r.header("x-cache")), (200, Some("MISS")));
+    let r = send(p.addr(), &request("GET")).await;
+    assert_eq!((r.status, r.header("x-cache")), (200, Some("HIT")));
+    let r = send(p.addr(), &request("PURGE")).await;
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert!(r.body_str().contains("no purging"), "{}", r.body_str());
+    // Methods are case-sensitive (RFC 9110 9.1): `purge` is another,
+    // unknown method, which goes to the origin like any other.
+    let r = send(p.addr(), &request("purge")).await;
+    assert_eq!(r.status, 405, "{}", r.body_str());
+    let methods: Vec<String> = o.requests().iter().map(|r| r.method.to_string()).collect();
+    assert_eq!(methods, ["GET", "purge"]);
+    let r = send(p.addr(), &request("GET")).await;
+    assert_eq!(
+        (r.status, r.header("x-cache")),
+        (200, Some("HIT")),
+        "the object was not purged"
+    );
+}
+
 /// Spellings of 127.0.0.1 that Portico's connector (like `inet_aton(3)`
 /// and browsers) dials as that address.
 const LOOPBACK_SPELLINGS: [&str; 9] = [

@@ -18,9 +18,14 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-/// True for the PURGE method.
+/// True for the PURGE method, spelled exactly so: methods are
+/// case-sensitive (RFC 9110 9.1), so `purge` is another method, unknown,
+/// sent to the origin like any other. Compared without case, `purge`
+/// purged while the `[[acl]]` entries (which compare methods exactly, as
+/// the statistics do) saw no PURGE in it: a `method = "PURGE"` deny let
+/// it through.
 pub fn is_purge(method: &http::Method) -> bool {
-    method.as_str().eq_ignore_ascii_case("PURGE")
+    method.as_str() == "PURGE"
 }
 
 /// Serves a PURGE request; `fan_out`: also send it to every other
