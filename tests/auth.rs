@@ -120,6 +120,53 @@ fn assert_challenge(r: &ParsedResponse, what: &str) {
     );
 }
 
+/// Password verifications wait in the blocking pool's queue no longer
+/// than a disk lookup may: past `server.blocking_queue` a login is refused
+/// at once (503), not queued. Before, a client sending wrong passwords
+/// for a known user (a bcrypt run each) piled up work without limit,
+/// which the disk tier's jobs then waited behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verifications_past_the_blocking_queue_are_refused_at_once_not_queued() {
+    if !have_htpasswd() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let users = dir.path().join("users.htpasswd");
+    // bcrypt cost 12: each verification takes a while.
+    htpasswd(&[
+        "-cbB",
+        "-C",
+        "12",
+        users.to_str().expect("utf-8 path"),
+        "alice",
+        "right",
+    ]);
+    let p = proxy(&users, "\n[server]\nblocking_threads = 1\nblocking_queue = 1\n").await;
+    let o = origin().await;
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let (paddr, oaddr, url) = (p.addr(), o.addr(), o.url());
+            tokio::spawn(async move {
+                let req = format!(
+                    "GET {url}/x HTTP/1.1\r\nHost: {oaddr}\r\nProxy-Authorization: {}\r\nConnection: close\r\n\r\n",
+                    basic("alice", &format!("wrong{i}"))
+                );
+                parse_response(&raw_request(paddr, req.as_bytes()).await).status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    assert!(statuses.iter().all(|s| *s == 407 || *s == 503), "{statuses:?}");
+    assert!(statuses.contains(&503), "every login waited: {statuses:?}");
+    assert!(statuses.contains(&407), "{statuses:?}");
+    assert_eq!(o.count(), 0);
+    // The right password still gets in.
+    assert_eq!(get_as(&p, &o, "alice", "right").await.status, 200);
+}
+
 #[tokio::test]
 async fn every_htpasswd_format_right_and_wrong_password() {
     if !have_htpasswd() {

@@ -553,7 +553,13 @@ impl Authenticator {
             // made-up names, at the price of a timing difference that
             // tells an unknown name from a wrong password.
             None => false,
-            Some(h) => match pool.run(move || htpasswd::verify(&h, &password)).await {
+            // `try_run`: refused at once when the blocking pool's queue
+            // (`server.blocking_queue`) is full, as a disk lookup is. A
+            // verification costs a bcrypt run (a quarter of a second at
+            // cost 12), and waiting for one however long the queue let a
+            // client sending wrong passwords for a known user pile up
+            // work the disk tier's jobs then waited behind.
+            Some(h) => match pool.try_run(move || htpasswd::verify(&h, &password)).await {
                 Ok(ok) => {
                     self.stats.verify_time.record(started.elapsed());
                     ok
