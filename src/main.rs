@@ -337,6 +337,7 @@ fn load(path: Option<&PathBuf>) -> Result<Config, String> {
 }
 
 fn main() -> ExitCode {
+    portico::privdrop::tighten_umask();
     let default = default_config();
     // `--help` of each command taking `-c` names the file it would read now.
     let help = config_help(&default);

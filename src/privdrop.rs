@@ -18,6 +18,18 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// Adds `027` to the process's umask (never loosening one already
+/// stricter), as Squid's default `umask 027` does: the cache holds responses
+/// meant for one user (a `public` answer to an `Authorization` request, a
+/// cookie-stripped page) and the logs hold user names and URLs, none of
+/// them for other local users, whoever starts Portico and however.
+pub fn tighten_umask() {
+    // SAFETY: umask has no preconditions; it returns the old mask.
+    let old = unsafe { libc::umask(0o027) };
+    // SAFETY: as above.
+    unsafe { libc::umask(old | 0o027) };
+}
+
 /// The user and group to switch to.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -202,18 +214,93 @@ pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
 
 /// Gives `path` (and, for a directory, everything under it) to uid:gid;
 /// failures are logged (the file stays usable by root only).
+///
+/// Runs as root over places the service user may write to (its log and
+/// cache directories), so no symbolic link is ever followed, not even one
+/// swapped in while this runs: each entry is opened with `O_PATH |
+/// O_NOFOLLOW` relative to its parent's descriptor (a link is opened as
+/// itself, never as its target, and nothing is read from a device or a
+/// FIFO), changed through that descriptor, and only a directory so opened
+/// is descended into. Following paths instead, a user who replaced a log
+/// file with a link to `/etc` between its creation and this walk was given
+/// `/etc`.
 pub(crate) fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
-    if let Err(e) = std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
-        tracing::warn!(
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    match open_nofollow(libc::AT_FDCWD, &c) {
+        Ok(fd) => chown_fd(&fd, path, uid, gid, 0),
+        Err(e) => tracing::warn!(
             "cannot give {} to uid {uid}: {}",
             path.display(),
+            crate::util::io_cause(&e)
+        ),
+    }
+}
+
+/// Deepest directory [`chown_tree`] descends into (the cache's tree is
+/// three levels deep).
+const CHOWN_DEPTH: usize = 16;
+
+/// `name` opened relative to `dir` (`AT_FDCWD` or a directory descriptor)
+/// with `O_PATH | O_NOFOLLOW`: a descriptor of the entry itself.
+fn open_nofollow(dir: libc::c_int, name: &std::ffi::CStr) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `name` is a valid NUL-terminated string for the call; the
+    // descriptor returned, when not -1, is new and owned by nobody else.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned here alone.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Changes the entry `fd` stands for (shown as `shown` in warnings) and,
+/// for a directory, its entries.
+fn chown_fd(fd: &std::os::fd::OwnedFd, shown: &Path, uid: libc::uid_t, gid: libc::gid_t, depth: usize) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: `fd` is open; the empty path with AT_EMPTY_PATH names it
+    // (works on an O_PATH descriptor, a symbolic link's included).
+    let rc = unsafe { libc::fchownat(fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(
+            "cannot give {} to uid {uid}: {}",
+            shown.display(),
             crate::util::io_cause(&e)
         );
         return;
     }
-    if let Ok(entries) = std::fs::read_dir(path) {
-        for entry in entries.flatten() {
-            chown_tree(&entry.path(), uid, gid);
+    // SAFETY: stat is plain data that fstat fills in.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` valid for the call.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFDIR
+        || depth >= CHOWN_DEPTH
+    {
+        return;
+    }
+    // The directory's entries, listed through the descriptor (its
+    // /proc/self/fd link is the directory itself, not a path looked up again).
+    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Ok(c) = CString::new(name.as_bytes()) else {
+            continue;
+        };
+        let shown = shown.join(&name);
+        match open_nofollow(fd.as_raw_fd(), &c) {
+            Ok(child) => chown_fd(&child, &shown, uid, gid, depth + 1),
+            Err(e) => tracing::warn!(
+                "cannot give {} to uid {uid}: {}",
+                shown.display(),
+                crate::util::io_cause(&e)
+            ),
         }
     }
 }
@@ -257,13 +344,24 @@ impl PidFile {
         if path.as_os_str().is_empty() {
             return Ok(None);
         }
-        std::fs::write(path, format!("{}\n", std::process::id())).map_err(|e| {
-            format!(
-                "cannot write server.pid_file {}: {}",
-                path.display(),
-                crate::util::io_cause(&e)
-            )
-        })?;
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Not through a symbolic link (`log::no_follow`): written as root,
+        // in a directory the service user may own.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(crate::log::no_follow(path))
+            .open(path)
+            .and_then(|mut f| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .map_err(|e| {
+                format!(
+                    "cannot write server.pid_file {}: {}",
+                    path.display(),
+                    crate::util::io_cause(&e)
+                )
+            })?;
         Ok(Some(PidFile(path.to_path_buf())))
     }
 }
@@ -279,5 +377,38 @@ impl Drop for PidFile {
                 crate::util::io_cause(&e)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Run as root (CI's user), else skipped: only root can give files away.
+    #[test]
+    fn chown_tree_gives_away_links_themselves_never_what_they_point_at() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = dir.path().join("tree");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(tree.join("sub")).expect("tree");
+        std::fs::create_dir(&outside).expect("outside");
+        std::fs::write(tree.join("a"), "a").expect("a");
+        std::fs::write(tree.join("sub/b"), "b").expect("b");
+        std::fs::write(outside.join("victim"), "v").expect("victim");
+        std::os::unix::fs::symlink(outside.join("victim"), tree.join("link")).expect("link");
+        std::os::unix::fs::symlink(&outside, tree.join("sub/dirlink")).expect("dirlink");
+        chown_tree(&tree, 65534, 65534);
+        let owner = |p: &Path| std::fs::symlink_metadata(p).expect("lstat").uid();
+        for p in ["", "a", "sub", "sub/b", "link", "sub/dirlink"] {
+            assert_eq!(owner(&tree.join(p)), 65534, "{p}");
+        }
+        assert_eq!(owner(&outside), 0, "a linked directory is not entered");
+        assert_eq!(owner(&outside.join("victim")), 0, "a linked file is not changed");
     }
 }

@@ -300,6 +300,55 @@ fn busy_port_fails_start_up_with_a_clear_message() {
     drop(held);
 }
 
+/// A symbolic link in the place of a log or the pid file is refused, never
+/// followed: started as root, Portico opens these in directories the
+/// service user may write to, and a link planted there made root append a
+/// request line to, or truncate, whatever it pointed at (a shell's startup
+/// file, `/etc/shadow`). The file the link points at is left as it was.
+#[test]
+fn a_symbolic_link_in_the_place_of_a_log_or_the_pid_file_is_refused_and_its_target_untouched() {
+    for (key, section) in [("access", "log"), ("error", "log"), ("pid_file", "server")] {
+        let dir = temp_dir();
+        let d = dir.path();
+        let victim = d.join("victim");
+        std::fs::write(&victim, "precious\n").expect("victim");
+        let link = d.join("planted");
+        std::os::unix::fs::symlink(&victim, &link).expect("symlink");
+        let addr = free_addr();
+        let file = d.join("portico.toml");
+        let logs = if section == "log" {
+            format!("[log]\n{key} = \"{}\"\n", link.display())
+        } else {
+            format!("[log]\naccess = \"{}/access.log\"\n", d.display())
+        };
+        let server = if section == "server" {
+            format!("[server]\npid_file = \"{}\"\n\n", link.display())
+        } else {
+            String::new()
+        };
+        std::fs::write(&file, format!("{server}[[listener]]\naddress = \"{addr}\"\n\n{logs}")).expect("config");
+        let child = Command::new(BIN)
+            .args(["run", "-c", file.to_str().expect("utf-8")])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn portico");
+        let mut child = KillOnDrop(child);
+        let status = wait_exit(&mut child.0);
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+        assert!(!status.success(), "{section}.{key}: {status}: {err}");
+        assert!(err.contains("symbolic links"), "{section}.{key}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "precious\n",
+            "{section}.{key}"
+        );
+    }
+}
+
 #[test]
 fn unusable_resources_fail_start_up() {
     let dir = temp_dir();

@@ -157,7 +157,7 @@ pub fn check_format(f: &str) -> Result<(), String> {
 }
 
 fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new().create(true).append(true).open(path)
+    super::open_append(path)
 }
 
 impl AccessLog {

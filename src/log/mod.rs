@@ -52,8 +52,30 @@ impl Write for ErrorWriter {
     }
 }
 
-fn open_append(path: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new().create(true).append(true).open(path)
+/// Opens a log file for appending (created if missing) without following
+/// a symbolic link at its last component (see [`no_follow`]).
+pub(crate) fn open_append(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(no_follow(path))
+        .open(path)
+}
+
+/// `O_NOFOLLOW` for a file Portico writes (a log, the pid file), except
+/// under `/dev/` and `/proc/` (`/dev/stdout` is a link, and nobody but
+/// root makes links there). Portico opens these as root when started as
+/// root, in directories the service user can write to (its log and run
+/// directories): a link that user put in a log's place would make root
+/// append to, or truncate, whatever it points at (`/root/.bashrc`).
+/// Refused instead, with "Too many levels of symbolic links" (ELOOP).
+pub(crate) fn no_follow(path: &Path) -> i32 {
+    if path.starts_with("/dev") || path.starts_with("/proc") {
+        0
+    } else {
+        libc::O_NOFOLLOW
+    }
 }
 
 /// Installs the error log: standard error, or the file `log.error`.
