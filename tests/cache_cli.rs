@@ -168,6 +168,73 @@ fn list_prints_sorted_objects_and_filters_by_prefix() {
     assert_eq!(stdout(&out), "");
 }
 
+/// Runs `portico cache ARGS` with a deadline: a tool that blocks on a FIFO
+/// fails the test instead of hanging it.
+fn run_within(c: &Cache, args: &[&str]) -> Output {
+    let mut all = vec!["cache"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-c", c.config.to_str().unwrap()]);
+    let mut child = Command::new(BIN)
+        .args(&all)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("portico cache {args:?} hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// What another user may put in a cache directory it can write to does
+/// not hang the tools, lose files that are not Portico's, or make the tmp
+/// cleaning (run as root from cron by `portico cache gc`) remove files
+/// elsewhere: a FIFO named as an object is skipped (it blocked `list`,
+/// `verify` and `purge` for ever), a file in `tmp/` not named as Portico
+/// names its own is kept (every such file was removed), and a `tmp` that is
+/// a symbolic link is refused (the cleaning followed it).
+#[test]
+fn hostile_entries_in_the_cache_directory_neither_hang_the_tools_nor_cost_other_files() {
+    let c = Cache::new("");
+    let store = c.store();
+    put_plain(&store, "http://a.example/", b"hello");
+    drop(store);
+    let object = c.objects().pop().unwrap();
+    let mut name = object.file_name().unwrap().to_str().unwrap().to_string();
+    let last = if name.ends_with('0') { "1" } else { "0" };
+    name.replace_range(name.len() - 1.., last);
+    let fifo = object.with_file_name(name);
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    fs::write(c.root().join("tmp").join("notes.txt"), "mine").unwrap();
+    for args in [
+        &["list"][..],
+        &["verify"],
+        &["purge", "--prefix", "http://b.example/"],
+        &["gc"],
+    ] {
+        let out = run_within(&c, args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(stdout(&run_within(&c, &["list"])).lines().count(), 1);
+    assert_eq!(fs::read_to_string(c.root().join("tmp/notes.txt")).unwrap(), "mine");
+
+    let outside = c.dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("precious"), "p").unwrap();
+    fs::remove_dir_all(c.root().join("tmp")).unwrap();
+    std::os::unix::fs::symlink(&outside, c.root().join("tmp")).unwrap();
+    let out = run_within(&c, &["gc"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(outside.join("precious")).unwrap(), "p");
+}
+
 #[test]
 fn purge_removes_a_url_with_its_variants_or_a_prefix() {
     let c = Cache::new("");

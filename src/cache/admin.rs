@@ -26,7 +26,7 @@ use super::key::{self, CacheKey};
 use super::object::StoredMeta;
 use crate::config::CacheConfig;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -139,7 +139,7 @@ fn remove_same(path: &Path, dev: u64, ino: u64) -> bool {
 /// An object file's envelope and decoded metadata, if it is valid (the
 /// body is not checked: that is `verify`'s job).
 fn read_object(path: &Path) -> Option<(format::Envelope, StoredMeta)> {
-    let file = File::open(path).ok()?;
+    let file = crate::cache::disk::open_regular(path).ok()?;
     let env = format::read_envelope(&file).ok()?;
     let meta = StoredMeta::decode(&env.meta).ok().filter(|m| !m.key.is_empty())?;
     Some((env, meta))
@@ -253,7 +253,7 @@ pub(crate) fn verify(
     let bar = dir_bar("verifying", progress);
     let mut report = VerifyReport::default();
     walk(root, &bar, &mut |of| {
-        let file = match File::open(&of.path) {
+        let file = match crate::cache::disk::open_regular(&of.path) {
             Ok(f) => f,
             Err(_) => return, // vanished (evicted by a running server)
         };

@@ -231,6 +231,23 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// on the first read after each write, and daily; a start-up scan of a
 /// million files is a million inode writes). Only the file's owner may ask
 /// for it: a file of another user (EPERM) is opened without it.
+/// Opens a file of the cache directory for reading only if it is a regular
+/// file: a FIFO or device put there (by whoever can write to the
+/// directory) is refused instead of blocking the open or the reads
+/// (`O_NONBLOCK` has no effect on a regular file's reads). For the offline
+/// tools and the files read whole at start-up.
+pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    Ok(file)
+}
+
 fn open_read(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     match std::fs::OpenOptions::new()
@@ -496,6 +513,18 @@ impl DiskStore {
                 format!("cannot create cache directory {}: {e}", cfg.dir.display()),
             )
         })?;
+        // Files in `tmp/` are written, renamed and removed by name: through
+        // a link there, the stale-file cleaning (run as root by `portico
+        // cache gc` from cron) would remove files wherever it points.
+        if fs::symlink_metadata(layout.tmp_dir()).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link: the cache's tmp directory must be a directory of its own",
+                    layout.tmp_dir().display()
+                ),
+            ));
+        }
         let stats = Arc::new(DiskStats::default());
         let memory_fs = held::on_memory_fs(&cfg.dir);
         let inline = match cfg.file_io {
@@ -605,7 +634,7 @@ impl DiskStore {
         let path = self.inner.layout.root().join(name);
         // Never more than the largest sketch's file into memory, whatever
         // was put there under that name.
-        let read = File::open(&path).and_then(|f| {
+        let read = open_regular(&path).and_then(|f| {
             let mut bytes = Vec::new();
             io::Read::read_to_end(&mut io::Read::take(f, popularity::MAX_FILE_LEN + 1), &mut bytes)?;
             Ok(bytes)
@@ -1066,7 +1095,8 @@ mod tests {
         let w = store.writer_blocking(ObjectId(7), &meta("http://h/")).unwrap();
         // Ours, live instance: kept by another store's scan.
         std::mem::forget(w);
-        // A dead process's (pid beyond pid_max), garbage names.
+        // A dead process's (pid beyond pid_max): removed. A name Portico
+        // never writes: not Portico's to remove.
         fs::write(tmp.join(format!("{}.999999999.1.0", ObjectId(8).hex())), b"PORTICO2").unwrap();
         fs::write(tmp.join("junk"), b"x").unwrap();
         // A live other process (pid 1) with a fresh file: kept.
@@ -1077,14 +1107,15 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(left.len(), 2, "{left:?}");
-        assert_eq!(other.stats().snapshot().tmp_removed, 2);
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert!(left.contains(&"junk".to_string()), "{left:?}");
+        assert_eq!(other.stats().snapshot().tmp_removed, 1);
         // Once the first store is gone, its forgotten writer's file goes too.
         drop(store);
         drop(other);
         let third = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
         let left: Vec<_> = fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left.len(), 2, "{left:?}");
         assert_eq!(third.stats().snapshot().tmp_removed, 1);
     }
 

@@ -94,15 +94,21 @@ fn pid_alive(pid: i32) -> bool {
 
 /// Whether a tmp file is left over from a writer that will never finish.
 fn tmp_is_stale(name: &str, modified: Option<SystemTime>) -> bool {
+    // The popularity file's (`popularity.<pid>`), while it is written.
+    if let Some(pid) = name.strip_prefix("popularity.").and_then(|p| p.parse::<i32>().ok()) {
+        return pid > 0 && pid as u32 != std::process::id() && !pid_alive(pid);
+    }
     let mut parts = name.split('.');
+    // Anything else not named as Portico names its files is not Portico's
+    // to remove (a `cache.dir` that had a `tmp/` of its own keeps it).
     let (Some(hex), Some(pid), Some(instance), Some(_n), None) =
         (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return true;
+        return false;
     };
     let (Some(_), Ok(pid), Ok(instance)) = (ObjectId::from_hex(hex), pid.parse::<i32>(), instance.parse::<u64>())
     else {
-        return true;
+        return false;
     };
     if pid <= 0 {
         return true;
@@ -121,6 +127,11 @@ fn tmp_is_stale(name: &str, modified: Option<SystemTime>) -> bool {
 
 /// Deletes stale tmp files; returns how many.
 pub(super) fn clean_tmp(layout: &Layout) -> u64 {
+    // Not through a link (DiskStore::create refuses one; this may run in
+    // `portico cache gc`, as root, over a directory another user owns).
+    if !fs::symlink_metadata(layout.tmp_dir()).is_ok_and(|m| m.is_dir()) {
+        return 0;
+    }
     let Ok(rd) = fs::read_dir(layout.tmp_dir()) else {
         return 0;
     };
@@ -282,8 +293,11 @@ mod tests {
     fn tmp_staleness() {
         let hex = ObjectId(1).hex();
         let now = Some(SystemTime::now());
-        assert!(tmp_is_stale("junk", now));
-        assert!(tmp_is_stale(&format!("{hex}.x.1.0"), now));
+        // Not named as Portico names its files: not Portico's to remove.
+        assert!(!tmp_is_stale("junk", now));
+        assert!(!tmp_is_stale(&format!("{hex}.x.1.0"), now));
+        assert!(tmp_is_stale("popularity.999999999", now), "dead pid");
+        assert!(!tmp_is_stale(&format!("popularity.{}", std::process::id()), now));
         assert!(tmp_is_stale(&format!("{hex}.999999999.1.0"), now), "dead pid");
         assert!(!tmp_is_stale(&format!("{hex}.1.1.0"), now), "live pid, fresh");
         let old = Some(SystemTime::now() - Duration::from_secs(7200));
