@@ -221,6 +221,35 @@ async fn every_htpasswd_format_right_and_wrong_password() {
     );
 }
 
+/// A refused login is logged under the name the client presented, in a
+/// field that is not quoted: spaces, brackets, quotes and line separators
+/// in it are percent-encoded, so it can neither forge columns
+/// (`bob - [01/Jan/2030`) nor start a line of its own (U+2028, which
+/// Python's `splitlines` and JavaScript end a line at).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presented_user_name_cannot_forge_access_log_fields_or_lines() {
+    if !have_htpasswd() {
+        return;
+    }
+    let (_dir, users) = user_file(&[("-B", "alice", "right")]);
+    let p = proxy(&users, "").await;
+    let o = origin().await;
+    for name in ["bob - [01/Jan/2030", "x\u{2028}1.0 GET forged 200", "q\"uote"] {
+        assert_eq!(get_as(&p, &o, name, "pw").await.status, 407, "{name}");
+    }
+    let lines = file_lines(&p.dir().join("access.log"), 3).await;
+    let log = lines.join("\n");
+    assert!(!log.contains('\u{2028}'), "{log}");
+    assert!(log.contains(" - bob%20-%20%5B01/Jan/2030 ["), "{log}");
+    assert!(log.contains(" - x%E2%80%A81.0%20GET%20forged%20200 ["), "{log}");
+    assert!(log.contains(" - q%22uote ["), "{log}");
+    // Each line still has its one bracketed time and its request.
+    for l in &lines {
+        assert_eq!(l.matches(" [").count(), 1, "{l}");
+        assert!(l.contains("\"GET http://"), "{l}");
+    }
+}
+
 #[tokio::test]
 async fn curl_proxy_user_exchange_and_required() {
     if !have_htpasswd() {

@@ -433,9 +433,16 @@ fn escaped(v: &str) -> String {
     s
 }
 
+/// True for a character that ends a line for some reader: the controls,
+/// and Unicode's line and paragraph separators (Python's `splitlines`,
+/// JavaScript).
+fn breaks_lines(c: char) -> bool {
+    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
+}
+
 fn push_escaped(out: &mut String, v: &str) {
     // Almost every value needs no escaping: copy it whole.
-    if !v.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+    if !v.chars().any(|c| c == '"' || c == '\\' || breaks_lines(c)) {
         out.push_str(v);
         return;
     }
@@ -444,9 +451,32 @@ fn push_escaped(out: &mut String, v: &str) {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if breaks_lines(c) => out.push_str(&format!("\\u{:04x}", c as u32)),
             c => out.push(c),
         }
     }
+}
+
+/// A user name as an unquoted log field: the name a client presented is
+/// logged even when it was refused, so anything that could end the field
+/// or the line (a space, a quote, a bracket, `%`, a control, any
+/// non-ASCII character such as U+2028) is percent-encoded byte by byte,
+/// as Squid encodes it. Before, `bob - [01/Jan/2030` or a U+2028 in a
+/// refused name forged columns and whole lines.
+fn user_field(user: &str) -> std::borrow::Cow<'_, str> {
+    let safe = |b: u8| b.is_ascii_graphic() && !matches!(b, b'"' | b'%' | b'[' | b']' | b'\\');
+    if user.bytes().all(safe) {
+        return std::borrow::Cow::Borrowed(user);
+    }
+    let mut out = String::with_capacity(user.len() * 3);
+    for b in user.bytes() {
+        if safe(b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The request line's method, target and protocol.
@@ -483,13 +513,13 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
     } else {
         r.bytes.to_string()
     };
-    let user = r.user.filter(|u| !u.is_empty()).unwrap_or("-");
+    let user = user_field(r.user.filter(|u| !u.is_empty()).unwrap_or("-"));
     let mut line = match format {
         LogFormat::Common | LogFormat::Combined => {
             let mut line = String::with_capacity(160 + r.request_line.len());
             line.push_str(client);
             line.push_str(" - ");
-            line.push_str(user);
+            line.push_str(&user);
             line.push_str(" [");
             push_clf_time(&mut line, now);
             line.push_str("] ");
@@ -552,7 +582,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 match t {
                     Token::Text(x) => s.push_str(x),
                     Token::Client => s.push_str(client),
-                    Token::User => s.push_str(user),
+                    Token::User => s.push_str(&user),
                     Token::Time => {
                         s.push('[');
                         push_clf_time(&mut s, now);
