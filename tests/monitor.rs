@@ -255,6 +255,47 @@ async fn nsc_lists_stops_starts_and_restarts_the_cache() {
     );
 }
 
+/// `/nsc?stop`, `?start` and `?restart` are refused (403) when a browser
+/// says another site's page asked for them (Fetch Metadata's
+/// `Sec-Fetch-Site: cross-site`, or an `Origin` naming another host): an
+/// `<img>` on any page an administrator opened stopped the cache. Typed in
+/// the address bar, same-origin, or from a tool, they still act.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nsc_actions_asked_by_another_sites_page_are_refused() {
+    let p = proxy("").await;
+    let host = p.addr().to_string();
+    let ask = |path: &'static str, extra: String| {
+        let (addr, host) = (p.addr(), host.clone());
+        async move {
+            let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+            parse_response(&raw_request(addr, req.as_bytes()).await)
+        }
+    };
+    for extra in [
+        "Sec-Fetch-Site: cross-site\r\n".to_string(),
+        "Sec-Fetch-Site: same-site\r\n".to_string(),
+        "Origin: http://evil.example\r\n".to_string(),
+        "Origin: null\r\n".to_string(),
+    ] {
+        for path in ["/nsc?stop", "/nsc?restart"] {
+            let r = ask(path, extra.clone()).await;
+            assert_eq!(r.status, 403, "{path} {extra}: {}", r.body_str());
+        }
+    }
+    assert!(text(&p, "/nsc").await.contains("The cache is enabled."));
+    assert_eq!(metric(&p, "portico_cache_running").await, 1);
+    // Reading the pages is not an action.
+    assert_eq!(
+        ask("/nsc?list", "Sec-Fetch-Site: cross-site\r\n".into()).await.status,
+        200
+    );
+    // From the address bar, the same origin, or a tool: done.
+    let r = ask("/nsc?stop", "Sec-Fetch-Site: none\r\n".into()).await;
+    assert!(r.body_str().contains("The cache was stopped"), "{}", r.body_str());
+    let r = ask("/nsc?start", format!("Origin: http://{host}\r\n")).await;
+    assert!(r.body_str().contains("The cache was started."), "{}", r.body_str());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_name_their_performance_bucket() {
     let o = origin("no-store").await;

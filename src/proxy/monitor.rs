@@ -31,6 +31,33 @@ pub enum Endpoint {
     Json,
 }
 
+/// Whether a browser says the request was made by another site's page:
+/// Fetch Metadata's `Sec-Fetch-Site` other than `same-origin` or `none`
+/// (typed, bookmarked), or, from a browser without it, an `Origin` whose
+/// host is not the request's. `/nsc?stop` is a GET, as the Sun proxy's
+/// was, and admin addresses are loopback by default: without this, an
+/// `<img src="http://127.0.0.1:8080/nsc?stop">` on any page an
+/// administrator opened stopped the cache (cross-site request forgery).
+/// Tools (curl, scripts, cron) send neither field.
+fn from_another_site(head: &RequestHead) -> bool {
+    if let Some(site) = head.headers.get("sec-fetch-site") {
+        return !matches!(site.as_bytes(), b"same-origin" | b"none");
+    }
+    let Some(origin) = head.headers.get(http::header::ORIGIN) else {
+        return false;
+    };
+    let host = head.headers.get(http::header::HOST).map(HeaderValue::as_bytes);
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.parse::<http::Uri>().ok())
+        .and_then(|u| u.authority().map(|a| a.as_str().to_ascii_lowercase()));
+    match (origin_host, host) {
+        (Some(o), Some(h)) => !o.as_bytes().eq_ignore_ascii_case(h),
+        _ => true,
+    }
+}
+
 /// True if `authority` (`host[:port]`, default port `default_port`) names
 /// the listener at `local`.
 pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
@@ -131,6 +158,19 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
         } else {
             None
         };
+        if action.is_some() && from_another_site(&ex.head) {
+            tracing::warn!(client = %ex.peer.ip(), "/nsc: an action asked by another site's page refused");
+            ex.cache_result = Some(super::ACCESS_DENIED);
+            return match super::reply::error_page(
+                &mut ex.out,
+                StatusCode::FORBIDDEN,
+                "the cache is not stopped, started or restarted from another site's page",
+            )
+            .await
+            {
+                Ok(()) | Err(_) => Outcome::Close,
+            };
+        }
         if let Some(action) = action {
             let mut m = apply_nsc(cache, action);
             if publish_nsc(action).await {
