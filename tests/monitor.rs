@@ -296,6 +296,34 @@ async fn nsc_actions_asked_by_another_sites_page_are_refused() {
     assert!(r.body_str().contains("The cache was started."), "{}", r.body_str());
 }
 
+/// The pages answer only to a `Host` that is an address, `localhost`, the
+/// machine's name or one of `monitor.hosts`: a page whose name its owner
+/// pointed at 127.0.0.1 (DNS rebinding) read `/nsc?list`, every cached
+/// URL with its query string, from an administrator's browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_answer_only_to_host_names_they_know() {
+    let p = proxy("[monitor]\nhosts = [\"proxy.test\"]\n").await;
+    let port = p.addr().port();
+    let ask = |host: String| {
+        let addr = p.addr();
+        async move {
+            let req = format!("GET /nsc?list HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request(addr, req.as_bytes()).await).status
+        }
+    };
+    assert_eq!(ask(format!("rebind.evil.example:{port}")).await, 403);
+    assert_eq!(ask("rebind.evil.example".into()).await, 403);
+    for ok in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        format!("PROXY.test:{port}"),
+        "proxy.test.".into(),
+    ] {
+        assert_eq!(ask(ok.clone()).await, 200, "{ok}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_name_their_performance_bucket() {
     let o = origin("no-store").await;

@@ -1323,6 +1323,9 @@ pub struct MonitorConfig {
     pub dashboard: String,
     /// JSON statistics (the dashboard polls it).
     pub json: String,
+    /// Host names the pages answer to besides addresses, `localhost` and
+    /// the machine's own name (the defence against DNS rebinding).
+    pub hosts: Vec<String>,
 }
 
 impl Default for MonitorConfig {
@@ -1335,6 +1338,7 @@ impl Default for MonitorConfig {
             nsc: "/nsc".to_string(),
             dashboard: "/.dashboard".to_string(),
             json: "/.stats.json".to_string(),
+            hosts: Vec::new(),
         }
     }
 }

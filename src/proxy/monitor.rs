@@ -58,6 +58,47 @@ fn from_another_site(head: &RequestHead) -> bool {
     }
 }
 
+/// Whether the request's `Host` may name this server's pages: none (an
+/// HTTP/1.0 tool), an IP address, `localhost`, the machine's host name, or
+/// one of `monitor.hosts`. A page on a name its owner points at 127.0.0.1
+/// after loading it (DNS rebinding) reads whatever that address answers
+/// as its own origin, with its own name in `Host`: refused here.
+fn host_may_name_us(head: &RequestHead, allowed: &[String]) -> bool {
+    // An absolute target's authority replaced `Host` and `endpoint` found
+    // it names the listener (an address or localhost).
+    if !head.target.starts_with('/') {
+        return true;
+    }
+    let Some(host) = head.headers.get(http::header::HOST) else {
+        return true;
+    };
+    let Some(authority) = host.to_str().ok().and_then(|h| h.parse::<http::uri::Authority>().ok()) else {
+        return false;
+    };
+    let name = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.parse::<IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed
+            .iter()
+            .any(|a| a.trim_end_matches('.').eq_ignore_ascii_case(name))
+        || machine_name().is_some_and(|m| m.eq_ignore_ascii_case(name))
+}
+
+/// This machine's host name (gethostname), read once.
+fn machine_name() -> Option<&'static str> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes
+        // at most that many.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        (rc == 0 && end > 0).then(|| String::from_utf8_lossy(&buf[..end]).into_owned())
+    })
+    .as_deref()
+}
+
 /// True if `authority` (`host[:port]`, default port `default_port`) names
 /// the listener at `local`.
 pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
@@ -139,6 +180,19 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
             &mut ex.out,
             StatusCode::FORBIDDEN,
             "monitoring is allowed only from access.admin_allow addresses",
+        )
+        .await
+        {
+            Ok(()) | Err(_) => Outcome::Close,
+        };
+    }
+    if !host_may_name_us(&ex.head, &sh.config.monitor.hosts) {
+        tracing::warn!(client = %ex.peer.ip(), "monitoring request for another host name refused: {:?}", ex.head.headers.get(http::header::HOST));
+        ex.cache_result = Some(super::ACCESS_DENIED);
+        return match super::reply::error_page(
+            &mut ex.out,
+            StatusCode::FORBIDDEN,
+            "the monitoring pages answer to an address, localhost, this machine's name or monitor.hosts",
         )
         .await
         {
