@@ -79,6 +79,17 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 }
 
 #[test]
+fn check_reports_a_bad_port_range_in_http_ports() {
+    assert_check_error(
+        "[proxy]\nhttp_ports = [80, \"9-2\"]\n",
+        2,
+        "proxy.http_ports[1]",
+        "not a port or a range of ports",
+    );
+    assert_check_error("[proxy]\nhttp_ports = [0]\n", 2, "proxy.http_ports[0]", "0 is not a port");
+}
+
+#[test]
 fn check_reports_unknown_key_with_suggestion() {
     let config = "# a comment\n\n[[listener]]\nadress = \"127.0.0.1:8000\"\n";
     assert_check_error(

@@ -60,6 +60,40 @@ fn assert_curl_ok(out: &std::process::Output) {
     );
 }
 
+/// A URL naming a port outside `proxy.http_ports` (Squid's `Safe_ports`)
+/// gets 403 and nothing reaches that port: a POST carrying an SMTP
+/// conversation was delivered to port 25 in full, where CONNECT is held
+/// to `connect_ports`. Ports in the list (ranges too) are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_naming_a_port_outside_http_ports_is_refused_and_nothing_is_sent() {
+    let o = Origin::start(|_| async { Response::ok("reached") }).await;
+    let port = o.addr().port();
+    let p = proxy(&format!(
+        "[proxy]\nhttp_ports = [80, 443, \"{}-{}\"]\n",
+        port + 1,
+        port + 10
+    ))
+    .await;
+    let post = format!(
+        "POST {}/ HTTP/1.1\r\nHost: {}\r\nContent-Length: 10\r\nConnection: close\r\n\r\nHELO evil\n",
+        o.url(),
+        o.addr()
+    );
+    let r = parse_response(&raw_request(p.addr(), post.as_bytes()).await);
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert_eq!(o.count(), 0, "the body reached the port");
+    // In a range of the list: served.
+    let q = proxy(&format!("[proxy]\nhttp_ports = [80, \"{}-{}\"]\n", port - 1, port + 1)).await;
+    let r = parse_response(&raw_request(q.addr(), post.as_bytes()).await);
+    assert_eq!((r.status, r.body_str().as_str()), (200, "reached"));
+    // The default list (1025-65535 among others) serves the test origin's port.
+    let d = proxy("").await;
+    assert_eq!(
+        parse_response(&raw_request(d.addr(), post.as_bytes()).await).status,
+        200
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_get_reaches_origin_in_origin_form_with_via_and_forwarded_for() {
     let origin = Origin::start(|_| async { Response::ok("hello from origin") }).await;

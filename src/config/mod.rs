@@ -552,6 +552,63 @@ pub enum ForwardedFor {
     Pass,
 }
 
+/// A port or an inclusive range of ports: `80` or `"1025-65535"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange(pub u16, pub u16);
+
+impl PortRange {
+    /// Whether `port` is in the range.
+    pub fn contains(self, port: u16) -> bool {
+        (self.0..=self.1).contains(&port)
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == self.1 {
+            s.serialize_u16(self.0)
+        } else {
+            s.collect_str(&format_args!("{}-{}", self.0, self.1))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = PortRange;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a port (80) or a range of ports (\"1025-65535\")")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PortRange, E> {
+                u16::try_from(v)
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .map(|p| PortRange(p, p))
+                    .ok_or_else(|| E::custom(format!("{v} is not a port (1 to 65535)")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PortRange, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(-1))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PortRange, E> {
+                let port = |s: &str| s.trim().parse::<u16>().ok().filter(|&p| p > 0);
+                let (lo, hi) = match v.split_once('-') {
+                    Some((a, b)) => (port(a), port(b)),
+                    None => (port(v), port(v)),
+                };
+                match (lo, hi) {
+                    (Some(lo), Some(hi)) if lo <= hi => Ok(PortRange(lo, hi)),
+                    _ => Err(E::custom(format!(
+                        "{v:?} is not a port or a range of ports such as \"1025-65535\""
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `[proxy]`
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -562,6 +619,9 @@ pub struct ProxyConfig {
     pub x_forwarded_for: ForwardedFor,
     /// Ports CONNECT may open tunnels to; others get 403.
     pub connect_ports: Vec<u16>,
+    /// Ports a forward or transparent request's URL may name (Squid's
+    /// `Safe_ports`); others get 403.
+    pub http_ports: Vec<PortRange>,
     /// A CONNECT tunnel with no bytes either way for this long is closed
     /// (an upgraded connection too).
     pub tunnel_idle_timeout: Dur,
@@ -582,6 +642,11 @@ impl Default for ProxyConfig {
             via: "portico".to_string(),
             x_forwarded_for: ForwardedFor::Append,
             connect_ports: vec![443],
+            http_ports: [80, 280, 443, 591, 777]
+                .into_iter()
+                .map(|p| PortRange(p, p))
+                .chain([PortRange(1025, 65535)])
+                .collect(),
             tunnel_idle_timeout: Dur::secs(300),
             upgrade_protocols: vec!["websocket".to_string()],
             allow_trace: false,

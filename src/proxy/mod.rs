@@ -512,6 +512,24 @@ impl ListenerHandler {
                 return self.refuse(ex, ACCESS_NONE, status, reason).await;
             }
         };
+        // A URL naming another port than HTTP's is refused before anything
+        // is sent (Squid's `http_access deny !Safe_ports`): forwarded, a
+        // request body reached whatever listens there (a POST carrying an
+        // SMTP conversation to port 25), as CONNECT, held to
+        // `connect_ports`, cannot. A reverse listener's requests go to its
+        // configured servers, not to the port the client names.
+        if target.origin.is_some() && !sh.config.proxy.http_ports.iter().any(|r| r.contains(target.port)) {
+            drop(route_stage);
+            tracing::warn!(client = %ex.peer.ip(), "request to port {} refused: not in proxy.http_ports", target.port);
+            return self
+                .refuse(
+                    ex,
+                    ACCESS_DENIED,
+                    StatusCode::FORBIDDEN,
+                    "requests to this port are not allowed",
+                )
+                .await;
+        }
         let acl_request = crate::acl::Request {
             client: ex.peer.ip(),
             method: &ex.head.method,
