@@ -149,6 +149,11 @@ impl State {
 /// One fetch in flight.
 #[derive(Debug)]
 pub struct Flight {
+    /// The key text of what is fetched: a request joins only a flight for
+    /// the same text, not merely the same 128-bit id (as lookups compare
+    /// the stored text), so two keys whose ids collide never share a
+    /// response.
+    key: Box<str>,
     state: Mutex<State>,
     changed: Notify,
 }
@@ -342,10 +347,11 @@ pub enum Role {
 }
 
 impl Flights {
-    /// Joins the fetch for `id`, or starts one.
-    pub fn join(self: &Arc<Self>, id: ObjectId) -> Role {
+    /// Joins the fetch for `id` (the id of `key`), or starts one.
+    pub fn join(self: &Arc<Self>, id: ObjectId, key: &str) -> Role {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(&id) {
+        let collides = map.get(&id).is_some_and(|f| &*f.key != key);
+        if let Some(f) = map.get(&id).filter(|_| !collides) {
             // Joined from the first chunk, unless chunks are being dropped
             // (decided under the same lock, so none is dropped unseen).
             let mut s = f.lock();
@@ -361,6 +367,7 @@ impl Flights {
             });
         }
         let flight = Arc::new(Flight {
+            key: key.into(),
             state: Mutex::new(State {
                 head: None,
                 chunks: VecDeque::new(),
@@ -372,7 +379,11 @@ impl Flights {
             }),
             changed: Notify::new(),
         });
-        map.insert(id, flight.clone());
+        // Another key's flight under the same id keeps its place: this
+        // fetch leads alone, shared with nobody.
+        if !collides {
+            map.insert(id, flight.clone());
+        }
         Role::Leader(Leader {
             flights: self.clone(),
             id,
@@ -403,10 +414,10 @@ mod tests {
     #[tokio::test]
     async fn followers_stream_what_the_leader_publishes() {
         let flights = Arc::new(Flights::default());
-        let Role::Leader(leader) = flights.join(ObjectId(1)) else {
+        let Role::Leader(leader) = flights.join(ObjectId(1), "k") else {
             panic!("first is leader")
         };
-        let Role::Follower(mut f) = flights.join(ObjectId(1)) else {
+        let Role::Follower(mut f) = flights.join(ObjectId(1), "k") else {
             panic!("second follows")
         };
         let task = tokio::spawn(async move {
@@ -438,21 +449,21 @@ mod tests {
         assert_eq!(body, b"abcdef");
         assert!(flights.is_empty());
         // A new request after the end leads a new fetch.
-        assert!(matches!(flights.join(ObjectId(1)), Role::Leader(_)));
+        assert!(matches!(flights.join(ObjectId(1), "k"), Role::Leader(_)));
     }
 
     #[tokio::test]
     async fn dropped_leader_releases_followers() {
         let flights = Arc::new(Flights::default());
-        let leader = flights.join(ObjectId(2));
-        let Role::Follower(mut f) = flights.join(ObjectId(2)) else {
+        let leader = flights.join(ObjectId(2), "k");
+        let Role::Follower(mut f) = flights.join(ObjectId(2), "k") else {
             panic!()
         };
         drop(leader);
         assert!(f.head().await.is_none());
         assert!(f.abandoned(), "a leader gone before its head abandons the flight");
         // Rejoining makes exactly one new leader.
-        assert!(matches!(flights.join(ObjectId(2)), Role::Leader(_)));
+        assert!(matches!(flights.join(ObjectId(2), "k"), Role::Leader(_)));
     }
 
     fn head_of(len: Option<u64>) -> SharedHead {
@@ -474,10 +485,10 @@ mod tests {
     #[tokio::test]
     async fn spool_is_bounded_and_late_followers_wait_for_the_end() {
         let flights = Arc::new(Flights::default());
-        let Role::Leader(leader) = flights.join(ObjectId(3)) else {
+        let Role::Leader(leader) = flights.join(ObjectId(3), "k") else {
             panic!("first is leader")
         };
-        let Role::Follower(mut early) = flights.join(ObjectId(3)) else {
+        let Role::Follower(mut early) = flights.join(ObjectId(3), "k") else {
             panic!("second follows")
         };
         let flight = leader.flight.clone();
@@ -490,7 +501,7 @@ mod tests {
         }
         assert_eq!(spooled(&flight), (n * chunk.len()) as u64);
         // Past the limit a new follower is late.
-        let Role::Follower(mut late) = flights.join(ObjectId(3)) else {
+        let Role::Follower(mut late) = flights.join(ObjectId(3), "k") else {
             panic!("joins")
         };
         // As the early follower reads, what it read is dropped.
@@ -515,13 +526,13 @@ mod tests {
     #[tokio::test]
     async fn a_follower_more_than_lag_limit_behind_is_left_behind_and_pins_nothing() {
         let flights = Arc::new(Flights::default());
-        let Role::Leader(leader) = flights.join(ObjectId(5)) else {
+        let Role::Leader(leader) = flights.join(ObjectId(5), "k") else {
             panic!("first is leader")
         };
-        let Role::Follower(mut slow) = flights.join(ObjectId(5)) else {
+        let Role::Follower(mut slow) = flights.join(ObjectId(5), "k") else {
             panic!("second follows")
         };
-        let Role::Follower(mut fast) = flights.join(ObjectId(5)) else {
+        let Role::Follower(mut fast) = flights.join(ObjectId(5), "k") else {
             panic!("third follows")
         };
         let flight = leader.flight.clone();
@@ -546,16 +557,34 @@ mod tests {
         assert!(matches!(fast.next().await, Next::End));
     }
 
+    #[test]
+    fn a_key_whose_id_collides_with_a_fetch_in_flight_leads_its_own() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(first) = flights.join(ObjectId(6), "http://a/") else {
+            panic!("first is leader")
+        };
+        // Same id, another key: never a follower of the first.
+        let Role::Leader(other) = flights.join(ObjectId(6), "http://b/") else {
+            panic!("a colliding key must not follow")
+        };
+        // The first flight keeps its place for its own key.
+        assert!(matches!(flights.join(ObjectId(6), "http://a/"), Role::Follower(_)));
+        drop(other);
+        assert!(matches!(flights.join(ObjectId(6), "http://a/"), Role::Follower(_)));
+        drop(first);
+        assert!(flights.is_empty());
+    }
+
     #[tokio::test]
     async fn small_bodies_are_kept_whole_for_followers_joining_late() {
         let flights = Arc::new(Flights::default());
-        let Role::Leader(leader) = flights.join(ObjectId(4)) else {
+        let Role::Leader(leader) = flights.join(ObjectId(4), "k") else {
             panic!("first is leader")
         };
         leader.head(head_of(Some(6)));
         leader.data(Bytes::from_static(b"abc"));
         leader.data(Bytes::from_static(b"def"));
-        let Role::Follower(mut f) = flights.join(ObjectId(4)) else {
+        let Role::Follower(mut f) = flights.join(ObjectId(4), "k") else {
             panic!("follows")
         };
         leader.finish(Ending::Complete);

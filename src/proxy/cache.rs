@@ -673,7 +673,7 @@ impl Transaction<'_, '_> {
         // A rejoin after a leader gone before any answer (its client went
         // away) makes one new leader; bounded like `fetch_and_store`'s.
         for _ in 0..4 {
-            let mut follower = match self.cache.flights.join(stored.id) {
+            let mut follower = match self.cache.flights.join(stored.id, self.key.text()) {
                 Role::Leader(l) => return self.revalidate(stored, stale_if_error_until, Some(l)).await,
                 Role::Follower(f) => f,
             };
@@ -847,7 +847,7 @@ impl Transaction<'_, '_> {
         // rejoin after a leader that failed before its response head (so one
         // waiter retries and the others follow it, not all at once).
         for _ in 0..4 {
-            let mut follower = match self.cache.flights.join(flight) {
+            let mut follower = match self.cache.flights.join(flight, self.key.text()) {
                 Role::Leader(l) => {
                     leader = Some(l);
                     break;
@@ -1127,7 +1127,7 @@ impl Transaction<'_, '_> {
     /// replaces or refreshes the stored response for the next requests.
     fn spawn_revalidation(&self, stored: &Stored) {
         // One background refresh per object at a time.
-        let Role::Leader(leader) = self.cache.flights.join(self.key.id()) else {
+        let Role::Leader(leader) = self.cache.flights.join(self.key.id(), self.key.text()) else {
             return;
         };
         let head = plain_get(&self.ex.head);

@@ -459,7 +459,7 @@ impl<'c> Transaction<'c, '_> {
                 Some((slice, false)) => Some(slice),
                 None => None,
             };
-            let mut follower = match self.cache.flights.join(id) {
+            let mut follower = match self.cache.flights.join(id, self.key.text()) {
                 Role::Leader(l) => return self.fetch_slice(start, size, Some(l), stale).await,
                 Role::Follower(f) => f,
             };
