@@ -151,8 +151,13 @@ async fn each_matcher_kind_denies_only_what_it_names() {
     let o = origin().await;
     let port = o.addr().port();
     let rev = free_addr();
+    // Every port a URL may name (proxy.http_ports would refuse port 1
+    // first): the `port` entry below decides.
     let cfg = forward(&format!(
         r#"
+[proxy]
+http_ports = ["1-65535"]
+
 [[listener]]
 address = "{rev}"
 mode = "reverse"

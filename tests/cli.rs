@@ -86,7 +86,12 @@ fn check_reports_a_bad_port_range_in_http_ports() {
         "proxy.http_ports[1]",
         "not a port or a range of ports",
     );
-    assert_check_error("[proxy]\nhttp_ports = [0]\n", 2, "proxy.http_ports[0]", "0 is not a port");
+    assert_check_error(
+        "[proxy]\nhttp_ports = [0]\n",
+        2,
+        "proxy.http_ports[0]",
+        "0 is not a port",
+    );
 }
 
 #[test]

@@ -296,10 +296,11 @@ async fn nsc_actions_asked_by_another_sites_page_are_refused() {
     assert!(r.body_str().contains("The cache was started."), "{}", r.body_str());
 }
 
-/// The pages answer only to a `Host` that is an address, `localhost`, the
-/// machine's name or one of `monitor.hosts`: a page whose name its owner
-/// pointed at 127.0.0.1 (DNS rebinding) read `/nsc?list`, every cached
-/// URL with its query string, from an administrator's browser.
+/// A browser's request for the pages must name an address, `localhost`,
+/// the machine's name or one of `monitor.hosts` in `Host`: a page whose
+/// name its owner pointed at 127.0.0.1 (DNS rebinding) read `/nsc?list`,
+/// every cached URL with its query string, from an administrator's
+/// browser. Tools, which send no Fetch Metadata, may use any name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pages_answer_only_to_host_names_they_know() {
     let p = proxy("[monitor]\nhosts = [\"proxy.test\"]\n").await;
@@ -307,7 +308,9 @@ async fn the_pages_answer_only_to_host_names_they_know() {
     let ask = |host: String| {
         let addr = p.addr();
         async move {
-            let req = format!("GET /nsc?list HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+            let req = format!(
+                "GET /nsc?list HTTP/1.1\r\nHost: {host}\r\nSec-Fetch-Site: same-origin\r\nConnection: close\r\n\r\n"
+            );
             parse_response(&raw_request(addr, req.as_bytes()).await).status
         }
     };
@@ -322,6 +325,9 @@ async fn the_pages_answer_only_to_host_names_they_know() {
     ] {
         assert_eq!(ask(ok.clone()).await, 200, "{ok}");
     }
+    // A tool (no Fetch Metadata) may use any name.
+    let req = format!("GET /nsc?list HTTP/1.1\r\nHost: proxy.other:{port}\r\nConnection: close\r\n\r\n");
+    assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

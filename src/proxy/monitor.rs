@@ -58,15 +58,18 @@ fn from_another_site(head: &RequestHead) -> bool {
     }
 }
 
-/// Whether the request's `Host` may name this server's pages: none (an
-/// HTTP/1.0 tool), an IP address, `localhost`, the machine's host name, or
-/// one of `monitor.hosts`. A page on a name its owner points at 127.0.0.1
-/// after loading it (DNS rebinding) reads whatever that address answers
-/// as its own origin, with its own name in `Host`: refused here.
+/// Whether the request's `Host` may name this server's pages. A page on a
+/// name its owner points at 127.0.0.1 after loading it (DNS rebinding)
+/// reads whatever that address answers as its own origin, with its own
+/// name in `Host`. So a browser's request (it sends Fetch Metadata,
+/// `Sec-Fetch-Site`; every current browser does) must name an IP address,
+/// `localhost`, the machine's host name, or one of `monitor.hosts`. Tools
+/// (curl, scripts, monitoring agents) send no such field and may use any
+/// name, as before.
 fn host_may_name_us(head: &RequestHead, allowed: &[String]) -> bool {
     // An absolute target's authority replaced `Host` and `endpoint` found
     // it names the listener (an address or localhost).
-    if !head.target.starts_with('/') {
+    if !head.target.starts_with('/') || !head.headers.contains_key("sec-fetch-site") {
         return true;
     }
     let Some(host) = head.headers.get(http::header::HOST) else {
