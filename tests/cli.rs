@@ -94,6 +94,24 @@ fn check_reports_a_bad_port_range_in_http_ports() {
     );
 }
 
+/// `portico run -c file` in `dir`, expected to stop by itself (a start-up
+/// failure): its exit status and standard error.
+fn run_to_exit(file: &Path, dir: &Path) -> (std::process::ExitStatus, String) {
+    let child = Command::new(BIN)
+        .args(["run", "-c", file.to_str().expect("utf-8")])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut child = KillOnDrop(child);
+    let status = wait_exit(&mut child.0);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+    (status, err)
+}
+
 #[test]
 fn check_reports_unknown_key_with_suggestion() {
     let config = "# a comment\n\n[[listener]]\nadress = \"127.0.0.1:8000\"\n";
@@ -299,18 +317,7 @@ fn busy_port_fails_start_up_with_a_clear_message() {
         ),
     )
     .expect("write config");
-    let child = Command::new(BIN)
-        .args(["run", "-c", file.to_str().expect("utf-8")])
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn portico");
-    let mut child = KillOnDrop(child);
-    let status = wait_exit(&mut child.0);
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+    let (status, err) = run_to_exit(&file, dir.path());
     assert!(!status.success(), "{status}: {err}");
     assert!(err.contains(&format!("cannot bind listener {addr}")), "{err}");
     drop(held);
@@ -343,18 +350,7 @@ fn a_symbolic_link_in_the_place_of_a_log_or_the_pid_file_is_refused_and_its_targ
             String::new()
         };
         std::fs::write(&file, format!("{server}[[listener]]\naddress = \"{addr}\"\n\n{logs}")).expect("config");
-        let child = Command::new(BIN)
-            .args(["run", "-c", file.to_str().expect("utf-8")])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn portico");
-        let mut child = KillOnDrop(child);
-        let status = wait_exit(&mut child.0);
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.0.stderr.as_mut().expect("stderr"), &mut err).expect("read stderr");
+        let (status, err) = run_to_exit(&file, d);
         assert!(!status.success(), "{section}.{key}: {status}: {err}");
         assert!(err.contains("symbolic links"), "{section}.{key}: {err}");
         assert_eq!(

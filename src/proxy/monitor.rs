@@ -171,6 +171,14 @@ fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     })
 }
 
+/// A monitoring request refused: 403 with `why`, counted as denied.
+async fn forbidden(ex: &mut Exchange<'_>, why: &str) -> Outcome {
+    ex.cache_result = Some(super::ACCESS_DENIED);
+    match super::reply::error_page(&mut ex.out, StatusCode::FORBIDDEN, why).await {
+        Ok(()) | Err(_) => Outcome::Close,
+    }
+}
+
 /// Answers a monitoring request.
 pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared) -> Outcome {
     // Closed after the answer: a monitoring request never holds a
@@ -178,29 +186,15 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     ex.out.close_after();
     if !sh.admin.allows(ex.peer.ip()) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
-        ex.cache_result = Some(super::ACCESS_DENIED);
-        return match super::reply::error_page(
-            &mut ex.out,
-            StatusCode::FORBIDDEN,
-            "monitoring is allowed only from access.admin_allow addresses",
-        )
-        .await
-        {
-            Ok(()) | Err(_) => Outcome::Close,
-        };
+        return forbidden(ex, "monitoring is allowed only from access.admin_allow addresses").await;
     }
     if !host_may_name_us(&ex.head, &sh.config.monitor.hosts) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request for another host name refused: {:?}", ex.head.headers.get(http::header::HOST));
-        ex.cache_result = Some(super::ACCESS_DENIED);
-        return match super::reply::error_page(
-            &mut ex.out,
-            StatusCode::FORBIDDEN,
+        return forbidden(
+            ex,
             "the monitoring pages answer to an address, localhost, this machine's name or monitor.hosts",
         )
-        .await
-        {
-            Ok(()) | Err(_) => Outcome::Close,
-        };
+        .await;
     }
     let mut message = None;
     if ep == Endpoint::Nsc
@@ -217,16 +211,11 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
         };
         if action.is_some() && from_another_site(&ex.head) {
             tracing::warn!(client = %ex.peer.ip(), "/nsc: an action asked by another site's page refused");
-            ex.cache_result = Some(super::ACCESS_DENIED);
-            return match super::reply::error_page(
-                &mut ex.out,
-                StatusCode::FORBIDDEN,
+            return forbidden(
+                ex,
                 "the cache is not stopped, started or restarted from another site's page",
             )
-            .await
-            {
-                Ok(()) | Err(_) => Outcome::Close,
-            };
+            .await;
         }
         if let Some(action) = action {
             let mut m = apply_nsc(cache, action);
