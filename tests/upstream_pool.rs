@@ -129,6 +129,39 @@ async fn a_post_whose_reused_connection_closes_unanswered_is_not_sent_again() {
     assert_eq!(origin.connections(), 1);
 }
 
+/// An origin that answers a HEAD with its length and then, a little later,
+/// sends the body anyway (a bug RFC 9110 9.3.2 forbids) must not have that
+/// body read as the next client's response: a connection after a HEAD
+/// that announced a body is not reused. Before, a GET sent within the
+/// delay on the pooled connection got the stray "evil" response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_an_origin_sends_late_after_a_head_never_answers_the_next_request() {
+    let origin = RawOrigin::start(|mut s| async move {
+        loop {
+            let head = read_request_head(&mut s).await;
+            if head.is_empty() {
+                return;
+            }
+            if head.starts_with(b"HEAD") {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n").await;
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil").await;
+            } else {
+                let _ = s.write_all(&ok("good")).await;
+            }
+        }
+    })
+    .await;
+    let p = forward("[cache]\nenabled = false\n").await;
+    let o = origin.addr();
+    let request = format!("HEAD http://{o}/x HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+    let head = parse_head_response(&raw_request(p.addr(), request.as_bytes()).await);
+    assert_eq!(head.status, 200);
+    let r = ask(&p, "GET", origin.addr(), "/victim").await;
+    assert_eq!(r.body_str(), "good", "{:?}", r.headers);
+    assert_eq!(origin.connections(), 2, "a connection after such a HEAD is not reused");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_after_a_response_never_answer_the_next_request() {
     // Response splitting: a second response smuggled after the first, in

@@ -483,7 +483,14 @@ fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<Orig
     } else {
         match framing {
             Framing::Empty | Framing::Length(0) => {
-                finish(ex, keep_alive, release);
+                // A HEAD answered with a length or chunked framing names a
+                // body it must not send (RFC 9110 9.3.2). An origin that
+                // sends it all the same, a little later than `still_open`
+                // can see, had it read as the answer to the next request
+                // on this connection: another client's. Not pooled, at the
+                // cost of a connection per HEAD, which proxies see rarely.
+                let keep = keep_alive && !(ex.method == Method::HEAD && announces_body(&headers));
+                finish(ex, keep, release);
                 BodyState::Done
             }
             // The whole body came with the head (most small responses):
@@ -510,6 +517,15 @@ fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<Orig
     *response.version_mut() = version;
     *response.headers_mut() = headers;
     response
+}
+
+/// Whether a response's fields announce a body: a `Content-Length` other
+/// than 0, or a `Transfer-Encoding`.
+fn announces_body(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes().trim_ascii() != b"0")
 }
 
 /// Puts the connection of a completed exchange back in the pool when it
