@@ -182,8 +182,9 @@ pub(crate) fn ipv4_digits(v4: std::net::Ipv4Addr, out: &mut [u8; 15]) -> usize {
 /// would both leak it and let it past the own-address check.
 fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
     let host = host.strip_suffix('.').unwrap_or(host);
-    let parts: Vec<&str> = host.split('.').collect();
-    if parts.is_empty() || parts.len() > 4 {
+    // Every numeric form starts with a digit; a name almost never does.
+    // This runs for every request's host: no allocation on either path.
+    if !host.starts_with(|c: char| c.is_ascii_digit()) {
         return None;
     }
     let number = |p: &str| -> Option<u64> {
@@ -202,8 +203,13 @@ fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
         }
         p.parse().ok()
     };
-    let values = parts.iter().map(|p| number(p)).collect::<Option<Vec<u64>>>()?;
-    let (last, first) = values.split_last()?;
+    let mut values = [0u64; 4];
+    let mut count = 0;
+    for part in host.split('.') {
+        *values.get_mut(count)? = number(part)?;
+        count += 1;
+    }
+    let (last, first) = values[..count].split_last()?;
     if first.iter().any(|&v| v > 255) {
         return None;
     }

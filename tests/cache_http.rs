@@ -1898,43 +1898,17 @@ async fn a_collapsed_client_that_stops_reading_pins_little_and_later_gets_the_re
     })
     .await;
     let p = proxy("").await;
-    let (paddr, o) = (p.addr(), origin.addr());
-    let before = p.rss_kib();
+    let o = origin.addr();
     let request = format!("GET http://{o}/big HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
-
-    // The first client reads at full speed; the second joins its fetch
-    // while the origin holds the head back, then reads nothing.
-    let first = {
-        let request = request.clone();
-        tokio::spawn(async move { raw_request(paddr, request.as_bytes()).await })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-    sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut slow = sock.connect(paddr).await.expect("connect");
-    slow.write_all(request.as_bytes()).await.expect("request");
-    let first = first.await.expect("first client");
-    let r = parse_response(&first);
-    assert_eq!((r.status, r.body.len() as u64), (200, LEN));
-    assert!(pattern_matches(0, &r.body));
-    drop(r);
-    drop(first);
-
-    // The fetch is over and stored; the slow client still reads nothing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let grown = p.rss_kib().saturating_sub(before);
+    let (first, grown, r) = fast_and_stalled_clients(&p, &request).await;
+    assert_eq!((first.status, first.body.len() as u64), (200, LEN));
+    assert!(pattern_matches(0, &first.body));
+    // While the fetch is over and stored and the slow client reads nothing.
     assert!(
         grown < 40 << 10,
         "a collapsed client that reads nothing grew Portico by {grown} KiB"
     );
-
     // When it reads, it gets the whole response.
-    let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), slow.read_to_end(&mut got))
-        .await
-        .expect("the slow client's response ends")
-        .expect("read");
-    let r = parse_response(&got);
     assert_eq!(r.status, 200, "{:?}", r.headers);
     assert_eq!(x_cache(&r), "HIT", "collapsed: {:?}", r.headers);
     assert_eq!(r.body.len() as u64, LEN);

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
 
@@ -113,35 +112,15 @@ async fn a_collapsed_client_left_behind_on_a_large_slice_gets_the_rest_from_the_
     r.lock().expect("lock").delay = Duration::from_millis(500);
     let o = origin(r).await;
     let p = proxy_in("{dir}/cache", "16MiB").await;
-    let (paddr, oaddr) = (p.addr(), o.addr());
-    let before = p.rss_kib();
+    let oaddr = o.addr();
     let request = format!("GET http://{oaddr}/big HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
-    let first = {
-        let request = request.clone();
-        tokio::spawn(async move { raw_request(paddr, request.as_bytes()).await })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-    sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut slow = sock.connect(paddr).await.expect("connect");
-    slow.write_all(request.as_bytes()).await.expect("request");
-    let first = parse_response(&first.await.expect("first client"));
+    let (first, grown, r) = fast_and_stalled_clients(&p, &request).await;
     assert_eq!((first.status, first.body.len() as u64), (200, LEN));
     assert!(pattern_matches(0, &first.body));
-    drop(first);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let grown = p.rss_kib().saturating_sub(before);
     assert!(
         grown < 40 << 10,
         "a collapsed client that reads nothing grew Portico by {grown} KiB"
     );
-
-    let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), slow.read_to_end(&mut got))
-        .await
-        .expect("the slow client's response ends")
-        .expect("read");
-    let r = parse_response(&got);
     assert_eq!(r.status, 200, "{:?}", r.headers);
     assert_eq!(r.body.len() as u64, LEN);
     assert!(pattern_matches(0, &r.body), "the body is the object's, in order");

@@ -350,8 +350,11 @@ impl Flights {
     /// Joins the fetch for `id` (the id of `key`), or starts one.
     pub fn join(self: &Arc<Self>, id: ObjectId, key: &str) -> Role {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let collides = map.get(&id).is_some_and(|f| &*f.key != key);
-        if let Some(f) = map.get(&id).filter(|_| !collides) {
+        let existing = map.get(&id);
+        // Another key's flight under the same id keeps its place: this
+        // fetch leads alone, shared with nobody.
+        let collides = existing.is_some_and(|f| &*f.key != key);
+        if let Some(f) = existing.filter(|_| !collides) {
             // Joined from the first chunk, unless chunks are being dropped
             // (decided under the same lock, so none is dropped unseen).
             let mut s = f.lock();
@@ -379,8 +382,6 @@ impl Flights {
             }),
             changed: Notify::new(),
         });
-        // Another key's flight under the same id keeps its place: this
-        // fetch leads alone, shared with nobody.
         if !collides {
             map.insert(id, flight.clone());
         }

@@ -588,9 +588,6 @@ impl<'de> Deserialize<'de> for PortRange {
                     .map(|p| PortRange(p, p))
                     .ok_or_else(|| E::custom(format!("{v} is not a port (1 to 65535)")))
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PortRange, E> {
-                self.visit_i64(i64::try_from(v).unwrap_or(-1))
-            }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PortRange, E> {
                 let port = |s: &str| s.trim().parse::<u16>().ok().filter(|&p| p > 0);
                 let (lo, hi) = match v.split_once('-') {

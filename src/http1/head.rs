@@ -343,7 +343,9 @@ fn parse_fields<'b>(
 
 /// The hop-by-hop fields a proxy never forwards (RFC 9110 7.6.1), besides
 /// those a message names in its `Connection` field; `Proxy-Authorization`
-/// and `Proxy-Authenticate` are this hop's credentials.
+/// and `Proxy-Authenticate` are this hop's credentials. `Trailer` is not
+/// one of them (RFC 9110 6.6.2): it announces the trailer fields of a
+/// chunked body, which are forwarded.
 pub const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",

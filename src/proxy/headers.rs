@@ -2,15 +2,10 @@
 //! fields removed, `Via` added, `X-Forwarded-For`, `Max-Forwards`.
 
 use crate::config::ForwardedFor;
-use crate::http1::head::list_tokens;
+use crate::http1::head::{HOP_BY_HOP, list_tokens};
 use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, VIA};
 use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
-
-/// Fields that describe one connection, never forwarded. `Trailer` is not
-/// one of them (RFC 9110 6.6.2, 7.6.1): it announces the trailer fields of
-/// a chunked body, which are forwarded.
-use crate::http1::head::HOP_BY_HOP;
 
 /// Removes the hop-by-hop fields, including every field named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {

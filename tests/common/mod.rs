@@ -207,3 +207,34 @@ pub fn promtool_check(metrics: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Two clients ask for `request` (a large object the origin holds back
+/// for a moment, so they are collapsed onto one fetch): the first reads it
+/// whole at once; the second, with a 4 KiB receive buffer, joins while the
+/// head is held back and reads nothing until the first has it all and
+/// half a second more. Returns the first's response, how much Portico's
+/// resident memory grew (KiB) while the second read nothing, and the
+/// second's response once it reads (30 s at most).
+pub async fn fast_and_stalled_clients(p: &Portico, request: &str) -> (ParsedResponse, u64, ParsedResponse) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = p.addr();
+    let before = p.rss_kib();
+    let first = {
+        let request = request.to_string();
+        tokio::spawn(async move { raw_request(addr, request.as_bytes()).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut slow = sock.connect(addr).await.expect("connect");
+    slow.write_all(request.as_bytes()).await.expect("request");
+    let first = parse_response(&first.await.expect("first client"));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let grown = p.rss_kib().saturating_sub(before);
+    let mut got = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), slow.read_to_end(&mut got))
+        .await
+        .expect("the slow client's response ends")
+        .expect("read");
+    (first, grown, parse_response(&got))
+}
