@@ -346,15 +346,22 @@ impl PidFile {
         }
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::PermissionsExt;
         // Not through a symbolic link (`log::no_follow`): written as root,
-        // in a directory the service user may own.
+        // in a directory the service user may own. Readable by all, as
+        // nginx's and Squid's are, whatever the umask (`tighten_umask`
+        // takes "other" away): after the switch to `server.user` the
+        // server reads it back at exit to see it is still its own.
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .custom_flags(crate::log::no_follow(path))
             .open(path)
-            .and_then(|mut f| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .and_then(|mut f| {
+                f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+                f.write_all(format!("{}\n", std::process::id()).as_bytes())
+            })
             .map_err(|e| {
                 format!(
                     "cannot write server.pid_file {}: {}",

@@ -773,3 +773,50 @@ async fn after_the_switch_sigusr1_reopens_logs_in_the_users_directory() {
         }
     }
 }
+
+/// As the Debian package runs it: started as root with the pid file in a
+/// directory the user owns (`/run/portico`), the server that switched to
+/// the user still recognises the file as its own at exit and removes it.
+/// The file is written as root under a umask of at least 027, so it must
+/// stay readable by others, as nginx's and Squid's pid files are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_root_the_pid_file_is_removed_at_exit_after_the_switch() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let (uid, gid) = nobody();
+    for processes in [1, 2] {
+        let cache = open_dir();
+        let run = cache.path().join("run");
+        std::fs::create_dir(&run).expect("mkdir run");
+        std::os::unix::fs::chown(&run, Some(uid), Some(gid)).expect("chown run to nobody");
+        let pid_file = run.join("portico.pid");
+        let extra = format!("processes = {processes}\npid_file = \"{}\"\n", pid_file.display());
+        let mut p = Portico::start(&dropping_config(&free_addr(), cache.path(), &extra)).await;
+        let error = p.dir().join("error.log");
+        assert!(
+            eventually(Duration::from_secs(10), || read(&error)
+                .matches("switched to user nobody")
+                .count()
+                == processes)
+            .await,
+            "{}",
+            read(&error)
+        );
+        assert_eq!(read(&pid_file), format!("{}\n", p.pid()), "processes = {processes}");
+        let mode = std::fs::metadata(&pid_file).expect("pid file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o644, "processes = {processes}: pid file mode {mode:o}");
+        p.signal(libc::SIGTERM);
+        assert!(
+            p.wait_exit(Duration::from_secs(10)).await.is_some(),
+            "portico did not exit"
+        );
+        assert!(
+            !pid_file.exists(),
+            "processes = {processes}: the pid file outlived the server: {}",
+            read(&error)
+        );
+    }
+}
