@@ -31,6 +31,12 @@ pub struct RunOptions {
     pub worker: Option<usize>,
 }
 
+/// The warning about clients reaching this host's loopback services
+/// (`upstream::Destinations::loopback_warning`), for `portico check`.
+pub fn loopback_warning(config: &Config) -> Option<String> {
+    crate::upstream::Destinations::loopback_warning(config)
+}
+
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
 pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
@@ -116,6 +122,12 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     let sized = crate::sizing::resolve(&mut config, files.now);
     tracing::info!("sizing: {sized}");
     if let Some(w) = crate::sizing::open_files_warning(&config, files.now) {
+        tracing::warn!("{w}");
+    }
+    // Once per server: a worker's supervisor said it.
+    if opts.worker.is_none()
+        && let Some(w) = crate::upstream::Destinations::loopback_warning(&config)
+    {
         tracing::warn!("{w}");
     }
     // Which of the files Portico writes exist before it opens them (those it

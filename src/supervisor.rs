@@ -97,6 +97,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
+    if let Some(w) = crate::upstream::Destinations::loopback_warning(&config) {
+        tracing::warn!("{w}");
+    }
     // Where the workers leave their statistics for each other (removed when
     // the supervisor exits). Without it each worker shows only its own.
     let stats_guard = match crate::stats::workers::make_dir() {

@@ -631,6 +631,29 @@ pub struct ProxyConfig {
     /// request's fields back, credentials and cookies included when an
     /// origin answers it (cross-site tracing), and nginx refuses it too.
     pub allow_trace: bool,
+    /// Addresses a client-chosen destination (a forward or transparent
+    /// request's origin, a `CONNECT` or SOCKS target) may not resolve to
+    /// (Squid's `to_localhost` and `to_linklocal`): refused with 403.
+    #[serde(deserialize_with = "networks")]
+    pub deny_destinations: Vec<IpNet>,
+    /// Exceptions to `deny_destinations`.
+    #[serde(deserialize_with = "networks")]
+    pub allow_destinations: Vec<IpNet>,
+}
+
+/// The default `[proxy] deny_destinations`: the addresses a connection
+/// reaches this host by without naming loopback ("this network",
+/// `0.0.0.0/8`, and `::`, which Linux connects to the host itself) and the
+/// link-local networks, where cloud providers serve instance credentials
+/// (`169.254.169.254`). Loopback is not in it: the embedded `access.allow`
+/// admits only this host's own users, who reach its loopback services
+/// without a proxy. `portico check` warns when `access.allow` admits other
+/// machines and loopback is not refused.
+fn default_deny_destinations() -> Vec<IpNet> {
+    ["0.0.0.0/8", "169.254.0.0/16", "::/128", "fe80::/10"]
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect()
 }
 
 impl Default for ProxyConfig {
@@ -647,6 +670,8 @@ impl Default for ProxyConfig {
             tunnel_idle_timeout: Dur::secs(300),
             upgrade_protocols: vec!["websocket".to_string()],
             allow_trace: false,
+            deny_destinations: default_deny_destinations(),
+            allow_destinations: Vec::new(),
         }
     }
 }

@@ -182,7 +182,7 @@ impl Dest {
                 uri: uri.clone(),
                 rewrite: None,
                 server: None,
-                upstream: &sh.upstream,
+                upstream: &sh.direct,
                 cap: None,
             }),
             // An array member that could not be reached: this node serves
@@ -192,7 +192,7 @@ impl Dest {
                 uri: origin.clone(),
                 rewrite: None,
                 server: None,
-                upstream: &sh.upstream,
+                upstream: &sh.direct,
                 cap: None,
             }),
             To::Parent { group, origin } => {
@@ -485,6 +485,7 @@ pub fn failure(e: UpstreamError) -> Failure {
     let status = match &e {
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Loop => StatusCode::LOOP_DETECTED,
+        UpstreamError::Connect(c) if c.kind == ConnectErrorKind::Denied => StatusCode::FORBIDDEN,
         UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
         // As HAProxy answers a request whose server queue timed out.
         UpstreamError::Queue(_) => StatusCode::SERVICE_UNAVAILABLE,

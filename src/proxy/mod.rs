@@ -68,7 +68,13 @@ pub(crate) struct Shared {
     /// The compiled `[[acl]]` entries.
     pub acl: crate::acl::Acl,
     groups: Vec<Arc<Group>>,
+    /// The client for the servers the configuration names (`[[upstream]]`
+    /// groups of origin servers).
     upstream: Arc<Upstream>,
+    /// The client for the destinations clients name (forward and
+    /// transparent requests' origins, `CONNECT` and SOCKS targets), which
+    /// refuses `proxy.deny_destinations` (`Upstream::guarded`).
+    direct: Arc<Upstream>,
     /// `[array]` routing between members, when the array lists members;
     /// its members' parent groups end `groups`.
     pub array: Option<Arc<crate::array::route::Router>>,
@@ -153,6 +159,16 @@ impl Shared {
         let upstream = match old {
             Some(o) if crate::util::same_value(&o.config.origin, &config.origin) => o.upstream.clone(),
             _ => Arc::new(Upstream::new(&config.origin)?),
+        };
+        let direct = match old {
+            Some(o)
+                if Arc::ptr_eq(&o.upstream, &upstream)
+                    && o.config.proxy.deny_destinations == config.proxy.deny_destinations
+                    && o.config.proxy.allow_destinations == config.proxy.allow_destinations =>
+            {
+                o.direct.clone()
+            }
+            _ => Arc::new(upstream.guarded(crate::upstream::Destinations::new(&config.proxy).map(Arc::new))),
         };
         // Rebuilt with the groups (a reload starts their pools afresh, as
         // it does the groups' health).
@@ -246,6 +262,7 @@ impl Shared {
             acl,
             groups,
             upstream,
+            direct,
             parents,
             access_log,
             cache,

@@ -598,6 +598,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         response_timeouts: l(&up.response_timeouts),
         other_errors: l(&up.other_errors),
         interim_relayed: l(&up.interim_relayed),
+        destinations_denied: l(&up.destinations_denied),
         upgrades: l(&up.upgrades),
         queued: l(&up.queued),
         queue_timeouts: l(&up.queue_timeouts),

@@ -103,13 +103,14 @@ pub(crate) fn domain_name(raw: &[u8]) -> Option<String> {
 /// resolve or the host cannot be reached (0x04), the host refused (0x05),
 /// no connection within `origin.connect_timeout` (0x06, the closest code
 /// RFC 1928 has for a timeout), the address is Portico's own (0x02: a
-/// forwarding loop is refused by rule, as a CONNECT answers 508), anything
-/// else (a parent that would not tunnel) 0x01.
+/// forwarding loop is refused by rule, as a CONNECT answers 508; so is an
+/// address `proxy.deny_destinations` refuses), anything else (a parent
+/// that would not tunnel) 0x01.
 pub(crate) fn connect_reply(e: &ConnectError) -> Reply {
     match e.kind {
         ConnectErrorKind::Dns => Reply::HostUnreachable,
         ConnectErrorKind::Timeout => Reply::TtlExpired,
-        ConnectErrorKind::Loop => Reply::NotAllowed,
+        ConnectErrorKind::Loop | ConnectErrorKind::Denied => Reply::NotAllowed,
         // The detail is `util::io_cause`'s plain words for the last address tried.
         ConnectErrorKind::Refused if e.detail.starts_with("connection refused") => Reply::Refused,
         ConnectErrorKind::Refused if e.detail.starts_with("network unreachable") => Reply::NetworkUnreachable,
@@ -125,6 +126,7 @@ pub(crate) fn reply_status(reply: Reply, e: Option<&ConnectError>) -> u16 {
         (Reply::Succeeded, _) => 200,
         (_, Some(ConnectErrorKind::Timeout)) => 504,
         (_, Some(ConnectErrorKind::Loop)) => 508,
+        (_, Some(ConnectErrorKind::Denied)) => 403,
         (_, Some(_)) => 502,
         (Reply::NotAllowed, None) => 403,
         (Reply::CommandNotSupported | Reply::AddressTypeNotSupported, None) => 501,
@@ -574,7 +576,7 @@ impl ListenerHandler {
         let opened = match parent {
             None => {
                 s.hierarchy = Some(format!("HIER_DIRECT/{host}"));
-                sh.upstream
+                sh.direct
                     .connector()
                     .tcp(host, port)
                     .await
@@ -592,7 +594,7 @@ impl ListenerHandler {
                 let reply = connect_reply(&e);
                 let _ = self.reply(stream, reply, None, send_timeout).await;
                 s.status = reply_status(reply, Some(&e));
-                if e.kind == ConnectErrorKind::Loop {
+                if matches!(e.kind, ConnectErrorKind::Loop | ConnectErrorKind::Denied) {
                     counters.denied.fetch_add(1, Relaxed);
                 } else {
                     counters.connect_failures.fetch_add(1, Relaxed);

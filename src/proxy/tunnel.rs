@@ -44,7 +44,7 @@ pub async fn run(
     let opened = match parent {
         None => {
             ex.hierarchy = Some(format!("HIER_DIRECT/{host}"));
-            sh.upstream
+            sh.direct
                 .connector()
                 .tcp(host, port)
                 .await
@@ -58,6 +58,7 @@ pub async fn run(
             let status = match e.kind {
                 ConnectErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 ConnectErrorKind::Loop => StatusCode::LOOP_DETECTED,
+                ConnectErrorKind::Denied => StatusCode::FORBIDDEN,
                 _ => StatusCode::BAD_GATEWAY,
             };
             tracing::warn!(client = %ex.peer.ip(), "CONNECT {host}:{port}: {e}");

@@ -903,6 +903,13 @@ crate::section! {
         #[serde(default)]
         queue_abandoned: u64 => Counter, Add, None, "Requests dropped unsent from a connection place queue because their client went away.",
             prom "portico_upstream_queue_abandoned_total", xml "upstream-bucket" "countQueueAbandoned";
+        /// Connections refused before any was opened because the
+        /// destination a client chose resolved to an address
+        /// `proxy.deny_destinations` refuses (forward, transparent,
+        /// `CONNECT`, SOCKS). Not a failure of the origin's.
+        #[serde(default)]
+        destinations_denied: u64 => Counter, Add, None, "Connections refused because a client-chosen destination resolved to an address proxy.deny_destinations refuses.",
+            prom "portico_upstream_destinations_denied_total", xml "upstream-bucket" "countDestinationsDenied";
         /// Requests waiting for a place now.
         #[serde(default)]
         waiting: u64 => Gauge, Add, None, "Requests waiting now for a connection place at their server.",

@@ -43,6 +43,10 @@ pub enum ConnectErrorKind {
     /// Portico's own address, a forwarding loop and a way around
     /// `access.admin_allow`. Answered 508 (Loop Detected, RFC 5842 7.2).
     Loop,
+    /// The address is one clients may not have Portico connect to
+    /// (`proxy.deny_destinations`, [`Destinations`]): not connected to,
+    /// answered 403 as the access rules' denials are.
+    Denied,
 }
 
 /// A failed connection attempt, with what was tried.
@@ -63,6 +67,9 @@ impl std::fmt::Display for ConnectError {
         if self.kind == ConnectErrorKind::Loop {
             return write!(f, "forwarding loop detected: {} {}", self.target, self.detail);
         }
+        if self.kind == ConnectErrorKind::Denied {
+            return write!(f, "the destination {} {}", self.target, self.detail);
+        }
         if self.kind == ConnectErrorKind::Dns {
             // Only names are resolved: the host is what precedes the last
             // colon (no IPv6 literal gets here).
@@ -70,7 +77,7 @@ impl std::fmt::Display for ConnectError {
             return write!(f, "cannot resolve {host}: {}", self.detail);
         }
         let what = match self.kind {
-            ConnectErrorKind::Loop | ConnectErrorKind::Dns => "",
+            ConnectErrorKind::Loop | ConnectErrorKind::Dns | ConnectErrorKind::Denied => "",
             ConnectErrorKind::Refused => "cannot connect to",
             ConnectErrorKind::Timeout => "timed out connecting to",
             ConnectErrorKind::Tls => "TLS handshake failed with",
@@ -276,6 +283,8 @@ pub struct UpstreamStats {
     pub dns_hits: AtomicU64,
     /// Lookups that failed.
     pub dns_failures: AtomicU64,
+    /// Connections refused for their destination's address ([`Destinations`]).
+    pub destinations_denied: AtomicU64,
 }
 
 impl UpstreamStats {
@@ -284,6 +293,9 @@ impl UpstreamStats {
         let c = match kind {
             ConnectErrorKind::Dns => &self.dns_errors,
             ConnectErrorKind::Refused | ConnectErrorKind::Parent | ConnectErrorKind::Loop => &self.connect_errors,
+            // Not the origin's failure: counted apart, where it is
+            // refused (`Connector::tcp`), for tunnels too.
+            ConnectErrorKind::Denied => return,
             ConnectErrorKind::Timeout => &self.connect_timeouts,
             ConnectErrorKind::Tls => &self.tls_errors,
         };
@@ -358,6 +370,75 @@ pub struct Connector {
     /// The local address connections are made from, when set (a proxy
     /// array member's own address, by which the other members know it).
     source: Option<IpAddr>,
+    /// The addresses this connector refuses, when the destinations it
+    /// connects to are chosen by clients ([`Connector::guarded`]).
+    guard: Option<Arc<Destinations>>,
+}
+
+/// `[proxy] deny_destinations` less `allow_destinations`: the addresses a
+/// destination chosen by a client (a forward or transparent request's
+/// origin, a `CONNECT` or SOCKS target) may not resolve to, as Squid's
+/// `http_access deny to_localhost` and `to_linklocal` are. Checked on the
+/// addresses actually dialled, after resolution, so no spelling of an
+/// address and no name resolving to it (`localhost`, a name an attacker's
+/// DNS points at `169.254.169.254`) gets round it, and a name whose
+/// answer changes between a check and the connect cannot either.
+#[derive(Debug)]
+pub struct Destinations {
+    deny: Vec<ipnet::IpNet>,
+    allow: Vec<ipnet::IpNet>,
+}
+
+impl Destinations {
+    /// The destinations `[proxy]` refuses; None when it refuses none.
+    pub fn new(cfg: &crate::config::ProxyConfig) -> Option<Destinations> {
+        (!cfg.deny_destinations.is_empty()).then(|| Destinations {
+            deny: cfg.deny_destinations.clone(),
+            allow: cfg.allow_destinations.clone(),
+        })
+    }
+
+    /// True if `ip` may not be connected to. An address is judged as what
+    /// a connection to it reaches too: an IPv4-mapped IPv6 address
+    /// (`::ffff:169.254.169.254`) as its IPv4 address, and the unspecified
+    /// address (`0.0.0.0`, `::`), which Linux connects to this host, as
+    /// loopback, so that denying `127.0.0.0/8` is not undone by `0.0.0.0`.
+    pub fn refuses(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let refused =
+            |ip: IpAddr| self.deny.iter().any(|n| n.contains(&ip)) && !self.allow.iter().any(|n| n.contains(&ip));
+        refused(ip)
+            || match ip {
+                IpAddr::V4(v4) if v4.is_unspecified() => refused(IpAddr::from(std::net::Ipv4Addr::LOCALHOST)),
+                IpAddr::V6(v6) if v6.is_unspecified() => refused(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+                _ => false,
+            }
+    }
+
+    /// The warning `portico check` and start-up give when clients from
+    /// other machines may choose destinations (`access.allow` admits a
+    /// network beyond loopback, and a listener is not a reverse one) and
+    /// `127.0.0.1` is not refused: they can reach this host's services
+    /// that trust loopback, which is why Squid 6 denies `to_localhost` by
+    /// default. Not an error: some proxies exist to reach them.
+    pub fn loopback_warning(config: &crate::config::Config) -> Option<String> {
+        // A network wholly inside loopback: 127.0.0.0/8 or narrower, ::1.
+        let loopback = |n: &ipnet::IpNet| match n.network() {
+            IpAddr::V4(v4) => v4.is_loopback() && n.prefix_len() >= 8,
+            IpAddr::V6(v6) => v6.is_loopback() && n.prefix_len() == 128,
+        };
+        let outside = config.access.allow.iter().find(|n| !loopback(n))?;
+        let chosen = config.listener.iter().any(|l| l.mode != crate::config::Mode::Reverse);
+        let refused =
+            Destinations::new(&config.proxy).is_some_and(|d| d.refuses(IpAddr::from(std::net::Ipv4Addr::LOCALHOST)));
+        (chosen && !refused).then(|| {
+            format!(
+                "access.allow admits clients beyond this host ({outside}) and proxy.deny_destinations does not refuse \
+                 loopback: they can reach this host's own services on 127.0.0.1 through the proxy; add \"127.0.0.0/8\" \
+                 and \"::1\" to proxy.deny_destinations unless that is meant (Squid 6 denies to_localhost by default)"
+            )
+        })
+    }
 }
 
 /// How long an answer from `[origin] hosts` or for `localhost` is kept in
@@ -437,6 +518,7 @@ impl Connector {
             }),
             hosts: Arc::new(cfg.hosts.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
             source: None,
+            guard: None,
         }
     }
 
@@ -446,8 +528,16 @@ impl Connector {
         Connector {
             parent: Some(Arc::new(parent)),
             parent_auth: credentials,
+            // The parent is the configuration's choice, not a client's.
+            guard: None,
             ..self.clone()
         }
+    }
+
+    /// The same connector, refusing the addresses `guard` refuses: for the
+    /// destinations clients choose. None leaves it as it is.
+    pub fn guarded(&self, guard: Option<Arc<Destinations>>) -> Connector {
+        Connector { guard, ..self.clone() }
     }
 
     /// The same connector, making its connections from the local address
@@ -543,6 +633,27 @@ impl Connector {
                 };
                 return Err(ConnectError {
                     kind: ConnectErrorKind::Loop,
+                    target: target.clone(),
+                    detail,
+                });
+            }
+            // Refused whole when any address is refused, as Squid's `dst`
+            // matches a name by any of its addresses: a name with one
+            // public and one internal address is not tried in turn.
+            if let Some(guard) = &self.guard
+                && let Some(bad) = addrs.iter().find(|a| guard.refuses(a.ip()))
+            {
+                let detail = if bad.to_string() == target {
+                    "is not allowed (proxy.deny_destinations)".to_string()
+                } else {
+                    format!(
+                        "resolves to {}, which is not allowed (proxy.deny_destinations)",
+                        bad.ip()
+                    )
+                };
+                self.stats.destinations_denied.fetch_add(1, Ordering::Relaxed);
+                return Err(ConnectError {
+                    kind: ConnectErrorKind::Denied,
                     target: target.clone(),
                     detail,
                 });
@@ -890,6 +1001,60 @@ pub fn tls_config(system_roots: bool, ca_file: Option<&std::path::Path>) -> Resu
 
 #[cfg(test)]
 mod tests {
+    /// `[proxy]` with these destination lists.
+    fn destinations(deny: &[&str], allow: &[&str]) -> Option<super::Destinations> {
+        let nets = |l: &[&str]| l.iter().map(|n| n.parse().expect("network")).collect();
+        super::Destinations::new(&crate::config::ProxyConfig {
+            deny_destinations: nets(deny),
+            allow_destinations: nets(allow),
+            ..Default::default()
+        })
+    }
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().expect("address")
+    }
+
+    #[test]
+    fn the_defaults_refuse_link_local_and_this_network_but_not_loopback_or_the_internet() {
+        let d = super::Destinations::new(&Default::default()).expect("defaults refuse some");
+        for refused in [
+            "169.254.169.254",
+            "fe80::1",
+            "0.0.0.0",
+            "::",
+            "0.1.2.3",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(d.refuses(ip(refused)), "{refused}");
+        }
+        for allowed in ["127.0.0.1", "::1", "10.0.0.1", "192.0.2.7", "2001:db8::1"] {
+            assert!(!d.refuses(ip(allowed)), "{allowed}");
+        }
+    }
+
+    #[test]
+    fn denying_loopback_also_denies_the_unspecified_and_mapped_addresses_that_reach_it() {
+        let d = destinations(&["127.0.0.0/8", "::1/128"], &[]).expect("some refused");
+        for refused in ["127.0.0.1", "127.9.9.9", "0.0.0.0", "::", "::1", "::ffff:127.0.0.1"] {
+            assert!(d.refuses(ip(refused)), "{refused}");
+        }
+        assert!(!d.refuses(ip("0.1.2.3")), "0.0.0.0/8 beyond 0.0.0.0 is not loopback");
+    }
+
+    #[test]
+    fn an_allowed_network_is_an_exception_to_the_denied_ones() {
+        let d = destinations(&["10.0.0.0/8"], &["10.1.0.0/16"]).expect("some refused");
+        assert!(d.refuses(ip("10.2.0.1")));
+        assert!(!d.refuses(ip("10.1.2.3")));
+        assert!(!d.refuses(ip("192.0.2.7")), "allow_destinations never adds refusals");
+    }
+
+    #[test]
+    fn an_empty_deny_list_refuses_nothing() {
+        assert!(destinations(&[], &["10.0.0.0/8"]).is_none());
+    }
+
     use super::{ConnectError, ConnectErrorKind, connect_status, dns_cause, localhost};
     use hickory_resolver::net::{DnsError, NetError, NoRecords};
     use hickory_resolver::proto::op::{Query, ResponseCode};

@@ -13,7 +13,7 @@ pub mod response;
 pub use body::{BodyProgress, BodySender, ClientBodyError, ProxyBody};
 pub use caps::{Place, ServerLoad};
 pub use client::{OnInterim, OriginBody, idle_connections};
-pub use connect::{ConnectError, ConnectErrorKind, Connector, DnsCache, UpstreamStats, Wire, tls_config};
+pub use connect::{ConnectError, ConnectErrorKind, Connector, Destinations, DnsCache, UpstreamStats, Wire, tls_config};
 pub use group::{Group, ServerAddr};
 
 use crate::config::OriginConfig;
@@ -134,7 +134,7 @@ impl Upstream {
     /// of every tunnel this client opens through the parent.
     pub fn via_parent(&self, parent: &ServerAddr, credentials: Option<http::HeaderValue>) -> Upstream {
         let connector = self.connector.via_parent(parent.clone(), credentials);
-        self.through(connector, parent)
+        self.through(connector, Some(parent))
     }
 
     /// [`Upstream::via_parent`], its connections made from the local
@@ -142,12 +142,22 @@ impl Upstream {
     /// forwards to checks).
     pub fn via_member(&self, member: &ServerAddr, source: Option<std::net::IpAddr>) -> Upstream {
         let connector = self.connector.via_parent(member.clone(), None).with_source(source);
-        self.through(connector, member)
+        self.through(connector, Some(member))
+    }
+
+    /// The client for the destinations clients choose (a forward or
+    /// transparent request's origin, and through [`Upstream::connector`] a
+    /// `CONNECT` or SOCKS target): these settings, counters, places and DNS
+    /// cache, refusing the addresses `guard` refuses. Its pool is its own,
+    /// so a connection opened to a reverse listener's configured server
+    /// (`127.0.0.1:8081`, say) is never lent to a client that names it.
+    pub fn guarded(&self, guard: Option<Arc<Destinations>>) -> Upstream {
+        self.through(self.connector.guarded(guard), None)
     }
 
     /// A client with these settings, counters and places on `connector`,
-    /// whose connections all go to `server`.
-    fn through(&self, connector: Connector, server: &ServerAddr) -> Upstream {
+    /// whose connections all go to `server` when it is set.
+    fn through(&self, connector: Connector, server: Option<&ServerAddr>) -> Upstream {
         Upstream {
             client: Self::client(&connector, self.pool_idle_timeout, self.pool_max_idle),
             connector,
@@ -157,10 +167,12 @@ impl Upstream {
             idle_timeout: self.idle_timeout,
             caps: self.caps.clone(),
             abort_on_close: self.abort_on_close,
-            server: Some((
-                server.scheme == http::uri::Scheme::HTTPS,
-                server.authority.as_str().into(),
-            )),
+            server: server.map(|server| {
+                (
+                    server.scheme == http::uri::Scheme::HTTPS,
+                    server.authority.as_str().into(),
+                )
+            }),
         }
     }
 

@@ -436,6 +436,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         u.response_timeouts,
         u.other_errors
     );
+    let _ = writeln!(o, "{:<28} {}", "Destinations Denied", u.destinations_denied);
     let _ = writeln!(
         o,
         "{:<28} {} ms mean, {} ms p99",

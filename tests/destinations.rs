@@ -1,0 +1,254 @@
+//! `[proxy] deny_destinations` and `allow_destinations` through the real
+//! binary: the addresses a client may not have Portico connect to (Squid's
+//! `to_localhost` and `to_linklocal`), whatever the URL's spelling, the
+//! name's answer or the way in (forward, transparent, `CONNECT`, SOCKS),
+//! while the servers the configuration names stay reachable. Every target
+//! is on loopback; names resolve through the test's own DNS server.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An origin that answers everything with 200 "reached".
+async fn origin() -> Origin {
+    Origin::start(|_req| async { Response::ok("reached") }).await
+}
+
+/// A forward GET of `url` through `proxy`: status and body.
+async fn get(proxy: SocketAddr, url: &str) -> (u16, String) {
+    let host = url.split('/').nth(2).expect("authority");
+    let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let r = parse_response(&raw_request(proxy, req.as_bytes()).await);
+    (r.status, r.body_str())
+}
+
+/// A CONNECT to `target` through `proxy`: the status.
+async fn connect(proxy: SocketAddr, target: &str) -> u16 {
+    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let mut s = TcpStream::connect(proxy).await.expect("connect to proxy");
+    s.write_all(req.as_bytes()).await.expect("send CONNECT");
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("an answer to CONNECT in time")
+        .expect("read");
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    head.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {head:?}"))
+}
+
+/// The unlabelled Prometheus sample `name` from a listener's `/metrics`.
+async fn metric(p: &Portico, name: &str) -> f64 {
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        p.addr()
+    );
+    let m = parse_response(&raw_request(p.addr(), req.as_bytes()).await).body_str();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
+}
+
+const DENIED: &str = "portico_upstream_destinations_denied_total";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_link_local_and_unspecified_addresses_are_refused_and_loopback_is_not() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&format!("[[listener]]\naddress = \"{}\"\n", free_addr())).await;
+    // 0.0.0.0 is connected to this host by Linux: the origin on 127.0.0.1
+    // would answer it.
+    let (status, body) = get(p.addr(), &format!("http://0.0.0.0:{port}/")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("proxy.deny_destinations"), "{body}");
+    // The cloud metadata address: refused before any connect is tried.
+    let (status, body) = get(p.addr(), "http://169.254.169.254/latest/meta-data/").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, _) = get(p.addr(), "http://[::ffff:169.254.169.254]/").await;
+    assert_eq!(status, 403);
+    assert_eq!(o.count(), 0, "a refused destination reached the origin");
+    assert_eq!(get(p.addr(), &format!("http://127.0.0.1:{port}/")).await.0, 200);
+    assert_eq!(metric(&p, DENIED).await, 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_loopback_is_refused_in_every_spelling_and_by_every_name_that_resolves_to_it() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[proxy]\ndeny_destinations = [\"127.0.0.0/8\", \"::1\"]\n\
+         connect_ports = [443, {port}]\n",
+        free_addr()
+    ))
+    .await;
+    p.dns().add("rebound.test", "127.0.0.1".parse().expect("ip"), 0);
+    for host in [
+        "127.0.0.1",
+        "127.1",
+        "2130706433",
+        "0x7f.0.0.1",
+        "[::ffff:127.0.0.1]",
+        "0.0.0.0",
+        "localhost",
+        "www.localhost",
+        "rebound.test",
+        "REBOUND.test.",
+    ] {
+        let (status, body) = get(p.addr(), &format!("http://{host}:{port}/")).await;
+        assert_eq!(status, 403, "{host}: {body}");
+        assert!(body.contains("not allowed (proxy.deny_destinations)"), "{host}: {body}");
+    }
+    for target in ["127.0.0.1", "localhost", "rebound.test"] {
+        assert_eq!(
+            connect(p.addr(), &format!("{target}:{port}")).await,
+            403,
+            "CONNECT {target}"
+        );
+    }
+    assert_eq!(o.count(), 0, "a refused destination reached the origin");
+    assert_eq!(metric(&p, DENIED).await, 13.0);
+    let access = file_lines(&p.dir().join("access.log"), 14).await;
+    let refused: Vec<&String> = access.iter().filter(|l| !l.contains("/metrics")).collect();
+    assert_eq!(refused.len(), 13, "{access:#?}");
+    assert!(refused.iter().all(|l| l.contains(" 403 ")), "{access:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_destinations_makes_exceptions_to_the_denied_networks() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n\
+         allow_destinations = [\"127.0.0.1/32\"]\n",
+        free_addr()
+    ))
+    .await;
+    assert_eq!(
+        get(p.addr(), &format!("http://127.0.0.1:{port}/")).await,
+        (200, "reached".to_string())
+    );
+    assert_eq!(get(p.addr(), &format!("http://127.0.0.2:{port}/")).await.0, 403);
+    assert_eq!(o.count(), 1);
+}
+
+/// The servers of an `[[upstream]]` group are the configuration's choice:
+/// a reverse listener reaches its server on loopback. Its pooled
+/// connection is never lent to a forward client naming the same address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_servers_stay_reachable_and_their_connections_are_not_lent_to_clients() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let reverse: SocketAddr = free_addr().parse().expect("address");
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[[listener]]\naddress = \"{reverse}\"\nmode = \"reverse\"\n\n\
+         [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:{port}\"]\n\n\
+         [[rule]]\nhost = \"www.test\"\nupstream = \"app\"\n\n\
+         [proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n\n[cache]\nenabled = false\n",
+        free_addr()
+    ))
+    .await;
+    // Keep-alive, so the reverse fetch leaves its connection in the pool.
+    let req = "GET /app HTTP/1.1\r\nHost: www.test\r\nConnection: close\r\n\r\n";
+    let r = parse_response(&raw_request(reverse, req.as_bytes()).await);
+    assert_eq!((r.status, r.body_str()), (200, "reached".to_string()));
+    let (status, body) = get(p.addr(), &format!("http://127.0.0.1:{port}/app")).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(o.count(), 1, "the forward request reached the origin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transparent_request_for_a_denied_address_is_refused() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\nmode = \"transparent\"\n\n[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n",
+        free_addr()
+    ))
+    .await;
+    let req = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let r = parse_response(&raw_request(p.addr(), req.as_bytes()).await);
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    assert_eq!(o.count(), 0);
+}
+
+/// SOCKS 5 (RFC 1928): a denied target gets reply 0x02, "connection not
+/// allowed by ruleset", by address and by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socks_session_to_a_denied_address_gets_not_allowed() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let socks: SocketAddr = free_addr().parse().expect("address");
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[[listener]]\naddress = \"{socks}\"\nmode = \"socks\"\n\n\
+         [proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n",
+        free_addr()
+    ))
+    .await;
+    p.dns().add("rebound.test", "127.0.0.1".parse().expect("ip"), 0);
+    let by_address = [&[1u8, 127, 0, 0, 1][..], &port.to_be_bytes()].concat();
+    let by_name = [&[3u8, 12][..], b"rebound.test", &port.to_be_bytes()].concat();
+    for target in [by_address, by_name] {
+        let mut s = TcpStream::connect(socks).await.expect("connect to SOCKS");
+        s.write_all(&[5, 1, 0]).await.expect("greeting");
+        let mut method = [0u8; 2];
+        s.read_exact(&mut method).await.expect("method");
+        assert_eq!(method, [5, 0]);
+        s.write_all(&[&[5u8, 1, 0][..], &target].concat())
+            .await
+            .expect("request");
+        let mut reply = [0u8; 2];
+        s.read_exact(&mut reply).await.expect("reply");
+        assert_eq!(reply, [5, 2], "target {target:?}");
+    }
+    assert_eq!(o.count(), 0);
+}
+
+/// `portico check` on a config in a temporary file: success, stderr.
+fn check(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("portico.toml");
+    std::fs::write(&file, config).expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .args(["check", "-c"])
+        .arg(&file)
+        .env_remove("PORTICO_CONFIG")
+        .output()
+        .expect("run portico check");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn check_warns_when_clients_from_other_machines_can_reach_loopback() {
+    const WARNING: &str = "proxy.deny_destinations does not refuse loopback";
+    let forward = "[[listener]]\naddress = \"127.0.0.1:8080\"\n\n";
+    // The LAN admitted, loopback not refused: warned, still valid.
+    let (ok, err) = check(&format!("{forward}[access]\nallow = [\"10.0.0.0/8\", \"127.0.0.1\"]\n"));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!(
+            "access.allow admits clients beyond this host (10.0.0.0/8) and {WARNING}"
+        )),
+        "{err}"
+    );
+    // The defaults (loopback clients only), loopback refused, or a reverse
+    // listener only (its clients choose no destination): no warning.
+    for quiet in [
+        forward.to_string(),
+        format!(
+            "{forward}[access]\nallow = [\"0.0.0.0/0\"]\n\n[proxy]\ndeny_destinations = [\"127.0.0.0/8\", \"::1\"]\n"
+        ),
+        "[[listener]]\naddress = \"127.0.0.1:8080\"\nmode = \"reverse\"\n\n[access]\nallow = [\"0.0.0.0/0\"]\n\n\
+         [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:8081\"]\n\n[[rule]]\nupstream = \"app\"\n"
+            .to_string(),
+    ] {
+        let (ok, err) = check(&quiet);
+        assert!(ok, "{err}");
+        assert!(!err.contains(WARNING), "{quiet}\n{err}");
+    }
+}
