@@ -354,6 +354,10 @@ reason = "secret path"
         ("/x/../admin/x", "admin path"),
         ("/%2e%2e/admin/x", "admin path"),
         ("/x//..//admin/x", "admin path"),
+        // Tomcat's and Jetty's segment parameters, IIS's backslash.
+        ("/admin;jsessionid=1/x", "admin path"),
+        ("/x/..;/admin/x", "admin path"),
+        ("/x\\..\\admin\\x", "admin path"),
         ("/%73ecret/x", "secret path"),
         ("//secret/x", "secret path"),
         ("/a/./../secret/x?q=1", "secret path"),

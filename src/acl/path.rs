@@ -1,9 +1,10 @@
 //! The path `[[acl]]` entries and filter lists match: the request's path
 //! normalised the way origin servers resolve it, so that a spelling the
 //! origin reads as `/admin/x` (`/%61dmin/x`, `//admin/x`, `/./admin/x`,
-//! `/x/../admin/x`) cannot pass an entry written for `/admin/`. Only what
-//! the entries see is normalised: the request goes to the origin as the
-//! client sent it.
+//! `/x/../admin/x`, Tomcat's `/x/..;/admin/x` and `/admin;p/x`, IIS's
+//! `\admin\x`) cannot pass an entry written for `/admin/`. Only what the
+//! entries see is normalised: the request goes to the origin as the client
+//! sent it.
 
 use std::borrow::Cow;
 
@@ -23,8 +24,13 @@ pub fn normalize_path_and_query(path_and_query: &str) -> Cow<'_, str> {
     }
 }
 
-/// An absolute path (`/...`) normalised in three steps:
+/// An absolute path (`/...`) normalised in four steps:
 ///
+/// 0. each `\` read as `/`, as IIS and ASP.NET read it, and each segment's
+///    parameters (`;` to the end of the segment) removed, as Java servlet
+///    containers (Tomcat, Jetty) remove them before mapping a path, so
+///    `/admin;jsessionid=1/x` is `/admin/x` and `/x/..;/admin` is
+///    `/x/../admin`; an encoded `%3B` is not a separator there either;
 /// 1. percent-encoded unreserved characters (letters, digits, `-`, `.`,
 ///    `_`, `~`) decoded, the other percent-encodings kept with their hex
 ///    digits in upper case (RFC 3986 6.2.2.1 and 6.2.2.2): `%2F` stays
@@ -40,14 +46,36 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || !needs_work(path) {
         return Cow::Borrowed(path);
     }
-    let decoded = decode_unreserved(path);
+    let plain = strip_parameters(path);
+    let decoded = decode_unreserved(&plain);
     let merged = merge_slashes(&decoded);
     Cow::Owned(remove_dot_segments(&merged))
 }
 
-/// Whether `path` has a percent-encoding, a run of slashes or a dot-segment.
+/// Whether `path` has a percent-encoding, a run of slashes, a dot-segment,
+/// a backslash or a segment parameter.
 fn needs_work(path: &str) -> bool {
-    path.contains('%') || path.contains("//") || path.split('/').any(|s| s == "." || s == "..")
+    path.bytes().any(|b| matches!(b, b'%' | b';' | b'\\'))
+        || path.contains("//")
+        || path.split('/').any(|s| s == "." || s == "..")
+}
+
+/// Step 0 of [`normalize_path`]: `\` as `/`, segment parameters removed.
+fn strip_parameters(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut in_parameters = false;
+    for c in path.chars() {
+        match c {
+            '/' | '\\' => {
+                in_parameters = false;
+                out.push('/');
+            }
+            ';' => in_parameters = true,
+            _ if in_parameters => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// RFC 3986 2.3's unreserved characters.
@@ -193,6 +221,23 @@ mod tests {
         assert_eq!(n("/a///b//"), "/a/b/");
         // Merged before the dot-segments, as a merging origin resolves it.
         assert_eq!(n("/x//../admin"), "/admin");
+    }
+
+    #[test]
+    fn segment_parameters_are_removed_as_servlet_containers_remove_them() {
+        assert_eq!(n("/admin;jsessionid=1/x"), "/admin/x");
+        assert_eq!(n("/x/..;/admin/x"), "/admin/x");
+        assert_eq!(n("/x/.;a=b/admin"), "/x/admin");
+        assert_eq!(n("/admin;"), "/admin");
+        // Encoded, it is data in the segment, as Tomcat reads it.
+        assert_eq!(n("/admin%3bx/"), "/admin%3Bx/");
+    }
+
+    #[test]
+    fn backslashes_are_separators_as_iis_reads_them() {
+        assert_eq!(n("\\admin\\x"), "\\admin\\x", "not an absolute path: left as it is");
+        assert_eq!(n("/x\\..\\admin\\x"), "/admin/x");
+        assert_eq!(n("/\\admin/x"), "/admin/x");
     }
 
     #[test]
