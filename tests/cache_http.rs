@@ -2621,3 +2621,75 @@ async fn a_hit_sends_the_stored_fields_whichever_way_its_head_is_written() {
         assert!(statuses[1].starts_with("edge1; hit; ttl="), "{statuses:?}");
     }
 }
+
+/// Polls `cond` every 100 ms until it holds or `timeout` passes.
+async fn until<F, Fut>(timeout: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Squid's quick abort (`cache.quick_abort`): when the only client of a
+/// large download hangs up early, the fetch is stopped and nothing stored,
+/// so one client cannot make Portico fetch any number of large objects in
+/// full by asking and leaving; with `quick_abort = false` the fetch is
+/// finished for the cache, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_fetch_every_client_left_is_stopped_unstored_unless_quick_abort_is_off() {
+    const SIZE: u64 = 8 << 20;
+    for quick_abort in [true, false] {
+        let o = Origin::start(|_req| async {
+            Response::ok("")
+                .generated(SIZE)
+                .chunk_delay(Duration::from_millis(10))
+                .header("Cache-Control", "max-age=600")
+        })
+        .await;
+        let p = proxy(&format!("quick_abort = {quick_abort}")).await;
+        let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+        let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
+        c.write_all(req.as_bytes()).await.expect("request");
+        let mut got = 0;
+        let mut buf = vec![0; 65536];
+        while got < 200_000 {
+            let n = tokio::time::timeout(WAIT, c.read(&mut buf))
+                .await
+                .expect("body in time")
+                .expect("read");
+            assert!(n > 0, "the response ended early");
+            got += n;
+        }
+        drop(c);
+        if quick_abort {
+            assert!(
+                until(WAIT, || async {
+                    metric(&p, "portico_cache_fetches_abandoned_total").await == 1
+                })
+                .await,
+                "the fetch was not stopped"
+            );
+            let fetched = metric(&p, "portico_cache_fetched_bytes_total").await;
+            assert!(fetched < SIZE / 2, "{fetched} bytes fetched for a client that left");
+            // Not stored: the next request is fetched again, in full.
+            let r = get(&p, &o, "/big", &[]).await;
+            assert_eq!(r.body.len() as u64, SIZE);
+            assert_eq!(o.count(), 2, "the stopped fetch was stored");
+        } else {
+            let stored = || async { x_cache(&get(&p, &o, "/big", &[]).await).starts_with("HIT") };
+            assert!(until(Duration::from_secs(15), stored).await, "not stored");
+            assert_eq!(o.count(), 1);
+            assert_eq!(metric(&p, "portico_cache_fetches_abandoned_total").await, 0);
+        }
+    }
+}

@@ -108,6 +108,8 @@ struct State {
     trimming: bool,
     /// Each joined follower's place.
     cursors: Vec<Cursor>,
+    /// Followers alive, late ones (without a cursor) included.
+    followers: usize,
     ending: Ending,
 }
 
@@ -199,6 +201,12 @@ impl Leader {
         });
     }
 
+    /// Whether any follower is still waiting on this fetch (its client
+    /// may still be there): a fetch whose own client left goes on for it.
+    pub fn followed(&self) -> bool {
+        self.flight.lock().followers > 0
+    }
+
     /// Ends the fetch.
     pub fn finish(mut self, ending: Ending) {
         self.end(ending);
@@ -231,8 +239,9 @@ pub struct Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
+        let mut s = self.flight.lock();
+        s.followers -= 1;
         if let Some(slot) = self.slot {
-            let mut s = self.flight.lock();
             s.cursors[slot] = Cursor::Gone;
             if s.trimming {
                 s.trim();
@@ -358,6 +367,7 @@ impl Flights {
             // Joined from the first chunk, unless chunks are being dropped
             // (decided under the same lock, so none is dropped unseen).
             let mut s = f.lock();
+            s.followers += 1;
             let slot = (!s.trimming).then(|| {
                 let base = s.base;
                 s.cursors.push(Cursor::At(base));
@@ -378,6 +388,7 @@ impl Flights {
                 spooled: 0,
                 trimming: false,
                 cursors: Vec::new(),
+                followers: 0,
                 ending: Ending::Running,
             }),
             changed: Notify::new(),

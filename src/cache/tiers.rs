@@ -55,6 +55,9 @@ pub struct CacheStats {
     /// Body bytes fetched from origins for lookups that missed (the other
     /// half of the byte hit ratio).
     pub bytes_fetched: AtomicU64,
+    /// Fetches being stored that were stopped because every client left
+    /// with too much still to come (`cache.quick_abort`).
+    pub fetches_abandoned: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {

@@ -443,6 +443,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ),
         ));
     }
+    if c.cache.quick_abort_pct > 100 {
+        return Err((
+            vec![Key("cache"), Key("quick_abort_pct")],
+            format!("{}: a percentage, at most 100", c.cache.quick_abort_pct),
+        ));
+    }
     let [low, high] = c.cache.watermarks;
     if low >= high || high > 100 {
         return Err((

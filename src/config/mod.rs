@@ -1289,6 +1289,19 @@ pub struct CacheConfig {
     /// Fetch and store objects in slices of this size (nginx's `slice`):
     /// a Range request costs the origin only the slices it touches; 0 = off.
     pub slice: Size,
+    /// Whether a fetch every client has left is stopped unless it is
+    /// nearly done (Squid's `quick_abort_*`); false finishes every fetch
+    /// that is being stored (Squid's `quick_abort_min -1`).
+    pub quick_abort: bool,
+    /// A left fetch with at most this much to go is finished (Squid's
+    /// `quick_abort_min`).
+    pub quick_abort_min: Size,
+    /// A left fetch with more than this to go is stopped (Squid's
+    /// `quick_abort_max`).
+    pub quick_abort_max: Size,
+    /// Between the two, a left fetch at least this percent done is
+    /// finished (Squid's `quick_abort_pct`).
+    pub quick_abort_pct: u8,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -1338,6 +1351,10 @@ impl Default for CacheConfig {
             targeted_fields: vec!["CDN-Cache-Control".to_string()],
             strip_targeted_fields: false,
             slice: Size(0),
+            quick_abort: true,
+            quick_abort_min: Size(16 << 10),
+            quick_abort_max: Size(16 << 10),
+            quick_abort_pct: 95,
         }
     }
 }

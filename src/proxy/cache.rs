@@ -956,6 +956,7 @@ impl Transaction<'_, '_> {
         ex.out.send_head(status, headers, len);
         let idle = self.sh.upstream.idle_timeout;
         let mut client_ok = true;
+        let mut received = 0u64;
         let mut trailers = None;
         let ending = loop {
             let frame = match tokio::time::timeout(idle, body.frame()).await {
@@ -980,6 +981,7 @@ impl Transaction<'_, '_> {
             // What the origin has sent already goes to the client in one write.
             let gathered = super::forward::gather(&mut body, data);
             for data in gathered.parts() {
+                received += data.len() as u64;
                 self.cache.stats.fetched(data.len() as u64);
                 if let Some((_, len, buf)) = part.as_mut() {
                     buf.extend_from_slice(data);
@@ -1000,9 +1002,20 @@ impl Transaction<'_, '_> {
                 client_ok = false;
                 ex.out.close_after();
             }
-            // Without a store or followers to finish for, a gone client ends it.
-            if !client_ok && sink.is_none() && leader.is_none() {
-                break Ending::Failed;
+            // With the client gone and no follower left, the fetch goes on
+            // only to be stored, and only if it is nearly done.
+            if !client_ok && !leader.as_ref().is_some_and(Leader::followed) {
+                if sink.is_none() {
+                    break Ending::Failed;
+                }
+                if !finish_abandoned(&self.sh.config.cache, received, length) {
+                    tracing::debug!(key, received, "fetch stopped: every client left (cache.quick_abort)");
+                    self.cache
+                        .stats
+                        .fetches_abandoned
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    break Ending::Failed;
+                }
             }
         };
         match ending {
@@ -1142,6 +1155,31 @@ impl Transaction<'_, '_> {
         };
         tokio::spawn(background.revalidate(leader));
     }
+}
+
+/// Squid's quick-abort rule (`quick_abort_min`, `_max`, `_pct`): whether a
+/// fetch being stored whose every client has left is finished for the cache,
+/// `received` body bytes in, of `length` (the `Content-Length`, if any).
+/// Finishing an abandoned 4 GB download costs the origin link and the disk
+/// what no one asked for, and lets one client that hangs up at once make
+/// Portico fetch any number of large objects in full; stopping one that is
+/// nearly done wastes what was fetched. With an unknown length what is left
+/// cannot be judged, so it is stopped, as Squid does.
+fn finish_abandoned(cfg: &crate::config::CacheConfig, received: u64, length: Option<u64>) -> bool {
+    if !cfg.quick_abort {
+        return true;
+    }
+    let Some(length) = length else {
+        return false;
+    };
+    let left = length.saturating_sub(received);
+    if left <= cfg.quick_abort_min.0 {
+        return true;
+    }
+    if left > cfg.quick_abort_max.0 {
+        return false;
+    }
+    u128::from(received) * 100 >= u128::from(length) * u128::from(cfg.quick_abort_pct)
 }
 
 /// `head` as a plain GET, for a response the cache stores whole (a
@@ -1553,5 +1591,53 @@ async fn send_range(ex: &mut Exchange<'_>, stored: &Stored, r: std::ops::Range<u
             }
             None => return true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::finish_abandoned;
+    use crate::config::{CacheConfig, Size};
+
+    fn cfg(min: u64, max: u64, pct: u8) -> CacheConfig {
+        CacheConfig {
+            quick_abort_min: Size(min),
+            quick_abort_max: Size(max),
+            quick_abort_pct: pct,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn with_squids_defaults_a_left_fetch_is_finished_only_when_at_most_16_kib_remain() {
+        let c = CacheConfig::default();
+        assert!(finish_abandoned(&c, 1_000_000 - 16 * 1024, Some(1_000_000)));
+        assert!(!finish_abandoned(&c, 1_000_000 - 16 * 1024 - 1, Some(1_000_000)));
+        assert!(!finish_abandoned(&c, 0, Some(1 << 30)));
+        assert!(finish_abandoned(&c, 0, Some(10_000)), "a small object is finished");
+    }
+
+    #[test]
+    fn between_min_and_max_a_fetch_past_the_percentage_is_finished() {
+        let c = cfg(1000, 1_000_000, 90);
+        assert!(finish_abandoned(&c, 900_000, Some(1_000_000)));
+        assert!(!finish_abandoned(&c, 899_999, Some(1_000_000)));
+        assert!(!finish_abandoned(&c, 0, Some(2_000_000)), "more than max left");
+    }
+
+    #[test]
+    fn an_unknown_length_is_stopped_and_quick_abort_off_finishes_everything() {
+        assert!(!finish_abandoned(&CacheConfig::default(), 1 << 20, None));
+        let off = CacheConfig {
+            quick_abort: false,
+            ..Default::default()
+        };
+        assert!(finish_abandoned(&off, 0, None));
+        assert!(finish_abandoned(&off, 0, Some(u64::MAX)));
+    }
+
+    #[test]
+    fn more_received_than_announced_is_nothing_left() {
+        assert!(finish_abandoned(&CacheConfig::default(), 20, Some(10)));
     }
 }

@@ -535,6 +535,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
             stored: l(&st.stored),
             invalidated: l(&st.invalidated),
             variants_dropped: l(&st.variants_dropped),
+            fetches_abandoned: l(&st.fetches_abandoned),
             bytes_served: l(&st.bytes_served),
             bytes_fetched: l(&st.bytes_fetched),
             memory_entries: c.memory().len() as u64,

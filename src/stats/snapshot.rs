@@ -429,6 +429,11 @@ crate::section! {
         /// 100 (the oldest gives way).
         variants_dropped: u64 => Counter, Add, None, "Variants removed past the per-URL limit.",
             prom "portico_cache_variants_dropped_total", xml "cache-bucket" "countVariantsDropped";
+        /// Fetches being stored that were stopped because every client
+        /// left with more still to come than `cache.quick_abort_*` finish.
+        #[serde(default)]
+        fetches_abandoned: u64 => Counter, Add, None, "Fetches stopped, unstored, because every client left with too much still to come (cache.quick_abort).",
+            prom "portico_cache_fetches_abandoned_total", xml "cache-bucket" "countFetchesAbandoned";
         /// Body bytes served from the cache.
         bytes_served: u64 => Counter, Add, Bytes, "Body bytes served from the cache.",
             prom "portico_cache_served_bytes_total", xml "cache-bucket" "countContentHits";

@@ -257,8 +257,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             );
             let _ = writeln!(
                 o,
-                "{:<28} {} stored, {} invalidated, {} variants dropped",
-                "Objects", c.stored, c.invalidated, c.variants_dropped
+                "{:<28} {} stored, {} invalidated, {} variants dropped, {} fetches abandoned",
+                "Objects", c.stored, c.invalidated, c.variants_dropped, c.fetches_abandoned
             );
             let _ = writeln!(
                 o,
