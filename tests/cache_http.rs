@@ -2693,3 +2693,55 @@ async fn a_large_fetch_every_client_left_is_stopped_unstored_unless_quick_abort_
         }
     }
 }
+
+/// The bytes of the files in `dir` (not recursive; 0 if it is missing).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// Objects being written to the disk tier are held to `cache.disk` on top
+/// of the stored ones: three 3 MiB downloads at once under a 4 MiB budget
+/// never put more than 4 MiB in tmp files (the GC does not see those), and
+/// each client still gets its whole response, the ones past the budget
+/// unstored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_being_written_never_take_more_than_cache_disk_in_tmp_files() {
+    const SIZE: u64 = 3 << 20;
+    let o = Origin::start(|_req| async {
+        Response::ok("")
+            .generated(SIZE)
+            .chunk_delay(Duration::from_millis(10))
+            .header("Cache-Control", "max-age=600")
+    })
+    .await;
+    let p = proxy("disk = \"4MiB\"\nmax_memory_object = \"64KiB\"").await;
+    let tmp = p.dir().join("cache").join("tmp");
+    let clients: Vec<_> = ["/a", "/b", "/c"]
+        .into_iter()
+        .map(|path| {
+            let (addr, origin) = (p.addr(), o.addr());
+            tokio::spawn(async move {
+                let req = format!("GET http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+                parse_response(&raw_request(addr, req.as_bytes()).await)
+            })
+        })
+        .collect();
+    let mut peak = 0;
+    while !clients.iter().all(|c| c.is_finished()) {
+        peak = peak.max(dir_bytes(&tmp));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for c in clients {
+        let r = c.await.expect("client");
+        assert_eq!((r.status, r.body.len() as u64), (200, SIZE), "a response was cut short");
+        assert!(pattern_matches(0, &r.body));
+    }
+    assert!(peak > SIZE / 2, "the sampling saw no tmp file grow ({peak} bytes)");
+    assert!(
+        peak <= (4 << 20) + (64 << 10),
+        "{peak} bytes in tmp files under a 4 MiB cache.disk"
+    );
+    assert!(metric(&p, "portico_cache_disk_write_aborts_total").await >= 1);
+}

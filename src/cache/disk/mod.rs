@@ -173,6 +173,11 @@ struct Inner {
     budget: Budget,
     fsync: bool,
     max_object: u64,
+    /// Body bytes accepted by writers not yet committed or aborted: their
+    /// tmp files, which the GC does not see. Held to `budget.disk`
+    /// (`DiskWriter`), so objects being written never take more than
+    /// `cache.disk` on top of the stored ones.
+    writing: Arc<AtomicU64>,
     index: Index,
     stats: Arc<DiskStats>,
     locks: Box<[Mutex<()>]>,
@@ -543,6 +548,7 @@ impl DiskStore {
             budget: Budget::new(cfg.disk.bytes(), cfg.watermarks),
             fsync: cfg.fsync == Fsync::Always,
             max_object: cfg.max_object_size.bytes(),
+            writing: Arc::new(AtomicU64::new(0)),
             index: Index::new(
                 stats.clone(),
                 allocation_unit(&cfg.dir),
@@ -1072,6 +1078,33 @@ mod tests {
         assert_eq!(tmp_files(dir.path()), 0);
         assert_eq!(store.stats().snapshot().write_aborts, 2);
         assert!(!store.path_of(ObjectId(1)).exists());
+    }
+
+    #[test]
+    fn objects_being_written_are_held_to_cache_disk_and_give_it_back_when_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path());
+        c.disk = Size(100);
+        let store = DiskStore::start_offline(&c, &mut |_| {}).unwrap();
+        let mut a = store.writer_blocking(ObjectId(1), &meta("http://h/a")).unwrap();
+        let mut b = store.writer_blocking(ObjectId(2), &meta("http://h/b")).unwrap();
+        a.write_blocking(&[0; 60]).unwrap();
+        let refused = b.write_blocking(&[0; 60]).expect_err("past cache.disk in tmp files");
+        assert!(refused.to_string().contains("more than cache.disk"), "{refused}");
+        assert!(b.write_blocking(b"x").is_err(), "a refused writer stays aborted");
+        assert_eq!(store.stats().snapshot().write_aborts, 1);
+        drop(b);
+        // a's 60 bytes are still being written: 40 are left.
+        let mut c2 = store.writer_blocking(ObjectId(3), &meta("http://h/c")).unwrap();
+        c2.write_blocking(&[0; 40]).unwrap();
+        drop(c2);
+        a.commit_blocking(0).unwrap();
+        // Committed and dropped: the whole budget is free again.
+        let mut d = store.writer_blocking(ObjectId(4), &meta("http://h/d")).unwrap();
+        d.write_blocking(&[0; 100]).unwrap();
+        assert_eq!(store.inner.writing.load(Ordering::Relaxed), 100);
+        drop(d);
+        assert_eq!(store.inner.writing.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// A writer hands its buffer to the blocking pool once it holds this much.
@@ -195,6 +195,8 @@ impl DiskStore {
             buf: Vec::new(),
             body_len: 0,
             max: self.inner.max_object,
+            writing: self.inner.writing.clone(),
+            writing_max: self.inner.budget.disk,
             store: Arc::downgrade(&self.inner),
             jobs: self.inner.jobs.clone(),
         }
@@ -339,6 +341,10 @@ pub struct DiskWriter {
     buf: Vec<u8>,
     body_len: u64,
     max: u64,
+    /// The store's bytes being written (`Inner::writing`), `body_len` of
+    /// them this writer's until it is dropped; at most `writing_max`.
+    writing: Arc<AtomicU64>,
+    writing_max: u64,
     /// The store, for a pending writer's file: weak, as a `WriteState`'s,
     /// so that a writer never keeps a closed store alive.
     store: Weak<Inner>,
@@ -379,7 +385,26 @@ impl DiskWriter {
                 "object larger than cache.max_object_size",
             ));
         }
-        self.body_len += n as u64;
+        // Many large objects fetched at once (by clients that read them
+        // slowly) would otherwise fill the file system with tmp files
+        // beyond `cache.disk`, where the GC cannot see them: the writer
+        // that would pass the budget gives up, and its response goes on
+        // unstored.
+        let n = n as u64;
+        if self.writing.fetch_add(n, Ordering::Relaxed) + n > self.writing_max {
+            self.writing.fetch_sub(n, Ordering::Relaxed);
+            // An open tmp file counts its own abort as it is dropped.
+            if matches!(self.stage, Stage::Pending(_))
+                && let Some(store) = self.store.upgrade()
+            {
+                store.stats.write_aborts.fetch_add(1, Ordering::Relaxed);
+            }
+            self.stage = Stage::Aborted;
+            return Err(io::Error::other(
+                "objects being written would take more than cache.disk",
+            ));
+        }
+        self.body_len += n;
         Ok(())
     }
 
@@ -478,5 +503,13 @@ impl DiskWriter {
     /// Drops the object being written (the tmp file is deleted).
     pub fn abort(mut self) {
         self.stage = Stage::Aborted;
+    }
+}
+
+impl Drop for DiskWriter {
+    fn drop(&mut self) {
+        // Committed (renamed into place, where the GC counts it) or
+        // deleted: either way no longer a tmp file of ours.
+        self.writing.fetch_sub(self.body_len, Ordering::Relaxed);
     }
 }
