@@ -358,6 +358,11 @@ reason = "secret path"
         ("/admin;jsessionid=1/x", "admin path"),
         ("/x/..;/admin/x", "admin path"),
         ("/x\\..\\admin\\x", "admin path"),
+        // And the other way round: still under /admin/ to nginx or an
+        // application router, which keep `;` and `\` as characters.
+        ("/admin/..;/public", "admin path"),
+        ("/admin/x\\..\\..\\public", "admin path"),
+        ("/admin/%2e%2e;/public", "admin path"),
         ("/%73ecret/x", "secret path"),
         ("//secret/x", "secret path"),
         ("/a/./../secret/x?q=1", "secret path"),
@@ -369,7 +374,7 @@ reason = "secret path"
     assert_eq!(o.count(), 0, "no spelling of the denied paths reaches the origin");
     // Not the denied path: an encoded `/` is not a separator, and paths
     // are case-sensitive. What is allowed goes to the origin as sent.
-    for path in ["/%2Fadmin/x", "/Admin/x", "/public/./%61//b/../c"] {
+    for path in ["/%2Fadmin/x", "/Admin/x", "/public/./%61//b/../c", "/public;v=1/x"] {
         let r = via(&p, "GET", "ok.test", port, path, "").await;
         assert_eq!((r.status, r.body_str()), (200, format!("ok {path}")), "{path}");
     }

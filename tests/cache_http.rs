@@ -2745,3 +2745,47 @@ async fn objects_being_written_never_take_more_than_cache_disk_in_tmp_files() {
     );
     assert!(metric(&p, "portico_cache_disk_write_aborts_total").await >= 1);
 }
+
+/// A request collapsed onto a fetch (here a late one, joined after the
+/// first MiB) watches its client while it waits: when both clients hang
+/// up, nothing keeps the abandoned fetch going (`cache.quick_abort`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_collapsed_request_whose_client_left_does_not_keep_an_abandoned_fetch_going() {
+    const SIZE: u64 = 16 << 20;
+    let o = Origin::start(|_req| async {
+        Response::ok("")
+            .generated(SIZE)
+            .chunk_delay(Duration::from_millis(10))
+            .header("Cache-Control", "max-age=600")
+    })
+    .await;
+    let p = proxy("").await;
+    let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
+    let mut a = TcpStream::connect(p.addr()).await.expect("connect");
+    a.write_all(req.as_bytes()).await.expect("request");
+    let mut got = 0;
+    let mut buf = vec![0; 65536];
+    while got < 2 << 20 {
+        let n = tokio::time::timeout(WAIT, a.read(&mut buf))
+            .await
+            .expect("body in time")
+            .expect("read");
+        assert!(n > 0, "the response ended early");
+        got += n;
+    }
+    // Joins late (past the first MiB): it waits for the end, then the store.
+    let mut b = TcpStream::connect(p.addr()).await.expect("connect");
+    b.write_all(req.as_bytes()).await.expect("request");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(b);
+    drop(a);
+    assert!(
+        until(WAIT, || async {
+            metric(&p, "portico_cache_fetches_abandoned_total").await == 1
+        })
+        .await,
+        "the waiting request kept the abandoned fetch going"
+    );
+    assert!(metric(&p, "portico_cache_fetched_bytes_total").await < SIZE / 2);
+    assert_eq!(o.count(), 1);
+}

@@ -223,6 +223,13 @@ fn check_warns_when_clients_from_other_machines_can_reach_loopback() {
         )),
         "{err}"
     );
+    // Part of loopback refused is not enough.
+    for partial in ["[\"127.0.0.0/8\"]", "[\"127.0.0.1/32\", \"::1\"]"] {
+        let (ok, err) = check(&format!(
+            "{forward}[access]\nallow = [\"10.0.0.0/8\"]\n\n[proxy]\ndeny_destinations = {partial}\n"
+        ));
+        assert!(ok && err.contains(WARNING), "{partial}: {err}");
+    }
     // The defaults (loopback clients only), loopback refused, or a reverse
     // listener only (its clients choose no destination): no warning.
     for quiet in [

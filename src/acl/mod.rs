@@ -248,10 +248,30 @@ impl Acl {
         if c.entries.is_empty() {
             return c.default_decision();
         }
-        req.normalised(|req| self.decide_normalised(req, now))
+        let plain = req.normalised(|req| self.decide_normalised(req, &now));
+        // A path with `;` or `\` means one thing to nginx and another to
+        // Tomcat or IIS (`path::servlet_reading`), and the origin behind
+        // is not known: the request goes through only if both readings
+        // are allowed, and the stricter verdict answers otherwise.
+        let Some(other) = path::servlet_reading(req.path_and_query) else {
+            return plain;
+        };
+        let other = self.decide_normalised(
+            &Request {
+                path_and_query: &other,
+                ..*req
+            },
+            &now,
+        );
+        match (&plain, &other) {
+            (Decision::Deny { .. }, _) | (_, Decision::Allow { .. }) => plain,
+            (_, Decision::Deny { .. }) => other,
+            (Decision::NeedAuth { .. }, _) => plain,
+            (Decision::Allow { .. }, Decision::NeedAuth { .. }) => other,
+        }
     }
 
-    fn decide_normalised(&self, req: &Request<'_>, now: impl Fn() -> jiff::Timestamp) -> Decision {
+    fn decide_normalised(&self, req: &Request<'_>, now: &impl Fn() -> jiff::Timestamp) -> Decision {
         let c = &*self.inner;
         thread_local! {
             // Reused per thread: deciding allocates nothing (but the

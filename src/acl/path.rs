@@ -1,10 +1,14 @@
 //! The path `[[acl]]` entries and filter lists match: the request's path
 //! normalised the way origin servers resolve it, so that a spelling the
 //! origin reads as `/admin/x` (`/%61dmin/x`, `//admin/x`, `/./admin/x`,
-//! `/x/../admin/x`, Tomcat's `/x/..;/admin/x` and `/admin;p/x`, IIS's
-//! `\admin\x`) cannot pass an entry written for `/admin/`. Only what the
-//! entries see is normalised: the request goes to the origin as the client
-//! sent it.
+//! `/x/../admin/x`) cannot pass an entry written for `/admin/`. Servers
+//! disagree on `;` and `\`: Tomcat and Jetty drop `;` parameters from each
+//! segment (`/x/..;/admin/x` is `/admin/x` to them), IIS reads `\` as `/`,
+//! while nginx, Apache and most application routers keep both as plain
+//! characters (`/admin/..;/x` stays under `/admin/`). A path holding
+//! either has a second reading ([`servlet_reading`]), and the entries
+//! decide it under both (`acl::Acl::decide`). Only what the entries see is
+//! normalised: the request goes to the origin as the client sent it.
 
 use std::borrow::Cow;
 
@@ -24,13 +28,8 @@ pub fn normalize_path_and_query(path_and_query: &str) -> Cow<'_, str> {
     }
 }
 
-/// An absolute path (`/...`) normalised in four steps:
+/// An absolute path (`/...`) normalised in three steps:
 ///
-/// 0. each `\` read as `/`, as IIS and ASP.NET read it, and each segment's
-///    parameters (`;` to the end of the segment) removed, as Java servlet
-///    containers (Tomcat, Jetty) remove them before mapping a path, so
-///    `/admin;jsessionid=1/x` is `/admin/x` and `/x/..;/admin` is
-///    `/x/../admin`; an encoded `%3B` is not a separator there either;
 /// 1. percent-encoded unreserved characters (letters, digits, `-`, `.`,
 ///    `_`, `~`) decoded, the other percent-encodings kept with their hex
 ///    digits in upper case (RFC 3986 6.2.2.1 and 6.2.2.2): `%2F` stays
@@ -46,21 +45,37 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || !needs_work(path) {
         return Cow::Borrowed(path);
     }
-    let plain = strip_parameters(path);
-    let decoded = decode_unreserved(&plain);
+    let decoded = decode_unreserved(path);
     let merged = merge_slashes(&decoded);
     Cow::Owned(remove_dot_segments(&merged))
 }
 
-/// Whether `path` has a percent-encoding, a run of slashes, a dot-segment,
-/// a backslash or a segment parameter.
+/// Whether `path` has a percent-encoding, a run of slashes or a dot-segment.
 fn needs_work(path: &str) -> bool {
-    path.bytes().any(|b| matches!(b, b'%' | b';' | b'\\'))
-        || path.contains("//")
-        || path.split('/').any(|s| s == "." || s == "..")
+    path.contains('%') || path.contains("//") || path.split('/').any(|s| s == "." || s == "..")
 }
 
-/// Step 0 of [`normalize_path`]: `\` as `/`, segment parameters removed.
+/// The other reading of `path_and_query`, when its path holds a `;` or a
+/// `\`: each `\` read as `/`, as IIS and ASP.NET read it, and each
+/// segment's parameters (`;` to the end of the segment) removed, as Java
+/// servlet containers (Tomcat, Jetty) remove them before mapping a path,
+/// then normalised as [`normalize_path`] does. So `/admin;jsessionid=1/x`
+/// and `/x/..;/admin/x` are `/admin/x`; an encoded `%3B` stays data, as
+/// Tomcat has it. None for a path with neither (nearly all).
+pub fn servlet_reading(path_and_query: &str) -> Option<String> {
+    let (path, query) = match path_and_query.find('?') {
+        Some(i) => path_and_query.split_at(i),
+        None => (path_and_query, ""),
+    };
+    if !path.starts_with('/') || !path.bytes().any(|b| b == b';' || b == b'\\') {
+        return None;
+    }
+    let mut out = normalize_path(&strip_parameters(path)).into_owned();
+    out.push_str(query);
+    Some(out)
+}
+
+/// `\` as `/`, segment parameters removed.
 fn strip_parameters(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut in_parameters = false;
@@ -179,7 +194,7 @@ fn remove_dot_segments(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{normalize_path, normalize_path_and_query};
+    use super::{normalize_path, normalize_path_and_query, servlet_reading};
 
     fn n(path: &str) -> String {
         normalize_path(path).into_owned()
@@ -223,21 +238,34 @@ mod tests {
         assert_eq!(n("/x//../admin"), "/admin");
     }
 
-    #[test]
-    fn segment_parameters_are_removed_as_servlet_containers_remove_them() {
-        assert_eq!(n("/admin;jsessionid=1/x"), "/admin/x");
-        assert_eq!(n("/x/..;/admin/x"), "/admin/x");
-        assert_eq!(n("/x/.;a=b/admin"), "/x/admin");
-        assert_eq!(n("/admin;"), "/admin");
-        // Encoded, it is data in the segment, as Tomcat reads it.
-        assert_eq!(n("/admin%3bx/"), "/admin%3Bx/");
+    fn s(path: &str) -> Option<String> {
+        servlet_reading(path)
     }
 
     #[test]
-    fn backslashes_are_separators_as_iis_reads_them() {
-        assert_eq!(n("\\admin\\x"), "\\admin\\x", "not an absolute path: left as it is");
-        assert_eq!(n("/x\\..\\admin\\x"), "/admin/x");
-        assert_eq!(n("/\\admin/x"), "/admin/x");
+    fn the_servlet_reading_removes_segment_parameters_as_tomcat_does() {
+        assert_eq!(s("/admin;jsessionid=1/x").as_deref(), Some("/admin/x"));
+        assert_eq!(s("/x/..;/admin/x").as_deref(), Some("/admin/x"));
+        assert_eq!(s("/x/.;a=b/admin").as_deref(), Some("/x/admin"));
+        assert_eq!(s("/admin;?q=;").as_deref(), Some("/admin?q=;"));
+        // Encoded, it is data in the segment, as Tomcat reads it.
+        assert_eq!(s("/admin%3bx/"), None);
+        assert_eq!(s("/plain/path?q=;"), None, "a ; in the query is the query's");
+    }
+
+    #[test]
+    fn the_servlet_reading_takes_backslashes_as_separators_as_iis_does() {
+        assert_eq!(s("/x\\..\\admin\\x").as_deref(), Some("/admin/x"));
+        assert_eq!(s("/\\admin/x").as_deref(), Some("/admin/x"));
+        assert_eq!(s("\\admin\\x"), None, "not an absolute path");
+    }
+
+    #[test]
+    fn the_plain_reading_keeps_semicolons_and_backslashes_as_characters() {
+        // As nginx and most application routers read them: still under /admin/.
+        assert_eq!(n("/admin/..;/public"), "/admin/..;/public");
+        assert_eq!(n("/admin/x\\..\\..\\public"), "/admin/x\\..\\..\\public");
+        assert_eq!(n("/admin;x/y"), "/admin;x/y");
     }
 
     #[test]

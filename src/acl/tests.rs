@@ -498,3 +498,33 @@ mod lists {
         assert_eq!(l.hit(&tunnel).map(|x| x.line), Some(4));
     }
 }
+
+#[test]
+fn a_path_read_two_ways_goes_through_only_if_both_readings_are_allowed() {
+    // An allow list: /public/ for everyone, the rest denied by default.
+    let a = acl(r#"
+[access]
+acl_default = "deny"
+[[acl]]
+action = "allow"
+path = "/public/"
+[[acl]]
+action = "allow"
+path = "/team/"
+user = "alice"
+"#);
+    let h = HeaderMap::new();
+    let d = |pq: &str| a.decide(&get("ok.test", pq, &h), noon());
+    assert_eq!(entry(&d("/public/x")), Some(0));
+    assert!(
+        !denied(&d("/public/x;jsessionid=1")),
+        "both readings are under /public/"
+    );
+    // To nginx a directory named `public;v=1`, not /public/.
+    assert!(denied(&d("/public;v=1/x")));
+    // Under /public/ to nginx, /admin to Tomcat or IIS: the stricter wins.
+    assert!(denied(&d("/public/..;/admin")));
+    assert!(denied(&d("/public/x\\..\\..\\admin")));
+    // Allowed one way, needing a user the other: the client must log in.
+    assert!(matches!(d("/public/..;/team/x"), Decision::NeedAuth { entry: 1 }));
+}

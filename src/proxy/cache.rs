@@ -854,7 +854,19 @@ impl Transaction<'_, '_> {
                 }
                 Role::Follower(f) => f,
             };
-            match follower.head().await {
+            // Watching the client meanwhile: a follower whose client left
+            // must not keep the fetch going for no one (`Leader::followed`,
+            // `cache.quick_abort`).
+            let head = tokio::select! {
+                head = follower.head() => head,
+                () = self.ex.out.client_gone(None::<std::future::Ready<()>>) => {
+                    return Err((
+                        super::forward::client_gone(),
+                        "the client went away while its request waited for another's fetch".into(),
+                    ));
+                }
+            };
+            match head {
                 Some(head) => {
                     let variant = policy::variant_of(&head.vary, &self.ex.head.headers);
                     if variant == head.variant {
@@ -1104,7 +1116,16 @@ impl Transaction<'_, '_> {
                 // This client reads slower than the origin sends: the rest
                 // comes from the stored object once the fetch has stored it.
                 Next::Behind => {
-                    let stored = match follower.ended().await {
+                    // The client is watched while it waits, as in
+                    // `fetch_and_store`: gone, it no longer holds the fetch.
+                    let ending = tokio::select! {
+                        ending = follower.ended() => ending,
+                        () = ex.out.client_gone(None::<std::future::Ready<()>>) => {
+                            ex.out.close_after();
+                            return Ok(());
+                        }
+                    };
+                    let stored = match ending {
                         Ending::Complete => self.cache.lookup(&self.key, &ex.head.headers).await.ok().flatten(),
                         _ => None,
                     };

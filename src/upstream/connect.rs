@@ -418,7 +418,7 @@ impl Destinations {
     /// The warning `portico check` and start-up give when clients from
     /// other machines may choose destinations (`access.allow` admits a
     /// network beyond loopback, and a listener is not a reverse one) and
-    /// `127.0.0.1` is not refused: they can reach this host's services
+    /// loopback (`127.0.0.0/8` and `::1`) is not wholly refused: they can reach this host's services
     /// that trust loopback, which is why Squid 6 denies `to_localhost` by
     /// default. Not an error: some proxies exist to reach them.
     pub fn loopback_warning(config: &crate::config::Config) -> Option<String> {
@@ -429,8 +429,17 @@ impl Destinations {
         };
         let outside = config.access.allow.iter().find(|n| !loopback(n))?;
         let chosen = config.listener.iter().any(|l| l.mode != crate::config::Mode::Reverse);
-        let refused =
-            Destinations::new(&config.proxy).is_some_and(|d| d.refuses(IpAddr::from(std::net::Ipv4Addr::LOCALHOST)));
+        // Every loopback address, not only 127.0.0.1: `127.0.0.1/32` alone
+        // leaves 127.0.0.2, and `127.0.0.0/8` alone leaves ::1.
+        let refused = Destinations::new(&config.proxy).is_some_and(|d| {
+            [
+                IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
+                IpAddr::from([127, 255, 255, 254]),
+                IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            ]
+            .into_iter()
+            .all(|ip| d.refuses(ip))
+        });
         (chosen && !refused).then(|| {
             format!(
                 "access.allow admits clients beyond this host ({outside}) and proxy.deny_destinations does not refuse \
