@@ -2622,6 +2622,32 @@ async fn a_hit_sends_the_stored_fields_whichever_way_its_head_is_written() {
     }
 }
 
+/// An origin sending `size` cacheable pattern bytes slowly (64 KiB every
+/// 10 ms), so that clients can leave, join or pile up mid-fetch.
+async fn slow_download(size: u64) -> Origin {
+    Origin::start(move |_req| async move {
+        Response::ok("")
+            .generated(size)
+            .chunk_delay(Duration::from_millis(10))
+            .header("Cache-Control", "max-age=600")
+    })
+    .await
+}
+
+/// Reads at least `n` bytes of a response from `c`.
+async fn read_some(c: &mut TcpStream, n: usize) {
+    let mut got = 0;
+    let mut buf = vec![0; 65536];
+    while got < n {
+        let r = tokio::time::timeout(WAIT, c.read(&mut buf))
+            .await
+            .expect("body in time")
+            .expect("read");
+        assert!(r > 0, "the response ended early");
+        got += r;
+    }
+}
+
 /// Polls `cond` every 100 ms until it holds or `timeout` passes.
 async fn until<F, Fut>(timeout: Duration, mut cond: F) -> bool
 where
@@ -2649,27 +2675,12 @@ where
 async fn a_large_fetch_every_client_left_is_stopped_unstored_unless_quick_abort_is_off() {
     const SIZE: u64 = 8 << 20;
     for quick_abort in [true, false] {
-        let o = Origin::start(|_req| async {
-            Response::ok("")
-                .generated(SIZE)
-                .chunk_delay(Duration::from_millis(10))
-                .header("Cache-Control", "max-age=600")
-        })
-        .await;
+        let o = slow_download(SIZE).await;
         let p = proxy(&format!("quick_abort = {quick_abort}")).await;
         let mut c = TcpStream::connect(p.addr()).await.expect("connect");
         let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
         c.write_all(req.as_bytes()).await.expect("request");
-        let mut got = 0;
-        let mut buf = vec![0; 65536];
-        while got < 200_000 {
-            let n = tokio::time::timeout(WAIT, c.read(&mut buf))
-                .await
-                .expect("body in time")
-                .expect("read");
-            assert!(n > 0, "the response ended early");
-            got += n;
-        }
+        read_some(&mut c, 200_000).await;
         drop(c);
         if quick_abort {
             assert!(
@@ -2709,13 +2720,7 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_being_written_never_take_more_than_cache_disk_in_tmp_files() {
     const SIZE: u64 = 3 << 20;
-    let o = Origin::start(|_req| async {
-        Response::ok("")
-            .generated(SIZE)
-            .chunk_delay(Duration::from_millis(10))
-            .header("Cache-Control", "max-age=600")
-    })
-    .await;
+    let o = slow_download(SIZE).await;
     let p = proxy("disk = \"4MiB\"\nmax_memory_object = \"64KiB\"").await;
     let tmp = p.dir().join("cache").join("tmp");
     let clients: Vec<_> = ["/a", "/b", "/c"]
@@ -2752,27 +2757,12 @@ async fn objects_being_written_never_take_more_than_cache_disk_in_tmp_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_collapsed_request_whose_client_left_does_not_keep_an_abandoned_fetch_going() {
     const SIZE: u64 = 16 << 20;
-    let o = Origin::start(|_req| async {
-        Response::ok("")
-            .generated(SIZE)
-            .chunk_delay(Duration::from_millis(10))
-            .header("Cache-Control", "max-age=600")
-    })
-    .await;
+    let o = slow_download(SIZE).await;
     let p = proxy("").await;
     let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
     let mut a = TcpStream::connect(p.addr()).await.expect("connect");
     a.write_all(req.as_bytes()).await.expect("request");
-    let mut got = 0;
-    let mut buf = vec![0; 65536];
-    while got < 2 << 20 {
-        let n = tokio::time::timeout(WAIT, a.read(&mut buf))
-            .await
-            .expect("body in time")
-            .expect("read");
-        assert!(n > 0, "the response ended early");
-        got += n;
-    }
+    read_some(&mut a, 2 << 20).await;
     // Joins late (past the first MiB): it waits for the end, then the store.
     let mut b = TcpStream::connect(p.addr()).await.expect("connect");
     b.write_all(req.as_bytes()).await.expect("request");
