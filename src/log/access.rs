@@ -156,10 +156,6 @@ pub fn check_format(f: &str) -> Result<(), String> {
     parse_format(f).map(|_| ())
 }
 
-fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
-    super::open_append(path)
-}
-
 impl AccessLog {
     /// Opens (appends to) `path`; an empty path disables the log. With
     /// `resolve_clients`, the writer thread replaces client addresses by
@@ -187,7 +183,7 @@ impl AccessLog {
                 queue_limit: 0,
             });
         }
-        let file = open_file(path).map_err(|e| format!("cannot open access log {}: {e}", path.display()))?;
+        let file = super::open_append(path).map_err(|e| format!("cannot open access log {}: {e}", path.display()))?;
         let (tx, rx) = mpsc::sync_channel::<String>(queue.max(1));
         let c = counters.clone();
         let path = path.to_path_buf();
@@ -355,7 +351,7 @@ fn writer(file: std::fs::File, path: PathBuf, rx: mpsc::Receiver<String>, c: Arc
     loop {
         if c.reopen.swap(false, Ordering::Relaxed) {
             let _ = out.flush();
-            match open_file(&path) {
+            match super::open_append(&path) {
                 Ok(f) => {
                     out = std::io::BufWriter::with_capacity(64 << 10, f);
                     tracing::info!("access log reopened: {}", path.display());
@@ -473,7 +469,7 @@ fn user_field(user: &str) -> std::borrow::Cow<'_, str> {
         if safe(b) {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!("%{b:02X}"));
         }
     }
     std::borrow::Cow::Owned(out)

@@ -47,13 +47,9 @@ fn from_another_site(head: &RequestHead) -> bool {
         return false;
     };
     let host = head.headers.get(http::header::HOST).map(HeaderValue::as_bytes);
-    let origin_host = origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.parse::<http::Uri>().ok())
-        .and_then(|u| u.authority().map(|a| a.as_str().to_ascii_lowercase()));
-    match (origin_host, host) {
-        (Some(o), Some(h)) => !o.as_bytes().eq_ignore_ascii_case(h),
+    let origin = origin.to_str().ok().and_then(|o| o.parse::<http::Uri>().ok());
+    match (origin.as_ref().and_then(http::Uri::authority), host) {
+        (Some(o), Some(h)) => !o.as_str().as_bytes().eq_ignore_ascii_case(h),
         _ => true,
     }
 }

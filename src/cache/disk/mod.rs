@@ -229,13 +229,6 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Opens a cache file to read it, with `O_NOATIME`: Portico keeps its own
-/// access times in the index, and without the flag every read (a held
-/// file's `sendfile` on each hit included) has the kernel check the file's
-/// access time, and write the inode where the mount updates it (`relatime`:
-/// on the first read after each write, and daily; a start-up scan of a
-/// million files is a million inode writes). Only the file's owner may ask
-/// for it: a file of another user (EPERM) is opened without it.
 /// Opens a file of the cache directory for reading only if it is a regular
 /// file: a FIFO or device put there (by whoever can write to the
 /// directory) is refused instead of blocking the open or the reads
@@ -253,6 +246,13 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Opens a cache file to read it, with `O_NOATIME`: Portico keeps its own
+/// access times in the index, and without the flag every read (a held
+/// file's `sendfile` on each hit included) has the kernel check the file's
+/// access time, and write the inode where the mount updates it (`relatime`:
+/// on the first read after each write, and daily; a start-up scan of a
+/// million files is a million inode writes). Only the file's owner may ask
+/// for it: a file of another user (EPERM) is opened without it.
 fn open_read(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     match std::fs::OpenOptions::new()
@@ -1098,6 +1098,12 @@ mod tests {
         let mut c2 = store.writer_blocking(ObjectId(3), &meta("http://h/c")).unwrap();
         c2.write_blocking(&[0; 40]).unwrap();
         drop(c2);
+        // A writer with no tmp file yet, refused, counts its abort too.
+        let aborts = store.stats().snapshot().write_aborts;
+        let mut pending = store.writer(ObjectId(5), &meta("http://h/e"));
+        assert!(pending.write_blocking(&[0; 41]).is_err());
+        assert_eq!(store.stats().snapshot().write_aborts, aborts + 1);
+        drop(pending);
         a.commit_blocking(0).unwrap();
         // Committed and dropped: the whole budget is free again.
         let mut d = store.writer_blocking(ObjectId(4), &meta("http://h/d")).unwrap();
