@@ -60,6 +60,7 @@ const UNPRINTED_KEYS: &[&str] = &[
     "acl.days",
     "acl.list",
     "acl.content_type",
+    "acl.allow_destinations",
     "upstream.credentials_file",
     "upstream.max_connections",
     "rule.parent_credentials",

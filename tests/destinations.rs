@@ -19,16 +19,30 @@ async fn origin() -> Origin {
 
 /// A forward GET of `url` through `proxy`: status and body.
 async fn get(proxy: SocketAddr, url: &str) -> (u16, String) {
+    let r = get_from(STRANGER, proxy, url).await;
+    (r.status, r.body_str())
+}
+
+/// A forward GET of `url` through `proxy`, from the loopback address `src`.
+async fn get_from(src: &str, proxy: SocketAddr, url: &str) -> ParsedResponse {
     let host = url.split('/').nth(2).expect("authority");
     let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    let r = parse_response(&raw_request(proxy, req.as_bytes()).await);
-    (r.status, r.body_str())
+    parse_response(&raw_request_from(src.parse().expect("ip"), proxy, req.as_bytes()).await)
 }
 
 /// A CONNECT to `target` through `proxy`: the status.
 async fn connect(proxy: SocketAddr, target: &str) -> u16 {
+    connect_from(STRANGER, proxy, target).await
+}
+
+/// A CONNECT to `target` through `proxy` from the loopback address `src`.
+async fn connect_from(src: &str, proxy: SocketAddr, target: &str) -> u16 {
     let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    let mut s = TcpStream::connect(proxy).await.expect("connect to proxy");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(src.parse().expect("ip"), 0))
+        .expect("bind the client's address");
+    let mut s = socket.connect(proxy).await.expect("connect to proxy");
     s.write_all(req.as_bytes()).await.expect("send CONNECT");
     let mut buf = vec![0; 4096];
     let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf))
@@ -43,6 +57,11 @@ async fn connect(proxy: SocketAddr, target: &str) -> u16 {
 }
 
 const DENIED: &str = "portico_upstream_destinations_denied_total";
+
+/// The client address the tests' `[[acl]]` entries grant exceptions to.
+const ADMIN: &str = "127.0.0.2";
+/// Any other client.
+const STRANGER: &str = "127.0.0.1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_link_local_and_unspecified_addresses_are_refused_and_loopback_is_not() {
@@ -194,6 +213,125 @@ async fn a_socks_session_to_a_denied_address_gets_not_allowed() {
         assert_eq!(reply, [5, 2], "target {target:?}");
     }
     assert_eq!(o.count(), 0);
+}
+
+/// Squid's `http_access allow admins intranet` before `deny intranet`: an
+/// `[[acl]]` entry's `allow_destinations` lets the requests it allows
+/// reach a network `deny_destinations` refuses to everyone else, over
+/// connections of their own (a pooled one is never lent to a stranger),
+/// by address, by name and through `CONNECT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_entry_lets_its_clients_reach_a_denied_network_over_connections_of_their_own() {
+    let o = origin().await;
+    let port = o.addr().port();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[proxy]\ndeny_destinations = [\"127.0.0.0/8\", \"::1\"]\n\
+         connect_ports = [443, {port}]\n\n[cache]\nenabled = false\n\n\
+         [[acl]]\naction = \"allow\"\nclient = \"{ADMIN}\"\nallow_destinations = \"127.0.0.0/8\"\n",
+        free_addr()
+    ))
+    .await;
+    p.dns().add("intranet.test", "127.0.0.1".parse().expect("ip"), 0);
+    for url in [
+        format!("http://127.0.0.1:{port}/a"),
+        format!("http://intranet.test:{port}/b"),
+    ] {
+        let r = get_from(ADMIN, p.addr(), &url).await;
+        assert_eq!((r.status, r.body_str()), (200, "reached".to_string()), "{url}");
+    }
+    assert_eq!(o.count(), 2);
+    // The admin's connection to 127.0.0.1:port is in a pool; the
+    // stranger's requests for the same origin are refused all the same.
+    for url in [
+        format!("http://127.0.0.1:{port}/a"),
+        format!("http://intranet.test:{port}/c"),
+    ] {
+        let r = get_from(STRANGER, p.addr(), &url).await;
+        assert_eq!(r.status, 403, "{url}: {}", r.body_str());
+    }
+    assert_eq!(o.count(), 2, "a stranger's request reached the denied origin");
+    assert_eq!(connect_from(ADMIN, p.addr(), &format!("127.0.0.1:{port}")).await, 200);
+    assert_eq!(
+        connect_from(STRANGER, p.addr(), &format!("127.0.0.1:{port}")).await,
+        403
+    );
+    assert_eq!(metric(&p, DENIED).await, 3);
+}
+
+/// What a request fetches under an exception may come from where other
+/// clients may not go: it is neither stored nor shared with a concurrent
+/// request for the same URL. Fresh stored responses (fetched for clients
+/// without the exception) still answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_exception_fetches_is_not_stored_or_shared_but_stored_responses_answer_it() {
+    let public = Origin::start(|_req| async { Response::ok("public").header("Cache-Control", "max-age=600") }).await;
+    let intranet = Origin::start_at("127.0.0.3", |_req| async {
+        Response::ok("intranet")
+            .header("Cache-Control", "max-age=600")
+            .delay(std::time::Duration::from_millis(600))
+    })
+    .await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n\n\
+         [[acl]]\naction = \"allow\"\nclient = \"{ADMIN}\"\nallow_destinations = \"127.0.0.3\"\n",
+        free_addr()
+    ))
+    .await;
+    let (pa, ia) = (public.addr(), intranet.addr());
+    // Stored for a stranger, then a hit for the admin.
+    assert_eq!(
+        get_from(STRANGER, p.addr(), &format!("http://{pa}/p")).await.status,
+        200
+    );
+    let r = get_from(ADMIN, p.addr(), &format!("http://{pa}/p")).await;
+    assert_eq!(r.body_str(), "public");
+    assert_eq!(r.header("X-Cache"), Some("HIT"), "{:?}", r.headers);
+    assert_eq!(public.count(), 1);
+    // The admin's fetch from the intranet, with a stranger asking for the
+    // same URL while it is under way: the stranger is not given it.
+    let url = format!("http://{ia}/i");
+    let admin = tokio::spawn({
+        let (proxy, url) = (p.addr(), url.clone());
+        async move { get_from(ADMIN, proxy, &url).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let r = get_from(STRANGER, p.addr(), &url).await;
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    let r = admin.await.expect("admin's request");
+    assert_eq!((r.status, r.body_str()), (200, "intranet".to_string()));
+    assert_eq!(r.header("X-Cache"), Some("MISS"), "{:?}", r.headers);
+    // Not stored: a stranger is refused, the admin fetches it again.
+    assert_eq!(get_from(STRANGER, p.addr(), &url).await.status, 403);
+    assert_eq!(get_from(ADMIN, p.addr(), &url).await.status, 200);
+    assert_eq!(intranet.count(), 2);
+    // The cost: the admin's fetch of a public URL is not stored either.
+    assert_eq!(get_from(ADMIN, p.addr(), &format!("http://{pa}/q")).await.status, 200);
+    assert_eq!(
+        get_from(STRANGER, p.addr(), &format!("http://{pa}/q")).await.status,
+        200
+    );
+    assert_eq!(public.count(), 3);
+}
+
+#[test]
+fn allow_destinations_is_refused_on_deny_and_response_entries() {
+    let base = "[[listener]]\naddress = \"127.0.0.1:8080\"\n\n[[acl]]\n";
+    let (ok, err) = check(&format!(
+        "{base}action = \"deny\"\nallow_destinations = \"10.0.0.0/8\"\n"
+    ));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("acl[0].allow_destinations") && err.contains("applies to action = \"allow\" only"),
+        "{err}"
+    );
+    let (ok, err) = check(&format!(
+        "{base}action = \"allow\"\ncontent_type = \"video/*\"\nallow_destinations = \"10.0.0.0/8\"\n"
+    ));
+    assert!(!ok && err.contains("acl[0].allow_destinations"), "{err}");
+    let (ok, err) = check(&format!(
+        "{base}action = \"allow\"\nallow_destinations = \"10.0.0.0/33\"\n"
+    ));
+    assert!(!ok && err.contains("10.0.0.0/33"), "{err}");
 }
 
 /// `portico check` on a config in a temporary file: success, stderr.

@@ -174,6 +174,27 @@ async fn origin_answers_curl_and_raw() {
     assert_eq!(reqs[2].version, http::Version::HTTP_11);
 }
 
+/// `Origin::start_at` listens on the loopback address asked for, and
+/// `raw_request_from` connects from the one asked for: the origin sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origins_and_clients_can_use_other_loopback_addresses() {
+    let origin = Origin::start_at("127.0.0.3", |req| async move { Response::ok(req.uri.to_string()) }).await;
+    assert_eq!(origin.addr().ip().to_string(), "127.0.0.3");
+    let from: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let resp = parse_response(&raw_request_from(from, origin.addr(), &get("/at", "")).await);
+    assert_eq!(resp.body_str(), "/at");
+    // The source address, as a listener sees it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local_addr");
+    let peer = tokio::spawn(async move {
+        let (mut s, peer) = listener.accept().await.expect("accept");
+        let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.1 204 No Content\r\n\r\n").await;
+        peer.ip()
+    });
+    raw_request_from(from, addr, &get("/", "")).await;
+    assert_eq!(peer.await.expect("accept task"), from);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_with_raw_client() {
     let origin = echo_origin().await;

@@ -47,6 +47,11 @@ pub(super) struct Entry {
     pub lists: Vec<Arc<List>>,
     /// `content_type` and `kind = "mime"` lists: a response entry.
     pub reply: Option<super::mime::ReplyMatch>,
+    /// `allow_destinations`: the networks this allow entry's requests may
+    /// connect to despite `[proxy] deny_destinations`.
+    allow_destinations: Vec<IpNet>,
+    /// Index + 1 of those networks in [`Compiled::reach`]; 0 for none.
+    pub reach: u16,
     /// The matchers as config text.
     pub describe: String,
 }
@@ -127,8 +132,8 @@ impl Acl {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         hasher.update(
             format!(
-                "{:?}{:?}{:?}{:?}",
-                config.acl, config.acl_list, a.acl_default, a.time_zone
+                "{:?}{:?}{:?}{:?}{:?}",
+                config.acl, config.acl_list, a.acl_default, a.time_zone, config.proxy.deny_destinations
             )
             .as_bytes(),
         );
@@ -199,6 +204,31 @@ impl Acl {
         for (i, e) in config.acl.iter().enumerate() {
             entries.push(compile_entry(i, e, &lists)?);
         }
+        // The distinct `allow_destinations` sets, each of which the server
+        // gives a client (and a pool) of its own. None when nothing is
+        // refused: there is nothing to make an exception to.
+        let mut reach: Vec<Vec<IpNet>> = Vec::new();
+        if !config.proxy.deny_destinations.is_empty() {
+            for (i, e) in entries.iter_mut().enumerate() {
+                if e.allow_destinations.is_empty() {
+                    continue;
+                }
+                let k = match reach.iter().position(|r| *r == e.allow_destinations) {
+                    Some(k) => k,
+                    None => {
+                        reach.push(e.allow_destinations.clone());
+                        reach.len() - 1
+                    }
+                };
+                e.reach = u16::try_from(k + 1).map_err(|_| {
+                    at(
+                        i,
+                        "allow_destinations",
+                        "more than 65,535 different allow_destinations sets",
+                    )
+                })?;
+            }
+        }
         let mut exact = super::HostTable::default();
         let mut suffix = super::HostTable::default();
         let mut rest = Vec::new();
@@ -231,6 +261,7 @@ impl Acl {
                 suffix,
                 rest,
                 reply,
+                reach,
                 default: access.acl_default,
                 zone,
                 zone_name: access.time_zone.clone(),
@@ -257,6 +288,13 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
     };
     if e.action == AclAction::Allow && e.reason.is_some() {
         return Err(at(i, "reason", "`reason` applies to action = \"deny\" only"));
+    }
+    if e.action == AclAction::Deny && !e.allow_destinations.is_empty() {
+        return Err(at(
+            i,
+            "allow_destinations",
+            "`allow_destinations` applies to action = \"allow\" only (refuse networks with [proxy] deny_destinations)",
+        ));
     }
     let reason: Arc<str> = match &e.reason {
         Some(r) if r.trim().is_empty() => return Err(at(i, "reason", "reason is empty: leave it out for the default")),
@@ -435,10 +473,24 @@ fn compile_entry(i: usize, e: &AclConfig, known: &[Arc<List>]) -> Result<Entry, 
         describe.push(format!("list = {:?}", e.list));
     }
     let reply = (!reply.inline.is_empty() || !reply.lists.is_empty()).then_some(reply);
+    if reply.is_some() && !e.allow_destinations.is_empty() {
+        // A response entry decides once the connection is made and answered.
+        return Err(at(
+            i,
+            "allow_destinations",
+            "`allow_destinations` cannot go with `content_type` or a kind = \"mime\" list: a response entry is decided after the connection is made; give it to a request entry",
+        ));
+    }
+    if !e.allow_destinations.is_empty() {
+        let nets: Vec<String> = e.allow_destinations.iter().map(|n| n.to_string()).collect();
+        describe.push(format!("allow_destinations = {nets:?}"));
+    }
     Ok(Entry {
         action: e.action,
         lists,
         reply,
+        allow_destinations: e.allow_destinations.clone(),
+        reach: 0,
         status,
         reason,
         clients: e.client.clone(),

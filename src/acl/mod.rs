@@ -186,6 +186,9 @@ struct Compiled {
     /// Response entries (`content_type`, `kind = "mime"` lists), in config
     /// order: never candidates for a request's decision (`mime.rs`).
     reply: Vec<u32>,
+    /// The distinct `allow_destinations` sets (`Entry::reach` - 1 indexes
+    /// it); empty when `[proxy] deny_destinations` refuses nothing.
+    reach: Vec<Vec<ipnet::IpNet>>,
     default: AclAction,
     zone: jiff::tz::TimeZone,
     zone_name: String,
@@ -264,6 +267,9 @@ impl Acl {
             &now,
         );
         match (&plain, &other) {
+            // Both allowed: the narrower reach (no exception, if either
+            // reading's entry has none).
+            (Decision::Allow { .. }, Decision::Allow { .. }) if self.reach(&other) == 0 => other,
             (Decision::Deny { .. }, _) | (_, Decision::Allow { .. }) => plain,
             (_, Decision::Deny { .. }) => other,
             (Decision::NeedAuth { .. }, _) => plain,
@@ -291,6 +297,23 @@ impl Acl {
             }
             c.default_decision()
         })
+    }
+
+    /// The destination exception a decision grants: `k` when its entry's
+    /// `allow_destinations` is [`Acl::reach_sets`]`[k - 1]`, 0 when it
+    /// grants none (a deny, the default, an entry without the key, or
+    /// `[proxy] deny_destinations` refusing nothing).
+    pub fn reach(&self, decision: &Decision) -> usize {
+        match decision {
+            Decision::Allow { entry: Some(i) } => self.inner.entries.get(*i).map_or(0, |e| e.reach as usize),
+            _ => 0,
+        }
+    }
+
+    /// The distinct `allow_destinations` sets of the entries, in the order
+    /// [`Acl::reach`] numbers them (from 1).
+    pub fn reach_sets(&self) -> &[Vec<ipnet::IpNet>] {
+        &self.inner.reach
     }
 
     /// For entry `i`'s `list` matcher: which list, file line and pattern

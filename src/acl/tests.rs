@@ -528,3 +528,83 @@ user = "alice"
     // Allowed one way, needing a user the other: the client must log in.
     assert!(matches!(d("/public/..;/team/x"), Decision::NeedAuth { entry: 1 }));
 }
+
+#[test]
+fn an_allow_entry_grants_its_destination_exception_and_equal_sets_share_one() {
+    let a = acl(r#"
+[proxy]
+deny_destinations = ["10.0.0.0/8"]
+[[acl]]
+action = "allow"
+host = "a.corp.test"
+allow_destinations = "10.1.0.0/16"
+[[acl]]
+action = "allow"
+host = "b.corp.test"
+allow_destinations = ["10.2.0.0/16"]
+[[acl]]
+action = "allow"
+host = "c.corp.test"
+allow_destinations = ["10.1.0.0/16"]
+[[acl]]
+action = "allow"
+host = "plain.test"
+"#);
+    let h = HeaderMap::new();
+    let reach = |host| a.reach(&a.decide(&get(host, "/", &h), noon()));
+    assert_eq!(reach("a.corp.test"), 1);
+    assert_eq!(reach("b.corp.test"), 2);
+    assert_eq!(reach("c.corp.test"), 1, "the same networks: the same client");
+    assert_eq!(reach("plain.test"), 0);
+    assert_eq!(reach("other.test"), 0, "the default grants none");
+    assert_eq!(a.reach_sets().len(), 2);
+    assert_eq!(a.reach_sets()[1], vec!["10.2.0.0/16".parse::<ipnet::IpNet>().unwrap()]);
+    assert!(
+        a.describe(0).contains("allow_destinations = [\"10.1.0.0/16\"]"),
+        "{}",
+        a.describe(0)
+    );
+}
+
+#[test]
+fn without_denied_destinations_an_exception_is_no_exception() {
+    let a = acl(r#"
+[proxy]
+deny_destinations = []
+[[acl]]
+action = "allow"
+allow_destinations = "10.0.0.0/8"
+"#);
+    let h = HeaderMap::new();
+    assert_eq!(a.reach(&a.decide(&get("x.test", "/", &h), noon())), 0);
+    assert!(a.reach_sets().is_empty());
+}
+
+/// A path both readings allow, by different entries: the exception holds
+/// only if the entry of each reading grants it.
+#[test]
+fn when_the_two_readings_of_a_path_are_allowed_by_different_entries_the_narrower_reach_wins() {
+    let a = acl(r#"
+[[acl]]
+action = "allow"
+path = "/intranet/"
+allow_destinations = "10.0.0.0/8"
+[[acl]]
+action = "allow"
+"#);
+    let h = HeaderMap::new();
+    let d = |pq| a.decide(&get("x.test", pq, &h), noon());
+    assert_eq!(a.reach(&d("/intranet/x")), 1);
+    // nginx reads `/intranet/..;/x` as under /intranet/; Tomcat as `/x`.
+    assert_eq!(a.reach(&d("/intranet/..;/x")), 0);
+    // `/x/..;/intranet/y` is /intranet/y to Tomcat, /x/..;/... to nginx.
+    assert_eq!(a.reach(&d("/x/..;/intranet/y")), 0);
+}
+
+#[test]
+fn allow_destinations_belongs_to_allow_request_entries() {
+    let e = error("[[acl]]\naction = \"deny\"\nallow_destinations = \"10.0.0.0/8\"\n");
+    assert!(e.contains("acl[0].allow_destinations"), "{e}");
+    let e = error("[[acl]]\naction = \"allow\"\ncontent_type = \"video/*\"\nallow_destinations = \"10.0.0.0/8\"\n");
+    assert!(e.contains("response entry"), "{e}");
+}

@@ -364,6 +364,11 @@ pub struct AclConfig {
     /// (Squid's `http_reply_access` with `rep_mime_type`).
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "one_or_many")]
     pub content_type: Vec<String>,
+    /// For an `allow` entry: networks the requests it allows may connect
+    /// to although `[proxy] deny_destinations` refuses them (a per-client
+    /// exception, as Squid's `dst` ACLs in `http_access` order give one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "client_networks")]
+    pub allow_destinations: Vec<IpNet>,
 }
 
 /// What the lines of an `[[acl_list]]` file are.

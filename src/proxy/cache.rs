@@ -191,11 +191,16 @@ pub async fn serve<'s>(
         return Box::pin(tx.bypass()).await;
     }
     cache.stats.lookup();
-    let from_cache = |d: &Option<Decision>| {
-        matches!(
-            d,
-            Some(Decision::Fresh | Decision::Stale | Decision::StaleWhileRevalidate | Decision::GatewayTimeout)
-        )
+    // A request under an `[[acl]]` destination exception may be answered
+    // with what others fetched (it may reach more than they may), but what
+    // it fetches may come from an address they may not reach: it is its
+    // own, neither stored nor shared with collapsed requests, and a stale
+    // object is not revalidated for it (a 304 would update what others get).
+    let private = dest.reach != 0;
+    let from_cache = |d: &Option<Decision>| match d {
+        Some(Decision::Fresh | Decision::GatewayTimeout) => true,
+        Some(Decision::Stale | Decision::StaleWhileRevalidate) => !private,
+        _ => false,
     };
     // At most twice: a request without a permit that must go upstream (a
     // miss, a revalidation) takes one first, and may wait in the queue for
@@ -230,6 +235,9 @@ pub async fn serve<'s>(
     };
     if permit.is_none() {
         sh.admission.unqueued_hit();
+    }
+    if private && !from_cache(&decision) {
+        return Box::pin(tx.private_fetch(found.is_some())).await;
     }
     let (Some(stored), Some(decision)) = (found, decision) else {
         if let Some(size) = policy.slice_size() {
@@ -517,7 +525,7 @@ impl Transaction<'_, '_> {
     /// kept), its body exactly that range, no `Vary`. The part without its
     /// body, and the body's length.
     fn part_to_keep(&self, head: &ClientHead) -> Option<(NewPart, u64)> {
-        if head.status != StatusCode::PARTIAL_CONTENT || self.ex.head.method != Method::GET {
+        if head.status != StatusCode::PARTIAL_CONTENT || self.ex.head.method != Method::GET || self.dest.reach != 0 {
             return None;
         }
         self.policy
@@ -625,6 +633,20 @@ impl Transaction<'_, '_> {
     async fn bypass(&mut self) -> Result<(), Failure> {
         self.cache.stats.miss();
         self.fwd = Some(Fwd::Request);
+        let fetched = self.fetch(None).await?;
+        self.store_and_send(fetched, None).await;
+        Ok(())
+    }
+
+    /// A request under an `[[acl]]` destination exception that nothing fresh
+    /// answers (`stored`: something stale is): fetched for it alone, as
+    /// [`Transaction::bypass`] does, and not stored ([`Transaction::store_and_send`]).
+    async fn private_fetch(&mut self, stored: bool) -> Result<(), Failure> {
+        self.cache.stats.miss();
+        if policy::only_if_cached(&self.ex.head.headers) {
+            return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
+        }
+        self.fwd = Some(if stored { Fwd::Stale } else { Fwd::Miss });
         let fetched = self.fetch(None).await?;
         self.store_and_send(fetched, None).await;
         Ok(())
@@ -923,6 +945,7 @@ impl Transaction<'_, '_> {
         let _send = crate::stats::stage(crate::stats::Stage::Send);
         let (head, mut body) = fetched.into_head(self.sh, self.dest.relay_challenge);
         let storable = match head.length {
+            _ if self.dest.reach != 0 => Err(NotStorable("fetched under an [[acl]] allow_destinations exception")),
             Some(n) if n > self.cache.max_object_size() => Err(NotStorable("larger than cache.max_object_size")),
             _ => open_store(self.cache, self.policy, &self.key, &self.ex.head, &head).await,
         };

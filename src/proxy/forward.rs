@@ -38,6 +38,11 @@ pub struct Dest {
     /// From a reverse listener: the cache obeys the targeted cache-control
     /// fields (RFC 9213, `CDN-Cache-Control`).
     pub reverse: bool,
+    /// The destination exception the request's `[[acl]]` entry grants
+    /// (`Acl::reach`; 0 for none): which client fetches a client-chosen
+    /// origin, and, when not 0, that the cache neither stores nor shares
+    /// what is fetched.
+    pub reach: usize,
 }
 
 /// The `Proxy-Authenticate` challenges of a parent's 407 when `relay` (the
@@ -182,7 +187,7 @@ impl Dest {
                 uri: uri.clone(),
                 rewrite: None,
                 server: None,
-                upstream: &sh.direct,
+                upstream: sh.direct_for(self.reach),
                 cap: None,
             }),
             // An array member that could not be reached: this node serves
@@ -192,7 +197,7 @@ impl Dest {
                 uri: origin.clone(),
                 rewrite: None,
                 server: None,
-                upstream: &sh.direct,
+                upstream: sh.direct_for(self.reach),
                 cap: None,
             }),
             To::Parent { group, origin } => {

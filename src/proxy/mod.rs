@@ -75,6 +75,11 @@ pub(crate) struct Shared {
     /// transparent requests' origins, `CONNECT` and SOCKS targets), which
     /// refuses `proxy.deny_destinations` (`Upstream::guarded`).
     direct: Arc<Upstream>,
+    /// For each `[[acl]]` `allow_destinations` set (`Acl::reach_sets`), a
+    /// client like `direct` that may also connect to those networks; its
+    /// pool is its own, so a connection opened under the exception is
+    /// never lent to a request without it.
+    reach: Vec<Arc<Upstream>>,
     /// `[array]` routing between members, when the array lists members;
     /// its members' parent groups end `groups`.
     pub array: Option<Arc<crate::array::route::Router>>,
@@ -111,6 +116,16 @@ impl Shared {
     /// when `[origin]` is unchanged, the access log when its file and format are.
     pub fn renew(&self, config: Config) -> Result<Shared, String> {
         Self::build(config, Some(self))
+    }
+
+    /// The client for the destinations a client chooses, under the
+    /// exception `reach` (`Acl::reach` of the request's decision; 0 for
+    /// none).
+    pub(crate) fn direct_for(&self, reach: usize) -> &Upstream {
+        reach
+            .checked_sub(1)
+            .and_then(|k| self.reach.get(k))
+            .unwrap_or(&self.direct)
     }
 
     fn build(config: Config, old: Option<&Shared>) -> Result<Shared, String> {
@@ -169,6 +184,14 @@ impl Shared {
                 o.direct.clone()
             }
             _ => Arc::new(upstream.guarded(crate::upstream::Destinations::new(&config.proxy).map(Arc::new))),
+        };
+        let reach = match crate::upstream::Destinations::new(&config.proxy) {
+            Some(refused) => acl
+                .reach_sets()
+                .iter()
+                .map(|nets| Arc::new(upstream.guarded(Some(Arc::new(refused.except(nets))))))
+                .collect(),
+            None => Vec::new(),
         };
         // Rebuilt with the groups (a reload starts their pools afresh, as
         // it does the groups' health).
@@ -263,6 +286,7 @@ impl Shared {
             groups,
             upstream,
             direct,
+            reach,
             parents,
             access_log,
             cache,
@@ -500,6 +524,7 @@ impl ListenerHandler {
                     self.mode,
                     user.as_deref().map(crate::auth::User::identity),
                 ));
+                let reach = sh.acl.reach(&decision);
                 if let Some(outcome) = self.enforce(ex, sh, decision, true).await {
                     return outcome;
                 }
@@ -521,7 +546,14 @@ impl ListenerHandler {
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
                 let parent_auth = parent.and_then(|g| parent_credentials(sh, g, &route, &client_credentials));
-                return Box::pin(tunnel::run(ex, sh, &host, port, parent, parent_auth, permit)).await;
+                let to = tunnel::To {
+                    host: &host,
+                    port,
+                    parent,
+                    parent_auth,
+                    reach,
+                };
+                return Box::pin(tunnel::run(ex, sh, to, permit)).await;
             }
             Ok(Target::Http(t)) => t,
             Err((status, reason)) => {
@@ -559,6 +591,7 @@ impl ListenerHandler {
             user: user.as_deref().map(crate::auth::User::identity),
         };
         let decision = sh.acl.decide_now(&acl_request);
+        let reach = sh.acl.reach(&decision);
         // The response entries that apply to this request, checked on its
         // response head (`reply_acl.rs`); none configured costs nothing.
         let reply = match decision {
@@ -636,7 +669,10 @@ impl ListenerHandler {
         // served for another member (down, or members do not forward)
         // leaves a copy the owner may hold too, the array's duplicates.
         let mut to_member = false;
+        // A request under a destination exception is served here: another
+        // member would judge it by its own rules, and see this one as the client.
         if let (Some(a), forward::To::Origin(uri)) = (&sh.array, &to)
+            && reach == 0
             && self.mode == Mode::Forward
             && (ex.head.method == Method::GET || ex.head.method == Method::HEAD)
             && uri.scheme() == Some(&http::uri::Scheme::HTTP)
@@ -673,6 +709,7 @@ impl ListenerHandler {
             parent_auth,
             relay_challenge,
             reverse: self.mode == Mode::Reverse,
+            reach,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let busy = route_busy.as_ref().unwrap_or(&self.busy);

@@ -520,6 +520,7 @@ impl ListenerHandler {
             Mode::Socks,
             user.as_deref().map(User::identity),
         ));
+        let reach = sh.acl.reach(&decision);
         match decision {
             crate::acl::Decision::Allow { .. } => {}
             crate::acl::Decision::Deny { entry, .. } => {
@@ -576,7 +577,7 @@ impl ListenerHandler {
         let opened = match parent {
             None => {
                 s.hierarchy = Some(format!("HIER_DIRECT/{host}"));
-                sh.direct
+                sh.direct_for(reach)
                     .connector()
                     .tcp(host, port)
                     .await

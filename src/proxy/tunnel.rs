@@ -15,20 +15,31 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Where a CONNECT goes, as the ACL and the routing rules decided.
+pub struct To<'a> {
+    /// The target host, as the request named it.
+    pub host: &'a str,
+    /// The target port.
+    pub port: u16,
+    /// The parent group (index) to tunnel through, if a rule chose one.
+    pub parent: Option<usize>,
+    /// The `Proxy-Authorization` the parent's CONNECT carries.
+    pub parent_auth: Option<http::HeaderValue>,
+    /// The destination exception the `[[acl]]` entry grants (`Acl::reach`).
+    pub reach: usize,
+}
+
 /// Serves a CONNECT request. Its admission `permit` is given back once the
 /// tunnel is established: a tunnel is a byte pump that may last hours, and
-/// must not hold a place among the requests in service. `parent` is the
-/// parent group (index) to tunnel through, if a rule chose one, and
-/// `parent_auth` the `Proxy-Authorization` its CONNECT carries.
-pub async fn run(
-    ex: &mut Exchange<'_>,
-    sh: &Shared,
-    host: &str,
-    port: u16,
-    parent: Option<usize>,
-    parent_auth: Option<http::HeaderValue>,
-    permit: &mut Option<Permit<'_>>,
-) -> Outcome {
+/// must not hold a place among the requests in service.
+pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Option<Permit<'_>>) -> Outcome {
+    let To {
+        host,
+        port,
+        parent,
+        parent_auth,
+        reach,
+    } = to;
     if !sh.config.proxy.connect_ports.contains(&port) {
         tracing::warn!(client = %ex.peer.ip(), "CONNECT to {host}:{port} refused: port not in proxy.connect_ports");
         ex.cache_result = Some(super::ACCESS_DENIED);
@@ -44,7 +55,7 @@ pub async fn run(
     let opened = match parent {
         None => {
             ex.hierarchy = Some(format!("HIER_DIRECT/{host}"));
-            sh.direct
+            sh.direct_for(reach)
                 .connector()
                 .tcp(host, port)
                 .await

@@ -383,9 +383,11 @@ pub struct Connector {
 /// address and no name resolving to it (`localhost`, a name an attacker's
 /// DNS points at `169.254.169.254`) gets round it, and a name whose
 /// answer changes between a check and the connect cannot either.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Destinations {
     deny: Vec<ipnet::IpNet>,
+    /// `allow_destinations`, and for the requests an `[[acl]]` entry with
+    /// `allow_destinations` allows, that entry's networks too.
     allow: Vec<ipnet::IpNet>,
 }
 
@@ -396,6 +398,14 @@ impl Destinations {
             deny: cfg.deny_destinations.clone(),
             allow: cfg.allow_destinations.clone(),
         })
+    }
+
+    /// These destinations, less `nets` (an `[[acl]]` entry's
+    /// `allow_destinations`: the exception its requests get).
+    pub fn except(&self, nets: &[ipnet::IpNet]) -> Destinations {
+        let mut d = self.clone();
+        d.allow.extend_from_slice(nets);
+        d
     }
 
     /// True if `ip` may not be connected to. An address is judged as what

@@ -350,7 +350,17 @@ impl Origin {
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
-        Self::start_inner(handler, None).await
+        Self::start_inner(handler, None, "127.0.0.1").await
+    }
+
+    /// Like [`Origin::start`], listening on another loopback address
+    /// (`127.0.0.3`), for tests that tell origins apart by address.
+    pub async fn start_at<F, Fut>(ip: &str, handler: F) -> Origin
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
+        Self::start_inner(handler, None, ip).await
     }
 
     /// Like [`Origin::start`] but over TLS, with a fresh self-signed
@@ -374,19 +384,19 @@ impl Origin {
             .with_single_cert(vec![ck.cert.der().clone()], key.into())
             .expect("rustls: server certificate");
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let mut origin = Self::start_inner(handler, Some(TlsAcceptor::from(Arc::new(config)))).await;
+        let mut origin = Self::start_inner(handler, Some(TlsAcceptor::from(Arc::new(config))), "127.0.0.1").await;
         origin.ca = Some((dir, pem_path));
         origin
     }
 
-    async fn start_inner<F, Fut>(handler: F, tls: Option<TlsAcceptor>) -> Origin
+    async fn start_inner<F, Fut>(handler: F, tls: Option<TlsAcceptor>, ip: &str) -> Origin
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind((ip, 0))
             .await
-            .expect("origin: bind 127.0.0.1:0");
+            .unwrap_or_else(|e| panic!("origin: bind {ip}:0: {e}"));
         let addr = listener.local_addr().expect("origin: local_addr");
         let shared = Arc::new(Shared {
             handler: Arc::new(move |req| Box::pin(handler(req))),
