@@ -207,6 +207,22 @@ impl Leader {
         self.flight.lock().followers > 0
     }
 
+    /// True when no follower waits, and then no request can join this
+    /// fetch any more: a later one leads a fetch of its own. The check and
+    /// the closing are one step under the lock [`Flights::join`] takes, so
+    /// a leader about to stop a fetch nobody waits for (`cache.quick_abort`)
+    /// never has a request join it in between, to be sent part of a body.
+    pub fn close_if_unfollowed(&self) -> bool {
+        let mut map = self.flights.map.lock().unwrap_or_else(|e| e.into_inner());
+        if self.flight.lock().followers > 0 {
+            return false;
+        }
+        if map.get(&self.id).is_some_and(|f| Arc::ptr_eq(f, &self.flight)) {
+            map.remove(&self.id);
+        }
+        true
+    }
+
     /// Ends the fetch.
     pub fn finish(mut self, ending: Ending) {
         self.end(ending);
@@ -422,6 +438,29 @@ impl Flights {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leader_closed_while_unfollowed_takes_no_follower_and_the_next_request_leads() {
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(leader) = flights.join(ObjectId(1), "k") else {
+            panic!("first is leader")
+        };
+        let Role::Follower(f) = flights.join(ObjectId(1), "k") else {
+            panic!("second follows")
+        };
+        assert!(!leader.close_if_unfollowed(), "a follower waits");
+        drop(f);
+        assert!(leader.close_if_unfollowed());
+        assert!(flights.is_empty(), "closed to joins at once");
+        let Role::Leader(next) = flights.join(ObjectId(1), "k") else {
+            panic!("a request after the close must lead, not follow a stopping fetch")
+        };
+        // The first leader's end does not remove the new flight.
+        leader.finish(Ending::Failed);
+        assert!(!flights.is_empty());
+        next.finish(Ending::Complete);
+        assert!(flights.is_empty());
+    }
 
     #[tokio::test]
     async fn followers_stream_what_the_leader_publishes() {

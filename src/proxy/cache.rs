@@ -1038,19 +1038,22 @@ impl Transaction<'_, '_> {
                 ex.out.close_after();
             }
             // With the client gone and no follower left, the fetch goes on
-            // only to be stored, and only if it is nearly done.
-            if !client_ok && !leader.as_ref().is_some_and(Leader::followed) {
-                if sink.is_none() {
-                    break Ending::Failed;
-                }
-                if !finish_abandoned(&self.sh.config.cache, received, length) {
+            // only to be stored, and only if it is nearly done. Stopping
+            // closes the flight to new followers in the same step as the
+            // check, so none joins a fetch about to stop.
+            if !client_ok
+                && !leader.as_ref().is_some_and(Leader::followed)
+                && (sink.is_none() || !finish_abandoned(&self.sh.config.cache, received, length))
+                && leader.as_ref().is_none_or(Leader::close_if_unfollowed)
+            {
+                if sink.is_some() {
                     tracing::debug!(key, received, "fetch stopped: every client left (cache.quick_abort)");
                     self.cache
                         .stats
                         .fetches_abandoned
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    break Ending::Failed;
                 }
+                break Ending::Failed;
             }
         };
         match ending {
