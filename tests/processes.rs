@@ -671,7 +671,7 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
     // The workers' figures live in the supervisor's private directory,
     // removed when it exits.
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("portico-{}-stats", p.pid()));
+    let dir = stats_dir(p.pid());
     let mode = std::fs::metadata(&dir)
         .expect("statistics directory")
         .permissions()
@@ -683,13 +683,31 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
+/// The statistics directory of the supervisor `pid`
+/// (`<temp dir>/portico-<pid>-<random>-stats`); panics unless exactly one
+/// exists.
+fn stats_dir(pid: u32) -> std::path::PathBuf {
+    let prefix = format!("portico-{pid}-");
+    let found: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .expect("read the temp dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&prefix) && name.ends_with("-stats")
+        })
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(found.len(), 1, "statistics directories of {pid}: {found:?}");
+    found.into_iter().next().expect("one")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_no_statistics_directory() {
     let a = origin("a").await;
     let b = origin("b").await;
     let mut p = Portico::start(&config(&free_addr(), &a, &b, "a")).await;
     let pids = both_started(&p).await;
-    let dir = std::env::temp_dir().join(format!("portico-{}-stats", p.pid()));
+    let dir = stats_dir(p.pid());
     let deadline = Instant::now() + Duration::from_secs(5);
     while !dir.join("worker-0.json").exists() || !dir.join("worker-1.json").exists() {
         assert!(Instant::now() < deadline, "no figures written to {}", dir.display());

@@ -236,22 +236,54 @@ pub fn gather(own: Report, processes: usize, dir: &Path) -> Gathered {
     Gathered { snapshot, parts }
 }
 
-/// Makes the supervisor's directory: `<temp dir>/portico-<pid>-stats`, mode
-/// 0700 (statistics name clients' hosts and paths). A leftover of the same
-/// name (a previous supervisor with this pid, killed) is removed first.
+/// Makes the supervisor's directory, `<temp dir>/portico-<pid>-<random>-stats`,
+/// mode 0700 (statistics name clients' hosts and paths, and the TLS ticket
+/// keys pass through it). The random part makes the name unguessable: with
+/// the pid alone, another local user could make that name first (in a
+/// shared `/tmp`), and the workers would lose their shared figures. It is
+/// created, never reused: `mkdir` fails on any existing name, and another
+/// random name is tried.
 pub fn make_dir() -> std::io::Result<PathBuf> {
+    use ring::rand::SecureRandom;
     use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!("portico-{}-stats", std::process::id()));
-    if std::fs::symlink_metadata(&dir).is_ok() {
-        std::fs::remove_dir_all(&dir)?;
+    let rng = ring::rand::SystemRandom::new();
+    let mut last = None;
+    for _ in 0..8 {
+        let mut bytes = [0u8; 8];
+        rng.fill(&mut bytes)
+            .map_err(|_| std::io::Error::other("no random bytes from the system"))?;
+        let dir = std::env::temp_dir().join(format!(
+            "portico-{}-{:016x}-stats",
+            std::process::id(),
+            u64::from_le_bytes(bytes)
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
     }
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_statistics_directory_is_private_and_its_name_unguessable() {
+        use std::os::unix::fs::PermissionsExt;
+        let a = make_dir().unwrap();
+        let b = make_dir().unwrap();
+        assert_ne!(a, b, "two directories of one process share no name");
+        let name = a.file_name().unwrap().to_string_lossy().into_owned();
+        let prefix = format!("portico-{}-", std::process::id());
+        assert!(name.starts_with(&prefix) && name.ends_with("-stats"), "{name}");
+        assert_eq!(name.len(), prefix.len() + 16 + "-stats".len(), "{name}");
+        assert_eq!(std::fs::metadata(&a).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::remove_dir(&a).unwrap();
+        std::fs::remove_dir(&b).unwrap();
+    }
 
     fn report(index: usize, pid: u32, requests: u64, time_unix: f64) -> Report {
         let mut s = Snapshot::default();
