@@ -306,6 +306,51 @@ async fn dn_template_without_a_service_account() {
     );
 }
 
+/// A directory whose users may not read their own name: with a DN
+/// template, Portico reads it as the service account, and with no account
+/// that may read it refuses the login. Taking the name as typed would let
+/// `BOB` (whom the directory binds as bob, matching names without regard
+/// to case) past an `[[acl]]` entry that denies `bob`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dn_template_users_who_cannot_read_their_name_are_named_by_the_service_account_or_refused() {
+    if !have_slapd() {
+        return;
+    }
+    let d = Slapd::start_with_access(
+        &people(),
+        &format!("access to attrs=uid by dn.exact=\"{SERVICE_DN}\" read by * none\naccess to * by * read\n"),
+    )
+    .await;
+    let o = origin().await;
+    let template = format!("dn_template = \"uid={{user}},ou=people,{BASE}\"\n");
+    let deny_bob = "[[acl]]\naction = \"deny\"\nuser = \"bob\"\nreason = \"not bob\"\n\n";
+    let service = proxy(
+        "",
+        &format!(
+            "url = \"{}\"\nbind_dn = \"{SERVICE_DN}\"\nbind_password_file = \"{{dir}}/ldap-secret\"\n{template}",
+            d.url()
+        ),
+        deny_bob,
+    )
+    .await;
+    for spelling in ["bob", "BOB", "Bob"] {
+        let r = get_as(&service, &o, spelling, "b-pw").await;
+        assert_eq!(r.status, 403, "{spelling}: {}", r.body_str());
+    }
+    assert_eq!(get_as(&service, &o, "ALICE", "a-pw").await.status, 200);
+    let anonymous = proxy("", &format!("url = \"{}\"\n{template}", d.url()), deny_bob).await;
+    for spelling in ["BOB", "alice"] {
+        assert_challenge(&get_as(&anonymous, &o, spelling, "x-pw").await, "wrong password");
+        let pw = if spelling == "BOB" { "b-pw" } else { "a-pw" };
+        assert_challenge(&get_as(&anonymous, &o, spelling, pw).await, "name unreadable");
+    }
+    assert!(
+        anonymous.stderr().contains("cannot read uid of"),
+        "{}",
+        anonymous.stderr()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_password_old_refused_after_max_age_new_accepted() {
     if !have_slapd() {

@@ -234,6 +234,40 @@ impl Directory {
         Ok(())
     }
 
+    /// `attr` of the entry `dn` as the current bind may read it, the value
+    /// matching `user` first: None when the entry or the attribute cannot
+    /// be read (noSuchObject and insufficientAccessRights are what a
+    /// directory answers for an entry it hides).
+    async fn read_name(
+        &self,
+        ldap: &mut ldap3::Ldap,
+        dn: &str,
+        attr: &str,
+        user: &str,
+    ) -> Result<Option<String>, Failure> {
+        let ldap3::SearchResult(entries, result) = self
+            .op(
+                "the user entry read",
+                ldap.search(dn, Scope::Base, "(objectClass=*)", vec![attr]),
+            )
+            .await?;
+        match result.rc {
+            0 => {}
+            32 | 50 => return Ok(None),
+            rc => {
+                return Err(format!(
+                    "reading {attr} of {dn:?} at {} failed: {}",
+                    self.cfg.url,
+                    result_text(rc, &result.text)
+                ));
+            }
+        }
+        match entries.into_iter().next() {
+            Some(e) => Ok(canonical_name(&self.read_entry(e)?, attr, user)),
+            None => Ok(None),
+        }
+    }
+
     fn read_entry(&self, raw: ldap3::ResultEntry) -> Result<SearchEntry, Failure> {
         decode_entry(raw).ok_or_else(|| format!("{} sent a malformed search result entry", self.cfg.url))
     }
@@ -293,29 +327,41 @@ impl Directory {
                 ));
             }
         }
+        let mut service_bound = false;
         if name.is_none() {
-            // The DN came from the template: the entry, read as the user
-            // just bound, says how the directory spells the name.
-            let (entries, _) = self
-                .op(
-                    "the user entry read",
-                    ldap.search(&dn, Scope::Base, "(objectClass=*)", vec![attr]),
-                )
-                .await?
-                .success()
-                .map_err(|e| format!("reading {attr} of {dn:?} at {} failed: {}", cfg.url, plain(&e)))?;
-            if let Some(e) = entries.into_iter().next() {
-                name = canonical_name(&self.read_entry(e)?, attr, user);
+            // The DN came from the template: the entry says how the
+            // directory spells the name. Read as the user just bound, else
+            // as the service identity (a directory may hide users' own
+            // entries from them). The name as typed is never taken
+            // instead: the directory matched it without regard to case,
+            // so `BOB` would pass an `[[acl]]` entry denying `bob`.
+            name = self.read_name(ldap, &dn, attr, user).await?;
+            if name.is_none() {
+                self.bind_service(ldap).await?;
+                service_bound = true;
+                name = self.read_name(ldap, &dn, attr, user).await?;
+            }
+            if name.is_none() {
+                tracing::warn!(
+                    "auth: cannot read {attr} of {dn:?} at {}, as the user or as the service identity, so the \
+                     directory's spelling of {user:?} is unknown; refused (let users read their own {attr}, or \
+                     give auth.ldap.bind_dn an account that may)",
+                    cfg.url
+                );
+                return Ok(Verdict::Invalid);
             }
         }
-        // An entry without the attribute keeps the name as presented.
+        // A searched entry without the attribute keeps the name as
+        // presented (the filter matched it as such).
         let name = name.unwrap_or_else(|| user.to_string());
         let mut groups = Vec::new();
         if cfg.group_base.is_empty() && !cfg.member_of {
             return Ok(Verdict::Valid { name, groups });
         }
         // Back to the service identity: a user may not read the groups.
-        self.bind_service(ldap).await?;
+        if !service_bound {
+            self.bind_service(ldap).await?;
+        }
         if cfg.member_of {
             let (entries, _) = self
                 .op(

@@ -108,6 +108,14 @@ impl Slapd {
     /// `ou=groups`, the service account) plus `ldif` (users first, then
     /// groups, so the memberof overlay sees the members).
     pub async fn start(ldif: &str) -> Slapd {
+        Self::start_with_access(ldif, "access to * by * read\n").await
+    }
+
+    /// [`Slapd::start`] with `access` (slapd.conf `access to` lines) in
+    /// place of the default `access to * by * read`, after the line that
+    /// keeps passwords for binds: a directory whose users cannot read
+    /// their own entries, say.
+    pub async fn start_with_access(ldif: &str, access: &str) -> Slapd {
         let dir = tempfile::Builder::new()
             .prefix("portico-slapd-")
             .tempdir()
@@ -141,7 +149,7 @@ impl Slapd {
              directory {d}/data\n\
              overlay memberof\n\
              access to attrs=userPassword by self write by anonymous auth by * none\n\
-             access to * by * read\n"
+             {access}"
         );
         std::fs::write(dir.path().join("slapd.conf"), conf).expect("write slapd.conf");
         let mut s = Slapd {
