@@ -9,6 +9,8 @@
 //! process. If any call fails the process refuses to go on as root. Files
 //! Portico created at this start (the error and access logs, the cache
 //! directory) are given to the user first, so it can write and reopen them.
+//! Threads started before the switch that create files (the disk cache's
+//! start-up scan) wait for it ([`wait_for_switch`]).
 //!
 //! The pid file (`server.pid_file`) lives here too: it is written in the
 //! same window, bound but not yet switched, and removed at exit.
@@ -52,6 +54,28 @@ struct Plan {
 }
 
 static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
+
+/// True from [`prepare`] finding a user to switch to until [`switch`] has
+/// switched: background work that creates files (the disk cache's start-up
+/// scan moving objects into new level directories) waits for it
+/// ([`wait_for_switch`]), so that what it creates belongs to the user. Made
+/// as root, a directory would refuse the user's writes from then on.
+static PENDING: (Mutex<bool>, std::sync::Condvar) = (Mutex::new(false), std::sync::Condvar::new());
+
+fn set_pending(pending: bool) {
+    *PENDING.0.lock().unwrap_or_else(|p| p.into_inner()) = pending;
+    PENDING.1.notify_all();
+}
+
+/// Blocks the calling thread until no switch to `server.user` is pending:
+/// at once when none was planned or it is done. A switch that fails ends
+/// the process, so a waiter never runs as root in its place.
+pub(crate) fn wait_for_switch() {
+    let mut pending = PENDING.0.lock().unwrap_or_else(|p| p.into_inner());
+    while *pending {
+        pending = PENDING.1.wait(pending).unwrap_or_else(|p| p.into_inner());
+    }
+}
 
 /// Looks up `server.user` and `server.group`: Ok(None) when no user is
 /// configured; an error for an unknown name or a group without a user.
@@ -111,6 +135,7 @@ pub(crate) fn prepare(config: &Config) -> Result<Option<Target>, String> {
         created,
         cache_dir,
     });
+    set_pending(true);
     Ok(Some(target))
 }
 
@@ -132,6 +157,7 @@ pub(crate) fn switch() -> Result<(), String> {
                 t.user
             );
         }
+        set_pending(false);
         return Ok(());
     }
     for path in &plan.created {
@@ -158,6 +184,7 @@ pub(crate) fn switch() -> Result<(), String> {
         rearm_parent_death_signal(parent);
     }
     tracing::info!("switched to user {} (uid {}, gid {})", t.user, t.uid, t.gid);
+    set_pending(false);
     Ok(())
 }
 

@@ -533,6 +533,66 @@ fn owners(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
     out
 }
 
+/// The stored objects under `dir` (files named by a 32-digit hex id).
+fn objects(dir: &Path) -> Vec<std::path::PathBuf> {
+    owners(dir)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .collect()
+}
+
+/// Started as root, Portico opens its cache before it switches to the
+/// user, and the start-up scan runs in a thread of its own. Objects the
+/// scan moves into new level directories (`cache.levels` changed) must
+/// land in directories the user owns, where it can go on writing: the scan
+/// waits for the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_root_the_cache_scan_makes_its_directories_as_the_user() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let (uid, _) = nobody();
+    let origin =
+        Origin::start(|_req| async { Response::ok("from the origin").header("Cache-Control", "max-age=600") }).await;
+    let cache = open_dir();
+    let root = cache.path().join("cache");
+    let mut p = Portico::start(&dropping_config(&free_addr(), cache.path(), "")).await;
+    assert_eq!(get_through(p.addr(), &origin).await.0, 200);
+    assert!(
+        eventually(Duration::from_secs(10), || objects(&root).len() == 1).await,
+        "{:?}",
+        owners(&root)
+    );
+    let before = objects(&root);
+    p.signal(libc::SIGTERM);
+    assert!(
+        p.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "portico did not exit"
+    );
+    let p = Portico::start(&(dropping_config(&free_addr(), cache.path(), "") + "levels = [3, 5]\n")).await;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let now = objects(&root);
+            now.len() == 1 && now != before
+        })
+        .await,
+        "not moved from {before:?}: {:?}",
+        owners(&root)
+    );
+    let not_nobodys: Vec<_> = owners(&root).into_iter().filter(|(_, u)| *u != uid).collect();
+    assert!(not_nobodys.is_empty(), "not nobody's: {not_nobodys:?}");
+    // Still a hit from where it moved to.
+    assert_eq!(get_through(p.addr(), &origin).await.0, 200);
+    assert_eq!(origin.count(), 1, "the moved object was not found");
+}
+
 /// A directory every user can reach, for the cache of a server running as nobody.
 fn open_dir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;

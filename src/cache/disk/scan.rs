@@ -221,6 +221,9 @@ fn scan_file(inner: &Inner, id: ObjectId, path: &Path, relocate: bool) {
 /// server's scan relocates files (`relocate`): an offline tool run with
 /// other levels than the server must not move objects from under it.
 pub(super) fn run(store: Weak<Inner>, relocate: bool, on_progress: &mut dyn FnMut(&ScanProgress)) {
+    // A server started as root opens its cache before it switches to
+    // `server.user`: the scan's files and directories are made as that user.
+    crate::privdrop::wait_for_switch();
     let started = Instant::now();
     let Some(inner) = store.upgrade() else { return };
     let removed = clean_tmp(&inner.layout);
