@@ -240,6 +240,9 @@ async fn groups_by_member_unique_member_member_uid_and_member_of() {
         ("alice", "a-pw", 200, "member"),
         ("bob", "b-pw", 200, "uniqueMember"),
         ("carol", "c-pw", 200, "memberUid"),
+        // memberUid compares with case (caseExactIA5Match): the filter
+        // takes the name as the directory spells it, not as typed.
+        ("CAROL", "c-pw", 200, "memberUid, the name typed in capitals"),
         ("dave", "d-pw", 403, "in no group"),
     ] {
         let r = get_as(&by_search, &o, user, pw).await;
@@ -263,6 +266,7 @@ async fn groups_by_member_unique_member_member_uid_and_member_of() {
     )
     .await;
     assert_eq!(get_as(&posix_only, &o, "carol", "c-pw").await.status, 200);
+    assert_eq!(get_as(&posix_only, &o, "Carol", "c-pw").await.status, 200);
     assert_eq!(get_as(&posix_only, &o, "alice", "a-pw").await.status, 403);
 }
 

@@ -381,7 +381,7 @@ impl Directory {
             }
         }
         if !cfg.group_base.is_empty() {
-            let filter = fill(cfg.group_filter(), user, &dn);
+            let filter = fill(cfg.group_filter(), &name, &dn);
             let (entries, _) = self
                 .op(
                     "the group search",
