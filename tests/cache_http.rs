@@ -556,6 +556,15 @@ async fn stale_last_modified_is_revalidated_and_200_replaces_it() {
     assert_eq!(reqs[1].header("if-modified-since"), Some(lm.as_str()));
     assert_eq!(reqs[1].header("if-none-match"), None);
 
+    // The new response is stored once its last byte is sent: under load
+    // the client may ask again before that.
+    assert!(
+        until(Duration::from_secs(5), || async {
+            metric(&p, "portico_cache_stored_total").await == 2
+        })
+        .await,
+        "the replacement was not stored"
+    );
     check(&get(&p, &origin, "/lm", &[]).await, 200, "new body", "HIT");
     assert_eq!(origin.count(), 2);
 }
