@@ -366,6 +366,36 @@ async fn a_forwarded_request_is_never_forwarded_again() {
     }
 }
 
+/// An `[[acl]]` `allow_destinations` exception is for the owner's own
+/// clients: a request another member forwards is decided with that member
+/// as the client, and must not get an exception meant for its address
+/// range (admins and proxies both in 10/8, say) that its real client
+/// would not get.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_request_gets_no_destination_exception_meant_for_the_members_address() {
+    let origin = counting_origin().await;
+    let (addrs, configs) = disagreeing_pair();
+    let guarded = |c: &str| {
+        c.replace("[proxy]\n", "[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n")
+            + "\n[[acl]]\naction = \"allow\"\nclient = \"127.0.0.11\"\nallow_destinations = \"127.0.0.0/8\"\n"
+    };
+    let _a = Portico::start(&guarded(&configs[0])).await;
+    let _b = Portico::start(&guarded(&configs[1])).await;
+    all_up(
+        &addrs
+            .iter()
+            .map(|x| x.parse().expect("addr"))
+            .collect::<Vec<SocketAddr>>(),
+    )
+    .await;
+    let a: SocketAddr = addrs[0].parse().expect("addr");
+    // The client (127.0.0.1) has no exception at A, which forwards to B;
+    // B sees A (127.0.0.11) as the client.
+    let (status, body) = get(a, &format!("{}/intranet", origin.url()), "").await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(origin.count(), 0, "the denied origin was reached through the owner");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
     let origin = counting_origin().await;

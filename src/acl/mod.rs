@@ -135,7 +135,9 @@ impl<'a> Request<'a> {
 pub enum Decision {
     /// Let it through; `entry` is the deciding entry, None for the default.
     Allow {
-        /// Index of the deciding `[[acl]]` entry.
+        /// Index of the deciding `[[acl]]` entry; None for the default, and
+        /// for a path whose two readings (`;`, `\`) are allowed by entries
+        /// granting different `allow_destinations` (so it gets neither).
         entry: Option<usize>,
     },
     /// Refuse it with `status` and a page showing `reason`.
@@ -267,9 +269,14 @@ impl Acl {
             &now,
         );
         match (&plain, &other) {
-            // Both allowed: the narrower reach (no exception, if either
-            // reading's entry has none).
+            // Both allowed: no destination exception unless both readings'
+            // entries grant the same one (`/a/..;/b/x` is under /a/ to
+            // nginx and is /b/x to Tomcat: neither entry's networks were
+            // meant for the other path).
             (Decision::Allow { .. }, Decision::Allow { .. }) if self.reach(&other) == 0 => other,
+            (Decision::Allow { .. }, Decision::Allow { .. }) if self.reach(&plain) != self.reach(&other) => {
+                Decision::Allow { entry: None }
+            }
             (Decision::Deny { .. }, _) | (_, Decision::Allow { .. }) => plain,
             (_, Decision::Deny { .. }) => other,
             (Decision::NeedAuth { .. }, _) => plain,

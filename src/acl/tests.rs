@@ -599,6 +599,24 @@ action = "allow"
     assert_eq!(a.reach(&d("/intranet/..;/x")), 0);
     // `/x/..;/intranet/y` is /intranet/y to Tomcat, /x/..;/... to nginx.
     assert_eq!(a.reach(&d("/x/..;/intranet/y")), 0);
+    // Two exceptions, one for each reading: neither.
+    let a = acl(r#"
+[[acl]]
+action = "allow"
+path = "/a/"
+allow_destinations = "10.1.0.0/16"
+[[acl]]
+action = "allow"
+path = "/b/"
+allow_destinations = "10.2.0.0/16"
+"#);
+    let d = |pq| a.decide(&get("x.test", pq, &h), noon());
+    assert_eq!(a.reach(&d("/a/x")), 1);
+    assert_eq!(a.reach(&d("/b/x")), 2);
+    assert_eq!(d("/a/..;/b/x"), Decision::Allow { entry: None });
+    assert_eq!(a.reach(&d("/b/..;/a/x")), 0);
+    // The same exception under both readings holds.
+    assert_eq!(a.reach(&d("/a/x;v=1/y")), 1);
 }
 
 #[test]

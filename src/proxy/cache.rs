@@ -237,7 +237,13 @@ pub async fn serve<'s>(
         sh.admission.unqueued_hit();
     }
     if private && !from_cache(&decision) {
-        return Box::pin(tx.private_fetch(found.is_some())).await;
+        // RFC 9211 2.2: why it went to the origin.
+        let fwd = match &decision {
+            None => Fwd::Miss,
+            Some(Decision::Revalidate { reason, .. }) if reason.by_request() => Fwd::Request,
+            Some(_) => Fwd::Stale,
+        };
+        return Box::pin(tx.private_fetch(fwd)).await;
     }
     let (Some(stored), Some(decision)) = (found, decision) else {
         if let Some(size) = policy.slice_size() {
@@ -639,14 +645,15 @@ impl Transaction<'_, '_> {
     }
 
     /// A request under an `[[acl]]` destination exception that nothing fresh
-    /// answers (`stored`: something stale is): fetched for it alone, as
-    /// [`Transaction::bypass`] does, and not stored ([`Transaction::store_and_send`]).
-    async fn private_fetch(&mut self, stored: bool) -> Result<(), Failure> {
+    /// answers (`fwd` says why): sent to the origin as the client sent it
+    /// (its own `Range` and validators too), as [`Transaction::bypass`]
+    /// does, and not stored ([`Transaction::store_and_send`]).
+    async fn private_fetch(&mut self, fwd: Fwd) -> Result<(), Failure> {
         self.cache.stats.miss();
         if policy::only_if_cached(&self.ex.head.headers) {
             return Err((StatusCode::GATEWAY_TIMEOUT, "only-if-cached: not in the cache".into()));
         }
-        self.fwd = Some(if stored { Fwd::Stale } else { Fwd::Miss });
+        self.fwd = Some(fwd);
         let fetched = self.fetch(None).await?;
         self.store_and_send(fetched, None).await;
         Ok(())

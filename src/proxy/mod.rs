@@ -591,7 +591,10 @@ impl ListenerHandler {
             user: user.as_deref().map(crate::auth::User::identity),
         };
         let decision = sh.acl.decide_now(&acl_request);
-        let reach = sh.acl.reach(&decision);
+        // A request another array member forwarded is decided with that
+        // member as the client: it gets no destination exception (the
+        // member serves its own clients' exceptions itself).
+        let reach = if from_member { 0 } else { sh.acl.reach(&decision) };
         // The response entries that apply to this request, checked on its
         // response head (`reply_acl.rs`); none configured costs nothing.
         let reply = match decision {
