@@ -337,21 +337,22 @@ fn disagreeing_pair() -> (Vec<String>, Vec<String>) {
     (vec![a, b], vec![ca, cb])
 }
 
+/// Starts the two nodes of a [`disagreeing_pair`], each config as `edit`
+/// makes it from the node's index and plain config, and waits until each
+/// sees the other up: the nodes and their addresses.
+async fn start_pair(edit: impl Fn(usize, &str) -> String) -> ([Portico; 2], [SocketAddr; 2]) {
+    let (addrs, configs) = disagreeing_pair();
+    let a = Portico::start(&edit(0, &configs[0])).await;
+    let b = Portico::start(&edit(1, &configs[1])).await;
+    let sockets = [addrs[0].parse().expect("addr"), addrs[1].parse().expect("addr")];
+    all_up(&sockets).await;
+    ([a, b], sockets)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarded_request_is_never_forwarded_again() {
     let origin = counting_origin().await;
-    let (addrs, configs) = disagreeing_pair();
-    let _a = Portico::start(&configs[0]).await;
-    let _b = Portico::start(&configs[1]).await;
-    all_up(
-        &addrs
-            .iter()
-            .map(|x| x.parse().expect("addr"))
-            .collect::<Vec<SocketAddr>>(),
-    )
-    .await;
-    let a: SocketAddr = addrs[0].parse().expect("addr");
-    let b: SocketAddr = addrs[1].parse().expect("addr");
+    let (_nodes, [a, b]) = start_pair(|_, c| c.to_string()).await;
     let url = format!("{}/one", origin.url());
     assert_eq!(get(a, &url, "").await, (200, "body of /one".to_string()));
     let url2 = format!("{}/two", origin.url());
@@ -374,21 +375,11 @@ async fn a_forwarded_request_is_never_forwarded_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarded_request_gets_no_destination_exception_meant_for_the_members_address() {
     let origin = counting_origin().await;
-    let (addrs, configs) = disagreeing_pair();
-    let guarded = |c: &str| {
+    let (_nodes, [a, _]) = start_pair(|_, c| {
         c.replace("[proxy]\n", "[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n")
             + "\n[[acl]]\naction = \"allow\"\nclient = \"127.0.0.11\"\nallow_destinations = \"127.0.0.0/8\"\n"
-    };
-    let _a = Portico::start(&guarded(&configs[0])).await;
-    let _b = Portico::start(&guarded(&configs[1])).await;
-    all_up(
-        &addrs
-            .iter()
-            .map(|x| x.parse().expect("addr"))
-            .collect::<Vec<SocketAddr>>(),
-    )
+    })
     .await;
-    let a: SocketAddr = addrs[0].parse().expect("addr");
     // The client (127.0.0.1) has no exception at A, which forwards to B;
     // B sees A (127.0.0.11) as the client.
     let (status, body) = get(a, &format!("{}/intranet", origin.url()), "").await;
@@ -399,18 +390,11 @@ async fn a_forwarded_request_gets_no_destination_exception_meant_for_the_members
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
     let origin = counting_origin().await;
-    let (addrs, mut configs) = disagreeing_pair();
-    configs[0].push_str("\n[[acl]]\naction = \"deny\"\npath = \"/secret\"\n");
-    let _a = Portico::start(&configs[0]).await;
-    let _b = Portico::start(&configs[1]).await;
-    all_up(
-        &addrs
-            .iter()
-            .map(|x| x.parse().expect("addr"))
-            .collect::<Vec<SocketAddr>>(),
-    )
+    let (_nodes, [a, _]) = start_pair(|i, c| match i {
+        0 => format!("{c}\n[[acl]]\naction = \"deny\"\npath = \"/secret\"\n"),
+        _ => c.to_string(),
+    })
     .await;
-    let a: SocketAddr = addrs[0].parse().expect("addr");
     let outsider: IpAddr = "127.0.0.1".parse().expect("ip");
     let marker = "Portico-Array: 127.0.0.12\r\n";
 
@@ -439,19 +423,8 @@ async fn the_array_marker_from_a_non_member_is_ignored_and_bypasses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_sent_to_one_member_reaches_the_owner_and_so_does_portico_cache_purge() {
     let origin = counting_origin().await;
-    let (addrs, configs) = disagreeing_pair();
     // The members' addresses may purge (the PURGE a member passes on comes from its own).
-    let admin = "\n[access]\nadmin_allow = [\"127.0.0.0/8\"]\n";
-    let a_node = Portico::start(&format!("{}{admin}", configs[0])).await;
-    let _b = Portico::start(&format!("{}{admin}", configs[1])).await;
-    all_up(
-        &addrs
-            .iter()
-            .map(|x| x.parse().expect("addr"))
-            .collect::<Vec<SocketAddr>>(),
-    )
-    .await;
-    let a: SocketAddr = addrs[0].parse().expect("addr");
+    let ([a_node, _b], [a, _]) = start_pair(|_, c| format!("{c}\n[access]\nadmin_allow = [\"127.0.0.0/8\"]\n")).await;
     let url = format!("{}/purged", origin.url());
     // A forwards it to B, which caches it; A keeps no copy.
     assert_eq!(get(a, &url, "").await.0, 200);
@@ -491,18 +464,8 @@ async fn with_auth_the_owner_checks_the_clients_own_credentials() {
         .expect("htpasswd (Debian apache2-utils, scripts/install-test-deps)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let origin = counting_origin().await;
-    let (addrs, configs) = disagreeing_pair();
     let auth = format!("\n[auth]\nhtpasswd = \"{}\"\nrequired = true\n", users.display());
-    let _a = Portico::start(&format!("{}{auth}", configs[0])).await;
-    let _b = Portico::start(&format!("{}{auth}", configs[1])).await;
-    all_up(
-        &addrs
-            .iter()
-            .map(|x| x.parse().expect("addr"))
-            .collect::<Vec<SocketAddr>>(),
-    )
-    .await;
-    let a: SocketAddr = addrs[0].parse().expect("addr");
+    let (_nodes, [a, _]) = start_pair(|_, c| format!("{c}{auth}")).await;
     // "alice:secret" and "alice:wrong" in Basic.
     let good = "Proxy-Authorization: Basic YWxpY2U6c2VjcmV0\r\n";
     let bad = "Proxy-Authorization: Basic YWxpY2U6d3Jvbmc=\r\n";
