@@ -100,13 +100,17 @@ pub async fn all_closed() {
     }
 }
 
-/// Counts one open client connection until dropped.
-pub struct ConnGuard(());
+/// Counts one open client connection until dropped, and holds its place
+/// in its client's count (`limits.max_connections_per_client`), if any.
+pub struct ConnGuard {
+    _client: Option<crate::client_limit::ClientSlot>,
+}
 
-/// Registers an open client connection.
-pub fn track() -> ConnGuard {
+/// Registers an open client connection, holding `client` (its place under
+/// the per-client cap) for as long.
+pub fn track(client: Option<crate::client_limit::ClientSlot>) -> ConnGuard {
     STATE.open.fetch_add(1, Ordering::SeqCst);
-    ConnGuard(())
+    ConnGuard { _client: client }
 }
 
 impl Drop for ConnGuard {

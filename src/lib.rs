@@ -25,6 +25,7 @@ pub mod array;
 pub(crate) mod auth;
 pub(crate) mod blocking;
 pub mod cache;
+pub(crate) mod client_limit;
 pub mod config;
 pub(crate) mod drain;
 pub mod http1;

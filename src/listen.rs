@@ -246,6 +246,12 @@ pub async fn accept_loop<H: Handler>(
                 continue;
             }
         };
+        // Past `limits.max_connections_per_client`: closed before anything
+        // is read (counted and logged there).
+        let Ok(client) = crate::client_limit::admit(peer.ip()) else {
+            drop(stream);
+            continue;
+        };
         let serving = serving.load_full();
         nodelay.apply(&listener, serving.nodelay, Some(&stream));
         // A reload's new value applies from the next connection the kernel
@@ -253,7 +259,7 @@ pub async fn accept_loop<H: Handler>(
         defer.apply(serving.defer_accept, "TCP_DEFER_ACCEPT", |v| {
             set_defer_accept(&listener, v)
         });
-        let open = crate::drain::track();
+        let open = crate::drain::track(client);
         tokio::spawn(first(serving, stream, peer, open));
     }
 }

@@ -72,6 +72,7 @@ impl Running {
         // Before any accept loop runs, so the very first request is
         // already checked against them.
         crate::listen::set_own_addresses(sockets.iter().map(|(c, s)| bound_address(c, s)).collect());
+        crate::client_limit::set_limit(running.config.limits.max_connections_per_client);
         for (cfg, socket) in sockets {
             running.spawn(cfg, socket)?;
         }
@@ -217,6 +218,7 @@ impl Running {
         let bound: Vec<SocketAddr> = added.iter().map(|(c, s)| bound_address(c, s)).collect();
         self.publish_own_addresses(&bound);
         self.shared.store(Arc::new(shared));
+        crate::client_limit::set_limit(new.limits.max_connections_per_client);
         self.config = new;
         let mut removed = Vec::new();
         let mut kept = Vec::new();

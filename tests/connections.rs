@@ -1315,3 +1315,70 @@ fn a_defer_accept_longer_than_a_minute_is_refused_with_its_line_and_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("defer_accept"), "{err}");
 }
+
+/// `limits.max_connections_per_client` (Squid's `client_ip_max_connections`):
+/// a client holding the cap gets its next connection closed before
+/// anything is read or answered; other clients are served; a connection it
+/// closes gives its place back. Counted, and logged naming the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_its_connection_cap_is_closed_and_others_are_served() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[log]\nerror = \"{{dir}}/error.log\"\n\n\
+         [limits]\nmax_connections_per_client = 3\n",
+        free_addr()
+    ))
+    .await;
+    let capped: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let req = get(&origin, "/", "");
+    // Three keep-alive connections, each served once: held open.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = RawClient::connect_from(capped, p.addr()).await;
+        c.send(&req).await;
+        assert_eq!(c.read_response().await.status, 200);
+        held.push(c);
+    }
+    // The fourth: closed unanswered.
+    let fourth = raw_request_from(capped, p.addr(), &req).await;
+    assert!(fourth.is_empty(), "answered: {:?}", String::from_utf8_lossy(&fourth));
+    // Another client is served; so is the capped one on its open connections.
+    let close = get(&origin, "/", "Connection: close\r\n");
+    assert_eq!(parse_response(&raw_request(p.addr(), &close).await).status, 200);
+    held[0].send(&req).await;
+    assert_eq!(held[0].read_response().await.status, 200);
+    // One closed: a new connection takes its place.
+    drop(held.pop());
+    let mut served = false;
+    for _ in 0..50 {
+        let r = raw_request_from(capped, p.addr(), &close).await;
+        if !r.is_empty() {
+            assert_eq!(parse_response(&r).status, 200);
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the closed connection's place was not given back");
+    let label = "Closed Over Client Limit";
+    let refused = perf_line(&p, label).await;
+    let n: u64 = refused[label.len()..].trim().parse().expect("a count");
+    assert!(n >= 1, "{refused}");
+    assert_eq!(metric(&p, "portico_connection_queue_client_limited_total").await, n);
+    let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
+    assert!(
+        log.contains("127.0.0.2") && log.contains("limits.max_connections_per_client = 3"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_connection_cap_above_a_million_is_refused() {
+    let out =
+        Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\n\n[limits]\nmax_connections_per_client = 1000001\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("limits.max_connections_per_client"),
+        "{err}"
+    );
+}

@@ -546,6 +546,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }
+    if c.limits.max_connections_per_client > 1_000_000 {
+        return Err((
+            vec![Key("limits"), Key("max_connections_per_client")],
+            "at most 1000000 (0: no cap)".into(),
+        ));
+    }
     if c.limits.max_request_line.bytes() > c.limits.max_header_size.bytes() {
         return Err((
             vec![Key("limits"), Key("max_request_line")],

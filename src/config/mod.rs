@@ -528,6 +528,9 @@ pub struct LimitsConfig {
     /// Longest time a client may accept no response bytes before its
     /// connection is closed (nginx's `send_timeout`).
     pub send_timeout: Dur,
+    /// Most connections one client (an IPv4 address, an IPv6 /64) may hold
+    /// open at once; 0 = no cap (Squid's `client_ip_max_connections`).
+    pub max_connections_per_client: u32,
 }
 
 impl Default for LimitsConfig {
@@ -539,6 +542,7 @@ impl Default for LimitsConfig {
             header_timeout: Dur::secs(10),
             max_body_size: Size(0),
             send_timeout: Dur::secs(60),
+            max_connections_per_client: 0,
         }
     }
 }

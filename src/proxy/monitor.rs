@@ -487,6 +487,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         total_admitted: q.total_admitted,
         unqueued_hits: q.unqueued_hits,
         admitted_beyond_limit: q.admitted_beyond_limit,
+        client_limited: crate::client_limit::refused(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

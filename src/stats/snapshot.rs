@@ -289,6 +289,11 @@ crate::section! {
         #[serde(default)]
         admitted_beyond_limit: u64 => Counter, Add, None, "Requests admitted past a derived server.max_requests because file descriptors were free.",
             prom "portico_connection_queue_admitted_beyond_limit_total", xml "connection-queue-bucket" "countAdmittedBeyondLimit";
+        /// Connections closed at accept because their client held
+        /// `limits.max_connections_per_client` open already.
+        #[serde(default)]
+        client_limited: u64 => Counter, Add, None, "Connections closed at accept because their client had limits.max_connections_per_client open.",
+            prom "portico_connection_queue_client_limited_total", xml "connection-queue-bucket" "countClientLimited";
     }
 }
 

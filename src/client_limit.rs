@@ -1,0 +1,161 @@
+//! `limits.max_connections_per_client`: the most connections one client
+//! may hold open at once, over every listener of the process, as Squid's
+//! `client_ip_max_connections` and nginx's `limit_conn` by address. Without
+//! it one client (a runaway script, a crawler, an attacker with one
+//! address) can take every connection and service place Portico has.
+//!
+//! Checked at accept, before anything is read: a connection past the cap is
+//! closed at once (there is no request yet to answer, and on a TLS or SOCKS
+//! listener nothing could be said in the clear), counted, and logged at
+//! most once a second. An IPv4 client is its address (an IPv4-mapped IPv6
+//! address counts as its IPv4 address); an IPv6 client is its /64, the
+//! block one host or one customer line is given (RFC 6177), so that it
+//! cannot step past the cap by changing addresses inside it.
+//!
+//! The count lives in a table of 16 shards keyed by the client, entries
+//! removed when their last connection closes; with the cap at 0 (the
+//! default) nothing is counted or looked up.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// The cap in force; 0: none.
+static LIMIT: AtomicU32 = AtomicU32::new(0);
+/// Connections closed at accept for being past the cap.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+/// When the last refusal was logged, in seconds since the Unix epoch.
+static LOGGED: AtomicU64 = AtomicU64::new(0);
+
+const SHARDS: usize = 16;
+
+type Shard = Mutex<HashMap<u128, u32>>;
+
+fn table() -> &'static [Shard; SHARDS] {
+    static TABLE: std::sync::OnceLock<[Shard; SHARDS]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(HashMap::new())))
+}
+
+/// The client a connection from `ip` counts under: an IPv4 address (the
+/// low 32 bits), or an IPv6 /64 (the high 64 bits, tagged by bit 32, which
+/// no IPv4 key has).
+fn key(ip: IpAddr) -> u128 {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | (1 << 32),
+    }
+}
+
+fn shard(key: u128) -> &'static Shard {
+    let h = xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes());
+    &table()[(h as usize) % SHARDS]
+}
+
+/// Sets the cap (start-up and every reload). Connections already open
+/// when a cap is first set are not counted against it.
+pub(crate) fn set_limit(limit: u32) {
+    LIMIT.store(limit, Ordering::Relaxed);
+}
+
+/// Connections closed at accept for being past the cap, since start.
+pub fn refused() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// One open connection's place in its client's count, given back on drop.
+#[derive(Debug)]
+pub(crate) struct ClientSlot {
+    key: u128,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut counts = shard(self.key).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Takes a place for a new connection from `ip`: Ok(None) when no cap is
+/// set, Ok(slot) under it, Err(open) when the client holds `open`
+/// connections already, the cap or more (counted and logged).
+pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
+    let limit = LIMIT.load(Ordering::Relaxed);
+    if limit == 0 {
+        return Ok(None);
+    }
+    let key = key(ip);
+    let mut counts = shard(key).lock().unwrap_or_else(|p| p.into_inner());
+    let n = counts.entry(key).or_insert(0);
+    if *n >= limit {
+        let open = *n;
+        drop(counts);
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if LOGGED.swap(now, Ordering::Relaxed) != now {
+            tracing::warn!(
+                client = %ip,
+                "connection closed: the client has {open} open, limits.max_connections_per_client = {limit} \
+                 (logged at most once a second; counted as the perfdump's Closed Over Client Limit)"
+            );
+        }
+        return Err(open);
+    }
+    *n += 1;
+    Ok(Some(ClientSlot { key }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_64_and_a_mapped_address_is_its_ipv4_address() {
+        assert_eq!(key(ip("2001:db8:1:2::1")), key(ip("2001:db8:1:2:ffff::9")));
+        assert_ne!(key(ip("2001:db8:1:2::1")), key(ip("2001:db8:1:3::1")));
+        assert_eq!(key(ip("::ffff:192.0.2.7")), key(ip("192.0.2.7")));
+        assert_ne!(key(ip("192.0.2.7")), key(ip("192.0.2.8")));
+        // No IPv6 /64 collides with an IPv4 address or another /64.
+        assert_ne!(key(ip("::")), key(ip("0.0.0.0")));
+        assert_ne!(key(ip("::1")), key(ip("0.0.0.1")));
+        assert_ne!(key(ip("8000::1")), key(ip("::1")));
+    }
+
+    /// The table is the process's: this one test sets the cap and uses
+    /// addresses no other test does.
+    #[test]
+    fn the_cap_holds_per_client_and_a_closed_connection_gives_its_place_back() {
+        set_limit(2);
+        let a = ip("198.51.100.1");
+        let first = admit(a).unwrap();
+        let second = admit(a).unwrap();
+        assert!(first.is_some() && second.is_some());
+        let before = refused();
+        assert_eq!(admit(a).unwrap_err(), 2);
+        assert!(refused() > before);
+        // Another client is not affected.
+        let other = admit(ip("198.51.100.2")).unwrap();
+        assert!(other.is_some());
+        drop(first);
+        let again = admit(a).unwrap();
+        assert!(again.is_some());
+        drop((second, again, other));
+        assert!(
+            !shard(key(a)).lock().unwrap().contains_key(&key(a)),
+            "entry removed at zero"
+        );
+        set_limit(0);
+        assert!(admit(a).unwrap().is_none(), "no cap: nothing counted");
+    }
+}
