@@ -13,7 +13,8 @@
 //! cannot step past the cap by changing addresses inside it.
 //!
 //! The count lives in a table of 16 shards keyed by the client, entries
-//! removed when their last connection closes; with the cap at 0 (the
+//! freed when their last connection closes; a connection holds a 4-byte
+//! index to its client's count ([`ClientSlot`]). With the cap at 0 (the
 //! default) nothing is counted or looked up.
 
 use std::collections::HashMap;
@@ -30,11 +31,26 @@ static LOGGED: AtomicU64 = AtomicU64::new(0);
 
 const SHARDS: usize = 16;
 
-type Shard = Mutex<HashMap<u128, u32>>;
+/// One shard of the count: each client's open connections, in a slab so
+/// that a connection's place is a 4-byte index ([`ClientSlot`]). A parked
+/// keep-alive connection carries it in the poller's table, whose 48-byte
+/// slot it fits beside the slot's generation.
+#[derive(Default)]
+struct Shard {
+    /// Client key -> its index in `counts`.
+    index: HashMap<u128, u32>,
+    /// (client key, open connections); count 0: free.
+    counts: Vec<(u128, u32)>,
+    free: Vec<u32>,
+}
 
-fn table() -> &'static [Shard; SHARDS] {
-    static TABLE: std::sync::OnceLock<[Shard; SHARDS]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(HashMap::new())))
+fn table() -> &'static [Mutex<Shard>; SHARDS] {
+    static TABLE: std::sync::OnceLock<[Mutex<Shard>; SHARDS]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(Shard::default())))
+}
+
+fn lock(shard: usize) -> std::sync::MutexGuard<'static, Shard> {
+    table()[shard].lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The client a connection from `ip` counts under: an IPv4 address (the
@@ -47,14 +63,23 @@ fn key(ip: IpAddr) -> u128 {
     }
 }
 
-fn shard(key: u128) -> &'static Shard {
-    let h = xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes());
-    &table()[(h as usize) % SHARDS]
+fn shard_of(key: u128) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes()) as usize) % SHARDS
 }
 
-/// Sets the cap (start-up and every reload). Connections already open
-/// when a cap is first set are not counted against it.
-pub(crate) fn set_limit(limit: u32) {
+/// Addresses the cap does not apply to: the other members of this node's
+/// proxy array, whose forwarded requests all come from one address each.
+static EXEMPT: std::sync::OnceLock<arc_swap::ArcSwap<Vec<IpAddr>>> = std::sync::OnceLock::new();
+
+fn exempt() -> &'static arc_swap::ArcSwap<Vec<IpAddr>> {
+    EXEMPT.get_or_init(|| arc_swap::ArcSwap::from_pointee(Vec::new()))
+}
+
+/// Sets the cap and the addresses it does not apply to (start-up and every
+/// reload). Connections open while the cap was 0 are not counted against
+/// a cap set later.
+pub(crate) fn set_limit(limit: u32, exempt_ips: Vec<IpAddr>) {
+    exempt().store(std::sync::Arc::new(exempt_ips));
     LIMIT.store(limit, Ordering::Relaxed);
 }
 
@@ -63,20 +88,24 @@ pub fn refused() -> u64 {
     REFUSED.load(Ordering::Relaxed)
 }
 
-/// One open connection's place in its client's count, given back on drop.
+/// One open connection's place in its client's count, given back on drop:
+/// the shard (low 4 bits) and the client's index in it, plus one.
 #[derive(Debug)]
-pub(crate) struct ClientSlot {
-    key: u128,
-}
+pub(crate) struct ClientSlot(std::num::NonZeroU32);
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut counts = shard(self.key).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = counts.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.key);
-            }
+        let v = self.0.get() - 1;
+        let (shard, i) = ((v as usize) % SHARDS, v / SHARDS as u32);
+        let mut s = lock(shard);
+        let Some((key, n)) = s.counts.get_mut(i as usize) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            let key = *key;
+            s.index.remove(&key);
+            s.free.push(i);
         }
     }
 }
@@ -86,15 +115,34 @@ impl Drop for ClientSlot {
 /// connections already, the cap or more (counted and logged).
 pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
     let limit = LIMIT.load(Ordering::Relaxed);
-    if limit == 0 {
+    if limit == 0 || exempt().load().contains(&ip.to_canonical()) {
         return Ok(None);
     }
     let key = key(ip);
-    let mut counts = shard(key).lock().unwrap_or_else(|p| p.into_inner());
-    let n = counts.entry(key).or_insert(0);
+    let shard = shard_of(key);
+    let mut s = lock(shard);
+    let i = match s.index.get(&key) {
+        Some(&i) => i,
+        None => {
+            let i = match s.free.pop() {
+                Some(i) => {
+                    s.counts[i as usize] = (key, 0);
+                    i
+                }
+                None => {
+                    s.counts.push((key, 0));
+                    // As many clients as descriptors at most: far below 2^28.
+                    u32::try_from(s.counts.len() - 1).unwrap_or(u32::MAX / SHARDS as u32 - 1)
+                }
+            };
+            s.index.insert(key, i);
+            i
+        }
+    };
+    let n = &mut s.counts[i as usize].1;
     if *n >= limit {
         let open = *n;
-        drop(counts);
+        drop(s);
         REFUSED.fetch_add(1, Ordering::Relaxed);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -109,7 +157,8 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
         return Err(open);
     }
     *n += 1;
-    Ok(Some(ClientSlot { key }))
+    let v = i * SHARDS as u32 + shard as u32 + 1;
+    Ok(std::num::NonZeroU32::new(v).map(ClientSlot))
 }
 
 #[cfg(test)]
@@ -118,6 +167,11 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_place_is_4_bytes_as_the_keep_alive_table_needs() {
+        assert_eq!(std::mem::size_of::<Option<ClientSlot>>(), 4);
     }
 
     #[test]
@@ -136,7 +190,7 @@ mod tests {
     /// addresses no other test does.
     #[test]
     fn the_cap_holds_per_client_and_a_closed_connection_gives_its_place_back() {
-        set_limit(2);
+        set_limit(2, vec![ip("198.51.100.9")]);
         let a = ip("198.51.100.1");
         let first = admit(a).unwrap();
         let second = admit(a).unwrap();
@@ -152,10 +206,18 @@ mod tests {
         assert!(again.is_some());
         drop((second, again, other));
         assert!(
-            !shard(key(a)).lock().unwrap().contains_key(&key(a)),
-            "entry removed at zero"
+            !lock(shard_of(key(a))).index.contains_key(&key(a)),
+            "entry freed at zero"
         );
-        set_limit(0);
+        // A freed entry is reused by the next client of its shard.
+        let third = admit(a).unwrap();
+        assert!(third.is_some());
+        drop(third);
+        // An exempt address (an array member) is not counted.
+        let member = ip("198.51.100.9");
+        let members: Vec<_> = (0..5).map(|_| admit(member).unwrap()).collect();
+        assert!(members.iter().all(Option::is_none));
+        set_limit(0, Vec::new());
         assert!(admit(a).unwrap().is_none(), "no cap: nothing counted");
     }
 }

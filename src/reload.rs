@@ -72,7 +72,7 @@ impl Running {
         // Before any accept loop runs, so the very first request is
         // already checked against them.
         crate::listen::set_own_addresses(sockets.iter().map(|(c, s)| bound_address(c, s)).collect());
-        crate::client_limit::set_limit(running.config.limits.max_connections_per_client);
+        running.publish_client_limit();
         for (cfg, socket) in sockets {
             running.spawn(cfg, socket)?;
         }
@@ -142,6 +142,18 @@ impl Running {
         let mut own: Vec<SocketAddr> = self.slots.iter().map(|s| s.local).collect();
         own.extend_from_slice(extra);
         crate::listen::set_own_addresses(own);
+    }
+
+    /// Tells the accept loops `limits.max_connections_per_client`, and the
+    /// array members it does not apply to.
+    fn publish_client_limit(&self) {
+        let members = self
+            .shared
+            .load()
+            .array
+            .as_ref()
+            .map_or_else(Vec::new, |a| a.member_ips());
+        crate::client_limit::set_limit(self.config.limits.max_connections_per_client, members);
     }
 
     /// The configuration in force (per process: see [`per_process`]).
@@ -218,8 +230,8 @@ impl Running {
         let bound: Vec<SocketAddr> = added.iter().map(|(c, s)| bound_address(c, s)).collect();
         self.publish_own_addresses(&bound);
         self.shared.store(Arc::new(shared));
-        crate::client_limit::set_limit(new.limits.max_connections_per_client);
         self.config = new;
+        self.publish_client_limit();
         let mut removed = Vec::new();
         let mut kept = Vec::new();
         for slot in std::mem::take(&mut self.slots) {

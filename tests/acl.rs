@@ -749,3 +749,38 @@ time = "09:00-18:00"
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--at \"24/11/2026\""));
 }
+
+/// A path whose two readings are allowed by entries with different
+/// `allow_destinations` gets neither exception; `portico acl test` says
+/// why instead of blaming the default.
+#[test]
+fn acl_test_explains_two_readings_that_grant_different_destination_exceptions() {
+    let text = r#"[[listener]]
+address = "127.0.0.1:8080"
+
+[access]
+acl_default = "deny"
+
+[proxy]
+deny_destinations = ["10.0.0.0/8"]
+
+[[acl]]
+action = "allow"
+path = "/a/"
+allow_destinations = "10.1.0.0/16"
+
+[[acl]]
+action = "allow"
+path = "/b/"
+allow_destinations = "10.2.0.0/16"
+"#;
+    let (out, _) = run_with_config(text, &["acl", "test"], &["http://x.test/a/..;/b/x"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        s.contains("allowed by entry 0 (") && s.contains("and by entry 1 (") && s.contains("neither applies"),
+        "{s}"
+    );
+    assert!(!s.contains("acl_default"), "{s}");
+    assert!(s.contains("verdict: allow"), "{s}");
+}

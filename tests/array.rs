@@ -375,16 +375,70 @@ async fn a_forwarded_request_is_never_forwarded_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarded_request_gets_no_destination_exception_meant_for_the_members_address() {
     let origin = counting_origin().await;
-    let (_nodes, [a, _]) = start_pair(|_, c| {
-        c.replace("[proxy]\n", "[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\n")
-            + "\n[[acl]]\naction = \"allow\"\nclient = \"127.0.0.11\"\nallow_destinations = \"127.0.0.0/8\"\n"
+    let port = origin.addr().port();
+    let (_nodes, [a, b]) = start_pair(|_, c| {
+        c.replace(
+            "[proxy]\n",
+            &format!("[proxy]\ndeny_destinations = [\"127.0.0.0/8\"]\nconnect_ports = [443, {port}]\n"),
+        ) + "\n[[acl]]\naction = \"allow\"\nclient = \"127.0.0.11\"\nallow_destinations = \"127.0.0.0/8\"\n"
     })
     .await;
     // The client (127.0.0.1) has no exception at A, which forwards to B;
     // B sees A (127.0.0.11) as the client.
     let (status, body) = get(a, &format!("{}/intranet", origin.url()), "").await;
     assert_eq!(status, 403, "{body}");
+    // Nor does what A relays without the marker (a rule's parent group): a
+    // plain request or a CONNECT from A's address.
+    let member: IpAddr = "127.0.0.11".parse().expect("ip");
+    let url = format!("{}/relayed", origin.url());
+    let req = format!(
+        "GET {url} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        origin.addr()
+    );
+    let r = parse_response(&raw_request_from(member, b, req.as_bytes()).await);
+    assert_eq!(r.status, 403, "{}", r.body_str());
+    let connect = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", origin.addr());
+    let r = raw_request_from(member, b, connect.as_bytes()).await;
+    assert!(r.starts_with(b"HTTP/1.1 403"), "{}", String::from_utf8_lossy(&r));
     assert_eq!(origin.count(), 0, "the denied origin was reached through the owner");
+}
+
+/// `limits.max_connections_per_client` does not apply to the other
+/// members: all of a member's forwarded requests come from its one address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_client_connection_cap_spares_the_other_members() {
+    let origin = counting_origin().await;
+    let (_nodes, [a, b]) = start_pair(|_, c| format!("{c}\n[limits]\nmax_connections_per_client = 2\n")).await;
+    let o = origin.addr();
+    // Keep-alive connections to B, each served once and held open.
+    let hold = |from: &str, n: usize| {
+        let from: IpAddr = from.parse().expect("ip");
+        async move {
+            let mut held = Vec::new();
+            for i in 0..n {
+                let mut c = RawClient::connect_from(from, b).await;
+                c.send(format!("GET http://{o}/held{i} HTTP/1.1\r\nHost: {o}\r\n\r\n").as_bytes())
+                    .await;
+                assert_eq!(c.read_response().await.status, 200);
+                held.push(c);
+            }
+            held
+        }
+    };
+    // A's address holds the cap's worth at B; A still forwards to B over
+    // a connection of its own.
+    let _member = hold("127.0.0.11", 2).await;
+    let (status, body) = get(a, &format!("{}/forwarded", origin.url()), "").await;
+    assert_eq!((status, body.as_str()), (200, "body of /forwarded"));
+    // Another client of B is held to the cap.
+    let _outsider = hold("127.0.0.5", 2).await;
+    let third = raw_request_from(
+        "127.0.0.5".parse().expect("ip"),
+        b,
+        format!("GET http://{o}/third HTTP/1.1\r\nHost: {o}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(third.is_empty(), "{}", String::from_utf8_lossy(&third));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1365,6 +1365,7 @@ async fn a_client_past_its_connection_cap_is_closed_and_others_are_served() {
     let n: u64 = refused[label.len()..].trim().parse().expect("a count");
     assert!(n >= 1, "{refused}");
     assert_eq!(metric(&p, "portico_connection_queue_client_limited_total").await, n);
+    assert!(page(&p, "/.perf").await.contains("[client-connection-cap]"));
     let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
     assert!(
         log.contains("127.0.0.2") && log.contains("limits.max_connections_per_client = 3"),

@@ -119,7 +119,20 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
             let _ = writeln!(out, "verdict: allow");
         }
         Decision::Allow { entry: None } => {
-            let _ = writeln!(out, "no entry matched: access.acl_default = \"allow\"");
+            match acl.disagreeing_reach(&req, now) {
+                Some((a, b)) => {
+                    let _ = writeln!(
+                        out,
+                        "allowed by {} as nginx reads the path, and by {} as Tomcat or IIS read it; \
+                         their allow_destinations differ, so neither applies",
+                        entry_line(a),
+                        entry_line(b)
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "no entry matched: access.acl_default = \"allow\"");
+                }
+            }
             let _ = writeln!(out, "verdict: allow");
         }
         Decision::Deny { entry, status, reason } => {

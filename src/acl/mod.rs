@@ -248,26 +248,50 @@ impl Acl {
         self.decide_with(req, now)
     }
 
+    /// The decisions under each reading of the path: nginx's, and when the
+    /// path holds `;` or `\`, Tomcat's or IIS's (`path::servlet_reading`).
+    fn readings(&self, req: &Request<'_>, now: &impl Fn() -> jiff::Timestamp) -> (Decision, Option<Decision>) {
+        let plain = req.normalised(|req| self.decide_normalised(req, now));
+        let other = path::servlet_reading(req.path_and_query).map(|other| {
+            self.decide_normalised(
+                &Request {
+                    path_and_query: &other,
+                    ..*req
+                },
+                now,
+            )
+        });
+        (plain, other)
+    }
+
+    /// For `portico acl test`: the entries that allow `req` under its two
+    /// readings of the path when they grant different `allow_destinations`
+    /// (so the request is allowed with neither: [`Decision::Allow`] with no entry).
+    pub fn disagreeing_reach(&self, req: &Request<'_>, now: jiff::Timestamp) -> Option<(usize, usize)> {
+        match self.readings(req, &|| now) {
+            (Decision::Allow { entry: Some(a) }, Some(Decision::Allow { entry: Some(b) }))
+                if self.reach(&Decision::Allow { entry: Some(a) })
+                    != self.reach(&Decision::Allow { entry: Some(b) }) =>
+            {
+                Some((a, b))
+            }
+            _ => None,
+        }
+    }
+
     fn decide_with(&self, req: &Request<'_>, now: impl Fn() -> jiff::Timestamp) -> Decision {
         let c = &*self.inner;
         if c.entries.is_empty() {
             return c.default_decision();
         }
-        let plain = req.normalised(|req| self.decide_normalised(req, &now));
         // A path with `;` or `\` means one thing to nginx and another to
         // Tomcat or IIS (`path::servlet_reading`), and the origin behind
         // is not known: the request goes through only if both readings
         // are allowed, and the stricter verdict answers otherwise.
-        let Some(other) = path::servlet_reading(req.path_and_query) else {
+        let (plain, other) = self.readings(req, &now);
+        let Some(other) = other else {
             return plain;
         };
-        let other = self.decide_normalised(
-            &Request {
-                path_and_query: &other,
-                ..*req
-            },
-            &now,
-        );
         match (&plain, &other) {
             // Both allowed: no destination exception unless both readings'
             // entries grant the same one (`/a/..;/b/x` is under /a/ to

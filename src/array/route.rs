@@ -135,6 +135,17 @@ impl Router {
         self.members[self.self_index].ip.filter(|ip| !ip.is_unspecified())
     }
 
+    /// The addresses of the members other than this node (those given as
+    /// IP literals).
+    pub fn member_ips(&self) -> Vec<IpAddr> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.self_index)
+            .filter_map(|(_, m)| m.ip)
+            .collect()
+    }
+
     /// Whether `ip` is the address of a member other than this node.
     pub fn is_member(&self, ip: IpAddr) -> bool {
         self.members

@@ -88,8 +88,12 @@ struct Entry {
     /// Milliseconds since the poller's epoch when it is closed unasked.
     deadline: u64,
     resume: Arc<dyn Resume>,
-    open: crate::drain::ConnGuard,
+    /// Counted as open; its client's place is the slot's `client`.
+    open: crate::drain::ConnCount,
 }
+
+/// An entry taken out of the table, with its client's place.
+type Held = (Entry, Option<crate::client_limit::ClientSlot>);
 
 impl Entry {
     fn parked_at(&self) -> u64 {
@@ -100,6 +104,9 @@ impl Entry {
 #[derive(Default)]
 struct Slot {
     generation: u32,
+    /// The entry's place under `limits.max_connections_per_client`, beside
+    /// `generation`, where the slot has room for its 4 bytes.
+    client: Option<crate::client_limit::ClientSlot>,
     entry: Option<Entry>,
 }
 
@@ -155,7 +162,7 @@ impl Table {
         self.slots.get_mut(index as usize)
     }
 
-    fn insert(&mut self, entry: Entry, fresh: bool) -> (u32, u32) {
+    fn insert(&mut self, (entry, client): Held, fresh: bool) -> (u32, u32) {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -167,6 +174,7 @@ impl Table {
         let deadline = entry.deadline;
         let slot = &mut self.slots[index as usize];
         slot.entry = Some(entry);
+        slot.client = client;
         let generation = slot.generation;
         if fresh {
             self.fresh.push(Reverse((deadline, index, generation)));
@@ -179,12 +187,13 @@ impl Table {
     }
 
     /// Empties the slot if it still holds that generation's entry.
-    fn take(&mut self, index: u32, generation: u32) -> Option<Entry> {
+    fn take(&mut self, index: u32, generation: u32) -> Option<Held> {
         let slot = self.slot_mut(index)?;
         if slot.generation != generation {
             return None;
         }
         let entry = slot.entry.take()?;
+        let client = slot.client.take();
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(index);
         if entry.served == 0 {
@@ -192,7 +201,7 @@ impl Table {
         } else {
             self.kept_live -= 1;
         }
-        Some(entry)
+        Some((entry, client))
     }
 
     fn is_live(&self, index: u32, generation: u32) -> bool {
@@ -201,7 +210,7 @@ impl Table {
     }
 
     /// The kept-alive connection idle the longest, taken out.
-    fn take_oldest_kept(&mut self) -> Option<Entry> {
+    fn take_oldest_kept(&mut self) -> Option<Held> {
         while let Some((i, g)) = self.kept.pop_front() {
             if let Some(e) = self.take(i, g) {
                 return Some(e);
@@ -211,7 +220,7 @@ impl Table {
     }
 
     /// Entries past their deadline, taken out, with whether each was new.
-    fn take_expired(&mut self, now: u64, out: &mut Vec<Entry>) {
+    fn take_expired(&mut self, now: u64, out: &mut Vec<Held>) {
         while let Some(&(i, g)) = self.kept.front() {
             let deadline = match self.slot(i) {
                 Some(s) if s.generation == g => s.entry.as_ref().map(|e| e.deadline),
@@ -351,7 +360,11 @@ impl Poller {
     /// Closes every parked connection.
     fn close_all(&self) {
         let mut t = self.lock();
-        let all: Vec<Entry> = t.slots.iter_mut().filter_map(|s| s.entry.take()).collect();
+        let all: Vec<Held> = t
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.entry.take().map(|e| (e, s.client.take())))
+            .collect();
         *t = Table {
             wake_at: u64::MAX,
             ..Table::default()
@@ -402,6 +415,7 @@ impl Poller {
         let now = self.now();
         let (index, generation, wake) = {
             let mut t = self.lock();
+            let (open, client) = conn.open.split();
             let entry = Entry {
                 stream: conn.stream,
                 served: conn.served,
@@ -409,9 +423,9 @@ impl Poller {
                 patience_ms: u32::try_from(deadline.saturating_sub(now)).unwrap_or(u32::MAX),
                 deadline,
                 resume,
-                open: conn.open,
+                open,
             };
-            let (i, g) = t.insert(entry, fresh);
+            let (i, g) = t.insert((entry, client), fresh);
             t.parks_since_trim += 1;
             t.last_park = now;
             let wake = deadline < t.wake_at || t.parks_since_trim == TRIM_AFTER;
@@ -455,8 +469,8 @@ impl Poller {
 
     fn run(&self, mut poll: Poll, ka: &KeepAlive) {
         let mut events = Events::with_capacity(1024);
-        let mut woken: Vec<Entry> = Vec::new();
-        let mut expired: Vec<Entry> = Vec::new();
+        let mut woken: Vec<Held> = Vec::new();
+        let mut expired: Vec<Held> = Vec::new();
         loop {
             let timeout = {
                 let mut t = self.lock();
@@ -490,8 +504,8 @@ impl Poller {
                 self.publish(&t);
             }
             let now = self.now();
-            for entry in woken.drain(..) {
-                self.wake(entry, now);
+            for held in woken.drain(..) {
+                self.wake(held, now);
             }
             if crate::drain::is_draining() {
                 self.close_all();
@@ -508,7 +522,7 @@ impl Poller {
                 }
                 quiet
             };
-            for entry in expired.drain(..) {
+            for (entry, _client) in expired.drain(..) {
                 if entry.served == 0 {
                     ka.header_timed_out();
                 } else {
@@ -522,7 +536,7 @@ impl Poller {
     }
 
     /// The client of a parked connection sent something, closed, or failed.
-    fn wake(&self, entry: Entry, now: u64) {
+    fn wake(&self, (entry, client): Held, now: u64) {
         let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         let ready = match socket2::SockRef::from(&entry.stream).peek(&mut one) {
             Ok(0) => return, // the client closed: so do we
@@ -540,7 +554,7 @@ impl Poller {
             stream: entry.stream,
             served: entry.served,
             waited: next_wait(self.park_after, waited, parked),
-            open: entry.open,
+            open: crate::drain::ConnGuard::join(entry.open, client),
         };
         // Fails only once the runtime, and its dispatch task, are gone:
         // the connection is then closed.

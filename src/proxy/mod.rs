@@ -452,8 +452,12 @@ impl ListenerHandler {
         // address (this node then serves the request itself), removed and
         // ignored from anyone else. It skips nothing else: ACLs,
         // authentication and limits apply as to any request.
-        let from_member = ex.head.headers.remove(crate::array::route::MARKER).is_some()
-            && sh.array.as_ref().is_some_and(|a| a.is_member(ex.peer.ip()));
+        // A member's requests (forwarded with the marker, or relayed as a
+        // child through a rule's parent group) are decided with that member
+        // as the client: they get no `allow_destinations` exception, which
+        // is for a member's own clients, decided there.
+        let member_peer = sh.array.as_ref().is_some_and(|a| a.is_member(ex.peer.ip()));
+        let from_member = ex.head.headers.remove(crate::array::route::MARKER).is_some() && member_peer;
         if from_member && let Some(a) = &sh.array {
             a.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -524,7 +528,7 @@ impl ListenerHandler {
                     self.mode,
                     user.as_deref().map(crate::auth::User::identity),
                 ));
-                let reach = sh.acl.reach(&decision);
+                let reach = if member_peer { 0 } else { sh.acl.reach(&decision) };
                 if let Some(outcome) = self.enforce(ex, sh, decision, true).await {
                     return outcome;
                 }
@@ -591,10 +595,7 @@ impl ListenerHandler {
             user: user.as_deref().map(crate::auth::User::identity),
         };
         let decision = sh.acl.decide_now(&acl_request);
-        // A request another array member forwarded is decided with that
-        // member as the client: it gets no destination exception (the
-        // member serves its own clients' exceptions itself).
-        let reach = if from_member { 0 } else { sh.acl.reach(&decision) };
+        let reach = if member_peer { 0 } else { sh.acl.reach(&decision) };
         // The response entries that apply to this request, checked on its
         // response head (`reply_acl.rs`); none configured costs nothing.
         let reply = match decision {

@@ -58,6 +58,17 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    if let Some(q) = &s.connection_queue
+        && q.client_limited > 0
+    {
+        say(
+            "client-connection-cap",
+            format!(
+                "{} connections were closed at accept because their client already had limits.max_connections_per_client open (ConnectionQueue: Closed Over Client Limit); the error log names the clients. If they were legitimate (many users behind one NAT address, a load balancer in front of a reverse listener), raise the cap.",
+                q.client_limited
+            ),
+        );
+    }
     let ka = &s.keepalive;
     if let Some(flushes) = ka.flushes
         && flushes > ka.hits
@@ -837,6 +848,24 @@ mod tests {
             listen_queue_configured: configured,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn client_connection_cap_speaks_once_a_connection_was_closed_for_it() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo::default());
+        assert!(rules(&s).is_empty());
+        s.connection_queue = Some(ConnectionQueueInfo {
+            client_limited: 7,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["client-connection-cap"]);
+        assert!(
+            a[0].text.starts_with("7 connections were closed") && a[0].text.contains("Closed Over Client Limit"),
+            "{}",
+            a[0].text
+        );
     }
 
     #[test]
