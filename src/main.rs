@@ -406,7 +406,7 @@ fn main() -> ExitCode {
                     if let Err(e) = portico::privdrop::target(&c) {
                         eprintln!("portico: warning: {e}: `portico run` would fail on this machine");
                     }
-                    if let Some(w) = portico::server::loopback_warning(&c) {
+                    for w in portico::server::destination_warnings(&c) {
                         eprintln!("portico: warning: {w}");
                     }
                     println!("{}: OK", config.display())

@@ -31,10 +31,11 @@ pub struct RunOptions {
     pub worker: Option<usize>,
 }
 
-/// The warning about clients reaching this host's loopback services
-/// (`upstream::Destinations::loopback_warning`), for `portico check`.
-pub fn loopback_warning(config: &Config) -> Option<String> {
-    crate::upstream::Destinations::loopback_warning(config)
+/// The warnings about destinations (`upstream::Destinations::warnings`):
+/// clients reaching this host's loopback services, `allow_destinations`
+/// that lift nothing. For `portico check`.
+pub fn destination_warnings(config: &Config) -> Vec<String> {
+    crate::upstream::Destinations::warnings(config)
 }
 
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
@@ -125,10 +126,10 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         tracing::warn!("{w}");
     }
     // Once per server: a worker's supervisor said it.
-    if opts.worker.is_none()
-        && let Some(w) = crate::upstream::Destinations::loopback_warning(&config)
-    {
-        tracing::warn!("{w}");
+    if opts.worker.is_none() {
+        for w in crate::upstream::Destinations::warnings(&config) {
+            tracing::warn!("{w}");
+        }
     }
     // Which of the files Portico writes exist before it opens them (those it
     // creates go to `server.user`); an unknown user fails start-up here.

@@ -97,7 +97,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
-    if let Some(w) = crate::upstream::Destinations::loopback_warning(&config) {
+    for w in crate::upstream::Destinations::warnings(&config) {
         tracing::warn!("{w}");
     }
     // Where the workers leave their statistics for each other (removed when

@@ -384,3 +384,25 @@ fn check_warns_when_clients_from_other_machines_can_reach_loopback() {
         assert!(!err.contains(WARNING), "{quiet}\n{err}");
     }
 }
+
+#[test]
+fn check_warns_about_allow_destinations_that_lift_nothing() {
+    let config = |deny: &str| {
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:8080\"\n\n[proxy]\ndeny_destinations = {deny}\n\n\
+             [[acl]]\naction = \"allow\"\nclient = \"{ADMIN}\"\nallow_destinations = [\"10.1.0.0/16\", \"192.168.0.0/16\"]\n"
+        )
+    };
+    let (ok, err) = check(&config("[\"10.0.0.0/8\"]"));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("acl[0].allow_destinations: 192.168.0.0/16 lifts nothing"),
+        "{err}"
+    );
+    assert!(!err.contains("10.1.0.0/16 lifts nothing"), "{err}");
+    // A narrower denied network inside an exception is lifted by it.
+    let (_, err) = check(&config("[\"10.0.0.0/8\", \"192.168.1.0/24\"]"));
+    assert!(!err.contains("lifts nothing"), "{err}");
+    let (ok, err) = check(&config("[]"));
+    assert!(ok && err.matches("lifts nothing").count() == 2, "{err}");
+}

@@ -425,6 +425,27 @@ impl Destinations {
             }
     }
 
+    /// What `portico check` and start-up warn about destinations: the
+    /// loopback warning ([`Destinations::loopback_warning`]), and each
+    /// `[[acl]]` `allow_destinations` network that lifts nothing because
+    /// `proxy.deny_destinations` refuses no address in it (a typo, or a
+    /// deny list changed without the exceptions).
+    pub fn warnings(config: &crate::config::Config) -> Vec<String> {
+        let mut out: Vec<String> = Self::loopback_warning(config).into_iter().collect();
+        let deny = &config.proxy.deny_destinations;
+        let overlaps = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(&b.network()) || b.contains(&a.network());
+        for (i, e) in config.acl.iter().enumerate() {
+            for net in &e.allow_destinations {
+                if !deny.iter().any(|d| overlaps(d, net)) {
+                    out.push(format!(
+                        "acl[{i}].allow_destinations: {net} lifts nothing, as proxy.deny_destinations refuses no address in it"
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// The warning `portico check` and start-up give when clients from
     /// other machines may choose destinations (`access.allow` admits a
     /// network beyond loopback, and a listener is not a reverse one) and
