@@ -1383,3 +1383,78 @@ fn a_connection_cap_above_a_million_is_refused() {
         "{err}"
     );
 }
+
+/// The cap is set by a reload (SIGHUP) and holds on every listener, a
+/// SOCKS one included: one client's connections are counted over all of
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_sets_the_connection_cap_and_it_counts_over_every_listener() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let (http, socks) = (free_addr(), free_addr());
+    let config = |cap: u32| {
+        format!(
+            "[[listener]]\naddress = \"{http}\"\n\n[[listener]]\naddress = \"{socks}\"\nmode = \"socks\"\n\n\
+             [limits]\nmax_connections_per_client = {cap}\n"
+        )
+    };
+    let p = Portico::start(&config(0)).await;
+    p.rewrite_config(&config(2));
+    p.signal(libc::SIGHUP);
+    let capped: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let socks: std::net::SocketAddr = socks.parse().expect("address");
+    let hold_http = || async {
+        let mut c = RawClient::connect_from(capped, p.addr()).await;
+        c.send(&get(&origin, "/", "")).await;
+        assert_eq!(c.read_response().await.status, 200);
+        c
+    };
+    let third = || async { raw_request_from(capped, p.addr(), &get(&origin, "/", "Connection: close\r\n")).await };
+    // Until the reload is in force, a third connection is served.
+    let mut reloaded = false;
+    for _ in 0..50 {
+        let held = (hold_http().await, hold_http().await);
+        if third().await.is_empty() {
+            reloaded = true;
+            break;
+        }
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        reloaded,
+        "a third connection was still served after the reload\n{}",
+        p.stderr()
+    );
+    // Every place given back (a new connection is served again), then one
+    // HTTP and one SOCKS connection are the client's two.
+    let mut free = false;
+    for _ in 0..50 {
+        if !third().await.is_empty() {
+            free = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(free, "the closed connections' places were not given back");
+    // The check's own connection gives its place back once the server has
+    // closed it, shortly after the client saw the close.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _http = hold_http().await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::new(capped, 0))
+        .expect("bind 127.0.0.2");
+    let mut s = socket.connect(socks).await.expect("connect to SOCKS");
+    s.write_all(&[5, 1, 0]).await.expect("greeting");
+    let mut method = [0u8; 2];
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_exact(&mut s, &mut method),
+    )
+    .await
+    .expect("a method in time")
+    .expect("read the method");
+    assert_eq!(method, [5, 0], "SOCKS method");
+    let r = third().await;
+    assert!(r.is_empty(), "served past the cap: {}", String::from_utf8_lossy(&r));
+}
