@@ -8,9 +8,11 @@
 //! closed at once (there is no request yet to answer, and on a TLS or SOCKS
 //! listener nothing could be said in the clear), counted, and logged at
 //! most once a second. An IPv4 client is its address (an IPv4-mapped IPv6
-//! address counts as its IPv4 address); an IPv6 client is its /64, the
-//! block one host or one customer line is given (RFC 6177), so that it
-//! cannot step past the cap by changing addresses inside it.
+//! address counts as its IPv4 address); an IPv6 client is its /64, within
+//! which a host may change addresses at will, so that it cannot step past
+//! the cap that way (the hosts of one IPv6 LAN then count as one client,
+//! as hosts behind one IPv4 NAT address do). The other members of this
+//! node's proxy array are exempt.
 //!
 //! The count lives in a table of 16 shards keyed by the client, entries
 //! freed when their last connection closes; a connection holds a 4-byte
