@@ -58,14 +58,16 @@ fn lock(shard: usize) -> std::sync::MutexGuard<'static, Shard> {
 /// The client a connection from `ip` counts under: an IPv4 address (the
 /// low 32 bits), or an IPv6 /64 (the high 64 bits, tagged by bit 32, which
 /// no IPv4 key has).
-fn key(ip: IpAddr) -> u128 {
+pub(crate) fn key(ip: IpAddr) -> u128 {
     match ip.to_canonical() {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
         IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | (1 << 32),
     }
 }
 
-fn shard_of(key: u128) -> usize {
+/// Which of the 16 shards `key`'s count (and its request bucket,
+/// `client_rate`) lives in.
+pub(crate) fn shard_of(key: u128) -> usize {
     (xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes()) as usize) % SHARDS
 }
 
@@ -83,6 +85,12 @@ fn exempt() -> &'static arc_swap::ArcSwap<Vec<IpAddr>> {
 pub(crate) fn set_limit(limit: u32, exempt_ips: Vec<IpAddr>) {
     exempt().store(std::sync::Arc::new(exempt_ips));
     LIMIT.store(limit, Ordering::Relaxed);
+}
+
+/// Whether `ip` is exempt from the per-client limits (another member of
+/// this node's proxy array).
+pub(crate) fn is_exempt(ip: IpAddr) -> bool {
+    exempt().load().contains(&ip.to_canonical())
 }
 
 /// Connections closed at accept for being past the cap, since start.
@@ -117,7 +125,7 @@ impl Drop for ClientSlot {
 /// connections already, the cap or more (counted and logged).
 pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
     let limit = LIMIT.load(Ordering::Relaxed);
-    if limit == 0 || exempt().load().contains(&ip.to_canonical()) {
+    if limit == 0 || is_exempt(ip) {
         return Ok(None);
     }
     let key = key(ip);

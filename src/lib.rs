@@ -26,6 +26,7 @@ pub(crate) mod auth;
 pub(crate) mod blocking;
 pub mod cache;
 pub(crate) mod client_limit;
+pub(crate) mod client_rate;
 pub mod config;
 pub(crate) mod drain;
 pub mod http1;

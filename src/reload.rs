@@ -154,6 +154,10 @@ impl Running {
             .as_ref()
             .map_or_else(Vec::new, |a| a.member_ips());
         crate::client_limit::set_limit(self.config.limits.max_connections_per_client, members);
+        crate::client_rate::set(
+            self.config.limits.client_request_rate,
+            self.config.limits.client_request_burst,
+        );
     }
 
     /// The configuration in force (per process: see [`per_process`]).

@@ -1458,3 +1458,68 @@ async fn a_reload_sets_the_connection_cap_and_it_counts_over_every_listener() {
     let r = third().await;
     assert!(r.is_empty(), "served past the cap: {}", String::from_utf8_lossy(&r));
 }
+
+/// `limits.client_request_rate` and `client_request_burst` (nginx's
+/// `limit_req` with `burst` and `nodelay`): a client's burst goes through,
+/// the requests past it get 429 with `Retry-After` on the same keep-alive
+/// connection, other clients are served, and the bucket refills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_request_rate_gets_429_and_others_are_served() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
+         [cache]\nenabled = false\n\n[limits]\nclient_request_rate = 2\nclient_request_burst = 3\n",
+        free_addr()
+    ))
+    .await;
+    let limited: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let mut c = RawClient::connect_from(limited, p.addr()).await;
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..8 {
+        c.send(&get(&origin, "/", "")).await;
+        let r = c.read_response().await;
+        if r.status == 429 {
+            retry_after = r.header("retry-after").map(str::to_string);
+        }
+        statuses.push(r.status);
+    }
+    // The burst of 3 first; then at most one more (the bucket refills at
+    // 2 a second while the eight are sent), and the rest refused.
+    assert_eq!(&statuses[..3], [200, 200, 200], "{statuses:?}");
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert!(refused >= 4, "{statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(origin.count(), 8 - refused, "a refused request reached the origin");
+    // Another client is served meanwhile.
+    let close = get(&origin, "/", "Connection: close\r\n");
+    assert_eq!(parse_response(&raw_request(p.addr(), &close).await).status, 200);
+    // A second later the bucket has a request again, on the same connection.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    c.send(&get(&origin, "/", "")).await;
+    assert_eq!(c.read_response().await.status, 200);
+    let label = "Refused Over Client Rate";
+    assert_eq!(perf_line(&p, label).await, format!("{label:<40} {refused}"));
+    assert_eq!(
+        metric(&p, "portico_connection_queue_client_rate_limited_total").await,
+        refused as u64
+    );
+    assert!(page(&p, "/.perf").await.contains("[client-request-rate]"));
+    let access = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
+    assert_eq!(access.matches("\" 429 ").count(), refused, "{access}");
+    let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
+    assert!(
+        log.contains("127.0.0.2") && log.contains("limits.client_request_rate = 2"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_request_burst_without_a_rate_is_refused() {
+    let out = Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\n\n[limits]\nclient_request_burst = 10\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("limits.client_request_burst") && err.contains("client_request_rate"),
+        "{err}"
+    );
+}

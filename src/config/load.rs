@@ -546,6 +546,20 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }
+    for (key, value) in [
+        ("client_request_rate", c.limits.client_request_rate),
+        ("client_request_burst", c.limits.client_request_burst),
+    ] {
+        if value > 1_000_000 {
+            return Err((vec![Key("limits"), Key(key)], "at most 1000000 (0: no limit)".into()));
+        }
+    }
+    if c.limits.client_request_burst > 0 && c.limits.client_request_rate == 0 {
+        return Err((
+            vec![Key("limits"), Key("client_request_burst")],
+            "needs limits.client_request_rate (a burst above no rate limits nothing)".into(),
+        ));
+    }
     if c.limits.max_connections_per_client > 1_000_000 {
         return Err((
             vec![Key("limits"), Key("max_connections_per_client")],

@@ -531,6 +531,12 @@ pub struct LimitsConfig {
     /// Most connections one client (an IPv4 address, an IPv6 /64) may hold
     /// open at once; 0 = no cap (Squid's `client_ip_max_connections`).
     pub max_connections_per_client: u32,
+    /// Requests a second one client may make; 0 = no limit (nginx's
+    /// `limit_req rate`).
+    pub client_request_rate: u32,
+    /// Requests one client may make at once above the rate (the bucket's
+    /// size); 0 = the rate itself (nginx's `limit_req burst`).
+    pub client_request_burst: u32,
 }
 
 impl Default for LimitsConfig {
@@ -543,6 +549,8 @@ impl Default for LimitsConfig {
             max_body_size: Size(0),
             send_timeout: Dur::secs(60),
             max_connections_per_client: 0,
+            client_request_rate: 0,
+            client_request_burst: 0,
         }
     }
 }

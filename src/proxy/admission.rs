@@ -397,6 +397,11 @@ impl ListenerHandler {
     /// stage's latency is the gap before it starts); for a GET or HEAD
     /// admitted after its cache lookup, the latency of the stage after it.
     pub(super) async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
+        // A client over `limits.client_request_rate` is answered before it
+        // takes a place or waits for one.
+        if let Err(wait) = crate::client_rate::check(ex.peer.ip()) {
+            return too_many_requests(ex, wait).await;
+        }
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
         // full) gets a busy 503 at once. A GET or HEAD that finds every
@@ -416,6 +421,31 @@ impl ListenerHandler {
         let outcome = self.serve(ex, sh, &mut permit).await;
         drop(permit);
         outcome
+    }
+}
+
+/// The answer to a request over its client's rate: 429 (RFC 6585 4) with
+/// `Retry-After` in seconds, logged as denied. A request with a body is
+/// closed after it (its body is unread), as a busy 503 is.
+async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64) -> Outcome {
+    ex.cache_result = Some(super::ACCESS_DENIED);
+    let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
+    if has_body {
+        ex.out.close_after();
+    }
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait_secs));
+    let sent = reply::error_page_with(
+        &mut ex.out,
+        http::StatusCode::TOO_MANY_REQUESTS,
+        "Too many requests from this client (limits.client_request_rate)",
+        headers,
+    )
+    .await;
+    if has_body || sent.is_err() {
+        Outcome::Close
+    } else {
+        Outcome::Done
     }
 }
 

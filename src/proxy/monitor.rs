@@ -488,6 +488,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         unqueued_hits: q.unqueued_hits,
         admitted_beyond_limit: q.admitted_beyond_limit,
         client_limited: crate::client_limit::refused(),
+        client_rate_limited: crate::client_rate::refused(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

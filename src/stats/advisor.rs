@@ -69,6 +69,17 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    if let Some(q) = &s.connection_queue
+        && q.client_rate_limited > 0
+    {
+        say(
+            "client-request-rate",
+            format!(
+                "{} requests were answered 429 because their client was over limits.client_request_rate (ConnectionQueue: Refused Over Client Rate); the error log names the clients. If they were legitimate (a page that loads many resources at once, many users behind one address), raise limits.client_request_burst or the rate.",
+                q.client_rate_limited
+            ),
+        );
+    }
     let ka = &s.keepalive;
     if let Some(flushes) = ka.flushes
         && flushes > ka.hits
@@ -866,6 +877,18 @@ mod tests {
             "{}",
             a[0].text
         );
+    }
+
+    #[test]
+    fn client_request_rate_speaks_once_a_request_was_refused_for_it() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            client_rate_limited: 12,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["client-request-rate"]);
+        assert!(a[0].text.contains("Refused Over Client Rate"), "{}", a[0].text);
     }
 
     #[test]

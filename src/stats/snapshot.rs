@@ -294,6 +294,11 @@ crate::section! {
         #[serde(default)]
         client_limited: u64 => Counter, Add, None, "Connections closed at accept because their client had limits.max_connections_per_client open.",
             prom "portico_connection_queue_client_limited_total", xml "connection-queue-bucket" "countClientLimited";
+        /// Requests answered 429 because their client was over
+        /// `limits.client_request_rate`.
+        #[serde(default)]
+        client_rate_limited: u64 => Counter, Add, None, "Requests answered 429 because their client was over limits.client_request_rate.",
+            prom "portico_connection_queue_client_rate_limited_total", xml "connection-queue-bucket" "countClientRateLimited";
     }
 }
 

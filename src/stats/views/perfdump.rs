@@ -71,6 +71,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(o, "{:<40} {}", "Hits Answered Without Queueing", q.unqueued_hits);
             let _ = writeln!(o, "{:<40} {}", "Admitted Beyond The Limit", q.admitted_beyond_limit);
             let _ = writeln!(o, "{:<40} {}", "Closed Over Client Limit", q.client_limited);
+            let _ = writeln!(o, "{:<40} {}", "Refused Over Client Rate", q.client_rate_limited);
             let _ = writeln!(
                 o,
                 "{:<40} {:.2}, {:.2}, {:.2}",

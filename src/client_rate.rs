@@ -1,0 +1,180 @@
+//! `limits.client_request_rate` and `client_request_burst`: how many
+//! requests a second one client may make, as nginx's `limit_req` (with
+//! `burst` and `nodelay`) and HAProxy's `http_req_rate` deny do. The
+//! connection cap (`client_limit`) bounds how many connections a client
+//! holds; this bounds what it asks over them, keep-alive requests and
+//! HTTP/2 streams included.
+//!
+//! A token bucket per client (the client as `client_limit` keys it: an IPv4
+//! address, an IPv6 /64), holding up to `burst` tokens and refilled at
+//! `rate` a second; each request takes one, and a request that finds none
+//! is answered 429 with `Retry-After` before it is admitted, routed or
+//! looked up. The buckets live in 16 shards; a full bucket says nothing a
+//! new one would not, so full buckets are dropped whenever a shard has
+//! doubled since its last sweep. The bucket arithmetic ([`take`]) is pure,
+//! the clock a parameter.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `rate` (requests a second) as f64 bits; 0: no limit.
+static RATE: AtomicU64 = AtomicU64::new(0);
+/// `burst` (the bucket's size) as f64 bits.
+static BURST: AtomicU64 = AtomicU64::new(0);
+/// Requests refused for their client's rate, since start.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+/// When the last refusal was logged, in seconds since the Unix epoch.
+static LOGGED: AtomicU64 = AtomicU64::new(0);
+
+const SHARDS: usize = 16;
+/// A shard is swept when it reaches this many buckets, or twice what its
+/// last sweep left.
+const SWEEP_AT: usize = 1024;
+
+/// One client's bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bucket {
+    tokens: f64,
+    /// When `tokens` was counted, in milliseconds of the table's clock.
+    at_ms: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    buckets: HashMap<u128, Bucket>,
+    sweep_at: usize,
+}
+
+fn table() -> &'static [Mutex<Shard>; SHARDS] {
+    static TABLE: std::sync::OnceLock<[Mutex<Shard>; SHARDS]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(Shard::default())))
+}
+
+/// Milliseconds since the table's first use.
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `b` refilled to `now_ms` at `rate` tokens a second, at most `burst`.
+fn refill(b: &mut Bucket, now_ms: u64, rate: f64, burst: f64) {
+    let elapsed = now_ms.saturating_sub(b.at_ms) as f64 / 1000.0;
+    b.tokens = (b.tokens + elapsed * rate).min(burst);
+    b.at_ms = b.at_ms.max(now_ms);
+}
+
+/// Takes one token from `b` at `now_ms`: Ok, or Err(milliseconds until one
+/// is there) without taking any.
+fn take(b: &mut Bucket, now_ms: u64, rate: f64, burst: f64) -> Result<(), u64> {
+    refill(b, now_ms, rate, burst);
+    if b.tokens >= 1.0 {
+        b.tokens -= 1.0;
+        Ok(())
+    } else {
+        Err(((1.0 - b.tokens) / rate * 1000.0).ceil() as u64)
+    }
+}
+
+/// Sets the rate (requests a second, 0: no limit) and the burst (0: as
+/// many as the rate, at least 1), at start-up and on every reload.
+pub(crate) fn set(rate: u32, burst: u32) {
+    let burst = if burst == 0 { rate.max(1) } else { burst };
+    BURST.store(f64::from(burst).to_bits(), Ordering::Relaxed);
+    RATE.store(f64::from(rate).to_bits(), Ordering::Relaxed);
+}
+
+/// Requests refused for their client's rate, since start.
+pub fn refused() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// Counts a request from `ip`: Ok when no rate is set, the client is
+/// exempt (another array member) or its bucket has a token; else
+/// Err(seconds to wait, at least 1), counted and logged.
+pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
+    let rate = f64::from_bits(RATE.load(Ordering::Relaxed));
+    if rate <= 0.0 || crate::client_limit::is_exempt(ip) {
+        return Ok(());
+    }
+    let burst = f64::from_bits(BURST.load(Ordering::Relaxed));
+    let key = crate::client_limit::key(ip);
+    let now = now_ms();
+    let mut shard = table()[crate::client_limit::shard_of(key)]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if shard.buckets.len() >= shard.sweep_at.max(SWEEP_AT) {
+        shard.buckets.retain(|_, b| {
+            refill(b, now, rate, burst);
+            b.tokens < burst
+        });
+        shard.sweep_at = shard.buckets.len() * 2;
+    }
+    let bucket = shard.buckets.entry(key).or_insert(Bucket {
+        tokens: burst,
+        at_ms: now,
+    });
+    let Err(wait_ms) = take(bucket, now, rate, burst) else {
+        return Ok(());
+    };
+    drop(shard);
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LOGGED.swap(secs, Ordering::Relaxed) != secs {
+        tracing::warn!(
+            client = %ip,
+            "request refused with 429: the client is over limits.client_request_rate = {rate} a second \
+             (burst {burst}; logged at most once a second; counted as the perfdump's Refused Over Client Rate)"
+        );
+    }
+    Err(wait_ms.div_ceil(1000).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(burst: f64) -> Bucket {
+        Bucket {
+            tokens: burst,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_lets_a_burst_through_then_refuses_until_it_refills() {
+        let mut b = full(3.0);
+        for _ in 0..3 {
+            assert_eq!(take(&mut b, 0, 2.0, 3.0), Ok(()));
+        }
+        // Empty: one token comes in 500 ms at 2 a second.
+        assert_eq!(take(&mut b, 0, 2.0, 3.0), Err(500));
+        assert_eq!(take(&mut b, 250, 2.0, 3.0), Err(250));
+        assert_eq!(take(&mut b, 500, 2.0, 3.0), Ok(()));
+        // Refilled over a long wait, never past the burst.
+        assert_eq!(take(&mut b, 60_000, 2.0, 3.0), Ok(()));
+        assert_eq!(b.tokens, 2.0);
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_adds_no_tokens() {
+        let mut b = Bucket {
+            tokens: 0.0,
+            at_ms: 1_000,
+        };
+        assert!(take(&mut b, 500, 1.0, 1.0).is_err());
+        assert_eq!(b.at_ms, 1_000);
+    }
+
+    #[test]
+    fn burst_zero_means_the_rate_and_at_least_one() {
+        set(5, 0);
+        assert_eq!(f64::from_bits(BURST.load(Ordering::Relaxed)), 5.0);
+        set(0, 0);
+        assert_eq!(f64::from_bits(BURST.load(Ordering::Relaxed)), 1.0);
+        assert!(check("203.0.113.9".parse().unwrap()).is_ok(), "no rate: no limit");
+    }
+}
