@@ -9,10 +9,12 @@
 //! address, an IPv6 /64), holding up to `burst` tokens and refilled at
 //! `rate` a second; each request takes one, and a request that finds none
 //! is answered 429 with `Retry-After` before it is admitted, routed or
-//! looked up. The buckets live in 16 shards; a full bucket says nothing a
-//! new one would not, so full buckets are dropped whenever a shard has
-//! doubled since its last sweep. The bucket arithmetic ([`take`]) is pure,
-//! the clock a parameter.
+//! looked up. The buckets live in a table of their own, in 16 shards (as
+//! `client_limit` shards its counts); a full bucket says nothing a new one
+//! would not, so full buckets are dropped whenever a shard has doubled
+//! since its last sweep: a shard holds at most about twice the clients
+//! that asked within the time a bucket takes to fill (`burst / rate`). The
+//! bucket arithmetic ([`take`]) is pure, the clock a parameter.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -109,7 +111,12 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
             refill(b, now, rate, burst);
             b.tokens < burst
         });
-        shard.sweep_at = shard.buckets.len() * 2;
+        let left = shard.buckets.len();
+        shard.sweep_at = left * 2;
+        // After a spike of clients, give the memory back too.
+        if shard.buckets.capacity() > 4 * left.max(SWEEP_AT) {
+            shard.buckets.shrink_to(left * 2);
+        }
     }
     let bucket = shard.buckets.entry(key).or_insert(Bucket {
         tokens: burst,

@@ -546,12 +546,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if c.limits.max_headers == 0 {
         return Err((vec![Key("limits"), Key("max_headers")], "must be at least 1".into()));
     }
-    for (key, value) in [
-        ("client_request_rate", c.limits.client_request_rate),
-        ("client_request_burst", c.limits.client_request_burst),
+    for (key, value, zero) in [
+        ("client_request_rate", c.limits.client_request_rate, "no limit"),
+        ("client_request_burst", c.limits.client_request_burst, "the rate"),
     ] {
         if value > 1_000_000 {
-            return Err((vec![Key("limits"), Key(key)], "at most 1000000 (0: no limit)".into()));
+            return Err((vec![Key("limits"), Key(key)], format!("at most 1000000 (0: {zero})")));
         }
     }
     if c.limits.client_request_burst > 0 && c.limits.client_request_rate == 0 {

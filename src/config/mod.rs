@@ -534,8 +534,8 @@ pub struct LimitsConfig {
     /// Requests a second one client may make; 0 = no limit (nginx's
     /// `limit_req rate`).
     pub client_request_rate: u32,
-    /// Requests one client may make at once above the rate (the bucket's
-    /// size); 0 = the rate itself (nginx's `limit_req burst`).
+    /// Requests one client may make at once: its bucket's size; 0 = the
+    /// rate itself (nginx's `limit_req burst=N nodelay` is N + 1 here).
     pub client_request_burst: u32,
 }
 

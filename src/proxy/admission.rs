@@ -398,8 +398,11 @@ impl ListenerHandler {
     /// admitted after its cache lookup, the latency of the stage after it.
     pub(super) async fn admit_and_serve(&self, ex: &mut Exchange<'_>, sh: &Arc<Shared>) -> Outcome {
         // A client over `limits.client_request_rate` is answered before it
-        // takes a place or waits for one.
-        if let Err(wait) = crate::client_rate::check(ex.peer.ip()) {
+        // takes a place or waits for one. One `access.allow` refuses is left
+        // to that refusal (a 403, in `serve`), and holds no bucket.
+        if sh.allow.allows(ex.peer.ip())
+            && let Err(wait) = crate::client_rate::check(ex.peer.ip())
+        {
             return too_many_requests(ex, wait).await;
         }
         // Admission: the request is in service from here until its
