@@ -87,6 +87,11 @@ pub(crate) fn set(rate: u32, burst: u32) {
     RATE.store(f64::from(rate).to_bits(), Ordering::Relaxed);
 }
 
+/// Whether a rate is set: without one a request costs this one load.
+pub(crate) fn enabled() -> bool {
+    RATE.load(Ordering::Relaxed) != 0
+}
+
 /// Requests refused for their client's rate, since start.
 pub fn refused() -> u64 {
     REFUSED.load(Ordering::Relaxed)

@@ -400,7 +400,8 @@ impl ListenerHandler {
         // A client over `limits.client_request_rate` is answered before it
         // takes a place or waits for one. One `access.allow` refuses is left
         // to that refusal (a 403, in `serve`), and holds no bucket.
-        if sh.allow.allows(ex.peer.ip())
+        if crate::client_rate::enabled()
+            && sh.allow.allows(ex.peer.ip())
             && let Err(wait) = crate::client_rate::check(ex.peer.ip())
         {
             return too_many_requests(ex, wait).await;
