@@ -141,23 +141,29 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
                 }
                 None => {
                     s.counts.push((key, 0));
-                    // As many clients as descriptors at most: far below 2^28.
-                    u32::try_from(s.counts.len() - 1).unwrap_or(u32::MAX / SHARDS as u32 - 1)
+                    u32::try_from(s.counts.len() - 1).unwrap_or(u32::MAX)
                 }
             };
             s.index.insert(key, i);
             i
         }
     };
+    // A place names its shard and index in 32 bits. A shard holds only the
+    // clients with a connection open, as many as descriptors at most, far
+    // below the 2^28 that fit; past that a connection would go uncounted.
+    let Some(place) = i
+        .checked_mul(SHARDS as u32)
+        .and_then(|v| v.checked_add(shard as u32 + 1))
+        .and_then(std::num::NonZeroU32::new)
+    else {
+        return Ok(None);
+    };
     let n = &mut s.counts[i as usize].1;
     if *n >= limit {
         let open = *n;
         drop(s);
         REFUSED.fetch_add(1, Ordering::Relaxed);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if LOGGED.swap(now, Ordering::Relaxed) != now {
+        if log_due(&LOGGED) {
             tracing::warn!(
                 client = %ip,
                 "connection closed: the client has {open} open, limits.max_connections_per_client = {limit} \
@@ -167,8 +173,17 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
         return Err(open);
     }
     *n += 1;
-    let v = i * SHARDS as u32 + shard as u32 + 1;
-    Ok(std::num::NonZeroU32::new(v).map(ClientSlot))
+    Ok(Some(ClientSlot(place)))
+}
+
+/// True at most once a second for each `last` (the second of the last
+/// true, since the Unix epoch): refusals that an abusive client can make by
+/// the thousand are logged that often, and counted in full elsewhere.
+pub(crate) fn log_due(last: &AtomicU64) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    last.swap(now, Ordering::Relaxed) != now
 }
 
 #[cfg(test)]

@@ -132,10 +132,7 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
     };
     drop(shard);
     REFUSED.fetch_add(1, Ordering::Relaxed);
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if LOGGED.swap(secs, Ordering::Relaxed) != secs {
+    if crate::client_limit::log_due(&LOGGED) {
         tracing::warn!(
             client = %ip,
             "request refused with 429: the client is over limits.client_request_rate = {rate} a second \

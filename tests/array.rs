@@ -547,6 +547,9 @@ async fn a_member_named_by_dns_turns_forwarding_off() {
     let node_a = Portico::start(&ca).await;
     let _b = Portico::start(&cb).await;
     node_a.dns().add("b.array.test", "127.0.0.12".parse().expect("ip"), 300);
+    // B is probed by its name, which resolves only from now: until A sees
+    // it up, A owns B's URLs itself.
+    all_up(&[a.parse().expect("addr")]).await;
     let url = format!("{}/named", origin.url());
     assert_eq!(get(a.parse().expect("addr"), &url, "").await.0, 200);
     // Served by A itself: one Via entry, and the error log says why.

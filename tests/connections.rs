@@ -1360,17 +1360,30 @@ async fn a_client_past_its_connection_cap_is_closed_and_others_are_served() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(served, "the closed connection's place was not given back");
-    let label = "Closed Over Client Limit";
-    let refused = perf_line(&p, label).await;
-    let n: u64 = refused[label.len()..].trim().parse().expect("a count");
-    assert!(n >= 1, "{refused}");
-    assert_eq!(metric(&p, "portico_connection_queue_client_limited_total").await, n);
-    assert!(page(&p, "/.perf").await.contains("[client-connection-cap]"));
+    let n = refusals_reported(
+        &p,
+        "Closed Over Client Limit",
+        "portico_connection_queue_client_limited_total",
+        "client-connection-cap",
+        "limits.max_connections_per_client = 3",
+    )
+    .await;
+    assert!(n >= 1);
+}
+
+/// How the refusals a per-client limit made are reported: the count the
+/// perfdump's `label` line gives, after checking that `/metrics`' `series`
+/// agrees, that the advisor speaks (`rule`), and that the error log names
+/// the client (127.0.0.2) and the setting (`setting`).
+async fn refusals_reported(p: &Portico, label: &str, series: &str, rule: &str, setting: &str) -> u64 {
+    let line = perf_line(p, label).await;
+    let n: u64 = line[label.len()..].trim().parse().expect("a count");
+    assert_eq!(line, format!("{label:<40} {n}"));
+    assert_eq!(metric(p, series).await, n);
+    assert!(page(p, "/.perf").await.contains(&format!("[{rule}]")));
     let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
-    assert!(
-        log.contains("127.0.0.2") && log.contains("limits.max_connections_per_client = 3"),
-        "{log}"
-    );
+    assert!(log.contains("127.0.0.2") && log.contains(setting), "{log}");
+    n
 }
 
 #[test]
@@ -1505,20 +1518,17 @@ async fn a_client_over_its_request_rate_gets_429_and_others_are_served() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     c.send(&get(&origin, "/", "")).await;
     assert_eq!(c.read_response().await.status, 200);
-    let label = "Refused Over Client Rate";
-    assert_eq!(perf_line(&p, label).await, format!("{label:<40} {refused}"));
-    assert_eq!(
-        metric(&p, "portico_connection_queue_client_rate_limited_total").await,
-        refused as u64
-    );
-    assert!(page(&p, "/.perf").await.contains("[client-request-rate]"));
+    let reported = refusals_reported(
+        &p,
+        "Refused Over Client Rate",
+        "portico_connection_queue_client_rate_limited_total",
+        "client-request-rate",
+        "limits.client_request_rate = 2",
+    )
+    .await;
+    assert_eq!(reported, refused as u64);
     let access = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
     assert_eq!(access.matches("\" 429 ").count(), refused, "{access}");
-    let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
-    assert!(
-        log.contains("127.0.0.2") && log.contains("limits.client_request_rate = 2"),
-        "{log}"
-    );
 }
 
 #[test]

@@ -270,8 +270,7 @@ impl Acl {
     pub fn disagreeing_reach(&self, req: &Request<'_>, now: jiff::Timestamp) -> Option<(usize, usize)> {
         match self.readings(req, &|| now) {
             (Decision::Allow { entry: Some(a) }, Some(Decision::Allow { entry: Some(b) }))
-                if self.reach(&Decision::Allow { entry: Some(a) })
-                    != self.reach(&Decision::Allow { entry: Some(b) }) =>
+                if self.entry_reach(a) != self.entry_reach(b) =>
             {
                 Some((a, b))
             }
@@ -336,9 +335,14 @@ impl Acl {
     /// `[proxy] deny_destinations` refusing nothing).
     pub fn reach(&self, decision: &Decision) -> usize {
         match decision {
-            Decision::Allow { entry: Some(i) } => self.inner.entries.get(*i).map_or(0, |e| e.reach as usize),
+            Decision::Allow { entry: Some(i) } => self.entry_reach(*i),
             _ => 0,
         }
+    }
+
+    /// Entry `i`'s exception, as [`Acl::reach`] numbers them.
+    fn entry_reach(&self, i: usize) -> usize {
+        self.inner.entries.get(i).map_or(0, |e| e.reach as usize)
     }
 
     /// The distinct `allow_destinations` sets of the entries, in the order

@@ -137,21 +137,22 @@ impl Router {
 
     /// The addresses of the members other than this node (those given as
     /// IP literals).
-    pub fn member_ips(&self) -> Vec<IpAddr> {
+    fn other_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.members
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != self.self_index)
             .filter_map(|(_, m)| m.ip)
-            .collect()
+    }
+
+    /// [`Router::other_ips`], collected (for the per-client limits' exemption).
+    pub fn member_ips(&self) -> Vec<IpAddr> {
+        self.other_ips().collect()
     }
 
     /// Whether `ip` is the address of a member other than this node.
     pub fn is_member(&self, ip: IpAddr) -> bool {
-        self.members
-            .iter()
-            .enumerate()
-            .any(|(i, m)| i != self.self_index && m.ip == Some(ip))
+        self.other_ips().any(|m| m == ip)
     }
 
     /// The member that serves `url`: the highest CARP score among this node

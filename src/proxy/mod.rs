@@ -118,6 +118,20 @@ impl Shared {
         Self::build(config, Some(self))
     }
 
+    /// The destination exception `decision` grants a request from `client`
+    /// (`Acl::reach`), none for another member of this node's array: its
+    /// requests (forwarded with the marker, relayed through a rule's parent
+    /// group, a `CONNECT`) are decided with that member as the client, and
+    /// an exception is for a member's own clients, decided there. The
+    /// member list is looked at only for a decision that grants one.
+    pub(crate) fn reach_of(&self, decision: &crate::acl::Decision, client: std::net::IpAddr) -> usize {
+        match self.acl.reach(decision) {
+            0 => 0,
+            _ if self.array.as_ref().is_some_and(|a| a.is_member(client)) => 0,
+            k => k,
+        }
+    }
+
     /// The client for the destinations a client chooses, under the
     /// exception `reach` (`Acl::reach` of the request's decision; 0 for
     /// none).
@@ -452,12 +466,8 @@ impl ListenerHandler {
         // address (this node then serves the request itself), removed and
         // ignored from anyone else. It skips nothing else: ACLs,
         // authentication and limits apply as to any request.
-        // A member's requests (forwarded with the marker, or relayed as a
-        // child through a rule's parent group) are decided with that member
-        // as the client: they get no `allow_destinations` exception, which
-        // is for a member's own clients, decided there.
-        let member_peer = sh.array.as_ref().is_some_and(|a| a.is_member(ex.peer.ip()));
-        let from_member = ex.head.headers.remove(crate::array::route::MARKER).is_some() && member_peer;
+        let from_member = ex.head.headers.remove(crate::array::route::MARKER).is_some()
+            && sh.array.as_ref().is_some_and(|a| a.is_member(ex.peer.ip()));
         if from_member && let Some(a) = &sh.array {
             a.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -528,7 +538,7 @@ impl ListenerHandler {
                     self.mode,
                     user.as_deref().map(crate::auth::User::identity),
                 ));
-                let reach = if member_peer { 0 } else { sh.acl.reach(&decision) };
+                let reach = sh.reach_of(&decision, ex.peer.ip());
                 if let Some(outcome) = self.enforce(ex, sh, decision, true).await {
                     return outcome;
                 }
@@ -595,7 +605,7 @@ impl ListenerHandler {
             user: user.as_deref().map(crate::auth::User::identity),
         };
         let decision = sh.acl.decide_now(&acl_request);
-        let reach = if member_peer { 0 } else { sh.acl.reach(&decision) };
+        let reach = sh.reach_of(&decision, ex.peer.ip());
         // The response entries that apply to this request, checked on its
         // response head (`reply_acl.rs`); none configured costs nothing.
         let reply = match decision {

@@ -520,7 +520,7 @@ impl ListenerHandler {
             Mode::Socks,
             user.as_deref().map(User::identity),
         ));
-        let reach = sh.acl.reach(&decision);
+        let reach = sh.reach_of(&decision, s.peer.ip());
         match decision {
             crate::acl::Decision::Allow { .. } => {}
             crate::acl::Decision::Deny { entry, .. } => {
