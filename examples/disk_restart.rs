@@ -74,6 +74,7 @@ fn main() {
                             headers: headers.clone(),
                             request_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
                             response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                            origin: None,
                             derived: Default::default(),
                         };
                         let mut w = store.writer_blocking(id, &meta).unwrap();

@@ -114,6 +114,7 @@ fn meta(url: &str, variant: &[(&str, Option<&str>)], vary: bool) -> StoredMeta {
         headers,
         request_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
+        origin: None,
         derived: Default::default(),
     }
 }

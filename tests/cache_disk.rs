@@ -35,6 +35,7 @@ fn meta(url: &str) -> StoredMeta {
         headers,
         request_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
+        origin: None,
         derived: Default::default(),
     }
 }

@@ -313,6 +313,160 @@ async fn what_an_exception_fetches_is_not_stored_or_shared_but_stored_responses_
     assert_eq!(public.count(), 3);
 }
 
+/// Portico's configuration for `stored_responses_from_an_address_denied_later_are_not_served`:
+/// a forward listener at `addr`, a disk cache in `cache`, and `rest`.
+fn stored_config(addr: &str, cache: &std::path::Path, rest: &str) -> String {
+    format!(
+        "[[listener]]\naddress = \"{addr}\"\n\n[cache]\ndir = \"{}\"\nmemory = \"16MiB\"\n\n{rest}",
+        cache.display()
+    )
+}
+
+/// A response stored while its origin's address was allowed is not served
+/// once `deny_destinations` refuses that address, after a reload as after a
+/// restart that finds it on disk: the fetch would be refused, and so is the
+/// copy. A client whose `[[acl]]` exception reaches the address still gets
+/// the copy, and a response from an address still allowed is still a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_from_an_address_denied_later_are_not_served() {
+    let public = Origin::start(|_req| async { Response::ok("public").header("Cache-Control", "max-age=600") }).await;
+    let intranet = Origin::start_at("127.0.0.3", |_req| async {
+        Response::ok("intranet").header("Cache-Control", "max-age=600")
+    })
+    .await;
+    let cache = tempfile::tempdir().expect("cache dir");
+    let addr = free_addr();
+    let allowing = stored_config(
+        &addr,
+        cache.path(),
+        "[proxy]\ndeny_destinations = [\"169.254.0.0/16\"]\n",
+    );
+    let denying = stored_config(
+        &addr,
+        cache.path(),
+        &format!(
+            "[proxy]\ndeny_destinations = [\"169.254.0.0/16\", \"127.0.0.3\"]\n\n\
+             [[acl]]\naction = \"allow\"\nclient = \"{ADMIN}\"\nallow_destinations = \"127.0.0.3\"\n"
+        ),
+    );
+    let p = Portico::start(&allowing).await;
+    p.dns().add("intranet.test", "127.0.0.3".parse().expect("ip"), 0);
+    let by_name = format!("http://intranet.test:{}/n", intranet.addr().port());
+    let urls = [format!("http://{}/i", intranet.addr()), by_name];
+    let public_url = format!("http://{}/p", public.addr());
+    for url in urls.iter().chain([&public_url]) {
+        assert_eq!(get_from(STRANGER, p.addr(), url).await.status, 200, "{url}");
+        let r = get_from(STRANGER, p.addr(), url).await;
+        assert_eq!(r.header("X-Cache"), Some("HIT"), "{url}: {:?}", r.headers);
+    }
+    assert_eq!(intranet.count(), 2);
+
+    // A reload denies the intranet's address.
+    p.rewrite_config(&denying);
+    p.signal(libc::SIGHUP);
+    let mut r = get_from(STRANGER, p.addr(), &urls[0]).await;
+    for _ in 0..100 {
+        if r.status != 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        r = get_from(STRANGER, p.addr(), &urls[0]).await;
+    }
+    let after_reload = |p: &Portico| {
+        let (addr, urls, public_url) = (p.addr(), urls.clone(), public_url.clone());
+        async move {
+            for url in &urls {
+                let r = get_from(STRANGER, addr, url).await;
+                assert_eq!(r.status, 403, "{url}: {:?} {}", r.headers, r.body_str());
+                let r = get_from(ADMIN, addr, url).await;
+                assert_eq!((r.status, r.body_str()), (200, "intranet".to_string()), "{url}");
+                assert_eq!(r.header("X-Cache"), Some("HIT"), "{url}: {:?}", r.headers);
+            }
+            let r = get_from(STRANGER, addr, &public_url).await;
+            assert_eq!(r.header("X-Cache"), Some("HIT"), "{:?}", r.headers);
+        }
+    };
+    after_reload(&p).await;
+    drop(p);
+
+    // A restart with the same settings finds them on disk, and knows
+    // where each came from.
+    let p = Portico::start(&denying).await;
+    p.dns().add("intranet.test", "127.0.0.3".parse().expect("ip"), 0);
+    after_reload(&p).await;
+    assert_eq!(intranet.count(), 2, "the intranet was never asked again");
+    assert_eq!(public.count(), 1);
+}
+
+/// The same for what the cache keeps of a response in pieces: a part an
+/// origin's 206 left (RFC 9111 3.3), and slices (`cache.slice`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_parts_and_slices_from_an_address_denied_later_are_not_served() {
+    const BODY: &str = "0123456789abcdef";
+    let intranet = Origin::start_at("127.0.0.3", |req| async move {
+        let range = req
+            .header("range")
+            .and_then(|v| v.strip_prefix("bytes="))
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+        let r = match range {
+            Some((a, b)) => {
+                let b = b.min(BODY.len() - 1);
+                Response::new(206)
+                    .body(&BODY[a..=b])
+                    .header("Content-Range", &format!("bytes {a}-{b}/{}", BODY.len()))
+            }
+            None => Response::ok(BODY),
+        };
+        r.header("Cache-Control", "max-age=600").header("ETag", "\"v1\"")
+    })
+    .await;
+    let cache = tempfile::tempdir().expect("cache dir");
+    let addr = free_addr();
+    let slices = "[[rule]]\npath = \"/sliced/\"\ncache = { slice = \"8B\" }\n\n";
+    let p = Portico::start(&stored_config(&addr, cache.path(), slices)).await;
+    let ranged = |url: String| {
+        let proxy = p.addr();
+        async move {
+            let host = url.split('/').nth(2).expect("authority").to_string();
+            let req = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nRange: bytes=0-3\r\nConnection: close\r\n\r\n");
+            parse_response(&raw_request_from(STRANGER.parse().expect("ip"), proxy, req.as_bytes()).await)
+        }
+    };
+    let urls = [
+        format!("http://{}/part", intranet.addr()),
+        format!("http://{}/sliced/s", intranet.addr()),
+    ];
+    for url in &urls {
+        let r = ranged(url.clone()).await;
+        assert_eq!((r.status, r.body_str()), (206, "0123".to_string()), "{url}");
+        let r = ranged(url.clone()).await;
+        assert_eq!((r.status, r.body_str()), (206, "0123".to_string()), "{url}");
+        assert_eq!(r.header("X-Cache"), Some("HIT"), "{url}: {:?}", r.headers);
+    }
+    assert_eq!(intranet.count(), 2);
+    p.rewrite_config(&stored_config(
+        &addr,
+        cache.path(),
+        &format!("[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n\n{slices}"),
+    ));
+    p.signal(libc::SIGHUP);
+    // The reload is seen when a request not cached at all is refused.
+    let fresh = format!("http://{}/fresh", intranet.addr());
+    for _ in 0..100 {
+        if get_from(STRANGER, p.addr(), &fresh).await.status == 403 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let before = intranet.count();
+    for url in &urls {
+        let r = ranged(url.clone()).await;
+        assert_eq!(r.status, 403, "{url}: {:?} {}", r.headers, r.body_str());
+    }
+    assert_eq!(intranet.count(), before, "refused at the connect, as a fetch");
+}
+
 #[test]
 fn allow_destinations_is_refused_on_deny_and_response_entries() {
     let base = "[[listener]]\naddress = \"127.0.0.1:8080\"\n\n[[acl]]\n";

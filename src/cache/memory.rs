@@ -184,6 +184,7 @@ mod tests {
                 headers: HeaderMap::new(),
                 request_time: SystemTime::now(),
                 response_time: SystemTime::now(),
+                origin: None,
                 derived: Default::default(),
             }),
             body: Bytes::from(vec![b'x'; len]),

@@ -4,6 +4,7 @@
 //! `encode`/`decode` give the byte form the disk tier writes.
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use std::net::IpAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,6 +45,12 @@ pub struct StoredMeta {
     pub request_time: SystemTime,
     /// When the response was received (response_time).
     pub response_time: SystemTime,
+    /// The address the response was fetched from when Portico connected
+    /// to its origin itself (`OriginBody::origin_addr`); None through a
+    /// parent proxy, and for what an earlier version stored. A destination
+    /// a client chose is answered from the cache only while
+    /// `proxy.deny_destinations` lets the client reach this address.
+    pub origin: Option<IpAddr>,
     /// What the cache policy derives from the fields and times above on
     /// first use (see [`Derived`]); not part of the byte form.
     pub derived: Derived,
@@ -155,7 +162,9 @@ impl std::fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-const VERSION: u8 = 1;
+/// The byte form's version: 2 added the origin address at the end. A
+/// version 1 form is read as having none.
+const VERSION: u8 = 2;
 
 fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -253,6 +262,17 @@ impl StoredMeta {
             put_bytes(&mut out, name.as_str().as_bytes());
             put_bytes(&mut out, value.as_bytes());
         }
+        match self.origin {
+            None => out.push(0),
+            Some(IpAddr::V4(a)) => {
+                out.push(4);
+                out.extend_from_slice(&a.octets());
+            }
+            Some(IpAddr::V6(a)) => {
+                out.push(6);
+                out.extend_from_slice(&a.octets());
+            }
+        }
         out
     }
 
@@ -262,7 +282,8 @@ impl StoredMeta {
     pub fn decode(shared: &bytes::Bytes) -> Result<StoredMeta, DecodeError> {
         let data: &[u8] = shared;
         let mut r = Reader { data };
-        if r.u8()? != VERSION {
+        let version = r.u8()?;
+        if version != 1 && version != VERSION {
             return Err(DecodeError("unknown metadata version"));
         }
         let key = r.string()?;
@@ -288,6 +309,19 @@ impl StoredMeta {
                 .map_err(|_| DecodeError("invalid header value"))?;
             headers.append(name, value);
         }
+        let origin = match version {
+            1 => None,
+            _ => match r.u8()? {
+                0 => None,
+                4 => Some(IpAddr::from(
+                    <[u8; 4]>::try_from(r.take(4)?).map_err(|_| DecodeError("truncated"))?,
+                )),
+                6 => Some(IpAddr::from(
+                    <[u8; 16]>::try_from(r.take(16)?).map_err(|_| DecodeError("truncated"))?,
+                )),
+                _ => return Err(DecodeError("invalid origin address")),
+            },
+        };
         if !r.data.is_empty() {
             return Err(DecodeError("trailing bytes"));
         }
@@ -298,6 +332,7 @@ impl StoredMeta {
             headers,
             request_time,
             response_time,
+            origin,
             derived: Default::default(),
         })
     }
@@ -322,6 +357,7 @@ mod tests {
             headers,
             request_time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             response_time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_456),
+            origin: Some(IpAddr::from([192, 0, 2, 7])),
             derived: Default::default(),
         }
     }
@@ -330,6 +366,43 @@ mod tests {
     fn round_trip() {
         let m = sample();
         assert_eq!(StoredMeta::decode(&m.encode().into()).unwrap(), m);
+        for origin in [None, Some("2001:db8::5".parse().unwrap())] {
+            let m = StoredMeta { origin, ..sample() };
+            assert_eq!(StoredMeta::decode(&m.encode().into()).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn what_version_1_wrote_is_read_as_coming_from_no_known_address() {
+        // Version 1 ended with the fields: the same bytes less the
+        // address's tag byte (0, none).
+        let mut old = StoredMeta {
+            origin: None,
+            ..sample()
+        }
+        .encode();
+        assert_eq!(old.pop(), Some(0));
+        old[0] = 1;
+        let read = StoredMeta::decode(&old.into()).unwrap();
+        assert_eq!(read.origin, None);
+        assert_eq!(
+            read,
+            StoredMeta {
+                origin: None,
+                ..sample()
+            }
+        );
+    }
+
+    #[test]
+    fn an_unknown_address_tag_is_an_error() {
+        let mut bytes = StoredMeta {
+            origin: None,
+            ..sample()
+        }
+        .encode();
+        *bytes.last_mut().unwrap() = 5;
+        assert!(StoredMeta::decode(&bytes.into()).is_err());
     }
 
     #[test]

@@ -314,6 +314,7 @@ mod tests {
             headers: h,
             request_time: at,
             response_time: at,
+            origin: None,
             derived: Default::default(),
         }
     }

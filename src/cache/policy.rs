@@ -1865,6 +1865,7 @@ mod tests {
             headers: hm(headers),
             request_time: t(0),
             response_time: t(0),
+            origin: None,
             derived: Default::default(),
         }
     }

@@ -834,6 +834,7 @@ impl Cache {
             headers,
             request_time: now,
             response_time: now,
+            origin: None,
             derived: Default::default(),
         };
         if let Some(d) = &self.disk {
@@ -1040,6 +1041,7 @@ mod tests {
             headers: HeaderMap::new(),
             request_time: UNIX_EPOCH + Duration::from_millis(at),
             response_time: UNIX_EPOCH + Duration::from_millis(at + 1),
+            origin: None,
             derived: Default::default(),
         }
     }

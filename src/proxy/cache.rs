@@ -212,7 +212,7 @@ pub async fn serve<'s>(
             .lookup_for(&tx.key, &tx.ex.head.headers, tx.ex.out.takes_files())
             .await;
         drop(lookup_stage);
-        let Ok(found) = found else {
+        let Ok(found) = found.map(|f| f.filter(|s| tx.may_serve(&s.meta))) else {
             let ex = tx.ex;
             tracing::debug!(client = %ex.peer.ip(), "{} {}: blocking pool queue full, busy 503", ex.head.method, ex.head.target);
             // A GET or HEAD without a body: the connection can stay open.
@@ -321,11 +321,13 @@ struct Transaction<'t, 'e> {
 }
 
 /// When a request was sent upstream and when its response head arrived
-/// (RFC 9111 4.2.3): a stored response's age counts from them.
+/// (RFC 9111 4.2.3): a stored response's age counts from them. With them,
+/// the address it came from (`OriginBody::origin_addr`), kept as they are.
 #[derive(Debug, Clone, Copy)]
 struct Times {
     request: SystemTime,
     response: SystemTime,
+    origin: Option<std::net::IpAddr>,
 }
 
 /// A response from the origin, as `forward::fetch` returned it, with its times.
@@ -383,6 +385,7 @@ async fn fetch_timed(
     let times = Times {
         request,
         response: SystemTime::now(),
+        origin: response.body().origin_addr(),
     };
     Ok((
         Fetched {
@@ -419,6 +422,7 @@ async fn open_store<'c>(
         headers: crate::cache::object::exact_headers(&shared),
         request_time: head.times.request,
         response_time: head.times.response,
+        origin: head.times.origin,
         derived: Default::default(),
     };
     let sink = cache.sink(key, meta, &vary, head.length).await;
@@ -457,6 +461,24 @@ async fn update_from_304(
 }
 
 impl Transaction<'_, '_> {
+    /// Whether a stored response may answer this request, as far as where
+    /// it came from goes. A destination the client chose (forward and
+    /// transparent proxying) is answered from the cache only with what came
+    /// from an address the request may reach now: `proxy.deny_destinations`
+    /// (less the request's `[[acl]]` exception) may have changed since the
+    /// response was stored, by a reload or a restart, and what its fetch
+    /// would now be refused must not outlive the rule in the cache. A
+    /// response from no known address (through a parent proxy, or stored by
+    /// an earlier version) is not served so either. Such a stored response
+    /// is treated as absent, so the request is fetched anew, not
+    /// revalidated: a 304 from another address cannot vouch for bytes that
+    /// came from a refused one. A route to a parent or a group is the
+    /// configuration's choice, not the client's: no address is checked.
+    fn may_serve(&self, meta: &StoredMeta) -> bool {
+        !matches!(self.dest.to, super::forward::To::Origin(_))
+            || self.sh.direct_for(self.dest.reach).may_have_fetched_from(meta.origin)
+    }
+
     /// A request other than a GET or HEAD without a body goes to the origin;
     /// what a successful unsafe request changes is removed from the cache.
     async fn pass_through(&mut self) -> Result<(), Failure> {
@@ -488,7 +510,10 @@ impl Transaction<'_, '_> {
             return None;
         }
         let parts = self.cache.partials.get(self.key.id())?;
-        if parts.meta.key != self.key.text() || self.policy.evaluate(h, &parts.meta, self.now) != Decision::Fresh {
+        if parts.meta.key != self.key.text()
+            || !self.may_serve(&parts.meta)
+            || self.policy.evaluate(h, &parts.meta, self.now) != Decision::Fresh
+        {
             return None;
         }
         let RangePlan::Single(r) = range::plan(&Method::GET, h, StatusCode::OK, &parts.meta.headers, parts.complete)
@@ -561,6 +586,7 @@ impl Transaction<'_, '_> {
             headers,
             request_time: head.times.request,
             response_time: head.times.response,
+            origin: head.times.origin,
             derived: Default::default(),
         };
         let part = NewPart {
@@ -1107,6 +1133,7 @@ impl Transaction<'_, '_> {
             headers: head.headers.clone(),
             request_time: head.request_time,
             response_time: head.response_time,
+            origin: None,
             derived: Default::default(),
         };
         let now = SystemTime::now();

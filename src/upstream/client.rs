@@ -34,6 +34,7 @@ use http_body::{Body, Frame, SizeHint};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -114,6 +115,12 @@ impl Client {
                 ),
             };
             let absolute = matches!(conn, Conn::Proxied(_));
+            // Asked of the connection now: the exchange takes it.
+            let origin = if self.connector.has_parent() {
+                None
+            } else {
+                conn.tcp().peer_addr().ok().map(|a| a.ip())
+            };
             let head = request_head(&parts, absolute);
             let body = body.take().unwrap_or_else(ProxyBody::empty);
             let mut ex = Exchange::new(conn, head, body, parts.method.clone());
@@ -125,7 +132,7 @@ impl Client {
                         authority,
                         _place: place,
                     };
-                    return Ok(response(head, ex, release));
+                    return Ok(response(head, ex, release, origin));
                 }
                 Err(e) if reused && retryable && !ex.received => {
                     tracing::debug!("a pooled connection to {authority} failed before answering ({e}); sending again");
@@ -461,8 +468,9 @@ struct Release {
     _place: Option<Place>,
 }
 
-/// The response for `head`, its body read from `ex`.
-fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<OriginBody> {
+/// The response for `head`, its body read from `ex`; `origin`: the
+/// address it came from ([`OriginBody::origin_addr`]).
+fn response(head: ResponseHead, ex: Exchange, release: Release, origin: Option<IpAddr>) -> Response<OriginBody> {
     let ResponseHead {
         status,
         version,
@@ -512,7 +520,11 @@ fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<Orig
             Framing::UntilClose => BodyState::Reading(reading(ex, Decoder::UntilClose, keep_alive, release)),
         }
     };
-    let mut response = Response::new(OriginBody { state, peeked: None });
+    let mut response = Response::new(OriginBody {
+        state,
+        peeked: None,
+        origin,
+    });
     *response.status_mut() = status;
     *response.version_mut() = version;
     *response.headers_mut() = headers;
@@ -558,6 +570,8 @@ pub struct OriginBody {
     /// What [`OriginBody::ready_data`] found next when it was not data (the
     /// end, trailers, an error): the next `poll_frame` returns it.
     peeked: Option<Option<Result<Frame<Bytes>, OriginBodyError>>>,
+    /// See [`OriginBody::origin_addr`].
+    origin: Option<IpAddr>,
 }
 
 enum BodyState {
@@ -598,6 +612,16 @@ impl std::fmt::Display for OriginBodyError {
 impl std::error::Error for OriginBodyError {}
 
 impl OriginBody {
+    /// The address of the server that sent the response when Portico
+    /// connected to it itself: None through a parent proxy (or another
+    /// array member), whose address says nothing of where the response
+    /// was made. The cache keeps it with what it stores, so that a stored
+    /// response from an address `proxy.deny_destinations` refuses now is
+    /// not served (`proxy/cache.rs`).
+    pub fn origin_addr(&self) -> Option<IpAddr> {
+        self.origin
+    }
+
     /// The next body bytes if the origin has sent them already: from what
     /// was read with earlier frames, or from one read that does not wait.
     /// None when none are there yet, and when what comes next is not data

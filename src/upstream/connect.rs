@@ -574,6 +574,23 @@ impl Connector {
         }
     }
 
+    /// Whether connections go through a parent proxy: the address a
+    /// connection reaches is then the parent's, not the origin's.
+    pub fn has_parent(&self) -> bool {
+        self.parent.is_some()
+    }
+
+    /// Whether this connector may have given a response that came from
+    /// `origin` (`OriginBody::origin_addr`) as far as its guard goes:
+    /// always without one; with one, only from a known address it does
+    /// not refuse.
+    pub fn may_have_fetched_from(&self, origin: Option<IpAddr>) -> bool {
+        match &self.guard {
+            None => true,
+            Some(guard) => origin.is_some_and(|ip| !guard.refuses(ip)),
+        }
+    }
+
     /// The same connector, refusing the addresses `guard` refuses: for the
     /// destinations clients choose. None leaves it as it is.
     pub fn guarded(&self, guard: Option<Arc<Destinations>>) -> Connector {

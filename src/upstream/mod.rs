@@ -155,6 +155,11 @@ impl Upstream {
         self.through(self.connector.guarded(guard), None)
     }
 
+    /// See [`Connector::may_have_fetched_from`].
+    pub fn may_have_fetched_from(&self, origin: Option<std::net::IpAddr>) -> bool {
+        self.connector.may_have_fetched_from(origin)
+    }
+
     /// A client with these settings, counters and places on `connector`,
     /// whose connections all go to `server` when it is set.
     fn through(&self, connector: Connector, server: Option<&ServerAddr>) -> Upstream {

@@ -881,6 +881,7 @@ mod tests {
             headers: HeaderMap::new(),
             request_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             response_time: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
+            origin: None,
             derived: Default::default(),
         }
     }

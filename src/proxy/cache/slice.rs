@@ -98,6 +98,7 @@ impl Slice<'_> {
             headers: partial::whole_headers(self.meta.headers.clone()),
             request_time: self.meta.request_time,
             response_time: self.meta.response_time,
+            origin: self.meta.origin,
             derived: Default::default(),
         }
     }
@@ -481,7 +482,10 @@ impl<'c> Transaction<'c, '_> {
             .lookup_slice(&self.key, start)
             .await
             .map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "the disk cache is busy".to_string()))?;
-        let Some(stored) = found else { return Ok(None) };
+        // One from an address this request may not reach is no slice of it.
+        let Some(stored) = found.filter(|s| self.may_serve(&s.meta)) else {
+            return Ok(None);
+        };
         let Some((range, complete)) =
             span(&stored.meta.headers, start, size).filter(|(r, _)| r.end - r.start == stored.len)
         else {
@@ -557,6 +561,7 @@ impl<'c> Transaction<'c, '_> {
             headers: shared,
             request_time: head_out.times.request,
             response_time: head_out.times.response,
+            origin: head_out.times.origin,
             derived: Default::default(),
         };
         let (sink, leader) = if storable {
@@ -635,6 +640,7 @@ fn followed<'c>(head: &SharedHead, key: &str, start: u64, size: u64, follower: F
         headers: head.headers.clone(),
         request_time: head.request_time,
         response_time: head.response_time,
+        origin: None,
         derived: Default::default(),
     };
     Some(Slice {
