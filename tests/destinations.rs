@@ -378,6 +378,7 @@ async fn stored_responses_from_an_address_denied_later_are_not_served() {
             for url in &urls {
                 let r = get_from(STRANGER, addr, url).await;
                 assert_eq!(r.status, 403, "{url}: {:?} {}", r.headers, r.body_str());
+                assert!(r.body_str().contains("deny_destinations"), "{}", r.body_str());
                 let r = get_from(ADMIN, addr, url).await;
                 assert_eq!((r.status, r.body_str()), (200, "intranet".to_string()), "{url}");
                 assert_eq!(r.header("X-Cache"), Some("HIT"), "{url}: {:?}", r.headers);
@@ -396,6 +397,64 @@ async fn stored_responses_from_an_address_denied_later_are_not_served() {
     after_reload(&p).await;
     assert_eq!(intranet.count(), 2, "the intranet was never asked again");
     assert_eq!(public.count(), 1);
+}
+
+/// A request that would share a fetch in progress (a collapsed miss) is
+/// not sent its bytes when they come from an address it may not reach
+/// now: here a reload denies the origin while a slow download from it
+/// goes on. The later request fetches for itself and is refused; the one
+/// that started the download, under the old settings, finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_in_progress_from_an_address_denied_since_is_not_shared() {
+    let intranet = Origin::start_at("127.0.0.3", |req| async move {
+        if req.uri.path() == "/slow" {
+            Response::ok("")
+                .chunked(["one ", "two ", "three ", "four ", "five ", "six"], &[])
+                .chunk_delay(std::time::Duration::from_millis(500))
+                .header("Cache-Control", "max-age=600")
+        } else {
+            Response::ok("probe")
+        }
+    })
+    .await;
+    let cache = tempfile::tempdir().expect("cache dir");
+    let addr = free_addr();
+    let p = Portico::start(&stored_config(&addr, cache.path(), "")).await;
+    let slow = format!("http://{}/slow", intranet.addr());
+    let first = tokio::spawn({
+        let (proxy, url) = (p.addr(), slow.clone());
+        async move { get_from(STRANGER, proxy, &url).await }
+    });
+    // The download is under way; then a reload denies its origin.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    p.rewrite_config(&stored_config(
+        &addr,
+        cache.path(),
+        "[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n",
+    ));
+    p.signal(libc::SIGHUP);
+    let probe = format!("http://{}/probe", intranet.addr());
+    let mut seen = false;
+    for _ in 0..40 {
+        if get_from(STRANGER, p.addr(), &probe).await.status == 403 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(seen, "the reload took effect");
+    assert!(!first.is_finished(), "the download still goes on (the test needs it)");
+    let r = get_from(STRANGER, p.addr(), &slow).await;
+    assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
+    assert!(r.body_str().contains("deny_destinations"), "{}", r.body_str());
+    let r = first.await.expect("first request");
+    assert_eq!(
+        (r.status, r.body_str()),
+        (200, "one two three four five six".to_string())
+    );
+    // Stored now, and not served either.
+    let r = get_from(STRANGER, p.addr(), &slow).await;
+    assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
 }
 
 /// The same for what the cache keeps of a response in pieces: a part an
@@ -463,6 +522,7 @@ async fn stored_parts_and_slices_from_an_address_denied_later_are_not_served() {
     for url in &urls {
         let r = ranged(url.clone()).await;
         assert_eq!(r.status, 403, "{url}: {:?} {}", r.headers, r.body_str());
+        assert!(r.body_str().contains("deny_destinations"), "{}", r.body_str());
     }
     assert_eq!(intranet.count(), before, "refused at the connect, as a fetch");
 }

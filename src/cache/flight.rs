@@ -72,6 +72,9 @@ pub struct SharedHead {
     pub request_time: SystemTime,
     /// See `request_time`.
     pub response_time: SystemTime,
+    /// The address the response comes from (`StoredMeta::origin`): a
+    /// follower may be sent it only where its stored copy could be.
+    pub origin: Option<std::net::IpAddr>,
 }
 
 /// How a fetch ended.
@@ -490,6 +493,7 @@ mod tests {
             variant: Vec::new(),
             request_time: SystemTime::now(),
             response_time: SystemTime::now(),
+            origin: None,
         });
         leader.data(Bytes::from_static(b"abc"));
         tokio::task::yield_now().await;
@@ -526,6 +530,7 @@ mod tests {
             variant: Vec::new(),
             request_time: SystemTime::now(),
             response_time: SystemTime::now(),
+            origin: None,
         }
     }
 

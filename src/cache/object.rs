@@ -47,7 +47,9 @@ pub struct StoredMeta {
     pub response_time: SystemTime,
     /// The address the response was fetched from when Portico connected
     /// to its origin itself (`OriginBody::origin_addr`); None through a
-    /// parent proxy, and for what an earlier version stored. A destination
+    /// parent proxy, for an `[[upstream]]` group's server, while
+    /// `proxy.deny_destinations` refused nothing, and for what an earlier
+    /// version stored. A destination
     /// a client chose is answered from the cache only while
     /// `proxy.deny_destinations` lets the client reach this address.
     pub origin: Option<IpAddr>,

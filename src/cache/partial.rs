@@ -229,8 +229,9 @@ impl PartialStore {
     }
 
     /// Keeps `part` of object `id`; combines it with the parts kept when
-    /// both have the same strong validator (RFC 9111 3.4) and the same
-    /// complete length, else it replaces them. A combination updates the
+    /// both have the same strong validator (RFC 9111 3.4), the same
+    /// complete length and came from the same address (`StoredMeta::origin`,
+    /// which the kept parts share), else it replaces them. A combination updates the
     /// kept headers from the new part's (as a 304 would, RFC 9111 3.4 with
     /// 3.2), at `times`.
     pub fn add(&self, id: ObjectId, part: NewPart) -> Added {
@@ -240,10 +241,12 @@ impl PartialStore {
         let validator = strong_validator(&part.meta.headers);
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let combinable = inner
-            .objects
-            .get(&id)
-            .is_some_and(|p| validator.is_some() && p.validator == validator && p.complete == part.complete);
+        let combinable = inner.objects.get(&id).is_some_and(|p| {
+            validator.is_some()
+                && p.validator == validator
+                && p.complete == part.complete
+                && p.meta.origin == part.meta.origin
+        });
         if !combinable && let Some(old) = inner.objects.remove(&id) {
             inner.held -= old.held();
             inner.order.retain(|o| *o != id);

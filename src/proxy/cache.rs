@@ -434,6 +434,7 @@ async fn open_store<'c>(
         variant,
         request_time: head.times.request,
         response_time: head.times.response,
+        origin: head.times.origin,
     };
     Ok((sink, shared))
 }
@@ -474,9 +475,18 @@ impl Transaction<'_, '_> {
     /// revalidated: a 304 from another address cannot vouch for bytes that
     /// came from a refused one. A route to a parent or a group is the
     /// configuration's choice, not the client's: no address is checked.
+    ///
+    /// The same holds for the response of a fetch another request leads
+    /// (a follower's [`SharedHead`]): a follower that may not be sent it
+    /// fetches for itself.
     fn may_serve(&self, meta: &StoredMeta) -> bool {
+        self.may_serve_from(meta.origin)
+    }
+
+    /// [`Transaction::may_serve`] for a response from `origin`.
+    fn may_serve_from(&self, origin: Option<std::net::IpAddr>) -> bool {
         !matches!(self.dest.to, super::forward::To::Origin(_))
-            || self.sh.direct_for(self.dest.reach).may_have_fetched_from(meta.origin)
+            || self.sh.direct_for(self.dest.reach).may_have_fetched_from(origin)
     }
 
     /// A request other than a GET or HEAD without a body goes to the origin;
@@ -738,6 +748,11 @@ impl Transaction<'_, '_> {
             };
             match head {
                 Some(head) => {
+                    if !self.may_serve_from(head.origin) {
+                        // From where this request may not go: fetched anew.
+                        drop(follower);
+                        return Box::pin(self.fetch_and_store()).await;
+                    }
                     if policy::variant_of(&head.vary, &self.ex.head.headers) == head.variant {
                         self.cache.stats.collapsed();
                         return self.send_followed(&head, follower).await;
@@ -758,8 +773,10 @@ impl Transaction<'_, '_> {
                     let Ok(found) = self.cache.lookup(&self.key, &self.ex.head.headers).await else {
                         break;
                     };
+                    let found = found.filter(|f| self.may_serve(&f.meta));
                     let Some(found) = found.map(|f| shareable(self.policy, f)) else {
-                        // Replaced by nothing storable: a miss for this request.
+                        // Replaced by nothing storable, or by what this
+                        // request may not be sent: a miss for it.
                         return Box::pin(self.fetch_and_store()).await;
                     };
                     let decision = self
@@ -922,6 +939,9 @@ impl Transaction<'_, '_> {
                 }
             };
             match head {
+                Some(head) if !self.may_serve_from(head.origin) => {
+                    break; // from where this request may not go: fetch for ourselves
+                }
                 Some(head) => {
                     let variant = policy::variant_of(&head.vary, &self.ex.head.headers);
                     if variant == head.variant {
@@ -940,6 +960,7 @@ impl Transaction<'_, '_> {
                     // joined late, or it was not storable): it may be stored now.
                     drop(follower);
                     if let Ok(Some(stored)) = self.cache.lookup(&self.key, &self.ex.head.headers).await
+                        && self.may_serve(&stored.meta)
                         && let stored = shareable(self.policy, stored)
                         && self
                             .policy

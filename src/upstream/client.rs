@@ -116,10 +116,10 @@ impl Client {
             };
             let absolute = matches!(conn, Conn::Proxied(_));
             // Asked of the connection now: the exchange takes it.
-            let origin = if self.connector.has_parent() {
-                None
-            } else {
+            let origin = if self.connector.records_origin() {
                 conn.tcp().peer_addr().ok().map(|a| a.ip())
+            } else {
+                None
             };
             let head = request_head(&parts, absolute);
             let body = body.take().unwrap_or_else(ProxyBody::empty);
@@ -613,9 +613,11 @@ impl std::error::Error for OriginBodyError {}
 
 impl OriginBody {
     /// The address of the server that sent the response when Portico
-    /// connected to it itself: None through a parent proxy (or another
-    /// array member), whose address says nothing of where the response
-    /// was made. The cache keeps it with what it stores, so that a stored
+    /// connected to it itself for a destination a client chose, under a
+    /// `proxy.deny_destinations` that refuses something
+    /// (`Connector::records_origin`): None otherwise, and through a parent
+    /// proxy (or another array member), whose address says nothing of
+    /// where the response was made. The cache keeps it with what it stores, so that a stored
     /// response from an address `proxy.deny_destinations` refuses now is
     /// not served (`proxy/cache.rs`).
     pub fn origin_addr(&self) -> Option<IpAddr> {

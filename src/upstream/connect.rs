@@ -574,10 +574,14 @@ impl Connector {
         }
     }
 
-    /// Whether connections go through a parent proxy: the address a
-    /// connection reaches is then the parent's, not the origin's.
-    pub fn has_parent(&self) -> bool {
-        self.parent.is_some()
+    /// Whether the responses of this connector's connections should carry
+    /// the address they came from (`OriginBody::origin_addr`): only when it
+    /// refuses some addresses, as only then is the address ever checked
+    /// ([`Connector::may_have_fetched_from`]; asking the kernel costs a
+    /// system call per exchange), and only when it dials origins itself
+    /// (through a parent proxy the address reached is the parent's).
+    pub fn records_origin(&self) -> bool {
+        self.guard.is_some() && self.parent.is_none()
     }
 
     /// Whether this connector may have given a response that came from

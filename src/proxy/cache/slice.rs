@@ -464,9 +464,13 @@ impl<'c> Transaction<'c, '_> {
                 Role::Leader(l) => return self.fetch_slice(start, size, Some(l), stale).await,
                 Role::Follower(f) => f,
             };
-            if let Some(head) = follower.head().await
-                && let Some(slice) = followed(&head, self.key.text(), start, size, follower)
-            {
+            let Some(head) = follower.head().await else { continue };
+            if !self.may_serve_from(head.origin) {
+                // From where this request may not go: fetched anew.
+                drop(follower);
+                return self.fetch_slice(start, size, None, None).await;
+            }
+            if let Some(slice) = followed(&head, self.key.text(), start, size, follower) {
                 self.cache.stats.collapsed();
                 return Ok(Got::Slice(slice));
             }
@@ -575,6 +579,7 @@ impl<'c> Transaction<'c, '_> {
                     variant: Vec::new(),
                     request_time: meta.request_time,
                     response_time: meta.response_time,
+                    origin: meta.origin,
                 });
             }
             (Some(sink), leader)
