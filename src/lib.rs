@@ -25,6 +25,7 @@ pub mod array;
 pub(crate) mod auth;
 pub(crate) mod blocking;
 pub mod cache;
+pub(crate) mod client_bandwidth;
 pub(crate) mod client_limit;
 pub(crate) mod client_rate;
 pub mod config;

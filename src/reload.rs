@@ -158,6 +158,10 @@ impl Running {
             self.config.limits.client_request_rate,
             self.config.limits.client_request_burst,
         );
+        crate::client_bandwidth::set(
+            self.config.limits.client_bandwidth.bytes(),
+            self.config.limits.client_bandwidth_burst.bytes(),
+        );
     }
 
     /// The configuration in force (per process: see [`per_process`]).

@@ -560,6 +560,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "needs limits.client_request_rate (a burst above no rate limits nothing)".into(),
         ));
     }
+    if c.limits.client_bandwidth_burst.bytes() > 0 && c.limits.client_bandwidth.bytes() == 0 {
+        return Err((
+            vec![Key("limits"), Key("client_bandwidth_burst")],
+            "needs limits.client_bandwidth (a burst above no rate limits nothing)".into(),
+        ));
+    }
     if c.limits.max_connections_per_client > 1_000_000 {
         return Err((
             vec![Key("limits"), Key("max_connections_per_client")],

@@ -537,6 +537,12 @@ pub struct LimitsConfig {
     /// Requests one client may make at once: its bucket's size; 0 = the
     /// rate itself (nginx's `limit_req burst=N nodelay` is N + 1 here).
     pub client_request_burst: u32,
+    /// Bytes a second one client may be sent; 0 = no limit (Squid's
+    /// delay pools, nginx's `limit_rate`).
+    pub client_bandwidth: Size,
+    /// Bytes a client may be sent at once after a quiet spell: its
+    /// bucket's size; 0 = one second's worth.
+    pub client_bandwidth_burst: Size,
 }
 
 impl Default for LimitsConfig {
@@ -551,6 +557,8 @@ impl Default for LimitsConfig {
             max_connections_per_client: 0,
             client_request_rate: 0,
             client_request_burst: 0,
+            client_bandwidth: Size(0),
+            client_bandwidth_burst: Size(0),
         }
     }
 }

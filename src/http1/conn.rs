@@ -575,6 +575,7 @@ async fn serve_one<H: Handler>(
     let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
     let keep_alive = head.keep_alive && !last_allowed && settings.keepalive.enabled();
     let mut out = ResponseWriter::new(stream, head.version, &head.method, keep_alive, settings);
+    out.limit_bandwidth(peer.ip());
     if head.expect_continue && head.body != super::head::BodyFraming::Empty {
         out.expect_continue();
     }

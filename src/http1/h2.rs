@@ -497,6 +497,7 @@ pub(crate) async fn tunnel(
     early: Bytes,
     upstream: &ClientStream,
     idle: Duration,
+    meter: Option<&crate::client_bandwidth::Meter>,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -543,8 +544,9 @@ pub(crate) async fn tunnel(
             return 0;
         }
         let mut buf = BytesMut::with_capacity(16 << 10);
+        let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
         loop {
-            let read = tokio::time::timeout(idle, super::io::read_buf(upstream, &mut buf, 16 << 10)).await;
+            let read = tokio::time::timeout(idle, super::io::read_buf(upstream, &mut buf, most)).await;
             match read {
                 Err(_) if !quiet(&last) => continue,
                 Err(_) => {
@@ -562,6 +564,9 @@ pub(crate) async fn tunnel(
                 }
                 Ok(Ok(n)) => {
                     seen(&last);
+                    if let Some(m) = meter {
+                        m.pace(n).await;
+                    }
                     let data = buf.split_to(n).freeze();
                     if send_all(&mut send, data, false, idle).await.is_err() {
                         let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Read);
@@ -966,7 +971,8 @@ async fn serve_stream<H: Handler>(
         }
     };
     let method = head.method.clone();
-    let out = ResponseWriter::h2(H2Out::new(respond), &method, settings);
+    let mut out = ResponseWriter::h2(H2Out::new(respond), &method, settings);
+    out.limit_bandwidth(peer.ip());
     let mut buf = BytesMut::new();
     let body = BodyReader::h2(recv, &mut buf, settings.max_body, settings.body_idle_timeout);
     // A stream's requests share no memory: streams run at once, and a

@@ -65,6 +65,9 @@ pub struct ResponseWriter<'a> {
     /// A `100 Continue` has been written (Portico's own or an origin's):
     /// never a second one.
     continue_sent: bool,
+    /// The client's share of `limits.client_bandwidth`, when one is set:
+    /// every body byte waits for it ([`ResponseWriter::limit_bandwidth`]).
+    meter: Option<std::sync::Arc<crate::client_bandwidth::Meter>>,
 }
 
 /// Appends a response's status line (always HTTP/1.1: RFC 9110 2.5, our
@@ -180,7 +183,26 @@ impl<'a> ResponseWriter<'a> {
             timeout_counted: false,
             awaiting_continue: false,
             continue_sent: false,
+            meter: None,
         }
+    }
+
+    /// Sends this response's body at the bandwidth `limits.client_bandwidth`
+    /// leaves the client at `ip` (nothing changes without a limit).
+    pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr) {
+        self.meter = crate::client_bandwidth::meter(ip);
+    }
+
+    /// The client's share of `limits.client_bandwidth`, if a limit is set:
+    /// what a tunnel on this connection sends the client goes through it.
+    pub fn bandwidth(&self) -> Option<&crate::client_bandwidth::Meter> {
+        self.meter.as_deref()
+    }
+
+    /// The most body bytes one write sends: no bound without a bandwidth
+    /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
+    fn piece(&self) -> usize {
+        self.meter.as_ref().map_or(usize::MAX, |m| m.piece())
     }
 
     /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
@@ -541,6 +563,9 @@ impl<'a> ResponseWriter<'a> {
         }
         // The bytes that complete an announced length end the stream.
         let last = self.framing == Framing::Length && self.body_bytes + len == self.declared;
+        if let Some(m) = &self.meter {
+            m.pace(data.len()).await;
+        }
         let r = o.send_data(data, last, self.send_timeout).await;
         r.map_err(|e| self.counted(e))?;
         self.body_bytes += len;
@@ -549,10 +574,17 @@ impl<'a> ResponseWriter<'a> {
 
     /// Writes body bytes (and the queued head, if not yet written).
     pub async fn send_data(&mut self, data: &[u8]) -> io::Result<()> {
+        let piece = self.piece();
         if matches!(self.sink, Sink::H2(_)) {
-            return self.send_h2(Bytes::copy_from_slice(data)).await;
+            for p in data.chunks(piece) {
+                self.send_h2(Bytes::copy_from_slice(p)).await?;
+            }
+            return Ok(());
         }
-        self.write_body(&[data]).await
+        for p in data.chunks(piece) {
+            self.write_body(&[p]).await?;
+        }
+        Ok(())
     }
 
     /// Writes several pieces of body (and the queued head, if not yet
@@ -562,6 +594,23 @@ impl<'a> ResponseWriter<'a> {
     /// as the bytes need (chunked, each write is one chunk); an HTTP/2
     /// stream takes them as they are.
     pub async fn send_data_parts(&mut self, parts: &[Bytes]) -> io::Result<()> {
+        let piece = self.piece();
+        if piece != usize::MAX {
+            // Paced: a piece at a time, each waiting for the client's share.
+            for part in parts {
+                let mut at = 0;
+                while at < part.len() {
+                    let p = part.slice(at..part.len().min(at + piece));
+                    at += p.len();
+                    if matches!(self.sink, Sink::H2(_)) {
+                        self.send_h2(p).await?;
+                    } else {
+                        self.write_body(&[p]).await?;
+                    }
+                }
+            }
+            return Ok(());
+        }
         if matches!(self.sink, Sink::H2(_)) {
             for p in parts {
                 self.send_h2(p.clone()).await?;
@@ -607,6 +656,11 @@ impl<'a> ResponseWriter<'a> {
         if chunked {
             slices[n] = b"\r\n";
             n += 1;
+        }
+        if self.framing != Framing::None
+            && let Some(m) = &self.meter
+        {
+            m.pace(usize::try_from(len).unwrap_or(usize::MAX)).await;
         }
         let written = match self.framing {
             Framing::None => write_all(stream, head, t).await,
@@ -669,8 +723,21 @@ impl<'a> ResponseWriter<'a> {
             let r = super::io::send_more(tcp, &head, t).await;
             r.map_err(|e| self.counted(e))?;
         }
-        let r = super::io::sendfile_all(tcp, file, offset, len, t).await;
-        r.map_err(|e| self.counted(e))?;
+        if let Some(m) = self.meter.clone() {
+            // Paced: a piece at a time, each waiting for the client's share.
+            let piece = m.piece() as u64;
+            let mut at = 0;
+            while at < len {
+                let n = piece.min(len - at);
+                m.pace(n as usize).await;
+                let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;
+                r.map_err(|e| self.counted(e))?;
+                at += n;
+            }
+        } else {
+            let r = super::io::sendfile_all(tcp, file, offset, len, t).await;
+            r.map_err(|e| self.counted(e))?;
+        }
         self.body_bytes += len;
         Ok(true)
     }

@@ -489,6 +489,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         admitted_beyond_limit: q.admitted_beyond_limit,
         client_limited: crate::client_limit::refused(),
         client_rate_limited: crate::client_rate::refused(),
+        client_bandwidth_waits: crate::client_bandwidth::waits(),
+        client_bandwidth_wait_ms: crate::client_bandwidth::waited_ms(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

@@ -618,7 +618,8 @@ impl ListenerHandler {
         }
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
         let upstream = upstream.into_relay();
-        let (up, down) = tunnel::relay(stream, &upstream, idle).await;
+        let meter = crate::client_bandwidth::meter(s.peer.ip());
+        let (up, down) = tunnel::relay(stream, &upstream, idle, meter.as_deref()).await;
         s.up = up;
         s.down = down + early.len() as u64;
         add(&counters.bytes_up, s.up);

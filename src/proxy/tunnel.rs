@@ -90,7 +90,8 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         };
         let _pump = permit.take().map(Permit::into_pump);
         let upstream = upstream.into_relay();
-        let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle).await;
+        let meter = ex.out.bandwidth();
+        let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle, meter).await;
         ex.out.add_body_bytes(down);
         tracing::debug!("tunnel {host}:{port} (HTTP/2) closed: {up} bytes up, {down} bytes down");
         return Outcome::Close;
@@ -117,7 +118,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
         return Outcome::Close;
     }
-    let (up, down) = relay(client, &upstream, idle).await;
+    let (up, down) = relay(client, &upstream, idle, ex.out.bandwidth()).await;
     ex.out.add_body_bytes(down);
     tracing::debug!(
         "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",
@@ -130,12 +131,19 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
 /// until both directions have ended, or neither has carried a byte for
 /// `idle`; returns the bytes copied (client to upstream, upstream to
 /// client). CONNECT tunnels and SOCKS sessions (`proxy/socks.rs`) share it.
-pub(super) async fn relay(client: &ClientStream, upstream: &ClientStream, idle: Duration) -> (u64, u64) {
+/// What goes to the client waits for its share of `limits.client_bandwidth`
+/// (`meter`, when a limit is set).
+pub(super) async fn relay(
+    client: &ClientStream,
+    upstream: &ClientStream,
+    idle: Duration,
+    meter: Option<&crate::client_bandwidth::Meter>,
+) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
     tokio::join!(
-        pipe(client, upstream, &last, start, idle),
-        pipe(upstream, client, &last, start, idle)
+        pipe(client, upstream, &last, start, idle, None),
+        pipe(upstream, client, &last, start, idle, meter)
     )
 }
 
@@ -178,11 +186,20 @@ pub(super) async fn through_parent(
 
 /// Copies `from` to `to` until end of stream (then half-closes `to`), an
 /// error, or an idle period on both directions; returns the bytes copied.
-async fn pipe(from: &ClientStream, to: &ClientStream, last: &AtomicU64, start: Instant, idle: Duration) -> u64 {
+/// Each write waits for `meter`, if any, first.
+async fn pipe(
+    from: &ClientStream,
+    to: &ClientStream,
+    last: &AtomicU64,
+    start: Instant,
+    idle: Duration,
+    meter: Option<&crate::client_bandwidth::Meter>,
+) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
+    let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
     loop {
-        let read = tokio::time::timeout(idle, read_buf(from, &mut buf, 16 << 10)).await;
+        let read = tokio::time::timeout(idle, read_buf(from, &mut buf, most)).await;
         let n = match read {
             Err(_) => {
                 // Quiet this way; is the other way active?
@@ -209,6 +226,9 @@ async fn pipe(from: &ClientStream, to: &ClientStream, last: &AtomicU64, start: I
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if let Some(m) = meter {
+            m.pace(n).await;
+        }
         // A side that takes no bytes for the idle time is as dead as a
         // silent one: without this bound a client that sends but never
         // reads would hold the tunnel (and two descriptors) for ever.

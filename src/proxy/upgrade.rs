@@ -144,9 +144,10 @@ pub async fn serve(
     let (from_origin, to_origin) = tokio::io::split(origin);
     let start = Instant::now();
     let last = AtomicU64::new(0);
+    let meter = ex.out.bandwidth();
     let (up, down) = tokio::join!(
         client_to_origin(client, to_origin, &last, start, idle),
-        origin_to_client(from_origin, client, &last, start, idle)
+        origin_to_client(from_origin, client, &last, start, idle, meter)
     );
     ex.out.add_body_bytes(down);
     tracing::debug!(
@@ -207,15 +208,18 @@ async fn client_to_origin<W: AsyncWrite + Unpin>(
 
 /// Copies the origin's bytes to the client until the origin's end of
 /// stream (then half-closes the client connection), an error, or idleness
-/// both ways; returns the bytes copied.
+/// both ways; returns the bytes copied. Each write waits for `meter`, the
+/// client's share of `limits.client_bandwidth`, if a limit is set.
 async fn origin_to_client<R: AsyncRead + Unpin>(
     mut from: R,
     to: &ClientStream,
     last: &AtomicU64,
     start: Instant,
     idle: Duration,
+    meter: Option<&crate::client_bandwidth::Meter>,
 ) -> u64 {
-    let mut buf = vec![0u8; 16 << 10];
+    let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
+    let mut buf = vec![0u8; most];
     let mut total = 0u64;
     loop {
         let n = match tokio::time::timeout(idle, from.read(&mut buf)).await {
@@ -231,6 +235,9 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if let Some(m) = meter {
+            m.pace(n).await;
+        }
         // A client that takes no bytes for the idle time does not hold the
         // connection for ever (`write_all`'s own timeout).
         if write_all(to, &buf[..n], idle).await.is_err() {

@@ -299,6 +299,14 @@ crate::section! {
         #[serde(default)]
         client_rate_limited: u64 => Counter, Add, None, "Requests answered 429 because their client was over limits.client_request_rate.",
             prom "portico_connection_queue_client_rate_limited_total", xml "connection-queue-bucket" "countClientRateLimited";
+        /// Writes to clients that waited for `limits.client_bandwidth`.
+        #[serde(default)]
+        client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",
+            prom "portico_connection_queue_client_bandwidth_waits_total", xml "connection-queue-bucket" "countClientBandwidthWaits";
+        /// Milliseconds those writes waited in all.
+        #[serde(default)]
+        client_bandwidth_wait_ms: u64 => Counter, Add, None, "Milliseconds writes to clients waited for limits.client_bandwidth, in all.",
+            prom "portico_connection_queue_client_bandwidth_wait_milliseconds_total", xml "connection-queue-bucket" "countClientBandwidthWaitMs";
     }
 }
 

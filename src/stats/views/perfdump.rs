@@ -74,6 +74,11 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(o, "{:<40} {}", "Refused Over Client Rate", q.client_rate_limited);
             let _ = writeln!(
                 o,
+                "{:<40} {} ({} ms)",
+                "Waits Over Client Bandwidth", q.client_bandwidth_waits, q.client_bandwidth_wait_ms
+            );
+            let _ = writeln!(
+                o,
                 "{:<40} {:.2}, {:.2}, {:.2}",
                 "Average Queue Length (1, 5, 15 minutes)", q.avg_1, q.avg_5, q.avg_15
             );

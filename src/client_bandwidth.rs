@@ -1,0 +1,250 @@
+//! `limits.client_bandwidth` and `client_bandwidth_burst`: how many bytes a
+//! second one client may be sent, as Squid's delay pools (class 2, a bucket
+//! per client address) and nginx's `limit_rate` do. The connection cap
+//! (`client_limit`) and the request rate (`client_rate`) bound how much a
+//! client asks; this bounds how much of the link one client's downloads may
+//! take, whatever it asks for and however many connections it opens.
+//!
+//! A token bucket per client (the client as `client_limit` keys it: an IPv4
+//! address, an IPv6 /64) shared by all of its connections, holding up to
+//! `burst` bytes and refilled at the rate. Every byte sent to the client
+//! takes one: response bodies on HTTP/1 and HTTP/2 (from the origin, the
+//! cache's memory or its disk through `sendfile`), and what a `CONNECT`
+//! tunnel, a SOCKS session or an upgraded (WebSocket) connection carries
+//! towards the client. A write takes its bytes first and then waits out
+//! the debt, if any ([`take`]), so several connections of one client share
+//! the rate; writes are cut into pieces of at most an eighth of a second's
+//! worth ([`Meter::piece`]) so that one large body does not go out in
+//! bursts. Response heads, error pages and bytes the client sends are not
+//! counted; array members are exempt, as from the other per-client limits.
+//!
+//! The buckets live in a table of 16 shards (as `client_limit` shards its
+//! counts), held by the connections' writers: an entry whose bucket no
+//! writer holds any more is dropped when a shard has doubled since its last
+//! sweep. The bucket arithmetic ([`take`]) is pure, the clock a parameter.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Bytes a second; 0: no limit.
+static RATE: AtomicU64 = AtomicU64::new(0);
+/// The bucket's size in bytes.
+static BURST: AtomicU64 = AtomicU64::new(0);
+/// Writes that waited for their client's bandwidth, since start.
+static WAITS: AtomicU64 = AtomicU64::new(0);
+/// Microseconds those writes waited in all, since start.
+static WAITED_US: AtomicU64 = AtomicU64::new(0);
+
+const SHARDS: usize = 16;
+/// A shard is swept when it reaches this many entries, or twice what its
+/// last sweep left.
+const SWEEP_AT: usize = 1024;
+/// The smallest piece a paced write is cut into.
+const MIN_PIECE: usize = 1 << 10;
+/// The largest piece.
+const MAX_PIECE: usize = 64 << 10;
+
+/// One client's bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bucket {
+    /// Bytes that may be sent now; below 0, the debt writes are waiting out.
+    tokens: f64,
+    /// When `tokens` was counted, in microseconds of the table's clock.
+    at_us: u64,
+}
+
+/// `b` refilled to `now_us` at `rate` bytes a second, at most `burst`.
+fn refill(b: &mut Bucket, now_us: u64, rate: f64, burst: f64) {
+    let elapsed = now_us.saturating_sub(b.at_us) as f64 / 1e6;
+    b.tokens = (b.tokens + elapsed * rate).min(burst);
+    b.at_us = b.at_us.max(now_us);
+}
+
+/// Takes `n` bytes from `b` at `now_us`, into debt if need be: the
+/// microseconds the write must wait before it sends them (0: at once).
+fn take(b: &mut Bucket, n: u64, now_us: u64, rate: f64, burst: f64) -> u64 {
+    refill(b, now_us, rate, burst);
+    b.tokens -= n as f64;
+    if b.tokens >= 0.0 {
+        0
+    } else {
+        (-b.tokens / rate * 1e6).ceil() as u64
+    }
+}
+
+/// One client's share of the bandwidth, held by its connections' writers.
+#[derive(Debug)]
+pub struct Meter {
+    bucket: Mutex<Bucket>,
+}
+
+#[derive(Default)]
+struct Shard {
+    meters: HashMap<u128, Weak<Meter>>,
+    sweep_at: usize,
+}
+
+fn table() -> &'static [Mutex<Shard>; SHARDS] {
+    static TABLE: std::sync::OnceLock<[Mutex<Shard>; SHARDS]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(Shard::default())))
+}
+
+/// Microseconds since the table's first use.
+fn now_us() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
+/// second's worth), at start-up and on every reload. Meters already held
+/// follow at their next write.
+pub(crate) fn set(rate: u64, burst: u64) {
+    let burst = if burst == 0 { rate } else { burst };
+    BURST.store(burst, Ordering::Relaxed);
+    RATE.store(rate, Ordering::Relaxed);
+}
+
+/// Writes that waited for their client's bandwidth, since start.
+pub fn waits() -> u64 {
+    WAITS.load(Ordering::Relaxed)
+}
+
+/// Milliseconds those writes waited in all, since start.
+pub fn waited_ms() -> u64 {
+    WAITED_US.load(Ordering::Relaxed) / 1000
+}
+
+/// The meter the writes to a client at `ip` go through: None when no rate
+/// is set (this one load is all an unlimited response costs) or the client
+/// is exempt (another array member).
+pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
+    if RATE.load(Ordering::Relaxed) == 0 || crate::client_limit::is_exempt(ip) {
+        return None;
+    }
+    let key = crate::client_limit::key(ip);
+    let mut shard = table()[crate::client_limit::shard_of(key)]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(m) = shard.meters.get(&key).and_then(Weak::upgrade) {
+        return Some(m);
+    }
+    if shard.meters.len() >= shard.sweep_at.max(SWEEP_AT) {
+        shard.meters.retain(|_, m| m.strong_count() > 0);
+        let left = shard.meters.len();
+        shard.sweep_at = left * 2;
+        if shard.meters.capacity() > 4 * left.max(SWEEP_AT) {
+            shard.meters.shrink_to(left * 2);
+        }
+    }
+    let burst = BURST.load(Ordering::Relaxed) as f64;
+    let m = Arc::new(Meter {
+        bucket: Mutex::new(Bucket {
+            tokens: burst,
+            at_us: now_us(),
+        }),
+    });
+    shard.meters.insert(key, Arc::downgrade(&m));
+    Some(m)
+}
+
+impl Meter {
+    /// The largest piece a paced write should send at once: an eighth of a
+    /// second's worth, between 1 and 64 KiB.
+    pub fn piece(&self) -> usize {
+        let rate = usize::try_from(RATE.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+        (rate / 8).clamp(MIN_PIECE, MAX_PIECE)
+    }
+
+    /// Takes `n` bytes from the client's bucket and waits until they may
+    /// be sent (at once while the bucket holds them). No wait once the
+    /// rate is set to 0 by a reload.
+    pub async fn pace(&self, n: usize) {
+        let rate = RATE.load(Ordering::Relaxed) as f64;
+        if rate <= 0.0 || n == 0 {
+            return;
+        }
+        let burst = (BURST.load(Ordering::Relaxed) as f64).max(1.0);
+        let wait_us = {
+            let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+            take(&mut b, n as u64, now_us(), rate, burst)
+        };
+        if wait_us == 0 {
+            return;
+        }
+        WAITS.fetch_add(1, Ordering::Relaxed);
+        WAITED_US.fetch_add(wait_us, Ordering::Relaxed);
+        tokio::time::sleep(std::time::Duration::from_micros(wait_us)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RATE: f64 = 1000.0;
+    const BURST: f64 = 500.0;
+
+    fn full() -> Bucket {
+        Bucket {
+            tokens: BURST,
+            at_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_sends_its_burst_at_once() {
+        let mut b = full();
+        assert_eq!(take(&mut b, 300, 0, RATE, BURST), 0);
+        assert_eq!(take(&mut b, 200, 0, RATE, BURST), 0);
+        assert_eq!(b.tokens, 0.0);
+    }
+
+    #[test]
+    fn bytes_past_the_bucket_wait_as_long_as_the_rate_takes_to_bring_them() {
+        let mut b = full();
+        // 500 in hand, 800 asked: 300 owed at 1000 a second.
+        assert_eq!(take(&mut b, 800, 0, RATE, BURST), 300_000);
+        // A second writer of the same client queues behind the debt.
+        assert_eq!(take(&mut b, 100, 0, RATE, BURST), 400_000);
+        // 400 ms later the debt is paid, and nothing more is in hand.
+        assert_eq!(take(&mut b, 0, 400_000, RATE, BURST), 0);
+        assert!(b.tokens.abs() < 1e-6);
+    }
+
+    #[test]
+    fn over_time_the_bytes_sent_keep_to_the_rate() {
+        // A writer that sends 64-byte pieces as fast as it may for 10 s.
+        let mut b = full();
+        let (mut now, mut sent) = (0u64, 0u64);
+        while now < 10_000_000 {
+            now += take(&mut b, 64, now, RATE, BURST);
+            sent += 64;
+        }
+        // The burst, and the rate for 10 s, to within a piece.
+        let expected = BURST + RATE * 10.0;
+        assert!(
+            (sent as f64 - expected).abs() <= 64.0,
+            "{sent} sent, {expected} expected"
+        );
+    }
+
+    #[test]
+    fn an_idle_client_gets_back_no_more_than_the_burst() {
+        let mut b = full();
+        take(&mut b, 500, 0, RATE, BURST);
+        refill(&mut b, 3_600_000_000, RATE, BURST);
+        assert_eq!(b.tokens, BURST);
+    }
+
+    #[test]
+    fn a_clock_that_seems_to_go_back_takes_nothing_back() {
+        let mut b = Bucket {
+            tokens: 0.0,
+            at_us: 1_000_000,
+        };
+        assert_eq!(take(&mut b, 100, 500_000, RATE, BURST), 100_000);
+        assert_eq!(b.at_us, 1_000_000);
+    }
+}

@@ -1,0 +1,250 @@
+//! `limits.client_bandwidth` through the real binary: what one client is
+//! sent, over all its connections and whatever the way (a miss from the
+//! origin, a hit from memory, a hit from disk through `sendfile`, an HTTP/2
+//! stream, a `CONNECT` tunnel), keeps to the rate, while another client
+//! has its own share. Time is what this limit is about, so the tests time
+//! downloads, only from below: a paced download can never be quicker than
+//! the rate allows, however slow the machine, and an unpaced one of these
+//! sizes takes milliseconds.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// 64 KiB a second with a 16 KiB burst: 96 KiB take at least 1.25 s, 48
+/// KiB at least 0.5 s, from a full bucket.
+const LIMITS: &str = "[limits]\nclient_bandwidth = \"64KiB\"\nclient_bandwidth_burst = \"16KiB\"\n";
+
+const OTHER: &str = "127.0.0.2";
+const CLIENT: &str = "127.0.0.1";
+
+/// An origin with `/disk` (96 KiB, stored on disk only: above the memory
+/// tier's largest object) and `/mem` (48 KiB, kept in memory), fresh for
+/// ten minutes.
+async fn origin() -> Origin {
+    Origin::start(|req| async move {
+        let len = if req.uri.path() == "/mem" { 48 << 10 } else { 96 << 10 };
+        Response::ok("").generated(len).header("Cache-Control", "max-age=600")
+    })
+    .await
+}
+
+/// A forward listener and an h2c reverse listener in front of `origin`,
+/// a disk cache in the test's directory, and `rest`.
+fn config(forward: &str, reverse: &str, origin: &Origin, rest: &str) -> String {
+    format!(
+        "[[listener]]\naddress = \"{forward}\"\n\n\
+         [[listener]]\naddress = \"{reverse}\"\nmode = \"reverse\"\nh2c = true\n\n\
+         [[upstream]]\nname = \"web\"\nservers = [\"{}\"]\n\n\
+         [[rule]]\nmode = \"reverse\"\nupstream = \"web\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"16MiB\"\nmax_memory_object = \"64KiB\"\n\n\
+         [proxy]\nconnect_ports = [443, {}]\n\n{rest}",
+        origin.addr(),
+        origin.addr().port()
+    )
+}
+
+/// A forward GET of `path` at `origin` through `proxy` from `src`: the
+/// response and how long it took.
+async fn timed_get(src: &str, proxy: SocketAddr, origin: &Origin, path: &str) -> (ParsedResponse, Duration) {
+    let o = origin.addr();
+    let req = format!("GET http://{o}{path} HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+    let start = Instant::now();
+    let bytes = raw_request_from(src.parse().expect("ip"), proxy, req.as_bytes()).await;
+    (parse_response(&bytes), start.elapsed())
+}
+
+/// Lets a quiet client's bucket fill again (16 KiB at 64 KiB a second
+/// takes 250 ms).
+async fn refill() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+fn assert_body(r: &ParsedResponse, len: usize, what: &str) {
+    assert_eq!(r.status, 200, "{what}: {:?}", r.headers);
+    assert_eq!(r.body.len(), len, "{what}");
+    assert!(pattern_matches(0, &r.body), "{what}: the body is not the origin's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_a_response_body_goes_out_keeps_to_the_clients_bandwidth() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    // A miss (from the origin) and hits from disk (sendfile) and memory.
+    for (path, len, how, least) in [
+        ("/disk", 96 << 10, "MISS", 1.1),
+        ("/disk", 96 << 10, "HIT", 1.1),
+        ("/mem", 48 << 10, "MISS", 0.4),
+        ("/mem", 48 << 10, "HIT", 0.4),
+    ] {
+        refill().await;
+        let (r, took) = timed_get(CLIENT, proxy, &o, path).await;
+        let what = format!("{path} {how}");
+        assert_body(&r, len, &what);
+        assert_eq!(r.header("X-Cache"), Some(how), "{what}");
+        assert!(
+            took.as_secs_f64() >= least,
+            "{what}: {len} bytes in {took:?}, faster than 64 KiB/s allows"
+        );
+    }
+    assert_eq!(o.count(), 2);
+    let waits = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
+    assert!(waits > 0, "waits counted: {waits}");
+    let waited = metric(&p, "portico_connection_queue_client_bandwidth_wait_milliseconds_total").await;
+    // About 1.25 + 1.25 + 0.5 + 0.5 s of waiting.
+    assert!(waited >= 3000, "waited {waited} ms");
+    let perf = page(&p, "/.perf").await;
+    assert!(perf.contains("Waits Over Client Bandwidth"), "{perf}");
+
+    // Two connections of one client share its rate (192 KiB: at least
+    // 2.75 s); another client, at the same time, has its own (1.25 s).
+    refill().await;
+    let start = Instant::now();
+    let mine = (0..2)
+        .map(|_| {
+            let o = o.addr();
+            tokio::spawn(async move {
+                let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+                let r = parse_response(&raw_request_from(CLIENT.parse().expect("ip"), proxy, req.as_bytes()).await);
+                (r, start.elapsed())
+            })
+        })
+        .collect::<Vec<_>>();
+    let (theirs, their_time) = timed_get(OTHER, proxy, &o, "/disk").await;
+    assert_body(&theirs, 96 << 10, "the other client's");
+    assert!(their_time.as_secs_f64() >= 1.1, "{their_time:?}");
+    let mut slowest = Duration::ZERO;
+    for m in mine {
+        let (r, took) = m.await.expect("download");
+        assert_body(&r, 96 << 10, "one of the client's two");
+        slowest = slowest.max(took);
+    }
+    assert!(
+        slowest.as_secs_f64() >= 2.5,
+        "two connections of one client got 192 KiB in {slowest:?}: more than its 64 KiB/s"
+    );
+    assert!(
+        their_time < slowest,
+        "the other client ({their_time:?}) waited for the first's share ({slowest:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_and_a_connect_tunnel_keep_to_it_too() {
+    let o = origin().await;
+    // What the tunnel carries: 96 KiB from a server that speaks first.
+    let server = RawOrigin::start(|mut s| async move {
+        let mut data = vec![0u8; 96 << 10];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let _ = s.write_all(&data).await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let cfg = config(&forward, &reverse, &o, LIMITS).replace(
+        &format!("connect_ports = [443, {}]", o.addr().port()),
+        &format!("connect_ports = [443, {}]", server.addr().port()),
+    );
+    let p = Portico::start(&cfg).await;
+
+    // HTTP/2 (h2c): a miss, then a hit.
+    let tcp = tokio::net::TcpStream::connect(&reverse).await.expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    for how in ["miss", "hit"] {
+        refill().await;
+        let start = Instant::now();
+        let mut send = send.clone().ready().await.expect("ready");
+        let req = http::Request::get(format!("http://{reverse}/disk"))
+            .body(())
+            .expect("request");
+        let (resp, _) = send.send_request(req, true).expect("send request");
+        let (parts, mut body) = resp.await.expect("response").into_parts();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk: Bytes = chunk.expect("body");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        let took = start.elapsed();
+        assert_eq!(parts.status, 200, "{how}");
+        assert_eq!(got.len(), 96 << 10, "{how}");
+        assert!(pattern_matches(0, &got), "{how}");
+        assert!(took.as_secs_f64() >= 1.1, "HTTP/2 {how}: 96 KiB in {took:?}");
+    }
+
+    // A CONNECT tunnel: what the server sends the client.
+    refill().await;
+    let start = Instant::now();
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let target = server.addr();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("send CONNECT");
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut all))
+        .await
+        .expect("the tunnel ends")
+        .expect("read");
+    let took = start.elapsed();
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("an answer head") + 4;
+    assert!(
+        all.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&all[..end])
+    );
+    let got = &all[end..];
+    assert_eq!(got.len(), 96 << 10);
+    assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    assert!(took.as_secs_f64() >= 1.1, "tunnel: 96 KiB in {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_lifts_the_limit_lets_the_next_requests_go_unpaced() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    let (r, took) = timed_get(CLIENT, proxy, &o, "/disk").await;
+    assert_body(&r, 96 << 10, "paced");
+    assert!(took.as_secs_f64() >= 1.1, "{took:?}");
+    let series = "portico_connection_queue_client_bandwidth_waits_total";
+    let waits = metric(&p, series).await;
+    assert!(waits > 0);
+    p.rewrite_config(&config(&forward, &reverse, &o, ""));
+    p.signal(libc::SIGHUP);
+    // Once the reload is in, downloads no longer wait: the counter stays.
+    let mut quick = false;
+    for _ in 0..50 {
+        let before = metric(&p, series).await;
+        let (r, _) = timed_get(CLIENT, proxy, &o, "/disk").await;
+        assert_body(&r, 96 << 10, "after the reload");
+        if metric(&p, series).await == before {
+            quick = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(quick, "downloads still wait after the limit was lifted");
+}
+
+#[test]
+fn a_burst_without_a_bandwidth_is_refused_by_name() {
+    let out = Portico::check("[limits]\nclient_bandwidth_burst = \"1MiB\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("client_bandwidth_burst") && err.contains("needs limits.client_bandwidth"),
+        "{err}"
+    );
+}
