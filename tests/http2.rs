@@ -1404,3 +1404,48 @@ async fn a_client_that_stops_reading_its_socket_has_its_streams_reset_after_send
     assert!(metric(&p, "portico_http2_resets_sent_total").await >= 1);
     drop(s);
 }
+
+/// `limits.client_request_rate` counts HTTP/2 streams: each is a request,
+/// and the ones past the client's burst get 429 with `Retry-After` on
+/// their stream while the connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_http2_stream_counts_against_the_clients_request_rate() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let (port, p) = h2c_portico(
+        &origin,
+        "\n[cache]\nenabled = false\n\n[limits]\nclient_request_rate = 1\nclient_request_burst = 3\n",
+    )
+    .await;
+    let mut send = h2c(port).await;
+    let get = || {
+        http::Request::get(format!("http://127.0.0.1:{port}/"))
+            .body(())
+            .expect("request")
+    };
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..5 {
+        let (parts, _) = h2_get(&mut send, get()).await;
+        if parts.status == 429 {
+            retry_after = parts
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+        }
+        statuses.push(parts.status.as_u16());
+    }
+    // The burst of 3, then refused: one more a second is far slower than
+    // these are sent.
+    assert_eq!(&statuses[..4], [200, 200, 200, 429], "{statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(origin.count(), 5 - refused, "a refused stream reached the origin");
+    assert_eq!(
+        metric(&p, "portico_connection_queue_client_rate_limited_total").await,
+        refused as u64
+    );
+    // The same connection is served again once the bucket has a request.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h2_get(&mut send, get()).await.0.status, 200);
+}
