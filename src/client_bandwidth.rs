@@ -15,18 +15,24 @@
 //! the debt, if any ([`take`]), so several connections of one client share
 //! the rate; writes are cut into pieces of at most an eighth of a second's
 //! worth ([`Meter::piece`]) so that one large body does not go out in
-//! bursts. Response heads, error pages and bytes the client sends are not
-//! counted; array members are exempt, as from the other per-client limits.
+//! bursts. Every body counts, Portico's own pages too; response heads and
+//! bytes the client sends do not. Array members are exempt, as from the
+//! other per-client limits.
 //!
 //! The buckets live in a table of 16 shards (as `client_limit` shards its
-//! counts), held by the connections' writers: an entry whose bucket no
-//! writer holds any more is dropped when a shard has doubled since its last
-//! sweep. The bucket arithmetic ([`take`]) is pure, the clock a parameter.
+//! counts), and the writers of a client's responses hold its bucket while
+//! they send. The table keeps a bucket after its last response is done:
+//! a client fetching one object after another owes what it was sent
+//! before, and does not start each response with a full burst. A bucket
+//! that no writer holds and that has filled up again says nothing a new
+//! one would not, so such buckets are dropped whenever a shard has doubled
+//! since its last sweep. The bucket arithmetic ([`take`]) is pure, the
+//! clock a parameter.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 /// Bytes a second; 0: no limit.
 static RATE: AtomicU64 = AtomicU64::new(0);
@@ -82,7 +88,7 @@ pub struct Meter {
 
 #[derive(Default)]
 struct Shard {
-    meters: HashMap<u128, Weak<Meter>>,
+    meters: HashMap<u128, Arc<Meter>>,
     sweep_at: usize,
 }
 
@@ -111,9 +117,9 @@ pub fn waits() -> u64 {
     WAITS.load(Ordering::Relaxed)
 }
 
-/// Milliseconds those writes waited in all, since start.
-pub fn waited_ms() -> u64 {
-    WAITED_US.load(Ordering::Relaxed) / 1000
+/// Microseconds those writes waited in all, since start.
+pub fn waited_us() -> u64 {
+    WAITED_US.load(Ordering::Relaxed)
 }
 
 /// The meter the writes to a client at `ip` go through: None when no rate
@@ -127,34 +133,51 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
     let mut shard = table()[crate::client_limit::shard_of(key)]
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(m) = shard.meters.get(&key).and_then(Weak::upgrade) {
-        return Some(m);
+    if let Some(m) = shard.meters.get(&key) {
+        return Some(m.clone());
     }
     if shard.meters.len() >= shard.sweep_at.max(SWEEP_AT) {
-        shard.meters.retain(|_, m| m.strong_count() > 0);
+        let (now, rate, burst) = (now_us(), RATE.load(Ordering::Relaxed) as f64, burst());
+        shard
+            .meters
+            .retain(|_, m| Arc::strong_count(m) > 1 || !m.is_full(now, rate, burst));
         let left = shard.meters.len();
         shard.sweep_at = left * 2;
         if shard.meters.capacity() > 4 * left.max(SWEEP_AT) {
             shard.meters.shrink_to(left * 2);
         }
     }
-    let burst = BURST.load(Ordering::Relaxed) as f64;
     let m = Arc::new(Meter {
         bucket: Mutex::new(Bucket {
-            tokens: burst,
+            tokens: burst(),
             at_us: now_us(),
         }),
     });
-    shard.meters.insert(key, Arc::downgrade(&m));
+    shard.meters.insert(key, m.clone());
     Some(m)
 }
 
+/// The bucket's size in bytes (at least 1).
+fn burst() -> f64 {
+    (BURST.load(Ordering::Relaxed) as f64).max(1.0)
+}
+
 impl Meter {
+    /// Whether the bucket has filled up at `now_us`.
+    fn is_full(&self, now_us: u64, rate: f64, burst: f64) -> bool {
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        refill(&mut b, now_us, rate, burst);
+        b.tokens >= burst
+    }
+
     /// The largest piece a paced write should send at once: an eighth of a
-    /// second's worth, between 1 and 64 KiB.
+    /// second's worth, between 1 and 64 KiB (64 KiB once a reload lifted
+    /// the limit).
     pub fn piece(&self) -> usize {
-        let rate = usize::try_from(RATE.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
-        (rate / 8).clamp(MIN_PIECE, MAX_PIECE)
+        match usize::try_from(RATE.load(Ordering::Relaxed)).unwrap_or(usize::MAX) {
+            0 => MAX_PIECE,
+            rate => (rate / 8).clamp(MIN_PIECE, MAX_PIECE),
+        }
     }
 
     /// Takes `n` bytes from the client's bucket and waits until they may
@@ -165,10 +188,9 @@ impl Meter {
         if rate <= 0.0 || n == 0 {
             return;
         }
-        let burst = (BURST.load(Ordering::Relaxed) as f64).max(1.0);
         let wait_us = {
             let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-            take(&mut b, n as u64, now_us(), rate, burst)
+            take(&mut b, n as u64, now_us(), rate, burst())
         };
         if wait_us == 0 {
             return;

@@ -23,11 +23,15 @@ const OTHER: &str = "127.0.0.2";
 const CLIENT: &str = "127.0.0.1";
 
 /// An origin with `/disk` (96 KiB, stored on disk only: above the memory
-/// tier's largest object) and `/mem` (48 KiB, kept in memory), fresh for
-/// ten minutes.
+/// tier's largest object), `/mem` (48 KiB, kept in memory) and `/burst`
+/// (16 KiB, the burst), fresh for ten minutes.
 async fn origin() -> Origin {
     Origin::start(|req| async move {
-        let len = if req.uri.path() == "/mem" { 48 << 10 } else { 96 << 10 };
+        let len = match req.uri.path() {
+            "/mem" => 48 << 10,
+            "/burst" => 16 << 10,
+            _ => 96 << 10,
+        };
         Response::ok("").generated(len).header("Cache-Control", "max-age=600")
     })
     .await
@@ -94,11 +98,27 @@ async fn every_way_a_response_body_goes_out_keeps_to_the_clients_bandwidth() {
         );
     }
     assert_eq!(o.count(), 2);
+    // Responses one after another share the bucket: the first of these
+    // four 16 KiB ones takes the burst, the next three wait for the rate
+    // (48 KiB: at least 0.75 s), though none alone is over the burst.
+    refill().await;
+    let start = Instant::now();
+    for n in 0..4 {
+        let (r, _) = timed_get(CLIENT, proxy, &o, "/burst").await;
+        assert_body(&r, 16 << 10, &format!("/burst #{n}"));
+    }
+    let took = start.elapsed();
+    assert!(took.as_secs_f64() >= 0.65, "64 KiB in four responses took {took:?}");
     let waits = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
     assert!(waits > 0, "waits counted: {waits}");
-    let waited = metric(&p, "portico_connection_queue_client_bandwidth_wait_milliseconds_total").await;
-    // About 1.25 + 1.25 + 0.5 + 0.5 s of waiting.
-    assert!(waited >= 3000, "waited {waited} ms");
+    let metrics = page(&p, "/metrics").await;
+    let waited: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("portico_connection_queue_client_bandwidth_wait_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no wait seconds in /metrics:\n{metrics}"));
+    // About 1.25 + 1.25 + 0.5 + 0.5 s of waiting (less what writing took).
+    assert!(waited >= 2.0, "waited {waited} s");
     let perf = page(&p, "/.perf").await;
     assert!(perf.contains("Waits Over Client Bandwidth"), "{perf}");
 
@@ -245,6 +265,17 @@ fn a_burst_without_a_bandwidth_is_refused_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("client_bandwidth_burst") && err.contains("needs limits.client_bandwidth"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bandwidth_below_1_kib_a_second_is_refused_by_name() {
+    let out = Portico::check("[limits]\nclient_bandwidth = \"512B\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("limits.client_bandwidth") && err.contains("at least 1KiB"),
         "{err}"
     );
 }

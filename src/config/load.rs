@@ -560,6 +560,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "needs limits.client_request_rate (a burst above no rate limits nothing)".into(),
         ));
     }
+    if c.limits.client_bandwidth.bytes() > 0 && c.limits.client_bandwidth.bytes() < 1024 {
+        return Err((
+            vec![Key("limits"), Key("client_bandwidth")],
+            "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB".into(),
+        ));
+    }
     if c.limits.client_bandwidth_burst.bytes() > 0 && c.limits.client_bandwidth.bytes() == 0 {
         return Err((
             vec![Key("limits"), Key("client_bandwidth_burst")],

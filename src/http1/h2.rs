@@ -566,6 +566,8 @@ pub(crate) async fn tunnel(
                     seen(&last);
                     if let Some(m) = meter {
                         m.pace(n).await;
+                        // The wait is not silence (see `proxy/tunnel.rs`'s `pipe`).
+                        seen(&last);
                     }
                     let data = buf.split_to(n).freeze();
                     if send_all(&mut send, data, false, idle).await.is_err() {

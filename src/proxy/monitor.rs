@@ -490,7 +490,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         client_limited: crate::client_limit::refused(),
         client_rate_limited: crate::client_rate::refused(),
         client_bandwidth_waits: crate::client_bandwidth::waits(),
-        client_bandwidth_wait_ms: crate::client_bandwidth::waited_ms(),
+        client_bandwidth_wait_us: crate::client_bandwidth::waited_us(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

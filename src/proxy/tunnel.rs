@@ -228,6 +228,9 @@ async fn pipe(
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         if let Some(m) = meter {
             m.pace(n).await;
+            // The wait is not silence: the other way's idle check must
+            // not close a tunnel whose bytes are waiting their turn.
+            last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         }
         // A side that takes no bytes for the idle time is as dead as a
         // silent one: without this bound a client that sends but never

@@ -237,6 +237,8 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         if let Some(m) = meter {
             m.pace(n).await;
+            // The wait is not silence (see `proxy/tunnel.rs`'s `pipe`).
+            last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         }
         // A client that takes no bytes for the idle time does not hold the
         // connection for ever (`write_all`'s own timeout).

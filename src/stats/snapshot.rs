@@ -303,10 +303,10 @@ crate::section! {
         #[serde(default)]
         client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",
             prom "portico_connection_queue_client_bandwidth_waits_total", xml "connection-queue-bucket" "countClientBandwidthWaits";
-        /// Milliseconds those writes waited in all.
+        /// Microseconds those writes waited in all.
         #[serde(default)]
-        client_bandwidth_wait_ms: u64 => Counter, Add, None, "Milliseconds writes to clients waited for limits.client_bandwidth, in all.",
-            prom "portico_connection_queue_client_bandwidth_wait_milliseconds_total", xml "connection-queue-bucket" "countClientBandwidthWaitMs";
+        client_bandwidth_wait_us: u64 => Counter, Add, Micros, "Time writes to clients waited for limits.client_bandwidth, in all.",
+            prom "portico_connection_queue_client_bandwidth_wait_seconds_total", xml "connection-queue-bucket" "ticksClientBandwidthWait";
     }
 }
 

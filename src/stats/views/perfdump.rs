@@ -75,7 +75,9 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(
                 o,
                 "{:<40} {} ({} ms)",
-                "Waits Over Client Bandwidth", q.client_bandwidth_waits, q.client_bandwidth_wait_ms
+                "Waits Over Client Bandwidth",
+                q.client_bandwidth_waits,
+                q.client_bandwidth_wait_us / 1000
             );
             let _ = writeln!(
                 o,
