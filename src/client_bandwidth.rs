@@ -261,6 +261,40 @@ mod tests {
     }
 
     #[test]
+    fn the_table_keeps_held_and_owing_buckets_and_drops_idle_full_ones() {
+        // One shard's worth of clients: addresses of 198.51.0.0/16 whose
+        // key lands in one shard (the table is the process's own; no other
+        // test sets a rate, and for the few milliseconds this one has it
+        // set, a response of another test would be paced at 1 MiB/s).
+        let shard_of = |ip: IpAddr| crate::client_limit::shard_of(crate::client_limit::key(ip));
+        let all = (0..=0xFFFFu32).map(|n| IpAddr::from((0xC633_0000u32 | n).to_be_bytes()));
+        let shard = shard_of(IpAddr::from([198, 51, 0, 0]));
+        let clients: Vec<IpAddr> = all.filter(|ip| shard_of(*ip) == shard).take(SWEEP_AT + 1).collect();
+        assert_eq!(clients.len(), SWEEP_AT + 1);
+        set(1 << 20, 1 << 10);
+        let held = meter(clients[0]).unwrap();
+        // Owes 1 GiB at 1 MiB a second: not full again for 17 minutes.
+        let owing = meter(clients[1]).unwrap();
+        take(&mut owing.bucket.lock().unwrap(), 1 << 30, now_us(), 1.0, 1024.0);
+        drop(owing);
+        // Clients that were sent nothing: full, and no writer holds them.
+        for ip in &clients[2..SWEEP_AT] {
+            drop(meter(*ip));
+        }
+        let len = || table()[shard].lock().unwrap().meters.len();
+        assert!(len() >= SWEEP_AT);
+        // The next new client sweeps: the held and the owing stay.
+        drop(meter(clients[SWEEP_AT]));
+        set(0, 0);
+        let table = table()[shard].lock().unwrap();
+        let kept = |ip: IpAddr| table.meters.contains_key(&crate::client_limit::key(ip));
+        assert!(kept(clients[0]), "a bucket a writer holds was dropped");
+        assert!(kept(clients[1]), "a bucket still owing was dropped");
+        assert!(table.meters.len() <= 3, "{} left", table.meters.len());
+        drop(held);
+    }
+
+    #[test]
     fn a_clock_that_seems_to_go_back_takes_nothing_back() {
         let mut b = Bucket {
             tokens: 0.0,
