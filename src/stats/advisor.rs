@@ -80,6 +80,21 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // Paced downloads hold their service places for as long as they last:
+    // when requests queued for a place too, the limit is costing others.
+    if let Some(q) = &s.connection_queue
+        && q.client_bandwidth_waits > 0
+        && q.total_queued > 0
+    {
+        say(
+            "client-bandwidth",
+            format!(
+                "Writes to clients waited {:.0} s in all for limits.client_bandwidth (ConnectionQueue: Waits Over Client Bandwidth) while {} requests queued for a service place (Total Connections Queued): a paced download holds its place (server.max_requests) for as long as it lasts. Raise server.max_requests, set limits.max_connections_per_client so one client cannot hold many places, or raise the bandwidth.",
+                q.client_bandwidth_wait_us as f64 / 1e6,
+                q.total_queued
+            ),
+        );
+    }
     let ka = &s.keepalive;
     if let Some(flushes) = ka.flushes
         && flushes > ka.hits
@@ -889,6 +904,36 @@ mod tests {
         let a = advise(&s);
         assert_eq!(rules(&s), ["client-request-rate"]);
         assert!(a[0].text.contains("Refused Over Client Rate"), "{}", a[0].text);
+    }
+
+    #[test]
+    fn client_bandwidth_speaks_only_when_paced_downloads_and_queued_requests_meet() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            client_bandwidth_waits: 40,
+            client_bandwidth_wait_us: 12_500_000,
+            ..Default::default()
+        });
+        assert!(
+            !rules(&s).contains(&"client-bandwidth"),
+            "the limit doing its job alone"
+        );
+        s.connection_queue = Some(ConnectionQueueInfo {
+            client_bandwidth_waits: 40,
+            client_bandwidth_wait_us: 12_500_000,
+            total_queued: 9,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        let said = a
+            .iter()
+            .find(|a| a.rule == "client-bandwidth")
+            .expect("client-bandwidth");
+        assert!(
+            said.text.starts_with("Writes to clients waited 12 s") && said.text.contains("while 9 requests queued"),
+            "{}",
+            said.text
+        );
     }
 
     #[test]
