@@ -162,6 +162,12 @@ fn burst() -> f64 {
     (BURST.load(Ordering::Relaxed) as f64).max(1.0)
 }
 
+/// How much a relay loop reads at once, `most` at most: a piece of the
+/// client's bandwidth when `meter` paces it ([`Meter::piece`]).
+pub fn read_size(meter: Option<&Meter>, most: usize) -> usize {
+    meter.map_or(most, |m| m.piece().min(most))
+}
+
 impl Meter {
     /// Whether the bucket has filled up at `now_us`.
     fn is_full(&self, now_us: u64, rate: f64, burst: f64) -> bool {

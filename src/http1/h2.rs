@@ -544,7 +544,7 @@ pub(crate) async fn tunnel(
             return 0;
         }
         let mut buf = BytesMut::with_capacity(16 << 10);
-        let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
+        let most = crate::client_bandwidth::read_size(meter, 16 << 10);
         loop {
             let read = tokio::time::timeout(idle, super::io::read_buf(upstream, &mut buf, most)).await;
             match read {

@@ -197,7 +197,7 @@ async fn pipe(
 ) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
-    let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
+    let most = crate::client_bandwidth::read_size(meter, 16 << 10);
     loop {
         let read = tokio::time::timeout(idle, read_buf(from, &mut buf, most)).await;
         let n = match read {

@@ -218,7 +218,7 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
     idle: Duration,
     meter: Option<&crate::client_bandwidth::Meter>,
 ) -> u64 {
-    let most = meter.map_or(16 << 10, |m| m.piece().min(16 << 10));
+    let most = crate::client_bandwidth::read_size(meter, 16 << 10);
     let mut buf = vec![0u8; most];
     let mut total = 0u64;
     loop {
