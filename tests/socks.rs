@@ -593,3 +593,29 @@ fn a_socks_listener_with_certificates_is_refused_by_portico_check() {
         "{err}"
     );
 }
+
+/// `limits.client_bandwidth` paces what a SOCKS session carries to its
+/// client: at 64 KiB a second with a 16 KiB burst, 96 KiB a server sends
+/// take at least 1.25 s (timed from below only: pacing is never quicker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socks_session_keeps_to_the_clients_bandwidth() {
+    let server = RawOrigin::start(|mut s| async move {
+        let data: Vec<u8> = (0..96usize << 10).map(|i| (i % 251) as u8).collect();
+        let _ = s.write_all(&data).await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let (p, socks) = socks_proxy("client_bandwidth = \"64KiB\"\nclient_bandwidth_burst = \"16KiB\"\n").await;
+    let start = Instant::now();
+    let (code, mut s) = request_reply(socks, &connect_v4([127, 0, 0, 1], server.addr().port())).await;
+    assert_eq!(code, 0, "{}", p.stderr());
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut got))
+        .await
+        .expect("the session ends")
+        .expect("read");
+    let took = start.elapsed();
+    assert_eq!(got.len(), 96 << 10);
+    assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    assert!(took.as_secs_f64() >= 1.1, "96 KiB through SOCKS in {took:?}");
+}
