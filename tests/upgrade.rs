@@ -459,3 +459,41 @@ fn upgrade_protocols_must_be_protocol_names() {
     ));
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }
+
+/// `limits.client_bandwidth` paces what an upgraded connection carries to
+/// the client: 96 KiB echoed back at 64 KiB a second with a 16 KiB burst
+/// take at least 1.25 s (timed from below only: pacing is never quicker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_upgraded_connection_carries_to_the_client_keeps_to_its_bandwidth() {
+    let o = switching_origin(SWITCHED, Arc::new(Mutex::new(Vec::new()))).await;
+    let p = reverse_proxy(
+        o.addr(),
+        "[limits]\nclient_bandwidth = \"64KiB\"\nclient_bandwidth_burst = \"16KiB\"\n",
+    )
+    .await;
+    let mut s = TcpStream::connect(p.addr()).await.expect("connect");
+    s.write_all(handshake("/chat", "www.example.com").as_bytes())
+        .await
+        .expect("send");
+    let (head, mut echoed) = read_response_head(&mut s).await;
+    assert_eq!(head.status, 101);
+    let data: Vec<u8> = (0..96usize << 10).map(|i| (i % 251) as u8).collect();
+    let start = Instant::now();
+    let (mut from, mut to) = s.into_split();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        to.write_all(&sent).await.expect("send");
+        to
+    });
+    let mut buf = vec![0u8; 16 << 10];
+    while echoed.len() < data.len() {
+        match tokio::time::timeout(Duration::from_secs(20), from.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => echoed.extend_from_slice(&buf[..n]),
+            other => panic!("echo stopped ({other:?}) after {} bytes", echoed.len()),
+        }
+    }
+    let took = start.elapsed();
+    drop(writer.await.expect("writer"));
+    assert_eq!(echoed, data);
+    assert!(took.as_secs_f64() >= 1.1, "96 KiB echoed in {took:?}");
+}
