@@ -19,8 +19,7 @@
 //! bytes the client sends do not. Array members are exempt, as from the
 //! other per-client limits.
 //!
-//! The buckets live in a table of 16 shards (as `client_limit` shards its
-//! counts), and the writers of a client's responses hold its bucket while
+//! The buckets live in a `client_table` of their own, and the writers of a client's responses hold its bucket while
 //! they send. The table keeps a bucket after its last response is done:
 //! a client fetching one object after another owes what it was sent
 //! before, and does not start each response with a full burst. A bucket
@@ -29,7 +28,7 @@
 //! since its last sweep. The bucket arithmetic ([`take`]) is pure, the
 //! clock a parameter.
 
-use std::collections::HashMap;
+use crate::client_table::ClientTable;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,10 +42,6 @@ static WAITS: AtomicU64 = AtomicU64::new(0);
 /// Microseconds those writes waited in all, since start.
 static WAITED_US: AtomicU64 = AtomicU64::new(0);
 
-const SHARDS: usize = 16;
-/// A shard is swept when it reaches this many entries, or twice what its
-/// last sweep left.
-const SWEEP_AT: usize = 1024;
 /// The smallest piece a paced write is cut into.
 const MIN_PIECE: usize = 1 << 10;
 /// The largest piece.
@@ -86,15 +81,9 @@ pub struct Meter {
     bucket: Mutex<Bucket>,
 }
 
-#[derive(Default)]
-struct Shard {
-    meters: HashMap<u128, Arc<Meter>>,
-    sweep_at: usize,
-}
-
-fn table() -> &'static [Mutex<Shard>; SHARDS] {
-    static TABLE: std::sync::OnceLock<[Mutex<Shard>; SHARDS]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(Shard::default())))
+fn table() -> &'static ClientTable<Arc<Meter>> {
+    static TABLE: std::sync::OnceLock<ClientTable<Arc<Meter>>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(ClientTable::new)
 }
 
 /// Microseconds since the table's first use.
@@ -130,30 +119,19 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
         return None;
     }
     let key = crate::client_limit::key(ip);
-    let mut shard = table()[crate::client_limit::shard_of(key)]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(m) = shard.meters.get(&key) {
+    let mut shard = table().shard(key);
+    if let Some(m) = shard.entries.get(&key) {
         return Some(m.clone());
     }
-    if shard.meters.len() >= shard.sweep_at.max(SWEEP_AT) {
-        let (now, rate, burst) = (now_us(), RATE.load(Ordering::Relaxed) as f64, burst());
-        shard
-            .meters
-            .retain(|_, m| Arc::strong_count(m) > 1 || !m.is_full(now, rate, burst));
-        let left = shard.meters.len();
-        shard.sweep_at = left * 2;
-        if shard.meters.capacity() > 4 * left.max(SWEEP_AT) {
-            shard.meters.shrink_to(left * 2);
-        }
-    }
+    let (now, rate, burst) = (now_us(), RATE.load(Ordering::Relaxed) as f64, burst());
+    shard.sweep_if_grown(|m| Arc::strong_count(m) > 1 || !m.is_full(now, rate, burst));
     let m = Arc::new(Meter {
         bucket: Mutex::new(Bucket {
-            tokens: burst(),
-            at_us: now_us(),
+            tokens: burst,
+            at_us: now,
         }),
     });
-    shard.meters.insert(key, m.clone());
+    shard.entries.insert(key, m.clone());
     Some(m)
 }
 
@@ -210,6 +188,7 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client_table::SWEEP_AT;
 
     const RATE: f64 = 1000.0;
     const BURST: f64 = 500.0;
@@ -287,16 +266,17 @@ mod tests {
         for ip in &clients[2..SWEEP_AT] {
             drop(meter(*ip));
         }
-        let len = || table()[shard].lock().unwrap().meters.len();
+        let key = crate::client_limit::key;
+        let len = || table().shard(key(clients[0])).entries.len();
         assert!(len() >= SWEEP_AT);
         // The next new client sweeps: the held and the owing stay.
         drop(meter(clients[SWEEP_AT]));
         set(0, 0);
-        let table = table()[shard].lock().unwrap();
-        let kept = |ip: IpAddr| table.meters.contains_key(&crate::client_limit::key(ip));
+        let table = table().shard(key(clients[0]));
+        let kept = |ip: IpAddr| table.entries.contains_key(&key(ip));
         assert!(kept(clients[0]), "a bucket a writer holds was dropped");
         assert!(kept(clients[1]), "a bucket still owing was dropped");
-        assert!(table.meters.len() <= 3, "{} left", table.meters.len());
+        assert!(table.entries.len() <= 3, "{} left", table.entries.len());
         drop(held);
     }
 

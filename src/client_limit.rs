@@ -31,7 +31,7 @@ static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last refusal was logged, in seconds since the Unix epoch.
 static LOGGED: AtomicU64 = AtomicU64::new(0);
 
-const SHARDS: usize = 16;
+pub(crate) const SHARDS: usize = 16;
 
 /// One shard of the count: each client's open connections, in a slab so
 /// that a connection's place is a 4-byte index ([`ClientSlot`]). A parked

@@ -9,16 +9,14 @@
 //! address, an IPv6 /64), holding up to `burst` tokens and refilled at
 //! `rate` a second; each request takes one, and a request that finds none
 //! is answered 429 with `Retry-After` before it is admitted, routed or
-//! looked up. The buckets live in a table of their own, in 16 shards (as
-//! `client_limit` shards its counts); a full bucket says nothing a new one
+//! looked up. The buckets live in a `client_table` of their own; a full bucket says nothing a new one
 //! would not, so full buckets are dropped whenever a shard has doubled
 //! since its last sweep: a shard holds at most about twice the clients
 //! that asked within the time a bucket takes to fill (`burst / rate`). The
 //! bucket arithmetic ([`take`]) is pure, the clock a parameter.
 
-use std::collections::HashMap;
+use crate::client_table::ClientTable;
 use std::net::IpAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `rate` (requests a second) as f64 bits; 0: no limit.
@@ -30,11 +28,6 @@ static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last refusal was logged, in seconds since the Unix epoch.
 static LOGGED: AtomicU64 = AtomicU64::new(0);
 
-const SHARDS: usize = 16;
-/// A shard is swept when it reaches this many buckets, or twice what its
-/// last sweep left.
-const SWEEP_AT: usize = 1024;
-
 /// One client's bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Bucket {
@@ -43,15 +36,9 @@ struct Bucket {
     at_ms: u64,
 }
 
-#[derive(Default)]
-struct Shard {
-    buckets: HashMap<u128, Bucket>,
-    sweep_at: usize,
-}
-
-fn table() -> &'static [Mutex<Shard>; SHARDS] {
-    static TABLE: std::sync::OnceLock<[Mutex<Shard>; SHARDS]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::new(Shard::default())))
+fn table() -> &'static ClientTable<Bucket> {
+    static TABLE: std::sync::OnceLock<ClientTable<Bucket>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(ClientTable::new)
 }
 
 /// Milliseconds since the table's first use.
@@ -108,22 +95,13 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
     let burst = f64::from_bits(BURST.load(Ordering::Relaxed));
     let key = crate::client_limit::key(ip);
     let now = now_ms();
-    let mut shard = table()[crate::client_limit::shard_of(key)]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if shard.buckets.len() >= shard.sweep_at.max(SWEEP_AT) {
-        shard.buckets.retain(|_, b| {
-            refill(b, now, rate, burst);
-            b.tokens < burst
-        });
-        let left = shard.buckets.len();
-        shard.sweep_at = left * 2;
-        // After a spike of clients, give the memory back too.
-        if shard.buckets.capacity() > 4 * left.max(SWEEP_AT) {
-            shard.buckets.shrink_to(left * 2);
-        }
-    }
-    let bucket = shard.buckets.entry(key).or_insert(Bucket {
+    let mut shard = table().shard(key);
+    // A full bucket says nothing a new one would not.
+    shard.sweep_if_grown(|b| {
+        refill(b, now, rate, burst);
+        b.tokens < burst
+    });
+    let bucket = shard.entries.entry(key).or_insert(Bucket {
         tokens: burst,
         at_ms: now,
     });

@@ -258,24 +258,24 @@ async fn a_reload_that_lifts_the_limit_lets_the_next_requests_go_unpaced() {
     assert!(quick, "downloads still wait after the limit was lifted");
 }
 
+/// Settings that cannot work are refused, naming the key and why.
 #[test]
-fn a_burst_without_a_bandwidth_is_refused_by_name() {
-    let out = Portico::check("[limits]\nclient_bandwidth_burst = \"1MiB\"\n");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("client_bandwidth_burst") && err.contains("needs limits.client_bandwidth"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_bandwidth_below_1_kib_a_second_is_refused_by_name() {
-    let out = Portico::check("[limits]\nclient_bandwidth = \"512B\"\n");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("limits.client_bandwidth") && err.contains("at least 1KiB"),
-        "{err}"
-    );
+fn a_burst_without_a_bandwidth_and_a_bandwidth_below_1_kib_are_refused_by_name() {
+    for (config, key, why) in [
+        (
+            "client_bandwidth_burst = \"1MiB\"",
+            "client_bandwidth_burst",
+            "needs limits.client_bandwidth",
+        ),
+        (
+            "client_bandwidth = \"512B\"",
+            "limits.client_bandwidth",
+            "at least 1KiB",
+        ),
+    ] {
+        let out = Portico::check(&format!("[limits]\n{config}\n"));
+        assert!(!out.status.success(), "{config}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key) && err.contains(why), "{config}: {err}");
+    }
 }
