@@ -399,6 +399,54 @@ async fn stored_responses_from_an_address_denied_later_are_not_served() {
     assert_eq!(public.count(), 1);
 }
 
+/// The address is known for a response fetched over a pooled connection
+/// too (the pool keeps it with the connection): after a reload denies the
+/// origin, the admin's exception still gets it from the cache and a
+/// stranger does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_fetched_over_a_pooled_connection_knows_where_it_came_from() {
+    let intranet = Origin::start_at("127.0.0.3", |_req| async {
+        Response::ok("intranet").header("Cache-Control", "max-age=600")
+    })
+    .await;
+    let cache = tempfile::tempdir().expect("cache dir");
+    let addr = free_addr();
+    let p = Portico::start(&stored_config(&addr, cache.path(), "")).await;
+    let (first, pooled) = (
+        format!("http://{}/first", intranet.addr()),
+        format!("http://{}/pooled", intranet.addr()),
+    );
+    for url in [&first, &pooled] {
+        assert_eq!(get_from(STRANGER, p.addr(), url).await.status, 200, "{url}");
+    }
+    assert_eq!(
+        intranet.connections(),
+        1,
+        "the second fetch reused the first's connection"
+    );
+    p.rewrite_config(&stored_config(
+        &addr,
+        cache.path(),
+        &format!(
+            "[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n\n\
+             [[acl]]\naction = \"allow\"\nclient = \"{ADMIN}\"\nallow_destinations = \"127.0.0.3\"\n"
+        ),
+    ));
+    p.signal(libc::SIGHUP);
+    let mut r = get_from(STRANGER, p.addr(), &pooled).await;
+    for _ in 0..100 {
+        if r.status != 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        r = get_from(STRANGER, p.addr(), &pooled).await;
+    }
+    assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
+    let r = get_from(ADMIN, p.addr(), &pooled).await;
+    assert_eq!(r.header("X-Cache"), Some("HIT"), "{:?}", r.headers);
+    assert_eq!(intranet.count(), 2);
+}
+
 /// A request that would share a fetch in progress (a collapsed miss) is
 /// not sent its bytes when they come from an address it may not reach
 /// now: here a reload denies the origin while a slow download from it

@@ -107,20 +107,20 @@ impl Client {
             } else {
                 self.pool.take(https, authority.as_str())
             };
-            let (conn, reused) = match pooled {
-                Some(conn) => (conn, true),
-                None => (
-                    self.connector.open(&parts.uri).await.map_err(UpstreamError::Connect)?,
-                    false,
-                ),
+            let (conn, origin, reused) = match pooled {
+                Some((conn, origin)) => (conn, origin, true),
+                None => {
+                    let conn = self.connector.open(&parts.uri).await.map_err(UpstreamError::Connect)?;
+                    // Asked once per connection, kept with it in the pool.
+                    let origin = if self.connector.records_origin() {
+                        conn.tcp().peer_addr().ok().map(|a| a.ip())
+                    } else {
+                        None
+                    };
+                    (conn, origin, false)
+                }
             };
             let absolute = matches!(conn, Conn::Proxied(_));
-            // Asked of the connection now: the exchange takes it.
-            let origin = if self.connector.records_origin() {
-                conn.tcp().peer_addr().ok().map(|a| a.ip())
-            } else {
-                None
-            };
             let head = request_head(&parts, absolute);
             let body = body.take().unwrap_or_else(ProxyBody::empty);
             let mut ex = Exchange::new(conn, head, body, parts.method.clone());
@@ -130,9 +130,10 @@ impl Client {
                         pool: self.pool.clone(),
                         https,
                         authority,
+                        origin,
                         _place: place,
                     };
-                    return Ok(response(head, ex, release, origin));
+                    return Ok(response(head, ex, release));
                 }
                 Err(e) if reused && retryable && !ex.received => {
                     tracing::debug!("a pooled connection to {authority} failed before answering ({e}); sending again");
@@ -465,12 +466,14 @@ struct Release {
     pool: Arc<Pool>,
     https: bool,
     authority: Authority,
+    /// The connection's origin address, pooled with it.
+    origin: Option<IpAddr>,
     _place: Option<Place>,
 }
 
-/// The response for `head`, its body read from `ex`; `origin`: the
-/// address it came from ([`OriginBody::origin_addr`]).
-fn response(head: ResponseHead, ex: Exchange, release: Release, origin: Option<IpAddr>) -> Response<OriginBody> {
+/// The response for `head`, its body read from `ex`.
+fn response(head: ResponseHead, ex: Exchange, release: Release) -> Response<OriginBody> {
+    let origin = release.origin;
     let ResponseHead {
         status,
         version,
@@ -547,7 +550,9 @@ fn announces_body(headers: &http::HeaderMap) -> bool {
 /// the next request, which may be another client's (response splitting).
 fn finish(mut ex: Exchange, keep_alive: bool, release: Release) {
     if keep_alive && ex.sending.is_done() && ex.buf.is_empty() && nothing_decrypted(&mut ex.conn) {
-        release.pool.put(release.https, release.authority.as_str(), ex.conn);
+        release
+            .pool
+            .put(release.https, release.authority.as_str(), ex.conn, release.origin);
     }
 }
 
@@ -850,6 +855,8 @@ struct Pool {
 
 struct Idle {
     conn: Conn,
+    /// Its origin address (`OriginBody::origin_addr`), if recorded.
+    origin: Option<IpAddr>,
     since: Instant,
     /// In [`IDLE_OPEN`] until taken out of the pool or closed.
     _counted: crate::util::Counted<'static>,
@@ -868,19 +875,20 @@ impl Pool {
     /// An idle connection to the origin, if one is left that the origin
     /// has not closed meanwhile. The check (maybe a system call) and the
     /// closing of dead connections happen outside the lock.
-    fn take(&self, https: bool, authority: &str) -> Option<Conn> {
+    /// With it, the origin address it was put back with.
+    fn take(&self, https: bool, authority: &str) -> Option<(Conn, Option<IpAddr>)> {
         loop {
             let idle = {
                 let mut maps = self.idle.lock().ok()?;
                 maps[usize::from(https)].get_mut(authority)?.pop()?
             };
             if idle.since.elapsed() < self.idle_timeout && still_open(&idle.conn) {
-                return Some(idle.conn);
+                return Some((idle.conn, idle.origin));
             }
         }
     }
 
-    fn put(self: &Arc<Self>, https: bool, authority: &str, conn: Conn) {
+    fn put(self: &Arc<Self>, https: bool, authority: &str, conn: Conn, origin: Option<IpAddr>) {
         if self.max_idle == 0 {
             return;
         }
@@ -894,6 +902,7 @@ impl Pool {
             let dropped = (list.len() >= self.max_idle).then(|| list.remove(0));
             list.push(Idle {
                 conn,
+                origin,
                 since: Instant::now(),
                 _counted: crate::util::Counted::new(&IDLE_OPEN),
             });
@@ -1059,8 +1068,8 @@ mod tests {
         let (kept, _) = listener.accept().await.expect("accept");
         let closing = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (gone, _) = listener.accept().await.expect("accept");
-        pool.put(false, "o.test", Conn::Plain(open));
-        pool.put(false, "o.test", Conn::Plain(closing));
+        pool.put(false, "o.test", Conn::Plain(open), None);
+        pool.put(false, "o.test", Conn::Plain(closing), None);
         drop(gone);
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The newest (closed by its peer) is skipped, the other handed out.
@@ -1085,7 +1094,7 @@ mod tests {
         for _ in 0..3 {
             let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
             peers.push(listener.accept().await.expect("accept").0);
-            pool.put(false, "o.test", Conn::Plain(c));
+            pool.put(false, "o.test", Conn::Plain(c), None);
         }
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_millis(700)).await;
