@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const LIMITS: &str = "[limits]\nclient_bandwidth = \"64KiB\"\nclient_bandwidth_burst = \"16KiB\"\n";
 
 const OTHER: &str = "127.0.0.2";
+const PROBE: &str = "127.0.0.3";
 const CLIENT: &str = "127.0.0.1";
 
 /// An origin with `/disk` (96 KiB, stored on disk only: above the memory
@@ -227,6 +228,58 @@ async fn an_http2_stream_and_a_connect_tunnel_keep_to_it_too() {
     assert_eq!(got.len(), 96 << 10);
     assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
     assert!(took.as_secs_f64() >= 1.1, "tunnel: 96 KiB in {took:?}");
+}
+
+/// A miss is read from the origin and stored at the origin's pace, not at
+/// that of the limited client that asked: while the first client is still
+/// being sent its 96 KiB, the object is stored already, and another
+/// client's request for it is a hit rather than a wait on that fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_clients_miss_is_stored_at_the_origins_pace_not_the_clients() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    let first = {
+        let o = o.addr();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+            let r = parse_response(&raw_request_from(CLIENT.parse().expect("ip"), proxy, req.as_bytes()).await);
+            (r, start.elapsed())
+        })
+    };
+    // A third client asks whether it is stored, with a HEAD (no body to
+    // pace) that only the cache may answer: 504 until it is.
+    let probe = format!(
+        "HEAD http://{0}/disk HTTP/1.1\r\nHost: {0}\r\nCache-Control: only-if-cached\r\nConnection: close\r\n\r\n",
+        o.addr()
+    );
+    loop {
+        assert!(
+            !first.is_finished(),
+            "not stored while its client was still being sent it"
+        );
+        let r = parse_head_response(&raw_request_from(PROBE.parse().expect("ip"), proxy, probe.as_bytes()).await);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 504, "{:?}", r.headers);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (theirs, _) = timed_get(OTHER, proxy, &o, "/disk").await;
+    assert_body(&theirs, 96 << 10, "the other client's");
+    assert_eq!(theirs.header("X-Cache"), Some("HIT"));
+    let (r, took) = first.await.expect("download");
+    assert_body(&r, 96 << 10, "the first client's");
+    assert_eq!(r.header("X-Cache"), Some("MISS"));
+    assert!(
+        took.as_secs_f64() >= 1.1,
+        "the first client was sent 96 KiB in {took:?}"
+    );
+    assert_eq!(o.count(), 1);
+    // The other client's was a hit from the store, not a wait on the fetch.
+    assert_eq!(metric(&p, "portico_cache_collapsed_total").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

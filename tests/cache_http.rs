@@ -2714,6 +2714,99 @@ async fn a_large_fetch_every_client_left_is_stopped_unstored_unless_quick_abort_
     }
 }
 
+/// A miss is read ahead of its client, but only so far: a client that
+/// stops reading a 64 MiB download holds the fetch within 1 MiB of read-ahead
+/// plus what the sockets hold (4 MiB of send buffer at most with Linux's
+/// default `tcp_wmem`), not the whole object in memory; once it reads
+/// again it gets every byte, and the object is stored. Written in step,
+/// as before the read-ahead, the fetch was held the same way: this guards
+/// the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_whose_client_stops_reading_is_fetched_only_a_few_mib_ahead_of_it() {
+    const SIZE: u64 = 64 << 20;
+    let o =
+        Origin::start(|_req| async move { Response::ok("").generated(SIZE).header("Cache-Control", "max-age=600") })
+            .await;
+    let p = proxy("").await;
+    let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+    let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
+    c.write_all(req.as_bytes()).await.expect("request");
+    let mut body = Vec::new();
+    let mut buf = vec![0; 1 << 16];
+    let head_end = loop {
+        let n = tokio::time::timeout(WAIT, c.read(&mut buf))
+            .await
+            .expect("head in time")
+            .expect("read");
+        assert!(n > 0, "no response");
+        body.extend_from_slice(&buf[..n]);
+        if let Some(i) = body.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    // Unbounded, the fetch would read all 64 MiB in well under a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let fetched = metric(&p, "portico_cache_fetched_bytes_total").await;
+    assert!(
+        fetched < 16 << 20,
+        "{fetched} bytes fetched for a client that read none"
+    );
+    while ((body.len() - head_end) as u64) < SIZE {
+        let n = tokio::time::timeout(WAIT, c.read(&mut buf))
+            .await
+            .expect("body in time")
+            .expect("read");
+        assert!(n > 0, "the response ended early");
+        body.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!((body.len() - head_end) as u64, SIZE);
+    assert!(pattern_matches(0, &body[head_end..]), "not the origin's bytes");
+    assert!(
+        until(WAIT, || async { metric(&p, "portico_cache_stored_total").await == 1 }).await,
+        "not stored"
+    );
+}
+
+/// A client that leaves while the origin is quiet is noticed then, not at
+/// the origin's next piece: the fetch, read ahead of its client, is
+/// stopped at once (`cache.quick_abort`), though the origin sends nothing
+/// more for half a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_the_origin_is_quiet_stops_the_fetch_at_once() {
+    const SIZE: usize = 8 << 20;
+    const SENT: usize = 512 << 10;
+    let o = RawOrigin::start(|mut s| async move {
+        read_request_head(&mut s).await;
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nCache-Control: max-age=600\r\n\r\n");
+        let body: Vec<u8> = (0..SENT).map(|i| (i % 251) as u8).collect();
+        if s.write_all(head.as_bytes()).await.is_ok() && s.write_all(&body).await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let mut c = TcpStream::connect(p.addr()).await.expect("connect");
+    let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
+    c.write_all(req.as_bytes()).await.expect("request");
+    read_some(&mut c, 64 << 10).await;
+    // Until all 512 KiB have reached the proxy, the fetch is not quiet.
+    assert!(
+        until(WAIT, || async {
+            metric(&p, "portico_cache_fetched_bytes_total").await == SENT as u64
+        })
+        .await,
+        "the origin's first 512 KiB did not arrive"
+    );
+    drop(c);
+    assert!(
+        until(WAIT, || async {
+            metric(&p, "portico_cache_fetches_abandoned_total").await == 1
+        })
+        .await,
+        "the fetch went on waiting for the origin after its client left"
+    );
+}
+
 /// The bytes of the files in `dir` (not recursive; 0 if it is missing).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)

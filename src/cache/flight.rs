@@ -33,6 +33,12 @@ pub const SPOOL_LIMIT: u64 = 1 << 20;
 /// further behind are left behind ([`Next::Behind`]).
 pub const LAG_LIMIT: u64 = 4 * SPOOL_LIMIT;
 
+/// Most body bytes the misses of one worker read ahead of their own
+/// clients, all together (`Cache::read_ahead`; a fetch reads at most 1 MiB
+/// ahead of its client). 64 clients that stopped reading hold it all;
+/// past it, each fetch waits for its client.
+pub const READ_AHEAD_BUDGET: usize = 64 << 20;
+
 /// Where a joined follower is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cursor {

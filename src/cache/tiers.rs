@@ -287,6 +287,9 @@ pub struct Cache {
     reverse: (Policy, Vec<Option<Policy>>),
     /// Fetches in flight (request collapsing).
     pub flights: Arc<Flights>,
+    /// The body bytes misses may hold ahead of their clients, all together
+    /// ([`super::flight::READ_AHEAD_BUDGET`]); kept across reloads.
+    pub read_ahead: Arc<tokio::sync::Semaphore>,
     /// Counters.
     pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
@@ -340,6 +343,7 @@ impl Cache {
             routes: Vec::new(),
             reverse: (Policy::new(cfg)?, Vec::new()),
             flights: Arc::new(Flights::default()),
+            read_ahead: Arc::new(tokio::sync::Semaphore::new(super::flight::READ_AHEAD_BUDGET)),
             stats: Arc::default(),
             status_header: None,
             cache_status: None,
@@ -420,6 +424,7 @@ impl Cache {
             routes,
             reverse,
             flights: self.flights.clone(),
+            read_ahead: self.read_ahead.clone(),
             stats: self.stats.clone(),
             status_header,
             status_tag,

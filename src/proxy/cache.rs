@@ -26,6 +26,7 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+mod ahead;
 mod slice;
 
 /// What the cache did for a request (the `X-Cache` value).
@@ -997,13 +998,13 @@ impl Transaction<'_, '_> {
         // Preparing the store (opening the disk writer) is part of sending a miss.
         note_cache(self.ex, crate::stats::CacheOutcome::Miss);
         let _send = crate::stats::stage(crate::stats::Stage::Send);
-        let (head, mut body) = fetched.into_head(self.sh, self.dest.relay_challenge);
+        let (head, body) = fetched.into_head(self.sh, self.dest.relay_challenge);
         let storable = match head.length {
             _ if self.dest.reach != 0 => Err(NotStorable("fetched under an [[acl]] allow_destinations exception")),
             Some(n) if n > self.cache.max_object_size() => Err(NotStorable("larger than cache.max_object_size")),
             _ => open_store(self.cache, self.policy, &self.key, &self.ex.head, &head).await,
         };
-        let mut part = self
+        let part = self
             .part_to_keep(&head)
             .map(|(p, len)| (p, len, bytes::BytesMut::new()));
         let key = self.key.text();
@@ -1043,98 +1044,27 @@ impl Transaction<'_, '_> {
         };
         let ex = &mut *self.ex;
         ex.out.send_head(status, headers, len);
-        let idle = self.sh.upstream.idle_timeout;
-        let mut client_ok = true;
-        let mut received = 0u64;
-        let mut trailers = None;
-        let ending = loop {
-            let frame = match tokio::time::timeout(idle, body.frame()).await {
-                Ok(Some(Ok(frame))) => frame,
-                Ok(None) => break Ending::Complete,
-                Ok(Some(Err(e))) => {
-                    tracing::warn!(key, "{e}");
-                    break Ending::Failed;
-                }
-                Err(_) => {
-                    tracing::warn!(key, "origin response body stalled");
-                    break Ending::Failed;
-                }
-            };
-            let data = match frame.into_data() {
-                Ok(data) => data,
-                Err(frame) => {
-                    trailers = frame.into_trailers().ok();
-                    continue;
-                }
-            };
-            // What the origin has sent already goes to the client in one write.
-            let gathered = super::forward::gather(&mut body, data);
-            for data in gathered.parts() {
-                received += data.len() as u64;
-                self.cache.stats.fetched(data.len() as u64);
-                if let Some((_, len, buf)) = part.as_mut() {
-                    buf.extend_from_slice(data);
-                    if buf.len() as u64 > *len {
-                        part = None;
-                    }
-                }
-                if let Some(s) = sink.as_mut()
-                    && !s.data(data).await
-                {
-                    sink = None;
-                }
-                if let Some(l) = &leader {
-                    l.data(data.clone());
-                }
-            }
-            if client_ok && ex.out.send_data_parts(gathered.parts()).await.is_err() {
-                client_ok = false;
-                ex.out.close_after();
-            }
-            // With the client gone and no follower left, the fetch goes on
-            // only to be stored, and only if it is nearly done. Stopping
-            // closes the flight to new followers in the same step as the
-            // check, so none joins a fetch about to stop.
-            if !client_ok
-                && !leader.as_ref().is_some_and(Leader::followed)
-                && (sink.is_none() || !finish_abandoned(&self.sh.config.cache, received, length))
-                && leader.as_ref().is_none_or(Leader::close_if_unfollowed)
-            {
-                if sink.is_some() {
-                    tracing::debug!(key, received, "fetch stopped: every client left (cache.quick_abort)");
-                    self.cache
-                        .stats
-                        .fetches_abandoned
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                break Ending::Failed;
-            }
+        let fill = Fill {
+            cache: self.cache,
+            key: &self.key,
+            config: &self.sh.config.cache,
+            idle: self.sh.upstream.idle_timeout,
+            length,
+            sink,
+            leader,
+            part,
         };
-        match ending {
-            Ending::Complete => {
-                if let Some(s) = sink {
-                    s.commit().await;
-                    self.cache.stats.stored();
-                }
-                if let Some((p, len, buf)) = part
-                    && buf.len() as u64 == len
-                {
-                    keep_part(self.cache, &self.key, p, buf.freeze()).await;
-                }
-                if let Some(l) = leader {
-                    l.finish(Ending::Complete);
-                }
-                if client_ok && ex.out.finish(trailers.as_ref()).await.is_err() {
-                    ex.out.close_after();
-                }
-            }
-            _ => {
-                drop(sink);
-                if let Some(l) = leader {
-                    l.finish(Ending::Failed);
-                }
-                ex.out.close_after();
-            }
+        if fill.sink.is_some() {
+            // Stored: the fill runs ahead of this client (`ahead`), so the
+            // cache and the collapsed requests get the object at the
+            // origin's pace, not this client's.
+            let (queue, pieces) = ahead::queue(&self.cache.read_ahead);
+            tokio::join!(
+                fill.run(body, ToClient::Ahead(&queue)),
+                queue.deliver(pieces, &mut ex.out)
+            );
+        } else {
+            fill.run(body, ToClient::InStep(&mut ex.out)).await;
         }
     }
 
@@ -1256,6 +1186,170 @@ impl Transaction<'_, '_> {
             meta: stored.meta.clone(),
         };
         tokio::spawn(background.revalidate(leader));
+    }
+}
+
+/// Where a miss's fill sends the body to the request's own client.
+enum ToClient<'a, 'w> {
+    /// Each piece written before the next is read: the fetch goes at the
+    /// client's pace: the response is not stored, so nothing else waits on
+    /// it (a 206 part kept in memory aside).
+    InStep(&'a mut crate::http1::ResponseWriter<'w>),
+    /// Queued for the writer running beside the fill ([`ahead`]).
+    Ahead(&'a ahead::Queue),
+}
+
+/// A miss's fill: the origin's body into the store, the collapsed
+/// requests' spool, a kept 206 part, and to the client.
+struct Fill<'c> {
+    cache: &'c Cache,
+    key: &'c CacheKey,
+    /// `cache.quick_abort`, for a fetch its clients all left.
+    config: &'c crate::config::CacheConfig,
+    /// `upstream.idle_timeout`: an origin silent this long failed.
+    idle: std::time::Duration,
+    /// The announced body length.
+    length: Option<u64>,
+    sink: Option<StoreSink<'c>>,
+    leader: Option<Leader>,
+    part: Option<(NewPart, u64, bytes::BytesMut)>,
+}
+
+impl Fill<'_> {
+    /// Reads `body` to its end (or until nobody wants it), then commits
+    /// what it fed and ends the client's response (in step), or has its
+    /// writer end it after what is queued (ahead).
+    async fn run(mut self, mut body: crate::upstream::OriginBody, mut to: ToClient<'_, '_>) {
+        let key = self.key.text();
+        let mut client_ok = true;
+        let mut received = 0u64;
+        let mut trailers = None;
+        let ending = loop {
+            let read = tokio::time::timeout(self.idle, body.frame());
+            let read = match &to {
+                // The writer may fail while the origin is quiet: whether
+                // the fetch goes on without the client is decided then,
+                // not at the origin's next piece.
+                ToClient::Ahead(queue) if client_ok => tokio::select! {
+                    read = read => read,
+                    () = queue.left() => {
+                        client_ok = false;
+                        if self.give_up(received) {
+                            break Ending::Failed;
+                        }
+                        continue;
+                    }
+                },
+                _ => read.await,
+            };
+            let frame = match read {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => break Ending::Complete,
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(key, "{e}");
+                    break Ending::Failed;
+                }
+                Err(_) => {
+                    tracing::warn!(key, "origin response body stalled");
+                    break Ending::Failed;
+                }
+            };
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    continue;
+                }
+            };
+            // What the origin has sent already goes to the client in one write.
+            let gathered = super::forward::gather(&mut body, data);
+            for data in gathered.parts() {
+                received += data.len() as u64;
+                self.feed(data).await;
+            }
+            match &mut to {
+                ToClient::InStep(out) => {
+                    if client_ok && out.send_data_parts(gathered.parts()).await.is_err() {
+                        client_ok = false;
+                        out.close_after();
+                    }
+                }
+                ToClient::Ahead(queue) => {
+                    for data in gathered.parts() {
+                        queue.push(data.clone()).await;
+                    }
+                    client_ok = queue.client_ok();
+                }
+            }
+            if !client_ok && self.give_up(received) {
+                break Ending::Failed;
+            }
+        };
+        let complete = ending == Ending::Complete;
+        if complete {
+            if let Some(s) = self.sink.take() {
+                s.commit().await;
+                self.cache.stats.stored();
+            }
+            if let Some((p, len, buf)) = self.part.take()
+                && buf.len() as u64 == len
+            {
+                keep_part(self.cache, self.key, p, buf.freeze()).await;
+            }
+        }
+        drop(self.sink.take());
+        if let Some(l) = self.leader.take() {
+            l.finish(ending);
+        }
+        match to {
+            ToClient::InStep(out) => {
+                if !complete || (client_ok && out.finish(trailers.as_ref()).await.is_err()) {
+                    out.close_after();
+                }
+            }
+            ToClient::Ahead(queue) => queue.end(complete, trailers),
+        }
+    }
+
+    /// With the client gone and no follower left, the fetch goes on only
+    /// to be stored, and only if it is nearly done (`cache.quick_abort`):
+    /// true when it stops. Stopping closes the flight to new followers in
+    /// the same step as the check, so none joins a fetch about to stop.
+    fn give_up(&self, received: u64) -> bool {
+        let stop = !self.leader.as_ref().is_some_and(Leader::followed)
+            && (self.sink.is_none() || !finish_abandoned(self.config, received, self.length))
+            && self.leader.as_ref().is_none_or(Leader::close_if_unfollowed);
+        if stop && self.sink.is_some() {
+            tracing::debug!(
+                key = self.key.text(),
+                received,
+                "fetch stopped: every client left (cache.quick_abort)"
+            );
+            self.cache
+                .stats
+                .fetches_abandoned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        stop
+    }
+
+    /// Body bytes for everything but the client.
+    async fn feed(&mut self, data: &bytes::Bytes) {
+        self.cache.stats.fetched(data.len() as u64);
+        if let Some((_, len, buf)) = self.part.as_mut() {
+            buf.extend_from_slice(data);
+            if buf.len() as u64 > *len {
+                self.part = None;
+            }
+        }
+        if let Some(s) = self.sink.as_mut()
+            && !s.data(data).await
+        {
+            self.sink = None;
+        }
+        if let Some(l) = &self.leader {
+            l.data(data.clone());
+        }
     }
 }
 
