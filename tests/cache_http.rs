@@ -2807,6 +2807,61 @@ async fn a_client_that_leaves_while_the_origin_is_quiet_stops_the_fetch_at_once(
     );
 }
 
+/// A client that half-closes its connection after its request
+/// (`shutdown(SHUT_WR)`, as some scripted HTTP/1.0 clients do) and still
+/// reads: by default it looks gone once the origin pauses, as in the line
+/// for an origin connection, whether it leads the fetch of a stored miss
+/// or follows another's; with `origin.abort_on_close = false` both are
+/// sent the whole response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_is_sent_a_stored_miss_whole_only_with_abort_on_close_off() {
+    const SIZE: usize = 128 << 10;
+    for abort in [true, false] {
+        let o = RawOrigin::start(|mut s| async move {
+            read_request_head(&mut s).await;
+            // Time for the second request to join the fetch.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nCache-Control: max-age=600\r\n\r\n");
+            let body: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+            let (first, rest) = body.split_at(SIZE / 2);
+            if s.write_all(head.as_bytes()).await.is_ok() && s.write_all(first).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let _ = s.write_all(rest).await;
+            }
+        })
+        .await;
+        let p = proxy_with("", &format!("[origin]\nabort_on_close = {abort}\n")).await;
+        let get = |delay: u64| {
+            let (proxy, origin) = (p.addr(), o.addr());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let mut c = TcpStream::connect(proxy).await.expect("connect");
+                let req = format!("GET http://{origin}/half HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n");
+                c.write_all(req.as_bytes()).await.expect("request");
+                c.shutdown().await.expect("half-close");
+                let mut answer = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut answer)).await;
+                answer
+            })
+        };
+        let (leader, follower) = (get(0), get(100));
+        for (who, answer) in [("leader", leader.await), ("follower", follower.await)] {
+            let answer = answer.expect("client");
+            // Not `parse_response`, which refuses a body cut short.
+            let whole = answer.windows(4).position(|w| w == b"\r\n\r\n").is_some_and(|i| {
+                let body = &answer[i + 4..];
+                answer.starts_with(b"HTTP/1.1 200 ") && body.len() == SIZE && pattern_matches(0, body)
+            });
+            assert_eq!(
+                whole,
+                !abort,
+                "abort_on_close = {abort}: the {who} got {} bytes",
+                answer.len()
+            );
+        }
+    }
+}
+
 /// The bytes of the files in `dir` (not recursive; 0 if it is missing).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)

@@ -932,7 +932,7 @@ impl Transaction<'_, '_> {
             // `cache.quick_abort`).
             let head = tokio::select! {
                 head = follower.head() => head,
-                () = self.ex.out.client_gone(None::<std::future::Ready<()>>) => {
+                () = client_left(&mut self.ex.out, self.sh) => {
                     return Err((
                         super::forward::client_gone(),
                         "the client went away while its request waited for another's fetch".into(),
@@ -1058,10 +1058,13 @@ impl Transaction<'_, '_> {
             // Stored: the fill runs ahead of this client (`ahead`), so the
             // cache and the collapsed requests get the object at the
             // origin's pace, not this client's.
-            let (queue, pieces) = ahead::queue(&self.cache.read_ahead);
+            let (queue, pieces) = ahead::queue(&self.cache.read_ahead, self.sh.config.origin.abort_on_close);
+            // The writer first: a piece queued goes out before the fill
+            // reads on, when the client can take it at once.
             tokio::join!(
-                fill.run(body, ToClient::Ahead(&queue)),
-                queue.deliver(pieces, &mut ex.out)
+                biased;
+                queue.deliver(pieces, &mut ex.out),
+                fill.run(body, ToClient::Ahead(&queue))
             );
         } else {
             fill.run(body, ToClient::InStep(&mut ex.out)).await;
@@ -1131,7 +1134,7 @@ impl Transaction<'_, '_> {
                     // `fetch_and_store`: gone, it no longer holds the fetch.
                     let ending = tokio::select! {
                         ending = follower.ended() => ending,
-                        () = ex.out.client_gone(None::<std::future::Ready<()>>) => {
+                        () = client_left(&mut ex.out, self.sh) => {
                             ex.out.close_after();
                             return Ok(());
                         }
@@ -1189,6 +1192,19 @@ impl Transaction<'_, '_> {
     }
 }
 
+/// Completes when the client has gone away while its request waits for
+/// another's fetch (`ResponseWriter::client_gone`), unless
+/// `origin.abort_on_close` is off: then never, as for a request waiting
+/// for an origin connection (a client that half-closes its connection
+/// after the request still reads the answer).
+async fn client_left(out: &mut crate::http1::ResponseWriter<'_>, sh: &Shared) {
+    if sh.config.origin.abort_on_close {
+        out.client_gone(None::<std::future::Ready<()>>).await
+    } else {
+        std::future::pending().await
+    }
+}
+
 /// Where a miss's fill sends the body to the request's own client.
 enum ToClient<'a, 'w> {
     /// Each piece written before the next is read: the fetch goes at the
@@ -1226,18 +1242,19 @@ impl Fill<'_> {
         let mut trailers = None;
         let ending = loop {
             let read = tokio::time::timeout(self.idle, body.frame());
+            tokio::pin!(read);
             let read = match &to {
-                // The writer may fail while the origin is quiet: whether
-                // the fetch goes on without the client is decided then,
+                // The client may be seen gone while the origin is quiet:
+                // whether the fetch goes on without it is decided then,
                 // not at the origin's next piece.
                 ToClient::Ahead(queue) if client_ok => tokio::select! {
-                    read = read => read,
+                    read = &mut read => read,
                     () = queue.left() => {
                         client_ok = false;
                         if self.give_up(received) {
                             break Ending::Failed;
                         }
-                        continue;
+                        read.await
                     }
                 },
                 _ => read.await,

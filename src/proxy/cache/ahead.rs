@@ -12,9 +12,17 @@
 //! The queue is bounded twice: per fetch by [`GAP`] (Squid's
 //! `read_ahead_gap`), and for the whole worker by `Cache::read_ahead`
 //! ([`READ_AHEAD_BUDGET`]), so that many slow clients cannot make the
-//! worker hold their objects in memory. Past either bound the fill waits
-//! until its client has been sent what is queued, then queues one piece
-//! more: about as far ahead as when written in step.
+//! worker hold their objects in memory. Past the gap the fill waits for
+//! writes to make room; with the budget spent, until its client has been
+//! sent all that is queued, then queues one piece more: about as far
+//! ahead as when written in step.
+//!
+//! While it waits for the origin, the writer watches its client (after
+//! [`WATCH_AFTER`] of quiet, and unless `origin.abort_on_close` is off):
+//! a client that leaves then is told to the fill at once, which applies
+//! the quick-abort rule without waiting for the origin's next piece. As
+//! for a request waiting for an origin connection, a client that
+//! half-closes its connection (`shutdown(SHUT_WR)`) looks gone.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -35,6 +43,12 @@ pub const GAP: u64 = 1 << 20;
 /// Pieces the writer sends to the client in one write, at most.
 const WRITE_PARTS: usize = 8;
 
+/// How long the writer waits for the origin before it watches its client.
+/// An origin that keeps sending costs no watching (with a request
+/// pipelined behind this one, each look at the client is two system calls
+/// and a timer); a fetch stalled this long is worth them.
+pub const WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What the writer needs of the client's response: `ResponseWriter`'s
 /// body calls.
 pub trait ClientSink {
@@ -44,8 +58,9 @@ pub trait ClientSink {
     async fn finish(&mut self, trailers: Option<&HeaderMap>) -> std::io::Result<()>;
     /// Closes the connection after this response.
     fn close_after(&mut self);
-    /// Completes when the client has gone away (closed its connection,
-    /// reset its stream).
+    /// Completes when the client has gone away: closed, half-closed or
+    /// reset its connection (also behind unread bytes, and a TLS
+    /// close_notify), or reset its HTTP/2 stream.
     async fn gone(&mut self);
 }
 
@@ -82,21 +97,27 @@ pub struct Queue {
     budget: Arc<Semaphore>,
     /// Bytes pushed and not yet written to the client.
     queued: AtomicU64,
-    /// Told by the writer after each write, and when it stops.
+    /// Told by the writer after each write, and when it leaves.
     drained: Notify,
-    /// The client could not be written to: nothing more is queued.
+    /// The client could not be written to, or was seen gone while the
+    /// writer waited: nothing more is queued.
     gone: AtomicBool,
     /// Told once, when `gone` is set: the fill, waiting on the origin,
     /// decides at once whether the fetch goes on without the client.
     left: Notify,
+    /// Whether the writer watches its client while it waits
+    /// (`origin.abort_on_close`).
+    watch: bool,
+    /// A piece has been queued: only the first is yielded for.
+    started: AtomicBool,
 }
 
 /// The writer's side of the queue, for [`Queue::deliver`].
 pub struct Pieces(UnboundedReceiver<Piece>);
 
-/// A queue between a fill and the writer to its client.
-/// `budget`: the worker's `Cache::read_ahead`.
-pub fn queue(budget: &Arc<Semaphore>) -> (Queue, Pieces) {
+/// A queue between a fill and the writer to its client. `budget`: the
+/// worker's `Cache::read_ahead`; `watch`: `origin.abort_on_close`.
+pub fn queue(budget: &Arc<Semaphore>, watch: bool) -> (Queue, Pieces) {
     let (tx, rx) = unbounded_channel();
     let q = Queue {
         tx,
@@ -105,6 +126,8 @@ pub fn queue(budget: &Arc<Semaphore>) -> (Queue, Pieces) {
         drained: Notify::new(),
         gone: AtomicBool::new(false),
         left: Notify::new(),
+        watch,
+        started: AtomicBool::new(false),
     };
     (q, Pieces(rx))
 }
@@ -115,7 +138,7 @@ impl Queue {
         !self.gone.load(Ordering::Acquire)
     }
 
-    /// Resolves once the client could not be written to.
+    /// Resolves once the client could not be written to, or was seen gone.
     pub async fn left(&self) {
         if self.client_ok() {
             self.left.notified().await;
@@ -123,10 +146,11 @@ impl Queue {
     }
 
     /// Queues `data` for the client, first waiting while the fetch is
-    /// [`GAP`] ahead or the worker's budget is spent, unless nothing
-    /// is queued: then the writer is idle, and is let write it before
-    /// the fill reads on, so the client's first bytes go out at once.
-    /// Dropped when the client is gone.
+    /// [`GAP`] ahead or the worker's budget is spent, unless nothing is
+    /// queued. The first piece is written before the fill reads on (the
+    /// writer is polled first, and the fill yields once), so the client's
+    /// first bytes go out at once; later ones go out when the fill waits
+    /// for the origin, gathered. Dropped when the client is gone.
     pub async fn push(&self, data: Bytes) {
         let n = data.len() as u64;
         let permit = loop {
@@ -149,11 +173,10 @@ impl Queue {
             // it: a write that ends between the check and here is not lost.
             self.drained.notified().await;
         };
-        let in_step = permit.is_none();
         self.queued.fetch_add(n, Ordering::AcqRel);
         // The writer gone after the check: the piece is dropped with the send.
         let _ = self.tx.send(Piece::Data(data, permit));
-        if in_step {
+        if !self.started.swap(true, Ordering::AcqRel) {
             // Both run in one task: the writer is polled only when the
             // fill waits.
             tokio::task::yield_now().await;
@@ -167,31 +190,40 @@ impl Queue {
     }
 
     /// Writes what the fill queues to `out`, gathering what is queued
-    /// into one write, until the end; a failed write leaves the client
-    /// behind (the fill goes on without it, `cache.quick_abort` deciding).
+    /// into one write, until the end; a failed write, or a client seen
+    /// gone while the writer waited, leaves the client behind (the fill
+    /// goes on without it, `cache.quick_abort` deciding). A client that
+    /// leaves mid-write is noticed when that write fails (a stalled one
+    /// after `limits.send_timeout`).
     pub async fn deliver(&self, pieces: Pieces, out: &mut impl ClientSink) {
         let Pieces(mut rx) = pieces;
         let mut next = None;
         loop {
             let first = match next.take() {
                 Some(p) => p,
-                // Waiting for the origin, the client is watched: one that
-                // leaves is told to the fill now, not at the next write.
-                None => tokio::select! {
-                    p = rx.recv() => match p {
-                        Some(p) => p,
-                        // Not while the queue (holding the sender) lives;
-                        // taken as a broken fetch all the same.
-                        None => Piece::End {
-                            complete: false,
-                            trailers: None,
+                None => {
+                    let quick = tokio::time::timeout(WATCH_AFTER, rx.recv());
+                    let p = match quick.await {
+                        Ok(p) => p,
+                        Err(_) if !self.watch => rx.recv().await,
+                        // The origin is quiet: the client is watched, so
+                        // one that leaves is told to the fill now, not at
+                        // the next write.
+                        Err(_) => tokio::select! {
+                            p = rx.recv() => p,
+                            () = out.gone() => {
+                                self.leave(rx, out);
+                                return;
+                            }
                         },
-                    },
-                    () = out.gone() => {
-                        self.leave(rx, out);
-                        return;
-                    }
-                },
+                    };
+                    // None: not while the queue (holding the sender)
+                    // lives; taken as a broken fetch all the same.
+                    p.unwrap_or(Piece::End {
+                        complete: false,
+                        trailers: None,
+                    })
+                }
             };
             let (data, permit) = match first {
                 Piece::Data(d, p) => (d, p),
@@ -263,7 +295,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_piece_goes_in_step_and_the_next_hold_a_share_of_the_budget() {
         let budget = budget();
-        let (q, mut pieces) = queue(&budget);
+        let (q, mut pieces) = queue(&budget, true);
         q.push(piece(1000)).await;
         assert_eq!(budget.available_permits(), BUDGET, "in step: nothing held");
         q.push(piece(500)).await;
@@ -281,7 +313,7 @@ mod tests {
     #[tokio::test]
     async fn a_fill_waits_once_it_is_a_gap_ahead_of_its_client() {
         let budget = budget();
-        let (q, _pieces) = queue(&budget);
+        let (q, _pieces) = queue(&budget, true);
         let half = (GAP / 2) as usize;
         q.push(piece(half)).await;
         q.push(piece(half)).await;
@@ -293,13 +325,13 @@ mod tests {
     #[tokio::test]
     async fn a_spent_budget_makes_a_fill_wait_for_its_client() {
         let budget = budget();
-        let (other, _other_pieces) = queue(&budget);
+        let (other, _other_pieces) = queue(&budget, true);
         // Another fetch holds all but 10 bytes of the budget.
         let hold = budget
             .clone()
             .try_acquire_many_owned(BUDGET as u32 - 10)
             .expect("budget");
-        let (q, _pieces) = queue(&budget);
+        let (q, _pieces) = queue(&budget, true);
         q.push(piece(100)).await; // in step
         let waited = tokio::time::timeout(Duration::from_millis(50), q.push(piece(100))).await;
         assert!(waited.is_err(), "pushed past the budget");
@@ -315,6 +347,8 @@ mod tests {
         fails_at: usize,
         finished: bool,
         closed: bool,
+        /// Told when the client leaves (never, without it).
+        leaves: Option<Arc<Notify>>,
     }
 
     impl ClientSink for Client {
@@ -336,7 +370,10 @@ mod tests {
             self.closed = true;
         }
         async fn gone(&mut self) {
-            std::future::pending().await
+            match &self.leaves {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
         }
     }
 
@@ -348,7 +385,7 @@ mod tests {
     #[tokio::test]
     async fn a_fill_gaps_ahead_of_a_slow_client_gets_every_byte_to_it_in_order_then_the_end() {
         let budget = budget();
-        let (q, rx) = queue(&budget);
+        let (q, rx) = queue(&budget, true);
         let mut client = Client::default();
         let fill = async {
             let mut most = 0;
@@ -376,7 +413,7 @@ mod tests {
     #[tokio::test]
     async fn a_fetch_that_broke_closes_the_connection_after_what_was_queued() {
         let budget = budget();
-        let (q, rx) = queue(&budget);
+        let (q, rx) = queue(&budget, true);
         let mut client = Client::default();
         let fill = async {
             q.push(piece(100)).await;
@@ -391,7 +428,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_fails_lets_a_waiting_fill_go_and_tells_it() {
         let budget = budget();
-        let (q, rx) = queue(&budget);
+        let (q, rx) = queue(&budget, true);
         let mut client = Client {
             fails_at: 2,
             ..Client::default()
@@ -415,9 +452,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_that_leaves_while_the_origin_is_quiet_is_told_to_the_fill_unless_not_watched() {
+        for watch in [true, false] {
+            let budget = budget();
+            let (q, rx) = queue(&budget, watch);
+            let leaves = Arc::new(Notify::new());
+            // Gone from the start: seen once the writer has waited WATCH_AFTER.
+            leaves.notify_one();
+            let mut client = Client {
+                leaves: Some(leaves),
+                ..Client::default()
+            };
+            let fill = async {
+                q.push(piece(100)).await;
+                let told = tokio::time::timeout(WATCH_AFTER * 5, q.left()).await.is_ok();
+                q.end(true, None);
+                told
+            };
+            let (told, ()) = tokio::join!(fill, q.deliver(rx, &mut client));
+            assert_eq!(client.body.len(), 100, "watch = {watch}");
+            assert_eq!(told, watch, "watch = {watch}");
+            assert_eq!(!q.client_ok(), watch);
+            assert_eq!((client.closed, client.finished), (watch, !watch));
+        }
+    }
+
+    #[tokio::test]
     async fn once_the_client_is_gone_pushes_neither_wait_nor_queue() {
         let budget = budget();
-        let (q, pieces) = queue(&budget);
+        let (q, pieces) = queue(&budget, true);
         q.push(piece(10)).await;
         q.gone.store(true, Ordering::Release);
         let pushed = tokio::time::timeout(Duration::from_millis(50), q.push(piece((GAP * 2) as usize))).await;
