@@ -19,6 +19,15 @@
 //! bytes the client sends do not. Array members are exempt, as from the
 //! other per-client limits.
 //!
+//! `limits.total_bandwidth` (and `total_bandwidth_burst`) bounds what all
+//! clients together are sent, as Squid's class 1 delay pool does: one
+//! more bucket (a static, not in the table), which every paced write takes
+//! from as well as from its client's; the write waits for the longer of
+//! the two debts. Writes queue on it in the order they take from it, so
+//! its pieces shrink with the writes waiting on it ([`Meter::piece`]): a
+//! client gets a piece every so often rather than a large one after a
+//! long silence.
+//!
 //! The buckets live in a `client_table` of their own, and the writers of a client's responses hold its bucket while
 //! they send. The table keeps a bucket after its last response is done:
 //! a client fetching one object after another owes what it was sent
@@ -41,6 +50,16 @@ static BURST: AtomicU64 = AtomicU64::new(0);
 static WAITS: AtomicU64 = AtomicU64::new(0);
 /// Microseconds those writes waited in all, since start.
 static WAITED_US: AtomicU64 = AtomicU64::new(0);
+/// All clients' bytes a second (`limits.total_bandwidth`); 0: no limit.
+static TOTAL_RATE: AtomicU64 = AtomicU64::new(0);
+/// The shared bucket's size in bytes.
+static TOTAL_BURST: AtomicU64 = AtomicU64::new(0);
+/// Writes that waited longer for the total than for their client's share.
+static TOTAL_WAITS: AtomicU64 = AtomicU64::new(0);
+/// Microseconds those writes waited in all.
+static TOTAL_WAITED_US: AtomicU64 = AtomicU64::new(0);
+/// Writes waiting on the total now.
+static TOTAL_PACING: AtomicU64 = AtomicU64::new(0);
 
 /// The smallest piece a paced write is cut into.
 const MIN_PIECE: usize = 1 << 10;
@@ -75,10 +94,38 @@ fn take(b: &mut Bucket, n: u64, now_us: u64, rate: f64, burst: f64) -> u64 {
     }
 }
 
-/// One client's share of the bandwidth, held by its connections' writers.
+/// One client's share of the bandwidth (and the total's), held by its
+/// connections' writers.
 #[derive(Debug)]
 pub struct Meter {
     bucket: Mutex<Bucket>,
+    /// Only the total is kept to (no per-client rate was set when this
+    /// meter was handed out): `bucket` is not used, and the meter is one
+    /// all clients share.
+    total_only: bool,
+}
+
+/// The bucket all clients' writes take from (`limits.total_bandwidth`).
+fn total() -> &'static Mutex<Bucket> {
+    static TOTAL: Mutex<Bucket> = Mutex::new(Bucket {
+        // Full at the first write: a refill caps it at the burst.
+        tokens: f64::MAX,
+        at_us: 0,
+    });
+    &TOTAL
+}
+
+/// The meter of every client while only the total is limited.
+fn total_only() -> Arc<Meter> {
+    static METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
+    METER
+        .get_or_init(|| {
+            Arc::new(Meter {
+                bucket: Mutex::new(Bucket { tokens: 0.0, at_us: 0 }),
+                total_only: true,
+            })
+        })
+        .clone()
 }
 
 fn table() -> &'static ClientTable<Arc<Meter>> {
@@ -101,6 +148,31 @@ pub(crate) fn set(rate: u64, burst: u64) {
     RATE.store(rate, Ordering::Relaxed);
 }
 
+/// Sets the total rate (bytes a second for all clients, 0: no limit) and
+/// its burst (0: one second's worth), at start-up and on every reload. A
+/// debt run up at a higher rate is cut to a second of the new one: it is
+/// not paid back at the lower rate for minutes.
+pub(crate) fn set_total(rate: u64, burst: u64) {
+    let burst = if burst == 0 { rate } else { burst };
+    {
+        let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
+        b.tokens = b.tokens.max(-(rate as f64));
+    }
+    TOTAL_BURST.store(burst, Ordering::Relaxed);
+    TOTAL_RATE.store(rate, Ordering::Relaxed);
+}
+
+/// Writes that waited longer for `limits.total_bandwidth` than for their
+/// client's share, since start.
+pub fn total_waits() -> u64 {
+    TOTAL_WAITS.load(Ordering::Relaxed)
+}
+
+/// Microseconds those writes waited in all, since start.
+pub fn total_waited_us() -> u64 {
+    TOTAL_WAITED_US.load(Ordering::Relaxed)
+}
+
 /// Writes that waited for their client's bandwidth, since start.
 pub fn waits() -> u64 {
     WAITS.load(Ordering::Relaxed)
@@ -112,11 +184,15 @@ pub fn waited_us() -> u64 {
 }
 
 /// The meter the writes to a client at `ip` go through: None when no rate
-/// is set (this one load is all an unlimited response costs) or the client
-/// is exempt (another array member).
+/// is set (these two loads are all an unlimited response costs) or the
+/// client is exempt (another array member).
 pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
-    if RATE.load(Ordering::Relaxed) == 0 || crate::client_limit::is_exempt(ip) {
+    let own = RATE.load(Ordering::Relaxed) != 0;
+    if (!own && TOTAL_RATE.load(Ordering::Relaxed) == 0) || crate::client_limit::is_exempt(ip) {
         return None;
+    }
+    if !own {
+        return Some(total_only());
     }
     let key = crate::client_limit::key(ip);
     let mut shard = table().shard(key);
@@ -130,6 +206,7 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
             tokens: burst,
             at_us: now,
         }),
+        total_only: false,
     });
     shard.entries.insert(key, m.clone());
     Some(m)
@@ -138,6 +215,11 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
 /// The bucket's size in bytes (at least 1).
 fn burst() -> f64 {
     (BURST.load(Ordering::Relaxed) as f64).max(1.0)
+}
+
+/// The shared bucket's size in bytes (at least 1).
+fn total_burst() -> f64 {
+    (TOTAL_BURST.load(Ordering::Relaxed) as f64).max(1.0)
 }
 
 /// How much a relay loop reads at once, `most` at most: a piece of the
@@ -155,33 +237,82 @@ impl Meter {
     }
 
     /// The largest piece a paced write should send at once: an eighth of a
-    /// second's worth, between 1 and 64 KiB (64 KiB once a reload lifted
-    /// the limit).
+    /// second's worth of the lower rate it keeps to, between 1 and 64 KiB
+    /// (64 KiB once a reload lifted the limits). The total's share is
+    /// divided among the writes waiting on it.
     pub fn piece(&self) -> usize {
-        match usize::try_from(RATE.load(Ordering::Relaxed)).unwrap_or(usize::MAX) {
-            0 => MAX_PIECE,
-            rate => (rate / 8).clamp(MIN_PIECE, MAX_PIECE),
+        let own = if self.total_only {
+            0
+        } else {
+            RATE.load(Ordering::Relaxed)
+        };
+        let total = TOTAL_RATE.load(Ordering::Relaxed) / (1 + TOTAL_PACING.load(Ordering::Relaxed));
+        let rate = [own, total].into_iter().filter(|r| *r > 0).min();
+        match rate.map(|r| usize::try_from(r).unwrap_or(usize::MAX)) {
+            None => MAX_PIECE,
+            Some(rate) => (rate / 8).clamp(MIN_PIECE, MAX_PIECE),
         }
     }
 
-    /// Takes `n` bytes from the client's bucket and waits until they may
-    /// be sent (at once while the bucket holds them). No wait once the
-    /// rate is set to 0 by a reload.
+    /// Takes `n` bytes from the client's bucket and from the total's, and
+    /// waits until they may be sent (at once while both hold them): for
+    /// the longer of the two debts, counted as the client's or the
+    /// total's. No wait once a reload sets the rates to 0.
     pub async fn pace(&self, n: usize) {
-        let rate = RATE.load(Ordering::Relaxed) as f64;
-        if rate <= 0.0 || n == 0 {
+        if n == 0 {
             return;
         }
-        let wait_us = {
-            let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-            take(&mut b, n as u64, now_us(), rate, burst())
+        let rate = if self.total_only {
+            0.0
+        } else {
+            RATE.load(Ordering::Relaxed) as f64
         };
+        let total_rate = TOTAL_RATE.load(Ordering::Relaxed) as f64;
+        if rate <= 0.0 && total_rate <= 0.0 {
+            return;
+        }
+        let now = now_us();
+        let own_us = if rate > 0.0 {
+            let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+            take(&mut b, n as u64, now, rate, burst())
+        } else {
+            0
+        };
+        let total_us = if total_rate > 0.0 {
+            let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
+            take(&mut b, n as u64, now, total_rate, total_burst())
+        } else {
+            0
+        };
+        let wait_us = own_us.max(total_us);
         if wait_us == 0 {
             return;
         }
-        WAITS.fetch_add(1, Ordering::Relaxed);
-        WAITED_US.fetch_add(wait_us, Ordering::Relaxed);
+        let (waits, waited) = if total_us > own_us {
+            (&TOTAL_WAITS, &TOTAL_WAITED_US)
+        } else {
+            (&WAITS, &WAITED_US)
+        };
+        waits.fetch_add(1, Ordering::Relaxed);
+        waited.fetch_add(wait_us, Ordering::Relaxed);
+        let _pacing = (total_us > 0).then(Pacing::new);
         tokio::time::sleep(std::time::Duration::from_micros(wait_us)).await;
+    }
+}
+
+/// A write waiting on the total, counted while it lives (a cancelled write too).
+struct Pacing;
+
+impl Pacing {
+    fn new() -> Pacing {
+        TOTAL_PACING.fetch_add(1, Ordering::Relaxed);
+        Pacing
+    }
+}
+
+impl Drop for Pacing {
+    fn drop(&mut self) {
+        TOTAL_PACING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -162,6 +162,10 @@ impl Running {
             self.config.limits.client_bandwidth.bytes(),
             self.config.limits.client_bandwidth_burst.bytes(),
         );
+        crate::client_bandwidth::set_total(
+            self.config.limits.total_bandwidth.bytes(),
+            self.config.limits.total_bandwidth_burst.bytes(),
+        );
     }
 
     /// The configuration in force (per process: see [`per_process`]).

@@ -311,6 +311,62 @@ async fn a_reload_that_lifts_the_limit_lets_the_next_requests_go_unpaced() {
     assert!(quick, "downloads still wait after the limit was lifted");
 }
 
+/// `limits.total_bandwidth`: all clients together keep to it. Two clients
+/// downloading 96 KiB each at once under a 64 KiB/s total (16 KiB burst)
+/// take at least 2.75 s for the 192 KiB, and the waits count as over the
+/// total. Without a per-client rate, one client alone gets it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_clients_together_keep_to_the_total_bandwidth() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let total = "[limits]\ntotal_bandwidth = \"64KiB\"\ntotal_bandwidth_burst = \"16KiB\"\n";
+    let p = Portico::start(&config(&forward, &reverse, &o, total)).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    // One client alone: the whole rate (a miss, then a hit from disk).
+    for how in ["MISS", "HIT"] {
+        refill().await;
+        let (r, took) = timed_get(CLIENT, proxy, &o, "/disk").await;
+        assert_body(&r, 96 << 10, how);
+        assert_eq!(r.header("X-Cache"), Some(how));
+        assert!(took.as_secs_f64() >= 1.1, "{how}: 96 KiB in {took:?}");
+    }
+    // Two clients at once share it.
+    refill().await;
+    let start = Instant::now();
+    let downloads: Vec<_> = [CLIENT, OTHER]
+        .into_iter()
+        .map(|src| {
+            let o = o.addr();
+            tokio::spawn(async move {
+                let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+                let r = parse_response(&raw_request_from(src.parse().expect("ip"), proxy, req.as_bytes()).await);
+                (r, start.elapsed())
+            })
+        })
+        .collect();
+    let mut times = Vec::new();
+    for d in downloads {
+        let (r, took) = d.await.expect("download");
+        assert_body(&r, 96 << 10, "a shared download");
+        times.push(took);
+    }
+    // Only the two together are bounded: the second may start late.
+    let last = times.iter().max().copied().unwrap_or_default();
+    assert!(last.as_secs_f64() >= 2.5, "192 KiB to two clients in {last:?}");
+    let waits = metric(&p, "portico_connection_queue_total_bandwidth_waits_total").await;
+    assert!(waits > 0, "waits over the total counted: {waits}");
+    assert_eq!(
+        metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await,
+        0
+    );
+    let perf = page(&p, "/.perf").await;
+    assert!(
+        perf.lines()
+            .any(|l| l.starts_with("Waits Over Total Bandwidth") && !l.contains(" 0 (")),
+        "{perf}"
+    );
+}
+
 /// Settings that cannot work are refused, naming the key and why.
 #[test]
 fn a_burst_without_a_bandwidth_and_a_bandwidth_below_1_kib_are_refused_by_name() {
@@ -325,6 +381,12 @@ fn a_burst_without_a_bandwidth_and_a_bandwidth_below_1_kib_are_refused_by_name()
             "limits.client_bandwidth",
             "at least 1KiB",
         ),
+        (
+            "total_bandwidth_burst = \"1MiB\"",
+            "total_bandwidth_burst",
+            "needs limits.total_bandwidth",
+        ),
+        ("total_bandwidth = \"1000B\"", "limits.total_bandwidth", "at least 1KiB"),
     ] {
         let out = Portico::check(&format!("[limits]\n{config}\n"));
         assert!(!out.status.success(), "{config}");

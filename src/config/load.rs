@@ -560,17 +560,32 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "needs limits.client_request_rate (a burst above no rate limits nothing)".into(),
         ));
     }
-    if c.limits.client_bandwidth.bytes() > 0 && c.limits.client_bandwidth.bytes() < 1024 {
-        return Err((
-            vec![Key("limits"), Key("client_bandwidth")],
-            "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB".into(),
-        ));
-    }
-    if c.limits.client_bandwidth_burst.bytes() > 0 && c.limits.client_bandwidth.bytes() == 0 {
-        return Err((
-            vec![Key("limits"), Key("client_bandwidth_burst")],
-            "needs limits.client_bandwidth (a burst above no rate limits nothing)".into(),
-        ));
+    for (rate, burst, rate_key, burst_key) in [
+        (
+            c.limits.client_bandwidth,
+            c.limits.client_bandwidth_burst,
+            "client_bandwidth",
+            "client_bandwidth_burst",
+        ),
+        (
+            c.limits.total_bandwidth,
+            c.limits.total_bandwidth_burst,
+            "total_bandwidth",
+            "total_bandwidth_burst",
+        ),
+    ] {
+        if rate.bytes() > 0 && rate.bytes() < 1024 {
+            return Err((
+                vec![Key("limits"), Key(rate_key)],
+                "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB".into(),
+            ));
+        }
+        if burst.bytes() > 0 && rate.bytes() == 0 {
+            return Err((
+                vec![Key("limits"), Key(burst_key)],
+                format!("needs limits.{rate_key} (a burst above no rate limits nothing)"),
+            ));
+        }
     }
     if c.limits.max_connections_per_client > 1_000_000 {
         return Err((

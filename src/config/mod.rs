@@ -543,6 +543,12 @@ pub struct LimitsConfig {
     /// Bytes a client may be sent at once after a quiet spell: its
     /// bucket's size; 0 = one second's worth.
     pub client_bandwidth_burst: Size,
+    /// Bytes a second all clients together may be sent; 0 = no limit
+    /// (Squid's class 1 delay pool).
+    pub total_bandwidth: Size,
+    /// Bytes all clients may be sent at once after a quiet spell: the
+    /// shared bucket's size; 0 = one second's worth.
+    pub total_bandwidth_burst: Size,
 }
 
 impl Default for LimitsConfig {
@@ -559,6 +565,8 @@ impl Default for LimitsConfig {
             client_request_burst: 0,
             client_bandwidth: Size(0),
             client_bandwidth_burst: Size(0),
+            total_bandwidth: Size(0),
+            total_bandwidth_burst: Size(0),
         }
     }
 }

@@ -65,8 +65,9 @@ pub struct ResponseWriter<'a> {
     /// A `100 Continue` has been written (Portico's own or an origin's):
     /// never a second one.
     continue_sent: bool,
-    /// The client's share of `limits.client_bandwidth`, when one is set:
-    /// every body byte waits for it ([`ResponseWriter::limit_bandwidth`]).
+    /// The client's share of `limits.client_bandwidth` and of
+    /// `limits.total_bandwidth`, when one is set: every body byte waits for
+    /// it ([`ResponseWriter::limit_bandwidth`]).
     meter: Option<std::sync::Arc<crate::client_bandwidth::Meter>>,
 }
 
@@ -188,7 +189,8 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// Sends this response's body at the bandwidth `limits.client_bandwidth`
-    /// leaves the client at `ip` (nothing changes without a limit).
+    /// and `limits.total_bandwidth` leave the client at `ip` (nothing
+    /// changes without a limit).
     pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr) {
         self.meter = crate::client_bandwidth::meter(ip);
     }

@@ -491,6 +491,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         client_rate_limited: crate::client_rate::refused(),
         client_bandwidth_waits: crate::client_bandwidth::waits(),
         client_bandwidth_wait_us: crate::client_bandwidth::waited_us(),
+        total_bandwidth_waits: crate::client_bandwidth::total_waits(),
+        total_bandwidth_wait_us: crate::client_bandwidth::total_waited_us(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

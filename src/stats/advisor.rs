@@ -95,6 +95,20 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // The same for the cap on all clients together.
+    if let Some(q) = &s.connection_queue
+        && q.total_bandwidth_waits > 0
+        && q.total_queued > 0
+    {
+        say(
+            "total-bandwidth",
+            format!(
+                "Writes to clients waited {:.0} s in all for limits.total_bandwidth (ConnectionQueue: Waits Over Total Bandwidth) while {} requests queued for a service place (Total Connections Queued): under the cap every download lasts longer and holds its place (server.max_requests) for as long. Raise server.max_requests, or the total bandwidth if the link allows it.",
+                q.total_bandwidth_wait_us as f64 / 1e6,
+                q.total_queued
+            ),
+        );
+    }
     let ka = &s.keepalive;
     if let Some(flushes) = ka.flushes
         && flushes > ka.hits
@@ -904,6 +918,31 @@ mod tests {
         let a = advise(&s);
         assert_eq!(rules(&s), ["client-request-rate"]);
         assert!(a[0].text.contains("Refused Over Client Rate"), "{}", a[0].text);
+    }
+
+    #[test]
+    fn total_bandwidth_speaks_only_when_capped_downloads_and_queued_requests_meet() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            total_bandwidth_waits: 40,
+            total_bandwidth_wait_us: 7_500_000,
+            ..Default::default()
+        });
+        assert!(!rules(&s).contains(&"total-bandwidth"), "the cap doing its job alone");
+        s.connection_queue = Some(ConnectionQueueInfo {
+            total_bandwidth_waits: 40,
+            total_bandwidth_wait_us: 7_500_000,
+            total_queued: 3,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        let said = a.iter().find(|a| a.rule == "total-bandwidth").expect("total-bandwidth");
+        assert!(
+            said.text.starts_with("Writes to clients waited 8 s") && said.text.contains("while 3 requests queued"),
+            "{}",
+            said.text
+        );
+        assert!(!rules(&s).contains(&"client-bandwidth"));
     }
 
     #[test]

@@ -307,6 +307,15 @@ crate::section! {
         #[serde(default)]
         client_bandwidth_wait_us: u64 => Counter, Add, Micros, "Time writes to clients waited for limits.client_bandwidth, in all.",
             prom "portico_connection_queue_client_bandwidth_wait_seconds_total", xml "connection-queue-bucket" "ticksClientBandwidthWait";
+        /// Writes to clients that waited longer for `limits.total_bandwidth`
+        /// than for their client's share.
+        #[serde(default)]
+        total_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because all clients together were over limits.total_bandwidth.",
+            prom "portico_connection_queue_total_bandwidth_waits_total", xml "connection-queue-bucket" "countTotalBandwidthWaits";
+        /// Microseconds those writes waited in all.
+        #[serde(default)]
+        total_bandwidth_wait_us: u64 => Counter, Add, Micros, "Time writes to clients waited for limits.total_bandwidth, in all.",
+            prom "portico_connection_queue_total_bandwidth_wait_seconds_total", xml "connection-queue-bucket" "ticksTotalBandwidthWait";
     }
 }
 

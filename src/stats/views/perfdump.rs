@@ -81,6 +81,13 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             );
             let _ = writeln!(
                 o,
+                "{:<40} {} ({} ms)",
+                "Waits Over Total Bandwidth",
+                q.total_bandwidth_waits,
+                q.total_bandwidth_wait_us / 1000
+            );
+            let _ = writeln!(
+                o,
                 "{:<40} {:.2}, {:.2}, {:.2}",
                 "Average Queue Length (1, 5, 15 minutes)", q.avg_1, q.avg_5, q.avg_15
             );
