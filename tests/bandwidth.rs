@@ -230,6 +230,37 @@ async fn an_http2_stream_and_a_connect_tunnel_keep_to_it_too() {
     assert!(took.as_secs_f64() >= 1.1, "tunnel: 96 KiB in {took:?}");
 }
 
+/// Over TLS (an HTTPS proxy port) the body is written by the TLS stream,
+/// not by `sendfile`: a miss and a disk hit keep to the rate all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_proxy_port_keeps_to_it_too() {
+    let o = origin().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = Pem::new(dir.path(), "proxy", &["127.0.0.1"]);
+    let (tls, reverse) = (free_addr(), free_addr());
+    let p =
+        Portico::start(&config(&tls, &reverse, &o, LIMITS).replacen("\n\n", &format!("\n{}\n", cert_table(&pem)), 1))
+            .await;
+    let (proxy, ca) = (format!("https://{tls}"), pem.cert.display().to_string());
+    let url = format!("{}/disk", o.url());
+    for how in ["MISS", "HIT"] {
+        refill().await;
+        let start = Instant::now();
+        let out = curl(&["-i", "--proxy", &proxy, "--proxy-cacert", &ca, &url]).await;
+        let took = start.elapsed();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            p.stderr()
+        );
+        let r = parse_response(&out.stdout);
+        assert_body(&r, 96 << 10, how);
+        assert_eq!(r.header("X-Cache"), Some(how));
+        assert!(took.as_secs_f64() >= 1.1, "{how} over TLS: 96 KiB in {took:?}");
+    }
+}
+
 /// A miss is read from the origin and stored at the origin's pace, not at
 /// that of the limited client that asked: while the first client is still
 /// being sent its 96 KiB, the object is stored already, and another
