@@ -28,10 +28,13 @@
 //! client gets a piece every so often rather than a large one after a
 //! long silence.
 //!
-//! The buckets live in a `client_table` of their own, and the writers of a client's responses hold its bucket while
-//! they send. The table keeps a bucket after its last response is done:
-//! a client fetching one object after another owes what it was sent
-//! before, and does not start each response with a full burst. A bucket
+//! The buckets live in a `client_table` of their own, and the writers of
+//! a client's responses hold its bucket while they send, through a
+//! [`Pacer`], which looks the bucket up again after a reload changed the
+//! limits (a limit set by a reload applies to what is being sent, and a
+//! lifted one stops pacing it). The table keeps a bucket after its last
+//! response is done: a client fetching one object after another owes what
+//! it was sent before, and does not start each response with a full burst. A bucket
 //! that no writer holds and that has filled up again says nothing a new
 //! one would not, so such buckets are dropped whenever a shard has doubled
 //! since its last sweep. The bucket arithmetic ([`take`]) is pure, the
@@ -60,6 +63,9 @@ static TOTAL_WAITS: AtomicU64 = AtomicU64::new(0);
 static TOTAL_WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// Writes waiting on the total now.
 static TOTAL_PACING: AtomicU64 = AtomicU64::new(0);
+/// Bumped by every [`set`] and [`set_total`]: a [`Pacer`] looks its
+/// client's meter up again when it has changed.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The smallest piece a paced write is cut into.
 const MIN_PIECE: usize = 1 << 10;
@@ -146,6 +152,7 @@ pub(crate) fn set(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
     BURST.store(burst, Ordering::Relaxed);
     RATE.store(rate, Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::Release);
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
@@ -160,6 +167,7 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
     }
     TOTAL_BURST.store(burst, Ordering::Relaxed);
     TOTAL_RATE.store(rate, Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::Release);
 }
 
 /// Writes that waited longer for `limits.total_bandwidth` than for their
@@ -222,10 +230,54 @@ fn total_burst() -> f64 {
     (TOTAL_BURST.load(Ordering::Relaxed) as f64).max(1.0)
 }
 
-/// How much a relay loop reads at once, `most` at most: a piece of the
-/// client's bandwidth when `meter` paces it ([`Meter::piece`]).
-pub fn read_size(meter: Option<&Meter>, most: usize) -> usize {
-    meter.map_or(most, |m| m.piece().min(most))
+/// A writer's hold on its client's [`Meter`] for as long as it sends: a
+/// response (HTTP/1, an HTTP/2 stream), a tunnel, a SOCKS session, an
+/// upgraded connection. The meter is looked up again after a reload has
+/// changed the limits, so that a new limit applies from the next write
+/// on to what is under way, and a lifted one stops pacing it (a write
+/// already waiting out a debt finishes its wait). Between reloads a write
+/// pays an atomic load or two for this.
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    ip: IpAddr,
+    meter: Option<Arc<Meter>>,
+    /// The [`GENERATION`] `meter` was looked up in.
+    seen: u64,
+}
+
+impl Pacer {
+    /// The pacer of the writes to the client at `ip`.
+    pub(crate) fn new(ip: IpAddr) -> Pacer {
+        let seen = GENERATION.load(Ordering::Acquire);
+        Pacer {
+            ip,
+            meter: meter(ip),
+            seen,
+        }
+    }
+
+    /// The meter in force for the client now (None: unpaced).
+    pub fn meter(&mut self) -> Option<&Arc<Meter>> {
+        let now = GENERATION.load(Ordering::Acquire);
+        if now != self.seen {
+            self.seen = now;
+            self.meter = meter(self.ip);
+        }
+        self.meter.as_ref()
+    }
+
+    /// How much a relay loop reads at once, `most` at most: a piece of
+    /// the client's bandwidth when it is paced ([`Meter::piece`]).
+    pub fn read_size(&mut self, most: usize) -> usize {
+        self.meter().map_or(most, |m| m.piece().min(most))
+    }
+
+    /// Waits until `n` bytes may be sent (at once when unpaced).
+    pub async fn pace(&mut self, n: usize) {
+        if let Some(m) = self.meter() {
+            m.pace(n).await;
+        }
+    }
 }
 
 impl Meter {

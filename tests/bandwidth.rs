@@ -24,13 +24,14 @@ const PROBE: &str = "127.0.0.3";
 const CLIENT: &str = "127.0.0.1";
 
 /// An origin with `/disk` (96 KiB, stored on disk only: above the memory
-/// tier's largest object), `/mem` (48 KiB, kept in memory) and `/burst`
-/// (16 KiB, the burst), fresh for ten minutes.
+/// tier's largest object), `/mem` (48 KiB, kept in memory), `/burst`
+/// (16 KiB, the burst) and `/big` (32 MiB, on disk), fresh for ten minutes.
 async fn origin() -> Origin {
     Origin::start(|req| async move {
         let len = match req.uri.path() {
             "/mem" => 48 << 10,
             "/burst" => 16 << 10,
+            "/big" => 32 << 20,
             _ => 96 << 10,
         };
         Response::ok("").generated(len).header("Cache-Control", "max-age=600")
@@ -395,6 +396,163 @@ async fn all_clients_together_keep_to_the_total_bandwidth() {
         perf.lines()
             .any(|l| l.starts_with("Waits Over Total Bandwidth") && !l.contains(" 0 (")),
         "{perf}"
+    );
+}
+
+/// Reads from `c` until `n` bytes past the end of the head have come (or
+/// the connection ends): all the bytes read.
+async fn read_past_head(c: &mut tokio::net::TcpStream, mut all: Vec<u8>, n: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n")
+            && all.len() - (end + 4) >= n
+        {
+            return all;
+        }
+        let got = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("bytes in time")
+            .expect("read");
+        if got == 0 {
+            return all;
+        }
+        all.extend_from_slice(&buf[..got]);
+    }
+}
+
+/// A reload that sets a limit applies at once to what is being sent: a
+/// response and a `CONNECT` tunnel that began unpaced get their last
+/// 128 KiB at 64 KiB/s (16 KiB burst: at least 1.75 s), not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
+    const FIRST: usize = 32 << 10;
+    const REST: usize = 128 << 10;
+    let go = std::sync::Arc::new(tokio::sync::Notify::new());
+    // 32 KiB, then the rest once told: as an HTTP response (after a
+    // request head) and as a tunnel's server (after the client's first byte).
+    let server = {
+        let go = go.clone();
+        RawOrigin::start(move |mut s| {
+            let go = go.clone();
+            async move {
+                let mut first = [0u8; 1];
+                let _ = s.peek(&mut first).await;
+                let mut head = Vec::new();
+                if first[0] != b'G' {
+                    // Read, not left unread: a close with unread bytes is a reset.
+                    let _ = s.read_exact(&mut first).await;
+                } else {
+                    read_request_head(&mut s).await;
+                    head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\r\n",
+                        FIRST + REST
+                    )
+                    .into_bytes();
+                }
+                let body: Vec<u8> = (0..FIRST + REST).map(|i| (i % 251) as u8).collect();
+                head.extend_from_slice(&body[..FIRST]);
+                if s.write_all(&head).await.is_ok() {
+                    go.notified().await;
+                    let _ = s.write_all(&body[FIRST..]).await;
+                }
+                let _ = s.shutdown().await;
+            }
+        })
+        .await
+    };
+    let (forward, reverse) = (free_addr(), free_addr());
+    let o = origin().await;
+    let plain = config(&forward, &reverse, &o, "").replace(
+        &format!("connect_ports = [443, {}]", o.addr().port()),
+        &format!("connect_ports = [443, {}]", server.addr().port()),
+    );
+    let limited = format!("{plain}{LIMITS}");
+    let target = server.addr();
+    for what in ["response", "tunnel"] {
+        let p = Portico::start(&plain).await;
+        let mut c = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+        let req = match what {
+            "response" => format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"),
+            _ => format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"),
+        };
+        c.write_all(req.as_bytes()).await.expect("request");
+        let mut all = Vec::new();
+        if what == "tunnel" {
+            // The tunnel's server speaks once it has heard from the client.
+            all = read_past_head(&mut c, all, 0).await;
+            c.write_all(b"T").await.expect("into the tunnel");
+        }
+        let all = read_past_head(&mut c, all, FIRST).await;
+        // The reload, in force before the rest is sent.
+        let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
+        let before = reloads(&p);
+        p.rewrite_config(&limited);
+        p.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while reloads(&p) == before {
+            assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let start = Instant::now();
+        go.notify_one();
+        let all = read_past_head(&mut c, all, FIRST + REST).await;
+        let took = start.elapsed();
+        let end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        assert!(all.starts_with(b"HTTP/1.1 200"), "{what}");
+        assert_eq!(all.len() - end, FIRST + REST, "{what}");
+        assert!(pattern_matches(0, &all[end..]), "{what}");
+        assert!(took.as_secs_f64() >= 1.5, "{what}: the last 128 KiB in {took:?}");
+    }
+}
+
+/// The same for a disk hit going out with `sendfile`: a 32 MiB hit to a
+/// client that stops reading after its first 64 KiB, then a reload that
+/// sets 8 MiB/s: the rest, less what the sockets hold (a few MiB), takes
+/// seconds, not the one unpaced `sendfile` call it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_sets_a_limit_paces_a_disk_hit_under_way() {
+    const SIZE: usize = 32 << 20;
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let plain = config(&forward, &reverse, &o, "");
+    let p = Portico::start(&plain).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    // A miss, then a hit that checks the file and keeps it open: the next
+    // hit goes out with `sendfile`.
+    for how in ["MISS", "HIT"] {
+        let (r, _) = timed_get(OTHER, proxy, &o, "/big").await;
+        assert_body(&r, SIZE, how);
+        assert_eq!(r.header("X-Cache"), Some(how));
+    }
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(format!("{CLIENT}:0").parse().expect("addr")).expect("bind");
+    let mut c = socket.connect(proxy).await.expect("connect");
+    let target = o.addr();
+    c.write_all(format!("GET http://{target}/big HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let all = read_past_head(&mut c, Vec::new(), 64 << 10).await;
+    let before = p.stderr().matches("reloaded").count();
+    p.rewrite_config(&format!(
+        "{plain}[limits]\nclient_bandwidth = \"8MiB\"\nclient_bandwidth_burst = \"64KiB\"\n"
+    ));
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.stderr().matches("reloaded").count() == before {
+        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let start = Instant::now();
+    let all = read_past_head(&mut c, all, SIZE).await;
+    let took = start.elapsed();
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    let head = String::from_utf8_lossy(&all[..end]);
+    assert!(head.contains("x-cache: HIT"), "{head}");
+    assert_eq!(all.len() - end, SIZE);
+    assert!(pattern_matches(0, &all[end..]));
+    assert!(
+        took.as_secs_f64() >= 1.5,
+        "the rest of a 32 MiB hit in {took:?} at 8 MiB/s"
     );
 }
 

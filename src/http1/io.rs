@@ -47,13 +47,28 @@ pub async fn read_buf(stream: &ClientStream, buf: &mut BytesMut, chunk: usize) -
     }
 }
 
+/// [`read_buf`], reading at most `most` bytes (at least 512) also on
+/// plain TCP, as over TLS: a relay paced by a bandwidth limit reads a
+/// piece of it at a time, not whatever the buffer has room for.
+pub async fn read_at_most(stream: &ClientStream, buf: &mut BytesMut, most: usize) -> io::Result<usize> {
+    match stream {
+        ClientStream::Plain(s) => read_buf_tcp_at_most(s, buf, most, most).await,
+        ClientStream::Tls(t) => t.read_buf(buf, most).await,
+    }
+}
+
 /// [`read_buf`] on plain TCP.
 async fn read_buf_tcp(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> io::Result<usize> {
+    read_buf_tcp_at_most(stream, buf, chunk, usize::MAX).await
+}
+
+/// [`read_buf`] on plain TCP, at most `most` bytes (at least 512).
+async fn read_buf_tcp_at_most(stream: &TcpStream, buf: &mut BytesMut, chunk: usize, most: usize) -> io::Result<usize> {
     loop {
         if buf.capacity() - buf.len() < 512 {
             buf.reserve(chunk);
         }
-        match try_read_drained(stream, buf) {
+        match try_read_drained_at_most(stream, buf, most.max(512)) {
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.readable().await?,
             Err(e) => return Err(e),
@@ -70,10 +85,18 @@ async fn read_buf_tcp(stream: &TcpStream, buf: &mut BytesMut, chunk: usize) -> i
 /// the socket readable (tokio compares its tick), and a close behind the
 /// data stays seen (tokio never clears READ_CLOSED).
 pub fn try_read_drained(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
-    let room = buf.capacity() - buf.len();
+    try_read_drained_at_most(stream, buf, usize::MAX)
+}
+
+/// [`try_read_drained`] of at most `most` bytes: a read that fills them
+/// all may have left more in the socket, so only a shorter one clears the
+/// readiness.
+fn try_read_drained_at_most(stream: &TcpStream, buf: &mut BytesMut, most: usize) -> io::Result<usize> {
+    use bytes::BufMut as _;
+    let room = (buf.capacity() - buf.len()).min(most);
     let mut got = 0;
     let read = stream.try_io(tokio::io::Interest::READABLE, || {
-        got = stream.try_read_buf(buf)?;
+        got = stream.try_read_buf(&mut (&mut *buf).limit(room))?;
         if got > 0 && got < room {
             Err(io::ErrorKind::WouldBlock.into())
         } else {

@@ -66,9 +66,10 @@ pub struct ResponseWriter<'a> {
     /// never a second one.
     continue_sent: bool,
     /// The client's share of `limits.client_bandwidth` and of
-    /// `limits.total_bandwidth`, when one is set: every body byte waits for
-    /// it ([`ResponseWriter::limit_bandwidth`]).
-    meter: Option<std::sync::Arc<crate::client_bandwidth::Meter>>,
+    /// `limits.total_bandwidth`: every body byte waits for it when a limit
+    /// is set, now or by a reload while this response is sent
+    /// ([`ResponseWriter::limit_bandwidth`]).
+    meter: Option<crate::client_bandwidth::Pacer>,
 }
 
 /// Appends a response's status line (always HTTP/1.1: RFC 9110 2.5, our
@@ -140,6 +141,13 @@ pub fn stored_field_lines(base: &HeaderMap, skip: impl Fn(&HeaderName) -> bool) 
     (out, has_date, has_location)
 }
 
+/// Most bytes one `sendfile_all` of an unpaced response sends before the
+/// pacer is looked at again: a reload that sets a bandwidth limit paces
+/// the rest of a large file from the next one on. Each `sendfile` call
+/// sends at most what the socket takes, so this adds about one system
+/// call per 512 KiB.
+const UNPACED_SENDFILE: u64 = 512 << 10;
+
 /// Body pieces one write of [`ResponseWriter::send_data_parts`] carries.
 pub const PARTS_PER_WRITE: usize = 8;
 
@@ -192,19 +200,22 @@ impl<'a> ResponseWriter<'a> {
     /// and `limits.total_bandwidth` leave the client at `ip` (nothing
     /// changes without a limit).
     pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr) {
-        self.meter = crate::client_bandwidth::meter(ip);
+        self.meter = Some(crate::client_bandwidth::Pacer::new(ip));
     }
 
-    /// The client's share of `limits.client_bandwidth`, if a limit is set:
-    /// what a tunnel on this connection sends the client goes through it.
-    pub fn bandwidth(&self) -> Option<&crate::client_bandwidth::Meter> {
-        self.meter.as_deref()
+    /// The client's share of the bandwidth limits: what a tunnel on this
+    /// connection sends the client goes through it.
+    pub fn bandwidth(&self) -> Option<crate::client_bandwidth::Pacer> {
+        self.meter.clone()
     }
 
     /// The most body bytes one write sends: no bound without a bandwidth
     /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
-    fn piece(&self) -> usize {
-        self.meter.as_ref().map_or(usize::MAX, |m| m.piece())
+    fn piece(&mut self) -> usize {
+        self.meter
+            .as_mut()
+            .and_then(|p| p.meter())
+            .map_or(usize::MAX, |m| m.piece())
     }
 
     /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
@@ -565,8 +576,8 @@ impl<'a> ResponseWriter<'a> {
         }
         // The bytes that complete an announced length end the stream.
         let last = self.framing == Framing::Length && self.body_bytes + len == self.declared;
-        if let Some(m) = &self.meter {
-            m.pace(data.len()).await;
+        if let Some(p) = self.meter.as_mut() {
+            p.pace(data.len()).await;
         }
         let r = o.send_data(data, last, self.send_timeout).await;
         r.map_err(|e| self.counted(e))?;
@@ -660,9 +671,9 @@ impl<'a> ResponseWriter<'a> {
             n += 1;
         }
         if self.framing != Framing::None
-            && let Some(m) = &self.meter
+            && let Some(p) = self.meter.as_mut()
         {
-            m.pace(usize::try_from(len).unwrap_or(usize::MAX)).await;
+            p.pace(usize::try_from(len).unwrap_or(usize::MAX)).await;
         }
         let written = match self.framing {
             Framing::None => write_all(stream, head, t).await,
@@ -725,20 +736,22 @@ impl<'a> ResponseWriter<'a> {
             let r = super::io::send_more(tcp, &head, t).await;
             r.map_err(|e| self.counted(e))?;
         }
-        if let Some(m) = self.meter.clone() {
-            // Paced: a piece at a time, each waiting for the client's share.
-            let piece = m.piece() as u64;
-            let mut at = 0;
-            while at < len {
-                let n = piece.min(len - at);
-                m.pace(n as usize).await;
-                let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;
-                r.map_err(|e| self.counted(e))?;
-                at += n;
+        // Paced, a piece at a time, each waiting for the client's share;
+        // unpaced, in calls of UNPACED_SENDFILE, between which a limit a
+        // reload sets is taken up.
+        let mut at = 0;
+        while at < len {
+            let piece = match self.meter.as_mut().and_then(|p| p.meter()) {
+                Some(m) => m.piece() as u64,
+                None => UNPACED_SENDFILE,
+            };
+            let n = piece.min(len - at);
+            if let Some(p) = self.meter.as_mut() {
+                p.pace(usize::try_from(n).unwrap_or(usize::MAX)).await;
             }
-        } else {
-            let r = super::io::sendfile_all(tcp, file, offset, len, t).await;
+            let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;
             r.map_err(|e| self.counted(e))?;
+            at += n;
         }
         self.body_bytes += len;
         Ok(true)

@@ -6,7 +6,7 @@
 
 use super::Shared;
 use super::reply::error_page;
-use crate::http1::{ClientStream, Exchange, Outcome, read_buf, write_all};
+use crate::http1::{ClientStream, Exchange, Outcome, read_at_most, write_all};
 use crate::proxy::admission::Permit;
 use crate::upstream::ConnectErrorKind;
 use bytes::BytesMut;
@@ -137,7 +137,7 @@ pub(super) async fn relay(
     client: &ClientStream,
     upstream: &ClientStream,
     idle: Duration,
-    meter: Option<&crate::client_bandwidth::Meter>,
+    meter: Option<crate::client_bandwidth::Pacer>,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -193,13 +193,13 @@ async fn pipe(
     last: &AtomicU64,
     start: Instant,
     idle: Duration,
-    meter: Option<&crate::client_bandwidth::Meter>,
+    mut meter: Option<crate::client_bandwidth::Pacer>,
 ) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
-    let most = crate::client_bandwidth::read_size(meter, 16 << 10);
     loop {
-        let read = tokio::time::timeout(idle, read_buf(from, &mut buf, most)).await;
+        let most = meter.as_mut().map_or(16 << 10, |p| p.read_size(16 << 10));
+        let read = tokio::time::timeout(idle, read_at_most(from, &mut buf, most)).await;
         let n = match read {
             Err(_) => {
                 // Quiet this way; is the other way active?
@@ -226,8 +226,8 @@ async fn pipe(
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        if let Some(m) = meter {
-            m.pace(n).await;
+        if let Some(p) = meter.as_mut() {
+            p.pace(n).await;
             // The wait is not silence: the other way's idle check must
             // not close a tunnel whose bytes are waiting their turn.
             last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
