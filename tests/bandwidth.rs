@@ -57,11 +57,26 @@ fn config(forward: &str, reverse: &str, origin: &Origin, rest: &str) -> String {
 /// A forward GET of `path` at `origin` through `proxy` from `src`: the
 /// response and how long it took.
 async fn timed_get(src: &str, proxy: SocketAddr, origin: &Origin, path: &str) -> (ParsedResponse, Duration) {
+    let start = Instant::now();
+    spawn_get(src, proxy, origin, path, start).await.expect("download")
+}
+
+/// [`timed_get`] in a task of its own, timed from `start`: for downloads
+/// at the same time.
+fn spawn_get(
+    src: &str,
+    proxy: SocketAddr,
+    origin: &Origin,
+    path: &str,
+    start: Instant,
+) -> tokio::task::JoinHandle<(ParsedResponse, Duration)> {
     let o = origin.addr();
     let req = format!("GET http://{o}{path} HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
-    let start = Instant::now();
-    let bytes = raw_request_from(src.parse().expect("ip"), proxy, req.as_bytes()).await;
-    (parse_response(&bytes), start.elapsed())
+    let src: std::net::IpAddr = src.parse().expect("ip");
+    tokio::spawn(async move {
+        let bytes = raw_request_from(src, proxy, req.as_bytes()).await;
+        (parse_response(&bytes), start.elapsed())
+    })
 }
 
 /// Lets a quiet client's bucket fill again (16 KiB at 64 KiB a second
@@ -129,14 +144,7 @@ async fn every_way_a_response_body_goes_out_keeps_to_the_clients_bandwidth() {
     refill().await;
     let start = Instant::now();
     let mine = (0..2)
-        .map(|_| {
-            let o = o.addr();
-            tokio::spawn(async move {
-                let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
-                let r = parse_response(&raw_request_from(CLIENT.parse().expect("ip"), proxy, req.as_bytes()).await);
-                (r, start.elapsed())
-            })
-        })
+        .map(|_| spawn_get(CLIENT, proxy, &o, "/disk", start))
         .collect::<Vec<_>>();
     let (theirs, their_time) = timed_get(OTHER, proxy, &o, "/disk").await;
     assert_body(&theirs, 96 << 10, "the other client's");
@@ -272,15 +280,7 @@ async fn a_limited_clients_miss_is_stored_at_the_origins_pace_not_the_clients() 
     let (forward, reverse) = (free_addr(), free_addr());
     let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
     let proxy: SocketAddr = forward.parse().expect("addr");
-    let first = {
-        let o = o.addr();
-        tokio::spawn(async move {
-            let start = Instant::now();
-            let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
-            let r = parse_response(&raw_request_from(CLIENT.parse().expect("ip"), proxy, req.as_bytes()).await);
-            (r, start.elapsed())
-        })
-    };
+    let first = spawn_get(CLIENT, proxy, &o, "/disk", Instant::now());
     // A third client asks whether it is stored, with a HEAD (no body to
     // pace) that only the cache may answer: 504 until it is.
     let probe = format!(
@@ -367,14 +367,7 @@ async fn all_clients_together_keep_to_the_total_bandwidth() {
     let start = Instant::now();
     let downloads: Vec<_> = [CLIENT, OTHER]
         .into_iter()
-        .map(|src| {
-            let o = o.addr();
-            tokio::spawn(async move {
-                let req = format!("GET http://{o}/disk HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
-                let r = parse_response(&raw_request_from(src.parse().expect("ip"), proxy, req.as_bytes()).await);
-                (r, start.elapsed())
-            })
-        })
+        .map(|src| spawn_get(src, proxy, &o, "/disk", start))
         .collect();
     let mut times = Vec::new();
     for d in downloads {
