@@ -93,7 +93,12 @@ pub fn try_read_drained(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<us
 /// readiness.
 fn try_read_drained_at_most(stream: &TcpStream, buf: &mut BytesMut, most: usize) -> io::Result<usize> {
     use bytes::BufMut as _;
-    let room = (buf.capacity() - buf.len()).min(most);
+    if buf.capacity() == buf.len() {
+        // A full buffer gets room, as `try_read_buf` gives it: a read into
+        // none would return 0, taken for the end of the stream.
+        buf.reserve(64);
+    }
+    let room = (buf.capacity() - buf.len()).min(most.max(1));
     let mut got = 0;
     let read = stream.try_io(tokio::io::Interest::READABLE, || {
         got = stream.try_read_buf(&mut (&mut *buf).limit(room))?;
