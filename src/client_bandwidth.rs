@@ -34,10 +34,10 @@
 //! limits (a limit set by a reload applies to what is being sent, and a
 //! lifted one stops pacing it). The table keeps a bucket after its last
 //! response is done: a client fetching one object after another owes what
-//! it was sent before, and does not start each response with a full burst. A bucket
-//! that no writer holds and that has filled up again says nothing a new
-//! one would not, so such buckets are dropped whenever a shard has doubled
-//! since its last sweep. The bucket arithmetic ([`take`]) is pure, the
+//! it was sent before, and does not start each response with a full
+//! burst. A bucket that no writer holds and that has filled up again says
+//! nothing a new one would not, so such buckets are dropped whenever a
+//! shard has doubled since its last sweep. The bucket arithmetic ([`take`]) is pure, the
 //! clock a parameter.
 
 use crate::client_table::ClientTable;
@@ -239,7 +239,8 @@ fn total_burst() -> f64 {
 /// pays an atomic load or two for this.
 #[derive(Debug, Clone)]
 pub struct Pacer {
-    ip: IpAddr,
+    /// The client; None: never paced ([`Pacer::unpaced`]).
+    ip: Option<IpAddr>,
     meter: Option<Arc<Meter>>,
     /// The [`GENERATION`] `meter` was looked up in.
     seen: u64,
@@ -250,18 +251,29 @@ impl Pacer {
     pub(crate) fn new(ip: IpAddr) -> Pacer {
         let seen = GENERATION.load(Ordering::Acquire);
         Pacer {
-            ip,
+            ip: Some(ip),
             meter: meter(ip),
             seen,
         }
     }
 
+    /// A pacer that never waits: for what goes to no client (a tunnel's
+    /// way up), and a writer no client was named for.
+    pub(crate) fn unpaced() -> Pacer {
+        Pacer {
+            ip: None,
+            meter: None,
+            seen: 0,
+        }
+    }
+
     /// The meter in force for the client now (None: unpaced).
     pub fn meter(&mut self) -> Option<&Arc<Meter>> {
+        let ip = self.ip?;
         let now = GENERATION.load(Ordering::Acquire);
         if now != self.seen {
             self.seen = now;
-            self.meter = meter(self.ip);
+            self.meter = meter(ip);
         }
         self.meter.as_ref()
     }
@@ -272,10 +284,15 @@ impl Pacer {
         self.meter().map_or(most, |m| m.piece().min(most))
     }
 
-    /// Waits until `n` bytes may be sent (at once when unpaced).
-    pub async fn pace(&mut self, n: usize) {
-        if let Some(m) = self.meter() {
-            m.pace(n).await;
+    /// Waits until `n` bytes may be sent (at once when unpaced); true
+    /// when a limit was in force (the caller may have waited).
+    pub async fn pace(&mut self, n: usize) -> bool {
+        match self.meter() {
+            Some(m) => {
+                m.pace(n).await;
+                true
+            }
+            None => false,
         }
     }
 }

@@ -52,11 +52,10 @@ impl<V> Shard<V> {
     /// [`SWEEP_AT`] entries, or twice what its last sweep left, keeps only
     /// those `keep` says still matter, and gives back the memory a spike
     /// of clients took.
-    pub fn sweep_if_grown(&mut self, keep: impl FnMut(&mut V) -> bool) {
+    pub fn sweep_if_grown(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
         if self.entries.len() < self.sweep_at.max(SWEEP_AT) {
             return;
         }
-        let mut keep = keep;
         self.entries.retain(|_, v| keep(v));
         let left = self.entries.len();
         self.sweep_at = left * 2;

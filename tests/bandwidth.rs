@@ -54,6 +54,13 @@ fn config(forward: &str, reverse: &str, origin: &Origin, rest: &str) -> String {
     )
 }
 
+/// Portico on [`config`] with `rest`, and its forward listener's address.
+async fn start(origin: &Origin, rest: &str) -> (Portico, SocketAddr) {
+    let (forward, reverse) = (free_addr(), free_addr());
+    let p = Portico::start(&config(&forward, &reverse, origin, rest)).await;
+    (p, forward.parse().expect("addr"))
+}
+
 /// A forward GET of `path` at `origin` through `proxy` from `src`: the
 /// response and how long it took.
 async fn timed_get(src: &str, proxy: SocketAddr, origin: &Origin, path: &str) -> (ParsedResponse, Duration) {
@@ -94,9 +101,7 @@ fn assert_body(r: &ParsedResponse, len: usize, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_way_a_response_body_goes_out_keeps_to_the_clients_bandwidth() {
     let o = origin().await;
-    let (forward, reverse) = (free_addr(), free_addr());
-    let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
-    let proxy: SocketAddr = forward.parse().expect("addr");
+    let (p, proxy) = start(&o, LIMITS).await;
     // A miss (from the origin) and hits from disk (sendfile) and memory.
     for (path, len, how, least) in [
         ("/disk", 96 << 10, "MISS", 1.1),
@@ -277,9 +282,7 @@ async fn an_https_proxy_port_keeps_to_it_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_clients_miss_is_stored_at_the_origins_pace_not_the_clients() {
     let o = origin().await;
-    let (forward, reverse) = (free_addr(), free_addr());
-    let p = Portico::start(&config(&forward, &reverse, &o, LIMITS)).await;
-    let proxy: SocketAddr = forward.parse().expect("addr");
+    let (p, proxy) = start(&o, LIMITS).await;
     let first = spawn_get(CLIENT, proxy, &o, "/disk", Instant::now());
     // A third client asks whether it is stored, with a HEAD (no body to
     // pace) that only the cache may answer: 504 until it is.
@@ -350,10 +353,8 @@ async fn a_reload_that_lifts_the_limit_lets_the_next_requests_go_unpaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_clients_together_keep_to_the_total_bandwidth() {
     let o = origin().await;
-    let (forward, reverse) = (free_addr(), free_addr());
     let total = "[limits]\ntotal_bandwidth = \"64KiB\"\ntotal_bandwidth_burst = \"16KiB\"\n";
-    let p = Portico::start(&config(&forward, &reverse, &o, total)).await;
-    let proxy: SocketAddr = forward.parse().expect("addr");
+    let (p, proxy) = start(&o, total).await;
     // One client alone: the whole rate (a miss, then a hit from disk).
     for how in ["MISS", "HIT"] {
         refill().await;

@@ -497,7 +497,7 @@ pub(crate) async fn tunnel(
     early: Bytes,
     upstream: &ClientStream,
     idle: Duration,
-    mut meter: Option<crate::client_bandwidth::Pacer>,
+    mut meter: crate::client_bandwidth::Pacer,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -545,7 +545,7 @@ pub(crate) async fn tunnel(
         }
         let mut buf = BytesMut::with_capacity(16 << 10);
         loop {
-            let most = meter.as_mut().map_or(16 << 10, |p| p.read_size(16 << 10));
+            let most = meter.read_size(16 << 10);
             let read = tokio::time::timeout(idle, super::io::read_at_most(upstream, &mut buf, most)).await;
             match read {
                 Err(_) if !quiet(&last) => continue,
@@ -564,8 +564,7 @@ pub(crate) async fn tunnel(
                 }
                 Ok(Ok(n)) => {
                     seen(&last);
-                    if let Some(p) = meter.as_mut() {
-                        p.pace(n).await;
+                    if meter.pace(n).await {
                         // The wait is not silence (see `proxy/tunnel.rs`'s `pipe`).
                         seen(&last);
                     }

@@ -69,7 +69,7 @@ pub struct ResponseWriter<'a> {
     /// `limits.total_bandwidth`: every body byte waits for it when a limit
     /// is set, now or by a reload while this response is sent
     /// ([`ResponseWriter::limit_bandwidth`]).
-    meter: Option<crate::client_bandwidth::Pacer>,
+    meter: crate::client_bandwidth::Pacer,
 }
 
 /// Appends a response's status line (always HTTP/1.1: RFC 9110 2.5, our
@@ -192,7 +192,7 @@ impl<'a> ResponseWriter<'a> {
             timeout_counted: false,
             awaiting_continue: false,
             continue_sent: false,
-            meter: None,
+            meter: crate::client_bandwidth::Pacer::unpaced(),
         }
     }
 
@@ -200,22 +200,19 @@ impl<'a> ResponseWriter<'a> {
     /// and `limits.total_bandwidth` leave the client at `ip` (nothing
     /// changes without a limit).
     pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr) {
-        self.meter = Some(crate::client_bandwidth::Pacer::new(ip));
+        self.meter = crate::client_bandwidth::Pacer::new(ip);
     }
 
     /// The client's share of the bandwidth limits: what a tunnel on this
     /// connection sends the client goes through it.
-    pub fn bandwidth(&self) -> Option<crate::client_bandwidth::Pacer> {
+    pub fn bandwidth(&self) -> crate::client_bandwidth::Pacer {
         self.meter.clone()
     }
 
     /// The most body bytes one write sends: no bound without a bandwidth
     /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
     fn piece(&mut self) -> usize {
-        self.meter
-            .as_mut()
-            .and_then(|p| p.meter())
-            .map_or(usize::MAX, |m| m.piece())
+        self.meter.meter().map_or(usize::MAX, |m| m.piece())
     }
 
     /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
@@ -576,9 +573,7 @@ impl<'a> ResponseWriter<'a> {
         }
         // The bytes that complete an announced length end the stream.
         let last = self.framing == Framing::Length && self.body_bytes + len == self.declared;
-        if let Some(p) = self.meter.as_mut() {
-            p.pace(data.len()).await;
-        }
+        self.meter.pace(data.len()).await;
         let r = o.send_data(data, last, self.send_timeout).await;
         r.map_err(|e| self.counted(e))?;
         self.body_bytes += len;
@@ -670,10 +665,8 @@ impl<'a> ResponseWriter<'a> {
             slices[n] = b"\r\n";
             n += 1;
         }
-        if self.framing != Framing::None
-            && let Some(p) = self.meter.as_mut()
-        {
-            p.pace(usize::try_from(len).unwrap_or(usize::MAX)).await;
+        if self.framing != Framing::None {
+            self.meter.pace(usize::try_from(len).unwrap_or(usize::MAX)).await;
         }
         let written = match self.framing {
             Framing::None => write_all(stream, head, t).await,
@@ -741,14 +734,9 @@ impl<'a> ResponseWriter<'a> {
         // reload sets is taken up.
         let mut at = 0;
         while at < len {
-            let piece = match self.meter.as_mut().and_then(|p| p.meter()) {
-                Some(m) => m.piece() as u64,
-                None => UNPACED_SENDFILE,
-            };
+            let piece = self.meter.meter().map_or(UNPACED_SENDFILE, |m| m.piece() as u64);
             let n = piece.min(len - at);
-            if let Some(p) = self.meter.as_mut() {
-                p.pace(usize::try_from(n).unwrap_or(usize::MAX)).await;
-            }
+            self.meter.pace(usize::try_from(n).unwrap_or(usize::MAX)).await;
             let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;
             r.map_err(|e| self.counted(e))?;
             at += n;

@@ -619,7 +619,7 @@ impl ListenerHandler {
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
         let upstream = upstream.into_relay();
         let meter = crate::client_bandwidth::Pacer::new(s.peer.ip());
-        let (up, down) = tunnel::relay(stream, &upstream, idle, Some(meter)).await;
+        let (up, down) = tunnel::relay(stream, &upstream, idle, meter).await;
         s.up = up;
         s.down = down + early.len() as u64;
         add(&counters.bytes_up, s.up);

@@ -137,12 +137,19 @@ pub(super) async fn relay(
     client: &ClientStream,
     upstream: &ClientStream,
     idle: Duration,
-    meter: Option<crate::client_bandwidth::Pacer>,
+    meter: crate::client_bandwidth::Pacer,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
     tokio::join!(
-        pipe(client, upstream, &last, start, idle, None),
+        pipe(
+            client,
+            upstream,
+            &last,
+            start,
+            idle,
+            crate::client_bandwidth::Pacer::unpaced()
+        ),
         pipe(upstream, client, &last, start, idle, meter)
     )
 }
@@ -186,19 +193,19 @@ pub(super) async fn through_parent(
 
 /// Copies `from` to `to` until end of stream (then half-closes `to`), an
 /// error, or an idle period on both directions; returns the bytes copied.
-/// Each write waits for `meter`, if any, first.
+/// Each write waits for `meter` first (not at all when unpaced).
 async fn pipe(
     from: &ClientStream,
     to: &ClientStream,
     last: &AtomicU64,
     start: Instant,
     idle: Duration,
-    mut meter: Option<crate::client_bandwidth::Pacer>,
+    mut meter: crate::client_bandwidth::Pacer,
 ) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
     loop {
-        let most = meter.as_mut().map_or(16 << 10, |p| p.read_size(16 << 10));
+        let most = meter.read_size(16 << 10);
         let read = tokio::time::timeout(idle, read_at_most(from, &mut buf, most)).await;
         let n = match read {
             Err(_) => {
@@ -226,8 +233,7 @@ async fn pipe(
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        if let Some(p) = meter.as_mut() {
-            p.pace(n).await;
+        if meter.pace(n).await {
             // The wait is not silence: the other way's idle check must
             // not close a tunnel whose bytes are waiting their turn.
             last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);

@@ -217,12 +217,12 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
     last: &AtomicU64,
     start: Instant,
     idle: Duration,
-    mut meter: Option<crate::client_bandwidth::Pacer>,
+    mut meter: crate::client_bandwidth::Pacer,
 ) -> u64 {
     let mut buf = vec![0u8; 16 << 10];
     let mut total = 0u64;
     loop {
-        let most = meter.as_mut().map_or(buf.len(), |p| p.read_size(buf.len()));
+        let most = meter.read_size(buf.len());
         let n = match tokio::time::timeout(idle, from.read(&mut buf[..most])).await {
             Err(_) if !idle_both_ways(last, start, idle) => continue,
             Err(_) | Ok(Err(_)) => {
@@ -236,8 +236,7 @@ async fn origin_to_client<R: AsyncRead + Unpin>(
             Ok(Ok(n)) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        if let Some(p) = meter.as_mut() {
-            p.pace(n).await;
+        if meter.pace(n).await {
             // The wait is not silence (see `proxy/tunnel.rs`'s `pipe`).
             last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         }

@@ -31,6 +31,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+// The writer sends at most as many pieces at once as one
+// `ResponseWriter` write takes.
+use crate::http1::PARTS_PER_WRITE;
+
 #[cfg(doc)]
 use crate::cache::flight::READ_AHEAD_BUDGET;
 
@@ -39,9 +43,6 @@ use crate::cache::flight::READ_AHEAD_BUDGET;
 /// to this size (plus what the sockets hold) is stored at the origin's
 /// pace whatever the client's.
 pub const GAP: u64 = 1 << 20;
-
-/// Pieces the writer sends to the client in one write, at most.
-const WRITE_PARTS: usize = 8;
 
 /// How long the writer waits for the origin before it watches its client.
 /// An origin that keeps sending costs no watching (with a request
@@ -234,12 +235,12 @@ impl Queue {
                     return;
                 }
             };
-            let mut parts: [Bytes; WRITE_PARTS] = Default::default();
-            let mut permits: [Option<OwnedSemaphorePermit>; WRITE_PARTS] = Default::default();
+            let mut parts: [Bytes; PARTS_PER_WRITE] = Default::default();
+            let mut permits: [Option<OwnedSemaphorePermit>; PARTS_PER_WRITE] = Default::default();
             parts[0] = data;
             permits[0] = permit;
             let mut len = 1;
-            while len < WRITE_PARTS {
+            while len < PARTS_PER_WRITE {
                 match rx.try_recv() {
                     Ok(Piece::Data(d, p)) => {
                         parts[len] = d;
