@@ -54,6 +54,8 @@ SCENARIOS = {
                  "caches (page cache), keep-alive, 64 connections",
     "miss": "every request a miss: uniform random over the 10,000 objects served by the origin "
             "with Cache-Control: no-store, keep-alive, 64 connections",
+    "store": "every request a miss that is stored: one of the 10,000 objects (fresh for 120 s) "
+             "under a query string no request used before, keep-alive, 64 connections",
     "busy": "hits as in `hits` from 1,000 keep-alive connections at once (issue 17 item 7: "
             "the tail when many connections are busy)",
     "idle": "memory per idle keep-alive connection: 10,000 connections held open, "
@@ -84,7 +86,7 @@ SCENARIOS = {
 SCENARIOS.update(tls_bench.SCENARIOS)
 # Run only when named (soak: an hour; hitratio: ~15 min a round; polygraph: ~1.5 min a proxy) or by --smoke: not part of a plain `bench/run`.
 NAMED_ONLY = ("soak", "hitratio", "polygraph")
-WRK_SCENARIOS = ("hot", "hits", "close", "miss", "disk-hits", "busy")
+WRK_SCENARIOS = ("hot", "hits", "close", "miss", "store", "disk-hits", "busy")
 # Scenarios that serve the 10,000 cached objects at random (wrk script `hits`).
 HIT_SCENARIOS = ("hits", "close", "disk-hits", "busy")
 BUSY_CONNECTIONS = 1000
@@ -972,6 +974,28 @@ end
 """
 
 
+# store scenario: every request a new URL (a query string no request used before: the
+# thread's number and its own count), for an object the origin says is fresh for 120 s,
+# so every proxy fetches it and stores it.
+WRK_STORE = r"""
+local paths = {}
+for line in io.lines("%(paths)s") do paths[#paths + 1] = line end
+local counter = 0
+setup = function(thread)
+  counter = counter + 1
+  thread:set("tid", counter)
+end
+local n = 0
+init = function(args)
+  math.randomseed(%(seed)d + (tid or 0))
+end
+request = function()
+  n = n + 1
+  return wrk.format("GET", paths[math.random(#paths)] .. "?store=" .. (tid or 0) .. "." .. n)
+end
+"""
+
+
 def write_wrk_scripts(tmp, paths):
     pfile = os.path.join(tmp, "paths.txt")
     with open(pfile, "w") as f:
@@ -979,7 +1003,8 @@ def write_wrk_scripts(tmp, paths):
     out = {}
     for name, body in (("hot", WRK_DONE),
                        ("hits", WRK_RANDOM % {"paths": pfile, "seed": SEED} + WRK_DONE),
-                       ("miss", WRK_MISS % {"paths": pfile, "seed": SEED} + WRK_DONE)):
+                       ("miss", WRK_MISS % {"paths": pfile, "seed": SEED} + WRK_DONE),
+                       ("store", WRK_STORE % {"paths": pfile, "seed": SEED} + WRK_DONE)):
         out[name] = os.path.join(tmp, f"{name}.lua")
         with open(out[name], "w") as f:
             f.write(body)
@@ -1219,6 +1244,45 @@ def check_hit_sample(port, paths, info, problems, tls=False):
         problems.append(f"{info['warm_bad']} warm-up requests failed")
 
 
+def portico_stored(port):
+    """Responses Portico's cache has stored so far (/.stats.json), or None when
+    the statistics pages are off."""
+    try:
+        return portico_stats(port)["cache"]["stored"]
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        return None
+
+
+def check_stored(port, paths, stored0, r, info, problems, n=20):
+    """After a store run: the proxy stores such URLs (n new ones, each asked
+    for twice: the second must say HIT where the proxy says), and Portico's
+    own count of stored responses grew by at least the responses wrk counted
+    (`stored0`: that count before the run, None for another proxy)."""
+    rng = random.Random(SEED + 2)
+    conn = connect(port)
+    hits = seen = 0
+    for i in range(n):
+        url = f"{rng.choice(paths)}?store=check.{i}"
+        http_get(port, url, conn)
+        _, h, _ = http_get(port, url, conn)
+        xc = cache_status(h)
+        if xc is not None:
+            seen += 1
+            hits += xc.upper().startswith("HIT")
+    conn.close()
+    info["sample_hits"] = f"{hits}/{n} asked again HIT" if seen else "no X-Cache"
+    if seen and hits != n:
+        problems.append(f"only {hits} of {n} new URLs asked for twice were hits the second "
+                        "time: the proxy does not store these responses")
+    if stored0 is not None:
+        stored1 = portico_stored(port)
+        if stored1 is not None:
+            info["stored"] = stored1 - stored0
+            if info["stored"] < r["requests"]:
+                problems.append(f"portico stored {info['stored']:,} responses for "
+                                f"{r['requests']:,} responses wrk counted")
+
+
 def check_completed(r, problems, load="wrk"):
     """No errors from the load generator, and some requests done."""
     if r["errors"]:
@@ -1228,7 +1292,7 @@ def check_completed(r, problems, load="wrk"):
 
 
 def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
-    """hot, hits, close, miss: one wrk run against a freshly started peer, with
+    """hot, hits, close, miss, store, disk-hits, busy: one wrk run against a freshly started peer, with
     the scenario's checks. Returns the result with `problems` (failed checks)."""
     daemon = start_peer(peer, tmp, args.portico_bin, disk=scenario == "disk-hits")
     try:
@@ -1246,10 +1310,12 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
             path = "/"
             if scenario == "close":
                 headers = ["Connection: close"]
-        else:  # miss: nothing to warm; every request must reach the origin
+        else:  # miss, store: nothing to warm; every request must reach the origin
             path = "/"
-        hits0 = peer_hit_counter(peer, tmp) if scenario != "miss" else None
-        tiers0 = portico_tiers(port) if peer == "portico" and scenario != "miss" else None
+        misses = scenario in ("miss", "store")
+        hits0 = peer_hit_counter(peer, tmp) if not misses else None
+        tiers0 = portico_tiers(port) if peer == "portico" and not misses else None
+        stored0 = portico_stored(port) if peer == "portico" and scenario == "store" else None
         r = run_wrk(port, path, ctx["scripts"][scenario], args.duration,
                     wrk_connections(scenario, args), daemon.pid, origin.pid, headers)
         r["rss_mib"] = tree_rss_kib(daemon.pid) / 1024
@@ -1278,6 +1344,9 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
             info["sample_hits"] = f"{h}/{n} HIT" if seen else "no X-Cache"
             if h:
                 problems.append(f"{h} of {n} sampled no-store responses were hits")
+        if scenario == "store":
+            check_stored(port, paths, stored0, r, info, problems)
+        if misses:
             # wrk counts completed responses; requests still in flight when it
             # stops reached the origin but are not counted, so origin >= requests.
             if r["origin_during"] < r["requests"]:
@@ -1295,6 +1364,8 @@ def run_wrk_scenario(scenario, peer, tmp, args, ctx, origin):
                         f"other CPU {r['other_cpu']:.2f}, X-Cache {info.get('sample_hits')}"
                         + (f", its own hit counter +{info['peer_hits']:,}"
                            if "peer_hits" in info else "")
+                        + (f", its own count of stored responses +{info['stored']:,}"
+                           if "stored" in info else "")
                         + (f" ({info['disk_reads']:,} disk-tier reads)"
                            if "disk_reads" in info else ""))
         if not daemon.alive():
@@ -2121,6 +2192,13 @@ def report_wrk(scenario, results, peers, args):
         L.append("Every request goes through the proxy to the origin (no-store), and the "
                  "origin (nginx, on the load CPU with wrk) is part of each request's cost: a "
                  "proxy CPU well under 1.00 means the origin or wrk was the limit.\n")
+    if scenario == "store":
+        L.append("Every request goes through the proxy to the origin, as in `miss`, but the "
+                 "response (fresh for 120 s) is stored: the cost of a miss the cache keeps "
+                 "(writing the object, and evicting others once the memory cache is full). "
+                 "Each proxy stores as in the other scenarios (Portico 1 GiB of memory and "
+                 "its disk tier, nginx its cache files, Varnish malloc 1 GiB, Squid and ATS "
+                 "as in bench/peers/).\n")
     L.append("| proxy | req/s | spread | p50 ms | p99 ms | p99 spread | proxy CPU | "
              "req/s per proxy core | other CPU | runs |")
     L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -2152,6 +2230,8 @@ def report_wrk(scenario, results, peers, args):
     for p in peers:
         for i, r in enumerate(results[p]):
             own = f"{r['peer_hits']:,}" if "peer_hits" in r else "—"
+            if "stored" in r:
+                own = f"{r['stored']:,} stored"
             if "disk_reads" in r:
                 own += f" ({r['disk_reads']:,} from the disk tier)"
             L.append(f"| {p} | {i+1} | {r['requests']:,} | {r['errors']} | {r['origin_during']:,} | "
@@ -2159,6 +2239,11 @@ def report_wrk(scenario, results, peers, args):
                      f"{r.get('proxy_sys_share', 0.0):.0%} | "
                      f"{r['wrk_cpu']:.2f} | {r['other_cpu']:.2f} | {r.get('attempts', 1)} |")
     L.append("")
+    if scenario == "store":
+        L.append("A store run passes when the origin served at least as many requests as wrk "
+                 "counted responses, 20 new URLs asked for twice after the run were hits the "
+                 "second time (where the proxy says: its X-Cache or Cache-Status), and "
+                 "Portico's own count of stored responses grew by at least wrk's count.\n")
     if scenario == "miss":
         L.append("A miss run passes when the origin served at least as many requests as wrk "
                  "counted responses (requests still in flight when wrk stops reach the origin "
