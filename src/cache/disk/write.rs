@@ -11,7 +11,7 @@ use crate::cache::key::ObjectId;
 use crate::cache::object::StoredMeta;
 use bytes::Bytes;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -80,6 +80,7 @@ impl Inner {
             file,
             _counted: crate::util::Counted::new(&WRITING),
             tmp,
+            head: Vec::new(),
             sum: Some(Checksum::new(&meta_bytes)),
             meta_len: u64::from(meta_len),
             body_len: 0,
@@ -89,10 +90,9 @@ impl Inner {
             fsync: self.fsync,
             done: false,
         };
-        let mut head = Vec::with_capacity(HEADER_LEN as usize + meta_bytes.len());
-        head.extend_from_slice(&format::encode_header(meta_len));
-        head.extend_from_slice(&meta_bytes);
-        st.file.write_all(&head)?;
+        st.head.reserve_exact(HEADER_LEN as usize + meta_bytes.len());
+        st.head.extend_from_slice(&format::encode_header(meta_len));
+        st.head.extend_from_slice(&meta_bytes);
         Ok(st)
     }
 
@@ -138,7 +138,7 @@ impl Inner {
                 "stored body failed its checksum",
             ));
         }
-        let size = st.finish(expires)?;
+        let size = st.finish([&[], &[]], expires)?;
         let old_entry = self.index.get(id);
         let entry = Entry {
             clock: 0,
@@ -241,6 +241,10 @@ struct WriteState {
     /// (committed or aborted), which closes the file.
     _counted: crate::util::Counted<'static>,
     tmp: PathBuf,
+    /// The file's header and metadata until they are written with the
+    /// first body bytes (or the trailer): a small object's file gets one
+    /// write, not three.
+    head: Vec<u8>,
     sum: Option<Checksum>,
     meta_len: u64,
     body_len: u64,
@@ -253,32 +257,53 @@ struct WriteState {
 
 impl WriteState {
     fn write_body(&mut self, data: &[u8]) -> io::Result<()> {
-        self.file.write_all(data)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.sum_body(data);
+        let head = std::mem::take(&mut self.head);
+        write_all_vectored(&mut self.file, &mut [IoSlice::new(&head), IoSlice::new(data)])
+    }
+
+    fn sum_body(&mut self, data: &[u8]) {
         if let Some(s) = self.sum.as_mut() {
             s.update(data);
         }
         self.body_len += data.len() as u64;
-        Ok(())
     }
 
-    /// Writes the trailer (and fsyncs); returns the file size.
-    fn finish(&mut self, expires: u64) -> io::Result<u64> {
-        let sum = self.sum.take().ok_or_else(|| io_other("writer already finished"))?;
+    /// Writes the last body bytes, `rest` (in that order), and the
+    /// trailer (and fsyncs); returns the file size.
+    fn finish(&mut self, rest: [&[u8]; 2], expires: u64) -> io::Result<u64> {
+        let mut sum = self.sum.take().ok_or_else(|| io_other("writer already finished"))?;
+        for part in rest {
+            sum.update(part);
+            self.body_len += part.len() as u64;
+        }
         let trailer = Trailer {
             body_len: self.body_len,
             expires,
             checksum: sum.finish(self.body_len, expires),
-        };
-        self.file.write_all(&trailer.encode())?;
+        }
+        .encode();
+        let head = std::mem::take(&mut self.head);
+        write_all_vectored(
+            &mut self.file,
+            &mut [
+                IoSlice::new(&head),
+                IoSlice::new(rest[0]),
+                IoSlice::new(rest[1]),
+                IoSlice::new(&trailer),
+            ],
+        )?;
         if self.fsync {
             self.file.sync_all()?;
         }
         Ok(HEADER_LEN + self.meta_len + self.body_len + TRAILER_LEN)
     }
 
-    fn commit(mut self, id: ObjectId, rest: &[u8], expires: u64) -> io::Result<()> {
-        self.write_body(rest)?;
-        let size = self.finish(expires)?;
+    fn commit(mut self, id: ObjectId, rest: [&[u8]; 2], expires: u64) -> io::Result<()> {
+        let size = self.finish(rest, expires)?;
         let inner = self.store.upgrade().ok_or_else(|| io_other("disk cache closed"))?;
         let entry = Entry {
             clock: 0,
@@ -294,6 +319,21 @@ impl WriteState {
         self.done = true;
         Ok(())
     }
+}
+
+/// Writes all of `bufs` to `file`, in as few calls as it takes (one, for
+/// a regular file, unless the disk is full).
+fn write_all_vectored(file: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match file.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 impl Drop for WriteState {
@@ -484,11 +524,7 @@ impl DiskWriter {
         let buf = std::mem::take(&mut self.buf);
         let (store, id) = (self.store.clone(), self.id);
         self.jobs
-            .run(move || {
-                let mut st = stage.open(&store, id)?;
-                st.write_body(&buf)?;
-                st.commit(id, &rest, expires)
-            })
+            .run(move || stage.open(&store, id)?.commit(id, [&buf, &rest], expires))
             .await?
     }
 
@@ -497,7 +533,7 @@ impl DiskWriter {
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let st = stage.open(&self.store, self.id)?;
         let buf = std::mem::take(&mut self.buf);
-        st.commit(self.id, &buf, expires)
+        st.commit(self.id, [&buf, &[]], expires)
     }
 
     /// Drops the object being written (the tmp file is deleted).
