@@ -63,6 +63,11 @@ static TOTAL_WAITS: AtomicU64 = AtomicU64::new(0);
 static TOTAL_WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// Writes waiting on the total now.
 static TOTAL_PACING: AtomicU64 = AtomicU64::new(0);
+/// Writes that waited longer for their route's `bandwidth` than for the
+/// client's and the total's.
+static ROUTE_WAITS: AtomicU64 = AtomicU64::new(0);
+/// Microseconds those writes waited in all.
+static ROUTE_WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// Bumped by every [`set`] and [`set_total`]: a [`Pacer`] looks its
 /// client's meter up again when it has changed.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -181,6 +186,17 @@ pub fn total_waited_us() -> u64 {
     TOTAL_WAITED_US.load(Ordering::Relaxed)
 }
 
+/// Writes that waited longer for their route's `bandwidth` than for the
+/// client's and the total's, since start.
+pub fn route_waits() -> u64 {
+    ROUTE_WAITS.load(Ordering::Relaxed)
+}
+
+/// Microseconds those writes waited in all, since start.
+pub fn route_waited_us() -> u64 {
+    ROUTE_WAITED_US.load(Ordering::Relaxed)
+}
+
 /// Writes that waited for their client's bandwidth, since start.
 pub fn waits() -> u64 {
     WAITS.load(Ordering::Relaxed)
@@ -244,6 +260,35 @@ pub struct Pacer {
     meter: Option<Arc<Meter>>,
     /// The [`GENERATION`] `meter` was looked up in.
     seen: u64,
+    /// The response's own limit (`[[rule]] bandwidth`), kept to on top of
+    /// the client's and the total's; a reload does not change it.
+    route: Option<RouteLimit>,
+}
+
+/// A route's `bandwidth` for one response (nginx's `limit_rate` and
+/// `limit_rate_after` in a `location`): a bucket of its own, not shared.
+#[derive(Debug, Clone)]
+struct RouteLimit {
+    /// Bytes a second.
+    rate: f64,
+    bucket: Bucket,
+    /// Bytes still to be sent before the rate applies
+    /// (`bandwidth_after`).
+    free: u64,
+}
+
+impl RouteLimit {
+    /// Takes `n` bytes at `now`: the microseconds the write must wait.
+    fn take(&mut self, n: u64, now: u64) -> u64 {
+        let free = n.min(self.free);
+        self.free -= free;
+        take(&mut self.bucket, n - free, now, self.rate, self.rate)
+    }
+
+    /// An eighth of a second's worth, as [`Meter::piece`].
+    fn piece(&self) -> usize {
+        ((self.rate / 8.0) as usize).clamp(MIN_PIECE, MAX_PIECE)
+    }
 }
 
 impl Pacer {
@@ -254,7 +299,28 @@ impl Pacer {
             ip: Some(ip),
             meter: meter(ip),
             seen,
+            route: None,
         }
+    }
+
+    /// Keeps what goes through this pacer to `rate` bytes a second as
+    /// well, but for its first `after` bytes (a route's `bandwidth` and
+    /// `bandwidth_after`); `rate` 0: no such limit (a later rule lifted
+    /// it). The rate starts with a piece in hand, so the first write after
+    /// the free bytes goes at once.
+    pub(crate) fn limit_route(&mut self, rate: u64, after: u64) {
+        self.route = (rate > 0).then(|| {
+            let mut limit = RouteLimit {
+                rate: rate as f64,
+                bucket: Bucket {
+                    tokens: 0.0,
+                    at_us: now_us(),
+                },
+                free: after,
+            };
+            limit.bucket.tokens = limit.piece() as f64;
+            limit
+        });
     }
 
     /// A pacer that never waits: for what goes to no client (a tunnel's
@@ -264,11 +330,12 @@ impl Pacer {
             ip: None,
             meter: None,
             seen: 0,
+            route: None,
         }
     }
 
     /// The meter in force for the client now (None: unpaced).
-    pub fn meter(&mut self) -> Option<&Arc<Meter>> {
+    fn meter(&mut self) -> Option<&Arc<Meter>> {
         let ip = self.ip?;
         let now = GENERATION.load(Ordering::Acquire);
         if now != self.seen {
@@ -278,23 +345,71 @@ impl Pacer {
         self.meter.as_ref()
     }
 
-    /// How much a relay loop reads at once, `most` at most: a piece of
-    /// the client's bandwidth when it is paced ([`Meter::piece`]).
-    pub fn read_size(&mut self, most: usize) -> usize {
-        self.meter().map_or(most, |m| m.piece().min(most))
-    }
-
-    /// Waits until `n` bytes may be sent (at once when unpaced); true
-    /// when a limit was in force (the caller may have waited).
-    pub async fn pace(&mut self, n: usize) -> bool {
-        match self.meter() {
-            Some(m) => {
-                m.pace(n).await;
-                true
-            }
-            None => false,
+    /// The largest piece a write should send at once (None: unpaced): the
+    /// smaller of the client's ([`Meter::piece`]) and the route's.
+    pub fn piece(&mut self) -> Option<usize> {
+        let route = self.route.as_ref().map(RouteLimit::piece);
+        let shared = self.meter().map(|m| m.piece());
+        match (shared, route) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
+
+    /// How much a relay loop reads at once, `most` at most: a piece of
+    /// the bandwidth when it is paced.
+    pub fn read_size(&mut self, most: usize) -> usize {
+        self.piece().map_or(most, |p| p.min(most))
+    }
+
+    /// Waits until `n` bytes may be sent (at once when unpaced): for the
+    /// longest of the client's, the total's and the route's debts, each
+    /// counted where it is longest. True when a limit was in force (the
+    /// caller may have waited).
+    pub async fn pace(&mut self, n: usize) -> bool {
+        if self.meter().is_none() && self.route.is_none() {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+        let now = now_us();
+        let shared = self.meter.as_ref().map_or(Debt::NONE, |m| m.take(n, now));
+        let route_us = self.route.as_mut().map_or(0, |r| r.take(n as u64, now));
+        let wait_us = shared.wait_us.max(route_us);
+        if wait_us == 0 {
+            return true;
+        }
+        let (waits, waited) = if shared.wait_us >= route_us {
+            shared.counters
+        } else {
+            (&ROUTE_WAITS, &ROUTE_WAITED_US)
+        };
+        waits.fetch_add(1, Ordering::Relaxed);
+        waited.fetch_add(wait_us, Ordering::Relaxed);
+        let _pacing = shared.on_total.then(Pacing::new);
+        tokio::time::sleep(std::time::Duration::from_micros(wait_us)).await;
+        true
+    }
+}
+
+/// What a write owes the client's and the total's buckets.
+struct Debt {
+    /// Microseconds to wait before sending: the longer of the two debts.
+    wait_us: u64,
+    /// Where a wait counts (how many, and the microseconds in all): the
+    /// total's when its debt was the longer, else the client's.
+    counters: (&'static AtomicU64, &'static AtomicU64),
+    /// The write took from the total and owes it.
+    on_total: bool,
+}
+
+impl Debt {
+    const NONE: Debt = Debt {
+        wait_us: 0,
+        counters: (&WAITS, &WAITED_US),
+        on_total: false,
+    };
 }
 
 impl Meter {
@@ -323,14 +438,10 @@ impl Meter {
         }
     }
 
-    /// Takes `n` bytes from the client's bucket and from the total's, and
-    /// waits until they may be sent (at once while both hold them): for
-    /// the longer of the two debts, counted as the client's or the
-    /// total's. No wait once a reload sets the rates to 0.
-    pub async fn pace(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
+    /// Takes `n` bytes at `now` from the client's bucket and from the
+    /// total's: what the write owes (nothing once a reload set the rates
+    /// to 0).
+    fn take(&self, n: usize, now: u64) -> Debt {
         let rate = if self.total_only {
             0.0
         } else {
@@ -338,9 +449,8 @@ impl Meter {
         };
         let total_rate = TOTAL_RATE.load(Ordering::Relaxed) as f64;
         if rate <= 0.0 && total_rate <= 0.0 {
-            return;
+            return Debt::NONE;
         }
-        let now = now_us();
         let own_us = if rate > 0.0 {
             let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
             take(&mut b, n as u64, now, rate, burst())
@@ -353,19 +463,15 @@ impl Meter {
         } else {
             0
         };
-        let wait_us = own_us.max(total_us);
-        if wait_us == 0 {
-            return;
+        Debt {
+            wait_us: own_us.max(total_us),
+            counters: if total_us > own_us {
+                (&TOTAL_WAITS, &TOTAL_WAITED_US)
+            } else {
+                (&WAITS, &WAITED_US)
+            },
+            on_total: total_us > 0,
         }
-        let (waits, waited) = if total_us > own_us {
-            (&TOTAL_WAITS, &TOTAL_WAITED_US)
-        } else {
-            (&WAITS, &WAITED_US)
-        };
-        waits.fetch_add(1, Ordering::Relaxed);
-        waited.fetch_add(wait_us, Ordering::Relaxed);
-        let _pacing = (total_us > 0).then(Pacing::new);
-        tokio::time::sleep(std::time::Duration::from_micros(wait_us)).await;
     }
 }
 
@@ -398,6 +504,37 @@ mod tests {
             tokens: BURST,
             at_us: 0,
         }
+    }
+
+    #[test]
+    fn a_routes_first_bytes_after_go_at_once_then_the_rate_holds() {
+        let mut r = RouteLimit {
+            rate: RATE,
+            bucket: Bucket { tokens: 0.0, at_us: 0 },
+            free: 1500,
+        };
+        assert_eq!(r.take(1000, 0), 0);
+        // 500 free bytes left: of 800, 300 wait for the rate.
+        assert_eq!(r.take(800, 0), 300_000);
+        assert_eq!(r.free, 0);
+        // A response that fell behind catches up by a second's worth, no more.
+        assert_eq!(r.take(0, 10_000_000), 0);
+        assert_eq!(r.bucket.tokens, RATE);
+    }
+
+    #[test]
+    fn a_routes_pieces_are_an_eighth_of_a_second_between_1_and_64_kib() {
+        let piece = |rate: f64| {
+            RouteLimit {
+                rate,
+                bucket: Bucket { tokens: 0.0, at_us: 0 },
+                free: 0,
+            }
+            .piece()
+        };
+        assert_eq!(piece(64.0 * 1024.0), 8 << 10);
+        assert_eq!(piece(2048.0), MIN_PIECE);
+        assert_eq!(piece(100e6), MAX_PIECE);
     }
 
     #[test]

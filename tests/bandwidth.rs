@@ -577,3 +577,158 @@ fn a_burst_without_a_bandwidth_and_a_bandwidth_below_1_kib_are_refused_by_name()
         assert!(err.contains(key) && err.contains(why), "{config}: {err}");
     }
 }
+
+/// `[[rule]] bandwidth`: every response to the route at 64 KiB a second,
+/// each on its own (nginx's `limit_rate`), over HTTP/1 (a miss, a disk
+/// hit through `sendfile`), HTTP/2 and a `CONNECT` tunnel; `/after` gets
+/// its first 64 KiB at full speed (`bandwidth_after`); other routes go
+/// unpaced.
+const ROUTES: &str = "[[rule]]\npath = \"/disk\"\nbandwidth = \"64KiB\"\ncontinue = true\n\n\
+                      [[rule]]\npath = \"/after\"\nbandwidth = \"32KiB\"\nbandwidth_after = \"64KiB\"\ncontinue = true\n\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_bandwidth_paces_each_response_to_it_on_its_own() {
+    let o = origin().await;
+    let server = RawOrigin::start(|mut s| async move {
+        let _ = s.write_all(&vec![7u8; 96 << 10]).await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let tunnel_rule = format!(
+        "[[rule]]\nhost = \"127.0.0.1\"\nport = {}\nbandwidth = \"64KiB\"\ncontinue = true\n\n",
+        server.addr().port()
+    );
+    let cfg = config(&forward, &reverse, &o, "")
+        .replace(
+            "[[rule]]\nmode = \"reverse\"",
+            &format!("{ROUTES}{tunnel_rule}[[rule]]\nmode = \"reverse\""),
+        )
+        .replace(
+            &format!("connect_ports = [443, {}]", o.addr().port()),
+            &format!("connect_ports = [443, {}]", server.addr().port()),
+        );
+    let p = Portico::start(&cfg).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+
+    // 96 KiB at 64 KiB/s, a piece (8 KiB) in hand: at least 1.3 s, from
+    // the origin and from the disk cache alike.
+    for how in ["MISS", "HIT"] {
+        let (r, took) = timed_get(CLIENT, proxy, &o, "/disk").await;
+        assert_body(&r, 96 << 10, how);
+        assert_eq!(r.header("X-Cache"), Some(how));
+        assert!(took.as_secs_f64() >= 1.1, "/disk {how}: 96 KiB in {took:?}");
+    }
+    // Another route is not paced (48 KiB at the rate: 0.6 s).
+    let (r, took) = timed_get(CLIENT, proxy, &o, "/mem").await;
+    assert_body(&r, 48 << 10, "/mem");
+    assert!(took.as_secs_f64() < 0.3, "/mem, on no limited route, took {took:?}");
+
+    // Each response has its own rate, not the client's share: three at
+    // once from one client take about as long as one (as one share: 4 s).
+    let start = Instant::now();
+    let three: Vec<_> = (0..3).map(|_| spawn_get(CLIENT, proxy, &o, "/disk", start)).collect();
+    let mut slowest = Duration::ZERO;
+    for d in three {
+        let (r, took) = d.await.expect("download");
+        assert_body(&r, 96 << 10, "one of three at once");
+        assert!(took.as_secs_f64() >= 1.1, "one of three: {took:?}");
+        slowest = slowest.max(took);
+    }
+    assert!(
+        slowest.as_secs_f64() < 3.5,
+        "three responses of the route shared a rate: {slowest:?}"
+    );
+
+    // bandwidth_after: 64 KiB at once, then 32 KiB at 32 KiB/s (less a
+    // piece in hand): about 0.9 s; at the rate from the first byte it
+    // would take 2.9 s.
+    let (r, took) = timed_get(CLIENT, proxy, &o, "/after").await;
+    assert_body(&r, 96 << 10, "/after");
+    let t = took.as_secs_f64();
+    assert!((0.75..2.2).contains(&t), "/after: 96 KiB in {took:?}");
+
+    // HTTP/2 (h2c, the reverse listener): a disk hit on one stream.
+    let tcp = tokio::net::TcpStream::connect(&reverse).await.expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let start = Instant::now();
+    let mut send = send.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://{reverse}/disk"))
+        .body(())
+        .expect("request");
+    let (resp, _) = send.send_request(req, true).expect("send request");
+    let (parts, mut body) = resp.await.expect("response").into_parts();
+    let mut got = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk: Bytes = chunk.expect("body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        got += chunk.len();
+    }
+    let took = start.elapsed();
+    assert_eq!((parts.status.as_u16(), got), (200, 96 << 10));
+    assert!(took.as_secs_f64() >= 1.1, "HTTP/2: 96 KiB in {took:?}");
+
+    // A CONNECT tunnel matched by host and port.
+    let start = Instant::now();
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    let target = server.addr();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("send CONNECT");
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut all))
+        .await
+        .expect("the tunnel ends")
+        .expect("read");
+    let took = start.elapsed();
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("an answer head") + 4;
+    assert!(all.starts_with(b"HTTP/1.1 200"));
+    assert_eq!(all.len() - end, 96 << 10);
+    assert!(took.as_secs_f64() >= 1.1, "tunnel: 96 KiB in {took:?}");
+
+    // Counted as the route's waits, not the client's or the total's.
+    let waits = metric(&p, "portico_connection_queue_route_bandwidth_waits_total").await;
+    assert!(waits > 0, "route waits counted: {waits}");
+    let client = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
+    assert_eq!(client, 0);
+    let perf = page(&p, "/.perf").await;
+    assert!(perf.contains("Waits Over Route Bandwidth"), "{perf}");
+}
+
+/// The route's rate and the client's together: the lower one holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_faster_than_the_clients_bandwidth_does_not_lift_it() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let cfg = config(&forward, &reverse, &o, LIMITS).replace(
+        "[[rule]]\nmode = \"reverse\"",
+        "[[rule]]\npath = \"/disk\"\nbandwidth = \"1MiB\"\ncontinue = true\n\n[[rule]]\nmode = \"reverse\"",
+    );
+    let _p = Portico::start(&cfg).await;
+    let (r, took) = timed_get(CLIENT, forward.parse().expect("addr"), &o, "/disk").await;
+    assert_body(&r, 96 << 10, "/disk");
+    assert!(
+        took.as_secs_f64() >= 1.1,
+        "96 KiB in {took:?}: over the client's 64 KiB/s"
+    );
+}
+
+#[test]
+fn a_routes_bandwidth_below_1_kib_or_an_after_alone_is_refused_by_name() {
+    for (rule, why) in [
+        ("bandwidth = \"512B\"", "rule[0].bandwidth"),
+        ("bandwidth_after = \"1MiB\"", "rule[0].bandwidth_after"),
+        (
+            "bandwidth = \"0B\"\nbandwidth_after = \"1MiB\"",
+            "rule[0].bandwidth_after",
+        ),
+    ] {
+        let out = Portico::check(&format!("[[rule]]\npath = \"/\"\n{rule}\n"));
+        assert!(!out.status.success(), "{rule}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{rule}: {err}");
+    }
+}

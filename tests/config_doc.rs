@@ -64,6 +64,8 @@ const UNPRINTED_KEYS: &[&str] = &[
     "upstream.credentials_file",
     "upstream.max_connections",
     "rule.parent_credentials",
+    "rule.bandwidth",
+    "rule.bandwidth_after",
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",

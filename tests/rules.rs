@@ -545,6 +545,8 @@ rewrite = { to = "/v2/$1" }
 request_headers = { set = { X-Api = "1" }, remove = ["Cookie"] }
 cache = { min_ttl = "10m" }
 busy_body = "busy"
+bandwidth = "1MiB"
+bandwidth_after = "4MiB"
 
 [[rule]]
 client = "10.0.0.0/8"
@@ -584,6 +586,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "  cache (rule 1): min_ttl = \"10m\"".into(),
         "  bucket: all".into(),
         "  busy body: 4 bytes".into(),
+        "  bandwidth: 1048576 bytes a second per response, after its first 4194304 bytes".into(),
     ] {
         assert!(s.contains(&want), "want {want:?} in:\n{s}");
     }
@@ -595,7 +598,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "10.2.3.4",
     ]);
     assert!(
-        s.contains(&format!("matched rule 2 ({p}:24): client = [\"10.0.0.0/8\"]")),
+        s.contains(&format!("matched rule 2 ({p}:26): client = [\"10.0.0.0/8\"]")),
         "{s}"
     );
     assert!(s.contains("  deny: 403"), "{s}");

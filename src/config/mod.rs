@@ -928,6 +928,14 @@ pub struct RuleConfig {
     /// parent group (Squid's `login=PASS`); `strip` (the default) removes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_credentials: Option<ParentCredentials>,
+    /// Bytes a second each response to a matching request may be sent
+    /// (nginx's `limit_rate` in a `location`); `0`: no such limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<Size>,
+    /// Bytes of each response sent before `bandwidth` applies (nginx's
+    /// `limit_rate_after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_after: Option<Size>,
 }
 
 fn is_false(b: &bool) -> bool {

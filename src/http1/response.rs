@@ -203,6 +203,14 @@ impl<'a> ResponseWriter<'a> {
         self.meter = crate::client_bandwidth::Pacer::new(ip);
     }
 
+    /// Sends this response's body at `rate` bytes a second at most, but
+    /// for its first `after` bytes (the route's `bandwidth` and
+    /// `bandwidth_after`), besides the client's and the total's limits;
+    /// `rate` 0 lifts it.
+    pub fn limit_route_bandwidth(&mut self, rate: u64, after: u64) {
+        self.meter.limit_route(rate, after);
+    }
+
     /// The client's share of the bandwidth limits: what a tunnel on this
     /// connection sends the client goes through it.
     pub fn bandwidth(&self) -> crate::client_bandwidth::Pacer {
@@ -212,7 +220,7 @@ impl<'a> ResponseWriter<'a> {
     /// The most body bytes one write sends: no bound without a bandwidth
     /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
     fn piece(&mut self) -> usize {
-        self.meter.meter().map_or(usize::MAX, |m| m.piece())
+        self.meter.piece().unwrap_or(usize::MAX)
     }
 
     /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
@@ -734,7 +742,7 @@ impl<'a> ResponseWriter<'a> {
         // reload sets is taken up.
         let mut at = 0;
         while at < len {
-            let piece = self.meter.meter().map_or(UNPACED_SENDFILE, |m| m.piece() as u64);
+            let piece = self.meter.piece().map_or(UNPACED_SENDFILE, |p| p as u64);
             let n = piece.min(len - at);
             self.meter.pace(usize::try_from(n).unwrap_or(usize::MAX)).await;
             let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;

@@ -545,6 +545,9 @@ impl ListenerHandler {
                 let mut route = self.tunnel_route(ex, sh, &host, port);
                 drop(route_stage);
                 ex.out.edit_headers(std::mem::take(&mut route.response_headers));
+                if let Some(b) = route.bandwidth {
+                    ex.out.limit_route_bandwidth(b.rate, b.after);
+                }
                 if let Some(status) = route.deny {
                     return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
                 }
@@ -621,6 +624,9 @@ impl ListenerHandler {
         }
         drop(route_stage);
         ex.out.edit_headers(std::mem::take(&mut route.response_headers));
+        if let Some(b) = route.bandwidth {
+            ex.out.limit_route_bandwidth(b.rate, b.after);
+        }
         if let Some(status) = route.deny {
             return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
         }

@@ -493,6 +493,8 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         client_bandwidth_wait_us: crate::client_bandwidth::waited_us(),
         total_bandwidth_waits: crate::client_bandwidth::total_waits(),
         total_bandwidth_wait_us: crate::client_bandwidth::total_waited_us(),
+        route_bandwidth_waits: crate::client_bandwidth::route_waits(),
+        route_bandwidth_wait_us: crate::client_bandwidth::route_waited_us(),
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

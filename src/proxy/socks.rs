@@ -618,7 +618,10 @@ impl ListenerHandler {
         }
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
         let upstream = upstream.into_relay();
-        let meter = crate::client_bandwidth::Pacer::new(s.peer.ip());
+        let mut meter = crate::client_bandwidth::Pacer::new(s.peer.ip());
+        if let Some(b) = route.bandwidth {
+            meter.limit_route(b.rate, b.after);
+        }
         let (up, down) = tunnel::relay(stream, &upstream, idle, meter).await;
         s.up = up;
         s.down = down + early.len() as u64;

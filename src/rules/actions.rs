@@ -71,6 +71,18 @@ pub(super) struct Actions {
     pub redirect: Option<(StatusCode, String)>,
     /// `parent_credentials`: Some(true) = pass, Some(false) = strip.
     pub pass_credentials: Option<bool>,
+    /// `bandwidth` (and `bandwidth_after`).
+    pub bandwidth: Option<Bandwidth>,
+}
+
+/// A route's `bandwidth`: each response to it is sent at `rate` bytes a
+/// second at most, but for its first `after` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bandwidth {
+    /// Bytes a second; 0: no limit (a later rule lifting an earlier one's).
+    pub rate: u64,
+    /// Bytes sent at full speed first (`bandwidth_after`).
+    pub after: u64,
 }
 
 impl Actions {
@@ -114,6 +126,9 @@ impl Actions {
         }
         if let Some(p) = self.pass_credentials {
             route.pass_credentials = p;
+        }
+        if let Some(b) = self.bandwidth {
+            route.bandwidth = Some(b);
         }
         if let Some((status, to)) = &self.redirect {
             let location = match regex.and_then(|re| re.captures(req.path_and_query)) {

@@ -2,7 +2,7 @@
 //! the config loader can give the line) and builds the index.
 
 use super::Rules;
-use super::actions::{Actions, HeaderEdits, Rewrite};
+use super::actions::{Actions, Bandwidth, HeaderEdits, Rewrite};
 use super::matcher::{HostMatch, Index, Primary};
 use crate::config::{Config, HeaderEditConfig, RuleConfig};
 use bytes::Bytes;
@@ -384,6 +384,21 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
     if r.bucket.as_deref().is_some_and(str::is_empty) {
         return Err(at(i, "bucket", "bucket name is empty"));
     }
+    let bandwidth = r.bandwidth.map(|b| b.bytes());
+    if bandwidth.is_some_and(|b| b > 0 && b < 1024) {
+        return Err(at(
+            i,
+            "bandwidth",
+            "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB",
+        ));
+    }
+    if r.bandwidth_after.is_some() && bandwidth.is_none_or(|b| b == 0) {
+        return Err(at(
+            i,
+            "bandwidth_after",
+            "needs a bandwidth on the same rule (bytes sent at full speed before what?)",
+        ));
+    }
     Ok(Actions {
         continue_: r.continue_,
         upstream,
@@ -398,6 +413,10 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
         pass_credentials: r
             .parent_credentials
             .map(|p| p == crate::config::ParentCredentials::Pass),
+        bandwidth: bandwidth.map(|rate| Bandwidth {
+            rate,
+            after: r.bandwidth_after.map_or(0, |a| a.bytes()),
+        }),
     })
 }
 

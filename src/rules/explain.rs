@@ -140,6 +140,22 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     if let Some(b) = &route.busy_body {
         let _ = writeln!(out, "  busy body: {} bytes", b.len());
     }
+    match route.bandwidth {
+        Some(b) if b.rate == 0 => {
+            let _ = writeln!(out, "  bandwidth: no limit");
+        }
+        Some(b) if b.after > 0 => {
+            let _ = writeln!(
+                out,
+                "  bandwidth: {} bytes a second per response, after its first {} bytes",
+                b.rate, b.after
+            );
+        }
+        Some(b) => {
+            let _ = writeln!(out, "  bandwidth: {} bytes a second per response", b.rate);
+        }
+        None => {}
+    }
     Ok(out)
 }
 

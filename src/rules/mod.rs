@@ -19,6 +19,7 @@ mod compile;
 mod explain;
 mod matcher;
 
+pub use actions::Bandwidth;
 pub(crate) use actions::{HeaderEdits, Redirect};
 pub(crate) use compile::{HeaderCond, header_cond, valid_host_pattern};
 pub(crate) use compile::{PathSeg, RuleError, methods, schemes};
@@ -129,6 +130,8 @@ pub struct Route {
     /// `parent_credentials = "pass"`: the client's `Proxy-Authorization`
     /// goes on to the parent group the request is sent to (never to an origin).
     pub pass_credentials: bool,
+    /// The response's own bandwidth limit (`bandwidth = "..."`).
+    pub bandwidth: Option<Bandwidth>,
 }
 
 /// The compiled `[[rule]]` list (cheap to clone: shared).
@@ -449,6 +452,8 @@ response_headers = { remove = ["Server"] }
 cache = { min_ttl = "1m" }
 bucket = "b"
 busy_body = "busy"
+bandwidth = "1MiB"
+bandwidth_after = "4MiB"
 
 [[rule]]
 redirect = { to = "/x" }
@@ -461,6 +466,34 @@ redirect = { to = "/x" }
         assert_eq!(again.rule[0].header.len(), 3);
         assert!(again.rule[0].continue_);
         assert_eq!(again.rule[1].redirect.as_ref().map(|r| r.status), Some(302));
+        assert_eq!(again.rule[0].bandwidth.map(|b| b.bytes()), Some(1 << 20));
+        assert_eq!(again.rule[0].bandwidth_after.map(|b| b.bytes()), Some(4 << 20));
+    }
+
+    #[test]
+    fn a_later_matching_rules_bandwidth_wins_and_zero_lifts_it() {
+        let r = rules(
+            r#"
+[[rule]]
+continue = true
+bandwidth = "64KiB"
+bandwidth_after = "1MiB"
+[[rule]]
+path = "/fast/"
+continue = true
+bandwidth = "0B"
+[[rule]]
+path = "/slow/"
+bandwidth = "8KiB"
+[[rule]]
+upstream = "a"
+"#,
+        );
+        let h = HeaderMap::new();
+        let rate = |pq| r.route(&get("x", pq, &h)).bandwidth.map(|b| (b.rate, b.after));
+        assert_eq!(rate("/"), Some((64 << 10, 1 << 20)));
+        assert_eq!(rate("/fast/f"), Some((0, 0)));
+        assert_eq!(rate("/slow/s"), Some((8 << 10, 0)));
     }
 
     const PARENTS: &str = "[[listener]]\naddress = \"127.0.0.1:1\"\nmode = \"forward\"\n\n[[upstream]]\nname = \"origins\"\nservers = [\"127.0.0.1:3\"]\n\n[[upstream]]\nname = \"parents\"\nparent = true\nservers = [\"127.0.0.1:4\", \"proxy2.test:3128\"]\n\n[[rule]]\nhost = \"*.via.test\"\nupstream = \"parents\"\n";

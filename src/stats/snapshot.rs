@@ -316,6 +316,15 @@ crate::section! {
         #[serde(default)]
         total_bandwidth_wait_us: u64 => Counter, Add, Micros, "Time writes to clients waited for limits.total_bandwidth, in all.",
             prom "portico_connection_queue_total_bandwidth_wait_seconds_total", xml "connection-queue-bucket" "ticksTotalBandwidthWait";
+        /// Writes to clients that waited longer for their route's
+        /// `bandwidth` than for the client's and the total's.
+        #[serde(default)]
+        route_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their response was over its route's bandwidth ([[rule]] bandwidth).",
+            prom "portico_connection_queue_route_bandwidth_waits_total", xml "connection-queue-bucket" "countRouteBandwidthWaits";
+        /// Microseconds those writes waited in all.
+        #[serde(default)]
+        route_bandwidth_wait_us: u64 => Counter, Add, Micros, "Time writes to clients waited for their route's bandwidth, in all.",
+            prom "portico_connection_queue_route_bandwidth_wait_seconds_total", xml "connection-queue-bucket" "ticksRouteBandwidthWait";
     }
 }
 

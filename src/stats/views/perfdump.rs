@@ -88,6 +88,13 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             );
             let _ = writeln!(
                 o,
+                "{:<40} {} ({} ms)",
+                "Waits Over Route Bandwidth",
+                q.route_bandwidth_waits,
+                q.route_bandwidth_wait_us / 1000
+            );
+            let _ = writeln!(
+                o,
                 "{:<40} {:.2}, {:.2}, {:.2}",
                 "Average Queue Length (1, 5, 15 minutes)", q.avg_1, q.avg_5, q.avg_15
             );
