@@ -28,6 +28,10 @@
 //! client gets a piece every so often rather than a large one after a
 //! long silence.
 //!
+//! A route's `bandwidth` (`[[rule]]`, nginx's `limit_rate` in a
+//! `location`) is a bucket of the response's own, kept in its [`Pacer`]:
+//! a write waits for the longest of the three debts.
+//!
 //! The buckets live in a `client_table` of their own, and the writers of
 //! a client's responses hold its bucket while they send, through a
 //! [`Pacer`], which looks the bucket up again after a reload changed the
@@ -279,14 +283,35 @@ struct RouteLimit {
 
 impl RouteLimit {
     /// Takes `n` bytes at `now`: the microseconds the write must wait.
+    /// The rate starts when the free bytes run out, with a piece in hand:
+    /// what they took to send does not count as time the response fell
+    /// behind.
     fn take(&mut self, n: u64, now: u64) -> u64 {
-        let free = n.min(self.free);
-        self.free -= free;
-        take(&mut self.bucket, n - free, now, self.rate, self.rate)
+        if self.free > 0 {
+            let free = n.min(self.free);
+            self.free -= free;
+            if self.free > 0 {
+                return 0;
+            }
+            self.bucket = Bucket {
+                tokens: self.rate_piece() as f64,
+                at_us: now,
+            };
+            return take(&mut self.bucket, n - free, now, self.rate, self.rate);
+        }
+        take(&mut self.bucket, n, now, self.rate, self.rate)
     }
 
-    /// An eighth of a second's worth, as [`Meter::piece`].
+    /// The largest piece to write at once: while bytes are free, as many
+    /// of them as a piece may carry (64 KiB at most); then an eighth of a
+    /// second's worth, as [`Meter::piece`].
     fn piece(&self) -> usize {
+        let free = usize::try_from(self.free).unwrap_or(usize::MAX);
+        self.rate_piece().max(free.min(MAX_PIECE))
+    }
+
+    /// An eighth of a second's worth of the rate, 1 to 64 KiB.
+    fn rate_piece(&self) -> usize {
         ((self.rate / 8.0) as usize).clamp(MIN_PIECE, MAX_PIECE)
     }
 }
@@ -318,7 +343,7 @@ impl Pacer {
                 },
                 free: after,
             };
-            limit.bucket.tokens = limit.piece() as f64;
+            limit.bucket.tokens = limit.rate_piece() as f64;
             limit
         });
     }
@@ -509,17 +534,33 @@ mod tests {
     #[test]
     fn a_routes_first_bytes_after_go_at_once_then_the_rate_holds() {
         let mut r = RouteLimit {
-            rate: RATE,
+            rate: 64_000.0,
             bucket: Bucket { tokens: 0.0, at_us: 0 },
-            free: 1500,
+            free: 150_000,
         };
-        assert_eq!(r.take(1000, 0), 0);
-        // 500 free bytes left: of 800, 300 wait for the rate.
-        assert_eq!(r.take(800, 0), 300_000);
+        assert_eq!(r.take(100_000, 0), 0);
+        // However long the free bytes took, the rate starts when they run
+        // out, with a piece (8,000) in hand: of 80,000, 50,000 are free,
+        // 8,000 in hand, 22,000 wait.
+        assert_eq!(r.take(80_000, 10_000_000), 343_750);
         assert_eq!(r.free, 0);
         // A response that fell behind catches up by a second's worth, no more.
-        assert_eq!(r.take(0, 10_000_000), 0);
-        assert_eq!(r.bucket.tokens, RATE);
+        assert_eq!(r.take(0, 100_000_000), 0);
+        assert_eq!(r.bucket.tokens, 64_000.0);
+    }
+
+    #[test]
+    fn a_routes_free_bytes_go_in_pieces_as_large_as_they_allow() {
+        let mut r = RouteLimit {
+            rate: 8192.0,
+            bucket: Bucket { tokens: 0.0, at_us: 0 },
+            free: 1 << 20,
+        };
+        assert_eq!(r.piece(), MAX_PIECE);
+        r.free = 3000;
+        assert_eq!(r.piece(), 3000);
+        r.free = 0;
+        assert_eq!(r.piece(), 1024);
     }
 
     #[test]

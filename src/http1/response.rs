@@ -66,9 +66,10 @@ pub struct ResponseWriter<'a> {
     /// never a second one.
     continue_sent: bool,
     /// The client's share of `limits.client_bandwidth` and of
-    /// `limits.total_bandwidth`: every body byte waits for it when a limit
-    /// is set, now or by a reload while this response is sent
-    /// ([`ResponseWriter::limit_bandwidth`]).
+    /// `limits.total_bandwidth`, and the route's `bandwidth`: every body
+    /// byte waits for them when a limit is set, now or by a reload while
+    /// this response is sent ([`ResponseWriter::limit_bandwidth`],
+    /// [`ResponseWriter::limit_route_bandwidth`]).
     meter: crate::client_bandwidth::Pacer,
 }
 
@@ -211,8 +212,8 @@ impl<'a> ResponseWriter<'a> {
         self.meter.limit_route(rate, after);
     }
 
-    /// The client's share of the bandwidth limits: what a tunnel on this
-    /// connection sends the client goes through it.
+    /// The client's share of the bandwidth limits, with the route's: what
+    /// a tunnel on this connection sends the client goes through it.
     pub fn bandwidth(&self) -> crate::client_bandwidth::Pacer {
         self.meter.clone()
     }

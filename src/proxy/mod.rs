@@ -624,7 +624,12 @@ impl ListenerHandler {
         }
         drop(route_stage);
         ex.out.edit_headers(std::mem::take(&mut route.response_headers));
-        if let Some(b) = route.bandwidth {
+        // Another array member's request: the member in front keeps the
+        // route's rate to its own client (its client's address, which the
+        // rules here cannot see, may lift it there).
+        if let Some(b) = route.bandwidth
+            && !from_member
+        {
             ex.out.limit_route_bandwidth(b.rate, b.after);
         }
         if let Some(status) = route.deny {

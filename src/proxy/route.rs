@@ -35,8 +35,9 @@ impl ListenerHandler {
     /// The rules' verdict on a CONNECT to `host:port`
     /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
     /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
-    /// `response_headers` edit the answer, and an `upstream` naming a
-    /// `parent = true` group tunnels through a parent; the others (an
+    /// `response_headers` edit the answer, an `upstream` naming a
+    /// `parent = true` group tunnels through a parent, and `bandwidth`
+    /// paces what the tunnel carries to the client; the others (an
     /// upstream that is not a parent group, rewrites, request headers,
     /// cache settings) have nothing to act on.
     pub(super) fn tunnel_route(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Route {

@@ -132,7 +132,8 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
 /// `idle`; returns the bytes copied (client to upstream, upstream to
 /// client). CONNECT tunnels and SOCKS sessions (`proxy/socks.rs`) share it.
 /// What goes to the client waits for its share of `limits.client_bandwidth`
-/// and `limits.total_bandwidth` (`meter`, when a limit is set).
+/// and `limits.total_bandwidth`, and for the route's `bandwidth` (`meter`,
+/// when a limit is set).
 pub(super) async fn relay(
     client: &ClientStream,
     upstream: &ClientStream,

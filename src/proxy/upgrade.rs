@@ -209,8 +209,8 @@ async fn client_to_origin<W: AsyncWrite + Unpin>(
 /// Copies the origin's bytes to the client until the origin's end of
 /// stream (then half-closes the client connection), an error, or idleness
 /// both ways; returns the bytes copied. Each write waits for `meter`, the
-/// client's share of `limits.client_bandwidth` and `total_bandwidth`, if
-/// a limit is set.
+/// client's share of `limits.client_bandwidth` and `total_bandwidth` and
+/// the route's `bandwidth`, if a limit is set.
 async fn origin_to_client<R: AsyncRead + Unpin>(
     mut from: R,
     to: &ClientStream,

@@ -392,7 +392,7 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
             "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB",
         ));
     }
-    if r.bandwidth_after.is_some() && bandwidth.is_none_or(|b| b == 0) {
+    if r.bandwidth_after.is_some_and(|a| a.bytes() > 0) && bandwidth.is_none_or(|b| b == 0) {
         return Err(at(
             i,
             "bandwidth_after",

@@ -109,6 +109,20 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    // And for the routes' own rates.
+    if let Some(q) = &s.connection_queue
+        && q.route_bandwidth_waits > 0
+        && q.total_queued > 0
+    {
+        say(
+            "route-bandwidth",
+            format!(
+                "Writes to clients waited {:.0} s in all for their routes' bandwidth ([[rule]] bandwidth; ConnectionQueue: Waits Over Route Bandwidth) while {} requests queued for a service place (Total Connections Queued): a paced download holds its place (server.max_requests) for as long as it lasts. Raise server.max_requests, set limits.max_connections_per_client so one client cannot hold many places, or raise the routes' bandwidth (bandwidth_after lets small responses through at full speed).",
+                q.route_bandwidth_wait_us as f64 / 1e6,
+                q.total_queued
+            ),
+        );
+    }
     let ka = &s.keepalive;
     if let Some(flushes) = ka.flushes
         && flushes > ka.hits
@@ -918,6 +932,32 @@ mod tests {
         let a = advise(&s);
         assert_eq!(rules(&s), ["client-request-rate"]);
         assert!(a[0].text.contains("Refused Over Client Rate"), "{}", a[0].text);
+    }
+
+    #[test]
+    fn route_bandwidth_speaks_only_when_paced_downloads_and_queued_requests_meet() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            route_bandwidth_waits: 9,
+            route_bandwidth_wait_us: 2_400_000,
+            ..Default::default()
+        });
+        assert!(!rules(&s).contains(&"route-bandwidth"), "the rate doing its job alone");
+        s.connection_queue = Some(ConnectionQueueInfo {
+            route_bandwidth_waits: 9,
+            route_bandwidth_wait_us: 2_400_000,
+            total_queued: 5,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        let said = a.iter().find(|a| a.rule == "route-bandwidth").expect("route-bandwidth");
+        assert!(
+            said.text.starts_with("Writes to clients waited 2 s") && said.text.contains("while 5 requests queued"),
+            "{}",
+            said.text
+        );
+        assert!(!rules(&s).contains(&"client-bandwidth"));
+        assert!(!rules(&s).contains(&"total-bandwidth"));
     }
 
     #[test]
