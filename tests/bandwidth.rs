@@ -750,3 +750,91 @@ fn a_routes_bandwidth_below_1_kib_or_an_after_alone_is_refused_by_name() {
         assert!(err.contains(why), "{rule}: {err}");
     }
 }
+
+/// Asks, from a third client, whether `path` at `o` is stored: a HEAD
+/// with `only-if-cached`, which only the cache answers (504 when not).
+async fn stored(proxy: SocketAddr, o: &Origin, path: &str) -> bool {
+    let probe = format!(
+        "HEAD http://{0}{path} HTTP/1.1\r\nHost: {0}\r\nCache-Control: only-if-cached\r\nConnection: close\r\n\r\n",
+        o.addr()
+    );
+    let r = parse_head_response(&raw_request_from(PROBE.parse().expect("ip"), proxy, probe.as_bytes()).await);
+    assert!(r.status == 200 || r.status == 504, "{}: {:?}", r.status, r.headers);
+    r.status == 200
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_ahead_gap_of_0_or_under_the_object_keeps_the_fill_near_its_client() {
+    let o = origin().await;
+    for gap in ["", "read_ahead_gap = \"0B\"", "read_ahead_gap = \"16KiB\""] {
+        // The [cache] table is the config's; its keys go at its end.
+        let (forward, reverse) = (free_addr(), free_addr());
+        let cfg = config(&forward, &reverse, &o, LIMITS).replace(
+            "max_memory_object = \"64KiB\"\n",
+            &format!("max_memory_object = \"64KiB\"\n{gap}\n"),
+        );
+        let _p = Portico::start(&cfg).await;
+        let proxy: SocketAddr = forward.parse().expect("addr");
+        let path = "/disk";
+        let first = spawn_get(CLIENT, proxy, &o, path, Instant::now());
+        // 96 KiB at 64 KiB/s take 1.3 s; half a second in, a fill 1 MiB
+        // ahead has stored them, one 16 KiB ahead has not.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let early = stored(proxy, &o, path).await;
+        assert!(!first.is_finished(), "{gap}: the download ended within 0.5 s");
+        assert_eq!(early, gap.is_empty(), "{gap:?}: stored half a second in: {early}");
+        let (r, _) = first.await.expect("download");
+        assert_body(&r, 96 << 10, gap);
+        assert!(stored(proxy, &o, path).await, "{gap}: not stored once sent");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_read_ahead_memory_is_spent_another_fill_keeps_near_its_client() {
+    let o = origin().await;
+    for memory in ["", "read_ahead_memory = \"1MiB\""] {
+        let (forward, reverse) = (free_addr(), free_addr());
+        let cfg = config(&forward, &reverse, &o, LIMITS).replace(
+            "max_memory_object = \"64KiB\"\n",
+            &format!("max_memory_object = \"64KiB\"\n{memory}\n"),
+        );
+        let _p = Portico::start(&cfg).await;
+        let proxy: SocketAddr = forward.parse().expect("addr");
+        // Two downloads of 32 MiB at 64 KiB/s (two URLs: one would be
+        // collapsed onto the other's fetch): their fills take their gap
+        // (1 MiB) each, or what is left of the budget, within a moment.
+        let mut big = Vec::new();
+        for n in 0..2 {
+            let mut c = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+            let a = o.addr();
+            c.write_all(format!("GET http://{a}/big?{n} HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes())
+                .await
+                .expect("send");
+            let _ = read_past_head(&mut c, Vec::new(), 1).await;
+            big.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Another client's 96 KiB miss: with the default budget its fill
+        // runs ahead and stores it at once; with 1 MiB, all held by the
+        // first, it goes at its client's pace (1.3 s).
+        let second = spawn_get(OTHER, proxy, &o, "/disk", Instant::now());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let early = stored(proxy, &o, "/disk").await;
+        assert!(!second.is_finished(), "{memory}: the download ended within 0.5 s");
+        assert_eq!(early, memory.is_empty(), "{memory:?}: stored half a second in: {early}");
+        let (r, _) = second.await.expect("download");
+        assert_body(&r, 96 << 10, memory);
+        drop(big);
+    }
+}
+
+#[test]
+fn a_read_ahead_gap_over_the_memory_is_refused_by_name() {
+    let out = Portico::check("[cache]\nread_ahead_gap = \"2MiB\"\nread_ahead_memory = \"1MiB\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cache.read_ahead_gap") && err.contains("read_ahead_memory"),
+        "{err}"
+    );
+}

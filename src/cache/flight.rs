@@ -33,11 +33,38 @@ pub const SPOOL_LIMIT: u64 = 1 << 20;
 /// further behind are left behind ([`Next::Behind`]).
 pub const LAG_LIMIT: u64 = 4 * SPOOL_LIMIT;
 
-/// Most body bytes the misses of one worker read ahead of their own
-/// clients, all together (`Cache::read_ahead`; a fetch reads at most 1 MiB
-/// ahead of its client). 64 clients that stopped reading hold it all;
-/// past it, each fetch waits for its client.
-pub const READ_AHEAD_BUDGET: usize = 64 << 20;
+/// The body bytes the misses of one worker may hold ahead of their own
+/// clients, all together (`cache.read_ahead_memory`; each fetch at most
+/// `cache.read_ahead_gap` of them). Past it, each fetch waits for its
+/// client.
+#[derive(Debug, Clone)]
+pub struct ReadAheadBudget {
+    /// A permit a byte.
+    pub permits: Arc<tokio::sync::Semaphore>,
+    /// Its size in bytes.
+    bytes: usize,
+}
+
+impl ReadAheadBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> ReadAheadBudget {
+        let bytes = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        ReadAheadBudget {
+            permits: Arc::new(tokio::sync::Semaphore::new(bytes)),
+            bytes,
+        }
+    }
+
+    /// The budget after a reload to `bytes`: this one (with what fetches
+    /// hold of it) when its size is unchanged, else a new one, which the
+    /// fetches after the reload share; those under way keep to the old.
+    pub fn resized(&self, bytes: u64) -> ReadAheadBudget {
+        let new = ReadAheadBudget::new(bytes);
+        if new.bytes == self.bytes { self.clone() } else { new }
+    }
+}
 
 /// Where a joined follower is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

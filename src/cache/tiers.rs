@@ -288,8 +288,8 @@ pub struct Cache {
     /// Fetches in flight (request collapsing).
     pub flights: Arc<Flights>,
     /// The body bytes misses may hold ahead of their clients, all together
-    /// ([`super::flight::READ_AHEAD_BUDGET`]); kept across reloads.
-    pub read_ahead: Arc<tokio::sync::Semaphore>,
+    /// (`cache.read_ahead_memory`); kept across reloads that keep its size.
+    pub read_ahead: super::flight::ReadAheadBudget,
     /// Counters.
     pub stats: Arc<CacheStats>,
     /// The response header naming what the cache did, if enabled.
@@ -343,7 +343,7 @@ impl Cache {
             routes: Vec::new(),
             reverse: (Policy::new(cfg)?, Vec::new()),
             flights: Arc::new(Flights::default()),
-            read_ahead: Arc::new(tokio::sync::Semaphore::new(super::flight::READ_AHEAD_BUDGET)),
+            read_ahead: super::flight::ReadAheadBudget::new(cfg.read_ahead_memory.bytes()),
             stats: Arc::default(),
             status_header: None,
             cache_status: None,
@@ -424,7 +424,7 @@ impl Cache {
             routes,
             reverse,
             flights: self.flights.clone(),
-            read_ahead: self.read_ahead.clone(),
+            read_ahead: self.read_ahead.resized(cfg.read_ahead_memory.bytes()),
             stats: self.stats.clone(),
             status_header,
             status_tag,

@@ -443,6 +443,15 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ),
         ));
     }
+    if c.cache.read_ahead_gap.bytes() > c.cache.read_ahead_memory.bytes() {
+        return Err((
+            vec![Key("cache"), Key("read_ahead_gap")],
+            format!(
+                "{} is more than cache.read_ahead_memory ({}): no fetch could read that far ahead",
+                c.cache.read_ahead_gap, c.cache.read_ahead_memory
+            ),
+        ));
+    }
     if c.cache.quick_abort_pct > 100 {
         return Err((
             vec![Key("cache"), Key("quick_abort_pct")],

@@ -1343,6 +1343,12 @@ pub struct CacheConfig {
     /// Between the two, a left fetch at least this percent done is
     /// finished (Squid's `quick_abort_pct`).
     pub quick_abort_pct: u8,
+    /// Most body bytes a stored miss reads from the origin ahead of its
+    /// client (Squid's `read_ahead_gap`); 0: in step with it.
+    pub read_ahead_gap: Size,
+    /// Most body bytes all the misses of a worker process hold ahead of
+    /// their clients.
+    pub read_ahead_memory: Size,
 }
 
 /// 1/16 of physical memory, between 16MiB and 4GiB.
@@ -1396,6 +1402,8 @@ impl Default for CacheConfig {
             quick_abort_min: Size(16 << 10),
             quick_abort_max: Size(16 << 10),
             quick_abort_pct: 95,
+            read_ahead_gap: Size(1 << 20),
+            read_ahead_memory: Size(64 << 20),
         }
     }
 }

@@ -1054,11 +1054,16 @@ impl Transaction<'_, '_> {
             leader,
             part,
         };
-        if fill.sink.is_some() {
+        let gap = self.sh.config.cache.read_ahead_gap.bytes();
+        if fill.sink.is_some() && gap > 0 {
             // Stored: the fill runs ahead of this client (`ahead`), so the
             // cache and the collapsed requests get the object at the
             // origin's pace, not this client's.
-            let (queue, pieces) = ahead::queue(&self.cache.read_ahead, self.sh.config.origin.abort_on_close);
+            let (queue, pieces) = ahead::queue(
+                &self.cache.read_ahead.permits,
+                gap,
+                self.sh.config.origin.abort_on_close,
+            );
             // The writer first: a piece queued goes out before the fill
             // reads on, when the client can take it at once.
             tokio::join!(

@@ -9,10 +9,10 @@
 //! writer to this request's client run side by side in the request's
 //! task, and what the client has not been sent yet waits in a [`Queue`].
 //!
-//! The queue is bounded twice: per fetch by [`GAP`] (Squid's
-//! `read_ahead_gap`), and for the whole worker by `Cache::read_ahead`
-//! ([`READ_AHEAD_BUDGET`]), so that many slow clients cannot make the
-//! worker hold their objects in memory. Past the gap the fill waits for
+//! The queue is bounded twice: per fetch by `cache.read_ahead_gap`
+//! (Squid's setting of that name), and for the whole worker by
+//! `Cache::read_ahead` (`cache.read_ahead_memory`), so that many slow
+//! clients cannot make the worker hold their objects in memory. Past the gap the fill waits for
 //! writes to make room; with the budget spent, until its client has been
 //! sent all that is queued, then queues one piece more: about as far
 //! ahead as when written in step.
@@ -34,15 +34,6 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 // The writer sends at most as many pieces at once as one
 // `ResponseWriter` write takes.
 use crate::http1::PARTS_PER_WRITE;
-
-#[cfg(doc)]
-use crate::cache::flight::READ_AHEAD_BUDGET;
-
-/// Most bytes one fetch queues ahead of its client (beyond one piece
-/// queued when nothing is). While the worker's budget lasts, an object up
-/// to this size (plus what the sockets hold) is stored at the origin's
-/// pace whatever the client's.
-pub const GAP: u64 = 1 << 20;
 
 /// How long the writer waits for the origin before it watches its client.
 /// An origin that keeps sending costs no watching (with a request
@@ -98,6 +89,11 @@ pub struct Queue {
     budget: Arc<Semaphore>,
     /// Bytes pushed and not yet written to the client.
     queued: AtomicU64,
+    /// Most bytes queued (beyond one piece queued when nothing is). While
+    /// the worker's budget lasts, an object up to this size (plus what
+    /// the sockets hold) is stored at the origin's pace whatever the
+    /// client's.
+    gap: u64,
     /// Told by the writer after each write, and when it leaves.
     drained: Notify,
     /// The client could not be written to, or was seen gone while the
@@ -117,13 +113,15 @@ pub struct Queue {
 pub struct Pieces(UnboundedReceiver<Piece>);
 
 /// A queue between a fill and the writer to its client. `budget`: the
-/// worker's `Cache::read_ahead`; `watch`: `origin.abort_on_close`.
-pub fn queue(budget: &Arc<Semaphore>, watch: bool) -> (Queue, Pieces) {
+/// worker's `Cache::read_ahead`; `gap`: `cache.read_ahead_gap`; `watch`:
+/// `origin.abort_on_close`.
+pub fn queue(budget: &Arc<Semaphore>, gap: u64, watch: bool) -> (Queue, Pieces) {
     let (tx, rx) = unbounded_channel();
     let q = Queue {
         tx,
         budget: budget.clone(),
         queued: AtomicU64::new(0),
+        gap,
         drained: Notify::new(),
         gone: AtomicBool::new(false),
         left: Notify::new(),
@@ -147,7 +145,7 @@ impl Queue {
     }
 
     /// Queues `data` for the client, first waiting while the fetch is
-    /// [`GAP`] ahead or the worker's budget is spent, unless nothing is
+    /// its gap ahead or the worker's budget is spent, unless nothing is
     /// queued. The first piece is written before the fill reads on (the
     /// writer is polled first, and the fill yields once), so the client's
     /// first bytes go out at once; later ones go out when the fill waits
@@ -162,7 +160,7 @@ impl Queue {
             if queued == 0 {
                 break None;
             }
-            if queued + n <= GAP
+            if queued + n <= self.gap
                 && let Ok(p) = self
                     .budget
                     .clone()
@@ -283,7 +281,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    const BUDGET: usize = crate::cache::flight::READ_AHEAD_BUDGET;
+    const BUDGET: usize = 64 << 20;
+    const GAP: u64 = 1 << 20;
 
     fn piece(n: usize) -> Bytes {
         Bytes::from(vec![0u8; n])
@@ -296,7 +295,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_piece_goes_in_step_and_the_next_hold_a_share_of_the_budget() {
         let budget = budget();
-        let (q, mut pieces) = queue(&budget, true);
+        let (q, mut pieces) = queue(&budget, GAP, true);
         q.push(piece(1000)).await;
         assert_eq!(budget.available_permits(), BUDGET, "in step: nothing held");
         q.push(piece(500)).await;
@@ -314,7 +313,7 @@ mod tests {
     #[tokio::test]
     async fn a_fill_waits_once_it_is_a_gap_ahead_of_its_client() {
         let budget = budget();
-        let (q, _pieces) = queue(&budget, true);
+        let (q, _pieces) = queue(&budget, GAP, true);
         let half = (GAP / 2) as usize;
         q.push(piece(half)).await;
         q.push(piece(half)).await;
@@ -326,13 +325,13 @@ mod tests {
     #[tokio::test]
     async fn a_spent_budget_makes_a_fill_wait_for_its_client() {
         let budget = budget();
-        let (other, _other_pieces) = queue(&budget, true);
+        let (other, _other_pieces) = queue(&budget, GAP, true);
         // Another fetch holds all but 10 bytes of the budget.
         let hold = budget
             .clone()
             .try_acquire_many_owned(BUDGET as u32 - 10)
             .expect("budget");
-        let (q, _pieces) = queue(&budget, true);
+        let (q, _pieces) = queue(&budget, GAP, true);
         q.push(piece(100)).await; // in step
         let waited = tokio::time::timeout(Duration::from_millis(50), q.push(piece(100))).await;
         assert!(waited.is_err(), "pushed past the budget");
@@ -386,7 +385,7 @@ mod tests {
     #[tokio::test]
     async fn a_fill_gaps_ahead_of_a_slow_client_gets_every_byte_to_it_in_order_then_the_end() {
         let budget = budget();
-        let (q, rx) = queue(&budget, true);
+        let (q, rx) = queue(&budget, GAP, true);
         let mut client = Client::default();
         let fill = async {
             let mut most = 0;
@@ -414,7 +413,7 @@ mod tests {
     #[tokio::test]
     async fn a_fetch_that_broke_closes_the_connection_after_what_was_queued() {
         let budget = budget();
-        let (q, rx) = queue(&budget, true);
+        let (q, rx) = queue(&budget, GAP, true);
         let mut client = Client::default();
         let fill = async {
             q.push(piece(100)).await;
@@ -429,7 +428,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_fails_lets_a_waiting_fill_go_and_tells_it() {
         let budget = budget();
-        let (q, rx) = queue(&budget, true);
+        let (q, rx) = queue(&budget, GAP, true);
         let mut client = Client {
             fails_at: 2,
             ..Client::default()
@@ -456,7 +455,7 @@ mod tests {
     async fn a_client_that_leaves_while_the_origin_is_quiet_is_told_to_the_fill_unless_not_watched() {
         for watch in [true, false] {
             let budget = budget();
-            let (q, rx) = queue(&budget, watch);
+            let (q, rx) = queue(&budget, GAP, watch);
             let leaves = Arc::new(Notify::new());
             // Gone from the start: seen once the writer has waited WATCH_AFTER.
             leaves.notify_one();
@@ -481,7 +480,7 @@ mod tests {
     #[tokio::test]
     async fn once_the_client_is_gone_pushes_neither_wait_nor_queue() {
         let budget = budget();
-        let (q, pieces) = queue(&budget, true);
+        let (q, pieces) = queue(&budget, GAP, true);
         q.push(piece(10)).await;
         q.gone.store(true, Ordering::Release);
         let pushed = tokio::time::timeout(Duration::from_millis(50), q.push(piece((GAP * 2) as usize))).await;
