@@ -560,3 +560,35 @@ async fn a_member_named_by_dns_turns_forwarding_off() {
     assert_eq!(sample(&metrics, "portico_array_not_owned_total"), 1, "{metrics}");
     assert_eq!(sample(&metrics, "portico_array_owned_total"), 0, "{metrics}");
 }
+
+/// A route's `bandwidth` is kept by the member in front, to its own
+/// client: the owner does not pace what it sends another member again,
+/// where the rules would see the member's address, not the client's, and
+/// a rule lifting the limit for that client could not apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_bandwidth_is_kept_by_the_member_in_front_alone() {
+    let origin = Origin::start(|_| async move {
+        Response::ok("")
+            .generated(96 << 10)
+            .header("Cache-Control", "max-age=3600")
+    })
+    .await;
+    let rules = "\n[[rule]]\ncontinue = true\nbandwidth = \"64KiB\"\n\n\
+                 [[rule]]\nclient = \"127.0.0.1\"\nbandwidth = \"0B\"\n";
+    let (_nodes, [a, _]) = start_pair(|_, c| format!("{c}{rules}")).await;
+    let o = origin.addr();
+    for (client, n, paced) in [("127.0.0.1", 1, false), ("127.0.0.5", 2, true)] {
+        // A forwards to B, which fetches from the origin.
+        let req = format!("GET http://{o}/file{n} HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+        let start = std::time::Instant::now();
+        let r = parse_response(&raw_request_from(client.parse().expect("ip"), a, req.as_bytes()).await);
+        let took = start.elapsed().as_secs_f64();
+        assert_eq!((r.status, r.body.len()), (200, 96 << 10), "{client}");
+        if paced {
+            assert!(took >= 1.1, "{client}: 96 KiB in {took} s, over the route's 64 KiB/s");
+        } else {
+            assert!(took < 0.6, "{client}, whose rule lifts the limit: {took} s");
+        }
+    }
+    assert_eq!(origin.count(), 2);
+}
