@@ -25,12 +25,14 @@ const CLIENT: &str = "127.0.0.1";
 
 /// An origin with `/disk` (96 KiB, stored on disk only: above the memory
 /// tier's largest object), `/mem` (48 KiB, kept in memory), `/burst`
-/// (16 KiB, the burst) and `/big` (32 MiB, on disk), fresh for ten minutes.
+/// (16 KiB, the burst), `/large` (512 KiB) and `/big` (32 MiB, on disk),
+/// fresh for ten minutes.
 async fn origin() -> Origin {
     Origin::start(|req| async move {
         let len = match req.uri.path() {
             "/mem" => 48 << 10,
             "/burst" => 16 << 10,
+            "/large" => 512 << 10,
             "/big" => 32 << 20,
             _ => 96 << 10,
         };
@@ -763,78 +765,80 @@ async fn stored(proxy: SocketAddr, o: &Origin, path: &str) -> bool {
     r.status == 200
 }
 
+/// Whether `path`, a 512 KiB object a client held to 64 KiB/s asks for
+/// (8 s), is stored half a second in, on Portico with `cache` in its
+/// `[cache]` table. `hold` runs first: the downloads that spend the
+/// budget. The object is far larger than the read-ahead gap allowed it,
+/// plus a piece, and far smaller than the default gap.
+async fn stored_half_a_second_in(o: &Origin, cache: &str, path: &str, big: usize) -> bool {
+    let (forward, reverse) = (free_addr(), free_addr());
+    let cfg = config(&forward, &reverse, o, LIMITS).replace(
+        "max_memory_object = \"64KiB\"\n",
+        &format!("max_memory_object = \"64KiB\"\n{cache}\n"),
+    );
+    let _p = Portico::start(&cfg).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    // Downloads of 32 MiB at 64 KiB/s, on URLs of their own (one would be
+    // collapsed onto the other's fetch): each fill takes its gap (1 MiB)
+    // of the budget, or what is left of it, within a moment.
+    let mut held = Vec::new();
+    for n in 0..big {
+        let mut c = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+        let a = o.addr();
+        c.write_all(format!("GET http://{a}/big?{n} HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        let _ = read_past_head(&mut c, Vec::new(), 1).await;
+        held.push(c);
+    }
+    if big > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let download = spawn_get(OTHER, proxy, o, path, Instant::now());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stored = stored(proxy, o, path).await;
+    assert!(
+        !download.is_finished(),
+        "{cache}: 512 KiB at 64 KiB/s ended within 0.5 s"
+    );
+    download.abort();
+    stored
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_ahead_gap_of_0_or_under_the_object_keeps_the_fill_near_its_client() {
     let o = origin().await;
-    for gap in ["", "read_ahead_gap = \"0B\"", "read_ahead_gap = \"16KiB\""] {
-        // The [cache] table is the config's; its keys go at its end.
-        let (forward, reverse) = (free_addr(), free_addr());
-        let cfg = config(&forward, &reverse, &o, LIMITS).replace(
-            "max_memory_object = \"64KiB\"\n",
-            &format!("max_memory_object = \"64KiB\"\n{gap}\n"),
-        );
-        let _p = Portico::start(&cfg).await;
-        let proxy: SocketAddr = forward.parse().expect("addr");
-        let path = "/disk";
-        let first = spawn_get(CLIENT, proxy, &o, path, Instant::now());
-        // 96 KiB at 64 KiB/s take 1.3 s; half a second in, a fill 1 MiB
-        // ahead has stored them, one 16 KiB ahead has not.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let early = stored(proxy, &o, path).await;
-        assert!(!first.is_finished(), "{gap}: the download ended within 0.5 s");
-        assert_eq!(early, gap.is_empty(), "{gap:?}: stored half a second in: {early}");
-        let (r, _) = first.await.expect("download");
-        assert_body(&r, 96 << 10, gap);
-        assert!(stored(proxy, &o, path).await, "{gap}: not stored once sent");
+    for (gap, ahead) in [
+        ("", true),
+        ("read_ahead_gap = \"0B\"", false),
+        ("read_ahead_gap = \"16KiB\"", false),
+    ] {
+        let stored = stored_half_a_second_in(&o, gap, "/large", 0).await;
+        assert_eq!(stored, ahead, "{gap:?}: stored half a second in: {stored}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_read_ahead_memory_is_spent_another_fill_keeps_near_its_client() {
     let o = origin().await;
-    for memory in ["", "read_ahead_memory = \"1MiB\""] {
-        let (forward, reverse) = (free_addr(), free_addr());
-        let cfg = config(&forward, &reverse, &o, LIMITS).replace(
-            "max_memory_object = \"64KiB\"\n",
-            &format!("max_memory_object = \"64KiB\"\n{memory}\n"),
-        );
-        let _p = Portico::start(&cfg).await;
-        let proxy: SocketAddr = forward.parse().expect("addr");
-        // Two downloads of 32 MiB at 64 KiB/s (two URLs: one would be
-        // collapsed onto the other's fetch): their fills take their gap
-        // (1 MiB) each, or what is left of the budget, within a moment.
-        let mut big = Vec::new();
-        for n in 0..2 {
-            let mut c = tokio::net::TcpStream::connect(proxy).await.expect("connect");
-            let a = o.addr();
-            c.write_all(format!("GET http://{a}/big?{n} HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes())
-                .await
-                .expect("send");
-            let _ = read_past_head(&mut c, Vec::new(), 1).await;
-            big.push(c);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // Another client's 96 KiB miss: with the default budget its fill
-        // runs ahead and stores it at once; with 1 MiB, all held by the
-        // first, it goes at its client's pace (1.3 s).
-        let second = spawn_get(OTHER, proxy, &o, "/disk", Instant::now());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let early = stored(proxy, &o, "/disk").await;
-        assert!(!second.is_finished(), "{memory}: the download ended within 0.5 s");
-        assert_eq!(early, memory.is_empty(), "{memory:?}: stored half a second in: {early}");
-        let (r, _) = second.await.expect("download");
-        assert_body(&r, 96 << 10, memory);
-        drop(big);
+    for (memory, ahead) in [("", true), ("read_ahead_memory = \"1MiB\"", false)] {
+        let stored = stored_half_a_second_in(&o, memory, "/large", 2).await;
+        assert_eq!(stored, ahead, "{memory:?}: stored half a second in: {stored}");
     }
 }
 
 #[test]
-fn a_read_ahead_gap_over_the_memory_is_refused_by_name() {
-    let out = Portico::check("[cache]\nread_ahead_gap = \"2MiB\"\nread_ahead_memory = \"1MiB\"\n");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("cache.read_ahead_gap") && err.contains("read_ahead_memory"),
-        "{err}"
-    );
+fn a_read_ahead_gap_over_the_memory_is_refused_naming_the_key_written() {
+    for (cache, key) in [
+        (
+            "read_ahead_gap = \"2MiB\"\nread_ahead_memory = \"1MiB\"",
+            "cache.read_ahead_gap",
+        ),
+        ("read_ahead_memory = \"512KiB\"", "cache.read_ahead_memory"),
+    ] {
+        let out = Portico::check(&format!("[cache]\n{cache}\n"));
+        assert!(!out.status.success(), "{cache}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!(":2: key `{key}`")), "{cache}: {err}");
+    }
 }

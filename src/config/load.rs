@@ -444,13 +444,26 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         ));
     }
     if c.cache.read_ahead_gap.bytes() > c.cache.read_ahead_memory.bytes() {
-        return Err((
-            vec![Key("cache"), Key("read_ahead_gap")],
-            format!(
-                "{} is more than cache.read_ahead_memory ({}): no fetch could read that far ahead",
-                c.cache.read_ahead_gap, c.cache.read_ahead_memory
-            ),
-        ));
+        // Blame the key that was written: a gap left at its default is
+        // the memory's fault.
+        let default_gap = c.cache.read_ahead_gap == crate::config::CacheConfig::default().read_ahead_gap;
+        return Err(if default_gap {
+            (
+                vec![Key("cache"), Key("read_ahead_memory")],
+                format!(
+                    "{} is less than cache.read_ahead_gap ({}): lower the gap too (0: in step)",
+                    c.cache.read_ahead_memory, c.cache.read_ahead_gap
+                ),
+            )
+        } else {
+            (
+                vec![Key("cache"), Key("read_ahead_gap")],
+                format!(
+                    "{} is more than cache.read_ahead_memory ({}): no fetch could read that far ahead",
+                    c.cache.read_ahead_gap, c.cache.read_ahead_memory
+                ),
+            )
+        });
     }
     if c.cache.quick_abort_pct > 100 {
         return Err((

@@ -323,6 +323,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_piece_larger_than_the_gap_waits_until_nothing_is_queued() {
+        let budget = budget();
+        let (q, _pieces) = queue(&budget, 1000, true);
+        q.push(piece(10)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), q.push(piece(2000))).await;
+        assert!(waited.is_err(), "pushed a piece over the gap behind another");
+        // Once the first is written, it goes, holding none of the budget.
+        let (q, rx) = queue(&budget, 1000, true);
+        let mut client = Client::default();
+        let fill = async {
+            q.push(piece(10)).await;
+            q.push(Bytes::from(vec![1u8; 2000])).await;
+            let held = BUDGET - budget.available_permits();
+            q.end(true, None);
+            held
+        };
+        let (held, ()) = tokio::join!(fill, q.deliver(rx, &mut client));
+        assert_eq!(held, 0);
+        assert_eq!(client.body.len(), 2010);
+        assert!(client.finished);
+    }
+
+    #[tokio::test]
     async fn a_spent_budget_makes_a_fill_wait_for_its_client() {
         let budget = budget();
         let (other, _other_pieces) = queue(&budget, GAP, true);
