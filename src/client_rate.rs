@@ -14,6 +14,11 @@
 //! since its last sweep: a shard holds at most about twice the clients
 //! that asked within the time a bucket takes to fill (`burst / rate`). The
 //! bucket arithmetic ([`take`]) is pure, the clock a parameter.
+//!
+//! A route's `request_rate` (`[[rule]]`, nginx's `limit_req` in a
+//! `location`) is the same kind of limit for the requests that route
+//! matches: a [`RouteRate`] with buckets of its own, checked once the
+//! request is routed.
 
 use crate::client_table::ClientTable;
 use std::net::IpAddr;
@@ -36,9 +41,113 @@ struct Bucket {
     at_ms: u64,
 }
 
-fn table() -> &'static ClientTable<Bucket> {
-    static TABLE: std::sync::OnceLock<ClientTable<Bucket>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(ClientTable::new)
+/// Requests refused for their route's `request_rate`, since start.
+static ROUTE_REFUSED: AtomicU64 = AtomicU64::new(0);
+/// When the last of those was logged.
+static ROUTE_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// Buckets of requests, one a client: the global limit's, and each
+/// route's.
+struct RateTable(ClientTable<Bucket>);
+
+impl RateTable {
+    /// Takes a request from the bucket of the client at `ip` (made full
+    /// if it has none): Ok, or Err(seconds until it has one, at least 1).
+    fn take(&self, ip: IpAddr, rate: f64, burst: f64) -> Result<(), u64> {
+        let key = crate::client_limit::key(ip);
+        let now = now_ms();
+        let mut shard = self.0.shard(key);
+        // A full bucket says nothing a new one would not.
+        shard.sweep_if_grown(|b| {
+            refill(b, now, rate, burst);
+            b.tokens < burst
+        });
+        let bucket = shard.entries.entry(key).or_insert(Bucket {
+            tokens: burst,
+            at_ms: now,
+        });
+        take(bucket, now, rate, burst).map_err(|wait_ms| wait_ms.div_ceil(1000).max(1))
+    }
+}
+
+fn table() -> &'static RateTable {
+    static TABLE: std::sync::OnceLock<RateTable> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| RateTable(ClientTable::new()))
+}
+
+/// A route's `request_rate` and `request_burst` (`[[rule]]`, nginx's
+/// `limit_req` in a `location`): buckets of its own, one a client, kept
+/// by the compiled rules (a reload starts them full).
+pub struct RouteRate {
+    /// The rule that set it, for the log.
+    rule: usize,
+    rate: f64,
+    burst: f64,
+    table: RateTable,
+}
+
+impl std::fmt::Debug for RouteRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteRate")
+            .field("rule", &self.rule)
+            .field("rate", &self.rate)
+            .field("burst", &self.burst)
+            .finish()
+    }
+}
+
+impl RouteRate {
+    /// `rate` requests a second (at least 1), a bucket of `burst` (0: the
+    /// rate), for rule `rule`.
+    pub fn new(rule: usize, rate: u32, burst: u32) -> RouteRate {
+        let burst = if burst == 0 { rate.max(1) } else { burst };
+        RouteRate {
+            rule,
+            rate: f64::from(rate.max(1)),
+            burst: f64::from(burst),
+            table: RateTable(ClientTable::new()),
+        }
+    }
+
+    /// Requests a second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The bucket's size.
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+
+    /// Counts a request to the route from `ip`: Ok when the client is
+    /// exempt (another array member: the member in front counted it) or
+    /// its bucket has a token; else Err(seconds to wait, at least 1),
+    /// counted and logged.
+    pub(crate) fn check(&self, ip: IpAddr) -> Result<(), u64> {
+        if crate::client_limit::is_exempt(ip) {
+            return Ok(());
+        }
+        let Err(wait) = self.table.take(ip, self.rate, self.burst) else {
+            return Ok(());
+        };
+        ROUTE_REFUSED.fetch_add(1, Ordering::Relaxed);
+        if crate::client_limit::log_due(&ROUTE_LOGGED) {
+            tracing::warn!(
+                client = %ip,
+                "request refused with 429: the client is over rule[{}].request_rate = {} a second \
+                 (burst {}; logged at most once a second; counted as the perfdump's Refused Over Route Rate)",
+                self.rule,
+                self.rate,
+                self.burst
+            );
+        }
+        Err(wait)
+    }
+}
+
+/// Requests refused for their route's `request_rate`, since start.
+pub fn route_refused() -> u64 {
+    ROUTE_REFUSED.load(Ordering::Relaxed)
 }
 
 /// Milliseconds since the table's first use.
@@ -93,22 +202,9 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
         return Ok(());
     }
     let burst = f64::from_bits(BURST.load(Ordering::Relaxed));
-    let key = crate::client_limit::key(ip);
-    let now = now_ms();
-    let mut shard = table().shard(key);
-    // A full bucket says nothing a new one would not.
-    shard.sweep_if_grown(|b| {
-        refill(b, now, rate, burst);
-        b.tokens < burst
-    });
-    let bucket = shard.entries.entry(key).or_insert(Bucket {
-        tokens: burst,
-        at_ms: now,
-    });
-    let Err(wait_ms) = take(bucket, now, rate, burst) else {
+    let Err(wait) = table().take(ip, rate, burst) else {
         return Ok(());
     };
-    drop(shard);
     REFUSED.fetch_add(1, Ordering::Relaxed);
     if crate::client_limit::log_due(&LOGGED) {
         tracing::warn!(
@@ -117,7 +213,7 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
              (burst {burst}; logged at most once a second; counted as the perfdump's Refused Over Client Rate)"
         );
     }
-    Err(wait_ms.div_ceil(1000).max(1))
+    Err(wait)
 }
 
 #[cfg(test)]
@@ -144,6 +240,18 @@ mod tests {
         // Refilled over a long wait, never past the burst.
         assert_eq!(take(&mut b, 60_000, 2.0, 3.0), Ok(()));
         assert_eq!(b.tokens, 2.0);
+    }
+
+    #[test]
+    fn each_route_keeps_its_own_buckets_and_a_client_its_own_in_each() {
+        let login = RouteRate::new(0, 1, 2);
+        let api = RouteRate::new(1, 1, 0);
+        let (a, b) = ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
+        assert_eq!((login.check(a), login.check(a)), (Ok(()), Ok(())));
+        assert_eq!(login.check(a), Err(1), "a's burst of 2 is spent");
+        assert_eq!(login.check(b), Ok(()), "b has a bucket of its own");
+        assert_eq!(api.check(a), Ok(()), "and so has the other route");
+        assert_eq!(api.check(a), Err(1), "burst 0: the rate, 1");
     }
 
     #[test]

@@ -66,6 +66,8 @@ const UNPRINTED_KEYS: &[&str] = &[
     "rule.parent_credentials",
     "rule.bandwidth",
     "rule.bandwidth_after",
+    "rule.request_rate",
+    "rule.request_burst",
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",

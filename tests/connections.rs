@@ -1531,6 +1531,96 @@ async fn a_client_over_its_request_rate_gets_429_and_others_are_served() {
     assert_eq!(access.matches("\" 429 ").count(), refused, "{access}");
 }
 
+/// A `[[rule]]`'s `request_rate` and `request_burst` (nginx's `limit_req`
+/// in a `location`): the route's requests past a client's burst get 429
+/// on the same keep-alive connection, the client's other requests and
+/// other clients on the route are served, a later rule may lift it, and
+/// a CONNECT matched by the rule counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let o = origin.addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
+         [cache]\nenabled = false\n\n[proxy]\nconnect_ports = [{}]\n\n\
+         [[rule]]\npath = \"/login\"\nrequest_rate = 2\nrequest_burst = 3\ncontinue = true\n\n\
+         [[rule]]\npath = \"/login\"\nclient = \"127.0.0.4\"\nrequest_rate = 0\ncontinue = true\n\n\
+         [[rule]]\nmethod = \"CONNECT\"\nrequest_rate = 1\n",
+        free_addr(),
+        o.port()
+    ))
+    .await;
+    let limited: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let mut c = RawClient::connect_from(limited, p.addr()).await;
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for path in ["/login", "/login", "/login", "/login", "/home", "/login", "/home"] {
+        c.send(&get(&origin, path, "")).await;
+        let r = c.read_response().await;
+        if r.status == 429 {
+            retry_after = r.header("retry-after").map(str::to_string);
+            assert!(r.body_str().contains("request_rate"), "{}", r.body_str());
+        }
+        statuses.push(r.status);
+    }
+    // The burst of 3, then refused on /login alone, far faster than the
+    // bucket refills (a request per 500 ms).
+    assert_eq!(statuses, [200, 200, 200, 429, 200, 429, 200]);
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(origin.count(), 5, "a refused request reached the origin");
+    // Another client has its own bucket on the route; one a later rule
+    // lifts it for has none.
+    let close = get(&origin, "/login", "Connection: close\r\n");
+    for (from, n) in [("127.0.0.3", 3), ("127.0.0.4", 6)] {
+        let from: std::net::IpAddr = from.parse().expect("ip");
+        for _ in 0..n {
+            let r = parse_response(&raw_request_from(from, p.addr(), &close).await);
+            assert_eq!(r.status, 200, "{from}");
+        }
+    }
+    // A CONNECT matched by a rule counts once: the second within a second
+    // is refused before anything is connected.
+    let connect = format!("CONNECT {o} HTTP/1.1\r\nHost: {o}\r\n\r\n");
+    let mut tunnel = RawClient::connect_from("127.0.0.5".parse().expect("ip"), p.addr()).await;
+    tunnel.send(connect.as_bytes()).await;
+    assert_eq!(tunnel.read_head_response().await.status, 200);
+    let r = raw_request_from("127.0.0.5".parse().expect("ip"), p.addr(), connect.as_bytes()).await;
+    assert!(r.starts_with(b"HTTP/1.1 429"), "{}", String::from_utf8_lossy(&r));
+    // A second later the bucket has a request again, on the same connection.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    c.send(&get(&origin, "/login", "")).await;
+    assert_eq!(c.read_response().await.status, 200);
+    let reported = refusals_reported(
+        &p,
+        "Refused Over Route Rate",
+        "portico_connection_queue_route_rate_limited_total",
+        "route-request-rate",
+        "rule[0].request_rate = 2",
+    )
+    .await;
+    assert_eq!(reported, 3);
+    let access = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
+    assert_eq!(access.matches("\" 429 ").count(), 3, "{access}");
+    // The client limit's counter is not the route's.
+    assert_eq!(
+        metric(&p, "portico_connection_queue_client_rate_limited_total").await,
+        0
+    );
+}
+
+#[test]
+fn a_routes_request_burst_without_a_rate_or_a_rate_over_a_million_is_refused() {
+    for (rule, key) in [
+        ("request_burst = 10", "rule[0].request_burst"),
+        ("request_rate = 0\nrequest_burst = 10", "rule[0].request_burst"),
+        ("request_rate = 1000001", "rule[0].request_rate"),
+    ] {
+        let out = Portico::check(&format!("[[rule]]\npath = \"/\"\n{rule}\n"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(key), "{rule}: {err}");
+    }
+}
+
 #[test]
 fn a_request_burst_without_a_rate_is_refused() {
     let out = Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\n\n[limits]\nclient_request_burst = 10\n");

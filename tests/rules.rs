@@ -547,6 +547,7 @@ cache = { min_ttl = "10m" }
 busy_body = "busy"
 bandwidth = "1MiB"
 bandwidth_after = "4MiB"
+request_rate = 5
 
 [[rule]]
 client = "10.0.0.0/8"
@@ -587,6 +588,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "  bucket: all".into(),
         "  busy body: 4 bytes".into(),
         "  bandwidth: 1048576 bytes a second per response, after its first 4194304 bytes".into(),
+        "  request rate: 5 a second per client, burst 5".into(),
     ] {
         assert!(s.contains(&want), "want {want:?} in:\n{s}");
     }
@@ -598,7 +600,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "10.2.3.4",
     ]);
     assert!(
-        s.contains(&format!("matched rule 2 ({p}:26): client = [\"10.0.0.0/8\"]")),
+        s.contains(&format!("matched rule 2 ({p}:27): client = [\"10.0.0.0/8\"]")),
         "{s}"
     );
     assert!(s.contains("  deny: 403"), "{s}");

@@ -936,6 +936,13 @@ pub struct RuleConfig {
     /// `limit_rate_after`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_after: Option<Size>,
+    /// Requests a second one client may make to the route (nginx's
+    /// `limit_req` in a `location`); `0`: no such limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_rate: Option<u32>,
+    /// The size of each client's bucket on the route (`0`: the rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_burst: Option<u32>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -404,7 +404,12 @@ impl ListenerHandler {
             && sh.allow.allows(ex.peer.ip())
             && let Err(wait) = crate::client_rate::check(ex.peer.ip())
         {
-            return too_many_requests(ex, wait).await;
+            return too_many_requests(
+                ex,
+                wait,
+                "Too many requests from this client (limits.client_request_rate)",
+            )
+            .await;
         }
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
@@ -428,10 +433,11 @@ impl ListenerHandler {
     }
 }
 
-/// The answer to a request over its client's rate: 429 (RFC 6585 4) with
-/// `Retry-After` in seconds, logged as denied. A request with a body is
-/// closed after it (its body is unread), as a busy 503 is.
-async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64) -> Outcome {
+/// The answer to a request over its client's rate (or its route's):
+/// 429 (RFC 6585 4) with `Retry-After` in seconds and `reason` on the
+/// page, logged as denied. A request with a body is closed after it (its
+/// body is unread), as a busy 503 is.
+pub(super) async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) -> Outcome {
     ex.cache_result = Some(super::ACCESS_DENIED);
     let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
     if has_body {
@@ -439,13 +445,7 @@ async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64) -> Outcome {
     }
     let mut headers = http::HeaderMap::new();
     headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait_secs));
-    let sent = reply::error_page_with(
-        &mut ex.out,
-        http::StatusCode::TOO_MANY_REQUESTS,
-        "Too many requests from this client (limits.client_request_rate)",
-        headers,
-    )
-    .await;
+    let sent = reply::error_page_with(&mut ex.out, http::StatusCode::TOO_MANY_REQUESTS, reason, headers).await;
     if has_body || sent.is_err() {
         Outcome::Close
     } else {

@@ -310,6 +310,10 @@ impl Shared {
     }
 }
 
+/// The page of a request over its route's `request_rate`.
+const ROUTE_RATE_REFUSED: &str =
+    "Too many requests from this client for this part of the site (a [[rule]] request_rate)";
+
 /// The `Proxy-Authorization` for a request sent to parent group `group`:
 /// the group's fixed credentials (`credentials_file`), else the client's own
 /// when the route passes them (`parent_credentials = "pass"`), else none
@@ -548,6 +552,11 @@ impl ListenerHandler {
                 if let Some(b) = route.bandwidth {
                     ex.out.limit_route_bandwidth(b.rate, b.after);
                 }
+                if let Some(rate) = &route.request_rate
+                    && let Err(wait) = rate.check(ex.peer.ip())
+                {
+                    return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
+                }
                 if let Some(status) = route.deny {
                     return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
                 }
@@ -631,6 +640,13 @@ impl ListenerHandler {
             && !from_member
         {
             ex.out.limit_route_bandwidth(b.rate, b.after);
+        }
+        // The member in front counted a forwarded request (the check
+        // exempts the members' addresses).
+        if let Some(rate) = &route.request_rate
+            && let Err(wait) = rate.check(ex.peer.ip())
+        {
+            return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
         }
         if let Some(status) = route.deny {
             return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;

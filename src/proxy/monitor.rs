@@ -489,6 +489,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         admitted_beyond_limit: q.admitted_beyond_limit,
         client_limited: crate::client_limit::refused(),
         client_rate_limited: crate::client_rate::refused(),
+        route_rate_limited: crate::client_rate::route_refused(),
         client_bandwidth_waits: crate::client_bandwidth::waits(),
         client_bandwidth_wait_us: crate::client_bandwidth::waited_us(),
         total_bandwidth_waits: crate::client_bandwidth::total_waits(),

@@ -73,6 +73,9 @@ pub(super) struct Actions {
     pub pass_credentials: Option<bool>,
     /// `bandwidth` (and `bandwidth_after`).
     pub bandwidth: Option<Bandwidth>,
+    /// `request_rate` (and `request_burst`): Some(None) lifts an earlier
+    /// rule's.
+    pub request_rate: Option<Option<Arc<crate::client_rate::RouteRate>>>,
 }
 
 /// A route's `bandwidth`: each response to it is sent at `rate` bytes a
@@ -129,6 +132,9 @@ impl Actions {
         }
         if let Some(b) = self.bandwidth {
             route.bandwidth = Some(b);
+        }
+        if let Some(r) = &self.request_rate {
+            route.request_rate = r.clone();
         }
         if let Some((status, to)) = &self.redirect {
             let location = match regex.and_then(|re| re.captures(req.path_and_query)) {

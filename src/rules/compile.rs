@@ -4,6 +4,7 @@
 use super::Rules;
 use super::actions::{Actions, Bandwidth, HeaderEdits, Rewrite};
 use super::matcher::{HostMatch, Index, Primary};
+use crate::client_rate::RouteRate;
 use crate::config::{Config, HeaderEditConfig, RuleConfig};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -399,6 +400,18 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
             "needs a bandwidth on the same rule (bytes sent at full speed before what?)",
         ));
     }
+    for (key, value) in [("request_rate", r.request_rate), ("request_burst", r.request_burst)] {
+        if value.is_some_and(|v| v > 1_000_000) {
+            return Err(at(i, key, "at most 1000000 (0: no limit)"));
+        }
+    }
+    if r.request_burst.is_some_and(|b| b > 0) && r.request_rate.is_none_or(|r| r == 0) {
+        return Err(at(
+            i,
+            "request_burst",
+            "needs a request_rate on the same rule (a burst above no rate limits nothing)",
+        ));
+    }
     Ok(Actions {
         continue_: r.continue_,
         upstream,
@@ -413,6 +426,9 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
         pass_credentials: r
             .parent_credentials
             .map(|p| p == crate::config::ParentCredentials::Pass),
+        request_rate: r
+            .request_rate
+            .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
         bandwidth: bandwidth.map(|rate| Bandwidth {
             rate,
             after: r.bandwidth_after.map_or(0, |a| a.bytes()),

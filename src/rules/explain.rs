@@ -140,6 +140,14 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     if let Some(b) = &route.busy_body {
         let _ = writeln!(out, "  busy body: {} bytes", b.len());
     }
+    if let Some(r) = &route.request_rate {
+        let _ = writeln!(
+            out,
+            "  request rate: {} a second per client, burst {}",
+            r.rate(),
+            r.burst()
+        );
+    }
     match route.bandwidth {
         Some(b) if b.rate == 0 => {
             let _ = writeln!(out, "  bandwidth: no limit");

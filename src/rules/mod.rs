@@ -132,6 +132,8 @@ pub struct Route {
     pub pass_credentials: bool,
     /// The response's own bandwidth limit (`bandwidth = "..."`).
     pub bandwidth: Option<Bandwidth>,
+    /// The route's request rate per client (`request_rate = N`).
+    pub request_rate: Option<Arc<crate::client_rate::RouteRate>>,
 }
 
 /// The compiled `[[rule]]` list (cheap to clone: shared).
@@ -494,6 +496,36 @@ upstream = "a"
         assert_eq!(rate("/"), Some((64 << 10, 1 << 20)));
         assert_eq!(rate("/fast/f"), Some((0, 0)));
         assert_eq!(rate("/slow/s"), Some((8 << 10, 0)));
+    }
+
+    #[test]
+    fn a_later_matching_rules_request_rate_wins_and_zero_lifts_it() {
+        let r = rules(
+            r#"
+[[rule]]
+continue = true
+request_rate = 10
+request_burst = 20
+[[rule]]
+path = "/open/"
+continue = true
+request_rate = 0
+[[rule]]
+path = "/login"
+request_rate = 1
+[[rule]]
+upstream = "a"
+"#,
+        );
+        let h = HeaderMap::new();
+        let rate = |pq| r.route(&get("x", pq, &h)).request_rate.map(|r| (r.rate(), r.burst()));
+        assert_eq!(rate("/"), Some((10.0, 20.0)));
+        assert_eq!(rate("/open/x"), None);
+        assert_eq!(rate("/login"), Some((1.0, 1.0)));
+        // One rule's buckets, whichever request reaches them.
+        let a = r.route(&get("x", "/a", &h)).request_rate.expect("rate");
+        let b = r.route(&get("x", "/b", &h)).request_rate.expect("rate");
+        assert!(Arc::ptr_eq(&a, &b));
     }
 
     const PARENTS: &str = "[[listener]]\naddress = \"127.0.0.1:1\"\nmode = \"forward\"\n\n[[upstream]]\nname = \"origins\"\nservers = [\"127.0.0.1:3\"]\n\n[[upstream]]\nname = \"parents\"\nparent = true\nservers = [\"127.0.0.1:4\", \"proxy2.test:3128\"]\n\n[[rule]]\nhost = \"*.via.test\"\nupstream = \"parents\"\n";

@@ -80,6 +80,17 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    if let Some(q) = &s.connection_queue
+        && q.route_rate_limited > 0
+    {
+        say(
+            "route-request-rate",
+            format!(
+                "{} requests were answered 429 because their client was over a route's request_rate ([[rule]] request_rate; ConnectionQueue: Refused Over Route Rate); the error log names the clients and the rule. If they were legitimate, raise the rule's request_burst or its rate.",
+                q.route_rate_limited
+            ),
+        );
+    }
     // Paced downloads hold their service places for as long as they last:
     // when requests queued for a place too, the limit is costing others.
     if let Some(q) = &s.connection_queue
@@ -932,6 +943,20 @@ mod tests {
         let a = advise(&s);
         assert_eq!(rules(&s), ["client-request-rate"]);
         assert!(a[0].text.contains("Refused Over Client Rate"), "{}", a[0].text);
+    }
+
+    #[test]
+    fn route_request_rate_speaks_when_a_route_refused_requests() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            route_rate_limited: 7,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["route-request-rate"]);
+        assert!(a[0].text.starts_with("7 requests") && a[0].text.contains("Refused Over Route Rate"));
+        s.connection_queue = Some(ConnectionQueueInfo::default());
+        assert!(rules(&s).is_empty());
     }
 
     #[test]

@@ -299,6 +299,10 @@ crate::section! {
         #[serde(default)]
         client_rate_limited: u64 => Counter, Add, None, "Requests answered 429 because their client was over limits.client_request_rate.",
             prom "portico_connection_queue_client_rate_limited_total", xml "connection-queue-bucket" "countClientRateLimited";
+        /// Requests answered 429 for their route's `request_rate`.
+        #[serde(default)]
+        route_rate_limited: u64 => Counter, Add, None, "Requests answered 429 because their client was over their route's request_rate ([[rule]] request_rate).",
+            prom "portico_connection_queue_route_rate_limited_total", xml "connection-queue-bucket" "countRouteRateLimited";
         /// Writes to clients that waited for `limits.client_bandwidth`.
         #[serde(default)]
         client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",

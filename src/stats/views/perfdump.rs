@@ -72,6 +72,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(o, "{:<40} {}", "Admitted Beyond The Limit", q.admitted_beyond_limit);
             let _ = writeln!(o, "{:<40} {}", "Closed Over Client Limit", q.client_limited);
             let _ = writeln!(o, "{:<40} {}", "Refused Over Client Rate", q.client_rate_limited);
+            let _ = writeln!(o, "{:<40} {}", "Refused Over Route Rate", q.route_rate_limited);
             let _ = writeln!(
                 o,
                 "{:<40} {} ({} ms)",
