@@ -68,6 +68,19 @@ impl RateTable {
         });
         take(bucket, now, rate, burst).map_err(|wait_ms| wait_ms.div_ceil(1000).max(1))
     }
+
+    /// Whether the bucket of the client at `ip` has a request now, taking
+    /// none: Ok, or Err(seconds until it has one, at least 1).
+    fn peek(&self, ip: IpAddr, rate: f64, burst: f64) -> Result<(), u64> {
+        let key = crate::client_limit::key(ip);
+        let now = now_ms();
+        let shard = self.0.shard(key);
+        let Some(mut b) = shard.entries.get(&key).copied() else {
+            return Ok(());
+        };
+        drop(shard);
+        take(&mut b, now, rate, burst).map_err(|wait_ms| wait_ms.div_ceil(1000).max(1))
+    }
 }
 
 fn table() -> &'static RateTable {
@@ -127,7 +140,24 @@ impl RouteRate {
         if crate::client_limit::is_exempt(ip) {
             return Ok(());
         }
-        let Err(wait) = self.table.take(ip, self.rate, self.burst) else {
+        let taken = self.table.take(ip, self.rate, self.burst);
+        self.refused_if(ip, taken)
+    }
+
+    /// [`RouteRate::check`] that takes nothing: whether the client's
+    /// bucket has a request now, for a request about to wait for a
+    /// service place (refused before it waits; counted when it is served).
+    pub(crate) fn check_ahead(&self, ip: IpAddr) -> Result<(), u64> {
+        if crate::client_limit::is_exempt(ip) {
+            return Ok(());
+        }
+        let has = self.table.peek(ip, self.rate, self.burst);
+        self.refused_if(ip, has)
+    }
+
+    /// A refusal, counted and logged; Ok passes through.
+    fn refused_if(&self, ip: IpAddr, r: Result<(), u64>) -> Result<(), u64> {
+        let Err(wait) = r else {
             return Ok(());
         };
         ROUTE_REFUSED.fetch_add(1, Ordering::Relaxed);
@@ -252,6 +282,11 @@ mod tests {
         assert_eq!(login.check(b), Ok(()), "b has a bucket of its own");
         assert_eq!(api.check(a), Ok(()), "and so has the other route");
         assert_eq!(api.check(a), Err(1), "burst 0: the rate, 1");
+        // A look ahead takes nothing.
+        let c = "203.0.113.3".parse().unwrap();
+        assert_eq!(login.check_ahead(c), Ok(()), "no bucket yet: a full one");
+        assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Ok(())));
+        assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Err(1)));
     }
 
     #[test]

@@ -1543,7 +1543,7 @@ async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
     let p = Portico::start(&format!(
         "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
          [cache]\nenabled = false\n\n[proxy]\nconnect_ports = [{}]\n\n\
-         [[rule]]\npath = \"/login\"\nrequest_rate = 2\nrequest_burst = 3\ncontinue = true\n\n\
+         [[rule]]\npath = \"/login\"\nrequest_rate = 1\nrequest_burst = 3\ncontinue = true\n\n\
          [[rule]]\npath = \"/login\"\nclient = \"127.0.0.4\"\nrequest_rate = 0\ncontinue = true\n\n\
          [[rule]]\nmethod = \"CONNECT\"\nrequest_rate = 1\n",
         free_addr(),
@@ -1564,7 +1564,7 @@ async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
         statuses.push(r.status);
     }
     // The burst of 3, then refused on /login alone, far faster than the
-    // bucket refills (a request per 500 ms).
+    // bucket refills (a request a second).
     assert_eq!(statuses, [200, 200, 200, 429, 200, 429, 200]);
     assert_eq!(retry_after.as_deref(), Some("1"));
     assert_eq!(origin.count(), 5, "a refused request reached the origin");
@@ -1584,8 +1584,9 @@ async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
     let mut tunnel = RawClient::connect_from("127.0.0.5".parse().expect("ip"), p.addr()).await;
     tunnel.send(connect.as_bytes()).await;
     assert_eq!(tunnel.read_head_response().await.status, 200);
-    let r = raw_request_from("127.0.0.5".parse().expect("ip"), p.addr(), connect.as_bytes()).await;
-    assert!(r.starts_with(b"HTTP/1.1 429"), "{}", String::from_utf8_lossy(&r));
+    let mut again = RawClient::connect_from("127.0.0.5".parse().expect("ip"), p.addr()).await;
+    again.send(connect.as_bytes()).await;
+    assert_eq!(again.read_head_response().await.status, 429);
     // A second later the bucket has a request again, on the same connection.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     c.send(&get(&origin, "/login", "")).await;
@@ -1595,7 +1596,7 @@ async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
         "Refused Over Route Rate",
         "portico_connection_queue_route_rate_limited_total",
         "route-request-rate",
-        "rule[0].request_rate = 2",
+        "rule[0].request_rate = 1",
     )
     .await;
     assert_eq!(reported, 3);
@@ -1606,6 +1607,44 @@ async fn a_client_over_its_routes_request_rate_gets_429_on_that_route_alone() {
         metric(&p, "portico_connection_queue_client_rate_limited_total").await,
         0
     );
+}
+
+/// A request that finds every service place taken is refused before it
+/// waits for one when its route's bucket is empty, not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place() {
+    let origin = Origin::start(|req| async move {
+        if req.uri.path() == "/slow" {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        Response::ok("served")
+    })
+    .await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[server]\nmax_requests = 1\n\n[cache]\nenabled = false\n\n\
+         [[rule]]\npath = \"/login\"\nrequest_rate = 1\n",
+        free_addr()
+    ))
+    .await;
+    let limited: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let login = get(&origin, "/login", "Connection: close\r\n");
+    let r = parse_response(&raw_request_from(limited, p.addr(), &login).await);
+    assert_eq!(r.status, 200, "the burst of 1");
+    // Another client's slow request holds the one place for 3 s.
+    let slow = get(&origin, "/slow", "Connection: close\r\n");
+    let addr = p.addr();
+    let holder = tokio::spawn(async move { parse_response(&raw_request(addr, &slow).await).status });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = std::time::Instant::now();
+    let r = parse_response(&raw_request_from(limited, p.addr(), &login).await);
+    let took = start.elapsed();
+    assert_eq!(r.status, 429);
+    assert!(
+        took < Duration::from_secs(2),
+        "refused after waiting {took:?} for a place"
+    );
+    assert_eq!(holder.await.expect("slow request"), 200);
+    assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
 }
 
 #[test]

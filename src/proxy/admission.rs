@@ -420,7 +420,10 @@ impl ListenerHandler {
             Some(p) => Some(p),
             None if may_defer(ex, sh) => None,
             None => {
-                let route_busy = self.route_busy_page(ex, sh);
+                let route_busy = match self.route_before_queue(ex, sh) {
+                    Ok(page) => page,
+                    Err(wait) => return too_many_requests(ex, wait, super::ROUTE_RATE_REFUSED).await,
+                };
                 match queue(ex, &sh.admission, &self.busy, route_busy.as_ref()).await {
                     Ok(p) => Some(p),
                     Err(outcome) => return outcome,

@@ -311,7 +311,7 @@ impl Shared {
 }
 
 /// The page of a request over its route's `request_rate`.
-const ROUTE_RATE_REFUSED: &str =
+pub(crate) const ROUTE_RATE_REFUSED: &str =
     "Too many requests from this client for this part of the site (a [[rule]] request_rate)";
 
 /// The `Proxy-Authorization` for a request sent to parent group `group`:
@@ -552,11 +552,6 @@ impl ListenerHandler {
                 if let Some(b) = route.bandwidth {
                     ex.out.limit_route_bandwidth(b.rate, b.after);
                 }
-                if let Some(rate) = &route.request_rate
-                    && let Err(wait) = rate.check(ex.peer.ip())
-                {
-                    return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
-                }
                 if let Some(status) = route.deny {
                     return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
                 }
@@ -569,6 +564,11 @@ impl ListenerHandler {
                             crate::rules::REDIRECT_REFUSED_FOR_CONNECT,
                         )
                         .await;
+                }
+                if let Some(rate) = &route.request_rate
+                    && let Err(wait) = rate.check(ex.peer.ip())
+                {
+                    return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
                 let parent_auth = parent.and_then(|g| parent_credentials(sh, g, &route, &client_credentials));
@@ -641,19 +641,20 @@ impl ListenerHandler {
         {
             ex.out.limit_route_bandwidth(b.rate, b.after);
         }
-        // The member in front counted a forwarded request (the check
-        // exempts the members' addresses).
-        if let Some(rate) = &route.request_rate
-            && let Err(wait) = rate.check(ex.peer.ip())
-        {
-            return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
-        }
         if let Some(status) = route.deny {
             return self.refuse(ex, ACCESS_DENIED, status, "denied by a routing rule").await;
         }
         if let Some(redirect) = &route.redirect {
             ex.cache_result = Some(ACCESS_REDIRECT);
             return reply::redirect(ex, redirect).await;
+        }
+        // Past the answers a rule gives itself (as nginx's `return` comes
+        // before `limit_req`). The member in front counted a forwarded
+        // request (the check exempts the members' addresses).
+        if let Some(rate) = &route.request_rate
+            && let Err(wait) = rate.check(ex.peer.ip())
+        {
+            return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
         }
         for e in &route.request_headers {
             e.apply(&mut ex.head.headers);

@@ -36,8 +36,9 @@ impl ListenerHandler {
     /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
     /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
     /// `response_headers` edit the answer, an `upstream` naming a
-    /// `parent = true` group tunnels through a parent, and `bandwidth`
-    /// paces what the tunnel carries to the client; the others (an
+    /// `parent = true` group tunnels through a parent, `request_rate`
+    /// counts the CONNECT, and `bandwidth` paces what the tunnel carries
+    /// to the client; the others (an
     /// upstream that is not a parent group, rewrites, request headers,
     /// cache settings) have nothing to act on.
     pub(super) fn tunnel_route(&self, ex: &Exchange<'_>, sh: &Shared, host: &str, port: u16) -> Route {
@@ -54,16 +55,27 @@ impl ListenerHandler {
         ))
     }
 
-    /// The busy page of the request's route, if its rules name one
-    /// (`busy_body`). Only a busy response needs it before routing (the
-    /// connection queue is full), so only that path pays for routing twice.
-    pub(super) fn route_busy_page(&self, ex: &Exchange<'_>, sh: &Shared) -> Option<reply::BusyPage> {
-        match classify(&ex.head, self.mode) {
-            Ok(Target::Http(target)) => {
-                let body = self.route(ex, sh, &target).busy_body?;
-                Some(self.busy.with_body(body))
-            }
-            _ => None,
+    /// For a request that found every service place taken, before it
+    /// waits in the connection queue: its route's busy page, if its rules
+    /// name one (`busy_body`), and Err(seconds) when its route's
+    /// `request_rate` has no request for its client now (it is refused at
+    /// once rather than after its wait; [`crate::client_rate::RouteRate::check_ahead`]
+    /// takes nothing, the request is counted once it is routed for good).
+    /// Only this path pays for routing twice.
+    pub(super) fn route_before_queue(&self, ex: &Exchange<'_>, sh: &Shared) -> Result<Option<reply::BusyPage>, u64> {
+        // A tunnel's busy page is the listener's: `busy_body` is not one
+        // of the actions a CONNECT takes.
+        let (route, tunnel) = match classify(&ex.head, self.mode) {
+            Ok(Target::Http(target)) => (self.route(ex, sh, &target), false),
+            Ok(Target::Tunnel { host, port }) => (self.tunnel_route(ex, sh, &host, port), true),
+            _ => return Ok(None),
+        };
+        if let Some(rate) = &route.request_rate {
+            rate.check_ahead(ex.peer.ip())?;
         }
+        Ok(route
+            .busy_body
+            .filter(|_| !tunnel)
+            .map(|body| self.busy.with_body(body)))
     }
 }

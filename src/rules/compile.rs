@@ -400,9 +400,12 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
             "needs a bandwidth on the same rule (bytes sent at full speed before what?)",
         ));
     }
-    for (key, value) in [("request_rate", r.request_rate), ("request_burst", r.request_burst)] {
+    for (key, value, zero) in [
+        ("request_rate", r.request_rate, "no limit"),
+        ("request_burst", r.request_burst, "the rate"),
+    ] {
         if value.is_some_and(|v| v > 1_000_000) {
-            return Err(at(i, key, "at most 1000000 (0: no limit)"));
+            return Err(at(i, key, format!("at most 1000000 (0: {zero})")));
         }
     }
     if r.request_burst.is_some_and(|b| b > 0) && r.request_rate.is_none_or(|r| r == 0) {

@@ -295,5 +295,16 @@ fn explain_tunnel(
         let text: Vec<String> = route.response_headers.iter().map(|e| e.describe()).collect();
         let _ = writeln!(out, "  response headers: {}", text.join("; "));
     }
+    if let Some(r) = &route.request_rate {
+        let _ = writeln!(
+            out,
+            "  request rate: {} a second per client, burst {} (the CONNECT counts once)",
+            r.rate(),
+            r.burst()
+        );
+    }
+    if let Some(b) = route.bandwidth.filter(|b| b.rate > 0) {
+        let _ = writeln!(out, "  bandwidth: {} bytes a second towards the client", b.rate);
+    }
     Ok(out)
 }
