@@ -156,9 +156,16 @@ fn now_us() -> u64 {
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
 /// second's worth), at start-up and on every reload. Meters already held
-/// follow at their next write.
+/// follow at their next write. A client's debt run up at a higher rate is
+/// cut to a second of the new one, as the total's is ([`set_total`]).
 pub(crate) fn set(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
+    if rate > 0 {
+        table().for_each(|m| {
+            let mut b = m.bucket.lock().unwrap_or_else(|p| p.into_inner());
+            b.tokens = b.tokens.max(-(rate as f64));
+        });
+    }
     BURST.store(burst, Ordering::Relaxed);
     RATE.store(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);

@@ -47,6 +47,17 @@ impl<V> ClientTable<V> {
     }
 }
 
+impl<V> ClientTable<V> {
+    /// Calls `f` on every entry, one shard locked at a time (a reload's
+    /// change to what the entries hold).
+    pub fn for_each(&self, mut f: impl FnMut(&mut V)) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.entries.values_mut().for_each(&mut f);
+        }
+    }
+}
+
 impl<V> Shard<V> {
     /// Before a new client's entry goes in: once the shard holds
     /// [`SWEEP_AT`] entries, or twice what its last sweep left, keeps only

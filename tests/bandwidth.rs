@@ -33,6 +33,7 @@ async fn origin() -> Origin {
             "/mem" => 48 << 10,
             "/burst" => 16 << 10,
             "/large" => 512 << 10,
+            "/tiny" => 1 << 10,
             "/big" => 32 << 20,
             _ => 96 << 10,
         };
@@ -499,6 +500,56 @@ async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
         assert!(pattern_matches(0, &all[end..]), "{what}");
         assert!(took.as_secs_f64() >= 1.5, "{what}: the last 128 KiB in {took:?}");
     }
+}
+
+/// A client's debt run up at a high rate is cut to a second of the new
+/// one by a reload that lowers it: eight downloads at once at 4 MiB/s owe
+/// up to eight pieces of 64 KiB, which at 8 KiB/s would stall the
+/// client's next response for a minute; cut, it waits a second or two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_lowers_the_rate_cuts_a_clients_debt_to_a_second() {
+    let o = origin().await;
+    let (forward, reverse) = (free_addr(), free_addr());
+    let fast = config(&forward, &reverse, &o, "[limits]\nclient_bandwidth = \"4MiB\"\n");
+    let slow = config(&forward, &reverse, &o, "[limits]\nclient_bandwidth = \"8KiB\"\n");
+    let p = Portico::start(&fast).await;
+    let proxy: SocketAddr = forward.parse().expect("addr");
+    let a = o.addr();
+    let mut readers = Vec::new();
+    for n in 0..8 {
+        let mut c = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+        c.write_all(format!("GET http://{a}/big?{n} HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        // Read and drop, as fast as it comes.
+        readers.push(tokio::spawn(async move {
+            let mut buf = vec![0u8; 256 << 10];
+            while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+        }));
+    }
+    // The bucket's first second (its burst) spent, the writes owe.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
+    let before = reloads(&p);
+    p.rewrite_config(&slow);
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads(&p) == before {
+        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 1 KiB behind a debt of at most 8 KiB and the other writes' pieces of
+    // 1 KiB: a second or two. With the debt uncut: a minute; with the
+    // writes under way still in pieces of the old rate's 64 KiB: 9 s.
+    let start = Instant::now();
+    let mut c = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+    let req = format!("GET http://{a}/tiny HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n");
+    c.write_all(req.as_bytes()).await.expect("send");
+    let all = read_past_head(&mut c, Vec::new(), 1 << 10).await;
+    let took = start.elapsed();
+    assert_body(&parse_response(&all), 1 << 10, "/tiny after the cut");
+    assert!(took < Duration::from_millis(4500), "/tiny took {took:?}");
+    readers.iter().for_each(|r| r.abort());
 }
 
 /// The same for a disk hit going out with `sendfile`: a 32 MiB hit to a

@@ -589,17 +589,19 @@ impl<'a> ResponseWriter<'a> {
         Ok(())
     }
 
-    /// Writes body bytes (and the queued head, if not yet written).
+    /// Writes body bytes (and the queued head, if not yet written). The
+    /// piece is looked at before every write, so a reload that sets or
+    /// changes a bandwidth limit applies from the next write on.
     pub async fn send_data(&mut self, data: &[u8]) -> io::Result<()> {
-        let piece = self.piece();
-        if matches!(self.sink, Sink::H2(_)) {
-            for p in data.chunks(piece) {
+        let mut at = 0;
+        while at < data.len() {
+            let p = &data[at..data.len().min(at.saturating_add(self.piece()))];
+            at += p.len();
+            if matches!(self.sink, Sink::H2(_)) {
                 self.send_h2(Bytes::copy_from_slice(p)).await?;
+            } else {
+                self.write_body(&[p]).await?;
             }
-            return Ok(());
-        }
-        for p in data.chunks(piece) {
-            self.write_body(&[p]).await?;
         }
         Ok(())
     }
@@ -610,32 +612,41 @@ impl<'a> ResponseWriter<'a> {
     /// every [`PARTS_PER_WRITE`] pieces and, on plain TCP, as few segments
     /// as the bytes need (chunked, each write is one chunk); an HTTP/2
     /// stream takes them as they are.
+    ///
+    /// Paced, a piece at a time, each waiting for the client's share. The
+    /// piece is looked at before every write: a reload that sets, changes
+    /// or lifts a limit applies from the next write on, not after the
+    /// pieces this call was given (a piece of the old rate's size would
+    /// owe seconds at a lower one).
     pub async fn send_data_parts(&mut self, parts: &[Bytes]) -> io::Result<()> {
-        let piece = self.piece();
-        if piece != usize::MAX {
-            // Paced: a piece at a time, each waiting for the client's share.
-            for part in parts {
-                let mut at = 0;
-                while at < part.len() {
-                    let p = part.slice(at..part.len().min(at + piece));
-                    at += p.len();
-                    if matches!(self.sink, Sink::H2(_)) {
-                        self.send_h2(p).await?;
-                    } else {
-                        self.write_body(&[p]).await?;
-                    }
+        let h2 = matches!(self.sink, Sink::H2(_));
+        // The next part, and where in it.
+        let (mut i, mut at) = (0, 0);
+        while let Some(part) = parts.get(i) {
+            if at >= part.len() {
+                (i, at) = (i + 1, 0);
+                continue;
+            }
+            let piece = self.piece();
+            if piece == usize::MAX && at == 0 {
+                // Unpaced: whole parts, several in one write.
+                if h2 {
+                    self.send_h2(part.clone()).await?;
+                    i += 1;
+                } else {
+                    let group = &parts[i..parts.len().min(i + PARTS_PER_WRITE)];
+                    self.write_body(group).await?;
+                    i += group.len();
                 }
+                continue;
             }
-            return Ok(());
-        }
-        if matches!(self.sink, Sink::H2(_)) {
-            for p in parts {
-                self.send_h2(p.clone()).await?;
+            let p = part.slice(at..part.len().min(at.saturating_add(piece)));
+            at += p.len();
+            if h2 {
+                self.send_h2(p).await?;
+            } else {
+                self.write_body(&[p]).await?;
             }
-            return Ok(());
-        }
-        for group in parts.chunks(PARTS_PER_WRITE) {
-            self.write_body(group).await?;
         }
         Ok(())
     }
