@@ -156,19 +156,22 @@ fn now_us() -> u64 {
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
 /// second's worth), at start-up and on every reload. Meters already held
-/// follow at their next write. A client's debt run up at a higher rate is
-/// cut to a second of the new one, as the total's is ([`set_total`]).
+/// follow at their next write. A client's debt run up at a higher rate (or
+/// none) is cut to a second of the new one, as the total's is
+/// ([`set_total`]): a cut not paid back at the lower rate for minutes.
 pub(crate) fn set(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
-    if rate > 0 {
+    BURST.store(burst, Ordering::Relaxed);
+    let old = RATE.swap(rate, Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::Release);
+    // After the new rate is in force: writes that take meanwhile take
+    // pieces of the new size, so nothing runs up a debt at the old.
+    if rate > 0 && (old == 0 || rate < old) {
         table().for_each(|m| {
             let mut b = m.bucket.lock().unwrap_or_else(|p| p.into_inner());
             b.tokens = b.tokens.max(-(rate as f64));
         });
     }
-    BURST.store(burst, Ordering::Relaxed);
-    RATE.store(rate, Ordering::Relaxed);
-    GENERATION.fetch_add(1, Ordering::Release);
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
@@ -177,13 +180,11 @@ pub(crate) fn set(rate: u64, burst: u64) {
 /// not paid back at the lower rate for minutes.
 pub(crate) fn set_total(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
-    {
-        let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
-        b.tokens = b.tokens.max(-(rate as f64));
-    }
     TOTAL_BURST.store(burst, Ordering::Relaxed);
     TOTAL_RATE.store(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);
+    let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
+    b.tokens = b.tokens.max(-(rate as f64));
 }
 
 /// Writes that waited longer for `limits.total_bandwidth` than for their

@@ -529,6 +529,8 @@ async fn a_reload_that_lowers_the_rate_cuts_a_clients_debt_to_a_second() {
     }
     // The bucket's first second (its burst) spent, the writes owe.
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let waits = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
+    assert!(waits > 8, "the eight downloads were not being paced: {waits} waits");
     let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
     let before = reloads(&p);
     p.rewrite_config(&slow);

@@ -221,7 +221,8 @@ impl<'a> ResponseWriter<'a> {
     /// The most body bytes one write sends: no bound without a bandwidth
     /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
     fn piece(&mut self) -> usize {
-        self.meter.piece().unwrap_or(usize::MAX)
+        // At least a byte: the body loops advance by it.
+        self.meter.piece().map_or(usize::MAX, |p| p.max(1))
     }
 
     /// The HTTP/2 stream this writer answers, if it is one (CONNECT over
