@@ -417,89 +417,165 @@ async fn read_past_head(c: &mut tokio::net::TcpStream, mut all: Vec<u8>, n: usiz
     }
 }
 
+/// What [`stepped_server`] sends at once, and what it sends when told.
+const FIRST: usize = 32 << 10;
+const REST: usize = 128 << 10;
+
+/// A server that sends 32 KiB, then the rest (128 KiB) once `go` is told:
+/// as an HTTP response (after a request head; not storable) and as a
+/// tunnel's server (after the client's first byte).
+async fn stepped_server(go: std::sync::Arc<tokio::sync::Notify>) -> RawOrigin {
+    RawOrigin::start(move |mut s| {
+        let go = go.clone();
+        async move {
+            let mut first = [0u8; 1];
+            let _ = s.peek(&mut first).await;
+            let mut head = Vec::new();
+            if first[0] != b'G' {
+                // Read, not left unread: a close with unread bytes is a reset.
+                let _ = s.read_exact(&mut first).await;
+            } else {
+                read_request_head(&mut s).await;
+                head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\r\n",
+                    FIRST + REST
+                )
+                .into_bytes();
+            }
+            let body: Vec<u8> = (0..FIRST + REST).map(|i| (i % 251) as u8).collect();
+            head.extend_from_slice(&body[..FIRST]);
+            if s.write_all(&head).await.is_ok() {
+                go.notified().await;
+                let _ = s.write_all(&body[FIRST..]).await;
+            }
+            let _ = s.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Rewrites `p`'s config to `config`, signals a reload and waits until
+/// it is in force.
+async fn reload_to(p: &Portico, config: &str) {
+    let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
+    let before = reloads(p);
+    p.rewrite_config(config);
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads(p) == before {
+        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A reload that sets a limit applies at once to what is being sent: a
-/// response and a `CONNECT` tunnel that began unpaced get their last
-/// 128 KiB at 64 KiB/s (16 KiB burst: at least 1.75 s), not at once.
+/// response, a `CONNECT` tunnel, a SOCKS session and an HTTP/2 stream
+/// that began unpaced get their last 128 KiB at 64 KiB/s (16 KiB burst:
+/// at least 1.75 s), not at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
-    const FIRST: usize = 32 << 10;
-    const REST: usize = 128 << 10;
     let go = std::sync::Arc::new(tokio::sync::Notify::new());
-    // 32 KiB, then the rest once told: as an HTTP response (after a
-    // request head) and as a tunnel's server (after the client's first byte).
-    let server = {
-        let go = go.clone();
-        RawOrigin::start(move |mut s| {
-            let go = go.clone();
-            async move {
-                let mut first = [0u8; 1];
-                let _ = s.peek(&mut first).await;
-                let mut head = Vec::new();
-                if first[0] != b'G' {
-                    // Read, not left unread: a close with unread bytes is a reset.
-                    let _ = s.read_exact(&mut first).await;
-                } else {
-                    read_request_head(&mut s).await;
-                    head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\r\n",
-                        FIRST + REST
-                    )
-                    .into_bytes();
-                }
-                let body: Vec<u8> = (0..FIRST + REST).map(|i| (i % 251) as u8).collect();
-                head.extend_from_slice(&body[..FIRST]);
-                if s.write_all(&head).await.is_ok() {
-                    go.notified().await;
-                    let _ = s.write_all(&body[FIRST..]).await;
-                }
-                let _ = s.shutdown().await;
-            }
-        })
-        .await
-    };
-    let (forward, reverse) = (free_addr(), free_addr());
+    let server = stepped_server(go.clone()).await;
+    let (forward, reverse, socks) = (free_addr(), free_addr(), free_addr());
     let o = origin().await;
-    let plain = config(&forward, &reverse, &o, "").replace(
+    // The reverse listener (h2c) sends to the server; a SOCKS listener too.
+    let plain = config(
+        &forward,
+        &reverse,
+        &o,
+        &format!("[[listener]]\naddress = \"{socks}\"\nmode = \"socks\"\n\n"),
+    )
+    .replace(
         &format!("connect_ports = [443, {}]", o.addr().port()),
         &format!("connect_ports = [443, {}]", server.addr().port()),
+    )
+    .replace(
+        &format!("servers = [\"{}\"]", o.addr()),
+        &format!("servers = [\"{}\"]", server.addr()),
     );
     let limited = format!("{plain}{LIMITS}");
     let target = server.addr();
-    for what in ["response", "tunnel"] {
+    for what in ["response", "tunnel", "socks"] {
         let p = Portico::start(&plain).await;
-        let mut c = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
-        let req = match what {
-            "response" => format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"),
-            _ => format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"),
+        let to = if what == "socks" {
+            socks.parse().expect("addr")
+        } else {
+            p.addr()
         };
-        c.write_all(req.as_bytes()).await.expect("request");
+        let mut c = tokio::net::TcpStream::connect(to).await.expect("connect");
         let mut all = Vec::new();
-        if what == "tunnel" {
-            // The tunnel's server speaks once it has heard from the client.
-            all = read_past_head(&mut c, all, 0).await;
-            c.write_all(b"T").await.expect("into the tunnel");
+        match what {
+            "response" => {
+                let req = format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+                c.write_all(req.as_bytes()).await.expect("request");
+            }
+            "tunnel" => {
+                let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+                c.write_all(req.as_bytes()).await.expect("request");
+                // The tunnel's server speaks once it has heard from the client.
+                all = read_past_head(&mut c, all, 0).await;
+                c.write_all(b"T").await.expect("into the tunnel");
+            }
+            _ => {
+                // SOCKS 5: no authentication, CONNECT to the server's IPv4
+                // address; the reply (10 bytes) stands in for a head.
+                let std::net::IpAddr::V4(ip) = target.ip() else {
+                    panic!("IPv4")
+                };
+                let mut req = vec![5, 1, 0, 5, 1, 0, 1];
+                req.extend_from_slice(&ip.octets());
+                req.extend_from_slice(&target.port().to_be_bytes());
+                c.write_all(&req).await.expect("SOCKS request");
+                let mut reply = [0u8; 12];
+                c.read_exact(&mut reply).await.expect("SOCKS replies");
+                assert_eq!((reply[0], reply[1], reply[2], reply[3]), (5, 0, 5, 0), "{reply:?}");
+                c.write_all(b"T").await.expect("into the session");
+                all = b"SOCKS\r\n\r\n".to_vec();
+            }
         }
         let all = read_past_head(&mut c, all, FIRST).await;
         // The reload, in force before the rest is sent.
-        let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
-        let before = reloads(&p);
-        p.rewrite_config(&limited);
-        p.signal(libc::SIGHUP);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while reloads(&p) == before {
-            assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reload_to(&p, &limited).await;
         let start = Instant::now();
         go.notify_one();
         let all = read_past_head(&mut c, all, FIRST + REST).await;
         let took = start.elapsed();
         let end = all.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
-        assert!(all.starts_with(b"HTTP/1.1 200"), "{what}");
         assert_eq!(all.len() - end, FIRST + REST, "{what}");
         assert!(pattern_matches(0, &all[end..]), "{what}");
         assert!(took.as_secs_f64() >= 1.5, "{what}: the last 128 KiB in {took:?}");
     }
+
+    // An HTTP/2 stream (h2c, the reverse listener).
+    let p = Portico::start(&plain).await;
+    let tcp = tokio::net::TcpStream::connect(&reverse).await.expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut send = send.ready().await.expect("ready");
+    let req = http::Request::get(format!("http://{reverse}/x"))
+        .body(())
+        .expect("request");
+    let (resp, _) = send.send_request(req, true).expect("send request");
+    let (parts, mut body) = resp.await.expect("response").into_parts();
+    assert_eq!(parts.status, 200);
+    let mut got = Vec::new();
+    let mut start = None;
+    while let Some(chunk) = body.data().await {
+        let chunk: Bytes = chunk.expect("body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        got.extend_from_slice(&chunk);
+        if got.len() >= FIRST && start.is_none() {
+            reload_to(&p, &limited).await;
+            start = Some(Instant::now());
+            go.notify_one();
+        }
+    }
+    let took = start.expect("the first part").elapsed();
+    assert_eq!(got.len(), FIRST + REST);
+    assert!(pattern_matches(0, &got));
+    assert!(took.as_secs_f64() >= 1.5, "HTTP/2: the last 128 KiB in {took:?}");
 }
 
 /// A client's debt run up at a high rate is cut to a second of the new
