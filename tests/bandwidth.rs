@@ -422,8 +422,10 @@ const FIRST: usize = 32 << 10;
 const REST: usize = 128 << 10;
 
 /// A server that sends 32 KiB, then the rest (128 KiB) once `go` is told:
-/// as an HTTP response (after a request head; not storable) and as a
-/// tunnel's server (after the client's first byte).
+/// as an HTTP response (after a request head; not storable), as a
+/// WebSocket's server (after a request head asking to upgrade: a 101,
+/// then the bytes) and as a tunnel's server (after the client's first
+/// byte).
 async fn stepped_server(go: std::sync::Arc<tokio::sync::Notify>) -> RawOrigin {
     RawOrigin::start(move |mut s| {
         let go = go.clone();
@@ -434,8 +436,13 @@ async fn stepped_server(go: std::sync::Arc<tokio::sync::Notify>) -> RawOrigin {
             if first[0] != b'G' {
                 // Read, not left unread: a close with unread bytes is a reset.
                 let _ = s.read_exact(&mut first).await;
+            } else if String::from_utf8_lossy(&read_request_head(&mut s).await)
+                .to_ascii_lowercase()
+                .contains("upgrade: websocket")
+            {
+                head =
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec();
             } else {
-                read_request_head(&mut s).await;
                 head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\r\n",
                     FIRST + REST
@@ -469,9 +476,9 @@ async fn reload_to(p: &Portico, config: &str) {
 }
 
 /// A reload that sets a limit applies at once to what is being sent: a
-/// response, a `CONNECT` tunnel, a SOCKS session and an HTTP/2 stream
-/// that began unpaced get their last 128 KiB at 64 KiB/s (16 KiB burst:
-/// at least 1.75 s), not at once.
+/// response, a `CONNECT` tunnel, an upgraded (WebSocket) connection, a
+/// SOCKS session and an HTTP/2 stream that began unpaced get their last
+/// 128 KiB at 64 KiB/s (16 KiB burst: at least 1.75 s), not at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
     let go = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -495,7 +502,7 @@ async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
     );
     let limited = format!("{plain}{LIMITS}");
     let target = server.addr();
-    for what in ["response", "tunnel", "socks"] {
+    for what in ["response", "tunnel", "websocket", "socks"] {
         let p = Portico::start(&plain).await;
         let to = if what == "socks" {
             socks.parse().expect("addr")
@@ -507,6 +514,13 @@ async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
         match what {
             "response" => {
                 let req = format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+                c.write_all(req.as_bytes()).await.expect("request");
+            }
+            "websocket" => {
+                let req = format!(
+                    "GET http://{target}/ws HTTP/1.1\r\nHost: {target}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                     Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+                );
                 c.write_all(req.as_bytes()).await.expect("request");
             }
             "tunnel" => {
