@@ -156,9 +156,10 @@ fn now_us() -> u64 {
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
 /// second's worth), at start-up and on every reload. Meters already held
-/// follow at their next write. A client's debt run up at a higher rate (or
-/// none) is cut to a second of the new one, as the total's is
-/// ([`set_total`]): a cut not paid back at the lower rate for minutes.
+/// follow at their next write. When the rate falls (or a limit appears),
+/// each client's debt, run up at the higher rate, is cut to a second of
+/// the new one, so that it is not paid back at the lower rate for minutes;
+/// [`set_total`] does the same for the total's.
 pub(crate) fn set(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
     BURST.store(burst, Ordering::Relaxed);
@@ -175,16 +176,18 @@ pub(crate) fn set(rate: u64, burst: u64) {
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
-/// its burst (0: one second's worth), at start-up and on every reload. A
-/// debt run up at a higher rate is cut to a second of the new one: it is
-/// not paid back at the lower rate for minutes.
+/// its burst (0: one second's worth), at start-up and on every reload.
+/// When the rate falls (or a limit appears), a debt run up at the higher
+/// rate is cut to a second of the new one, as [`set`] does the clients'.
 pub(crate) fn set_total(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
     TOTAL_BURST.store(burst, Ordering::Relaxed);
-    TOTAL_RATE.store(rate, Ordering::Relaxed);
+    let old = TOTAL_RATE.swap(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);
-    let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
-    b.tokens = b.tokens.max(-(rate as f64));
+    if rate > 0 && (old == 0 || rate < old) {
+        let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
+        b.tokens = b.tokens.max(-(rate as f64));
+    }
 }
 
 /// Writes that waited longer for `limits.total_bandwidth` than for their

@@ -17,8 +17,9 @@
 //!
 //! A route's `request_rate` (`[[rule]]`, nginx's `limit_req` in a
 //! `location`) is the same kind of limit for the requests that route
-//! matches: a [`RouteRate`] with buckets of its own, checked once the
-//! request is routed.
+//! matches: a [`RouteRate`] with buckets of its own, taken from once the
+//! request is routed, and looked at (nothing taken) before a request
+//! waits in the connection queue.
 
 use crate::client_table::ClientTable;
 use std::net::IpAddr;
@@ -66,7 +67,7 @@ impl RateTable {
             tokens: burst,
             at_ms: now,
         });
-        take(bucket, now, rate, burst).map_err(|wait_ms| wait_ms.div_ceil(1000).max(1))
+        take(bucket, now, rate, burst).map_err(whole_seconds)
     }
 
     /// Whether the bucket of the client at `ip` has a request now, taking
@@ -79,7 +80,7 @@ impl RateTable {
             return Ok(());
         };
         drop(shard);
-        take(&mut b, now, rate, burst).map_err(|wait_ms| wait_ms.div_ceil(1000).max(1))
+        take(&mut b, now, rate, burst).map_err(whole_seconds)
     }
 }
 
@@ -88,9 +89,16 @@ fn table() -> &'static RateTable {
     TABLE.get_or_init(|| RateTable(ClientTable::new()))
 }
 
+/// A wait in milliseconds as `Retry-After` gives it: whole seconds, at
+/// least 1.
+fn whole_seconds(wait_ms: u64) -> u64 {
+    wait_ms.div_ceil(1000).max(1)
+}
+
 /// A route's `request_rate` and `request_burst` (`[[rule]]`, nginx's
 /// `limit_req` in a `location`): buckets of its own, one a client, kept
-/// by the compiled rules (a reload starts them full).
+/// by the compiled rules (a reload that changes no rule keeps them, one
+/// that changes any starts them full).
 pub struct RouteRate {
     /// The rule that set it, for the log.
     rule: usize,

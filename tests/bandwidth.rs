@@ -621,15 +621,7 @@ async fn a_reload_that_lowers_the_rate_cuts_a_clients_debt_to_a_second() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let waits = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
     assert!(waits > 8, "the eight downloads were not being paced: {waits} waits");
-    let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
-    let before = reloads(&p);
-    p.rewrite_config(&slow);
-    p.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reloads(&p) == before {
-        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    reload_to(&p, &slow).await;
     // 1 KiB behind a debt of at most 8 KiB and the other writes' pieces of
     // 1 KiB: a second or two. With the debt uncut: a minute; with the
     // writes under way still in pieces of the old rate's 64 KiB: 9 s.
@@ -671,16 +663,11 @@ async fn a_reload_that_sets_a_limit_paces_a_disk_hit_under_way() {
         .await
         .expect("request");
     let all = read_past_head(&mut c, Vec::new(), 64 << 10).await;
-    let before = p.stderr().matches("reloaded").count();
-    p.rewrite_config(&format!(
-        "{plain}[limits]\nclient_bandwidth = \"8MiB\"\nclient_bandwidth_burst = \"64KiB\"\n"
-    ));
-    p.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while p.stderr().matches("reloaded").count() == before {
-        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    reload_to(
+        &p,
+        &format!("{plain}[limits]\nclient_bandwidth = \"8MiB\"\nclient_bandwidth_burst = \"64KiB\"\n"),
+    )
+    .await;
     let start = Instant::now();
     let all = read_past_head(&mut c, all, SIZE).await;
     let took = start.elapsed();

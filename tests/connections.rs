@@ -1622,7 +1622,8 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
     .await;
     let p = Portico::start(&format!(
         "[[listener]]\naddress = \"{}\"\n\n[server]\nmax_requests = 1\n\n[cache]\nenabled = false\n\n\
-         [[rule]]\npath = \"/login\"\nrequest_rate = 1\n",
+         [[rule]]\npath = \"/login\"\nrequest_rate = 1\ncontinue = true\n\n\
+         [[rule]]\npath = \"/login/closed\"\ndeny = 403\n",
         free_addr()
     ))
     .await;
@@ -1643,8 +1644,51 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
         took < Duration::from_secs(2),
         "refused after waiting {took:?} for a place"
     );
+    // A rule's own answer comes first, before the queue as after it.
+    let closed = get(&origin, "/login/closed", "Connection: close\r\n");
+    let r = parse_response(&raw_request_from(limited, p.addr(), &closed).await);
+    assert_eq!(r.status, 403);
     assert_eq!(holder.await.expect("slow request"), 200);
     assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
+}
+
+/// A reload that leaves the `[[rule]]` list as it was keeps a route's
+/// buckets (a client over its rate stays over it); one that changes a
+/// rule starts them full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_a_routes_buckets_unless_the_rules_change() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let addr = free_addr();
+    let config = |extra: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[cache]\nenabled = false\n\n\
+             [[rule]]\npath = \"/login\"\nrequest_rate = 1\n{extra}"
+        )
+    };
+    let p = Portico::start(&config("")).await;
+    let limited: std::net::IpAddr = "127.0.0.2".parse().expect("ip");
+    let login = get(&origin, "/login", "Connection: close\r\n");
+    let status = || async { parse_response(&raw_request_from(limited, p.addr(), &login).await).status };
+    assert_eq!((status().await, status().await), (200, 429));
+    let reload = |to: String| {
+        let p = &p;
+        async move {
+            let before = p.stderr().matches("reloaded").count();
+            p.rewrite_config(&to);
+            p.signal(libc::SIGHUP);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while p.stderr().matches("reloaded").count() == before {
+                assert!(std::time::Instant::now() < deadline, "no reload: {}", p.stderr());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // The same rules (another section changed): the bucket is still empty.
+    reload(format!("{}\n[limits]\nheader_timeout = \"9s\"\n", config(""))).await;
+    assert_eq!(status().await, 429);
+    // A rule changed: full buckets.
+    reload(config("request_burst = 2\n")).await;
+    assert_eq!((status().await, status().await), (200, 200));
 }
 
 #[test]

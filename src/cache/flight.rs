@@ -48,9 +48,7 @@ pub struct ReadAheadBudget {
 impl ReadAheadBudget {
     /// A budget of `bytes`.
     pub fn new(bytes: u64) -> ReadAheadBudget {
-        let bytes = usize::try_from(bytes)
-            .unwrap_or(usize::MAX)
-            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let bytes = ReadAheadBudget::size(bytes);
         ReadAheadBudget {
             permits: Arc::new(tokio::sync::Semaphore::new(bytes)),
             bytes,
@@ -61,8 +59,18 @@ impl ReadAheadBudget {
     /// hold of it) when its size is unchanged, else a new one, which the
     /// fetches after the reload share; those under way keep to the old.
     pub fn resized(&self, bytes: u64) -> ReadAheadBudget {
-        let new = ReadAheadBudget::new(bytes);
-        if new.bytes == self.bytes { self.clone() } else { new }
+        if ReadAheadBudget::size(bytes) == self.bytes {
+            self.clone()
+        } else {
+            ReadAheadBudget::new(bytes)
+        }
+    }
+
+    /// The permits a budget of `bytes` holds.
+    fn size(bytes: u64) -> usize {
+        usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS)
     }
 }
 

@@ -446,7 +446,7 @@ fn validate(c: &Config) -> Result<(), Invalid> {
     if c.cache.read_ahead_gap.bytes() > c.cache.read_ahead_memory.bytes() {
         // Blame the key that was written: a gap left at its default is
         // the memory's fault.
-        let default_gap = c.cache.read_ahead_gap == crate::config::CacheConfig::default().read_ahead_gap;
+        let default_gap = c.cache.read_ahead_gap == crate::config::DEFAULT_READ_AHEAD_GAP;
         return Err(if default_gap {
             (
                 vec![Key("cache"), Key("read_ahead_memory")],
@@ -572,14 +572,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
         ("client_request_rate", c.limits.client_request_rate, "no limit"),
         ("client_request_burst", c.limits.client_request_burst, "the rate"),
     ] {
-        if value > 1_000_000 {
-            return Err((vec![Key("limits"), Key(key)], format!("at most 1000000 (0: {zero})")));
-        }
+        requests_limit(value, zero).map_err(|e| (vec![Key("limits"), Key(key)], e))?;
     }
     if c.limits.client_request_burst > 0 && c.limits.client_request_rate == 0 {
         return Err((
             vec![Key("limits"), Key("client_request_burst")],
-            "needs limits.client_request_rate (a burst above no rate limits nothing)".into(),
+            burst_without_rate("limits.client_request_rate"),
         ));
     }
     for (rate, burst, rate_key, burst_key) in [
@@ -596,16 +594,11 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             "total_bandwidth_burst",
         ),
     ] {
-        if rate.bytes() > 0 && rate.bytes() < 1024 {
-            return Err((
-                vec![Key("limits"), Key(rate_key)],
-                "at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB".into(),
-            ));
-        }
+        bandwidth_limit(rate.bytes()).map_err(|e| (vec![Key("limits"), Key(rate_key)], e))?;
         if burst.bytes() > 0 && rate.bytes() == 0 {
             return Err((
                 vec![Key("limits"), Key(burst_key)],
-                format!("needs limits.{rate_key} (a burst above no rate limits nothing)"),
+                burst_without_rate(&format!("limits.{rate_key}")),
             ));
         }
     }
@@ -908,6 +901,29 @@ pub fn tracing_level(name: &str) -> Option<tracing::Level> {
         "trace" => Some(tracing::Level::TRACE),
         _ => None,
     }
+}
+
+/// A bandwidth (`limits.client_bandwidth`, `total_bandwidth`, a rule's
+/// `bandwidth`), in bytes a second: 0 (no limit) or at least 1 KiB.
+pub(crate) fn bandwidth_limit(rate: u64) -> Result<(), String> {
+    if rate > 0 && rate < 1024 {
+        return Err("at least 1KiB a second (0: no limit): writes go in pieces of at least 1 KiB".into());
+    }
+    Ok(())
+}
+
+/// A request rate or burst (`limits.client_request_*`, a rule's
+/// `request_*`): at most a million; `zero` says what 0 means.
+pub(crate) fn requests_limit(value: u32, zero: &str) -> Result<(), String> {
+    if value > 1_000_000 {
+        return Err(format!("at most 1000000 (0: {zero})"));
+    }
+    Ok(())
+}
+
+/// The error of a burst set without the rate it belongs to (`rate_key`).
+pub(crate) fn burst_without_rate(rate_key: &str) -> String {
+    format!("needs {rate_key} (a burst above no rate limits nothing)")
 }
 
 #[cfg(test)]

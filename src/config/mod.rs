@@ -4,7 +4,7 @@
 //! `load` reads and checks a file (errors name the file, line and key);
 //! the types here are the effective configuration the server runs on.
 
-mod load;
+pub(crate) mod load;
 pub mod memory;
 pub mod units;
 
@@ -1358,6 +1358,9 @@ pub struct CacheConfig {
     pub read_ahead_memory: Size,
 }
 
+/// `cache.read_ahead_gap`'s default: 1 MiB, most web objects.
+pub const DEFAULT_READ_AHEAD_GAP: Size = Size(1 << 20);
+
 /// 1/16 of physical memory, between 16MiB and 4GiB.
 fn default_memory_budget() -> Size {
     // SAFETY: sysconf only reads system configuration; it has no
@@ -1409,7 +1412,7 @@ impl Default for CacheConfig {
             quick_abort_min: Size(16 << 10),
             quick_abort_max: Size(16 << 10),
             quick_abort_pct: 95,
-            read_ahead_gap: Size(1 << 20),
+            read_ahead_gap: DEFAULT_READ_AHEAD_GAP,
             read_ahead_memory: Size(64 << 20),
         }
     }

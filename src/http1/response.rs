@@ -219,7 +219,8 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// The most body bytes one write sends: no bound without a bandwidth
-    /// limit, a piece of it with one ([`crate::client_bandwidth::Meter::piece`]).
+    /// limit, a piece of the lowest in force with one (the client's, the
+    /// total's, the route's: [`crate::client_bandwidth::Pacer::piece`]).
     fn piece(&mut self) -> usize {
         // At least a byte: the body loops advance by it.
         self.meter.piece().map_or(usize::MAX, |p| p.max(1))

@@ -404,12 +404,7 @@ impl ListenerHandler {
             && sh.allow.allows(ex.peer.ip())
             && let Err(wait) = crate::client_rate::check(ex.peer.ip())
         {
-            return too_many_requests(
-                ex,
-                wait,
-                "Too many requests from this client (limits.client_request_rate)",
-            )
-            .await;
+            return too_many_requests(ex, wait, CLIENT_RATE_REFUSED).await;
         }
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
@@ -422,7 +417,7 @@ impl ListenerHandler {
             None => {
                 let route_busy = match self.route_before_queue(ex, sh) {
                     Ok(page) => page,
-                    Err(wait) => return too_many_requests(ex, wait, super::ROUTE_RATE_REFUSED).await,
+                    Err(wait) => return too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await,
                 };
                 match queue(ex, &sh.admission, &self.busy, route_busy.as_ref()).await {
                     Ok(p) => Some(p),
@@ -436,11 +431,26 @@ impl ListenerHandler {
     }
 }
 
+/// The page of a request over its client's `limits.client_request_rate`.
+const CLIENT_RATE_REFUSED: &str = "Too many requests from this client (limits.client_request_rate)";
+
+/// The page of a request over its route's `request_rate`.
+const ROUTE_RATE_REFUSED: &str =
+    "Too many requests from this client for this part of the site (a [[rule]] request_rate)";
+
+/// The 429 of a routed request over its route's `request_rate` (taken
+/// from, counted), or None when the route has none or the client's bucket
+/// had a request.
+pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules::Route) -> Option<Outcome> {
+    let wait = route.request_rate.as_ref()?.check(ex.peer.ip()).err()?;
+    Some(too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await)
+}
+
 /// The answer to a request over its client's rate (or its route's):
 /// 429 (RFC 6585 4) with `Retry-After` in seconds and `reason` on the
 /// page, logged as denied. A request with a body is closed after it (its
 /// body is unread), as a busy 503 is.
-pub(super) async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) -> Outcome {
+async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) -> Outcome {
     ex.cache_result = Some(super::ACCESS_DENIED);
     let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
     if has_body {

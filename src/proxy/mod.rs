@@ -310,10 +310,6 @@ impl Shared {
     }
 }
 
-/// The page of a request over its route's `request_rate`.
-pub(crate) const ROUTE_RATE_REFUSED: &str =
-    "Too many requests from this client for this part of the site (a [[rule]] request_rate)";
-
 /// The `Proxy-Authorization` for a request sent to parent group `group`:
 /// the group's fixed credentials (`credentials_file`), else the client's own
 /// when the route passes them (`parent_credentials = "pass"`), else none
@@ -565,10 +561,8 @@ impl ListenerHandler {
                         )
                         .await;
                 }
-                if let Some(rate) = &route.request_rate
-                    && let Err(wait) = rate.check(ex.peer.ip())
-                {
-                    return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
+                if let Some(outcome) = admission::over_route_rate(ex, &route).await {
+                    return outcome;
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
                 let parent_auth = parent.and_then(|g| parent_credentials(sh, g, &route, &client_credentials));
@@ -651,10 +645,8 @@ impl ListenerHandler {
         // Past the answers a rule gives itself (as nginx's `return` comes
         // before `limit_req`). The member in front counted a forwarded
         // request (the check exempts the members' addresses).
-        if let Some(rate) = &route.request_rate
-            && let Err(wait) = rate.check(ex.peer.ip())
-        {
-            return admission::too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await;
+        if let Some(outcome) = admission::over_route_rate(ex, &route).await {
+            return outcome;
         }
         for e in &route.request_headers {
             e.apply(&mut ex.head.headers);

@@ -70,7 +70,11 @@ impl ListenerHandler {
             Ok(Target::Tunnel { host, port }) => (self.tunnel_route(ex, sh, &host, port), true),
             _ => return Ok(None),
         };
-        if let Some(rate) = &route.request_rate {
+        // A rule's own answer (deny, redirect) comes first, as it will.
+        if let Some(rate) = &route.request_rate
+            && route.deny.is_none()
+            && route.redirect.is_none()
+        {
             rate.check_ahead(ex.peer.ip())?;
         }
         Ok(route

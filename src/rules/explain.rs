@@ -304,7 +304,11 @@ fn explain_tunnel(
         );
     }
     if let Some(b) = route.bandwidth.filter(|b| b.rate > 0) {
-        let _ = writeln!(out, "  bandwidth: {} bytes a second towards the client", b.rate);
+        let _ = writeln!(
+            out,
+            "  bandwidth: {} bytes a second towards the client, after its first {} bytes",
+            b.rate, b.after
+        );
     }
     Ok(out)
 }

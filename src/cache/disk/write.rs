@@ -272,8 +272,9 @@ impl WriteState {
         self.body_len += data.len() as u64;
     }
 
-    /// Writes the last body bytes, `rest` (in that order), and the
-    /// trailer (and fsyncs); returns the file size.
+    /// Writes the header and metadata if no body bytes took them yet, the
+    /// last body bytes, `rest` (in that order), and the trailer (and
+    /// fsyncs); returns the file size.
     fn finish(&mut self, rest: [&[u8]; 2], expires: u64) -> io::Result<u64> {
         let mut sum = self.sum.take().ok_or_else(|| io_other("writer already finished"))?;
         for part in rest {
@@ -324,6 +325,8 @@ impl WriteState {
 /// Writes all of `bufs` to `file`, in as few calls as it takes (one, for
 /// a regular file, unless the disk is full).
 fn write_all_vectored(file: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    // Drops leading empty slices: nothing to write makes no call (and no
+    // `WriteZero` from a zero-length write).
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         match file.write_vectored(bufs) {
