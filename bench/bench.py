@@ -940,7 +940,9 @@ done = function(summary, latency, requests)
 end
 """
 
-WRK_RANDOM = r"""
+# What every script that picks URLs at random starts with: the paths, and a
+# random seed of each thread's own.
+WRK_PATHS = r"""
 local paths = {}
 for line in io.lines("%(paths)s") do paths[#paths + 1] = line end
 local counter = 0
@@ -951,44 +953,22 @@ end
 init = function(args)
   math.randomseed(%(seed)d + (tid or 0))
 end
+"""
+
+WRK_RANDOM = WRK_PATHS + r"""
 request = function()
   return wrk.format("GET", paths[math.random(#paths)])
 end
 """
 
-
-WRK_MISS = r"""
-local paths = {}
-for line in io.lines("%(paths)s") do paths[#paths + 1] = "/ns" .. line end
-local counter = 0
-setup = function(thread)
-  counter = counter + 1
-  thread:set("tid", counter)
-end
-init = function(args)
-  math.randomseed(%(seed)d + (tid or 0))
-end
-request = function()
-  return wrk.format("GET", paths[math.random(#paths)])
-end
-"""
-
+# miss scenario: the same paths under /ns/, which the origin serves no-store.
+WRK_MISS = WRK_RANDOM.replace("paths[#paths + 1] = line", 'paths[#paths + 1] = "/ns" .. line')
 
 # store scenario: every request a new URL (a query string no request used before: the
 # thread's number and its own count), for an object the origin says is fresh for 120 s,
 # so every proxy fetches it and stores it.
-WRK_STORE = r"""
-local paths = {}
-for line in io.lines("%(paths)s") do paths[#paths + 1] = line end
-local counter = 0
-setup = function(thread)
-  counter = counter + 1
-  thread:set("tid", counter)
-end
+WRK_STORE = WRK_PATHS + r"""
 local n = 0
-init = function(args)
-  math.randomseed(%(seed)d + (tid or 0))
-end
 request = function()
   n = n + 1
   return wrk.format("GET", paths[math.random(#paths)] .. "?store=" .. (tid or 0) .. "." .. n)
