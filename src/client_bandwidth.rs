@@ -53,28 +53,52 @@ use std::sync::{Arc, Mutex};
 static RATE: AtomicU64 = AtomicU64::new(0);
 /// The bucket's size in bytes.
 static BURST: AtomicU64 = AtomicU64::new(0);
-/// Writes that waited for their client's bandwidth, since start.
-static WAITS: AtomicU64 = AtomicU64::new(0);
-/// Microseconds those writes waited in all, since start.
-static WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// All clients' bytes a second (`limits.total_bandwidth`); 0: no limit.
 static TOTAL_RATE: AtomicU64 = AtomicU64::new(0);
 /// The shared bucket's size in bytes.
 static TOTAL_BURST: AtomicU64 = AtomicU64::new(0);
-/// Writes that waited longer for the total than for their client's share.
-static TOTAL_WAITS: AtomicU64 = AtomicU64::new(0);
-/// Microseconds those writes waited in all.
-static TOTAL_WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// Writes waiting on the total now.
 static TOTAL_PACING: AtomicU64 = AtomicU64::new(0);
-/// Writes that waited longer for their route's `bandwidth` than for the
-/// client's and the total's.
-static ROUTE_WAITS: AtomicU64 = AtomicU64::new(0);
-/// Microseconds those writes waited in all.
-static ROUTE_WAITED_US: AtomicU64 = AtomicU64::new(0);
 /// Bumped by every [`set`] and [`set_total`]: a [`Pacer`] looks its
 /// client's meter up again when it has changed.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Writes that waited for one of the limits (the one they owed longest
+/// to), and how long in all, since start.
+#[derive(Debug)]
+pub struct Waits {
+    count: AtomicU64,
+    us: AtomicU64,
+}
+
+impl Waits {
+    const fn new() -> Waits {
+        Waits {
+            count: AtomicU64::new(0),
+            us: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, us: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// The writes that waited, and the microseconds they waited in all.
+    pub fn read(&self) -> (u64, u64) {
+        (self.count.load(Ordering::Relaxed), self.us.load(Ordering::Relaxed))
+    }
+}
+
+/// Writes that waited longest for their client's share
+/// (`limits.client_bandwidth`).
+pub static CLIENT_WAITS: Waits = Waits::new();
+/// Writes that waited longer for `limits.total_bandwidth` than for their
+/// client's share.
+pub static TOTAL_WAITS: Waits = Waits::new();
+/// Writes that waited longer for their route's `bandwidth` than for the
+/// client's and the total's.
+pub static ROUTE_WAITS: Waits = Waits::new();
 
 /// The smallest piece a paced write is cut into.
 const MIN_PIECE: usize = 1 << 10;
@@ -188,38 +212,6 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
         let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
         b.tokens = b.tokens.max(-(rate as f64));
     }
-}
-
-/// Writes that waited longer for `limits.total_bandwidth` than for their
-/// client's share, since start.
-pub fn total_waits() -> u64 {
-    TOTAL_WAITS.load(Ordering::Relaxed)
-}
-
-/// Microseconds those writes waited in all, since start.
-pub fn total_waited_us() -> u64 {
-    TOTAL_WAITED_US.load(Ordering::Relaxed)
-}
-
-/// Writes that waited longer for their route's `bandwidth` than for the
-/// client's and the total's, since start.
-pub fn route_waits() -> u64 {
-    ROUTE_WAITS.load(Ordering::Relaxed)
-}
-
-/// Microseconds those writes waited in all, since start.
-pub fn route_waited_us() -> u64 {
-    ROUTE_WAITED_US.load(Ordering::Relaxed)
-}
-
-/// Writes that waited for their client's bandwidth, since start.
-pub fn waits() -> u64 {
-    WAITS.load(Ordering::Relaxed)
-}
-
-/// Microseconds those writes waited in all, since start.
-pub fn waited_us() -> u64 {
-    WAITED_US.load(Ordering::Relaxed)
 }
 
 /// The meter the writes to a client at `ip` go through: None when no rate
@@ -416,13 +408,12 @@ impl Pacer {
         if wait_us == 0 {
             return true;
         }
-        let (waits, waited) = if shared.wait_us >= route_us {
-            shared.counters
+        let waits = if shared.wait_us >= route_us {
+            shared.waits
         } else {
-            (&ROUTE_WAITS, &ROUTE_WAITED_US)
+            &ROUTE_WAITS
         };
-        waits.fetch_add(1, Ordering::Relaxed);
-        waited.fetch_add(wait_us, Ordering::Relaxed);
+        waits.add(wait_us);
         let _pacing = shared.on_total.then(Pacing::new);
         tokio::time::sleep(std::time::Duration::from_micros(wait_us)).await;
         true
@@ -433,9 +424,9 @@ impl Pacer {
 struct Debt {
     /// Microseconds to wait before sending: the longer of the two debts.
     wait_us: u64,
-    /// Where a wait counts (how many, and the microseconds in all): the
-    /// total's when its debt was the longer, else the client's.
-    counters: (&'static AtomicU64, &'static AtomicU64),
+    /// Where a wait counts: the total's when its debt was the longer,
+    /// else the client's.
+    waits: &'static Waits,
     /// The write took from the total and owes it.
     on_total: bool,
 }
@@ -443,7 +434,7 @@ struct Debt {
 impl Debt {
     const NONE: Debt = Debt {
         wait_us: 0,
-        counters: (&WAITS, &WAITED_US),
+        waits: &CLIENT_WAITS,
         on_total: false,
     };
 }
@@ -501,11 +492,7 @@ impl Meter {
         };
         Debt {
             wait_us: own_us.max(total_us),
-            counters: if total_us > own_us {
-                (&TOTAL_WAITS, &TOTAL_WAITED_US)
-            } else {
-                (&WAITS, &WAITED_US)
-            },
+            waits: if total_us > own_us { &TOTAL_WAITS } else { &CLIENT_WAITS },
             on_total: total_us > 0,
         }
     }

@@ -466,20 +466,6 @@ async fn stepped_server(go: std::sync::Arc<tokio::sync::Notify>) -> RawOrigin {
     .await
 }
 
-/// Rewrites `p`'s config to `config`, signals a reload and waits until
-/// it is in force.
-async fn reload_to(p: &Portico, config: &str) {
-    let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
-    let before = reloads(p);
-    p.rewrite_config(config);
-    p.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reloads(p) == before {
-        assert!(Instant::now() < deadline, "no reload: {}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A reload that sets a limit applies at once to what is being sent: a
 /// response, a `CONNECT` tunnel, an upgraded (WebSocket) connection, a
 /// SOCKS session and an HTTP/2 stream that began unpaced get their last
@@ -554,7 +540,7 @@ async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
         }
         let all = read_past_head(&mut c, all, FIRST).await;
         // The reload, in force before the rest is sent.
-        reload_to(&p, &limited).await;
+        p.reload(&limited).await;
         let start = Instant::now();
         go.notify_one();
         let all = read_past_head(&mut c, all, FIRST + REST).await;
@@ -586,7 +572,7 @@ async fn a_reload_that_sets_a_limit_paces_what_is_under_way() {
         let _ = body.flow_control().release_capacity(chunk.len());
         got.extend_from_slice(&chunk);
         if got.len() >= FIRST && start.is_none() {
-            reload_to(&p, &limited).await;
+            p.reload(&limited).await;
             start = Some(Instant::now());
             go.notify_one();
         }
@@ -626,7 +612,7 @@ async fn a_reload_that_lowers_the_rate_cuts_a_clients_debt_to_a_second() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let waits = metric(&p, "portico_connection_queue_client_bandwidth_waits_total").await;
     assert!(waits > 8, "the eight downloads were not being paced: {waits} waits");
-    reload_to(&p, &slow).await;
+    p.reload(&slow).await;
     // 1 KiB behind a debt of at most 8 KiB and the other writes' pieces of
     // 1 KiB: a second or two. With the debt uncut: a minute; with the
     // writes under way still in pieces of the old rate's 64 KiB: 9 s.
@@ -668,10 +654,9 @@ async fn a_reload_that_sets_a_limit_paces_a_disk_hit_under_way() {
         .await
         .expect("request");
     let all = read_past_head(&mut c, Vec::new(), 64 << 10).await;
-    reload_to(
-        &p,
-        &format!("{plain}[limits]\nclient_bandwidth = \"8MiB\"\nclient_bandwidth_burst = \"64KiB\"\n"),
-    )
+    p.reload(&format!(
+        "{plain}[limits]\nclient_bandwidth = \"8MiB\"\nclient_bandwidth_burst = \"64KiB\"\n"
+    ))
     .await;
     let start = Instant::now();
     let all = read_past_head(&mut c, all, SIZE).await;

@@ -653,3 +653,24 @@ async fn slapd_serves_users_groups_tls_and_can_be_stopped_and_restarted() {
         "SIGCONT resumes it"
     );
 }
+
+/// `reload` returns once the new config is in force: the very next
+/// request gets the new rule's response header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_returns_with_the_new_config_in_force() {
+    let origin = echo_origin().await;
+    let config = |value: &str| {
+        format!(
+            "[[listener]]\naddress = \"{{addr}}\"\n\n[[rule]]\nresponse_headers = {{ set = {{ X-Config = \"{value}\" }} }}\n"
+        )
+    };
+    let addr = free_addr();
+    let p = Portico::start(&config("one").replace("{addr}", &addr)).await;
+    let header = || async {
+        let r = parse_response(&raw_request(p.addr(), &get(&format!("{}/x", origin.url()), "")).await);
+        r.header("x-config").map(str::to_string)
+    };
+    assert_eq!(header().await.as_deref(), Some("one"));
+    p.reload(&config("two").replace("{addr}", &addr)).await;
+    assert_eq!(header().await.as_deref(), Some("two"));
+}

@@ -473,6 +473,10 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
     sessions.peak = q.in_service_peak as u64;
     sessions.limit = Some(q.max_requests as u64);
     sessions.waited = Some(q.total_queued);
+    use crate::client_bandwidth::{CLIENT_WAITS, ROUTE_WAITS, TOTAL_WAITS};
+    let (client_waits, client_wait_us) = CLIENT_WAITS.read();
+    let (total_waits, total_wait_us) = TOTAL_WAITS.read();
+    let (route_waits, route_wait_us) = ROUTE_WAITS.read();
     let connection_queue = stats::ConnectionQueueInfo {
         current: q.current as u64,
         peak: q.peak as u64,
@@ -490,12 +494,12 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         client_limited: crate::client_limit::refused(),
         client_rate_limited: crate::client_rate::refused(),
         route_rate_limited: crate::client_rate::route_refused(),
-        client_bandwidth_waits: crate::client_bandwidth::waits(),
-        client_bandwidth_wait_us: crate::client_bandwidth::waited_us(),
-        total_bandwidth_waits: crate::client_bandwidth::total_waits(),
-        total_bandwidth_wait_us: crate::client_bandwidth::total_waited_us(),
-        route_bandwidth_waits: crate::client_bandwidth::route_waits(),
-        route_bandwidth_wait_us: crate::client_bandwidth::route_waited_us(),
+        client_bandwidth_waits: client_waits,
+        client_bandwidth_wait_us: client_wait_us,
+        total_bandwidth_waits: total_waits,
+        total_bandwidth_wait_us: total_wait_us,
+        route_bandwidth_waits: route_waits,
+        route_bandwidth_wait_us: route_wait_us,
     };
     let k = sh.keepalive.snapshot();
     let keepalive = stats::KeepAliveInfo {

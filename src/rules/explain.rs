@@ -140,10 +140,17 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     if let Some(b) = &route.busy_body {
         let _ = writeln!(out, "  busy body: {} bytes", b.len());
     }
+    describe_limits(&mut out, &route, "", "per response");
+    Ok(out)
+}
+
+/// The route's `request_rate` and `bandwidth`, as `rules test` prints
+/// them: `counted` after the rate, `paced` what the bandwidth applies to.
+fn describe_limits(out: &mut String, route: &Route, counted: &str, paced: &str) {
     if let Some(r) = &route.request_rate {
         let _ = writeln!(
             out,
-            "  request rate: {} a second per client, burst {}",
+            "  request rate: {} a second per client, burst {}{counted}",
             r.rate(),
             r.burst()
         );
@@ -152,19 +159,16 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
         Some(b) if b.rate == 0 => {
             let _ = writeln!(out, "  bandwidth: no limit");
         }
-        Some(b) if b.after > 0 => {
-            let _ = writeln!(
-                out,
-                "  bandwidth: {} bytes a second per response, after its first {} bytes",
-                b.rate, b.after
-            );
-        }
         Some(b) => {
-            let _ = writeln!(out, "  bandwidth: {} bytes a second per response", b.rate);
+            let after = if b.after > 0 {
+                format!(", after its first {} bytes", b.after)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "  bandwidth: {} bytes a second {paced}{after}", b.rate);
         }
         None => {}
     }
-    Ok(out)
 }
 
 /// A listener mode as written in the config.
@@ -295,20 +299,6 @@ fn explain_tunnel(
         let text: Vec<String> = route.response_headers.iter().map(|e| e.describe()).collect();
         let _ = writeln!(out, "  response headers: {}", text.join("; "));
     }
-    if let Some(r) = &route.request_rate {
-        let _ = writeln!(
-            out,
-            "  request rate: {} a second per client, burst {} (the CONNECT counts once)",
-            r.rate(),
-            r.burst()
-        );
-    }
-    if let Some(b) = route.bandwidth.filter(|b| b.rate > 0) {
-        let _ = writeln!(
-            out,
-            "  bandwidth: {} bytes a second towards the client, after its first {} bytes",
-            b.rate, b.after
-        );
-    }
+    describe_limits(&mut out, &route, " (the CONNECT counts once)", "towards the client");
     Ok(out)
 }

@@ -337,6 +337,21 @@ impl Portico {
         fs::write(&self.config_path, text).expect("rewrite portico.toml");
     }
 
+    /// Rewrites the config to `config_toml` ([`Portico::rewrite_config`]),
+    /// signals a reload (SIGHUP) and waits until Portico says it is in
+    /// force (panics after 10 s).
+    pub async fn reload(&self, config_toml: &str) {
+        let reloads = |p: &Portico| p.stderr().matches("reloaded").count();
+        let before = reloads(self);
+        self.rewrite_config(config_toml);
+        self.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while reloads(self) == before {
+            assert!(Instant::now() < deadline, "no reload: {}", self.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The first listener's address (panics if the config had none).
     pub fn addr(&self) -> SocketAddr {
         *self.listeners.first().expect("config has no [[listener]]")

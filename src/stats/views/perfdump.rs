@@ -73,27 +73,25 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(o, "{:<40} {}", "Closed Over Client Limit", q.client_limited);
             let _ = writeln!(o, "{:<40} {}", "Refused Over Client Rate", q.client_rate_limited);
             let _ = writeln!(o, "{:<40} {}", "Refused Over Route Rate", q.route_rate_limited);
-            let _ = writeln!(
-                o,
-                "{:<40} {} ({} ms)",
-                "Waits Over Client Bandwidth",
-                q.client_bandwidth_waits,
-                q.client_bandwidth_wait_us / 1000
-            );
-            let _ = writeln!(
-                o,
-                "{:<40} {} ({} ms)",
-                "Waits Over Total Bandwidth",
-                q.total_bandwidth_waits,
-                q.total_bandwidth_wait_us / 1000
-            );
-            let _ = writeln!(
-                o,
-                "{:<40} {} ({} ms)",
-                "Waits Over Route Bandwidth",
-                q.route_bandwidth_waits,
-                q.route_bandwidth_wait_us / 1000
-            );
+            for (label, waits, us) in [
+                (
+                    "Waits Over Client Bandwidth",
+                    q.client_bandwidth_waits,
+                    q.client_bandwidth_wait_us,
+                ),
+                (
+                    "Waits Over Total Bandwidth",
+                    q.total_bandwidth_waits,
+                    q.total_bandwidth_wait_us,
+                ),
+                (
+                    "Waits Over Route Bandwidth",
+                    q.route_bandwidth_waits,
+                    q.route_bandwidth_wait_us,
+                ),
+            ] {
+                let _ = writeln!(o, "{label:<40} {waits} ({} ms)", us / 1000);
+            }
             let _ = writeln!(
                 o,
                 "{:<40} {:.2}, {:.2}, {:.2}",
