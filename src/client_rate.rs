@@ -19,7 +19,10 @@
 //! `location`) is the same kind of limit for the requests that route
 //! matches: a [`RouteRate`] with buckets of its own, taken from once the
 //! request is routed, and looked at (nothing taken) before a request
-//! waits in the connection queue.
+//! waits in the connection queue. Its `total_request_rate` (nginx's
+//! `limit_req` keyed by `$server_name`) is one bucket for all clients
+//! together, to spare a backend that can take only so much: a request
+//! past it gets 503, not 429, since its client may have asked only once.
 
 use crate::client_table::ClientTable;
 use std::net::IpAddr;
@@ -46,6 +49,10 @@ struct Bucket {
 static ROUTE_REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last of those was logged.
 static ROUTE_LOGGED: AtomicU64 = AtomicU64::new(0);
+/// Requests refused for their route's `total_request_rate`, since start.
+static ROUTE_TOTAL_REFUSED: AtomicU64 = AtomicU64::new(0);
+/// When the last of those was logged.
+static ROUTE_TOTAL_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 /// Buckets of requests, one a client: the global limit's, and each
 /// route's.
@@ -82,6 +89,15 @@ impl RateTable {
         drop(shard);
         take(&mut b, now, rate, burst).map_err(whole_seconds)
     }
+
+    /// Gives back the request [`RateTable::take`] took from the client at
+    /// `ip` (another limit refused it after all).
+    fn give_back(&self, ip: IpAddr, burst: f64) {
+        let key = crate::client_limit::key(ip);
+        if let Some(b) = self.0.shard(key).entries.get_mut(&key) {
+            b.tokens = (b.tokens + 1.0).min(burst);
+        }
+    }
 }
 
 fn table() -> &'static RateTable {
@@ -96,15 +112,70 @@ fn whole_seconds(wait_ms: u64) -> u64 {
 }
 
 /// A route's `request_rate` and `request_burst` (`[[rule]]`, nginx's
-/// `limit_req` in a `location`): buckets of its own, one a client, kept
-/// by the compiled rules (a reload that changes no rule keeps them, one
-/// that changes any starts them full).
+/// `limit_req` in a `location`): buckets of its own, one a client; or its
+/// `total_request_rate` and `total_request_burst`: one bucket for all
+/// clients. Kept by the compiled rules (a reload that changes no rule
+/// keeps them, one that changes any starts them full).
 pub struct RouteRate {
     /// The rule that set it, for the log.
     rule: usize,
     rate: f64,
     burst: f64,
-    table: RateTable,
+    buckets: Buckets,
+}
+
+/// A route's buckets: one a client, or one for all.
+enum Buckets {
+    PerClient(Box<RateTable>),
+    Total(std::sync::Mutex<Bucket>),
+}
+
+/// Why a route's rates refused a request, with the seconds until it
+/// would have been let through (at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteRefusal {
+    /// Its client's bucket (`request_rate`) is empty: 429.
+    Client(u64),
+    /// The bucket of all clients (`total_request_rate`) is empty: 503.
+    Total(u64),
+}
+
+/// Counts a request from `ip` against its route's `request_rate`
+/// (`client`) and `total_request_rate` (`total`). A request the total
+/// refuses gives its client's request back: it was not served.
+pub(crate) fn check_route(
+    client: Option<&RouteRate>,
+    total: Option<&RouteRate>,
+    ip: IpAddr,
+) -> Result<(), RouteRefusal> {
+    if let Some(c) = client {
+        c.check(ip).map_err(RouteRefusal::Client)?;
+    }
+    if let Some(t) = total
+        && let Err(wait) = t.check(ip)
+    {
+        if let Some(c) = client {
+            c.give_back(ip);
+        }
+        return Err(RouteRefusal::Total(wait));
+    }
+    Ok(())
+}
+
+/// [`check_route`] that takes nothing, for a request about to wait for a
+/// service place.
+pub(crate) fn check_route_ahead(
+    client: Option<&RouteRate>,
+    total: Option<&RouteRate>,
+    ip: IpAddr,
+) -> Result<(), RouteRefusal> {
+    if let Some(c) = client {
+        c.check_ahead(ip).map_err(RouteRefusal::Client)?;
+    }
+    if let Some(t) = total {
+        t.check_ahead(ip).map_err(RouteRefusal::Total)?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for RouteRate {
@@ -113,6 +184,7 @@ impl std::fmt::Debug for RouteRate {
             .field("rule", &self.rule)
             .field("rate", &self.rate)
             .field("burst", &self.burst)
+            .field("total", &self.is_total())
             .finish()
     }
 }
@@ -126,8 +198,24 @@ impl RouteRate {
             rule,
             rate: f64::from(rate.max(1)),
             burst: f64::from(burst),
-            table: RateTable(ClientTable::new()),
+            buckets: Buckets::PerClient(Box::new(RateTable(ClientTable::new()))),
         }
+    }
+
+    /// `rate` requests a second for all clients together, a bucket of
+    /// `burst` (0: the rate), for rule `rule`.
+    pub fn total(rule: usize, rate: u32, burst: u32) -> RouteRate {
+        let mut r = RouteRate::new(rule, rate, burst);
+        r.buckets = Buckets::Total(std::sync::Mutex::new(Bucket {
+            tokens: r.burst,
+            at_ms: now_ms(),
+        }));
+        r
+    }
+
+    /// Whether its bucket is one for all clients (`total_request_rate`).
+    pub fn is_total(&self) -> bool {
+        matches!(self.buckets, Buckets::Total(_))
     }
 
     /// Requests a second.
@@ -148,7 +236,13 @@ impl RouteRate {
         if crate::client_limit::is_exempt(ip) {
             return Ok(());
         }
-        let taken = self.table.take(ip, self.rate, self.burst);
+        let taken = match &self.buckets {
+            Buckets::PerClient(t) => t.take(ip, self.rate, self.burst),
+            Buckets::Total(b) => {
+                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+                take(&mut b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
+            }
+        };
         self.refused_if(ip, taken)
     }
 
@@ -159,8 +253,25 @@ impl RouteRate {
         if crate::client_limit::is_exempt(ip) {
             return Ok(());
         }
-        let has = self.table.peek(ip, self.rate, self.burst);
+        let has = match &self.buckets {
+            Buckets::PerClient(t) => t.peek(ip, self.rate, self.burst),
+            Buckets::Total(b) => {
+                let mut b = *b.lock().unwrap_or_else(|e| e.into_inner());
+                take(&mut b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
+            }
+        };
         self.refused_if(ip, has)
+    }
+
+    /// Gives back a request [`RouteRate::check`] took from `ip`.
+    fn give_back(&self, ip: IpAddr) {
+        match &self.buckets {
+            Buckets::PerClient(t) => t.give_back(ip, self.burst),
+            Buckets::Total(b) => {
+                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+                b.tokens = (b.tokens + 1.0).min(self.burst);
+            }
+        }
     }
 
     /// A refusal, counted and logged; Ok passes through.
@@ -168,6 +279,21 @@ impl RouteRate {
         let Err(wait) = r else {
             return Ok(());
         };
+        if self.is_total() {
+            ROUTE_TOTAL_REFUSED.fetch_add(1, Ordering::Relaxed);
+            if crate::client_limit::log_due(&ROUTE_TOTAL_LOGGED) {
+                tracing::warn!(
+                    client = %ip,
+                    "request refused with 503: rule[{}].total_request_rate = {} a second for all clients \
+                     together is spent (burst {}; logged at most once a second; counted as the perfdump's \
+                     Refused Over Route Total Rate)",
+                    self.rule,
+                    self.rate,
+                    self.burst
+                );
+            }
+            return Err(wait);
+        }
         ROUTE_REFUSED.fetch_add(1, Ordering::Relaxed);
         if crate::client_limit::log_due(&ROUTE_LOGGED) {
             tracing::warn!(
@@ -186,6 +312,11 @@ impl RouteRate {
 /// Requests refused for their route's `request_rate`, since start.
 pub fn route_refused() -> u64 {
     ROUTE_REFUSED.load(Ordering::Relaxed)
+}
+
+/// Requests refused for their route's `total_request_rate`, since start.
+pub fn route_total_refused() -> u64 {
+    ROUTE_TOTAL_REFUSED.load(Ordering::Relaxed)
 }
 
 /// Milliseconds since the table's first use.
@@ -295,6 +426,30 @@ mod tests {
         assert_eq!(login.check_ahead(c), Ok(()), "no bucket yet: a full one");
         assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Ok(())));
         assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Err(1)));
+    }
+
+    #[test]
+    fn a_routes_total_is_one_bucket_for_all_and_gives_back_what_the_client_spent() {
+        let per_client = RouteRate::new(0, 1, 2);
+        let total = RouteRate::total(0, 1, 2);
+        let (a, b, c) = (
+            "203.0.113.11".parse().unwrap(),
+            "203.0.113.12".parse().unwrap(),
+            "203.0.113.13".parse().unwrap(),
+        );
+        let both = |ip| check_route(Some(&per_client), Some(&total), ip);
+        assert_eq!((both(a), both(b)), (Ok(()), Ok(())), "the total's burst of 2");
+        // A third client has requests of its own but none are left for all.
+        assert_eq!(
+            check_route_ahead(Some(&per_client), Some(&total), c),
+            Err(RouteRefusal::Total(1))
+        );
+        assert_eq!(both(c), Err(RouteRefusal::Total(1)));
+        // Refused by the total, c was not served: its own bucket is full.
+        assert_eq!(check_route(Some(&per_client), None, c), Ok(()));
+        assert_eq!(check_route(Some(&per_client), None, c), Ok(()));
+        assert_eq!(both(c), Err(RouteRefusal::Client(1)), "its own burst is spent now");
+        assert!(total.is_total() && !per_client.is_total());
     }
 
     #[test]

@@ -68,6 +68,8 @@ const UNPRINTED_KEYS: &[&str] = &[
     "rule.bandwidth_after",
     "rule.request_rate",
     "rule.request_burst",
+    "rule.total_request_rate",
+    "rule.total_request_burst",
     "acl_list.name",
     "acl_list.file",
     "acl_list.kind",

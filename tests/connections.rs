@@ -1652,6 +1652,69 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
     assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
 }
 
+/// A `[[rule]]`'s `total_request_rate` (nginx's `limit_req` keyed by
+/// `$server_name`): one bucket for all the route's clients, past which a
+/// request gets 503 with `Retry-After`, whoever sends it. A client's own
+/// `request_rate` is counted first (its 429 takes nothing from the
+/// total), and a request the total refuses gives its client's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
+         [cache]\nenabled = false\n\n\
+         [[rule]]\npath = \"/search\"\nrequest_rate = 1\nrequest_burst = 2\ntotal_request_rate = 1\ntotal_request_burst = 2\n",
+        free_addr()
+    ))
+    .await;
+    let (first, second): (std::net::IpAddr, std::net::IpAddr) =
+        ("127.0.0.3".parse().expect("ip"), "127.0.0.2".parse().expect("ip"));
+    let mut a = RawClient::connect_from(first, p.addr()).await;
+    let mut b = RawClient::connect_from(second, p.addr()).await;
+    let mut statuses = Vec::new();
+    for (from_first, path) in [
+        (true, "/search"),
+        (true, "/search"),
+        (true, "/search"),
+        (false, "/search"),
+        (false, "/search"),
+        (false, "/search"),
+        (false, "/home"),
+    ] {
+        let c = if from_first { &mut a } else { &mut b };
+        c.send(&get(&origin, path, "")).await;
+        let r = c.read_response().await;
+        if r.status == 503 {
+            assert_eq!(r.header("retry-after"), Some("1"));
+            assert!(r.body_str().contains("total_request_rate"), "{}", r.body_str());
+        }
+        statuses.push(r.status);
+    }
+    // The first client spends the total's burst of 2, then its own bucket
+    // refuses it (429), taking nothing from the total. The second client,
+    // which never had a request served, gets 503 each time: its own
+    // bucket (2) is given back each time, or the third would be a 429.
+    // Another route is served.
+    assert_eq!(statuses, [200, 200, 429, 503, 503, 503, 200]);
+    assert_eq!(origin.count(), 3, "a refused request reached the origin");
+    // A second later the bucket has a request again, for either client.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    b.send(&get(&origin, "/search", "")).await;
+    assert_eq!(b.read_response().await.status, 200);
+    let reported = refusals_reported(
+        &p,
+        "Refused Over Route Total Rate",
+        "portico_connection_queue_route_total_rate_limited_total",
+        "route-total-request-rate",
+        "rule[0].total_request_rate = 1",
+    )
+    .await;
+    assert_eq!(reported, 3);
+    assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
+    let access = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
+    assert_eq!(access.matches("\" 503 ").count(), 3, "{access}");
+}
+
 /// A reload that leaves the `[[rule]]` list as it was keeps a route's
 /// buckets (a client over its rate stays over it); one that changes a
 /// rule starts them full.
@@ -1685,6 +1748,8 @@ fn a_routes_request_burst_without_a_rate_or_a_rate_over_a_million_is_refused() {
         ("request_burst = 10", "rule[0].request_burst"),
         ("request_rate = 0\nrequest_burst = 10", "rule[0].request_burst"),
         ("request_rate = 1000001", "rule[0].request_rate"),
+        ("total_request_burst = 10", "rule[0].total_request_burst"),
+        ("total_request_rate = 1000001", "rule[0].total_request_rate"),
     ] {
         let out = Portico::check(&format!("[[rule]]\npath = \"/\"\n{rule}\n"));
         let err = String::from_utf8_lossy(&out.stderr);

@@ -548,6 +548,8 @@ busy_body = "busy"
 bandwidth = "1MiB"
 bandwidth_after = "4MiB"
 request_rate = 5
+total_request_rate = 100
+total_request_burst = 150
 
 [[rule]]
 client = "10.0.0.0/8"
@@ -589,6 +591,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "  busy body: 4 bytes".into(),
         "  bandwidth: 1048576 bytes a second per response, after its first 4194304 bytes".into(),
         "  request rate: 5 a second per client, burst 5".into(),
+        "  request rate: 100 a second for all clients, burst 150".into(),
     ] {
         assert!(s.contains(&want), "want {want:?} in:\n{s}");
     }
@@ -600,7 +603,7 @@ redirect = { to = "https://new.test/", status = 308 }
         "10.2.3.4",
     ]);
     assert!(
-        s.contains(&format!("matched rule 2 ({p}:27): client = [\"10.0.0.0/8\"]")),
+        s.contains(&format!("matched rule 2 ({p}:29): client = [\"10.0.0.0/8\"]")),
         "{s}"
     );
     assert!(s.contains("  deny: 403"), "{s}");

@@ -943,6 +943,13 @@ pub struct RuleConfig {
     /// The size of each client's bucket on the route (`0`: the rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_burst: Option<u32>,
+    /// Requests a second all clients together may make to the route
+    /// (nginx's `limit_req` keyed by `$server_name`); `0`: no such limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_request_rate: Option<u32>,
+    /// The size of the route's one bucket for all clients (`0`: the rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_request_burst: Option<u32>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -417,7 +417,7 @@ impl ListenerHandler {
             None => {
                 let route_busy = match self.route_before_queue(ex, sh) {
                     Ok(page) => page,
-                    Err(wait) => return too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await,
+                    Err(refusal) => return refuse_for_route_rate(ex, refusal).await,
                 };
                 match queue(ex, &sh.admission, &self.busy, route_busy.as_ref()).await {
                     Ok(p) => Some(p),
@@ -438,12 +438,36 @@ const CLIENT_RATE_REFUSED: &str = "Too many requests from this client (limits.cl
 const ROUTE_RATE_REFUSED: &str =
     "Too many requests from this client for this part of the site (a [[rule]] request_rate)";
 
-/// The 429 of a routed request over its route's `request_rate` (taken
+/// The page of a request over its route's `total_request_rate`.
+const ROUTE_TOTAL_RATE_REFUSED: &str =
+    "This part of the site is taking too many requests from all its clients (a [[rule]] total_request_rate)";
+
+/// The 429 of a routed request over its route's `request_rate`, or the
+/// 503 of one over its `total_request_rate` (taken
 /// from, counted), or None when the route has none or the client's bucket
 /// had a request.
 pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules::Route) -> Option<Outcome> {
-    let wait = route.request_rate.as_ref()?.check(ex.peer.ip()).err()?;
-    Some(too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await)
+    let refusal = route.check_rates(ex.peer.ip()).err()?;
+    Some(refuse_for_route_rate(ex, refusal).await)
+}
+
+/// The answer to a request its route's rates refused: 429 for its
+/// client's bucket; 503 for the bucket of all clients, which the client
+/// may not have overdrawn (RFC 9110 15.6.4: a temporary overload).
+async fn refuse_for_route_rate(ex: &mut Exchange<'_>, refusal: crate::client_rate::RouteRefusal) -> Outcome {
+    use crate::client_rate::RouteRefusal;
+    match refusal {
+        RouteRefusal::Client(wait) => too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await,
+        RouteRefusal::Total(wait) => {
+            refuse_with_retry(
+                ex,
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                wait,
+                ROUTE_TOTAL_RATE_REFUSED,
+            )
+            .await
+        }
+    }
 }
 
 /// The answer to a request over its client's rate (or its route's):
@@ -451,6 +475,12 @@ pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules:
 /// page, logged as denied. A request with a body is closed after it (its
 /// body is unread), as a busy 503 is.
 async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) -> Outcome {
+    refuse_with_retry(ex, http::StatusCode::TOO_MANY_REQUESTS, wait_secs, reason).await
+}
+
+/// A refusal with `status`, `Retry-After` in seconds and `reason` on the
+/// page, logged as denied; closed after it when the request has a body.
+async fn refuse_with_retry(ex: &mut Exchange<'_>, status: http::StatusCode, wait_secs: u64, reason: &str) -> Outcome {
     ex.cache_result = Some(super::ACCESS_DENIED);
     let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
     if has_body {
@@ -458,7 +488,7 @@ async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) 
     }
     let mut headers = http::HeaderMap::new();
     headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait_secs));
-    let sent = reply::error_page_with(&mut ex.out, http::StatusCode::TOO_MANY_REQUESTS, reason, headers).await;
+    let sent = reply::error_page_with(&mut ex.out, status, reason, headers).await;
     if has_body || sent.is_err() {
         Outcome::Close
     } else {

@@ -57,12 +57,17 @@ impl ListenerHandler {
 
     /// For a request that found every service place taken, before it
     /// waits in the connection queue: its route's busy page, if its rules
-    /// name one (`busy_body`), and Err(seconds) when its route's
-    /// `request_rate` has no request for its client now (it is refused at
-    /// once rather than after its wait; [`crate::client_rate::RouteRate::check_ahead`]
-    /// takes nothing, the request is counted once it is routed for good).
+    /// name one (`busy_body`), and Err when its route's `request_rate`
+    /// has no request for its client now, or its `total_request_rate`
+    /// none for anyone (it is refused at once rather than after its wait;
+    /// [`crate::rules::Route::check_rates_ahead`] takes nothing, the
+    /// request is counted once it is routed for good).
     /// Only this path pays for routing twice.
-    pub(super) fn route_before_queue(&self, ex: &Exchange<'_>, sh: &Shared) -> Result<Option<reply::BusyPage>, u64> {
+    pub(super) fn route_before_queue(
+        &self,
+        ex: &Exchange<'_>,
+        sh: &Shared,
+    ) -> Result<Option<reply::BusyPage>, crate::client_rate::RouteRefusal> {
         // A tunnel's busy page is the listener's: `busy_body` is not one
         // of the actions a CONNECT takes.
         let (route, tunnel) = match classify(&ex.head, self.mode) {
@@ -71,11 +76,8 @@ impl ListenerHandler {
             _ => return Ok(None),
         };
         // A rule's own answer (deny, redirect) comes first, as it will.
-        if let Some(rate) = &route.request_rate
-            && route.deny.is_none()
-            && route.redirect.is_none()
-        {
-            rate.check_ahead(ex.peer.ip())?;
+        if route.deny.is_none() && route.redirect.is_none() {
+            route.check_rates_ahead(ex.peer.ip())?;
         }
         Ok(route
             .busy_body

@@ -76,6 +76,9 @@ pub(super) struct Actions {
     /// `request_rate` (and `request_burst`): Some(None) lifts an earlier
     /// rule's.
     pub request_rate: Option<Option<Arc<crate::client_rate::RouteRate>>>,
+    /// `total_request_rate` (and `total_request_burst`): Some(None)
+    /// lifts an earlier rule's.
+    pub total_request_rate: Option<Option<Arc<crate::client_rate::RouteRate>>>,
 }
 
 /// A route's `bandwidth`: each response to it is sent at `rate` bytes a
@@ -135,6 +138,9 @@ impl Actions {
         }
         if let Some(r) = &self.request_rate {
             route.request_rate = r.clone();
+        }
+        if let Some(r) = &self.total_request_rate {
+            route.total_request_rate = r.clone();
         }
         if let Some((status, to)) = &self.redirect {
             let location = match regex.and_then(|re| re.captures(req.path_and_query)) {

@@ -116,9 +116,10 @@ impl Rules {
     /// the server), which for 10,000 regexes is ~0.4 s each; the last result
     /// is kept, keyed by a 128-bit hash of the rules and upstream names, so
     /// the second compile is a lookup. The result depends on the config
-    /// only, but for the routes' `request_rate` buckets it holds: a reload
-    /// that leaves the rules as they were keeps them (and the clients'
-    /// debts), one that changes any rule starts them full.
+    /// only, but for the routes' `request_rate` and `total_request_rate`
+    /// buckets it holds: a reload that leaves the rules as they were
+    /// keeps them (and the clients' debts), one that changes any rule
+    /// starts them full.
     pub fn compile(config: &Config) -> Result<Rules, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Rules)>> = std::sync::Mutex::new(None);
         let names: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
@@ -402,17 +403,25 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
     for (key, value, zero) in [
         ("request_rate", r.request_rate, "no limit"),
         ("request_burst", r.request_burst, "the rate"),
+        ("total_request_rate", r.total_request_rate, "no limit"),
+        ("total_request_burst", r.total_request_burst, "the rate"),
     ] {
         if let Some(v) = value {
             crate::config::load::requests_limit(v, zero).map_err(|e| at(i, key, e))?;
         }
     }
-    if r.request_burst.is_some_and(|b| b > 0) && r.request_rate.is_none_or(|r| r == 0) {
-        return Err(at(
-            i,
-            "request_burst",
-            crate::config::load::burst_without_rate("a request_rate on the same rule"),
-        ));
+    for (burst_key, burst, rate) in [
+        ("request_burst", r.request_burst, r.request_rate),
+        ("total_request_burst", r.total_request_burst, r.total_request_rate),
+    ] {
+        if burst.is_some_and(|b| b > 0) && rate.is_none_or(|r| r == 0) {
+            let rate_key = burst_key.replace("burst", "rate");
+            return Err(at(
+                i,
+                burst_key,
+                crate::config::load::burst_without_rate(&format!("a {rate_key} on the same rule")),
+            ));
+        }
     }
     Ok(Actions {
         continue_: r.continue_,
@@ -431,6 +440,9 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
         request_rate: r
             .request_rate
             .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
+        total_request_rate: r
+            .total_request_rate
+            .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::total(i, rate, r.total_request_burst.unwrap_or(0))))),
         bandwidth: bandwidth.map(|rate| Bandwidth {
             rate,
             after: r.bandwidth_after.map_or(0, |a| a.bytes()),

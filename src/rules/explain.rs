@@ -147,13 +147,18 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
 /// The route's `request_rate` and `bandwidth`, as `rules test` prints
 /// them: `counted` after the rate, `paced` what the bandwidth applies to.
 fn describe_limits(out: &mut String, route: &Route, counted: &str, paced: &str) {
-    if let Some(r) = &route.request_rate {
-        let _ = writeln!(
-            out,
-            "  request rate: {} a second per client, burst {}{counted}",
-            r.rate(),
-            r.burst()
-        );
+    for (r, whose) in [
+        (&route.request_rate, "per client"),
+        (&route.total_request_rate, "for all clients"),
+    ] {
+        if let Some(r) = r {
+            let _ = writeln!(
+                out,
+                "  request rate: {} a second {whose}, burst {}{counted}",
+                r.rate(),
+                r.burst()
+            );
+        }
     }
     match route.bandwidth {
         Some(b) if b.rate == 0 => {

@@ -134,6 +134,22 @@ pub struct Route {
     pub bandwidth: Option<Bandwidth>,
     /// The route's request rate per client (`request_rate = N`).
     pub request_rate: Option<Arc<crate::client_rate::RouteRate>>,
+    /// The route's request rate for all clients together
+    /// (`total_request_rate = N`).
+    pub total_request_rate: Option<Arc<crate::client_rate::RouteRate>>,
+}
+
+impl Route {
+    /// Counts the request from `ip` against the route's request rates
+    /// (`request_rate`, `total_request_rate`).
+    pub(crate) fn check_rates(&self, ip: std::net::IpAddr) -> Result<(), crate::client_rate::RouteRefusal> {
+        crate::client_rate::check_route(self.request_rate.as_deref(), self.total_request_rate.as_deref(), ip)
+    }
+
+    /// [`Route::check_rates`] that takes nothing.
+    pub(crate) fn check_rates_ahead(&self, ip: std::net::IpAddr) -> Result<(), crate::client_rate::RouteRefusal> {
+        crate::client_rate::check_route_ahead(self.request_rate.as_deref(), self.total_request_rate.as_deref(), ip)
+    }
 }
 
 /// The compiled `[[rule]]` list (cheap to clone: shared).

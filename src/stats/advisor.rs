@@ -91,6 +91,17 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
             ),
         );
     }
+    if let Some(q) = &s.connection_queue
+        && q.route_total_rate_limited > 0
+    {
+        say(
+            "route-total-request-rate",
+            format!(
+                "{} requests were answered 503 because their route's total_request_rate for all clients was spent ([[rule]] total_request_rate; ConnectionQueue: Refused Over Route Total Rate); the error log names the rule. If the servers behind the route can take more, raise its total_request_burst or its rate; if one client takes most of it, give the route a request_rate per client too.",
+                q.route_total_rate_limited
+            ),
+        );
+    }
     // Paced downloads hold their service places for as long as they last:
     // when requests queued for a place too, the limit is costing others.
     if let Some(q) = &s.connection_queue
@@ -955,6 +966,20 @@ mod tests {
         let a = advise(&s);
         assert_eq!(rules(&s), ["route-request-rate"]);
         assert!(a[0].text.starts_with("7 requests") && a[0].text.contains("Refused Over Route Rate"));
+        s.connection_queue = Some(ConnectionQueueInfo::default());
+        assert!(rules(&s).is_empty());
+    }
+
+    #[test]
+    fn route_total_request_rate_speaks_when_a_routes_total_refused_requests() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            route_total_rate_limited: 4,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["route-total-request-rate"]);
+        assert!(a[0].text.starts_with("4 requests") && a[0].text.contains("Refused Over Route Total Rate"));
         s.connection_queue = Some(ConnectionQueueInfo::default());
         assert!(rules(&s).is_empty());
     }

@@ -303,6 +303,10 @@ crate::section! {
         #[serde(default)]
         route_rate_limited: u64 => Counter, Add, None, "Requests answered 429 because their client was over their route's request_rate ([[rule]] request_rate).",
             prom "portico_connection_queue_route_rate_limited_total", xml "connection-queue-bucket" "countRouteRateLimited";
+        /// Requests answered 503 for their route's `total_request_rate`.
+        #[serde(default)]
+        route_total_rate_limited: u64 => Counter, Add, None, "Requests answered 503 because their route's total_request_rate for all clients was spent ([[rule]] total_request_rate).",
+            prom "portico_connection_queue_route_total_rate_limited_total", xml "connection-queue-bucket" "countRouteTotalRateLimited";
         /// Writes to clients that waited for `limits.client_bandwidth`.
         #[serde(default)]
         client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",

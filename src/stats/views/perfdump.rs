@@ -73,6 +73,11 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
             let _ = writeln!(o, "{:<40} {}", "Closed Over Client Limit", q.client_limited);
             let _ = writeln!(o, "{:<40} {}", "Refused Over Client Rate", q.client_rate_limited);
             let _ = writeln!(o, "{:<40} {}", "Refused Over Route Rate", q.route_rate_limited);
+            let _ = writeln!(
+                o,
+                "{:<40} {}",
+                "Refused Over Route Total Rate", q.route_total_rate_limited
+            );
             for (label, waits, us) in [
                 (
                     "Waits Over Client Bandwidth",
