@@ -193,24 +193,30 @@ impl RouteRate {
     /// `rate` requests a second (at least 1), a bucket of `burst` (0: the
     /// rate), for rule `rule`.
     pub fn new(rule: usize, rate: u32, burst: u32) -> RouteRate {
-        let burst = if burst == 0 { rate.max(1) } else { burst };
-        RouteRate {
-            rule,
-            rate: f64::from(rate.max(1)),
-            burst: f64::from(burst),
-            buckets: Buckets::PerClient(Box::new(RateTable(ClientTable::new()))),
-        }
+        RouteRate::with(rule, rate, burst, |_| {
+            Buckets::PerClient(Box::new(RateTable(ClientTable::new())))
+        })
     }
 
     /// `rate` requests a second for all clients together, a bucket of
     /// `burst` (0: the rate), for rule `rule`.
     pub fn total(rule: usize, rate: u32, burst: u32) -> RouteRate {
-        let mut r = RouteRate::new(rule, rate, burst);
-        r.buckets = Buckets::Total(std::sync::Mutex::new(Bucket {
-            tokens: r.burst,
-            at_ms: now_ms(),
-        }));
-        r
+        RouteRate::with(rule, rate, burst, |burst| {
+            Buckets::Total(std::sync::Mutex::new(Bucket {
+                tokens: burst,
+                at_ms: now_ms(),
+            }))
+        })
+    }
+
+    fn with(rule: usize, rate: u32, burst: u32, buckets: impl FnOnce(f64) -> Buckets) -> RouteRate {
+        let burst = f64::from(if burst == 0 { rate.max(1) } else { burst });
+        RouteRate {
+            rule,
+            rate: f64::from(rate.max(1)),
+            burst,
+            buckets: buckets(burst),
+        }
     }
 
     /// Whether its bucket is one for all clients (`total_request_rate`).
@@ -263,14 +269,11 @@ impl RouteRate {
         self.refused_if(ip, has)
     }
 
-    /// Gives back a request [`RouteRate::check`] took from `ip`.
+    /// Gives back a request [`RouteRate::check`] took from the client at
+    /// `ip` (a total is never given back to: it is checked last).
     fn give_back(&self, ip: IpAddr) {
-        match &self.buckets {
-            Buckets::PerClient(t) => t.give_back(ip, self.burst),
-            Buckets::Total(b) => {
-                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-                b.tokens = (b.tokens + 1.0).min(self.burst);
-            }
+        if let Buckets::PerClient(t) = &self.buckets {
+            t.give_back(ip, self.burst);
         }
     }
 

@@ -1623,7 +1623,8 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
     let p = Portico::start(&format!(
         "[[listener]]\naddress = \"{}\"\n\n[server]\nmax_requests = 1\n\n[cache]\nenabled = false\n\n\
          [[rule]]\npath = \"/login\"\nrequest_rate = 1\ncontinue = true\n\n\
-         [[rule]]\npath = \"/login/closed\"\ndeny = 403\n",
+         [[rule]]\npath = \"/login/closed\"\ndeny = 403\n\n\
+         [[rule]]\npath = \"/report\"\ntotal_request_rate = 1\n",
         free_addr()
     ))
     .await;
@@ -1631,6 +1632,13 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
     let login = get(&origin, "/login", "Connection: close\r\n");
     let r = parse_response(&raw_request_from(limited, p.addr(), &login).await);
     assert_eq!(r.status, 200, "the burst of 1");
+    // Another client spends the total of /report.
+    let report = get(&origin, "/report", "Connection: close\r\n");
+    let other: std::net::IpAddr = "127.0.0.3".parse().expect("ip");
+    assert_eq!(
+        parse_response(&raw_request_from(other, p.addr(), &report).await).status,
+        200
+    );
     // Another client's slow request holds the one place for 3 s.
     let slow = get(&origin, "/slow", "Connection: close\r\n");
     let addr = p.addr();
@@ -1644,12 +1652,26 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
         took < Duration::from_secs(2),
         "refused after waiting {took:?} for a place"
     );
+    // So with the total of all clients.
+    let start = std::time::Instant::now();
+    let r = parse_response(&raw_request_from(limited, p.addr(), &report).await);
+    let took = start.elapsed();
+    assert_eq!(r.status, 503);
+    assert!(r.body_str().contains("total_request_rate"), "{}", r.body_str());
+    assert!(
+        took < Duration::from_secs(2),
+        "refused after waiting {took:?} for a place"
+    );
     // A rule's own answer comes first, before the queue as after it.
     let closed = get(&origin, "/login/closed", "Connection: close\r\n");
     let r = parse_response(&raw_request_from(limited, p.addr(), &closed).await);
     assert_eq!(r.status, 403);
     assert_eq!(holder.await.expect("slow request"), 200);
     assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
+    assert_eq!(
+        metric(&p, "portico_connection_queue_route_total_rate_limited_total").await,
+        1
+    );
 }
 
 /// A `[[rule]]`'s `total_request_rate` (nginx's `limit_req` keyed by
@@ -1663,7 +1685,7 @@ async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() 
     let p = Portico::start(&format!(
         "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
          [cache]\nenabled = false\n\n\
-         [[rule]]\npath = \"/search\"\nrequest_rate = 1\nrequest_burst = 2\ntotal_request_rate = 1\ntotal_request_burst = 2\n",
+         [[rule]]\npath = \"/search\"\nrequest_rate = 1\nrequest_burst = 2\ntotal_request_rate = 1\ntotal_request_burst = 3\n",
         free_addr()
     ))
     .await;
@@ -1690,13 +1712,13 @@ async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() 
         }
         statuses.push(r.status);
     }
-    // The first client spends the total's burst of 2, then its own bucket
-    // refuses it (429), taking nothing from the total. The second client,
-    // which never had a request served, gets 503 each time: its own
-    // bucket (2) is given back each time, or the third would be a 429.
-    // Another route is served.
-    assert_eq!(statuses, [200, 200, 429, 503, 503, 503, 200]);
-    assert_eq!(origin.count(), 3, "a refused request reached the origin");
+    // The first client spends its own burst of 2, then its bucket refuses
+    // it (429), taking nothing from the total (3): the second client gets
+    // the last one. Then the total refuses it (503), and gives its own
+    // request back each time, or the third would be a 429 (its bucket of
+    // 2, one spent). Another route is served.
+    assert_eq!(statuses, [200, 200, 429, 200, 503, 503, 200]);
+    assert_eq!(origin.count(), 4, "a refused request reached the origin");
     // A second later the bucket has a request again, for either client.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     b.send(&get(&origin, "/search", "")).await;
@@ -1709,10 +1731,10 @@ async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() 
         "rule[0].total_request_rate = 1",
     )
     .await;
-    assert_eq!(reported, 3);
+    assert_eq!(reported, 2);
     assert_eq!(metric(&p, "portico_connection_queue_route_rate_limited_total").await, 1);
     let access = std::fs::read_to_string(p.dir().join("access.log")).expect("access log");
-    assert_eq!(access.matches("\" 503 ").count(), 3, "{access}");
+    assert_eq!(access.matches("\" 503 ").count(), 2, "{access}");
 }
 
 /// A reload that leaves the `[[rule]]` list as it was keeps a route's
@@ -1749,6 +1771,10 @@ fn a_routes_request_burst_without_a_rate_or_a_rate_over_a_million_is_refused() {
         ("request_rate = 0\nrequest_burst = 10", "rule[0].request_burst"),
         ("request_rate = 1000001", "rule[0].request_rate"),
         ("total_request_burst = 10", "rule[0].total_request_burst"),
+        (
+            "total_request_rate = 0\ntotal_request_burst = 10",
+            "rule[0].total_request_burst",
+        ),
         ("total_request_rate = 1000001", "rule[0].total_request_rate"),
     ] {
         let out = Portico::check(&format!("[[rule]]\npath = \"/\"\n{rule}\n"));

@@ -36,8 +36,8 @@ impl ListenerHandler {
     /// ([`crate::rules::Request::tunnel`]). Of its actions, `deny` refuses
     /// the tunnel, `redirect` is refused (a tunnel cannot be redirected),
     /// `response_headers` edit the answer, an `upstream` naming a
-    /// `parent = true` group tunnels through a parent, `request_rate`
-    /// counts the CONNECT, and `bandwidth` paces what the tunnel carries
+    /// `parent = true` group tunnels through a parent, `request_rate` and
+    /// `total_request_rate` count the CONNECT, and `bandwidth` paces what the tunnel carries
     /// to the client; the others (an
     /// upstream that is not a parent group, rewrites, request headers,
     /// cache settings) have nothing to act on.

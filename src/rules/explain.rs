@@ -144,7 +144,7 @@ pub fn explain(config: &Config, file: &str, lines: &[usize], probe: &Probe) -> R
     Ok(out)
 }
 
-/// The route's `request_rate` and `bandwidth`, as `rules test` prints
+/// The route's `request_rate`, `total_request_rate` and `bandwidth`, as `rules test` prints
 /// them: `counted` after the rate, `paced` what the bandwidth applies to.
 fn describe_limits(out: &mut String, route: &Route, counted: &str, paced: &str) {
     for (r, whose) in [
