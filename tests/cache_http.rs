@@ -1760,6 +1760,27 @@ impl Conn {
         }
     }
 
+    /// Reads until the head and at least `n` bytes after it have arrived,
+    /// for at most `within`: whether they did.
+    async fn got_head_and(&mut self, n: usize, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut tmp = [0u8; 65536];
+        loop {
+            if self.head_end().is_some_and(|end| self.buf.len() >= end + n) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut tmp)).await {
+                Ok(Ok(k)) if k > 0 => self.buf.extend_from_slice(&tmp[..k]),
+                _ => return false,
+            }
+        }
+    }
+
+    /// Body bytes received so far.
+    fn body_len(&self) -> usize {
+        self.head_end().map_or(0, |end| self.buf.len() - end)
+    }
+
     /// Reads until the peer closes (or 5 s pass); all bytes received.
     async fn finish(mut self) -> (Vec<u8>, bool) {
         let deadline = tokio::time::Instant::now() + WAIT;
@@ -2014,10 +2035,10 @@ async fn large_miss_does_not_hold_its_body_in_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late_follower_of_a_large_fetch_waits_and_is_served_from_the_cache() {
+async fn late_follower_of_a_large_fetch_is_served_without_a_second_origin_request() {
     // 8 MiB trickled in 64 KiB pieces: a request arriving once more than
-    // the collapsing spool has streamed cannot start from the first byte;
-    // it waits for the fetch and gets the stored object, without a second
+    // the collapsing spool has streamed cannot start from the spool; it
+    // reads the fetch's file, then the stored object, without a second
     // origin request.
     const LEN: u64 = 8 << 20;
     let origin = fixed(
@@ -2049,6 +2070,108 @@ async fn late_follower_of_a_large_fetch_waits_and_is_served_from_the_cache() {
     assert_eq!(r.body.len() as u64, LEN);
     assert!(pattern_matches(0, &r.body));
     assert_eq!(origin.count(), 1);
+}
+
+/// An origin that sends `len` pattern bytes (`Cache-Control: max-age=60`,
+/// `Content-Length`), pausing at each of `stops` (body offsets) until the
+/// test adds a permit to the semaphore; counts its requests.
+async fn gated_pattern_origin(
+    len: u64,
+    stops: &'static [u64],
+) -> (RawOrigin, Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (g, n) = (gate.clone(), requests.clone());
+    let origin = RawOrigin::start(move |mut s| {
+        let (gate, requests) = (g.clone(), n.clone());
+        async move {
+            read_request_head(&mut s).await;
+            requests.fetch_add(1, Ordering::SeqCst);
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nCache-Control: max-age=60\r\n\r\n");
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut at = 0u64;
+            for &stop in stops.iter().chain(std::iter::once(&len)) {
+                if s.write_all(&body[at as usize..stop as usize]).await.is_err() {
+                    return;
+                }
+                at = stop;
+                if stop < len {
+                    gate.acquire().await.expect("gate").forget();
+                }
+            }
+        }
+    })
+    .await;
+    (origin, gate, requests)
+}
+
+/// A request for an object whose fetch has streamed past the collapsing
+/// spool (1 MiB) is served from the disk tier's file as the fetch writes
+/// it, as Squid's collapsed requests and ATS's read-while-writer are: it
+/// gets its head and the body written so far while the origin is still
+/// sending. Before, it got nothing until the fetch had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
+    const LEN: u64 = 8 << 20;
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20]).await;
+    let p = proxy("").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/late").await;
+    let (head, _) = leader.read_head_and(4 << 20).await;
+    assert_eq!(head_field(&head, "x-cache"), Some("MISS"));
+    // The origin has sent 4 MiB and waits: the spool has dropped the start.
+    let mut late = Conn::get(p.addr(), origin.addr(), "/late").await;
+    assert!(
+        late.got_head_and(3 << 20, WAIT).await,
+        "the late request got {} body bytes while the fetch ran",
+        late.body_len()
+    );
+    gate.add_permits(1);
+    for conn in [leader, late] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof);
+        let r = parse_response(&bytes);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len() as u64, LEN);
+        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
+
+/// A collapsed client that fell more than 4 MiB behind reads on from the
+/// disk tier's file while the fetch still runs, rather than waiting for
+/// its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_left_behind_reads_on_from_disk_while_the_fetch_runs() {
+    const LEN: u64 = 40 << 20;
+    // 64 KiB until the follower has joined, then up to 32 MiB, then the rest.
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[64 << 10, 32 << 20]).await;
+    let p = proxy("").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/behind").await;
+    leader.read_head_and(64 << 10).await;
+    let mut slow = Conn::get(p.addr(), origin.addr(), "/behind").await;
+    let (head, _) = slow.read_head_and(64 << 10).await;
+    assert_eq!(head_field(&head, "x-cache"), Some("HIT"), "collapsed: {head}");
+    gate.add_permits(1);
+    // The leader's client reads 32 MiB while the slow one reads nothing:
+    // it is left behind (socket buffers hold far less than 28 MiB).
+    leader.read_head_and(32 << 20).await;
+    assert!(
+        slow.got_head_and(28 << 20, Duration::from_secs(10)).await,
+        "the client left behind got {} body bytes while the fetch ran",
+        slow.body_len()
+    );
+    gate.add_permits(1);
+    for conn in [leader, slow] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof);
+        let r = parse_response(&bytes);
+        assert_eq!(r.body.len() as u64, LEN);
+        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -12,11 +12,20 @@
 //!
 //! A follower whose client reads slower than the origin sends keeps what
 //! it has not read: past [`LAG_LIMIT`] behind the leader it is left
-//! *behind* (its chunks dropped), waits for the fetch to end and sends the
-//! rest from the stored object. Without that, one client that stopped
+//! *behind* (its chunks dropped). Without that, one client that stopped
 //! reading held every byte of the object in memory for as long as its
 //! connection lasted.
+//!
+//! Late and behind followers read from the disk tier's file as the
+//! leader writes it, when the object is being stored there (the leader
+//! publishes its [`WriteTap`] and how far it has written,
+//! [`Leader::on_disk`]), as Squid's collapsed requests read a store entry
+//! being swapped out and ATS's read-while-writer does: they chase the
+//! writer, then send what is left from the stored object once the fetch
+//! has ended. Without a file to read (no disk tier, or its write gave
+//! up), they wait for the end as they did.
 
+use super::disk::WriteTap;
 use super::key::ObjectId;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -155,6 +164,10 @@ struct State {
     /// Followers alive, late ones (without a cursor) included.
     followers: usize,
     ending: Ending,
+    /// The file the leader's disk writer writes the body to, once it
+    /// exists, and the body bytes written to it.
+    disk: Option<WriteTap>,
+    on_disk: u64,
 }
 
 impl State {
@@ -222,6 +235,8 @@ pub struct Leader {
     id: ObjectId,
     flight: Arc<Flight>,
     ended: bool,
+    /// The last `on_disk` count published: the same again takes no lock.
+    on_disk: u64,
 }
 
 impl Leader {
@@ -243,6 +258,24 @@ impl Leader {
                 s.trim();
             }
         });
+    }
+
+    /// The leader's disk writer has written `written` body bytes to its
+    /// file (`tap`, asked for only the first time): late and behind
+    /// followers read them there. Followers are woken only when it grew.
+    pub fn on_disk(&mut self, written: u64, tap: impl FnOnce() -> Option<WriteTap>) {
+        if written <= self.on_disk {
+            return;
+        }
+        let mut s = self.flight.lock();
+        if s.disk.is_none() {
+            let Some(t) = tap() else { return };
+            s.disk = Some(t);
+        }
+        s.on_disk = written;
+        self.on_disk = written;
+        drop(s);
+        self.flight.changed.notify_waiters();
     }
 
     /// Whether any follower is still waiting on this fetch (its client
@@ -320,20 +353,40 @@ pub enum Next {
     /// The fetch broke: cut the client off.
     Failed,
     /// This follower fell more than [`LAG_LIMIT`] behind and its chunks
-    /// were dropped: wait for the fetch's end ([`Follower::ended`]) and
-    /// send the rest from the stored object.
+    /// were dropped (or joined late, after they were): read what the
+    /// leader has written to disk ([`Follower::on_disk`]), then wait for
+    /// the fetch's end ([`Follower::ended`]) and send the rest from the
+    /// stored object.
     Behind,
+}
+
+/// What a late or behind follower may read next.
+#[derive(Debug)]
+pub enum OnDisk {
+    /// The body up to this many bytes is in the tap's file.
+    Written(WriteTap, u64),
+    /// The fetch ended (or broke) with no more bytes on disk for it.
+    Ended(Ending),
 }
 
 impl Follower {
     /// Waits for the head; None when the response is not shared, and for
     /// a late follower once the fetch has ended: look the object up again
-    /// or fetch it yourself.
+    /// or fetch it yourself. A late follower gets the head while the
+    /// fetch runs if the body is being written to disk, where it reads it
+    /// ([`Next::Behind`]).
     pub async fn head(&mut self) -> Option<Arc<SharedHead>> {
         loop {
             let notified = self.flight.changed.notified();
             {
                 let s = self.flight.lock();
+                if self.slot.is_none()
+                    && s.ending == Ending::Running
+                    && s.disk.is_some()
+                    && let Some(h) = &s.head
+                {
+                    return Some(h.clone());
+                }
                 if s.ending != Ending::Running && (self.slot.is_none() || s.head.is_none()) {
                     return None;
                 }
@@ -359,7 +412,12 @@ impl Follower {
     /// The next piece of the body.
     pub async fn next(&mut self) -> Next {
         let Some(slot) = self.slot else {
-            return Next::Failed;
+            // A late follower given the head reads from disk.
+            return if self.flight.lock().disk.is_some() {
+                Next::Behind
+            } else {
+                Next::Failed
+            };
         };
         loop {
             let notified = self.flight.changed.notified();
@@ -382,6 +440,32 @@ impl Follower {
                     Ending::Failed | Ending::NotShared | Ending::Abandoned | Ending::OriginFailed => {
                         return Next::Failed;
                     }
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// For a follower past [`Next::Behind`] that has sent `from` body
+    /// bytes: waits until the leader's disk writer has written more than
+    /// that, or the fetch has ended (a broken fetch says so at once, a
+    /// complete one once every byte written is read).
+    pub async fn on_disk(&mut self, from: u64) -> OnDisk {
+        loop {
+            let notified = self.flight.changed.notified();
+            {
+                let s = self.flight.lock();
+                match s.ending {
+                    Ending::Running | Ending::Complete => {}
+                    broken => return OnDisk::Ended(broken),
+                }
+                if let Some(tap) = &s.disk
+                    && s.on_disk > from
+                {
+                    return OnDisk::Written(tap.clone(), s.on_disk);
+                }
+                if s.ending == Ending::Complete {
+                    return OnDisk::Ended(Ending::Complete);
                 }
             }
             notified.await;
@@ -450,6 +534,8 @@ impl Flights {
                 cursors: Vec::new(),
                 followers: 0,
                 ending: Ending::Running,
+                disk: None,
+                on_disk: 0,
             }),
             changed: Notify::new(),
         });
@@ -461,6 +547,7 @@ impl Flights {
             id,
             flight,
             ended: false,
+            on_disk: 0,
         })
     }
 

@@ -981,6 +981,18 @@ impl StoreSink<'_> {
         self.write_disk(data).await
     }
 
+    /// Body bytes the disk writer has written out to its file so far (0
+    /// without a writer, or before its file exists).
+    pub fn disk_written(&self) -> u64 {
+        self.disk.as_ref().map_or(0, DiskWriter::written)
+    }
+
+    /// The disk writer's file, for requests that follow the fetch from it
+    /// (`flight::Leader::on_disk`).
+    pub fn disk_tap(&self) -> Option<super::disk::WriteTap> {
+        self.disk.as_ref().and_then(DiskWriter::tap)
+    }
+
     /// Writes body bytes to the disk writer, dropping it on an error;
     /// false when there is none (left).
     async fn write_disk(&mut self, data: &[u8]) -> bool {

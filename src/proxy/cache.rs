@@ -8,7 +8,7 @@ use super::admission::{Permit, admit_deferred};
 use super::forward::{Dest, Failure, LocationRewrite, fetch, forward};
 use super::headers::strip_hop_by_hop;
 use super::reply::{self, BusyPage};
-use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
+use crate::cache::flight::{Ending, Follower, Leader, Next, OnDisk, Role, SharedHead};
 use crate::cache::object::{KeptLines, StoredMeta};
 use crate::cache::partial::{self, NewPart};
 use crate::cache::policy::{self, Decision, HeadUpdate, NotStorable, Policy, Precondition, Revalidation};
@@ -1132,17 +1132,44 @@ impl Transaction<'_, '_> {
                     ex.out.close_after();
                     return Ok(());
                 }
-                // This client reads slower than the origin sends: the rest
-                // comes from the stored object once the fetch has stored it.
+                // This client reads slower than the origin sends (or joined
+                // late): it reads what the fetch has written to disk,
+                // chasing the writer, and the rest from the stored object
+                // once the fetch has stored it.
                 Next::Behind => {
                     // The client is watched while it waits, as in
                     // `fetch_and_store`: gone, it no longer holds the fetch.
-                    let ending = tokio::select! {
-                        ending = follower.ended() => ending,
-                        () = client_left(&mut ex.out, self.sh) => {
+                    let ending = loop {
+                        let step = tokio::select! {
+                            step = follower.on_disk(sent) => step,
+                            () = client_left(&mut ex.out, self.sh) => {
+                                ex.out.close_after();
+                                return Ok(());
+                            }
+                        };
+                        let (tap, written) = match step {
+                            OnDisk::Ended(ending) => break ending,
+                            OnDisk::Written(tap, written) => (tap, written),
+                        };
+                        let n = usize::try_from((written - sent).min(DISK_TAIL_PIECE)).unwrap_or(0);
+                        let data = match tap.read(sent, n).await {
+                            Ok(data) => data,
+                            Err(e) => {
+                                tracing::debug!(key = self.key.text(), sent, "cannot read the fetch's file: {e}");
+                                break tokio::select! {
+                                    ending = follower.ended() => ending,
+                                    () = client_left(&mut ex.out, self.sh) => {
+                                        ex.out.close_after();
+                                        return Ok(());
+                                    }
+                                };
+                            }
+                        };
+                        if ex.out.send_data(&data).await.is_err() {
                             ex.out.close_after();
                             return Ok(());
                         }
+                        sent += n as u64;
                     };
                     let stored = match ending {
                         Ending::Complete => self.cache.lookup(&self.key, &ex.head.headers).await.ok().flatten(),
@@ -1369,11 +1396,19 @@ impl Fill<'_> {
         {
             self.sink = None;
         }
-        if let Some(l) = &self.leader {
+        if let Some(l) = &mut self.leader {
+            // What reached the disk first: a follower left behind reads it there.
+            if let Some(s) = &self.sink {
+                l.on_disk(s.disk_written(), || s.disk_tap());
+            }
             l.data(data.clone());
         }
     }
 }
+
+/// Most body bytes a follower reading the fetch's file reads at once: the
+/// disk writer's batch.
+const DISK_TAIL_PIECE: u64 = 256 << 10;
 
 /// Squid's quick-abort rule (`quick_abort_min`, `_max`, `_pct`): whether a
 /// fetch being stored whose every client has left is finished for the cache,

@@ -63,7 +63,9 @@ impl Inner {
     /// Creates a tmp file holding the header and `meta`.
     fn new_write_state(self: &Arc<Self>, id: ObjectId, meta: &StoredMeta) -> io::Result<WriteState> {
         let tmp = self.tmp_path(id);
-        let create = || self.open_file(|| OpenOptions::new().write(true).create_new(true).open(&tmp));
+        // Readable too: a collapsed request that joined too late for the
+        // flight's spool reads the body here as it is written (`WriteTap`).
+        let create = || self.open_file(|| OpenOptions::new().read(true).write(true).create_new(true).open(&tmp));
         let file = match create() {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(self.layout.tmp_dir())?;
@@ -77,7 +79,7 @@ impl Inner {
             .filter(|n| *n <= format::MAX_META_LEN)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "metadata too large"))?;
         let mut st = WriteState {
-            file,
+            file: Arc::new(file),
             _counted: crate::util::Counted::new(&WRITING),
             tmp,
             head: Vec::new(),
@@ -225,6 +227,42 @@ impl DiskStore {
     }
 }
 
+/// An object file being written, for a reader that follows its writer: a
+/// request collapsed onto the fetch that joined too late for the flight's
+/// spool, or fell behind it (`cache::flight`). The body bytes the writer
+/// has written out ([`DiskWriter::written`]) are read from the file as
+/// they are; the file stays readable while the tap is held, even once it
+/// is renamed into place or removed (an aborted write).
+#[derive(Clone)]
+pub struct WriteTap {
+    file: Arc<File>,
+    body_offset: u64,
+    jobs: FileJobs,
+}
+
+impl std::fmt::Debug for WriteTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTap")
+            .field("body_offset", &self.body_offset)
+            .finish()
+    }
+}
+
+impl WriteTap {
+    /// Body bytes `from..from + len`, read where file work runs
+    /// (`cache.file_io`); the caller asks only for bytes written.
+    pub async fn read(&self, from: u64, len: usize) -> io::Result<Bytes> {
+        let (file, at) = (self.file.clone(), self.body_offset + from);
+        self.jobs
+            .run(move || {
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, at)?;
+                Ok(Bytes::from(buf))
+            })
+            .await?
+    }
+}
+
 /// Cache files open for writing in the process: each is a descriptor,
 /// which admission counts (`proxy::admission`).
 static WRITING: AtomicUsize = AtomicUsize::new(0);
@@ -236,7 +274,9 @@ pub fn files_being_written() -> usize {
 }
 
 struct WriteState {
-    file: File,
+    /// Shared with the [`WriteTap`]s readers hold (`pread` does not move
+    /// the offset the writes use).
+    file: Arc<File>,
     /// In [`WRITING`] from its creation until the writer is dropped
     /// (committed or aborted), which closes the file.
     _counted: crate::util::Counted<'static>,
@@ -262,7 +302,7 @@ impl WriteState {
         }
         self.sum_body(data);
         let head = std::mem::take(&mut self.head);
-        write_all_vectored(&mut self.file, &mut [IoSlice::new(&head), IoSlice::new(data)])
+        write_all_vectored(&self.file, &mut [IoSlice::new(&head), IoSlice::new(data)])
     }
 
     fn sum_body(&mut self, data: &[u8]) {
@@ -289,7 +329,7 @@ impl WriteState {
         .encode();
         let head = std::mem::take(&mut self.head);
         write_all_vectored(
-            &mut self.file,
+            &self.file,
             &mut [
                 IoSlice::new(&head),
                 IoSlice::new(rest[0]),
@@ -324,7 +364,7 @@ impl WriteState {
 
 /// Writes all of `bufs` to `file`, in as few calls as it takes (one, for
 /// a regular file, unless the disk is full).
-fn write_all_vectored(file: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+fn write_all_vectored(mut file: &File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     // Drops leading empty slices: nothing to write makes no call (and no
     // `WriteZero` from a zero-length write).
     IoSlice::advance_slices(&mut bufs, 0);
@@ -407,6 +447,28 @@ impl DiskWriter {
     /// Body bytes accepted so far.
     pub fn body_len(&self) -> u64 {
         self.body_len
+    }
+
+    /// Body bytes in the file so far (written out, not buffered): 0
+    /// before the file exists.
+    pub fn written(&self) -> u64 {
+        match &self.stage {
+            Stage::Open(_) => self.body_len - self.buf.len() as u64,
+            Stage::Pending(_) | Stage::Aborted => 0,
+        }
+    }
+
+    /// The file being written, for readers that follow the writer; None
+    /// before it exists or once the writer gave up.
+    pub fn tap(&self) -> Option<WriteTap> {
+        match &self.stage {
+            Stage::Open(st) => Some(WriteTap {
+                file: st.file.clone(),
+                body_offset: HEADER_LEN + st.meta_len,
+                jobs: self.jobs.clone(),
+            }),
+            Stage::Pending(_) | Stage::Aborted => None,
+        }
     }
 
     /// The tmp file being written, once it exists.
