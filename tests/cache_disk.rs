@@ -430,6 +430,43 @@ async fn gc_evicts_expired_then_least_recently_used() {
     assert_eq!(store.gc().await.evicted, 0);
 }
 
+/// A pass that frees a little of a large index sorts only the lowest
+/// ranked candidates: what it evicts is still exactly the least recently
+/// used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_of_a_few_objects_among_many_evicts_exactly_the_least_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    let store = DiskStore::start(&c).unwrap();
+    store.wait_scan().await;
+    let now = now();
+    let mut ids = vec![];
+    for i in 0..300u64 {
+        let id = put(&store, &format!("http://h/many{i}"), &body(1_000, 1), now + 3600).await;
+        // Object 0 used longest ago, in no order of writing.
+        set_times(&store.path_of(id), 400_000 - ((i * 7) % 300) * 1000);
+        ids.push(id);
+    }
+    let size = fs::metadata(store.path_of(ids[0])).unwrap().len();
+    drop(store);
+    let block = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(dir.path()).unwrap().blksize().clamp(512, 1 << 20)
+    };
+    let charged = size.div_ceil(block) * block;
+    // Room for 294 at the low watermark: 6 go.
+    c.disk = Size(charged * 300);
+    c.watermarks = [98, 99];
+    let store = DiskStore::start(&c).unwrap();
+    store.wait_scan().await;
+    let r = store.gc().await;
+    assert_eq!(r.evicted, 6);
+    for (i, id) in ids.iter().enumerate() {
+        let rank = (i as u64 * 7) % 300;
+        assert_eq!(store.contains(*id).await, rank >= 6, "object {i}, rank {rank}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_keeps_recently_used_objects_and_runs_automatically() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,9 @@
 //!    (`Index::evicted_at`).
 //!
 //! A pass copies the index shard by shard (each shard's lock held only
-//! while it is copied), sorts the candidates, then evicts them one at a
+//! while it is copied), sorts the lowest-ranked candidates (enough to
+//! free twice what must go; the rest only if those were not enough),
+//! then evicts them one at a
 //! time under that object's stripe lock; an object committed again or
 //! accessed since the snapshot is skipped. It runs on its own thread (auto
 //! mode) or the caller's (`portico cache gc`), never on an async worker.
@@ -67,6 +69,16 @@ struct Candidate {
     last_access: u32,
 }
 
+/// How many of the lowest-ranked candidates to sort first for a pass that
+/// must free `need` bytes: enough, at their average size, for twice that,
+/// and at least 64.
+fn lowest_needed(cands: &[Candidate], need: u64) -> usize {
+    let total: u64 = cands.iter().map(|c| c.size).sum();
+    let average = (total / (cands.len() as u64).max(1)).max(1);
+    let want = need.saturating_mul(2) / average + 64;
+    usize::try_from(want).unwrap_or(usize::MAX).min(cands.len())
+}
+
 fn read_key(path: &std::path::Path) -> Option<String> {
     let f = super::open_read(path).ok()?;
     let env = super::format::read_envelope(&f).ok()?;
@@ -97,29 +109,55 @@ impl Inner {
                 });
             });
             // Equal priorities: least recently used first, then larger first.
-            cands.sort_unstable_by_key(|c| (c.class, c.score, c.last_access, std::cmp::Reverse(c.size)));
-            for c in cands {
-                if self.stats.bytes.load(Ordering::Relaxed) <= target {
-                    break;
-                }
-                if let Some(ev) = self.evict(&c, read_keys) {
-                    if c.class == 1 {
-                        self.index.evicted_at(c.score);
-                    }
-                    report.evicted += 1;
-                    report.bytes += ev.size;
-                    if ev.expired {
-                        report.expired += 1;
-                    }
-                    self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.stats.bytes_evicted.fetch_add(ev.size, Ordering::Relaxed);
-                    on_evict(&ev);
-                }
+            let order = |c: &Candidate| (c.class, c.score, c.last_access, std::cmp::Reverse(c.size));
+            // A pass usually evicts a few percent of a full index: only the
+            // lowest-ranked, enough to cover twice what must go, are sorted
+            // (`select_nth` puts them first); the rest only if those were
+            // not enough (objects used since the snapshot are skipped).
+            let split = lowest_needed(&cands, report.before - target);
+            if split < cands.len() {
+                cands.select_nth_unstable_by_key(split, order);
+            }
+            cands[..split].sort_unstable_by_key(order);
+            if !self.evict_in_order(&cands[..split], target, read_keys, &mut report, on_evict) && split < cands.len() {
+                cands[split..].sort_unstable_by_key(order);
+                self.evict_in_order(&cands[split..], target, read_keys, &mut report, on_evict);
             }
         }
         report.after = self.stats.bytes.load(Ordering::Relaxed);
         report.elapsed = started.elapsed();
         report
+    }
+
+    /// Evicts `cands` in order until the bytes used are at or below
+    /// `target`: true once they are.
+    fn evict_in_order(
+        &self,
+        cands: &[Candidate],
+        target: u64,
+        read_keys: bool,
+        report: &mut GcReport,
+        on_evict: &mut dyn FnMut(&Evicted),
+    ) -> bool {
+        for c in cands {
+            if self.stats.bytes.load(Ordering::Relaxed) <= target {
+                return true;
+            }
+            if let Some(ev) = self.evict(c, read_keys) {
+                if c.class == 1 {
+                    self.index.evicted_at(c.score);
+                }
+                report.evicted += 1;
+                report.bytes += ev.size;
+                if ev.expired {
+                    report.expired += 1;
+                }
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_evicted.fetch_add(ev.size, Ordering::Relaxed);
+                on_evict(&ev);
+            }
+        }
+        self.stats.bytes.load(Ordering::Relaxed) <= target
     }
 
     fn evict(&self, c: &Candidate, read_keys: bool) -> Option<Evicted> {
