@@ -2072,12 +2072,24 @@ async fn late_follower_of_a_large_fetch_is_served_without_a_second_origin_reques
     assert_eq!(origin.count(), 1);
 }
 
-/// An origin that sends `len` pattern bytes (`Cache-Control: max-age=60`,
-/// `Content-Length`), pausing at each of `stops` (body offsets) until the
-/// test adds a permit to the semaphore; counts its requests.
+/// How [`gated_pattern_origin`] frames and ends its body.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    /// `Content-Length`, the whole body.
+    Length,
+    /// Chunked (no length known ahead), the whole body.
+    Chunked,
+    /// `Content-Length`, but the connection is closed at the last stop.
+    BrokenAtLastStop,
+}
+
+/// An origin that sends `len` pattern bytes (`Cache-Control: max-age=60`),
+/// pausing at each of `stops` (body offsets) until the test adds a permit
+/// to the semaphore; counts its requests.
 async fn gated_pattern_origin(
     len: u64,
     stops: &'static [u64],
+    framing: Framing,
 ) -> (RawOrigin, Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let requests = Arc::new(AtomicUsize::new(0));
@@ -2087,20 +2099,40 @@ async fn gated_pattern_origin(
         async move {
             read_request_head(&mut s).await;
             requests.fetch_add(1, Ordering::SeqCst);
-            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nCache-Control: max-age=60\r\n\r\n");
+            let length = if framing == Framing::Chunked {
+                "Transfer-Encoding: chunked".to_string()
+            } else {
+                format!("Content-Length: {len}")
+            };
+            let head = format!("HTTP/1.1 200 OK\r\n{length}\r\nCache-Control: max-age=60\r\n\r\n");
             if s.write_all(head.as_bytes()).await.is_err() {
                 return;
             }
             let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             let mut at = 0u64;
             for &stop in stops.iter().chain(std::iter::once(&len)) {
-                if s.write_all(&body[at as usize..stop as usize]).await.is_err() {
+                let piece = &body[at as usize..stop as usize];
+                let sent = if framing == Framing::Chunked && !piece.is_empty() {
+                    let mut framed = format!("{:x}\r\n", piece.len()).into_bytes();
+                    framed.extend_from_slice(piece);
+                    framed.extend_from_slice(b"\r\n");
+                    s.write_all(&framed).await
+                } else {
+                    s.write_all(piece).await
+                };
+                if sent.is_err() {
                     return;
                 }
                 at = stop;
                 if stop < len {
                     gate.acquire().await.expect("gate").forget();
+                    if framing == Framing::BrokenAtLastStop && stops.last() == Some(&stop) {
+                        return;
+                    }
                 }
+            }
+            if framing == Framing::Chunked {
+                let _ = s.write_all(b"0\r\n\r\n").await;
             }
         }
     })
@@ -2116,7 +2148,7 @@ async fn gated_pattern_origin(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
     const LEN: u64 = 8 << 20;
-    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20]).await;
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20], Framing::Length).await;
     let p = proxy("").await;
     let mut leader = Conn::get(p.addr(), origin.addr(), "/late").await;
     let (head, _) = leader.read_head_and(4 << 20).await;
@@ -2140,6 +2172,59 @@ async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
+/// Once the store gave up on a fetch (here an unknown length past
+/// `max_object_size`), a request that joins late is not sent the part
+/// on disk only to be cut off: it waits for the end, as without a file,
+/// and then fetches for itself, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_request_does_not_read_a_file_the_store_gave_up_on() {
+    const LEN: u64 = 8 << 20;
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20], Framing::Chunked).await;
+    let p = proxy("max_object_size = \"3MiB\"").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/given-up").await;
+    leader.read_head_and(4 << 20).await;
+    let mut late = Conn::get(p.addr(), origin.addr(), "/given-up").await;
+    assert!(
+        !late.got_head_and(0, Duration::from_secs(1)).await,
+        "a late request was answered from a file the store gave up on"
+    );
+    // The fetch ends unstored; the late request's own fetch is let
+    // through the gate too.
+    gate.add_permits(2);
+    for conn in [leader, late] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof);
+        let r = parse_response(&bytes);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len() as u64, LEN);
+        assert!(pattern_matches(0, &r.body));
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 2);
+}
+
+/// A late request reading the fetch's file whose fetch then breaks is cut
+/// off: its connection closes short of the `Content-Length` it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_request_reading_the_file_is_cut_off_when_the_fetch_breaks() {
+    const LEN: u64 = 8 << 20;
+    let (origin, gate, _) = gated_pattern_origin(LEN, &[4 << 20], Framing::BrokenAtLastStop).await;
+    let p = proxy("").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/broken-late").await;
+    leader.read_head_and(4 << 20).await;
+    let mut late = Conn::get(p.addr(), origin.addr(), "/broken-late").await;
+    assert!(late.got_head_and(3 << 20, WAIT).await, "got {}", late.body_len());
+    gate.add_permits(1);
+    for conn in [leader, late] {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof, "the connection is closed");
+        let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        assert_eq!(head_field(&head, "content-length"), Some("8388608"), "{head}");
+        assert!(((bytes.len() - end) as u64) < LEN, "a broken fetch gave a whole body");
+        assert!(pattern_matches(0, &bytes[end..]));
+    }
+}
+
 /// A collapsed client that fell more than 4 MiB behind reads on from the
 /// disk tier's file while the fetch still runs, rather than waiting for
 /// its end.
@@ -2147,7 +2232,7 @@ async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
 async fn a_follower_left_behind_reads_on_from_disk_while_the_fetch_runs() {
     const LEN: u64 = 40 << 20;
     // 64 KiB until the follower has joined, then up to 32 MiB, then the rest.
-    let (origin, gate, requests) = gated_pattern_origin(LEN, &[64 << 10, 32 << 20]).await;
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[64 << 10, 32 << 20], Framing::Length).await;
     let p = proxy("").await;
     let mut leader = Conn::get(p.addr(), origin.addr(), "/behind").await;
     leader.read_head_and(64 << 10).await;

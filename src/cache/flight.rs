@@ -7,8 +7,9 @@
 //! keeps the whole body, so a follower may join from the first byte; past
 //! that, chunks every follower has read are dropped (a large object does not
 //! sit in memory while it streams to the client and the disk), and a request
-//! that joins afterwards is *late*: it waits for the fetch to end, then
-//! looks the (now stored) object up or fetches for itself.
+//! that joins afterwards is *late*: it reads the fetch's disk file (below),
+//! or without one waits for the fetch to end, then looks the (now stored)
+//! object up or fetches for itself.
 //!
 //! A follower whose client reads slower than the origin sends keeps what
 //! it has not read: past [`LAG_LIMIT`] behind the leader it is left
@@ -237,6 +238,8 @@ pub struct Leader {
     ended: bool,
     /// The last `on_disk` count published: the same again takes no lock.
     on_disk: u64,
+    /// The disk write gave up (`off_disk`): nothing is published again.
+    off_disk: bool,
 }
 
 impl Leader {
@@ -264,7 +267,7 @@ impl Leader {
     /// file (`tap`, asked for only the first time): late and behind
     /// followers read them there. Followers are woken only when it grew.
     pub fn on_disk(&mut self, written: u64, tap: impl FnOnce() -> Option<WriteTap>) {
-        if written <= self.on_disk {
+        if written <= self.on_disk || self.off_disk {
             return;
         }
         let mut s = self.flight.lock();
@@ -276,6 +279,21 @@ impl Leader {
         self.on_disk = written;
         drop(s);
         self.flight.changed.notify_waiters();
+    }
+
+    /// The body is no longer being written to disk (the store gave up:
+    /// a write failed, the disk budget, an unknown length past
+    /// `max_object_size`): followers stop reading the file, and requests
+    /// that join later wait for the end as without one. The flight lets
+    /// go of the file, so an aborted write's space is freed at once.
+    pub fn off_disk(&mut self) {
+        if self.off_disk {
+            return;
+        }
+        self.off_disk = true;
+        if self.on_disk > 0 {
+            self.flight.update(|s| s.disk = None);
+        }
     }
 
     /// Whether any follower is still waiting on this fetch (its client
@@ -311,7 +329,12 @@ impl Leader {
         }
         self.ended = true;
         self.flights.remove(self.id, &self.flight);
-        self.flight.update(|s| s.ending = ending);
+        // The file is let go of too: what a follower has not read from it
+        // comes from the stored object now (or never, the fetch broken).
+        self.flight.update(|s| {
+            s.ending = ending;
+            s.disk = None;
+        });
     }
 }
 
@@ -326,7 +349,8 @@ impl Drop for Leader {
 pub struct Follower {
     flight: Arc<Flight>,
     /// Its slot in the flight's cursors; None for a late follower (joined
-    /// after chunks were dropped), which cannot stream.
+    /// after chunks were dropped), which cannot read the spool (only the
+    /// fetch's disk file).
     slot: Option<usize>,
 }
 
@@ -548,6 +572,7 @@ impl Flights {
             flight,
             ended: false,
             on_disk: 0,
+            off_disk: false,
         })
     }
 

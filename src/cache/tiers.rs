@@ -981,6 +981,12 @@ impl StoreSink<'_> {
         self.write_disk(data).await
     }
 
+    /// Whether the body is still being written to disk (a writer that
+    /// failed or gave up is dropped).
+    pub fn writes_to_disk(&self) -> bool {
+        self.disk.is_some()
+    }
+
     /// Body bytes the disk writer has written out to its file so far (0
     /// without a writer, or before its file exists).
     pub fn disk_written(&self) -> u64 {

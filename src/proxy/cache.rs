@@ -1165,7 +1165,7 @@ impl Transaction<'_, '_> {
                                 };
                             }
                         };
-                        if ex.out.send_data(&data).await.is_err() {
+                        if ex.out.send_bytes(data).await.is_err() {
                             ex.out.close_after();
                             return Ok(());
                         }
@@ -1398,8 +1398,9 @@ impl Fill<'_> {
         }
         if let Some(l) = &mut self.leader {
             // What reached the disk first: a follower left behind reads it there.
-            if let Some(s) = &self.sink {
-                l.on_disk(s.disk_written(), || s.disk_tap());
+            match &self.sink {
+                Some(s) if s.writes_to_disk() => l.on_disk(s.disk_written(), || s.disk_tap()),
+                _ => l.off_disk(),
             }
             l.data(data.clone());
         }

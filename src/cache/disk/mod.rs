@@ -890,6 +890,26 @@ mod tests {
         fs::read_dir(dir.join("tmp")).map_or(0, |d| d.count())
     }
 
+    #[tokio::test]
+    async fn a_tap_reads_the_body_as_it_is_written_and_after_the_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let url = "http://example.com/tapped";
+        let id = CacheKey::from_url(url, false).unwrap().id();
+        let mut w = store.writer_blocking(id, &meta(url)).unwrap();
+        let tap = w.tap().expect("the file exists");
+        assert_eq!(w.written(), 0);
+        w.write_blocking(b"hello ").unwrap();
+        assert_eq!(w.written(), 6);
+        assert_eq!(tap.read(0, 6).await.unwrap(), Bytes::from_static(b"hello "));
+        w.write_blocking(b"world").unwrap();
+        assert_eq!(tap.read(6, 5).await.unwrap(), Bytes::from_static(b"world"));
+        w.commit_blocking(0).unwrap();
+        // Renamed into place: the same file, still readable through the tap.
+        assert_eq!(tap.read(0, 11).await.unwrap(), Bytes::from_static(b"hello world"));
+        assert!(tap.read(0, 12 + 32 + 1_000).await.is_err(), "past the file's end");
+    }
+
     #[test]
     fn blocking_round_trip_and_index_accounting() {
         let dir = tempfile::tempdir().unwrap();
