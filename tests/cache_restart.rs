@@ -429,3 +429,70 @@ async fn a_damaged_popularity_file_is_refused_named_and_replaced() {
     assert_eq!(x_cache(&get(&p, &origin, "/small", &[]).await), "HIT");
     stop(&mut p).await;
 }
+
+/// `cache.memory_cache_mode` (Squid's `memory_cache_mode`): which objects
+/// the memory tier takes, seen in its object count and the disk tier's
+/// reads. `always`: a stored miss at once, and a disk hit (after a
+/// restart emptied the memory tier). `disk`: a stored miss goes to disk
+/// alone and into memory when it is hit. `network`: a stored miss, never
+/// a disk hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_cache_mode_decides_what_the_memory_tier_takes() {
+    let origin = origin().await;
+    // (mode, in memory after the miss, after the first hit; disk reads
+    // after the restart's two hits)
+    for (mode, after_miss, after_hit, reads_after_restart) in
+        [("always", 1, 1, 1), ("disk", 0, 1, 1), ("network", 1, 1, 2)]
+    {
+        let cache = tempfile::tempdir().unwrap();
+        let extra = format!("memory_cache_mode = \"{mode}\"");
+        let path = format!("/mode-{mode}");
+        {
+            let p = proxy(cache.path(), &extra).await;
+            assert_eq!(x_cache(&get(&p, &origin, &path, &[]).await), "MISS", "{mode}");
+            assert_eq!(
+                metric(&p, "portico_cache_memory_objects").await,
+                after_miss,
+                "{mode}: after the miss"
+            );
+            let r = get(&p, &origin, &path, &[]).await;
+            assert_eq!(
+                (r.body_str(), x_cache(&r)),
+                (format!("{path} #{}", origin.count()), "HIT")
+            );
+            assert_eq!(
+                metric(&p, "portico_cache_memory_objects").await,
+                after_hit,
+                "{mode}: after a hit"
+            );
+        }
+        let p = proxy(cache.path(), &extra).await;
+        for _ in 0..2 {
+            assert_eq!(x_cache(&get(&p, &origin, &path, &[]).await), "HIT", "{mode}");
+        }
+        assert_eq!(
+            metric(&p, "portico_cache_disk_reads_total").await,
+            reads_after_restart,
+            "{mode}: disk reads of two hits after a restart"
+        );
+        let in_memory = u64::from(mode != "network");
+        assert_eq!(
+            metric(&p, "portico_cache_memory_objects").await,
+            in_memory,
+            "{mode}: after the restart"
+        );
+    }
+}
+
+#[test]
+fn memory_cache_mode_disk_without_a_disk_tier_is_refused() {
+    let out = Portico::check("[cache]\ndisk = \"0\"\nmemory_cache_mode = \"disk\"\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cache.memory_cache_mode"),
+        "{err}"
+    );
+    let out = Portico::check("[cache]\nmemory_cache_mode = \"sometimes\"\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("memory_cache_mode"), "{err}");
+}

@@ -279,6 +279,8 @@ impl DiskCursor {
 pub struct Cache {
     /// The RFC 9111 decisions, configured by `[cache]`.
     pub policy: Policy,
+    /// Which objects the memory tier takes (`cache.memory_cache_mode`).
+    memory_mode: crate::config::MemoryCacheMode,
     /// Per-route policies (`cache = {...}` in a `[[rule]]`): None = `policy`;
     /// the flag says whether the route uses the cache at all.
     routes: Vec<(bool, Option<Policy>)>,
@@ -340,6 +342,7 @@ impl Cache {
         };
         let storage = Cache {
             policy: Policy::new(cfg)?,
+            memory_mode: cfg.memory_cache_mode,
             routes: Vec::new(),
             reverse: (Policy::new(cfg)?, Vec::new()),
             flights: Arc::new(Flights::default()),
@@ -421,6 +424,7 @@ impl Cache {
         };
         Ok(Cache {
             policy,
+            memory_mode: cfg.memory_cache_mode,
             routes,
             reverse,
             flights: self.flights.clone(),
@@ -586,14 +590,27 @@ impl Cache {
         same.then_some(file)
     }
 
-    /// A hit on a held file. The memory tier takes it only while it has
-    /// room without evicting: once full, copying every disk hit into it
-    /// would push out as much as it brings in (with a working set larger
-    /// than the memory tier, most of it), and the file serves the hit
-    /// without a copy.
+    /// Whether a disk hit of `len` body bytes goes into the memory tier.
+    /// With `memory_cache_mode = "always"` only while the tier has room
+    /// without evicting: once full, copying every disk hit into it would
+    /// push out as much as it brings in (with a working set larger than
+    /// the memory tier, most of it), and the file serves the hit without a
+    /// copy. With `"disk"`, a disk hit is the only way in, so every one the
+    /// tier admits (its S3-FIFO admission then decides what stays); with
+    /// `"network"`, none.
+    fn promotes(&self, len: u64) -> bool {
+        use crate::config::MemoryCacheMode;
+        match self.memory_mode {
+            MemoryCacheMode::Always => self.memory.has_room(len),
+            MemoryCacheMode::Disk => self.memory.admits(len),
+            MemoryCacheMode::Network => false,
+        }
+    }
+
+    /// A hit on a held file, into the memory tier when it [`Cache::promotes`] it.
     async fn stored_from_held(&self, id: ObjectId, file: Arc<OpenObject>) -> Stored {
         let (meta, len) = (file.meta.clone(), file.body_len);
-        if self.memory.has_room(len)
+        if self.promotes(len)
             && let Ok(body) = file.read_all().await
         {
             self.memory.insert(
@@ -632,8 +649,8 @@ impl Cache {
         }
         let (meta, body_len, mut reader) = (found.file.meta.clone(), found.body_len, found.body);
         // Into the memory tier (read whole and checksummed before anything
-        // is sent) only while it has room, as `stored_from_held` explains.
-        if self.memory.has_room(body_len) {
+        // is sent) as `Cache::promotes` says.
+        if self.promotes(body_len) {
             let mut body = BytesMut::with_capacity(usize::try_from(body_len).unwrap_or(0));
             loop {
                 match reader.chunk().await {
@@ -1023,7 +1040,11 @@ impl StoreSink<'_> {
             }
             body.freeze()
         });
-        if let Some(body) = &body {
+        // With `memory_cache_mode = "disk"` the body is kept only for the
+        // disk writer: the memory tier takes the object when it is hit.
+        if let Some(body) = &body
+            && (self.cache.memory_mode != crate::config::MemoryCacheMode::Disk || self.disk.is_none())
+        {
             self.cache.memory.insert(
                 self.id,
                 Arc::new(MemObject {

@@ -465,6 +465,14 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             )
         });
     }
+    if c.cache.memory_cache_mode == crate::config::MemoryCacheMode::Disk && c.cache.disk.bytes() == 0 {
+        return Err((
+            vec![Key("cache"), Key("memory_cache_mode")],
+            "\"disk\" keeps in memory only objects hit on disk, and cache.disk = 0 has no disk tier: \
+             nothing would be cached (use \"always\" or \"network\", or give the disk tier a size)"
+                .to_string(),
+        ));
+    }
     if c.cache.quick_abort_pct > 100 {
         return Err((
             vec![Key("cache"), Key("quick_abort_pct")],

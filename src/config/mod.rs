@@ -1363,6 +1363,25 @@ pub struct CacheConfig {
     /// Most body bytes all the misses of a worker process hold ahead of
     /// their clients.
     pub read_ahead_memory: Size,
+    /// Which objects the memory tier takes (Squid's `memory_cache_mode`).
+    pub memory_cache_mode: MemoryCacheMode,
+}
+
+/// `cache.memory_cache_mode`: which objects the memory tier takes, as
+/// Squid's `memory_cache_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryCacheMode {
+    /// Objects fetched from the origin as they are stored, and disk hits
+    /// while the tier has room (the default).
+    #[default]
+    Always,
+    /// Disk hits only: an object is stored on disk alone, and taken into
+    /// memory when it is asked for again.
+    Disk,
+    /// Objects fetched from the origin only: disk hits are served from
+    /// disk.
+    Network,
 }
 
 /// `cache.read_ahead_gap`'s default: 1 MiB, most web objects.
@@ -1420,6 +1439,7 @@ impl Default for CacheConfig {
             quick_abort_max: Size(16 << 10),
             quick_abort_pct: 95,
             read_ahead_gap: DEFAULT_READ_AHEAD_GAP,
+            memory_cache_mode: MemoryCacheMode::Always,
             read_ahead_memory: Size(64 << 20),
         }
     }
