@@ -496,3 +496,52 @@ fn memory_cache_mode_disk_without_a_disk_tier_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("memory_cache_mode"), "{err}");
 }
+
+/// Under `memory_cache_mode = "disk"` a new version of an object the
+/// memory tier holds (taken in by a disk hit) is stored on disk only: the
+/// old copy in memory must go, or it would be served instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_cache_mode_disk_never_serves_an_old_version_from_memory() {
+    let origin = origin().await;
+    let cache = tempfile::tempdir().unwrap();
+    let p = proxy(cache.path(), "memory_cache_mode = \"disk\"").await;
+    assert_eq!(get(&p, &origin, "/versions", &[]).await.body_str(), "/versions #1");
+    // A disk hit takes it into memory.
+    assert_eq!(get(&p, &origin, "/versions", &[]).await.body_str(), "/versions #1");
+    assert_eq!(metric(&p, "portico_cache_memory_objects").await, 1);
+    // A client's reload fetches and stores version 2.
+    let r = get(&p, &origin, "/versions", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(r.body_str(), "/versions #2");
+    let r = get(&p, &origin, "/versions", &[]).await;
+    assert_eq!((r.body_str().as_str(), x_cache(&r)), ("/versions #2", "HIT"));
+    assert_eq!(origin.count(), 2);
+}
+
+/// A new version too large for the memory tier (`max_memory_object`) of an
+/// object it holds goes to disk alone: the old copy in memory goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_too_large_for_memory_is_not_shadowed_by_the_old_one() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let origin = Origin::start(move |_req| {
+        let n = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let r = if n == 0 {
+                Response::ok("small first version")
+            } else {
+                Response::ok("").generated(64 << 10)
+            };
+            r.header("Cache-Control", "max-age=3600")
+        }
+    })
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let p = proxy(cache.path(), "max_memory_object = \"4KiB\"").await;
+    assert_eq!(get(&p, &origin, "/grows", &[]).await.body_str(), "small first version");
+    let r = get(&p, &origin, "/grows", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(r.body.len(), 64 << 10);
+    let r = get(&p, &origin, "/grows", &[]).await;
+    assert_eq!(x_cache(&r), "HIT");
+    assert_eq!(r.body.len(), 64 << 10, "the old version was served from memory");
+    assert!(pattern_matches(0, &r.body));
+    assert_eq!(origin.count(), 2);
+}

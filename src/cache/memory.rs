@@ -113,10 +113,13 @@ impl MemoryTier {
         self.admits(len) && self.bytes() + len <= self.budget / 8 * 7
     }
 
-    /// Stores (or replaces) an object; too large ones are ignored.
+    /// Stores (or replaces) an object. A too large one is not kept, and
+    /// the older version it replaces goes: it must not be found instead.
     pub fn insert(&self, id: ObjectId, obj: Arc<MemObject>) {
         if self.admits(obj.body.len() as u64) {
             self.cache.insert(id, obj);
+        } else {
+            self.cache.remove(&id);
         }
     }
 

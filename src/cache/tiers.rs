@@ -1042,21 +1042,35 @@ impl StoreSink<'_> {
         });
         // With `memory_cache_mode = "disk"` the body is kept only for the
         // disk writer: the memory tier takes the object when it is hit.
+        let disk_mode = self.cache.memory_mode == crate::config::MemoryCacheMode::Disk;
+        let object = |body: &Bytes| {
+            Arc::new(MemObject {
+                meta: Arc::new(self.meta.clone()),
+                body: body.clone(),
+            })
+        };
         if let Some(body) = &body
-            && (self.cache.memory_mode != crate::config::MemoryCacheMode::Disk || self.disk.is_none())
+            && !disk_mode
         {
-            self.cache.memory.insert(
-                self.id,
-                Arc::new(MemObject {
-                    meta: Arc::new(self.meta.clone()),
-                    body: body.clone(),
-                }),
-            );
+            self.cache.memory.insert(self.id, object(body));
         }
-        if let Some(w) = self.disk
-            && let Err(e) = w.commit_with(body.unwrap_or_default(), expires).await
-        {
-            tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
+        let on_disk = match self.disk {
+            Some(w) => match w.commit_with(body.clone().unwrap_or_default(), expires).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
+                    false
+                }
+            },
+            None => false,
+        };
+        match &body {
+            Some(_) if !disk_mode => {} // in memory, above
+            // The disk could not take it: memory rather than nowhere.
+            Some(body) if !on_disk => self.cache.memory.insert(self.id, object(body)),
+            // Not in memory (too large for it, or kept for disk hits): an
+            // older version there must not be found instead of this one.
+            _ => self.cache.memory.remove(self.id),
         }
     }
 }

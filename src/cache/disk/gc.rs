@@ -75,7 +75,7 @@ struct Candidate {
 fn lowest_needed(cands: &[Candidate], need: u64) -> usize {
     let total: u64 = cands.iter().map(|c| c.size).sum();
     let average = (total / (cands.len() as u64).max(1)).max(1);
-    let want = need.saturating_mul(2) / average + 64;
+    let want = (need.saturating_mul(2) / average).saturating_add(64);
     usize::try_from(want).unwrap_or(usize::MAX).min(cands.len())
 }
 
