@@ -123,6 +123,20 @@ impl MemoryTier {
         }
     }
 
+    /// Stores `obj` unless the tier holds a version of `id` already: a
+    /// store's, inserted while `obj` was read from disk, is newer and wins.
+    /// True if stored.
+    pub fn insert_if_absent(&self, id: ObjectId, obj: Arc<MemObject>) -> bool {
+        if !self.admits(obj.body.len() as u64) {
+            return false;
+        }
+        // A zero timeout: another insert under way for `id` wins too.
+        match self.cache.get_value_or_guard(&id, Some(std::time::Duration::ZERO)) {
+            quick_cache::sync::GuardResult::Guard(g) => g.insert(obj).is_ok(),
+            quick_cache::sync::GuardResult::Value(_) | quick_cache::sync::GuardResult::Timeout => false,
+        }
+    }
+
     /// Drops an object.
     pub fn remove(&self, id: ObjectId) {
         self.cache.remove(&id);
@@ -192,6 +206,23 @@ mod tests {
             }),
             body: Bytes::from(vec![b'x'; len]),
         })
+    }
+
+    #[test]
+    fn a_copy_from_disk_never_replaces_a_version_stored_meanwhile() {
+        let tier = MemoryTier::new(1 << 20, 64 << 10);
+        let (id, newer) = (ObjectId(7), obj("http://h/new", 10));
+        assert!(tier.insert_if_absent(id, obj("http://h/first", 10)), "absent: stored");
+        tier.insert(id, newer.clone());
+        assert!(!tier.insert_if_absent(id, obj("http://h/old copy", 10)));
+        assert!(Arc::ptr_eq(&tier.get(id).expect("held"), &newer));
+        assert!(
+            !tier.insert_if_absent(ObjectId(8), obj("http://h/big", 65 << 10)),
+            "too large"
+        );
+        // A too large new version removes the old one.
+        tier.insert(id, obj("http://h/new and large", 65 << 10));
+        assert!(tier.get(id).is_none());
     }
 
     #[test]

@@ -607,19 +607,29 @@ impl Cache {
         }
     }
 
-    /// A hit on a held file, into the memory tier when it [`Cache::promotes`] it.
-    async fn stored_from_held(&self, id: ObjectId, file: Arc<OpenObject>) -> Stored {
-        let (meta, len) = (file.meta.clone(), file.body_len);
-        if self.promotes(len)
-            && let Ok(body) = file.read_all().await
-        {
-            self.memory.insert(
+    /// Copies a disk hit's body, read whole from `file`, into the memory
+    /// tier: only if `file` is still the indexed version and the tier has
+    /// none of `id` (a store while the body was read is newer and wins:
+    /// the copy would hide it).
+    fn promote(&self, id: ObjectId, file: &OpenObject, meta: &Arc<StoredMeta>, body: &Bytes) {
+        if self.disk.as_ref().is_some_and(|d| d.is_current(file)) {
+            self.memory.insert_if_absent(
                 id,
                 Arc::new(MemObject {
                     meta: meta.clone(),
                     body: body.clone(),
                 }),
             );
+        }
+    }
+
+    /// A hit on a held file, into the memory tier when it [`Cache::promotes`] it.
+    async fn stored_from_held(&self, id: ObjectId, file: Arc<OpenObject>) -> Stored {
+        let (meta, len) = (file.meta.clone(), file.body_len);
+        if self.promotes(len)
+            && let Ok(body) = file.read_all().await
+        {
+            self.promote(id, &file, &meta, &body);
             return Stored {
                 id,
                 len,
@@ -663,13 +673,7 @@ impl Cache {
                 }
             }
             let body = body.freeze();
-            self.memory.insert(
-                id,
-                Arc::new(MemObject {
-                    meta: meta.clone(),
-                    body: body.clone(),
-                }),
-            );
+            self.promote(id, &found.file, &meta, &body);
             return Some(Stored {
                 id,
                 len: body_len,

@@ -835,6 +835,19 @@ impl DiskStore {
         self.inner.index.touch(id, secs32(now_secs()))
     }
 
+    /// Whether `obj` is still the indexed version of its object: a store
+    /// (or eviction) since it was opened changed the index. An object not
+    /// indexed when it was opened (the start-up scan still running) counts
+    /// as current.
+    pub fn is_current(&self, obj: &OpenObject) -> bool {
+        obj.generation == 0
+            || self
+                .inner
+                .index
+                .get(obj.id)
+                .is_some_and(|e| e.generation == obj.generation)
+    }
+
     /// The index entry of an object.
     pub fn entry(&self, id: ObjectId) -> Option<IndexEntry> {
         self.inner.index.get(id).map(IndexEntry::from)
@@ -888,6 +901,25 @@ mod tests {
 
     fn tmp_files(dir: &Path) -> usize {
         fs::read_dir(dir.join("tmp")).map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn an_open_file_is_current_until_its_object_is_stored_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let url = "http://example.com/versions";
+        let id = CacheKey::from_url(url, false).unwrap().id();
+        let put = |body: &[u8]| {
+            let mut w = store.writer_blocking(id, &meta(url)).unwrap();
+            w.write_blocking(body).unwrap();
+            w.commit_blocking(0).unwrap();
+        };
+        put(b"one");
+        let old = store.open_blocking(id).expect("stored").file;
+        assert!(store.is_current(&old));
+        put(b"two");
+        assert!(!store.is_current(&old), "a newer version was stored");
+        assert!(store.is_current(&store.open_blocking(id).expect("stored").file));
     }
 
     #[tokio::test]
