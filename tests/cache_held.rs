@@ -592,3 +592,65 @@ async fn hits_leave_the_access_times_of_cache_files_alone() {
     std::fs::read(&files[0]).unwrap();
     assert_ne!(accessed(&files[0]), long_ago, "the file system records access times");
 }
+
+/// A disk hit sent with `sendfile` to a client that leaves part-way is
+/// logged with the body bytes it was sent: some, not none (nor all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sendfile_hit_cut_short_logs_the_bytes_sent() {
+    const LEN: u64 = 64 << 20;
+    let origin =
+        Origin::start(|_req| async move { Response::ok("").generated(LEN).header("Cache-Control", "max-age=3600") })
+            .await;
+    let cache = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n[log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{}\"\nmemory = \"16MiB\"\nmax_memory_object = \"4KiB\"\n",
+        cache.path().display()
+    ))
+    .await;
+    // Stored, then a whole hit reads it through its checksum: the file is
+    // held and checked, so the next hit goes out with `sendfile`.
+    for _ in 0..2 {
+        let r = get(&p, &origin, "/huge", &[]).await;
+        assert_eq!(r.body.len() as u64, LEN);
+    }
+    // The hit: read 1 MiB, then reset the connection.
+    let o = origin.addr();
+    let mut s = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    let req = format!("GET http://{o}/huge HTTP/1.1\r\nHost: {o}\r\nConnection: close\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+        .await
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 65536];
+    while got < 1 << 20 {
+        let n = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await.unwrap();
+        assert!(n > 0, "closed early");
+        got += n;
+    }
+    // Closed with unread bytes: the kernel resets the connection.
+    drop(s);
+    let log = p.dir().join("access.log");
+    let mut sent = None;
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        sent = text
+            .lines()
+            .filter(|l| l.contains("/huge"))
+            .nth(2)
+            .and_then(|l| l.split("\" 200 ").nth(1))
+            .and_then(|rest| rest.split(' ').next())
+            // The combined format writes no bytes as "-".
+            .and_then(|n| if n == "-" { Some(0) } else { n.parse::<u64>().ok() });
+        if sent.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = sent.expect("the cut hit is logged");
+    assert!(
+        (1 << 20..LEN).contains(&sent),
+        "the cut hit was logged with {sent} body bytes"
+    );
+}

@@ -262,13 +262,15 @@ pub(super) async fn send_more(stream: &TcpStream, mut data: &[u8], timeout: Dura
 /// Sends `len` bytes of `file` from `offset` with `sendfile(2)`: from the
 /// page cache to the socket without passing through user space. A file
 /// shorter than that fails with `UnexpectedEof`; a client that takes
-/// nothing for `timeout`, with `TimedOut` as [`write_all`].
+/// nothing for `timeout`, with `TimedOut` as [`write_all`]. `sent` grows
+/// by each call's bytes, so a failure part-way says how many went.
 pub(super) async fn sendfile_all(
     stream: &TcpStream,
     file: &std::fs::File,
     mut offset: u64,
     mut len: u64,
     timeout: Duration,
+    sent: &mut u64,
 ) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     while len > 0 {
@@ -296,6 +298,7 @@ pub(super) async fn sendfile_all(
             Ok(n) => {
                 offset += n as u64;
                 len -= n as u64;
+                *sent += n as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable_within(stream, timeout).await?,
             Err(e) => return Err(e),

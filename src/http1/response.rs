@@ -759,11 +759,14 @@ impl<'a> ResponseWriter<'a> {
             let piece = self.meter.piece().map_or(UNPACED_SENDFILE, |p| p as u64);
             let n = piece.min(len - at);
             self.meter.pace(usize::try_from(n).unwrap_or(usize::MAX)).await;
-            let r = super::io::sendfile_all(tcp, file, offset + at, n, t).await;
+            // Counted as they go: a client that leaves part-way is logged
+            // with the bytes it was sent, not none.
+            let mut sent = 0;
+            let r = super::io::sendfile_all(tcp, file, offset + at, n, t, &mut sent).await;
+            self.body_bytes += sent;
             r.map_err(|e| self.counted(e))?;
             at += n;
         }
-        self.body_bytes += len;
         Ok(true)
     }
 
