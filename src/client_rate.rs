@@ -236,8 +236,8 @@ impl RouteRate {
 
     /// Counts a request to the route from `ip`: Ok when the client is
     /// exempt (another array member: the member in front counted it) or
-    /// its bucket has a token; else Err(seconds to wait, at least 1),
-    /// counted and logged.
+    /// the bucket (the client's, or the one for all clients) has a token;
+    /// else Err(seconds to wait, at least 1), counted and logged.
     pub(crate) fn check(&self, ip: IpAddr) -> Result<(), u64> {
         if crate::client_limit::is_exempt(ip) {
             return Ok(());
@@ -252,8 +252,8 @@ impl RouteRate {
         self.refused_if(ip, taken)
     }
 
-    /// [`RouteRate::check`] that takes nothing: whether the client's
-    /// bucket has a request now, for a request about to wait for a
+    /// [`RouteRate::check`] that takes nothing: whether the bucket (the
+    /// client's, or the one for all) has a request now, for a request about to wait for a
     /// service place (refused before it waits; counted when it is served).
     pub(crate) fn check_ahead(&self, ip: IpAddr) -> Result<(), u64> {
         if crate::client_limit::is_exempt(ip) {

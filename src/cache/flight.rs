@@ -23,8 +23,10 @@
 //! [`Leader::on_disk`]), as Squid's collapsed requests read a store entry
 //! being swapped out and ATS's read-while-writer does: they chase the
 //! writer, then send what is left from the stored object once the fetch
-//! has ended. Without a file to read (no disk tier, or its write gave
-//! up), they wait for the end as they did.
+//! has ended. Without a file to read (no disk tier; a body the memory
+//! tier keeps whole, written to disk only at the commit; a write that gave
+//! up; a slice's fetch, `proxy/cache/slice.rs`, which publishes none),
+//! they wait for the end.
 
 use super::disk::WriteTap;
 use super::key::ObjectId;
@@ -378,9 +380,8 @@ pub enum Next {
     Failed,
     /// This follower fell more than [`LAG_LIMIT`] behind and its chunks
     /// were dropped (or joined late, after they were): read what the
-    /// leader has written to disk ([`Follower::on_disk`]), then wait for
-    /// the fetch's end ([`Follower::ended`]) and send the rest from the
-    /// stored object.
+    /// leader has written to disk ([`Follower::on_disk`]) until the fetch
+    /// ends, then send the rest from the stored object.
     Behind,
 }
 
@@ -436,12 +437,11 @@ impl Follower {
     /// The next piece of the body.
     pub async fn next(&mut self) -> Next {
         let Some(slot) = self.slot else {
-            // A late follower given the head reads from disk.
-            return if self.flight.lock().disk.is_some() {
-                Next::Behind
-            } else {
-                Next::Failed
-            };
+            // A late follower is given the head only while the fetch's file
+            // is there, and reads from it; should the fetch end (or its
+            // write give up) in between, `on_disk` says so and the rest
+            // comes from the stored object.
+            return Next::Behind;
         };
         loop {
             let notified = self.flight.changed.notified();
@@ -730,6 +730,96 @@ mod tests {
         assert!(!waiting.is_finished(), "a late follower waits for the end");
         leader.finish(Ending::Complete);
         assert!(waiting.await.unwrap(), "then looks up or fetches itself");
+    }
+
+    /// A disk writer's file holding `body` for [`Leader::on_disk`].
+    fn written_file(dir: &std::path::Path, body: &[u8]) -> (crate::cache::disk::DiskWriter, u64) {
+        let cfg = crate::config::CacheConfig {
+            dir: dir.to_path_buf(),
+            disk: crate::config::Size(1 << 30),
+            gc: crate::config::GcMode::Scheduled,
+            ..crate::config::CacheConfig::default()
+        };
+        let store = crate::cache::disk::DiskStore::start_offline(&cfg, &mut |_| {}).expect("store");
+        let meta = crate::cache::object::StoredMeta {
+            key: "http://h/k".into(),
+            variant: vec![],
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            request_time: SystemTime::UNIX_EPOCH,
+            response_time: SystemTime::UNIX_EPOCH,
+            origin: None,
+            derived: Default::default(),
+        };
+        let mut w = store.writer_blocking(ObjectId(11), &meta).expect("writer");
+        w.write_blocking(body).expect("write");
+        let n = w.written();
+        (w, n)
+    }
+
+    /// Whether `f` is still pending after a moment.
+    async fn pending<T>(f: impl std::future::Future<Output = T>) -> bool {
+        tokio::time::timeout(std::time::Duration::from_millis(50), f)
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn a_late_follower_reads_the_fetchs_file_and_is_told_when_it_ends() {
+        let dir = tempfile::tempdir().expect("dir");
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(mut leader) = flights.join(ObjectId(11), "k") else {
+            panic!("first is leader")
+        };
+        leader.head(head_of(None));
+        leader.data(Bytes::from(vec![1u8; SPOOL_LIMIT as usize + 1]));
+        let Role::Follower(mut late) = flights.join(ObjectId(11), "k") else {
+            panic!("late follower")
+        };
+        // No file yet: it waits, as it did before files were read.
+        assert!(pending(late.head()).await);
+        let (w, n) = written_file(dir.path(), b"abc");
+        leader.on_disk(n, || w.tap());
+        assert!(late.head().await.is_some(), "the head, once there is a file to read");
+        let Role::Follower(mut later) = flights.join(ObjectId(11), "k") else {
+            panic!("another late follower")
+        };
+        assert!(later.head().await.is_some());
+        assert!(matches!(late.next().await, Next::Behind));
+        let OnDisk::Written(tap, upto) = late.on_disk(0).await else {
+            panic!("the file's bytes")
+        };
+        assert_eq!(
+            (tap.read(0, 3).await.expect("read"), upto),
+            (Bytes::from_static(b"abc"), 3)
+        );
+        assert!(pending(late.on_disk(3)).await, "nothing more written yet");
+        // The fetch ends before the other one's first read: it is not cut
+        // off, it is told, and takes the rest from the stored object.
+        leader.finish(Ending::Complete);
+        assert!(matches!(later.next().await, Next::Behind));
+        assert!(matches!(later.on_disk(0).await, OnDisk::Ended(Ending::Complete)));
+        assert!(matches!(late.on_disk(3).await, OnDisk::Ended(Ending::Complete)));
+    }
+
+    #[tokio::test]
+    async fn once_the_store_gives_up_a_late_follower_waits_for_the_end() {
+        let dir = tempfile::tempdir().expect("dir");
+        let flights = Arc::new(Flights::default());
+        let Role::Leader(mut leader) = flights.join(ObjectId(12), "k") else {
+            panic!("first is leader")
+        };
+        leader.head(head_of(None));
+        let (w, n) = written_file(dir.path(), b"abc");
+        leader.on_disk(n, || w.tap());
+        leader.data(Bytes::from(vec![1u8; SPOOL_LIMIT as usize + 1]));
+        leader.off_disk();
+        let Role::Follower(mut late) = flights.join(ObjectId(12), "k") else {
+            panic!("late follower")
+        };
+        assert!(pending(late.head()).await, "no file to read any more");
+        leader.finish(Ending::Complete);
+        assert!(late.head().await.is_none(), "look it up, or fetch it");
     }
 
     #[tokio::test]

@@ -137,6 +137,12 @@ impl MemoryTier {
         }
     }
 
+    /// Drops `obj` if the tier still holds that very object for `id` (a
+    /// copy found stale just after it went in; a newer one stays).
+    pub fn remove_if_same(&self, id: ObjectId, obj: &Arc<MemObject>) {
+        self.cache.remove_if(&id, |held| Arc::ptr_eq(held, obj));
+    }
+
     /// Drops an object.
     pub fn remove(&self, id: ObjectId) {
         self.cache.remove(&id);

@@ -513,8 +513,6 @@ impl Cache {
         CacheKey::with_authority_as_given(scheme, authority, path_and_query, self.ignore_query)
     }
 
-    /// The stored object under `id`: memory first, then disk (small disk
-    /// objects are promoted to memory).
     /// Counts a request's lookup of `id`, whichever tier answers it or
     /// none: the disk tier's replacement may rank objects by how often they
     /// are asked for (`cache.replacement = "frequency"`).
@@ -524,6 +522,8 @@ impl Cache {
         }
     }
 
+    /// The stored object under `id`: memory first, then disk (a disk hit
+    /// copied into memory as [`Cache::promotes`] says).
     async fn get(&self, id: ObjectId) -> Option<Stored> {
         self.get_or_busy(id, false, true).await.ok().flatten()
     }
@@ -612,14 +612,18 @@ impl Cache {
     /// none of `id` (a store while the body was read is newer and wins:
     /// the copy would hide it).
     fn promote(&self, id: ObjectId, file: &OpenObject, meta: &Arc<StoredMeta>, body: &Bytes) {
-        if self.disk.as_ref().is_some_and(|d| d.is_current(file)) {
-            self.memory.insert_if_absent(
-                id,
-                Arc::new(MemObject {
-                    meta: meta.clone(),
-                    body: body.clone(),
-                }),
-            );
+        let Some(disk) = self.disk.as_ref() else { return };
+        if !disk.is_current(file) {
+            return;
+        }
+        let copy = Arc::new(MemObject {
+            meta: meta.clone(),
+            body: body.clone(),
+        });
+        // A store that committed between the check and the insert (and
+        // removed the memory copy before this one went in) is seen here.
+        if self.memory.insert_if_absent(id, copy.clone()) && !disk.is_current(file) {
+            self.memory.remove_if_same(id, &copy);
         }
     }
 

@@ -443,9 +443,8 @@ const ROUTE_TOTAL_RATE_REFUSED: &str =
     "This part of the site is taking too many requests from all its clients (a [[rule]] total_request_rate)";
 
 /// The 429 of a routed request over its route's `request_rate`, or the
-/// 503 of one over its `total_request_rate` (taken
-/// from, counted), or None when the route has none or the client's bucket
-/// had a request.
+/// 503 of one over its `total_request_rate` (both taken from, counted),
+/// or None when the route has neither or its buckets had a request.
 pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules::Route) -> Option<Outcome> {
     let refusal = route.check_rates(ex.peer.ip()).err()?;
     Some(refuse_for_route_rate(ex, refusal).await)

@@ -958,7 +958,8 @@ impl Transaction<'_, '_> {
                 None if follower.abandoned() => continue,
                 None => {
                     // The fetch ended without sharing its body with us (we
-                    // joined late, or it was not storable): it may be stored now.
+                    // joined late with no file to read, or it was not
+                    // storable): it may be stored now.
                     drop(follower);
                     if let Ok(Some(stored)) = self.cache.lookup(&self.key, &self.ex.head.headers).await
                         && self.may_serve(&stored.meta)

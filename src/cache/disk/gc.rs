@@ -16,8 +16,8 @@
 //! A pass copies the index shard by shard (each shard's lock held only
 //! while it is copied), sorts the lowest-ranked candidates (enough to
 //! free twice what must go; the rest only if those were not enough),
-//! then evicts them one at a
-//! time under that object's stripe lock; an object committed again or
+//! then evicts them one at a time under that object's stripe lock; an
+//! object committed again or
 //! accessed since the snapshot is skipped. It runs on its own thread (auto
 //! mode) or the caller's (`portico cache gc`), never on an async worker.
 
@@ -71,7 +71,7 @@ struct Candidate {
 
 /// How many of the lowest-ranked candidates to sort first for a pass that
 /// must free `need` bytes: enough, at their average size, for twice that,
-/// and at least 64.
+/// plus 64.
 fn lowest_needed(cands: &[Candidate], need: u64) -> usize {
     let total: u64 = cands.iter().map(|c| c.size).sum();
     let average = (total / (cands.len() as u64).max(1)).max(1);
