@@ -467,6 +467,55 @@ async fn gc_of_a_few_objects_among_many_evicts_exactly_the_least_recently_used()
     }
 }
 
+/// When the lowest-ranked candidates are much smaller than the average,
+/// the first ones sorted do not free enough: the pass sorts the rest and
+/// goes on, still in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_whose_first_choices_are_small_goes_on_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    // By recency alone (the other policies weigh size).
+    c.replacement = portico::config::Replacement::Lru;
+    let store = DiskStore::start(&c).unwrap();
+    store.wait_scan().await;
+    let now = now();
+    // 300 small objects used longest ago, then 20 large ones.
+    let mut ids = vec![];
+    for i in 0..320u64 {
+        let len = if i < 300 { 100 } else { 1 << 20 };
+        let id = put(&store, &format!("http://h/mixed{i}"), &body(len, 1), now + 3600).await;
+        set_times(&store.path_of(id), 400_000 - i * 1000);
+        ids.push(id);
+    }
+    let charged = |id: ObjectId| store.charged(fs::metadata(store.path_of(id)).unwrap().len());
+    let (small, large) = (charged(ids[0]), charged(ids[300]));
+    drop(store);
+    // Room for all but the small ones and 5 large: far more than the
+    // first sorted (twice the need at the average size, plus 64: about
+    // 260 of the small ones) free.
+    let total = 300 * small + 20 * large;
+    c.disk = Size(total);
+    let keep = total - 300 * small - 5 * large;
+    let low = (keep * 100).div_ceil(total);
+    c.watermarks = [u8::try_from(low).unwrap(), 99];
+    let store = DiskStore::start(&c).unwrap();
+    store.wait_scan().await;
+    let target = store.budget().low;
+    let r = store.gc().await;
+    assert!(store.used() <= target);
+    let mut evicted = vec![];
+    for (i, id) in ids.iter().enumerate() {
+        if !store.contains(*id).await {
+            evicted.push(i);
+        }
+    }
+    // The oldest first, whatever their size: all the small ones, then the
+    // oldest large ones, as many as it takes.
+    let n = evicted.len();
+    assert!(n > 300 && r.evicted as usize == n, "{evicted:?}");
+    assert_eq!(evicted, (0..n).collect::<Vec<_>>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_keeps_recently_used_objects_and_runs_automatically() {
     let dir = tempfile::tempdir().unwrap();

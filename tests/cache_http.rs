@@ -1743,21 +1743,14 @@ impl Conn {
     /// Reads until the head and at least `n` bytes after it have arrived;
     /// panics after 5 s.
     async fn read_head_and(&mut self, n: usize) -> (String, Vec<u8>) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Some(end) = self.head_end()
-                && self.buf.len() >= end + n
-            {
-                let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-                return (head, self.buf[end..].to_vec());
-            }
-            let mut tmp = [0u8; 65536];
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut tmp)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => panic!("closed early; have {:?}", String::from_utf8_lossy(&self.buf)),
-                Ok(Ok(k)) => self.buf.extend_from_slice(&tmp[..k]),
-                Err(_) => panic!("timed out; have {:?}", String::from_utf8_lossy(&self.buf)),
-            }
-        }
+        assert!(
+            self.got_head_and(n, WAIT).await,
+            "closed early or timed out; have {:?}",
+            String::from_utf8_lossy(&self.buf[..self.buf.len().min(4096)])
+        );
+        let end = self.head_end().expect("a head");
+        let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+        (head, self.buf[end..].to_vec())
     }
 
     /// Reads until the head and at least `n` bytes after it have arrived,

@@ -455,18 +455,11 @@ pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules:
 /// may not have overdrawn (RFC 9110 15.6.4: a temporary overload).
 async fn refuse_for_route_rate(ex: &mut Exchange<'_>, refusal: crate::client_rate::RouteRefusal) -> Outcome {
     use crate::client_rate::RouteRefusal;
-    match refusal {
-        RouteRefusal::Client(wait) => too_many_requests(ex, wait, ROUTE_RATE_REFUSED).await,
-        RouteRefusal::Total(wait) => {
-            refuse_with_retry(
-                ex,
-                http::StatusCode::SERVICE_UNAVAILABLE,
-                wait,
-                ROUTE_TOTAL_RATE_REFUSED,
-            )
-            .await
-        }
-    }
+    let (status, wait, reason) = match refusal {
+        RouteRefusal::Client(wait) => (http::StatusCode::TOO_MANY_REQUESTS, wait, ROUTE_RATE_REFUSED),
+        RouteRefusal::Total(wait) => (http::StatusCode::SERVICE_UNAVAILABLE, wait, ROUTE_TOTAL_RATE_REFUSED),
+    };
+    refuse_with_retry(ex, status, wait, reason).await
 }
 
 /// The answer to a request over its client's rate (or its route's):

@@ -1140,9 +1140,11 @@ impl Transaction<'_, '_> {
                 Next::Behind => {
                     // The client is watched while it waits, as in
                     // `fetch_and_store`: gone, it no longer holds the fetch.
+                    // Past a read error: only the fetch's end is waited for.
+                    let mut from = sent;
                     let ending = loop {
                         let step = tokio::select! {
-                            step = follower.on_disk(sent) => step,
+                            step = follower.on_disk(from) => step,
                             () = client_left(&mut ex.out, self.sh) => {
                                 ex.out.close_after();
                                 return Ok(());
@@ -1157,13 +1159,8 @@ impl Transaction<'_, '_> {
                             Ok(data) => data,
                             Err(e) => {
                                 tracing::debug!(key = self.key.text(), sent, "cannot read the fetch's file: {e}");
-                                break tokio::select! {
-                                    ending = follower.ended() => ending,
-                                    () = client_left(&mut ex.out, self.sh) => {
-                                        ex.out.close_after();
-                                        return Ok(());
-                                    }
-                                };
+                                from = u64::MAX;
+                                continue;
                             }
                         };
                         if ex.out.send_bytes(data).await.is_err() {
@@ -1171,6 +1168,7 @@ impl Transaction<'_, '_> {
                             return Ok(());
                         }
                         sent += n as u64;
+                        from = sent;
                     };
                     let stored = match ending {
                         Ending::Complete => self.cache.lookup(&self.key, &ex.head.headers).await.ok().flatten(),
