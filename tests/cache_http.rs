@@ -2133,6 +2133,19 @@ async fn gated_pattern_origin(
     (origin, gate, requests)
 }
 
+/// Reads each connection to its end: a 200 with the whole `len` bytes of
+/// the pattern, in order.
+async fn whole_pattern_bodies<const N: usize>(conns: [Conn; N], len: u64) {
+    for conn in conns {
+        let (bytes, eof) = conn.finish().await;
+        assert!(eof);
+        let r = parse_response(&bytes);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len() as u64, len);
+        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
+    }
+}
+
 /// A request for an object whose fetch has streamed past the collapsing
 /// spool (1 MiB) is served from the disk tier's file as the fetch writes
 /// it, as Squid's collapsed requests and ATS's read-while-writer are: it
@@ -2154,14 +2167,7 @@ async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
         late.body_len()
     );
     gate.add_permits(1);
-    for conn in [leader, late] {
-        let (bytes, eof) = conn.finish().await;
-        assert!(eof);
-        let r = parse_response(&bytes);
-        assert_eq!(r.status, 200);
-        assert_eq!(r.body.len() as u64, LEN);
-        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
-    }
+    whole_pattern_bodies([leader, late], LEN).await;
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
@@ -2184,14 +2190,7 @@ async fn a_late_request_does_not_read_a_file_the_store_gave_up_on() {
     // The fetch ends unstored; the late request's own fetch is let
     // through the gate too.
     gate.add_permits(2);
-    for conn in [leader, late] {
-        let (bytes, eof) = conn.finish().await;
-        assert!(eof);
-        let r = parse_response(&bytes);
-        assert_eq!(r.status, 200);
-        assert_eq!(r.body.len() as u64, LEN);
-        assert!(pattern_matches(0, &r.body));
-    }
+    whole_pattern_bodies([leader, late], LEN).await;
     assert_eq!(requests.load(Ordering::SeqCst), 2);
 }
 
@@ -2242,13 +2241,7 @@ async fn a_follower_left_behind_reads_on_from_disk_while_the_fetch_runs() {
         slow.body_len()
     );
     gate.add_permits(1);
-    for conn in [leader, slow] {
-        let (bytes, eof) = conn.finish().await;
-        assert!(eof);
-        let r = parse_response(&bytes);
-        assert_eq!(r.body.len() as u64, LEN);
-        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
-    }
+    whole_pattern_bodies([leader, slow], LEN).await;
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
