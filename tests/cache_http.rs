@@ -2171,6 +2171,29 @@ async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
 
+/// A body the memory tier will keep whole (`max_memory_object` above the
+/// collapsing spool's 1 MiB) is written to disk only at its commit, so
+/// there is no file to read: the spool keeps it all instead (the store
+/// holds those bytes anyway), and a request joining late starts from the
+/// first byte while the fetch runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_follower_of_a_body_kept_in_memory_starts_from_the_spool() {
+    const LEN: u64 = 8 << 20;
+    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20], Framing::Length).await;
+    let p = proxy("max_memory_object = \"16MiB\"").await;
+    let mut leader = Conn::get(p.addr(), origin.addr(), "/kept").await;
+    leader.read_head_and(4 << 20).await;
+    let mut late = Conn::get(p.addr(), origin.addr(), "/kept").await;
+    assert!(
+        late.got_head_and(3 << 20, WAIT).await,
+        "the late request got {} body bytes while the fetch ran",
+        late.body_len()
+    );
+    gate.add_permits(1);
+    whole_pattern_bodies([leader, late], LEN).await;
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
+
 /// Once the store gave up on a fetch (here an unknown length past
 /// `max_object_size`), a request that joins late is not sent the part
 /// on disk only to be cut off: it waits for the end, as without a file,

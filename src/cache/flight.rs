@@ -23,10 +23,11 @@
 //! [`Leader::on_disk`]), as Squid's collapsed requests read a store entry
 //! being swapped out and ATS's read-while-writer does: they chase the
 //! writer, then send what is left from the stored object once the fetch
-//! has ended. Without a file to read (no disk tier; a body the memory
-//! tier keeps whole, written to disk only at the commit; a write that gave
-//! up; a slice's fetch, `proxy/cache/slice.rs`, which publishes none),
-//! they wait for the end.
+//! has ended. A body the memory tier is to keep whole is written to disk
+//! only at the commit: the spool keeps all of it instead
+//! ([`Leader::data_kept`]; the store holds those bytes anyway). Without a
+//! file to read (no disk tier; a write that gave up; a slice's fetch,
+//! `proxy/cache/slice.rs`, which publishes none), they wait for the end.
 
 use super::disk::WriteTap;
 use super::key::ObjectId;
@@ -252,10 +253,23 @@ impl Leader {
 
     /// More body bytes.
     pub fn data(&self, chunk: Bytes) {
+        self.data_with(chunk, false);
+    }
+
+    /// More body bytes, which the store keeps in memory anyway (a body the
+    /// memory tier will hold whole): the spool keeps them all too, at no
+    /// cost, past [`SPOOL_LIMIT`], so that requests joining later start
+    /// from the first byte. The first chunk the store does not keep starts
+    /// the trimming, as [`Leader::data`] does.
+    pub fn data_kept(&self, chunk: Bytes) {
+        self.data_with(chunk, true);
+    }
+
+    fn data_with(&self, chunk: Bytes, kept: bool) {
         self.flight.update(|s| {
             s.spooled += chunk.len() as u64;
             s.chunks.push_back(chunk);
-            if s.spooled > SPOOL_LIMIT {
+            if s.spooled > SPOOL_LIMIT && !kept {
                 s.trimming = true;
             }
             if s.trimming {

@@ -1006,6 +1006,12 @@ impl StoreSink<'_> {
         self.write_disk(data).await
     }
 
+    /// Whether the body so far is kept in memory for the memory tier (or
+    /// for the disk writer's commit): it fits `max_memory_object`.
+    pub fn keeps_in_memory(&self) -> bool {
+        self.memory.is_some()
+    }
+
     /// Whether the body is still being written to disk (a writer that
     /// failed or gave up is dropped).
     pub fn writes_to_disk(&self) -> bool {

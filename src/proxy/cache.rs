@@ -1401,7 +1401,11 @@ impl Fill<'_> {
                 Some(s) if s.writes_to_disk() => l.on_disk(s.disk_written(), || s.disk_tap()),
                 _ => l.off_disk(),
             }
-            l.data(data.clone());
+            if self.sink.as_ref().is_some_and(StoreSink::keeps_in_memory) {
+                l.data_kept(data.clone());
+            } else {
+                l.data(data.clone());
+            }
         }
     }
 }
