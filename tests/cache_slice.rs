@@ -599,3 +599,102 @@ async fn slices_fetched_under_a_cap_of_one_origin_connection_never_wait_on_each_
     check(&r, 206, "MISS", 500_000, 2_100_001);
     assert_eq!(metric(&p, "portico_upstream_queue_timeouts_total").await, 0);
 }
+
+/// A client collapsed onto another's fetch of a large slice that fell
+/// behind reads on from the slice's disk file while the fetch runs, not
+/// only once it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_left_behind_on_a_slice_reads_on_from_disk_while_it_is_fetched() {
+    const LEN: u64 = 40 * MIB;
+    // Answers the slice's range: 64 KiB, a wait for the first permit, up
+    // to 32 MiB, a wait for the second, then the rest.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let o = RawOrigin::start(move |mut s| {
+        let gate = g.clone();
+        async move {
+            let head = String::from_utf8_lossy(&read_request_head(&mut s).await).into_owned();
+            let (from, to) = head
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Range: bytes=")
+                        .or_else(|| l.strip_prefix("range: bytes="))
+                })
+                .and_then(|r| r.trim().split_once('-'))
+                .map(|(a, b)| {
+                    (
+                        a.parse::<u64>().unwrap(),
+                        b.parse::<u64>().map_or(LEN - 1, |b| b.min(LEN - 1)),
+                    )
+                })
+                .unwrap_or((0, LEN - 1));
+            let reply = format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {from}-{to}/{LEN}\r\nContent-Length: {}\r\n\
+                 ETag: \"v1\"\r\nCache-Control: max-age=3600\r\n\r\n",
+                to + 1 - from
+            );
+            use tokio::io::AsyncWriteExt;
+            if s.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+            let body: Vec<u8> = (from..=to).map(|i| (i % 251) as u8).collect();
+            let mut at = 0usize;
+            for stop in [64 << 10, 32 << 20, body.len()] {
+                let stop = stop.min(body.len());
+                if s.write_all(&body[at..stop]).await.is_err() {
+                    return;
+                }
+                at = stop;
+                if at < body.len() {
+                    gate.acquire().await.expect("gate").forget();
+                }
+            }
+        }
+    })
+    .await;
+    // One slice for the whole object.
+    let p = proxy_in("{dir}/cache", "64MiB").await;
+    let oaddr = o.addr();
+    let request = format!("GET http://{oaddr}/big HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+    let mut leader = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    let mut slow = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    leader.write_all(request.as_bytes()).await.unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    assert!(read_at_least(&mut leader, &mut a, 64 << 10, Duration::from_secs(5)).await);
+    slow.write_all(request.as_bytes()).await.unwrap();
+    assert!(
+        read_at_least(&mut slow, &mut b, 1, Duration::from_secs(5)).await,
+        "the follower's head"
+    );
+    gate.add_permits(1);
+    // The leader's client reads 32 MiB while the slow one reads nothing.
+    assert!(read_at_least(&mut leader, &mut a, 32 << 20, Duration::from_secs(10)).await);
+    assert!(
+        read_at_least(&mut slow, &mut b, 28 << 20, Duration::from_secs(10)).await,
+        "the client left behind got {} bytes while the slice was fetched",
+        b.len()
+    );
+    gate.add_permits(1);
+    for (mut s, mut buf) in [(leader, a), (slow, b)] {
+        s.read_to_end(&mut buf).await.unwrap();
+        let r = parse_response(&buf);
+        assert_eq!((r.status, r.body.len() as u64), (200, LEN));
+        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
+    }
+}
+
+/// Reads from `s` into `buf` until it holds `n` bytes: whether it did
+/// within `within`.
+async fn read_at_least(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>, n: usize, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut tmp = vec![0u8; 1 << 16];
+    while buf.len() < n {
+        match tokio::time::timeout_at(deadline, s.read(&mut tmp)).await {
+            Ok(Ok(k)) if k > 0 => buf.extend_from_slice(&tmp[..k]),
+            _ => return false,
+        }
+    }
+    true
+}

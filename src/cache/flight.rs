@@ -26,8 +26,8 @@
 //! has ended. A body the memory tier is to keep whole is written to disk
 //! only at the commit: the spool keeps all of it instead
 //! ([`Leader::data_kept`]; the store holds those bytes anyway). Without a
-//! file to read (no disk tier; a write that gave up; a slice's fetch,
-//! `proxy/cache/slice.rs`, which publishes none), they wait for the end.
+//! file to read (no disk tier; a write that gave up), they wait for the
+//! end.
 
 use super::disk::WriteTap;
 use super::key::ObjectId;
@@ -509,18 +509,6 @@ impl Follower {
             notified.await;
         }
     }
-
-    /// Waits for the fetch to end, and says how it ended.
-    pub async fn ended(&mut self) -> Ending {
-        loop {
-            let notified = self.flight.changed.notified();
-            let ending = self.flight.lock().ending;
-            if ending != Ending::Running {
-                return ending;
-            }
-            notified.await;
-        }
-    }
 }
 
 /// The fetches in flight, by object id.
@@ -862,11 +850,12 @@ mod tests {
         // The slow one read nothing: left behind, its bytes dropped.
         assert!(matches!(slow.next().await, Next::Behind));
         assert_eq!(spooled(&flight), 0);
-        let waiting = tokio::spawn(async move { slow.ended().await });
+        // No file to read: it waits for the end of the fetch.
+        let waiting = tokio::spawn(async move { slow.on_disk(0).await });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "it waits for the end of the fetch");
         leader.finish(Ending::Complete);
-        assert_eq!(waiting.await.unwrap(), Ending::Complete);
+        assert!(matches!(waiting.await.unwrap(), OnDisk::Ended(Ending::Complete)));
         assert!(matches!(fast.next().await, Next::End));
     }
 

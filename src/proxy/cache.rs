@@ -1396,16 +1396,7 @@ impl Fill<'_> {
             self.sink = None;
         }
         if let Some(l) = &mut self.leader {
-            // What reached the disk first: a follower left behind reads it there.
-            match &self.sink {
-                Some(s) if s.writes_to_disk() => l.on_disk(s.disk_written(), || s.disk_tap()),
-                _ => l.off_disk(),
-            }
-            if self.sink.as_ref().is_some_and(StoreSink::keeps_in_memory) {
-                l.data_kept(data.clone());
-            } else {
-                l.data(data.clone());
-            }
+            publish(l, self.sink.as_ref(), data);
         }
     }
 }
@@ -1413,6 +1404,22 @@ impl Fill<'_> {
 /// Most body bytes a follower reading the fetch's file reads at once: the
 /// disk writer's batch.
 const DISK_TAIL_PIECE: u64 = 256 << 10;
+
+/// Publishes body bytes to the fetch's followers: what the store has
+/// written to disk first (a follower left behind, or joining late, reads
+/// it there), then the bytes, which the spool keeps whole while the store
+/// keeps the body in memory anyway.
+fn publish(leader: &mut Leader, sink: Option<&StoreSink<'_>>, data: &bytes::Bytes) {
+    match sink {
+        Some(s) if s.writes_to_disk() => leader.on_disk(s.disk_written(), || s.disk_tap()),
+        _ => leader.off_disk(),
+    }
+    if sink.is_some_and(StoreSink::keeps_in_memory) {
+        leader.data_kept(data.clone());
+    } else {
+        leader.data(data.clone());
+    }
+}
 
 /// Squid's quick-abort rule (`quick_abort_min`, `_max`, `_pct`): whether a
 /// fetch being stored whose every client has left is finished for the cache,

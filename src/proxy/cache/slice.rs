@@ -25,7 +25,7 @@ use super::{
     send_head_for_range, send_range, ttl, update_from_304,
 };
 use crate::cache::Stored;
-use crate::cache::flight::{Ending, Follower, Leader, Next, Role, SharedHead};
+use crate::cache::flight::{Ending, Follower, Leader, Next, OnDisk, Role, SharedHead};
 use crate::cache::object::StoredMeta;
 use crate::cache::partial::{self, parse_content_range};
 use crate::cache::policy::{self, Decision, Precondition, Revalidation};
@@ -359,10 +359,30 @@ impl<'c> Transaction<'c, '_> {
                         }
                         Next::End => return pos == len,
                         Next::Failed => return false,
-                        // The rest from the stored slice, once the fetch
-                        // that left this client behind has stored it.
+                        // What the fetch that left this client behind has
+                        // written to disk, then the rest from the stored
+                        // slice once it is stored.
                         Next::Behind => {
-                            if follower.ended().await != Ending::Complete {
+                            let mut from = pos;
+                            let ending = loop {
+                                let (tap, written) = match follower.on_disk(from).await {
+                                    OnDisk::Ended(ending) => break ending,
+                                    OnDisk::Written(tap, written) => (tap, written),
+                                };
+                                let n = usize::try_from((written - pos).min(super::DISK_TAIL_PIECE)).unwrap_or(0);
+                                let Ok(d) = tap.read(pos, n).await else {
+                                    from = u64::MAX; // only the end, now
+                                    continue;
+                                };
+                                if let Some(l) = &local
+                                    && !send_within(self.ex, &d, pos, l).await
+                                {
+                                    return false;
+                                }
+                                pos += n as u64;
+                                from = pos;
+                            };
+                            if ending != Ending::Complete {
                                 return false;
                             }
                             drop(follower);
@@ -390,7 +410,7 @@ impl<'c> Transaction<'c, '_> {
                     size,
                     mut body,
                     mut sink,
-                    leader,
+                    mut leader,
                 } = *fetch;
                 let idle = self.sh.upstream.idle_timeout;
                 let mut client_ok = local.is_some();
@@ -415,8 +435,8 @@ impl<'c> Transaction<'c, '_> {
                     {
                         sink = None;
                     }
-                    if let Some(l) = &leader {
-                        l.data(data.clone());
+                    if let Some(l) = &mut leader {
+                        super::publish(l, sink.as_ref(), &data);
                     }
                     if client_ok
                         && let Some(l) = &local
