@@ -605,7 +605,21 @@ async fn slices_fetched_under_a_cap_of_one_origin_connection_never_wait_on_each_
 /// only once it has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_left_behind_on_a_slice_reads_on_from_disk_while_it_is_fetched() {
+    left_behind_on_a_slice(None).await;
+}
+
+/// So does one that asked for a range of the slice: what it is sent is
+/// that range's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_request_left_behind_on_a_slice_reads_its_range_from_disk() {
+    left_behind_on_a_slice(Some(8 * MIB)).await;
+}
+
+/// A fast and a slow client of one 64 MiB slice of a 40 MiB object, the
+/// slow one asking from `range_from` on if given.
+async fn left_behind_on_a_slice(range_from: Option<u64>) {
     const LEN: u64 = 40 * MIB;
+    let skip = range_from.unwrap_or(0);
     // Answers the slice's range: 64 KiB, a wait for the first permit, up
     // to 32 MiB, a wait for the second, then the rest.
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -656,31 +670,46 @@ async fn a_client_left_behind_on_a_slice_reads_on_from_disk_while_it_is_fetched(
     let p = proxy_in("{dir}/cache", "64MiB").await;
     let oaddr = o.addr();
     let request = format!("GET http://{oaddr}/big HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+    let slow_request = match range_from {
+        Some(from) => format!(
+            "GET http://{oaddr}/big HTTP/1.1\r\nHost: {oaddr}\r\nRange: bytes={from}-\r\nConnection: close\r\n\r\n"
+        ),
+        None => request.clone(),
+    };
     let mut leader = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     let mut slow = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     leader.write_all(request.as_bytes()).await.unwrap();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     assert!(read_at_least(&mut leader, &mut a, 64 << 10, Duration::from_secs(5)).await);
-    slow.write_all(request.as_bytes()).await.unwrap();
-    assert!(
-        read_at_least(&mut slow, &mut b, 1, Duration::from_secs(5)).await,
-        "the follower's head"
-    );
+    slow.write_all(slow_request.as_bytes()).await.unwrap();
+    if range_from.is_none() {
+        assert!(
+            read_at_least(&mut slow, &mut b, 1, Duration::from_secs(5)).await,
+            "the follower's head"
+        );
+    } else {
+        // Its head waits for the range's first byte: give it time to join.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     gate.add_permits(1);
     // The leader's client reads 32 MiB while the slow one reads nothing.
     assert!(read_at_least(&mut leader, &mut a, 32 << 20, Duration::from_secs(10)).await);
     assert!(
-        read_at_least(&mut slow, &mut b, 28 << 20, Duration::from_secs(10)).await,
+        read_at_least(&mut slow, &mut b, (28 << 20) - skip as usize, Duration::from_secs(10)).await,
         "the client left behind got {} bytes while the slice was fetched",
         b.len()
     );
     gate.add_permits(1);
-    for (mut s, mut buf) in [(leader, a), (slow, b)] {
+    for (mut s, mut buf, from) in [(leader, a, 0), (slow, b, skip)] {
         s.read_to_end(&mut buf).await.unwrap();
         let r = parse_response(&buf);
-        assert_eq!((r.status, r.body.len() as u64), (200, LEN));
-        assert!(pattern_matches(0, &r.body), "the body is the object's, in order");
+        let status = if from > 0 { 206 } else { 200 };
+        assert_eq!((r.status, r.body.len() as u64), (status, LEN - from));
+        assert!(
+            pattern_matches(from, &r.body),
+            "the body is the object's from {from}, in order"
+        );
     }
 }
 

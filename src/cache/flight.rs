@@ -39,7 +39,9 @@ use std::time::SystemTime;
 use tokio::sync::Notify;
 
 /// Body bytes a flight keeps for followers that have not joined yet; past
-/// this, only what joined followers still have to read is kept.
+/// this, only what joined followers still have to read is kept (unless
+/// the store keeps the body in memory anyway while it is fetched,
+/// [`Leader::data_kept`]).
 pub const SPOOL_LIMIT: u64 = 1 << 20;
 
 /// Most body bytes a flight keeps for its slowest follower: the followers
@@ -256,11 +258,13 @@ impl Leader {
         self.data_with(chunk, false);
     }
 
-    /// More body bytes, which the store keeps in memory anyway (a body the
-    /// memory tier will hold whole): the spool keeps them all too, at no
-    /// cost, past [`SPOOL_LIMIT`], so that requests joining later start
-    /// from the first byte. The first chunk the store does not keep starts
-    /// the trimming, as [`Leader::data`] does.
+    /// More body bytes, which the store keeps in memory anyway while the
+    /// body is fetched (for the memory tier, or for the disk writer's
+    /// commit): the spool keeps them all too, at no cost while the fetch
+    /// runs, past [`SPOOL_LIMIT`], so that requests joining later start
+    /// from the first byte. The first chunk the store does not keep
+    /// starts the trimming, as [`Leader::data`] does, and so does the
+    /// fetch's end.
     pub fn data_kept(&self, chunk: Bytes) {
         self.data_with(chunk, true);
     }
@@ -347,9 +351,15 @@ impl Leader {
         self.flights.remove(self.id, &self.flight);
         // The file is let go of too: what a follower has not read from it
         // comes from the stored object now (or never, the fetch broken).
+        // A spool kept whole (`data_kept`) is trimmed as any other from
+        // here: the store's copy is its own now, and a follower that
+        // stopped reading must not hold a second one.
         self.flight.update(|s| {
             s.ending = ending;
             s.disk = None;
+            s.trimming = true;
+            s.leave_laggards_behind();
+            s.trim();
         });
     }
 }
@@ -802,6 +812,46 @@ mod tests {
         assert!(matches!(later.next().await, Next::Behind));
         assert!(matches!(later.on_disk(0).await, OnDisk::Ended(Ending::Complete)));
         assert!(matches!(late.on_disk(3).await, OnDisk::Ended(Ending::Complete)));
+    }
+
+    #[tokio::test]
+    async fn a_spool_kept_whole_is_trimmed_from_the_first_chunk_not_kept_or_the_end() {
+        let chunk = Bytes::from(vec![3u8; 64 << 10]);
+        let n = (LAG_LIMIT as usize / chunk.len()) * 2;
+        for end_instead in [false, true] {
+            let flights = Arc::new(Flights::default());
+            let Role::Leader(leader) = flights.join(ObjectId(13), "k") else {
+                panic!("first is leader")
+            };
+            let Role::Follower(mut slow) = flights.join(ObjectId(13), "k") else {
+                panic!("follows")
+            };
+            let flight = leader.flight.clone();
+            leader.head(head_of(None));
+            assert!(slow.head().await.is_some());
+            for _ in 0..n {
+                leader.data_kept(chunk.clone());
+            }
+            // Kept whole: a request joining now starts from the first byte.
+            let Role::Follower(mut joined) = flights.join(ObjectId(13), "k") else {
+                panic!("follows")
+            };
+            assert!(joined.slot.is_some() && joined.head().await.is_some());
+            assert_eq!(spooled(&flight), n as u64 * chunk.len() as u64);
+            drop(joined);
+            if end_instead {
+                leader.finish(Ending::Complete);
+            } else {
+                leader.data(chunk.clone());
+                let Role::Follower(late) = flights.join(ObjectId(13), "k") else {
+                    panic!("follows")
+                };
+                assert!(late.slot.is_none(), "trimming: a later request is late");
+            }
+            // The follower that read nothing is left behind, the spool bounded.
+            assert!(matches!(slow.next().await, Next::Behind), "end instead: {end_instead}");
+            assert!(spooled(&flight) <= LAG_LIMIT, "{}", spooled(&flight));
+        }
     }
 
     #[tokio::test]

@@ -363,7 +363,13 @@ impl<'c> Transaction<'c, '_> {
                         // written to disk, then the rest from the stored
                         // slice once it is stored.
                         Next::Behind => {
-                            let mut from = pos;
+                            // Only what the client's range wants is read:
+                            // from its start, and past its end nothing.
+                            if let Some(l) = &local {
+                                pos = pos.max(l.start.min(len));
+                            }
+                            let wanted = |pos: u64| local.as_ref().is_some_and(|l| pos < l.end);
+                            let mut from = if wanted(pos) { pos } else { u64::MAX };
                             let ending = loop {
                                 let (tap, written) = match follower.on_disk(from).await {
                                     OnDisk::Ended(ending) => break ending,
@@ -380,7 +386,7 @@ impl<'c> Transaction<'c, '_> {
                                     return false;
                                 }
                                 pos += n as u64;
-                                from = pos;
+                                from = if wanted(pos) { pos } else { u64::MAX };
                             };
                             if ending != Ending::Complete {
                                 return false;
