@@ -148,18 +148,7 @@ pub(crate) fn check_route(
     total: Option<&RouteRate>,
     ip: IpAddr,
 ) -> Result<(), RouteRefusal> {
-    if let Some(c) = client {
-        c.check(ip).map_err(RouteRefusal::Client)?;
-    }
-    if let Some(t) = total
-        && let Err(wait) = t.check(ip)
-    {
-        if let Some(c) = client {
-            c.give_back(ip);
-        }
-        return Err(RouteRefusal::Total(wait));
-    }
-    Ok(())
+    route_counts(client, total, ip, true)
 }
 
 /// [`check_route`] that takes nothing, for a request about to wait for a
@@ -169,11 +158,26 @@ pub(crate) fn check_route_ahead(
     total: Option<&RouteRate>,
     ip: IpAddr,
 ) -> Result<(), RouteRefusal> {
+    route_counts(client, total, ip, false)
+}
+
+/// [`check_route`] (`take`) or [`check_route_ahead`].
+fn route_counts(
+    client: Option<&RouteRate>,
+    total: Option<&RouteRate>,
+    ip: IpAddr,
+    take: bool,
+) -> Result<(), RouteRefusal> {
     if let Some(c) = client {
-        c.check_ahead(ip).map_err(RouteRefusal::Client)?;
+        c.count(ip, take).map_err(RouteRefusal::Client)?;
     }
-    if let Some(t) = total {
-        t.check_ahead(ip).map_err(RouteRefusal::Total)?;
+    if let Some(t) = total
+        && let Err(wait) = t.count(ip, take)
+    {
+        if let Some(c) = client.filter(|_| take) {
+            c.give_back(ip);
+        }
+        return Err(RouteRefusal::Total(wait));
     }
     Ok(())
 }
@@ -234,42 +238,32 @@ impl RouteRate {
         self.burst
     }
 
-    /// Counts a request to the route from `ip`: Ok when the client is
-    /// exempt (another array member: the member in front counted it) or
-    /// the bucket (the client's, or the one for all clients) has a token;
-    /// else Err(seconds to wait, at least 1), counted and logged.
-    pub(crate) fn check(&self, ip: IpAddr) -> Result<(), u64> {
+    /// Counts a request to the route from `ip` (`take_one`), or looks
+    /// whether it would be let through, taking nothing (for a request about
+    /// to wait for a service place: refused before it waits, counted when
+    /// it is served). Ok when the client is exempt (another array member:
+    /// the member in front counted it) or the bucket (the client's, or the
+    /// one for all clients) has a request; else Err(seconds to wait, at
+    /// least 1), counted and logged.
+    fn count(&self, ip: IpAddr, take_one: bool) -> Result<(), u64> {
         if crate::client_limit::is_exempt(ip) {
             return Ok(());
         }
-        let taken = match &self.buckets {
-            Buckets::PerClient(t) => t.take(ip, self.rate, self.burst),
-            Buckets::Total(b) => {
-                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-                take(&mut b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
-            }
-        };
-        self.refused_if(ip, taken)
-    }
-
-    /// [`RouteRate::check`] that takes nothing: whether the bucket (the
-    /// client's, or the one for all) has a request now, for a request about to wait for a
-    /// service place (refused before it waits; counted when it is served).
-    pub(crate) fn check_ahead(&self, ip: IpAddr) -> Result<(), u64> {
-        if crate::client_limit::is_exempt(ip) {
-            return Ok(());
-        }
-        let has = match &self.buckets {
+        let r = match &self.buckets {
+            Buckets::PerClient(t) if take_one => t.take(ip, self.rate, self.burst),
             Buckets::PerClient(t) => t.peek(ip, self.rate, self.burst),
             Buckets::Total(b) => {
-                let mut b = *b.lock().unwrap_or_else(|e| e.into_inner());
-                take(&mut b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
+                let mut held = b.lock().unwrap_or_else(|e| e.into_inner());
+                // A look takes from a copy.
+                let mut copy = *held;
+                let b = if take_one { &mut *held } else { &mut copy };
+                take(b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
             }
         };
-        self.refused_if(ip, has)
+        self.refused_if(ip, r)
     }
 
-    /// Gives back a request [`RouteRate::check`] took from the client at
+    /// Gives back a request [`RouteRate::count`] took from the client at
     /// `ip` (a total is never given back to: it is checked last).
     fn give_back(&self, ip: IpAddr) {
         if let Buckets::PerClient(t) = &self.buckets {
@@ -419,16 +413,16 @@ mod tests {
         let login = RouteRate::new(0, 1, 2);
         let api = RouteRate::new(1, 1, 0);
         let (a, b) = ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
-        assert_eq!((login.check(a), login.check(a)), (Ok(()), Ok(())));
-        assert_eq!(login.check(a), Err(1), "a's burst of 2 is spent");
-        assert_eq!(login.check(b), Ok(()), "b has a bucket of its own");
-        assert_eq!(api.check(a), Ok(()), "and so has the other route");
-        assert_eq!(api.check(a), Err(1), "burst 0: the rate, 1");
+        assert_eq!((login.count(a, true), login.count(a, true)), (Ok(()), Ok(())));
+        assert_eq!(login.count(a, true), Err(1), "a's burst of 2 is spent");
+        assert_eq!(login.count(b, true), Ok(()), "b has a bucket of its own");
+        assert_eq!(api.count(a, true), Ok(()), "and so has the other route");
+        assert_eq!(api.count(a, true), Err(1), "burst 0: the rate, 1");
         // A look ahead takes nothing.
         let c = "203.0.113.3".parse().unwrap();
-        assert_eq!(login.check_ahead(c), Ok(()), "no bucket yet: a full one");
-        assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Ok(())));
-        assert_eq!((login.check(c), login.check_ahead(c)), (Ok(()), Err(1)));
+        assert_eq!(login.count(c, false), Ok(()), "no bucket yet: a full one");
+        assert_eq!((login.count(c, true), login.count(c, false)), (Ok(()), Ok(())));
+        assert_eq!((login.count(c, true), login.count(c, false)), (Ok(()), Err(1)));
     }
 
     #[test]

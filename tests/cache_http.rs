@@ -2153,13 +2153,19 @@ async fn whole_pattern_bodies<const N: usize>(conns: [Conn; N], len: u64) {
 /// sending. Before, it got nothing until the fetch had ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
+    late_follower_served_while_the_fetch_runs("").await;
+}
+
+/// Two requests for an 8 MiB object, the second once the origin has sent
+/// 4 MiB and waits (past the spool's 1 MiB): it must get 3 MiB before the
+/// origin goes on, then both the whole body, from one origin request.
+async fn late_follower_served_while_the_fetch_runs(cache_extra: &str) {
     const LEN: u64 = 8 << 20;
     let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20], Framing::Length).await;
-    let p = proxy("").await;
+    let p = proxy(cache_extra).await;
     let mut leader = Conn::get(p.addr(), origin.addr(), "/late").await;
     let (head, _) = leader.read_head_and(4 << 20).await;
     assert_eq!(head_field(&head, "x-cache"), Some("MISS"));
-    // The origin has sent 4 MiB and waits: the spool has dropped the start.
     let mut late = Conn::get(p.addr(), origin.addr(), "/late").await;
     assert!(
         late.got_head_and(3 << 20, WAIT).await,
@@ -2178,20 +2184,7 @@ async fn a_late_follower_reads_the_fetch_from_disk_while_it_runs() {
 /// first byte while the fetch runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_follower_of_a_body_kept_in_memory_starts_from_the_spool() {
-    const LEN: u64 = 8 << 20;
-    let (origin, gate, requests) = gated_pattern_origin(LEN, &[4 << 20], Framing::Length).await;
-    let p = proxy("max_memory_object = \"16MiB\"").await;
-    let mut leader = Conn::get(p.addr(), origin.addr(), "/kept").await;
-    leader.read_head_and(4 << 20).await;
-    let mut late = Conn::get(p.addr(), origin.addr(), "/kept").await;
-    assert!(
-        late.got_head_and(3 << 20, WAIT).await,
-        "the late request got {} body bytes while the fetch ran",
-        late.body_len()
-    );
-    gate.add_permits(1);
-    whole_pattern_bodies([leader, late], LEN).await;
-    assert_eq!(requests.load(Ordering::SeqCst), 1);
+    late_follower_served_while_the_fetch_runs("max_memory_object = \"16MiB\"").await;
 }
 
 /// Once the store gave up on a fetch (here an unknown length past

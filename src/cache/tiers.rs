@@ -1045,43 +1045,50 @@ impl StoreSink<'_> {
     /// The body is complete: publish the object.
     pub async fn commit(self) {
         let expires = expires_hint(&self.cache.policy, &self.meta);
+        // With `memory_cache_mode = "disk"` the body is kept only for the
+        // disk writer (its chunks go out as they are, in one write): the
+        // memory tier takes the object when it is hit.
+        let disk_mode = self.cache.memory_mode == crate::config::MemoryCacheMode::Disk;
         // The memory tier's body in one allocation of its own: the chunks
         // are slices of the origin's read buffers, which they would keep.
-        let body = self.memory.map(|chunks| {
+        let whole = |chunks: &[Bytes]| {
             let mut body = BytesMut::with_capacity(usize::try_from(self.size).unwrap_or(0));
             for c in chunks {
-                body.extend_from_slice(&c);
+                body.extend_from_slice(c);
             }
-            body.freeze()
-        });
-        // With `memory_cache_mode = "disk"` the body is kept only for the
-        // disk writer: the memory tier takes the object when it is hit.
-        let disk_mode = self.cache.memory_mode == crate::config::MemoryCacheMode::Disk;
-        let object = |body: &Bytes| {
             Arc::new(MemObject {
                 meta: Arc::new(self.meta.clone()),
-                body: body.clone(),
+                body: body.freeze(),
             })
         };
-        if let Some(body) = &body
-            && !disk_mode
-        {
-            self.cache.memory.insert(self.id, object(body));
-        }
+        let in_memory = match &self.memory {
+            Some(chunks) if !disk_mode => {
+                let object = whole(chunks);
+                self.cache.memory.insert(self.id, object.clone());
+                Some(object)
+            }
+            _ => None,
+        };
         let on_disk = match self.disk {
-            Some(w) => match w.commit_with(body.clone().unwrap_or_default(), expires).await {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
-                    false
+            Some(w) => {
+                let rest = match &in_memory {
+                    Some(object) => vec![object.body.clone()],
+                    None => self.memory.clone().unwrap_or_default(),
+                };
+                match w.commit_with(rest, expires).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(key = self.meta.key, "disk cache commit failed: {e}");
+                        false
+                    }
                 }
-            },
+            }
             None => false,
         };
-        match &body {
-            Some(_) if !disk_mode => {} // in memory, above
+        match (&in_memory, &self.memory) {
+            (Some(_), _) => {}
             // The disk could not take it: memory rather than nowhere.
-            Some(body) if !on_disk => self.cache.memory.insert(self.id, object(body)),
+            (None, Some(chunks)) if !on_disk => self.cache.memory.insert(self.id, whole(chunks)),
             // Not in memory (too large for it, or kept for disk hits): an
             // older version there must not be found instead of this one.
             _ => self.cache.memory.remove(self.id),

@@ -1402,8 +1402,8 @@ impl Fill<'_> {
 }
 
 /// Most body bytes a follower reading the fetch's file reads at once: the
-/// disk writer's batch.
-const DISK_TAIL_PIECE: u64 = 256 << 10;
+/// disk writer's batch, what one of its writes adds to the file.
+const DISK_TAIL_PIECE: u64 = crate::cache::disk::WRITE_FLUSH as u64;
 
 /// Publishes body bytes to the fetch's followers: what the store has
 /// written to disk first (a follower left behind, or joining late, reads

@@ -51,7 +51,7 @@ pub use held::{HELD_VALID_SECS, OpenObject};
 pub use read::{BodyReader, DiskObject};
 pub use scan::{ObjectFile, for_each_object_file};
 pub use stats::{DiskStats, DiskStatsSnapshot, ScanProgress};
-pub use write::{DiskWriter, WriteTap, files_being_written};
+pub use write::{DiskWriter, WRITE_FLUSH, WriteTap, files_being_written};
 
 use crate::blocking::{BlockingPool, PoolError};
 use crate::cache::key::{CacheKey, ObjectId};

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// A writer hands its buffer to the blocking pool once it holds this much.
-const WRITE_FLUSH: usize = 256 << 10;
+pub const WRITE_FLUSH: usize = 256 << 10;
 
 impl Inner {
     /// Renames a finished tmp file into place and indexes it.
@@ -140,7 +140,7 @@ impl Inner {
                 "stored body failed its checksum",
             ));
         }
-        let size = st.finish([&[], &[]], expires)?;
+        let size = st.finish(&[], expires)?;
         let old_entry = self.index.get(id);
         let entry = Entry {
             clock: 0,
@@ -315,7 +315,7 @@ impl WriteState {
     /// Writes the header and metadata if no body bytes took them yet, the
     /// last body bytes, `rest` (in that order), and the trailer (and
     /// fsyncs); returns the file size.
-    fn finish(&mut self, rest: [&[u8]; 2], expires: u64) -> io::Result<u64> {
+    fn finish(&mut self, rest: &[&[u8]], expires: u64) -> io::Result<u64> {
         let mut sum = self.sum.take().ok_or_else(|| io_other("writer already finished"))?;
         for part in rest {
             sum.update(part);
@@ -328,22 +328,18 @@ impl WriteState {
         }
         .encode();
         let head = std::mem::take(&mut self.head);
-        write_all_vectored(
-            &self.file,
-            &mut [
-                IoSlice::new(&head),
-                IoSlice::new(rest[0]),
-                IoSlice::new(rest[1]),
-                IoSlice::new(&trailer),
-            ],
-        )?;
+        let mut parts = Vec::with_capacity(rest.len() + 2);
+        parts.push(IoSlice::new(&head));
+        parts.extend(rest.iter().map(|p| IoSlice::new(p)));
+        parts.push(IoSlice::new(&trailer));
+        write_all_vectored(&self.file, &mut parts)?;
         if self.fsync {
             self.file.sync_all()?;
         }
         Ok(HEADER_LEN + self.meta_len + self.body_len + TRAILER_LEN)
     }
 
-    fn commit(mut self, id: ObjectId, rest: [&[u8]; 2], expires: u64) -> io::Result<()> {
+    fn commit(mut self, id: ObjectId, rest: &[&[u8]], expires: u64) -> io::Result<()> {
         let size = self.finish(rest, expires)?;
         let inner = self.store.upgrade().ok_or_else(|| io_other("disk cache closed"))?;
         let entry = Entry {
@@ -576,20 +572,24 @@ impl DiskWriter {
     /// rename into place (replacing any older version), index update. A
     /// writer still pending creates its file in the same blocking-pool job.
     pub async fn commit(self, expires: u64) -> io::Result<()> {
-        self.commit_with(Bytes::new(), expires).await
+        self.commit_with(Vec::new(), expires).await
     }
 
-    /// [`DiskWriter::commit`] with the last body bytes, `rest`, taken by
-    /// reference (the memory tier's copy of a body kept whole for it) rather
-    /// than copied into the writer's buffer.
-    pub async fn commit_with(mut self, rest: Bytes, expires: u64) -> io::Result<()> {
+    /// [`DiskWriter::commit`] with the last body bytes, `rest` (in order),
+    /// taken by reference (the memory tier's copy of a body kept whole for
+    /// it, or the chunks as they came) rather than copied into the
+    /// writer's buffer: they go out in the same write.
+    pub async fn commit_with(mut self, rest: Vec<Bytes>, expires: u64) -> io::Result<()> {
         // Also refuses an aborted writer.
-        self.accept(rest.len())?;
+        self.accept(rest.iter().map(Bytes::len).sum())?;
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let buf = std::mem::take(&mut self.buf);
         let (store, id) = (self.store.clone(), self.id);
         self.jobs
-            .run(move || stage.open(&store, id)?.commit(id, [&buf, &rest], expires))
+            .run(move || {
+                let parts: Vec<&[u8]> = std::iter::once(&buf[..]).chain(rest.iter().map(|b| &b[..])).collect();
+                stage.open(&store, id)?.commit(id, &parts, expires)
+            })
             .await?
     }
 
@@ -598,7 +598,7 @@ impl DiskWriter {
         let stage = std::mem::replace(&mut self.stage, Stage::Aborted);
         let st = stage.open(&self.store, self.id)?;
         let buf = std::mem::take(&mut self.buf);
-        st.commit(self.id, [&buf, &[]], expires)
+        st.commit(self.id, &[&buf], expires)
     }
 
     /// Drops the object being written (the tmp file is deleted).
