@@ -2983,6 +2983,20 @@ async fn a_miss_whose_client_stops_reading_is_fetched_only_a_few_mib_ahead_of_it
 /// more for half a minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_the_origin_is_quiet_stops_the_fetch_at_once() {
+    clients_leave_while_the_origin_is_quiet(false).await;
+}
+
+/// So is one collapsed onto that fetch, which has been sent all the
+/// origin sent: waiting for the next piece, it watches its client, and
+/// gone, it no longer keeps the fetch going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collapsed_client_that_leaves_while_the_origin_is_quiet_no_longer_holds_the_fetch() {
+    clients_leave_while_the_origin_is_quiet(true).await;
+}
+
+/// A fetch of 8 MiB whose origin goes quiet after 512 KiB, its client
+/// (and a second collapsed onto it if `collapsed`) leaving then.
+async fn clients_leave_while_the_origin_is_quiet(collapsed: bool) {
     const SIZE: usize = 8 << 20;
     const SENT: usize = 512 << 10;
     let o = RawOrigin::start(|mut s| async move {
@@ -3007,14 +3021,32 @@ async fn a_client_that_leaves_while_the_origin_is_quiet_stops_the_fetch_at_once(
         .await,
         "the origin's first 512 KiB did not arrive"
     );
+    let follower = if collapsed {
+        let mut f = TcpStream::connect(p.addr()).await.expect("connect");
+        f.write_all(req.as_bytes()).await.expect("request");
+        // All but the last bytes of what the origin sent (read_some reads
+        // at least as many): the follower then waits for the next piece.
+        read_some(&mut f, SENT - 1024).await;
+        assert_eq!(metric(&p, "portico_cache_collapsed_total").await, 1);
+        Some(f)
+    } else {
+        None
+    };
     drop(c);
+    if follower.is_some() {
+        // The fetch goes on for the follower, then must stop when it goes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(metric(&p, "portico_cache_fetches_abandoned_total").await, 0);
+        drop(follower);
+    }
     assert!(
         until(WAIT, || async {
             metric(&p, "portico_cache_fetches_abandoned_total").await == 1
         })
         .await,
-        "the fetch went on waiting for the origin after its client left"
+        "the fetch went on waiting for the origin after its clients left"
     );
+    assert_eq!(o.connections(), 1);
 }
 
 /// A client that half-closes its connection after its request

@@ -713,6 +713,64 @@ async fn left_behind_on_a_slice(range_from: Option<u64>) {
     }
 }
 
+/// A request collapsed onto another's fetch of a slice watches its client
+/// while it waits: one that hangs up is done with at once (logged with
+/// status 0, as Squid logs a client's abort), not when the slice's origin at last answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collapsed_request_for_a_slice_whose_client_left_is_done_with_at_once() {
+    // Holds the head until the gate opens.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let o = RawOrigin::start(move |mut s| {
+        let gate = g.clone();
+        async move {
+            read_request_head(&mut s).await;
+            gate.acquire().await.expect("gate").forget();
+            let body: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+            let head = format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-{}/{MIB}\r\nContent-Length: {MIB}\r\n\
+                 Cache-Control: max-age=3600\r\n\r\n",
+                MIB - 1
+            );
+            use tokio::io::AsyncWriteExt;
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&body).await;
+        }
+    })
+    .await;
+    let addr = free_addr();
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{addr}\"\nmode = \"forward\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\n\n\
+         [cache]\ndir = \"{{dir}}/cache\"\nmemory = \"4MiB\"\ndisk = \"1GiB\"\nslice = \"1MiB\"\n"
+    ))
+    .await;
+    let oaddr = o.addr();
+    let request = format!("GET http://{oaddr}/held HTTP/1.1\r\nHost: {oaddr}\r\nConnection: close\r\n\r\n");
+    let leader = {
+        let (paddr, request) = (p.addr(), request.clone());
+        tokio::spawn(async move {
+            parse_response(&raw_request_timeout(paddr, request.as_bytes(), Duration::from_secs(30)).await)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut gone = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    gone.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(gone);
+    let log = access_log_with(p.dir(), "/held HTTP/1.1\" 0 ").await;
+    assert!(
+        log.contains("/held HTTP/1.1\" 0 "),
+        "the request whose client left was not done with while the origin held its answer:\n{log}"
+    );
+    gate.add_permits(1);
+    let r = leader.await.unwrap();
+    assert_eq!((r.status, r.body.len() as u64), (200, MIB));
+    assert!(pattern_matches(0, &r.body));
+    assert_eq!(o.connections(), 1);
+}
+
 /// Reads from `s` into `buf` until it holds `n` bytes: whether it did
 /// within `within`.
 async fn read_at_least(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>, n: usize, within: Duration) -> bool {

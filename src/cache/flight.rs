@@ -221,6 +221,8 @@ pub struct Flight {
     key: Box<str>,
     state: Mutex<State>,
     changed: Notify,
+    /// The last follower has gone (for [`Leader::unfollowed`]).
+    unfollowed: Notify,
 }
 
 impl Flight {
@@ -322,6 +324,23 @@ impl Leader {
         self.flight.lock().followers > 0
     }
 
+    /// Completes when no follower is left (at once if none is): a fetch
+    /// whose own client left and which went on for its followers decides
+    /// again when the last of them goes, though the origin is quiet.
+    pub async fn unfollowed(&self) {
+        loop {
+            let notified = self.flight.unfollowed.notified();
+            tokio::pin!(notified);
+            // Registered before the count is read: a follower leaving in
+            // between still wakes it.
+            notified.as_mut().enable();
+            if self.flight.lock().followers == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// True when no follower waits, and then no request can join this
     /// fetch any more: a later one leads a fetch of its own. The check and
     /// the closing are one step under the lock [`Flights::join`] takes, so
@@ -389,6 +408,9 @@ impl Drop for Follower {
             if s.trimming {
                 s.trim();
             }
+        }
+        if s.followers == 0 {
+            self.flight.unfollowed.notify_waiters();
         }
     }
 }
@@ -574,6 +596,7 @@ impl Flights {
                 on_disk: 0,
             }),
             changed: Notify::new(),
+            unfollowed: Notify::new(),
         });
         if !collides {
             map.insert(id, flight.clone());

@@ -930,14 +930,8 @@ impl Transaction<'_, '_> {
             // Watching the client meanwhile: a follower whose client left
             // must not keep the fetch going for no one (`Leader::followed`,
             // `cache.quick_abort`).
-            let head = tokio::select! {
-                head = follower.head() => head,
-                () = client_left(&mut self.ex.out, self.sh) => {
-                    return Err((
-                        super::forward::client_gone(),
-                        "the client went away while its request waited for another's fetch".into(),
-                    ));
-                }
+            let Some(head) = unless_client_left(&mut self.ex.out, self.sh, follower.head()).await else {
+                return Err(left_while_waiting());
             };
             match head {
                 Some(head) if !self.may_serve_from(head.origin) => {
@@ -1120,7 +1114,14 @@ impl Transaction<'_, '_> {
         ex.out.send_head(head.status, headers, len);
         let mut sent = 0u64;
         loop {
-            match follower.next().await {
+            // Watched as it waits, as in `fetch_and_store`: gone, it no
+            // longer holds the fetch (an origin gone quiet sends nothing
+            // that would fail at the client).
+            let Some(next) = unless_client_left(&mut ex.out, self.sh, follower.next()).await else {
+                ex.out.close_after();
+                return Ok(());
+            };
+            match next {
                 Next::Data(d) => {
                     if ex.out.send_data(&d).await.is_err() {
                         ex.out.close_after();
@@ -1138,17 +1139,12 @@ impl Transaction<'_, '_> {
                 // chasing the writer, and the rest from the stored object
                 // once the fetch has stored it.
                 Next::Behind => {
-                    // The client is watched while it waits, as in
-                    // `fetch_and_store`: gone, it no longer holds the fetch.
                     // Past a read error: only the fetch's end is waited for.
                     let mut from = sent;
                     let ending = loop {
-                        let step = tokio::select! {
-                            step = follower.on_disk(from) => step,
-                            () = client_left(&mut ex.out, self.sh) => {
-                                ex.out.close_after();
-                                return Ok(());
-                            }
+                        let Some(step) = unless_client_left(&mut ex.out, self.sh, follower.on_disk(from)).await else {
+                            ex.out.close_after();
+                            return Ok(());
                         };
                         let (tap, written) = match step {
                             OnDisk::Ended(ending) => break ending,
@@ -1236,6 +1232,33 @@ async fn client_left(out: &mut crate::http1::ResponseWriter<'_>, sh: &Shared) {
     }
 }
 
+/// `wait`, unless the client leaves first ([`client_left`]): then `None`.
+/// A request collapsed onto another's fetch waits this way at every step,
+/// so that one whose client is gone stops following (and no longer keeps
+/// the fetch going, `cache.quick_abort`) without waiting for the origin's
+/// next bytes. `wait` is polled first: a step ready at once costs no look
+/// at the client's socket.
+async fn unless_client_left<T>(
+    out: &mut crate::http1::ResponseWriter<'_>,
+    sh: &Shared,
+    wait: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        v = wait => Some(v),
+        () = client_left(out, sh) => None,
+    }
+}
+
+/// The failure of a request whose client left while it waited for
+/// another's fetch (logged as nginx's 499).
+fn left_while_waiting() -> Failure {
+    (
+        super::forward::client_gone(),
+        "the client went away while its request waited for another's fetch".into(),
+    )
+}
+
 /// Where a miss's fill sends the body to the request's own client.
 enum ToClient<'a, 'w> {
     /// Each piece written before the next is read: the fetch goes at the
@@ -1271,24 +1294,42 @@ impl Fill<'_> {
         let mut client_ok = true;
         let mut received = 0u64;
         let mut trailers = None;
-        let ending = loop {
+        let ending = 'fill: loop {
             let read = tokio::time::timeout(self.idle, body.frame());
             tokio::pin!(read);
-            let read = match &to {
-                // The client may be seen gone while the origin is quiet:
-                // whether the fetch goes on without it is decided then,
-                // not at the origin's next piece.
-                ToClient::Ahead(queue) if client_ok => tokio::select! {
-                    read = &mut read => read,
-                    () = queue.left() => {
-                        client_ok = false;
-                        if self.give_up(received) {
-                            break Ending::Failed;
-                        }
-                        read.await
+            // The client, and then the last follower the fetch went on
+            // for, may be seen gone while the origin is quiet: whether the
+            // fetch goes on without them is decided then, not at the
+            // origin's next piece.
+            let read = loop {
+                let (watch_client, watch_followers) = match &to {
+                    ToClient::Ahead(_) if client_ok => (true, false),
+                    ToClient::Ahead(_) => (false, self.leader.as_ref().is_some_and(Leader::followed)),
+                    ToClient::InStep(_) => (false, false),
+                };
+                if !watch_client && !watch_followers {
+                    break read.await;
+                }
+                let client_left = async {
+                    match &to {
+                        ToClient::Ahead(queue) if watch_client => queue.left().await,
+                        _ => std::future::pending().await,
                     }
-                },
-                _ => read.await,
+                };
+                let unfollowed = async {
+                    match &self.leader {
+                        Some(leader) if watch_followers => leader.unfollowed().await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    read = &mut read => break read,
+                    () = client_left => client_ok = false,
+                    () = unfollowed => {}
+                }
+                if self.give_up(received) {
+                    break 'fill Ending::Failed;
+                }
             };
             let frame = match read {
                 Ok(Some(Ok(frame))) => frame,

@@ -21,8 +21,8 @@
 //! requests find before they look for slices.
 
 use super::{
-    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, mark, note_cache, plain_get,
-    send_head_for_range, send_range, ttl, update_from_304,
+    CacheStatus, Fetched, Transaction, fetch_timed, finish, header_value, left_while_waiting, mark, note_cache,
+    plain_get, send_head_for_range, send_range, ttl, unless_client_left, update_from_304,
 };
 use crate::cache::Stored;
 use crate::cache::flight::{Ending, Follower, Leader, Next, OnDisk, Role, SharedHead};
@@ -347,7 +347,12 @@ impl<'c> Transaction<'c, '_> {
             Source::Follow(mut follower) => {
                 let mut pos = 0u64;
                 loop {
-                    match follower.next().await {
+                    // The client is watched while it waits, as for a whole
+                    // object (`unless_client_left`).
+                    let Some(next) = unless_client_left(&mut self.ex.out, self.sh, follower.next()).await else {
+                        return false;
+                    };
+                    match next {
                         Next::Data(d) => {
                             let n = d.len() as u64;
                             if let Some(l) = &local
@@ -371,9 +376,11 @@ impl<'c> Transaction<'c, '_> {
                             let wanted = |pos: u64| local.as_ref().is_some_and(|l| pos < l.end);
                             let mut from = if wanted(pos) { pos } else { u64::MAX };
                             let ending = loop {
-                                let (tap, written) = match follower.on_disk(from).await {
-                                    OnDisk::Ended(ending) => break ending,
-                                    OnDisk::Written(tap, written) => (tap, written),
+                                let step = unless_client_left(&mut self.ex.out, self.sh, follower.on_disk(from)).await;
+                                let (tap, written) = match step {
+                                    None => return false,
+                                    Some(OnDisk::Ended(ending)) => break ending,
+                                    Some(OnDisk::Written(tap, written)) => (tap, written),
                                 };
                                 let n = usize::try_from((written - pos).min(super::DISK_TAIL_PIECE)).unwrap_or(0);
                                 let Ok(d) = tap.read(pos, n).await else {
@@ -490,7 +497,12 @@ impl<'c> Transaction<'c, '_> {
                 Role::Leader(l) => return self.fetch_slice(start, size, Some(l), stale).await,
                 Role::Follower(f) => f,
             };
-            let Some(head) = follower.head().await else { continue };
+            let Some(head) = unless_client_left(&mut self.ex.out, self.sh, follower.head())
+                .await
+                .ok_or_else(left_while_waiting)?
+            else {
+                continue;
+            };
             if !self.may_serve_from(head.origin) {
                 // From where this request may not go: fetched anew.
                 drop(follower);
