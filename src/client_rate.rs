@@ -89,15 +89,6 @@ impl RateTable {
         drop(shard);
         take(&mut b, now, rate, burst).map_err(whole_seconds)
     }
-
-    /// Gives back the request [`RateTable::take`] took from the client at
-    /// `ip` (another limit refused it after all).
-    fn give_back(&self, ip: IpAddr, burst: f64) {
-        let key = crate::client_limit::key(ip);
-        if let Some(b) = self.0.shard(key).entries.get_mut(&key) {
-            b.tokens = (b.tokens + 1.0).min(burst);
-        }
-    }
 }
 
 fn table() -> &'static RateTable {
@@ -141,8 +132,9 @@ pub enum RouteRefusal {
 }
 
 /// Counts a request from `ip` against its route's `request_rate`
-/// (`client`) and `total_request_rate` (`total`). A request the total
-/// refuses gives its client's request back: it was not served.
+/// (`client`) and `total_request_rate` (`total`). The client's bucket
+/// decides first: a request it refuses (429) takes nothing from the total;
+/// one the total refuses (503) takes nothing from its client's bucket.
 pub(crate) fn check_route(
     client: Option<&RouteRate>,
     total: Option<&RouteRate>,
@@ -168,18 +160,15 @@ fn route_counts(
     ip: IpAddr,
     take: bool,
 ) -> Result<(), RouteRefusal> {
-    if let Some(c) = client {
-        c.count(ip, take).map_err(RouteRefusal::Client)?;
+    let client = |take: bool| {
+        client
+            .map_or(Ok(()), |c| c.count(ip, take))
+            .map_err(RouteRefusal::Client)
+    };
+    match total {
+        Some(t) => t.count_total(ip, take, client),
+        None => client(take),
     }
-    if let Some(t) = total
-        && let Err(wait) = t.count(ip, take)
-    {
-        if let Some(c) = client.filter(|_| take) {
-            c.give_back(ip);
-        }
-        return Err(RouteRefusal::Total(wait));
-    }
-    Ok(())
 }
 
 impl std::fmt::Debug for RouteRate {
@@ -263,12 +252,40 @@ impl RouteRate {
         self.refused_if(ip, r)
     }
 
-    /// Gives back a request [`RouteRate::count`] took from the client at
-    /// `ip` (a total is never given back to: it is checked last).
-    fn give_back(&self, ip: IpAddr) {
-        if let Buckets::PerClient(t) = &self.buckets {
-            t.give_back(ip, self.burst);
+    /// Counts a request from `ip` against this bucket for all clients
+    /// (`take`, or a look that takes nothing) and, through `client`,
+    /// against its client's bucket, all under the total's lock: no request
+    /// ever finds the total, or its client's bucket, short of a token that
+    /// another request holds only until it is refused. Its client's bucket
+    /// decides first (a 429 takes nothing from the total); an empty total
+    /// looks at the client's bucket only to tell which refusal comes.
+    fn count_total(
+        &self,
+        ip: IpAddr,
+        take: bool,
+        client: impl FnOnce(bool) -> Result<(), RouteRefusal>,
+    ) -> Result<(), RouteRefusal> {
+        let Buckets::Total(b) = &self.buckets else {
+            // Not a total: counted as any bucket, after the client's.
+            client(take)?;
+            return self.count(ip, take).map_err(RouteRefusal::Total);
+        };
+        if crate::client_limit::is_exempt(ip) {
+            return client(take);
         }
+        let mut held = b.lock().unwrap_or_else(|e| e.into_inner());
+        let mut after = *held;
+        if let Err(wait) = self::take(&mut after, now_ms(), self.rate, self.burst) {
+            client(false)?;
+            return Err(RouteRefusal::Total(
+                self.refused_if(ip, Err(whole_seconds(wait))).err().unwrap_or(1),
+            ));
+        }
+        client(take)?;
+        if take {
+            *held = after;
+        }
+        Ok(())
     }
 
     /// A refusal, counted and logged; Ok passes through.
@@ -447,6 +464,38 @@ mod tests {
         assert_eq!(check_route(Some(&per_client), None, c), Ok(()));
         assert_eq!(both(c), Err(RouteRefusal::Client(1)), "its own burst is spent now");
         assert!(total.is_total() && !per_client.is_total());
+    }
+
+    /// Two requests of one client at once (HTTP/2 streams) on a route
+    /// whose total is spent: the client has a request in its bucket, so
+    /// both are refused by the total (503), never by its rate (429), which
+    /// a request holding the client's token until the total refused it
+    /// would make the other see.
+    #[test]
+    fn a_request_the_total_refuses_never_makes_its_clients_other_one_look_over_its_rate() {
+        let per_client = RouteRate::new(0, 1, 1);
+        let total = RouteRate::total(0, 1, 1);
+        let (other, a): (IpAddr, IpAddr) = ("203.0.113.21".parse().unwrap(), "203.0.113.22".parse().unwrap());
+        assert_eq!(check_route(Some(&per_client), Some(&total), other), Ok(()));
+        let (over_rate, served) = (AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        match check_route(Some(&per_client), Some(&total), a) {
+                            Ok(()) => served.fetch_add(1, Ordering::Relaxed),
+                            Err(RouteRefusal::Client(_)) => over_rate.fetch_add(1, Ordering::Relaxed),
+                            Err(RouteRefusal::Total(_)) => 0,
+                        };
+                    }
+                });
+            }
+        });
+        // The total gets a request a second: a run slow enough to see one
+        // may have served `a` once, and then its 429s are its own.
+        if served.load(Ordering::Relaxed) == 0 {
+            assert_eq!(over_rate.load(Ordering::Relaxed), 0);
+        }
     }
 
     #[test]
