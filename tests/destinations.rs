@@ -505,6 +505,70 @@ async fn a_fetch_in_progress_from_an_address_denied_since_is_not_shared() {
     assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
 }
 
+/// The same for a revalidation of a stale stored response that another
+/// request joins: the stored response came from an address still allowed,
+/// so the later request waits for the revalidation, but the name has
+/// moved and what the revalidation brings comes from the new address, which
+/// a reload denied meanwhile. The later request fetches for itself and is
+/// refused; the one that revalidated, under the old settings, gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revalidation_in_progress_from_an_address_denied_since_is_not_shared() {
+    let before = Origin::start_at("127.0.0.4", |_req| async {
+        Response::ok("from 127.0.0.4").header("Cache-Control", "max-age=1")
+    })
+    .await;
+    let port = before.addr().port();
+    let after = Origin::start_on(SocketAddr::new("127.0.0.3".parse().expect("ip"), port), |_req| async {
+        Response::ok("from 127.0.0.3")
+            .header("Cache-Control", "max-age=600")
+            .delay(std::time::Duration::from_millis(1500))
+    })
+    .await;
+    let cache = tempfile::tempdir().expect("cache dir");
+    let addr = free_addr();
+    // No pooled connection: the revalidation resolves the name again.
+    let unpooled = "[origin]\npool_max_idle = 0\n";
+    let p = Portico::start(&stored_config(&addr, cache.path(), unpooled)).await;
+    p.dns().add("moving.test", "127.0.0.4".parse().expect("ip"), 0);
+    let url = format!("http://moving.test:{port}/r");
+    let r = get_from(STRANGER, p.addr(), &url).await;
+    assert_eq!((r.status, r.body_str()), (200, "from 127.0.0.4".to_string()));
+    // Stale after a second; the name moves meanwhile.
+    p.dns().replace("moving.test", "127.0.0.3".parse().expect("ip"), 0);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let first = tokio::spawn({
+        let (proxy, url) = (p.addr(), url.clone());
+        async move { get_from(STRANGER, proxy, &url).await }
+    });
+    for _ in 0..100 {
+        if after.count() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        after.count(),
+        1,
+        "the revalidation did not reach the name's new address"
+    );
+    p.reload(&stored_config(
+        &addr,
+        cache.path(),
+        &format!("{unpooled}\n[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n"),
+    ))
+    .await;
+    assert!(
+        !first.is_finished(),
+        "the revalidation still goes on (the test needs it)"
+    );
+    let r = get_from(STRANGER, p.addr(), &url).await;
+    assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
+    assert!(r.body_str().contains("deny_destinations"), "{}", r.body_str());
+    let r = first.await.expect("first request");
+    assert_eq!((r.status, r.body_str()), (200, "from 127.0.0.3".to_string()));
+    assert_eq!((before.count(), after.count()), (1, 1));
+}
+
 /// The same for what the cache keeps of a response in pieces: a part an
 /// origin's 206 left (RFC 9111 3.3), and slices (`cache.slice`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -193,6 +193,12 @@ async fn origins_and_clients_can_use_other_loopback_addresses() {
     });
     raw_request_from(from, addr, &get("/", "")).await;
     assert_eq!(peer.await.expect("accept task"), from);
+    // `Origin::start_on`: another origin on the first one's port.
+    let at = std::net::SocketAddr::new("127.0.0.4".parse().expect("ip"), origin.addr().port());
+    let other = Origin::start_on(at, |_req| async move { Response::ok("other") }).await;
+    assert_eq!(other.addr(), at);
+    let resp = parse_response(&raw_request(at, &get("/", "")).await);
+    assert_eq!(resp.body_str(), "other");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,6 +523,12 @@ async fn dns_server_answers_known_names_and_nxdomain_and_can_be_slow_or_silent()
         "{:?}",
         started.elapsed()
     );
+
+    // `replace`: the new address alone.
+    let v4b: IpAddr = "127.0.0.8".parse().unwrap();
+    dns.replace("known.test", v4b, 30);
+    let found = r.lookup_ip("known.test.").await.expect("known.test resolves");
+    assert_eq!(found.iter().collect::<Vec<_>>(), [v4b]);
 
     dns.delay(Duration::ZERO);
     dns.silent(true);

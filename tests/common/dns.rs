@@ -99,6 +99,13 @@ impl DnsServer {
         records.entry(normalise(name)).or_default().push((ip, ttl));
     }
 
+    /// Makes `name` resolve to `ip` alone from now on (the addresses it
+    /// had are forgotten), with a TTL of `ttl` seconds.
+    pub fn replace(&self, name: &str, ip: IpAddr, ttl: u32) {
+        let mut records = self.shared.records.lock().expect("dns records lock");
+        records.insert(normalise(name), vec![(ip, ttl)]);
+    }
+
     /// Answers wait `delay` before they are sent (zero: at once).
     pub fn delay(&self, delay: Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);

@@ -363,6 +363,17 @@ impl Origin {
         Self::start_inner(handler, None, ip).await
     }
 
+    /// Like [`Origin::start`], listening at `addr` (a loopback address and
+    /// a port: another origin's port on another loopback address, so that
+    /// one name can move between the two).
+    pub async fn start_on<F, Fut>(addr: std::net::SocketAddr, handler: F) -> Origin
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
+        Self::start_bound(handler, None, addr).await
+    }
+
     /// Like [`Origin::start`] but over TLS, with a fresh self-signed
     /// certificate for `localhost` and `127.0.0.1` (see [`Origin::ca_pem_path`]).
     pub async fn start_tls<F, Fut>(handler: F) -> Origin
@@ -394,9 +405,18 @@ impl Origin {
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
-        let listener = TcpListener::bind((ip, 0))
+        let ip: std::net::IpAddr = ip.parse().unwrap_or_else(|e| panic!("origin: address {ip}: {e}"));
+        Self::start_bound(handler, tls, std::net::SocketAddr::new(ip, 0)).await
+    }
+
+    async fn start_bound<F, Fut>(handler: F, tls: Option<TlsAcceptor>, at: std::net::SocketAddr) -> Origin
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
+        let listener = TcpListener::bind(at)
             .await
-            .unwrap_or_else(|e| panic!("origin: bind {ip}:0: {e}"));
+            .unwrap_or_else(|e| panic!("origin: bind {at}: {e}"));
         let addr = listener.local_addr().expect("origin: local_addr");
         let shared = Arc::new(Shared {
             handler: Arc::new(move |req| Box::pin(handler(req))),
