@@ -21,8 +21,9 @@
 //!
 //! `limits.total_bandwidth` (and `total_bandwidth_burst`) bounds what all
 //! clients together are sent, as Squid's class 1 delay pool does: one
-//! more bucket (a static, not in the table), which every paced write takes
-//! from as well as from its client's; the write waits for the longer of
+//! more bucket (not in the table, and shared by the worker processes:
+//! `shared_buckets`), which every paced write takes from as well as from
+//! its client's; the write waits for the longer of
 //! the two debts. Writes queue on it in the order they take from it, so
 //! its pieces shrink with the writes waiting on it ([`Meter::piece`]): a
 //! client gets a piece every so often rather than a large one after a
@@ -144,16 +145,6 @@ pub struct Meter {
     total_only: bool,
 }
 
-/// The bucket all clients' writes take from (`limits.total_bandwidth`).
-fn total() -> &'static Mutex<Bucket> {
-    static TOTAL: Mutex<Bucket> = Mutex::new(Bucket {
-        // Full at the first write: a refill caps it at the burst.
-        tokens: f64::MAX,
-        at_us: 0,
-    });
-    &TOTAL
-}
-
 /// The meter of every client while only the total is limited.
 fn total_only() -> Arc<Meter> {
     static METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
@@ -209,8 +200,8 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
     let old = TOTAL_RATE.swap(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);
     if rate > 0 && (old == 0 || rate < old) {
-        let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
-        b.tokens = b.tokens.max(-(rate as f64));
+        let now = crate::shared_buckets::now_ns();
+        crate::shared_buckets::total_bandwidth().cap_debt(now, rate as f64, rate as f64);
     }
 }
 
@@ -485,8 +476,11 @@ impl Meter {
             0
         };
         let total_us = if total_rate > 0.0 {
-            let mut b = total().lock().unwrap_or_else(|p| p.into_inner());
-            take(&mut b, n as u64, now, total_rate, total_burst())
+            // Shared with the other worker processes: its own clock.
+            let now = crate::shared_buckets::now_ns();
+            crate::shared_buckets::total_bandwidth()
+                .take_owing(n as f64, now, total_rate, total_burst())
+                .div_ceil(1000)
         } else {
             0
         };

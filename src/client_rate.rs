@@ -118,7 +118,13 @@ pub struct RouteRate {
 /// A route's buckets: one a client, or one for all.
 enum Buckets {
     PerClient(Box<RateTable>),
-    Total(std::sync::Mutex<Bucket>),
+    /// One for all clients, shared by the worker processes
+    /// (`shared_buckets`); `one` lets this process's requests count
+    /// against it and their clients' buckets one at a time.
+    Total {
+        bucket: crate::shared_buckets::Bucket,
+        one: std::sync::Mutex<()>,
+    },
 }
 
 /// Why a route's rates refused a request, with the seconds until it
@@ -192,13 +198,12 @@ impl RouteRate {
     }
 
     /// `rate` requests a second for all clients together, a bucket of
-    /// `burst` (0: the rate), for rule `rule`.
-    pub fn total(rule: usize, rate: u32, burst: u32) -> RouteRate {
-        RouteRate::with(rule, rate, burst, |burst| {
-            Buckets::Total(std::sync::Mutex::new(Bucket {
-                tokens: burst,
-                at_ms: now_ms(),
-            }))
+    /// `burst` (0: the rate), for rule `rule`, the `k`-th rule that sets
+    /// one: its bucket is [`crate::shared_buckets::route`]`(k)`, filled.
+    pub fn total(rule: usize, k: usize, rate: u32, burst: u32) -> RouteRate {
+        RouteRate::with(rule, rate, burst, |_| Buckets::Total {
+            bucket: crate::shared_buckets::route(k),
+            one: std::sync::Mutex::new(()),
         })
     }
 
@@ -214,7 +219,7 @@ impl RouteRate {
 
     /// Whether its bucket is one for all clients (`total_request_rate`).
     pub fn is_total(&self) -> bool {
-        matches!(self.buckets, Buckets::Total(_))
+        matches!(self.buckets, Buckets::Total { .. })
     }
 
     /// Requests a second.
@@ -241,31 +246,30 @@ impl RouteRate {
         let r = match &self.buckets {
             Buckets::PerClient(t) if take_one => t.take(ip, self.rate, self.burst),
             Buckets::PerClient(t) => t.peek(ip, self.rate, self.burst),
-            Buckets::Total(b) => {
-                let mut held = b.lock().unwrap_or_else(|e| e.into_inner());
-                // A look takes from a copy.
-                let mut copy = *held;
-                let b = if take_one { &mut *held } else { &mut copy };
-                take(b, now_ms(), self.rate, self.burst).map_err(whole_seconds)
-            }
+            Buckets::Total { bucket, .. } => bucket
+                .take_one(crate::shared_buckets::now_ns(), self.rate, self.burst, take_one)
+                .map_err(|ns| whole_seconds(ns.div_ceil(1_000_000))),
         };
         self.refused_if(ip, r)
     }
 
     /// Counts a request from `ip` against this bucket for all clients
     /// (`take`, or a look that takes nothing) and, through `client`,
-    /// against its client's bucket, all under the total's lock: no request
-    /// ever finds the total, or its client's bucket, short of a token that
-    /// another request holds only until it is refused. Its client's bucket
-    /// decides first (a 429 takes nothing from the total); an empty total
-    /// looks at the client's bucket only to tell which refusal comes.
+    /// against its client's bucket. Its client's bucket decides first (a
+    /// 429 takes nothing from the total), by a look; then the total is
+    /// taken from, then the client's bucket. This process's requests for
+    /// the route do all that one at a time, so none ever finds either
+    /// bucket short of a request another holds only until it is refused.
+    /// (Only a request on another route sharing the client's bucket, under
+    /// `continue = true`, can empty it between the look and the take: the
+    /// total then gets its request back.)
     fn count_total(
         &self,
         ip: IpAddr,
         take: bool,
-        client: impl FnOnce(bool) -> Result<(), RouteRefusal>,
+        client: impl Fn(bool) -> Result<(), RouteRefusal>,
     ) -> Result<(), RouteRefusal> {
-        let Buckets::Total(b) = &self.buckets else {
+        let Buckets::Total { bucket, one } = &self.buckets else {
             // Not a total: counted as any bucket, after the client's.
             client(take)?;
             return self.count(ip, take).map_err(RouteRefusal::Total);
@@ -273,17 +277,18 @@ impl RouteRate {
         if crate::client_limit::is_exempt(ip) {
             return client(take);
         }
-        let mut held = b.lock().unwrap_or_else(|e| e.into_inner());
-        let mut after = *held;
-        if let Err(wait) = self::take(&mut after, now_ms(), self.rate, self.burst) {
-            client(false)?;
+        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        client(false)?;
+        let now = crate::shared_buckets::now_ns();
+        if let Err(wait_ns) = bucket.take_one(now, self.rate, self.burst, take) {
+            let wait = whole_seconds(wait_ns.div_ceil(1_000_000));
             return Err(RouteRefusal::Total(
-                self.refused_if(ip, Err(whole_seconds(wait))).err().unwrap_or(1),
+                self.refused_if(ip, Err(wait)).err().unwrap_or(wait),
             ));
         }
-        client(take)?;
-        if take {
-            *held = after;
+        if take && let Err(refused) = client(true) {
+            bucket.give_back_one(self.rate);
+            return Err(refused);
         }
         Ok(())
     }
@@ -445,7 +450,7 @@ mod tests {
     #[test]
     fn a_routes_total_is_one_bucket_for_all_and_gives_back_what_the_client_spent() {
         let per_client = RouteRate::new(0, 1, 2);
-        let total = RouteRate::total(0, 1, 2);
+        let total = RouteRate::total(0, 100, 1, 2);
         let (a, b, c) = (
             "203.0.113.11".parse().unwrap(),
             "203.0.113.12".parse().unwrap(),
@@ -474,7 +479,7 @@ mod tests {
     #[test]
     fn a_request_the_total_refuses_never_makes_its_clients_other_one_look_over_its_rate() {
         let per_client = RouteRate::new(0, 1, 1);
-        let total = RouteRate::total(0, 1, 1);
+        let total = RouteRate::total(0, 101, 1, 1);
         let (other, a): (IpAddr, IpAddr) = ("203.0.113.21".parse().unwrap(), "203.0.113.22".parse().unwrap());
         assert_eq!(check_route(Some(&per_client), Some(&total), other), Ok(()));
         let (over_rate, served) = (AtomicU64::new(0), AtomicU64::new(0));

@@ -15,7 +15,8 @@
 //! Around it, the control plane: `server` starts a serving process
 //! (`sizing`, `privdrop`, `notify`, `signals`, `reload`, `drain`), or with
 //! `server.processes > 1` the `supervisor` starts the workers (`worker`
-//! tells a process which one it is). `config` is read at start and on
+//! tells a process which one it is; `shared_buckets` holds the limits they
+//! keep together). `config` is read at start and on
 //! reload. docs/ARCHITECTURE.md walks through it all.
 
 #![warn(missing_docs)]
@@ -41,6 +42,7 @@ pub mod proxy;
 pub(crate) mod reload;
 pub mod rules;
 pub mod server;
+pub(crate) mod shared_buckets;
 pub(crate) mod signals;
 pub mod sizing;
 pub mod stats;

@@ -37,9 +37,12 @@
 //! request shows the sum over all (`stats::workers`). The same directory
 //! carries each worker's TLS ticket key seed as it starts (a 0600 file the
 //! worker removes once read; `tls_resume`), so every worker seals and
-//! opens session tickets with the same rotating keys. Per process: the
-//! memory tier, the upstream connection pools, the TLS session cache, the
-//! counters.
+//! opens session tickets with the same rotating keys. The buckets of the
+//! limits for all clients (`limits.total_bandwidth`, a route's
+//! `total_request_rate`) are a memory file the supervisor makes and every
+//! worker maps (`shared_buckets`). Per process: the memory tier, the
+//! upstream connection pools, the TLS session cache, the counters, the
+//! per-client limits.
 
 use crate::config::Config;
 use crate::signals::{Sig, Signals};
@@ -150,11 +153,25 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
         }
         (false, _) => None,
     };
+    // The buckets of the limits for all clients, which the workers keep
+    // together (`shared_buckets`).
+    let buckets = match crate::shared_buckets::create() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::warn!(
+                "cannot make the limits' shared buckets: {cause}; each worker keeps limits.total_bandwidth \
+                 and the routes' total_request_rate on its own",
+                cause = crate::util::io_cause(&e)
+            );
+            None
+        }
+    };
     let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
         notify: relay_path,
         seed,
         tls: config.tls.clone(),
+        buckets,
     };
     runtime.block_on(async move {
         let relay = relay.map(|(s, _)| s);
@@ -328,6 +345,13 @@ fn start(
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
+    match &env.buckets {
+        Some(fd) => cmd.env(
+            crate::shared_buckets::ENV_FD,
+            std::os::fd::AsRawFd::as_raw_fd(fd).to_string(),
+        ),
+        None => cmd.env_remove(crate::shared_buckets::ENV_FD),
+    };
     // The ticket keys: the chain as of the oldest period a worker keeps now.
     cmd.env_remove(crate::tls_resume::ENV_SEED);
     if let (Some(seed), Some(dir)) = (env.seed.as_mut(), &env.stats_dir) {
@@ -398,6 +422,8 @@ struct WorkerEnv {
     seed: Option<crate::tls_resume::Seed>,
     /// `[tls]` as the supervisor started: how far the chain moves on.
     tls: crate::config::TlsConfig,
+    /// The memory file of the limits' buckets (`shared_buckets`), inherited.
+    buckets: Option<std::os::fd::OwnedFd>,
 }
 
 /// The current time in seconds since the epoch.

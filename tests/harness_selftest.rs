@@ -205,6 +205,7 @@ async fn origins_and_clients_can_use_other_loopback_addresses() {
 async fn keep_alive_with_raw_client() {
     let origin = echo_origin().await;
     let mut client = RawClient::connect(origin.addr()).await;
+    assert!(client.local_addr().ip().is_loopback() && client.local_addr().port() != 0);
     client.send(b"GET /1 HTTP/1.1\r\nHost: o\r\n\r\n").await;
     assert_eq!(client.read_response().await.body_str(), "GET /1 0");
     client.send(b"HEAD /2 HTTP/1.1\r\nHost: o\r\n\r\n").await;

@@ -864,3 +864,129 @@ async fn every_error_log_line_of_a_worker_names_the_worker() {
         }
     }
 }
+
+/// A two-worker server routing to `origin`, with `extra` TOML (limits, a
+/// rule's settings on its one rule), both workers started.
+async fn limited_workers(origin: &Origin, limits: &str, rule: &str) -> (Portico, BTreeSet<u32>) {
+    let p = Portico::start(&format!(
+        "[server]\nprocesses = 2\nworkers = 1\n\n\
+         [[listener]]\naddress = \"{}\"\nmode = \"reverse\"\n\n\
+         [limits]\n{limits}\n\n\
+         [[upstream]]\nname = \"o\"\nservers = [\"{}\"]\n\n\
+         [[rule]]\nhost = \"*\"\nupstream = \"o\"\n{rule}\n",
+        free_addr(),
+        origin.addr()
+    ))
+    .await;
+    let pids = both_started(&p).await.values().copied().collect();
+    (p, pids)
+}
+
+/// [`get_via`] that sends the request before it looks for the worker
+/// (which then has accepted the connection at once: with the listener's
+/// `TCP_DEFER_ACCEPT`, a connection that sent nothing waits a second).
+async fn get_sent_first(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, ParsedResponse) {
+    let mut stream = RawClient::connect(addr).await;
+    let client = stream.local_addr();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: www.example.com\r\n\r\n");
+    stream.send(req.as_bytes()).await;
+    let mut served_by = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while served_by.is_none() && Instant::now() < deadline {
+        served_by = server_inode(addr, client).and_then(|inode| owner(pids, inode));
+        if served_by.is_none() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    // Kept alive (the socket is still there to be found), then closed.
+    (served_by, stream.read_response().await)
+}
+
+/// A route's `total_request_rate` is kept by the workers together (their
+/// buckets are one, `shared_buckets`): with a burst of 5 and 1 a second,
+/// requests spread over both workers get 5 answers and 1 more a second,
+/// not 5 from each worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_total_request_rate_is_kept_by_the_workers_together() {
+    let o = origin("o").await;
+    let (p, pids) = limited_workers(&o, "", "total_request_rate = 1\ntotal_request_burst = 5\n").await;
+    let started = Instant::now();
+    let mut by_worker: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut answered = 0;
+    for n in 0..400 {
+        let (pid, r) = get_sent_first(p.addr(), &format!("/n{n}"), &pids).await;
+        match r.status {
+            200 => answered += 1,
+            503 => {}
+            other => panic!("status {other}: {}", r.body_str()),
+        }
+        *by_worker.entry(pid.expect("a worker accepted it")).or_default() += 1;
+        if by_worker.len() == 2 && by_worker.values().all(|&c| c >= 6) {
+            break;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(
+        by_worker.len() == 2 && by_worker.values().all(|&c| c >= 6),
+        "the requests did not reach both workers 6 times each: {by_worker:?}"
+    );
+    // Each worker on its own would have answered 5 at once.
+    assert!(
+        answered as f64 <= 5.0 + elapsed.ceil(),
+        "{answered} answered in {elapsed:.1} s over {by_worker:?}"
+    );
+    assert!(answered >= 5, "{answered} answered");
+}
+
+/// `limits.total_bandwidth` too: two downloads of 128 KiB, one from each
+/// worker, under 64 KiB a second for all (a burst of 64 KiB) take about
+/// 3 s together, not 1 s each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_bandwidth_is_kept_by_the_workers_together() {
+    let o = Origin::start(|_req| async { Response::ok("").generated(128 << 10) }).await;
+    let (p, pids) = limited_workers(&o, "total_bandwidth = \"64KiB\"\ntotal_bandwidth_burst = \"64KiB\"", "").await;
+    // A connection to each worker.
+    let mut conns: BTreeMap<u32, TcpStream> = BTreeMap::new();
+    for _ in 0..200 {
+        let stream = TcpStream::connect(p.addr()).await.expect("connect");
+        let client = stream.local_addr().expect("local addr");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut served_by = None;
+        while served_by.is_none() && Instant::now() < deadline {
+            served_by = server_inode(p.addr(), client).and_then(|inode| owner(&pids, inode));
+            if served_by.is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        conns.entry(served_by.expect("a worker accepted it")).or_insert(stream);
+        if conns.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(conns.len(), 2, "no connection reached the second worker");
+    let started = Instant::now();
+    let downloads: Vec<_> = conns
+        .into_values()
+        .enumerate()
+        .map(|(n, mut s)| {
+            tokio::spawn(async move {
+                let req = format!("GET /big{n} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
+                s.write_all(req.as_bytes()).await.expect("write request");
+                let mut buf = Vec::new();
+                tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut buf))
+                    .await
+                    .expect("response in time")
+                    .expect("read response");
+                parse_response(&buf)
+            })
+        })
+        .collect();
+    for d in downloads {
+        let r = d.await.expect("download");
+        assert_eq!((r.status, r.body.len()), (200, 128 << 10));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // 256 KiB, 64 KiB of them at once: 3 s at 64 KiB a second. Each
+    // worker on its own: 1 s.
+    assert!(elapsed >= 2.4, "both downloads done in {elapsed:.2} s");
+}

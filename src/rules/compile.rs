@@ -440,9 +440,16 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
         request_rate: r
             .request_rate
             .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
-        total_request_rate: r
-            .total_request_rate
-            .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::total(i, rate, r.total_request_burst.unwrap_or(0))))),
+        total_request_rate: r.total_request_rate.map(|rate| {
+            (rate > 0).then(|| {
+                // The K-th rule with one: its bucket shared by the workers.
+                let k = config.rule[..i]
+                    .iter()
+                    .filter(|r| r.total_request_rate.is_some_and(|t| t > 0))
+                    .count();
+                Arc::new(RouteRate::total(i, k, rate, r.total_request_burst.unwrap_or(0)))
+            })
+        }),
         bandwidth: bandwidth.map(|rate| Bandwidth {
             rate,
             after: r.bandwidth_after.map_or(0, |a| a.bytes()),

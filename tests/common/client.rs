@@ -79,6 +79,11 @@ impl RawClient {
         }
     }
 
+    /// The connection's own address (which a server sees it from).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.stream.local_addr().expect("raw client: local_addr")
+    }
+
     /// Connects to `addr` from the local address `src` (port chosen by
     /// the system), e.g. `127.0.0.3` to be a client other than 127.0.0.1
     /// (every 127.0.0.0/8 address is local). Panics if refused.
