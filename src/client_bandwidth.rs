@@ -193,15 +193,19 @@ pub(crate) fn set(rate: u64, burst: u64) {
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
 /// its burst (0: one second's worth), at start-up and on every reload.
 /// When the rate falls (or a limit appears), a debt run up at the higher
-/// rate is cut to a second of the new one, as [`set`] does the clients'.
+/// rate is cut to a second of the new one, as [`set`] does the clients';
+/// when it rises, the debt (kept as time) is paid at the new rate.
 pub(crate) fn set_total(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
     TOTAL_BURST.store(burst, Ordering::Relaxed);
     let old = TOTAL_RATE.swap(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);
+    let now = crate::shared_buckets::now_ns();
     if rate > 0 && (old == 0 || rate < old) {
-        let now = crate::shared_buckets::now_ns();
         crate::shared_buckets::total_bandwidth().cap_debt(now, rate as f64, rate as f64);
+    } else if old > 0 && rate > old {
+        // The debt is kept as time: paid back at the raised rate, it is shorter.
+        crate::shared_buckets::total_bandwidth().rescale_debt(now, old as f64, rate as f64);
     }
 }
 
@@ -478,9 +482,9 @@ impl Meter {
         let total_us = if total_rate > 0.0 {
             // Shared with the other worker processes: its own clock.
             let now = crate::shared_buckets::now_ns();
-            crate::shared_buckets::total_bandwidth()
-                .take_owing(n as f64, now, total_rate, total_burst())
-                .div_ceil(1000)
+            // Whole microseconds down: a take's span is rounded up to the
+            // nanosecond, which must not make a write in the burst wait.
+            crate::shared_buckets::total_bandwidth().take_owing(n as f64, now, total_rate, total_burst()) / 1000
         } else {
             0
         };

@@ -124,6 +124,8 @@ enum Buckets {
     Total {
         bucket: crate::shared_buckets::Bucket,
         one: std::sync::Mutex<()>,
+        /// Put in force ([`RouteRate::activate`]).
+        activated: std::sync::atomic::AtomicBool,
     },
 }
 
@@ -198,13 +200,27 @@ impl RouteRate {
     }
 
     /// `rate` requests a second for all clients together, a bucket of
-    /// `burst` (0: the rate), for rule `rule`, the `k`-th rule that sets
-    /// one: its bucket is [`crate::shared_buckets::route`]`(k)`, filled.
-    pub fn total(rule: usize, k: usize, rate: u32, burst: u32) -> RouteRate {
+    /// `burst` (0: the rate), for rule `rule`, kept in `bucket` (shared by
+    /// the worker processes: `shared_buckets::route`), which
+    /// [`RouteRate::activate`] fills when the rule is put in force.
+    pub fn total(rule: usize, bucket: crate::shared_buckets::Bucket, rate: u32, burst: u32) -> RouteRate {
         RouteRate::with(rule, rate, burst, |_| Buckets::Total {
-            bucket: crate::shared_buckets::route(k),
+            bucket,
             one: std::sync::Mutex::new(()),
+            activated: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Puts a `total_request_rate` in force, the first time only: its
+    /// bucket is filled if `fill` (a rule list compiled anew at a reload),
+    /// else left as the worker processes hold it (at start).
+    pub(crate) fn activate(&self, fill: bool) {
+        if let Buckets::Total { bucket, activated, .. } = &self.buckets
+            && !activated.swap(true, Ordering::AcqRel)
+            && fill
+        {
+            bucket.fill();
+        }
     }
 
     fn with(rule: usize, rate: u32, burst: u32, buckets: impl FnOnce(f64) -> Buckets) -> RouteRate {
@@ -269,7 +285,7 @@ impl RouteRate {
         take: bool,
         client: impl Fn(bool) -> Result<(), RouteRefusal>,
     ) -> Result<(), RouteRefusal> {
-        let Buckets::Total { bucket, one } = &self.buckets else {
+        let Buckets::Total { bucket, one, .. } = &self.buckets else {
             // Not a total: counted as any bucket, after the client's.
             client(take)?;
             return self.count(ip, take).map_err(RouteRefusal::Total);
@@ -448,9 +464,9 @@ mod tests {
     }
 
     #[test]
-    fn a_routes_total_is_one_bucket_for_all_and_gives_back_what_the_client_spent() {
+    fn a_routes_total_is_one_bucket_for_all_and_takes_nothing_from_a_client_it_refuses() {
         let per_client = RouteRate::new(0, 1, 2);
-        let total = RouteRate::total(0, 100, 1, 2);
+        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 2);
         let (a, b, c) = (
             "203.0.113.11".parse().unwrap(),
             "203.0.113.12".parse().unwrap(),
@@ -479,7 +495,7 @@ mod tests {
     #[test]
     fn a_request_the_total_refuses_never_makes_its_clients_other_one_look_over_its_rate() {
         let per_client = RouteRate::new(0, 1, 1);
-        let total = RouteRate::total(0, 101, 1, 1);
+        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1);
         let (other, a): (IpAddr, IpAddr) = ("203.0.113.21".parse().unwrap(), "203.0.113.22".parse().unwrap());
         assert_eq!(check_route(Some(&per_client), Some(&total), other), Ok(()));
         let (over_rate, served) = (AtomicU64::new(0), AtomicU64::new(0));

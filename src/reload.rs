@@ -52,6 +52,7 @@ impl Running {
     ) -> Result<Running, String> {
         let config = per_process(config);
         let state = Shared::new(config.clone())?;
+        state.rules.activate(false);
         if let Some(disk) = state.cache.as_ref().and_then(|c| c.disk()) {
             if config.server.processes > 1 {
                 disk.set_shared_dir(true);
@@ -241,6 +242,7 @@ impl Running {
         // already be refused as a loop.
         let bound: Vec<SocketAddr> = added.iter().map(|(c, s)| bound_address(c, s)).collect();
         self.publish_own_addresses(&bound);
+        shared.rules.activate(true);
         self.shared.store(Arc::new(shared));
         self.config = new;
         self.publish_client_limit();

@@ -59,6 +59,8 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         // every line with "worker I: " itself (`log::init_error_log`).
         tracing::info!("worker {i} (pid {}) starting", std::process::id());
         crate::worker::set_index(i);
+        // Whether it keeps the limits for all clients with the others.
+        crate::shared_buckets::report();
     }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -5,13 +5,14 @@
 //! `limit_req` zone in shared memory).
 //!
 //! A bucket is one atomic number: its "theoretical arrival time" (the
-//! generic cell rate algorithm of ATM networks, RFC 2697's token bucket in
-//! another form), the instant in nanoseconds of `CLOCK_MONOTONIC` at which
-//! the bucket would be back to empty. `now - tat` is what it holds, in time:
+//! generic cell rate algorithm of ATM networks, ITU-T I.371: a token bucket
+//! in another form), the instant in nanoseconds of [`now_ns`]'s clock at
+//! which the bucket would be back to empty. `now - tat` is what it holds, in time:
 //! times the rate, its tokens, at most `burst`; a `tat` after `now` is a
 //! debt. Taking is one compare-and-swap, which another process may do at
 //! the same time on the same bucket, and `CLOCK_MONOTONIC` is one clock for
-//! every process of the machine. A bucket at 0 is full.
+//! every process of the machine. A bucket at 0 is full ([`now_ns`] starts
+//! far enough from 0 for any burst).
 //!
 //! The supervisor makes a memory file (`memfd_create`) of [`SLOTS`] buckets
 //! and hands it to each worker it starts (inherited, its number in
@@ -35,20 +36,34 @@ pub const TOTAL_BANDWIDTH: usize = 0;
 /// reading the same configuration finds it in the same place.
 pub const ROUTES: usize = 1;
 
+/// Why this worker could not map the buckets it was handed, if so.
+static NOT_MAPPED: OnceLock<String> = OnceLock::new();
+
 /// The buckets: shared with the other workers, or this process's own.
 fn slots() -> &'static [AtomicU64] {
     static SLOTS_IN_USE: OnceLock<&'static [AtomicU64]> = OnceLock::new();
     SLOTS_IN_USE.get_or_init(|| match inherited() {
         Some(Ok(shared)) => shared,
         Some(Err(e)) => {
-            tracing::warn!(
-                "cannot map the limits' buckets shared with the other workers ({e}): this worker keeps \
-                 limits.total_bandwidth and the routes' total_request_rate on its own"
-            );
+            // Said by `report`: the first use may come before the error
+            // log is open (the config check compiles the rules).
+            let _ = NOT_MAPPED.set(e);
             own()
         }
         None => own(),
     })
+}
+
+/// Maps the buckets now if nothing has yet, and says in the error log if
+/// this worker could not: called once the log is open.
+pub fn report() {
+    slots();
+    if let Some(e) = NOT_MAPPED.get() {
+        tracing::warn!(
+            "cannot map the limits' buckets shared with the other workers ({e}): this worker keeps \
+             limits.total_bandwidth and the routes' total_request_rate on its own"
+        );
+    }
 }
 
 /// Buckets of this process's own.
@@ -66,15 +81,26 @@ fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
         Ok(fd) if fd > 2 => fd,
         _ => return Some(Err(format!("{ENV_FD} is not a file descriptor: {fd:?}"))),
     };
-    Some(map(fd))
+    // Only the supervisor's memory file, sealed against resizing, is
+    // mapped (what else that number may be is not written to).
+    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) != libc::F_SEAL_SHRINK | libc::F_SEAL_GROW {
+        return Some(Err(format!("fd {fd} is not the supervisor's sealed memory file")));
+    }
+    let mapped = map(fd);
+    // Mapped (or not): not handed on to anything this worker might start.
+    // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Some(mapped)
 }
 
 /// Maps the memory file `fd` (inherited, left open: it is the
 /// supervisor's gift and mapped once) as the buckets.
 fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
     let len = SLOTS * std::mem::size_of::<AtomicU64>();
-    // SAFETY: fstat writes into the `stat` it is given, which lives for
-    // the call; `fd` is only read.
+    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
+    // is a valid value of it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above: a valid pointer to a `stat`, any descriptor number.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
@@ -107,14 +133,23 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
-/// buckets, all full (zero), and inheritable (no close-on-exec). Its
-/// number goes in [`ENV_FD`]; it stays open in the supervisor, so a
-/// worker restarted later gets the same one.
+/// buckets, all full (zero), inheritable (no close-on-exec), never
+/// executable, and sealed at its size (a holder that shrank it would
+/// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
+/// stays open in the supervisor, so a worker restarted later gets the
+/// same one.
 pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: the name is a NUL-terminated C string; no flags, so the
-    // descriptor is inherited across exec, as meant.
-    let fd = unsafe { libc::memfd_create(c"portico-buckets".as_ptr(), 0) };
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // MFD_NOEXEC_SEAL (Linux 6.3): older kernels refuse the flag.
+    const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
+    let name = c"portico-buckets";
+    // SAFETY: the name is a NUL-terminated C string; without MFD_CLOEXEC
+    // the descriptor is inherited across exec, as meant.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL) };
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
+    }
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -122,10 +157,17 @@ pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
     let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let file = std::fs::File::from(owned);
     file.set_len((SLOTS * std::mem::size_of::<AtomicU64>()) as u64)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(file.into())
 }
 
-/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process.
+/// Nanoseconds of `CLOCK_MONOTONIC` (one clock for every process), plus
+/// 2^60 (36 years): a bucket at 0 is then full whatever its burst, also
+/// just after the machine booted.
 pub fn now_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the `timespec` it is given, which lives
@@ -135,6 +177,7 @@ pub fn now_ns() -> u64 {
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+        .saturating_add(1 << 60)
 }
 
 /// The bucket of `limits.total_bandwidth`.
@@ -144,20 +187,25 @@ pub fn total_bandwidth() -> Bucket {
 
 /// The `total_request_rate` bucket of the `k`-th rule that sets one
 /// (counting from 0): shared by the workers for the first
-/// `SLOTS - ROUTES`, this process's own past them. Filled: a new
-/// limit starts full.
+/// `SLOTS - ROUTES`, this process's own past them. Left as it is: see
+/// [`Bucket::fill`].
 pub fn route(k: usize) -> Bucket {
-    let b = match slots().get(ROUTES + k) {
+    match slots().get(ROUTES + k) {
         Some(a) => Bucket(Slot::Shared(a)),
-        None => Bucket(Slot::Own(std::sync::Arc::new(AtomicU64::new(0)))),
-    };
-    b.fill();
-    b
+        None => Bucket::own(),
+    }
 }
 
 /// One bucket: its theoretical arrival time (see the module's text).
 #[derive(Debug, Clone)]
 pub struct Bucket(Slot);
+
+impl Bucket {
+    /// A bucket of its own, full, shared with nothing.
+    pub fn own() -> Bucket {
+        Bucket(Slot::Own(std::sync::Arc::new(AtomicU64::new(0))))
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Slot {
@@ -211,6 +259,20 @@ impl Bucket {
         self.0.get().store(0, Ordering::Release);
     }
 
+    /// Pays a debt run up at `old` units a second at `new` instead (a
+    /// reload that raised the rate): what it owes in units is the same.
+    /// Each worker process reloads on its own, so with N of them the debt
+    /// shrinks N times over: forgiven sooner, never made longer.
+    pub fn rescale_debt(&self, now: u64, old: f64, new: f64) {
+        let _ = self.0.get().fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+            Some(if tat > now {
+                now + ((tat - now) as f64 * old / new) as u64
+            } else {
+                tat
+            })
+        });
+    }
+
     /// Cuts a debt to what `most` units take at `rate` (a reload that
     /// lowered the rate: a debt run up at the old one is not paid back at
     /// the new one for minutes).
@@ -224,16 +286,21 @@ impl Bucket {
 }
 
 /// The time `tat` stands for at `now`, a full bucket's at most: a bucket
-/// that was full for longer holds no more than `burst`.
-fn refilled(tat: u64, now: u64, rate: f64, burst: f64) -> u64 {
-    tat.max(now.saturating_sub(span_ns(burst, rate)))
+/// that was full for longer holds no more than `burst` units of `unit`
+/// nanoseconds each (the same rounding as what a take adds, so a full
+/// bucket lets exactly `burst` units through).
+fn refilled(tat: u64, now: u64, unit: u64, burst: f64) -> u64 {
+    tat.max(now.saturating_sub((burst * unit as f64) as u64))
 }
 
 /// See [`Bucket::take_owing`].
 fn take_owing(a: &AtomicU64, n: f64, now: u64, rate: f64, burst: f64) -> u64 {
+    // Bytes: the burst's span rounded as one, a take's as one (each at
+    // most a nanosecond up; see `take_owing`'s callers for what that is).
+    let full = span_ns(burst, rate);
     let mut tat = a.load(Ordering::Acquire);
     loop {
-        let new = refilled(tat, now, rate, burst).saturating_add(span_ns(n, rate));
+        let new = tat.max(now.saturating_sub(full)).saturating_add(span_ns(n, rate));
         match a.compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return new.saturating_sub(now),
             Err(seen) => tat = seen,
@@ -243,9 +310,10 @@ fn take_owing(a: &AtomicU64, n: f64, now: u64, rate: f64, burst: f64) -> u64 {
 
 /// See [`Bucket::take_one`].
 fn take_one(a: &AtomicU64, now: u64, rate: f64, burst: f64, take: bool) -> Result<(), u64> {
+    let unit = span_ns(1.0, rate);
     let mut tat = a.load(Ordering::Acquire);
     loop {
-        let new = refilled(tat, now, rate, burst).saturating_add(span_ns(1.0, rate));
+        let new = refilled(tat, now, unit, burst).saturating_add(unit);
         if new > now {
             return Err(new - now);
         }
@@ -286,9 +354,27 @@ mod tests {
         assert!(take_one(&a, now + 60 * S, 2.0, 3.0, true).is_err());
     }
 
+    /// A rate whose period is no whole number of nanoseconds (a third of
+    /// a second) still lets the whole burst through.
+    #[test]
+    fn a_full_bucket_lets_its_whole_burst_through_at_any_rate() {
+        for rate in [3.0_f64, 7.0, 30.0, 300.0, 999_999.0] {
+            let a = AtomicU64::new(0);
+            let now = now_ns();
+            let burst = rate.min(1000.0);
+            for i in 0..burst as usize {
+                assert_eq!(take_one(&a, now, rate, burst, true), Ok(()), "rate {rate}, request {i}");
+            }
+            assert!(
+                take_one(&a, now, rate, burst, true).is_err(),
+                "rate {rate}: past the burst"
+            );
+        }
+    }
+
     #[test]
     fn a_unit_given_back_can_be_taken_again() {
-        let b = Bucket(Slot::Own(std::sync::Arc::new(AtomicU64::new(0))));
+        let b = Bucket::own();
         let now = 100 * S;
         assert_eq!(b.take_one(now, 1.0, 1.0, true), Ok(()));
         assert!(b.take_one(now, 1.0, 1.0, false).is_err());
@@ -313,13 +399,33 @@ mod tests {
 
     #[test]
     fn a_debt_is_cut_to_what_a_lowered_rate_pays_in_a_second() {
-        let b = Bucket(Slot::Own(std::sync::Arc::new(AtomicU64::new(0))));
+        let b = Bucket::own();
         let now = 100 * S;
         assert_eq!(b.take_owing(10_000.0, now, 1000.0, 1000.0), 9 * S);
         b.cap_debt(now, 100.0, 100.0);
         assert_eq!(b.take_owing(0.0, now, 100.0, 100.0), S);
         b.fill();
         assert_eq!(b.take_owing(100.0, now, 100.0, 100.0), 0, "full again");
+    }
+
+    #[test]
+    fn a_debt_run_up_at_a_lower_rate_is_paid_at_a_raised_one() {
+        let b = Bucket::own();
+        let now = 100 * S;
+        // 2,000 bytes past a 1,000-byte burst at 1,000 a second: 2 s owed...
+        assert_eq!(b.take_owing(3000.0, now, 1000.0, 1000.0), 2 * S);
+        // ...and 0.2 s at 10,000 a second.
+        b.rescale_debt(now, 1000.0, 10_000.0);
+        assert_eq!(b.take_owing(0.0, now, 10_000.0, 10_000.0), S / 5);
+    }
+
+    #[test]
+    fn a_bucket_at_zero_is_full_whatever_its_burst() {
+        let a = AtomicU64::new(0);
+        let now = now_ns();
+        for _ in 0..100_000 {
+            assert_eq!(take_one(&a, now, 1.0, 100_000.0, true), Ok(()));
+        }
     }
 
     #[test]

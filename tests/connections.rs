@@ -1678,7 +1678,7 @@ async fn a_request_over_its_routes_rate_is_refused_before_it_waits_for_a_place()
 /// `$server_name`): one bucket for all the route's clients, past which a
 /// request gets 503 with `Retry-After`, whoever sends it. A client's own
 /// `request_rate` is counted first (its 429 takes nothing from the
-/// total), and a request the total refuses gives its client's back.
+/// total), and a request the total refuses takes nothing from its client's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() {
     let origin = Origin::start(|_req| async { Response::ok("served") }).await;
@@ -1714,9 +1714,9 @@ async fn a_routes_total_request_rate_refuses_every_client_with_503_once_spent() 
     }
     // The first client spends its own burst of 2, then its bucket refuses
     // it (429), taking nothing from the total (3): the second client gets
-    // the last one. Then the total refuses it (503), and gives its own
-    // request back each time, or the third would be a 429 (its bucket of
-    // 2, one spent). Another route is served.
+    // the last one. Then the total refuses it (503), taking nothing from
+    // its own bucket, or the third would be a 429 (its bucket of 2, one
+    // spent). Another route is served.
     assert_eq!(statuses, [200, 200, 429, 200, 503, 503, 200]);
     assert_eq!(origin.count(), 4, "a refused request reached the origin");
     // A second later the bucket has a request again, for either client.
@@ -1762,6 +1762,52 @@ async fn a_reload_keeps_a_routes_buckets_unless_the_rules_change() {
     // A rule changed: full buckets.
     p.reload(&config("request_burst = 2\n")).await;
     assert_eq!((status().await, status().await), (200, 200));
+}
+
+/// A reload that fails after it compiled a changed rule list (here an
+/// `[[acl]]` entry it reads later is invalid) leaves the running route's
+/// `total_request_rate` bucket as it was; one that succeeds puts the new
+/// rules in force with a full bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reload_leaves_a_routes_total_bucket_and_a_good_one_fills_it() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let addr = free_addr();
+    let config = |burst: u32, extra: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[cache]\nenabled = false\n\n\
+             [[rule]]\npath = \"/report\"\ntotal_request_rate = 1\ntotal_request_burst = {burst}\n{extra}"
+        )
+    };
+    let p = Portico::start(&config(2, "")).await;
+    let report = get(&origin, "/report", "Connection: close\r\n");
+    let status = || async { parse_response(&raw_request(p.addr(), &report).await).status };
+    let spent = std::time::Instant::now();
+    assert_eq!((status().await, status().await, status().await), (200, 200, 503));
+    let fails = p.stderr().matches("still running on the previous config").count();
+    p.rewrite_config(&config(3, "\n[[acl]]\naction = \"deny\"\nhost_regex = \"(\"\n"));
+    p.signal(libc::SIGHUP);
+    for _ in 0..250 {
+        if p.stderr().matches("still running on the previous config").count() > fails {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(p.stderr().contains("host_regex"), "{}", p.stderr());
+    let mut served = 0;
+    for _ in 0..3 {
+        served += usize::from(status().await == 200);
+    }
+    // Only what the rate gave back since the burst was spent, one a
+    // second (a refilled bucket would have served 2 at once).
+    let given = spent.elapsed().as_secs_f64().floor() as usize;
+    assert!(served <= given, "{served} served {given} s after the burst was spent");
+    // A good reload of changed rules: full, at its new burst.
+    p.reload(&config(3, "")).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(status().await);
+    }
+    assert_eq!(statuses, [200, 200, 200]);
 }
 
 #[test]

@@ -119,7 +119,10 @@ impl Rules {
     /// only, but for the routes' `request_rate` and `total_request_rate`
     /// buckets it holds: a reload that leaves the rules as they were
     /// keeps them (and the clients' debts), one that changes any rule
-    /// starts them full.
+    /// starts them full. A `total_request_rate` bucket is a place in
+    /// `shared_buckets`, filled only when the rules are put in force
+    /// ([`Rules::activate`]): a reload that fails after the compile
+    /// leaves the running routes' buckets as they were.
     pub fn compile(config: &Config) -> Result<Rules, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Rules)>> = std::sync::Mutex::new(None);
         let names: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
@@ -139,8 +142,12 @@ impl Rules {
 
     fn compile_fresh(config: &Config) -> Result<Rules, RuleError> {
         let mut rules = Vec::with_capacity(config.rule.len());
+        // The K-th rule with a `total_request_rate` has the K-th bucket of
+        // those the worker processes share (`shared_buckets::route`).
+        let mut totals = 0;
         for (i, r) in config.rule.iter().enumerate() {
-            rules.push(compile_rule(i, r, config).map_err(|(path, message)| RuleError { path, message })?);
+            rules.push(compile_rule(i, totals, r, config).map_err(|(path, message)| RuleError { path, message })?);
+            totals += usize::from(r.total_request_rate.is_some_and(|t| t > 0));
         }
         let index = Index::build(&mut rules).map_err(|message| RuleError {
             path: vec![PathSeg::Key("rule")],
@@ -164,7 +171,8 @@ fn regex(i: usize, key: &'static str, pattern: &str) -> Result<Regex, Fail> {
     Regex::new(pattern).map_err(|e| at(i, key, format!("invalid regular expression: {e}")))
 }
 
-fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail> {
+/// Rule `i`; `total_slot`: its `total_request_rate` bucket, if it sets one.
+fn compile_rule(i: usize, total_slot: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail> {
     let mut describe = Vec::new();
     let host = match r.host.as_deref() {
         None => HostMatch::Any,
@@ -244,7 +252,7 @@ fn compile_rule(i: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail>
         describe.push(text);
         headers.push((name, cond));
     }
-    let actions = compile_actions(i, r, config, re.as_ref())?;
+    let actions = compile_actions(i, total_slot, r, config, re.as_ref())?;
     Ok(Rule {
         host,
         path: r.path.as_deref().map(Into::into),
@@ -289,7 +297,13 @@ pub(crate) fn header_cond(
     Ok((name, cond, text))
 }
 
-fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option<&Regex>) -> Result<Actions, Fail> {
+fn compile_actions(
+    i: usize,
+    total_slot: usize,
+    r: &RuleConfig,
+    config: &Config,
+    rule_regex: Option<&Regex>,
+) -> Result<Actions, Fail> {
     let upstream = match &r.upstream {
         None => None,
         Some(name) => Some(config.upstream.iter().position(|u| &u.name == name).ok_or_else(|| {
@@ -442,12 +456,8 @@ fn compile_actions(i: usize, r: &RuleConfig, config: &Config, rule_regex: Option
             .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
         total_request_rate: r.total_request_rate.map(|rate| {
             (rate > 0).then(|| {
-                // The K-th rule with one: its bucket shared by the workers.
-                let k = config.rule[..i]
-                    .iter()
-                    .filter(|r| r.total_request_rate.is_some_and(|t| t > 0))
-                    .count();
-                Arc::new(RouteRate::total(i, k, rate, r.total_request_burst.unwrap_or(0)))
+                let bucket = crate::shared_buckets::route(total_slot);
+                Arc::new(RouteRate::total(i, bucket, rate, r.total_request_burst.unwrap_or(0)))
             })
         }),
         bandwidth: bandwidth.map(|rate| Bandwidth {

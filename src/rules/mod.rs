@@ -158,6 +158,21 @@ pub struct Rules {
     inner: Arc<Compiled>,
 }
 
+impl Rules {
+    /// Puts the routes' `total_request_rate` buckets in force: at a reload
+    /// (`fill`), those of a rule list compiled anew start full; at start,
+    /// they are as the buckets the worker processes share hold them (full
+    /// when the server starts; as the other workers left them when a
+    /// worker is restarted). Rules already in force are left as they are.
+    pub(crate) fn activate(&self, fill: bool) {
+        for r in &self.inner.rules {
+            if let Some(Some(total)) = &r.actions.total_request_rate {
+                total.activate(fill);
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Compiled {
     rules: Vec<compile::Rule>,
