@@ -2582,7 +2582,12 @@ async fn leader_failing_before_its_head_is_retried_by_one_waiter() {
             parse_response(&raw_request(addr, req.as_bytes()).await)
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The first request leads: the waiters come once it reached the origin
+    // (a fixed pause let a waiter overtake it on a loaded machine).
+    assert!(
+        until(WAIT, || async { requests.load(Ordering::SeqCst) == 1 }).await,
+        "the first request never reached the origin"
+    );
     let mut waiters = Vec::new();
     for _ in 0..10 {
         let addr = p.addr();
