@@ -96,6 +96,11 @@ fn table() -> &'static RateTable {
     TABLE.get_or_init(|| RateTable(ClientTable::new()))
 }
 
+/// A wait in nanoseconds (a shared bucket's) as `Retry-After` gives it.
+fn ns_in_seconds(wait_ns: u64) -> u64 {
+    whole_seconds(wait_ns.div_ceil(1_000_000))
+}
+
 /// A wait in milliseconds as `Retry-After` gives it: whole seconds, at
 /// least 1.
 fn whole_seconds(wait_ms: u64) -> u64 {
@@ -123,6 +128,8 @@ enum Buckets {
     /// against it and their clients' buckets one at a time.
     Total {
         bucket: crate::shared_buckets::Bucket,
+        /// The rule list it was compiled for (`Bucket::put_in_force`).
+        tag: u64,
         one: std::sync::Mutex<()>,
         /// Put in force ([`RouteRate::activate`]).
         activated: std::sync::atomic::AtomicBool,
@@ -168,13 +175,14 @@ fn route_counts(
     ip: IpAddr,
     take: bool,
 ) -> Result<(), RouteRefusal> {
+    let has_client = client.is_some();
     let client = |take: bool| {
         client
             .map_or(Ok(()), |c| c.count(ip, take))
             .map_err(RouteRefusal::Client)
     };
     match total {
-        Some(t) => t.count_total(ip, take, client),
+        Some(t) => t.count_total(ip, take, has_client, client),
         None => client(take),
     }
 }
@@ -203,23 +211,27 @@ impl RouteRate {
     /// `burst` (0: the rate), for rule `rule`, kept in `bucket` (shared by
     /// the worker processes: `shared_buckets::route`), which
     /// [`RouteRate::activate`] fills when the rule is put in force.
-    pub fn total(rule: usize, bucket: crate::shared_buckets::Bucket, rate: u32, burst: u32) -> RouteRate {
+    pub fn total(rule: usize, bucket: crate::shared_buckets::Bucket, tag: u64, rate: u32, burst: u32) -> RouteRate {
         RouteRate::with(rule, rate, burst, |_| Buckets::Total {
             bucket,
+            tag,
             one: std::sync::Mutex::new(()),
             activated: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Puts a `total_request_rate` in force, the first time only: its
-    /// bucket is filled if `fill` (a rule list compiled anew at a reload),
-    /// else left as the worker processes hold it (at start).
+    /// bucket is filled if `fill` (a rule list compiled anew at a reload)
+    /// and no other worker process has filled it for this rule list
+    /// already ([`crate::shared_buckets::Bucket::put_in_force`]), else
+    /// left as the worker processes hold it (at start).
     pub(crate) fn activate(&self, fill: bool) {
-        if let Buckets::Total { bucket, activated, .. } = &self.buckets
+        if let Buckets::Total {
+            bucket, tag, activated, ..
+        } = &self.buckets
             && !activated.swap(true, Ordering::AcqRel)
-            && fill
         {
-            bucket.fill();
+            bucket.put_in_force(*tag, fill);
         }
     }
 
@@ -264,7 +276,7 @@ impl RouteRate {
             Buckets::PerClient(t) => t.peek(ip, self.rate, self.burst),
             Buckets::Total { bucket, .. } => bucket
                 .take_one(crate::shared_buckets::now_ns(), self.rate, self.burst, take_one)
-                .map_err(|ns| whole_seconds(ns.div_ceil(1_000_000))),
+                .map_err(ns_in_seconds),
         };
         self.refused_if(ip, r)
     }
@@ -283,6 +295,7 @@ impl RouteRate {
         &self,
         ip: IpAddr,
         take: bool,
+        has_client: bool,
         client: impl Fn(bool) -> Result<(), RouteRefusal>,
     ) -> Result<(), RouteRefusal> {
         let Buckets::Total { bucket, one, .. } = &self.buckets else {
@@ -293,11 +306,13 @@ impl RouteRate {
         if crate::client_limit::is_exempt(ip) {
             return client(take);
         }
-        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        // Without a client's bucket (`client` then always Ok) there is
+        // nothing to count with the total in one step.
+        let _one = has_client.then(|| one.lock().unwrap_or_else(|e| e.into_inner()));
         client(false)?;
         let now = crate::shared_buckets::now_ns();
         if let Err(wait_ns) = bucket.take_one(now, self.rate, self.burst, take) {
-            let wait = whole_seconds(wait_ns.div_ceil(1_000_000));
+            let wait = ns_in_seconds(wait_ns);
             return Err(RouteRefusal::Total(
                 self.refused_if(ip, Err(wait)).err().unwrap_or(wait),
             ));
@@ -466,7 +481,7 @@ mod tests {
     #[test]
     fn a_routes_total_is_one_bucket_for_all_and_takes_nothing_from_a_client_it_refuses() {
         let per_client = RouteRate::new(0, 1, 2);
-        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 2);
+        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1, 2);
         let (a, b, c) = (
             "203.0.113.11".parse().unwrap(),
             "203.0.113.12".parse().unwrap(),
@@ -495,7 +510,7 @@ mod tests {
     #[test]
     fn a_request_the_total_refuses_never_makes_its_clients_other_one_look_over_its_rate() {
         let per_client = RouteRate::new(0, 1, 1);
-        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1);
+        let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1, 1);
         let (other, a): (IpAddr, IpAddr) = ("203.0.113.21".parse().unwrap(), "203.0.113.22".parse().unwrap());
         assert_eq!(check_route(Some(&per_client), Some(&total), other), Ok(()));
         let (over_rate, served) = (AtomicU64::new(0), AtomicU64::new(0));

@@ -15,6 +15,8 @@
 //! far enough from 0 for any burst).
 //!
 //! The supervisor makes a memory file (`memfd_create`) of [`SLOTS`] buckets
+//! (and as many tags: which rule list put a route's bucket in force, see
+//! [`Bucket::put_in_force`])
 //! and hands it to each worker it starts (inherited, its number in
 //! [`ENV_FD`]); the worker maps it shared. A single process, or a worker
 //! that cannot map it (it then says so), keeps buckets of its own.
@@ -27,6 +29,9 @@ pub const ENV_FD: &str = "PORTICO_BUCKETS_FD";
 
 /// How many buckets there are: `total_bandwidth`'s, then the routes'.
 pub const SLOTS: usize = 1024;
+
+/// The words of the memory: the buckets, then a tag for each.
+const WORDS: usize = 2 * SLOTS;
 
 /// The bucket of `limits.total_bandwidth`.
 pub const TOTAL_BANDWIDTH: usize = 0;
@@ -68,7 +73,7 @@ pub fn report() {
 
 /// Buckets of this process's own.
 fn own() -> &'static [AtomicU64] {
-    static OWN: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+    static OWN: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
     &OWN
 }
 
@@ -85,11 +90,13 @@ fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
     // mapped (what else that number may be is not written to).
     // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) != libc::F_SEAL_SHRINK | libc::F_SEAL_GROW {
-        return Some(Err(format!("fd {fd} is not the supervisor's sealed memory file")));
-    }
-    let mapped = map(fd);
-    // Mapped (or not): not handed on to anything this worker might start.
+    let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    let mapped = if seals >= 0 && seals & sealed == sealed {
+        map(fd)
+    } else {
+        Err(format!("fd {fd} is not the supervisor's sealed memory file"))
+    };
+    // Mapped or not: not handed on to anything this worker might start.
     // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     Some(mapped)
@@ -98,7 +105,7 @@ fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
 /// Maps the memory file `fd` (inherited, left open: it is the
 /// supervisor's gift and mapped once) as the buckets.
 fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
-    let len = SLOTS * std::mem::size_of::<AtomicU64>();
+    let len = WORDS * std::mem::size_of::<AtomicU64>();
     // SAFETY: `libc::stat` is plain old data (integers only): all zeros
     // is a valid value of it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -129,7 +136,7 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
     // and never unmapped: it lives as long as the process ('static). Every
     // access, in this process and the others mapping the file, goes
     // through these atomics.
-    Ok(unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), SLOTS) })
+    Ok(unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), WORDS) })
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
@@ -156,7 +163,7 @@ pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
     // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
     let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let file = std::fs::File::from(owned);
-    file.set_len((SLOTS * std::mem::size_of::<AtomicU64>()) as u64)?;
+    file.set_len((WORDS * std::mem::size_of::<AtomicU64>()) as u64)?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
@@ -182,7 +189,10 @@ pub fn now_ns() -> u64 {
 
 /// The bucket of `limits.total_bandwidth`.
 pub fn total_bandwidth() -> Bucket {
-    Bucket(Slot::Shared(&slots()[TOTAL_BANDWIDTH]))
+    Bucket(Slot::Shared(
+        &slots()[TOTAL_BANDWIDTH],
+        &slots()[SLOTS + TOTAL_BANDWIDTH],
+    ))
 }
 
 /// The `total_request_rate` bucket of the `k`-th rule that sets one
@@ -190,9 +200,11 @@ pub fn total_bandwidth() -> Bucket {
 /// `SLOTS - ROUTES`, this process's own past them. Left as it is: see
 /// [`Bucket::fill`].
 pub fn route(k: usize) -> Bucket {
-    match slots().get(ROUTES + k) {
-        Some(a) => Bucket(Slot::Shared(a)),
-        None => Bucket::own(),
+    let i = ROUTES + k;
+    if i < SLOTS {
+        Bucket(Slot::Shared(&slots()[i], &slots()[SLOTS + i]))
+    } else {
+        Bucket::own()
     }
 }
 
@@ -209,8 +221,9 @@ impl Bucket {
 
 #[derive(Debug, Clone)]
 enum Slot {
-    /// In the buckets (shared with the other workers when they are).
-    Shared(&'static AtomicU64),
+    /// In the buckets (shared with the other workers when they are), and
+    /// its tag.
+    Shared(&'static AtomicU64, &'static AtomicU64),
     /// Of its own (a route past the shared ones).
     Own(std::sync::Arc<AtomicU64>),
 }
@@ -218,7 +231,7 @@ enum Slot {
 impl Slot {
     fn get(&self) -> &AtomicU64 {
         match self {
-            Slot::Shared(a) => a,
+            Slot::Shared(a, _) => a,
             Slot::Own(a) => a,
         }
     }
@@ -257,6 +270,22 @@ impl Bucket {
     /// Fills the bucket (a new limit starts full).
     pub fn fill(&self) {
         self.0.get().store(0, Ordering::Release);
+    }
+
+    /// Puts the bucket in force for the rule list `tag` names (a hash of
+    /// it): filled if `fill` and the bucket was not already in force for
+    /// that list. Each worker process puts its rules in force on its own,
+    /// at a reload: only the first fills the bucket they share, so the
+    /// others do not forgive what was taken meanwhile; and a reload back to
+    /// the rules in force (after one that failed) fills nothing.
+    pub fn put_in_force(&self, tag: u64, fill: bool) {
+        let first = match &self.0 {
+            Slot::Shared(_, t) => t.swap(tag, Ordering::AcqRel) != tag,
+            Slot::Own(_) => true,
+        };
+        if first && fill {
+            self.fill();
+        }
     }
 
     /// Pays a debt run up at `old` units a second at `new` instead (a
@@ -428,6 +457,31 @@ mod tests {
         }
     }
 
+    /// Two workers putting the same new rule list in force: the first
+    /// fills the bucket they share, the second leaves what was taken since.
+    #[test]
+    fn a_shared_bucket_is_filled_once_for_a_rule_list() {
+        let bucket: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+        let tag: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(7)));
+        let b = Bucket(Slot::Shared(bucket, tag));
+        let now = now_ns();
+        assert_eq!(b.take_one(now, 1.0, 1.0, true), Ok(()));
+        b.put_in_force(7, true);
+        assert!(
+            b.take_one(now, 1.0, 1.0, true).is_err(),
+            "the list in force: not filled"
+        );
+        b.put_in_force(8, true);
+        assert_eq!(b.take_one(now, 1.0, 1.0, true), Ok(()), "a new list: filled");
+        b.put_in_force(8, true);
+        assert!(
+            b.take_one(now, 1.0, 1.0, true).is_err(),
+            "the second worker: not filled again"
+        );
+        b.put_in_force(9, false);
+        assert!(b.take_one(now, 1.0, 1.0, true).is_err(), "at start: not filled");
+    }
+
     #[test]
     fn a_clock_that_reads_less_than_the_bucket_adds_nothing() {
         let a = AtomicU64::new(0);
@@ -444,6 +498,7 @@ mod tests {
             map(fd.as_raw_fd()).expect("map"),
             map(fd.as_raw_fd()).expect("map again"),
         );
+        assert_eq!((x.len(), y.len()), (WORDS, WORDS));
         assert_ne!(x.as_ptr(), y.as_ptr(), "two mappings");
         let now = 100 * S;
         assert_eq!(take_one(&x[ROUTES], now, 1.0, 1.0, true), Ok(()));

@@ -2999,21 +2999,49 @@ async fn a_collapsed_client_that_leaves_while_the_origin_is_quiet_no_longer_hold
     clients_leave_while_the_origin_is_quiet(true).await;
 }
 
-/// A fetch of 8 MiB whose origin goes quiet after 512 KiB, its client
-/// (and a second collapsed onto it if `collapsed`) leaving then.
+/// [`clients_leave_while_the_origin_pauses`] with the fill ahead of its client.
 async fn clients_leave_while_the_origin_is_quiet(collapsed: bool) {
+    clients_leave_while_the_origin_pauses(collapsed, false).await;
+}
+
+/// With `read_ahead_gap = 0` the fill goes at its client's pace and sees
+/// it gone only when a write fails: after that, a collapsed client that
+/// leaves while the origin is quiet stops the fetch at once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_step_a_collapsed_client_that_leaves_while_the_origin_is_quiet_no_longer_holds_the_fetch() {
+    clients_leave_while_the_origin_pauses(true, true).await;
+}
+
+/// A fetch of 8 MiB whose origin goes quiet after 512 KiB, its client
+/// (and a second collapsed onto it if `collapsed`) leaving then. With
+/// `in_step` (`read_ahead_gap = 0`), the origin sends two more pieces
+/// once the first client has left, so that a write to it fails.
+async fn clients_leave_while_the_origin_pauses(collapsed: bool, in_step: bool) {
     const SIZE: usize = 8 << 20;
     const SENT: usize = 512 << 10;
-    let o = RawOrigin::start(|mut s| async move {
-        read_request_head(&mut s).await;
-        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nCache-Control: max-age=600\r\n\r\n");
-        let body: Vec<u8> = (0..SENT).map(|i| (i % 251) as u8).collect();
-        if s.write_all(head.as_bytes()).await.is_ok() && s.write_all(&body).await.is_ok() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let o = RawOrigin::start(move |mut s| {
+        let gate = g.clone();
+        async move {
+            read_request_head(&mut s).await;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nCache-Control: max-age=600\r\n\r\n");
+            let body: Vec<u8> = (0..SENT).map(|i| (i % 251) as u8).collect();
+            if s.write_all(head.as_bytes()).await.is_err() || s.write_all(&body).await.is_err() {
+                return;
+            }
+            gate.acquire().await.expect("gate").forget();
+            for _ in 0..2 {
+                if s.write_all(&body[..64 << 10]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
     })
     .await;
-    let p = proxy("").await;
+    let p = proxy(if in_step { "read_ahead_gap = \"0B\"" } else { "" }).await;
     let mut c = TcpStream::connect(p.addr()).await.expect("connect");
     let req = format!("GET http://{0}/big HTTP/1.1\r\nHost: {0}\r\n\r\n", o.addr());
     c.write_all(req.as_bytes()).await.expect("request");
@@ -3038,6 +3066,18 @@ async fn clients_leave_while_the_origin_is_quiet(collapsed: bool) {
         None
     };
     drop(c);
+    if in_step {
+        // Two more pieces: a write to the client that left fails.
+        gate.add_permits(1);
+        let fetched = (SENT + (128 << 10)) as u64;
+        assert!(
+            until(WAIT, || async {
+                metric(&p, "portico_cache_fetched_bytes_total").await == fetched
+            })
+            .await,
+            "the origin's two more pieces did not arrive"
+        );
+    }
     if follower.is_some() {
         // The fetch goes on for the follower, then must stop when it goes.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -3182,4 +3222,61 @@ async fn a_waiting_collapsed_request_whose_client_left_does_not_keep_an_abandone
     );
     assert!(metric(&p, "portico_cache_fetched_bytes_total").await < SIZE / 2);
     assert_eq!(o.count(), 1);
+}
+
+/// A request waiting for another's revalidation of a stale response
+/// watches its client too: one that hangs up is done with (logged with
+/// status 0) while the origin still holds the revalidation, not when it
+/// answers or `cache.revalidation_wait` (10 s) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_revalidation_whose_client_left_is_done_with_at_once() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (g, n) = (gate.clone(), Arc::new(AtomicUsize::new(0)));
+    let seen = n.clone();
+    let o = RawOrigin::start(move |mut s| {
+        let (gate, n) = (g.clone(), n.clone());
+        async move {
+            read_request_head(&mut s).await;
+            // The first answer is stored, stale a second later; the
+            // revalidation's waits for the gate.
+            if n.fetch_add(1, Ordering::SeqCst) > 0 {
+                gate.acquire().await.expect("gate").forget();
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nCache-Control: max-age=1\r\n\r\nstale")
+                .await;
+        }
+    })
+    .await;
+    let p = proxy("").await;
+    let req = format!(
+        "GET http://{0}/r HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n",
+        o.addr()
+    );
+    assert_eq!(parse_response(&raw_request(p.addr(), req.as_bytes()).await).status, 200);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let first = {
+        let (addr, req) = (p.addr(), req.clone());
+        tokio::spawn(async move { parse_response(&raw_request_timeout(addr, req.as_bytes(), WAIT * 2).await) })
+    };
+    assert!(
+        until(WAIT, || async { seen.load(Ordering::SeqCst) == 2 }).await,
+        "the revalidation never reached the origin"
+    );
+    let serving = metric(&p, "portico_sessions_active").await;
+    let mut gone = TcpStream::connect(p.addr()).await.expect("connect");
+    gone.write_all(req.as_bytes()).await.expect("request");
+    assert!(
+        until(WAIT, || async { metric(&p, "portico_sessions_active").await > serving }).await,
+        "the second request never came into service"
+    );
+    drop(gone);
+    let log = access_log_with(p.dir(), "/r HTTP/1.1\" 0 ").await;
+    assert!(
+        log.contains("/r HTTP/1.1\" 0 "),
+        "the waiting request whose client left was not done with:\n{log}"
+    );
+    gate.add_permits(1);
+    assert_eq!(first.await.expect("first").status, 200);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
 }

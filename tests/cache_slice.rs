@@ -753,11 +753,28 @@ async fn a_collapsed_request_for_a_slice_whose_client_left_is_done_with_at_once(
             parse_response(&raw_request_timeout(paddr, request.as_bytes(), Duration::from_secs(30)).await)
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The leader's fetch has reached the origin (and is held there)...
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while o.connections() < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader's fetch never reached the origin"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and the second request is in service, waiting for it, when its
+    // client hangs up.
+    let serving = metric(&p, "portico_sessions_active").await;
     let mut gone = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     use tokio::io::AsyncWriteExt;
     gone.write_all(request.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    while metric(&p, "portico_sessions_active").await <= serving {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second request never came into service"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(gone);
     let log = access_log_with(p.dir(), "/held HTTP/1.1\" 0 ").await;
     assert!(

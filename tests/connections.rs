@@ -1766,8 +1766,9 @@ async fn a_reload_keeps_a_routes_buckets_unless_the_rules_change() {
 
 /// A reload that fails after it compiled a changed rule list (here an
 /// `[[acl]]` entry it reads later is invalid) leaves the running route's
-/// `total_request_rate` bucket as it was; one that succeeds puts the new
-/// rules in force with a full bucket.
+/// `total_request_rate` bucket as it was, and so does a reload back to the
+/// running rules; one that changes them puts the new rules in force with a
+/// full bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reload_leaves_a_routes_total_bucket_and_a_good_one_fills_it() {
     let origin = Origin::start(|_req| async { Response::ok("served") }).await;
@@ -1801,6 +1802,19 @@ async fn a_failed_reload_leaves_a_routes_total_bucket_and_a_good_one_fills_it() 
     // second (a refilled bucket would have served 2 at once).
     let given = spent.elapsed().as_secs_f64().floor() as usize;
     assert!(served <= given, "{served} served {given} s after the burst was spent");
+    // Nor does a reload back to the rules in force (compiled anew: the
+    // failed reload's list took the compile cache's one place).
+    p.reload(&config(2, "")).await;
+    let mut served_too = 0;
+    for _ in 0..3 {
+        served_too += usize::from(status().await == 200);
+    }
+    let given = spent.elapsed().as_secs_f64().floor() as usize;
+    assert!(
+        served + served_too <= given,
+        "{} served {given} s after the burst was spent",
+        served + served_too
+    );
     // A good reload of changed rules: full, at its new burst.
     p.reload(&config(3, "")).await;
     let mut statuses = Vec::new();

@@ -518,10 +518,15 @@ async fn a_revalidation_in_progress_from_an_address_denied_since_is_not_shared()
     })
     .await;
     let port = before.addr().port();
-    let after = Origin::start_on(SocketAddr::new("127.0.0.3".parse().expect("ip"), port), |_req| async {
-        Response::ok("from 127.0.0.3")
-            .header("Cache-Control", "max-age=600")
-            .delay(std::time::Duration::from_millis(1500))
+    // Holds its answer until the test lets it go.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let after = Origin::start_on(SocketAddr::new("127.0.0.3".parse().expect("ip"), port), move |_req| {
+        let held = held.clone();
+        async move {
+            held.acquire().await.expect("gate").forget();
+            Response::ok("from 127.0.0.3").header("Cache-Control", "max-age=600")
+        }
     })
     .await;
     let cache = tempfile::tempdir().expect("cache dir");
@@ -557,11 +562,27 @@ async fn a_revalidation_in_progress_from_an_address_denied_since_is_not_shared()
         &format!("{unpooled}\n[proxy]\ndeny_destinations = [\"127.0.0.3\"]\n"),
     ))
     .await;
+    // The later request joins the revalidation (in service, waiting for
+    // it) before the origin answers.
+    let serving = metric(&p, "portico_sessions_active").await;
+    let second = tokio::spawn({
+        let (proxy, url) = (p.addr(), url.clone());
+        async move { get_from(STRANGER, proxy, &url).await }
+    });
+    for _ in 0..500 {
+        if metric(&p, "portico_sessions_active").await > serving {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // (From in service to waiting on the revalidation: a few steps more.)
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(
-        !first.is_finished(),
-        "the revalidation still goes on (the test needs it)"
+        !first.is_finished() && !second.is_finished(),
+        "both wait for the held answer"
     );
-    let r = get_from(STRANGER, p.addr(), &url).await;
+    gate.add_permits(1);
+    let r = second.await.expect("second request");
     assert_eq!(r.status, 403, "{:?} {}", r.headers, r.body_str());
     assert!(r.body_str().contains("deny_destinations"), "{}", r.body_str());
     let r = first.await.expect("first request");

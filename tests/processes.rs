@@ -865,12 +865,14 @@ async fn every_error_log_line_of_a_worker_names_the_worker() {
     }
 }
 
-/// A two-worker server routing to `origin`, with `extra` TOML (limits, a
-/// rule's settings on its one rule), both workers started.
+/// A two-worker server routing to `origin`, with `limits` in `[limits]`
+/// and `rule` in its one rule, both workers started. `defer_accept` is off:
+/// a connection is accepted before it sends anything, so the test can
+/// tell which worker holds it.
 async fn limited_workers(origin: &Origin, limits: &str, rule: &str) -> (Portico, BTreeSet<u32>) {
     let p = Portico::start(&format!(
         "[server]\nprocesses = 2\nworkers = 1\n\n\
-         [[listener]]\naddress = \"{}\"\nmode = \"reverse\"\n\n\
+         [[listener]]\naddress = \"{}\"\nmode = \"reverse\"\ndefer_accept = \"0s\"\n\n\
          [limits]\n{limits}\n\n\
          [[upstream]]\nname = \"o\"\nservers = [\"{}\"]\n\n\
          [[rule]]\nhost = \"*\"\nupstream = \"o\"\n{rule}\n",
@@ -883,8 +885,8 @@ async fn limited_workers(origin: &Origin, limits: &str, rule: &str) -> (Portico,
 }
 
 /// [`get_via`] that sends the request before it looks for the worker
-/// (which then has accepted the connection at once: with the listener's
-/// `TCP_DEFER_ACCEPT`, a connection that sent nothing waits a second).
+/// (which then has accepted the connection at once, whatever the
+/// listener's `defer_accept`).
 async fn get_sent_first(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, ParsedResponse) {
     let mut stream = RawClient::connect(addr).await;
     let client = stream.local_addr();

@@ -743,7 +743,11 @@ impl Transaction<'_, '_> {
                 Role::Leader(l) => return self.revalidate(stored, stale_if_error_until, Some(l)).await,
                 Role::Follower(f) => f,
             };
-            let Ok(head) = tokio::time::timeout(self.cache.revalidation_wait, follower.head()).await else {
+            let wait = tokio::time::timeout(self.cache.revalidation_wait, follower.head());
+            let Some(waited) = unless_client_left(&mut self.ex.out, self.sh, wait).await else {
+                return Err(left_while_waiting());
+            };
+            let Ok(head) = waited else {
                 tracing::debug!(key = self.key.text(), "collapsed revalidation: wait over, revalidating");
                 break;
             };
@@ -1236,22 +1240,28 @@ async fn client_left(out: &mut crate::http1::ResponseWriter<'_>, sh: &Shared) {
 /// A request collapsed onto another's fetch waits this way at every step,
 /// so that one whose client is gone stops following (and no longer keeps
 /// the fetch going, `cache.quick_abort`) without waiting for the origin's
-/// next bytes. `wait` is polled first: a step ready at once costs no look
-/// at the client's socket.
+/// next bytes. As the fill's writer does, the client is looked at only
+/// once the wait has lasted [`ahead::WATCH_AFTER`]: a follower keeping up
+/// with a busy fetch costs no look at its socket (a `poll` behind a
+/// pipelined request, a record read over TLS) for every piece.
 async fn unless_client_left<T>(
     out: &mut crate::http1::ResponseWriter<'_>,
     sh: &Shared,
     wait: impl std::future::Future<Output = T>,
 ) -> Option<T> {
+    tokio::pin!(wait);
+    if let Ok(v) = tokio::time::timeout(ahead::WATCH_AFTER, &mut wait).await {
+        return Some(v);
+    }
     tokio::select! {
         biased;
-        v = wait => Some(v),
+        v = &mut wait => Some(v),
         () = client_left(out, sh) => None,
     }
 }
 
 /// The failure of a request whose client left while it waited for
-/// another's fetch (logged as nginx's 499).
+/// another's fetch (nginx's 499; the access log says 0: nothing was sent).
 fn left_while_waiting() -> Failure {
     (
         super::forward::client_gone(),
@@ -1262,8 +1272,10 @@ fn left_while_waiting() -> Failure {
 /// Where a miss's fill sends the body to the request's own client.
 enum ToClient<'a, 'w> {
     /// Each piece written before the next is read: the fetch goes at the
-    /// client's pace: the response is not stored, so nothing else waits on
-    /// it (a 206 part kept in memory aside).
+    /// client's pace. For a response that is not stored (nothing else waits
+    /// on it, a 206 part kept in memory aside), and for one stored under
+    /// `cache.read_ahead_gap = 0` (requests collapsed onto it follow at its
+    /// client's pace).
     InStep(&'a mut crate::http1::ResponseWriter<'w>),
     /// Queued for the writer running beside the fill ([`ahead`]).
     Ahead(&'a ahead::Queue),
@@ -1302,9 +1314,10 @@ impl Fill<'_> {
             // fetch goes on without them is decided then, not at the
             // origin's next piece.
             let read = loop {
+                // In step, the client is seen gone only by a write.
                 let (watch_client, watch_followers) = match &to {
-                    ToClient::Ahead(_) if client_ok => (true, false),
-                    ToClient::Ahead(_) => (false, self.leader.as_ref().is_some_and(Leader::followed)),
+                    _ if !client_ok => (false, self.leader.as_ref().is_some_and(Leader::followed)),
+                    ToClient::Ahead(_) => (true, false),
                     ToClient::InStep(_) => (false, false),
                 };
                 if !watch_client && !watch_followers {

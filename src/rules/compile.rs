@@ -124,30 +124,41 @@ impl Rules {
     /// ([`Rules::activate`]): a reload that fails after the compile
     /// leaves the running routes' buckets as they were.
     pub fn compile(config: &Config) -> Result<Rules, RuleError> {
+        Self::compile_keeping(config, None)
+    }
+
+    /// [`Rules::compile`] that returns `running` (the rules in force) when
+    /// `config`'s are the same: a reload back to them after one that failed
+    /// (and left another list in the one-entry cache) keeps their buckets.
+    pub fn compile_keeping(config: &Config, running: Option<&Rules>) -> Result<Rules, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Rules)>> = std::sync::Mutex::new(None);
         let names: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
         let key = xxhash_rust::xxh3::xxh3_128(format!("{:?}{names:?}", config.rule).as_bytes());
+        if let Some(r) = running.filter(|r| r.inner.key == key) {
+            return Ok(r.clone());
+        }
         if let Ok(last) = LAST.lock()
             && let Some((k, rules)) = last.as_ref()
             && *k == key
         {
             return Ok(rules.clone());
         }
-        let rules = Self::compile_fresh(config)?;
+        let rules = Self::compile_fresh(config, key)?;
         if let Ok(mut last) = LAST.lock() {
             *last = Some((key, rules.clone()));
         }
         Ok(rules)
     }
 
-    fn compile_fresh(config: &Config) -> Result<Rules, RuleError> {
+    fn compile_fresh(config: &Config, key: u128) -> Result<Rules, RuleError> {
         let mut rules = Vec::with_capacity(config.rule.len());
         // The K-th rule with a `total_request_rate` has the K-th bucket of
-        // those the worker processes share (`shared_buckets::route`).
-        let mut totals = 0;
+        // those the worker processes share (`shared_buckets::route`), put
+        // in force for this rule list (its tag).
+        let mut total = TotalSlot { k: 0, list: key as u64 };
         for (i, r) in config.rule.iter().enumerate() {
-            rules.push(compile_rule(i, totals, r, config).map_err(|(path, message)| RuleError { path, message })?);
-            totals += usize::from(r.total_request_rate.is_some_and(|t| t > 0));
+            rules.push(compile_rule(i, total, r, config).map_err(|(path, message)| RuleError { path, message })?);
+            total.k += usize::from(r.total_request_rate.is_some_and(|t| t > 0));
         }
         let index = Index::build(&mut rules).map_err(|message| RuleError {
             path: vec![PathSeg::Key("rule")],
@@ -162,6 +173,7 @@ impl Rules {
                 rules,
                 index,
                 passes_credentials,
+                key,
             }),
         })
     }
@@ -171,8 +183,16 @@ fn regex(i: usize, key: &'static str, pattern: &str) -> Result<Regex, Fail> {
     Regex::new(pattern).map_err(|e| at(i, key, format!("invalid regular expression: {e}")))
 }
 
-/// Rule `i`; `total_slot`: its `total_request_rate` bucket, if it sets one.
-fn compile_rule(i: usize, total_slot: usize, r: &RuleConfig, config: &Config) -> Result<Rule, Fail> {
+/// Where a rule's `total_request_rate` bucket is: the `k`-th shared one,
+/// put in force for the rule list hashed as `list`.
+#[derive(Debug, Clone, Copy)]
+struct TotalSlot {
+    k: usize,
+    list: u64,
+}
+
+/// Rule `i`; `total`: its `total_request_rate` bucket, if it sets one.
+fn compile_rule(i: usize, total: TotalSlot, r: &RuleConfig, config: &Config) -> Result<Rule, Fail> {
     let mut describe = Vec::new();
     let host = match r.host.as_deref() {
         None => HostMatch::Any,
@@ -252,7 +272,7 @@ fn compile_rule(i: usize, total_slot: usize, r: &RuleConfig, config: &Config) ->
         describe.push(text);
         headers.push((name, cond));
     }
-    let actions = compile_actions(i, total_slot, r, config, re.as_ref())?;
+    let actions = compile_actions(i, total, r, config, re.as_ref())?;
     Ok(Rule {
         host,
         path: r.path.as_deref().map(Into::into),
@@ -299,7 +319,7 @@ pub(crate) fn header_cond(
 
 fn compile_actions(
     i: usize,
-    total_slot: usize,
+    total: TotalSlot,
     r: &RuleConfig,
     config: &Config,
     rule_regex: Option<&Regex>,
@@ -456,8 +476,16 @@ fn compile_actions(
             .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
         total_request_rate: r.total_request_rate.map(|rate| {
             (rate > 0).then(|| {
-                let bucket = crate::shared_buckets::route(total_slot);
-                Arc::new(RouteRate::total(i, bucket, rate, r.total_request_burst.unwrap_or(0)))
+                let bucket = crate::shared_buckets::route(total.k);
+                // Not 0, which a fresh memory holds for no list.
+                let tag = (total.list ^ total.k as u64).max(1);
+                Arc::new(RouteRate::total(
+                    i,
+                    bucket,
+                    tag,
+                    rate,
+                    r.total_request_burst.unwrap_or(0),
+                ))
             })
         }),
         bandwidth: bandwidth.map(|rate| Bandwidth {

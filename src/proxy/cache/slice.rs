@@ -295,6 +295,8 @@ impl<'c> Transaction<'c, '_> {
                     }
                     match self.slice(start, size).await {
                         Ok(Got::Slice(s)) => s,
+                        // Nobody to cut short: the client left while it waited.
+                        Err((status, _)) if crate::proxy::forward::is_client_gone(status) => return false,
                         Ok(Got::Other(_)) | Err(_) => {
                             tracing::warn!(key = self.key.text(), start, "slice unavailable: response cut short");
                             return false;
