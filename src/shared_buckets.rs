@@ -140,7 +140,7 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
-/// buckets, all full (zero), inheritable (no close-on-exec), never
+/// buckets, all full (zero), and their tags, inheritable (no close-on-exec), never
 /// executable, and sealed at its size (a holder that shrank it would
 /// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
 /// stays open in the supervisor, so a worker restarted later gets the
@@ -273,14 +273,21 @@ impl Bucket {
     }
 
     /// Puts the bucket in force for the rule list `tag` names (a hash of
-    /// it): filled if `fill` and the bucket was not already in force for
-    /// that list. Each worker process puts its rules in force on its own,
-    /// at a reload: only the first fills the bucket they share, so the
-    /// others do not forgive what was taken meanwhile; and a reload back to
-    /// the rules in force (after one that failed) fills nothing.
+    /// it, not 0). At a reload (`fill`): filled unless it is in force for
+    /// that list already. Each worker process puts its rules in force on
+    /// its own: only the first fills the bucket they share, so the others
+    /// do not forgive what was taken meanwhile; and a reload back to the
+    /// rules in force (after one that failed) fills nothing. At start (not
+    /// `fill`): left as the workers hold it, and tagged only if no list
+    /// claimed it yet, so that a worker restarted on a file edited since
+    /// does not keep the next reload from filling it.
     pub fn put_in_force(&self, tag: u64, fill: bool) {
         let first = match &self.0 {
-            Slot::Shared(_, t) => t.swap(tag, Ordering::AcqRel) != tag,
+            Slot::Shared(_, t) if fill => t.swap(tag, Ordering::AcqRel) != tag,
+            Slot::Shared(_, t) => {
+                let _ = t.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire);
+                false
+            }
             Slot::Own(_) => true,
         };
         if first && fill {
@@ -480,6 +487,8 @@ mod tests {
         );
         b.put_in_force(9, false);
         assert!(b.take_one(now, 1.0, 1.0, true).is_err(), "at start: not filled");
+        b.put_in_force(9, true);
+        assert_eq!(b.take_one(now, 1.0, 1.0, true), Ok(()), "nor claimed: the reload fills");
     }
 
     #[test]

@@ -160,7 +160,8 @@ pub struct Rules {
 
 impl Rules {
     /// Puts the routes' `total_request_rate` buckets in force: at a reload
-    /// (`fill`), those of a rule list compiled anew start full; at start,
+    /// (`fill`), those of a rule list compiled anew start full (filled once,
+    /// by the first worker process to put that list in force); at start,
     /// they are as the buckets the worker processes share hold them (full
     /// when the server starts; as the other workers left them when a
     /// worker is restarted). Rules already in force are left as they are.
