@@ -16,10 +16,10 @@
 //!
 //! The supervisor makes a memory file (`memfd_create`) of [`SLOTS`] buckets
 //! (and as many tags: which rule list put a route's bucket in force, see
-//! [`Bucket::put_in_force`])
-//! and hands it to each worker it starts (inherited, its number in
-//! [`ENV_FD`]); the worker maps it shared. A single process, or a worker
-//! that cannot map it (it then says so), keeps buckets of its own.
+//! [`Bucket::put_in_force`]) and hands it to each worker it starts
+//! (inherited, its number in [`ENV_FD`]); the worker maps it shared. A
+//! single process, or a worker that cannot map it (it then says so), keeps
+//! buckets of its own.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,7 +109,8 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
     // SAFETY: `libc::stat` is plain old data (integers only): all zeros
     // is a valid value of it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above: a valid pointer to a `stat`, any descriptor number.
+    // SAFETY: fstat writes into the `stat` it is given, which lives for the
+    // call; any descriptor number is safe to ask about.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
     }
@@ -140,8 +141,8 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
-/// buckets, all full (zero), and their tags, inheritable (no close-on-exec), never
-/// executable, and sealed at its size (a holder that shrank it would
+/// buckets, all full (zero), and their tags; inheritable (no
+/// close-on-exec), never executable, and sealed at its size (a holder that shrank it would
 /// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
 /// stays open in the supervisor, so a worker restarted later gets the
 /// same one.
