@@ -1824,6 +1824,45 @@ async fn a_failed_reload_leaves_a_routes_total_bucket_and_a_good_one_fills_it() 
     assert_eq!(statuses, [200, 200, 200]);
 }
 
+/// The same for a route's per-client `request_rate`: a reload back to the
+/// rules in force, after one that failed with other rules, keeps the
+/// clients' buckets (the running rules are kept, not compiled anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_back_to_the_rules_in_force_after_a_failed_one_keeps_the_clients_buckets() {
+    let origin = Origin::start(|_req| async { Response::ok("served") }).await;
+    let addr = free_addr();
+    let config = |burst: u32, extra: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\n\n[cache]\nenabled = false\n\n\
+             [[rule]]\npath = \"/login\"\nrequest_rate = 1\nrequest_burst = {burst}\n{extra}"
+        )
+    };
+    let p = Portico::start(&config(2, "")).await;
+    let login = get(&origin, "/login", "Connection: close\r\n");
+    let status = || async { parse_response(&raw_request(p.addr(), &login).await).status };
+    let spent = std::time::Instant::now();
+    assert_eq!((status().await, status().await, status().await), (200, 200, 429));
+    let fails = p.stderr().matches("still running on the previous config").count();
+    p.rewrite_config(&config(3, "\n[[acl]]\naction = \"deny\"\nhost_regex = \"(\"\n"));
+    p.signal(libc::SIGHUP);
+    for _ in 0..250 {
+        if p.stderr().matches("still running on the previous config").count() > fails {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(p.stderr().contains("host_regex"), "{}", p.stderr());
+    p.reload(&config(2, "")).await;
+    let mut served = 0;
+    for _ in 0..3 {
+        served += usize::from(status().await == 200);
+    }
+    // Only what the rate gave back since the burst was spent, one a
+    // second (buckets started anew would have served 2 at once).
+    let given = spent.elapsed().as_secs_f64().floor() as usize;
+    assert!(served <= given, "{served} served {given} s after the burst was spent");
+}
+
 #[test]
 fn a_routes_request_burst_without_a_rate_or_a_rate_over_a_million_is_refused() {
     for (rule, key) in [
