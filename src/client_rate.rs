@@ -175,16 +175,18 @@ fn route_counts(
     ip: IpAddr,
     take: bool,
 ) -> Result<(), RouteRefusal> {
-    let has_client = client.is_some();
-    let client = |take: bool| {
-        client
-            .map_or(Ok(()), |c| c.count(ip, take))
-            .map_err(RouteRefusal::Client)
-    };
     match total {
-        Some(t) => t.count_total(ip, take, has_client, client),
-        None => client(take),
+        Some(t) => t.count_total(ip, take, client),
+        None => client_count(client, ip, take),
     }
+}
+
+/// A request from `ip` counted against its client's bucket on the route
+/// (`request_rate`), if the route has one.
+fn client_count(client: Option<&RouteRate>, ip: IpAddr, take: bool) -> Result<(), RouteRefusal> {
+    client
+        .map_or(Ok(()), |c| c.count(ip, take))
+        .map_err(RouteRefusal::Client)
 }
 
 impl std::fmt::Debug for RouteRate {
@@ -291,33 +293,26 @@ impl RouteRate {
     /// (Only a request on another route sharing the client's bucket, under
     /// `continue = true`, can empty it between the look and the take: the
     /// total then gets its request back.)
-    fn count_total(
-        &self,
-        ip: IpAddr,
-        take: bool,
-        has_client: bool,
-        client: impl Fn(bool) -> Result<(), RouteRefusal>,
-    ) -> Result<(), RouteRefusal> {
+    fn count_total(&self, ip: IpAddr, take: bool, client: Option<&RouteRate>) -> Result<(), RouteRefusal> {
         let Buckets::Total { bucket, one, .. } = &self.buckets else {
             // Not a total: counted as any bucket, after the client's.
-            client(take)?;
+            client_count(client, ip, take)?;
             return self.count(ip, take).map_err(RouteRefusal::Total);
         };
         if crate::client_limit::is_exempt(ip) {
-            return client(take);
+            return client_count(client, ip, take);
         }
-        // Without a client's bucket (`client` then always Ok) there is
-        // nothing to count with the total in one step.
-        let _one = has_client.then(|| one.lock().unwrap_or_else(|e| e.into_inner()));
-        client(false)?;
+        // Without a client's bucket there is nothing to count with the
+        // total in one step.
+        let _one = client.map(|_| one.lock().unwrap_or_else(|e| e.into_inner()));
+        client_count(client, ip, false)?;
         let now = crate::shared_buckets::now_ns();
         if let Err(wait_ns) = bucket.take_one(now, self.rate, self.burst, take) {
-            let wait = ns_in_seconds(wait_ns);
-            return Err(RouteRefusal::Total(
-                self.refused_if(ip, Err(wait)).err().unwrap_or(wait),
-            ));
+            return self
+                .refused_if(ip, Err(ns_in_seconds(wait_ns)))
+                .map_err(RouteRefusal::Total);
         }
-        if take && let Err(refused) = client(true) {
+        if take && let Err(refused) = client_count(client, ip, true) {
             bucket.give_back_one(self.rate);
             return Err(refused);
         }

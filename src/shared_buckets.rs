@@ -323,21 +323,20 @@ impl Bucket {
 }
 
 /// The time `tat` stands for at `now`, a full bucket's at most: a bucket
-/// that was full for longer holds no more than `burst` units of `unit`
-/// nanoseconds each (the same rounding as what a take adds, so a full
-/// bucket lets exactly `burst` units through).
-fn refilled(tat: u64, now: u64, unit: u64, burst: f64) -> u64 {
-    tat.max(now.saturating_sub((burst * unit as f64) as u64))
+/// that was full for longer holds no more than `full` nanoseconds' worth.
+fn refilled(tat: u64, now: u64, full: u64) -> u64 {
+    tat.max(now.saturating_sub(full))
 }
 
 /// See [`Bucket::take_owing`].
 fn take_owing(a: &AtomicU64, n: f64, now: u64, rate: f64, burst: f64) -> u64 {
-    // Bytes: the burst's span rounded as one, a take's as one (each at
-    // most a nanosecond up; see `take_owing`'s callers for what that is).
+    // The burst's span and a take's are each rounded up to the nanosecond:
+    // takes that add up to the burst may owe a nanosecond or so, which
+    // `client_bandwidth` drops (it waits in whole microseconds).
     let full = span_ns(burst, rate);
     let mut tat = a.load(Ordering::Acquire);
     loop {
-        let new = tat.max(now.saturating_sub(full)).saturating_add(span_ns(n, rate));
+        let new = refilled(tat, now, full).saturating_add(span_ns(n, rate));
         match a.compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return new.saturating_sub(now),
             Err(seen) => tat = seen,
@@ -347,10 +346,13 @@ fn take_owing(a: &AtomicU64, n: f64, now: u64, rate: f64, burst: f64) -> u64 {
 
 /// See [`Bucket::take_one`].
 fn take_one(a: &AtomicU64, now: u64, rate: f64, burst: f64, take: bool) -> Result<(), u64> {
+    // The burst in the same rounded units as a take adds: a full bucket
+    // lets exactly `burst` through.
     let unit = span_ns(1.0, rate);
+    let full = (burst * unit as f64) as u64;
     let mut tat = a.load(Ordering::Acquire);
     loop {
-        let new = refilled(tat, now, unit, burst).saturating_add(unit);
+        let new = refilled(tat, now, full).saturating_add(unit);
         if new > now {
             return Err(new - now);
         }

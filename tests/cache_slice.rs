@@ -764,17 +764,11 @@ async fn a_collapsed_request_for_a_slice_whose_client_left_is_done_with_at_once(
     }
     // ...and the second request is in service, waiting for it, when its
     // client hangs up.
-    let serving = metric(&p, "portico_sessions_active").await;
+    let serving = in_service(&p).await;
     let mut gone = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
     use tokio::io::AsyncWriteExt;
     gone.write_all(request.as_bytes()).await.unwrap();
-    while metric(&p, "portico_sessions_active").await <= serving {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second request never came into service"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_in_service_over(&p, serving, "the second request").await;
     drop(gone);
     let log = access_log_with(p.dir(), "/held HTTP/1.1\" 0 ").await;
     assert!(

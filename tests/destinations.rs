@@ -564,20 +564,12 @@ async fn a_revalidation_in_progress_from_an_address_denied_since_is_not_shared()
     .await;
     // The later request joins the revalidation (in service, waiting for
     // it) before the origin answers.
-    let serving = metric(&p, "portico_sessions_active").await;
+    let serving = in_service(&p).await;
     let second = tokio::spawn({
         let (proxy, url) = (p.addr(), url.clone());
         async move { get_from(STRANGER, proxy, &url).await }
     });
-    let mut in_service = false;
-    for _ in 0..500 {
-        if metric(&p, "portico_sessions_active").await > serving {
-            in_service = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(in_service, "the later request never came into service");
+    until_in_service_over(&p, serving, "the later request").await;
     // (From in service to waiting on the revalidation: a few steps more.)
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(

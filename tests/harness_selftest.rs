@@ -686,4 +686,21 @@ async fn reload_returns_with_the_new_config_in_force() {
     assert_eq!(header().await.as_deref(), Some("one"));
     p.reload(&config("two").replace("{addr}", &addr)).await;
     assert_eq!(header().await.as_deref(), Some("two"));
+    // A refused reload returns once Portico said so; the old config serves.
+    let said = p
+        .reload_refused(&format!(
+            "{}\n[server]\nprocesses = 0\n",
+            config("three").replace("{addr}", &addr)
+        ))
+        .await;
+    assert!(said.contains("server.processes"), "{said}");
+    assert_eq!(header().await.as_deref(), Some("two"));
+    // Requests in service: none (monitoring requests are not counted),
+    // then one waiting for a slow origin.
+    assert_eq!(in_service(&p).await, 0);
+    let slow = Origin::start(|_req| async { Response::ok("late").delay(Duration::from_secs(1)) }).await;
+    let (paddr, url) = (p.addr(), format!("{}/slow", slow.url()));
+    let waiting = tokio::spawn(async move { raw_request(paddr, &get(&url, "")).await });
+    until_in_service_over(&p, 0, "the request to the slow origin").await;
+    assert_eq!(parse_response(&waiting.await.expect("request")).body_str(), "late");
 }

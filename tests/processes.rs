@@ -115,19 +115,25 @@ fn owner(pids: &BTreeSet<u32>, inode: u64) -> Option<u32> {
     })
 }
 
+/// Which of `pids` accepted the connection from `client` to `addr`,
+/// looked for for 5 s at most.
+async fn worker_holding(addr: SocketAddr, client: SocketAddr, pids: &BTreeSet<u32>) -> Option<u32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = server_inode(addr, client).and_then(|inode| owner(pids, inode));
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// `GET path` on a new connection: the pid (among `pids`) that accepted it
 /// and the response.
 async fn get_via(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, ParsedResponse) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     let client = stream.local_addr().expect("local addr");
-    let mut served_by = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while served_by.is_none() && Instant::now() < deadline {
-        served_by = server_inode(addr, client).and_then(|inode| owner(pids, inode));
-        if served_by.is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    let served_by = worker_holding(addr, client, pids).await;
     let req = format!("GET {path} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await.expect("write request");
     let mut buf = Vec::new();
@@ -839,14 +845,7 @@ async fn every_error_log_line_of_a_worker_names_the_worker() {
     for n in 0..4 {
         let mut stream = TcpStream::connect(p.addr()).await.expect("connect");
         let client = stream.local_addr().expect("local addr");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut served_by = None;
-        while served_by.is_none() && Instant::now() < deadline {
-            served_by = server_inode(p.addr(), client).and_then(|inode| owner(&all, inode));
-            if served_by.is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
+        let served_by = worker_holding(p.addr(), client, &all).await;
         let pid = served_by.expect("a worker accepted the connection");
         let req = format!("TRACE /tagged-{n} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
         stream.write_all(req.as_bytes()).await.expect("write request");
@@ -892,14 +891,7 @@ async fn get_sent_first(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (
     let client = stream.local_addr();
     let req = format!("GET {path} HTTP/1.1\r\nHost: www.example.com\r\n\r\n");
     stream.send(req.as_bytes()).await;
-    let mut served_by = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while served_by.is_none() && Instant::now() < deadline {
-        served_by = server_inode(addr, client).and_then(|inode| owner(pids, inode));
-        if served_by.is_none() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
+    let served_by = worker_holding(addr, client, pids).await;
     // Kept alive (the socket is still there to be found), then closed.
     (served_by, stream.read_response().await)
 }
@@ -952,14 +944,7 @@ async fn total_bandwidth_is_kept_by_the_workers_together() {
     for _ in 0..200 {
         let stream = TcpStream::connect(p.addr()).await.expect("connect");
         let client = stream.local_addr().expect("local addr");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut served_by = None;
-        while served_by.is_none() && Instant::now() < deadline {
-            served_by = server_inode(p.addr(), client).and_then(|inode| owner(&pids, inode));
-            if served_by.is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
+        let served_by = worker_holding(p.addr(), client, &pids).await;
         conns.entry(served_by.expect("a worker accepted it")).or_insert(stream);
         if conns.len() == 2 {
             break;

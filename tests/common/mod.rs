@@ -35,7 +35,10 @@ pub use client::{
 };
 pub use dns::{DnsServer, Question};
 pub use origin::{Body, Origin, Request, Response, pattern_matches};
-pub use portico::{Portico, listener_addrs, metric, page, perf_line, stats_snapshot, stats_when, with_nameserver};
+pub use portico::{
+    Portico, in_service, listener_addrs, metric, page, perf_line, stats_snapshot, stats_when, until_in_service_over,
+    with_nameserver,
+};
 pub use raw_origin::{Blackhole, RawOrigin, Recorded, RecordingOrigin, Reply, chunked_body, read_request_head};
 pub use slapd::{Slapd, have_slapd};
 

@@ -352,6 +352,22 @@ impl Portico {
         }
     }
 
+    /// Like [`Portico::reload`], for a config the reload is to refuse:
+    /// waits until Portico says it kept the previous one (panics after
+    /// 10 s) and returns what it said in all.
+    pub async fn reload_refused(&self, config_toml: &str) -> String {
+        const KEPT: &str = "still running on the previous config";
+        let before = self.stderr().matches(KEPT).count();
+        self.rewrite_config(config_toml);
+        self.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.stderr().matches(KEPT).count() == before {
+            assert!(Instant::now() < deadline, "no refused reload: {}", self.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stderr()
+    }
+
     /// The first listener's address (panics if the config had none).
     pub fn addr(&self) -> SocketAddr {
         *self.listeners.first().expect("config has no [[listener]]")
@@ -438,6 +454,25 @@ pub async fn stats_when(p: &Portico, what: &str, ready: impl Fn(&serde_json::Val
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the statistics never showed {what}: {}", stats_snapshot(p).await);
+}
+
+/// Requests in service now (`portico_sessions_active`; monitoring
+/// requests, the one asking included, are not counted).
+pub async fn in_service(p: &Portico) -> u64 {
+    metric(p, "portico_sessions_active").await
+}
+
+/// Waits until more than `than` requests are in service (what
+/// [`in_service`] said before one more was sent), 10 s at most, then
+/// panics naming `what`.
+pub async fn until_in_service_over(p: &Portico, than: u64, what: &str) {
+    for _ in 0..1000 {
+        if in_service(p).await > than {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} never came into service");
 }
 
 /// The value of a line of /metrics (`name{labels}` as written).
