@@ -284,12 +284,22 @@ fn parse_all(bytes: &[u8], head: bool, first_only: bool) -> Vec<ParsedResponse> 
                 rest = &rest[used..];
             }
             Ok(None) => panic!("parse_response: no response in {} bytes", bytes.len()),
-            Err(e) => panic!("{e}; bytes: {:?}", String::from_utf8_lossy(bytes)),
+            Err(e) => panic!(
+                "{e}; {} bytes: {:?}",
+                bytes.len(),
+                String::from_utf8_lossy(shown(bytes))
+            ),
         }
         if first_only || rest.is_empty() {
             return out;
         }
     }
+}
+
+/// The first 4 KiB of `bytes`: enough to see a head in a failure message
+/// without printing a whole large body.
+fn shown(bytes: &[u8]) -> &[u8] {
+    &bytes[..bytes.len().min(4096)]
 }
 
 fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {

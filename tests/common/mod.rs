@@ -224,7 +224,11 @@ pub async fn fast_and_stalled_clients(p: &Portico, request: &str) -> (ParsedResp
     let before = p.rss_kib();
     let first = {
         let request = request.to_string();
-        tokio::spawn(async move { raw_request(addr, request.as_bytes()).await })
+        // 96 MiB through a debug build beside the rest of the suite on two
+        // cores can take longer than `raw_request`'s 5 s.
+        tokio::spawn(
+            async move { raw_request_timeout(addr, request.as_bytes(), std::time::Duration::from_secs(30)).await },
+        )
     };
     tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
