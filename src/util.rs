@@ -96,7 +96,11 @@ pub fn io_cause(e: &std::io::Error) -> String {
         NetworkDown => "network down",
         AddrNotAvailable => "address not available on this host",
         AddrInUse => "address already in use",
-        PermissionDenied => "not permitted by the system (a firewall rule?)",
+        // EACCES: a file's or directory's permissions. EPERM: an operation
+        // not allowed to this process, which for a connection is most
+        // often a firewall rule (a socket filter, nftables' reject).
+        PermissionDenied if e.raw_os_error() == Some(libc::EACCES) => "permission denied",
+        PermissionDenied => "not permitted (for a connection: a firewall rule?)",
         NotFound => "file not found",
         StorageFull => "disk full",
         ReadOnlyFilesystem => "read-only file system",
@@ -274,6 +278,11 @@ mod tests {
         // A kind not named: the system's text, without the error number.
         let other = std::io::Error::from_raw_os_error(libc::EPROTO);
         assert_eq!(io_cause(&other), "protocol error");
+        // A file's permissions are not a firewall's doing.
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(io_cause(&denied), "permission denied");
+        let refused = std::io::Error::from_raw_os_error(libc::EPERM);
+        assert_eq!(io_cause(&refused), "not permitted (for a connection: a firewall rule?)");
     }
 
     #[test]
