@@ -362,7 +362,14 @@ fn main() -> ExitCode {
             print_config,
             worker,
         } => or_default(config).and_then(|config| {
-            load(config.as_ref()).and_then(|mut c| {
+            // A worker reads its supervisor's copy of the file.
+            let loaded = match &config {
+                Some(p) => config::source::read(p, worker.is_some())
+                    .map(|(c, text)| (c, Some(text)))
+                    .map_err(|e| e.to_string()),
+                None => Ok((Config::default(), None)),
+            };
+            loaded.and_then(|(mut c, config_text)| {
                 if print_config {
                     let files = portico::sizing::raise_open_files();
                     let said = portico::sizing::resolve(&mut c, files.now);
@@ -373,6 +380,7 @@ fn main() -> ExitCode {
                 } else {
                     let opts = portico::server::RunOptions {
                         config_path: config,
+                        config_text,
                         worker,
                     };
                     portico::server::run(c, opts)

@@ -196,7 +196,9 @@ impl Running {
             tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
             return;
         };
-        let new = match crate::config::load_file(&path) {
+        // A worker reloads the copy its supervisor has just validated.
+        let worker = crate::worker::index().is_some();
+        let new = match crate::config::source::read(&path, worker).map(|(c, _)| c) {
             Ok(mut c) => {
                 // Limits left at 0 are sized as at start-up, so they compare
                 // equal to the running ones (they need a restart to change).

@@ -27,6 +27,9 @@ const IO_EVENTS_PER_POLL: usize = 32;
 pub struct RunOptions {
     /// The config file, re-read on SIGHUP; None = embedded defaults.
     pub config_path: Option<PathBuf>,
+    /// The text `config` was read from (`config::source::read`): what a
+    /// supervisor hands its workers.
+    pub config_text: Option<String>,
     /// Set in a worker process started by the supervisor: its index.
     pub worker: Option<usize>,
 }
@@ -52,7 +55,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         }
     }
     if opts.worker.is_none() && config.server.processes > 1 {
-        return crate::supervisor::run(config, opts.config_path);
+        return crate::supervisor::run(config, opts.config_path, opts.config_text);
     }
     if let Some(i) = opts.worker {
         // Logged before the index is set: from then on the error log tags
@@ -175,19 +178,20 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     result
 }
 
-/// A worker reads its config file again once its SIGHUP handler is in
-/// place: a reload the supervisor forwarded before then was ignored (see
-/// `supervisor::start`), and the file may have changed since it was loaded.
+/// A worker reads its config again once its SIGHUP handler is in place: a
+/// reload the supervisor forwarded before then was ignored (see
+/// `supervisor::start`), and the supervisor's copy (`config::source`) may
+/// have changed since it was loaded.
 fn reread(config: Config, path: &std::path::Path) -> Config {
-    match crate::config::load_file(path) {
+    match crate::config::source::read(path, true).map(|(c, _)| c) {
         Ok(mut new) if !crate::util::same_value(&new, &config) => {
             crate::reload::keep_restart_only(&config, &mut new);
-            tracing::info!("{} changed while starting: using it", path.display());
+            tracing::info!("{} was reloaded while starting: using the new version", path.display());
             new
         }
         Ok(_) => config,
         Err(e) => {
-            tracing::error!("{e}: the file changed while starting and is invalid; using the version read first");
+            tracing::error!("{e}: cannot read it again while starting; using the version read first");
             config
         }
     }

@@ -2,7 +2,10 @@
 //! supervisor that starts N worker processes and keeps them running.
 //!
 //! Each worker is this same binary run as `portico run --worker I -c FILE`
-//! (with `PORTICO_WORKER=I` in its environment). Every worker binds every
+//! (with `PORTICO_WORKER=I` in its environment); it reads the copy of FILE
+//! the supervisor last validated (`config::source`), not FILE itself, so a
+//! worker restarted after an edit that was not reloaded runs what the
+//! others run. Every worker binds every
 //! listener itself with SO_REUSEPORT, so the kernel spreads new connections
 //! over the workers; the supervisor serves nothing. Workers run in their
 //! own process group (a terminal's Ctrl-C reaches the supervisor only, which
@@ -17,8 +20,9 @@
 //!   supervisor waits for them all and exits 0. A second one is forwarded
 //!   too (the workers then exit at once).
 //! - SIGHUP: the supervisor validates the file once; if it is invalid the
-//!   error is logged and nothing changes, else SIGHUP goes to every worker,
-//!   which reloads itself.
+//!   error is logged and nothing changes, else it replaces the workers'
+//!   copy with the text it validated and SIGHUP goes to every worker,
+//!   which reloads itself from that copy.
 //! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
 //!   each worker reopens its error and access logs.
 //! - `server.user`: the supervisor stays as started (root, to write and
@@ -34,7 +38,8 @@
 //! `reload::per_process` for its budget), and a private directory (0700,
 //! under the temp dir, removed at exit) where each worker leaves its
 //! statistics once a second, so that whichever worker answers a monitoring
-//! request shows the sum over all (`stats::workers`). The same directory
+//! request shows the sum over all (`stats::workers`), and where the
+//! supervisor leaves the workers' copy of the config. The same directory
 //! carries each worker's TLS ticket key seed as it starts (a 0600 file the
 //! worker removes once read; `tls_resume`), so every worker seals and
 //! opens session tickets with the same rotating keys. The buckets of the
@@ -69,7 +74,7 @@ enum Event {
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT and every worker has exited.
-pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
+pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<String>) -> Result<(), String> {
     let n = config.server.processes;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -166,8 +171,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
             None
         }
     };
+    if config_text.is_some() && stats_dir.is_none() {
+        tracing::warn!("no private directory for the config: each worker reads the file itself when it starts");
+    }
     let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
+        config_text,
+        owner: switching.map(|t| (t.uid, t.gid)),
         notify: relay_path,
         seed,
         tls: config.tls.clone(),
@@ -221,7 +231,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => {
-                        if reload(&config, config_path.as_ref(), &workers) {
+                        if reload(&config, config_path.as_ref(), &mut env, &workers) {
                             crate::notify::reloading();
                             if relay.is_some() {
                                 // Ready again once every worker says so.
@@ -345,6 +355,21 @@ fn start(
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
+    // The config this supervisor validated last, written again for each
+    // start (a worker restarted long after the last reload finds it even
+    // if something cleaned the temp directory meanwhile).
+    cmd.env_remove(crate::config::source::ENV_COPY);
+    if let (Some(text), Some(dir)) = (&env.config_text, &env.stats_dir) {
+        match crate::config::source::hand_over(dir, text, env.owner) {
+            Ok(path) => {
+                cmd.env(crate::config::source::ENV_COPY, path);
+            }
+            Err(e) => tracing::warn!(
+                "cannot hand the config to worker {i}: {cause}; it reads the file itself",
+                cause = crate::util::io_cause(&e)
+            ),
+        }
+    }
     match &env.buckets {
         Some(fd) => cmd.env(
             crate::shared_buckets::ENV_FD,
@@ -416,6 +441,12 @@ fn start(
 struct WorkerEnv {
     /// Where they leave their statistics.
     stats_dir: Option<PathBuf>,
+    /// The config text validated last, which the workers get a copy of
+    /// (`config::source`); None on the embedded defaults.
+    config_text: Option<String>,
+    /// Who the workers run as once started (uid, gid), when the
+    /// supervisor switches them to `server.user`: the copy's owner.
+    owner: Option<(u32, u32)>,
     /// The supervisor's readiness relay (their `NOTIFY_SOCKET`).
     notify: Option<PathBuf>,
     /// The ticket key chain every worker gets (`tls_resume`).
@@ -457,19 +488,30 @@ async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize>
     }
 }
 
-/// Validates the config file once, then asks every worker to reload it;
-/// true if it did.
-fn reload(config: &Config, config_path: Option<&PathBuf>, workers: &[Worker]) -> bool {
+/// Validates the config file once, hands the workers a copy of the text
+/// it validated, then asks every worker to reload; true if it did.
+fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, workers: &[Worker]) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
         return false;
     };
-    match crate::config::load_file(path) {
+    match crate::config::source::read(path, false) {
         Err(e) => {
             tracing::error!("reload failed, still running on the previous config: {e}");
             false
         }
-        Ok(new) => {
+        Ok((new, text)) => {
+            if let Some(dir) = &env.stats_dir
+                && let Err(e) = crate::config::source::hand_over(dir, &text, env.owner)
+            {
+                tracing::error!(
+                    "reload failed, still running on the previous config: cannot hand {} to the workers: {cause}",
+                    path.display(),
+                    cause = crate::util::io_cause(&e)
+                );
+                return false;
+            }
+            env.config_text = Some(text);
             if new.server.processes != config.server.processes {
                 tracing::warn!(
                     "reload: `server.processes` changed ({} -> {}): needs restart; keeping {}",

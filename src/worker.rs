@@ -14,7 +14,21 @@ pub fn index() -> Option<usize> {
     WORKER.get().copied()
 }
 
-/// Records this process's worker index (once, at start).
+/// The pid of the supervisor that started this worker.
+static SUPERVISOR: OnceLock<u32> = OnceLock::new();
+
+/// Records this process's worker index (once, at start), and its parent
+/// as its supervisor.
 pub(crate) fn set_index(i: usize) {
     let _ = WORKER.set(i);
+    let _ = SUPERVISOR.set(std::os::unix::process::parent_id());
+}
+
+/// True in a worker whose supervisor has exited (killed outright: the
+/// worker was re-parented and got SIGTERM), so that nobody else will clean
+/// up what the two shared.
+pub(crate) fn supervisor_gone() -> bool {
+    SUPERVISOR
+        .get()
+        .is_some_and(|&pid| std::os::unix::process::parent_id() != pid)
 }

@@ -318,6 +318,81 @@ async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invali
     assert_eq!(worker_pids(&p), pids, "no worker was restarted");
 }
 
+/// SIGKILLs worker `i` (pid `victim`) and waits until its replacement has
+/// served a request; every response on the way must be `expect(path)`.
+/// Returns the replacement's pid.
+async fn replace_worker(p: &Portico, i: usize, victim: u32, other: u32, expect: impl Fn(&str) -> String) -> u32 {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut n = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "worker {i} not serving again\n{}",
+            p.stderr()
+        );
+        let now = worker_pids(p)[&i];
+        if now == victim {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let live: BTreeSet<u32> = [other, now].into();
+        let path = format!("/r{i}-{n}");
+        n += 1;
+        let (by, resp) = get_via(p.addr(), &path, &live).await;
+        assert_eq!(resp.body_str(), expect(&path), "served by {by:?}\n{}", p.stderr());
+        if by == Some(now) {
+            return now;
+        }
+    }
+}
+
+/// A worker restarted after the config file was edited but not reloaded
+/// runs the config the others run (the supervisor's copy of what it last
+/// validated, `config::source`): not the edit, and not a failure to start
+/// over an invalid file. A reload then puts the edit in force everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
+    let (a, b, p, pids, _) = two_workers().await;
+    let addr = p.addr().to_string();
+    let on_a = |path: &str| format!("a {path}");
+
+    // Edited to route to b, not reloaded.
+    p.rewrite_config(&config(&addr, &a, &b, "b"));
+    let first = replace_worker(&p, 0, pids[&0], pids[&1], on_a).await;
+
+    // Edited into an invalid file: the next restart still serves.
+    std::fs::write(p.config_path(), "[server]\nprocesses = 0\n").expect("rewrite config");
+    let second = replace_worker(&p, 1, pids[&1], first, on_a).await;
+    assert!(
+        !p.stderr().contains("key `server.processes`"),
+        "nobody read the invalid file:\n{}",
+        p.stderr()
+    );
+
+    // Reloaded: both workers, the restarted ones, go to b.
+    p.rewrite_config(&config(&addr, &a, &b, "b"));
+    p.signal(libc::SIGHUP);
+    let all: BTreeSet<u32> = [first, second].into();
+    let mut on_b = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while on_b != all {
+        assert!(
+            Instant::now() < deadline,
+            "workers on b: {on_b:?} of {all:?}\n{}",
+            p.stderr()
+        );
+        let (by, resp) = get_via(p.addr(), &format!("/h{i}"), &all).await;
+        if resp.body_str() == format!("b /h{i}") {
+            on_b.insert(by.expect("accepted"));
+        }
+        i += 1;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_port_fails_start_up_instead_of_restarting_workers() {
     let a = origin("a").await;
@@ -485,13 +560,22 @@ async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
     let a = origin("a").await;
     let b = origin("b").await;
     let addr = free_addr();
-    let config = config(&addr, &a, &b, "a").replace("{dir}/access.log", "{dir}/logs/access.log");
-    // Started with the log in {dir}; the file then names logs/, which is missing.
-    let p = Portico::start(&config.replace("{dir}/logs/access.log", "{dir}/access.log")).await;
+    // The access log in a directory of the test's, removed once both
+    // workers have opened it: from then on a (re)starting worker cannot.
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log_dir = logs.path().join("logs");
+    std::fs::create_dir(&log_dir).expect("mkdir logs");
+    let access = log_dir.join("access.log");
+    let config = config(&addr, &a, &b, "a").replace("{dir}/access.log", access.to_str().expect("utf-8"));
+    let p = Portico::start(&config).await;
     let pids = both_started(&p).await;
-    // From now on a (re)starting worker opens {dir}/logs/access.log, which is missing.
-    let text = config.replace("{dir}", p.dir().to_str().expect("utf-8"));
-    p.rewrite_config(&text);
+    // Each has opened its logs once it listens.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(0..2).all(|i| p.stderr().contains(&format!("worker {i}: listening on"))) {
+        assert!(Instant::now() < deadline, "workers not listening\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::remove_dir_all(&log_dir).expect("remove logs");
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(pids[&0] as i32, libc::SIGKILL) }, 0);
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -520,7 +604,7 @@ async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
     );
     assert!(p.stderr().contains("cannot open access log"), "{}", p.stderr());
     // Fixed: worker 0 comes back and serves.
-    std::fs::create_dir(p.dir().join("logs")).expect("mkdir logs");
+    std::fs::create_dir(&log_dir).expect("mkdir logs");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = worker_pids(&p);

@@ -731,6 +731,17 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
     for _ in 0..4 {
         assert_eq!(get_through(p.addr(), &origin).await.0, 200);
     }
+    // As nobody, each worker still reads the supervisor's copy of the
+    // config (`config::source`) when it reloads.
+    p.signal(libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error).matches(": reloaded ").count()
+            == 2)
+        .await,
+        "{}",
+        read(&error)
+    );
+    assert!(!read(&error).contains("failed"), "{}", read(&error));
     // The supervisor killed outright: its workers still go. The kernel
     // clears a process's parent-death signal when it changes user, so a
     // worker that dropped privileges must set it again, or it is left

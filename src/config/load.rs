@@ -38,14 +38,17 @@ impl std::error::Error for ConfigError {}
 
 /// Reads and checks the config file at `path`.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
+    parse_str(&read_text(path)?, &path.display().to_string())
+}
+
+/// The text of the config file at `path`.
+pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.display().to_string(),
         line: None,
         key: None,
         message: format!("cannot read the config file: {e}"),
-    })?;
-    parse_str(&text, &file)
+    })
 }
 
 /// Parses and checks config text; `file` is used in error messages.

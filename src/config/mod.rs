@@ -2,10 +2,13 @@
 //! `portico run` with no file at all is a safe loopback-only forward proxy.
 //!
 //! `load` reads and checks a file (errors name the file, line and key);
+//! `source` says which text `portico run` reads (a worker process reads
+//! the copy its supervisor validated);
 //! the types here are the effective configuration the server runs on.
 
 pub(crate) mod load;
 pub mod memory;
+pub mod source;
 pub mod units;
 
 /// Checks an `[auth.ldap] url` (the LDAP back-end reads its scheme too).
