@@ -364,7 +364,7 @@ fn main() -> ExitCode {
         } => or_default(config).and_then(|config| {
             // A worker reads its supervisor's copy of the file.
             let loaded = match &config {
-                Some(p) => config::source::read(p, worker.is_some())
+                Some(p) => config::source::read_at_start(p, worker.is_some())
                     .map(|(c, text)| (c, Some(text)))
                     .map_err(|e| e.to_string()),
                 None => Ok((Config::default(), None)),

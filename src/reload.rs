@@ -198,7 +198,7 @@ impl Running {
         };
         // A worker reloads the copy its supervisor has just validated.
         let worker = crate::worker::index().is_some();
-        let new = match crate::config::source::read(&path, worker).map(|(c, _)| c) {
+        let new = match crate::config::source::read_for_reload(&path, worker).map(|(c, _)| c) {
             Ok(mut c) => {
                 // Limits left at 0 are sized as at start-up, so they compare
                 // equal to the running ones (they need a restart to change).

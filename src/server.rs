@@ -96,10 +96,11 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
         let _enter = runtime.enter();
         Signals::install()
     };
-    let mut config = match (opts.worker, &opts.config_path) {
-        (Some(_), Some(path)) => reread(config, path),
-        _ => config,
-    };
+    // A SIGHUP or SIGUSR1 the supervisor sent a worker before now waited,
+    // blocked (`supervisor::start`): it comes now, to the handlers, and
+    // the loop below acts on it once serving.
+    crate::signals::unblock();
+    let mut config = config;
     // TLS session resumption: a worker seals tickets with the keys the
     // supervisor handed it (the same in every worker); one process draws its own.
     let seed = match opts.worker {
@@ -176,25 +177,6 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // After the runtime: its figures writer can no longer recreate the file.
     crate::stats::workers::leave();
     result
-}
-
-/// A worker reads its config again once its SIGHUP handler is in place: a
-/// reload the supervisor forwarded before then was ignored (see
-/// `supervisor::start`), and the supervisor's copy (`config::source`) may
-/// have changed since it was loaded.
-fn reread(config: Config, path: &std::path::Path) -> Config {
-    match crate::config::source::read(path, true).map(|(c, _)| c) {
-        Ok(mut new) if !crate::util::same_value(&new, &config) => {
-            crate::reload::keep_restart_only(&config, &mut new);
-            tracing::info!("{} was reloaded while starting: using the new version", path.display());
-            new
-        }
-        Ok(_) => config,
-        Err(e) => {
-            tracing::error!("{e}: cannot read it again while starting; using the version read first");
-            config
-        }
-    }
 }
 
 /// Stops accepting and waits for the open connections to finish, for at

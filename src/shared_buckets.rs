@@ -147,23 +147,8 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 /// stays open in the supervisor, so a worker restarted later gets the
 /// same one.
 pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // MFD_NOEXEC_SEAL (Linux 6.3): older kernels refuse the flag.
-    const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
-    let name = c"portico-buckets";
-    // SAFETY: the name is a NUL-terminated C string; without MFD_CLOEXEC
-    // the descriptor is inherited across exec, as meant.
-    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL) };
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-        // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
-    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    let file = std::fs::File::from(owned);
+    use std::os::fd::AsRawFd;
+    let file = crate::util::memory_file(c"portico-buckets")?;
     file.set_len((WORDS * std::mem::size_of::<AtomicU64>()) as u64)?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.

@@ -2,9 +2,9 @@
 //! supervisor that starts N worker processes and keeps them running.
 //!
 //! Each worker is this same binary run as `portico run --worker I -c FILE`
-//! (with `PORTICO_WORKER=I` in its environment); it reads the copy of FILE
-//! the supervisor last validated (`config::source`), not FILE itself, so a
-//! worker restarted after an edit that was not reloaded runs what the
+//! (with `PORTICO_WORKER=I` in its environment); it runs what the
+//! supervisor last validated (`config::source`), not FILE as it is now, so
+//! a worker restarted after an edit that was not reloaded runs what the
 //! others run. Every worker binds every
 //! listener itself with SO_REUSEPORT, so the kernel spreads new connections
 //! over the workers; the supervisor serves nothing. Workers run in their
@@ -20,9 +20,11 @@
 //!   supervisor waits for them all and exits 0. A second one is forwarded
 //!   too (the workers then exit at once).
 //! - SIGHUP: the supervisor validates the file once; if it is invalid the
-//!   error is logged and nothing changes, else it replaces the workers'
-//!   copy with the text it validated and SIGHUP goes to every worker,
-//!   which reloads itself from that copy.
+//!   error is logged and nothing changes, else it hands the workers the
+//!   text it validated (a copy for the running ones, a memory file for
+//!   those it starts later) and SIGHUP goes to every worker, which reloads
+//!   itself from that copy. A worker still starting gets it once it can
+//!   (the signal waits, blocked).
 //! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
 //!   each worker reopens its error and access logs.
 //! - `server.user`: the supervisor stays as started (root, to write and
@@ -171,13 +173,40 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
             None
         }
     };
-    if config_text.is_some() && stats_dir.is_none() {
-        tracing::warn!("no private directory for the config: each worker reads the file itself when it starts");
-    }
+    // What the workers run on (`config::source`): the text read at start,
+    // sealed in a memory file each inherits, and a copy the workers reload
+    // from in the private directory. Without either they read the file.
+    let owner = switching.map(|t| (t.uid, t.gid));
+    let start_text = match config_text.as_deref().map(crate::config::source::sealed) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) => {
+            tracing::warn!(
+                "cannot hand the config to the workers in memory: {cause}; each reads the file when it starts",
+                cause = crate::util::io_cause(&e)
+            );
+            None
+        }
+        None => None,
+    };
+    let copy = match (config_text.as_deref(), stats_dir) {
+        (Some(text), Some(dir)) => match crate::config::source::hand_over(dir, text, owner) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot hand the config to the workers for their reloads: {cause}; each reloads the file",
+                    cause = crate::util::io_cause(&e)
+                );
+                None
+            }
+        },
+        _ => None,
+    };
     let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
-        config_text,
-        owner: switching.map(|t| (t.uid, t.gid)),
+        start_text,
+        validated: None,
+        copy,
+        owner,
         notify: relay_path,
         seed,
         tls: config.tls.clone(),
@@ -355,21 +384,28 @@ fn start(
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
-    // The config this supervisor validated last, written again for each
-    // start (a worker restarted long after the last reload finds it even
-    // if something cleaned the temp directory meanwhile).
-    cmd.env_remove(crate::config::source::ENV_COPY);
-    if let (Some(text), Some(dir)) = (&env.config_text, &env.stats_dir) {
-        match crate::config::source::hand_over(dir, text, env.owner) {
-            Ok(path) => {
-                cmd.env(crate::config::source::ENV_COPY, path);
+    // The config validated last (and, after a reload, the one started on).
+    {
+        use crate::config::source::{ENV_COPY, ENV_FD, ENV_START_FD};
+        let number = |fd: &std::os::fd::OwnedFd| std::os::fd::AsRawFd::as_raw_fd(fd).to_string();
+        for var in [ENV_FD, ENV_START_FD, ENV_COPY] {
+            cmd.env_remove(var);
+        }
+        match (&env.validated, &env.start_text) {
+            (Some(last), Some(start)) => {
+                cmd.env(ENV_FD, number(last)).env(ENV_START_FD, number(start));
             }
-            Err(e) => tracing::warn!(
-                "cannot hand the config to worker {i}: {cause}; it reads the file itself",
-                cause = crate::util::io_cause(&e)
-            ),
+            (None, Some(start)) => {
+                cmd.env(ENV_FD, number(start));
+            }
+            // Handed nothing in memory: the worker reads the file.
+            (_, None) => {}
+        }
+        if let Some(copy) = &env.copy {
+            cmd.env(ENV_COPY, copy);
         }
     }
+    cmd.env(crate::worker::ENV_SUPERVISOR, std::process::id().to_string());
     match &env.buckets {
         Some(fd) => cmd.env(
             crate::shared_buckets::ENV_FD,
@@ -401,24 +437,28 @@ fn start(
         .process_group(0)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only
-    // calls prctl and signal, which are async-signal-safe; it allocates nothing.
+    // calls prctl, sigemptyset, sigaddset and sigprocmask, which are
+    // async-signal-safe, on a set on its own stack; it allocates nothing.
     unsafe {
         cmd.pre_exec(|| {
             // The supervisor gone (even by SIGKILL) means the worker drains and exits.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // A SIGHUP forwarded before the worker has installed its handler
-            // must not kill it (the default action); it reads the file at
-            // start anyway. Its own handler replaces this once installed.
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            // Nor a SIGUSR1 (log rotation), which killed a worker still
-            // starting: one that comes before the worker opens its logs is
-            // moot (it opens the new files); only one between its error
-            // log's open and its handler's install (the certificate check
-            // and the runtime's creation, `server::run`) is lost, where it
-            // used to cost the worker's restart.
-            libc::signal(libc::SIGUSR1, libc::SIG_IGN);
+            // A SIGHUP forwarded before the worker has installed its
+            // handler must neither kill it (the default action) nor be
+            // lost (it may have read the config before the reload): it
+            // stays pending, blocked across exec, until the worker has its
+            // handler and unblocks it (`signals::unblock`), and then
+            // reloads. A SIGUSR1 (log rotation) likewise: it killed a
+            // worker still starting, then was ignored while it started.
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::sigaddset(&mut set, libc::SIGUSR1);
+            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
@@ -441,9 +481,13 @@ fn start(
 struct WorkerEnv {
     /// Where they leave their statistics.
     stats_dir: Option<PathBuf>,
-    /// The config text validated last, which the workers get a copy of
+    /// The config text the supervisor started on, in a sealed memory file
     /// (`config::source`); None on the embedded defaults.
-    config_text: Option<String>,
+    start_text: Option<std::os::fd::OwnedFd>,
+    /// The text a reload validated since, likewise.
+    validated: Option<std::os::fd::OwnedFd>,
+    /// The copy of the text validated last that the workers reload from.
+    copy: Option<PathBuf>,
     /// Who the workers run as once started (uid, gid), when the
     /// supervisor switches them to `server.user`: the copy's owner.
     owner: Option<(u32, u32)>,
@@ -495,23 +539,35 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
         return false;
     };
-    match crate::config::source::read(path, false) {
+    // Checked as `portico check` does, certificates included: what the
+    // workers get is what a worker restarted later starts on, and one it
+    // would refuse would keep it from starting.
+    let checked = crate::config::source::read_at_start(path, false)
+        .map_err(|e| e.to_string())
+        .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)));
+    match checked {
         Err(e) => {
             tracing::error!("reload failed, still running on the previous config: {e}");
             false
         }
         Ok((new, text)) => {
-            if let Some(dir) = &env.stats_dir
-                && let Err(e) = crate::config::source::hand_over(dir, &text, env.owner)
-            {
-                tracing::error!(
-                    "reload failed, still running on the previous config: cannot hand {} to the workers: {cause}",
-                    path.display(),
-                    cause = crate::util::io_cause(&e)
-                );
-                return false;
-            }
-            env.config_text = Some(text);
+            let handed = env.stats_dir.as_ref().map_or(Ok(None), |dir| {
+                crate::config::source::hand_over(dir, &text, env.owner).map(Some)
+            });
+            let sealed = crate::config::source::sealed(&text);
+            let (copy, sealed) = match (handed, sealed) {
+                (Ok(copy), Ok(sealed)) => (copy, sealed),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::error!(
+                        "reload failed, still running on the previous config: cannot hand {} to the workers: {cause}",
+                        path.display(),
+                        cause = crate::util::io_cause(&e)
+                    );
+                    return false;
+                }
+            };
+            env.copy = copy;
+            env.validated = Some(sealed);
             if new.server.processes != config.server.processes {
                 tracing::warn!(
                     "reload: `server.processes` changed ({} -> {}): needs restart; keeping {}",

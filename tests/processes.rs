@@ -75,9 +75,8 @@ async fn both_started(p: &Portico) -> BTreeMap<usize, u32> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pids = worker_pids(p);
-        // Spawned is not enough: a worker reads its config file again while
-        // it starts (`server::reread`), so a test that rewrites the file
-        // right after would race it. The sizing line comes after that read.
+        // Spawned is not enough: a worker has read its config and sized
+        // itself once it logs its sizing line.
         let err = p.stderr();
         if pids.len() == 2 && err.contains("worker 0: sizing:") && err.contains("worker 1: sizing:") {
             return pids;
@@ -350,9 +349,11 @@ async fn replace_worker(p: &Portico, i: usize, victim: u32, other: u32, expect: 
 }
 
 /// A worker restarted after the config file was edited but not reloaded
-/// runs the config the others run (the supervisor's copy of what it last
-/// validated, `config::source`): not the edit, and not a failure to start
-/// over an invalid file. A reload then puts the edit in force everywhere.
+/// runs the config the others run (what the supervisor last validated,
+/// handed in a sealed memory file, `config::source`): not the edit, not a
+/// failure to start over an invalid file, and not the copy the workers
+/// reload from, which `server.user` could write and a worker restarting
+/// reads as root. A reload then puts the edit in force everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
     let (a, b, p, pids, _) = two_workers().await;
@@ -372,10 +373,17 @@ async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
         p.stderr()
     );
 
+    // The copy for reloads rewritten behind the supervisor's back: the
+    // next restart does not read it.
+    let copy = stats_dir(p.pid()).join("config");
+    let forged = config(&addr, &a, &b, "b").replace("{dir}", p.dir().to_str().expect("utf-8"));
+    std::fs::write(&copy, forged).expect("rewrite the copy");
+    let third = replace_worker(&p, 0, first, second, on_a).await;
+
     // Reloaded: both workers, the restarted ones, go to b.
     p.rewrite_config(&config(&addr, &a, &b, "b"));
     p.signal(libc::SIGHUP);
-    let all: BTreeSet<u32> = [first, second].into();
+    let all: BTreeSet<u32> = [third, second].into();
     let mut on_b = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 0;
@@ -391,6 +399,119 @@ async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
         }
         i += 1;
     }
+}
+
+/// `server.workers` as worker `i` runs it, from its own figures, once they
+/// come from process `pid` (10 s at most).
+async fn workers_setting(addr: SocketAddr, i: usize, pid: u32, pids: &BTreeSet<u32>) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, status, body) = monitor_page(addr, &format!("/.stats.json?worker={i}"), pids).await;
+        if status == 200 {
+            let server = &json(&body)["snapshot"]["server"];
+            if server["pid"].as_u64() == Some(u64::from(pid)) {
+                return server["workers"].as_u64().expect("server.workers");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no figures of worker {i} from pid {pid}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A reload changing a restart-only setting (`server.workers`) keeps the
+/// old value in every worker, and so does a worker restarted after it: it
+/// gets the text the supervisor started on beside the one validated last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restarted_after_a_reload_keeps_the_restart_only_settings_the_others_kept() {
+    let (a, b, p, pids, all) = two_workers().await;
+    let addr = p.addr().to_string();
+    assert_eq!(workers_setting(p.addr(), 0, pids[&0], &all).await, 1, "workers = 1");
+    p.rewrite_config(&config(&addr, &a, &b, "b").replace("workers = 1", "workers = 2"));
+    p.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p
+        .stderr()
+        .matches("`server.workers` changed (1 -> 2): needs restart")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no reload in both\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_b = |path: &str| format!("b {path}");
+    let replacement = replace_worker(&p, 0, pids[&0], pids[&1], on_b).await;
+    let live = [replacement, pids[&1]].into();
+    assert_eq!(
+        workers_setting(p.addr(), 0, replacement, &live).await,
+        1,
+        "the restarted worker kept workers = 1"
+    );
+}
+
+/// A SIGHUP that reaches a worker before it has its handler waits
+/// (blocked, as the supervisor starts it) and reloads the worker once it
+/// can: it neither kills it (the default action) nor is lost. Here the
+/// worker is started by hand with SIGHUP blocked and already pending.
+#[test]
+fn a_sighup_pending_when_a_worker_starts_reloads_it_once_it_serves() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("portico.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\naddress = \"{}\"\n\n[log]\naccess = \"{}/access.log\"\n",
+            free_addr(),
+            dir.path().display()
+        ),
+    )
+    .expect("write config");
+    let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_portico"));
+    cmd.args(["run", "--worker", "0", "-c"])
+        .arg(&config)
+        .env("PORTICO_WORKER", "0")
+        .stderr(stderr);
+    // SAFETY: between fork and exec the closure only calls
+    // async-signal-safe functions on a set on its stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            libc::raise(libc::SIGHUP);
+            Ok(())
+        });
+    }
+    /// Killed if the test fails, so no worker outlives it.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reaped(cmd.spawn().expect("start portico"));
+    let child = &mut child.0;
+    let log = || std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log().contains("worker 0: reloaded") {
+        assert!(child.try_wait().expect("wait").is_none(), "the worker died: {}", log());
+        assert!(
+            Instant::now() < deadline,
+            "the pending SIGHUP never reloaded it: {}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(log().contains("worker 0: listening on"), "{}", log());
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success(), "{}", log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

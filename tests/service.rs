@@ -741,7 +741,7 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
         "{}",
         read(&error)
     );
-    assert!(!read(&error).contains("failed"), "{}", read(&error));
+    assert!(!read(&error).contains("reload failed"), "{}", read(&error));
     // The supervisor killed outright: its workers still go. The kernel
     // clears a process's parent-death signal when it changes user, so a
     // worker that dropped privileges must set it again, or it is left

@@ -135,6 +135,21 @@ async fn every_worker_process_serves_tls_and_the_supervisor_checks_the_certifica
         assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
         assert_eq!(stdout(&out), "ok");
     }
+    // And at a reload: a key that is not there is refused by the supervisor
+    // (once), which hands the workers nothing they or a worker restarted
+    // later would refuse.
+    let missing = dir.path().join("missing.key");
+    p.rewrite_config(&config.replace(&pem.key.display().to_string(), &missing.display().to_string()));
+    p.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !p.stderr().contains("reload failed") {
+        assert!(std::time::Instant::now() < deadline, "{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = p.stderr();
+    assert_eq!(log.matches("reload failed").count(), 1, "{log}");
+    assert!(log.contains(&missing.display().to_string()), "{log}");
+    assert!(!log.contains("the workers reload it"), "{log}");
     drop(p);
     // The supervisor refuses a bad certificate before starting any worker.
     std::fs::write(&pem.key, "not a key").expect("spoil key");
