@@ -32,6 +32,7 @@ pub(crate) mod client_rate;
 pub(crate) mod client_table;
 pub mod config;
 pub(crate) mod drain;
+pub(crate) mod handover;
 pub mod http1;
 pub(crate) mod keepalive;
 pub(crate) mod listen;

@@ -190,15 +190,15 @@ impl Running {
         self.shared.load().access_log.reopen();
     }
 
-    /// SIGHUP: re-reads the config file and applies it, or logs why not.
+    /// SIGHUP: re-reads the config file (in a worker process, the text
+    /// its supervisor sent, `config::source`) and applies it, or logs why not.
     pub fn reload(&mut self) {
         let Some(path) = self.config_path.clone() else {
             tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
             return;
         };
-        // A worker reloads the copy its supervisor has just validated.
-        let worker = crate::worker::index().is_some();
-        let new = match crate::config::source::read_for_reload(&path, worker).map(|(c, _)| c) {
+        // A worker reloads what its supervisor has just validated.
+        let new = match crate::config::source::read_for_reload(&path) {
             Ok(mut c) => {
                 // Limits left at 0 are sized as at start-up, so they compare
                 // equal to the running ones (they need a restart to change).

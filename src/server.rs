@@ -25,9 +25,10 @@ const IO_EVENTS_PER_POLL: usize = 32;
 /// How `portico run` was invoked.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// The config file, re-read on SIGHUP; None = embedded defaults.
+    /// The config file, re-read on SIGHUP (by a worker process, through
+    /// its supervisor); None = embedded defaults.
     pub config_path: Option<PathBuf>,
-    /// The text `config` was read from (`config::source::read`): what a
+    /// The text `config` was read from (`config::source::read_at_start`): what a
     /// supervisor hands its workers.
     pub config_text: Option<String>,
     /// Set in a worker process started by the supervisor: its index.
@@ -99,7 +100,7 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // A SIGHUP or SIGUSR1 the supervisor sent a worker before now waited,
     // blocked (`supervisor::start`): it comes now, to the handlers, and
     // the loop below acts on it once serving.
-    crate::signals::unblock();
+    signals.unblock();
     let mut config = config;
     // TLS session resumption: a worker seals tickets with the keys the
     // supervisor handed it (the same in every worker); one process draws its own.

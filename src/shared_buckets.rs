@@ -148,7 +148,7 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 /// same one.
 pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::AsRawFd;
-    let file = crate::util::memory_file(c"portico-buckets")?;
+    let file = crate::handover::memory_file(c"portico-buckets")?;
     file.set_len((WORDS * std::mem::size_of::<AtomicU64>()) as u64)?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.

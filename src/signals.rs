@@ -20,26 +20,6 @@ pub(crate) struct Signals {
     usr1: Option<tokio::signal::unix::Signal>,
 }
 
-/// Unblocks SIGHUP and SIGUSR1 in the calling thread, once their handlers
-/// are installed ([`Signals::install`]): a worker process starts with them
-/// blocked (`supervisor::start`), so that one sent while it started waits
-/// for its handler instead of killing it or being lost. The runtime's
-/// threads, started before, keep them blocked: the kernel delivers each to
-/// this thread, whose handler hands it to the runtime all the same.
-pub(crate) fn unblock() {
-    // SAFETY: the set lives on this stack for the calls, which only read
-    // or fill it; sigprocmask changes this thread's mask only.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
-        if libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) != 0 {
-            tracing::error!("cannot unblock SIGHUP and SIGUSR1: reloads and log reopening will not reach this process");
-        }
-    }
-}
-
 impl Signals {
     /// Registers the handlers; must run inside the runtime.
     pub(crate) fn install() -> Signals {
@@ -56,6 +36,34 @@ impl Signals {
             int: register(SignalKind::interrupt(), "SIGINT"),
             hup: register(SignalKind::hangup(), "SIGHUP"),
             usr1: register(SignalKind::user_defined1(), "SIGUSR1"),
+        }
+    }
+
+    /// Unblocks SIGHUP and SIGUSR1 in the calling thread, those whose
+    /// handler is installed (one without would act as by default: a
+    /// SIGHUP would end the process). A worker process starts with them
+    /// blocked (`supervisor::start`), so that one sent while it started
+    /// waits for its handler instead of killing it or being lost. The
+    /// runtime's threads, started before, keep them blocked: the kernel
+    /// delivers each to this thread, whose handler hands it to the runtime
+    /// all the same.
+    pub(crate) fn unblock(&self) {
+        // SAFETY: the set lives on this stack for the calls, which only
+        // read or fill it; pthread_sigmask changes this thread's mask only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            if self.hup.is_some() {
+                libc::sigaddset(&mut set, libc::SIGHUP);
+            }
+            if self.usr1.is_some() {
+                libc::sigaddset(&mut set, libc::SIGUSR1);
+            }
+            if libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) != 0 {
+                tracing::error!(
+                    "cannot unblock SIGHUP and SIGUSR1: reloads and log reopening will not reach this process"
+                );
+            }
         }
     }
 

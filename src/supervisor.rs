@@ -20,11 +20,11 @@
 //!   supervisor waits for them all and exits 0. A second one is forwarded
 //!   too (the workers then exit at once).
 //! - SIGHUP: the supervisor validates the file once; if it is invalid the
-//!   error is logged and nothing changes, else it hands the workers the
-//!   text it validated (a copy for the running ones, a memory file for
-//!   those it starts later) and SIGHUP goes to every worker, which reloads
-//!   itself from that copy. A worker still starting gets it once it can
-//!   (the signal waits, blocked).
+//!   error is logged and nothing changes, else it sends each worker the
+//!   text it validated on the worker's channel (and hands it to those it
+//!   starts later) and SIGHUP goes to every worker, which reloads itself
+//!   from that text. A worker still starting gets it once it can (the
+//!   signal waits, blocked).
 //! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
 //!   each worker reopens its error and access logs.
 //! - `server.user`: the supervisor stays as started (root, to write and
@@ -40,11 +40,11 @@
 //! `reload::per_process` for its budget), and a private directory (0700,
 //! under the temp dir, removed at exit) where each worker leaves its
 //! statistics once a second, so that whichever worker answers a monitoring
-//! request shows the sum over all (`stats::workers`), and where the
-//! supervisor leaves the workers' copy of the config. The same directory
-//! carries each worker's TLS ticket key seed as it starts (a 0600 file the
-//! worker removes once read; `tls_resume`), so every worker seals and
-//! opens session tickets with the same rotating keys. The buckets of the
+//! request shows the sum over all (`stats::workers`). Each worker inherits
+//! the config and its TLS ticket key seed in sealed memory files, and gets
+//! a reload's config on a channel of its own (`handover`), so every worker
+//! runs what the supervisor validated and seals and opens session tickets
+//! with the same rotating keys. The buckets of the
 //! limits for all clients (`limits.total_bandwidth`, a route's
 //! `total_request_rate`) are a memory file the supervisor makes and every
 //! worker maps (`shared_buckets`). Per process: the memory tier, the
@@ -68,6 +68,9 @@ struct Worker {
     quick_failures: u32,
     /// Still its first run (never restarted).
     first_run: bool,
+    /// The supervisor's end of its channel, on which a reload's config
+    /// goes (`config::source`).
+    channel: Option<std::os::fd::OwnedFd>,
 }
 
 enum Event {
@@ -150,15 +153,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     }
     let relay_path = relay.as_ref().map(|(_, p)| p.clone());
     // The ticket keys every worker shares (`tls_resume`): one chain drawn
-    // here, handed to each worker as it starts; without the private
-    // directory each worker draws its own.
-    let seed = match (config.tls.session_tickets, stats_dir) {
-        (true, Some(_)) => Some(crate::tls_resume::Seed::generate(&config.tls, now_unix())?),
-        (true, None) => {
-            tracing::warn!("no private directory for the ticket keys: each worker's session tickets resume only on it");
-            None
-        }
-        (false, _) => None,
+    // here, handed to each worker as it starts (`handover`).
+    let seed = match config.tls.session_tickets {
+        true => Some(crate::tls_resume::Seed::generate(&config.tls, now_unix())?),
+        false => None,
     };
     // The buckets of the limits for all clients, which the workers keep
     // together (`shared_buckets`).
@@ -174,39 +172,26 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         }
     };
     // What the workers run on (`config::source`): the text read at start,
-    // sealed in a memory file each inherits, and a copy the workers reload
-    // from in the private directory. Without either they read the file.
-    let owner = switching.map(|t| (t.uid, t.gid));
-    let start_text = match config_text.as_deref().map(crate::config::source::sealed) {
+    // sealed in a memory file each inherits (`handover`). Without it they
+    // read the file.
+    let start_text = match config_text
+        .as_deref()
+        .map(|t| crate::handover::sealed(c"portico-config", t.as_bytes()))
+    {
         Some(Ok(fd)) => Some(fd),
         Some(Err(e)) => {
             tracing::warn!(
-                "cannot hand the config to the workers in memory: {cause}; each reads the file when it starts",
+                "cannot hand the config to the workers in memory: {cause}; each reads the file itself",
                 cause = crate::util::io_cause(&e)
             );
             None
         }
         None => None,
     };
-    let copy = match (config_text.as_deref(), stats_dir) {
-        (Some(text), Some(dir)) => match crate::config::source::hand_over(dir, text, owner) {
-            Ok(path) => Some(path),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot hand the config to the workers for their reloads: {cause}; each reloads the file",
-                    cause = crate::util::io_cause(&e)
-                );
-                None
-            }
-        },
-        _ => None,
-    };
     let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
         start_text,
         validated: None,
-        copy,
-        owner,
         notify: relay_path,
         seed,
         tls: config.tls.clone(),
@@ -225,6 +210,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                 started: Instant::now(),
                 quick_failures: 0,
                 first_run: true,
+                channel: None,
             });
             start(&exe, config_path.as_ref(), &mut env, i, &mut workers[i], &mut events);
         }
@@ -384,28 +370,35 @@ fn start(
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
-    // The config validated last (and, after a reload, the one started on).
-    {
-        use crate::config::source::{ENV_COPY, ENV_FD, ENV_START_FD};
-        let number = |fd: &std::os::fd::OwnedFd| std::os::fd::AsRawFd::as_raw_fd(fd).to_string();
-        for var in [ENV_FD, ENV_START_FD, ENV_COPY] {
-            cmd.env_remove(var);
-        }
-        match (&env.validated, &env.start_text) {
-            (Some(last), Some(start)) => {
-                cmd.env(ENV_FD, number(last)).env(ENV_START_FD, number(start));
+    // The config validated last (and, after a reload, the one started on),
+    // and the channel later ones come on (`config::source`); without a
+    // channel, nothing: the worker reads the file, then and at reloads.
+    use crate::config::source::{ENV_CHANNEL, ENV_FD, ENV_START_FD};
+    use std::os::fd::AsRawFd;
+    for var in [ENV_FD, ENV_START_FD, ENV_CHANNEL] {
+        cmd.env_remove(var);
+    }
+    w.channel = None;
+    let mut theirs = None;
+    if let Some(start) = &env.start_text {
+        match crate::handover::channel() {
+            Ok((ours, their_end)) => {
+                let number = |fd: &std::os::fd::OwnedFd| fd.as_raw_fd().to_string();
+                match &env.validated {
+                    Some(last) => cmd.env(ENV_FD, number(last)).env(ENV_START_FD, number(start)),
+                    None => cmd.env(ENV_FD, number(start)),
+                };
+                cmd.env(ENV_CHANNEL, number(&their_end));
+                w.channel = Some(ours);
+                theirs = Some(their_end);
             }
-            (None, Some(start)) => {
-                cmd.env(ENV_FD, number(start));
-            }
-            // Handed nothing in memory: the worker reads the file.
-            (_, None) => {}
-        }
-        if let Some(copy) = &env.copy {
-            cmd.env(ENV_COPY, copy);
+            Err(e) => tracing::warn!(
+                "cannot open a channel to worker {i}: {cause}; it reads the config file itself",
+                cause = crate::util::io_cause(&e)
+            ),
         }
     }
-    cmd.env(crate::worker::ENV_SUPERVISOR, std::process::id().to_string());
+    let their_channel = theirs.as_ref().map(|fd| fd.as_raw_fd());
     match &env.buckets {
         Some(fd) => cmd.env(
             crate::shared_buckets::ENV_FD,
@@ -413,13 +406,17 @@ fn start(
         ),
         None => cmd.env_remove(crate::shared_buckets::ENV_FD),
     };
-    // The ticket keys: the chain as of the oldest period a worker keeps now.
+    // The ticket keys: the chain as of the oldest period a worker keeps
+    // now, in a memory file this worker alone inherits (closed here once
+    // it is started).
     cmd.env_remove(crate::tls_resume::ENV_SEED);
-    if let (Some(seed), Some(dir)) = (env.seed.as_mut(), &env.stats_dir) {
+    let mut seed_file = None;
+    if let Some(seed) = env.seed.as_mut() {
         seed.ratchet(&env.tls, now_unix());
-        match seed.hand_to_worker(dir, i) {
-            Ok(path) => {
-                cmd.env(crate::tls_resume::ENV_SEED, path);
+        match seed.sealed() {
+            Ok(fd) => {
+                cmd.env(crate::tls_resume::ENV_SEED, fd.as_raw_fd().to_string());
+                seed_file = Some(fd);
             }
             Err(e) => tracing::warn!(
                 "cannot hand the ticket keys to worker {i}: {cause}; its session tickets resume only on it",
@@ -437,10 +434,17 @@ fn start(
         .process_group(0)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only
-    // calls prctl, sigemptyset, sigaddset and sigprocmask, which are
-    // async-signal-safe, on a set on its own stack; it allocates nothing.
+    // calls fcntl, prctl, sigemptyset, sigaddset and sigprocmask, which are
+    // async-signal-safe, on a descriptor number it copied and a set on its
+    // own stack; it allocates nothing.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            // The worker's end of its channel, and it alone, crosses exec.
+            if let Some(fd) = their_channel
+                && libc::fcntl(fd, libc::F_SETFD, 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             // The supervisor gone (even by SIGKILL) means the worker drains and exits.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -449,7 +453,7 @@ fn start(
             // handler must neither kill it (the default action) nor be
             // lost (it may have read the config before the reload): it
             // stays pending, blocked across exec, until the worker has its
-            // handler and unblocks it (`signals::unblock`), and then
+            // handler and unblocks it (`Signals::unblock`), and then
             // reloads. A SIGUSR1 (log rotation) likewise: it killed a
             // worker still starting, then was ignored while it started.
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -463,7 +467,10 @@ fn start(
         });
     }
     w.started = Instant::now();
-    match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // The child has its copies; these were for it alone.
+    drop((theirs, seed_file));
+    match spawned {
         Ok(mut child) => {
             w.pid = child.id();
             tracing::info!("worker {i} started (pid {})", w.pid.unwrap_or(0));
@@ -486,11 +493,6 @@ struct WorkerEnv {
     start_text: Option<std::os::fd::OwnedFd>,
     /// The text a reload validated since, likewise.
     validated: Option<std::os::fd::OwnedFd>,
-    /// The copy of the text validated last that the workers reload from.
-    copy: Option<PathBuf>,
-    /// Who the workers run as once started (uid, gid), when the
-    /// supervisor switches them to `server.user`: the copy's owner.
-    owner: Option<(u32, u32)>,
     /// The supervisor's readiness relay (their `NOTIFY_SOCKET`).
     notify: Option<PathBuf>,
     /// The ticket key chain every worker gets (`tls_resume`).
@@ -532,8 +534,8 @@ async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize>
     }
 }
 
-/// Validates the config file once, hands the workers a copy of the text
-/// it validated, then asks every worker to reload; true if it did.
+/// Validates the config file once, hands the workers the text it
+/// validated, then asks every worker to reload; true if it did.
 fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, workers: &[Worker]) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
@@ -551,23 +553,32 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
             false
         }
         Ok((new, text)) => {
-            let handed = env.stats_dir.as_ref().map_or(Ok(None), |dir| {
-                crate::config::source::hand_over(dir, &text, env.owner).map(Some)
-            });
-            let sealed = crate::config::source::sealed(&text);
-            let (copy, sealed) = match (handed, sealed) {
-                (Ok(copy), Ok(sealed)) => (copy, sealed),
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::error!(
-                        "reload failed, still running on the previous config: cannot hand {} to the workers: {cause}",
-                        path.display(),
-                        cause = crate::util::io_cause(&e)
-                    );
-                    return false;
+            // Workers handed their config get the new text on their
+            // channel, before the signal; the others read the file.
+            if env.start_text.is_some() {
+                let sealed = match crate::handover::sealed(c"portico-config", text.as_bytes()) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        tracing::error!(
+                            "reload failed, still running on the previous config: cannot hand {} to the workers: {cause}",
+                            path.display(),
+                            cause = crate::util::io_cause(&e)
+                        );
+                        return false;
+                    }
+                };
+                for (i, w) in workers.iter().enumerate() {
+                    if let (Some(_), Some(channel)) = (w.pid, &w.channel)
+                        && let Err(e) = crate::handover::send(channel, std::os::fd::AsFd::as_fd(&sealed))
+                    {
+                        tracing::error!(
+                            "cannot send worker {i} the new config: {cause}; it reloads the one in force",
+                            cause = crate::util::io_cause(&e)
+                        );
+                    }
                 }
-            };
-            env.copy = copy;
-            env.validated = Some(sealed);
+                env.validated = Some(sealed);
+            }
             if new.server.processes != config.server.processes {
                 tracing::warn!(
                     "reload: `server.processes` changed ({} -> {}): needs restart; keeping {}",

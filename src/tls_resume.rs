@@ -11,9 +11,10 @@
 //! Whoever holds `s(p)` can derive every later key but no earlier one. The
 //! supervisor of `processes = N` draws the first state at random, keeps
 //! its copy ratcheted to the oldest period still needed, and hands it to
-//! each worker it starts in a file of its private directory (mode 0600,
-//! removed by the worker once read: [`Seed::hand_to_worker`],
-//! [`Seed::from_supervisor`]); each worker then advances on its own as the
+//! each worker it starts in a sealed memory file that worker alone
+//! inherits (`handover`: [`Seed::sealed`], [`Seed::from_supervisor`]); a
+//! worker starting as root reads nothing another user could have written.
+//! Each worker then advances on its own as the
 //! clock passes period boundaries. Every worker thus seals and opens with
 //! the same keys without ever talking to another, and a restarted worker
 //! gets the keys of the running ones. A process keeps the keys of the
@@ -44,7 +45,6 @@ use ring::hkdf;
 use ring::rand::{SecureRandom, SystemRandom};
 use rustls::server::{NoServerSessionStorage, ProducesTickets, ServerConfig, StoresServerSessions};
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -57,8 +57,8 @@ pub const MAX_TIMEOUT_SECS: u64 = 604_800;
 /// `session_ticket_rotation`): a week of one-minute rotations.
 pub const MAX_KEYS: u64 = 10_080;
 
-/// The environment variable naming, to a worker, the file its ticket key
-/// seed is in.
+/// The environment variable naming, to a worker, the inherited memory file
+/// its ticket key seed is in.
 pub const ENV_SEED: &str = "PORTICO_TICKET_SEED";
 
 /// TLS 1.3 tickets sent after each full handshake (rustls's default): a
@@ -221,53 +221,24 @@ impl Seed {
         })
     }
 
-    /// Writes the seed for worker `index` in the supervisor's private
-    /// directory `dir` (mode 0700): a new file of mode 0600, which the
-    /// worker removes once read. Its path, for the worker's [`ENV_SEED`].
-    pub fn hand_to_worker(&self, dir: &Path, index: usize) -> std::io::Result<PathBuf> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = dir.join(format!("ticket-seed-{index}"));
-        // A worker that died before reading its seed left it: replace it.
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        f.write_all(&self.encode())?;
-        Ok(path)
+    /// The seed in a sealed memory file for a worker to inherit
+    /// (`handover`): no file anyone else could write or read.
+    pub fn sealed(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        crate::handover::sealed(c"portico-ticket-seed", &self.encode())
     }
 
-    /// In a worker: the seed the supervisor handed it (named by
-    /// [`ENV_SEED`]), the file removed once read. None outside a worker
-    /// or when the supervisor could not hand one; an error when the file
-    /// named cannot be read or is not a seed.
+    /// In a worker: the seed the supervisor handed it (the memory file
+    /// named by [`ENV_SEED`], closed once read). None outside a worker or
+    /// when the supervisor could not hand one; an error when what is named
+    /// is not a sealed memory file holding a seed.
     pub fn from_supervisor() -> Result<Option<Seed>, String> {
-        let Some(path) = std::env::var_os(ENV_SEED).filter(|p| !p.is_empty()) else {
+        let Some(bytes) = crate::handover::take_sealed(ENV_SEED) else {
             return Ok(None);
         };
-        let path = PathBuf::from(path);
-        let bytes = std::fs::read(&path).map_err(|e| {
-            format!(
-                "ticket key seed {}: cannot read it: {}",
-                path.display(),
-                crate::util::io_cause(&e)
-            )
-        })?;
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(
-                "cannot remove the ticket key seed file {}: {}",
-                path.display(),
-                crate::util::io_cause(&e)
-            );
-        }
+        let bytes = bytes.map_err(|e| format!("ticket key seed: {e}"))?;
         Seed::decode(&bytes)
             .map(Some)
-            .ok_or_else(|| format!("ticket key seed {}: not a seed", path.display()))
+            .ok_or_else(|| format!("ticket key seed from {ENV_SEED}: not a seed"))
     }
 }
 
@@ -787,16 +758,14 @@ mod tests {
     }
 
     #[test]
-    fn a_seed_survives_its_file_and_never_shows_its_state() {
+    fn a_seed_survives_its_memory_file_and_never_shows_its_state() {
         let t = tls(3600, 600);
         let seed = seed_at(&t, 1_000_000);
         assert_eq!(Seed::decode(&seed.encode()), Some(seed.clone()));
         assert!(Seed::decode(&seed.encode()[..47]).is_none());
-        let dir = tempfile::tempdir().expect("dir");
-        let path = seed.hand_to_worker(dir.path(), 3).expect("written");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
+        let file = std::fs::File::from(seed.sealed().expect("sealed"));
+        let bytes = crate::handover::read_whole(&file).expect("read");
+        assert_eq!(Seed::decode(&bytes), Some(seed.clone()));
         let debug = format!("{seed:?}");
         let hex: String = seed.state.iter().map(|b| format!("{b:02x}")).collect();
         assert!(!debug.contains(&hex) && !debug.contains(&format!("{:?}", seed.state)));

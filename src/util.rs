@@ -117,27 +117,6 @@ pub fn io_cause(e: &std::io::Error) -> String {
     plain.to_string()
 }
 
-/// A new memory file (`memfd_create`) named `name`, for a supervisor to
-/// hand its workers: inherited across exec (no close-on-exec), open to
-/// seals, and never executable where the kernel can say so
-/// (`MFD_NOEXEC_SEAL`, Linux 6.3; older kernels refuse the flag).
-pub(crate) fn memory_file(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
-    // SAFETY: the name is a NUL-terminated C string; without MFD_CLOEXEC
-    // the descriptor is inherited across exec, as meant.
-    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL) };
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-        // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-}
-
 /// Escapes text for inclusion in HTML.
 pub(crate) fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

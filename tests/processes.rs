@@ -350,10 +350,10 @@ async fn replace_worker(p: &Portico, i: usize, victim: u32, other: u32, expect: 
 
 /// A worker restarted after the config file was edited but not reloaded
 /// runs the config the others run (what the supervisor last validated,
-/// handed in a sealed memory file, `config::source`): not the edit, not a
-/// failure to start over an invalid file, and not the copy the workers
-/// reload from, which `server.user` could write and a worker restarting
-/// reads as root. A reload then puts the edit in force everywhere.
+/// handed in a sealed memory file, `config::source`): not the edit, and
+/// not a failure to start over an invalid file. A SIGHUP sent to a worker
+/// directly does not make it read the file either. A reload through the
+/// supervisor then puts the edit in force everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
     let (a, b, p, pids, _) = two_workers().await;
@@ -373,11 +373,22 @@ async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
         p.stderr()
     );
 
-    // The copy for reloads rewritten behind the supervisor's back: the
-    // next restart does not read it.
-    let copy = stats_dir(p.pid()).join("config");
-    let forged = config(&addr, &a, &b, "b").replace("{dir}", p.dir().to_str().expect("utf-8"));
-    std::fs::write(&copy, forged).expect("rewrite the copy");
+    // A SIGHUP sent to a worker directly (by anyone allowed to signal it:
+    // `server.user`) reloads what the supervisor validated, not the file,
+    // edited to route to b again and left so.
+    p.rewrite_config(&config(&addr, &a, &b, "b"));
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.stderr().contains(": reloaded ") {
+        assert!(Instant::now() < deadline, "no reload\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let live: BTreeSet<u32> = [first, second].into();
+    for n in 0..20 {
+        let (by, resp) = get_via(p.addr(), &format!("/d{n}"), &live).await;
+        assert_eq!(resp.body_str(), format!("a /d{n}"), "worker {by:?}");
+    }
     let third = replace_worker(&p, 0, first, second, on_a).await;
 
     // Reloaded: both workers, the restarted ones, go to b.
@@ -432,15 +443,12 @@ async fn a_worker_restarted_after_a_reload_keeps_the_restart_only_settings_the_o
     p.rewrite_config(&config(&addr, &a, &b, "b").replace("workers = 1", "workers = 2"));
     p.signal(libc::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while p
-        .stderr()
-        .matches("`server.workers` changed (1 -> 2): needs restart")
-        .count()
-        < 2
-    {
+    while p.stderr().matches(": reloaded ").count() < 2 {
         assert!(Instant::now() < deadline, "no reload in both\n{}", p.stderr());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let changed = "`server.workers` changed (1 -> 2): needs restart";
+    assert_eq!(p.stderr().matches(changed).count(), 2, "{}", p.stderr());
     let on_b = |path: &str| format!("b {path}");
     let replacement = replace_worker(&p, 0, pids[&0], pids[&1], on_b).await;
     let live = [replacement, pids[&1]].into();
@@ -449,6 +457,39 @@ async fn a_worker_restarted_after_a_reload_keeps_the_restart_only_settings_the_o
         1,
         "the restarted worker kept workers = 1"
     );
+}
+
+/// SIGHUP and SIGUSR1 sent to a worker the moment the supervisor has
+/// started it (before it can have its handlers) neither kill it nor are
+/// lost: it reloads once it serves (the supervisor starts it with them
+/// blocked). Killed by them, it would be restarted ("killed by signal 1").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_sent_to_a_worker_as_it_starts_wait_for_it() {
+    let (_a, _b, p, pids, _) = two_workers().await;
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pids[&0] as i32, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fresh = loop {
+        let now = worker_pids(&p)[&0];
+        if now != pids[&0] {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "not restarted\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(fresh as i32, libc::SIGHUP);
+        libc::kill(fresh as i32, libc::SIGUSR1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.stderr().contains("worker 0: reloaded ") {
+        assert!(Instant::now() < deadline, "the SIGHUP was lost\n{}", p.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = p.stderr();
+    assert!(!log.contains(&format!("worker 0 (pid {fresh}) exited")), "{log}");
+    assert_eq!(worker_pids(&p)[&0], fresh, "{log}");
 }
 
 /// A SIGHUP that reaches a worker before it has its handler waits

@@ -201,6 +201,24 @@ async fn with_two_worker_processes_every_connection_after_the_first_resumes() {
         let resumed = json["snapshot"]["tls"]["resumed"].as_u64().unwrap_or(0);
         assert!(resumed > 0, "worker {w} resumed nothing: {}", json["snapshot"]["tls"]);
     }
+    // The keys' seed (and the config) reached each worker in memory it
+    // inherited, named by a descriptor number: never through a file, which
+    // a worker starting as root would read where another user could have
+    // put it.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", p.pid())).expect("children");
+    let workers: Vec<&str> = children.split_whitespace().collect();
+    assert_eq!(workers.len(), 2, "{children:?}");
+    for w in workers {
+        let environ = std::fs::read(format!("/proc/{w}/environ")).expect("environ");
+        for var in ["PORTICO_TICKET_SEED", "PORTICO_CONFIG_FD"] {
+            let value = environ
+                .split(|b| *b == 0)
+                .filter_map(|kv| std::str::from_utf8(kv).ok())
+                .find_map(|kv| kv.strip_prefix(&format!("{var}=")).map(str::to_string))
+                .unwrap_or_else(|| panic!("worker {w} has no {var}"));
+            assert!(value.parse::<u32>().is_ok(), "worker {w}: {var}={value}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

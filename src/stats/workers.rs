@@ -127,11 +127,6 @@ pub fn leave() {
     };
     let _ = std::fs::remove_file(file(&dir, index));
     let _ = std::fs::remove_file(nsc_file(&dir, index));
-    // The supervisor's copy of the config stays while the supervisor
-    // lives: a worker it restarts reads it.
-    if crate::worker::supervisor_gone() {
-        crate::config::source::remove_copy(&dir);
-    }
     // Fails (and is meant to) while another worker's file is there.
     let _ = std::fs::remove_dir(&dir);
 }

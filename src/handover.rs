@@ -1,0 +1,226 @@
+//! What a supervisor hands its worker processes (`supervisor`) and how a
+//! worker takes it, without a file anyone else could write: a worker starts
+//! as root when the supervisor switches it to `server.user`, and nothing it
+//! reads then may come from a place that user (or anyone) could change.
+//!
+//! - Sealed memory files (`memfd_create`, sealed against writing, growing
+//!   and shrinking): the supervisor makes one, the worker inherits it
+//!   across exec (its number in an environment variable), checks its
+//!   seals, reads it at offsets (its position is shared with every other
+//!   holder) and closes it. The config text (`config::source`) and the TLS
+//!   ticket key seed (`tls_resume`) go this way.
+//! - A channel for what comes later: a datagram socket pair per worker,
+//!   the worker's end inherited, on which the supervisor sends a sealed
+//!   memory file (`SCM_RIGHTS`) before it forwards a SIGHUP: the config a
+//!   reload validated. No one but the supervisor holds the other end.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// The seals of a memory file handed over: nobody can change it.
+const SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A new memory file (`memfd_create`) named `name`: inherited across exec
+/// (no close-on-exec), open to seals, and never executable where the
+/// kernel can say so (`MFD_NOEXEC_SEAL`, Linux 6.3; older kernels refuse
+/// the flag).
+pub(crate) fn memory_file(name: &std::ffi::CStr) -> std::io::Result<File> {
+    const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
+    // SAFETY: the name is a NUL-terminated C string; without MFD_CLOEXEC
+    // the descriptor is inherited across exec, as meant.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL) };
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
+    }
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// A memory file named `name` holding `bytes`, sealed: nobody, its maker
+/// included, can change it.
+pub fn sealed(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let mut f = memory_file(name)?;
+    f.write_all(bytes)?;
+    // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f.into())
+}
+
+/// In a worker: the bytes of the sealed memory file its supervisor named
+/// in the environment variable `var`, which is closed once read. None when
+/// the variable is not set; an error when it names no sealed memory file
+/// (a number that is something else is left alone).
+pub fn take_sealed(var: &str) -> Option<Result<Vec<u8>, String>> {
+    let number = std::env::var(var).ok()?;
+    let fd: RawFd = match number.parse() {
+        Ok(fd) if fd > 2 => fd,
+        _ => return Some(Err(format!("{var}={number:?} is not a file descriptor"))),
+    };
+    if !is_sealed(fd) {
+        return Some(Err(format!("{var}={fd} is not the supervisor's sealed memory file")));
+    }
+    // SAFETY: the descriptor was inherited for this process to read once
+    // and is owned by nothing else here: it is closed once read.
+    let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    Some(read_whole(&f).map_err(|e| format!("{var}: {}", crate::util::io_cause(&e))))
+}
+
+/// Whether `fd` is a memory file nobody can change.
+fn is_sealed(fd: RawFd) -> bool {
+    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    seals >= 0 && seals & SEALS == SEALS
+}
+
+/// The whole of `f`, read at offsets: its position is shared with every
+/// process holding it, so it is never moved.
+pub fn read_whole(f: &File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let len = usize::try_from(f.metadata()?.len()).map_err(std::io::Error::other)?;
+    let mut buf = vec![0; len];
+    f.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// A new channel: (the supervisor's end, the worker's end), both
+/// close-on-exec (the worker's is made inheritable in the child only).
+pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+    Ok(socketpair(
+        AddressFamily::UNIX,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?)
+}
+
+/// Sends `file` (a sealed memory file) on the supervisor's end `ours`.
+pub fn send(ours: &OwnedFd, file: BorrowedFd<'_>) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [file];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    sendmsg(ours, &[std::io::IoSlice::new(b"c")], &mut control, SendFlags::DONTWAIT)?;
+    Ok(())
+}
+
+/// A worker's end of its channel.
+#[derive(Debug)]
+pub struct Channel(OwnedFd);
+
+impl Channel {
+    /// In a worker: the end its supervisor named in `var` (made
+    /// close-on-exec). None when the variable is not set; an error when it
+    /// names no socket.
+    pub fn take(var: &str) -> Option<Result<Channel, String>> {
+        let number = std::env::var(var).ok()?;
+        let fd: RawFd = match number.parse() {
+            Ok(fd) if fd > 2 => fd,
+            _ => return Some(Err(format!("{var}={number:?} is not a file descriptor"))),
+        };
+        // SAFETY: `libc::stat` is plain old data (integers only): all
+        // zeros is a valid value of it; fstat writes into it, and any
+        // descriptor number is safe to ask about.
+        let is_socket = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        };
+        if !is_socket {
+            return Some(Err(format!("{var}={fd} is not the supervisor's channel")));
+        }
+        // SAFETY: the descriptor was inherited for this process, which owns
+        // it from now on; fcntl with F_SETFD takes an integer flag.
+        let fd = unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            OwnedFd::from_raw_fd(fd)
+        };
+        Some(Ok(Channel(fd)))
+    }
+
+    /// The last sealed memory file the supervisor sent since the last
+    /// call, read whole (those before it are closed unread); None when it
+    /// sent none.
+    pub fn latest(&self) -> std::io::Result<Option<Vec<u8>>> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+        let mut last: Option<OwnedFd> = None;
+        loop {
+            let mut byte = [0u8; 1];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            match recvmsg(
+                &self.0,
+                &mut [std::io::IoSliceMut::new(&mut byte)],
+                &mut control,
+                RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Ok(msg) if msg.bytes == 0 => break,
+                Ok(_) => {
+                    for message in control.drain() {
+                        if let RecvAncillaryMessage::ScmRights(fds) = message {
+                            for fd in fds {
+                                last = Some(fd);
+                            }
+                        }
+                    }
+                }
+                Err(e) if e == rustix::io::Errno::AGAIN => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(fd) = last else {
+            return Ok(None);
+        };
+        if !is_sealed(fd.as_fd().as_raw_fd()) {
+            return Err(std::io::Error::other(
+                "the supervisor sent something else than a sealed memory file",
+            ));
+        }
+        read_whole(&File::from(fd)).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_memory_file_cannot_be_changed_and_is_read_whole_wherever_its_position() {
+        use std::io::{Read, Seek};
+        let fd = sealed(c"test", b"[server]\nworkers = 3\n").expect("memory file");
+        assert!(is_sealed(fd.as_raw_fd()));
+        let mut f = File::from(fd);
+        assert!(f.write_all(b"x").is_err(), "sealed against writes");
+        assert!(f.set_len(0).is_err(), "and against shrinking");
+        // Another holder moved the shared position: still read whole.
+        f.seek(std::io::SeekFrom::Start(5)).expect("seek");
+        let mut rest = String::new();
+        f.read_to_string(&mut rest).expect("read");
+        assert_eq!(rest, "er]\nworkers = 3\n");
+        assert_eq!(read_whole(&f).expect("read whole"), b"[server]\nworkers = 3\n");
+    }
+
+    #[test]
+    fn a_channel_gives_the_last_file_sent_and_then_nothing() {
+        let (ours, theirs) = channel().expect("channel");
+        let theirs = Channel(theirs);
+        assert!(theirs.latest().expect("nothing yet").is_none());
+        for text in [&b"first"[..], b"second"] {
+            let f = sealed(c"test", text).expect("memory file");
+            send(&ours, f.as_fd()).expect("send");
+        }
+        assert_eq!(theirs.latest().expect("latest").as_deref(), Some(&b"second"[..]));
+        assert!(theirs.latest().expect("drained").is_none());
+        // What is not sealed is refused.
+        let open = memory_file(c"test").expect("memory file");
+        send(&ours, open.as_fd()).expect("send");
+        assert!(theirs.latest().is_err());
+    }
+}
