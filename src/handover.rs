@@ -1,14 +1,17 @@
 //! What a supervisor hands its worker processes (`supervisor`) and how a
 //! worker takes it, without a file anyone else could write: a worker starts
-//! as root when the supervisor switches it to `server.user`, and nothing it
-//! reads then may come from a place that user (or anyone) could change.
+//! as root when the supervisor switches it to `server.user`, and what the
+//! supervisor hands it (its configuration's text, its TLS ticket key seed)
+//! must not come from a place that user (or anyone) could change.
 //!
 //! - Sealed memory files (`memfd_create`, sealed against writing, growing
 //!   and shrinking): the supervisor makes one, the worker inherits it
 //!   across exec (its number in an environment variable), checks its
 //!   seals, reads it at offsets (its position is shared with every other
 //!   holder) and closes it. The config text (`config::source`) and the TLS
-//!   ticket key seed (`tls_resume`) go this way.
+//!   ticket key seed (`tls_resume`) go this way. Every descriptor the
+//!   supervisor makes is close-on-exec: a child inherits only those made
+//!   inheritable for it, between fork and exec ([`inherit_in_child`]).
 //! - A channel for what comes later: a datagram socket pair per worker,
 //!   the worker's end inherited, on which the supervisor sends a sealed
 //!   memory file (`SCM_RIGHTS`) before it forwards a SIGHUP: the config a
@@ -21,24 +24,34 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 /// The seals of a memory file handed over: nobody can change it.
 const SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
-/// A new memory file (`memfd_create`) named `name`: inherited across exec
-/// (no close-on-exec), open to seals, and never executable where the
-/// kernel can say so (`MFD_NOEXEC_SEAL`, Linux 6.3; older kernels refuse
-/// the flag).
+/// A new memory file (`memfd_create`) named `name`: close-on-exec, open
+/// to seals, and never executable where the kernel can say so
+/// (`MFD_NOEXEC_SEAL`, Linux 6.3; older kernels refuse the flag).
 pub(crate) fn memory_file(name: &std::ffi::CStr) -> std::io::Result<File> {
     const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
-    // SAFETY: the name is a NUL-terminated C string; without MFD_CLOEXEC
-    // the descriptor is inherited across exec, as meant.
-    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL) };
+    let flags = libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC;
+    // SAFETY: the name is a NUL-terminated C string.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_NOEXEC_SEAL) };
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
+        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     }
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Makes `fd` inheritable across exec. For the closure a child runs
+/// between fork and exec (`CommandExt::pre_exec`): it calls only fcntl,
+/// which is async-signal-safe, and allocates nothing.
+pub fn inherit_in_child(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A memory file named `name` holding `bytes`, sealed: nobody, its maker
@@ -90,15 +103,18 @@ pub fn read_whole(f: &File) -> std::io::Result<Vec<u8>> {
 }
 
 /// A new channel: (the supervisor's end, the worker's end), both
-/// close-on-exec (the worker's is made inheritable in the child only).
+/// close-on-exec (the worker's is made inheritable in the child only). The
+/// supervisor's end only sends: nothing a worker sends back is kept.
 pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-    Ok(socketpair(
+    use rustix::net::{AddressFamily, Shutdown, SocketFlags, SocketType, shutdown, socketpair};
+    let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
         SocketType::DGRAM,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
-    )?)
+    )?;
+    shutdown(&ours, Shutdown::Read)?;
+    Ok((ours, theirs))
 }
 
 /// Sends `file` (a sealed memory file) on the supervisor's end `ours`.
@@ -107,7 +123,9 @@ pub fn send(ours: &OwnedFd, file: BorrowedFd<'_>) -> std::io::Result<()> {
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [file];
-    control.push(SendAncillaryMessage::ScmRights(&fds));
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the descriptor in the message"));
+    }
     sendmsg(ours, &[std::io::IoSlice::new(b"c")], &mut control, SendFlags::DONTWAIT)?;
     Ok(())
 }
@@ -151,7 +169,9 @@ impl Channel {
     pub fn latest(&self) -> std::io::Result<Option<Vec<u8>>> {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
         let mut last: Option<OwnedFd> = None;
-        loop {
+        // Bounded: what a worker is sent between two reloads is a few
+        // messages at most.
+        for _ in 0..1024 {
             let mut byte = [0u8; 1];
             let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -161,7 +181,6 @@ impl Channel {
                 &mut control,
                 RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
             ) {
-                Ok(msg) if msg.bytes == 0 => break,
                 Ok(_) => {
                     for message in control.drain() {
                         if let RecvAncillaryMessage::ScmRights(fds) = message {

@@ -362,7 +362,7 @@ fn main() -> ExitCode {
             print_config,
             worker,
         } => or_default(config).and_then(|config| {
-            // A worker reads its supervisor's copy of the file.
+            // A worker reads what its supervisor validated (`config::source`).
             let loaded = match &config {
                 Some(p) => config::source::read_at_start(p, worker.is_some())
                     .map(|(c, text)| (c, Some(text)))

@@ -211,7 +211,10 @@ impl Running {
             }
         };
         match self.apply(per_process(new)) {
-            Ok(summary) => tracing::info!("reloaded {}: {summary}", path.display()),
+            Ok(summary) => {
+                crate::config::source::applied();
+                tracing::info!("reloaded {}: {summary}", path.display());
+            }
             Err(e) => tracing::error!(
                 "reload of {} failed, still running on the previous config: {e}",
                 path.display()

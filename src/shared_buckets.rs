@@ -141,8 +141,9 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
-/// buckets, all full (zero), and their tags; inheritable (no
-/// close-on-exec), never executable, and sealed at its size (a holder that shrank it would
+/// buckets, all full (zero), and their tags; close-on-exec (each worker is
+/// made to inherit it as it starts, `handover`), never executable, and
+/// sealed at its size (a holder that shrank it would
 /// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
 /// stays open in the supervisor, so a worker restarted later gets the
 /// same one.

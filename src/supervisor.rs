@@ -370,41 +370,53 @@ fn start(
     if let Some(dir) = &env.stats_dir {
         cmd.env(crate::stats::workers::ENV_DIR, dir);
     }
-    // The config validated last (and, after a reload, the one started on),
-    // and the channel later ones come on (`config::source`); without a
-    // channel, nothing: the worker reads the file, then and at reloads.
-    use crate::config::source::{ENV_CHANNEL, ENV_FD, ENV_START_FD};
+    // What this worker inherits: every descriptor the supervisor makes is
+    // close-on-exec, and the child makes these, and only these, inheritable
+    // (`handover::inherit_in_child`): no worker holds another's channel or
+    // seed.
     use std::os::fd::AsRawFd;
+    let mut inherit: [Option<std::os::fd::RawFd>; 5] = [None; 5];
+    // The config validated last (and, after a reload, the one started on),
+    // and the channel later ones come on (`config::source`).
+    use crate::config::source::{ENV_CHANNEL, ENV_FD, ENV_START_FD};
     for var in [ENV_FD, ENV_START_FD, ENV_CHANNEL] {
         cmd.env_remove(var);
     }
     w.channel = None;
     let mut theirs = None;
     if let Some(start) = &env.start_text {
-        match crate::handover::channel() {
-            Ok((ours, their_end)) => {
-                let number = |fd: &std::os::fd::OwnedFd| fd.as_raw_fd().to_string();
-                match &env.validated {
-                    Some(last) => cmd.env(ENV_FD, number(last)).env(ENV_START_FD, number(start)),
-                    None => cmd.env(ENV_FD, number(start)),
-                };
-                cmd.env(ENV_CHANNEL, number(&their_end));
-                w.channel = Some(ours);
-                theirs = Some(their_end);
+        let (ours, their_end) = match crate::handover::channel() {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Started without it, the worker could never be sent a
+                // reload: a failed start, retried as one.
+                let err = std::io::Error::new(e.kind(), format!("cannot open its config channel: {e}"));
+                w.pid = Some(0);
+                w.started = Instant::now();
+                events.spawn(async move { Event::Exited(i, Err(err)) });
+                return;
             }
-            Err(e) => tracing::warn!(
-                "cannot open a channel to worker {i}: {cause}; it reads the config file itself",
-                cause = crate::util::io_cause(&e)
-            ),
+        };
+        let last = env.validated.as_ref().unwrap_or(start);
+        cmd.env(ENV_FD, last.as_raw_fd().to_string());
+        inherit[0] = Some(last.as_raw_fd());
+        if env.validated.is_some() {
+            cmd.env(ENV_START_FD, start.as_raw_fd().to_string());
+            inherit[1] = Some(start.as_raw_fd());
         }
+        cmd.env(ENV_CHANNEL, their_end.as_raw_fd().to_string());
+        inherit[2] = Some(their_end.as_raw_fd());
+        w.channel = Some(ours);
+        theirs = Some(their_end);
     }
-    let their_channel = theirs.as_ref().map(|fd| fd.as_raw_fd());
     match &env.buckets {
-        Some(fd) => cmd.env(
-            crate::shared_buckets::ENV_FD,
-            std::os::fd::AsRawFd::as_raw_fd(fd).to_string(),
-        ),
-        None => cmd.env_remove(crate::shared_buckets::ENV_FD),
+        Some(fd) => {
+            cmd.env(crate::shared_buckets::ENV_FD, fd.as_raw_fd().to_string());
+            inherit[3] = Some(fd.as_raw_fd());
+        }
+        None => {
+            cmd.env_remove(crate::shared_buckets::ENV_FD);
+        }
     };
     // The ticket keys: the chain as of the oldest period a worker keeps
     // now, in a memory file this worker alone inherits (closed here once
@@ -416,6 +428,7 @@ fn start(
         match seed.sealed() {
             Ok(fd) => {
                 cmd.env(crate::tls_resume::ENV_SEED, fd.as_raw_fd().to_string());
+                inherit[4] = Some(fd.as_raw_fd());
                 seed_file = Some(fd);
             }
             Err(e) => tracing::warn!(
@@ -435,15 +448,12 @@ fn start(
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only
     // calls fcntl, prctl, sigemptyset, sigaddset and sigprocmask, which are
-    // async-signal-safe, on a descriptor number it copied and a set on its
+    // async-signal-safe, on descriptor numbers it copied and a set on its
     // own stack; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            // The worker's end of its channel, and it alone, crosses exec.
-            if let Some(fd) = their_channel
-                && libc::fcntl(fd, libc::F_SETFD, 0) != 0
-            {
-                return Err(std::io::Error::last_os_error());
+            for fd in inherit.into_iter().flatten() {
+                crate::handover::inherit_in_child(fd)?;
             }
             // The supervisor gone (even by SIGKILL) means the worker drains and exits.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
@@ -568,13 +578,22 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                     }
                 };
                 for (i, w) in workers.iter().enumerate() {
-                    if let (Some(_), Some(channel)) = (w.pid, &w.channel)
-                        && let Err(e) = crate::handover::send(channel, std::os::fd::AsFd::as_fd(&sealed))
-                    {
+                    let (Some(pid), Some(channel)) = (w.pid.filter(|p| *p > 0), &w.channel) else {
+                        continue;
+                    };
+                    if let Err(e) = crate::handover::send(channel, std::os::fd::AsFd::as_fd(&sealed)) {
+                        // It would run another config than the others: it
+                        // drains and is started again on this one.
                         tracing::error!(
-                            "cannot send worker {i} the new config: {cause}; it reloads the one in force",
+                            "cannot send worker {i} (pid {pid}) the new config: {cause}; stopping it, to be \
+                             restarted on it",
                             cause = crate::util::io_cause(&e)
                         );
+                        if let Ok(pid) = libc::pid_t::try_from(pid) {
+                            // SAFETY: kill has no memory-safety preconditions;
+                            // the pid is a child of ours not yet reaped.
+                            unsafe { libc::kill(pid, libc::SIGTERM) };
+                        }
                     }
                 }
                 env.validated = Some(sealed);

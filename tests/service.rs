@@ -731,8 +731,8 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
     for _ in 0..4 {
         assert_eq!(get_through(p.addr(), &origin).await.0, 200);
     }
-    // As nobody, each worker still reads the supervisor's copy of the
-    // config (`config::source`) when it reloads.
+    // As nobody, each worker still takes the config the supervisor sends
+    // it (`config::source`) when it reloads.
     p.signal(libc::SIGHUP);
     assert!(
         eventually(Duration::from_secs(10), || read(&error).matches(": reloaded ").count()

@@ -218,6 +218,15 @@ async fn with_two_worker_processes_every_connection_after_the_first_resumes() {
                 .unwrap_or_else(|| panic!("worker {w} has no {var}"));
             assert!(value.parse::<u32>().is_ok(), "worker {w}: {var}={value}");
         }
+        // Read, and closed: no worker keeps the seed or the config text.
+        let held: Vec<String> = std::fs::read_dir(format!("/proc/{w}/fd"))
+            .expect("fds")
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .map(|l| l.display().to_string())
+            .filter(|l| l.starts_with("/memfd:portico-config") || l.starts_with("/memfd:portico-ticket-seed"))
+            .collect();
+        assert!(held.is_empty(), "worker {w} holds {held:?}");
     }
 }
 

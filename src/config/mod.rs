@@ -3,7 +3,7 @@
 //!
 //! `load` reads and checks a file (errors name the file, line and key);
 //! `source` says which text `portico run` reads (a worker process reads
-//! the copy its supervisor validated);
+//! what its supervisor validated);
 //! the types here are the effective configuration the server runs on.
 
 pub(crate) mod load;

@@ -19,9 +19,12 @@
 //!   ([`ENV_CHANNEL`]) before the SIGHUP. A SIGHUP with nothing sent (from
 //!   anyone else) reloads the text in force.
 //!
-//! Nothing is read from a file: a worker starts as root when the supervisor
-//! switches it to `server.user`, and that user must not be able to choose
-//! what a worker runs. Errors still name the file the text came from.
+//! The configuration's text is never read from a file in a worker (unless
+//! the supervisor could make no memory file, when it reads the file named
+//! as before): a worker starts as root when the supervisor switches it to
+//! `server.user`, and that user must not be able to choose what a worker
+//! runs. Errors still name the file the text came from. (Files the
+//! configuration names, certificates and lists, are read as they are.)
 
 use super::{Config, ConfigError, parse_str};
 use crate::handover::Channel;
@@ -40,10 +43,12 @@ pub const ENV_START_FD: &str = "PORTICO_CONFIG_START_FD";
 /// sends the text each reload validated.
 pub const ENV_CHANNEL: &str = "PORTICO_CONFIG_CHANNEL";
 
-/// In a worker handed its config: its channel, and the text in force.
+/// In a worker handed its config: its channel, the text in force, and
+/// the text sent last while it is not applied yet.
 struct Handed {
     channel: Option<Channel>,
     text: Mutex<String>,
+    sent: Mutex<Option<String>>,
 }
 
 static HANDED: OnceLock<Handed> = OnceLock::new();
@@ -73,29 +78,46 @@ pub fn read_at_start(path: &Path, worker: bool) -> Result<(Config, String), Conf
     let _ = HANDED.set(Handed {
         channel,
         text: Mutex::new(text.clone()),
+        sent: Mutex::new(None),
     });
     Ok((config, text))
 }
 
 /// Reads and checks the configuration a SIGHUP reloads: in a worker handed
-/// its config, the text its supervisor sent since (or the text in force);
-/// else the file at `path`. Errors name `path`.
+/// its config, the text its supervisor sent last (or, if it sent none, the
+/// text in force: a SIGHUP from anyone else changes nothing); else the
+/// file at `path`. Errors name `path`. A worker that applied it says so
+/// ([`applied`]).
 pub fn read_for_reload(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
     let Some(handed) = HANDED.get() else {
         return super::load_file(path);
     };
-    let sent = match &handed.channel {
+    let received = match &handed.channel {
         Some(channel) => channel
             .latest()
             .map_err(|e| unreadable(&file, format!("from the supervisor: {}", crate::util::io_cause(&e))))?,
         None => None,
     };
-    let mut in_force = handed.text.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(bytes) = sent {
-        *in_force = String::from_utf8(bytes).map_err(|_| unreadable(&file, "from the supervisor: not UTF-8".into()))?;
+    let mut sent = handed.sent.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(bytes) = received {
+        *sent = Some(String::from_utf8(bytes).map_err(|_| unreadable(&file, "from the supervisor: not UTF-8".into()))?);
     }
-    parse_str(&in_force, &file)
+    match sent.as_deref() {
+        Some(text) => parse_str(text, &file),
+        None => parse_str(&handed.text.lock().unwrap_or_else(|p| p.into_inner()), &file),
+    }
+}
+
+/// After a reload applied what [`read_for_reload`] read: that text is in
+/// force. (One that failed leaves the text the supervisor sent pending,
+/// tried again at the next SIGHUP.)
+pub fn applied() {
+    if let Some(handed) = HANDED.get()
+        && let Some(text) = handed.sent.lock().unwrap_or_else(|p| p.into_inner()).take()
+    {
+        *handed.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+    }
 }
 
 /// The text of the sealed memory file named by `var`, if set.
@@ -122,7 +144,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outside_a_worker_the_file_is_read_whatever_the_environment_says() {
+    fn without_anything_handed_the_file_is_read() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("portico.toml");
         std::fs::write(&file, "[server]\nworkers = 3\n").expect("write");
