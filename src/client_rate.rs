@@ -9,11 +9,13 @@
 //! address, an IPv6 /64), holding up to `burst` tokens and refilled at
 //! `rate` a second; each request takes one, and a request that finds none
 //! is answered 429 with `Retry-After` before it is admitted, routed or
-//! looked up. The buckets live in a `client_table` of their own; a full bucket says nothing a new one
-//! would not, so full buckets are dropped whenever a shard has doubled
-//! since its last sweep: a shard holds at most about twice the clients
-//! that asked within the time a bucket takes to fill (`burst / rate`). The
-//! bucket arithmetic ([`take`]) is pure, the clock a parameter.
+//! looked up. The buckets are kept by the worker processes together
+//! (`server.processes = N > 1`), as nginx keeps a `limit_req` zone in
+//! shared memory: `shared_buckets::client`, a table of room for
+//! `shared_buckets::CLIENTS` clients whose slots a new client takes from
+//! the fullest buckets when its place in the table is full (a full bucket
+//! says nothing a new one would not). The bucket arithmetic is
+//! `shared_buckets`', pure, the clock a parameter.
 //!
 //! A route's `request_rate` (`[[rule]]`, nginx's `limit_req` in a
 //! `location`) is the same kind of limit for the requests that route
@@ -24,7 +26,6 @@
 //! together, to spare a backend that can take only so much: a request
 //! past it gets 503, not 429, since its client may have asked only once.
 
-use crate::client_table::ClientTable;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,14 +38,6 @@ static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last refusal was logged, in seconds since the Unix epoch.
 static LOGGED: AtomicU64 = AtomicU64::new(0);
 
-/// One client's bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Bucket {
-    tokens: f64,
-    /// When `tokens` was counted, in milliseconds of the table's clock.
-    at_ms: u64,
-}
-
 /// Requests refused for their route's `request_rate`, since start.
 static ROUTE_REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last of those was logged.
@@ -55,56 +48,38 @@ static ROUTE_TOTAL_REFUSED: AtomicU64 = AtomicU64::new(0);
 static ROUTE_TOTAL_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 /// Buckets of requests, one a client: the global limit's, and each
-/// route's.
-struct RateTable(ClientTable<Bucket>);
+/// route's, kept by the worker processes together (`shared_buckets::client`).
+struct RateTable(crate::shared_buckets::ClientLimit);
+
+/// The global limit's buckets.
+const GLOBAL: RateTable = RateTable((0, 0));
 
 impl RateTable {
     /// Takes a request from the bucket of the client at `ip` (made full
     /// if it has none): Ok, or Err(seconds until it has one, at least 1).
     fn take(&self, ip: IpAddr, rate: f64, burst: f64) -> Result<(), u64> {
-        let key = crate::client_limit::key(ip);
-        let now = now_ms();
-        let mut shard = self.0.shard(key);
-        // A full bucket says nothing a new one would not.
-        shard.sweep_if_grown(|b| {
-            refill(b, now, rate, burst);
-            b.tokens < burst
-        });
-        let bucket = shard.entries.entry(key).or_insert(Bucket {
-            tokens: burst,
-            at_ms: now,
-        });
-        take(bucket, now, rate, burst).map_err(whole_seconds)
+        let now = crate::shared_buckets::now_ns();
+        crate::shared_buckets::client(self.0, crate::client_limit::key(ip), now)
+            .take_one(now, rate, burst, true)
+            .map_err(ns_in_seconds)
     }
 
     /// Whether the bucket of the client at `ip` has a request now, taking
     /// none: Ok, or Err(seconds until it has one, at least 1).
     fn peek(&self, ip: IpAddr, rate: f64, burst: f64) -> Result<(), u64> {
-        let key = crate::client_limit::key(ip);
-        let now = now_ms();
-        let shard = self.0.shard(key);
-        let Some(mut b) = shard.entries.get(&key).copied() else {
+        let Some(bucket) = crate::shared_buckets::client_if_any(self.0, crate::client_limit::key(ip)) else {
             return Ok(());
         };
-        drop(shard);
-        take(&mut b, now, rate, burst).map_err(whole_seconds)
+        bucket
+            .take_one(crate::shared_buckets::now_ns(), rate, burst, false)
+            .map_err(ns_in_seconds)
     }
 }
 
-fn table() -> &'static RateTable {
-    static TABLE: std::sync::OnceLock<RateTable> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| RateTable(ClientTable::new()))
-}
-
-/// A wait in nanoseconds (a shared bucket's) as `Retry-After` gives it.
-fn ns_in_seconds(wait_ns: u64) -> u64 {
-    whole_seconds(wait_ns.div_ceil(1_000_000))
-}
-
-/// A wait in milliseconds as `Retry-After` gives it: whole seconds, at
+/// A wait in nanoseconds as `Retry-After` gives it: whole seconds, at
 /// least 1.
-fn whole_seconds(wait_ms: u64) -> u64 {
-    wait_ms.div_ceil(1000).max(1)
+fn ns_in_seconds(wait_ns: u64) -> u64 {
+    wait_ns.div_ceil(1_000_000_000).max(1)
 }
 
 /// A route's `request_rate` and `request_burst` (`[[rule]]`, nginx's
@@ -122,7 +97,7 @@ pub struct RouteRate {
 
 /// A route's buckets: one a client, or one for all.
 enum Buckets {
-    PerClient(Box<RateTable>),
+    PerClient(RateTable),
     /// One for all clients, shared by the worker processes
     /// (`shared_buckets`); `one` lets this process's requests count
     /// against it and their clients' buckets one at a time.
@@ -202,10 +177,14 @@ impl std::fmt::Debug for RouteRate {
 
 impl RouteRate {
     /// `rate` requests a second (at least 1), a bucket of `burst` (0: the
-    /// rate), for rule `rule`.
-    pub fn new(rule: usize, rate: u32, burst: u32) -> RouteRate {
+    /// rate), for rule `rule` of the rule list hashed as `list`: one a
+    /// client, kept by the worker processes together
+    /// (`shared_buckets::client`), and kept by a reload as long as the
+    /// rule list is the same.
+    pub fn new(rule: usize, list: u64, rate: u32, burst: u32) -> RouteRate {
+        // Never (0, 0), the global limit's.
         RouteRate::with(rule, rate, burst, |_| {
-            Buckets::PerClient(Box::new(RateTable(ClientTable::new())))
+            Buckets::PerClient(RateTable((list, rule as u64 + 1)))
         })
     }
 
@@ -364,31 +343,6 @@ pub fn route_total_refused() -> u64 {
     ROUTE_TOTAL_REFUSED.load(Ordering::Relaxed)
 }
 
-/// Milliseconds since the table's first use.
-fn now_ms() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `b` refilled to `now_ms` at `rate` tokens a second, at most `burst`.
-fn refill(b: &mut Bucket, now_ms: u64, rate: f64, burst: f64) {
-    let elapsed = now_ms.saturating_sub(b.at_ms) as f64 / 1000.0;
-    b.tokens = (b.tokens + elapsed * rate).min(burst);
-    b.at_ms = b.at_ms.max(now_ms);
-}
-
-/// Takes one token from `b` at `now_ms`: Ok, or Err(milliseconds until one
-/// is there) without taking any.
-fn take(b: &mut Bucket, now_ms: u64, rate: f64, burst: f64) -> Result<(), u64> {
-    refill(b, now_ms, rate, burst);
-    if b.tokens >= 1.0 {
-        b.tokens -= 1.0;
-        Ok(())
-    } else {
-        Err(((1.0 - b.tokens) / rate * 1000.0).ceil() as u64)
-    }
-}
-
 /// Sets the rate (requests a second, 0: no limit) and the burst (0: as
 /// many as the rate, at least 1), at start-up and on every reload.
 pub(crate) fn set(rate: u32, burst: u32) {
@@ -416,7 +370,7 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
         return Ok(());
     }
     let burst = f64::from_bits(BURST.load(Ordering::Relaxed));
-    let Err(wait) = table().take(ip, rate, burst) else {
+    let Err(wait) = GLOBAL.take(ip, rate, burst) else {
         return Ok(());
     };
     REFUSED.fetch_add(1, Ordering::Relaxed);
@@ -434,32 +388,10 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
 mod tests {
     use super::*;
 
-    fn full(burst: f64) -> Bucket {
-        Bucket {
-            tokens: burst,
-            at_ms: 0,
-        }
-    }
-
-    #[test]
-    fn a_full_bucket_lets_a_burst_through_then_refuses_until_it_refills() {
-        let mut b = full(3.0);
-        for _ in 0..3 {
-            assert_eq!(take(&mut b, 0, 2.0, 3.0), Ok(()));
-        }
-        // Empty: one token comes in 500 ms at 2 a second.
-        assert_eq!(take(&mut b, 0, 2.0, 3.0), Err(500));
-        assert_eq!(take(&mut b, 250, 2.0, 3.0), Err(250));
-        assert_eq!(take(&mut b, 500, 2.0, 3.0), Ok(()));
-        // Refilled over a long wait, never past the burst.
-        assert_eq!(take(&mut b, 60_000, 2.0, 3.0), Ok(()));
-        assert_eq!(b.tokens, 2.0);
-    }
-
     #[test]
     fn each_route_keeps_its_own_buckets_and_a_client_its_own_in_each() {
-        let login = RouteRate::new(0, 1, 2);
-        let api = RouteRate::new(1, 1, 0);
+        let login = RouteRate::new(0, 101, 1, 2);
+        let api = RouteRate::new(1, 101, 1, 0);
         let (a, b) = ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
         assert_eq!((login.count(a, true), login.count(a, true)), (Ok(()), Ok(())));
         assert_eq!(login.count(a, true), Err(1), "a's burst of 2 is spent");
@@ -475,7 +407,7 @@ mod tests {
 
     #[test]
     fn a_routes_total_is_one_bucket_for_all_and_takes_nothing_from_a_client_it_refuses() {
-        let per_client = RouteRate::new(0, 1, 2);
+        let per_client = RouteRate::new(0, 102, 1, 2);
         let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1, 2);
         let (a, b, c) = (
             "203.0.113.11".parse().unwrap(),
@@ -504,7 +436,7 @@ mod tests {
     /// would make the other see.
     #[test]
     fn a_request_the_total_refuses_never_makes_its_clients_other_one_look_over_its_rate() {
-        let per_client = RouteRate::new(0, 1, 1);
+        let per_client = RouteRate::new(0, 103, 1, 1);
         let total = RouteRate::total(0, crate::shared_buckets::Bucket::own(), 1, 1, 1);
         let (other, a): (IpAddr, IpAddr) = ("203.0.113.21".parse().unwrap(), "203.0.113.22".parse().unwrap());
         assert_eq!(check_route(Some(&per_client), Some(&total), other), Ok(()));
@@ -527,16 +459,6 @@ mod tests {
         if served.load(Ordering::Relaxed) == 0 {
             assert_eq!(over_rate.load(Ordering::Relaxed), 0);
         }
-    }
-
-    #[test]
-    fn a_clock_that_goes_back_adds_no_tokens() {
-        let mut b = Bucket {
-            tokens: 0.0,
-            at_ms: 1_000,
-        };
-        assert!(take(&mut b, 500, 1.0, 1.0).is_err());
-        assert_eq!(b.at_ms, 1_000);
     }
 
     #[test]

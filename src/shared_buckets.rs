@@ -1,8 +1,9 @@
 //! The buckets of the limits that are for all clients together
-//! (`limits.total_bandwidth`, a route's `total_request_rate`), shared by the
-//! worker processes (`server.processes = N > 1`), so that N workers keep to
-//! the rate the configuration names, not N times it (as nginx keeps a
-//! `limit_req` zone in shared memory).
+//! (`limits.total_bandwidth`, a route's `total_request_rate`) and of the
+//! request rates per client (`limits.client_request_rate`, a route's
+//! `request_rate`), shared by the worker processes (`server.processes = N >
+//! 1`), so that N workers keep to the rate the configuration names, not N
+//! times it (as nginx keeps a `limit_req` zone in shared memory).
 //!
 //! A bucket is one atomic number: its "theoretical arrival time" (the
 //! generic cell rate algorithm of ATM networks, ITU-T I.371: a token bucket
@@ -20,6 +21,17 @@
 //! (inherited, its number in [`ENV_FD`]); the worker maps it shared. A
 //! single process, or a worker that cannot map it (it then says so), keeps
 //! buckets of its own.
+//!
+//! The clients' buckets are a table of [`CLIENTS`] slots in the same
+//! memory, each a tag and a bucket: a client's bucket for a limit is in one
+//! of the [`WINDOW`] slots from where a SipHash of both, keyed by a secret
+//! drawn once (also in the memory), points, and is tagged with that hash.
+//! Finding it reads the tags; a new client takes an empty slot, else the
+//! one holding the fullest bucket (a full bucket says nothing a new one
+//! would not), by compare-and-swap on its tag. No lock: a process taking
+//! from a bucket just given to another client charges that client one
+//! request, and two processes giving one client a slot at once both use
+//! the first in its window from then on.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +42,27 @@ pub const ENV_FD: &str = "PORTICO_BUCKETS_FD";
 /// How many buckets there are: `total_bandwidth`'s, then the routes'.
 pub const SLOTS: usize = 1024;
 
-/// The words of the memory: the buckets, then a tag for each.
-const WORDS: usize = 2 * SLOTS;
+/// How many clients' buckets there are room for, for the limits kept per
+/// client (`limits.client_request_rate`, a route's `request_rate`): 4 MiB
+/// with their tags, of which only the pages of buckets in use are ever
+/// touched.
+pub const CLIENTS: usize = 1 << 18;
+
+/// The slots a client's bucket may be in: this many, from the one its
+/// hash names.
+const WINDOW: usize = 8;
+
+/// The words of the memory: the buckets, then a tag for each; the secret
+/// the clients' slots are hashed with; the clients' tags, then their
+/// buckets.
+const SECRET: usize = 2 * SLOTS;
+const CLIENT_TAGS: usize = SECRET + 1;
+const CLIENT_BUCKETS: usize = CLIENT_TAGS + CLIENTS;
+const WORDS: usize = CLIENT_BUCKETS + CLIENTS;
+
+/// When a client's bucket was last given to another while it still owed
+/// (the table full where they hash): logged at most once a second.
+static EVICTED_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 /// The bucket of `limits.total_bandwidth`.
 pub const TOTAL_BANDWIDTH: usize = 0;
@@ -193,6 +224,140 @@ pub fn route(k: usize) -> Bucket {
     } else {
         Bucket::own()
     }
+}
+
+/// Which limit kept per client a bucket is for: `(0, 0)` for
+/// `limits.client_request_rate`; a route's `request_rate` names its rule
+/// list (a hash of it) and its rule, so that a reload changing the rules
+/// starts their buckets afresh and one keeping them keeps them.
+pub type ClientLimit = (u64, u64);
+
+/// The secret the clients' slots are hashed with, drawn by the first
+/// process to need it and the same in every worker (it is in the shared
+/// memory): a client cannot choose addresses that land where another's
+/// bucket is.
+fn secret(words: &[AtomicU64]) -> u64 {
+    let word = &words[SECRET];
+    let seen = word.load(Ordering::Acquire);
+    if seen != 0 {
+        return seen;
+    }
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    let drawn = match ring::rand::SystemRandom::new().fill(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        // No randomness from the system: the clock, at worst guessable.
+        Err(_) => now_ns() ^ u64::from(std::process::id()).rotate_left(32),
+    } | 1;
+    match word.compare_exchange(0, drawn, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => drawn,
+        Err(seen) => seen,
+    }
+}
+
+/// The slot a client's window starts at, and its tag (never 0, an empty
+/// slot's).
+fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize, u64) {
+    use std::hash::Hasher;
+    // SipHash (std's default hasher, the same in every process of one
+    // binary) keyed by the secret it reads first.
+    let mut h = std::hash::DefaultHasher::new();
+    h.write_u64(secret(words));
+    h.write_u64(limit.0);
+    h.write_u64(limit.1);
+    h.write_u128(client);
+    let hash = h.finish();
+    ((hash >> 32) as usize % CLIENTS, hash | 1)
+}
+
+/// The slots of the window starting at `start`, in order.
+fn window(start: usize) -> impl Iterator<Item = usize> {
+    (0..WINDOW).map(move |i| (start + i) % CLIENTS)
+}
+
+/// The bucket of `client` (`client_limit::key`) for `limit`, if it has
+/// one: a client without one has a full bucket.
+pub fn client_if_any(limit: ClientLimit, client: u128) -> Option<Bucket> {
+    client_if_any_in(slots(), limit, client)
+}
+
+/// [`client_if_any`] in `words`.
+fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128) -> Option<Bucket> {
+    let (start, tag) = client_place(words, limit, client);
+    window(start)
+        .find(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag)
+        .map(|i| Bucket(Slot::Shared(&words[CLIENT_BUCKETS + i], &words[CLIENT_TAGS + i])))
+}
+
+/// The bucket of `client` for `limit`, shared by the worker processes:
+/// the one it has, or a full one in a slot of its window (an empty one,
+/// else the one holding the fullest bucket: its client starts afresh,
+/// which is logged if it still owed anything, as nginx drops
+/// the least recently used state of a full `limit_req` zone). Two
+/// processes giving the same client a slot at once both see the first
+/// one in its window: the other is given up.
+pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
+    client_in(slots(), limit, client, now)
+}
+
+/// [`client`] in `words`.
+fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
+    let (start, tag) = client_place(words, limit, client);
+    let bucket = |i: usize| Bucket(Slot::Shared(&words[CLIENT_BUCKETS + i], &words[CLIENT_TAGS + i]));
+    for _ in 0..WINDOW {
+        // Its slot, or the one to take: an empty one, else the fullest
+        // bucket's (the earliest theoretical arrival time); the first in
+        // the window of those alike.
+        let mut take: Option<(usize, u64, (bool, u64))> = None;
+        for i in window(start) {
+            let seen = words[CLIENT_TAGS + i].load(Ordering::Acquire);
+            if seen == tag {
+                return bucket(i);
+            }
+            let rank = (seen != 0, words[CLIENT_BUCKETS + i].load(Ordering::Acquire));
+            if take.is_none_or(|(_, _, best)| rank < best) {
+                take = Some((i, seen, rank));
+            }
+        }
+        let Some((free, old, _)) = take else {
+            break;
+        };
+        // Taken only as it was seen: if another process changed it since,
+        // look again.
+        if words[CLIENT_TAGS + free]
+            .compare_exchange(old, tag, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        // Full for its new client if the last one left a debt in it. Only
+        // as it was seen: a request that found the slot under its new tag
+        // meanwhile has taken from it, and that take stays (the new client
+        // may then start with the old debt: stricter, never looser).
+        let left = words[CLIENT_BUCKETS + free].load(Ordering::Acquire);
+        let owed = left > now;
+        if owed {
+            let _ = words[CLIENT_BUCKETS + free].compare_exchange(left, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+        if old != 0 && owed && crate::client_limit::log_due(&EVICTED_LOGGED) {
+            tracing::warn!(
+                "the table of per-client request buckets ({CLIENTS} clients) is full where a new client \
+                 hashes: a client still over its rate was given a full bucket again (logged at most once \
+                 a second)"
+            );
+        }
+        // Another process may have given this client a slot meanwhile:
+        // the first in the window is the one.
+        match window(start).find(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag) {
+            Some(first) if first != free => {
+                let _ = words[CLIENT_TAGS + free].compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire);
+                return bucket(first);
+            }
+            _ => return bucket(free),
+        }
+    }
+    // Every try lost to other processes: a bucket of its own this once.
+    Bucket::own()
 }
 
 /// One bucket: its theoretical arrival time (see the module's text).
@@ -505,5 +670,117 @@ mod tests {
             "the unit taken through one mapping is gone from the other"
         );
         assert_eq!(take_one(&y[ROUTES + 1], now, 1.0, 1.0, true), Ok(()));
+    }
+
+    /// Memory of its own for a test of the clients' table.
+    fn fresh_words() -> &'static [AtomicU64] {
+        Box::leak(
+            (0..WORDS)
+                .map(|_| AtomicU64::new(0))
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+        )
+    }
+
+    #[test]
+    fn a_clients_bucket_is_found_again_and_is_its_own_for_each_limit() {
+        let words = fresh_words();
+        let now = now_ns();
+        let (limit, other) = ((7, 1), (7, 2));
+        assert!(client_if_any_in(words, limit, 1).is_none(), "no bucket: a full one");
+        let b = client_in(words, limit, 1, now);
+        for _ in 0..2 {
+            assert_eq!(b.take_one(now, 1.0, 2.0, true), Ok(()));
+        }
+        let again = client_if_any_in(words, limit, 1).expect("found again");
+        assert!(again.take_one(now, 1.0, 2.0, false).is_err(), "the same, spent bucket");
+        assert!(
+            client_if_any_in(words, other, 1).is_none(),
+            "another limit's is another"
+        );
+        assert!(
+            client_if_any_in(words, limit, 2).is_none(),
+            "another client's is another"
+        );
+        assert_eq!(client_in(words, other, 1, now).take_one(now, 1.0, 2.0, true), Ok(()));
+    }
+
+    #[test]
+    fn a_client_whose_places_are_all_taken_gets_the_fullest_bucket() {
+        let words = fresh_words();
+        let limit = (9, 9);
+        // WINDOW + 1 clients whose windows are the same.
+        let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
+        let crowd = (1u128..)
+            .find_map(|c| {
+                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                same.push(c);
+                (same.len() == WINDOW + 1).then(|| same.clone())
+            })
+            .expect("a crowd");
+        let now = now_ns();
+        // The first has taken 1 request of its 100, the others more.
+        for (n, &c) in crowd[..WINDOW].iter().enumerate() {
+            let b = client_in(words, limit, c, now);
+            for _ in 0..=n {
+                assert_eq!(b.take_one(now, 1.0, 100.0, true), Ok(()));
+            }
+        }
+        let newcomer = client_in(words, limit, crowd[WINDOW], now);
+        assert_eq!(
+            newcomer.take_one(now, 1.0, 1.0, true),
+            Ok(()),
+            "full for its new client"
+        );
+        assert!(
+            client_if_any_in(words, limit, crowd[0]).is_none(),
+            "the fullest was given away"
+        );
+        for &c in &crowd[1..] {
+            assert!(
+                client_if_any_in(words, limit, c).is_some(),
+                "client {c} kept its bucket"
+            );
+        }
+    }
+
+    /// Two threads (as two processes would) giving one new client a
+    /// bucket at once end up taking from one bucket, in one slot.
+    #[test]
+    fn a_client_given_a_bucket_twice_at_once_has_one() {
+        let words = fresh_words();
+        let limit = (5, 5);
+        let now = now_ns();
+        let gate = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for c in 0..20_000u128 {
+                        gate.wait();
+                        assert_eq!(client_in(words, limit, c, now).take_one(now, 1.0, 2.0, true), Ok(()));
+                    }
+                });
+            }
+        });
+        for c in 0..20_000u128 {
+            let (start, tag) = client_place(words, limit, c);
+            let slots = window(start)
+                .filter(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag)
+                .count();
+            assert_eq!(slots, 1, "client {c}");
+            let b = client_if_any_in(words, limit, c).expect("its bucket");
+            assert!(
+                b.take_one(now, 1.0, 2.0, false).is_err(),
+                "client {c}: both took from it"
+            );
+        }
+    }
+
+    #[test]
+    fn two_memories_hash_clients_with_secrets_of_their_own() {
+        let (a, b) = (fresh_words(), fresh_words());
+        let places = |w| (0..64u128).map(|c| client_place(w, (1, 1), c)).collect::<Vec<_>>();
+        assert_eq!(places(a), places(a), "one memory, one secret");
+        assert_ne!(places(a), places(b));
     }
 }

@@ -1150,14 +1150,41 @@ async fn get_sent_first(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (
 async fn a_routes_total_request_rate_is_kept_by_the_workers_together() {
     let o = origin("o").await;
     let (p, pids) = limited_workers(&o, "", "total_request_rate = 1\ntotal_request_burst = 5\n").await;
+    one_bucket_over_both_workers(&p, &pids, 503).await;
+}
+
+/// So is a client's `limits.client_request_rate` (its bucket is one in
+/// both workers, `shared_buckets::client`), as nginx keeps a `limit_req`
+/// zone keyed by the client's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_request_rate_is_kept_by_the_workers_together() {
+    let o = origin("o").await;
+    let (p, pids) = limited_workers(&o, "client_request_rate = 1\nclient_request_burst = 5", "").await;
+    one_bucket_over_both_workers(&p, &pids, 429).await;
+}
+
+/// And a client's bucket on a route (`request_rate`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_request_rate_on_a_route_is_kept_by_the_workers_together() {
+    let o = origin("o").await;
+    let (p, pids) = limited_workers(&o, "", "request_rate = 1\nrequest_burst = 5\n").await;
+    one_bucket_over_both_workers(&p, &pids, 429).await;
+}
+
+/// Requests from one client, each on a new connection, until both
+/// workers have had 6: with a bucket of 5 refilled at 1 a second, kept by
+/// the workers together, 5 are answered at once and about 1 a second
+/// after, the others refused with `refused`. Each worker keeping its own
+/// would have answered 5 at once each.
+async fn one_bucket_over_both_workers(p: &Portico, pids: &BTreeSet<u32>, refused: u16) {
     let started = Instant::now();
     let mut by_worker: BTreeMap<u32, usize> = BTreeMap::new();
     let mut answered = 0;
     for n in 0..400 {
-        let (pid, r) = get_sent_first(p.addr(), &format!("/n{n}"), &pids).await;
+        let (pid, r) = get_sent_first(p.addr(), &format!("/n{n}"), pids).await;
         match r.status {
             200 => answered += 1,
-            503 => {}
+            s if s == refused => {}
             other => panic!("status {other}: {}", r.body_str()),
         }
         *by_worker.entry(pid.expect("a worker accepted it")).or_default() += 1;
@@ -1170,7 +1197,6 @@ async fn a_routes_total_request_rate_is_kept_by_the_workers_together() {
         by_worker.len() == 2 && by_worker.values().all(|&c| c >= 6),
         "the requests did not reach both workers 6 times each: {by_worker:?}"
     );
-    // Each worker on its own would have answered 5 at once.
     assert!(
         answered as f64 <= 5.0 + elapsed.ceil(),
         "{answered} answered in {elapsed:.1} s over {by_worker:?}"

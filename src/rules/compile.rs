@@ -184,7 +184,8 @@ fn regex(i: usize, key: &'static str, pattern: &str) -> Result<Regex, Fail> {
 }
 
 /// Where a rule's `total_request_rate` bucket is: the `k`-th shared one,
-/// put in force for the rule list hashed as `list`.
+/// put in force for the rule list hashed as `list` (which also names its
+/// clients' `request_rate` buckets).
 #[derive(Debug, Clone, Copy)]
 struct TotalSlot {
     k: usize,
@@ -471,9 +472,9 @@ fn compile_actions(
         pass_credentials: r
             .parent_credentials
             .map(|p| p == crate::config::ParentCredentials::Pass),
-        request_rate: r
-            .request_rate
-            .map(|rate| (rate > 0).then(|| Arc::new(RouteRate::new(i, rate, r.request_burst.unwrap_or(0))))),
+        request_rate: r.request_rate.map(|rate| {
+            (rate > 0).then(|| Arc::new(RouteRate::new(i, total.list, rate, r.request_burst.unwrap_or(0))))
+        }),
         total_request_rate: r.total_request_rate.map(|rate| {
             (rate > 0).then(|| {
                 let bucket = crate::shared_buckets::route(total.k);
