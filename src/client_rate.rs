@@ -13,8 +13,8 @@
 //! (`server.processes = N > 1`), as nginx keeps a `limit_req` zone in
 //! shared memory: `shared_buckets::client`, a table of room for
 //! `shared_buckets::CLIENTS` clients whose slots a new client takes from
-//! the fullest buckets when its place in the table is full (a full bucket
-//! says nothing a new one would not). The bucket arithmetic is
+//! the least recently used buckets when its place in the table is full.
+//! The bucket arithmetic is
 //! `shared_buckets`', pure, the clock a parameter.
 //!
 //! A route's `request_rate` (`[[rule]]`, nginx's `limit_req` in a

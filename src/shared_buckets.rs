@@ -27,11 +27,13 @@
 //! of the [`WINDOW`] slots from where a SipHash of both, keyed by a secret
 //! drawn once (also in the memory), points, and is tagged with that hash.
 //! Finding it reads the tags; a new client takes an empty slot, else the
-//! one holding the fullest bucket (a full bucket says nothing a new one
-//! would not), by compare-and-swap on its tag. No lock: a process taking
-//! from a bucket just given to another client charges that client one
-//! request, and two processes giving one client a slot at once both use
-//! the first in its window from then on.
+//! one whose bucket has the earliest theoretical arrival time (about the
+//! least recently used; its client starts afresh), by compare-and-swap on
+//! its tag. No lock: a process taking from a bucket just given to another
+//! client charges that client one request, and two processes giving one
+//! client a slot at once both use the first in its window from then on.
+//! A word marks the layout: a worker of another build (the binary
+//! upgraded under a running supervisor) keeps buckets of its own.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,21 +46,36 @@ pub const SLOTS: usize = 1024;
 
 /// How many clients' buckets there are room for, for the limits kept per
 /// client (`limits.client_request_rate`, a route's `request_rate`): 4 MiB
-/// with their tags, of which only the pages of buckets in use are ever
-/// touched.
+/// with their tags, touched a page at a time as clients come (all of it
+/// once a few thousand clients have asked).
 pub const CLIENTS: usize = 1 << 18;
 
 /// The slots a client's bucket may be in: this many, from the one its
 /// hash names.
 const WINDOW: usize = 8;
 
-/// The words of the memory: the buckets, then a tag for each; the secret
-/// the clients' slots are hashed with; the clients' tags, then their
-/// buckets.
-const SECRET: usize = 2 * SLOTS;
-const CLIENT_TAGS: usize = SECRET + 1;
-const CLIENT_BUCKETS: usize = CLIENT_TAGS + CLIENTS;
-const WORDS: usize = CLIENT_BUCKETS + CLIENTS;
+/// The words of the memory: the buckets, then a tag for each; a word
+/// naming this layout (a worker of another build does not misread it);
+/// the secret the clients' slots are hashed with; the clients' slots, each
+/// a tag and its bucket side by side (one cache line holds both).
+const LAYOUT: usize = 2 * SLOTS;
+const SECRET: usize = LAYOUT + 1;
+const CLIENT_SLOTS: usize = SECRET + 1;
+const WORDS: usize = CLIENT_SLOTS + 2 * CLIENTS;
+
+/// What the [`LAYOUT`] word holds: "portico" and a version, changed with
+/// the layout or the clients' hash.
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x02");
+
+/// Client slot `i`'s tag (0: empty).
+fn client_tag(words: &[AtomicU64], i: usize) -> &AtomicU64 {
+    &words[CLIENT_SLOTS + 2 * i]
+}
+
+/// Client slot `i`'s bucket.
+fn client_bucket(words: &[AtomicU64], i: usize) -> &AtomicU64 {
+    &words[CLIENT_SLOTS + 2 * i + 1]
+}
 
 /// When a client's bucket was last given to another while it still owed
 /// (the table full where they hash): logged at most once a second.
@@ -97,7 +114,8 @@ pub fn report() {
     if let Some(e) = NOT_MAPPED.get() {
         tracing::warn!(
             "cannot map the limits' buckets shared with the other workers ({e}): this worker keeps \
-             limits.total_bandwidth and the routes' total_request_rate on its own"
+             limits.total_bandwidth, limits.client_request_rate and the routes' total_request_rate and \
+             request_rate on its own"
         );
     }
 }
@@ -168,11 +186,21 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
     // and never unmapped: it lives as long as the process ('static). Every
     // access, in this process and the others mapping the file, goes
     // through these atomics.
-    Ok(unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), WORDS) })
+    let words = unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), WORDS) };
+    // A supervisor of another build (the binary upgraded under it) laid it
+    // out otherwise: this worker keeps buckets of its own.
+    let mark = words[LAYOUT].load(Ordering::Acquire);
+    if mark != LAYOUT_MARK {
+        return Err(format!(
+            "fd {fd} is laid out by another build of portico (mark {mark:#x}): restart the server"
+        ));
+    }
+    Ok(words)
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
-/// buckets, all full (zero), and their tags; close-on-exec (each worker is
+/// buckets, all full (zero), and their tags, the layout's mark, room for
+/// the secret and the [`CLIENTS`] clients' slots; close-on-exec (each worker is
 /// made to inherit it as it starts, `handover`), never executable, and
 /// sealed at its size (a holder that shrank it would
 /// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
@@ -180,8 +208,13 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 /// same one.
 pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
     let file = crate::handover::memory_file(c"portico-buckets")?;
     file.set_len((WORDS * std::mem::size_of::<AtomicU64>()) as u64)?;
+    file.write_all_at(
+        &LAYOUT_MARK.to_ne_bytes(),
+        (LAYOUT * std::mem::size_of::<AtomicU64>()) as u64,
+    )?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
@@ -259,10 +292,12 @@ fn secret(words: &[AtomicU64]) -> u64 {
 /// slot's).
 fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize, u64) {
     use std::hash::Hasher;
-    // SipHash (std's default hasher, the same in every process of one
-    // binary) keyed by the secret it reads first.
-    let mut h = std::hash::DefaultHasher::new();
-    h.write_u64(secret(words));
+    // SipHash-2-4 keyed by the secret: std's `SipHasher`, deprecated in
+    // favour of `DefaultHasher`, whose algorithm may change between Rust
+    // releases; this one is fixed, so processes of two builds sharing the
+    // memory place a client alike.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(secret(words), LAYOUT_MARK);
     h.write_u64(limit.0);
     h.write_u64(limit.1);
     h.write_u128(client);
@@ -285,17 +320,18 @@ pub fn client_if_any(limit: ClientLimit, client: u128) -> Option<Bucket> {
 fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128) -> Option<Bucket> {
     let (start, tag) = client_place(words, limit, client);
     window(start)
-        .find(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag)
-        .map(|i| Bucket(Slot::Shared(&words[CLIENT_BUCKETS + i], &words[CLIENT_TAGS + i])))
+        .find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
+        .map(|i| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i))))
 }
 
 /// The bucket of `client` for `limit`, shared by the worker processes:
-/// the one it has, or a full one in a slot of its window (an empty one,
-/// else the one holding the fullest bucket: its client starts afresh,
-/// which is logged if it still owed anything, as nginx drops
-/// the least recently used state of a full `limit_req` zone). Two
-/// processes giving the same client a slot at once both see the first
-/// one in its window: the other is given up.
+/// the one it has, or a full one in a slot of its window: an empty one,
+/// else the one whose bucket has the earliest theoretical arrival time,
+/// about the least recently used (as nginx drops the least recently used
+/// state of a full `limit_req` zone), whose client starts afresh; logged,
+/// at most once a second, when that bucket had been taken from within
+/// about the last second. Two processes giving the same client a slot at
+/// once both end on the first in its window: the other is given up.
 pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
     client_in(slots(), limit, client, now)
 }
@@ -303,54 +339,62 @@ pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
 /// [`client`] in `words`.
 fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
     let (start, tag) = client_place(words, limit, client);
-    let bucket = |i: usize| Bucket(Slot::Shared(&words[CLIENT_BUCKETS + i], &words[CLIENT_TAGS + i]));
+    let bucket = |i: usize| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i)));
     for _ in 0..WINDOW {
-        // Its slot, or the one to take: an empty one, else the fullest
-        // bucket's (the earliest theoretical arrival time); the first in
-        // the window of those alike.
-        let mut take: Option<(usize, u64, (bool, u64))> = None;
+        // Its slot, or the one to take (the first in the window of those
+        // alike). Empty slots are all alike, their buckets not looked at,
+        // so two processes choosing at once choose the same one and one
+        // of them loses it.
+        let mut take: Option<(usize, u64, u64, (bool, u64))> = None;
         for i in window(start) {
-            let seen = words[CLIENT_TAGS + i].load(Ordering::Acquire);
+            let seen = client_tag(words, i).load(Ordering::Acquire);
             if seen == tag {
                 return bucket(i);
             }
-            let rank = (seen != 0, words[CLIENT_BUCKETS + i].load(Ordering::Acquire));
-            if take.is_none_or(|(_, _, best)| rank < best) {
-                take = Some((i, seen, rank));
+            let held = if seen == 0 {
+                0
+            } else {
+                client_bucket(words, i).load(Ordering::Acquire)
+            };
+            let rank = (seen != 0, held);
+            if take.is_none_or(|(.., best)| rank < best) {
+                take = Some((i, seen, held, rank));
             }
         }
-        let Some((free, old, _)) = take else {
+        let Some((free, old, held, _)) = take else {
             break;
         };
         // Taken only as it was seen: if another process changed it since,
         // look again.
-        if words[CLIENT_TAGS + free]
+        if client_tag(words, free)
             .compare_exchange(old, tag, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
             continue;
         }
-        // Full for its new client if the last one left a debt in it. Only
-        // as it was seen: a request that found the slot under its new tag
-        // meanwhile has taken from it, and that take stays (the new client
-        // may then start with the old debt: stricter, never looser).
-        let left = words[CLIENT_BUCKETS + free].load(Ordering::Acquire);
-        let owed = left > now;
-        if owed {
-            let _ = words[CLIENT_BUCKETS + free].compare_exchange(left, 0, Ordering::AcqRel, Ordering::Acquire);
-        }
-        if old != 0 && owed && crate::client_limit::log_due(&EVICTED_LOGGED) {
-            tracing::warn!(
-                "the table of per-client request buckets ({CLIENTS} clients) is full where a new client \
-                 hashes: a client still over its rate was given a full bucket again (logged at most once \
-                 a second)"
-            );
+        if old != 0 {
+            // Full for its new client: reset from what was seen when it was
+            // chosen, so that a take made since, by a request that found
+            // the new tag, stays.
+            let _ = client_bucket(words, free).compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
+            if held.saturating_add(1_000_000_000) > now && crate::client_limit::log_due(&EVICTED_LOGGED) {
+                tracing::warn!(
+                    "the table of per-client request buckets ({CLIENTS} clients) is full where a new client \
+                     hashes: a bucket in use was given to it (its client starts afresh; logged at most once \
+                     a second)"
+                );
+            }
         }
         // Another process may have given this client a slot meanwhile:
-        // the first in the window is the one.
-        match window(start).find(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag) {
+        // the first in the window is the one; ours goes back, empty.
+        match window(start).find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag) {
             Some(first) if first != free => {
-                let _ = words[CLIENT_TAGS + free].compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire);
+                if client_tag(words, free)
+                    .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    client_bucket(words, free).store(0, Ordering::Release);
+                }
                 return bucket(first);
             }
             _ => return bucket(free),
@@ -654,6 +698,18 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_file_of_another_layout_is_not_mapped() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let fd = create().expect("memfd");
+        let file = std::fs::File::from(fd);
+        file.write_all_at(&1u64.to_ne_bytes(), (LAYOUT * 8) as u64)
+            .expect("write");
+        let err = map(file.as_raw_fd()).expect_err("another layout");
+        assert!(err.contains("another build"), "{err}");
+    }
+
+    #[test]
     fn two_mappings_of_the_memory_file_are_one_set_of_buckets() {
         let fd = create().expect("memfd");
         use std::os::fd::AsRawFd;
@@ -705,8 +761,11 @@ mod tests {
         assert_eq!(client_in(words, other, 1, now).take_one(now, 1.0, 2.0, true), Ok(()));
     }
 
+    /// Its place full of buckets all spent (each of its 8 clients took its
+    /// one request, a millisecond apart), a new client gets the slot of the
+    /// one drawn on longest ago, and that slot's bucket full.
     #[test]
-    fn a_client_whose_places_are_all_taken_gets_the_fullest_bucket() {
+    fn a_client_whose_places_are_all_taken_gets_the_least_recently_used_slot_full() {
         let words = fresh_words();
         let limit = (9, 9);
         // WINDOW + 1 clients whose windows are the same.
@@ -718,23 +777,18 @@ mod tests {
                 (same.len() == WINDOW + 1).then(|| same.clone())
             })
             .expect("a crowd");
-        let now = now_ns();
-        // The first has taken 1 request of its 100, the others more.
+        let start = now_ns();
+        const MS: u64 = 1_000_000;
         for (n, &c) in crowd[..WINDOW].iter().enumerate() {
-            let b = client_in(words, limit, c, now);
-            for _ in 0..=n {
-                assert_eq!(b.take_one(now, 1.0, 100.0, true), Ok(()));
-            }
+            let at = start + n as u64 * MS;
+            assert_eq!(client_in(words, limit, c, at).take_one(at, 1.0, 1.0, true), Ok(()));
         }
-        let newcomer = client_in(words, limit, crowd[WINDOW], now);
-        assert_eq!(
-            newcomer.take_one(now, 1.0, 1.0, true),
-            Ok(()),
-            "full for its new client"
-        );
+        let at = start + WINDOW as u64 * MS;
+        let newcomer = client_in(words, limit, crowd[WINDOW], at);
+        assert_eq!(newcomer.take_one(at, 1.0, 1.0, true), Ok(()), "full for its new client");
         assert!(
             client_if_any_in(words, limit, crowd[0]).is_none(),
-            "the fullest was given away"
+            "the oldest was given away"
         );
         for &c in &crowd[1..] {
             assert!(
@@ -765,7 +819,7 @@ mod tests {
         for c in 0..20_000u128 {
             let (start, tag) = client_place(words, limit, c);
             let slots = window(start)
-                .filter(|&i| words[CLIENT_TAGS + i].load(Ordering::Acquire) == tag)
+                .filter(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
                 .count();
             assert_eq!(slots, 1, "client {c}");
             let b = client_if_any_in(words, limit, c).expect("its bucket");

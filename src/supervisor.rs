@@ -46,10 +46,12 @@
 //! runs what the supervisor validated and seals and opens session tickets
 //! with the same rotating keys. The buckets of the
 //! limits for all clients (`limits.total_bandwidth`, a route's
-//! `total_request_rate`) are a memory file the supervisor makes and every
-//! worker maps (`shared_buckets`). Per process: the memory tier, the
-//! upstream connection pools, the TLS session cache, the counters, the
-//! per-client limits.
+//! `total_request_rate`) and of the request rates per client
+//! (`limits.client_request_rate`, a route's `request_rate`) are a memory
+//! file the supervisor makes and every worker maps (`shared_buckets`). Per
+//! process: the memory tier, the upstream connection pools, the TLS session
+//! cache, the counters, the per-client limits of connections and bandwidth
+//! (`limits.max_connections_per_client`, `limits.client_bandwidth`).
 
 use crate::config::Config;
 use crate::signals::{Sig, Signals};
@@ -164,8 +166,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         Ok(fd) => Some(fd),
         Err(e) => {
             tracing::warn!(
-                "cannot make the limits' shared buckets: {cause}; each worker keeps limits.total_bandwidth \
-                 and the routes' total_request_rate on its own",
+                "cannot make the limits' shared buckets: {cause}; each worker keeps limits.total_bandwidth, \
+                 limits.client_request_rate and the routes' total_request_rate and request_rate on its own",
                 cause = crate::util::io_cause(&e)
             );
             None
