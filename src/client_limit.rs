@@ -65,8 +65,8 @@ pub(crate) fn key(ip: IpAddr) -> u128 {
     }
 }
 
-/// Which of the 16 shards `key`'s count (and its request bucket,
-/// `client_rate`) lives in.
+/// Which of the 16 shards `key`'s count (and its byte bucket,
+/// `client_bandwidth`, in a `client_table`) lives in.
 pub(crate) fn shard_of(key: u128) -> usize {
     (xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes()) as usize) % SHARDS
 }

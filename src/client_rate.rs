@@ -14,8 +14,8 @@
 //! shared memory: `shared_buckets::client`, a table of room for
 //! `shared_buckets::CLIENTS` clients whose slots a new client takes from
 //! the least recently used buckets when its place in the table is full.
-//! The bucket arithmetic is
-//! `shared_buckets`', pure, the clock a parameter.
+//! The bucket arithmetic is `shared_buckets`', pure, the clock a
+//! parameter.
 //!
 //! A route's `request_rate` (`[[rule]]`, nginx's `limit_req` in a
 //! `location`) is the same kind of limit for the requests that route
@@ -85,8 +85,9 @@ fn ns_in_seconds(wait_ns: u64) -> u64 {
 /// A route's `request_rate` and `request_burst` (`[[rule]]`, nginx's
 /// `limit_req` in a `location`): buckets of its own, one a client; or its
 /// `total_request_rate` and `total_request_burst`: one bucket for all
-/// clients. Kept by the compiled rules (a reload that changes no rule
-/// keeps them, one that changes any starts them full).
+/// clients. The buckets are in `shared_buckets`, named by the rule list's
+/// hash (a reload that changes no rule keeps them, one that changes any
+/// starts them full).
 pub struct RouteRate {
     /// The rule that set it, for the log.
     rule: usize,
@@ -270,7 +271,8 @@ impl RouteRate {
     /// the route do all that one at a time, so none ever finds either
     /// bucket short of a request another holds only until it is refused.
     /// (Only a request on another route sharing the client's bucket, under
-    /// `continue = true`, can empty it between the look and the take: the
+    /// `continue = true`, or one of the same client served by another
+    /// worker process, can empty it between the look and the take: the
     /// total then gets its request back.)
     fn count_total(&self, ip: IpAddr, take: bool, client: Option<&RouteRate>) -> Result<(), RouteRefusal> {
         let Buckets::Total { bucket, one, .. } = &self.buckets else {

@@ -1,6 +1,6 @@
-//! The table of per-client state a limit that keeps some share per process
-//! keeps (`client_bandwidth`'s byte buckets; the request rates are
-//! `shared_buckets`', kept by the worker processes together):
+//! The per-process table of `client_bandwidth`'s byte buckets (the request
+//! rates per client are in `shared_buckets`, kept by the worker processes
+//! together):
 //! entries keyed as `client_limit` keys clients (an IPv4 address, an IPv6
 //! /64) in its 16 shards, each swept of the entries its owner no longer
 //! needs whenever it has doubled since its last sweep. A shard then holds

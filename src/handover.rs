@@ -66,21 +66,40 @@ pub fn sealed(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<OwnedFd> {
     Ok(f.into())
 }
 
+/// In a worker: the descriptor number its supervisor named in the
+/// environment variable `var`, the first time it is asked for (a number
+/// taken once may be closed and reused since: never again). None when the
+/// variable is not set or was taken; an error when it is not a number
+/// above the standard streams.
+pub fn inherited_fd(var: &'static str) -> Option<Result<RawFd, String>> {
+    static TAKEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let number = std::env::var(var).ok()?;
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    if taken.contains(&var) {
+        return None;
+    }
+    taken.push(var);
+    Some(match number.parse() {
+        Ok(fd) if fd > 2 => Ok(fd),
+        _ => Err(format!("{var}={number:?} is not a file descriptor")),
+    })
+}
+
 /// In a worker: the bytes of the sealed memory file its supervisor named
 /// in the environment variable `var`, which is closed once read. None when
 /// the variable is not set; an error when it names no sealed memory file
 /// (a number that is something else is left alone).
-pub fn take_sealed(var: &str) -> Option<Result<Vec<u8>, String>> {
-    let number = std::env::var(var).ok()?;
-    let fd: RawFd = match number.parse() {
-        Ok(fd) if fd > 2 => fd,
-        _ => return Some(Err(format!("{var}={number:?} is not a file descriptor"))),
+pub fn take_sealed(var: &'static str) -> Option<Result<Vec<u8>, String>> {
+    let fd = match inherited_fd(var)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
     };
     if !is_sealed(fd) {
         return Some(Err(format!("{var}={fd} is not the supervisor's sealed memory file")));
     }
     // SAFETY: the descriptor was inherited for this process to read once
-    // and is owned by nothing else here: it is closed once read.
+    // and, taken once (`inherited_fd`), is owned by nothing else here: it
+    // is closed once read.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     Some(read_whole(&f).map_err(|e| format!("{var}: {}", crate::util::io_cause(&e))))
 }
@@ -138,11 +157,10 @@ impl Channel {
     /// In a worker: the end its supervisor named in `var` (made
     /// close-on-exec). None when the variable is not set; an error when it
     /// names no socket.
-    pub fn take(var: &str) -> Option<Result<Channel, String>> {
-        let number = std::env::var(var).ok()?;
-        let fd: RawFd = match number.parse() {
-            Ok(fd) if fd > 2 => fd,
-            _ => return Some(Err(format!("{var}={number:?} is not a file descriptor"))),
+    pub fn take(var: &'static str) -> Option<Result<Channel, String>> {
+        let fd = match inherited_fd(var)? {
+            Ok(fd) => fd,
+            Err(e) => return Some(Err(e)),
         };
         // SAFETY: `libc::stat` is plain old data (integers only): all
         // zeros is a valid value of it; fstat writes into it, and any
@@ -154,13 +172,13 @@ impl Channel {
         if !is_socket {
             return Some(Err(format!("{var}={fd} is not the supervisor's channel")));
         }
-        // SAFETY: the descriptor was inherited for this process, which owns
-        // it from now on; fcntl with F_SETFD takes an integer flag.
-        let fd = unsafe {
-            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            OwnedFd::from_raw_fd(fd)
-        };
-        Some(Ok(Channel(fd)))
+        // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Some(Err(format!("{var}={fd}: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: the descriptor was inherited for this process and, taken
+        // once (`inherited_fd`), is owned by nothing else here from now on.
+        Some(Ok(Channel(unsafe { OwnedFd::from_raw_fd(fd) })))
     }
 
     /// The last sealed memory file the supervisor sent since the last

@@ -43,7 +43,7 @@ pub fn destination_warnings(config: &Config) -> Vec<String> {
 }
 
 /// Runs the server on `config` until SIGINT or SIGTERM (then drains).
-pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
+pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
     crate::log::init_error_log(&config.log)?;
     // Before anything is bound or started (and in the supervisor, before
     // any worker): a bad certificate stops start-up with its file named.
@@ -101,7 +101,6 @@ pub fn run(config: Config, opts: RunOptions) -> Result<(), String> {
     // blocked (`supervisor::start`): it comes now, to the handlers, and
     // the loop below acts on it once serving.
     signals.unblock();
-    let mut config = config;
     // TLS session resumption: a worker seals tickets with the keys the
     // supervisor handed it (the same in every worker); one process draws its own.
     let seed = match opts.worker {

@@ -130,10 +130,9 @@ fn own() -> &'static [AtomicU64] {
 /// this is no worker or none was handed.
 fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
     std::env::var_os("PORTICO_WORKER")?;
-    let fd = std::env::var(ENV_FD).ok()?;
-    let fd: std::os::fd::RawFd = match fd.parse() {
-        Ok(fd) if fd > 2 => fd,
-        _ => return Some(Err(format!("{ENV_FD} is not a file descriptor: {fd:?}"))),
+    let fd = match crate::handover::inherited_fd(ENV_FD)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
     };
     // Only the supervisor's memory file, sealed against resizing, is
     // mapped (what else that number may be is not written to).

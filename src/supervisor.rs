@@ -176,7 +176,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     // What the workers run on (`config::source`): the text read at start,
     // sealed in a memory file each inherits (`handover`). Without it they
     // read the file.
-    let start_text = match config_text
+    let start_file = match config_text
         .as_deref()
         .map(|t| crate::handover::sealed(c"portico-config", t.as_bytes()))
     {
@@ -192,8 +192,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     };
     let mut env = WorkerEnv {
         stats_dir: stats_dir.cloned(),
-        start_text,
-        validated: None,
+        start_file,
+        validated_file: None,
         notify: relay_path,
         seed,
         tls: config.tls.clone(),
@@ -386,7 +386,7 @@ fn start(
     }
     w.channel = None;
     let mut theirs = None;
-    if let Some(start) = &env.start_text {
+    if let Some(start) = &env.start_file {
         let (ours, their_end) = match crate::handover::channel() {
             Ok(pair) => pair,
             Err(e) => {
@@ -399,10 +399,10 @@ fn start(
                 return;
             }
         };
-        let last = env.validated.as_ref().unwrap_or(start);
+        let last = env.validated_file.as_ref().unwrap_or(start);
         cmd.env(ENV_FD, last.as_raw_fd().to_string());
         inherit[0] = Some(last.as_raw_fd());
-        if env.validated.is_some() {
+        if env.validated_file.is_some() {
             cmd.env(ENV_START_FD, start.as_raw_fd().to_string());
             inherit[1] = Some(start.as_raw_fd());
         }
@@ -502,9 +502,9 @@ struct WorkerEnv {
     stats_dir: Option<PathBuf>,
     /// The config text the supervisor started on, in a sealed memory file
     /// (`config::source`); None on the embedded defaults.
-    start_text: Option<std::os::fd::OwnedFd>,
+    start_file: Option<std::os::fd::OwnedFd>,
     /// The text a reload validated since, likewise.
-    validated: Option<std::os::fd::OwnedFd>,
+    validated_file: Option<std::os::fd::OwnedFd>,
     /// The supervisor's readiness relay (their `NOTIFY_SOCKET`).
     notify: Option<PathBuf>,
     /// The ticket key chain every worker gets (`tls_resume`).
@@ -556,7 +556,7 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     // Checked as `portico check` does, certificates included: what the
     // workers get is what a worker restarted later starts on, and one it
     // would refuse would keep it from starting.
-    let checked = crate::config::source::read_at_start(path, false)
+    let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
         .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)));
     match checked {
@@ -567,7 +567,7 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
         Ok((new, text)) => {
             // Workers handed their config get the new text on their
             // channel, before the signal; the others read the file.
-            if env.start_text.is_some() {
+            if env.start_file.is_some() {
                 let sealed = match crate::handover::sealed(c"portico-config", text.as_bytes()) {
                     Ok(fd) => fd,
                     Err(e) => {
@@ -592,13 +592,14 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                             cause = crate::util::io_cause(&e)
                         );
                         if let Ok(pid) = libc::pid_t::try_from(pid) {
-                            // SAFETY: kill has no memory-safety preconditions;
-                            // the pid is a child of ours not yet reaped.
+                            // SAFETY: kill has no memory-safety preconditions.
+                            // (The pid is our child's; if it has exited, its
+                            // exit event clears it before it can be reused.)
                             unsafe { libc::kill(pid, libc::SIGTERM) };
                         }
                     }
                 }
-                env.validated = Some(sealed);
+                env.validated_file = Some(sealed);
             }
             if new.server.processes != config.server.processes {
                 tracing::warn!(

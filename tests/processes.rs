@@ -268,24 +268,9 @@ async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invali
     let all: BTreeSet<u32> = pids.values().copied().collect();
     let text = config(&addr, &a, &b, "b").replace("{dir}", p.dir().to_str().expect("utf-8"));
     p.rewrite_config(&text);
-    // Sent at once: a worker may still be starting (its handler not yet
-    // installed); it must end up on the new config all the same.
+    // Sent at once, as the workers have just started.
     p.signal(libc::SIGHUP);
-    let mut on_b = BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut i = 0;
-    while on_b != all {
-        assert!(
-            Instant::now() < deadline,
-            "workers on b: {on_b:?} of {all:?}\n{}",
-            p.stderr()
-        );
-        let (by, resp) = get_via(p.addr(), &format!("/w{i}"), &all).await;
-        if resp.body_str() == format!("b /w{i}") {
-            on_b.insert(by.expect("accepted"));
-        }
-        i += 1;
-    }
+    until_all_on_b(&p, &all, "w").await;
     for i in 0..20 {
         let (by, resp) = get_via(p.addr(), &format!("/x{i}"), &all).await;
         assert_eq!(
@@ -394,18 +379,24 @@ async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
     // Reloaded: both workers, the restarted ones, go to b.
     p.rewrite_config(&config(&addr, &a, &b, "b"));
     p.signal(libc::SIGHUP);
-    let all: BTreeSet<u32> = [third, second].into();
+    until_all_on_b(&p, &[third, second].into(), "h").await;
+}
+
+/// Sends requests (paths `/{prefix}N`) until each of `all` has answered
+/// one from upstream `b` (10 s at most).
+async fn until_all_on_b(p: &Portico, all: &BTreeSet<u32>, prefix: &str) {
     let mut on_b = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 0;
-    while on_b != all {
+    while on_b != *all {
         assert!(
             Instant::now() < deadline,
             "workers on b: {on_b:?} of {all:?}\n{}",
             p.stderr()
         );
-        let (by, resp) = get_via(p.addr(), &format!("/h{i}"), &all).await;
-        if resp.body_str() == format!("b /h{i}") {
+        let path = format!("/{prefix}{i}");
+        let (by, resp) = get_via(p.addr(), &path, all).await;
+        if resp.body_str() == format!("b {path}") {
             on_b.insert(by.expect("accepted"));
         }
         i += 1;

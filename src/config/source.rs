@@ -53,6 +53,13 @@ struct Handed {
 
 static HANDED: OnceLock<Handed> = OnceLock::new();
 
+/// Reads and checks the config file at `path`, with its text (what a
+/// supervisor validates and hands its workers).
+pub fn read_file(path: &Path) -> Result<(Config, String), ConfigError> {
+    let text = super::load::read_text(path)?;
+    Ok((parse_str(&text, &path.display().to_string())?, text))
+}
+
 /// Reads and checks the configuration `portico run` starts on: in a worker
 /// (`worker`) started with its supervisor's memory files, the text they
 /// hold, with the restart-only settings the supervisor started on; else
@@ -61,8 +68,7 @@ static HANDED: OnceLock<Handed> = OnceLock::new();
 pub fn read_at_start(path: &Path, worker: bool) -> Result<(Config, String), ConfigError> {
     let file = path.display().to_string();
     let Some(text) = worker.then(|| handed_text(ENV_FD, &file)).flatten() else {
-        let text = super::load::read_text(path)?;
-        return Ok((parse_str(&text, &file)?, text));
+        return read_file(path);
     };
     let text = text?;
     let mut config = parse_str(&text, &file)?;
@@ -121,7 +127,7 @@ pub fn applied() {
 }
 
 /// The text of the sealed memory file named by `var`, if set.
-fn handed_text(var: &str, file: &str) -> Option<Result<String, ConfigError>> {
+fn handed_text(var: &'static str, file: &str) -> Option<Result<String, ConfigError>> {
     let bytes = crate::handover::take_sealed(var)?;
     Some(
         bytes

@@ -116,10 +116,10 @@ impl Rules {
     /// the server), which for 10,000 regexes is ~0.4 s each; the last result
     /// is kept, keyed by a 128-bit hash of the rules and upstream names, so
     /// the second compile is a lookup. The result depends on the config
-    /// only, but for the routes' `request_rate` and `total_request_rate`
-    /// buckets it holds: a reload that leaves the rules as they were
-    /// keeps them (and the clients' debts), one that changes any rule
-    /// starts them full. A `total_request_rate` bucket is a place in
+    /// only, but for the routes' `total_request_rate` buckets it holds: a
+    /// reload that leaves the rules as they were keeps them, one that
+    /// changes any rule starts them full (the clients' `request_rate`
+    /// buckets, in `shared_buckets`, are named by the hash, so they follow). A `total_request_rate` bucket is a place in
     /// `shared_buckets`, filled only when the rules are put in force
     /// ([`Rules::activate`]): a reload that fails after the compile
     /// leaves the running routes' buckets as they were.

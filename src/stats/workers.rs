@@ -237,8 +237,7 @@ pub fn gather(own: Report, processes: usize, dir: &Path) -> Gathered {
 }
 
 /// Makes the supervisor's directory, `<temp dir>/portico-<pid>-<random>-stats`,
-/// mode 0700 (statistics name clients' hosts and paths, and the TLS ticket
-/// keys pass through it). The random part makes the name unguessable: with
+/// mode 0700 (statistics name clients' hosts and paths). The random part makes the name unguessable: with
 /// the pid alone, another local user could make that name first (in a
 /// shared `/tmp`), and the workers would lose their shared figures. It is
 /// created, never reused: `mkdir` fails on any existing name, and another
