@@ -3263,12 +3263,7 @@ async fn a_request_waiting_for_a_revalidation_whose_client_left_is_done_with_at_
         until(WAIT, || async { seen.load(Ordering::SeqCst) == 2 }).await,
         "the revalidation never reached the origin"
     );
-    let serving = in_service(&p).await;
-    let mut gone = TcpStream::connect(p.addr()).await.expect("connect");
-    gone.write_all(req.as_bytes()).await.expect("request");
-    until_in_service_over(&p, serving, "the second request").await;
-    drop(gone);
-    let log = access_log_with(p.dir(), "/r HTTP/1.1\" 0 ").await;
+    let log = hang_up_in_service(&p, &req, "/r HTTP/1.1\" 0 ").await;
     assert!(
         log.contains("/r HTTP/1.1\" 0 "),
         "the waiting request whose client left was not done with:\n{log}"

@@ -764,13 +764,7 @@ async fn a_collapsed_request_for_a_slice_whose_client_left_is_done_with_at_once(
     }
     // ...and the second request is in service, waiting for it, when its
     // client hangs up.
-    let serving = in_service(&p).await;
-    let mut gone = tokio::net::TcpStream::connect(p.addr()).await.unwrap();
-    use tokio::io::AsyncWriteExt;
-    gone.write_all(request.as_bytes()).await.unwrap();
-    until_in_service_over(&p, serving, "the second request").await;
-    drop(gone);
-    let log = access_log_with(p.dir(), "/held HTTP/1.1\" 0 ").await;
+    let log = hang_up_in_service(&p, &request, "/held HTTP/1.1\" 0 ").await;
     assert!(
         log.contains("/held HTTP/1.1\" 0 "),
         "the request whose client left was not done with while the origin held its answer:\n{log}"

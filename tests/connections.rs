@@ -1825,7 +1825,7 @@ async fn a_failed_reload_leaves_a_routes_total_bucket_and_a_good_one_fills_it() 
 
 /// The same for a route's per-client `request_rate`: a reload back to the
 /// rules in force, after one that failed with other rules, keeps the
-/// clients' buckets (the running rules are kept, not compiled anew).
+/// clients' buckets (named by the rule list's hash, however compiled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_back_to_the_rules_in_force_after_a_failed_one_keeps_the_clients_buckets() {
     let origin = Origin::start(|_req| async { Response::ok("served") }).await;

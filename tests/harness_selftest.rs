@@ -71,6 +71,20 @@ fn server_side_reads_the_accepted_sockets_state_and_unread_bytes() {
     );
 }
 
+/// `until_logged` waits for a line logged after it was called, and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_logged_waits_for_lines_yet_to_come_and_counts_them() {
+    let p = Portico::start(&format!("[[listener]]\naddress = \"{}\"\n", free_addr())).await;
+    let text = "reloaded ";
+    assert!(!p.stderr().contains(text));
+    let waiting = p.until_logged(text, 2);
+    p.signal(libc::SIGHUP);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    p.signal(libc::SIGHUP);
+    let log = waiting.await;
+    assert_eq!(log.matches(text).count(), 2, "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_address_taken_before_portico_binds_it_is_replaced() {
     // Something else took the port free_addr() found free, as an outgoing

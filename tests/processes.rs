@@ -283,12 +283,7 @@ async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invali
     // An invalid file: the supervisor says why and the workers keep running on b.
     std::fs::write(p.config_path(), "[server]\nprocesses = 0\n").expect("rewrite config");
     p.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.stderr().contains("reload failed") {
-        assert!(Instant::now() < deadline, "no reload error\n{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let log = p.stderr();
+    let log = p.until_logged("reload failed", 1).await;
     assert_eq!(
         log.matches("reload failed").count(),
         1,
@@ -364,11 +359,7 @@ async fn a_restarted_worker_runs_the_config_in_force_not_the_file_as_edited() {
     p.rewrite_config(&config(&addr, &a, &b, "b"));
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(first as i32, libc::SIGHUP) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.stderr().contains(": reloaded ") {
-        assert!(Instant::now() < deadline, "no reload\n{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    p.until_logged(": reloaded ", 1).await;
     let live: BTreeSet<u32> = [first, second].into();
     for n in 0..20 {
         let (by, resp) = get_via(p.addr(), &format!("/d{n}"), &live).await;
@@ -433,11 +424,7 @@ async fn a_worker_restarted_after_a_reload_keeps_the_restart_only_settings_the_o
     assert_eq!(workers_setting(p.addr(), 0, pids[&0], &all).await, 1, "workers = 1");
     p.rewrite_config(&config(&addr, &a, &b, "b").replace("workers = 1", "workers = 2"));
     p.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while p.stderr().matches(": reloaded ").count() < 2 {
-        assert!(Instant::now() < deadline, "no reload in both\n{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    p.until_logged(": reloaded ", 2).await;
     let changed = "`server.workers` changed (1 -> 2): needs restart";
     assert_eq!(p.stderr().matches(changed).count(), 2, "{}", p.stderr());
     let on_b = |path: &str| format!("b {path}");
@@ -473,12 +460,7 @@ async fn signals_sent_to_a_worker_as_it_starts_wait_for_it() {
         libc::kill(fresh as i32, libc::SIGHUP);
         libc::kill(fresh as i32, libc::SIGUSR1);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.stderr().contains("worker 0: reloaded ") {
-        assert!(Instant::now() < deadline, "the SIGHUP was lost\n{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let log = p.stderr();
+    let log = p.until_logged("worker 0: reloaded ", 1).await;
     assert!(!log.contains(&format!("worker 0 (pid {fresh}) exited")), "{log}");
     assert_eq!(worker_pids(&p)[&0], fresh, "{log}");
 }

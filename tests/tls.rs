@@ -141,12 +141,7 @@ async fn every_worker_process_serves_tls_and_the_supervisor_checks_the_certifica
     let missing = dir.path().join("missing.key");
     p.rewrite_config(&config.replace(&pem.key.display().to_string(), &missing.display().to_string()));
     p.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !p.stderr().contains("reload failed") {
-        assert!(std::time::Instant::now() < deadline, "{}", p.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let log = p.stderr();
+    let log = p.until_logged("reload failed", 1).await;
     assert_eq!(log.matches("reload failed").count(), 1, "{log}");
     assert!(log.contains(&missing.display().to_string()), "{log}");
     assert!(!log.contains("the workers reload it"), "{log}");

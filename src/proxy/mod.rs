@@ -155,7 +155,7 @@ impl Shared {
             groups.extend(r.members.iter().map(|m| m.group.clone()));
         }
         // Groups are built in config order, which is how rules name them.
-        let rules = Rules::compile_keeping(&config, old.map(|o| &o.rules)).map_err(|e| e.to_string())?;
+        let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
         let acl = crate::acl::Acl::compile(&config).map_err(|e| e.to_string())?;
         // Admission, the keep-alive set and the blocking pool belong to the
         // process: a reload keeps them (and their counters); their limits

@@ -116,27 +116,16 @@ impl Rules {
     /// the server), which for 10,000 regexes is ~0.4 s each; the last result
     /// is kept, keyed by a 128-bit hash of the rules and upstream names, so
     /// the second compile is a lookup. The result depends on the config
-    /// only, but for the routes' `total_request_rate` buckets it holds: a
-    /// reload that leaves the rules as they were keeps them, one that
-    /// changes any rule starts them full (the clients' `request_rate`
-    /// buckets, in `shared_buckets`, are named by the hash, so they follow). A `total_request_rate` bucket is a place in
-    /// `shared_buckets`, filled only when the rules are put in force
-    /// ([`Rules::activate`]): a reload that fails after the compile
-    /// leaves the running routes' buckets as they were.
+    /// only: the routes' buckets are in `shared_buckets`, named by that
+    /// hash (the clients' `request_rate` buckets) or tagged with it (a
+    /// `total_request_rate` bucket, filled only when a changed list is put
+    /// in force, [`Rules::activate`]), so a reload that leaves the rules as
+    /// they were keeps them, even compiled anew after a failed reload took
+    /// the cache's one place, and one that changes any rule starts them full.
     pub fn compile(config: &Config) -> Result<Rules, RuleError> {
-        Self::compile_keeping(config, None)
-    }
-
-    /// [`Rules::compile`] that returns `running` (the rules in force) when
-    /// `config`'s are the same: a reload back to them after one that failed
-    /// (and left another list in the one-entry cache) keeps their buckets.
-    pub fn compile_keeping(config: &Config, running: Option<&Rules>) -> Result<Rules, RuleError> {
         static LAST: std::sync::Mutex<Option<(u128, Rules)>> = std::sync::Mutex::new(None);
         let names: Vec<&str> = config.upstream.iter().map(|u| u.name.as_str()).collect();
         let key = xxhash_rust::xxh3::xxh3_128(format!("{:?}{names:?}", config.rule).as_bytes());
-        if let Some(r) = running.filter(|r| r.inner.key == key) {
-            return Ok(r.clone());
-        }
         if let Ok(last) = LAST.lock()
             && let Some((k, rules)) = last.as_ref()
             && *k == key
@@ -173,7 +162,6 @@ impl Rules {
                 rules,
                 index,
                 passes_credentials,
-                key,
             }),
         })
     }

@@ -181,8 +181,6 @@ struct Compiled {
     /// Some rule has `parent_credentials = "pass"`: only then does a request
     /// keep a copy of its `Proxy-Authorization` past the credential step.
     passes_credentials: bool,
-    /// The hash of the rule list and upstream names it was compiled from.
-    key: u128,
 }
 
 impl Rules {

@@ -169,6 +169,19 @@ pub async fn file_lines(path: &std::path::Path, n: usize) -> Vec<String> {
     got
 }
 
+/// Sends `request` on a new connection, waits until it is in service (it
+/// waits for something the test holds back), then hangs up. Returns the
+/// access log once it has a line containing `logged`.
+pub async fn hang_up_in_service(p: &Portico, request: &str, logged: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let serving = in_service(p).await;
+    let mut gone = tokio::net::TcpStream::connect(p.addr()).await.expect("connect");
+    gone.write_all(request.as_bytes()).await.expect("request");
+    until_in_service_over(p, serving, "the request").await;
+    drop(gone);
+    access_log_with(p.dir(), logged).await
+}
+
 /// Waits (up to 5 s) for `dir`'s `access.log` (written by its own thread)
 /// to contain `needle`; returns the log as it then is.
 pub async fn access_log_with(dir: &std::path::Path, needle: &str) -> String {

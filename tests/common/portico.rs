@@ -378,6 +378,23 @@ impl Portico {
         fs::read_to_string(self.dir().join("portico.stderr")).unwrap_or_default()
     }
 
+    /// Waits until portico's stderr holds `text` at least `times` times
+    /// (10 s at most; then panics with the log) and returns the log.
+    pub async fn until_logged(&self, text: &str, times: usize) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.stderr();
+            if log.matches(text).count() >= times {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{text:?} not logged {times} times:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Everything portico wrote to stdout so far.
     pub fn stdout(&self) -> String {
         fs::read_to_string(self.dir().join("portico.stdout")).unwrap_or_default()
