@@ -6,7 +6,8 @@
 //! take, whatever it asks for and however many connections it opens.
 //!
 //! A token bucket per client (the client as `client_limit` keys it: an IPv4
-//! address, an IPv6 /64) shared by all of its connections, holding up to
+//! address, an IPv6 /64) shared by all of its connections, and by the
+//! worker processes (`shared_buckets`' table of clients), holding up to
 //! `burst` bytes and refilled at the rate. Every byte sent to the client
 //! takes one: response bodies on HTTP/1 and HTTP/2 (from the origin, the
 //! cache's memory or its disk through `sendfile`), and what a `CONNECT`
@@ -33,22 +34,23 @@
 //! `location`) is a bucket of the response's own, kept in its [`Pacer`]:
 //! a write waits for the longest of the three debts.
 //!
-//! The buckets live in a `client_table` of their own, and the writers of
-//! a client's responses hold its bucket while they send, through a
-//! [`Pacer`], which looks the bucket up again after a reload changed the
-//! limits (a limit set by a reload applies to what is being sent, and a
-//! lifted one stops pacing it). The table keeps a bucket after its last
-//! response is done: a client fetching one object after another owes what
-//! it was sent before, and does not start each response with a full
-//! burst. A bucket that no writer holds and that has filled up again says
-//! nothing a new one would not, so such buckets are dropped whenever a
-//! shard has doubled since its last sweep. The bucket arithmetic ([`take`]) is pure, the
+//! The clients' buckets are in `shared_buckets`' table of clients, beside
+//! the request rates', named by the client and the rate, so that the worker
+//! processes (`server.processes`) keep a client to the rate together, and a
+//! reload that changes the rate starts every client's bucket afresh (full),
+//! as one changing a route's `request_rate` does. The writers of a
+//! client's responses pace through a [`Pacer`], which finds the bucket at
+//! each write (a SipHash and a look at a few slots: a bucket given to
+//! another client while a response is under way is not written to after
+//! it) and follows a reload at once (a limit set by a reload applies to
+//! what is being sent, and a lifted one stops pacing it). A bucket stays
+//! after its last response is done: a client fetching one object after
+//! another owes what it was sent before, and does not start each response
+//! with a full burst. A route's bucket arithmetic ([`take`]) is pure, the
 //! clock a parameter.
 
-use crate::client_table::ClientTable;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 /// Bytes a second; 0: no limit.
 static RATE: AtomicU64 = AtomicU64::new(0);
@@ -60,8 +62,8 @@ static TOTAL_RATE: AtomicU64 = AtomicU64::new(0);
 static TOTAL_BURST: AtomicU64 = AtomicU64::new(0);
 /// Writes waiting on the total now.
 static TOTAL_PACING: AtomicU64 = AtomicU64::new(0);
-/// Bumped by every [`set`] and [`set_total`]: a [`Pacer`] looks its
-/// client's meter up again when it has changed.
+/// Bumped by every [`set`] and [`set_total`]: a [`Pacer`] looks again
+/// whether its client is paced when it has changed.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Writes that waited for one of the limits (the one they owed longest
@@ -106,12 +108,12 @@ const MIN_PIECE: usize = 1 << 10;
 /// The largest piece.
 const MAX_PIECE: usize = 64 << 10;
 
-/// One client's bucket.
+/// A route's bucket, kept by its response.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Bucket {
     /// Bytes that may be sent now; below 0, the debt writes are waiting out.
     tokens: f64,
-    /// When `tokens` was counted, in microseconds of the table's clock.
+    /// When `tokens` was counted, in microseconds of [`now_us`].
     at_us: u64,
 }
 
@@ -134,66 +136,40 @@ fn take(b: &mut Bucket, n: u64, now_us: u64, rate: f64, burst: f64) -> u64 {
     }
 }
 
-/// One client's share of the bandwidth (and the total's), held by its
-/// connections' writers.
-#[derive(Debug)]
+/// How a client's writes are paced: by its own bucket (in the table
+/// shared by the worker processes) and the total's, or by the total's
+/// alone.
+#[derive(Debug, Clone, Copy)]
 pub struct Meter {
-    bucket: Mutex<Bucket>,
-    /// Only the total is kept to (no per-client rate was set when this
-    /// meter was handed out): `bucket` is not used, and the meter is one
-    /// all clients share.
-    total_only: bool,
-}
-
-/// The meter of every client while only the total is limited.
-fn total_only() -> Arc<Meter> {
-    static METER: std::sync::OnceLock<Arc<Meter>> = std::sync::OnceLock::new();
-    METER
-        .get_or_init(|| {
-            Arc::new(Meter {
-                bucket: Mutex::new(Bucket { tokens: 0.0, at_us: 0 }),
-                total_only: true,
-            })
-        })
-        .clone()
-}
-
-fn table() -> &'static ClientTable<Arc<Meter>> {
-    static TABLE: std::sync::OnceLock<ClientTable<Arc<Meter>>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(ClientTable::new)
-}
-
-/// Microseconds since the table's first use.
-fn now_us() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_micros()).unwrap_or(u64::MAX)
+    /// The client's key (`client_limit::key`); None: only the total is
+    /// kept to (no per-client rate was set when this meter was handed
+    /// out).
+    client: Option<u128>,
 }
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
-/// second's worth), at start-up and on every reload. Meters already held
-/// follow at their next write. When the rate falls (or a limit appears),
-/// each client's debt, run up at the higher rate, is cut to a second of
-/// the new one, so that it is not paid back at the lower rate for minutes;
-/// [`set_total`] does the same for the total's.
+/// second's worth), at start-up and on every reload; writes under way
+/// follow at their next. The clients' buckets are named by the rate
+/// ([`bucket`]): a new rate starts them all full, a debt run up at the
+/// old one forgiven.
 pub(crate) fn set(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
     BURST.store(burst, Ordering::Relaxed);
-    let old = RATE.swap(rate, Ordering::Relaxed);
+    RATE.store(rate, Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Release);
-    // After the new rate is in force: writes that take meanwhile take
-    // pieces of the new size, so nothing runs up a debt at the old.
-    if rate > 0 && (old == 0 || rate < old) {
-        table().for_each(|m| {
-            let mut b = m.bucket.lock().unwrap_or_else(|p| p.into_inner());
-            b.tokens = b.tokens.max(-(rate as f64));
-        });
-    }
+}
+
+/// The bucket of `client` under `rate` bytes a second, at `now`
+/// (`shared_buckets::now_ns`): in the table of clients, under a name no
+/// other limit uses (see `shared_buckets::ClientLimit`).
+fn bucket(client: u128, rate: u64, now: u64) -> crate::shared_buckets::Bucket {
+    crate::shared_buckets::client((0, rate), client, now)
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
 /// its burst (0: one second's worth), at start-up and on every reload.
 /// When the rate falls (or a limit appears), a debt run up at the higher
-/// rate is cut to a second of the new one, as [`set`] does the clients';
+/// rate is cut to a second of the new one;
 /// when it rises, the debt (kept as time) is paid at the new rate.
 pub(crate) fn set_total(rate: u64, burst: u64) {
     let burst = if burst == 0 { rate } else { burst };
@@ -209,33 +185,23 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
     }
 }
 
-/// The meter the writes to a client at `ip` go through: None when no rate
-/// is set (these two loads are all an unlimited response costs) or the
-/// client is exempt (another array member).
-pub(crate) fn meter(ip: IpAddr) -> Option<Arc<Meter>> {
+/// How the writes to a client at `ip` are paced: None when no rate is set
+/// (these two loads are all an unlimited response costs) or the client is
+/// exempt (another array member).
+pub(crate) fn meter(ip: IpAddr) -> Option<Meter> {
     let own = RATE.load(Ordering::Relaxed) != 0;
     if (!own && TOTAL_RATE.load(Ordering::Relaxed) == 0) || crate::client_limit::is_exempt(ip) {
         return None;
     }
-    if !own {
-        return Some(total_only());
-    }
-    let key = crate::client_limit::key(ip);
-    let mut shard = table().shard(key);
-    if let Some(m) = shard.entries.get(&key) {
-        return Some(m.clone());
-    }
-    let (now, rate, burst) = (now_us(), RATE.load(Ordering::Relaxed) as f64, burst());
-    shard.sweep_if_grown(|m| Arc::strong_count(m) > 1 || !m.is_full(now, rate, burst));
-    let m = Arc::new(Meter {
-        bucket: Mutex::new(Bucket {
-            tokens: burst,
-            at_us: now,
-        }),
-        total_only: false,
-    });
-    shard.entries.insert(key, m.clone());
-    Some(m)
+    Some(Meter {
+        client: own.then(|| crate::client_limit::key(ip)),
+    })
+}
+
+/// Microseconds since the first use, the clock of a route's buckets.
+fn now_us() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(std::time::Instant::now).elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The bucket's size in bytes (at least 1).
@@ -248,10 +214,10 @@ fn total_burst() -> f64 {
     (TOTAL_BURST.load(Ordering::Relaxed) as f64).max(1.0)
 }
 
-/// A writer's hold on its client's [`Meter`] for as long as it sends: a
-/// response (HTTP/1, an HTTP/2 stream), a tunnel, a SOCKS session, an
-/// upgraded connection. The meter is looked up again after a reload has
-/// changed the limits, so that a new limit applies from the next write
+/// How a writer is paced for as long as it sends: a response (HTTP/1, an
+/// HTTP/2 stream), a tunnel, a SOCKS session, an upgraded connection. Its
+/// client's [`Meter`] is looked up again after a reload has changed the
+/// limits, so that a new limit applies from the next write
 /// on to what is under way, and a lifted one stops pacing it (a write
 /// already waiting out a debt finishes its wait). Between reloads a write
 /// pays an atomic load or two for this.
@@ -259,7 +225,7 @@ fn total_burst() -> f64 {
 pub struct Pacer {
     /// The client; None: never paced ([`Pacer::unpaced`]).
     ip: Option<IpAddr>,
-    meter: Option<Arc<Meter>>,
+    meter: Option<Meter>,
     /// The [`GENERATION`] `meter` was looked up in.
     seen: u64,
     /// The response's own limit (`[[rule]] bandwidth`), kept to on top of
@@ -358,7 +324,7 @@ impl Pacer {
     }
 
     /// The meter in force for the client now (None: unpaced).
-    fn meter(&mut self) -> Option<&Arc<Meter>> {
+    fn meter(&mut self) -> Option<&Meter> {
         let ip = self.ip?;
         let now = GENERATION.load(Ordering::Acquire);
         if now != self.seen {
@@ -396,9 +362,8 @@ impl Pacer {
         if n == 0 {
             return true;
         }
-        let now = now_us();
-        let shared = self.meter.as_ref().map_or(Debt::NONE, |m| m.take(n, now));
-        let route_us = self.route.as_mut().map_or(0, |r| r.take(n as u64, now));
+        let shared = self.meter.as_ref().map_or(Debt::NONE, |m| m.take(n));
+        let route_us = self.route.as_mut().map_or(0, |r| r.take(n as u64, now_us()));
         let wait_us = shared.wait_us.max(route_us);
         if wait_us == 0 {
             return true;
@@ -435,22 +400,15 @@ impl Debt {
 }
 
 impl Meter {
-    /// Whether the bucket has filled up at `now_us`.
-    fn is_full(&self, now_us: u64, rate: f64, burst: f64) -> bool {
-        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        refill(&mut b, now_us, rate, burst);
-        b.tokens >= burst
-    }
-
     /// The largest piece a paced write should send at once: an eighth of a
     /// second's worth of the lower rate it keeps to, between 1 and 64 KiB
     /// (64 KiB once a reload lifted the limits). The total's share is
     /// divided among the writes waiting on it.
     pub fn piece(&self) -> usize {
-        let own = if self.total_only {
-            0
-        } else {
+        let own = if self.client.is_some() {
             RATE.load(Ordering::Relaxed)
+        } else {
+            0
         };
         let total = TOTAL_RATE.load(Ordering::Relaxed) / (1 + TOTAL_PACING.load(Ordering::Relaxed));
         let rate = [own, total].into_iter().filter(|r| *r > 0).min();
@@ -460,30 +418,28 @@ impl Meter {
         }
     }
 
-    /// Takes `n` bytes at `now` from the client's bucket and from the
-    /// total's: what the write owes (nothing once a reload set the rates
-    /// to 0).
-    fn take(&self, n: usize, now: u64) -> Debt {
-        let rate = if self.total_only {
-            0.0
-        } else {
-            RATE.load(Ordering::Relaxed) as f64
+    /// Takes `n` bytes now from the client's bucket and from the total's:
+    /// what the write owes (nothing once a reload set the rates to 0).
+    fn take(&self, n: usize) -> Debt {
+        let rate = match self.client {
+            Some(_) => RATE.load(Ordering::Relaxed),
+            None => 0,
         };
         let total_rate = TOTAL_RATE.load(Ordering::Relaxed) as f64;
-        if rate <= 0.0 && total_rate <= 0.0 {
+        if rate == 0 && total_rate <= 0.0 {
             return Debt::NONE;
         }
-        let own_us = if rate > 0.0 {
-            let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-            take(&mut b, n as u64, now, rate, burst())
-        } else {
-            0
+        // Both shared with the other worker processes, on their clock.
+        // Whole microseconds down: a take's span is rounded up to the
+        // nanosecond, which must not make a write in the burst wait.
+        let now = crate::shared_buckets::now_ns();
+        let own_us = match self.client {
+            Some(client) if rate > 0 => {
+                bucket(client, rate, now).take_owing(n as f64, now, rate as f64, burst()) / 1000
+            }
+            _ => 0,
         };
         let total_us = if total_rate > 0.0 {
-            // Shared with the other worker processes: its own clock.
-            let now = crate::shared_buckets::now_ns();
-            // Whole microseconds down: a take's span is rounded up to the
-            // nanosecond, which must not make a write in the burst wait.
             crate::shared_buckets::total_bandwidth().take_owing(n as f64, now, total_rate, total_burst()) / 1000
         } else {
             0
@@ -515,7 +471,6 @@ impl Drop for Pacing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client_table::SWEEP_AT;
 
     const RATE: f64 = 1000.0;
     const BURST: f64 = 500.0;
@@ -617,41 +572,6 @@ mod tests {
         take(&mut b, 500, 0, RATE, BURST);
         refill(&mut b, 3_600_000_000, RATE, BURST);
         assert_eq!(b.tokens, BURST);
-    }
-
-    #[test]
-    fn the_table_keeps_held_and_owing_buckets_and_drops_idle_full_ones() {
-        // One shard's worth of clients: addresses of 198.51.0.0/16 whose
-        // key lands in one shard (the table is the process's own; no other
-        // test sets a rate, and for the few milliseconds this one has it
-        // set, a response of another test would be paced at 1 MiB/s).
-        let shard_of = |ip: IpAddr| crate::client_limit::shard_of(crate::client_limit::key(ip));
-        let all = (0..=0xFFFFu32).map(|n| IpAddr::from((0xC633_0000u32 | n).to_be_bytes()));
-        let shard = shard_of(IpAddr::from([198, 51, 0, 0]));
-        let clients: Vec<IpAddr> = all.filter(|ip| shard_of(*ip) == shard).take(SWEEP_AT + 1).collect();
-        assert_eq!(clients.len(), SWEEP_AT + 1);
-        set(1 << 20, 1 << 10);
-        let held = meter(clients[0]).unwrap();
-        // Owes 1 GiB at 1 MiB a second: not full again for 17 minutes.
-        let owing = meter(clients[1]).unwrap();
-        take(&mut owing.bucket.lock().unwrap(), 1 << 30, now_us(), 1.0, 1024.0);
-        drop(owing);
-        // Clients that were sent nothing: full, and no writer holds them.
-        for ip in &clients[2..SWEEP_AT] {
-            drop(meter(*ip));
-        }
-        let key = crate::client_limit::key;
-        let len = || table().shard(key(clients[0])).entries.len();
-        assert!(len() >= SWEEP_AT);
-        // The next new client sweeps: the held and the owing stay.
-        drop(meter(clients[SWEEP_AT]));
-        set(0, 0);
-        let table = table().shard(key(clients[0]));
-        let kept = |ip: IpAddr| table.entries.contains_key(&key(ip));
-        assert!(kept(clients[0]), "a bucket a writer holds was dropped");
-        assert!(kept(clients[1]), "a bucket still owing was dropped");
-        assert!(table.entries.len() <= 3, "{} left", table.entries.len());
-        drop(held);
     }
 
     #[test]

@@ -29,7 +29,6 @@ pub mod cache;
 pub(crate) mod client_bandwidth;
 pub(crate) mod client_limit;
 pub(crate) mod client_rate;
-pub(crate) mod client_table;
 pub mod config;
 pub(crate) mod drain;
 pub(crate) mod handover;

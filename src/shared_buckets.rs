@@ -1,7 +1,7 @@
 //! The buckets of the limits that are for all clients together
-//! (`limits.total_bandwidth`, a route's `total_request_rate`) and of the
-//! request rates per client (`limits.client_request_rate`, a route's
-//! `request_rate`), shared by the worker processes (`server.processes = N >
+//! (`limits.total_bandwidth`, a route's `total_request_rate`) and of those
+//! per client (`limits.client_request_rate`, a route's `request_rate`,
+//! `limits.client_bandwidth`), shared by the worker processes (`server.processes = N >
 //! 1`), so that N workers keep to the rate the configuration names, not N
 //! times it (as nginx keeps a `limit_req` zone in shared memory).
 //!
@@ -45,7 +45,8 @@ pub const ENV_FD: &str = "PORTICO_BUCKETS_FD";
 pub const SLOTS: usize = 1024;
 
 /// How many clients' buckets there are room for, for the limits kept per
-/// client (`limits.client_request_rate`, a route's `request_rate`): 4 MiB
+/// client (`limits.client_request_rate`, a route's `request_rate`,
+/// `limits.client_bandwidth`): 4 MiB
 /// with their tags, touched a page at a time as clients come (all of it
 /// once a few thousand clients have asked).
 pub const CLIENTS: usize = 1 << 18;
@@ -114,7 +115,7 @@ pub fn report() {
     if let Some(e) = NOT_MAPPED.get() {
         tracing::warn!(
             "cannot map the limits' buckets shared with the other workers ({e}): this worker keeps \
-             limits.total_bandwidth, limits.client_request_rate and the routes' total_request_rate and \
+             limits.total_bandwidth, limits.client_bandwidth, limits.client_request_rate and the routes' total_request_rate and \
              request_rate on its own"
         );
     }
@@ -259,7 +260,9 @@ pub fn route(k: usize) -> Bucket {
 }
 
 /// Which limit kept per client a bucket is for: `(0, 0)` for
-/// `limits.client_request_rate`; a route's `request_rate` names its rule
+/// `limits.client_request_rate`; `(0, R)` for `limits.client_bandwidth` at
+/// R bytes a second (at least 1024), so that a reload changing the rate
+/// starts its buckets afresh; a route's `request_rate` names its rule
 /// list (a hash of it) and its rule, so that a reload changing the rules
 /// starts their buckets afresh and one keeping them keeps them.
 pub type ClientLimit = (u64, u64);
@@ -378,9 +381,9 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             let _ = client_bucket(words, free).compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
             if held.saturating_add(1_000_000_000) > now && crate::client_limit::log_due(&EVICTED_LOGGED) {
                 tracing::warn!(
-                    "the table of per-client request buckets ({CLIENTS} clients) is full where a new client \
-                     hashes: a bucket in use was given to it (its client starts afresh; logged at most once \
-                     a second)"
+                    "the table of per-client buckets (request rates, bandwidth; {CLIENTS} in all) is full \
+                     where a new client hashes: a bucket in use was given to it (its client starts afresh; \
+                     logged at most once a second)"
                 );
             }
         }

@@ -46,12 +46,12 @@
 //! runs what the supervisor validated and seals and opens session tickets
 //! with the same rotating keys. The buckets of the
 //! limits for all clients (`limits.total_bandwidth`, a route's
-//! `total_request_rate`) and of the request rates per client
-//! (`limits.client_request_rate`, a route's `request_rate`) are a memory
-//! file the supervisor makes and every worker maps (`shared_buckets`). Per
-//! process: the memory tier, the upstream connection pools, the TLS session
-//! cache, the counters, the per-client limits of connections and bandwidth
-//! (`limits.max_connections_per_client`, `limits.client_bandwidth`).
+//! `total_request_rate`) and of the limits per client
+//! (`limits.client_request_rate`, a route's `request_rate`,
+//! `limits.client_bandwidth`) are a memory file the supervisor makes and
+//! every worker maps (`shared_buckets`). Per process: the memory tier, the
+//! upstream connection pools, the TLS session cache, the counters, the
+//! per-client cap on connections (`limits.max_connections_per_client`).
 
 use crate::config::Config;
 use crate::signals::{Sig, Signals};

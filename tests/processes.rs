@@ -1182,8 +1182,28 @@ async fn one_bucket_over_both_workers(p: &Portico, pids: &BTreeSet<u32>, refused
 /// 3 s together, not 1 s each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn total_bandwidth_is_kept_by_the_workers_together() {
+    let elapsed =
+        two_downloads_one_from_each_worker("total_bandwidth = \"64KiB\"\ntotal_bandwidth_burst = \"64KiB\"").await;
+    // 256 KiB, 64 KiB of them at once: 3 s at 64 KiB a second. Each
+    // worker on its own: 1 s.
+    assert!(elapsed >= 2.4, "both downloads done in {elapsed:.2} s");
+}
+
+/// And `limits.client_bandwidth`: one client's two downloads of 128 KiB,
+/// one from each worker, under 64 KiB a second for the client (a burst of
+/// 64 KiB) take about 3 s together, not 1 s each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_bandwidth_is_kept_by_the_workers_together() {
+    let elapsed =
+        two_downloads_one_from_each_worker("client_bandwidth = \"64KiB\"\nclient_bandwidth_burst = \"64KiB\"").await;
+    assert!(elapsed >= 2.4, "both downloads done in {elapsed:.2} s");
+}
+
+/// The seconds two downloads of 128 KiB by one client take together, one
+/// from each of two workers under `limits`.
+async fn two_downloads_one_from_each_worker(limits: &str) -> f64 {
     let o = Origin::start(|_req| async { Response::ok("").generated(128 << 10) }).await;
-    let (p, pids) = limited_workers(&o, "total_bandwidth = \"64KiB\"\ntotal_bandwidth_burst = \"64KiB\"", "").await;
+    let (p, pids) = limited_workers(&o, limits, "").await;
     // A connection to each worker.
     let mut conns: BTreeMap<u32, TcpStream> = BTreeMap::new();
     for _ in 0..200 {
@@ -1217,8 +1237,5 @@ async fn total_bandwidth_is_kept_by_the_workers_together() {
         let r = d.await.expect("download");
         assert_eq!((r.status, r.body.len()), (200, 128 << 10));
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    // 256 KiB, 64 KiB of them at once: 3 s at 64 KiB a second. Each
-    // worker on its own: 1 s.
-    assert!(elapsed >= 2.4, "both downloads done in {elapsed:.2} s");
+    started.elapsed().as_secs_f64()
 }
