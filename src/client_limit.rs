@@ -14,10 +14,13 @@
 //! as hosts behind one IPv4 NAT address do). The other members of this
 //! node's proxy array are exempt.
 //!
-//! The count lives in a table of 16 shards keyed by the client, entries
-//! freed when their last connection closes; a connection holds a 4-byte
-//! index to its client's count ([`ClientSlot`]). With the cap at 0 (the
-//! default) nothing is counted or looked up.
+//! The count is kept by the worker processes together (`shared_conns`), so
+//! that with `server.processes = N` the cap holds over all of them; a
+//! connection holds a 4-byte index to its client's count ([`ClientSlot`]).
+//! A client for which that table has no room is counted by its process
+//! alone, in a table of 16 shards keyed by the client, entries freed when
+//! their last connection closes. With the cap at 0 (the default) nothing
+//! is counted or looked up.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -30,8 +33,14 @@ static LIMIT: AtomicU32 = AtomicU32::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// When the last refusal was logged, in seconds since the Unix epoch.
 static LOGGED: AtomicU64 = AtomicU64::new(0);
+/// When a client was last counted by this process alone (no room in the
+/// shared table).
+static NO_ROOM_LOGGED: AtomicU64 = AtomicU64::new(0);
+/// A [`ClientSlot`] in the shared table has this bit set, and the slot's
+/// number below it; one in the process's own table has it clear.
+const SHARED: u32 = 1 << 31;
 
-pub(crate) const SHARDS: usize = 16;
+const SHARDS: usize = 16;
 
 /// One shard of the count: each client's open connections, in a slab so
 /// that a connection's place is a 4-byte index ([`ClientSlot`]). A parked
@@ -65,9 +74,8 @@ pub(crate) fn key(ip: IpAddr) -> u128 {
     }
 }
 
-/// Which of the 16 shards `key`'s count (and its byte bucket,
-/// `client_bandwidth`, in a `client_table`) lives in.
-pub(crate) fn shard_of(key: u128) -> usize {
+/// Which of the 16 shards of the process's own table `key`'s count lives in.
+fn shard_of(key: u128) -> usize {
     (xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes()) as usize) % SHARDS
 }
 
@@ -99,12 +107,17 @@ pub fn refused() -> u64 {
 }
 
 /// One open connection's place in its client's count, given back on drop:
-/// the shard (low 4 bits) and the client's index in it, plus one.
+/// [`SHARED`] and the slot in the shared table, or the shard (low 4 bits)
+/// and the client's index in the process's own table, plus one.
 #[derive(Debug)]
 pub(crate) struct ClientSlot(std::num::NonZeroU32);
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
+        if self.0.get() & SHARED != 0 {
+            crate::shared_conns::release(self.0.get() & !SHARED);
+            return;
+        }
         let v = self.0.get() - 1;
         let (shard, i) = ((v as usize) % SHARDS, v / SHARDS as u32);
         let mut s = lock(shard);
@@ -129,6 +142,28 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
         return Ok(None);
     }
     let key = key(ip);
+    match crate::shared_conns::admit(key, limit) {
+        crate::shared_conns::Admit::In(slot) => {
+            return Ok(std::num::NonZeroU32::new(slot | SHARED).map(ClientSlot));
+        }
+        crate::shared_conns::Admit::Over(open) => return Err(refuse(ip, open, limit)),
+        crate::shared_conns::Admit::NoRoom => {
+            if log_due(&NO_ROOM_LOGGED) {
+                tracing::warn!(
+                    client = %ip,
+                    "the table of connection counts shared by the worker processes ({} clients) is full where \
+                     this client hashes: its connections are counted by this process alone (logged at most \
+                     once a second)",
+                    crate::shared_conns::CLIENTS
+                );
+            }
+        }
+    }
+    admit_here(ip, key, limit)
+}
+
+/// [`admit`] in the process's own table.
+fn admit_here(ip: IpAddr, key: u128, limit: u32) -> Result<Option<ClientSlot>, u32> {
     let shard = shard_of(key);
     let mut s = lock(shard);
     let i = match s.index.get(&key) {
@@ -148,12 +183,13 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
             i
         }
     };
-    // A place names its shard and index in 32 bits. A shard holds only the
+    // A place names its shard and index in 31 bits. A shard holds only the
     // clients with a connection open, as many as descriptors at most, far
-    // below the 2^28 that fit; past that a connection would go uncounted.
+    // below the 2^27 that fit; past that a connection would go uncounted.
     let Some(place) = i
         .checked_mul(SHARDS as u32)
         .and_then(|v| v.checked_add(shard as u32 + 1))
+        .filter(|v| v & SHARED == 0)
         .and_then(std::num::NonZeroU32::new)
     else {
         return Ok(None);
@@ -162,18 +198,24 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
     if *n >= limit {
         let open = *n;
         drop(s);
-        REFUSED.fetch_add(1, Ordering::Relaxed);
-        if log_due(&LOGGED) {
-            tracing::warn!(
-                client = %ip,
-                "connection closed: the client has {open} open, limits.max_connections_per_client = {limit} \
-                 (logged at most once a second; counted as the perfdump's Closed Over Client Limit)"
-            );
-        }
-        return Err(open);
+        return Err(refuse(ip, open, limit));
     }
     *n += 1;
     Ok(Some(ClientSlot(place)))
+}
+
+/// Counts and logs (at most once a second) a connection from `ip` refused
+/// with `open` open under `limit`: `open`.
+fn refuse(ip: IpAddr, open: u32, limit: u32) -> u32 {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    if log_due(&LOGGED) {
+        tracing::warn!(
+            client = %ip,
+            "connection closed: the client has {open} open, limits.max_connections_per_client = {limit} \
+             (logged at most once a second; counted as the perfdump's Closed Over Client Limit)"
+        );
+    }
+    open
 }
 
 /// True at most once a second for each `last` (the second of the last
@@ -211,8 +253,31 @@ mod tests {
         assert_ne!(key(ip("8000::1")), key(ip("::1")));
     }
 
-    /// The table is the process's: this one test sets the cap and uses
-    /// addresses no other test does.
+    /// The process's own table, for clients the shared one has no room for.
+    #[test]
+    fn the_processs_own_table_holds_the_cap_and_frees_an_entry_at_zero() {
+        let a = ip("198.51.100.21");
+        let k = key(a);
+        let first = admit_here(a, k, 2).unwrap();
+        let second = admit_here(a, k, 2).unwrap();
+        assert!(first.is_some() && second.is_some());
+        assert_eq!(admit_here(a, k, 2).unwrap_err(), 2);
+        assert!(
+            admit_here(ip("198.51.100.22"), key(ip("198.51.100.22")), 2)
+                .unwrap()
+                .is_some()
+        );
+        drop(first);
+        let again = admit_here(a, k, 2).unwrap();
+        assert!(again.is_some());
+        drop((second, again));
+        assert!(!lock(shard_of(k)).index.contains_key(&k), "entry freed at zero");
+        // A freed entry is reused by the next client of its shard.
+        assert!(admit_here(a, k, 2).unwrap().is_some());
+    }
+
+    /// The cap is the process's: this one test sets it and uses addresses
+    /// no other test does.
     #[test]
     fn the_cap_holds_per_client_and_a_closed_connection_gives_its_place_back() {
         set_limit(2, vec![ip("198.51.100.9")]);
@@ -230,13 +295,10 @@ mod tests {
         let again = admit(a).unwrap();
         assert!(again.is_some());
         drop((second, again, other));
-        assert!(
-            !lock(shard_of(key(a))).index.contains_key(&key(a)),
-            "entry freed at zero"
-        );
-        // A freed entry is reused by the next client of its shard.
+        assert_eq!(crate::shared_conns::open(key(a)), 0, "places not given back");
         let third = admit(a).unwrap();
         assert!(third.is_some());
+        assert_eq!(crate::shared_conns::open(key(a)), 1);
         drop(third);
         // An exempt address (an array member) is not counted.
         let member = ip("198.51.100.9");

@@ -16,10 +16,16 @@
 //!   the worker's end inherited, on which the supervisor sends a sealed
 //!   memory file (`SCM_RIGHTS`) before it forwards a SIGHUP: the config a
 //!   reload validated. No one but the supervisor holds the other end.
+//! - Shared memory files (sealed against growing and shrinking only): the
+//!   supervisor makes one ([`shared_memory`]) and every worker maps it
+//!   ([`map_inherited`]), for what the workers keep together (the limits'
+//!   buckets, `shared_buckets`; the clients' connection counts,
+//!   `shared_conns`).
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU64;
 
 /// The seals of a memory file handed over: nobody can change it.
 const SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
@@ -41,6 +47,81 @@ pub(crate) fn memory_file(name: &std::ffi::CStr) -> std::io::Result<File> {
     }
     // SAFETY: `fd` was just opened by memfd_create and is owned by nothing else.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// A new memory file of `len` bytes (zeros) for the workers to share:
+/// close-on-exec, never executable, sealed at its size (a holder that
+/// shrank it would crash every process mapping it with SIGBUS).
+pub fn shared_memory(name: &std::ffi::CStr, len: usize) -> std::io::Result<File> {
+    let file = memory_file(name)?;
+    file.set_len(len as u64)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// In a worker: the shared memory file named in `var` ([`inherited_fd`]),
+/// mapped as `words` atomic words, if it is one (sealed against resizing
+/// and that large: what else the number may be is not written to); made
+/// close-on-exec whether mapped or not. None when `var` is not set.
+pub fn map_inherited(var: &'static str, words: usize) -> Option<Result<&'static [AtomicU64], String>> {
+    let fd = match inherited_fd(var)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
+    };
+    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    let mapped = if seals >= 0 && seals & sealed == sealed {
+        map_words(fd, words)
+    } else {
+        Err(format!("fd {fd} is not the supervisor's sealed memory file"))
+    };
+    // Mapped or not: not handed on to anything this worker might start.
+    // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Some(mapped)
+}
+
+/// Maps the first `words` atomic words of the memory file `fd`, shared,
+/// for the life of the process (the descriptor may be closed after).
+pub fn map_words(fd: RawFd, words: usize) -> Result<&'static [AtomicU64], String> {
+    let len = words * std::mem::size_of::<AtomicU64>();
+    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
+    // is a valid value of it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the `stat` it is given, which lives for the
+    // call; any descriptor number is safe to ask about.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+    }
+    if usize::try_from(st.st_size).unwrap_or(0) < len {
+        return Err(format!("fd {fd} holds {} bytes, not {len}", st.st_size));
+    }
+    // SAFETY: a new shared mapping of `len` bytes of `fd` at an address the
+    // kernel picks; nothing else in this process is mapped there.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(format!("mmap of fd {fd}: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the mapping is `len` bytes, page-aligned (so aligned for
+    // AtomicU64, which has u64's size and layout), readable and writable,
+    // and never unmapped: it lives as long as the process ('static). Every
+    // access, in this process and the others mapping the file, goes
+    // through these atomics.
+    Ok(unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), words) })
 }
 
 /// Makes `fd` inheritable across exec. For the closure a child runs

@@ -43,6 +43,7 @@ pub(crate) mod reload;
 pub mod rules;
 pub mod server;
 pub(crate) mod shared_buckets;
+pub(crate) mod shared_conns;
 pub(crate) mod signals;
 pub mod sizing;
 pub mod stats;

@@ -65,6 +65,7 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
         crate::worker::set_index(i);
         // Whether it keeps the limits for all clients with the others.
         crate::shared_buckets::report();
+        crate::shared_conns::report();
     }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())

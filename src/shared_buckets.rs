@@ -30,7 +30,8 @@
 //! one whose bucket has the earliest theoretical arrival time (about the
 //! least recently used; its client starts afresh), by compare-and-swap on
 //! its tag. No lock: a process taking from a bucket just given to another
-//! client charges that client one request, and two processes giving one
+//! client charges that client one request (or one piece of a response,
+//! `client_bandwidth`), and two processes giving one
 //! client a slot at once both use the first in its window from then on.
 //! A word marks the layout: a worker of another build (the binary
 //! upgraded under a running supervisor) keeps buckets of its own.
@@ -131,68 +132,24 @@ fn own() -> &'static [AtomicU64] {
 /// this is no worker or none was handed.
 fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
     std::env::var_os("PORTICO_WORKER")?;
-    let fd = match crate::handover::inherited_fd(ENV_FD)? {
-        Ok(fd) => fd,
-        Err(e) => return Some(Err(e)),
-    };
-    // Only the supervisor's memory file, sealed against resizing, is
-    // mapped (what else that number may be is not written to).
-    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    let mapped = if seals >= 0 && seals & sealed == sealed {
-        map(fd)
-    } else {
-        Err(format!("fd {fd} is not the supervisor's sealed memory file"))
-    };
-    // Mapped or not: not handed on to anything this worker might start.
-    // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    Some(mapped)
+    let mapped = crate::handover::map_inherited(ENV_FD, WORDS)?;
+    Some(mapped.and_then(laid_out))
 }
 
-/// Maps the memory file `fd` (inherited, left open: it is the
-/// supervisor's gift and mapped once) as the buckets.
+/// Maps the memory file `fd` as the buckets.
+#[cfg(test)]
 fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
-    let len = WORDS * std::mem::size_of::<AtomicU64>();
-    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
-    // is a valid value of it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into the `stat` it is given, which lives for the
-    // call; any descriptor number is safe to ask about.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
-    }
-    if usize::try_from(st.st_size).unwrap_or(0) < len {
-        return Err(format!("fd {fd} holds {} bytes, not {len}", st.st_size));
-    }
-    // SAFETY: a new shared mapping of `len` bytes of `fd` at an address the
-    // kernel picks; nothing else in this process is mapped there.
-    let at = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if at == libc::MAP_FAILED {
-        return Err(format!("mmap of fd {fd}: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: the mapping is `len` bytes, page-aligned (so aligned for
-    // AtomicU64, which has u64's size and layout), readable and writable,
-    // and never unmapped: it lives as long as the process ('static). Every
-    // access, in this process and the others mapping the file, goes
-    // through these atomics.
-    let words = unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), WORDS) };
-    // A supervisor of another build (the binary upgraded under it) laid it
-    // out otherwise: this worker keeps buckets of its own.
+    crate::handover::map_words(fd, WORDS).and_then(laid_out)
+}
+
+/// `words` if they are laid out as this build lays them out: a
+/// supervisor of another build (the binary upgraded under it) laid them
+/// out otherwise, and this worker keeps buckets of its own.
+fn laid_out(words: &'static [AtomicU64]) -> Result<&'static [AtomicU64], String> {
     let mark = words[LAYOUT].load(Ordering::Acquire);
     if mark != LAYOUT_MARK {
         return Err(format!(
-            "fd {fd} is laid out by another build of portico (mark {mark:#x}): restart the server"
+            "the memory is laid out by another build of portico (mark {mark:#x}): restart the server"
         ));
     }
     Ok(words)
@@ -207,19 +164,12 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
 /// stays open in the supervisor, so a worker restarted later gets the
 /// same one.
 pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
-    let file = crate::handover::memory_file(c"portico-buckets")?;
-    file.set_len((WORDS * std::mem::size_of::<AtomicU64>()) as u64)?;
+    let file = crate::handover::shared_memory(c"portico-buckets", WORDS * std::mem::size_of::<AtomicU64>())?;
     file.write_all_at(
         &LAYOUT_MARK.to_ne_bytes(),
         (LAYOUT * std::mem::size_of::<AtomicU64>()) as u64,
     )?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     Ok(file.into())
 }
 
@@ -272,7 +222,12 @@ pub type ClientLimit = (u64, u64);
 /// memory): a client cannot choose addresses that land where another's
 /// bucket is.
 fn secret(words: &[AtomicU64]) -> u64 {
-    let word = &words[SECRET];
+    secret_in(&words[SECRET])
+}
+
+/// The secret `word` holds, drawn now (never 0) if it holds none yet: by
+/// whichever process of those sharing it comes first.
+pub(crate) fn secret_in(word: &AtomicU64) -> u64 {
     let seen = word.load(Ordering::Acquire);
     if seen != 0 {
         return seen;

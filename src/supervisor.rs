@@ -49,9 +49,11 @@
 //! `total_request_rate`) and of the limits per client
 //! (`limits.client_request_rate`, a route's `request_rate`,
 //! `limits.client_bandwidth`) are a memory file the supervisor makes and
-//! every worker maps (`shared_buckets`). Per process: the memory tier, the
-//! upstream connection pools, the TLS session cache, the counters, the
-//! per-client cap on connections (`limits.max_connections_per_client`).
+//! every worker maps (`shared_buckets`); the clients' connection counts
+//! (`limits.max_connections_per_client`) another, with a column per
+//! worker from which the supervisor gives back what a worker that died
+//! held (`shared_conns`). Per process: the memory tier, the upstream
+//! connection pools, the TLS session cache, the counters.
 
 use crate::config::Config;
 use crate::signals::{Sig, Signals};
@@ -167,7 +169,21 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         Err(e) => {
             tracing::warn!(
                 "cannot make the limits' shared buckets: {cause}; each worker keeps limits.total_bandwidth, \
-                 limits.client_request_rate and the routes' total_request_rate and request_rate on its own",
+                 limits.client_bandwidth, limits.client_request_rate and the routes' total_request_rate and \
+                 request_rate on its own",
+                cause = crate::util::io_cause(&e)
+            );
+            None
+        }
+    };
+    // The clients' connection counts, which the workers keep together
+    // (`shared_conns`).
+    let conns = match crate::shared_conns::Shared::create(n) {
+        Ok(shared) => Some(shared),
+        Err(e) => {
+            tracing::warn!(
+                "cannot make the shared connection counts: {cause}; each worker keeps \
+                 limits.max_connections_per_client on its own",
                 cause = crate::util::io_cause(&e)
             );
             None
@@ -198,6 +214,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         seed,
         tls: config.tls.clone(),
         buckets,
+        conns,
     };
     runtime.block_on(async move {
         let relay = relay.map(|(s, _)| s);
@@ -290,6 +307,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                     Ok(Event::Exited(i, status)) => {
                         let w = &mut workers[i];
                         let pid = w.pid.take().unwrap_or(0);
+                        // Its connections are closed: their clients may
+                        // open them again (`shared_conns`).
+                        if let Some(conns) = &env.conns {
+                            conns.give_back(i);
+                        }
                         // A worker whose first run fails at once (exit status
                         // not 0: a file it cannot open, a port it cannot
                         // bind) would fail again: stop, as a single process would.
@@ -377,7 +399,7 @@ fn start(
     // (`handover::inherit_in_child`): no worker holds another's channel or
     // seed.
     use std::os::fd::AsRawFd;
-    let mut inherit: [Option<std::os::fd::RawFd>; 5] = [None; 5];
+    let mut inherit: [Option<std::os::fd::RawFd>; 6] = [None; 6];
     // The config validated last (and, after a reload, the one started on),
     // and the channel later ones come on (`config::source`).
     use crate::config::source::{ENV_CHANNEL, ENV_FD, ENV_START_FD};
@@ -418,6 +440,15 @@ fn start(
         }
         None => {
             cmd.env_remove(crate::shared_buckets::ENV_FD);
+        }
+    };
+    match &env.conns {
+        Some(shared) => {
+            cmd.env(crate::shared_conns::ENV_FD, shared.fd().as_raw_fd().to_string());
+            inherit[5] = Some(shared.fd().as_raw_fd());
+        }
+        None => {
+            cmd.env_remove(crate::shared_conns::ENV_FD);
         }
     };
     // The ticket keys: the chain as of the oldest period a worker keeps
@@ -513,6 +544,8 @@ struct WorkerEnv {
     tls: crate::config::TlsConfig,
     /// The memory file of the limits' buckets (`shared_buckets`), inherited.
     buckets: Option<std::os::fd::OwnedFd>,
+    /// The clients' connection counts (`shared_conns`), inherited.
+    conns: Option<crate::shared_conns::Shared>,
 }
 
 /// The current time in seconds since the epoch.
