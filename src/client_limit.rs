@@ -36,6 +36,14 @@ static LOGGED: AtomicU64 = AtomicU64::new(0);
 /// When a client was last counted by this process alone (no room in the
 /// shared table).
 static NO_ROOM_LOGGED: AtomicU64 = AtomicU64::new(0);
+/// Connections counted by this process alone, since start.
+static COUNTED_APART: AtomicU64 = AtomicU64::new(0);
+
+/// Connections counted by this process alone for want of room in the
+/// shared table, since start.
+pub fn counted_apart() -> u64 {
+    COUNTED_APART.load(Ordering::Relaxed)
+}
 /// A [`ClientSlot`] in the shared table has this bit set, and the slot's
 /// number below it; one in the process's own table has it clear.
 const SHARED: u32 = 1 << 31;
@@ -148,13 +156,14 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
         }
         crate::shared_conns::Admit::Over(open) => return Err(refuse(ip, open, limit)),
         crate::shared_conns::Admit::NoRoom => {
+            COUNTED_APART.fetch_add(1, Ordering::Relaxed);
             if log_due(&NO_ROOM_LOGGED) {
                 tracing::warn!(
                     client = %ip,
-                    "the table of connection counts shared by the worker processes ({} clients) is full where \
-                     this client hashes: its connections are counted by this process alone (logged at most \
-                     once a second)",
-                    crate::shared_conns::CLIENTS
+                    "the table of connection counts shared by the worker processes (limits.client_table = {}) \
+                     is full where this client hashes: its connections are counted by this process alone \
+                     (logged at most once a second, counted as the perfdump's Connections Counted Apart)",
+                    crate::shared_conns::size()
                 );
             }
         }

@@ -64,10 +64,11 @@ pub fn shared_memory(name: &std::ffi::CStr, len: usize) -> std::io::Result<File>
 }
 
 /// In a worker: the shared memory file named in `var` ([`inherited_fd`]),
-/// mapped as `words` atomic words, if it is one (sealed against resizing
-/// and that large: what else the number may be is not written to); made
-/// close-on-exec whether mapped or not. None when `var` is not set.
-pub fn map_inherited(var: &'static str, words: usize) -> Option<Result<&'static [AtomicU64], String>> {
+/// mapped whole as atomic words, if it is one (sealed against resizing and
+/// at least `min_words` long: what else the number may be is not written
+/// to); made close-on-exec whether mapped or not. None when `var` is not
+/// set.
+pub fn map_inherited(var: &'static str, min_words: usize) -> Option<Result<&'static [AtomicU64], String>> {
     let fd = match inherited_fd(var)? {
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
@@ -76,7 +77,7 @@ pub fn map_inherited(var: &'static str, words: usize) -> Option<Result<&'static 
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
     let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
     let mapped = if seals >= 0 && seals & sealed == sealed {
-        map_words(fd, words)
+        map_whole(fd, min_words)
     } else {
         Err(format!("fd {fd} is not the supervisor's sealed memory file"))
     };
@@ -84,6 +85,21 @@ pub fn map_inherited(var: &'static str, words: usize) -> Option<Result<&'static 
     // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     Some(mapped)
+}
+
+/// Maps the whole memory file `fd` as atomic words, shared, if it has at
+/// least `min_words` (a size that is no whole number of words is cut).
+pub fn map_whole(fd: RawFd, min_words: usize) -> Result<&'static [AtomicU64], String> {
+    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
+    // is a valid value of it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the `stat` it is given, which lives for the
+    // call; any descriptor number is safe to ask about.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+    }
+    let words = usize::try_from(st.st_size).unwrap_or(0) / std::mem::size_of::<AtomicU64>();
+    map_words(fd, words.max(min_words))
 }
 
 /// Maps the first `words` atomic words of the memory file `fd`, shared,

@@ -371,6 +371,7 @@ pub(crate) fn keep_restart_only(old: &Config, new: &mut Config) {
         keepalive.park_after,
         log.error,
         log.level,
+        limits.client_table,
         tls,
     );
 }

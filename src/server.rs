@@ -55,6 +55,10 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
             None => tracing::info!("config: the embedded defaults (no config file)"),
         }
     }
+    // The size of the per-client tables a process keeps itself (a worker
+    // uses its supervisor's).
+    crate::shared_buckets::set_client_table(config.limits.client_table as usize);
+    crate::shared_conns::set_client_table(config.limits.client_table as usize);
     if opts.worker.is_none() && config.server.processes > 1 {
         return crate::supervisor::run(config, opts.config_path, opts.config_text);
     }

@@ -22,7 +22,7 @@
 //! single process, or a worker that cannot map it (it then says so), keeps
 //! buckets of its own.
 //!
-//! The clients' buckets are a table of [`CLIENTS`] slots in the same
+//! The clients' buckets are a table of `limits.client_table` slots in the same
 //! memory, each a tag and a bucket: a client's bucket for a limit is in one
 //! of the [`WINDOW`] slots from where a SipHash of both, keyed by a secret
 //! drawn once (also in the memory), points, and is tagged with that hash.
@@ -47,10 +47,19 @@ pub const SLOTS: usize = 1024;
 
 /// How many clients' buckets there are room for, for the limits kept per
 /// client (`limits.client_request_rate`, a route's `request_rate`,
-/// `limits.client_bandwidth`): 4 MiB
-/// with their tags, touched a page at a time as clients come (all of it
-/// once a few thousand clients have asked).
-pub const CLIENTS: usize = 1 << 18;
+/// `limits.client_bandwidth`), unless [`set_client_table`] says otherwise
+/// (`limits.client_table`): 16 bytes each with their tags, touched a page
+/// at a time as clients come (all of it once a few thousand clients have
+/// asked).
+static CLIENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1 << 18);
+
+/// Sets the number of clients' buckets a table of this process's own has
+/// room for (`limits.client_table`), before the first request: the
+/// supervisor's memory file is made with as many
+/// ([`create`]), and a worker's table is the one it maps.
+pub fn set_client_table(n: usize) {
+    CLIENTS.store(n.max(WINDOW), Ordering::Relaxed);
+}
 
 /// The slots a client's bucket may be in: this many, from the one its
 /// hash names.
@@ -58,25 +67,43 @@ const WINDOW: usize = 8;
 
 /// The words of the memory: the buckets, then a tag for each; a word
 /// naming this layout (a worker of another build does not misread it);
-/// the secret the clients' slots are hashed with; the clients' slots, each
-/// a tag and its bucket side by side (one cache line holds both).
+/// then the clients' memory: the secret the clients' slots are hashed
+/// with, and the clients' slots, each a tag and its bucket side by side
+/// (one cache line holds both).
 const LAYOUT: usize = 2 * SLOTS;
 const SECRET: usize = LAYOUT + 1;
-const CLIENT_SLOTS: usize = SECRET + 1;
-const WORDS: usize = CLIENT_SLOTS + 2 * CLIENTS;
+
+/// The words of a memory with room for `clients` clients' buckets.
+const fn words_for(clients: usize) -> usize {
+    SECRET + 1 + 2 * clients
+}
+
+/// How many clients' slots the clients' memory `words` has.
+fn clients_in(words: &[AtomicU64]) -> usize {
+    (words.len().saturating_sub(1) / 2).max(1)
+}
 
 /// What the [`LAYOUT`] word holds: "portico" and a version, changed with
 /// the layout or the clients' hash.
 const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x02");
 
-/// Client slot `i`'s tag (0: empty).
+/// Client slot `i`'s tag (0: empty), in the clients' memory `words`.
 fn client_tag(words: &[AtomicU64], i: usize) -> &AtomicU64 {
-    &words[CLIENT_SLOTS + 2 * i]
+    &words[1 + 2 * i]
 }
 
 /// Client slot `i`'s bucket.
 fn client_bucket(words: &[AtomicU64], i: usize) -> &AtomicU64 {
-    &words[CLIENT_SLOTS + 2 * i + 1]
+    &words[2 + 2 * i]
+}
+
+/// Buckets of clients given to other clients while in use (drawn on
+/// within about the last second), since start: the table is too small.
+static EVICTED: AtomicU64 = AtomicU64::new(0);
+
+/// Buckets given to other clients while in use, since start.
+pub fn evicted() -> u64 {
+    EVICTED.load(Ordering::Relaxed)
 }
 
 /// When a client's bucket was last given to another while it still owed
@@ -94,25 +121,47 @@ pub const ROUTES: usize = 1;
 /// Why this worker could not map the buckets it was handed, if so.
 static NOT_MAPPED: OnceLock<String> = OnceLock::new();
 
-/// The buckets: shared with the other workers, or this process's own.
-fn slots() -> &'static [AtomicU64] {
-    static SLOTS_IN_USE: OnceLock<&'static [AtomicU64]> = OnceLock::new();
-    SLOTS_IN_USE.get_or_init(|| match inherited() {
-        Some(Ok(shared)) => shared,
+/// The memory shared with the other workers, if this is a worker that
+/// could map it.
+fn shared() -> Option<&'static [AtomicU64]> {
+    static SHARED: OnceLock<Option<&'static [AtomicU64]>> = OnceLock::new();
+    *SHARED.get_or_init(|| match inherited() {
+        Some(Ok(shared)) => Some(shared),
         Some(Err(e)) => {
             // Said by `report`: the first use may come before the error
             // log is open (the config check compiles the rules).
             let _ = NOT_MAPPED.set(e);
-            own()
+            None
         }
-        None => own(),
+        None => None,
     })
+}
+
+/// The buckets of the limits for all clients and their tags: shared with
+/// the other workers, or this process's own.
+fn slots() -> &'static [AtomicU64] {
+    static OWN: [AtomicU64; SECRET] = [const { AtomicU64::new(0) }; SECRET];
+    shared().unwrap_or(&OWN)
+}
+
+/// The clients' memory (the secret, then the slots): shared with the
+/// other workers, or this process's own, made at its first use (a
+/// request, after [`set_client_table`]).
+fn clients() -> &'static [AtomicU64] {
+    static OWN: OnceLock<&'static [AtomicU64]> = OnceLock::new();
+    match shared() {
+        Some(words) => &words[SECRET..],
+        None => OWN.get_or_init(|| {
+            let n = CLIENTS.load(Ordering::Relaxed);
+            Box::leak((0..1 + 2 * n).map(|_| AtomicU64::new(0)).collect())
+        }),
+    }
 }
 
 /// Maps the buckets now if nothing has yet, and says in the error log if
 /// this worker could not: called once the log is open.
 pub fn report() {
-    slots();
+    shared();
     if let Some(e) = NOT_MAPPED.get() {
         tracing::warn!(
             "cannot map the limits' buckets shared with the other workers ({e}): this worker keeps \
@@ -122,24 +171,18 @@ pub fn report() {
     }
 }
 
-/// Buckets of this process's own.
-fn own() -> &'static [AtomicU64] {
-    static OWN: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
-    &OWN
-}
-
 /// The memory file a supervisor handed this worker, mapped: None when
 /// this is no worker or none was handed.
 fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
     std::env::var_os("PORTICO_WORKER")?;
-    let mapped = crate::handover::map_inherited(ENV_FD, WORDS)?;
+    let mapped = crate::handover::map_inherited(ENV_FD, words_for(WINDOW))?;
     Some(mapped.and_then(laid_out))
 }
 
 /// Maps the memory file `fd` as the buckets.
 #[cfg(test)]
 fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
-    crate::handover::map_words(fd, WORDS).and_then(laid_out)
+    crate::handover::map_whole(fd, words_for(WINDOW)).and_then(laid_out)
 }
 
 /// `words` if they are laid out as this build lays them out: a
@@ -157,15 +200,16 @@ fn laid_out(words: &'static [AtomicU64]) -> Result<&'static [AtomicU64], String>
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
 /// buckets, all full (zero), and their tags, the layout's mark, room for
-/// the secret and the [`CLIENTS`] clients' slots; close-on-exec (each worker is
+/// the secret and `clients` clients' slots; close-on-exec (each worker is
 /// made to inherit it as it starts, `handover`), never executable, and
 /// sealed at its size (a holder that shrank it would
 /// crash every worker with SIGBUS). Its number goes in [`ENV_FD`]; it
 /// stays open in the supervisor, so a worker restarted later gets the
 /// same one.
-pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
+pub fn create(clients: usize) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::unix::fs::FileExt;
-    let file = crate::handover::shared_memory(c"portico-buckets", WORDS * std::mem::size_of::<AtomicU64>())?;
+    let len = words_for(clients.max(WINDOW)) * std::mem::size_of::<AtomicU64>();
+    let file = crate::handover::shared_memory(c"portico-buckets", len)?;
     file.write_all_at(
         &LAYOUT_MARK.to_ne_bytes(),
         (LAYOUT * std::mem::size_of::<AtomicU64>()) as u64,
@@ -222,7 +266,7 @@ pub type ClientLimit = (u64, u64);
 /// memory): a client cannot choose addresses that land where another's
 /// bucket is.
 fn secret(words: &[AtomicU64]) -> u64 {
-    secret_in(&words[SECRET])
+    secret_in(&words[0])
 }
 
 /// The secret `word` holds, drawn now (never 0) if it holds none yet: by
@@ -259,24 +303,24 @@ fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize
     h.write_u64(limit.1);
     h.write_u128(client);
     let hash = h.finish();
-    ((hash >> 32) as usize % CLIENTS, hash | 1)
+    ((hash >> 32) as usize % clients_in(words), hash | 1)
 }
 
-/// The slots of the window starting at `start`, in order.
-fn window(start: usize) -> impl Iterator<Item = usize> {
-    (0..WINDOW).map(move |i| (start + i) % CLIENTS)
+/// The slots of the window starting at `start` in a table of `n`, in order.
+fn window(start: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..WINDOW).map(move |i| (start + i) % n)
 }
 
 /// The bucket of `client` (`client_limit::key`) for `limit`, if it has
 /// one: a client without one has a full bucket.
 pub fn client_if_any(limit: ClientLimit, client: u128) -> Option<Bucket> {
-    client_if_any_in(slots(), limit, client)
+    client_if_any_in(clients(), limit, client)
 }
 
 /// [`client_if_any`] in `words`.
 fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128) -> Option<Bucket> {
     let (start, tag) = client_place(words, limit, client);
-    window(start)
+    window(start, clients_in(words))
         .find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
         .map(|i| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i))))
 }
@@ -290,12 +334,13 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
 /// about the last second. Two processes giving the same client a slot at
 /// once both end on the first in its window: the other is given up.
 pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
-    client_in(slots(), limit, client, now)
+    client_in(clients(), limit, client, now)
 }
 
 /// [`client`] in `words`.
 fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
     let (start, tag) = client_place(words, limit, client);
+    let n = clients_in(words);
     let bucket = |i: usize| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i)));
     for _ in 0..WINDOW {
         // Its slot, or the one to take (the first in the window of those
@@ -303,7 +348,7 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
         // so two processes choosing at once choose the same one and one
         // of them loses it.
         let mut take: Option<(usize, u64, u64, (bool, u64))> = None;
-        for i in window(start) {
+        for i in window(start, n) {
             let seen = client_tag(words, i).load(Ordering::Acquire);
             if seen == tag {
                 return bucket(i);
@@ -334,17 +379,20 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             // chosen, so that a take made since, by a request that found
             // the new tag, stays.
             let _ = client_bucket(words, free).compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
-            if held.saturating_add(1_000_000_000) > now && crate::client_limit::log_due(&EVICTED_LOGGED) {
-                tracing::warn!(
-                    "the table of per-client buckets (request rates, bandwidth; {CLIENTS} in all) is full \
-                     where a new client hashes: a bucket in use was given to it (its client starts afresh; \
-                     logged at most once a second)"
-                );
+            if held.saturating_add(1_000_000_000) > now {
+                EVICTED.fetch_add(1, Ordering::Relaxed);
+                if crate::client_limit::log_due(&EVICTED_LOGGED) {
+                    tracing::warn!(
+                        "the table of per-client buckets (request rates, bandwidth; limits.client_table = {n}) is \
+                         full where a new client hashes: a bucket in use was given to it (its client starts \
+                         afresh; logged at most once a second, counted as the perfdump's Client Table Evictions)"
+                    );
+                }
             }
         }
         // Another process may have given this client a slot meanwhile:
         // the first in the window is the one; ours goes back, empty.
-        match window(start).find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag) {
+        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag) {
             Some(first) if first != free => {
                 if client_tag(words, free)
                     .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -658,7 +706,7 @@ mod tests {
     fn a_memory_file_of_another_layout_is_not_mapped() {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::FileExt;
-        let fd = create().expect("memfd");
+        let fd = create(1 << 10).expect("memfd");
         let file = std::fs::File::from(fd);
         file.write_all_at(&1u64.to_ne_bytes(), (LAYOUT * 8) as u64)
             .expect("write");
@@ -668,13 +716,13 @@ mod tests {
 
     #[test]
     fn two_mappings_of_the_memory_file_are_one_set_of_buckets() {
-        let fd = create().expect("memfd");
+        let fd = create(1 << 10).expect("memfd");
         use std::os::fd::AsRawFd;
         let (x, y) = (
             map(fd.as_raw_fd()).expect("map"),
             map(fd.as_raw_fd()).expect("map again"),
         );
-        assert_eq!((x.len(), y.len()), (WORDS, WORDS));
+        assert_eq!((x.len(), y.len()), (words_for(1 << 10), words_for(1 << 10)));
         assert_ne!(x.as_ptr(), y.as_ptr(), "two mappings");
         let now = 100 * S;
         assert_eq!(take_one(&x[ROUTES], now, 1.0, 1.0, true), Ok(()));
@@ -685,10 +733,10 @@ mod tests {
         assert_eq!(take_one(&y[ROUTES + 1], now, 1.0, 1.0, true), Ok(()));
     }
 
-    /// Memory of its own for a test of the clients' table.
+    /// Clients' memory of its own for a test of the clients' table.
     fn fresh_words() -> &'static [AtomicU64] {
         Box::leak(
-            (0..WORDS)
+            (0..1 + 2 * (1 << 18))
                 .map(|_| AtomicU64::new(0))
                 .collect::<Vec<_>>()
                 .into_boxed_slice(),
@@ -741,8 +789,11 @@ mod tests {
             assert_eq!(client_in(words, limit, c, at).take_one(at, 1.0, 1.0, true), Ok(()));
         }
         let at = start + WINDOW as u64 * MS;
+        let before = evicted();
         let newcomer = client_in(words, limit, crowd[WINDOW], at);
         assert_eq!(newcomer.take_one(at, 1.0, 1.0, true), Ok(()), "full for its new client");
+        // Drawn on 8 ms earlier: a bucket in use, counted.
+        assert!(evicted() > before, "the eviction was not counted");
         assert!(
             client_if_any_in(words, limit, crowd[0]).is_none(),
             "the oldest was given away"
@@ -775,7 +826,7 @@ mod tests {
         });
         for c in 0..20_000u128 {
             let (start, tag) = client_place(words, limit, c);
-            let slots = window(start)
+            let slots = window(start, clients_in(words))
                 .filter(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
                 .count();
             assert_eq!(slots, 1, "client {c}");

@@ -164,7 +164,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     };
     // The buckets of the limits for all clients, which the workers keep
     // together (`shared_buckets`).
-    let buckets = match crate::shared_buckets::create() {
+    let clients = config.limits.client_table as usize;
+    let buckets = match crate::shared_buckets::create(clients) {
         Ok(fd) => Some(fd),
         Err(e) => {
             tracing::warn!(
@@ -178,7 +179,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     };
     // The clients' connection counts, which the workers keep together
     // (`shared_conns`).
-    let conns = match crate::shared_conns::Shared::create(n) {
+    let conns = match crate::shared_conns::Shared::create(clients, n) {
         Ok(shared) => Some(shared),
         Err(e) => {
             tracing::warn!(
@@ -308,8 +309,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         let w = &mut workers[i];
                         let pid = w.pid.take().unwrap_or(0);
                         // Its connections are closed: their clients may
-                        // open them again (`shared_conns`).
-                        if let Some(conns) = &env.conns {
+                        // open them again (`shared_conns`). Not when the
+                        // wait failed: it may still hold them.
+                        if let (Some(conns), Ok(_)) = (&env.conns, &status) {
                             conns.give_back(i);
                         }
                         // A worker whose first run fails at once (exit status

@@ -1879,3 +1879,58 @@ fn a_request_burst_without_a_rate_is_refused() {
         "{err}"
     );
 }
+
+/// `limits.client_table` sizes the per-client tables: with room for 1,024
+/// clients, 1,100 clients each holding a connection open cannot all have a
+/// place in the shared table of connection counts; those without one are
+/// counted by their process apart, counted in the statistics, and the
+/// advisor says to raise the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_table_too_small_for_the_clients_is_counted_and_advised_on() {
+    let p = Portico::start(&format!(
+        "[[listener]]\naddress = \"{}\"\ndefer_accept = \"0s\"\n\n[log]\nerror = \"{{dir}}/error.log\"\n\n\
+         [limits]\nmax_connections_per_client = 10\nclient_table = 1024\n",
+        free_addr()
+    ))
+    .await;
+    let mut held = Vec::new();
+    for i in 0..1100u32 {
+        let src = std::net::IpAddr::from([127, 1, (i / 250) as u8, (i % 250 + 1) as u8]);
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(std::net::SocketAddr::new(src, 0)).expect("bind");
+        held.push(socket.connect(p.addr()).await.expect("connect"));
+    }
+    // At least 76 found no place, maybe more: 8 places a client. Read
+    // once every connection is accepted (the count has stopped growing).
+    let label = "Connections Counted Apart";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = None;
+    let apart = loop {
+        let line = perf_line(&p, label).await;
+        let n: u64 = line[label.len()..].trim().parse().expect("a count");
+        if (n >= 76 && last == Some(n)) || std::time::Instant::now() > deadline {
+            break n;
+        }
+        last = Some(n);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!((76..1100).contains(&apart), "{apart} counted apart");
+    assert_eq!(
+        metric(&p, "portico_connection_queue_clients_counted_apart_total").await,
+        apart
+    );
+    assert!(page(&p, "/.perf").await.contains("[client-table]"));
+    let log = std::fs::read_to_string(p.dir().join("error.log")).expect("error log");
+    assert!(log.contains("limits.client_table = 1024"), "{log}");
+    drop(held);
+}
+
+#[test]
+fn a_client_table_below_1024_is_refused_by_name() {
+    let out = Portico::check("[[listener]]\naddress = \"127.0.0.1:1\"\n\n[limits]\nclient_table = 100\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("limits.client_table") && err.contains("between 1024"),
+        "{err}"
+    );
+}

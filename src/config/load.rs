@@ -613,6 +613,12 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    if !(1024..=1 << 24).contains(&c.limits.client_table) {
+        return Err((
+            vec![Key("limits"), Key("client_table")],
+            "between 1024 and 16777216 clients".into(),
+        ));
+    }
     if c.limits.max_connections_per_client > 1_000_000 {
         return Err((
             vec![Key("limits"), Key("max_connections_per_client")],

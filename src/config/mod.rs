@@ -552,6 +552,9 @@ pub struct LimitsConfig {
     /// Bytes all clients may be sent at once after a quiet spell: the
     /// shared bucket's size; 0 = one second's worth.
     pub total_bandwidth_burst: Size,
+    /// Clients the per-client tables have room for (their buckets, their
+    /// connection counts), as nginx sizes a `limit_req` zone.
+    pub client_table: u32,
 }
 
 impl Default for LimitsConfig {
@@ -570,6 +573,7 @@ impl Default for LimitsConfig {
             client_bandwidth_burst: Size(0),
             total_bandwidth: Size(0),
             total_bandwidth_burst: Size(0),
+            client_table: 1 << 18,
         }
     }
 }

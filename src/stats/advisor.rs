@@ -70,6 +70,17 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
         );
     }
     if let Some(q) = &s.connection_queue
+        && (q.client_table_evictions > 0 || q.clients_counted_apart > 0)
+    {
+        say(
+            "client-table",
+            format!(
+                "The per-client tables are too small for the clients using them at once (limits.client_table): {} buckets in use were given to new clients, whose earlier clients started afresh (ConnectionQueue: Client Table Evictions), and {} connections were counted by their worker process alone, so that their client may exceed limits.max_connections_per_client (Connections Counted Apart). Raise limits.client_table (a restart): 16 bytes a client, and 4 more for each worker process.",
+                q.client_table_evictions, q.clients_counted_apart
+            ),
+        );
+    }
+    if let Some(q) = &s.connection_queue
         && q.client_rate_limited > 0
     {
         say(
@@ -942,6 +953,20 @@ mod tests {
             "{}",
             a[0].text
         );
+    }
+
+    #[test]
+    fn client_table_speaks_once_the_table_was_too_small() {
+        let mut s = Snapshot::default();
+        s.connection_queue = Some(ConnectionQueueInfo {
+            clients_counted_apart: 3,
+            ..Default::default()
+        });
+        let a = advise(&s);
+        assert_eq!(rules(&s), ["client-table"]);
+        assert!(a[0].text.contains("Raise limits.client_table"), "{}", a[0].text);
+        s.connection_queue = Some(ConnectionQueueInfo::default());
+        assert!(rules(&s).is_empty());
     }
 
     #[test]

@@ -307,6 +307,16 @@ crate::section! {
         #[serde(default)]
         route_total_rate_limited: u64 => Counter, Add, None, "Requests answered 503 because their route's total_request_rate for all clients was spent ([[rule]] total_request_rate).",
             prom "portico_connection_queue_route_total_rate_limited_total", xml "connection-queue-bucket" "countRouteTotalRateLimited";
+        /// Per-client buckets (request rates, bandwidth) given to a new
+        /// client while in use: `limits.client_table` is too small.
+        #[serde(default)]
+        client_table_evictions: u64 => Counter, Add, None, "Per-client buckets (request rates, bandwidth) given to a new client while still in use, for want of room in limits.client_table.",
+            prom "portico_connection_queue_client_table_evictions_total", xml "connection-queue-bucket" "countClientTableEvictions";
+        /// Connections counted by their worker process alone for want of
+        /// room in the shared table of connection counts.
+        #[serde(default)]
+        clients_counted_apart: u64 => Counter, Add, None, "Connections counted against limits.max_connections_per_client by their worker process alone, for want of room in limits.client_table.",
+            prom "portico_connection_queue_clients_counted_apart_total", xml "connection-queue-bucket" "countClientsCountedApart";
         /// Writes to clients that waited for `limits.client_bandwidth`.
         #[serde(default)]
         client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",

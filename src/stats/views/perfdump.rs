@@ -78,6 +78,8 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
                 "{:<40} {}",
                 "Refused Over Route Total Rate", q.route_total_rate_limited
             );
+            let _ = writeln!(o, "{:<40} {}", "Client Table Evictions", q.client_table_evictions);
+            let _ = writeln!(o, "{:<40} {}", "Connections Counted Apart", q.clients_counted_apart);
             for (label, waits, us) in [
                 (
                     "Waits Over Client Bandwidth",
