@@ -12,7 +12,7 @@
 //! looked up. The buckets are kept by the worker processes together
 //! (`server.processes = N > 1`), as nginx keeps a `limit_req` zone in
 //! shared memory: `shared_buckets::client`, a table of room for
-//! `shared_buckets::CLIENTS` clients whose slots a new client takes from
+//! `limits.client_table` clients whose slots a new client takes from
 //! the least recently used buckets when its place in the table is full.
 //! The bucket arithmetic is `shared_buckets`', pure, the clock a
 //! parameter.

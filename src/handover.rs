@@ -102,6 +102,28 @@ pub fn map_whole(fd: RawFd, min_words: usize) -> Result<&'static [AtomicU64], St
     map_words(fd, words.max(min_words))
 }
 
+/// `n` atomic words, zero, for the life of the process: taken from the
+/// system a page at a time as they are first written (`alloc_zeroed`,
+/// calloc, which large allocations get as untouched pages), whatever the
+/// optimisation level.
+pub fn zeroed_words(n: usize) -> &'static [AtomicU64] {
+    use std::alloc::{Layout, alloc_zeroed, handle_alloc_error};
+    let n = n.max(1);
+    let layout = match Layout::array::<AtomicU64>(n) {
+        Ok(layout) => layout,
+        Err(_) => handle_alloc_error(Layout::new::<AtomicU64>()),
+    };
+    // SAFETY: the layout's size is not zero (one word at least).
+    let at = unsafe { alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if at.is_null() {
+        handle_alloc_error(layout);
+    }
+    // SAFETY: `at` is a new allocation of `n` AtomicU64s, aligned for
+    // them, all zero bytes (the valid value 0 of each), never freed: it
+    // lives as long as the process.
+    unsafe { std::slice::from_raw_parts(at, n) }
+}
+
 /// Maps the first `words` atomic words of the memory file `fd`, shared,
 /// for the life of the process (the descriptor may be closed after).
 pub fn map_words(fd: RawFd, words: usize) -> Result<&'static [AtomicU64], String> {

@@ -85,7 +85,7 @@ fn clients_in(words: &[AtomicU64]) -> usize {
 
 /// What the [`LAYOUT`] word holds: "portico" and a version, changed with
 /// the layout or the clients' hash.
-const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x02");
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x03");
 
 /// Client slot `i`'s tag (0: empty), in the clients' memory `words`.
 fn client_tag(words: &[AtomicU64], i: usize) -> &AtomicU64 {
@@ -151,10 +151,7 @@ fn clients() -> &'static [AtomicU64] {
     static OWN: OnceLock<&'static [AtomicU64]> = OnceLock::new();
     match shared() {
         Some(words) => &words[SECRET..],
-        None => OWN.get_or_init(|| {
-            let n = CLIENTS.load(Ordering::Relaxed);
-            Box::leak((0..1 + 2 * n).map(|_| AtomicU64::new(0)).collect())
-        }),
+        None => OWN.get_or_init(|| crate::handover::zeroed_words(1 + 2 * CLIENTS.load(Ordering::Relaxed))),
     }
 }
 

@@ -60,7 +60,7 @@ const SIZE: usize = 2;
 const SLOTS: usize = 3;
 
 /// What the [`LAYOUT`] word holds: changed with the layout or the hash.
-const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"pconns\x00\x01");
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"pconns\x00\x02");
 
 /// A slot's count: its low 24 bits (the cap is at most 1,000,000).
 const COUNT_BITS: u32 = 24;
@@ -116,8 +116,11 @@ pub fn report() {
 /// after [`set_client_table`]).
 fn own() -> Table {
     let n = CLIENTS.load(Ordering::Relaxed);
-    let words: &'static [AtomicU64] = Box::leak((0..words_for(n, 1)).map(|_| AtomicU64::new(0)).collect());
-    Table { words, n, worker: 0 }
+    Table {
+        words: crate::handover::zeroed_words(words_for(n, 1)),
+        n,
+        worker: 0,
+    }
 }
 
 /// The memory file a supervisor handed this worker, mapped, and its
@@ -140,7 +143,13 @@ fn laid_out(words: &'static [AtomicU64], worker: usize) -> Result<(&'static [Ato
         ));
     }
     let n = usize::try_from(words[SIZE].load(Ordering::Acquire)).unwrap_or(0);
-    if !(WINDOW..=MOST).contains(&n) || words.len() < words_for(n, worker + 1) {
+    // The worker's number comes from the environment: no arithmetic on
+    // it overflows.
+    let needed = worker
+        .checked_add(1)
+        .and_then(|w| w.checked_mul(column_words(n)))
+        .and_then(|w| w.checked_add(SLOTS + n));
+    if !(WINDOW..=MOST).contains(&n) || needed.is_none_or(|needed| words.len() < needed) {
         return Err(format!(
             "the memory has {} words, {n} slots: no column for worker {worker}",
             words.len()
@@ -196,28 +205,30 @@ impl Shared {
         if worker >= self.workers {
             return;
         }
-        let first = SLOTS + self.n + worker * column_words(self.n);
-        let mut held = Vec::new();
+        let (n, words) = (self.n, column_words(self.n));
+        let first = SLOTS + n + worker * words;
         let mut buf = vec![0u8; 64 << 10];
         let mut w = 0;
-        while w < column_words(self.n) {
-            let want = ((column_words(self.n) - w) * 8).min(buf.len());
-            let Ok(got) = self.file.read_at(&mut buf[..want], ((first + w) * 8) as u64) else {
-                // Unreadable: every word is looked at.
-                held = (0..column_words(self.n)).collect();
-                break;
-            };
-            if got < 8 {
-                break;
-            }
-            for (k, word) in buf[..got - got % 8].chunks_exact(8).enumerate() {
-                if word.iter().any(|b| *b != 0) {
-                    held.push(w + k);
+        while w < words {
+            let want = ((words - w) * 8).min(buf.len());
+            match self.file.read_at(&mut buf[..want], ((first + w) * 8) as u64) {
+                Ok(got) if got >= 8 => {
+                    let held = buf[..got - got % 8]
+                        .chunks_exact(8)
+                        .enumerate()
+                        .filter(|(_, word)| word.iter().any(|b| *b != 0))
+                        .map(|(k, _)| w + k);
+                    give_back_in(self.words, n, worker, held);
+                    w += got / 8;
+                }
+                // Unreadable (or cut short, which a memory file of this
+                // size is not): the rest is looked at through the mapping.
+                _ => {
+                    give_back_in(self.words, n, worker, w..words);
+                    return;
                 }
             }
-            w += got / 8;
         }
-        give_back_in(self.words, self.n, worker, held.into_iter());
     }
 }
 

@@ -310,7 +310,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         let pid = w.pid.take().unwrap_or(0);
                         // Its connections are closed: their clients may
                         // open them again (`shared_conns`). Not when the
-                        // wait failed: it may still hold them.
+                        // wait failed: it may still hold them (they stay
+                        // counted; a place taken is the safe way to be
+                        // wrong).
                         if let (Some(conns), Ok(_)) = (&env.conns, &status) {
                             conns.give_back(i);
                         }

@@ -496,7 +496,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         route_rate_limited: crate::client_rate::route_refused(),
         route_total_rate_limited: crate::client_rate::route_total_refused(),
         client_table_evictions: crate::shared_buckets::evicted(),
-        clients_counted_apart: crate::client_limit::counted_apart(),
+        connections_counted_apart: crate::client_limit::counted_apart(),
         client_bandwidth_waits: client_waits,
         client_bandwidth_wait_us: client_wait_us,
         total_bandwidth_waits: total_waits,

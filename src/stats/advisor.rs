@@ -70,13 +70,13 @@ pub fn advise(s: &Snapshot) -> Vec<Advice> {
         );
     }
     if let Some(q) = &s.connection_queue
-        && (q.client_table_evictions > 0 || q.clients_counted_apart > 0)
+        && (q.client_table_evictions > 0 || q.connections_counted_apart > 0)
     {
         say(
             "client-table",
             format!(
-                "The per-client tables are too small for the clients using them at once (limits.client_table): {} buckets in use were given to new clients, whose earlier clients started afresh (ConnectionQueue: Client Table Evictions), and {} connections were counted by their worker process alone, so that their client may exceed limits.max_connections_per_client (Connections Counted Apart). Raise limits.client_table (a restart): 16 bytes a client, and 4 more for each worker process.",
-                q.client_table_evictions, q.clients_counted_apart
+                "The per-client tables are too small for the clients using them at once (limits.client_table): {} buckets in use were given to new clients, whose earlier clients started afresh (ConnectionQueue: Client Table Evictions), and {} connections were counted by their worker process alone, so that their client may exceed limits.max_connections_per_client (Connections Counted Apart). Raise limits.client_table (a restart): 24 bytes a client, and 4 more for each worker process.",
+                q.client_table_evictions, q.connections_counted_apart
             ),
         );
     }
@@ -959,7 +959,7 @@ mod tests {
     fn client_table_speaks_once_the_table_was_too_small() {
         let mut s = Snapshot::default();
         s.connection_queue = Some(ConnectionQueueInfo {
-            clients_counted_apart: 3,
+            connections_counted_apart: 3,
             ..Default::default()
         });
         let a = advise(&s);

@@ -315,8 +315,8 @@ crate::section! {
         /// Connections counted by their worker process alone for want of
         /// room in the shared table of connection counts.
         #[serde(default)]
-        clients_counted_apart: u64 => Counter, Add, None, "Connections counted against limits.max_connections_per_client by their worker process alone, for want of room in limits.client_table.",
-            prom "portico_connection_queue_clients_counted_apart_total", xml "connection-queue-bucket" "countClientsCountedApart";
+        connections_counted_apart: u64 => Counter, Add, None, "Connections counted against limits.max_connections_per_client by their worker process alone, for want of room in limits.client_table.",
+            prom "portico_connection_queue_connections_counted_apart_total", xml "connection-queue-bucket" "countConnectionsCountedApart";
         /// Writes to clients that waited for `limits.client_bandwidth`.
         #[serde(default)]
         client_bandwidth_waits: u64 => Counter, Add, None, "Writes to clients that waited because their client was over limits.client_bandwidth.",

@@ -79,7 +79,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
                 "Refused Over Route Total Rate", q.route_total_rate_limited
             );
             let _ = writeln!(o, "{:<40} {}", "Client Table Evictions", q.client_table_evictions);
-            let _ = writeln!(o, "{:<40} {}", "Connections Counted Apart", q.clients_counted_apart);
+            let _ = writeln!(o, "{:<40} {}", "Connections Counted Apart", q.connections_counted_apart);
             for (label, waits, us) in [
                 (
                     "Waits Over Client Bandwidth",
