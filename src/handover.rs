@@ -15,7 +15,10 @@
 //! - A channel for what comes later: a datagram socket pair per worker,
 //!   the worker's end inherited, on which the supervisor sends a sealed
 //!   memory file (`SCM_RIGHTS`) before it forwards a SIGHUP: the config a
-//!   reload validated. No one but the supervisor holds the other end.
+//!   reload validated. No one but the supervisor holds the other end. The
+//!   worker answers on it with each reload's outcome ([`Channel::report`]),
+//!   a short datagram the supervisor reads as text and nothing more
+//!   ([`next_report`]: a descriptor sent along is not taken).
 //! - Shared memory files (sealed against growing and shrinking only): the
 //!   supervisor makes one ([`shared_memory`]) and every worker maps it
 //!   ([`map_inherited`]), for what the workers keep together (the limits'
@@ -240,18 +243,41 @@ pub fn read_whole(f: &File) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// The longest report a worker sends its supervisor; more is cut.
+pub const REPORT_MAX: usize = 2048;
+
+/// In the supervisor: the next report on a worker's channel (`ours`, its
+/// end), waited for; empty when the worker's end is closed. Only bytes
+/// are read: descriptors a worker sends along are closed by the kernel
+/// (no room is given for them), and a report longer than [`REPORT_MAX`]
+/// is cut.
+pub async fn next_report(ours: &tokio::io::unix::AsyncFd<OwnedFd>) -> std::io::Result<Vec<u8>> {
+    use rustix::net::{RecvFlags, recv};
+    loop {
+        let mut ready = ours.readable().await?;
+        let mut buf = vec![0u8; REPORT_MAX];
+        match ready.try_io(|fd| recv(fd.get_ref(), &mut buf[..], RecvFlags::DONTWAIT).map_err(Into::into)) {
+            Ok(Ok((n, _))) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 /// A new channel: (the supervisor's end, the worker's end), both
-/// close-on-exec (the worker's is made inheritable in the child only). The
-/// supervisor's end only sends: nothing a worker sends back is kept.
+/// close-on-exec (the worker's is made inheritable in the child only) and
+/// non-blocking.
 pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use rustix::net::{AddressFamily, Shutdown, SocketFlags, SocketType, shutdown, socketpair};
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
         SocketType::DGRAM,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )?;
-    shutdown(&ours, Shutdown::Read)?;
     Ok((ours, theirs))
 }
 
@@ -298,6 +324,14 @@ impl Channel {
         // SAFETY: the descriptor was inherited for this process and, taken
         // once (`inherited_fd`), is owned by nothing else here from now on.
         Some(Ok(Channel(unsafe { OwnedFd::from_raw_fd(fd) })))
+    }
+
+    /// Tells the supervisor `report` (cut to [`REPORT_MAX`] bytes), without
+    /// waiting: lost if its side is full.
+    pub fn report(&self, report: &[u8]) -> std::io::Result<()> {
+        use rustix::net::{SendFlags, send};
+        send(&self.0, &report[..report.len().min(REPORT_MAX)], SendFlags::DONTWAIT)?;
+        Ok(())
     }
 
     /// The last sealed memory file the supervisor sent since the last

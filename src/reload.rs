@@ -207,6 +207,7 @@ impl Running {
             }
             Err(e) => {
                 tracing::error!("reload failed, still running on the previous config: {e}");
+                crate::config::source::report(Err(&e.to_string()));
                 return;
             }
         };
@@ -214,11 +215,15 @@ impl Running {
             Ok(summary) => {
                 crate::config::source::applied();
                 tracing::info!("reloaded {}: {summary}", path.display());
+                crate::config::source::report(Ok(()));
             }
-            Err(e) => tracing::error!(
-                "reload of {} failed, still running on the previous config: {e}",
-                path.display()
-            ),
+            Err(e) => {
+                tracing::error!(
+                    "reload of {} failed, still running on the previous config: {e}",
+                    path.display()
+                );
+                crate::config::source::report(Err(&e));
+            }
         }
     }
 

@@ -158,6 +158,7 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
         let mut running = Running::start(config, opts.config_path, sockets)?;
         let serving = |r: &Running| format!("serving on {} listeners", r.config().listener.len());
         crate::notify::ready(&serving(&running));
+        crate::config::source::report_serving();
         loop {
             match signals.next().await {
                 Sig::Hup => {

@@ -60,6 +60,7 @@ use crate::signals::{Sig, Signals};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
 use tokio::task::JoinSet;
 
 /// A worker that exits sooner than this after starting counts as failing
@@ -75,11 +76,40 @@ struct Worker {
     /// The supervisor's end of its channel, on which a reload's config
     /// goes (`config::source`).
     channel: Option<std::os::fd::OwnedFd>,
+    /// The task reading its reports on the channel (each reload's outcome).
+    reports: Option<tokio::task::AbortHandle>,
 }
 
 enum Event {
     Exited(usize, std::io::Result<ExitStatus>),
     Restart(usize),
+    /// Worker I (pid P) reported on its channel (read from the second
+    /// field, handed back to read the next).
+    Report(usize, u32, AsyncFd<std::os::fd::OwnedFd>, std::io::Result<Vec<u8>>),
+}
+
+/// Stops the next worker of `to_replace` still running as it was (it
+/// drains and exits, and is started again on the configuration in force):
+/// its index and pid, or None when none is left.
+fn replace_next(to_replace: &mut std::collections::VecDeque<(usize, u32)>, workers: &[Worker]) -> Option<(usize, u32)> {
+    while let Some((i, pid)) = to_replace.pop_front() {
+        if workers[i].pid != Some(pid) {
+            continue;
+        }
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: kill has no memory-safety preconditions; the pid is
+            // our child's, not yet reaped (its exit clears `pid`).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        return Some((i, pid));
+    }
+    None
+}
+
+/// Waits for worker `i`'s next report.
+async fn read_report(i: usize, pid: u32, channel: AsyncFd<std::os::fd::OwnedFd>) -> Event {
+    let report = crate::handover::next_report(&channel).await;
+    Event::Report(i, pid, channel, report)
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT and every worker has exited.
@@ -231,6 +261,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                 quick_failures: 0,
                 first_run: true,
                 channel: None,
+                reports: None,
             });
             start(&exe, config_path.as_ref(), &mut env, i, &mut workers[i], &mut events);
         }
@@ -245,6 +276,16 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         }
         let mut stopping = false;
         let mut failure: Option<String> = None;
+        // The workers a reload's outcome is awaited from, and whether one
+        // of them could not apply it.
+        let mut awaiting: Vec<usize> = Vec::new();
+        let mut replaced = false;
+        // Workers (index, pid) that could not apply a reload, to be
+        // replaced one at a time, each once the one replaced before it has
+        // a successor serving (`replacing`), so that the listeners always
+        // have workers behind them.
+        let mut to_replace: std::collections::VecDeque<(usize, u32)> = std::collections::VecDeque::new();
+        let mut replacing: Option<(usize, u32)> = None;
         loop {
             if stopping && workers.iter().all(|w| w.pid.is_none()) {
                 tracing::info!("all workers have exited; supervisor exiting");
@@ -267,6 +308,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => {
                         if reload(&config, config_path.as_ref(), &mut env, &workers) {
+                            awaiting = (0..n).filter(|&i| workers[i].reports.is_some()).collect();
+                            replaced = false;
                             crate::notify::reloading();
                             if relay.is_some() {
                                 // Ready again once every worker says so.
@@ -306,8 +349,21 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                 }
                 Some(event) = events.join_next() => match event {
                     Ok(Event::Exited(i, status)) => {
+                        let pid = workers[i].pid.take().unwrap_or(0);
+                        if let Some(reports) = workers[i].reports.take() {
+                            reports.abort();
+                        }
+                        awaiting.retain(|&a| a != i);
+                        to_replace.retain(|&(a, _)| a != i);
+                        // The successor of a worker being replaced died
+                        // before it served: replace the next anyway.
+                        if replacing.is_some_and(|(r, old)| r == i && old != pid) {
+                            replacing = None;
+                            if !stopping {
+                                replacing = replace_next(&mut to_replace, &workers);
+                            }
+                        }
                         let w = &mut workers[i];
-                        let pid = w.pid.take().unwrap_or(0);
                         // Its connections are closed: their clients may
                         // open them again (`shared_conns`). Not when the
                         // wait failed: it may still hold them (they stay
@@ -356,6 +412,58 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         start(&exe, config_path.as_ref(), &mut env, i, &mut workers[i], &mut events);
                     }
                     Ok(Event::Restart(_)) => {}
+                    Ok(Event::Report(i, pid, channel, report)) => {
+                        let w = &mut workers[i];
+                        if w.pid != Some(pid) {
+                            continue;
+                        }
+                        let text = match report {
+                            // Its end closed: it is exiting.
+                            Ok(bytes) if bytes.is_empty() => continue,
+                            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                            Err(e) => {
+                                tracing::warn!("cannot read worker {i}'s reports: {}", crate::util::io_cause(&e));
+                                continue;
+                            }
+                        };
+                        w.reports = Some(events.spawn(read_report(i, pid, channel)));
+                        let was_awaited = awaiting.contains(&i);
+                        awaiting.retain(|&a| a != i);
+                        if text == crate::config::source::SERVING && replacing.is_some_and(|(r, _)| r == i) {
+                            replacing = None;
+                        }
+                        if let Some(why) = text.strip_prefix("failed: ") {
+                            // It runs another configuration than the
+                            // others, and would start on the new one if it
+                            // were restarted: it is. A worker starts as the
+                            // supervisor's user and reads the files the
+                            // configuration names before it switches to
+                            // `server.user`, as the supervisor checked them.
+                            tracing::error!(
+                                "worker {i} (pid {pid}) could not apply the configuration the supervisor validated \
+                                 ({why}); replacing it with a worker started on it"
+                            );
+                            replaced = true;
+                            if !to_replace.iter().any(|&(a, _)| a == i) {
+                                to_replace.push_back((i, pid));
+                            }
+                        }
+                        if replacing.is_none() && !stopping {
+                            replacing = replace_next(&mut to_replace, &workers);
+                        }
+                        if was_awaited && awaiting.is_empty() {
+                            if replaced {
+                                tracing::info!(
+                                    "reload: applied by the workers that could; those that could not are being \
+                                     replaced by workers started on it"
+                                );
+                            } else {
+                                tracing::info!("reload: applied by every worker");
+                            }
+                        }
+                    }
+                    // A worker's report reader, stopped with it.
+                    Err(e) if e.is_cancelled() => {}
                     Err(e) => tracing::error!("supervisor task failed: {e}"),
                 },
             }
@@ -411,6 +519,9 @@ fn start(
         cmd.env_remove(var);
     }
     w.channel = None;
+    if let Some(reports) = w.reports.take() {
+        reports.abort();
+    }
     let mut theirs = None;
     if let Some(start) = &env.start_file {
         let (ours, their_end) = match crate::handover::channel() {
@@ -521,6 +632,22 @@ fn start(
         Ok(mut child) => {
             w.pid = child.id();
             tracing::info!("worker {i} started (pid {})", w.pid.unwrap_or(0));
+            // Its reports (each reload's outcome) come on its channel.
+            let reader = w.channel.as_ref().map(|ours| {
+                let ours = ours.try_clone()?;
+                // SAFETY: the OwnedFd is the AsyncFd's own: its descriptor
+                // stays open, and the same, until the AsyncFd is dropped.
+                unsafe { AsyncFd::register_with_interest(ours, tokio::io::Interest::READABLE) }
+                    .map_err(std::io::Error::from)
+            });
+            match (reader, w.pid) {
+                (Some(Ok(channel)), Some(pid)) => w.reports = Some(events.spawn(read_report(i, pid, channel))),
+                (Some(Err(e)), _) => tracing::warn!(
+                    "cannot read worker {i}'s reports: {}; a reload it cannot apply goes unnoticed here",
+                    crate::util::io_cause(&e)
+                ),
+                _ => {}
+            }
             events.spawn(async move { Event::Exited(i, child.wait().await) });
         }
         Err(e) => {

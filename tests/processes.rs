@@ -271,6 +271,8 @@ async fn sighup_to_the_supervisor_reloads_every_worker_unless_the_file_is_invali
     // Sent at once, as the workers have just started.
     p.signal(libc::SIGHUP);
     until_all_on_b(&p, &all, "w").await;
+    // Each worker told the supervisor it applied it.
+    p.until_logged("reload: applied by every worker", 1).await;
     for i in 0..20 {
         let (by, resp) = get_via(p.addr(), &format!("/x{i}"), &all).await;
         assert_eq!(

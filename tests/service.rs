@@ -891,3 +891,75 @@ async fn started_as_root_the_pid_file_is_removed_at_exit_after_the_switch() {
         );
     }
 }
+
+/// With `processes = N` and `user`, a reload the supervisor validated (as
+/// root) that a worker cannot apply as `nobody` (here an htpasswd file only
+/// root may read) is not left half-done: each worker tells the supervisor
+/// how its reload went, and one that could not is replaced by a worker
+/// started on the new configuration, which reads the files it names
+/// before it switches user, as every starting worker does. Both then
+/// challenge for credentials; before, they kept serving without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_replaced() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let origin = Origin::start(|_req| async { Response::ok("from the origin") }).await;
+    let cache = open_dir();
+    let addr = free_addr();
+    let config = dropping_config(&addr, cache.path(), "processes = 2\n");
+    let p = Portico::start(&config).await;
+    let error = p.dir().join("error.log");
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error)
+            .matches("switched to user nobody")
+            .count()
+            == 2)
+        .await,
+        "{}",
+        read(&error)
+    );
+    assert_eq!(get_through(p.addr(), &origin).await.0, 200);
+    let users = p.dir().join("users.htpasswd");
+    let made = std::process::Command::new("htpasswd")
+        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
+        .output()
+        .expect("run htpasswd");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p.rewrite_config(&format!(
+        "{config}\n[auth]\nhtpasswd = \"{}\"\nrequired = true\n",
+        users.display()
+    ));
+    p.signal(libc::SIGHUP);
+    let said = "could not apply the configuration the supervisor validated";
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error).matches(said).count() == 2).await,
+        "{}",
+        read(&error)
+    );
+    assert!(read(&error).contains("Permission denied"), "{}", read(&error));
+    // Their successors run it, whichever of them takes the request.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut challenged = 0;
+    while challenged < 6 {
+        assert!(
+            Instant::now() < deadline,
+            "still served without credentials\n{}",
+            read(&error)
+        );
+        if get_through(p.addr(), &origin).await.0 == 407 {
+            challenged += 1;
+        } else {
+            challenged = 0;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(
+        read(&error).contains("reload: applied by the workers that could"),
+        "{}",
+        read(&error)
+    );
+}

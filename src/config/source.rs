@@ -126,6 +126,36 @@ pub fn applied() {
     }
 }
 
+/// In a worker handed its config: tells the supervisor how the reload it
+/// asked for went (`Err`: why it was not applied), on the channel. A
+/// process on its own, or a worker with no channel, has no one to tell.
+pub fn report(outcome: Result<(), &str>) {
+    let text = match outcome {
+        Ok(()) => "applied".to_string(),
+        Err(e) => format!("failed: {e}"),
+    };
+    tell_supervisor(&text, "how the reload went");
+}
+
+/// In a worker handed its config: tells the supervisor it serves (its
+/// listeners are open, it runs as `server.user`), so that it may replace
+/// the next worker that could not apply a reload.
+pub fn report_serving() {
+    tell_supervisor(SERVING, "that it serves");
+}
+
+/// What [`report_serving`] says.
+pub const SERVING: &str = "serving";
+
+fn tell_supervisor(text: &str, what: &str) {
+    let Some(channel) = HANDED.get().and_then(|h| h.channel.as_ref()) else {
+        return;
+    };
+    if let Err(e) = channel.report(text.as_bytes()) {
+        tracing::warn!("cannot tell the supervisor {what}: {}", crate::util::io_cause(&e));
+    }
+}
+
 /// The text of the sealed memory file named by `var`, if set.
 fn handed_text(var: &'static str, file: &str) -> Option<Result<String, ConfigError>> {
     let bytes = crate::handover::take_sealed(var)?;
