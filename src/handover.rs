@@ -247,7 +247,8 @@ pub fn read_whole(f: &File) -> std::io::Result<Vec<u8>> {
 pub const REPORT_MAX: usize = 2048;
 
 /// In the supervisor: the next report on a worker's channel (`ours`, its
-/// end), waited for; empty when the worker's end is closed. Only bytes
+/// end), waited for (a closed end says nothing: it is the worker's exit
+/// that ends the wait). Only bytes
 /// are read: descriptors a worker sends along are closed by the kernel
 /// (no room is given for them), and a report longer than [`REPORT_MAX`]
 /// is cut.

@@ -86,21 +86,50 @@ enum Event {
     /// Worker I (pid P) reported on its channel (read from the second
     /// field, handed back to read the next).
     Report(usize, u32, AsyncFd<std::os::fd::OwnedFd>, std::io::Result<Vec<u8>>),
+    /// Worker I (pid P), stopped to be replaced, has had a successor for
+    /// long enough to be serving.
+    ReplaceDue(usize, u32),
+}
+
+/// How long a replaced worker's successor may take to say it serves
+/// before the next worker is replaced anyway.
+const SERVING_WITHIN: Duration = Duration::from_secs(30);
+
+/// Logs that every worker awaited has answered a reload.
+fn reload_done(replaced: bool) {
+    if replaced {
+        tracing::info!(
+            "reload: applied by the workers that could; those that could not are being replaced by workers \
+             started on it"
+        );
+    } else {
+        tracing::info!("reload: applied by every worker");
+    }
 }
 
 /// Stops the next worker of `to_replace` still running as it was (it
 /// drains and exits, and is started again on the configuration in force):
 /// its index and pid, or None when none is left.
-fn replace_next(to_replace: &mut std::collections::VecDeque<(usize, u32)>, workers: &[Worker]) -> Option<(usize, u32)> {
+fn replace_next(
+    to_replace: &mut std::collections::VecDeque<(usize, u32)>,
+    workers: &[Worker],
+    events: &mut JoinSet<Event>,
+) -> Option<(usize, u32)> {
     while let Some((i, pid)) = to_replace.pop_front() {
         if workers[i].pid != Some(pid) {
             continue;
         }
-        if let Ok(pid) = libc::pid_t::try_from(pid) {
+        if let Ok(raw) = libc::pid_t::try_from(pid) {
             // SAFETY: kill has no memory-safety preconditions; the pid is
             // our child's, not yet reaped (its exit clears `pid`).
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            unsafe { libc::kill(raw, libc::SIGTERM) };
         }
+        // Its draining, a restart delay and the successor's start all
+        // fit well within this; the successor's `serving` comes first.
+        events.spawn(async move {
+            tokio::time::sleep(SERVING_WITHIN).await;
+            Event::ReplaceDue(i, pid)
+        });
         return Some((i, pid));
     }
     None
@@ -109,6 +138,10 @@ fn replace_next(to_replace: &mut std::collections::VecDeque<(usize, u32)>, worke
 /// Waits for worker `i`'s next report.
 async fn read_report(i: usize, pid: u32, channel: AsyncFd<std::os::fd::OwnedFd>) -> Event {
     let report = crate::handover::next_report(&channel).await;
+    if report.is_err() {
+        // Read again, but not in a loop a worker could keep busy.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Event::Report(i, pid, channel, report)
 }
 
@@ -353,14 +386,27 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         if let Some(reports) = workers[i].reports.take() {
                             reports.abort();
                         }
+                        let was_awaited = awaiting.contains(&i);
                         awaiting.retain(|&a| a != i);
                         to_replace.retain(|&(a, _)| a != i);
+                        if awaiting.is_empty() && was_awaited {
+                            reload_done(replaced);
+                        }
                         // The successor of a worker being replaced died
-                        // before it served: replace the next anyway.
+                        // before it served: the new configuration does not
+                        // start either (a port another program holds, say),
+                        // and replacing the others would stop them too. They
+                        // keep what they run.
                         if replacing.is_some_and(|(r, old)| r == i && old != pid) {
                             replacing = None;
-                            if !stopping {
-                                replacing = replace_next(&mut to_replace, &workers);
+                            if !to_replace.is_empty() {
+                                tracing::error!(
+                                    "worker {i}'s successor, started on the configuration the supervisor validated, \
+                                     exited before it served: the {} other workers that could not apply it are not \
+                                     replaced, and keep running the configuration they had",
+                                    to_replace.len()
+                                );
+                                to_replace.clear();
                             }
                         }
                         let w = &mut workers[i];
@@ -417,8 +463,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         if w.pid != Some(pid) {
                             continue;
                         }
+                        // Read on until it exits (its reader is stopped then):
+                        // an empty datagram or an error is not an end.
+                        w.reports = Some(events.spawn(read_report(i, pid, channel)));
                         let text = match report {
-                            // Its end closed: it is exiting.
                             Ok(bytes) if bytes.is_empty() => continue,
                             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                             Err(e) => {
@@ -426,10 +474,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                                 continue;
                             }
                         };
-                        w.reports = Some(events.spawn(read_report(i, pid, channel)));
                         let was_awaited = awaiting.contains(&i);
                         awaiting.retain(|&a| a != i);
-                        if text == crate::config::source::SERVING && replacing.is_some_and(|(r, _)| r == i) {
+                        // Its successor serves (not the worker replaced).
+                        if text == crate::config::source::SERVING
+                            && replacing.is_some_and(|(r, old)| r == i && old != pid)
+                        {
                             replacing = None;
                         }
                         if let Some(why) = text.strip_prefix("failed: ") {
@@ -441,7 +491,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                             // `server.user`, as the supervisor checked them.
                             tracing::error!(
                                 "worker {i} (pid {pid}) could not apply the configuration the supervisor validated \
-                                 ({why}); replacing it with a worker started on it"
+                                 ({why:?}); replacing it with a worker started on it"
                             );
                             replaced = true;
                             if !to_replace.iter().any(|&(a, _)| a == i) {
@@ -449,17 +499,17 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                             }
                         }
                         if replacing.is_none() && !stopping {
-                            replacing = replace_next(&mut to_replace, &workers);
+                            replacing = replace_next(&mut to_replace, &workers, &mut events);
                         }
                         if was_awaited && awaiting.is_empty() {
-                            if replaced {
-                                tracing::info!(
-                                    "reload: applied by the workers that could; those that could not are being \
-                                     replaced by workers started on it"
-                                );
-                            } else {
-                                tracing::info!("reload: applied by every worker");
-                            }
+                            reload_done(replaced);
+                        }
+                    }
+                    Ok(Event::ReplaceDue(i, old)) => {
+                        // Its successor never said it serves (its report
+                        // lost, or not read): it runs; the next goes.
+                        if replacing == Some((i, old)) && workers[i].pid.is_some_and(|p| p != old) && !stopping {
+                            replacing = replace_next(&mut to_replace, &workers, &mut events);
                         }
                     }
                     // A worker's report reader, stopped with it.

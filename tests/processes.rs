@@ -1343,3 +1343,54 @@ async fn read_served(s: &mut TcpStream) -> bool {
     }
     true
 }
+
+/// A reload no worker can apply and no worker could start on (a new
+/// listener on a port another program holds, which the supervisor's check
+/// does not bind): the first worker that says so is replaced, its
+/// successor exits before it serves, and the replacements stop there: the
+/// other worker keeps serving the configuration it runs instead of being
+/// stopped to crash-loop as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_replacement_cannot_start_leaves_the_other_workers_serving() {
+    let a = origin("a").await;
+    let b = origin("b").await;
+    let addr = free_addr();
+    let p = Portico::start(&config(&addr, &a, &b, "a")).await;
+    both_started(&p).await;
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let port = held.local_addr().expect("addr").port();
+    let text = format!(
+        "{}\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n",
+        config(&addr, &a, &b, "b")
+    )
+    .replace("{dir}", p.dir().to_str().expect("utf-8"));
+    p.rewrite_config(&text);
+    p.signal(libc::SIGHUP);
+    let log = p.until_logged("exited before it served", 1).await;
+    assert!(log.contains("keep running the configuration they had"), "{log}");
+    assert_eq!(log.matches("could not apply the configuration").count(), 2, "{log}");
+    // The other worker serves on, on route a; the slot being replaced
+    // keeps failing to start (and may reset a connection that lands on
+    // it meanwhile).
+    let mut served = 0;
+    for i in 0..20 {
+        let Ok(mut s) = TcpStream::connect(p.addr()).await else {
+            continue;
+        };
+        let req = format!("GET /z{i} HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n");
+        let mut buf = Vec::new();
+        if s.write_all(req.as_bytes()).await.is_err()
+            || !matches!(
+                tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await,
+                Ok(Ok(_))
+            )
+            || buf.is_empty()
+        {
+            continue;
+        }
+        assert_eq!(parse_response(&buf).body_str(), format!("a /z{i}"));
+        served += 1;
+    }
+    assert!(served >= 10, "{served} of 20 served\n{}", p.stderr());
+    drop(held);
+}
