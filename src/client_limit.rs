@@ -157,7 +157,7 @@ pub(crate) fn admit(ip: IpAddr) -> Result<Option<ClientSlot>, u32> {
         crate::shared_conns::Admit::Over(open) => return Err(refuse(ip, open, limit)),
         crate::shared_conns::Admit::NoRoom => {
             COUNTED_APART.fetch_add(1, Ordering::Relaxed);
-            if log_due(&NO_ROOM_LOGGED) {
+            if crate::util::log_due(&NO_ROOM_LOGGED) {
                 tracing::warn!(
                     client = %ip,
                     "the table of connection counts shared by the worker processes (limits.client_table = {}) \
@@ -217,7 +217,7 @@ fn admit_here(ip: IpAddr, key: u128, limit: u32) -> Result<Option<ClientSlot>, u
 /// with `open` open under `limit`: `open`.
 fn refuse(ip: IpAddr, open: u32, limit: u32) -> u32 {
     REFUSED.fetch_add(1, Ordering::Relaxed);
-    if log_due(&LOGGED) {
+    if crate::util::log_due(&LOGGED) {
         tracing::warn!(
             client = %ip,
             "connection closed: the client has {open} open, limits.max_connections_per_client = {limit} \
@@ -225,16 +225,6 @@ fn refuse(ip: IpAddr, open: u32, limit: u32) -> u32 {
         );
     }
     open
-}
-
-/// True at most once a second for each `last` (the second of the last
-/// true, since the Unix epoch): refusals that an abusive client can make by
-/// the thousand are logged that often, and counted in full elsewhere.
-pub(crate) fn log_due(last: &AtomicU64) -> bool {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    last.swap(now, Ordering::Relaxed) != now
 }
 
 #[cfg(test)]

@@ -307,7 +307,7 @@ impl RouteRate {
         };
         if self.is_total() {
             ROUTE_TOTAL_REFUSED.fetch_add(1, Ordering::Relaxed);
-            if crate::client_limit::log_due(&ROUTE_TOTAL_LOGGED) {
+            if crate::util::log_due(&ROUTE_TOTAL_LOGGED) {
                 tracing::warn!(
                     client = %ip,
                     "request refused with 503: rule[{}].total_request_rate = {} a second for all clients \
@@ -321,7 +321,7 @@ impl RouteRate {
             return Err(wait);
         }
         ROUTE_REFUSED.fetch_add(1, Ordering::Relaxed);
-        if crate::client_limit::log_due(&ROUTE_LOGGED) {
+        if crate::util::log_due(&ROUTE_LOGGED) {
             tracing::warn!(
                 client = %ip,
                 "request refused with 429: the client is over rule[{}].request_rate = {} a second \
@@ -376,7 +376,7 @@ pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
         return Ok(());
     };
     REFUSED.fetch_add(1, Ordering::Relaxed);
-    if crate::client_limit::log_due(&LOGGED) {
+    if crate::util::log_due(&LOGGED) {
         tracing::warn!(
             client = %ip,
             "request refused with 429: the client is over limits.client_request_rate = {rate} a second \

@@ -378,7 +378,7 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             let _ = client_bucket(words, free).compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
             if held.saturating_add(1_000_000_000) > now {
                 EVICTED.fetch_add(1, Ordering::Relaxed);
-                if crate::client_limit::log_due(&EVICTED_LOGGED) {
+                if crate::util::log_due(&EVICTED_LOGGED) {
                     tracing::warn!(
                         "the table of per-client buckets (request rates, bandwidth; limits.client_table = {n}) is \
                          full where a new client hashes: a bucket in use was given to it (its client starts \

@@ -267,6 +267,15 @@ pub fn box_in_place<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pi
     Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
+/// True at most once a second for each `last` (the second of the last
+/// true, since the Unix epoch): what an abusive client or a failing disk
+/// can cause by the thousand (refusals, read errors) is logged that often,
+/// and counted in full elsewhere.
+pub(crate) fn log_due(last: &std::sync::atomic::AtomicU64) -> bool {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    last.swap(now, Ordering::Relaxed) != now
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

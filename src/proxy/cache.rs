@@ -1158,7 +1158,17 @@ impl Transaction<'_, '_> {
                         let data = match tap.read(sent, n).await {
                             Ok(data) => data,
                             Err(e) => {
-                                tracing::debug!(key = self.key.text(), sent, "cannot read the fetch's file: {e}");
+                                // A disk error: said, at most once a second.
+                                static LOGGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                                if crate::util::log_due(&LOGGED) {
+                                    tracing::warn!(
+                                        key = self.key.text(),
+                                        sent,
+                                        "cannot read the file a fetch is writing, for a client behind it: {}; it gets \
+                                         the rest once the fetch has stored it (logged at most once a second)",
+                                        crate::util::io_cause(&e)
+                                    );
+                                }
                                 from = u64::MAX;
                                 continue;
                             }
