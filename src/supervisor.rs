@@ -24,7 +24,9 @@
 //!   text it validated on the worker's channel (and hands it to those it
 //!   starts later) and SIGHUP goes to every worker, which reloads itself
 //!   from that text. A worker still starting gets it once it can (the
-//!   signal waits, blocked).
+//!   signal waits, blocked). Each worker answers on its channel whether it
+//!   applied it; one that could not (as `server.user`) is replaced by one
+//!   started on it, one at a time, until a successor cannot start.
 //! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
 //!   each worker reopens its error and access logs.
 //! - `server.user`: the supervisor stays as started (root, to write and
@@ -124,8 +126,9 @@ fn replace_next(
             // our child's, not yet reaped (its exit clears `pid`).
             unsafe { libc::kill(raw, libc::SIGTERM) };
         }
-        // Its draining, a restart delay and the successor's start all
-        // fit well within this; the successor's `serving` comes first.
+        // Looked at again every so often while it drains (up to
+        // `server.shutdown_timeout`) or its successor starts; the
+        // successor's `serving` normally comes first.
         events.spawn(async move {
             tokio::time::sleep(SERVING_WITHIN).await;
             Event::ReplaceDue(i, pid)
@@ -319,6 +322,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         // have workers behind them.
         let mut to_replace: std::collections::VecDeque<(usize, u32)> = std::collections::VecDeque::new();
         let mut replacing: Option<(usize, u32)> = None;
+        // A successor exited before it served: no more are replaced until
+        // the next reload.
+        let mut halted = false;
         loop {
             if stopping && workers.iter().all(|w| w.pid.is_none()) {
                 tracing::info!("all workers have exited; supervisor exiting");
@@ -335,14 +341,26 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                     Sig::Term(name) => {
                         crate::notify::stopping("stopping the workers");
                         tracing::info!("{name}: stopping the workers");
+                        // A worker being replaced drains already: a second
+                        // SIGTERM would make it exit at once (as a second
+                        // one to the supervisor means).
+                        let draining = replacing.filter(|(r, old)| !stopping && workers[*r].pid == Some(*old));
                         stopping = true;
-                        signal_all(&workers, libc::SIGTERM);
+                        for (i, w) in workers.iter().enumerate() {
+                            if draining.is_none_or(|(r, _)| r != i) {
+                                signal_one(w, libc::SIGTERM);
+                            }
+                        }
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => {
                         if reload(&config, config_path.as_ref(), &mut env, &workers) {
+                            // Every worker answers this one afresh: those
+                            // that could not apply the last may apply it.
                             awaiting = (0..n).filter(|&i| workers[i].reports.is_some()).collect();
                             replaced = false;
+                            halted = false;
+                            to_replace.clear();
                             crate::notify::reloading();
                             if relay.is_some() {
                                 // Ready again once every worker says so.
@@ -389,25 +407,23 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         let was_awaited = awaiting.contains(&i);
                         awaiting.retain(|&a| a != i);
                         to_replace.retain(|&(a, _)| a != i);
-                        if awaiting.is_empty() && was_awaited {
+                        if awaiting.is_empty() && was_awaited && !stopping {
                             reload_done(replaced);
                         }
                         // The successor of a worker being replaced died
                         // before it served: the new configuration does not
                         // start either (a port another program holds, say),
                         // and replacing the others would stop them too. They
-                        // keep what they run.
-                        if replacing.is_some_and(|(r, old)| r == i && old != pid) {
+                        // keep what they run, until the next reload.
+                        if replacing.is_some_and(|(r, old)| r == i && old != pid) && !stopping {
                             replacing = None;
-                            if !to_replace.is_empty() {
-                                tracing::error!(
-                                    "worker {i}'s successor, started on the configuration the supervisor validated, \
-                                     exited before it served: the {} other workers that could not apply it are not \
-                                     replaced, and keep running the configuration they had",
-                                    to_replace.len()
-                                );
-                                to_replace.clear();
-                            }
+                            halted = true;
+                            tracing::error!(
+                                "worker {i}'s successor, started on the configuration the supervisor validated, \
+                                 exited before it served: the other workers that could not apply it are not \
+                                 replaced, and keep running the configuration they had, until the next reload"
+                            );
+                            to_replace.clear();
                         }
                         let w = &mut workers[i];
                         // Its connections are closed: their clients may
@@ -470,12 +486,25 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                             Ok(bytes) if bytes.is_empty() => continue,
                             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                             Err(e) => {
-                                tracing::warn!("cannot read worker {i}'s reports: {}", crate::util::io_cause(&e));
+                                static LOGGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                                if crate::util::log_due(&LOGGED) {
+                                    tracing::warn!(
+                                        "cannot read worker {i}'s reports: {} (logged at most once a second)",
+                                        crate::util::io_cause(&e)
+                                    );
+                                }
                                 continue;
                             }
                         };
-                        let was_awaited = awaiting.contains(&i);
-                        awaiting.retain(|&a| a != i);
+                        // Only an outcome answers a reload (a worker still
+                        // starting says it serves first).
+                        let was_awaited = awaiting.contains(&i) && text != crate::config::source::SERVING;
+                        if was_awaited {
+                            awaiting.retain(|&a| a != i);
+                        }
+                        if text == "applied" {
+                            to_replace.retain(|&(a, _)| a != i);
+                        }
                         // Its successor serves (not the worker replaced).
                         if text == crate::config::source::SERVING
                             && replacing.is_some_and(|(r, old)| r == i && old != pid)
@@ -494,11 +523,16 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                                  ({why:?}); replacing it with a worker started on it"
                             );
                             replaced = true;
-                            if !to_replace.iter().any(|&(a, _)| a == i) {
+                            if halted {
+                                tracing::error!(
+                                    "worker {i} is not replaced: a successor already could not start on this \
+                                     configuration"
+                                );
+                            } else if !to_replace.iter().any(|&(a, _)| a == i) {
                                 to_replace.push_back((i, pid));
                             }
                         }
-                        if replacing.is_none() && !stopping {
+                        if replacing.is_none() && !stopping && !halted {
                             replacing = replace_next(&mut to_replace, &workers, &mut events);
                         }
                         if was_awaited && awaiting.is_empty() {
@@ -506,10 +540,19 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         }
                     }
                     Ok(Event::ReplaceDue(i, old)) => {
-                        // Its successor never said it serves (its report
-                        // lost, or not read): it runs; the next goes.
-                        if replacing == Some((i, old)) && workers[i].pid.is_some_and(|p| p != old) && !stopping {
-                            replacing = replace_next(&mut to_replace, &workers, &mut events);
+                        if replacing == Some((i, old)) && !stopping {
+                            if workers[i].pid.is_some_and(|p| p != old) {
+                                // Its successor has run that long without
+                                // saying it serves (its report lost, or not
+                                // read): it runs; the next goes.
+                                replacing = replace_next(&mut to_replace, &workers, &mut events);
+                            } else {
+                                // Still draining, or not started again yet.
+                                events.spawn(async move {
+                                    tokio::time::sleep(SERVING_WITHIN).await;
+                                    Event::ReplaceDue(i, old)
+                                });
+                            }
                         }
                     }
                     // A worker's report reader, stopped with it.
@@ -830,16 +873,21 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     }
 }
 
+/// Sends `sig` to every worker that runs.
 fn signal_all(workers: &[Worker], sig: libc::c_int) {
-    for pid in workers.iter().filter_map(|w| w.pid) {
-        if let Ok(pid) = libc::pid_t::try_from(pid)
-            && pid > 0
-        {
-            // SAFETY: kill has no memory-safety preconditions; the pid is a
-            // child of ours not yet reaped (its exit event clears it).
-            unsafe {
-                libc::kill(pid, sig);
-            }
+    workers.iter().for_each(|w| signal_one(w, sig));
+}
+
+/// Sends `sig` to worker `w`, if it runs.
+fn signal_one(w: &Worker, sig: libc::c_int) {
+    if let Some(pid) = w.pid
+        && let Ok(pid) = libc::pid_t::try_from(pid)
+        && pid > 0
+    {
+        // SAFETY: kill has no memory-safety preconditions; the pid is a
+        // child of ours not yet reaped (its exit event clears it).
+        unsafe {
+            libc::kill(pid, sig);
         }
     }
 }
