@@ -713,15 +713,7 @@ async fn with_processes_every_worker_serves_as_the_configured_user() {
     let cache = open_dir();
     let p = Portico::start(&dropping_config(&free_addr(), cache.path(), "processes = 2\n")).await;
     let error = p.dir().join("error.log");
-    assert!(
-        eventually(Duration::from_secs(10), || read(&error)
-            .matches("switched to user nobody")
-            .count()
-            == 2)
-        .await,
-        "{}",
-        read(&error)
-    );
+    until_both_switched(&error).await;
     let children = read(Path::new(&format!("/proc/{0}/task/{0}/children", p.pid())));
     let workers: Vec<u32> = children.split_whitespace().filter_map(|n| n.parse().ok()).collect();
     assert_eq!(workers.len(), 2, "{children:?}");
@@ -911,15 +903,7 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
     let config = dropping_config(&addr, cache.path(), "processes = 2\n");
     let p = Portico::start(&config).await;
     let error = p.dir().join("error.log");
-    assert!(
-        eventually(Duration::from_secs(10), || read(&error)
-            .matches("switched to user nobody")
-            .count()
-            == 2)
-        .await,
-        "{}",
-        read(&error)
-    );
+    until_both_switched(&error).await;
     assert_eq!(get_through(p.addr(), &origin).await.0, 200);
     let users = p.dir().join("users.htpasswd");
     let made = std::process::Command::new("htpasswd")
@@ -961,5 +945,19 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
         read(&error).contains("reload: applied by the workers that could"),
         "{}",
         read(&error)
+    );
+}
+
+/// Waits until both workers have logged their switch to `nobody` in
+/// `error` (panics after 10 s).
+async fn until_both_switched(error: &Path) {
+    assert!(
+        eventually(Duration::from_secs(10), || read(error)
+            .matches("switched to user nobody")
+            .count()
+            == 2)
+        .await,
+        "{}",
+        read(error)
     );
 }
