@@ -85,11 +85,12 @@ struct Worker {
 enum Event {
     Exited(usize, std::io::Result<ExitStatus>),
     Restart(usize),
-    /// Worker I (pid P) reported on its channel (read from the second
-    /// field, handed back to read the next).
+    /// Worker I (pid P) reported on its channel (the third field, handed
+    /// back to read the next report from).
     Report(usize, u32, AsyncFd<std::os::fd::OwnedFd>, std::io::Result<Vec<u8>>),
-    /// Worker I (pid P), stopped to be replaced, has had a successor for
-    /// long enough to be serving.
+    /// Worker I (pid P) was stopped to be replaced [`SERVING_WITHIN`] ago
+    /// (or was last looked at then): time to see whether its successor
+    /// runs.
     ReplaceDue(usize, u32),
 }
 
@@ -97,9 +98,15 @@ enum Event {
 /// before the next worker is replaced anyway.
 const SERVING_WITHIN: Duration = Duration::from_secs(30);
 
-/// Logs that every worker awaited has answered a reload.
-fn reload_done(replaced: bool) {
-    if replaced {
+/// Logs that every worker awaited has answered a reload; `halted`: a
+/// successor could not start on it, so the others are not replaced.
+fn reload_done(replaced: bool, halted: bool) {
+    if halted {
+        tracing::info!(
+            "reload: applied by the workers that could; the others keep the configuration they had (a worker \
+             started on it could not serve)"
+        );
+    } else if replaced {
         tracing::info!(
             "reload: applied by the workers that could; those that could not are being replaced by workers \
              started on it"
@@ -408,7 +415,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         awaiting.retain(|&a| a != i);
                         to_replace.retain(|&(a, _)| a != i);
                         if awaiting.is_empty() && was_awaited && !stopping {
-                            reload_done(replaced);
+                            reload_done(replaced, halted);
                         }
                         // The successor of a worker being replaced died
                         // before it served: the new configuration does not
@@ -536,7 +543,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                             replacing = replace_next(&mut to_replace, &workers, &mut events);
                         }
                         if was_awaited && awaiting.is_empty() {
-                            reload_done(replaced);
+                            reload_done(replaced, halted);
                         }
                     }
                     Ok(Event::ReplaceDue(i, old)) => {
