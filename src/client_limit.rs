@@ -44,6 +44,7 @@ static COUNTED_APART: AtomicU64 = AtomicU64::new(0);
 pub fn counted_apart() -> u64 {
     COUNTED_APART.load(Ordering::Relaxed)
 }
+
 /// A [`ClientSlot`] in the shared table has this bit set, and the slot's
 /// number below it; one in the process's own table has it clear.
 const SHARED: u32 = 1 << 31;
