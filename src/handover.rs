@@ -58,12 +58,50 @@ pub(crate) fn memory_file(name: &std::ffi::CStr) -> std::io::Result<File> {
 pub fn shared_memory(name: &std::ffi::CStr, len: usize) -> std::io::Result<File> {
     let file = memory_file(name)?;
     file.set_len(len as u64)?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    add_seals(&file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)?;
+    Ok(file)
+}
+
+/// Seals `file` with `seals` (F_ADD_SEALS).
+fn add_seals(file: &File, seals: libc::c_int) -> std::io::Result<()> {
     // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(file)
+    Ok(())
+}
+
+/// Whether `fd` is a memory file sealed with (at least) `seals`.
+fn has_seals(fd: RawFd, seals: libc::c_int) -> bool {
+    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
+    let held = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    held >= 0 && held & seals == seals
+}
+
+/// The size of the file `fd` in bytes.
+fn file_len(fd: RawFd) -> Result<usize, String> {
+    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
+    // is a valid value of it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the `stat` it is given, which lives for the
+    // call; any descriptor number is safe to ask about.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(usize::try_from(st.st_size).unwrap_or(0))
+}
+
+/// `Ok` when `words[at]` holds `mark`, the layout this build writes: a
+/// supervisor of another build (the binary upgraded under it) laid the
+/// memory out otherwise, and it is not to be used.
+pub fn check_mark(words: &[AtomicU64], at: usize, mark: u64) -> Result<(), String> {
+    let seen = words[at].load(std::sync::atomic::Ordering::Acquire);
+    if seen != mark {
+        return Err(format!(
+            "the memory is laid out by another build of portico (mark {seen:#x}): restart the server"
+        ));
+    }
+    Ok(())
 }
 
 /// In a worker: the shared memory file named in `var` ([`inherited_fd`]),
@@ -76,10 +114,7 @@ pub fn map_inherited(var: &'static str, min_words: usize) -> Option<Result<&'sta
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
     };
-    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    let mapped = if seals >= 0 && seals & sealed == sealed {
+    let mapped = if has_seals(fd, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) {
         map_whole(fd, min_words)
     } else {
         Err(format!("fd {fd} is not the supervisor's sealed memory file"))
@@ -93,16 +128,12 @@ pub fn map_inherited(var: &'static str, min_words: usize) -> Option<Result<&'sta
 /// Maps the whole memory file `fd` as atomic words, shared, if it has at
 /// least `min_words` (a size that is no whole number of words is cut).
 pub fn map_whole(fd: RawFd, min_words: usize) -> Result<&'static [AtomicU64], String> {
-    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
-    // is a valid value of it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into the `stat` it is given, which lives for the
-    // call; any descriptor number is safe to ask about.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+    let len = file_len(fd)?;
+    let words = len / std::mem::size_of::<AtomicU64>();
+    if words < min_words {
+        return Err(format!("fd {fd} holds {len} bytes, not {}", min_words * 8));
     }
-    let words = usize::try_from(st.st_size).unwrap_or(0) / std::mem::size_of::<AtomicU64>();
-    map_words(fd, words.max(min_words))
+    mmap_words(fd, words)
 }
 
 /// `n` atomic words, zero, for the life of the process: taken from the
@@ -130,18 +161,16 @@ pub fn zeroed_words(n: usize) -> &'static [AtomicU64] {
 /// Maps the first `words` atomic words of the memory file `fd`, shared,
 /// for the life of the process (the descriptor may be closed after).
 pub fn map_words(fd: RawFd, words: usize) -> Result<&'static [AtomicU64], String> {
+    let len = file_len(fd)?;
+    if len < words * std::mem::size_of::<AtomicU64>() {
+        return Err(format!("fd {fd} holds {len} bytes, not {}", words * 8));
+    }
+    mmap_words(fd, words)
+}
+
+/// Maps `words` atomic words of `fd`, which holds at least that many.
+fn mmap_words(fd: RawFd, words: usize) -> Result<&'static [AtomicU64], String> {
     let len = words * std::mem::size_of::<AtomicU64>();
-    // SAFETY: `libc::stat` is plain old data (integers only): all zeros
-    // is a valid value of it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into the `stat` it is given, which lives for the
-    // call; any descriptor number is safe to ask about.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
-    }
-    if usize::try_from(st.st_size).unwrap_or(0) < len {
-        return Err(format!("fd {fd} holds {} bytes, not {len}", st.st_size));
-    }
     // SAFETY: a new shared mapping of `len` bytes of `fd` at an address the
     // kernel picks; nothing else in this process is mapped there.
     let at = unsafe {
@@ -181,10 +210,7 @@ pub fn inherit_in_child(fd: RawFd) -> std::io::Result<()> {
 pub fn sealed(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<OwnedFd> {
     let mut f = memory_file(name)?;
     f.write_all(bytes)?;
-    // SAFETY: fcntl with F_ADD_SEALS takes an integer, no pointer.
-    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    add_seals(&f, SEALS)?;
     Ok(f.into())
 }
 
@@ -216,7 +242,7 @@ pub fn take_sealed(var: &'static str) -> Option<Result<Vec<u8>, String>> {
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
     };
-    if !is_sealed(fd) {
+    if !has_seals(fd, SEALS) {
         return Some(Err(format!("{var}={fd} is not the supervisor's sealed memory file")));
     }
     // SAFETY: the descriptor was inherited for this process to read once
@@ -224,13 +250,6 @@ pub fn take_sealed(var: &'static str) -> Option<Result<Vec<u8>, String>> {
     // is closed once read.
     let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     Some(read_whole(&f).map_err(|e| format!("{var}: {}", crate::util::io_cause(&e))))
-}
-
-/// Whether `fd` is a memory file nobody can change.
-fn is_sealed(fd: RawFd) -> bool {
-    // SAFETY: fcntl with F_GET_SEALS takes no pointer; any number is safe.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    seals >= 0 && seals & SEALS == SEALS
 }
 
 /// The whole of `f`, read at offsets: its position is shared with every
@@ -369,7 +388,7 @@ impl Channel {
         let Some(fd) = last else {
             return Ok(None);
         };
-        if !is_sealed(fd.as_fd().as_raw_fd()) {
+        if !has_seals(fd.as_fd().as_raw_fd(), SEALS) {
             return Err(std::io::Error::other(
                 "the supervisor sent something else than a sealed memory file",
             ));
@@ -386,7 +405,7 @@ mod tests {
     fn a_sealed_memory_file_cannot_be_changed_and_is_read_whole_wherever_its_position() {
         use std::io::{Read, Seek};
         let fd = sealed(c"test", b"[server]\nworkers = 3\n").expect("memory file");
-        assert!(is_sealed(fd.as_raw_fd()));
+        assert!(has_seals(fd.as_raw_fd(), SEALS));
         let mut f = File::from(fd);
         assert!(f.write_all(b"x").is_err(), "sealed against writes");
         assert!(f.set_len(0).is_err(), "and against shrinking");

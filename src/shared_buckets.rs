@@ -49,8 +49,7 @@ pub const SLOTS: usize = 1024;
 /// client (`limits.client_request_rate`, a route's `request_rate`,
 /// `limits.client_bandwidth`), unless [`set_client_table`] says otherwise
 /// (`limits.client_table`): 16 bytes each with their tags, touched a page
-/// at a time as clients come (all of it once a few thousand clients have
-/// asked).
+/// at a time as clients come.
 static CLIENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1 << 18);
 
 /// Sets the number of clients' buckets a table of this process's own has
@@ -171,7 +170,7 @@ pub fn report() {
 /// The memory file a supervisor handed this worker, mapped: None when
 /// this is no worker or none was handed.
 fn inherited() -> Option<Result<&'static [AtomicU64], String>> {
-    std::env::var_os("PORTICO_WORKER")?;
+    std::env::var_os(crate::notify::WORKER_KEY)?;
     let mapped = crate::handover::map_inherited(ENV_FD, words_for(WINDOW))?;
     Some(mapped.and_then(laid_out))
 }
@@ -182,17 +181,10 @@ fn map(fd: std::os::fd::RawFd) -> Result<&'static [AtomicU64], String> {
     crate::handover::map_whole(fd, words_for(WINDOW)).and_then(laid_out)
 }
 
-/// `words` if they are laid out as this build lays them out: a
-/// supervisor of another build (the binary upgraded under it) laid them
-/// out otherwise, and this worker keeps buckets of its own.
+/// `words` if they are laid out as this build lays them out (else this
+/// worker keeps buckets of its own).
 fn laid_out(words: &'static [AtomicU64]) -> Result<&'static [AtomicU64], String> {
-    let mark = words[LAYOUT].load(Ordering::Acquire);
-    if mark != LAYOUT_MARK {
-        return Err(format!(
-            "the memory is laid out by another build of portico (mark {mark:#x}): restart the server"
-        ));
-    }
-    Ok(words)
+    crate::handover::check_mark(words, LAYOUT, LAYOUT_MARK).map(|()| words)
 }
 
 /// Makes the memory file the supervisor hands its workers: [`SLOTS`]
@@ -344,29 +336,35 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
         // alike). Empty slots are all alike, their buckets not looked at,
         // so two processes choosing at once choose the same one and one
         // of them loses it.
-        let mut take: Option<(usize, u64, u64, (bool, u64))> = None;
-        for i in window(start, n) {
-            let seen = client_tag(words, i).load(Ordering::Acquire);
-            if seen == tag {
-                return bucket(i);
-            }
+        // The tags first: a client that has a slot (nearly always) costs
+        // no look at the buckets.
+        let slots: [(usize, u64); WINDOW] = std::array::from_fn(|k| {
+            let i = (start + k) % n;
+            (i, client_tag(words, i).load(Ordering::Acquire))
+        });
+        if let Some(&(i, _)) = slots.iter().find(|(_, seen)| *seen == tag) {
+            return bucket(i);
+        }
+        let mut take: Option<(usize, u64, u64)> = None;
+        for (i, seen) in slots {
             let held = if seen == 0 {
                 0
             } else {
                 client_bucket(words, i).load(Ordering::Acquire)
             };
-            let rank = (seen != 0, held);
-            if take.is_none_or(|(.., best)| rank < best) {
-                take = Some((i, seen, held, rank));
+            if take.is_none_or(|(_, best_seen, best_held)| (seen != 0, held) < (best_seen != 0, best_held)) {
+                take = Some((i, seen, held));
             }
         }
-        let Some((free, old, held, _)) = take else {
+        let Some((free, old, held)) = take else {
             break;
         };
         // Taken only as it was seen: if another process changed it since,
-        // look again.
+        // look again. (Sequentially consistent, as the look below: two
+        // processes taking slots for one client at once each see the
+        // other's, whatever the processor.)
         if client_tag(words, free)
-            .compare_exchange(old, tag, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(old, tag, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             continue;
@@ -389,7 +387,7 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
         }
         // Another process may have given this client a slot meanwhile:
         // the first in the window is the one; ours goes back, empty.
-        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag) {
+        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::SeqCst) == tag) {
             Some(first) if first != free => {
                 if client_tag(words, free)
                     .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire)

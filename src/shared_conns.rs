@@ -128,7 +128,7 @@ fn own() -> Table {
 /// or none was handed.
 #[allow(clippy::type_complexity)]
 fn inherited() -> Option<(usize, Result<(&'static [AtomicU64], usize), String>)> {
-    let worker = std::env::var("PORTICO_WORKER").ok()?.parse::<usize>().ok()?;
+    let worker = std::env::var(crate::notify::WORKER_KEY).ok()?.parse::<usize>().ok()?;
     let mapped = crate::handover::map_inherited(ENV_FD, SLOTS)?;
     Some((worker, mapped.and_then(|words| laid_out(words, worker))))
 }
@@ -136,12 +136,7 @@ fn inherited() -> Option<(usize, Result<(&'static [AtomicU64], usize), String>)>
 /// `words` and their number of slots, if laid out as this build lays them
 /// out, with a column for `worker`.
 fn laid_out(words: &'static [AtomicU64], worker: usize) -> Result<(&'static [AtomicU64], usize), String> {
-    let mark = words[LAYOUT].load(Ordering::Acquire);
-    if mark != LAYOUT_MARK {
-        return Err(format!(
-            "the memory is laid out by another build of portico (mark {mark:#x}): restart the server"
-        ));
-    }
+    crate::handover::check_mark(words, LAYOUT, LAYOUT_MARK)?;
     let n = usize::try_from(words[SIZE].load(Ordering::Acquire)).unwrap_or(0);
     // The worker's number comes from the environment: no arithmetic on
     // it overflows.
@@ -447,7 +442,7 @@ mod tests {
     }
 
     /// Every word of a column.
-    fn all_of(_worker: usize) -> impl Iterator<Item = usize> {
+    fn whole_column() -> impl Iterator<Item = usize> {
         0..column_words(N)
     }
 
@@ -504,7 +499,7 @@ mod tests {
             assert!(matches!(admit_in(&b, c, 4), Admit::In(_)));
         }
         assert_eq!(admit_in(&a, client, 4), Admit::Over(4));
-        give_back_in(words, N, 1, all_of(1));
+        give_back_in(words, N, 1, whole_column());
         // The two b held are back; the two a holds still count.
         assert!(matches!(admit_in(&a, client, 4), Admit::In(_)));
         assert!(matches!(admit_in(&a, client, 4), Admit::In(_)));
@@ -523,7 +518,7 @@ mod tests {
         // Given back (the supervisor took worker b for dead), the slot is
         // free, and the client's connection on worker a takes it: b's late
         // release must not take a's off the count.
-        give_back_in(words, N, 1, all_of(1));
+        give_back_in(words, N, 1, whole_column());
         assert_eq!(admit_in(&a, 5, 3), Admit::In(i));
         release_in(&b, i as usize);
         assert_eq!(
@@ -608,7 +603,9 @@ mod tests {
         assert_eq!(admit_in(&b, 9, 1), Admit::Over(1));
         shared.give_back(1);
         assert!(matches!(admit_in(&b, 9, 1), Admit::In(_)));
-        // A worker number past the memory's is nothing to give back.
+        // A worker number past the memory's is nothing to give back: the
+        // place just taken stays taken.
         shared.give_back(7);
+        assert_eq!(admit_in(&b, 9, 1), Admit::Over(1));
     }
 }

@@ -128,21 +128,23 @@ fn replace_next(
         if workers[i].pid != Some(pid) {
             continue;
         }
-        if let Ok(raw) = libc::pid_t::try_from(pid) {
-            // SAFETY: kill has no memory-safety preconditions; the pid is
-            // our child's, not yet reaped (its exit clears `pid`).
-            unsafe { libc::kill(raw, libc::SIGTERM) };
-        }
+        signal_one(&workers[i], libc::SIGTERM);
         // Looked at again every so often while it drains (up to
         // `server.shutdown_timeout`) or its successor starts; the
         // successor's `serving` normally comes first.
-        events.spawn(async move {
-            tokio::time::sleep(SERVING_WITHIN).await;
-            Event::ReplaceDue(i, pid)
-        });
+        replace_due_later(events, i, pid);
         return Some((i, pid));
     }
     None
+}
+
+/// Sends [`Event::ReplaceDue`] for worker `i` (pid `pid`) in
+/// [`SERVING_WITHIN`].
+fn replace_due_later(events: &mut JoinSet<Event>, i: usize, pid: u32) {
+    events.spawn(async move {
+        tokio::time::sleep(SERVING_WITHIN).await;
+        Event::ReplaceDue(i, pid)
+    });
 }
 
 /// Waits for worker `i`'s next report.
@@ -413,7 +415,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         }
                         let was_awaited = awaiting.contains(&i);
                         awaiting.retain(|&a| a != i);
-                        to_replace.retain(|&(a, _)| a != i);
                         if awaiting.is_empty() && was_awaited && !stopping {
                             reload_done(replaced, halted);
                         }
@@ -509,7 +510,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         if was_awaited {
                             awaiting.retain(|&a| a != i);
                         }
-                        if text == "applied" {
+                        if text == crate::config::source::APPLIED {
                             to_replace.retain(|&(a, _)| a != i);
                         }
                         // Its successor serves (not the worker replaced).
@@ -518,7 +519,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         {
                             replacing = None;
                         }
-                        if let Some(why) = text.strip_prefix("failed: ") {
+                        if let Some(why) = text.strip_prefix(crate::config::source::FAILED) {
                             // It runs another configuration than the
                             // others, and would start on the new one if it
                             // were restarted: it is. A worker starts as the
@@ -539,7 +540,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                                 to_replace.push_back((i, pid));
                             }
                         }
-                        if replacing.is_none() && !stopping && !halted {
+                        // (Nothing is queued while halted.)
+                        if replacing.is_none() && !stopping {
                             replacing = replace_next(&mut to_replace, &workers, &mut events);
                         }
                         if was_awaited && awaiting.is_empty() {
@@ -555,10 +557,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                                 replacing = replace_next(&mut to_replace, &workers, &mut events);
                             } else {
                                 // Still draining, or not started again yet.
-                                events.spawn(async move {
-                                    tokio::time::sleep(SERVING_WITHIN).await;
-                                    Event::ReplaceDue(i, old)
-                                });
+                                replace_due_later(&mut events, i, old);
                             }
                         }
                     }
@@ -619,9 +618,6 @@ fn start(
         cmd.env_remove(var);
     }
     w.channel = None;
-    if let Some(reports) = w.reports.take() {
-        reports.abort();
-    }
     let mut theirs = None;
     if let Some(start) = &env.start_file {
         let (ours, their_end) = match crate::handover::channel() {
@@ -690,7 +686,7 @@ fn start(
         Some(path) => cmd.env(crate::notify::ENV, path),
         None => cmd.env_remove(crate::notify::ENV),
     };
-    cmd.env("PORTICO_WORKER", i.to_string())
+    cmd.env(crate::notify::WORKER_KEY, i.to_string())
         .stdin(std::process::Stdio::null())
         .process_group(0)
         .kill_on_drop(false);

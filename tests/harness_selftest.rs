@@ -77,11 +77,15 @@ async fn until_logged_waits_for_lines_yet_to_come_and_counts_them() {
     let p = Portico::start(&format!("[[listener]]\naddress = \"{}\"\n", free_addr())).await;
     let text = "reloaded ";
     assert!(!p.stderr().contains(text));
-    let waiting = p.until_logged(text, 2);
-    p.signal(libc::SIGHUP);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    p.signal(libc::SIGHUP);
-    let log = waiting.await;
+    // The wait runs while the lines are yet to come (a future runs only
+    // when polled: joined, not awaited after the signals).
+    let signals = async {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        p.signal(libc::SIGHUP);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        p.signal(libc::SIGHUP);
+    };
+    let (log, ()) = tokio::join!(p.until_logged(text, 2), signals);
     assert_eq!(log.matches(text).count(), 2, "{log}");
 }
 

@@ -942,7 +942,7 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
         }
     }
     assert!(
-        read(&error).contains("reload: applied by the workers that could"),
+        read(&error).contains("those that could not are being replaced"),
         "{}",
         read(&error)
     );

@@ -131,8 +131,8 @@ pub fn applied() {
 /// process on its own, or a worker with no channel, has no one to tell.
 pub fn report(outcome: Result<(), &str>) {
     let text = match outcome {
-        Ok(()) => "applied".to_string(),
-        Err(e) => format!("failed: {e}"),
+        Ok(()) => APPLIED.to_string(),
+        Err(e) => format!("{FAILED}{e}"),
     };
     tell_supervisor(&text, "how the reload went");
 }
@@ -146,6 +146,10 @@ pub fn report_serving() {
 
 /// What [`report_serving`] says.
 pub const SERVING: &str = "serving";
+/// What [`report`] says of a reload applied.
+pub const APPLIED: &str = "applied";
+/// How [`report`] starts a reload's failure, followed by why.
+pub const FAILED: &str = "failed: ";
 
 fn tell_supervisor(text: &str, what: &str) {
     let Some(channel) = HANDED.get().and_then(|h| h.channel.as_ref()) else {
