@@ -59,19 +59,19 @@ fn bind_only(cfg: &ListenerConfig, reuse_port: bool) -> Result<Socket, String> {
     Ok(socket)
 }
 
-/// Checks that every listener of `config` can be bound (as its workers
-/// will bind them, with SO_REUSEPORT when there are several), without
-/// listening: the multi-process supervisor's start-up check. A listening
-/// socket here would take connections in the moment before it is closed,
-/// and closing it would reset them.
-pub fn check_bindable(config: &crate::config::Config) -> Result<(), String> {
-    let reuse_port = config.server.processes > 1;
-    let held = config
-        .listener
+/// Checks that every listener of `listeners` whose address is not in
+/// `held` can be bound as the workers of several processes will bind them
+/// (SO_REUSEPORT), without listening: the multi-process supervisor's check
+/// at start-up (nothing held) and on a reload (what the workers may hold
+/// already). A listening socket here would take connections in the moment
+/// before it is closed, and closing it would reset them.
+pub fn check_bindable(listeners: &[ListenerConfig], held: &[std::net::SocketAddr]) -> Result<(), String> {
+    let bound = listeners
         .iter()
-        .map(|l| bind_only(l, reuse_port))
+        .filter(|l| !held.contains(&l.address))
+        .map(|l| bind_only(l, true))
         .collect::<Result<Vec<_>, _>>()?;
-    drop(held);
+    drop(bound);
     Ok(())
 }
 

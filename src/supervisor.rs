@@ -185,7 +185,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here (without listening), then
     // let go of it.
-    crate::listen::check_bindable(&config)?;
+    crate::listen::check_bindable(&config.listener, &[])?;
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
@@ -334,6 +334,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         // A successor exited before it served: no more are replaced until
         // the next reload.
         let mut halted = false;
+        // Every listener address of every configuration handed to the
+        // workers: those a worker may hold a socket on. A reload's check
+        // binds only the others, since one a worker added on a reload is
+        // owned by `server.user`, and root's SO_REUSEPORT bind next to it
+        // would fail. (An address dropped and added again is left to the
+        // workers' own bind, as an unchecked one would be.)
+        let mut held: Vec<std::net::SocketAddr> = config.listener.iter().map(|l| l.address).collect();
         loop {
             if stopping && workers.iter().all(|w| w.pid.is_none()) {
                 tracing::info!("all workers have exited; supervisor exiting");
@@ -363,7 +370,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => {
-                        if reload(&config, config_path.as_ref(), &mut env, &workers) {
+                        if reload(&config, config_path.as_ref(), &mut env, &workers, &mut held) {
                             // Every worker answers this one afresh: those
                             // that could not apply the last may apply it.
                             awaiting = (0..n).filter(|&i| workers[i].reports.is_some()).collect();
@@ -420,7 +427,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                         }
                         // The successor of a worker being replaced died
                         // before it served: the new configuration does not
-                        // start either (a port another program holds, say),
+                        // start either (a file no check reads, say),
                         // and replacing the others would stop them too. They
                         // keep what they run, until the next reload.
                         if replacing.is_some_and(|(r, old)| r == i && old != pid) && !stopping {
@@ -806,19 +813,30 @@ async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize>
     }
 }
 
-/// Validates the config file once, hands the workers the text it
-/// validated, then asks every worker to reload; true if it did.
-fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, workers: &[Worker]) -> bool {
+/// Validates the config file once (its new listeners bound, as at the
+/// start, unless their address is `held`), hands the workers the text it
+/// validated, then asks every worker to reload; true if it did, and then
+/// `held` has the new listeners' addresses too.
+fn reload(
+    config: &Config,
+    config_path: Option<&PathBuf>,
+    env: &mut WorkerEnv,
+    workers: &[Worker],
+    held: &mut Vec<std::net::SocketAddr>,
+) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
         return false;
     };
     // Checked as `portico check` does, certificates included: what the
     // workers get is what a worker restarted later starts on, and one it
-    // would refuse would keep it from starting.
+    // would refuse would keep it from starting. So is a new listener on a
+    // port another program holds: refused here, rather than by every
+    // worker and then every successor.
     let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
-        .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)));
+        .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)))
+        .and_then(|(new, text)| crate::listen::check_bindable(&new.listener, held).map(|()| (new, text)));
     match checked {
         Err(e) => {
             tracing::error!("reload failed, still running on the previous config: {e}");
@@ -868,6 +886,11 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                     new.server.processes,
                     config.server.processes
                 );
+            }
+            for l in &new.listener {
+                if !held.contains(&l.address) {
+                    held.push(l.address);
+                }
             }
             tracing::info!("SIGHUP: {} is valid; the workers reload it", path.display());
             signal_all(workers, libc::SIGHUP);

@@ -1344,12 +1344,12 @@ async fn read_served(s: &mut TcpStream) -> bool {
     true
 }
 
-/// A reload no worker can apply and no worker could start on (a new
-/// listener on a port another program holds, which the supervisor's check
-/// does not bind): the first worker that says so is replaced, its
-/// successor exits before it serves, and the replacements stop there: the
-/// other worker keeps serving the configuration it runs instead of being
-/// stopped to crash-loop as well.
+/// A reload no worker can apply and no worker could start on (an
+/// `origin.ca_file` that does not exist, which the supervisor's check,
+/// like `portico check`, does not read): the first worker that says so is
+/// replaced, its successor exits before it serves, and the replacements
+/// stop there: the other worker keeps serving the configuration it runs
+/// instead of being stopped to crash-loop as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_whose_replacement_cannot_start_leaves_the_other_workers_serving() {
     let a = origin("a").await;
@@ -1357,10 +1357,11 @@ async fn a_reload_whose_replacement_cannot_start_leaves_the_other_workers_servin
     let addr = free_addr();
     let p = Portico::start(&config(&addr, &a, &b, "a")).await;
     both_started(&p).await;
-    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
-    let port = held.local_addr().expect("addr").port();
     let text = format!(
-        "{}\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n",
+        "{}
+[origin]
+ca_file = \"{{dir}}/no-such-ca.pem\"
+",
         config(&addr, &a, &b, "b")
     )
     .replace("{dir}", p.dir().to_str().expect("utf-8"));
@@ -1392,5 +1393,46 @@ async fn a_reload_whose_replacement_cannot_start_leaves_the_other_workers_servin
         served += 1;
     }
     assert!(served >= 10, "{served} of 20 served\n{}", p.stderr());
+}
+
+/// A reload adding a listener on a port another program holds is refused
+/// by the supervisor, which binds the new listeners as it binds them at
+/// the start: no worker is asked to apply it, none is replaced, and both
+/// serve on, on the configuration they had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adding_a_listener_on_a_held_port_is_refused_before_any_worker_gets_it() {
+    let (a, b, p, pids, all) = two_workers().await;
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let port = held.local_addr().expect("addr").port();
+    let text = format!(
+        "{}\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"reverse\"\n",
+        config(&p.addr().to_string(), &a, &b, "b")
+    )
+    .replace("{dir}", p.dir().to_str().expect("utf-8"));
+    let log = p.reload_refused(&text).await;
+    assert!(
+        log.contains(&format!(
+            "reload failed, still running on the previous config: cannot bind listener 127.0.0.1:{port}"
+        )),
+        "{log}"
+    );
+    // Neither worker heard of it: each serves on, on route a, and
+    // neither was replaced.
+    let mut served_by = BTreeSet::new();
+    for i in 0..40 {
+        let (pid, resp) = get_via(p.addr(), &format!("/r{i}"), &all).await;
+        assert_eq!(resp.body_str(), format!("a /r{i}"));
+        served_by.extend(pid);
+        if served_by.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(served_by, all, "{}", p.stderr());
+    let err = p.stderr();
+    assert!(
+        !err.contains("could not apply") && !err.contains("the workers reload it"),
+        "{err}"
+    );
+    assert_eq!(worker_pids(&p), pids, "{err}");
     drop(held);
 }

@@ -948,6 +948,38 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
     );
 }
 
+/// With `processes = N` and `user`, a listener a reload adds is bound by
+/// each worker as `nobody`. The supervisor, root, checks a reload's new
+/// listeners by binding them, but not that one again on the next reload:
+/// SO_REUSEPORT sockets of different owners conflict, and its bind would
+/// fail with "address in use" and refuse every later reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_processes_a_listener_a_reload_added_does_not_fail_the_next_reload() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no privilege to drop");
+        return;
+    }
+    let origin = Origin::start(|_req| async { Response::ok("from the origin") }).await;
+    let cache = open_dir();
+    let config = dropping_config(&free_addr(), cache.path(), "processes = 2\n");
+    let p = Portico::start(&config).await;
+    let error = p.dir().join("error.log");
+    until_both_switched(&error).await;
+    let added: SocketAddr = free_addr().parse().expect("address");
+    let applied = "reload: applied by every worker";
+    for (n, comment) in [(1, ""), (2, "# and again\n")] {
+        p.rewrite_config(&format!("{config}\n[[listener]]\naddress = \"{added}\"\n{comment}"));
+        p.signal(libc::SIGHUP);
+        assert!(
+            eventually(Duration::from_secs(10), || read(&error).matches(applied).count() == n).await,
+            "reload {n}\n{}",
+            read(&error)
+        );
+        assert_eq!(get_through(added, &origin).await.0, 200, "reload {n}");
+    }
+    assert!(!read(&error).contains("reload failed"), "{}", read(&error));
+}
+
 /// Waits until both workers have logged their switch to `nobody` in
 /// `error` (panics after 10 s).
 async fn until_both_switched(error: &Path) {
