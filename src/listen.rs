@@ -14,9 +14,14 @@ use tokio::net::{TcpListener, TcpStream};
 /// Binds a listener; the error names the address and what went wrong.
 /// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
 /// process binds the same address and the kernel spreads connections.
-pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
+/// `owner`: the uid the socket is created with (`privdrop::socket_owner`).
+pub fn bind(
+    cfg: &ListenerConfig,
+    reuse_port: bool,
+    owner: Option<libc::uid_t>,
+) -> Result<std::net::TcpListener, String> {
     let addr = cfg.address;
-    let socket = bind_only(cfg, reuse_port)?;
+    let socket = bind_only(cfg, reuse_port, owner)?;
     // Before listen(2), so that no connection is queued without it (the
     // accept loop sets it again only when a reload changes it).
     if let Err(e) = set_defer_accept(&socket, defer_accept_secs(cfg.defer_accept.get())) {
@@ -42,11 +47,14 @@ pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListe
 
 /// The socket of a listener, bound to its address but not listening: no
 /// client can connect to it yet.
-fn bind_only(cfg: &ListenerConfig, reuse_port: bool) -> Result<Socket, String> {
+fn bind_only(cfg: &ListenerConfig, reuse_port: bool, owner: Option<libc::uid_t>) -> Result<Socket, String> {
     let addr = cfg.address;
     let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {}", crate::util::io_cause(&e));
-    let socket =
-        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| fail("create", e))?;
+    let socket = crate::privdrop::creating_as(owner, || {
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+    })
+    .map_err(|e| format!("listener {addr}: {e}"))?
+    .map_err(|e| fail("create", e))?;
     socket.set_reuse_address(true).map_err(|e| fail("configure", e))?;
     if reuse_port {
         socket.set_reuse_port(true).map_err(|e| fail("configure", e))?;
@@ -59,17 +67,20 @@ fn bind_only(cfg: &ListenerConfig, reuse_port: bool) -> Result<Socket, String> {
     Ok(socket)
 }
 
-/// Checks that every listener of `listeners` whose address is not in
-/// `held` can be bound as the workers of several processes will bind them
-/// (SO_REUSEPORT), without listening: the multi-process supervisor's check
-/// at start-up (nothing held) and on a reload (what the workers may hold
-/// already). A listening socket here would take connections in the moment
-/// before it is closed, and closing it would reset them.
-pub fn check_bindable(listeners: &[ListenerConfig], held: &[std::net::SocketAddr]) -> Result<(), String> {
-    let bound = listeners
+/// Checks that every listener of `config` can be bound as the workers of
+/// several processes will bind them (SO_REUSEPORT, owned by `server.user`
+/// when there is one to switch to), without listening: the multi-process
+/// supervisor's check at start-up and on a reload (next to the workers'
+/// sockets, then: the same owner may). A listening socket here would take
+/// connections in the moment before it is closed, and closing it would
+/// reset them. `owner_from`: the configuration whose `server.user` owns
+/// the sockets (the one the server started on: a restart-only setting).
+pub fn check_bindable(config: &crate::config::Config, owner_from: &crate::config::Config) -> Result<(), String> {
+    let owner = crate::privdrop::socket_owner(owner_from);
+    let bound = config
+        .listener
         .iter()
-        .filter(|l| !held.contains(&l.address))
-        .map(|l| bind_only(l, true))
+        .map(|l| bind_only(l, true, owner))
         .collect::<Result<Vec<_>, _>>()?;
     drop(bound);
     Ok(())
@@ -98,10 +109,11 @@ fn capped_backlog(configured: u32, cap: Option<u32>) -> u32 {
 /// processes); the first failure is returned.
 pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
     let reuse_port = config.server.processes > 1;
+    let owner = crate::privdrop::socket_owner(config);
     config
         .listener
         .iter()
-        .map(|l| bind(l, reuse_port).map(|s| (l.clone(), s)))
+        .map(|l| bind(l, reuse_port, owner).map(|s| (l.clone(), s)))
         .collect()
 }
 
@@ -497,7 +509,7 @@ mod tests {
             address: "127.0.0.1:0".parse().expect("test address"),
             ..Default::default()
         };
-        let socket = bind_only(&cfg, true).expect("bind");
+        let socket = bind_only(&cfg, true, None).expect("bind");
         let bound = socket
             .local_addr()
             .expect("local address")

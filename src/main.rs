@@ -417,6 +417,9 @@ fn main() -> ExitCode {
                     for w in portico::server::destination_warnings(&c) {
                         eprintln!("portico: warning: {w}");
                     }
+                    for w in portico::privdrop::unreadable_warnings(&c) {
+                        eprintln!("portico: warning: {w}");
+                    }
                     println!("{}: OK", config.display())
                 }),
             Ok(None) => Err(format!(

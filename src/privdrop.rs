@@ -239,6 +239,146 @@ pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
     Ok(())
 }
 
+/// The owner listening sockets are created with: `server.user`'s uid when
+/// Portico runs as root with a user to switch to, else None (its own).
+/// Every listener socket of a server has the same owner this way, whoever
+/// binds it: a worker at start (as root), a worker on a reload (as the
+/// user, after its switch), the supervisor's check (as root). The kernel
+/// refuses an SO_REUSEPORT bind next to a socket of another owner, so a
+/// listener a reload added would otherwise stop a worker restarted as
+/// root from binding it, and the supervisor from checking it again.
+pub(crate) fn socket_owner(config: &Config) -> Option<libc::uid_t> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    target(config).ok().flatten().map(|t| t.uid)
+}
+
+/// Runs `create` with the calling thread's file-system uid set to `owner`
+/// (the kernel gives a new socket that uid), then sets it back to root's:
+/// no other thread's identity changes, and the thread keeps its other
+/// privileges meanwhile (binding a port below 1024, for one). `None` runs
+/// it as it is.
+pub(crate) fn creating_as<T>(owner: Option<libc::uid_t>, create: impl FnOnce() -> T) -> Result<T, String> {
+    let Some(uid) = owner else {
+        return Ok(create());
+    };
+    // SAFETY: setfsuid takes a plain integer and changes the calling
+    // thread's credentials only (the raw call: no library wrapper that
+    // would change every thread's). It returns the previous fsuid whatever
+    // happens, so a second call tells whether the first took.
+    let set = |uid: libc::uid_t| unsafe {
+        libc::syscall(libc::SYS_setfsuid, uid);
+        libc::syscall(libc::SYS_setfsuid, uid) == libc::c_long::from(uid)
+    };
+    if !set(uid) {
+        return Err(format!(
+            "cannot create a socket owned by uid {uid}: setfsuid: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let made = create();
+    if !set(0) {
+        // Left with another file-system uid, this thread would create
+        // files as that user from now on: stop rather than misbehave.
+        return Err(format!(
+            "cannot take back root's file-system uid after creating a socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(made)
+}
+
+/// Warnings for the files `config` names that `server.user` cannot read
+/// (see [`Config::files_read_on_reload`]): none unless Portico runs as
+/// root with a user to switch to. A starting worker reads them as root,
+/// before it switches, so such a file starts fine; but every reload reads
+/// it again as the user and fails, and with `server.processes` each worker
+/// is then replaced (its memory tier lost). Asked of the kernel itself
+/// (permissions, ACLs, each directory on the way), from a thread that
+/// takes the user's file-system identity for the time of the check.
+pub fn unreadable_warnings(config: &Config) -> Vec<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Vec::new();
+    }
+    let Ok(Some(target)) = target(config) else {
+        return Vec::new();
+    };
+    let files: Vec<(String, PathBuf)> = config
+        .files_read_on_reload()
+        .into_iter()
+        .map(|(key, path)| (key, path.to_path_buf()))
+        .collect();
+    if files.is_empty() {
+        return Vec::new();
+    }
+    let user = target.user.clone();
+    let checked = std::thread::Builder::new()
+        .name("portico-user-check".to_string())
+        .spawn(move || -> Result<Vec<(String, PathBuf, std::io::Error)>, String> {
+            as_user_for_files(&target)?;
+            Ok(files
+                .into_iter()
+                .filter_map(|(key, path)| match std::fs::File::open(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some((key, path, e)),
+                    _ => None,
+                })
+                .collect())
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|t| t.join().map_err(|_| "the check panicked".to_string()))
+        .and_then(|r| r);
+    match checked {
+        Ok(denied) => denied
+            .into_iter()
+            .map(|(key, path, e)| {
+                format!(
+                    "server.user {user:?} cannot read {} ({key}: {}): a worker reads it at start-up as root, \
+                     but every reload reads it again as {user:?} and fails (with server.processes, each worker \
+                     is then replaced and starts with an empty memory cache); make it readable by that user",
+                    path.display(),
+                    crate::util::io_cause(&e)
+                )
+            })
+            .collect(),
+        Err(e) => vec![format!(
+            "cannot check which of the files the configuration names server.user {user:?} can read: {e}"
+        )],
+    }
+}
+
+/// Gives the calling thread, and only it, `t`'s identity for file access:
+/// its file-system uid and gid and `t`'s one group as its supplementary
+/// groups, as [`drop_to`] leaves a worker. The raw system calls act on
+/// this thread alone (glibc's wrappers would change every thread), and the
+/// kernel drops the thread's file capabilities with a non-root
+/// file-system uid, so what it opens is what the user could open. The
+/// thread must end after its checks: it cannot be trusted as root again.
+fn as_user_for_files(t: &Target) -> Result<(), String> {
+    let fail = |call: &str| format!("{call}: {}", std::io::Error::last_os_error());
+    // SAFETY: setgroups reads one gid from the pointer given, which lives
+    // for the call; setfsgid and setfsuid take plain integers. Each acts
+    // on the calling thread's credentials only.
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, 1, &t.gid as *const libc::gid_t) != 0 {
+            return Err(fail("setgroups"));
+        }
+        // Both return the previous id whatever happens: a second call
+        // tells whether the first took.
+        libc::syscall(libc::SYS_setfsgid, t.gid);
+        if libc::syscall(libc::SYS_setfsgid, t.gid) != libc::c_long::from(t.gid) {
+            return Err(fail("setfsgid"));
+        }
+        libc::syscall(libc::SYS_setfsuid, t.uid);
+        if libc::syscall(libc::SYS_setfsuid, t.uid) != libc::c_long::from(t.uid) {
+            return Err(fail("setfsuid"));
+        }
+    }
+    Ok(())
+}
+
 /// Gives `path` (and, for a directory, everything under it) to uid:gid;
 /// failures are logged (the file stays usable by root only).
 ///
@@ -418,6 +558,38 @@ impl Drop for PidFile {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// Run as root (CI's user), else skipped: only root can change its
+    /// file-system uid.
+    #[test]
+    fn a_socket_created_as_another_owner_is_theirs_and_the_thread_is_root_again_after() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root");
+            return;
+        }
+        let nobody = 65534;
+        let socket = creating_as(Some(nobody), || std::net::UdpSocket::bind("127.0.0.1:0"))
+            .expect("setfsuid")
+            .expect("socket");
+        // A socket's inode carries its owner.
+        let owner = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&socket)))
+            .expect("stat the socket")
+            .uid();
+        assert_eq!(owner, nobody);
+        // What the thread creates next is root's again.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("after");
+        std::fs::write(&file, "x").expect("write");
+        assert_eq!(std::fs::metadata(&file).expect("stat").uid(), 0);
+        let own = creating_as(None, || std::net::UdpSocket::bind("127.0.0.1:0"))
+            .expect("no change")
+            .expect("socket");
+        let owner = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&own)))
+            .expect("stat the socket")
+            .uid();
+        assert_eq!(owner, 0);
+    }
 
     /// Run as root (CI's user), else skipped: only root can give files away.
     #[test]

@@ -241,10 +241,13 @@ impl Running {
         // Bind the added listeners before changing anything, so a busy port
         // leaves the running config whole.
         let reuse_port = new.server.processes > 1;
+        // After the switch to `server.user` this is the process's own
+        // (None); without one, root's, as at the start.
+        let owner = crate::privdrop::socket_owner(&self.config);
         let mut added = Vec::new();
         for l in &new.listener {
             if !self.slots.iter().any(|s| s.cfg.address == l.address) {
-                added.push((l.clone(), bind(l, reuse_port)?));
+                added.push((l.clone(), bind(l, reuse_port, owner)?));
             }
         }
         // Known as ours from the moment they are bound: a connection to

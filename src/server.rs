@@ -141,6 +141,9 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
         for w in crate::upstream::Destinations::warnings(&config) {
             tracing::warn!("{w}");
         }
+        for w in crate::privdrop::unreadable_warnings(&config) {
+            tracing::warn!("{w}");
+        }
     }
     // Which of the files Portico writes exist before it opens them (those it
     // creates go to `server.user`); an unknown user fails start-up here.

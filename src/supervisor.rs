@@ -185,11 +185,14 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here (without listening), then
     // let go of it.
-    crate::listen::check_bindable(&config.listener, &[])?;
+    crate::listen::check_bindable(&config, &config)?;
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
     for w in crate::upstream::Destinations::warnings(&config) {
+        tracing::warn!("{w}");
+    }
+    for w in crate::privdrop::unreadable_warnings(&config) {
         tracing::warn!("{w}");
     }
     // Where the workers leave their statistics for each other (removed when
@@ -334,13 +337,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         // A successor exited before it served: no more are replaced until
         // the next reload.
         let mut halted = false;
-        // Every listener address of every configuration handed to the
-        // workers: those a worker may hold a socket on. A reload's check
-        // binds only the others, since one a worker added on a reload is
-        // owned by `server.user`, and root's SO_REUSEPORT bind next to it
-        // would fail. (An address dropped and added again is left to the
-        // workers' own bind, as an unchecked one would be.)
-        let mut held: Vec<std::net::SocketAddr> = config.listener.iter().map(|l| l.address).collect();
         loop {
             if stopping && workers.iter().all(|w| w.pid.is_none()) {
                 tracing::info!("all workers have exited; supervisor exiting");
@@ -370,7 +366,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
                     }
                     Sig::Hup if stopping => tracing::warn!("SIGHUP ignored: shutting down"),
                     Sig::Hup => {
-                        if reload(&config, config_path.as_ref(), &mut env, &workers, &mut held) {
+                        if reload(&config, config_path.as_ref(), &mut env, &workers) {
                             // Every worker answers this one afresh: those
                             // that could not apply the last may apply it.
                             awaiting = (0..n).filter(|&i| workers[i].reports.is_some()).collect();
@@ -813,30 +809,24 @@ async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize>
     }
 }
 
-/// Validates the config file once (its new listeners bound, as at the
-/// start, unless their address is `held`), hands the workers the text it
-/// validated, then asks every worker to reload; true if it did, and then
-/// `held` has the new listeners' addresses too.
-fn reload(
-    config: &Config,
-    config_path: Option<&PathBuf>,
-    env: &mut WorkerEnv,
-    workers: &[Worker],
-    held: &mut Vec<std::net::SocketAddr>,
-) -> bool {
+/// Validates the config file once (its listeners bound, as at the start),
+/// hands the workers the text it validated, then asks every worker to
+/// reload; true if it did.
+fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, workers: &[Worker]) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
         return false;
     };
     // Checked as `portico check` does, certificates included: what the
     // workers get is what a worker restarted later starts on, and one it
-    // would refuse would keep it from starting. So is a new listener on a
-    // port another program holds: refused here, rather than by every
-    // worker and then every successor.
+    // would refuse would keep it from starting. So is a listener on a port
+    // another program holds: refused here, rather than by every worker and
+    // then every successor. (Those the workers hold bind next to theirs:
+    // the same owner, `listen::check_bindable`.)
     let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
         .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)))
-        .and_then(|(new, text)| crate::listen::check_bindable(&new.listener, held).map(|()| (new, text)));
+        .and_then(|(new, text)| crate::listen::check_bindable(&new, config).map(|()| (new, text)));
     match checked {
         Err(e) => {
             tracing::error!("reload failed, still running on the previous config: {e}");
@@ -886,11 +876,6 @@ fn reload(
                     new.server.processes,
                     config.server.processes
                 );
-            }
-            for l in &new.listener {
-                if !held.contains(&l.address) {
-                    held.push(l.address);
-                }
             }
             tracing::info!("SIGHUP: {} is valid; the workers reload it", path.display());
             signal_all(workers, libc::SIGHUP);

@@ -948,13 +948,15 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
     );
 }
 
-/// With `processes = N` and `user`, a listener a reload adds is bound by
-/// each worker as `nobody`. The supervisor, root, checks a reload's new
-/// listeners by binding them, but not that one again on the next reload:
-/// SO_REUSEPORT sockets of different owners conflict, and its bind would
-/// fail with "address in use" and refuse every later reload.
+/// With `processes = N` and `user`, every listener socket belongs to the
+/// user, whoever binds it: a worker at start (as root), a worker on a
+/// reload (as the user), the supervisor's check (as root). SO_REUSEPORT
+/// sockets of different owners conflict, so otherwise a listener a reload
+/// added (bound by the workers as `nobody`) failed the supervisor's check
+/// of every later reload ("address in use"), and a worker restarted after
+/// a crash could not bind it as root and never came back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_processes_a_listener_a_reload_added_does_not_fail_the_next_reload() {
+async fn with_processes_a_listener_a_reload_added_fails_neither_the_next_reload_nor_a_restart() {
     if !is_root() {
         eprintln!("skipped: not root, so there is no privilege to drop");
         return;
@@ -978,6 +980,123 @@ async fn with_processes_a_listener_a_reload_added_does_not_fail_the_next_reload(
         assert_eq!(get_through(added, &origin).await.0, 200, "reload {n}");
     }
     assert!(!read(&error).contains("reload failed"), "{}", read(&error));
+    // A worker killed now is started again, binds both listeners and
+    // switches to the user like the first two.
+    let pid = worker_pid(&read(&error), 0);
+    // SAFETY: kill has no memory-safety preconditions; the pid is a worker's.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error)
+            .matches("switched to user nobody")
+            .count()
+            == 3)
+        .await,
+        "{}",
+        read(&error)
+    );
+    assert!(!read(&error).contains("cannot bind"), "{}", read(&error));
+    assert_eq!(get_through(added, &origin).await.0, 200, "after the restart");
+}
+
+/// The pid of worker `i` in the supervisor's `worker I started (pid P)`
+/// lines of `log` (the first).
+fn worker_pid(log: &str, i: usize) -> libc::pid_t {
+    let prefix = format!("worker {i} started (pid ");
+    log.lines()
+        .find_map(|l| l.split_once(&prefix).and_then(|(_, rest)| rest.strip_suffix(')')))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid for worker {i} in\n{log}"))
+}
+
+/// As root with `server.user`, `portico check` and a starting server warn
+/// of each file the configuration names that the user cannot read, by
+/// path and key: here an htpasswd file only root may read, and a busy
+/// page that is readable but in a directory only root may enter (which the
+/// file's own mode does not show: the kernel is asked, as the user). The
+/// server starts all the same (it reads them as root), once per server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_root_check_and_start_warn_of_files_the_user_cannot_read() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no user to read as");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    let open = open_dir();
+    let users = open.path().join("users.htpasswd");
+    let made = std::process::Command::new("htpasswd")
+        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
+        .output()
+        .expect("run htpasswd");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    mode(&users, 0o600);
+    let closed = open.path().join("closed");
+    std::fs::create_dir(&closed).expect("mkdir");
+    mode(&closed, 0o700);
+    let busy = closed.join("busy.html");
+    std::fs::write(&busy, "busy").expect("write busy page");
+    mode(&busy, 0o644);
+    let addr = free_addr();
+    let config = |extra: &str| {
+        format!(
+            "[[listener]]\naddress = \"{addr}\"\nbusy_file = \"{}\"\n\n[server]\nuser = \"nobody\"\n{extra}\n\
+             [log]\naccess = \"{{dir}}/access.log\"\nerror = \"{{dir}}/error.log\"\n\n\
+             [cache]\ndir = \"{}/cache\"\n\n[auth]\nhtpasswd = \"{}\"\n",
+            busy.display(),
+            open.path().display(),
+            users.display()
+        )
+    };
+    let warned_users = format!(
+        "server.user \"nobody\" cannot read {} (auth.htpasswd: ",
+        users.display()
+    );
+    let warned_busy = format!(
+        "server.user \"nobody\" cannot read {} (listener {addr} busy_file: ",
+        busy.display()
+    );
+    let out = Portico::check(&config(""));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains(&warned_users), "{said}");
+    assert!(said.contains(&warned_busy), "{said}");
+    assert!(said.contains("every reload reads it again"), "{said}");
+    // Readable by the user: nothing to say.
+    mode(&users, 0o644);
+    mode(&closed, 0o755);
+    let out = Portico::check(&config(""));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && !said.contains("cannot read"), "{said}");
+    // The server says it at start, once, with one process or several.
+    mode(&users, 0o600);
+    for extra in ["", "processes = 2\n"] {
+        let mut p = Portico::start(&config(extra)).await;
+        let error = p.dir().join("error.log");
+        let switched = if extra.is_empty() { 1 } else { 2 };
+        assert!(
+            eventually(Duration::from_secs(10), || read(&error)
+                .matches("switched to user nobody")
+                .count()
+                == switched)
+            .await,
+            "{extra}{}",
+            read(&error)
+        );
+        assert_eq!(
+            read(&error).matches(&warned_users).count(),
+            1,
+            "{extra}{}",
+            read(&error)
+        );
+        assert!(!read(&error).contains(&warned_busy), "{extra}{}", read(&error));
+        p.signal(libc::SIGTERM);
+        assert!(
+            p.wait_exit(Duration::from_secs(10)).await.is_some(),
+            "{extra}: portico did not exit"
+        );
+    }
 }
 
 /// Waits until both workers have logged their switch to `nobody` in

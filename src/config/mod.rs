@@ -1682,6 +1682,40 @@ impl LdapConfig {
 }
 
 impl Config {
+    /// The files this configuration names that a reload reads again, each
+    /// with what names it: read as `server.user` once a worker has
+    /// switched to it (see `privdrop::unreadable_warnings`).
+    pub fn files_read_on_reload(&self) -> Vec<(String, &std::path::Path)> {
+        let mut files: Vec<(String, &std::path::Path)> = Vec::new();
+        for l in &self.listener {
+            files.push((format!("listener {} busy_file", l.address), &l.busy_file));
+            for c in &l.certificate {
+                files.push((format!("listener {} certificate cert", l.address), &c.cert));
+                files.push((format!("listener {} certificate key", l.address), &c.key));
+            }
+        }
+        for list in &self.acl_list {
+            files.push((format!("acl_list {:?} file", list.name), &list.file));
+        }
+        if let Some(ca) = &self.origin.ca_file {
+            files.push(("origin.ca_file".to_string(), ca));
+        }
+        for u in &self.upstream {
+            if let Some(f) = &u.credentials_file {
+                files.push((format!("upstream {:?} credentials_file", u.name), f));
+            }
+        }
+        files.push(("auth.htpasswd".to_string(), &self.auth.htpasswd));
+        files.push(("auth.groups".to_string(), &self.auth.groups));
+        files.push(("auth.ldap.ca_file".to_string(), &self.auth.ldap.ca_file));
+        files.push((
+            "auth.ldap.bind_password_file".to_string(),
+            &self.auth.ldap.bind_password_file,
+        ));
+        files.retain(|(_, f)| !f.as_os_str().is_empty());
+        files
+    }
+
     /// The effective configuration as TOML, with every default filled in.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
