@@ -301,17 +301,65 @@ pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok((ours, theirs))
 }
 
-/// Sends `file` (a sealed memory file) on the supervisor's end `ours`.
-pub fn send(ours: &OwnedFd, file: BorrowedFd<'_>) -> std::io::Result<()> {
+/// How a message on a channel starts: a config text follows, and the
+/// addresses of the listener sockets sent with it, a line each.
+const CONFIG: u8 = b'c';
+
+/// Most listener sockets one message carries, beside its config (Linux
+/// takes at most 253 descriptors in one message, `SCM_MAX_FD`).
+pub const MOST_LISTENERS: usize = 252;
+
+/// Room for a message's bytes: its tag, and each address (at most 58
+/// bytes, an IPv6 address with a scope and a port) on a line.
+const MESSAGE_ROOM: usize = 1 + MOST_LISTENERS * 60;
+
+/// Sends `file` (a sealed memory file) on the supervisor's end `ours`,
+/// with a socket for each listener the text adds (`listen::reserve`), in
+/// one message: a worker never sees the sockets without the text they go
+/// with.
+pub fn send(
+    ours: &OwnedFd,
+    file: BorrowedFd<'_>,
+    listeners: &[(std::net::SocketAddr, BorrowedFd<'_>)],
+) -> std::io::Result<()> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [file];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(std::io::Error::other("no room for the descriptor in the message"));
+    if listeners.len() > MOST_LISTENERS {
+        return Err(std::io::Error::other(format!(
+            "{} listeners added at once; at most {MOST_LISTENERS} are",
+            listeners.len()
+        )));
     }
-    sendmsg(ours, &[std::io::IoSlice::new(b"c")], &mut control, SendFlags::DONTWAIT)?;
+    let mut bytes = vec![CONFIG];
+    let mut fds = vec![file];
+    for (addr, socket) in listeners {
+        bytes.push(b'\n');
+        bytes.extend_from_slice(addr.to_string().as_bytes());
+        fds.push(*socket);
+    }
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MOST_LISTENERS + 1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the descriptors in the message"));
+    }
+    sendmsg(
+        ours,
+        &[std::io::IoSlice::new(&bytes)],
+        &mut control,
+        SendFlags::DONTWAIT,
+    )?;
     Ok(())
+}
+
+/// What a worker's supervisor sent it since it last looked ([`Channel::latest`]).
+#[derive(Debug, Default)]
+pub struct Received {
+    /// The last config text, read whole (those before it are closed
+    /// unread).
+    pub config: Option<Vec<u8>>,
+    /// The listener sockets sent with the texts, by address: the last one
+    /// sent for each (a listener one text added and the next one kept is
+    /// sent with the first alone).
+    pub listeners: Vec<(std::net::SocketAddr, OwnedFd)>,
 }
 
 /// A worker's end of its channel.
@@ -354,46 +402,77 @@ impl Channel {
         Ok(())
     }
 
-    /// The last sealed memory file the supervisor sent since the last
-    /// call, read whole (those before it are closed unread); None when it
-    /// sent none.
-    pub fn latest(&self) -> std::io::Result<Option<Vec<u8>>> {
-        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    /// What the supervisor sent since the last call: the last config text
+    /// (a sealed memory file, read whole) and the listener sockets sent
+    /// with the texts.
+    pub fn latest(&self) -> std::io::Result<Received> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, recvmsg};
         let mut last: Option<OwnedFd> = None;
+        let mut listeners: Vec<(std::net::SocketAddr, OwnedFd)> = Vec::new();
+        let mut bytes = vec![0u8; MESSAGE_ROOM];
+        let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MOST_LISTENERS + 1))];
         // Bounded: what a worker is sent between two reloads is a few
         // messages at most.
         for _ in 0..1024 {
-            let mut byte = [0u8; 1];
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
-            match recvmsg(
+            let got = match recvmsg(
                 &self.0,
-                &mut [std::io::IoSliceMut::new(&mut byte)],
+                &mut [std::io::IoSliceMut::new(&mut bytes)],
                 &mut control,
                 RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
             ) {
-                Ok(_) => {
-                    for message in control.drain() {
-                        if let RecvAncillaryMessage::ScmRights(fds) = message {
-                            for fd in fds {
-                                last = Some(fd);
-                            }
-                        }
-                    }
-                }
+                Ok(got) => got,
                 Err(e) if e == rustix::io::Errno::AGAIN => break,
                 Err(e) => return Err(e.into()),
+            };
+            // Taken first, so that they are closed whatever the message.
+            let mut fds: Vec<OwnedFd> = Vec::new();
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(received) = message {
+                    fds.extend(received);
+                }
             }
+            if got.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
+                return Err(std::io::Error::other("a message from the supervisor did not fit"));
+            }
+            let text = bytes.get(..got.bytes).and_then(|b| b.strip_prefix(&[CONFIG]));
+            let addresses: Option<Vec<std::net::SocketAddr>> = text.and_then(|t| {
+                let mut lines = std::str::from_utf8(t).ok()?.split('\n');
+                if lines.next() != Some("") {
+                    return None;
+                }
+                lines.map(|a| a.parse().ok()).collect()
+            });
+            let (Some(addresses), false) = (addresses, fds.is_empty()) else {
+                return Err(std::io::Error::other(
+                    "the supervisor sent something else than a config",
+                ));
+            };
+            let mut fds = fds.into_iter();
+            let config = fds.next();
+            if fds.len() != addresses.len() {
+                return Err(std::io::Error::other(
+                    "the supervisor sent a config with another number of listener sockets than it names",
+                ));
+            }
+            for (addr, fd) in addresses.into_iter().zip(fds) {
+                listeners.retain(|(a, _)| *a != addr);
+                listeners.push((addr, fd));
+            }
+            last = config;
         }
-        let Some(fd) = last else {
-            return Ok(None);
+        let config = match last {
+            None => None,
+            Some(fd) => {
+                if !has_seals(fd.as_fd().as_raw_fd(), SEALS) {
+                    return Err(std::io::Error::other(
+                        "the supervisor sent something else than a sealed memory file",
+                    ));
+                }
+                Some(read_whole(&File::from(fd))?)
+            }
         };
-        if !has_seals(fd.as_fd().as_raw_fd(), SEALS) {
-            return Err(std::io::Error::other(
-                "the supervisor sent something else than a sealed memory file",
-            ));
-        }
-        read_whole(&File::from(fd)).map(Some)
+        Ok(Received { config, listeners })
     }
 }
 
@@ -421,16 +500,75 @@ mod tests {
     fn a_channel_gives_the_last_file_sent_and_then_nothing() {
         let (ours, theirs) = channel().expect("channel");
         let theirs = Channel(theirs);
-        assert!(theirs.latest().expect("nothing yet").is_none());
+        assert!(theirs.latest().expect("nothing yet").config.is_none());
         for text in [&b"first"[..], b"second"] {
             let f = sealed(c"test", text).expect("memory file");
-            send(&ours, f.as_fd()).expect("send");
+            send(&ours, f.as_fd(), &[]).expect("send");
         }
-        assert_eq!(theirs.latest().expect("latest").as_deref(), Some(&b"second"[..]));
-        assert!(theirs.latest().expect("drained").is_none());
+        assert_eq!(theirs.latest().expect("latest").config.as_deref(), Some(&b"second"[..]));
+        assert!(theirs.latest().expect("drained").config.is_none());
         // What is not sealed is refused.
         let open = memory_file(c"test").expect("memory file");
-        send(&ours, open.as_fd()).expect("send");
+        send(&ours, open.as_fd(), &[]).expect("send");
         assert!(theirs.latest().is_err());
+    }
+
+    #[test]
+    fn a_channel_gives_the_listener_sockets_sent_with_the_texts_the_last_for_each_address() {
+        let (ours, theirs) = channel().expect("channel");
+        let theirs = Channel(theirs);
+        let a: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");
+        let b: std::net::SocketAddr = "[::1]:2".parse().expect("address");
+        let sockets: Vec<_> = (0..3)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("socket"))
+            .collect();
+        let first = sealed(c"test", b"first").expect("memory file");
+        send(
+            &ours,
+            first.as_fd(),
+            &[(a, sockets[0].as_fd()), (b, sockets[1].as_fd())],
+        )
+        .expect("send");
+        let second = sealed(c"test", b"second").expect("memory file");
+        send(&ours, second.as_fd(), &[(a, sockets[2].as_fd())]).expect("send");
+        let got = theirs.latest().expect("latest");
+        assert_eq!(got.config.as_deref(), Some(&b"second"[..]));
+        let local = |fd: &OwnedFd| {
+            std::net::UdpSocket::from(fd.try_clone().expect("dup"))
+                .local_addr()
+                .expect("address")
+        };
+        let listeners: Vec<_> = got.listeners.iter().map(|(addr, fd)| (*addr, local(fd))).collect();
+        assert_eq!(
+            listeners,
+            vec![
+                (b, sockets[1].local_addr().expect("address")),
+                (a, sockets[2].local_addr().expect("address"))
+            ]
+        );
+        let drained = theirs.latest().expect("drained");
+        assert!(drained.config.is_none() && drained.listeners.is_empty());
+    }
+
+    #[test]
+    fn a_message_naming_more_or_fewer_sockets_than_it_carries_is_refused() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+        let (ours, theirs) = channel().expect("channel");
+        let theirs = Channel(theirs);
+        let text = sealed(c"test", b"text").expect("memory file");
+        for bytes in [&b"c\n127.0.0.1:1"[..], b"c\nnot an address", b"cx", b"x"] {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [text.as_fd()];
+            assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+            sendmsg(
+                &ours,
+                &[std::io::IoSlice::new(bytes)],
+                &mut control,
+                SendFlags::DONTWAIT,
+            )
+            .expect("send");
+            assert!(theirs.latest().is_err(), "{:?}", String::from_utf8_lossy(bytes));
+        }
     }
 }

@@ -14,14 +14,14 @@ use tokio::net::{TcpListener, TcpStream};
 /// Binds a listener; the error names the address and what went wrong.
 /// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
 /// process binds the same address and the kernel spreads connections.
-/// `owner`: the uid the socket is created with (`privdrop::socket_owner`).
-pub fn bind(
-    cfg: &ListenerConfig,
-    reuse_port: bool,
-    owner: Option<libc::uid_t>,
-) -> Result<std::net::TcpListener, String> {
+pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
+    listen_on(cfg, bind_only(cfg, reuse_port)?)
+}
+
+/// Listens on `socket`, bound to `cfg`'s address (by [`bind`], or by the
+/// supervisor: [`reserve`]), with `cfg`'s backlog and TCP_DEFER_ACCEPT.
+pub fn listen_on(cfg: &ListenerConfig, socket: Socket) -> Result<std::net::TcpListener, String> {
     let addr = cfg.address;
-    let socket = bind_only(cfg, reuse_port, owner)?;
     // Before listen(2), so that no connection is queued without it (the
     // accept loop sets it again only when a reload changes it).
     if let Err(e) = set_defer_accept(&socket, defer_accept_secs(cfg.defer_accept.get())) {
@@ -47,14 +47,11 @@ pub fn bind(
 
 /// The socket of a listener, bound to its address but not listening: no
 /// client can connect to it yet.
-fn bind_only(cfg: &ListenerConfig, reuse_port: bool, owner: Option<libc::uid_t>) -> Result<Socket, String> {
+fn bind_only(cfg: &ListenerConfig, reuse_port: bool) -> Result<Socket, String> {
     let addr = cfg.address;
     let fail = |what: &str, e: std::io::Error| format!("cannot {what} listener {addr}: {}", crate::util::io_cause(&e));
-    let socket = crate::privdrop::creating_as(owner, || {
-        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-    })
-    .map_err(|e| format!("listener {addr}: {e}"))?
-    .map_err(|e| fail("create", e))?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| fail("create", e))?;
     socket.set_reuse_address(true).map_err(|e| fail("configure", e))?;
     if reuse_port {
         socket.set_reuse_port(true).map_err(|e| fail("configure", e))?;
@@ -67,23 +64,100 @@ fn bind_only(cfg: &ListenerConfig, reuse_port: bool, owner: Option<libc::uid_t>)
     Ok(socket)
 }
 
-/// Checks that every listener of `config` can be bound as the workers of
-/// several processes will bind them (SO_REUSEPORT, owned by `server.user`
-/// when there is one to switch to), without listening: the multi-process
-/// supervisor's check at start-up and on a reload (next to the workers'
-/// sockets, then: the same owner may). A listening socket here would take
-/// connections in the moment before it is closed, and closing it would
-/// reset them. `owner_from`: the configuration whose `server.user` owns
-/// the sockets (the one the server started on: a restart-only setting).
-pub fn check_bindable(config: &crate::config::Config, owner_from: &crate::config::Config) -> Result<(), String> {
-    let owner = crate::privdrop::socket_owner(owner_from);
-    let bound = config
-        .listener
-        .iter()
-        .map(|l| bind_only(l, true, owner))
-        .collect::<Result<Vec<_>, _>>()?;
+/// A socket for one worker of several processes on the listener `cfg`:
+/// bound to its address with SO_REUSEPORT, by the supervisor, and not
+/// listening, so that no connection queues on it before the worker it is
+/// handed to listens on it ([`listen_on`]), nor ever on one the worker
+/// does not use. Made by the supervisor, every listener socket has the
+/// supervisor's owner (root, when it switches to `server.user`): the
+/// kernel lets into an SO_REUSEPORT group only sockets of the group's
+/// owner, so no other program running as that user can join it and take
+/// connections, and a worker restarted later joins the sockets a reload
+/// added (a socket it bound itself as the user could not).
+pub fn reserve(cfg: &ListenerConfig) -> Result<Socket, String> {
+    bind_only(cfg, true)
+}
+
+/// Checks that every listener of `listeners` can be bound as the workers
+/// of several processes will bind them (SO_REUSEPORT), without listening:
+/// the multi-process supervisor's check at start-up and of the listeners a
+/// reload adds. A listening socket here would take connections in the
+/// moment before it is closed, and closing it would reset them.
+pub fn check_bindable<'a>(listeners: impl IntoIterator<Item = &'a ListenerConfig>) -> Result<(), String> {
+    let bound = listeners.into_iter().map(reserve).collect::<Result<Vec<_>, _>>()?;
     drop(bound);
     Ok(())
+}
+
+/// The environment variable naming, to a worker, the listener sockets its
+/// supervisor made for it ([`reserve`]): `FD@ADDRESS`, comma-separated.
+pub const ENV_LISTENERS: &str = "PORTICO_LISTENERS";
+
+/// In a worker: the listener sockets its supervisor made for it, by
+/// address (made close-on-exec). Empty when it made none; an entry that
+/// does not name a TCP socket bound to its address and not listening, or
+/// names one twice, is an error (and no descriptor is taken for it).
+pub fn inherited() -> Result<Vec<(std::net::SocketAddr, Socket)>, String> {
+    // Taken once: the numbers may be reused once these are closed.
+    static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Ok(list) = std::env::var(ENV_LISTENERS) else {
+        return Ok(Vec::new());
+    };
+    if TAKEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return Ok(Vec::new());
+    }
+    let mut named: Vec<(std::os::fd::RawFd, std::net::SocketAddr)> = Vec::new();
+    for entry in list.split(',').filter(|e| !e.is_empty()) {
+        let bad = |why: &str| format!("{ENV_LISTENERS}: {entry:?}: {why}");
+        let (fd, addr) = entry.split_once('@').ok_or_else(|| bad("not FD@ADDRESS"))?;
+        let fd: std::os::fd::RawFd = fd.parse().map_err(|_| bad("not FD@ADDRESS"))?;
+        let addr: std::net::SocketAddr = addr.parse().map_err(|_| bad("not FD@ADDRESS"))?;
+        if fd <= 2 || named.iter().any(|(f, _)| *f == fd) {
+            return Err(bad("not a descriptor of its own"));
+        }
+        // SAFETY: only looked at through this borrow while the descriptor
+        // is open (an inherited one stays open until it is taken below).
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&borrowed);
+        let bound = socket.local_addr().ok().and_then(|a| a.as_socket());
+        // Port 0: each worker's socket has a port of its own.
+        let same = bound.is_some_and(|b| b == addr || (addr.port() == 0 && b.ip() == addr.ip()));
+        if !same || !matches!(socket.r#type(), Ok(Type::STREAM)) || is_listening(fd) {
+            return Err(bad("not a listener socket from the supervisor"));
+        }
+        named.push((fd, addr));
+    }
+    let mut out = Vec::with_capacity(named.len());
+    for (fd, addr) in named {
+        // SAFETY: fcntl with F_SETFD takes an integer flag, no pointer.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(format!("{ENV_LISTENERS}: {fd}: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: the supervisor made this descriptor inheritable for this
+        // process alone and named it once (checked above); nothing else
+        // here owns it.
+        let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        out.push((addr, Socket::from(owned)));
+    }
+    Ok(out)
+}
+
+/// Whether the socket `fd` listens already (`SO_ACCEPTCONN`).
+fn is_listening(fd: std::os::fd::RawFd) -> bool {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which
+    // lives for the call; `len` says its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    rc != 0 || value != 0
 }
 
 /// Where Linux keeps its cap on every listen(2) backlog.
@@ -106,14 +180,23 @@ fn capped_backlog(configured: u32, cap: Option<u32>) -> u32 {
 }
 
 /// Binds every listener of `config` (SO_REUSEPORT when it runs several
-/// processes); the first failure is returned.
-pub fn bind_all(config: &crate::config::Config) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
+/// processes), or listens on the socket `handed` has for its address
+/// (its supervisor's, [`inherited`]); the first failure is returned.
+pub fn bind_all(
+    config: &crate::config::Config,
+    mut handed: Vec<(std::net::SocketAddr, Socket)>,
+) -> Result<Vec<(ListenerConfig, std::net::TcpListener)>, String> {
     let reuse_port = config.server.processes > 1;
-    let owner = crate::privdrop::socket_owner(config);
     config
         .listener
         .iter()
-        .map(|l| bind(l, reuse_port, owner).map(|s| (l.clone(), s)))
+        .map(|l| {
+            let socket = match handed.iter().position(|(a, _)| *a == l.address) {
+                Some(i) => listen_on(l, handed.swap_remove(i).1),
+                None => bind(l, reuse_port),
+            };
+            socket.map(|s| (l.clone(), s))
+        })
         .collect()
 }
 
@@ -509,7 +592,7 @@ mod tests {
             address: "127.0.0.1:0".parse().expect("test address"),
             ..Default::default()
         };
-        let socket = bind_only(&cfg, true, None).expect("bind");
+        let socket = bind_only(&cfg, true).expect("bind");
         let bound = socket
             .local_addr()
             .expect("local address")

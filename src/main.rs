@@ -417,7 +417,8 @@ fn main() -> ExitCode {
                     for w in portico::server::destination_warnings(&c) {
                         eprintln!("portico: warning: {w}");
                     }
-                    for w in portico::privdrop::unreadable_warnings(&c) {
+                    let read_at_reload = (c.server.processes == 1).then_some(config.as_path());
+                    for w in portico::privdrop::unreadable_warnings(&c, read_at_reload) {
                         eprintln!("portico: warning: {w}");
                     }
                     println!("{}: OK", config.display())

@@ -239,66 +239,18 @@ pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
     Ok(())
 }
 
-/// The owner listening sockets are created with: `server.user`'s uid when
-/// Portico runs as root with a user to switch to, else None (its own).
-/// Every listener socket of a server has the same owner this way, whoever
-/// binds it: a worker at start (as root), a worker on a reload (as the
-/// user, after its switch), the supervisor's check (as root). The kernel
-/// refuses an SO_REUSEPORT bind next to a socket of another owner, so a
-/// listener a reload added would otherwise stop a worker restarted as
-/// root from binding it, and the supervisor from checking it again.
-pub(crate) fn socket_owner(config: &Config) -> Option<libc::uid_t> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    target(config).ok().flatten().map(|t| t.uid)
-}
-
-/// Runs `create` with the calling thread's file-system uid set to `owner`
-/// (the kernel gives a new socket that uid), then sets it back to root's:
-/// no other thread's identity changes, and the thread keeps its other
-/// privileges meanwhile (binding a port below 1024, for one). `None` runs
-/// it as it is.
-pub(crate) fn creating_as<T>(owner: Option<libc::uid_t>, create: impl FnOnce() -> T) -> Result<T, String> {
-    let Some(uid) = owner else {
-        return Ok(create());
-    };
-    // SAFETY: setfsuid takes a plain integer and changes the calling
-    // thread's credentials only (the raw call: no library wrapper that
-    // would change every thread's). It returns the previous fsuid whatever
-    // happens, so a second call tells whether the first took.
-    let set = |uid: libc::uid_t| unsafe {
-        libc::syscall(libc::SYS_setfsuid, uid);
-        libc::syscall(libc::SYS_setfsuid, uid) == libc::c_long::from(uid)
-    };
-    if !set(uid) {
-        return Err(format!(
-            "cannot create a socket owned by uid {uid}: setfsuid: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let made = create();
-    if !set(0) {
-        // Left with another file-system uid, this thread would create
-        // files as that user from now on: stop rather than misbehave.
-        return Err(format!(
-            "cannot take back root's file-system uid after creating a socket: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(made)
-}
-
 /// Warnings for the files `config` names that `server.user` cannot read
-/// (see [`Config::files_read_on_reload`]): none unless Portico runs as
-/// root with a user to switch to. A starting worker reads them as root,
-/// before it switches, so such a file starts fine; but every reload reads
-/// it again as the user and fails, and with `server.processes` each worker
-/// is then replaced (its memory tier lost). Asked of the kernel itself
-/// (permissions, ACLs, each directory on the way), from a thread that
-/// takes the user's file-system identity for the time of the check.
-pub fn unreadable_warnings(config: &Config) -> Vec<String> {
+/// (see [`Config::files_read_on_reload`]), and for `config_file` (the
+/// configuration itself, when a reload reads it from there: one process
+/// alone), by path and key: none unless Portico runs as root with a user
+/// to switch to. Portico reads them as root at start-up, before it
+/// switches, so such a file starts fine; but a reload reads it again as
+/// the user and fails (htpasswd and group files are also read again
+/// whenever they change), and with `server.processes` each worker is then
+/// replaced, starting with an empty memory cache. Asked of the kernel
+/// itself (permissions, ACLs, each directory on the way), from a thread
+/// that takes the user's file-system identity for the time of the check.
+pub fn unreadable_warnings(config: &Config, config_file: Option<&Path>) -> Vec<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Vec::new();
@@ -306,15 +258,20 @@ pub fn unreadable_warnings(config: &Config) -> Vec<String> {
     let Ok(Some(target)) = target(config) else {
         return Vec::new();
     };
-    let files: Vec<(String, PathBuf)> = config
+    let mut files: Vec<(String, PathBuf)> = config
         .files_read_on_reload()
         .into_iter()
         .map(|(key, path)| (key, path.to_path_buf()))
         .collect();
+    if let Some(path) = config_file {
+        files.insert(0, ("the configuration file".to_string(), path.to_path_buf()));
+    }
     if files.is_empty() {
         return Vec::new();
     }
     let user = target.user.clone();
+    // A thread of its own, ended after the check: its identity is never
+    // taken back, so nothing else ever runs with it.
     let checked = std::thread::Builder::new()
         .name("portico-user-check".to_string())
         .spawn(move || -> Result<Vec<(String, PathBuf, std::io::Error)>, String> {
@@ -335,9 +292,9 @@ pub fn unreadable_warnings(config: &Config) -> Vec<String> {
             .into_iter()
             .map(|(key, path, e)| {
                 format!(
-                    "server.user {user:?} cannot read {} ({key}: {}): a worker reads it at start-up as root, \
-                     but every reload reads it again as {user:?} and fails (with server.processes, each worker \
-                     is then replaced and starts with an empty memory cache); make it readable by that user",
+                    "server.user {user:?} cannot read {} ({key}: {}): Portico reads it as root at start-up, but a \
+                     reload reads it again as {user:?} and fails (with server.processes, each worker is then \
+                     replaced and starts with an empty memory cache); make it readable by that user",
                     path.display(),
                     crate::util::io_cause(&e)
                 )
@@ -352,31 +309,40 @@ pub fn unreadable_warnings(config: &Config) -> Vec<String> {
 /// Gives the calling thread, and only it, `t`'s identity for file access:
 /// its file-system uid and gid and `t`'s one group as its supplementary
 /// groups, as [`drop_to`] leaves a worker. The raw system calls act on
-/// this thread alone (glibc's wrappers would change every thread), and the
-/// kernel drops the thread's file capabilities with a non-root
-/// file-system uid, so what it opens is what the user could open. The
-/// thread must end after its checks: it cannot be trusted as root again.
+/// this thread alone (glibc's `setgroups` would change every thread's
+/// groups), and the kernel drops the thread's file capabilities with a
+/// non-root file-system uid, so what it opens is what the user could open.
+/// The thread must end after its checks: its identity is not taken back.
+#[cfg(target_pointer_width = "64")]
 fn as_user_for_files(t: &Target) -> Result<(), String> {
     let fail = |call: &str| format!("{call}: {}", std::io::Error::last_os_error());
+    let (uid, gid) = (libc::c_long::from(t.uid), libc::c_long::from(t.gid));
     // SAFETY: setgroups reads one gid from the pointer given, which lives
     // for the call; setfsgid and setfsuid take plain integers. Each acts
-    // on the calling thread's credentials only.
+    // on the calling thread's credentials only. (These are the 32-bit-id
+    // calls on 64-bit Linux; hence the cfg.)
     unsafe {
-        if libc::syscall(libc::SYS_setgroups, 1, &t.gid as *const libc::gid_t) != 0 {
+        if libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, &t.gid as *const libc::gid_t) != 0 {
             return Err(fail("setgroups"));
         }
-        // Both return the previous id whatever happens: a second call
-        // tells whether the first took.
-        libc::syscall(libc::SYS_setfsgid, t.gid);
-        if libc::syscall(libc::SYS_setfsgid, t.gid) != libc::c_long::from(t.gid) {
-            return Err(fail("setfsgid"));
+        // Both return the previous id whatever happens (and set no
+        // errno): a second call tells whether the first took.
+        libc::syscall(libc::SYS_setfsgid, gid);
+        if libc::syscall(libc::SYS_setfsgid, gid) != gid {
+            return Err(format!("setfsgid({gid}) did not take"));
         }
-        libc::syscall(libc::SYS_setfsuid, t.uid);
-        if libc::syscall(libc::SYS_setfsuid, t.uid) != libc::c_long::from(t.uid) {
-            return Err(fail("setfsuid"));
+        libc::syscall(libc::SYS_setfsuid, uid);
+        if libc::syscall(libc::SYS_setfsuid, uid) != uid {
+            return Err(format!("setfsuid({uid}) did not take"));
         }
     }
     Ok(())
+}
+
+/// Elsewhere the raw calls take 16-bit ids: not checked there.
+#[cfg(not(target_pointer_width = "64"))]
+fn as_user_for_files(_: &Target) -> Result<(), String> {
+    Err("not supported on this architecture".to_string())
 }
 
 /// Gives `path` (and, for a directory, everything under it) to uid:gid;
@@ -558,38 +524,6 @@ impl Drop for PidFile {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
-
-    /// Run as root (CI's user), else skipped: only root can change its
-    /// file-system uid.
-    #[test]
-    fn a_socket_created_as_another_owner_is_theirs_and_the_thread_is_root_again_after() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: not root");
-            return;
-        }
-        let nobody = 65534;
-        let socket = creating_as(Some(nobody), || std::net::UdpSocket::bind("127.0.0.1:0"))
-            .expect("setfsuid")
-            .expect("socket");
-        // A socket's inode carries its owner.
-        let owner = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&socket)))
-            .expect("stat the socket")
-            .uid();
-        assert_eq!(owner, nobody);
-        // What the thread creates next is root's again.
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("after");
-        std::fs::write(&file, "x").expect("write");
-        assert_eq!(std::fs::metadata(&file).expect("stat").uid(), 0);
-        let own = creating_as(None, || std::net::UdpSocket::bind("127.0.0.1:0"))
-            .expect("no change")
-            .expect("socket");
-        let owner = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&own)))
-            .expect("stat the socket")
-            .uid();
-        assert_eq!(owner, 0);
-    }
 
     /// Run as root (CI's user), else skipped: only root can give files away.
     #[test]

@@ -16,7 +16,7 @@
 
 use crate::config::{Config, ListenerConfig};
 use crate::http1::{ConnSettings, HeadLimits};
-use crate::listen::{Serving, accept_loop, bind};
+use crate::listen::{Serving, accept_loop, bind, listen_on};
 use crate::proxy::{ListenerHandler, Shared};
 use arc_swap::ArcSwap;
 use std::net::SocketAddr;
@@ -240,14 +240,27 @@ impl Running {
         }
         // Bind the added listeners before changing anything, so a busy port
         // leaves the running config whole.
+        // A worker handed its config listens on the sockets its supervisor
+        // sent with the text (`listen::reserve`), taken all at once;
+        // any other process binds its own.
         let reuse_port = new.server.processes > 1;
-        // After the switch to `server.user` this is the process's own
-        // (None); without one, root's, as at the start.
-        let owner = crate::privdrop::socket_owner(&self.config);
+        let adding: Vec<&ListenerConfig> = new
+            .listener
+            .iter()
+            .filter(|l| !self.slots.iter().any(|s| s.cfg.address == l.address))
+            .collect();
+        let addrs: Vec<SocketAddr> = adding.iter().map(|l| l.address).collect();
         let mut added = Vec::new();
-        for l in &new.listener {
-            if !self.slots.iter().any(|s| s.cfg.address == l.address) {
-                added.push((l.clone(), bind(l, reuse_port, owner)?));
+        match crate::config::source::take_listeners(&addrs) {
+            None => {
+                for l in adding {
+                    added.push((l.clone(), bind(l, reuse_port)?));
+                }
+            }
+            Some(handed) => {
+                for (l, socket) in adding.into_iter().zip(handed?) {
+                    added.push((l.clone(), listen_on(l, socket)?));
+                }
             }
         }
         // Known as ours from the moment they are bound: a connection to

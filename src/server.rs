@@ -141,7 +141,8 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
         for w in crate::upstream::Destinations::warnings(&config) {
             tracing::warn!("{w}");
         }
-        for w in crate::privdrop::unreadable_warnings(&config) {
+        // One process reads its configuration file again at a reload.
+        for w in crate::privdrop::unreadable_warnings(&config, opts.config_path.as_deref()) {
             tracing::warn!("{w}");
         }
     }
@@ -150,7 +151,12 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
     crate::privdrop::prepare(&config)?;
     // Bind before serving anything, so a busy port fails start-up with a
     // clear message and nothing half-running.
-    let sockets = bind_all(&config)?;
+    // A worker listens on the sockets its supervisor made for it.
+    let handed = match opts.worker {
+        Some(_) => crate::listen::inherited()?,
+        None => Vec::new(),
+    };
+    let sockets = bind_all(&config, handed)?;
     // The supervisor writes it in multi-process mode.
     let _pid_file = match opts.worker {
         None => crate::privdrop::PidFile::write(&config.server.pid_file)?,

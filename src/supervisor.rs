@@ -57,7 +57,7 @@
 //! held (`shared_conns`). Per process: the memory tier, the upstream
 //! connection pools, the TLS session cache, the counters.
 
-use crate::config::Config;
+use crate::config::{Config, ListenerConfig};
 use crate::signals::{Sig, Signals};
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -185,14 +185,15 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     // Fail start-up (rather than restart workers forever) when a listener
     // cannot be bound: bind each one once here (without listening), then
     // let go of it.
-    crate::listen::check_bindable(&config, &config)?;
+    crate::listen::check_bindable(&config.listener)?;
     let _pid_file = crate::privdrop::PidFile::write(&config.server.pid_file)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the portico executable: {e}"))?;
     tracing::info!("supervisor (pid {}) starting {n} worker processes", std::process::id());
     for w in crate::upstream::Destinations::warnings(&config) {
         tracing::warn!("{w}");
     }
-    for w in crate::privdrop::unreadable_warnings(&config) {
+    // Its workers are handed the configuration's text: not the file.
+    for w in crate::privdrop::unreadable_warnings(&config, None) {
         tracing::warn!("{w}");
     }
     // Where the workers leave their statistics for each other (removed when
@@ -294,6 +295,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         tls: config.tls.clone(),
         buckets,
         conns,
+        listeners: config.listener.clone(),
     };
     runtime.block_on(async move {
         let relay = relay.map(|(s, _)| s);
@@ -684,6 +686,22 @@ fn start(
             ),
         }
     }
+    // A socket for each listener, made here (`listen::reserve`), so that
+    // every listener socket is the supervisor's; one that cannot be made
+    // the worker binds itself (and says why if it cannot either).
+    let mut listeners = Vec::with_capacity(env.listeners.len());
+    for l in &env.listeners {
+        match crate::listen::reserve(l) {
+            Ok(socket) => listeners.push((l.address, socket)),
+            Err(e) => tracing::warn!("worker {i}: {e}; it binds the listener itself"),
+        }
+    }
+    let named: Vec<String> = listeners
+        .iter()
+        .map(|(addr, socket)| format!("{}@{addr}", socket.as_raw_fd()))
+        .collect();
+    cmd.env(crate::listen::ENV_LISTENERS, named.join(","));
+    let inherit_listeners: Vec<std::os::fd::RawFd> = listeners.iter().map(|(_, s)| s.as_raw_fd()).collect();
     // The supervisor's relay, or none: only the supervisor talks to systemd.
     match &env.notify {
         Some(path) => cmd.env(crate::notify::ENV, path),
@@ -695,11 +713,12 @@ fn start(
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only
     // calls fcntl, prctl, sigemptyset, sigaddset and sigprocmask, which are
-    // async-signal-safe, on descriptor numbers it copied and a set on its
-    // own stack; it allocates nothing.
+    // async-signal-safe, on descriptor numbers it copied (a vector made
+    // before the fork, only read) and a set on its own stack; it allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(move || {
-            for fd in inherit.into_iter().flatten() {
+            for fd in inherit.into_iter().flatten().chain(inherit_listeners.iter().copied()) {
                 crate::handover::inherit_in_child(fd)?;
             }
             // The supervisor gone (even by SIGKILL) means the worker drains and exits.
@@ -726,7 +745,7 @@ fn start(
     w.started = Instant::now();
     let spawned = cmd.spawn();
     // The child has its copies; these were for it alone.
-    drop((theirs, seed_file));
+    drop((theirs, seed_file, listeners));
     match spawned {
         Ok(mut child) => {
             w.pid = child.id();
@@ -776,6 +795,9 @@ struct WorkerEnv {
     buckets: Option<std::os::fd::OwnedFd>,
     /// The clients' connection counts (`shared_conns`), inherited.
     conns: Option<crate::shared_conns::Shared>,
+    /// The listeners of the configuration validated last: a worker
+    /// started is handed a socket for each (`listen::reserve`).
+    listeners: Vec<ListenerConfig>,
 }
 
 /// The current time in seconds since the epoch.
@@ -819,22 +841,44 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     };
     // Checked as `portico check` does, certificates included: what the
     // workers get is what a worker restarted later starts on, and one it
-    // would refuse would keep it from starting. So is a listener on a port
-    // another program holds: refused here, rather than by every worker and
-    // then every successor. (Those the workers hold bind next to theirs:
-    // the same owner, `listen::check_bindable`.)
+    // would refuse would keep it from starting. A listener it adds is
+    // bound here, a socket for each worker (`listen::reserve`): one on a
+    // port another program holds refuses the reload here, rather than in
+    // every worker and then every successor.
     let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
         .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)))
-        .and_then(|(new, text)| crate::listen::check_bindable(&new, config).map(|()| (new, text)));
+        .and_then(|(new, text)| {
+            let added: Vec<ListenerConfig> = new
+                .listener
+                .iter()
+                .filter(|l| !env.listeners.iter().any(|k| k.address == l.address))
+                .cloned()
+                .collect();
+            if added.len() > crate::handover::MOST_LISTENERS {
+                return Err(format!(
+                    "{} listeners added at once; at most {} are (add them over several reloads)",
+                    added.len(),
+                    crate::handover::MOST_LISTENERS
+                ));
+            }
+            crate::listen::check_bindable(&added)?;
+            Ok((new, text, added))
+        });
     match checked {
         Err(e) => {
             tracing::error!("reload failed, still running on the previous config: {e}");
             false
         }
-        Ok((new, text)) => {
+        Ok((new, text, added)) => {
+            // Applied as `server.user`: what that user cannot read fails
+            // in every worker, which is then replaced.
+            for w in crate::privdrop::unreadable_warnings(&new, None) {
+                tracing::warn!("reload: {w}");
+            }
             // Workers handed their config get the new text on their
-            // channel, before the signal; the others read the file.
+            // channel, before the signal, after a socket for each listener
+            // it adds; the others read the file and bind their own.
             if env.start_file.is_some() {
                 let sealed = match crate::handover::sealed(c"portico-config", text.as_bytes()) {
                     Ok(fd) => fd,
@@ -851,7 +895,20 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                     let (Some(pid), Some(channel)) = (w.pid.filter(|p| *p > 0), &w.channel) else {
                         continue;
                     };
-                    if let Err(e) = crate::handover::send(channel, std::os::fd::AsFd::as_fd(&sealed)) {
+                    // Its sockets for the added listeners, made and sent
+                    // one worker at a time (a worker not running gets
+                    // them when it starts).
+                    let sent = added
+                        .iter()
+                        .map(|l| crate::listen::reserve(l).map(|s| (l.address, s)))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(std::io::Error::other)
+                        .and_then(|sockets| {
+                            use std::os::fd::AsFd;
+                            let fds: Vec<_> = sockets.iter().map(|(a, s)| (*a, s.as_fd())).collect();
+                            crate::handover::send(channel, sealed.as_fd(), &fds)
+                        });
+                    if let Err(e) = sent {
                         // It would run another config than the others: it
                         // drains and is started again on this one.
                         tracing::error!(
@@ -869,6 +926,7 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                 }
                 env.validated_file = Some(sealed);
             }
+            env.listeners = new.listener.clone();
             if new.server.processes != config.server.processes {
                 tracing::warn!(
                     "reload: `server.processes` changed ({} -> {}): needs restart; keeping {}",

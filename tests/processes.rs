@@ -1395,6 +1395,39 @@ ca_file = \"{{dir}}/no-such-ca.pem\"
     assert!(served >= 10, "{served} of 20 served\n{}", p.stderr());
 }
 
+/// A listener a reload adds is bound by the supervisor, a socket for each
+/// worker sent with the text, and every worker serves on it; a later
+/// reload that keeps it and adds another serves both from both workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_a_reload_adds_is_served_by_every_worker() {
+    let (a, b, p, _, all) = two_workers().await;
+    let added: Vec<SocketAddr> = (0..2).map(|_| free_addr().parse().expect("address")).collect();
+    let listener = |addr: &SocketAddr| format!("\n[[listener]]\naddress = \"{addr}\"\nmode = \"reverse\"\n");
+    for n in 1..=2 {
+        let text = format!(
+            "{}{}",
+            config(&p.addr().to_string(), &a, &b, "a"),
+            added[..n].iter().map(listener).collect::<String>()
+        )
+        .replace("{dir}", p.dir().to_str().expect("utf-8"));
+        p.rewrite_config(&text);
+        p.signal(libc::SIGHUP);
+        p.until_logged("reload: applied by every worker", n).await;
+        for addr in &added[..n] {
+            let mut served_by = BTreeSet::new();
+            for i in 0..40 {
+                let (pid, resp) = get_via(*addr, &format!("/l{i}"), &all).await;
+                assert_eq!(resp.body_str(), format!("a /l{i}"));
+                served_by.extend(pid);
+                if served_by == all {
+                    break;
+                }
+            }
+            assert_eq!(served_by, all, "reload {n}, {addr}\n{}", p.stderr());
+        }
+    }
+}
+
 /// A reload adding a listener on a port another program holds is refused
 /// by the supervisor, which binds the new listeners as it binds them at
 /// the start: no worker is asked to apply it, none is replaced, and both

@@ -918,6 +918,16 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
         users.display()
     ));
     p.signal(libc::SIGHUP);
+    // The supervisor saw it coming.
+    let warned = format!(
+        "reload: server.user \"nobody\" cannot read {} (auth.htpasswd: ",
+        users.display()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error).contains(&warned)).await,
+        "{}",
+        read(&error)
+    );
     let said = "could not apply the configuration the supervisor validated";
     assert!(
         eventually(Duration::from_secs(10), || read(&error).matches(said).count() == 2).await,
@@ -948,15 +958,16 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
     );
 }
 
-/// With `processes = N` and `user`, every listener socket belongs to the
-/// user, whoever binds it: a worker at start (as root), a worker on a
-/// reload (as the user), the supervisor's check (as root). SO_REUSEPORT
-/// sockets of different owners conflict, so otherwise a listener a reload
-/// added (bound by the workers as `nobody`) failed the supervisor's check
-/// of every later reload ("address in use"), and a worker restarted after
-/// a crash could not bind it as root and never came back.
+/// With `processes = N` and `user`, the supervisor (root) makes every
+/// listener socket and hands it to its worker, at start and on a reload,
+/// so all belong to root, whoever listens on them. SO_REUSEPORT sockets of
+/// different owners conflict: before, a listener a reload added was bound
+/// by the workers as `nobody`, and a worker restarted after a crash could
+/// not bind it as root and never came back; and no other program running
+/// as `nobody` may join the group and take connections. A reload may add
+/// a port below 1024 too, which the workers could not bind themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_processes_a_listener_a_reload_added_fails_neither_the_next_reload_nor_a_restart() {
+async fn with_processes_the_supervisor_makes_every_listener_socket_root_owned() {
     if !is_root() {
         eprintln!("skipped: not root, so there is no privilege to drop");
         return;
@@ -967,22 +978,38 @@ async fn with_processes_a_listener_a_reload_added_fails_neither_the_next_reload_
     let p = Portico::start(&config).await;
     let error = p.dir().join("error.log");
     until_both_switched(&error).await;
+    assert_eq!(listening_owners(p.addr()), [0, 0], "at start");
     let added: SocketAddr = free_addr().parse().expect("address");
+    let low = free_low_port();
     let applied = "reload: applied by every worker";
-    for (n, comment) in [(1, ""), (2, "# and again\n")] {
-        p.rewrite_config(&format!("{config}\n[[listener]]\naddress = \"{added}\"\n{comment}"));
+    let reloads = [
+        format!("\n[[listener]]\naddress = \"{added}\"\n"),
+        format!("\n[[listener]]\naddress = \"{added}\"\n# and again\n"),
+        format!("\n[[listener]]\naddress = \"{added}\"\n\n[[listener]]\naddress = \"{low}\"\n"),
+    ];
+    for (n, more) in reloads.iter().enumerate() {
+        p.rewrite_config(&format!("{config}{more}"));
         p.signal(libc::SIGHUP);
         assert!(
-            eventually(Duration::from_secs(10), || read(&error).matches(applied).count() == n).await,
+            eventually(Duration::from_secs(10), || read(&error).matches(applied).count()
+                == n + 1)
+            .await,
             "reload {n}\n{}",
             read(&error)
         );
         assert_eq!(get_through(added, &origin).await.0, 200, "reload {n}");
+        assert_eq!(listening_owners(added), [0, 0], "reload {n}");
     }
-    assert!(!read(&error).contains("reload failed"), "{}", read(&error));
-    // A worker killed now is started again, binds both listeners and
-    // switches to the user like the first two.
-    let pid = worker_pid(&read(&error), 0);
+    assert_eq!(get_through(low, &origin).await.0, 200, "the port below 1024");
+    assert_eq!(listening_owners(low), [0, 0], "the port below 1024");
+    let log = read(&error);
+    assert!(
+        !log.contains("reload failed") && !log.contains("could not apply"),
+        "{log}"
+    );
+    // A worker killed now is started again, listens on every listener
+    // and switches to the user like the first two.
+    let pid = worker_pid(&log, 0);
     // SAFETY: kill has no memory-safety preconditions; the pid is a worker's.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     assert!(
@@ -995,7 +1022,42 @@ async fn with_processes_a_listener_a_reload_added_fails_neither_the_next_reload_
         read(&error)
     );
     assert!(!read(&error).contains("cannot bind"), "{}", read(&error));
-    assert_eq!(get_through(added, &origin).await.0, 200, "after the restart");
+    for addr in [p.addr(), added, low] {
+        assert!(
+            eventually(Duration::from_secs(5), || listening_owners(addr) == [0, 0]).await,
+            "{addr} after the restart: {:?}",
+            listening_owners(addr)
+        );
+        assert_eq!(get_through(addr, &origin).await.0, 200, "{addr} after the restart");
+    }
+}
+
+/// The owners (uids) of the sockets listening on `addr` (IPv4), from
+/// /proc/net/tcp, sorted.
+fn listening_owners(addr: SocketAddr) -> Vec<u32> {
+    let SocketAddr::V4(v4) = addr else {
+        panic!("IPv4 only: {addr}");
+    };
+    let local = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let mut uids: Vec<u32> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| f[7].parse().expect("uid"))
+        })
+        .collect();
+    uids.sort_unstable();
+    uids
+}
+
+/// A loopback address on a port below 1024 that nothing holds.
+fn free_low_port() -> SocketAddr {
+    (900..1024)
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+        .find(|a| std::net::TcpListener::bind(a).is_ok())
+        .expect("a free port below 1024")
 }
 
 /// The pid of worker `i` in the supervisor's `worker I started (pid P)`
@@ -1012,8 +1074,10 @@ fn worker_pid(log: &str, i: usize) -> libc::pid_t {
 /// of each file the configuration names that the user cannot read, by
 /// path and key: here an htpasswd file only root may read, and a busy
 /// page that is readable but in a directory only root may enter (which the
-/// file's own mode does not show: the kernel is asked, as the user). The
-/// server starts all the same (it reads them as root), once per server.
+/// file's own mode does not show: the kernel is asked, as the user), and
+/// the configuration file itself when one process reads it again at a
+/// reload. The server starts all the same (it reads them as root), and
+/// says so once per server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_root_check_and_start_warn_of_files_the_user_cannot_read() {
     if !is_root() {
@@ -1057,12 +1121,33 @@ async fn as_root_check_and_start_warn_of_files_the_user_cannot_read() {
         "server.user \"nobody\" cannot read {} (listener {addr} busy_file: ",
         busy.display()
     );
-    let out = Portico::check(&config(""));
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{said}");
+    // The configuration file itself, in that directory too: one process
+    // reads it again at a reload, as the user; workers are handed it.
+    let check_closed = |extra: &str| {
+        let path = closed.join("portico.toml");
+        std::fs::write(&path, config(extra).replace("{dir}", &open.path().to_string_lossy())).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+            .arg("check")
+            .arg("-c")
+            .arg(&path)
+            .output()
+            .expect("run portico check");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let warned_config = format!(
+        "server.user \"nobody\" cannot read {} (the configuration file: ",
+        closed.join("portico.toml").display()
+    );
+    let said = check_closed("");
     assert!(said.contains(&warned_users), "{said}");
     assert!(said.contains(&warned_busy), "{said}");
-    assert!(said.contains("every reload reads it again"), "{said}");
+    assert!(said.contains(&warned_config), "{said}");
+    assert!(said.contains("a reload reads it again"), "{said}");
+    let said = check_closed("processes = 2\n");
+    assert!(said.contains(&warned_users) && said.contains(&warned_busy), "{said}");
+    assert!(!said.contains("configuration file"), "{said}");
     // Readable by the user: nothing to say.
     mode(&users, 0o644);
     mode(&closed, 0o755);

@@ -16,7 +16,8 @@
 //!   ([`ENV_START_FD`]): a worker restarted then keeps the restart-only
 //!   settings the others kept (`reload::keep_restart_only`).
 //! - At a reload, a sealed memory file sent on the worker's channel
-//!   ([`ENV_CHANNEL`]) before the SIGHUP. A SIGHUP with nothing sent (from
+//!   ([`ENV_CHANNEL`]) before the SIGHUP, with a socket for each listener
+//!   it adds ([`take_listeners`]). A SIGHUP with nothing sent (from
 //!   anyone else) reloads the text in force.
 //!
 //! The configuration's text is never read from a file in a worker (unless
@@ -43,12 +44,14 @@ pub const ENV_START_FD: &str = "PORTICO_CONFIG_START_FD";
 /// sends the text each reload validated.
 pub const ENV_CHANNEL: &str = "PORTICO_CONFIG_CHANNEL";
 
-/// In a worker handed its config: its channel, the text in force, and
-/// the text sent last while it is not applied yet.
+/// In a worker handed its config: its channel, the text in force, the
+/// text sent last while it is not applied yet, and the listener sockets
+/// sent with it (`listen::reserve`) that no reload has used yet.
 struct Handed {
     channel: Option<Channel>,
     text: Mutex<String>,
     sent: Mutex<Option<String>>,
+    listeners: Mutex<Vec<(std::net::SocketAddr, std::os::fd::OwnedFd)>>,
 }
 
 static HANDED: OnceLock<Handed> = OnceLock::new();
@@ -85,6 +88,7 @@ pub fn read_at_start(path: &Path, worker: bool) -> Result<(Config, String), Conf
         channel,
         text: Mutex::new(text.clone()),
         sent: Mutex::new(None),
+        listeners: Mutex::new(Vec::new()),
     });
     Ok((config, text))
 }
@@ -103,10 +107,16 @@ pub fn read_for_reload(path: &Path) -> Result<Config, ConfigError> {
         Some(channel) => channel
             .latest()
             .map_err(|e| unreadable(&file, format!("from the supervisor: {}", crate::util::io_cause(&e))))?,
-        None => None,
+        None => Default::default(),
     };
+    let mut listeners = handed.listeners.lock().unwrap_or_else(|p| p.into_inner());
+    for (addr, fd) in received.listeners {
+        listeners.retain(|(a, _)| *a != addr);
+        listeners.push((addr, fd));
+    }
+    drop(listeners);
     let mut sent = handed.sent.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(bytes) = received {
+    if let Some(bytes) = received.config {
         *sent = Some(String::from_utf8(bytes).map_err(|_| unreadable(&file, "from the supervisor: not UTF-8".into()))?);
     }
     match sent.as_deref() {
@@ -119,11 +129,35 @@ pub fn read_for_reload(path: &Path) -> Result<Config, ConfigError> {
 /// force. (One that failed leaves the text the supervisor sent pending,
 /// tried again at the next SIGHUP.)
 pub fn applied() {
-    if let Some(handed) = HANDED.get()
-        && let Some(text) = handed.sent.lock().unwrap_or_else(|p| p.into_inner()).take()
-    {
-        *handed.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+    if let Some(handed) = HANDED.get() {
+        if let Some(text) = handed.sent.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            *handed.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        }
+        // Sockets it did not use are for listeners it does not have.
+        handed.listeners.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+}
+
+/// In a worker handed its config: the sockets its supervisor sent for the
+/// listeners at `addrs` (bound, not listening: `listen::reserve`), in
+/// order, all taken, or an error naming one it did not send (none taken).
+/// None in a process that binds its own.
+pub fn take_listeners(addrs: &[std::net::SocketAddr]) -> Option<Result<Vec<socket2::Socket>, String>> {
+    let handed = HANDED.get().filter(|h| h.channel.is_some())?;
+    let mut listeners = handed.listeners.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(missing) = addrs.iter().find(|a| !listeners.iter().any(|(l, _)| l == *a)) {
+        return Some(Err(format!(
+            "the supervisor sent no socket for listener {missing} (it binds the listeners of the workers it \
+             hands their configuration)"
+        )));
+    }
+    Some(Ok(addrs
+        .iter()
+        .filter_map(|a| {
+            let i = listeners.iter().position(|(l, _)| l == a)?;
+            Some(socket2::Socket::from(listeners.swap_remove(i).1))
+        })
+        .collect()))
 }
 
 /// In a worker handed its config: tells the supervisor how the reload it
