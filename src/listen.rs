@@ -94,9 +94,8 @@ pub fn check_bindable<'a>(listeners: impl IntoIterator<Item = &'a ListenerConfig
 pub const ENV_LISTENERS: &str = "PORTICO_LISTENERS";
 
 /// In a worker: the listener sockets its supervisor made for it, by
-/// address (made close-on-exec). Empty when it made none; an entry that
-/// does not name a TCP socket bound to its address and not listening, or
-/// names one twice, is an error (and no descriptor is taken for it).
+/// address (made close-on-exec). Empty when it made none; see
+/// [`inherited_from`].
 pub fn inherited() -> Result<Vec<(std::net::SocketAddr, Socket)>, String> {
     // Taken once: the numbers may be reused once these are closed.
     static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -106,17 +105,28 @@ pub fn inherited() -> Result<Vec<(std::net::SocketAddr, Socket)>, String> {
     if TAKEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return Ok(Vec::new());
     }
+    inherited_from(&list)
+}
+
+/// The sockets `list` names (as [`ENV_LISTENERS`] does), taken: an entry
+/// that does not name an open TCP socket bound to its address and not
+/// listening, or names one twice, is an error, and then no descriptor is
+/// taken (nor closed).
+fn inherited_from(list: &str) -> Result<Vec<(std::net::SocketAddr, Socket)>, String> {
     let mut named: Vec<(std::os::fd::RawFd, std::net::SocketAddr)> = Vec::new();
     for entry in list.split(',').filter(|e| !e.is_empty()) {
         let bad = |why: &str| format!("{ENV_LISTENERS}: {entry:?}: {why}");
         let (fd, addr) = entry.split_once('@').ok_or_else(|| bad("not FD@ADDRESS"))?;
         let fd: std::os::fd::RawFd = fd.parse().map_err(|_| bad("not FD@ADDRESS"))?;
         let addr: std::net::SocketAddr = addr.parse().map_err(|_| bad("not FD@ADDRESS"))?;
-        if fd <= 2 || named.iter().any(|(f, _)| *f == fd) {
+        // SAFETY: fcntl with F_GETFD takes no pointer; it tells whether
+        // the number is an open descriptor.
+        if fd <= 2 || named.iter().any(|(f, _)| *f == fd) || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
             return Err(bad("not a descriptor of its own"));
         }
-        // SAFETY: only looked at through this borrow while the descriptor
-        // is open (an inherited one stays open until it is taken below).
+        // SAFETY: the descriptor is open (checked just above) and only
+        // looked at through this borrow, which ends before anything here
+        // could close it.
         let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         let socket = socket2::SockRef::from(&borrowed);
         let bound = socket.local_addr().ok().and_then(|a| a.as_socket());
@@ -547,7 +557,8 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{NoDelay, bind_only, capped_backlog, matches_listener};
+    use super::{NoDelay, bind_only, capped_backlog, inherited_from, matches_listener, reserve};
+    use std::os::fd::AsRawFd;
 
     /// A connection to `listener`, as accepted.
     async fn accept_one(listener: &tokio::net::TcpListener) -> (tokio::net::TcpStream, tokio::net::TcpStream) {
@@ -581,6 +592,58 @@ mod tests {
         nodelay.apply(&listener, true, Some(&d));
         let (e, _ce) = accept_one(&listener).await;
         assert!(d.nodelay().expect("getsockopt") && e.nodelay().expect("getsockopt"));
+    }
+
+    /// A listener's config at `address`.
+    fn at(address: &str) -> crate::config::ListenerConfig {
+        crate::config::ListenerConfig {
+            address: address.parse().expect("test address"),
+            ..Default::default()
+        }
+    }
+
+    /// Whether `fd` is an open descriptor.
+    fn is_open(fd: i32) -> bool {
+        // SAFETY: fcntl with F_GETFD takes no pointer.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+    }
+
+    #[test]
+    fn a_worker_takes_the_sockets_its_supervisor_names_by_address_port_0_each_its_own() {
+        let a = reserve(&at("127.0.0.1:0")).expect("reserve");
+        let bound = a.local_addr().expect("address").as_socket().expect("inet");
+        let b = reserve(&at("127.0.0.1:0")).expect("reserve");
+        let list = format!("{}@{bound},{}@127.0.0.1:0", a.as_raw_fd(), b.as_raw_fd());
+        let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+        // Owned by what is taken from now on.
+        std::mem::forget((a, b));
+        let taken = inherited_from(&list).expect("taken");
+        let addrs: Vec<_> = taken.iter().map(|(addr, _)| addr.to_string()).collect();
+        assert_eq!(addrs, [bound.to_string(), "127.0.0.1:0".to_string()]);
+        drop(taken);
+        assert!(!is_open(fa) && !is_open(fb), "closed with what took them");
+    }
+
+    #[test]
+    fn a_worker_refuses_what_is_not_its_supervisors_socket_and_takes_nothing() {
+        let good = reserve(&at("127.0.0.1:0")).expect("reserve");
+        let good_at = good.local_addr().expect("address").as_socket().expect("inet");
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+        let g = good.as_raw_fd();
+        let lists = [
+            format!("{g}@127.0.0.1:1"),
+            format!("{g}@{good_at},{g}@{good_at}"),
+            format!("{}@{}", listening.as_raw_fd(), listening.local_addr().expect("address")),
+            format!("{}@{}", udp.as_raw_fd(), udp.local_addr().expect("address")),
+            format!("{g}@{good_at},999999@{good_at}"),
+            format!("2@{good_at}"),
+            format!("{g}:{good_at}"),
+        ];
+        for list in lists {
+            assert!(inherited_from(&list).is_err(), "{list}");
+            assert!(is_open(g), "{list}: the good one was taken and closed");
+        }
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! (with `PORTICO_WORKER=I` in its environment); it runs what the
 //! supervisor last validated (`config::source`), not FILE as it is now, so
 //! a worker restarted after an edit that was not reloaded runs what the
-//! others run. Every worker binds every
-//! listener itself with SO_REUSEPORT, so the kernel spreads new connections
-//! over the workers; the supervisor serves nothing. Workers run in their
+//! others run. The supervisor binds a socket for every listener and every
+//! worker with SO_REUSEPORT (`listen::reserve`), at a worker's start and
+//! when a reload adds a listener, and each worker listens on its own, so
+//! the kernel spreads new connections over the workers; the supervisor
+//! serves nothing. Workers run in their
 //! own process group (a terminal's Ctrl-C reaches the supervisor only, which
 //! forwards it once) and get SIGTERM if the supervisor dies.
 //!
@@ -30,8 +32,9 @@
 //! - SIGUSR1: the supervisor reopens its error log and forwards the signal;
 //!   each worker reopens its error and access logs.
 //! - `server.user`: the supervisor stays as started (root, to write and
-//!   remove the pid file); each worker binds as root and then switches
-//!   (`privdrop`). The supervisor gives the user the error log it creates
+//!   remove the pid file, and to bind every listener socket, which are all
+//!   its own); each worker opens its logs and cache as root and then
+//!   switches (`privdrop`). The supervisor gives the user the error log it creates
 //!   and the private directory below, which the workers write to.
 //! - `$NOTIFY_SOCKET` (systemd): the workers report to a datagram socket in
 //!   that directory; the supervisor tells systemd once all are ready.
@@ -831,9 +834,9 @@ async fn worker_ready(relay: Option<&tokio::net::UnixDatagram>) -> Option<usize>
     }
 }
 
-/// Validates the config file once (its listeners bound, as at the start),
-/// hands the workers the text it validated, then asks every worker to
-/// reload; true if it did.
+/// Validates the config file once (the listeners it adds bound, as at the
+/// start), hands the workers the text it validated with a socket for each
+/// added listener, then asks every worker to reload; true if it did.
 fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, workers: &[Worker]) -> bool {
     let Some(path) = config_path else {
         tracing::warn!("SIGHUP: running on the embedded defaults (no -c FILE): nothing to reload");
@@ -845,6 +848,8 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     // bound here, a socket for each worker (`listen::reserve`): one on a
     // port another program holds refuses the reload here, rather than in
     // every worker and then every successor.
+    // SAFETY: geteuid has no preconditions.
+    let switching = unsafe { libc::geteuid() } == 0 && matches!(crate::privdrop::target(config), Ok(Some(_)));
     let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
         .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)))
@@ -855,6 +860,17 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                 .filter(|l| !env.listeners.iter().any(|k| k.address == l.address))
                 .cloned()
                 .collect();
+            // Workers that read the file bind what it adds themselves, as
+            // the user; a worker restarted later could not bind next to
+            // them as root (SO_REUSEPORT sockets of two owners), and would
+            // be restarted forever.
+            if !added.is_empty() && env.start_file.is_none() && switching {
+                return Err(format!(
+                    "listener {} is new, and the workers, which read the file (no memory file could be made \
+                     for them), would bind it as server.user; restart Portico to add listeners",
+                    added[0].address
+                ));
+            }
             if added.len() > crate::handover::MOST_LISTENERS {
                 return Err(format!(
                     "{} listeners added at once; at most {} are (add them over several reloads)",

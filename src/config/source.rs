@@ -147,8 +147,8 @@ pub fn take_listeners(addrs: &[std::net::SocketAddr]) -> Option<Result<Vec<socke
     let mut listeners = handed.listeners.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(missing) = addrs.iter().find(|a| !listeners.iter().any(|(l, _)| l == *a)) {
         return Some(Err(format!(
-            "the supervisor sent no socket for listener {missing} (it binds the listeners of the workers it \
-             hands their configuration)"
+            "no socket for listener {missing} from the supervisor (it sends one with the reload that adds a \
+             listener; one this worker could not serve then is not sent again)"
         )));
     }
     Some(Ok(addrs
