@@ -25,11 +25,14 @@
 //! The clients' buckets are a table of `limits.client_table` slots in the same
 //! memory, each a tag and a bucket: a client's bucket for a limit is in one
 //! of the [`WINDOW`] slots from where a SipHash of both, keyed by a secret
-//! drawn once (also in the memory), points, and is tagged with that hash.
-//! Finding it reads the tags; a new client takes an empty slot, else the
-//! one whose bucket has the earliest theoretical arrival time (about the
-//! least recently used; its client starts afresh), by compare-and-swap on
-//! its tag. No lock: a process taking from a bucket just given to another
+//! drawn once (also in the memory), points, and is tagged with that hash
+//! (40 bits of it) and the second it was last looked up in (24 bits, the
+//! rest of the word, [`STAMP`]). Finding it reads the tags; a new client
+//! takes an empty slot, else the least recently used (its client starts
+//! afresh), by compare-and-swap on its tag. (The theoretical arrival times
+//! of buckets of different limits do not tell which was used last: a long
+//! burst's bucket in use can have an older one than a short burst's left
+//! idle for seconds.) No lock: a process taking from a bucket just given to another
 //! client charges that client one request (or one piece of a response,
 //! `client_bandwidth`), and two processes giving one
 //! client a slot at once both use the first in its window from then on.
@@ -84,7 +87,25 @@ fn clients_in(words: &[AtomicU64]) -> usize {
 
 /// What the [`LAYOUT`] word holds: "portico" and a version, changed with
 /// the layout or the clients' hash.
-const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x03");
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portic\x00\x04");
+
+/// The bits of a client slot's tag word that hold the second it was last
+/// looked up in (of [`now_ns`]'s clock, modulo 2^24: 194 days); the others
+/// are the tag proper, [`TAG_SET`] always among them (an empty slot's
+/// word is 0).
+const STAMP: u64 = (1 << 24) - 1;
+/// A bit of every tag.
+const TAG_SET: u64 = 1 << 24;
+
+/// The stamp of `now` (nanoseconds, [`now_ns`]).
+fn stamp(now: u64) -> u64 {
+    (now / 1_000_000_000) & STAMP
+}
+
+/// Seconds from the stamp `then` to `now`'s (modulo 2^24).
+fn age(then: u64, now: u64) -> u64 {
+    stamp(now).wrapping_sub(then) & STAMP
+}
 
 /// Client slot `i`'s tag (0: empty), in the clients' memory `words`.
 fn client_tag(words: &[AtomicU64], i: usize) -> &AtomicU64 {
@@ -96,8 +117,8 @@ fn client_bucket(words: &[AtomicU64], i: usize) -> &AtomicU64 {
     &words[2 + 2 * i]
 }
 
-/// Buckets of clients given to other clients while in use (drawn on
-/// within about the last second), since start: the table is too small.
+/// Buckets of clients given to other clients while in use (looked up
+/// within the last second or two), since start: the table is too small.
 static EVICTED: AtomicU64 = AtomicU64::new(0);
 
 /// Buckets given to other clients while in use, since start.
@@ -292,7 +313,7 @@ fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize
     h.write_u64(limit.1);
     h.write_u128(client);
     let hash = h.finish();
-    ((hash >> 32) as usize % clients_in(words), hash | 1)
+    ((hash >> 32) as usize % clients_in(words), (hash & !STAMP) | TAG_SET)
 }
 
 /// The slots of the window starting at `start` in a table of `n`, in order.
@@ -310,17 +331,18 @@ pub fn client_if_any(limit: ClientLimit, client: u128) -> Option<Bucket> {
 fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128) -> Option<Bucket> {
     let (start, tag) = client_place(words, limit, client);
     window(start, clients_in(words))
-        .find(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
+        .find(|&i| client_tag(words, i).load(Ordering::Acquire) & !STAMP == tag)
         .map(|i| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i))))
 }
 
 /// The bucket of `client` for `limit`, shared by the worker processes:
-/// the one it has, or a full one in a slot of its window: an empty one,
-/// else the one whose bucket has the earliest theoretical arrival time,
-/// about the least recently used (as nginx drops the least recently used
-/// state of a full `limit_req` zone), whose client starts afresh; logged,
-/// at most once a second, when that bucket had been taken from within
-/// about the last second. Two processes giving the same client a slot at
+/// the one it has (its slot stamped with `now`'s second), or a full one in
+/// a slot of its window: an empty one, else the least recently used (as
+/// nginx drops the least recently used state of a full `limit_req` zone;
+/// of those looked up in the same second, the one with the earliest
+/// theoretical arrival time), whose client starts afresh; logged, at most
+/// once a second, when that bucket had been looked up within the last
+/// second or two. Two processes giving the same client a slot at
 /// once both end on the first in its window: the other is given up.
 pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
     client_in(clients(), limit, client, now)
@@ -342,17 +364,26 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             let i = (start + k) % n;
             (i, client_tag(words, i).load(Ordering::Acquire))
         });
-        if let Some(&(i, _)) = slots.iter().find(|(_, seen)| *seen == tag) {
+        if let Some(&(i, seen)) = slots.iter().find(|(_, seen)| *seen & !STAMP == tag) {
+            // Once a second at most; lost to another process's stamp or
+            // take of the slot, it is theirs that counts.
+            if seen & STAMP != stamp(now) {
+                let _ =
+                    client_tag(words, i).compare_exchange(seen, tag | stamp(now), Ordering::AcqRel, Ordering::Relaxed);
+            }
             return bucket(i);
         }
+        // Empty first, then the longest unused, then the earliest
+        // theoretical arrival time.
         let mut take: Option<(usize, u64, u64)> = None;
+        let rank = |seen: u64, held: u64| (seen != 0, std::cmp::Reverse(age(seen & STAMP, now)), held);
         for (i, seen) in slots {
             let held = if seen == 0 {
                 0
             } else {
                 client_bucket(words, i).load(Ordering::Acquire)
             };
-            if take.is_none_or(|(_, best_seen, best_held)| (seen != 0, held) < (best_seen != 0, best_held)) {
+            if take.is_none_or(|(_, best_seen, best_held)| rank(seen, held) < rank(best_seen, best_held)) {
                 take = Some((i, seen, held));
             }
         }
@@ -364,7 +395,7 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
         // processes taking slots for one client at once each see the
         // other's, whatever the processor.)
         if client_tag(words, free)
-            .compare_exchange(old, tag, Ordering::SeqCst, Ordering::SeqCst)
+            .compare_exchange(old, tag | stamp(now), Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             continue;
@@ -374,7 +405,7 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             // chosen, so that a take made since, by a request that found
             // the new tag, stays.
             let _ = client_bucket(words, free).compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
-            if held.saturating_add(1_000_000_000) > now {
+            if age(old & STAMP, now) <= 1 {
                 EVICTED.fetch_add(1, Ordering::Relaxed);
                 if crate::util::log_due(&EVICTED_LOGGED) {
                     tracing::warn!(
@@ -387,12 +418,14 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
         }
         // Another process may have given this client a slot meanwhile:
         // the first in the window is the one; ours goes back, empty.
-        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::SeqCst) == tag) {
+        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::SeqCst) & !STAMP == tag) {
             Some(first) if first != free => {
-                if client_tag(words, free)
-                    .compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
+                // Ours unless another process took it since (whatever
+                // stamp it has now).
+                let given_back = client_tag(words, free).fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    (w & !STAMP == tag).then_some(0)
+                });
+                if given_back.is_ok() {
                     client_bucket(words, free).store(0, Ordering::Release);
                 }
                 return bucket(first);
@@ -801,6 +834,58 @@ mod tests {
         }
     }
 
+    /// Of buckets of limits with different bursts, the one looked up
+    /// longest ago goes first, not the one with the earliest theoretical
+    /// arrival time: a long burst's bucket in use has an earlier one than
+    /// a short burst's bucket idle for seconds.
+    #[test]
+    fn a_bucket_in_use_is_kept_over_those_idle_for_longer_whatever_its_burst() {
+        let words = fresh_words();
+        let (long, short) = ((3, 3), (4, 4));
+        // WINDOW + 1 (limit, client) pairs whose windows are the same, the
+        // first of the long-burst limit.
+        let mut by_start: std::collections::HashMap<usize, Vec<(ClientLimit, u128)>> = std::collections::HashMap::new();
+        let crowd = (1u128..)
+            .flat_map(|c| [(long, c), (short, c)])
+            .find_map(|(limit, c)| {
+                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                if same.is_empty() && limit != long {
+                    return None;
+                }
+                same.push((limit, c));
+                (same.len() == WINDOW + 1).then(|| same.clone())
+            })
+            .expect("a crowd");
+        const S: u64 = 1_000_000_000;
+        let start = now_ns() / S * S;
+        for &(limit, c) in &crowd[1..WINDOW] {
+            let b = client_in(words, limit, c, start);
+            assert_eq!(b.take_one(start, 1.0, 1.0, true), Ok(()));
+        }
+        // Five seconds on, the long burst's client draws one of its 100.
+        let later = start + 5 * S;
+        let (limit, c) = crowd[0];
+        assert_eq!(
+            client_in(words, limit, c, later).take_one(later, 1.0, 100.0, true),
+            Ok(())
+        );
+        let (limit, c) = crowd[WINDOW];
+        assert_eq!(
+            client_in(words, limit, c, later).take_one(later, 1.0, 1.0, true),
+            Ok(())
+        );
+        let (limit, c) = crowd[0];
+        assert!(
+            client_if_any_in(words, limit, c).is_some(),
+            "the bucket in use was given away"
+        );
+        let kept = crowd[1..WINDOW]
+            .iter()
+            .filter(|&&(limit, c)| client_if_any_in(words, limit, c).is_some())
+            .count();
+        assert_eq!(kept, WINDOW - 2, "one idle bucket was given away");
+    }
+
     /// Two threads (as two processes would) giving one new client a
     /// bucket at once end up taking from one bucket, in one slot.
     #[test]
@@ -822,7 +907,7 @@ mod tests {
         for c in 0..20_000u128 {
             let (start, tag) = client_place(words, limit, c);
             let slots = window(start, clients_in(words))
-                .filter(|&i| client_tag(words, i).load(Ordering::Acquire) == tag)
+                .filter(|&i| client_tag(words, i).load(Ordering::Acquire) & !STAMP == tag)
                 .count();
             assert_eq!(slots, 1, "client {c}");
             let b = client_if_any_in(words, limit, c).expect("its bucket");
