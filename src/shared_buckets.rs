@@ -26,8 +26,8 @@
 //! memory, each a tag and a bucket: a client's bucket for a limit is in one
 //! of the [`WINDOW`] slots from where a SipHash of both, keyed by a secret
 //! drawn once (also in the memory), points, and is tagged with that hash
-//! (40 bits of it) and the second it was last looked up in (24 bits, the
-//! rest of the word, [`STAMP`]). Finding it reads the tags; a new client
+//! (39 bits of it, and a bit always set) and the second it was last looked
+//! up in (24 bits, the rest of the word, [`STAMP`]). Finding it reads the tags; a new client
 //! takes an empty slot, else the least recently used (its client starts
 //! afresh), by compare-and-swap on its tag. (The theoretical arrival times
 //! of buckets of different limits do not tell which was used last: a long
@@ -102,9 +102,13 @@ fn stamp(now: u64) -> u64 {
     (now / 1_000_000_000) & STAMP
 }
 
-/// Seconds from the stamp `then` to `now`'s (modulo 2^24).
+/// Seconds from the stamp `then` to `now`'s (modulo 2^24); 0 for a stamp
+/// ahead of `now` (another process stamped the slot in the next second
+/// after this one read its clock), which would otherwise look 194 days
+/// old.
 fn age(then: u64, now: u64) -> u64 {
-    stamp(now).wrapping_sub(then) & STAMP
+    let d = stamp(now).wrapping_sub(then) & STAMP;
+    if d >= 1 << 23 { 0 } else { d }
 }
 
 /// Client slot `i`'s tag (0: empty), in the clients' memory `words`.
@@ -126,8 +130,9 @@ pub fn evicted() -> u64 {
     EVICTED.load(Ordering::Relaxed)
 }
 
-/// When a client's bucket was last given to another while it still owed
-/// (the table full where they hash): logged at most once a second.
+/// When a client's bucket was last given to another while in use (looked
+/// up within the last second or two; the table full where they hash):
+/// logged at most once a second.
 static EVICTED_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 /// The bucket of `limits.total_bandwidth`.
@@ -365,18 +370,23 @@ fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now:
             (i, client_tag(words, i).load(Ordering::Acquire))
         });
         if let Some(&(i, seen)) = slots.iter().find(|(_, seen)| *seen & !STAMP == tag) {
-            // Once a second at most; lost to another process's stamp or
-            // take of the slot, it is theirs that counts.
-            if seen & STAMP != stamp(now) {
-                let _ =
-                    client_tag(words, i).compare_exchange(seen, tag | stamp(now), Ordering::AcqRel, Ordering::Relaxed);
+            // Once a second at most. Lost to another process's stamp, it
+            // is theirs that counts; to another client's taking the slot,
+            // look again.
+            if seen & STAMP != stamp(now)
+                && let Err(now_there) =
+                    client_tag(words, i).compare_exchange(seen, tag | stamp(now), Ordering::AcqRel, Ordering::Acquire)
+                && now_there & !STAMP != tag
+            {
+                continue;
             }
             return bucket(i);
         }
-        // Empty first, then the longest unused, then the earliest
+        // Empty first, then one not in debt (given away, a debt would be
+        // forgiven), then the longest unused, then the earliest
         // theoretical arrival time.
         let mut take: Option<(usize, u64, u64)> = None;
-        let rank = |seen: u64, held: u64| (seen != 0, std::cmp::Reverse(age(seen & STAMP, now)), held);
+        let rank = |seen: u64, held: u64| (seen != 0, held > now, std::cmp::Reverse(age(seen & STAMP, now)), held);
         for (i, seen) in slots {
             let held = if seen == 0 {
                 0
@@ -886,33 +896,93 @@ mod tests {
         assert_eq!(kept, WINDOW - 2, "one idle bucket was given away");
     }
 
+    #[test]
+    fn a_slots_age_is_counted_in_whole_seconds_across_the_stamps_wrap_and_never_ahead() {
+        const S: u64 = 1_000_000_000;
+        let now = (1 << 60) + 100 * S;
+        assert_eq!(age(stamp(now), now), 0);
+        assert_eq!(age(stamp(now - 5 * S), now), 5);
+        // Stamped by another process in the next second: in use now.
+        assert_eq!(age(stamp(now + S), now), 0);
+        // Across the 24-bit wrap.
+        let wrapped = (1 << 60) + (1 << 24) * S + 3 * S;
+        assert_eq!(age(stamp(wrapped - 7 * S), wrapped), 7);
+    }
+
+    /// Of two buckets to give away, one in debt is kept (its client would
+    /// be forgiven the debt) over one idle for longer that lacks nothing.
+    #[test]
+    fn a_bucket_in_debt_is_given_away_last() {
+        let words = fresh_words();
+        let limit = (6, 6);
+        let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
+        let crowd = (1u128..)
+            .find_map(|c| {
+                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                same.push(c);
+                (same.len() == WINDOW + 1).then(|| same.clone())
+            })
+            .expect("a crowd");
+        const S: u64 = 1_000_000_000;
+        let start = now_ns() / S * S;
+        // The first ran up a debt of 100 s at 1 a second, then went quiet;
+        // the others were used a second later.
+        let b = client_in(words, limit, crowd[0], start);
+        assert!(b.take_owing(101.0, start, 1.0, 1.0) > 0);
+        for &c in &crowd[1..WINDOW] {
+            let at = start + S;
+            assert_eq!(client_in(words, limit, c, at).take_one(at, 1.0, 1.0, true), Ok(()));
+        }
+        let later = start + 10 * S;
+        assert_eq!(
+            client_in(words, limit, crowd[WINDOW], later).take_one(later, 1.0, 1.0, true),
+            Ok(())
+        );
+        assert!(
+            client_if_any_in(words, limit, crowd[0]).is_some(),
+            "the debt was forgiven"
+        );
+    }
+
     /// Two threads (as two processes would) giving one new client a
     /// bucket at once end up taking from one bucket, in one slot.
     #[test]
     fn a_client_given_a_bucket_twice_at_once_has_one() {
         let words = fresh_words();
         let limit = (5, 5);
-        let now = now_ns();
+        // The two a nanosecond apart across a second's end: one's lookup
+        // stamps the slot the other has just taken.
+        const S: u64 = 1_000_000_000;
+        let start = now_ns() / S * S;
         let gate = std::sync::Barrier::new(2);
+        // Counted, not asserted, in the threads: a panic in one would
+        // leave the other at the barrier for ever.
+        let refused = AtomicU64::new(0);
         std::thread::scope(|s| {
-            for _ in 0..2 {
-                s.spawn(|| {
+            for now in [start - 1, start] {
+                let (gate, refused) = (&gate, &refused);
+                s.spawn(move || {
                     for c in 0..20_000u128 {
                         gate.wait();
-                        assert_eq!(client_in(words, limit, c, now).take_one(now, 1.0, 2.0, true), Ok(()));
+                        if client_in(words, limit, c, now).take_one(now, 1.0, 3.0, true).is_err() {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 });
             }
         });
+        assert_eq!(refused.load(Ordering::Relaxed), 0, "takes refused");
         for c in 0..20_000u128 {
-            let (start, tag) = client_place(words, limit, c);
-            let slots = window(start, clients_in(words))
+            let (first, tag) = client_place(words, limit, c);
+            let slots = window(first, clients_in(words))
                 .filter(|&i| client_tag(words, i).load(Ordering::Acquire) & !STAMP == tag)
                 .count();
             assert_eq!(slots, 1, "client {c}");
+            // Two of its three taken: one left.
             let b = client_if_any_in(words, limit, c).expect("its bucket");
+            assert_eq!(b.take_one(start, 1.0, 3.0, true), Ok(()), "client {c}");
             assert!(
-                b.take_one(now, 1.0, 2.0, false).is_err(),
+                b.take_one(start, 1.0, 3.0, false).is_err(),
                 "client {c}: both took from it"
             );
         }
