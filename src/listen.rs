@@ -613,15 +613,18 @@ mod tests {
         let a = reserve(&at("127.0.0.1:0")).expect("reserve");
         let bound = a.local_addr().expect("address").as_socket().expect("inet");
         let b = reserve(&at("127.0.0.1:0")).expect("reserve");
+        let b_at = b.local_addr().expect("address").as_socket().expect("inet");
         let list = format!("{}@{bound},{}@127.0.0.1:0", a.as_raw_fd(), b.as_raw_fd());
-        let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
-        // Owned by what is taken from now on.
+        // Owned by what is taken from now on (closed with it).
         std::mem::forget((a, b));
         let taken = inherited_from(&list).expect("taken");
-        let addrs: Vec<_> = taken.iter().map(|(addr, _)| addr.to_string()).collect();
-        assert_eq!(addrs, [bound.to_string(), "127.0.0.1:0".to_string()]);
-        drop(taken);
-        assert!(!is_open(fa) && !is_open(fb), "closed with what took them");
+        let named: Vec<_> = taken.iter().map(|(addr, _)| addr.to_string()).collect();
+        assert_eq!(named, [bound.to_string(), "127.0.0.1:0".to_string()]);
+        let at: Vec<_> = taken
+            .iter()
+            .map(|(_, s)| s.local_addr().expect("address").as_socket().expect("inet"))
+            .collect();
+        assert_eq!(at, [bound, b_at], "the sockets themselves");
     }
 
     #[test]

@@ -804,6 +804,18 @@ mod tests {
         assert_eq!(client_in(words, other, 1, now).take_one(now, 1.0, 2.0, true), Ok(()));
     }
 
+    /// `WINDOW + 1` clients whose windows under `limit` are the same.
+    fn crowd(words: &[AtomicU64], limit: ClientLimit) -> Vec<u128> {
+        let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
+        (1u128..)
+            .find_map(|c| {
+                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                same.push(c);
+                (same.len() == WINDOW + 1).then(|| same.clone())
+            })
+            .expect("a crowd")
+    }
+
     /// Its place full of buckets all spent (each of its 8 clients took its
     /// one request, a millisecond apart), a new client gets the slot of the
     /// one drawn on longest ago, and that slot's bucket full.
@@ -811,16 +823,10 @@ mod tests {
     fn a_client_whose_places_are_all_taken_gets_the_least_recently_used_slot_full() {
         let words = fresh_words();
         let limit = (9, 9);
-        // WINDOW + 1 clients whose windows are the same.
-        let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
-        let crowd = (1u128..)
-            .find_map(|c| {
-                let same = by_start.entry(client_place(words, limit, c).0).or_default();
-                same.push(c);
-                (same.len() == WINDOW + 1).then(|| same.clone())
-            })
-            .expect("a crowd");
-        let start = now_ns();
+        let crowd = crowd(words, limit);
+        // In one second: the stamps are alike, the theoretical arrival
+        // times tell.
+        let start = now_ns() / 1_000_000_000 * 1_000_000_000;
         const MS: u64 = 1_000_000;
         for (n, &c) in crowd[..WINDOW].iter().enumerate() {
             let at = start + n as u64 * MS;
@@ -915,14 +921,7 @@ mod tests {
     fn a_bucket_in_debt_is_given_away_last() {
         let words = fresh_words();
         let limit = (6, 6);
-        let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
-        let crowd = (1u128..)
-            .find_map(|c| {
-                let same = by_start.entry(client_place(words, limit, c).0).or_default();
-                same.push(c);
-                (same.len() == WINDOW + 1).then(|| same.clone())
-            })
-            .expect("a crowd");
+        let crowd = crowd(words, limit);
         const S: u64 = 1_000_000_000;
         let start = now_ns() / S * S;
         // The first ran up a debt of 100 s at 1 a second, then went quiet;
