@@ -12,8 +12,10 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Binds a listener; the error names the address and what went wrong.
-/// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so every worker
-/// process binds the same address and the kernel spreads connections.
+/// `reuse_port` (multi-process mode) sets SO_REUSEPORT, so that sockets of
+/// every worker process share the address and the kernel spreads
+/// connections (the supervisor binds them, [`reserve`]; a worker without a
+/// channel binds a listener a reload adds itself).
 pub fn bind(cfg: &ListenerConfig, reuse_port: bool) -> Result<std::net::TcpListener, String> {
     listen_on(cfg, bind_only(cfg, reuse_port)?)
 }
@@ -78,8 +80,9 @@ pub fn reserve(cfg: &ListenerConfig) -> Result<Socket, String> {
     bind_only(cfg, true)
 }
 
-/// Checks that every listener of `listeners` can be bound as the workers
-/// of several processes will bind them (SO_REUSEPORT), without listening:
+/// Checks that every listener of `listeners` can be bound as the sockets
+/// of several worker processes are ([`reserve`]: SO_REUSEPORT), without
+/// listening:
 /// the multi-process supervisor's check at start-up and of the listeners a
 /// reload adds. A listening socket here would take connections in the
 /// moment before it is closed, and closing it would reset them.

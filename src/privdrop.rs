@@ -252,7 +252,7 @@ pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
 /// that takes the user's file-system identity for the time of the check.
 pub fn unreadable_warnings(config: &Config, config_file: Option<&Path>) -> Vec<String> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if cfg!(not(target_pointer_width = "64")) || unsafe { libc::geteuid() } != 0 {
         return Vec::new();
     }
     let Ok(Some(target)) = target(config) else {
@@ -339,7 +339,8 @@ fn as_user_for_files(t: &Target) -> Result<(), String> {
     Ok(())
 }
 
-/// Elsewhere the raw calls take 16-bit ids: not checked there.
+/// Elsewhere the raw calls take 16-bit ids: not checked there (nor
+/// called: [`unreadable_warnings`] says nothing).
 #[cfg(not(target_pointer_width = "64"))]
 fn as_user_for_files(_: &Target) -> Result<(), String> {
     Err("not supported on this architecture".to_string())

@@ -28,8 +28,8 @@
 //! drawn once (also in the memory), points, and is tagged with that hash
 //! (39 bits of it, and a bit always set) and the second it was last looked
 //! up in (24 bits, the rest of the word, [`STAMP`]). Finding it reads the tags; a new client
-//! takes an empty slot, else the least recently used (its client starts
-//! afresh), by compare-and-swap on its tag. (The theoretical arrival times
+//! takes an empty slot, else the least recently used, one still in debt
+//! last (its client starts afresh), by compare-and-swap on its tag. (The theoretical arrival times
 //! of buckets of different limits do not tell which was used last: a long
 //! burst's bucket in use can have an older one than a short burst's left
 //! idle for seconds.) No lock: a process taking from a bucket just given to another
@@ -344,7 +344,8 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
 /// the one it has (its slot stamped with `now`'s second), or a full one in
 /// a slot of its window: an empty one, else the least recently used (as
 /// nginx drops the least recently used state of a full `limit_req` zone;
-/// of those looked up in the same second, the one with the earliest
+/// one still in debt last, since giving it away forgives the debt; of
+/// those looked up in the same second, the one with the earliest
 /// theoretical arrival time), whose client starts afresh; logged, at most
 /// once a second, when that bucket had been looked up within the last
 /// second or two. Two processes giving the same client a slot at

@@ -889,7 +889,12 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
         Ok((new, text, added)) => {
             // Applied as `server.user`: what that user cannot read fails
             // in every worker, which is then replaced.
-            for w in crate::privdrop::unreadable_warnings(&new, None) {
+            // As the user the workers run as (a restart-only setting).
+            let mut as_run = new.clone();
+            as_run.server.user.clone_from(&config.server.user);
+            as_run.server.group.clone_from(&config.server.group);
+            let read_at_reload = env.start_file.is_none().then_some(path.as_path());
+            for w in crate::privdrop::unreadable_warnings(&as_run, read_at_reload) {
                 tracing::warn!("reload: {w}");
             }
             // Workers handed their config get the new text on their

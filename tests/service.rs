@@ -978,6 +978,8 @@ async fn with_processes_the_supervisor_makes_every_listener_socket_root_owned() 
     let p = Portico::start(&config).await;
     let error = p.dir().join("error.log");
     until_both_switched(&error).await;
+    // (At start a worker binding its own would be root's too: the
+    // reloads below are what tell.)
     assert_eq!(listening_owners(p.addr()), [0, 0], "at start");
     let added: SocketAddr = free_addr().parse().expect("address");
     let low = free_low_port();
@@ -1182,6 +1184,42 @@ async fn as_root_check_and_start_warn_of_files_the_user_cannot_read() {
             "{extra}: portico did not exit"
         );
     }
+}
+
+/// The supervisor's warning at a reload is for the user the workers run
+/// as: a reload that also changes `server.user` (a restart-only setting,
+/// kept) is checked as the user in force, not the one it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_processes_a_reload_is_checked_for_the_user_the_workers_run_as() {
+    if !is_root() {
+        eprintln!("skipped: not root, so there is no user to read as");
+        return;
+    }
+    let cache = open_dir();
+    let config = dropping_config(&free_addr(), cache.path(), "processes = 2\n");
+    let p = Portico::start(&config).await;
+    let error = p.dir().join("error.log");
+    until_both_switched(&error).await;
+    // Readable by daemon alone.
+    let users = cache.path().join("users.htpasswd");
+    std::fs::write(&users, "alice:{SHA}ZbwuqB6zS0o2kEXfnMXnKrnp6ck=\n").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::os::unix::fs::chown(&users, Some(1), Some(1)).expect("chown to daemon");
+    p.rewrite_config(
+        &(config.replace("user = \"nobody\"", "user = \"daemon\"")
+            + &format!("\n[auth]\nhtpasswd = \"{}\"\n", users.display())),
+    );
+    p.signal(libc::SIGHUP);
+    let warned = format!(
+        "reload: server.user \"nobody\" cannot read {} (auth.htpasswd: ",
+        users.display()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || read(&error).contains(&warned)).await,
+        "{}",
+        read(&error)
+    );
 }
 
 /// Waits until both workers have logged their switch to `nobody` in
