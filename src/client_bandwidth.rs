@@ -141,10 +141,11 @@ fn take(b: &mut Bucket, n: u64, now_us: u64, rate: f64, burst: f64) -> u64 {
 /// alone.
 #[derive(Debug, Clone, Copy)]
 pub struct Meter {
-    /// The client's key (`client_limit::key`); None: only the total is
+    /// Where the client's bucket is ([`bucket`]: found from its key,
+    /// `client_limit::key`, and the rate, once); None: only the total is
     /// kept to (no per-client rate was set when this meter was handed
     /// out).
-    client: Option<u128>,
+    client: Option<crate::shared_buckets::Place>,
 }
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
@@ -159,11 +160,12 @@ pub(crate) fn set(rate: u64, burst: u64) {
     GENERATION.fetch_add(1, Ordering::Release);
 }
 
-/// The bucket of `client` under `rate` bytes a second, at `now`
-/// (`shared_buckets::now_ns`): in the table of clients, under a name no
-/// other limit uses (see `shared_buckets::ClientLimit`).
-fn bucket(client: u128, rate: u64, now: u64) -> crate::shared_buckets::Bucket {
-    crate::shared_buckets::client((0, rate), client, now)
+/// Where the bucket of `client` under `rate` bytes a second is: in the
+/// table of clients, under a name no other limit uses (see
+/// `shared_buckets::ClientLimit`). A meter keeps it for its writes; a
+/// reload that changes the rate makes new meters ([`GENERATION`]).
+fn bucket(client: u128, rate: u64) -> crate::shared_buckets::Place {
+    crate::shared_buckets::place((0, rate), client)
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
@@ -189,12 +191,12 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
 /// (these two loads are all an unlimited response costs) or the client is
 /// exempt (another array member).
 pub(crate) fn meter(ip: IpAddr) -> Option<Meter> {
-    let own = RATE.load(Ordering::Relaxed) != 0;
-    if (!own && TOTAL_RATE.load(Ordering::Relaxed) == 0) || crate::client_limit::is_exempt(ip) {
+    let rate = RATE.load(Ordering::Relaxed);
+    if (rate == 0 && TOTAL_RATE.load(Ordering::Relaxed) == 0) || crate::client_limit::is_exempt(ip) {
         return None;
     }
     Some(Meter {
-        client: own.then(|| crate::client_limit::key(ip)),
+        client: (rate != 0).then(|| bucket(crate::client_limit::key(ip), rate)),
     })
 }
 
@@ -434,8 +436,8 @@ impl Meter {
         // nanosecond, which must not make a write in the burst wait.
         let now = crate::shared_buckets::now_ns();
         let own_us = match self.client {
-            Some(client) if rate > 0 => {
-                bucket(client, rate, now).take_owing(n as f64, now, rate as f64, burst()) / 1000
+            Some(place) if rate > 0 => {
+                crate::shared_buckets::client_at(place, now).take_owing(n as f64, now, rate as f64, burst()) / 1000
             }
             _ => 0,
         };

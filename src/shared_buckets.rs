@@ -351,12 +351,38 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
 /// second or two. Two processes giving the same client a slot at
 /// once both end on the first in its window: the other is given up.
 pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
-    client_in(clients(), limit, client, now)
+    client_at(place(limit, client), now)
+}
+
+/// Where the bucket of a client for a limit is looked for: the first slot
+/// of its window and its tag, a SipHash computed once by a writer that
+/// looks the bucket up at every write (`client_bandwidth`).
+#[derive(Debug, Clone, Copy)]
+pub struct Place {
+    start: usize,
+    tag: u64,
+}
+
+/// The [`Place`] of `client`'s bucket for `limit`.
+pub fn place(limit: ClientLimit, client: u128) -> Place {
+    let (start, tag) = client_place(clients(), limit, client);
+    Place { start, tag }
+}
+
+/// [`client`], for the client and limit at `place`.
+pub fn client_at(place: Place, now: u64) -> Bucket {
+    client_placed(clients(), place.start, place.tag, now)
 }
 
 /// [`client`] in `words`.
+#[cfg(test)]
 fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
     let (start, tag) = client_place(words, limit, client);
+    client_placed(words, start, tag, now)
+}
+
+/// [`client`] in `words`, for the window at `start` and the tag `tag`.
+fn client_placed(words: &'static [AtomicU64], start: usize, tag: u64, now: u64) -> Bucket {
     let n = clients_in(words);
     let bucket = |i: usize| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i)));
     for _ in 0..WINDOW {
