@@ -141,11 +141,22 @@ fn take(b: &mut Bucket, n: u64, now_us: u64, rate: f64, burst: f64) -> u64 {
 /// alone.
 #[derive(Debug, Clone, Copy)]
 pub struct Meter {
-    /// Where the client's bucket is ([`bucket`]: found from its key,
-    /// `client_limit::key`, and the rate, once); None: only the total is
-    /// kept to (no per-client rate was set when this meter was handed
-    /// out).
-    client: Option<crate::shared_buckets::Place>,
+    /// The client's bucket; None: only the total is kept to (no
+    /// per-client rate was set when this meter was handed out).
+    client: Option<ClientBucket>,
+}
+
+/// A meter's client bucket: named by the client and the rate it was
+/// handed out under (both kept, so that a write never takes from the
+/// bucket of one rate at another), and where it is in the table once a
+/// write has looked ([`bucket`]: a response with no body never hashes).
+#[derive(Debug, Clone, Copy)]
+struct ClientBucket {
+    /// `client_limit::key`.
+    key: u128,
+    /// Bytes a second.
+    rate: u64,
+    place: Option<crate::shared_buckets::Place>,
 }
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
@@ -196,7 +207,11 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Meter> {
         return None;
     }
     Some(Meter {
-        client: (rate != 0).then(|| bucket(crate::client_limit::key(ip), rate)),
+        client: (rate != 0).then(|| ClientBucket {
+            key: crate::client_limit::key(ip),
+            rate,
+            place: None,
+        }),
     })
 }
 
@@ -364,7 +379,7 @@ impl Pacer {
         if n == 0 {
             return true;
         }
-        let shared = self.meter.as_ref().map_or(Debt::NONE, |m| m.take(n));
+        let shared = self.meter.as_mut().map_or(Debt::NONE, |m| m.take(n));
         let route_us = self.route.as_mut().map_or(0, |r| r.take(n as u64, now_us()));
         let wait_us = shared.wait_us.max(route_us);
         if wait_us == 0 {
@@ -407,11 +422,7 @@ impl Meter {
     /// (64 KiB once a reload lifted the limits). The total's share is
     /// divided among the writes waiting on it.
     pub fn piece(&self) -> usize {
-        let own = if self.client.is_some() {
-            RATE.load(Ordering::Relaxed)
-        } else {
-            0
-        };
+        let own = self.client.map_or(0, |c| c.rate);
         let total = TOTAL_RATE.load(Ordering::Relaxed) / (1 + TOTAL_PACING.load(Ordering::Relaxed));
         let rate = [own, total].into_iter().filter(|r| *r > 0).min();
         match rate.map(|r| usize::try_from(r).unwrap_or(usize::MAX)) {
@@ -421,12 +432,10 @@ impl Meter {
     }
 
     /// Takes `n` bytes now from the client's bucket and from the total's:
-    /// what the write owes (nothing once a reload set the rates to 0).
-    fn take(&self, n: usize) -> Debt {
-        let rate = match self.client {
-            Some(_) => RATE.load(Ordering::Relaxed),
-            None => 0,
-        };
+    /// what the write owes (nothing once a reload set the total's rate to 0;
+    /// a reload that changes the client's makes a new meter, [`GENERATION`]).
+    fn take(&mut self, n: usize) -> Debt {
+        let rate = self.client.map_or(0, |c| c.rate);
         let total_rate = TOTAL_RATE.load(Ordering::Relaxed) as f64;
         if rate == 0 && total_rate <= 0.0 {
             return Debt::NONE;
@@ -435,11 +444,12 @@ impl Meter {
         // Whole microseconds down: a take's span is rounded up to the
         // nanosecond, which must not make a write in the burst wait.
         let now = crate::shared_buckets::now_ns();
-        let own_us = match self.client {
-            Some(place) if rate > 0 => {
-                crate::shared_buckets::client_at(place, now).take_owing(n as f64, now, rate as f64, burst()) / 1000
+        let own_us = match self.client.as_mut() {
+            Some(c) => {
+                let place = *c.place.get_or_insert_with(|| bucket(c.key, c.rate));
+                crate::shared_buckets::client_at(place, now).take_owing(n as f64, now, c.rate as f64, burst()) / 1000
             }
-            _ => 0,
+            None => 0,
         };
         let total_us = if total_rate > 0.0 {
             crate::shared_buckets::total_bandwidth().take_owing(n as f64, now, total_rate, total_burst()) / 1000

@@ -1200,12 +1200,24 @@ async fn with_processes_a_reload_is_checked_for_the_user_the_workers_run_as() {
     let p = Portico::start(&config).await;
     let error = p.dir().join("error.log");
     until_both_switched(&error).await;
-    // Readable by daemon alone.
+    // Readable by daemon alone (the supervisor reads no more of it than
+    // whether the user can).
     let users = cache.path().join("users.htpasswd");
-    std::fs::write(&users, "alice:{SHA}ZbwuqB6zS0o2kEXfnMXnKrnp6ck=\n").expect("write");
+    let made = std::process::Command::new("htpasswd")
+        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
+        .output()
+        .expect("run htpasswd");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    std::os::unix::fs::chown(&users, Some(1), Some(1)).expect("chown to daemon");
+    let id = |flag: &str| -> u32 {
+        let out = std::process::Command::new("id")
+            .args([flag, "daemon"])
+            .output()
+            .expect("run id");
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("an id")
+    };
+    std::os::unix::fs::chown(&users, Some(id("-u")), Some(id("-g"))).expect("chown to daemon");
     p.rewrite_config(
         &(config.replace("user = \"nobody\"", "user = \"daemon\"")
             + &format!("\n[auth]\nhtpasswd = \"{}\"\n", users.display())),
