@@ -82,10 +82,9 @@ pub fn reserve(cfg: &ListenerConfig) -> Result<Socket, String> {
 
 /// Checks that every listener of `listeners` can be bound as the sockets
 /// of several worker processes are ([`reserve`]: SO_REUSEPORT), without
-/// listening:
-/// the multi-process supervisor's check at start-up and of the listeners a
-/// reload adds. A listening socket here would take connections in the
-/// moment before it is closed, and closing it would reset them.
+/// listening: the multi-process supervisor's check at start-up and of the
+/// listeners a reload adds. A listening socket here would take connections
+/// in the moment before it is closed, and closing it would reset them.
 pub fn check_bindable<'a>(listeners: impl IntoIterator<Item = &'a ListenerConfig>) -> Result<(), String> {
     let bound = listeners.into_iter().map(reserve).collect::<Result<Vec<_>, _>>()?;
     drop(bound);

@@ -845,9 +845,9 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     // Checked as `portico check` does, certificates included: what the
     // workers get is what a worker restarted later starts on, and one it
     // would refuse would keep it from starting. A listener it adds is
-    // bound here, a socket for each worker (`listen::reserve`): one on a
-    // port another program holds refuses the reload here, rather than in
-    // every worker and then every successor.
+    // bound here once (and then a socket for each worker, sent with the
+    // text): one on a port another program holds refuses the reload here,
+    // rather than in every worker and then every successor.
     // SAFETY: geteuid has no preconditions.
     let switching = unsafe { libc::geteuid() } == 0 && matches!(crate::privdrop::target(config), Ok(Some(_)));
     let checked = crate::config::source::read_file(path)
@@ -887,9 +887,9 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
             false
         }
         Ok((new, text, added)) => {
-            // Applied as `server.user`: what that user cannot read fails
-            // in every worker, which is then replaced.
-            // As the user the workers run as (a restart-only setting).
+            // Applied as `server.user`, the one in force (a restart-only
+            // setting): what that user cannot read fails in every worker,
+            // which is then replaced.
             let mut as_run = new.clone();
             as_run.server.user.clone_from(&config.server.user);
             as_run.server.group.clone_from(&config.server.group);
@@ -898,8 +898,8 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
                 tracing::warn!("reload: {w}");
             }
             // Workers handed their config get the new text on their
-            // channel, before the signal, after a socket for each listener
-            // it adds; the others read the file and bind their own.
+            // channel, before the signal, with a socket for each listener
+            // it adds; the others read the file.
             if env.start_file.is_some() {
                 let sealed = match crate::handover::sealed(c"portico-config", text.as_bytes()) {
                     Ok(fd) => fd,
