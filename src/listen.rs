@@ -134,7 +134,8 @@ fn inherited_from(list: &str) -> Result<Vec<(std::net::SocketAddr, Socket)>, Str
         let bound = socket.local_addr().ok().and_then(|a| a.as_socket());
         // Port 0: each worker's socket has a port of its own.
         let same = bound.is_some_and(|b| b == addr || (addr.port() == 0 && b.ip() == addr.ip()));
-        if !same || !matches!(socket.r#type(), Ok(Type::STREAM)) || is_listening(fd) {
+        let listening = rustix::net::sockopt::socket_acceptconn(borrowed).unwrap_or(true);
+        if !same || !matches!(socket.r#type(), Ok(Type::STREAM)) || listening {
             return Err(bad("not a listener socket from the supervisor"));
         }
         named.push((fd, addr));
@@ -152,24 +153,6 @@ fn inherited_from(list: &str) -> Result<Vec<(std::net::SocketAddr, Socket)>, Str
         out.push((addr, Socket::from(owned)));
     }
     Ok(out)
-}
-
-/// Whether the socket `fd` listens already (`SO_ACCEPTCONN`).
-fn is_listening(fd: std::os::fd::RawFd) -> bool {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `value`, which
-    // lives for the call; `len` says its size.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    rc != 0 || value != 0
 }
 
 /// Where Linux keeps its cap on every listen(2) backlog.

@@ -252,12 +252,22 @@ pub(crate) fn drop_to(t: &Target) -> Result<(), String> {
 /// that takes the user's file-system identity for the time of the check.
 pub fn unreadable_warnings(config: &Config, config_file: Option<&Path>) -> Vec<String> {
     // SAFETY: geteuid has no preconditions.
-    if cfg!(not(target_pointer_width = "64")) || unsafe { libc::geteuid() } != 0 {
+    if unsafe { libc::geteuid() } != 0 {
         return Vec::new();
     }
-    let Ok(Some(target)) = target(config) else {
+    match target(config) {
+        Ok(Some(target)) => unreadable_by(&target, config, config_file),
+        _ => Vec::new(),
+    }
+}
+
+/// [`unreadable_warnings`] for `target`, the user a server started as root
+/// switches to (the one in force, whatever `config` names now).
+pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path>) -> Vec<String> {
+    if cfg!(not(target_pointer_width = "64")) {
         return Vec::new();
-    };
+    }
+    let target = target.clone();
     let mut files: Vec<(String, PathBuf)> = config
         .files_read_on_reload()
         .into_iter()

@@ -304,9 +304,8 @@ pub(crate) fn secret_in(word: &AtomicU64) -> u64 {
     }
 }
 
-/// The slot a client's window starts at, and its tag (never 0, an empty
-/// slot's).
-fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize, u64) {
+/// Where a client's bucket for a limit is looked for in `words`.
+fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> Place {
     use std::hash::Hasher;
     // SipHash-2-4 keyed by the secret: std's `SipHasher`, deprecated in
     // favour of `DefaultHasher`, whose algorithm may change between Rust
@@ -318,7 +317,15 @@ fn client_place(words: &[AtomicU64], limit: ClientLimit, client: u128) -> (usize
     h.write_u64(limit.1);
     h.write_u128(client);
     let hash = h.finish();
-    ((hash >> 32) as usize % clients_in(words), (hash & !STAMP) | TAG_SET)
+    Place {
+        start: (hash >> 32) as usize % clients_in(words),
+        tag: (hash & !STAMP) | TAG_SET,
+    }
+}
+
+/// Whether the tag word `word` (stamp and all) holds `tag`.
+fn holds(word: u64, tag: u64) -> bool {
+    word & !STAMP == tag
 }
 
 /// The slots of the window starting at `start` in a table of `n`, in order.
@@ -334,9 +341,9 @@ pub fn client_if_any(limit: ClientLimit, client: u128) -> Option<Bucket> {
 
 /// [`client_if_any`] in `words`.
 fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128) -> Option<Bucket> {
-    let (start, tag) = client_place(words, limit, client);
+    let Place { start, tag } = client_place(words, limit, client);
     window(start, clients_in(words))
-        .find(|&i| client_tag(words, i).load(Ordering::Acquire) & !STAMP == tag)
+        .find(|&i| holds(client_tag(words, i).load(Ordering::Acquire), tag))
         .map(|i| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i))))
 }
 
@@ -351,12 +358,13 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
 /// second or two. Two processes giving the same client a slot at
 /// once both end on the first in its window: the other is given up.
 pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
-    client_at(place(limit, client), now)
+    client_in(clients(), limit, client, now)
 }
 
 /// Where the bucket of a client for a limit is looked for: the first slot
-/// of its window and its tag, a SipHash computed once by a writer that
-/// looks the bucket up at every write (`client_bandwidth`).
+/// of its window (a SipHash of both, keyed by the secret) and its tag
+/// (never 0, an empty slot's), computed once by a writer that looks the
+/// bucket up at every write (`client_bandwidth`).
 #[derive(Debug, Clone, Copy)]
 pub struct Place {
     start: usize,
@@ -365,24 +373,22 @@ pub struct Place {
 
 /// The [`Place`] of `client`'s bucket for `limit`.
 pub fn place(limit: ClientLimit, client: u128) -> Place {
-    let (start, tag) = client_place(clients(), limit, client);
-    Place { start, tag }
+    client_place(clients(), limit, client)
 }
 
 /// [`client`], for the client and limit at `place`.
 pub fn client_at(place: Place, now: u64) -> Bucket {
-    client_placed(clients(), place.start, place.tag, now)
+    client_placed(clients(), place, now)
 }
 
 /// [`client`] in `words`.
-#[cfg(test)]
 fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
-    let (start, tag) = client_place(words, limit, client);
-    client_placed(words, start, tag, now)
+    client_placed(words, client_place(words, limit, client), now)
 }
 
-/// [`client`] in `words`, for the window at `start` and the tag `tag`.
-fn client_placed(words: &'static [AtomicU64], start: usize, tag: u64, now: u64) -> Bucket {
+/// [`client`] in `words`, for the client and limit at `place`.
+fn client_placed(words: &'static [AtomicU64], place: Place, now: u64) -> Bucket {
+    let Place { start, tag } = place;
     let n = clients_in(words);
     let bucket = |i: usize| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i)));
     for _ in 0..WINDOW {
@@ -390,20 +396,19 @@ fn client_placed(words: &'static [AtomicU64], start: usize, tag: u64, now: u64) 
         // alike). Empty slots are all alike, their buckets not looked at,
         // so two processes choosing at once choose the same one and one
         // of them loses it.
-        // The tags first: a client that has a slot (nearly always) costs
-        // no look at the buckets.
-        let slots: [(usize, u64); WINDOW] = std::array::from_fn(|k| {
-            let i = (start + k) % n;
-            (i, client_tag(words, i).load(Ordering::Acquire))
-        });
-        if let Some(&(i, seen)) = slots.iter().find(|(_, seen)| *seen & !STAMP == tag) {
+        // The tags first, up to its own: a client that has a slot (nearly
+        // always) costs no look at the buckets, nor at the tags past its.
+        let found = window(start, n)
+            .map(|i| (i, client_tag(words, i).load(Ordering::Acquire)))
+            .find(|&(_, seen)| holds(seen, tag));
+        if let Some((i, seen)) = found {
             // Once a second at most. Lost to another process's stamp, it
             // is theirs that counts; to another client's taking the slot,
             // look again.
             if seen & STAMP != stamp(now)
                 && let Err(now_there) =
                     client_tag(words, i).compare_exchange(seen, tag | stamp(now), Ordering::AcqRel, Ordering::Acquire)
-                && now_there & !STAMP != tag
+                && !holds(now_there, tag)
             {
                 continue;
             }
@@ -414,7 +419,8 @@ fn client_placed(words: &'static [AtomicU64], start: usize, tag: u64, now: u64) 
         // theoretical arrival time.
         let mut take: Option<(usize, u64, u64)> = None;
         let rank = |seen: u64, held: u64| (seen != 0, held > now, std::cmp::Reverse(age(seen & STAMP, now)), held);
-        for (i, seen) in slots {
+        for i in window(start, n) {
+            let seen = client_tag(words, i).load(Ordering::Acquire);
             let held = if seen == 0 {
                 0
             } else {
@@ -455,13 +461,12 @@ fn client_placed(words: &'static [AtomicU64], start: usize, tag: u64, now: u64) 
         }
         // Another process may have given this client a slot meanwhile:
         // the first in the window is the one; ours goes back, empty.
-        match window(start, n).find(|&i| client_tag(words, i).load(Ordering::SeqCst) & !STAMP == tag) {
+        match window(start, n).find(|&i| holds(client_tag(words, i).load(Ordering::SeqCst), tag)) {
             Some(first) if first != free => {
                 // Ours unless another process took it since (whatever
                 // stamp it has now).
-                let given_back = client_tag(words, free).fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                    (w & !STAMP == tag).then_some(0)
-                });
+                let given_back = client_tag(words, free)
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| holds(w, tag).then_some(0));
                 if given_back.is_ok() {
                     client_bucket(words, free).store(0, Ordering::Release);
                 }
@@ -836,7 +841,7 @@ mod tests {
         let mut by_start: std::collections::HashMap<usize, Vec<u128>> = std::collections::HashMap::new();
         (1u128..)
             .find_map(|c| {
-                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                let same = by_start.entry(client_place(words, limit, c).start).or_default();
                 same.push(c);
                 (same.len() == WINDOW + 1).then(|| same.clone())
             })
@@ -891,7 +896,7 @@ mod tests {
         let crowd = (1u128..)
             .flat_map(|c| [(long, c), (short, c)])
             .find_map(|(limit, c)| {
-                let same = by_start.entry(client_place(words, limit, c).0).or_default();
+                let same = by_start.entry(client_place(words, limit, c).start).or_default();
                 if same.is_empty() && limit != long {
                     return None;
                 }
@@ -999,9 +1004,9 @@ mod tests {
         });
         assert_eq!(refused.load(Ordering::Relaxed), 0, "takes refused");
         for c in 0..20_000u128 {
-            let (first, tag) = client_place(words, limit, c);
+            let Place { start: first, tag } = client_place(words, limit, c);
             let slots = window(first, clients_in(words))
-                .filter(|&i| client_tag(words, i).load(Ordering::Acquire) & !STAMP == tag)
+                .filter(|&i| holds(client_tag(words, i).load(Ordering::Acquire), tag))
                 .count();
             assert_eq!(slots, 1, "client {c}");
             // Two of its three taken: one left.
@@ -1017,7 +1022,14 @@ mod tests {
     #[test]
     fn two_memories_hash_clients_with_secrets_of_their_own() {
         let (a, b) = (fresh_words(), fresh_words());
-        let places = |w| (0..64u128).map(|c| client_place(w, (1, 1), c)).collect::<Vec<_>>();
+        let places = |w| {
+            (0..64u128)
+                .map(|c| {
+                    let p = client_place(w, (1, 1), c);
+                    (p.start, p.tag)
+                })
+                .collect::<Vec<_>>()
+        };
         assert_eq!(places(a), places(a), "one memory, one secret");
         assert_ne!(places(a), places(b));
     }

@@ -299,6 +299,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         buckets,
         conns,
         listeners: config.listener.clone(),
+        switching: switching.cloned(),
     };
     runtime.block_on(async move {
         let relay = relay.map(|(s, _)| s);
@@ -801,6 +802,9 @@ struct WorkerEnv {
     /// The listeners of the configuration validated last: a worker
     /// started is handed a socket for each (`listen::reserve`).
     listeners: Vec<ListenerConfig>,
+    /// The user the workers switch to, if the supervisor runs as root
+    /// (`server.user` is restart-only: the one it started with).
+    switching: Option<crate::privdrop::Target>,
 }
 
 /// The current time in seconds since the epoch.
@@ -848,8 +852,6 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
     // bound here once (and then a socket for each worker, sent with the
     // text): one on a port another program holds refuses the reload here,
     // rather than in every worker and then every successor.
-    // SAFETY: geteuid has no preconditions.
-    let switching = unsafe { libc::geteuid() } == 0 && matches!(crate::privdrop::target(config), Ok(Some(_)));
     let checked = crate::config::source::read_file(path)
         .map_err(|e| e.to_string())
         .and_then(|(new, text)| crate::tls::check_listeners(&new).map(|()| (new, text)))
@@ -864,7 +866,7 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
             // the user; a worker restarted later could not bind next to
             // them as root (SO_REUSEPORT sockets of two owners), and would
             // be restarted forever.
-            if !added.is_empty() && env.start_file.is_none() && switching {
+            if !added.is_empty() && env.start_file.is_none() && env.switching.is_some() {
                 return Err(format!(
                     "listener {} is new, and the workers, which read the file (no memory file could be made \
                      for them), would bind it as server.user; restart Portico to add listeners",
@@ -890,12 +892,11 @@ fn reload(config: &Config, config_path: Option<&PathBuf>, env: &mut WorkerEnv, w
             // Applied as `server.user`, the one in force (a restart-only
             // setting): what that user cannot read fails in every worker,
             // which is then replaced.
-            let mut as_run = new.clone();
-            as_run.server.user.clone_from(&config.server.user);
-            as_run.server.group.clone_from(&config.server.group);
-            let read_at_reload = env.start_file.is_none().then_some(path.as_path());
-            for w in crate::privdrop::unreadable_warnings(&as_run, read_at_reload) {
-                tracing::warn!("reload: {w}");
+            if let Some(user) = &env.switching {
+                let read_at_reload = env.start_file.is_none().then_some(path.as_path());
+                for w in crate::privdrop::unreadable_by(user, &new, read_at_reload) {
+                    tracing::warn!("reload: {w}");
+                }
             }
             // Workers handed their config get the new text on their
             // channel, before the signal, with a socket for each listener

@@ -898,21 +898,10 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
         return;
     }
     let origin = Origin::start(|_req| async { Response::ok("from the origin") }).await;
-    let cache = open_dir();
-    let addr = free_addr();
-    let config = dropping_config(&addr, cache.path(), "processes = 2\n");
-    let p = Portico::start(&config).await;
-    let error = p.dir().join("error.log");
-    until_both_switched(&error).await;
+    let (_cache, config, p, error) = two_workers_as_nobody().await;
     assert_eq!(get_through(p.addr(), &origin).await.0, 200);
     let users = p.dir().join("users.htpasswd");
-    let made = std::process::Command::new("htpasswd")
-        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
-        .output()
-        .expect("run htpasswd");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    root_only_htpasswd(&users);
     p.rewrite_config(&format!(
         "{config}\n[auth]\nhtpasswd = \"{}\"\nrequired = true\n",
         users.display()
@@ -973,11 +962,7 @@ async fn with_processes_the_supervisor_makes_every_listener_socket_root_owned() 
         return;
     }
     let origin = Origin::start(|_req| async { Response::ok("from the origin") }).await;
-    let cache = open_dir();
-    let config = dropping_config(&free_addr(), cache.path(), "processes = 2\n");
-    let p = Portico::start(&config).await;
-    let error = p.dir().join("error.log");
-    until_both_switched(&error).await;
+    let (_cache, config, p, error) = two_workers_as_nobody().await;
     // (At start a worker binding its own would be root's too: the
     // reloads below are what tell.)
     assert_eq!(listening_owners(p.addr()), [0, 0], "at start");
@@ -1092,12 +1077,7 @@ async fn as_root_check_and_start_warn_of_files_the_user_cannot_read() {
     };
     let open = open_dir();
     let users = open.path().join("users.htpasswd");
-    let made = std::process::Command::new("htpasswd")
-        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
-        .output()
-        .expect("run htpasswd");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    mode(&users, 0o600);
+    root_only_htpasswd(&users);
     let closed = open.path().join("closed");
     std::fs::create_dir(&closed).expect("mkdir");
     mode(&closed, 0o700);
@@ -1195,21 +1175,11 @@ async fn with_processes_a_reload_is_checked_for_the_user_the_workers_run_as() {
         eprintln!("skipped: not root, so there is no user to read as");
         return;
     }
-    let cache = open_dir();
-    let config = dropping_config(&free_addr(), cache.path(), "processes = 2\n");
-    let p = Portico::start(&config).await;
-    let error = p.dir().join("error.log");
-    until_both_switched(&error).await;
+    let (cache, config, p, error) = two_workers_as_nobody().await;
     // Readable by daemon alone (the supervisor reads no more of it than
     // whether the user can).
     let users = cache.path().join("users.htpasswd");
-    let made = std::process::Command::new("htpasswd")
-        .args(["-cbB", &users.to_string_lossy(), "alice", "secret"])
-        .output()
-        .expect("run htpasswd");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    root_only_htpasswd(&users);
     let id = |flag: &str| -> u32 {
         let out = std::process::Command::new("id")
             .args([flag, "daemon"])
@@ -1232,6 +1202,29 @@ async fn with_processes_a_reload_is_checked_for_the_user_the_workers_run_as() {
         "{}",
         read(&error)
     );
+}
+
+/// As root: a two-process forward proxy switching to `nobody`, with its
+/// cache in a directory `nobody` can reach, both workers switched: the
+/// directory, the config, the server and its error log.
+async fn two_workers_as_nobody() -> (tempfile::TempDir, String, Portico, std::path::PathBuf) {
+    let cache = open_dir();
+    let config = dropping_config(&free_addr(), cache.path(), "processes = 2\n");
+    let p = Portico::start(&config).await;
+    let error = p.dir().join("error.log");
+    until_both_switched(&error).await;
+    (cache, config, p, error)
+}
+
+/// An htpasswd file at `path` (alice, secret) only its owner may read.
+fn root_only_htpasswd(path: &Path) {
+    let made = std::process::Command::new("htpasswd")
+        .args(["-cbB", &path.to_string_lossy(), "alice", "secret"])
+        .output()
+        .expect("run htpasswd");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
 /// Waits until both workers have logged their switch to `nobody` in
