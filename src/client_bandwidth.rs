@@ -149,14 +149,15 @@ pub struct Meter {
 /// A meter's client bucket: named by the client and the rate it was
 /// handed out under (both kept, so that a write never takes from the
 /// bucket of one rate at another), and where it is in the table once a
-/// write has looked ([`bucket`]: a response with no body never hashes).
+/// write has looked ([`bucket`]: a response with no body never hashes),
+/// or the connection's earlier response had.
 #[derive(Debug, Clone, Copy)]
 struct ClientBucket {
     /// `client_limit::key`.
     key: u128,
     /// Bytes a second.
     rate: u64,
-    place: Option<crate::shared_buckets::Place>,
+    place: crate::shared_buckets::KnownPlace,
 }
 
 /// Sets the rate (bytes a second, 0: no limit) and the burst (0: one
@@ -171,12 +172,13 @@ pub(crate) fn set(rate: u64, burst: u64) {
     GENERATION.fetch_add(1, Ordering::Release);
 }
 
-/// Where the bucket of `client` under `rate` bytes a second is: in the
-/// table of clients, under a name no other limit uses (see
-/// `shared_buckets::ClientLimit`). A meter keeps it for its writes; a
-/// reload that changes the rate makes new meters ([`GENERATION`]).
-fn bucket(client: u128, rate: u64) -> crate::shared_buckets::Place {
-    crate::shared_buckets::place((0, rate), client)
+/// Which limit the bucket of a client under `rate` bytes a second is for,
+/// in the table of clients: a name no other limit uses (see
+/// `shared_buckets::ClientLimit`). A meter keeps its place for its writes,
+/// and the connection for its next response; a reload that changes the
+/// rate makes new meters ([`GENERATION`]), whose limit is another.
+fn bucket(rate: u64) -> crate::shared_buckets::ClientLimit {
+    (0, rate)
 }
 
 /// Sets the total rate (bytes a second for all clients, 0: no limit) and
@@ -200,8 +202,9 @@ pub(crate) fn set_total(rate: u64, burst: u64) {
 
 /// How the writes to a client at `ip` are paced: None when no rate is set
 /// (these two loads are all an unlimited response costs) or the client is
-/// exempt (another array member).
-pub(crate) fn meter(ip: IpAddr) -> Option<Meter> {
+/// exempt (another array member). `known`: where the connection's earlier
+/// response found the client's bucket.
+pub(crate) fn meter(ip: IpAddr, known: crate::shared_buckets::KnownPlace) -> Option<Meter> {
     let rate = RATE.load(Ordering::Relaxed);
     if (rate == 0 && TOTAL_RATE.load(Ordering::Relaxed) == 0) || crate::client_limit::is_exempt(ip) {
         return None;
@@ -210,7 +213,7 @@ pub(crate) fn meter(ip: IpAddr) -> Option<Meter> {
         client: (rate != 0).then(|| ClientBucket {
             key: crate::client_limit::key(ip),
             rate,
-            place: None,
+            place: known,
         }),
     })
 }
@@ -298,15 +301,23 @@ impl RouteLimit {
 }
 
 impl Pacer {
-    /// The pacer of the writes to the client at `ip`.
-    pub(crate) fn new(ip: IpAddr) -> Pacer {
+    /// The pacer of the writes to the client at `ip`; `known`: where the
+    /// connection's earlier response found its bucket ([`Pacer::known`]).
+    pub(crate) fn new(ip: IpAddr, known: crate::shared_buckets::KnownPlace) -> Pacer {
         let seen = GENERATION.load(Ordering::Acquire);
         Pacer {
             ip: Some(ip),
-            meter: meter(ip),
+            meter: meter(ip, known),
             seen,
             route: None,
         }
+    }
+
+    /// Where the client's bucket was found, for the connection's next
+    /// response (a reload's new rate makes it stale, which that response
+    /// sees).
+    pub(crate) fn known(&self) -> crate::shared_buckets::KnownPlace {
+        self.meter.and_then(|m| m.client).map(|c| c.place).unwrap_or_default()
     }
 
     /// Keeps what goes through this pacer to `rate` bytes a second as
@@ -346,7 +357,7 @@ impl Pacer {
         let now = GENERATION.load(Ordering::Acquire);
         if now != self.seen {
             self.seen = now;
-            self.meter = meter(ip);
+            self.meter = meter(ip, self.known());
         }
         self.meter.as_ref()
     }
@@ -446,7 +457,7 @@ impl Meter {
         let now = crate::shared_buckets::now_ns();
         let own_us = match self.client.as_mut() {
             Some(c) => {
-                let place = *c.place.get_or_insert_with(|| bucket(c.key, c.rate));
+                let place = c.place.of(bucket(c.rate), c.key);
                 crate::shared_buckets::client_at(place, now).take_owing(n as f64, now, c.rate as f64, burst()) / 1000
             }
             None => 0,

@@ -11,7 +11,7 @@
 //! is answered 429 with `Retry-After` before it is admitted, routed or
 //! looked up. The buckets are kept by the worker processes together
 //! (`server.processes = N > 1`), as nginx keeps a `limit_req` zone in
-//! shared memory: `shared_buckets::client`, a table of room for
+//! shared memory: `shared_buckets::client_at`, a table of room for
 //! `limits.client_table` clients whose slots a new client takes from
 //! the least recently used buckets when its place in the table is full.
 //! The bucket arithmetic is `shared_buckets`', pure, the clock a
@@ -48,7 +48,7 @@ static ROUTE_TOTAL_REFUSED: AtomicU64 = AtomicU64::new(0);
 static ROUTE_TOTAL_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 /// Buckets of requests, one a client: the global limit's, and each
-/// route's, kept by the worker processes together (`shared_buckets::client`).
+/// route's, kept by the worker processes together (`shared_buckets::client_at`).
 struct RateTable(crate::shared_buckets::ClientLimit);
 
 /// The global limit's buckets.
@@ -56,10 +56,17 @@ const GLOBAL: RateTable = RateTable((0, 0));
 
 impl RateTable {
     /// Takes a request from the bucket of the client at `ip` (made full
-    /// if it has none): Ok, or Err(seconds until it has one, at least 1).
-    fn take(&self, ip: IpAddr, rate: f64, burst: f64) -> Result<(), u64> {
+    /// if it has none), found at `known` if that is its place: Ok, or
+    /// Err(seconds until it has one, at least 1).
+    fn take(
+        &self,
+        ip: IpAddr,
+        rate: f64,
+        burst: f64,
+        known: &mut crate::shared_buckets::KnownPlace,
+    ) -> Result<(), u64> {
         let now = crate::shared_buckets::now_ns();
-        crate::shared_buckets::client(self.0, crate::client_limit::key(ip), now)
+        crate::shared_buckets::client_at(known.of(self.0, crate::client_limit::key(ip)), now)
             .take_one(now, rate, burst, true)
             .map_err(ns_in_seconds)
     }
@@ -180,7 +187,7 @@ impl RouteRate {
     /// `rate` requests a second (at least 1), a bucket of `burst` (0: the
     /// rate), for rule `rule` of the rule list hashed as `list`: one a
     /// client, kept by the worker processes together
-    /// (`shared_buckets::client`), and kept by a reload as long as the
+    /// (`shared_buckets::client_at`), and kept by a reload as long as the
     /// rule list is the same.
     pub fn new(rule: usize, list: u64, rate: u32, burst: u32) -> RouteRate {
         // Never (0, 0), the global limit's.
@@ -254,7 +261,7 @@ impl RouteRate {
             return Ok(());
         }
         let r = match &self.buckets {
-            Buckets::PerClient(t) if take_one => t.take(ip, self.rate, self.burst),
+            Buckets::PerClient(t) if take_one => t.take(ip, self.rate, self.burst, &mut Default::default()),
             Buckets::PerClient(t) => t.peek(ip, self.rate, self.burst),
             Buckets::Total { bucket, .. } => bucket
                 .take_one(crate::shared_buckets::now_ns(), self.rate, self.burst, take_one)
@@ -365,14 +372,15 @@ pub fn refused() -> u64 {
 
 /// Counts a request from `ip`: Ok when no rate is set, the client is
 /// exempt (another array member) or its bucket has a token; else
-/// Err(seconds to wait, at least 1), counted and logged.
-pub(crate) fn check(ip: IpAddr) -> Result<(), u64> {
+/// Err(seconds to wait, at least 1), counted and logged. `known`: where
+/// the connection found its client's bucket for an earlier request.
+pub(crate) fn check(ip: IpAddr, known: &mut crate::shared_buckets::KnownPlace) -> Result<(), u64> {
     let rate = f64::from_bits(RATE.load(Ordering::Relaxed));
     if rate <= 0.0 || crate::client_limit::is_exempt(ip) {
         return Ok(());
     }
     let burst = f64::from_bits(BURST.load(Ordering::Relaxed));
-    let Err(wait) = GLOBAL.take(ip, rate, burst) else {
+    let Err(wait) = GLOBAL.take(ip, rate, burst, known) else {
         return Ok(());
     };
     REFUSED.fetch_add(1, Ordering::Relaxed);
@@ -469,6 +477,9 @@ mod tests {
         assert_eq!(f64::from_bits(BURST.load(Ordering::Relaxed)), 5.0);
         set(0, 0);
         assert_eq!(f64::from_bits(BURST.load(Ordering::Relaxed)), 1.0);
-        assert!(check("203.0.113.9".parse().unwrap()).is_ok(), "no rate: no limit");
+        assert!(
+            check("203.0.113.9".parse().unwrap(), &mut Default::default()).is_ok(),
+            "no rate: no limit"
+        );
     }
 }

@@ -347,24 +347,10 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
         .map(|i| Bucket(Slot::Shared(client_bucket(words, i), client_tag(words, i))))
 }
 
-/// The bucket of `client` for `limit`, shared by the worker processes:
-/// the one it has (its slot stamped with `now`'s second), or a full one in
-/// a slot of its window: an empty one, else the least recently used (as
-/// nginx drops the least recently used state of a full `limit_req` zone;
-/// one still in debt last, since giving it away forgives the debt; of
-/// those looked up in the same second, the one with the earliest
-/// theoretical arrival time), whose client starts afresh; logged, at most
-/// once a second, when that bucket had been looked up within the last
-/// second or two. Two processes giving the same client a slot at
-/// once both end on the first in its window: the other is given up.
-pub fn client(limit: ClientLimit, client: u128, now: u64) -> Bucket {
-    client_in(clients(), limit, client, now)
-}
-
 /// Where the bucket of a client for a limit is looked for: the first slot
 /// of its window (a SipHash of both, keyed by the secret) and its tag
-/// (never 0, an empty slot's), computed once by a writer that looks the
-/// bucket up at every write (`client_bandwidth`).
+/// (never 0, an empty slot's). Found once and kept ([`KnownPlace`]) by a
+/// connection for its requests and by a meter for its writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Place {
     start: usize,
@@ -376,17 +362,52 @@ pub fn place(limit: ClientLimit, client: u128) -> Place {
     client_place(clients(), limit, client)
 }
 
-/// [`client`], for the client and limit at `place`.
+/// The [`Place`] a connection found last for one limit of its client,
+/// kept between its requests: a keep-alive client's requests then hash
+/// once (a SipHash of a limit and a client is about 400 instructions; a
+/// memory-tier hit about 24,000). Kept with the limit and the client it
+/// is for, so that a reload that changes the limit (its name carries the
+/// bandwidth's rate) finds it stale and looks again.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KnownPlace(Option<(ClientLimit, u128, Place)>);
+
+impl KnownPlace {
+    /// The place of `client`'s bucket for `limit`: the one kept, if it is
+    /// theirs; else found ([`place`]) and kept.
+    pub fn of(&mut self, limit: ClientLimit, client: u128) -> Place {
+        match self.0 {
+            Some((l, c, p)) if l == limit && c == client => p,
+            _ => {
+                let p = place(limit, client);
+                self.0 = Some((limit, client, p));
+                p
+            }
+        }
+    }
+}
+
+/// The bucket of the client and limit at `place`, shared by the worker
+/// processes: the one it has (its slot stamped with `now`'s second), or a
+/// full one in a slot of its window: an empty one, else the least
+/// recently used (as nginx drops the least recently used state of a full
+/// `limit_req` zone; one still in debt last, since giving it away forgives
+/// the debt; of those looked up in the same second, the one with the
+/// earliest theoretical arrival time), whose client starts afresh;
+/// logged, at most once a second, when that bucket had been looked up
+/// within the last second or two. Two processes giving the same client a
+/// slot at once both end on the first in its window: the other is given
+/// up.
 pub fn client_at(place: Place, now: u64) -> Bucket {
     client_placed(clients(), place, now)
 }
 
-/// [`client`] in `words`.
+/// [`client_at`] in `words`, for `client` and `limit`.
+#[cfg(test)]
 fn client_in(words: &'static [AtomicU64], limit: ClientLimit, client: u128, now: u64) -> Bucket {
     client_placed(words, client_place(words, limit, client), now)
 }
 
-/// [`client`] in `words`, for the client and limit at `place`.
+/// [`client_at`] in `words`.
 fn client_placed(words: &'static [AtomicU64], place: Place, now: u64) -> Bucket {
     let Place { start, tag } = place;
     let n = clients_in(words);

@@ -71,6 +71,12 @@ pub struct Exchange<'a> {
 pub struct ConnMemory {
     /// The last credentials accepted on the connection (`[auth]`).
     pub auth: Option<crate::auth::Memo>,
+    /// Where the client's `limits.client_request_rate` bucket is in the
+    /// table the worker processes share.
+    pub request_rate: crate::shared_buckets::KnownPlace,
+    /// Where its `limits.client_bandwidth` bucket is: this layer keeps it
+    /// from one response's writes to the next's.
+    bandwidth: crate::shared_buckets::KnownPlace,
 }
 
 /// What the handler did with the connection.
@@ -575,7 +581,7 @@ async fn serve_one<H: Handler>(
     let last_allowed = settings.max_requests > 0 && served + 1 >= settings.max_requests;
     let keep_alive = head.keep_alive && !last_allowed && settings.keepalive.enabled();
     let mut out = ResponseWriter::new(stream, head.version, &head.method, keep_alive, settings);
-    out.limit_bandwidth(peer.ip());
+    out.limit_bandwidth(peer.ip(), memory.bandwidth);
     if head.expect_continue && head.body != super::head::BodyFraming::Empty {
         out.expect_continue();
     }
@@ -601,6 +607,7 @@ async fn serve_one<H: Handler>(
         memory,
     };
     let outcome = handler.handle(&mut ex).await;
+    ex.memory.bandwidth = ex.out.known_place();
     let complete = matches!(outcome, Outcome::Done) && ex.out.is_finished();
     if complete && !ex.out.keep_alive() {
         settings.keepalive.refusal();

@@ -973,7 +973,7 @@ async fn serve_stream<H: Handler>(
     };
     let method = head.method.clone();
     let mut out = ResponseWriter::h2(H2Out::new(respond), &method, settings);
-    out.limit_bandwidth(peer.ip());
+    out.limit_bandwidth(peer.ip(), Default::default());
     let mut buf = BytesMut::new();
     let body = BodyReader::h2(recv, &mut buf, settings.max_body, settings.body_idle_timeout);
     // A stream's requests share no memory: streams run at once, and a

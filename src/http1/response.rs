@@ -199,9 +199,16 @@ impl<'a> ResponseWriter<'a> {
 
     /// Sends this response's body at the bandwidth `limits.client_bandwidth`
     /// and `limits.total_bandwidth` leave the client at `ip` (nothing
-    /// changes without a limit).
-    pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr) {
-        self.meter = crate::client_bandwidth::Pacer::new(ip);
+    /// changes without a limit). `known`: where the connection's earlier
+    /// response found the client's bucket ([`ResponseWriter::known_place`]).
+    pub(super) fn limit_bandwidth(&mut self, ip: std::net::IpAddr, known: crate::shared_buckets::KnownPlace) {
+        self.meter = crate::client_bandwidth::Pacer::new(ip, known);
+    }
+
+    /// Where this response's writes found the client's bandwidth bucket,
+    /// for the connection's next response.
+    pub(super) fn known_place(&self) -> crate::shared_buckets::KnownPlace {
+        self.meter.known()
     }
 
     /// Sends this response's body at `rate` bytes a second at most, but

@@ -402,7 +402,7 @@ impl ListenerHandler {
         // to that refusal (a 403, in `serve`), and holds no bucket.
         if crate::client_rate::enabled()
             && sh.allow.allows(ex.peer.ip())
-            && let Err(wait) = crate::client_rate::check(ex.peer.ip())
+            && let Err(wait) = crate::client_rate::check(ex.peer.ip(), &mut ex.memory.request_rate)
         {
             return too_many_requests(ex, wait, CLIENT_RATE_REFUSED).await;
         }

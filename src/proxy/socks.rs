@@ -618,7 +618,7 @@ impl ListenerHandler {
         }
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
         let upstream = upstream.into_relay();
-        let mut meter = crate::client_bandwidth::Pacer::new(s.peer.ip());
+        let mut meter = crate::client_bandwidth::Pacer::new(s.peer.ip(), Default::default());
         if let Some(b) = route.bandwidth {
             meter.limit_route(b.rate, b.after);
         }
