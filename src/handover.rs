@@ -23,7 +23,7 @@
 //!   supervisor makes one ([`shared_memory`]) and every worker maps it
 //!   ([`map_inherited`]), for what the workers keep together (the limits'
 //!   buckets, `shared_buckets`; the clients' connection counts,
-//!   `shared_conns`).
+//!   `shared_conns`; the cache's removals, `cache::told`).
 
 use std::fs::File;
 use std::io::Write;

@@ -70,6 +70,7 @@ pub fn run(mut config: Config, opts: RunOptions) -> Result<(), String> {
         // Whether it keeps the limits for all clients with the others.
         crate::shared_buckets::report();
         crate::shared_conns::report();
+        crate::cache::told::report();
     }
     let workers = if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())

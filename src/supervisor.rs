@@ -57,8 +57,11 @@
 //! every worker maps (`shared_buckets`); the clients' connection counts
 //! (`limits.max_connections_per_client`) another, with a column per
 //! worker from which the supervisor gives back what a worker that died
-//! held (`shared_conns`). Per process: the memory tier, the upstream
-//! connection pools, the TLS session cache, the counters.
+//! held (`shared_conns`); and a third, a ring in which a worker that
+//! removes an object from the cache (a `PURGE`, an unsafe request) tells
+//! the others to drop their memory tier's copy (`cache::told`). Per
+//! process: the memory tier, the upstream connection pools, the TLS
+//! session cache, the counters.
 
 use crate::config::{Config, ListenerConfig};
 use crate::signals::{Sig, Signals};
@@ -272,6 +275,19 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
             None
         }
     };
+    // Where the workers tell each other what they removed from the cache
+    // (`cache::told`).
+    let told = match crate::cache::told::create() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::warn!(
+                "cannot make the memory the workers tell each other the cache's removals in: {cause}; a PURGE \
+                 or an unsafe request a worker takes leaves the other workers' memory tiers as they are",
+                cause = crate::util::io_cause(&e)
+            );
+            None
+        }
+    };
     // What the workers run on (`config::source`): the text read at start,
     // sealed in a memory file each inherits (`handover`). Without it they
     // read the file.
@@ -298,6 +314,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
         tls: config.tls.clone(),
         buckets,
         conns,
+        told,
         listeners: config.listener.clone(),
         switching: switching.cloned(),
     };
@@ -619,7 +636,7 @@ fn start(
     // (`handover::inherit_in_child`): no worker holds another's channel or
     // seed.
     use std::os::fd::AsRawFd;
-    let mut inherit: [Option<std::os::fd::RawFd>; 6] = [None; 6];
+    let mut inherit: [Option<std::os::fd::RawFd>; 7] = [None; 7];
     // The config validated last (and, after a reload, the one started on),
     // and the channel later ones come on (`config::source`).
     use crate::config::source::{ENV_CHANNEL, ENV_FD, ENV_START_FD};
@@ -669,6 +686,15 @@ fn start(
         }
         None => {
             cmd.env_remove(crate::shared_conns::ENV_FD);
+        }
+    };
+    match &env.told {
+        Some(fd) => {
+            cmd.env(crate::cache::told::ENV_FD, fd.as_raw_fd().to_string());
+            inherit[6] = Some(fd.as_raw_fd());
+        }
+        None => {
+            cmd.env_remove(crate::cache::told::ENV_FD);
         }
     };
     // The ticket keys: the chain as of the oldest period a worker keeps
@@ -799,6 +825,8 @@ struct WorkerEnv {
     buckets: Option<std::os::fd::OwnedFd>,
     /// The clients' connection counts (`shared_conns`), inherited.
     conns: Option<crate::shared_conns::Shared>,
+    /// The ring of the cache's removals (`cache::told`), inherited.
+    told: Option<std::os::fd::OwnedFd>,
     /// The listeners of the configuration validated last: a worker
     /// started is handed a socket for each (`listen::reserve`).
     listeners: Vec<ListenerConfig>,

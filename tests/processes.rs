@@ -608,6 +608,91 @@ async fn workers_share_the_disk_tier() {
     assert_eq!(a.count(), 1, "fetched once for both workers");
 }
 
+/// A PURGE one worker takes, and an unsafe request it forwards (RFC 9111
+/// 4.4), remove the URL from every worker's memory tier and held files,
+/// not only from its own and the shared disk: each worker answers from its
+/// memory before it looks at the disk, and a copy left there was served
+/// after the purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_or_a_post_one_worker_takes_reaches_every_workers_memory_tier() {
+    purge_and_post_reach_both_workers("64MiB").await;
+}
+
+/// The same without a disk tier: each worker fetched its own copy, and
+/// the one that takes the PURGE may hold none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_disk_tier_a_purge_or_a_post_reaches_every_workers_memory_tier() {
+    purge_and_post_reach_both_workers("0B").await;
+}
+
+/// Both workers answer `/page` from their memory tiers (with a disk tier
+/// of `disk`); a PURGE, then a POST, each on a new connection; whichever
+/// worker answers after each, it is with a version fetched after it.
+async fn purge_and_post_reach_both_workers(disk: &str) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let version = Arc::new(AtomicUsize::new(0));
+    let v = version.clone();
+    // Each GET the origin answers is a new version of the page.
+    let a = Origin::start(move |req| {
+        let v = v.clone();
+        async move {
+            if req.method == "POST" {
+                return Response::ok("posted");
+            }
+            let n = v.fetch_add(1, Ordering::SeqCst) + 1;
+            Response::ok(format!("v{n}")).header("Cache-Control", "max-age=600")
+        }
+    })
+    .await;
+    let b = origin("b").await;
+    let p = Portico::start(&config_with_disk(&free_addr(), &a, &b, "a", disk)).await;
+    let all: BTreeSet<u32> = both_started(&p).await.values().copied().collect();
+    let ask = |method: &'static str| {
+        let all = all.clone();
+        let addr = p.addr();
+        async move {
+            let (by, resp) = ask_sent_first(addr, method, "/page", &all).await;
+            let body = resp.body_str();
+            let n: usize = body.trim_start_matches('v').parse().unwrap_or(0);
+            (by.expect("accepted"), resp, n)
+        }
+    };
+    // Each worker answers from its memory tier: a copy it fetched, or
+    // (with a disk tier) read from the disk.
+    let mut hits: BTreeMap<u32, usize> = BTreeMap::new();
+    for _ in 0..400 {
+        let (by, resp, _) = ask("GET").await;
+        if resp.header("x-cache") == Some("HIT") {
+            *hits.entry(by).or_default() += 1;
+        }
+        if hits.len() == 2 && hits.values().all(|n| *n >= 3) {
+            break;
+        }
+    }
+    assert_eq!(hits.keys().copied().collect::<BTreeSet<_>>(), all, "{hits:?}");
+    for method in ["PURGE", "POST"] {
+        let before = version.load(Ordering::SeqCst);
+        let (_, resp, _) = ask(method).await;
+        assert_eq!(resp.status, 200, "{method}: {}", resp.body_str());
+        let mut seen = BTreeSet::new();
+        for i in 0..400 {
+            let (by, resp, n) = ask("GET").await;
+            assert!(
+                n > before,
+                "after the {method}, worker {by} answered {} ({:?}); v{before} was the last before it",
+                resp.body_str(),
+                resp.header("x-cache")
+            );
+            seen.insert(by);
+            if seen.len() == 2 && i >= 20 {
+                break;
+            }
+        }
+        assert_eq!(seen, all, "both workers answered after the {method}");
+    }
+}
+
 /// Each worker counts how often objects are asked for in a sketch of its
 /// own, and keeps it in a file of its own in the shared directory
 /// (`popularity.I`): saved when SIGTERM reaches it, restored by worker I
@@ -1108,9 +1193,19 @@ async fn limited_workers(origin: &Origin, limits: &str, rule: &str) -> (Portico,
 /// (which then has accepted the connection at once, whatever the
 /// listener's `defer_accept`).
 async fn get_sent_first(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, ParsedResponse) {
+    ask_sent_first(addr, "GET", path, pids).await
+}
+
+/// [`get_sent_first`] with another method (no body).
+async fn ask_sent_first(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    pids: &BTreeSet<u32>,
+) -> (Option<u32>, ParsedResponse) {
     let mut stream = RawClient::connect(addr).await;
     let client = stream.local_addr();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: www.example.com\r\n\r\n");
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: www.example.com\r\n\r\n");
     stream.send(req.as_bytes()).await;
     let served_by = worker_holding(addr, client, pids).await;
     // Kept alive (the socket is still there to be found), then closed.
@@ -1129,7 +1224,7 @@ async fn a_routes_total_request_rate_is_kept_by_the_workers_together() {
 }
 
 /// So is a client's `limits.client_request_rate` (its bucket is one in
-/// both workers, `shared_buckets::client`), as nginx keeps a `limit_req`
+/// both workers, `shared_buckets::client_at`), as nginx keeps a `limit_req`
 /// zone keyed by the client's address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_request_rate_is_kept_by_the_workers_together() {

@@ -80,6 +80,9 @@ pub struct MemoryTier {
     cache: Cache<ObjectId, Arc<MemObject>, ByWeight>,
     max_object: u64,
     budget: u64,
+    /// How far it has applied what the other worker processes removed
+    /// from the cache (`told`).
+    pub(crate) told: super::told::Reader,
 }
 
 impl MemoryTier {
@@ -91,6 +94,7 @@ impl MemoryTier {
             cache: Cache::with_weighter(estimate, budget.max(1), ByWeight),
             max_object,
             budget,
+            told: super::told::Reader::default(),
         }
     }
 

@@ -534,6 +534,7 @@ impl Cache {
     /// memory-tier body is not paired with its disk file
     /// ([`StoredBody::Mirrored`]): it would be read from memory anyway.
     async fn get_or_busy(&self, id: ObjectId, refuse_when_busy: bool, files: bool) -> Result<Option<Stored>, PoolBusy> {
+        self.catch_up_told();
         if let Some(obj) = self.memory.get(id) {
             let mirrored = if files { self.mirror(id, &obj) } else { None };
             let body = match mirrored {
@@ -900,12 +901,57 @@ impl Cache {
         }
     }
 
-    /// Removes everything stored for `key` (every variant); true if
-    /// anything was stored.
+    /// Drops from the memory tier what the other worker processes have
+    /// removed from the cache since the last lookup (`told`), before this
+    /// one looks: each of their removals is told before it is answered.
+    fn catch_up_told(&self) {
+        self.memory.told.catch_up(
+            |id| self.forget_in_memory(id),
+            || {
+                let n = self.memory.clear();
+                tracing::warn!(
+                    "the memory tier dropped all {n} objects: this worker fell too far behind what the other \
+                     workers removed from the cache to know which of them to drop"
+                );
+            },
+        );
+    }
+
+    /// Drops `id` from the memory tier and closes its held disk file, with
+    /// what it names in the memory tier: the variants of a `Vary` marker,
+    /// the slices of a sliced object (another worker's removal told only
+    /// the ids it found).
+    fn forget_in_memory(&self, id: ObjectId) {
+        let mut ids = vec![id];
+        if let Some(obj) = self.memory.get(id) {
+            let headers = &obj.meta.headers;
+            if headers.contains_key(MARKER) {
+                ids.extend(parse_ids(&obj.body));
+            }
+            if let Some(v) = headers.get(SLICED)
+                && let Some(key) = CacheKey::from_text(&obj.meta.key)
+            {
+                ids.extend(slice_ids(&key, v.as_bytes()));
+            }
+        }
+        for id in ids {
+            self.memory.remove(id);
+            if let Some(d) = &self.disk {
+                d.forget_held(id);
+            }
+        }
+    }
+
+    /// Removes everything stored for `key` (every variant), and tells the
+    /// other worker processes to drop their memory tier's copies (`told`);
+    /// true if anything was stored.
     pub async fn invalidate(&self, key: &CacheKey) -> bool {
         let primary = key.id();
         self.partials.remove(primary);
         let Some(found) = self.get(primary).await else {
+            // Another worker may still hold it in memory (with no disk
+            // tier, or one that has evicted it).
+            super::told::tell(primary);
             return false;
         };
         let mut ids = vec![primary];
@@ -920,6 +966,9 @@ impl Cache {
             if let Some(d) = &self.disk {
                 d.remove(id).await;
             }
+            // Once off the disk: told earlier, another worker could read
+            // it from there into its memory again.
+            super::told::tell(id);
             self.stats.invalidated.fetch_add(1, Ordering::Relaxed);
         }
         true

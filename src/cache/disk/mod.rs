@@ -770,6 +770,15 @@ impl DiskStore {
         self.inner.remove_blocking(id)
     }
 
+    /// Closes the held file of `id`, if this process holds one: another
+    /// worker process removed the object (`cache::told`), and a held file
+    /// is used for up to `HELD_VALID_SECS` without looking at its path.
+    /// The path is left alone: it may already name a newer version.
+    pub fn forget_held(&self, id: ObjectId) {
+        let _guard = self.inner.lock(id);
+        self.inner.forget_held(id);
+    }
+
     /// Whether an object is stored (the index; before the scan is done, the
     /// file system too).
     pub async fn contains(&self, id: ObjectId) -> bool {

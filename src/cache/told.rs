@@ -1,0 +1,348 @@
+//! What one worker process removes from the cache, told to the others
+//! (`server.processes = N > 1`). The disk tier is shared, but each worker
+//! has a memory tier of its own and answers from it before it looks at
+//! the disk: a `PURGE` one worker takes, or an unsafe request it forwards
+//! (RFC 9111 4.4), must also reach the copies the others hold in memory,
+//! before it is answered, or they serve what was purged.
+//!
+//! A ring of [`RING`] entries in memory the supervisor makes (`memfd`,
+//! inherited as `shared_buckets`' is) and every worker maps: a worker
+//! that removes an object numbers an entry (one atomic add on the shared
+//! count), writes the object's id into it and marks it written with its
+//! number, all before it answers. Every lookup first compares the count
+//! with how far its memory tier has read (two loads while nothing new
+//! was told) and drops from its memory what was told since, so no lookup
+//! that starts after the removal is answered finds the object.
+//!
+//! An entry is read as a seqlock's data: its number before and after the
+//! id, both what the reader expects, or it is not trusted. A reader that
+//! finds one overwritten (it fell [`RING`] entries behind: a worker that
+//! looked nothing up while many objects were removed) cannot know what it
+//! missed and drops its whole memory tier, which the disk tier then
+//! refills; so does one that finds an entry numbered but still unwritten
+//! while [`LATE`] later ones are written (its writer stopped, or died,
+//! between the two steps). An entry numbered but not yet written while
+//! the later ones are fewer is looked at again at the next lookup.
+//!
+//! One process (no supervisor), or a worker that cannot map the memory
+//! (it says so), tells no one: its memory tier is the only one.
+
+use super::ObjectId;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The environment variable naming the inherited memory file to a worker.
+pub const ENV_FD: &str = "PORTICO_TOLD_FD";
+
+/// Entries the ring holds: what a worker may fall behind before it must
+/// drop its whole memory tier. 16,384 entries of 24 bytes: 384 KiB, a
+/// page at a time as they are first written.
+const RING: u64 = 16_384;
+
+/// Entries written after one numbered and still unwritten, past which
+/// that one is taken as lost.
+const LATE: u64 = 64;
+
+/// Words of an entry: its number (0: never written), the id's low and
+/// high halves.
+const ENTRY: usize = 3;
+
+/// The word naming the layout, the count of entries ever numbered (on a
+/// cache line of its own: every lookup reads it, only removals write it),
+/// and the first entry.
+const LAYOUT: usize = 0;
+const COUNT: usize = 8;
+const FIRST: usize = 16;
+const WORDS: usize = FIRST + RING as usize * ENTRY;
+
+/// What the [`LAYOUT`] word holds: a worker of another build keeps to
+/// itself.
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portold\x01");
+
+/// Why this worker could not map the ring it was handed, if so.
+static NOT_MAPPED: OnceLock<String> = OnceLock::new();
+
+/// The ring shared with the other workers, if this is a worker that
+/// could map it.
+fn shared() -> Option<&'static [AtomicU64]> {
+    static SHARED: OnceLock<Option<&'static [AtomicU64]>> = OnceLock::new();
+    *SHARED.get_or_init(|| {
+        std::env::var_os(crate::notify::WORKER_KEY)?;
+        match crate::handover::map_inherited(ENV_FD, WORDS)?
+            .and_then(|w| crate::handover::check_mark(w, LAYOUT, LAYOUT_MARK).map(|()| w))
+        {
+            Ok(words) => Some(words),
+            Err(e) => {
+                let _ = NOT_MAPPED.set(e);
+                None
+            }
+        }
+    })
+}
+
+/// Maps the ring now if nothing has yet, and says in the error log if
+/// this worker could not: called once the log is open.
+pub fn report() {
+    shared();
+    if let Some(e) = NOT_MAPPED.get() {
+        tracing::warn!(
+            "cannot map the memory the workers tell each other the cache's removals in ({e}): a PURGE or an \
+             unsafe request this worker takes leaves the other workers' memory tiers as they are"
+        );
+    }
+}
+
+/// Makes the memory file the supervisor hands its workers: the ring,
+/// empty, and the layout's mark; close-on-exec and sealed at its size.
+pub fn create() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::FileExt;
+    let file = crate::handover::shared_memory(c"portico-told", WORDS * std::mem::size_of::<AtomicU64>())?;
+    file.write_all_at(
+        &LAYOUT_MARK.to_ne_bytes(),
+        (LAYOUT * std::mem::size_of::<AtomicU64>()) as u64,
+    )?;
+    Ok(file.into())
+}
+
+/// Tells the other workers that `id` is gone from the cache: written
+/// before this returns, so before the removal is answered.
+pub fn tell(id: ObjectId) {
+    if let Some(words) = shared() {
+        tell_in(words, id);
+    }
+}
+
+/// [`tell`] in `words`.
+fn tell_in(words: &[AtomicU64], id: ObjectId) {
+    let n = words[COUNT].fetch_add(1, Ordering::AcqRel);
+    let e = entry(n);
+    // A seqlock's write: the number cleared, the id, the number set.
+    words[e].store(0, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    words[e + 1].store(id.0 as u64, Ordering::Relaxed);
+    words[e + 2].store((id.0 >> 64) as u64, Ordering::Relaxed);
+    words[e].store(n + 1, Ordering::Release);
+}
+
+/// The first word of entry `n`.
+fn entry(n: u64) -> usize {
+    FIRST + (n % RING) as usize * ENTRY
+}
+
+/// Entry `n` as a reader finds it.
+enum Found {
+    Id(ObjectId),
+    /// Numbered, not yet written.
+    Unwritten,
+    /// Overwritten by a later entry: what it said is lost.
+    Lost,
+}
+
+/// Reads entry `n`, when `count` entries have been numbered.
+fn read(words: &[AtomicU64], n: u64, count: u64) -> Found {
+    let e = entry(n);
+    let before = words[e].load(Ordering::Acquire);
+    let low = words[e + 1].load(Ordering::Relaxed);
+    let high = words[e + 2].load(Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Acquire);
+    let after = words[e].load(Ordering::Relaxed);
+    if before == n + 1 && after == n + 1 {
+        return Found::Id(ObjectId(u128::from(high) << 64 | u128::from(low)));
+    }
+    // Its slot taken by entry n + RING (numbered, or written).
+    if before > n + 1 || after > n + 1 || count > n + RING {
+        return Found::Lost;
+    }
+    Found::Unwritten
+}
+
+/// How far one memory tier has read the ring: every entry before it has
+/// been applied.
+#[derive(Debug)]
+pub struct Reader(AtomicU64);
+
+impl Default for Reader {
+    /// A reader for a memory tier made now (empty: nothing told before
+    /// concerns it).
+    fn default() -> Reader {
+        Reader(AtomicU64::new(shared().map_or(0, count)))
+    }
+}
+
+impl Reader {
+    /// Applies what the other workers have told since the last call:
+    /// `forget` for each id, or `forget_all` once when what was told
+    /// cannot be known (this tier fell behind, or a writer never
+    /// finished). Costs two loads when nothing new was told.
+    pub fn catch_up(&self, forget: impl FnMut(ObjectId), forget_all: impl FnOnce()) {
+        if let Some(words) = shared() {
+            self.catch_up_in(words, forget, forget_all);
+        }
+    }
+
+    /// [`Reader::catch_up`] in `words`.
+    fn catch_up_in(&self, words: &[AtomicU64], mut forget: impl FnMut(ObjectId), forget_all: impl FnOnce()) {
+        let end = count(words);
+        let from = self.0.load(Ordering::Acquire);
+        if from >= end {
+            return;
+        }
+        // Several threads may apply the same entries at once: dropping an
+        // object twice is harmless, and `fetch_max` keeps the furthest.
+        let mut unwritten = None;
+        for n in from..end {
+            match read(words, n, end) {
+                Found::Id(id) => forget(id),
+                Found::Unwritten if end - n - 1 < LATE => {
+                    unwritten.get_or_insert(n);
+                }
+                Found::Unwritten | Found::Lost => {
+                    forget_all();
+                    self.0.fetch_max(end, Ordering::AcqRel);
+                    return;
+                }
+            }
+        }
+        self.0.fetch_max(unwritten.unwrap_or(end), Ordering::AcqRel);
+    }
+}
+
+/// Entries numbered so far.
+fn count(words: &[AtomicU64]) -> u64 {
+    words[COUNT].load(Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> &'static [AtomicU64] {
+        crate::handover::zeroed_words(WORDS)
+    }
+
+    fn reader_at(words: &[AtomicU64]) -> Reader {
+        Reader(AtomicU64::new(count(words)))
+    }
+
+    /// What a catch-up applies: the ids, and whether it dropped everything.
+    fn applied(r: &Reader, words: &[AtomicU64]) -> (Vec<u128>, bool) {
+        let mut ids = Vec::new();
+        let mut all = false;
+        r.catch_up_in(words, |id| ids.push(id.0), || all = true);
+        (ids, all)
+    }
+
+    #[test]
+    fn a_reader_applies_what_was_told_since_it_last_looked_once() {
+        let w = ring();
+        let r = reader_at(w);
+        assert_eq!(applied(&r, w), (vec![], false));
+        tell_in(w, ObjectId(7));
+        tell_in(w, ObjectId(u128::MAX - 1));
+        assert_eq!(applied(&r, w), (vec![7, u128::MAX - 1], false));
+        assert_eq!(applied(&r, w), (vec![], false), "nothing new");
+        tell_in(w, ObjectId(9));
+        assert_eq!(applied(&r, w), (vec![9], false));
+    }
+
+    #[test]
+    fn a_reader_made_later_ignores_what_was_told_before() {
+        let w = ring();
+        tell_in(w, ObjectId(1));
+        let r = reader_at(w);
+        tell_in(w, ObjectId(2));
+        assert_eq!(applied(&r, w), (vec![2], false));
+    }
+
+    #[test]
+    fn a_reader_a_whole_ring_behind_drops_everything() {
+        let w = ring();
+        let r = reader_at(w);
+        for i in 0..RING + 1 {
+            tell_in(w, ObjectId(u128::from(i)));
+        }
+        assert_eq!(applied(&r, w), (vec![], true));
+        tell_in(w, ObjectId(5));
+        assert_eq!(applied(&r, w), (vec![5], false), "caught up after it");
+    }
+
+    #[test]
+    fn a_reader_exactly_a_ring_behind_still_reads_every_entry() {
+        let w = ring();
+        let r = reader_at(w);
+        for i in 0..RING {
+            tell_in(w, ObjectId(u128::from(i)));
+        }
+        let (ids, all) = applied(&r, w);
+        assert!(!all);
+        assert_eq!(ids.len() as u64, RING);
+    }
+
+    /// An entry numbered (the count added to) and not yet written.
+    fn number_only(w: &[AtomicU64]) -> u64 {
+        w[COUNT].fetch_add(1, Ordering::AcqRel)
+    }
+
+    #[test]
+    fn an_entry_not_yet_written_is_read_again_and_the_later_ones_applied() {
+        let w = ring();
+        let r = reader_at(w);
+        let n = number_only(w);
+        tell_in(w, ObjectId(3));
+        assert_eq!(applied(&r, w), (vec![3], false));
+        // Its writer finishes.
+        let e = entry(n);
+        w[e + 1].store(11, Ordering::Relaxed);
+        w[e + 2].store(0, Ordering::Relaxed);
+        w[e].store(n + 1, Ordering::Release);
+        assert_eq!(applied(&r, w), (vec![11, 3], false), "from the unwritten one on");
+        assert_eq!(applied(&r, w), (vec![], false));
+    }
+
+    #[test]
+    fn an_entry_left_unwritten_while_many_later_ones_were_written_drops_everything() {
+        let w = ring();
+        let r = reader_at(w);
+        number_only(w);
+        for i in 0..LATE - 1 {
+            tell_in(w, ObjectId(u128::from(i)));
+        }
+        assert!(!applied(&r, w).1, "{} later entries: still waited for", LATE - 1);
+        tell_in(w, ObjectId(99));
+        assert_eq!(applied(&r, w), (vec![], true));
+        assert_eq!(applied(&r, w), (vec![], false), "and past it");
+    }
+
+    #[test]
+    fn an_entry_overwritten_while_it_was_read_is_not_trusted() {
+        let w = ring();
+        tell_in(w, ObjectId(1));
+        // Entry 0's slot half rewritten for entry RING: number cleared.
+        w[COUNT].store(RING + 1, Ordering::Release);
+        w[entry(0)].store(0, Ordering::Relaxed);
+        assert!(matches!(read(w, 0, RING + 1), Found::Lost));
+        w[entry(0)].store(RING + 1, Ordering::Relaxed);
+        assert!(matches!(read(w, 0, RING + 1), Found::Lost));
+    }
+
+    #[test]
+    fn two_threads_telling_at_once_lose_no_entry() {
+        let w = ring();
+        let r = reader_at(w);
+        std::thread::scope(|s| {
+            for t in 0..2u128 {
+                s.spawn(move || {
+                    for i in 0..1000u128 {
+                        tell_in(w, ObjectId(t << 64 | i));
+                    }
+                });
+            }
+        });
+        let (mut ids, all) = applied(&r, w);
+        assert!(!all);
+        ids.sort_unstable();
+        let mut want: Vec<u128> = (0..2u128).flat_map(|t| (0..1000).map(move |i| t << 64 | i)).collect();
+        want.sort_unstable();
+        assert_eq!(ids, want);
+    }
+}
