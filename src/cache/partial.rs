@@ -218,6 +218,14 @@ impl PartialStore {
         self.lock().objects.get(&id).cloned()
     }
 
+    /// Drops every part kept.
+    pub fn clear(&self) {
+        let mut inner = self.lock();
+        inner.objects.clear();
+        inner.order.clear();
+        inner.held = 0;
+    }
+
     /// Drops the parts of `id` (a complete response was stored, or the
     /// object was invalidated).
     pub fn remove(&self, id: ObjectId) {

@@ -909,6 +909,10 @@ impl Cache {
             |id| self.forget_in_memory(id),
             || {
                 let n = self.memory.clear();
+                self.partials.clear();
+                if let Some(d) = &self.disk {
+                    d.forget_held_files();
+                }
                 tracing::warn!(
                     "the memory tier dropped all {n} objects: this worker fell too far behind what the other \
                      workers removed from the cache to know which of them to drop"
@@ -917,7 +921,8 @@ impl Cache {
         );
     }
 
-    /// Drops `id` from the memory tier and closes its held disk file, with
+    /// Drops `id` from the memory tier and from the partial responses
+    /// kept, and forgets its disk file (`DiskStore::forget_removed`), with
     /// what it names in the memory tier: the variants of a `Vary` marker,
     /// the slices of a sliced object (another worker's removal told only
     /// the ids it found).
@@ -935,10 +940,13 @@ impl Cache {
             }
         }
         for id in ids {
-            self.memory.remove(id);
+            // The disk's record first: a read of the old file under way
+            // here then cannot put it back into the memory tier.
             if let Some(d) = &self.disk {
-                d.forget_held(id);
+                d.forget_removed(id);
             }
+            self.memory.remove(id);
+            self.partials.remove(id);
         }
     }
 

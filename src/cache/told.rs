@@ -3,16 +3,18 @@
 //! has a memory tier of its own and answers from it before it looks at
 //! the disk: a `PURGE` one worker takes, or an unsafe request it forwards
 //! (RFC 9111 4.4), must also reach the copies the others hold in memory,
-//! before it is answered, or they serve what was purged.
+//! or they serve what was purged.
 //!
 //! A ring of [`RING`] entries in memory the supervisor makes (`memfd`,
 //! inherited as `shared_buckets`' is) and every worker maps: a worker
 //! that removes an object numbers an entry (one atomic add on the shared
 //! count), writes the object's id into it and marks it written with its
-//! number, all before it answers. Every lookup first compares the count
-//! with how far its memory tier has read (two loads while nothing new
-//! was told) and drops from its memory what was told since, so no lookup
-//! that starts after the removal is answered finds the object.
+//! number, once the object is off the disk (before a `PURGE` is answered;
+//! an unsafe request invalidates once its response is sent). Every lookup
+//! first compares the count with how far its memory tier has read (three
+//! loads while nothing new was told, the mapping's among them) and drops
+//! what was told since, so no lookup that starts after the removal finds
+//! the object.
 //!
 //! An entry is read as a seqlock's data: its number before and after the
 //! id, both what the reader expects, or it is not trusted. A reader that
@@ -20,9 +22,11 @@
 //! looked nothing up while many objects were removed) cannot know what it
 //! missed and drops its whole memory tier, which the disk tier then
 //! refills; so does one that finds an entry numbered but still unwritten
-//! while [`LATE`] later ones are written (its writer stopped, or died,
+//! while [`LATE`] later ones are numbered (its writer stopped, or died,
 //! between the two steps). An entry numbered but not yet written while
-//! the later ones are fewer is looked at again at the next lookup.
+//! the later ones are fewer is looked at again at the next lookup. Held
+//! disk files and kept partial responses are dropped with the memory
+//! tier's copies.
 //!
 //! One process (no supervisor), or a worker that cannot map the memory
 //! (it says so), tells no one: its memory tier is the only one.
@@ -39,8 +43,8 @@ pub const ENV_FD: &str = "PORTICO_TOLD_FD";
 /// page at a time as they are first written.
 const RING: u64 = 16_384;
 
-/// Entries written after one numbered and still unwritten, past which
-/// that one is taken as lost.
+/// Entries numbered after one still unwritten, past which that one is
+/// taken as lost.
 const LATE: u64 = 64;
 
 /// Words of an entry: its number (0: never written), the id's low and
@@ -146,12 +150,15 @@ fn read(words: &[AtomicU64], n: u64, count: u64) -> Found {
     let high = words[e + 2].load(Ordering::Relaxed);
     std::sync::atomic::fence(Ordering::Acquire);
     let after = words[e].load(Ordering::Relaxed);
+    // Its slot numbered for entry n + RING: the id read may be that
+    // entry's, or half of it (entry n's writer, stalled that long, may
+    // even have marked the slot n's over the newer id).
+    let now = words[COUNT].load(Ordering::Acquire).max(count);
+    if before > n + 1 || after > n + 1 || now > n + RING {
+        return Found::Lost;
+    }
     if before == n + 1 && after == n + 1 {
         return Found::Id(ObjectId(u128::from(high) << 64 | u128::from(low)));
-    }
-    // Its slot taken by entry n + RING (numbered, or written).
-    if before > n + 1 || after > n + 1 || count > n + RING {
-        return Found::Lost;
     }
     Found::Unwritten
 }

@@ -308,6 +308,11 @@ impl HeldFiles {
         self.files.len()
     }
 
+    /// Closes every held file.
+    pub(super) fn clear(&self) {
+        self.files.clear();
+    }
+
     /// Whether a file can be held without closing another. Background
     /// checks go only into room: one that pushed out another held file
     /// would trade one file for another (and cost a whole read each time)

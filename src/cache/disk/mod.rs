@@ -770,13 +770,25 @@ impl DiskStore {
         self.inner.remove_blocking(id)
     }
 
-    /// Closes the held file of `id`, if this process holds one: another
-    /// worker process removed the object (`cache::told`), and a held file
-    /// is used for up to `HELD_VALID_SECS` without looking at its path.
-    /// The path is left alone: it may already name a newer version.
-    pub fn forget_held(&self, id: ObjectId) {
+    /// Forgets `id`, which another worker process removed
+    /// (`cache::told`): its held file is closed (one is used for up to
+    /// `HELD_VALID_SECS` without a look at its path) and its index entry
+    /// dropped, so that a read of the old file still under way here is
+    /// neither held nor copied into the memory tier (both check the
+    /// entry's generation). The path is left alone: it may already name a
+    /// newer version, which the next open finds.
+    pub fn forget_removed(&self, id: ObjectId) {
         let _guard = self.inner.lock(id);
         self.inner.forget_held(id);
+        self.inner.index.remove(id);
+    }
+
+    /// Closes every held file: this process lost track of what the others
+    /// removed (`cache::told`).
+    pub fn forget_held_files(&self) {
+        if let Some(h) = &self.inner.held {
+            h.clear();
+        }
     }
 
     /// Whether an object is stored (the index; before the scan is done, the
