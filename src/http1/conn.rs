@@ -123,10 +123,12 @@ impl Exchange<'_> {
 /// The local address a client connected to, read from the socket
 /// (`getsockname`) only when first asked: only monitoring and PAC requests
 /// in absolute form or on transparent listeners need it, so most
-/// connections never make that system call.
+/// connections never make that system call. Likewise where the client was
+/// connecting before the kernel's NAT redirected it here, if it was.
 pub struct LocalAddr<'a> {
     socket: Option<&'a tokio::net::TcpStream>,
     addr: std::sync::OnceLock<SocketAddr>,
+    redirected: std::sync::OnceLock<Option<SocketAddr>>,
 }
 
 impl<'a> LocalAddr<'a> {
@@ -135,15 +137,31 @@ impl<'a> LocalAddr<'a> {
         LocalAddr {
             socket: Some(socket),
             addr: std::sync::OnceLock::new(),
+            redirected: std::sync::OnceLock::new(),
         }
     }
 
-    /// An address known already.
+    /// An address known already, of a connection not redirected.
     pub fn known(addr: SocketAddr) -> LocalAddr<'static> {
+        LocalAddr::known_redirected(addr, None)
+    }
+
+    /// An address known already, and where the connection was redirected
+    /// from ([`original_destination`]).
+    pub fn known_redirected(addr: SocketAddr, redirected: Option<SocketAddr>) -> LocalAddr<'static> {
         LocalAddr {
             socket: None,
             addr: std::sync::OnceLock::from(addr),
+            redirected: std::sync::OnceLock::from(redirected),
         }
+    }
+
+    /// Where the client was connecting when the kernel's NAT redirected
+    /// its connection here ([`original_destination`]); None if it was not.
+    pub fn redirected_from(&self) -> Option<SocketAddr> {
+        *self
+            .redirected
+            .get_or_init(|| self.socket.and_then(original_destination))
     }
 
     /// The address (`0.0.0.0:0` when the socket cannot say: it names no
@@ -155,6 +173,21 @@ impl<'a> LocalAddr<'a> {
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
         })
     }
+}
+
+/// Where the client of `socket` was connecting before the kernel's NAT
+/// (an iptables or nftables `REDIRECT` or `DNAT` rule) redirected it here
+/// (`SO_ORIGINAL_DST`, `IP6T_SO_ORIGINAL_DST`); None when it was not
+/// redirected (the address is the socket's own, or the kernel keeps no
+/// record of the connection).
+pub fn original_destination(socket: &tokio::net::TcpStream) -> Option<SocketAddr> {
+    let local = socket.local_addr().ok()?;
+    let original = match local.ip().to_canonical() {
+        std::net::IpAddr::V4(_) => SocketAddr::V4(rustix::net::sockopt::ip_original_dst(socket).ok()?),
+        std::net::IpAddr::V6(_) => SocketAddr::V6(rustix::net::sockopt::ipv6_original_dst(socket).ok()?),
+    };
+    let same = original.ip().to_canonical() == local.ip().to_canonical() && original.port() == local.port();
+    (!same).then_some(original)
 }
 
 /// A request that was rejected before it could be parsed.

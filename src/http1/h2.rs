@@ -739,6 +739,9 @@ pub async fn serve<H: Handler>(
     let Ok(local) = stream.tcp().local_addr() else {
         return;
     };
+    // Where a transparent listener's client was connecting (one system
+    // call a connection, whatever the listener: this layer does not know).
+    let local = (local, super::conn::original_destination(stream.tcp()));
     let c = counters();
     c.connections.fetch_add(1, Relaxed);
     let mut builder = h2::server::Builder::new();
@@ -937,7 +940,8 @@ async fn serve_stream<H: Handler>(
     req: http::Request<h2::RecvStream>,
     respond: SendResponse<Bytes>,
     peer: SocketAddr,
-    local: SocketAddr,
+    // The local address, and where the connection was redirected from.
+    local: (SocketAddr, Option<SocketAddr>),
     settings: &ConnSettings,
     handler: &H,
     absolute: bool,
@@ -985,7 +989,7 @@ async fn serve_stream<H: Handler>(
         out,
         stream: None,
         peer,
-        local: super::conn::LocalAddr::known(local),
+        local: super::conn::LocalAddr::known_redirected(local.0, local.1),
         cache_result: None,
         hierarchy: None,
         user: None,

@@ -1,7 +1,8 @@
 //! The request pipeline, one module per step: `admission` (a service slot,
 //! or the connection queue), `access` (allow-list, credentials, and later
 //! the `[[acl]]` decision), `classify` (what the request asks for),
-//! `route` (the `[[rule]]`s' verdict), `cache` (lookup, serve, store), then
+//! `intercepted` (on a transparent listener, that it names where its
+//! client was connecting), `route` (the `[[rule]]`s' verdict), `cache` (lookup, serve, store), then
 //! upstream through `forward` (HTTP) or `tunnel` (CONNECT, and the SOCKS
 //! sessions of `socks`, which take whole connections); `reply` makes
 //! the answers Portico writes itself, and `handle` logs each request.
@@ -14,6 +15,7 @@ mod cache;
 pub(crate) mod classify;
 mod forward;
 mod headers;
+mod intercepted;
 mod interim;
 pub(crate) mod monitor;
 mod pac;
@@ -598,6 +600,18 @@ impl ListenerHandler {
                     "requests to this port are not allowed",
                 )
                 .await;
+        }
+        // A request on a connection the kernel redirected here must name
+        // where its client was connecting (`intercepted`).
+        if self.mode == Mode::Transparent
+            && let Some(original) = ex.local.redirected_from()
+        {
+            let resolve = |host: String, port: u16| async move { sh.direct.resolve(&host, port).await };
+            if let Some(why) = intercepted::mismatch(&target.host, target.port, original, resolve).await {
+                drop(route_stage);
+                tracing::warn!(client = %ex.peer.ip(), "redirected request refused with 409: {why}");
+                return self.refuse(ex, ACCESS_DENIED, StatusCode::CONFLICT, &why).await;
+            }
         }
         let acl_request = crate::acl::Request {
             client: ex.peer.ip(),

@@ -608,7 +608,7 @@ impl Connector {
     }
 
     /// Resolves `host` (a name, an IPv4 address or a bracketed IPv6 address).
-    async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, ConnectError> {
+    pub(crate) async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, ConnectError> {
         // The same reading as the access rules' (`util::canonical_host`):
         // what is dialled as an address is what they judged as one.
         if let Some(ip) = crate::util::host_ip(host) {

@@ -120,6 +120,13 @@ impl Upstream {
         })
     }
 
+    /// The addresses `host` resolves to (none when it does not), as a
+    /// request to it would find them: `[origin] hosts`, the DNS cache, the
+    /// resolver.
+    pub async fn resolve(&self, host: &str, port: u16) -> Vec<std::net::SocketAddr> {
+        self.connector.resolve(host, port).await.unwrap_or_default()
+    }
+
     fn client(connector: &Connector, idle: Duration, max_idle: usize) -> Client {
         Client::new(connector.clone(), idle, max_idle)
     }
