@@ -135,6 +135,10 @@ fn a_redirected_request_must_name_the_address_its_client_was_connecting_to() {
             let dns = DnsServer::start();
             dns.add("www.example", SITE.parse().expect("ip"), 60);
             dns.add("intranet.example", INTRANET.parse().expect("ip"), 60);
+            // A name its owner points at both (the intranet first): it
+            // passes the check, and must be fetched from the site alone.
+            dns.add("rebind.example", INTRANET.parse().expect("ip"), 0);
+            dns.add("rebind.example", SITE.parse().expect("ip"), 0);
             dns.add("www6.example", SITE6.parse().expect("ip"), 60);
             dns.add("intranet6.example", INTRANET6.parse().expect("ip"), 60);
             let (p4, p6) = *ports.get().expect("picked with the rules");
@@ -159,6 +163,13 @@ fn a_redirected_request_must_name_the_address_its_client_was_connecting_to() {
                     "Host: {host}"
                 );
             }
+            let resp = ask(CLIENT, redirected, &get("rebind.example")).await;
+            assert_eq!(
+                (resp.status, resp.body_str().as_str()),
+                (200, "the site"),
+                "rebind.example"
+            );
+
             // Naming another host, another address, another port, or
             // another host in an absolute URI: 409, nothing fetched.
             for request in [
@@ -174,7 +185,7 @@ fn a_redirected_request_must_name_the_address_its_client_was_connecting_to() {
             }
             assert_eq!(intranet.count(), 0, "the intranet was never asked");
             assert!(
-                p.stderr().contains("redirected request refused with 409"),
+                p.stderr().contains("its redirected connection was to"),
                 "{}",
                 p.stderr()
             );

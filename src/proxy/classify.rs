@@ -65,15 +65,19 @@ impl HttpTarget {
     }
 }
 
-/// The port in an authority, else the scheme's default.
-fn port_of(authority: &str, scheme: &str) -> u16 {
+/// The port an authority names, if it names one.
+pub fn explicit_port(authority: &str) -> Option<u16> {
     let port = if authority.starts_with('[') {
         authority.split_once("]:").map(|(_, p)| p)
     } else {
         authority.rsplit_once(':').map(|(_, p)| p)
     };
     port.and_then(|p| p.parse().ok())
-        .unwrap_or(if scheme == "https" { 443 } else { 80 })
+}
+
+/// The port in an authority, else the scheme's default.
+fn port_of(authority: &str, scheme: &str) -> u16 {
+    explicit_port(authority).unwrap_or(if scheme == "https" { 443 } else { 80 })
 }
 
 /// The host part of a Host header value, without port, as the rules see

@@ -43,6 +43,10 @@ pub struct Dest {
     /// origin, and, when not 0, that the cache neither stores nor shares
     /// what is fetched.
     pub reach: usize,
+    /// The address an origin is fetched from whatever its name resolves
+    /// to: where a transparent listener's redirected client was
+    /// connecting (`intercepted`); None: the name's.
+    pub pinned: Option<std::net::SocketAddr>,
 }
 
 /// The `Proxy-Authenticate` challenges of a parent's 407 when `relay` (the
@@ -140,13 +144,20 @@ struct Attempt<'a> {
     upstream: &'a Upstream,
     /// Its group's cap on connections in use per server, if it has one.
     cap: Option<crate::upstream::ServerCap>,
+    /// The address the origin is fetched from ([`Dest::pinned`]).
+    pinned: Option<std::net::SocketAddr>,
 }
 
 impl Attempt<'_> {
-    /// The request's parts, marked with the group's cap (`upstream::ServerCap`).
+    /// The request's parts, marked with the group's cap
+    /// (`upstream::ServerCap`) and the origin's address if it is pinned
+    /// (`upstream::Pinned`).
     fn mark(&self, parts: &mut http::request::Parts) {
         if let Some(cap) = self.cap {
             parts.extensions.insert(cap);
+        }
+        if let Some(addr) = self.pinned {
+            parts.extensions.insert(crate::upstream::Pinned(addr));
         }
     }
 }
@@ -189,6 +200,7 @@ impl Dest {
                 server: None,
                 upstream: sh.direct_for(self.reach),
                 cap: None,
+                pinned: self.pinned,
             }),
             // An array member that could not be reached: this node serves
             // the request itself, directly from the origin.
@@ -199,6 +211,7 @@ impl Dest {
                 server: None,
                 upstream: sh.direct_for(self.reach),
                 cap: None,
+                pinned: self.pinned,
             }),
             To::Parent { group, origin } => {
                 let idx = sh.groups[*group].pick(failed);
@@ -223,6 +236,8 @@ impl Dest {
                     cap: sh.groups[*group]
                         .max_connections
                         .map(|limit| crate::upstream::ServerCap { limit, group: *group }),
+                    // The parent resolves the name itself.
+                    pinned: None,
                 })
             }
             To::Group {
@@ -251,6 +266,7 @@ impl Dest {
                     cap: group
                         .max_connections
                         .map(|limit| crate::upstream::ServerCap { limit, group: *index }),
+                    pinned: None,
                 })
             }
         }

@@ -10,28 +10,38 @@
 //!
 //! So a request on a redirected connection (`http1::LocalAddr::
 //! redirected_from`, over HTTP/1 or HTTP/2) must name the address it was
-//! redirected from: its port that port, its host that address or a name
-//! that resolves to it (with the resolver origins are fetched with).
-//! Otherwise it is answered `409 Conflict`, as Squid answers with
-//! `host_verify_strict on`. A connection made to Portico's own address
+//! redirected from: the port it names, if it names one, that port; its
+//! host that address or a name that resolves to it (with the resolver
+//! origins are fetched with). Otherwise it is answered `409 Conflict`, as
+//! Squid answers with `host_verify_strict on`. One that does is fetched
+//! from that very address (`upstream::Pinned`, Squid's
+//! `client_dst_passthru`), never from another the name resolves to when
+//! fetched: a name whose DNS answers both the client's server and an
+//! intranet address (or the one, then the other) passes the check and
+//! must not be fetched from the intranet. A connection made to Portico's own address
 //! (no redirection: the client chose the proxy) is not checked, as a
 //! forward listener's requests are not.
 
 use std::net::SocketAddr;
 
-/// Why a request for `host:port` on a connection redirected from
-/// `original` does not name it: None when it does. `resolve` gives the
-/// addresses of a name (none when it does not resolve).
-pub async fn mismatch<F, Fut>(host: &str, port: u16, original: SocketAddr, resolve: F) -> Option<String>
+/// Why a request for `host` (and `port`, when it names one) on a
+/// connection redirected from `original` does not name it: None when it
+/// does. A port left to the scheme's default is not compared: a TLS
+/// listener's client redirected from port 443 names none. `resolve` gives
+/// the addresses of a name (none when it does not resolve).
+pub async fn mismatch<F, Fut>(host: &str, port: Option<u16>, original: SocketAddr, resolve: F) -> Option<String>
 where
     F: FnOnce(String, u16) -> Fut,
     Fut: std::future::Future<Output = Vec<SocketAddr>>,
 {
-    if port != original.port() {
+    if let Some(port) = port
+        && port != original.port()
+    {
         return Some(format!(
-            "the request names port {port}, and its connection was to {original}"
+            "the request names port {port}, and its redirected connection was to {original}"
         ));
     }
+    let port = port.unwrap_or(original.port());
     let wanted = original.ip().to_canonical();
     if let Some(ip) = crate::util::host_ip(host) {
         return (ip.to_canonical() != wanted)
@@ -42,9 +52,11 @@ where
         return None;
     }
     Some(if found.is_empty() {
-        format!("the request names {host}, which does not resolve, and its connection was to {original}")
+        format!("the request names {host}, which does not resolve, and its redirected connection was to {original}")
     } else {
-        format!("the request names {host}, which does not resolve to {wanted}, the address its connection was to")
+        format!(
+            "the request names {host}, which does not resolve to {wanted}, the address its redirected connection was to"
+        )
     })
 }
 
@@ -56,7 +68,8 @@ mod tests {
         "192.0.2.7:80".parse().unwrap()
     }
 
-    async fn check(host: &str, port: u16, answers: &[&str]) -> Option<String> {
+    async fn check(host: &str, port: impl Into<Option<u16>>, answers: &[&str]) -> Option<String> {
+        let port = port.into();
         let answers: Vec<SocketAddr> = answers.iter().map(|a| a.parse().unwrap()).collect();
         mismatch(host, port, original(), |_, _| async move { answers }).await
     }
@@ -86,6 +99,12 @@ mod tests {
     #[tokio::test]
     async fn another_port_does_not_match_whatever_the_host() {
         assert!(check("www.example", 8080, &["192.0.2.7:8080"]).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_port_left_to_the_default_is_not_compared() {
+        assert_eq!(check("www.example", None, &["192.0.2.7:80"]).await, None);
+        assert!(check("intranet.example", None, &["10.0.0.5:80"]).await.is_some());
     }
 
     #[tokio::test]

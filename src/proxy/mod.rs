@@ -602,16 +602,19 @@ impl ListenerHandler {
                 .await;
         }
         // A request on a connection the kernel redirected here must name
-        // where its client was connecting (`intercepted`).
+        // where its client was connecting, and is fetched from there
+        // (`intercepted`).
+        let mut pinned = None;
         if self.mode == Mode::Transparent
             && let Some(original) = ex.local.redirected_from()
         {
             let resolve = |host: String, port: u16| async move { sh.direct.resolve(&host, port).await };
-            if let Some(why) = intercepted::mismatch(&target.host, target.port, original, resolve).await {
+            let port = classify::explicit_port(&target.authority);
+            if let Some(why) = intercepted::mismatch(&target.host, port, original, resolve).await {
                 drop(route_stage);
-                tracing::warn!(client = %ex.peer.ip(), "redirected request refused with 409: {why}");
                 return self.refuse(ex, ACCESS_DENIED, StatusCode::CONFLICT, &why).await;
             }
+            pinned = Some(std::net::SocketAddr::new(original.ip(), target.port));
         }
         let acl_request = crate::acl::Request {
             client: ex.peer.ip(),
@@ -758,6 +761,7 @@ impl ListenerHandler {
             relay_challenge,
             reverse: self.mode == Mode::Reverse,
             reach,
+            pinned,
         };
         let route_busy = route.busy_body.take().map(|body| self.busy.with_body(body));
         let busy = route_busy.as_ref().unwrap_or(&self.busy);

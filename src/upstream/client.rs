@@ -34,7 +34,7 @@ use http_body::{Body, Frame, SizeHint};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::{self, IoSlice};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -97,6 +97,7 @@ impl Client {
             return Err(UpstreamError::Failed("the request URI names no server".into()));
         };
         let retryable = body.is_end_stream() && is_idempotent(&parts.method);
+        let pinned = parts.extensions.get::<super::Pinned>().map(|p| p.0);
         let mut body = Some(body);
         let mut retried = false;
         loop {
@@ -105,14 +106,19 @@ impl Client {
             let pooled = if retried {
                 None
             } else {
-                self.pool.take(https, authority.as_str())
+                self.pool.take(https, authority.as_str(), pinned)
             };
             let (conn, origin, reused) = match pooled {
                 Some((conn, origin)) => (conn, origin, true),
                 None => {
-                    let conn = self.connector.open(&parts.uri).await.map_err(UpstreamError::Connect)?;
-                    // Asked once per connection, kept with it in the pool.
-                    let origin = if self.connector.records_origin() {
+                    let conn = self
+                        .connector
+                        .open_to(&parts.uri, pinned)
+                        .await
+                        .map_err(UpstreamError::Connect)?;
+                    // Asked once per connection, kept with it in the pool
+                    // (a pinned request's takes only one to its address).
+                    let origin = if pinned.is_some() || self.connector.records_origin() {
                         conn.tcp().peer_addr().ok().map(|a| a.ip())
                     } else {
                         None
@@ -875,12 +881,21 @@ impl Pool {
     /// An idle connection to the origin, if one is left that the origin
     /// has not closed meanwhile. The check (maybe a system call) and the
     /// closing of dead connections happen outside the lock.
-    /// With it, the origin address it was put back with.
-    fn take(&self, https: bool, authority: &str) -> Option<(Conn, Option<IpAddr>)> {
+    /// With it, the origin address it was put back with. For a `pinned`
+    /// request, only a connection to that address (one the pool knows the
+    /// address of).
+    fn take(&self, https: bool, authority: &str, pinned: Option<SocketAddr>) -> Option<(Conn, Option<IpAddr>)> {
         loop {
             let idle = {
                 let mut maps = self.idle.lock().ok()?;
-                maps[usize::from(https)].get_mut(authority)?.pop()?
+                let list = maps[usize::from(https)].get_mut(authority)?;
+                match pinned {
+                    None => list.pop()?,
+                    Some(addr) => {
+                        let i = list.iter().rposition(|i| i.origin == Some(addr.ip()))?;
+                        list.remove(i)
+                    }
+                }
             };
             if idle.since.elapsed() < self.idle_timeout && still_open(&idle.conn) {
                 return Some((idle.conn, idle.origin));
@@ -1055,6 +1070,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pinned_request_takes_only_a_connection_to_its_address() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let pool = Arc::new(Pool {
+            idle: Mutex::new([HashMap::new(), HashMap::new()]),
+            max_idle: 4,
+            idle_timeout: Duration::from_secs(60),
+            reaping: AtomicBool::new(false),
+        });
+        let mut kept = Vec::new();
+        for origin in [Some(addr.ip()), None, Some("192.0.2.9".parse().expect("ip"))] {
+            let conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            kept.push(listener.accept().await.expect("accept"));
+            pool.put(false, "o.test", Conn::Plain(conn), origin);
+        }
+        let elsewhere: SocketAddr = "192.0.2.7:80".parse().expect("addr");
+        assert!(pool.take(false, "o.test", Some(elsewhere)).is_none());
+        let (_, origin) = pool.take(false, "o.test", Some(addr)).expect("the one to its address");
+        assert_eq!(origin, Some(addr.ip()));
+        assert!(
+            pool.take(false, "o.test", Some(addr)).is_none(),
+            "the other two go elsewhere, or nobody knows where"
+        );
+        // An unpinned request takes any: the newest first.
+        assert_eq!(
+            pool.take(false, "o.test", None).expect("one").1,
+            Some("192.0.2.9".parse().expect("ip"))
+        );
+    }
+
+    #[tokio::test]
     async fn a_pooled_connection_the_origin_closed_is_not_handed_out() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -1073,10 +1119,10 @@ mod tests {
         drop(gone);
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The newest (closed by its peer) is skipped, the other handed out.
-        assert!(pool.take(false, "o.test").is_some());
+        assert!(pool.take(false, "o.test", None).is_some());
         assert_eq!(pool.idle_count(), 0);
-        assert!(pool.take(false, "o.test").is_none());
-        assert!(pool.take(true, "o.test").is_none(), "https and http are apart");
+        assert!(pool.take(false, "o.test", None).is_none());
+        assert!(pool.take(true, "o.test", None).is_none(), "https and http are apart");
         drop(kept);
     }
 

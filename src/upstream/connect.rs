@@ -679,9 +679,18 @@ impl Connector {
     /// Opens a TCP connection to `host:port`, trying each resolved address in
     /// turn, all within the connect timeout.
     pub async fn tcp(&self, host: &str, port: u16) -> Result<TcpStream, ConnectError> {
+        self.tcp_to(host, port, None).await
+    }
+
+    /// [`Connector::tcp`], to `pinned` instead of the addresses `host`
+    /// resolves to when it is set (checked as they would be).
+    async fn tcp_to(&self, host: &str, port: u16, pinned: Option<SocketAddr>) -> Result<TcpStream, ConnectError> {
         let target = format!("{host}:{port}");
         let attempt = async {
-            let addrs = self.resolve(host, port).await?;
+            let addrs = match pinned {
+                Some(addr) => vec![addr],
+                None => self.resolve(host, port).await?,
+            };
             // After resolution, so that no spelling of our own address
             // (`127.1`, `[::ffff:127.0.0.1]`, `localhost`, a name that
             // resolves to this host) gets through; refused whole, not
@@ -760,9 +769,12 @@ impl Connector {
     /// Opens a connection for `uri` (scheme http or https), counted and
     /// timed (into the request's upstream-connect stage when it runs on the
     /// request's task).
-    pub async fn open(&self, uri: &http::Uri) -> Result<Conn, ConnectError> {
+    /// `pinned` (when set) is dialled rather than the addresses the URI's
+    /// host resolves to (`super::Pinned`); through a parent, the parent
+    /// resolves the name.
+    pub async fn open_to(&self, uri: &http::Uri, pinned: Option<SocketAddr>) -> Result<Conn, ConnectError> {
         let started = std::time::Instant::now();
-        let result = self.open_uncounted(uri).await;
+        let result = self.open_uncounted(uri, pinned).await;
         let spent = started.elapsed();
         match &result {
             Ok(_) => {
@@ -775,12 +787,12 @@ impl Connector {
         result
     }
 
-    async fn open_uncounted(&self, uri: &http::Uri) -> Result<Conn, ConnectError> {
+    async fn open_uncounted(&self, uri: &http::Uri, pinned: Option<SocketAddr>) -> Result<Conn, ConnectError> {
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let host = uri.host().unwrap_or("");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tcp = match &self.parent {
-            None => Wire::Tcp(self.tcp(host, port).await?),
+            None => Wire::Tcp(self.tcp_to(host, port, pinned).await?),
             Some(parent) if !https => return self.dial_parent(parent).await.map(Conn::Proxied),
             Some(parent) => {
                 let (tcp, early) = self.tunnel_via(parent, host, port, self.parent_auth.as_ref()).await?;

@@ -82,6 +82,13 @@ pub enum Reservation {
     Waiting(Place),
 }
 
+/// A request's extension: its origin is dialled at this address, not at
+/// those its name resolves to (a transparent listener's redirected
+/// request, `proxy::intercepted`); a pooled connection is reused for it
+/// only if it goes to this address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pinned(pub std::net::SocketAddr);
+
 /// The pooled client every request to an origin goes through.
 pub struct Upstream {
     client: Client,
