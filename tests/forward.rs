@@ -685,6 +685,43 @@ async fn x_forwarded_for_pass_leaves_the_client_value() {
     assert_eq!(forwarded_for_seen("pass").await.as_deref(), Some("10.1.1.1"));
 }
 
+/// What the origin sees as `Forwarded` (RFC 7239) when the client sent
+/// `for=10.1.1.1;host=bank.example`, under `[proxy] x_forwarded_for =
+/// policy`: the client's claims are the policy's to keep or correct, as
+/// its `X-Forwarded-For` is.
+async fn forwarded_seen(policy: &str) -> Vec<String> {
+    let origin = echo_origin().await;
+    let p = proxy(&format!("[proxy]\nx_forwarded_for = \"{policy}\"\n")).await;
+    let out = curl(&[
+        "-x",
+        &proxy_url(&p),
+        "-H",
+        "Forwarded: for=10.1.1.1;host=bank.example",
+        &format!("{}/fwd", origin.url()),
+    ])
+    .await;
+    assert_curl_ok(&out);
+    let reqs = origin.requests();
+    assert_eq!(reqs.len(), 1);
+    reqs[0]
+        .headers
+        .get_all("forwarded")
+        .iter()
+        .map(|v| v.to_str().expect("ascii").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_forwarded_field_follows_the_x_forwarded_for_policy() {
+    assert_eq!(
+        forwarded_seen("append").await,
+        ["for=10.1.1.1;host=bank.example, for=127.0.0.1"]
+    );
+    assert_eq!(forwarded_seen("replace").await, ["for=127.0.0.1"]);
+    assert!(forwarded_seen("remove").await.is_empty());
+    assert_eq!(forwarded_seen("pass").await, ["for=10.1.1.1;host=bank.example"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http10_client_gets_close_delimited_body_from_a_chunked_origin() {
     let origin = Origin::start(|_| async { Response::ok("").chunked(["hello ", "old ", "client"], &[]) }).await;

@@ -583,6 +583,7 @@ fn request_parts(
     headers.insert(HOST, host);
     add_via(&mut headers, head.version, &sh.config.proxy.via);
     forwarded_for(&mut headers, client, sh.config.proxy.x_forwarded_for);
+    super::headers::forwarded(&mut headers, client, sh.config.proxy.x_forwarded_for);
     if let Some(extra) = extra {
         for (name, value) in extra {
             headers.insert(name.clone(), value.clone());

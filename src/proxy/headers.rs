@@ -3,7 +3,7 @@
 
 use crate::config::ForwardedFor;
 use crate::http1::head::{HOP_BY_HOP, list_tokens};
-use http::header::{CONNECTION, HeaderName, MAX_FORWARDS, VIA};
+use http::header::{CONNECTION, FORWARDED, HeaderName, MAX_FORWARDS, VIA};
 use http::{HeaderMap, HeaderValue, Version};
 use std::net::IpAddr;
 
@@ -143,6 +143,46 @@ pub fn forwarded_for(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedF
     }
 }
 
+/// `Forwarded` (RFC 7239), when the client sent one, under the same
+/// policy as `X-Forwarded-For`: `append` adds an element for `client`,
+/// `replace` leaves that element alone, `remove` drops the field, `pass`
+/// keeps it as sent. Origins that read `Forwarded` (Spring's and Quarkus'
+/// forwarded-header support, for one) would otherwise take a client's
+/// `for=` (or `host=`, `proto=`) for the proxy's word where the policy
+/// says only the proxy's stands. A request without one gets none: nothing
+/// the client claimed needs correcting, and every request would carry
+/// a second field saying what `X-Forwarded-For` says.
+pub fn forwarded(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) {
+    if policy == ForwardedFor::Pass || !headers.contains_key(FORWARDED) {
+        return;
+    }
+    if policy == ForwardedFor::Remove {
+        headers.remove(FORWARDED);
+        return;
+    }
+    // RFC 7239 6: an IPv6 address in brackets, quoted.
+    let element = match client.to_canonical() {
+        IpAddr::V4(v4) => format!("for={v4}"),
+        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+    };
+    let value = if policy == ForwardedFor::Append {
+        joined(
+            || headers.get_all(FORWARDED).iter().map(HeaderValue::as_bytes),
+            &[element.as_bytes()],
+        )
+    } else {
+        joined(std::iter::empty, &[element.as_bytes()])
+    };
+    match value {
+        Some(v) => {
+            headers.insert(FORWARDED, v);
+        }
+        None => {
+            headers.remove(FORWARDED);
+        }
+    }
+}
+
 /// The `Max-Forwards` value, if present and valid.
 pub fn max_forwards(headers: &HeaderMap) -> Option<u64> {
     headers.get(MAX_FORWARDS)?.to_str().ok()?.trim().parse().ok()
@@ -245,6 +285,46 @@ mod tests {
             h.get("x-forwarded-for").unwrap(),
             "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7, 2001:db8::1"
         );
+    }
+
+    #[test]
+    fn a_forwarded_field_the_client_sent_follows_the_x_forwarded_for_policy() {
+        let sent = [("forwarded", "for=10.1.1.1;proto=https"), ("forwarded", "for=10.1.1.2")];
+        let seen = |policy, client: &str| {
+            let mut h = map(&sent);
+            forwarded(&mut h, client.parse().unwrap(), policy);
+            h.get_all("forwarded")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            seen(ForwardedFor::Append, "127.0.0.2"),
+            ["for=10.1.1.1;proto=https, for=10.1.1.2, for=127.0.0.2"]
+        );
+        assert_eq!(seen(ForwardedFor::Replace, "127.0.0.2"), ["for=127.0.0.2"]);
+        assert!(seen(ForwardedFor::Remove, "127.0.0.2").is_empty());
+        assert_eq!(
+            seen(ForwardedFor::Pass, "127.0.0.2"),
+            ["for=10.1.1.1;proto=https", "for=10.1.1.2"]
+        );
+        // RFC 7239 6: IPv6 quoted, in brackets; an IPv4-mapped one as IPv4.
+        assert_eq!(seen(ForwardedFor::Replace, "2001:db8::1"), ["for=\"[2001:db8::1]\""]);
+        assert_eq!(seen(ForwardedFor::Replace, "::ffff:192.0.2.7"), ["for=192.0.2.7"]);
+    }
+
+    #[test]
+    fn a_request_without_a_forwarded_field_gets_none() {
+        for policy in [
+            ForwardedFor::Append,
+            ForwardedFor::Replace,
+            ForwardedFor::Remove,
+            ForwardedFor::Pass,
+        ] {
+            let mut h = map(&[("x-forwarded-for", "10.0.0.1")]);
+            forwarded(&mut h, "127.0.0.2".parse().unwrap(), policy);
+            assert!(h.get("forwarded").is_none(), "{policy:?}");
+        }
     }
 
     #[test]
