@@ -165,11 +165,18 @@ pub fn forwarded(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) 
         IpAddr::V4(v4) => format!("for={v4}"),
         IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
     };
-    let value = if policy == ForwardedFor::Append {
-        joined(
-            || headers.get_all(FORWARDED).iter().map(HeaderValue::as_bytes),
-            &[element.as_bytes()],
-        )
+    // Appended to only when every quoted string the client opened is
+    // closed: after `for=6.6.6.6;x="`, a lenient parser would read our
+    // element as part of the client's, and its `for=` as the last hop's.
+    let sent = || {
+        headers
+            .get_all(FORWARDED)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .filter(|v| !v.iter().all(u8::is_ascii_whitespace))
+    };
+    let value = if policy == ForwardedFor::Append && sent().all(quotes_closed) {
+        joined(sent, &[element.as_bytes()])
     } else {
         joined(std::iter::empty, &[element.as_bytes()])
     };
@@ -181,6 +188,22 @@ pub fn forwarded(headers: &mut HeaderMap, client: IpAddr, policy: ForwardedFor) 
             headers.remove(FORWARDED);
         }
     }
+}
+
+/// Whether every quoted string in `value` ends (RFC 9110 5.6.4: `"`
+/// opens and closes one, `\` escapes the next byte inside it).
+fn quotes_closed(value: &[u8]) -> bool {
+    let mut quoted = false;
+    let mut escaped = false;
+    for &b in value {
+        match (quoted, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (_, _, b'"') => quoted = !quoted,
+            _ => {}
+        }
+    }
+    !quoted
 }
 
 /// The `Max-Forwards` value, if present and valid.
@@ -311,6 +334,20 @@ mod tests {
         // RFC 7239 6: IPv6 quoted, in brackets; an IPv4-mapped one as IPv4.
         assert_eq!(seen(ForwardedFor::Replace, "2001:db8::1"), ["for=\"[2001:db8::1]\""]);
         assert_eq!(seen(ForwardedFor::Replace, "::ffff:192.0.2.7"), ["for=192.0.2.7"]);
+    }
+
+    #[test]
+    fn a_forwarded_field_left_in_a_quoted_string_is_not_appended_to() {
+        for sent in ["for=6.6.6.6;x=\"", "for=6.6.6.6;x=\"a\\\"", "for=\"[2001:db8::1"] {
+            let mut h = map(&[("forwarded", sent)]);
+            forwarded(&mut h, "127.0.0.2".parse().unwrap(), ForwardedFor::Append);
+            assert_eq!(h.get("forwarded").unwrap(), "for=127.0.0.2", "{sent}");
+        }
+        // Closed, escapes and all: appended to; an empty field left out.
+        let sent = "for=10.1.1.1;x=\"a\\\"b, c\"";
+        let mut h = map(&[("forwarded", sent), ("forwarded", "")]);
+        forwarded(&mut h, "127.0.0.2".parse().unwrap(), ForwardedFor::Append);
+        assert_eq!(h.get("forwarded").unwrap(), &format!("{sent}, for=127.0.0.2")[..]);
     }
 
     #[test]
