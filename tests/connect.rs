@@ -163,6 +163,66 @@ async fn connect_to_dead_port_is_502() {
     assert!(resp.body_str().contains(&dead.to_string()), "{}", resp.body_str());
 }
 
+/// The `tunnels` section of the JSON statistics.
+async fn tunnels(p: &Portico) -> serde_json::Value {
+    let doc: serde_json::Value = serde_json::from_str(&page(p, "/.stats.json").await).expect("JSON statistics");
+    doc["snapshot"]["tunnels"].clone()
+}
+
+/// CONNECT tunnels are counted: established, open now, and the bytes each
+/// way once a tunnel closes, in the JSON document, /metrics and the perfdump.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_are_counted_open_and_their_bytes_once_closed() {
+    let origin = echo_origin().await;
+    let port = origin.addr().port();
+    let portico = Portico::start(&forward_config(&format!("[proxy]\nconnect_ports = [{port}]\n"))).await;
+    assert_eq!(tunnels(&portico).await["established"], 0);
+
+    let mut stream = TcpStream::connect(portico.addr()).await.expect("connect to portico");
+    let head = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n12345");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    read_at_least(&mut stream, &mut got, ESTABLISHED.len() + 5).await;
+    stream.write_all(b"6789").await.expect("write");
+    read_at_least(&mut stream, &mut got, ESTABLISHED.len() + 9).await;
+    let open = tunnels(&portico).await;
+    assert_eq!(
+        (open["established"].as_u64(), open["open"].as_u64()),
+        (Some(1), Some(1)),
+        "{open}"
+    );
+    assert_eq!(open["bytes_up"], 0, "counted once closed");
+
+    stream.shutdown().await.expect("shutdown write");
+    read_until_eof(&mut stream, Duration::from_secs(10))
+        .await
+        .expect("closed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let closed = loop {
+        let t = tunnels(&portico).await;
+        if t["open"] == 0 || std::time::Instant::now() > deadline {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (
+            closed["established"].as_u64(),
+            closed["open"].as_u64(),
+            closed["bytes_up"].as_u64(),
+            closed["bytes_down"].as_u64()
+        ),
+        (Some(1), Some(0), Some(9), Some(9)),
+        "{closed}"
+    );
+    let metrics = page(&portico, "/metrics").await;
+    assert!(metrics.contains("portico_tunnels_established_total 1"), "{metrics}");
+    assert!(metrics.contains("portico_tunnels_received_bytes_total 9"), "{metrics}");
+    let perf = page(&portico, "/.perf").await;
+    assert!(perf.contains("TunnelInfo:"), "{perf}");
+    assert!(perf.contains("Bytes up/down    9/9"), "{perf}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnel_carries_early_bytes_and_ends_on_half_close() {
     let origin = echo_origin().await;

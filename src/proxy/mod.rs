@@ -26,7 +26,7 @@ pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
 mod socks;
-mod tunnel;
+pub(crate) mod tunnel;
 mod upgrade;
 
 use crate::blocking::BlockingPool;

@@ -667,6 +667,7 @@ pub fn snapshot(sh: &Shared) -> Snapshot {
         }),
         tls: stats::TlsInfo::current(),
         http2: stats::Http2Info::current(),
+        tunnels: stats::TunnelInfo::current(),
         socks: cfg
             .listener
             .iter()

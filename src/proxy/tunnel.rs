@@ -15,6 +15,53 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// This process's CONNECT tunnels (shown by `stats::TunnelInfo`).
+pub struct Counters {
+    /// Tunnels established (the client told so).
+    pub established: AtomicU64,
+    /// Tunnels open now.
+    pub open: AtomicU64,
+    /// Bytes relayed from clients, counted as each tunnel closes.
+    pub bytes_up: AtomicU64,
+    /// Bytes relayed to clients, likewise.
+    pub bytes_down: AtomicU64,
+}
+
+static COUNTERS: Counters = Counters {
+    established: AtomicU64::new(0),
+    open: AtomicU64::new(0),
+    bytes_up: AtomicU64::new(0),
+    bytes_down: AtomicU64::new(0),
+};
+
+/// This process's tunnel counters.
+pub fn counters() -> &'static Counters {
+    &COUNTERS
+}
+
+/// A tunnel established, counted open while it lives; its bytes are
+/// added when it closes.
+struct Counted;
+
+impl Counted {
+    fn new() -> Counted {
+        COUNTERS.established.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.open.fetch_add(1, Ordering::Relaxed);
+        Counted
+    }
+
+    fn closed(self, up: u64, down: u64) {
+        COUNTERS.bytes_up.fetch_add(up, Ordering::Relaxed);
+        COUNTERS.bytes_down.fetch_add(down, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        COUNTERS.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Where a CONNECT goes, as the ACL and the routing rules decided.
 pub struct To<'a> {
     /// The target host, as the request named it.
@@ -89,9 +136,11 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
             return Outcome::Close;
         };
         let _pump = permit.take().map(Permit::into_pump);
+        let counted = Counted::new();
         let upstream = upstream.into_relay();
         let meter = ex.out.bandwidth();
         let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle, meter).await;
+        counted.closed(up, down);
         ex.out.add_body_bytes(down);
         tracing::debug!("tunnel {host}:{port} (HTTP/2) closed: {up} bytes up, {down} bytes down");
         return Outcome::Close;
@@ -105,6 +154,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         return Outcome::Close;
     }
     let _pump = permit.take().map(Permit::into_pump);
+    let counted = Counted::new();
     // Bytes the far end sent right after the parent's answer (a protocol
     // where the server speaks first) were read with that answer.
     if !parent_early.is_empty() && write_all(client, &parent_early, ex.out.send_timeout()).await.is_err() {
@@ -119,6 +169,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         return Outcome::Close;
     }
     let (up, down) = relay(client, &upstream, idle, ex.out.bandwidth()).await;
+    counted.closed(up + early.len() as u64, down + parent_early.len() as u64);
     ex.out.add_body_bytes(down);
     tracing::debug!(
         "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",

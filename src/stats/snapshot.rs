@@ -54,6 +54,9 @@ crate::section! {
         /// HTTP/2 client connections (ALPN `h2`, h2c).
         #[serde(default)]
         http2: Http2Info => Section, Add, None, "HTTP/2 client connections.";
+        /// CONNECT tunnels (over HTTP/1 and HTTP/2).
+        #[serde(default)]
+        tunnels: TunnelInfo => Section, Add, None, "CONNECT tunnels.";
         /// The SOCKS server; None when no listener has `mode = "socks"`.
         #[serde(default)]
         socks: Option<SocksInfo> => Section, Add, None, "The SOCKS server.";
@@ -861,6 +864,40 @@ impl Http2Info {
             + self.goaway_enhance_your_calm
             + self.goaway_protocol
             + self.goaway_other
+    }
+}
+
+crate::section! {
+    /// CONNECT tunnels, over HTTP/1 and HTTP/2 (RFC 9113 8.5): the
+    /// requests themselves are counted in `requests`, the bytes a tunnel
+    /// relayed when it closes. SOCKS sessions are counted apart (`socks`).
+    pub struct TunnelInfo at "tunnels" {
+        /// Tunnels established (the client told `200`).
+        established: u64 => Counter, Add, None, "CONNECT tunnels established.",
+            prom "portico_tunnels_established_total", xml "tunnel-bucket" "countEstablished";
+        /// Tunnels open now.
+        open: u64 => Gauge, Add, None, "CONNECT tunnels open now.",
+            prom "portico_tunnels_open", xml "tunnel-bucket" "countOpen";
+        /// Bytes relayed from clients, as each tunnel closes.
+        bytes_up: u64 => Counter, Add, Bytes, "Bytes relayed from clients through CONNECT tunnels that have closed.",
+            prom "portico_tunnels_sent_bytes_total", xml "tunnel-bucket" "countBytesSent";
+        /// Bytes relayed to clients, as each tunnel closes.
+        bytes_down: u64 => Counter, Add, Bytes, "Bytes relayed to clients through CONNECT tunnels that have closed.",
+            prom "portico_tunnels_received_bytes_total", xml "tunnel-bucket" "countBytesReceived";
+    }
+}
+
+impl TunnelInfo {
+    /// This process's tunnel counters.
+    pub fn current() -> TunnelInfo {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = crate::proxy::tunnel::counters();
+        TunnelInfo {
+            established: c.established.load(Relaxed),
+            open: c.open.load(Relaxed),
+            bytes_up: c.bytes_up.load(Relaxed),
+            bytes_down: c.bytes_down.load(Relaxed),
+        }
     }
 }
 

@@ -372,6 +372,15 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         o.push('\n');
     }
 
+    // Once a tunnel was established.
+    let t = &s.tunnels;
+    if t.established > 0 {
+        let _ = writeln!(o, "TunnelInfo:\n{RULE}");
+        let _ = writeln!(o, "{:<16} {}", "Established", t.established);
+        let _ = writeln!(o, "{:<16} {}", "Open", t.open);
+        let _ = writeln!(o, "{:<16} {}/{}", "Bytes up/down", t.bytes_up, t.bytes_down);
+        o.push('\n');
+    }
     if let Some(x) = &s.socks {
         // Not in the Sun proxy's perfdump: its SOCKS server reported nothing here.
         let _ = writeln!(o, "SocksInfo:\n{RULE}");

@@ -246,6 +246,9 @@ fn process_body(o: &mut Out<'_>, s: &Snapshot) {
     if s.http2.connections > 0 {
         o.leaf("http2-bucket", &declared(&s.http2, "http2-bucket"));
     }
+    if s.tunnels.established > 0 {
+        o.leaf("tunnel-bucket", &declared(&s.tunnels, "tunnel-bucket"));
+    }
     if s.socks.is_some() {
         o.leaf("socks-bucket", &declared(s, "socks-bucket"));
     }
