@@ -216,6 +216,7 @@ async fn tunnels_are_counted_open_and_their_bytes_once_closed() {
         "{closed}"
     );
     let metrics = page(&portico, "/metrics").await;
+    promtool_check(&metrics);
     assert!(metrics.contains("portico_tunnels_established_total 1"), "{metrics}");
     assert!(metrics.contains("portico_tunnels_received_bytes_total 9"), "{metrics}");
     let perf = page(&portico, "/.perf").await;

@@ -166,6 +166,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
     let early = ex.body.take_buffered();
     let upstream = upstream.into_relay();
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
+        counted.closed(0, parent_early.len() as u64);
         return Outcome::Close;
     }
     let (up, down) = relay(client, &upstream, idle, ex.out.bandwidth()).await;

@@ -381,6 +381,7 @@ pub fn render(s: &Snapshot, advice: &[Advice]) -> String {
         let _ = writeln!(o, "{:<16} {}/{}", "Bytes up/down", t.bytes_up, t.bytes_down);
         o.push('\n');
     }
+
     if let Some(x) = &s.socks {
         // Not in the Sun proxy's perfdump: its SOCKS server reported nothing here.
         let _ = writeln!(o, "SocksInfo:\n{RULE}");
