@@ -639,27 +639,33 @@ async fn trace_with_max_forwards_5_is_forwarded_with_4() {
 /// What the origin sees as `X-Forwarded-For` when the client sent
 /// `10.1.1.1`, under `[proxy] x_forwarded_for = policy`.
 async fn forwarded_for_seen(policy: &str) -> Option<String> {
+    let values = field_seen(policy, "X-Forwarded-For", "10.1.1.1").await;
+    assert!(values.len() <= 1, "several X-Forwarded-For fields: {values:?}");
+    values.into_iter().next()
+}
+
+/// The values of the field `name` the origin sees when the client sent
+/// it as `value`, under `[proxy] x_forwarded_for = policy`.
+async fn field_seen(policy: &str, name: &str, value: &str) -> Vec<String> {
     let origin = echo_origin().await;
     let p = proxy(&format!("[proxy]\nx_forwarded_for = \"{policy}\"\n")).await;
     let out = curl(&[
         "-x",
         &proxy_url(&p),
         "-H",
-        "X-Forwarded-For: 10.1.1.1",
-        &format!("{}/xff", origin.url()),
+        &format!("{name}: {value}"),
+        &format!("{}/seen", origin.url()),
     ])
     .await;
     assert_curl_ok(&out);
     let reqs = origin.requests();
     assert_eq!(reqs.len(), 1);
-    let values: Vec<String> = reqs[0]
+    reqs[0]
         .headers
-        .get_all("x-forwarded-for")
+        .get_all(name)
         .iter()
         .map(|v| v.to_str().expect("ascii").to_owned())
-        .collect();
-    assert!(values.len() <= 1, "several X-Forwarded-For fields: {values:?}");
-    values.into_iter().next()
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,25 +696,7 @@ async fn x_forwarded_for_pass_leaves_the_client_value() {
 /// policy`: the client's claims are the policy's to keep or correct, as
 /// its `X-Forwarded-For` is.
 async fn forwarded_seen(policy: &str) -> Vec<String> {
-    let origin = echo_origin().await;
-    let p = proxy(&format!("[proxy]\nx_forwarded_for = \"{policy}\"\n")).await;
-    let out = curl(&[
-        "-x",
-        &proxy_url(&p),
-        "-H",
-        "Forwarded: for=10.1.1.1;host=bank.example",
-        &format!("{}/fwd", origin.url()),
-    ])
-    .await;
-    assert_curl_ok(&out);
-    let reqs = origin.requests();
-    assert_eq!(reqs.len(), 1);
-    reqs[0]
-        .headers
-        .get_all("forwarded")
-        .iter()
-        .map(|v| v.to_str().expect("ascii").to_owned())
-        .collect()
+    field_seen(policy, "Forwarded", "for=10.1.1.1;host=bank.example").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

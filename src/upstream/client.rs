@@ -1069,16 +1069,21 @@ mod tests {
         assert_eq!(s.pending_len, all.len());
     }
 
+    /// An empty pool keeping `max_idle` connections per origin for `idle_timeout`.
+    fn test_pool(max_idle: usize, idle_timeout: Duration) -> Arc<Pool> {
+        Arc::new(Pool {
+            idle: Mutex::new([HashMap::new(), HashMap::new()]),
+            max_idle,
+            idle_timeout,
+            reaping: AtomicBool::new(false),
+        })
+    }
+
     #[tokio::test]
     async fn a_pinned_request_takes_only_a_connection_to_its_address() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let pool = Arc::new(Pool {
-            idle: Mutex::new([HashMap::new(), HashMap::new()]),
-            max_idle: 4,
-            idle_timeout: Duration::from_secs(60),
-            reaping: AtomicBool::new(false),
-        });
+        let pool = test_pool(4, Duration::from_secs(60));
         let mut kept = Vec::new();
         for origin in [Some(addr.ip()), None, Some("192.0.2.9".parse().expect("ip"))] {
             let conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -1104,12 +1109,7 @@ mod tests {
     async fn a_pooled_connection_the_origin_closed_is_not_handed_out() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let pool = Arc::new(Pool {
-            idle: Mutex::new([HashMap::new(), HashMap::new()]),
-            max_idle: 4,
-            idle_timeout: Duration::from_secs(60),
-            reaping: AtomicBool::new(false),
-        });
+        let pool = test_pool(4, Duration::from_secs(60));
         let open = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (kept, _) = listener.accept().await.expect("accept");
         let closing = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -1130,12 +1130,7 @@ mod tests {
     async fn the_pool_keeps_at_most_max_idle_per_origin_and_drops_them_after_the_idle_timeout() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let pool = Arc::new(Pool {
-            idle: Mutex::new([HashMap::new(), HashMap::new()]),
-            max_idle: 2,
-            idle_timeout: Duration::from_millis(300),
-            reaping: AtomicBool::new(false),
-        });
+        let pool = test_pool(2, Duration::from_millis(300));
         let mut peers = Vec::new();
         for _ in 0..3 {
             let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
