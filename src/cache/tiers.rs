@@ -903,7 +903,8 @@ impl Cache {
 
     /// Drops from the memory tier what the other worker processes have
     /// removed from the cache since the last lookup (`told`), before this
-    /// one looks: each of their removals is told before it is answered.
+    /// one looks: each of their removals is told once it is off the disk
+    /// (before a `PURGE` is answered).
     fn catch_up_told(&self) {
         self.memory.told.catch_up(
             |id| self.forget_in_memory(id),

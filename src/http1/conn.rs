@@ -62,11 +62,13 @@ pub struct Exchange<'a> {
     /// access log and the access-control step; this layer never reads it.
     pub user: Option<std::sync::Arc<crate::auth::User>>,
     /// What the connection keeps for the handler from one request to the
-    /// next (an HTTP/2 stream: from nothing); this layer never reads it.
+    /// next (an HTTP/2 stream: from nothing); this layer reads only the
+    /// place of the client's bandwidth bucket in it.
     pub memory: &'a mut ConnMemory,
 }
 
-/// What the handler keeps on a connection between its requests.
+/// What the handler (and, for its response writer, this layer) keeps on
+/// a connection between its requests.
 #[derive(Default)]
 pub struct ConnMemory {
     /// The last credentials accepted on the connection (`[auth]`).

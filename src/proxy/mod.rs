@@ -2,8 +2,8 @@
 //! or the connection queue), `access` (allow-list, credentials, and later
 //! the `[[acl]]` decision), `classify` (what the request asks for),
 //! `intercepted` (on a transparent listener, that it names where its
-//! client was connecting), `route` (the `[[rule]]`s' verdict), `cache` (lookup, serve, store), then
-//! upstream through `forward` (HTTP) or `tunnel` (CONNECT, and the SOCKS
+//! client was connecting), `route` (the `[[rule]]`s' verdict), `cache`
+//! (lookup, serve, store), then upstream through `forward` (HTTP) or `tunnel` (CONNECT, and the SOCKS
 //! sessions of `socks`, which take whole connections); `reply` makes
 //! the answers Portico writes itself, and `handle` logs each request.
 //! `monitor` and `purge` answer admin clients. One [`ListenerHandler`] per
