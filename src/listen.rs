@@ -80,6 +80,23 @@ pub fn reserve(cfg: &ListenerConfig) -> Result<Socket, String> {
     bind_only(cfg, true)
 }
 
+/// What a supervisor says at start when the kernel would reset, rather
+/// than hand to another worker, the connections waiting in the accept
+/// queue of a listening socket a worker closes (a worker replaced after a
+/// reload it could not apply, or killed): `net.ipv4.tcp_migrate_req`
+/// (Linux 5.14 and later, per network namespace, IPv4 and IPv6 alike)
+/// moves them to another socket of the SO_REUSEPORT group. None when it
+/// is set, or the kernel has no such setting.
+pub fn migration_advice() -> Option<String> {
+    let setting = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").ok()?;
+    (setting.trim() == "0").then(|| {
+        "net.ipv4.tcp_migrate_req is 0: connections waiting to be accepted by a worker that closes its \
+         listening sockets (replaced after a reload it could not apply, or killed) are reset by the kernel \
+         rather than handed to another worker; `sysctl -w net.ipv4.tcp_migrate_req=1` has them moved"
+            .to_string()
+    })
+}
+
 /// Checks that every listener of `listeners` can be bound as the sockets
 /// of several worker processes are ([`reserve`]: SO_REUSEPORT), without
 /// listening: the multi-process supervisor's check at start-up and of the

@@ -202,6 +202,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>, config_text: Option<Str
     for w in crate::privdrop::unreadable_warnings(&config, None) {
         tracing::warn!("{w}");
     }
+    if let Some(advice) = crate::listen::migration_advice() {
+        tracing::info!("{advice}");
+    }
     // Where the workers leave their statistics for each other (removed when
     // the supervisor exits). Without it each worker shows only its own.
     let stats_guard = match crate::stats::workers::make_dir() {

@@ -157,6 +157,15 @@ async fn two_processes_serve_from_both_workers_and_survive_kill_9() {
     let (a, _b, p, pids, all) = two_workers().await;
     let addr = p.addr();
     assert!(!all.contains(&p.pid()), "the supervisor is not a worker");
+    // The supervisor advises moving queued connections of a closing
+    // worker's sockets to the others when the kernel would reset them.
+    let migrate = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").ok();
+    assert_eq!(
+        p.stderr().contains("net.ipv4.tcp_migrate_req is 0"),
+        migrate.as_deref().map(str::trim) == Some("0"),
+        "{}",
+        p.stderr()
+    );
 
     // New connections land on both workers; each has its own memory tier,
     // so the cacheable page is fetched once per worker.
