@@ -91,8 +91,8 @@ pub fn migration_advice() -> Option<String> {
     let setting = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").ok()?;
     (setting.trim() == "0").then(|| {
         "net.ipv4.tcp_migrate_req is 0: connections waiting to be accepted by a worker that closes its \
-         listening sockets (replaced after a reload it could not apply, or killed) are reset by the kernel \
-         rather than handed to another worker; `sysctl -w net.ipv4.tcp_migrate_req=1` has them moved"
+         listening sockets (replaced after a failed reload, or killed) are reset by the kernel rather than \
+         handed to another worker; `sysctl -w net.ipv4.tcp_migrate_req=1` has them moved"
             .to_string()
     })
 }

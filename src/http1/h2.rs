@@ -41,6 +41,9 @@ pub struct H2Settings {
     /// `http` requests become absolute-form targets (`http://authority/path`),
     /// as an HTTP/1 client of a forward proxy sends them.
     pub absolute_targets: bool,
+    /// Where a connection was redirected from is read (a transparent
+    /// listener's: `conn::original_destination`).
+    pub redirected: bool,
     /// SETTINGS_MAX_CONCURRENT_STREAMS.
     pub max_concurrent_streams: u32,
     /// SETTINGS_MAX_HEADER_LIST_SIZE, also bounding CONTINUATION frames.
@@ -73,6 +76,7 @@ impl H2Settings {
         Some(H2Settings {
             h2c,
             absolute_targets: l.mode == crate::config::Mode::Forward,
+            redirected: l.mode == crate::config::Mode::Transparent,
             max_concurrent_streams: h.max_concurrent_streams,
             max_header_list_size: clamp(h.max_header_list_size.bytes()),
             // RFC 9113 6.9.2: at most 2^31-1.
@@ -740,8 +744,13 @@ pub async fn serve<H: Handler>(
         return;
     };
     // Where a transparent listener's client was connecting (one system
-    // call a connection, whatever the listener: this layer does not know).
-    let local = (local, super::conn::original_destination(stream.tcp()));
+    // call a connection).
+    let local = (
+        local,
+        h2s.redirected
+            .then(|| super::conn::original_destination(stream.tcp()))
+            .flatten(),
+    );
     let c = counters();
     c.connections.fetch_add(1, Relaxed);
     let mut builder = h2::server::Builder::new();

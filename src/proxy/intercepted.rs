@@ -18,9 +18,9 @@
 //! `client_dst_passthru`), never from another the name resolves to when
 //! fetched: a name whose DNS answers both the client's server and an
 //! intranet address (or the one, then the other) passes the check and
-//! must not be fetched from the intranet. A connection made to Portico's own address
-//! (no redirection: the client chose the proxy) is not checked, as a
-//! forward listener's requests are not.
+//! must not be fetched from the intranet. A connection made to Portico's
+//! own address (no redirection: the client chose the proxy) is not
+//! checked, as a forward listener's requests are not.
 
 use std::net::SocketAddr;
 
@@ -45,7 +45,7 @@ where
     let wanted = original.ip().to_canonical();
     if let Some(ip) = crate::util::host_ip(host) {
         return (ip.to_canonical() != wanted)
-            .then(|| format!("the request names {host}, and its connection was to {original}"));
+            .then(|| format!("the request names {host}, and its redirected connection was to {original}"));
     }
     let found = resolve(host.to_string(), port).await;
     if found.iter().any(|a| a.ip().to_canonical() == wanted) {
