@@ -351,7 +351,7 @@ fn client_if_any_in(words: &'static [AtomicU64], limit: ClientLimit, client: u12
 /// of its window (a SipHash of both, keyed by the secret) and its tag
 /// (never 0, an empty slot's). Found once and kept ([`KnownPlace`]) by a
 /// connection for its requests and by a meter for its writes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Place {
     start: usize,
     tag: u64,
@@ -1041,16 +1041,21 @@ mod tests {
     }
 
     #[test]
+    fn a_known_place_is_looked_for_again_for_another_limit_or_client() {
+        let mut known = KnownPlace::default();
+        let (a, b) = ((0, 1024), (0, 2048));
+        assert_eq!(known.of(a, 7), place(a, 7));
+        assert_eq!(known.of(a, 7), place(a, 7), "kept");
+        // A reload's new bandwidth rate names another limit.
+        assert_eq!(known.of(b, 7), place(b, 7));
+        assert_eq!(known.of(b, 8), place(b, 8));
+        assert_ne!(place(a, 7), place(b, 7));
+    }
+
+    #[test]
     fn two_memories_hash_clients_with_secrets_of_their_own() {
         let (a, b) = (fresh_words(), fresh_words());
-        let places = |w| {
-            (0..64u128)
-                .map(|c| {
-                    let p = client_place(w, (1, 1), c);
-                    (p.start, p.tag)
-                })
-                .collect::<Vec<_>>()
-        };
+        let places = |w| (0..64u128).map(|c| client_place(w, (1, 1), c)).collect::<Vec<_>>();
         assert_eq!(places(a), places(a), "one memory, one secret");
         assert_ne!(places(a), places(b));
     }

@@ -673,33 +673,35 @@ fn start(
         w.channel = Some(ours);
         theirs = Some(their_end);
     }
-    match &env.buckets {
-        Some(fd) => {
-            cmd.env(crate::shared_buckets::ENV_FD, fd.as_raw_fd().to_string());
-            inherit[3] = Some(fd.as_raw_fd());
+    // The memory the workers share (`handover::shared_memory`).
+    let shared = [
+        (
+            crate::shared_buckets::ENV_FD,
+            env.buckets.as_ref().map(|fd| fd.as_raw_fd()),
+            3,
+        ),
+        (
+            crate::shared_conns::ENV_FD,
+            env.conns.as_ref().map(|s| s.fd().as_raw_fd()),
+            5,
+        ),
+        (
+            crate::cache::told::ENV_FD,
+            env.told.as_ref().map(|fd| fd.as_raw_fd()),
+            6,
+        ),
+    ];
+    for (var, fd, slot) in shared {
+        match fd {
+            Some(fd) => {
+                cmd.env(var, fd.to_string());
+                inherit[slot] = Some(fd);
+            }
+            None => {
+                cmd.env_remove(var);
+            }
         }
-        None => {
-            cmd.env_remove(crate::shared_buckets::ENV_FD);
-        }
-    };
-    match &env.conns {
-        Some(shared) => {
-            cmd.env(crate::shared_conns::ENV_FD, shared.fd().as_raw_fd().to_string());
-            inherit[5] = Some(shared.fd().as_raw_fd());
-        }
-        None => {
-            cmd.env_remove(crate::shared_conns::ENV_FD);
-        }
-    };
-    match &env.told {
-        Some(fd) => {
-            cmd.env(crate::cache::told::ENV_FD, fd.as_raw_fd().to_string());
-            inherit[6] = Some(fd.as_raw_fd());
-        }
-        None => {
-            cmd.env_remove(crate::cache::told::ENV_FD);
-        }
-    };
+    }
     // The ticket keys: the chain as of the oldest period a worker keeps
     // now, in a memory file this worker alone inherits (closed here once
     // it is started).

@@ -908,15 +908,7 @@ async fn with_processes_a_worker_that_cannot_apply_a_reload_as_its_user_is_repla
     ));
     p.signal(libc::SIGHUP);
     // The supervisor saw it coming.
-    let warned = format!(
-        "reload: server.user \"nobody\" cannot read {} (auth.htpasswd: ",
-        users.display()
-    );
-    assert!(
-        eventually(Duration::from_secs(10), || read(&error).contains(&warned)).await,
-        "{}",
-        read(&error)
-    );
+    nobody_cannot_read_warned(&error, &users).await;
     let said = "could not apply the configuration the supervisor validated";
     assert!(
         eventually(Duration::from_secs(10), || read(&error).matches(said).count() == 2).await,
@@ -1201,14 +1193,21 @@ async fn with_processes_a_reload_is_checked_for_the_user_the_workers_run_as() {
             + &format!("\n[auth]\nhtpasswd = \"{}\"\n", users.display())),
     );
     p.signal(libc::SIGHUP);
+    nobody_cannot_read_warned(&error, &users).await;
+}
+
+/// Waits (10 s at most) for the supervisor's warning, at a reload, that
+/// `nobody` (the user in force) cannot read `users` (`auth.htpasswd`), in
+/// the error log at `error`.
+async fn nobody_cannot_read_warned(error: &Path, users: &Path) {
     let warned = format!(
         "reload: server.user \"nobody\" cannot read {} (auth.htpasswd: ",
         users.display()
     );
     assert!(
-        eventually(Duration::from_secs(10), || read(&error).contains(&warned)).await,
+        eventually(Duration::from_secs(10), || read(error).contains(&warned)).await,
         "{}",
-        read(&error)
+        read(error)
     );
 }
 

@@ -180,7 +180,8 @@ impl Reader {
     /// Applies what the other workers have told since the last call:
     /// `forget` for each id, or `forget_all` once when what was told
     /// cannot be known (this tier fell behind, or a writer never
-    /// finished). Costs two loads when nothing new was told.
+    /// finished). Costs three loads when nothing new was told (the
+    /// mapping, the count, this reader's place).
     pub fn catch_up(&self, forget: impl FnMut(ObjectId), forget_all: impl FnOnce()) {
         if let Some(words) = shared() {
             self.catch_up_in(words, forget, forget_all);
