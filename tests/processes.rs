@@ -859,7 +859,10 @@ async fn a_worker_that_keeps_dying_is_restarted_after_growing_delays() {
 /// A monitoring page fetched on a new connection: the worker pid that
 /// answered (among `pids`), the status and the body.
 async fn monitor_page(addr: SocketAddr, path: &str, pids: &BTreeSet<u32>) -> (Option<u32>, u16, String) {
-    let (by, resp) = get_via(addr, path, pids).await;
+    // Sent before the worker is looked for: a connection with nothing to
+    // read waits up to a second to be accepted (TCP_DEFER_ACCEPT), and a
+    // test reading many pages must see both workers within its deadline.
+    let (by, resp) = get_sent_first(addr, path, pids).await;
     (by, resp.status, resp.body_str())
 }
 
@@ -881,7 +884,7 @@ async fn statistics_are_summed_over_the_workers_and_shown_per_worker() {
     let mut sent = 0u64;
     while sent < 30 || served.len() < 2 {
         assert!(sent < 300, "one worker took every connection: {served:?}");
-        let (by, resp) = get_via(addr, &format!("/n{sent}"), &all).await;
+        let (by, resp) = get_sent_first(addr, &format!("/n{sent}"), &all).await;
         assert_eq!(resp.status, 200);
         *served.entry(by.expect("a worker accepted")).or_default() += 1;
         sent += 1;
@@ -1114,7 +1117,7 @@ async fn the_json_carries_the_connection_figures_once_summed_over_the_workers() 
     let mut sent = 0u64;
     while sent < 10 || served.len() < 2 {
         assert!(sent < 300, "one worker took every connection");
-        let (by, resp) = get_via(addr, &format!("/c{sent}"), &all).await;
+        let (by, resp) = get_sent_first(addr, &format!("/c{sent}"), &all).await;
         assert_eq!(resp.status, 200);
         served.insert(by.expect("a worker accepted"));
         sent += 1;
