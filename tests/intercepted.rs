@@ -1,7 +1,7 @@
 //! A transparent listener behind the kernel's NAT, as it is deployed: in a
 //! network namespace of the test's own (root only; nothing outside it is
 //! touched), an nftables rule redirects the client's connections to port
-//! 80 to Portico's transparent listener. A request there must name where
+//! 80 (or 443, to a TLS listener) to Portico's transparent listener. A request there must name where
 //! its client was connecting (CVE-2009-0801, Squid's
 //! `host_verify_strict`): otherwise a page could have the proxy fetch any
 //! host its browser may not reach, past the same-origin policy.
@@ -230,6 +230,103 @@ fn a_redirected_request_must_name_the_address_its_client_was_connecting_to() {
             // listener's URL does.
             let resp = ask("127.0.0.1", p.addr(), &get("intranet.example")).await;
             assert_eq!((resp.status, resp.body_str().as_str()), (200, "the intranet's secret"));
+        },
+    );
+}
+
+/// A client's TLS connection to port 443, redirected to a transparent
+/// listener that holds a certificate for the name it asks for: the client
+/// was speaking `https` to its origin, so its requests are fetched as
+/// `https` from where it was connecting (port 443), never as `http` from
+/// port 80, whose service may be another and whose leg is cleartext.
+#[test]
+fn a_redirected_tls_connection_is_fetched_over_https_from_where_its_client_was_connecting() {
+    if !is_root() {
+        eprintln!("skipped: not root, so no network namespace of the test's own");
+        return;
+    }
+    let port = std::sync::Arc::new(std::sync::OnceLock::<u16>::new());
+    let rule_port = port.clone();
+    in_own_network(
+        &[&format!("{SITE}/32"), &format!("{INTRANET}/32")],
+        move || {
+            let p = *rule_port.get_or_init(free_port);
+            format!(
+                "table ip portico_test {{\n  chain out {{\n    type nat hook output priority -100;\n    \
+                 ip saddr {CLIENT} tcp dport 443 redirect to :{p}\n  }}\n}}\n"
+            )
+        },
+        move || async move {
+            let tls_site = Origin::start_tls_on(
+                format!("{SITE}:443").parse().expect("addr"),
+                &["www.example"],
+                |_req| async { Response::ok("the site over TLS") },
+            )
+            .await;
+            // The same address's cleartext service: where a downgraded
+            // fetch would go.
+            let plain_site = Origin::start_on(format!("{SITE}:80").parse().expect("addr"), |_req| async {
+                Response::ok("the site's port 80")
+            })
+            .await;
+            let intranet = Origin::start_tls_on(
+                format!("{INTRANET}:443").parse().expect("addr"),
+                &["intranet.example"],
+                |_req| async { Response::ok("the intranet's secret") },
+            )
+            .await;
+            let dns = DnsServer::start();
+            dns.add("www.example", SITE.parse().expect("ip"), 60);
+            dns.add("intranet.example", INTRANET.parse().expect("ip"), 60);
+            let dir = tempfile::tempdir().expect("dir");
+            let pem = Pem::new(dir.path(), "portico", &["www.example", "intranet.example"]);
+            // The origins' self-signed certificates, trusted by Portico.
+            let trusted = dir.path().join("origins.pem");
+            let cas = [tls_site.ca_pem_path(), intranet.ca_pem_path()]
+                .map(|p| std::fs::read_to_string(p).expect("origin CA"))
+                .concat();
+            std::fs::write(&trusted, cas).expect("write origins' CAs");
+            let p = Portico::start(&format!(
+                "[[listener]]\naddress = \"127.0.0.1:{}\"\nmode = \"transparent\"\n{}\n\
+                 [access]\nallow = [\"127.0.0.0/8\"]\n\n\
+                 [origin]\nnameservers = [\"{}\"]\nca_file = \"{}\"\nsystem_roots = false\n",
+                port.get().expect("picked with the rules"),
+                cert_table(&pem),
+                dns.addr(),
+                trusted.display()
+            ))
+            .await;
+            // curl resolves the names itself (--resolve), then connects to
+            // the site's address on 443: redirected to Portico.
+            let curl = |url: &str, version: &str| {
+                let mut cmd = tokio::process::Command::new("curl");
+                cmd.args(["-s", version, "--interface", CLIENT, "--cacert"])
+                    .arg(&pem.cert)
+                    .args(["--resolve", &format!("www.example:443:{SITE}")])
+                    .args(["--resolve", &format!("intranet.example:443:{SITE}")])
+                    .args(["-o", "-", "-w", "\n%{http_code}", url]);
+                async move { String::from_utf8_lossy(&cmd.output().await.expect("curl").stdout).into_owned() }
+            };
+            for version in ["--http1.1", "--http2"] {
+                assert_eq!(
+                    curl("https://www.example/", version).await,
+                    "the site over TLS\n200",
+                    "{version}"
+                );
+                assert_eq!(
+                    curl("https://www.example:443/x", version).await,
+                    "the site over TLS\n200",
+                    "{version}"
+                );
+                // A name the redirected address is not: refused, as on a
+                // plain listener.
+                let refused = curl("https://intranet.example/", version).await;
+                assert!(refused.ends_with("\n409"), "{version}: {refused}");
+            }
+            assert_eq!(plain_site.count(), 0, "nothing fetched from port 80");
+            assert_eq!(intranet.count(), 0, "the intranet was never asked");
+            assert_eq!(tls_site.count(), 4);
+            drop(p);
         },
     );
 }

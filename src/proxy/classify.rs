@@ -93,9 +93,9 @@ fn host_only(authority: &str) -> String {
     crate::util::canonical_host(host)
 }
 
-/// Decides what the request asks for, for a listener in `mode`; the rules
-/// (`crate::rules`) then decide where it goes.
-pub fn classify(head: &RequestHead, mode: Mode) -> Result<Target, Refusal> {
+/// Decides what the request asks for, for a listener in `mode` (over TLS
+/// when `tls`); the rules (`crate::rules`) then decide where it goes.
+pub fn classify(head: &RequestHead, mode: Mode, tls: bool) -> Result<Target, Refusal> {
     if head.method == Method::CONNECT {
         if mode != Mode::Forward {
             return Err((
@@ -140,7 +140,11 @@ pub fn classify(head: &RequestHead, mode: Mode) -> Result<Target, Refusal> {
                 .filter(|h| !h.is_empty())
                 .ok_or((StatusCode::BAD_REQUEST, "no Host header to route the request by"))?;
             let target = if head.target == "*" { "/" } else { head.target.as_str() };
-            format!("http://{host}{target}")
+            // A client whose TLS connection was redirected here was speaking
+            // `https` to its origin: its request is fetched as that, on port
+            // 443, never downgraded to `http` on port 80.
+            let scheme = if tls { "https" } else { "http" };
+            format!("{scheme}://{host}{target}")
                 .parse::<Uri>()
                 .map(|u| Target::Http(HttpTarget::from_uri(u)))
                 .map_err(|_| (StatusCode::BAD_REQUEST, "invalid Host header or target"))

@@ -334,6 +334,8 @@ fn parent_credentials(
 pub(crate) struct ListenerHandler {
     /// forward | reverse | transparent.
     pub mode: Mode,
+    /// Whether the listener speaks TLS (has certificates).
+    pub tls: bool,
     /// Position of the listener in the config (for per-listener counters).
     pub index: usize,
     /// State shared by all listeners; a reload swaps in a new one. Each
@@ -354,6 +356,7 @@ impl ListenerHandler {
     ) -> Result<ListenerHandler, String> {
         Ok(ListenerHandler {
             mode: cfg.mode,
+            tls: !cfg.certificate.is_empty(),
             index,
             busy: reply::BusyPage::for_listener(cfg, server)?,
             shared,
@@ -529,7 +532,7 @@ impl ListenerHandler {
         // from `ex`, which the answer needs mutably).
         let user = ex.user.clone();
         let route_stage = crate::stats::stage(crate::stats::Stage::Route);
-        let target = match classify(&ex.head, self.mode) {
+        let target = match classify(&ex.head, self.mode, self.tls) {
             Ok(Target::Tunnel { host, port }) => {
                 let acl_host = crate::rules::tunnel_host(&host);
                 let decision = sh.acl.decide_now(&crate::acl::Request::tunnel(

@@ -70,7 +70,7 @@ impl ListenerHandler {
     ) -> Result<Option<reply::BusyPage>, crate::client_rate::RouteRefusal> {
         // A tunnel's busy page is the listener's: `busy_body` is not one
         // of the actions a CONNECT takes.
-        let (route, tunnel) = match classify(&ex.head, self.mode) {
+        let (route, tunnel) = match classify(&ex.head, self.mode, self.tls) {
             Ok(Target::Http(target)) => (self.route(ex, sh, &target), false),
             Ok(Target::Tunnel { host, port }) => (self.tunnel_route(ex, sh, &host, port), true),
             _ => return Ok(None),

@@ -381,7 +381,17 @@ impl Origin {
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::start_tls_on(loopback, &["localhost", "127.0.0.1"], handler).await
+    }
+
+    /// [`Origin::start_tls`] listening at `addr`, its certificate for `names`.
+    pub async fn start_tls_on<F, Fut>(addr: std::net::SocketAddr, names: &[&str], handler: F) -> Origin
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
+        let ck = rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .expect("rcgen: generate self-signed certificate");
         let dir = TempDir::new().expect("create temp dir for origin certificate");
         let pem_path = dir.path().join("origin-ca.pem");
@@ -395,7 +405,7 @@ impl Origin {
             .with_single_cert(vec![ck.cert.der().clone()], key.into())
             .expect("rustls: server certificate");
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let mut origin = Self::start_inner(handler, Some(TlsAcceptor::from(Arc::new(config))), "127.0.0.1").await;
+        let mut origin = Self::start_bound(handler, Some(TlsAcceptor::from(Arc::new(config))), addr).await;
         origin.ca = Some((dir, pem_path));
         origin
     }
