@@ -199,15 +199,17 @@ async fn an_https_reverse_listener_serves_from_the_cache() {
 async fn a_transparent_listener_serves_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
     let pem = Pem::new(dir.path(), "www", &["www.test"]);
-    let origin = Origin::start(|req| async move { Response::ok(format!("origin {}", req.uri.path())) }).await;
+    let origin = Origin::start_tls(|req| async move { Response::ok(format!("origin {}", req.uri.path())) }).await;
     let port = free_port();
     let config = format!(
-        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"transparent\"\n{}",
-        cert_table(&pem)
+        "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"transparent\"\n{}\n\
+         [origin]\nca_file = \"{}\"\n",
+        cert_table(&pem),
+        origin.ca_pem_path().display()
     );
     let p = Portico::start(&config).await;
-    // Redirected traffic: the client thinks it speaks to the origin, whose
-    // name (Host) says where the request goes.
+    // Redirected traffic: the client thinks it speaks TLS to the origin,
+    // whose name (Host) says where the request goes, over TLS too.
     let resolve = format!("www.test:{port}:127.0.0.1");
     let url = format!("https://www.test:{port}/t");
     let host = format!("Host: {}", origin.addr());
