@@ -347,6 +347,10 @@ fn validate(c: &Config) -> Result<(), Invalid> {
             .collect();
         return Err((path, e.message));
     }
+    // The error pages likewise: a page `run` would refuse is named now.
+    if let Err(e) = crate::proxy::ErrorPages::load(&c.error_pages.directory) {
+        return Err((vec![Key("error_pages"), Key("directory")], e));
+    }
     // ACL entries likewise (and `[access] time_zone`, which they are read in).
     if let Err(e) = crate::acl::Acl::compile(c) {
         let path = e

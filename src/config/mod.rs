@@ -60,6 +60,8 @@ pub struct Config {
     /// TLS session resumption on the listeners with certificates: the
     /// session cache and the session tickets.
     pub tls: TlsConfig,
+    /// The pages Portico answers its own errors with.
+    pub error_pages: ErrorPagesConfig,
     /// A proxy array (CARP members) and the generated PAC file; absent = neither.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub array: Option<ArrayConfig>,
@@ -85,6 +87,7 @@ impl Default for Config {
             monitor: MonitorConfig::default(),
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
+            error_pages: ErrorPagesConfig::default(),
             array: None,
         }
     }
@@ -239,6 +242,16 @@ impl Default for ListenerConfig {
             h2c: false,
         }
     }
+}
+
+/// `[error_pages]`: an administrator's pages for the errors Portico
+/// answers itself (`proxy::error_pages`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ErrorPagesConfig {
+    /// Directory of `NNN.html` pages (400 to 599) and `default.html`;
+    /// empty = the built-in page for every status.
+    pub directory: PathBuf,
 }
 
 /// `[tls]`: session resumption on every TLS listener (RFC 5077 tickets and
@@ -1700,6 +1713,7 @@ impl Config {
         if let Some(ca) = &self.origin.ca_file {
             files.push(("origin.ca_file".to_string(), ca));
         }
+        files.push(("error_pages.directory".to_string(), &self.error_pages.directory));
         for u in &self.upstream {
             if let Some(f) = &u.credentials_file {
                 files.push((format!("upstream {:?} credentials_file", u.name), f));

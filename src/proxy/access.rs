@@ -77,7 +77,14 @@ impl ListenerHandler {
             if sh.config.auth.required || value.is_some() {
                 ex.cache_result = Some(super::ACCESS_DENIED);
                 return Some(
-                    reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await,
+                    reply::auth_required(
+                        &mut ex.out,
+                        &sh.error_pages,
+                        !reverse,
+                        &sh.config.auth.realm,
+                        reply::AUTH_REQUIRED,
+                    )
+                    .await,
                 );
             }
             return None;
@@ -101,13 +108,22 @@ impl ListenerHandler {
                     groups: Vec::new(),
                 }));
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                Some(reply::auth_required(&mut ex.out, !reverse, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
+                Some(
+                    reply::auth_required(
+                        &mut ex.out,
+                        &sh.error_pages,
+                        !reverse,
+                        &sh.config.auth.realm,
+                        reply::AUTH_REQUIRED,
+                    )
+                    .await,
+                )
             }
             Err(crate::auth::Refusal::Unavailable(why)) => {
                 // Not `fail`: the error log has the episode's one line
                 // already (auth::Authenticator::check_files).
                 ex.cache_result = Some(super::ACCESS_NONE);
-                Some(reply::auth_unavailable(ex, &why).await)
+                Some(reply::auth_unavailable(ex, &sh.error_pages, &why).await)
             }
         }
     }
@@ -131,16 +147,27 @@ impl ListenerHandler {
                 let by = entry.map_or_else(|| "access.acl_default".to_string(), |i| format!("acl[{i}]"));
                 tracing::info!(client = %ex.peer.ip(), "{} {}: denied by {by}", ex.head.method, ex.head.target);
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                Some(match reply::error_page(&mut ex.out, status, &reason).await {
-                    Ok(()) => Outcome::Done,
-                    Err(_) => Outcome::Close,
-                })
+                Some(
+                    match reply::error_page(&mut ex.out, &sh.error_pages, status, &reason).await {
+                        Ok(()) => Outcome::Done,
+                        Err(_) => Outcome::Close,
+                    },
+                )
             }
             crate::acl::Decision::NeedAuth { entry } => {
                 tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
                 let proxy = tunnel || self.mode != Mode::Reverse;
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                Some(reply::auth_required(&mut ex.out, proxy, &sh.config.auth.realm, reply::AUTH_REQUIRED).await)
+                Some(
+                    reply::auth_required(
+                        &mut ex.out,
+                        &sh.error_pages,
+                        proxy,
+                        &sh.config.auth.realm,
+                        reply::AUTH_REQUIRED,
+                    )
+                    .await,
+                )
             }
         }
     }

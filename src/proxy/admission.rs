@@ -404,7 +404,7 @@ impl ListenerHandler {
             && sh.allow.allows(ex.peer.ip())
             && let Err(wait) = crate::client_rate::check(ex.peer.ip(), &mut ex.memory.request_rate)
         {
-            return too_many_requests(ex, wait, CLIENT_RATE_REFUSED).await;
+            return too_many_requests(ex, &sh.error_pages, wait, CLIENT_RATE_REFUSED).await;
         }
         // Admission: the request is in service from here until its
         // response is done, or waits in the connection queue, or (queue
@@ -417,7 +417,7 @@ impl ListenerHandler {
             None => {
                 let route_busy = match self.route_before_queue(ex, sh) {
                     Ok(page) => page,
-                    Err(refusal) => return refuse_for_route_rate(ex, refusal).await,
+                    Err(refusal) => return refuse_for_route_rate(ex, &sh.error_pages, refusal).await,
                 };
                 match queue(ex, &sh.admission, &self.busy, route_busy.as_ref()).await {
                     Ok(p) => Some(p),
@@ -445,34 +445,48 @@ const ROUTE_TOTAL_RATE_REFUSED: &str =
 /// The 429 of a routed request over its route's `request_rate`, or the
 /// 503 of one over its `total_request_rate` (both taken from, counted),
 /// or None when the route has neither or its buckets had a request.
-pub(super) async fn over_route_rate(ex: &mut Exchange<'_>, route: &crate::rules::Route) -> Option<Outcome> {
+pub(super) async fn over_route_rate(
+    ex: &mut Exchange<'_>,
+    pages: &super::ErrorPages,
+    route: &crate::rules::Route,
+) -> Option<Outcome> {
     let refusal = route.check_rates(ex.peer.ip()).err()?;
-    Some(refuse_for_route_rate(ex, refusal).await)
+    Some(refuse_for_route_rate(ex, pages, refusal).await)
 }
 
 /// The answer to a request its route's rates refused: 429 for its
 /// client's bucket; 503 for the bucket of all clients, which the client
 /// may not have overdrawn (RFC 9110 15.6.4: a temporary overload).
-async fn refuse_for_route_rate(ex: &mut Exchange<'_>, refusal: crate::client_rate::RouteRefusal) -> Outcome {
+async fn refuse_for_route_rate(
+    ex: &mut Exchange<'_>,
+    pages: &super::ErrorPages,
+    refusal: crate::client_rate::RouteRefusal,
+) -> Outcome {
     use crate::client_rate::RouteRefusal;
     let (status, wait, reason) = match refusal {
         RouteRefusal::Client(wait) => (http::StatusCode::TOO_MANY_REQUESTS, wait, ROUTE_RATE_REFUSED),
         RouteRefusal::Total(wait) => (http::StatusCode::SERVICE_UNAVAILABLE, wait, ROUTE_TOTAL_RATE_REFUSED),
     };
-    refuse_with_retry(ex, status, wait, reason).await
+    refuse_with_retry(ex, pages, status, wait, reason).await
 }
 
 /// The answer to a request over its client's rate (or its route's):
 /// 429 (RFC 6585 4) with `Retry-After` in seconds and `reason` on the
 /// page, logged as denied. A request with a body is closed after it (its
 /// body is unread), as a busy 503 is.
-async fn too_many_requests(ex: &mut Exchange<'_>, wait_secs: u64, reason: &str) -> Outcome {
-    refuse_with_retry(ex, http::StatusCode::TOO_MANY_REQUESTS, wait_secs, reason).await
+async fn too_many_requests(ex: &mut Exchange<'_>, pages: &super::ErrorPages, wait_secs: u64, reason: &str) -> Outcome {
+    refuse_with_retry(ex, pages, http::StatusCode::TOO_MANY_REQUESTS, wait_secs, reason).await
 }
 
 /// A refusal with `status`, `Retry-After` in seconds and `reason` on the
 /// page, logged as denied; closed after it when the request has a body.
-async fn refuse_with_retry(ex: &mut Exchange<'_>, status: http::StatusCode, wait_secs: u64, reason: &str) -> Outcome {
+async fn refuse_with_retry(
+    ex: &mut Exchange<'_>,
+    pages: &super::ErrorPages,
+    status: http::StatusCode,
+    wait_secs: u64,
+    reason: &str,
+) -> Outcome {
     ex.cache_result = Some(super::ACCESS_DENIED);
     let has_body = ex.head.body != crate::http1::BodyFraming::Empty;
     if has_body {
@@ -480,7 +494,7 @@ async fn refuse_with_retry(ex: &mut Exchange<'_>, status: http::StatusCode, wait
     }
     let mut headers = http::HeaderMap::new();
     headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait_secs));
-    let sent = reply::error_page_with(&mut ex.out, status, reason, headers).await;
+    let sent = reply::error_page_with(&mut ex.out, pages, status, reason, headers).await;
     if has_body || sent.is_err() {
         Outcome::Close
     } else {

@@ -13,6 +13,7 @@ pub(crate) mod access;
 pub(crate) mod admission;
 mod cache;
 pub(crate) mod classify;
+mod error_pages;
 mod forward;
 mod headers;
 mod intercepted;
@@ -22,6 +23,7 @@ mod pac;
 mod purge;
 mod route;
 
+pub use error_pages::ErrorPages;
 pub use purge::purge_running;
 pub(crate) mod reply;
 mod reply_acl;
@@ -102,6 +104,8 @@ pub(crate) struct Shared {
     pub blocking: BlockingPool,
     /// Basic authentication and the user cache, when `[auth]` names an htpasswd file.
     pub auth: Option<Arc<crate::auth::Authenticator>>,
+    /// The pages Portico's own errors are answered with (`[error_pages]`).
+    pub error_pages: ErrorPages,
 }
 
 impl Shared {
@@ -159,6 +163,8 @@ impl Shared {
         // Groups are built in config order, which is how rules name them.
         let rules = Rules::compile(&config).map_err(|e| e.to_string())?;
         let acl = crate::acl::Acl::compile(&config).map_err(|e| e.to_string())?;
+        let error_pages =
+            ErrorPages::load(&config.error_pages.directory).map_err(|e| format!("error_pages.directory: {e}"))?;
         // Admission, the keep-alive set and the blocking pool belong to the
         // process: a reload keeps them (and their counters); their limits
         // need a restart (`reload::keep_restart_only`).
@@ -292,6 +298,7 @@ impl Shared {
         Ok(Shared {
             array,
             auth,
+            error_pages,
             stats,
             admission,
             keepalive,
@@ -428,13 +435,13 @@ impl Handler for ListenerHandler {
 
     async fn reject(&self, mut rej: RejectInfo<'_>) {
         tracing::warn!(client = %rej.peer.ip(), status = rej.error.status.as_u16(), "rejected request: {} ({:?})", rej.error.reason, rej.first_line);
-        let _ = reply::error_page(&mut rej.out, rej.error.status, rej.error.reason).await;
+        let sh = self.shared.load();
+        let _ = reply::error_page(&mut rej.out, &sh.error_pages, rej.error.status, rej.error.reason).await;
         let line = if rej.first_line.is_empty() {
             "-".to_string()
         } else {
             rej.first_line.clone()
         };
-        let sh = self.shared.load();
         sh.stats.rejected(rej.error.status.as_u16());
         sh.access_log.record(&AccessRecord {
             client: rej.peer.ip(),
@@ -506,7 +513,7 @@ impl ListenerHandler {
             // its credentials to whatever script sent it (cross-site tracing).
             tracing::info!(client = %ex.peer.ip(), "TRACE {}: refused (proxy.allow_trace = false)", ex.head.target);
             ex.cache_result = Some(ACCESS_NONE);
-            return reply::trace_refused(ex).await;
+            return reply::trace_refused(ex, &sh.error_pages).await;
         }
         if (ex.head.method == Method::TRACE || ex.head.method == Method::OPTIONS)
             && headers::max_forwards(&ex.head.headers) == Some(0)
@@ -566,7 +573,7 @@ impl ListenerHandler {
                         )
                         .await;
                 }
-                if let Some(outcome) = admission::over_route_rate(ex, &route).await {
+                if let Some(outcome) = admission::over_route_rate(ex, &sh.error_pages, &route).await {
                     return outcome;
                 }
                 let parent = route.upstream.filter(|&g| sh.groups.get(g).is_some_and(|g| g.parent));
@@ -660,12 +667,12 @@ impl ListenerHandler {
         }
         if let Some(redirect) = &route.redirect {
             ex.cache_result = Some(ACCESS_REDIRECT);
-            return reply::redirect(ex, redirect).await;
+            return reply::redirect(ex, &sh.error_pages, redirect).await;
         }
         // Past the answers a rule gives itself (as nginx's `return` comes
         // before `limit_req`). The member in front counted a forwarded
         // request (the check exempts the members' addresses).
-        if let Some(outcome) = admission::over_route_rate(ex, &route).await {
+        if let Some(outcome) = admission::over_route_rate(ex, &sh.error_pages, &route).await {
             return outcome;
         }
         for e in &route.request_headers {
@@ -819,7 +826,10 @@ impl ListenerHandler {
         if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE {
             ex.out.close_after();
         }
-        match reply::error_page(&mut ex.out, status, reason).await {
+        // The pages in force now: a reload since the request began gives
+        // the newer ones, as it would to the next request.
+        let pages = &self.shared.load().error_pages;
+        match reply::error_page(&mut ex.out, pages, status, reason).await {
             Ok(()) => Outcome::Done,
             Err(_) => Outcome::Close,
         }

@@ -168,9 +168,9 @@ fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
 }
 
 /// A monitoring request refused: 403 with `why`, counted as denied.
-async fn forbidden(ex: &mut Exchange<'_>, why: &str) -> Outcome {
+async fn forbidden(ex: &mut Exchange<'_>, sh: &Shared, why: &str) -> Outcome {
     ex.cache_result = Some(super::ACCESS_DENIED);
-    match super::reply::error_page(&mut ex.out, StatusCode::FORBIDDEN, why).await {
+    match super::reply::error_page(&mut ex.out, &sh.error_pages, StatusCode::FORBIDDEN, why).await {
         Ok(()) | Err(_) => Outcome::Close,
     }
 }
@@ -182,12 +182,13 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     ex.out.close_after();
     if !sh.admin.allows(ex.peer.ip()) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request refused: {}", ex.head.target);
-        return forbidden(ex, "monitoring is allowed only from access.admin_allow addresses").await;
+        return forbidden(ex, sh, "monitoring is allowed only from access.admin_allow addresses").await;
     }
     if !host_may_name_us(&ex.head, &sh.config.monitor.hosts) {
         tracing::warn!(client = %ex.peer.ip(), "monitoring request for another host name refused: {:?}", ex.head.headers.get(http::header::HOST));
         return forbidden(
             ex,
+            sh,
             "the monitoring pages answer to an address, localhost, this machine's name or monitor.hosts",
         )
         .await;
@@ -209,6 +210,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
             tracing::warn!(client = %ex.peer.ip(), "/nsc: an action asked by another site's page refused");
             return forbidden(
                 ex,
+                sh,
                 "the cache is not stopped, started or restarted from another site's page",
             )
             .await;
@@ -225,7 +227,7 @@ pub async fn serve(ep: Endpoint, query: &str, ex: &mut Exchange<'_>, sh: &Shared
     let figures = match figures(sh, query).await {
         Ok(f) => f,
         Err(why) => {
-            return match super::reply::error_page(&mut ex.out, StatusCode::NOT_FOUND, &why).await {
+            return match super::reply::error_page(&mut ex.out, &sh.error_pages, StatusCode::NOT_FOUND, &why).await {
                 Ok(()) | Err(_) => Outcome::Close,
             };
         }

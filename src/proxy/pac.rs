@@ -63,12 +63,26 @@ pub(super) async fn serve(ex: &mut Exchange<'_>, sh: &Shared, mode: Mode) -> Out
     if !sh.allow.allows(ip) && !sh.admin.allows(ip) {
         tracing::warn!(client = %ip, "PAC file request refused: {}", ex.head.target);
         ex.cache_result = Some(super::ACCESS_DENIED);
-        return match super::reply::error_page(&mut ex.out, StatusCode::FORBIDDEN, "Cache access denied").await {
+        return match super::reply::error_page(
+            &mut ex.out,
+            &sh.error_pages,
+            StatusCode::FORBIDDEN,
+            "Cache access denied",
+        )
+        .await
+        {
             Ok(()) | Err(_) => Outcome::Close,
         };
     }
     let Some(body) = crate::array::pac_file(&sh.config, ex.local.get(), mode) else {
-        return match super::reply::error_page(&mut ex.out, StatusCode::NOT_FOUND, "no PAC file is configured").await {
+        return match super::reply::error_page(
+            &mut ex.out,
+            &sh.error_pages,
+            StatusCode::NOT_FOUND,
+            "no PAC file is configured",
+        )
+        .await
+        {
             Ok(()) | Err(_) => Outcome::Close,
         };
     };

@@ -1,6 +1,7 @@
 //! Responses Portico makes itself: error pages, busy (503) pages and the
 //! `Max-Forwards: 0` answers to TRACE and OPTIONS.
 
+use super::ErrorPages;
 use crate::config::{ListenerConfig, ServerConfig};
 use crate::http1::{Exchange, Outcome, ResponseWriter};
 use bytes::Bytes;
@@ -12,26 +13,28 @@ const ALLOW_ALL: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH, CO
 /// The same without TRACE, when `proxy.allow_trace` is off.
 const ALLOW_NO_TRACE: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
-/// Sends a short HTML error page naming the reason.
-pub async fn error_page(out: &mut ResponseWriter<'_>, status: StatusCode, reason: &str) -> std::io::Result<()> {
-    error_page_with(out, status, reason, HeaderMap::new()).await
+/// Sends the error page for `status` (`pages`: the built-in one or
+/// `[error_pages]`'s) saying the reason.
+pub async fn error_page(
+    out: &mut ResponseWriter<'_>,
+    pages: &ErrorPages,
+    status: StatusCode,
+    reason: &str,
+) -> std::io::Result<()> {
+    error_page_with(out, pages, status, reason, HeaderMap::new()).await
 }
 
 /// [`error_page`] with extra header fields (`Allow` for a 405).
 pub async fn error_page_with(
     out: &mut ResponseWriter<'_>,
+    pages: &ErrorPages,
     status: StatusCode,
     reason: &str,
     mut headers: HeaderMap,
 ) -> std::io::Result<()> {
-    let title = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or("Error"));
-    let body = format!(
-        "<!DOCTYPE html>\n<html><head><title>{title}</title></head>\n<body><h1>{title}</h1>\n<p>{}</p>\n<hr><address>portico</address></body></html>\n",
-        crate::util::html_escape(reason)
-    );
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    out.send_full(status, headers, Bytes::from(body)).await
+    out.send_full(status, headers, pages.body(status, reason)).await
 }
 
 /// Asks the client to authenticate, with a Basic challenge (RFC 7617):
@@ -46,7 +49,13 @@ pub async fn error_page_with(
 /// talks to the origin, gives 401 with `WWW-Authenticate` (RFC 9110 11.6,
 /// 11.7). `realm` is `[auth] realm`, checked at load time to need no
 /// escaping.
-pub async fn auth_required(out: &mut ResponseWriter<'_>, proxy: bool, realm: &str, reason: &str) -> Outcome {
+pub async fn auth_required(
+    out: &mut ResponseWriter<'_>,
+    pages: &ErrorPages,
+    proxy: bool,
+    realm: &str,
+    reason: &str,
+) -> Outcome {
     let (status, name) = if proxy {
         (
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
@@ -59,7 +68,7 @@ pub async fn auth_required(out: &mut ResponseWriter<'_>, proxy: bool, realm: &st
     let challenge = HeaderValue::from_str(&format!("Basic realm=\"{realm}\", charset=\"UTF-8\""))
         .unwrap_or_else(|_| HeaderValue::from_static("Basic realm=\"Portico\""));
     headers.insert(name, challenge);
-    match error_page_with(out, status, reason, headers).await {
+    match error_page_with(out, pages, status, reason, headers).await {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
@@ -80,9 +89,9 @@ pub const AUTH_UNAVAILABLE: &str =
 /// password that cannot help. The page says so in general words
 /// ([`AUTH_UNAVAILABLE`]); the cause `why` goes to the error log at debug
 /// level (the episode's one warning is `auth::Authenticator`'s).
-pub async fn auth_unavailable(ex: &mut Exchange<'_>, why: &str) -> Outcome {
+pub async fn auth_unavailable(ex: &mut Exchange<'_>, pages: &ErrorPages, why: &str) -> Outcome {
     tracing::debug!(client = %ex.peer.ip(), "{} {}: 503, {why}", ex.head.method, ex.head.target);
-    match error_page(&mut ex.out, StatusCode::SERVICE_UNAVAILABLE, AUTH_UNAVAILABLE).await {
+    match error_page(&mut ex.out, pages, StatusCode::SERVICE_UNAVAILABLE, AUTH_UNAVAILABLE).await {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
@@ -90,11 +99,11 @@ pub async fn auth_unavailable(ex: &mut Exchange<'_>, why: &str) -> Outcome {
 
 /// TRACE while `proxy.allow_trace` is off: 405 with the methods that are
 /// allowed. Nothing of the request is echoed, and nothing is forwarded.
-pub async fn trace_refused(ex: &mut Exchange<'_>) -> Outcome {
+pub async fn trace_refused(ex: &mut Exchange<'_>, pages: &ErrorPages) -> Outcome {
     let mut headers = HeaderMap::new();
     headers.insert(ALLOW, HeaderValue::from_static(ALLOW_NO_TRACE));
     let reason = "TRACE is not allowed on this proxy (proxy.allow_trace = false)";
-    match error_page_with(&mut ex.out, StatusCode::METHOD_NOT_ALLOWED, reason, headers).await {
+    match error_page_with(&mut ex.out, pages, StatusCode::METHOD_NOT_ALLOWED, reason, headers).await {
         Ok(()) => Outcome::Done,
         Err(_) => Outcome::Close,
     }
@@ -194,10 +203,10 @@ pub async fn busy(out: &mut ResponseWriter<'_>, page: &BusyPage, route_page: Opt
 }
 
 /// A redirect chosen by a routing rule: `Location` and a short HTML body.
-pub async fn redirect(ex: &mut Exchange<'_>, redirect: &crate::rules::Redirect) -> Outcome {
+pub async fn redirect(ex: &mut Exchange<'_>, pages: &ErrorPages, redirect: &crate::rules::Redirect) -> Outcome {
     let Ok(location) = HeaderValue::from_str(&redirect.location) else {
         let reason = "a routing rule produced an invalid redirect location";
-        return match error_page(&mut ex.out, StatusCode::INTERNAL_SERVER_ERROR, reason).await {
+        return match error_page(&mut ex.out, pages, StatusCode::INTERNAL_SERVER_ERROR, reason).await {
             Ok(()) => Outcome::Done,
             Err(_) => Outcome::Close,
         };

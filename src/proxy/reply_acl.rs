@@ -31,7 +31,7 @@ pub(super) async fn refuse(out: &mut ResponseWriter<'_>, sh: &Shared, head: &Req
         why.entry,
         why.types
     );
-    if crate::proxy::reply::error_page(out, why.status, &why.reason)
+    if crate::proxy::reply::error_page(out, &sh.error_pages, why.status, &why.reason)
         .await
         .is_err()
     {

@@ -93,6 +93,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         ex.out.close_after();
         let _ = error_page(
             &mut ex.out,
+            &sh.error_pages,
             StatusCode::FORBIDDEN,
             "CONNECT to this port is not allowed",
         )
@@ -121,7 +122,7 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
             };
             tracing::warn!(client = %ex.peer.ip(), "CONNECT {host}:{port}: {e}");
             ex.out.close_after();
-            let _ = error_page(&mut ex.out, status, &e.to_string()).await;
+            let _ = error_page(&mut ex.out, &sh.error_pages, status, &e.to_string()).await;
             return Outcome::Close;
         }
     };
