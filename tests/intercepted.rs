@@ -298,31 +298,42 @@ fn a_redirected_tls_connection_is_fetched_over_https_from_where_its_client_was_c
             .await;
             // curl resolves the names itself (--resolve), then connects to
             // the site's address on 443: redirected to Portico.
-            let curl = |url: &str, version: &str| {
+            let curl = |version: &str, extra: &[&str]| {
                 let mut cmd = tokio::process::Command::new("curl");
                 cmd.args(["-s", version, "--interface", CLIENT, "--cacert"])
                     .arg(&pem.cert)
                     .args(["--resolve", &format!("www.example:443:{SITE}")])
                     .args(["--resolve", &format!("intranet.example:443:{SITE}")])
-                    .args(["-o", "-", "-w", "\n%{http_code}", url]);
+                    .args(["-o", "-", "-w", "\n%{http_code}"])
+                    .args(extra);
                 async move { String::from_utf8_lossy(&cmd.output().await.expect("curl").stdout).into_owned() }
             };
             for version in ["--http1.1", "--http2"] {
-                assert_eq!(
-                    curl("https://www.example/", version).await,
-                    "the site over TLS\n200",
-                    "{version}"
-                );
-                assert_eq!(
-                    curl("https://www.example:443/x", version).await,
-                    "the site over TLS\n200",
-                    "{version}"
-                );
-                // A name the redirected address is not: refused, as on a
-                // plain listener.
-                let refused = curl("https://intranet.example/", version).await;
-                assert!(refused.ends_with("\n409"), "{version}: {refused}");
+                // The site, its port left out or written (curl leaves the
+                // default port out of Host, so it is set here).
+                for extra in [
+                    &["https://www.example/"][..],
+                    &["-H", "Host: www.example:443", "https://www.example/x"],
+                ] {
+                    let answer = curl(version, extra).await;
+                    assert_eq!(answer, "the site over TLS\n200", "{version} {extra:?}");
+                }
+                // A name the redirected address is not, another port, or an
+                // http URL (port 80, in cleartext): refused, nothing fetched.
+                for extra in [
+                    &["https://intranet.example/"][..],
+                    &["-H", "Host: www.example:80", "https://www.example/"],
+                ] {
+                    let refused = curl(version, extra).await;
+                    assert!(refused.ends_with("\n409"), "{version} {extra:?}: {refused}");
+                }
             }
+            let refused = curl(
+                "--http1.1",
+                &["--request-target", "http://www.example/", "https://www.example/"],
+            )
+            .await;
+            assert!(refused.ends_with("\n409"), "absolute http URL: {refused}");
             assert_eq!(plain_site.count(), 0, "nothing fetched from port 80");
             assert_eq!(intranet.count(), 0, "the intranet was never asked");
             assert_eq!(tls_site.count(), 4);

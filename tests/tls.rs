@@ -203,13 +203,15 @@ async fn a_transparent_listener_serves_over_tls() {
     let port = free_port();
     let config = format!(
         "[[listener]]\naddress = \"127.0.0.1:{port}\"\nmode = \"transparent\"\n{}\n\
-         [origin]\nca_file = \"{}\"\n",
+         [origin]\nca_file = \"{}\"\n\n\
+         [log]\naccess = \"{{dir}}/access.log\"\nformat = \"squid\"\n",
         cert_table(&pem),
         origin.ca_pem_path().display()
     );
     let p = Portico::start(&config).await;
-    // Redirected traffic: the client thinks it speaks TLS to the origin,
-    // whose name (Host) says where the request goes, over TLS too.
+    // Traffic as a redirected client sends it (without the NAT rule, which
+    // tests/intercepted.rs has): the client thinks it speaks TLS to the
+    // origin, whose name (Host) says where the request goes, over TLS too.
     let resolve = format!("www.test:{port}:127.0.0.1");
     let url = format!("https://www.test:{port}/t");
     let host = format!("Host: {}", origin.addr());
@@ -218,6 +220,10 @@ async fn a_transparent_listener_serves_over_tls() {
     assert!(out.status.success(), "{}\n{}", stderr(&out), p.stderr());
     assert_eq!(stdout(&out), "origin /t");
     assert_eq!(origin.count(), 1);
+    // Squid's format logs the URL it was: https.
+    let url = format!(" GET https://{}/t ", origin.addr());
+    let log = common::access_log_with(p.dir(), &url).await;
+    assert!(log.contains(&url), "{log}");
 }
 
 /// The subject line `openssl s_client` prints for the certificate the

@@ -44,6 +44,9 @@ pub struct AccessRecord<'a> {
     pub hierarchy: Option<&'a str>,
     /// The request's header fields, for `%{Name}i` in custom formats.
     pub headers: Option<&'a HeaderMap>,
+    /// The request came over TLS: the Squid format's URL of a path-only
+    /// target is `https://`.
+    pub tls: bool,
 }
 
 /// Writer counters, shared with the statistics.
@@ -488,17 +491,21 @@ fn parts(line: &str) -> (&str, &str, &str) {
 /// The URL Squid's format logs: the target as sent for a forward-proxy
 /// request (`http://h/x`) or CONNECT (`h:443`), and for the path-only
 /// target of a reverse or transparent listener (`/x`), the full URL rebuilt
-/// from `Host` as Squid logs it (`http://h/x`). A `Host` that is not one
+/// from `Host` as Squid logs it (`http://h/x`, `https://h/x` over TLS:
+/// `tls`). A `Host` that is not one
 /// plain token (spaces, control bytes, a `/`) is not trusted to build a URL
 /// from: the path is logged alone rather than a line that splits wrongly.
-fn absolute_url<'t>(target: &'t str, headers: Option<&HeaderMap>) -> std::borrow::Cow<'t, str> {
+fn absolute_url<'t>(target: &'t str, headers: Option<&HeaderMap>, tls: bool) -> std::borrow::Cow<'t, str> {
     let host = headers
         .and_then(|h| h.get(http::header::HOST))
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic() && b != b'/'));
     match host {
-        Some(host) if target.starts_with('/') => format!("http://{host}{target}").into(),
+        Some(host) if target.starts_with('/') => {
+            let scheme = if tls { "https" } else { "http" };
+            format!("{scheme}://{host}{target}").into()
+        }
         _ => target.into(),
     }
 }
@@ -566,7 +573,7 @@ fn format_line(format: LogFormat, custom: &[Token], r: &AccessRecord<'_>, client
                 r.status,
                 r.bytes,
                 escaped(method),
-                escaped(&absolute_url(target, r.headers)),
+                escaped(&absolute_url(target, r.headers, r.tls)),
                 user,
                 hier
             )
@@ -628,6 +635,7 @@ mod tests {
             cache: Some("HIT"),
             hierarchy: None,
             headers: None,
+            tls: false,
         }
     }
 
@@ -707,11 +715,19 @@ mod tests {
     fn squid_logs_the_full_url_of_a_path_only_target_from_host() {
         let mut headers = HeaderMap::new();
         headers.insert("host", "www.example.com:8000".parse().unwrap());
-        assert_eq!(absolute_url("/a?b", Some(&headers)), "http://www.example.com:8000/a?b");
+        assert_eq!(
+            absolute_url("/a?b", Some(&headers), false),
+            "http://www.example.com:8000/a?b"
+        );
+        // Over TLS (an HTTPS reverse or transparent listener).
+        assert_eq!(
+            absolute_url("/a?b", Some(&headers), true),
+            "https://www.example.com:8000/a?b"
+        );
         // Already absolute (forward proxy) or authority-form (CONNECT): as sent.
-        assert_eq!(absolute_url("http://h/x", Some(&headers)), "http://h/x");
-        assert_eq!(absolute_url("h:443", Some(&headers)), "h:443");
-        assert_eq!(absolute_url("/x", None), "/x");
+        assert_eq!(absolute_url("http://h/x", Some(&headers), true), "http://h/x");
+        assert_eq!(absolute_url("h:443", Some(&headers), false), "h:443");
+        assert_eq!(absolute_url("/x", None, false), "/x");
     }
 
     #[test]
@@ -719,11 +735,11 @@ mod tests {
         for bad in ["a b", "a/b", "", "a\tb"] {
             let mut headers = HeaderMap::new();
             headers.insert("host", http::HeaderValue::from_str(bad).unwrap());
-            assert_eq!(absolute_url("/x", Some(&headers)), "/x", "{bad:?}");
+            assert_eq!(absolute_url("/x", Some(&headers), false), "/x", "{bad:?}");
         }
         let mut headers = HeaderMap::new();
         headers.insert("host", http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
-        assert_eq!(absolute_url("/x", Some(&headers)), "/x");
+        assert_eq!(absolute_url("/x", Some(&headers), false), "/x");
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl HttpTarget {
 }
 
 /// The port an authority names, if it names one.
-pub fn explicit_port(authority: &str) -> Option<u16> {
+fn explicit_port(authority: &str) -> Option<u16> {
     let port = if authority.starts_with('[') {
         authority.split_once("]:").map(|(_, p)| p)
     } else {
@@ -207,6 +207,27 @@ mod tests {
         assert_eq!(host_only("2130706433:80"), "127.0.0.1");
         assert_eq!(host_only("[::ffff:127.0.0.1]:80"), "127.0.0.1");
         assert_eq!(host_only("[0::1]"), "[::1]");
+    }
+
+    #[test]
+    fn a_transparent_listeners_origin_form_request_is_https_over_tls() {
+        let mut head = RequestHead {
+            method: Method::GET,
+            target: "/x?y".to_string(),
+            version: http::Version::HTTP_11,
+            headers: http::HeaderMap::new(),
+            body: crate::http1::BodyFraming::Empty,
+            keep_alive: true,
+            expect_continue: false,
+        };
+        head.headers
+            .insert(http::header::HOST, http::HeaderValue::from_static("www.example"));
+        let url = |tls| match classify(&head, Mode::Transparent, tls) {
+            Ok(Target::Http(t)) => (t.scheme, t.port, t.path_and_query),
+            _ => panic!("not an HTTP target"),
+        };
+        assert_eq!(url(true), ("https", 443, "/x?y".to_string()));
+        assert_eq!(url(false), ("http", 80, "/x?y".to_string()));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!
 //! So a request on a redirected connection (`http1::LocalAddr::
 //! redirected_from`, over HTTP/1 or HTTP/2) must name the address it was
-//! redirected from: the port it names, if it names one, that port; its
+//! redirected from: its URL's port (the scheme's default when it names
+//! none: 80, or 443 for the `https` URLs of a TLS listener) that port; its
 //! host that address or a name that resolves to it (with the resolver
 //! origins are fetched with). Otherwise it is answered `409 Conflict`, as
 //! Squid answers with `host_verify_strict on`. One that does is fetched
@@ -24,24 +25,22 @@
 
 use std::net::SocketAddr;
 
-/// Why a request for `host` (and `port`, when it names one) on a
-/// connection redirected from `original` does not name it: None when it
-/// does. A port left to the scheme's default is not compared: a TLS
-/// listener's client redirected from port 443 names none. `resolve` gives
-/// the addresses of a name (none when it does not resolve).
-pub async fn mismatch<F, Fut>(host: &str, port: Option<u16>, original: SocketAddr, resolve: F) -> Option<String>
+/// Why a request for `host` on `port` (its URL's, the scheme's default
+/// when it names none) on a connection redirected from `original` does
+/// not name it: None when it does. The default port is compared too: an
+/// `http://` URL on a TLS connection redirected from port 443 would be
+/// fetched in cleartext from port 80. `resolve` gives the addresses of a
+/// name (none when it does not resolve).
+pub async fn mismatch<F, Fut>(host: &str, port: u16, original: SocketAddr, resolve: F) -> Option<String>
 where
     F: FnOnce(String, u16) -> Fut,
     Fut: std::future::Future<Output = Vec<SocketAddr>>,
 {
-    if let Some(port) = port
-        && port != original.port()
-    {
+    if port != original.port() {
         return Some(format!(
-            "the request names port {port}, and its redirected connection was to {original}"
+            "the request is for port {port}, and its redirected connection was to {original}"
         ));
     }
-    let port = port.unwrap_or(original.port());
     let wanted = original.ip().to_canonical();
     if let Some(ip) = crate::util::host_ip(host) {
         return (ip.to_canonical() != wanted)
@@ -68,8 +67,7 @@ mod tests {
         "192.0.2.7:80".parse().unwrap()
     }
 
-    async fn check(host: &str, port: impl Into<Option<u16>>, answers: &[&str]) -> Option<String> {
-        let port = port.into();
+    async fn check(host: &str, port: u16, answers: &[&str]) -> Option<String> {
         let answers: Vec<SocketAddr> = answers.iter().map(|a| a.parse().unwrap()).collect();
         mismatch(host, port, original(), |_, _| async move { answers }).await
     }
@@ -102,9 +100,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_port_left_to_the_default_is_not_compared() {
-        assert_eq!(check("www.example", None, &["192.0.2.7:80"]).await, None);
-        assert!(check("intranet.example", None, &["10.0.0.5:80"]).await.is_some());
+    async fn the_default_port_is_compared_too() {
+        // `http://www.example/` on a connection redirected from port 443.
+        let from_443: SocketAddr = "192.0.2.7:443".parse().unwrap();
+        let why = mismatch("www.example", 80, from_443, |_, _| async { vec![from_443] })
+            .await
+            .expect("a mismatch");
+        assert!(why.contains("port 80") && why.contains("192.0.2.7:443"), "{why}");
+        assert_eq!(
+            mismatch("www.example", 443, from_443, |_, _| async { vec![from_443] }).await,
+            None
+        );
     }
 
     #[tokio::test]

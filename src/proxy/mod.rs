@@ -381,7 +381,9 @@ impl Handler for ListenerHandler {
         // client does not have. `serve` answers it 508 (forwarding loop)
         // before anything else, PURGE included.
         let looped = headers::via_contains(&ex.head.headers, &sh.config.proxy.via);
-        if !looped && let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, &ex.local, self.mode) {
+        if !looped
+            && let Some((ep, query)) = monitor::endpoint(&sh.config.monitor, &ex.head, &ex.local, self.mode, self.tls)
+        {
             // Before admission, so the statistics can be read when the
             // server is saturated; kept out of the request counters (and
             // closed after, out of the keep-alive ones), so reading them
@@ -391,7 +393,7 @@ impl Handler for ListenerHandler {
             self.log(ex, &sh, started);
             return outcome;
         }
-        if !looped && pac::wanted(&sh, ex, self.mode) {
+        if !looped && pac::wanted(&sh, ex, self.mode, self.tls) {
             // As a monitoring page: before admission, out of the request counters.
             sh.stats.admin_request();
             let outcome = Box::pin(pac::serve(ex, &sh, self.mode)).await;
@@ -456,6 +458,7 @@ impl Handler for ListenerHandler {
             cache: Some(ACCESS_NONE),
             hierarchy: None,
             headers: None,
+            tls: self.tls,
         });
     }
 }
@@ -619,8 +622,7 @@ impl ListenerHandler {
             && let Some(original) = ex.local.redirected_from()
         {
             let resolve = |host: String, port: u16| async move { sh.direct.resolve(&host, port).await };
-            let port = classify::explicit_port(&target.authority);
-            if let Some(why) = intercepted::mismatch(&target.host, port, original, resolve).await {
+            if let Some(why) = intercepted::mismatch(&target.host, target.port, original, resolve).await {
                 drop(route_stage);
                 return self.refuse(ex, ACCESS_DENIED, StatusCode::CONFLICT, &why).await;
             }
@@ -862,6 +864,7 @@ impl ListenerHandler {
             cache: ex.cache_result,
             hierarchy: ex.hierarchy.as_deref(),
             headers: Some(&h.headers),
+            tls: self.tls,
         });
     }
 }

@@ -98,6 +98,13 @@ fn machine_name() -> Option<&'static str> {
     .as_deref()
 }
 
+/// The port a URL that names none is for: 443 for `https` (and an
+/// origin-form request on a TLS transparent listener, which `classify`
+/// makes `https`), else 80.
+pub(super) fn default_port(https: bool) -> u16 {
+    if https { 443 } else { 80 }
+}
+
 /// True if `authority` (`host[:port]`, default port `default_port`) names
 /// the listener at `local`.
 pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, local: SocketAddr) -> bool {
@@ -111,13 +118,16 @@ pub(super) fn names_us(authority: &http::uri::Authority, default_port: u16, loca
 }
 
 /// The endpoint and query string a request names, if it names one. On a
-/// transparent listener an origin-form request belongs to the site in its
-/// `Host`, so it is ours only when that `Host` names the listener itself.
+/// transparent listener (over TLS when `tls`) an origin-form request
+/// belongs to the site in its `Host`, so it is ours only when that `Host`
+/// names the listener itself (port 443 when it names none over TLS, as
+/// the request's URL would be `https`).
 pub fn endpoint(
     cfg: &MonitorConfig,
     head: &RequestHead,
     local: &LocalAddr<'_>,
     mode: Mode,
+    tls: bool,
 ) -> Option<(Endpoint, String)> {
     if head.method != Method::GET && head.method != Method::HEAD {
         return None;
@@ -126,18 +136,14 @@ pub fn endpoint(
     let path_and_query = if target.starts_with('/') {
         if mode == Mode::Transparent {
             let host = head.headers.get(http::header::HOST)?.to_str().ok()?;
-            if !names_us(&host.parse().ok()?, 80, local.get()) {
+            if !names_us(&host.parse().ok()?, default_port(tls), local.get()) {
                 return None;
             }
         }
         target
     } else {
         let uri: http::Uri = target.parse().ok()?;
-        let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
-            443
-        } else {
-            80
-        };
+        let default_port = default_port(uri.scheme() == Some(&http::uri::Scheme::HTTPS));
         if !names_us(uri.authority()?, default_port, local.get()) {
             return None;
         }
@@ -715,7 +721,7 @@ mod tests {
     fn finds_endpoints_in_origin_and_own_absolute_form() {
         let cfg = MonitorConfig::default();
         let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), &LocalAddr::known(local), Mode::Forward);
+        let ep = |m: Method, t: &str| endpoint(&cfg, &head(m, t), &LocalAddr::known(local), Mode::Forward, false);
         assert_eq!(
             ep(Method::GET, "/.perf?refresh=5"),
             Some((Endpoint::Perf, "refresh=5".into()))
@@ -743,22 +749,40 @@ mod tests {
                 &off,
                 &head(Method::GET, "/.perf"),
                 &LocalAddr::known(local),
-                Mode::Forward
+                Mode::Forward,
+                false
             ),
             None
         );
         // Transparent: only with a Host naming the listener.
         let mut h = head(Method::GET, "/.perf");
-        assert_eq!(endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent), None);
+        assert_eq!(
+            endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent, false),
+            None
+        );
         h.headers
             .insert(http::header::HOST, HeaderValue::from_static("example.com"));
-        assert_eq!(endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent), None);
+        assert_eq!(
+            endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent, false),
+            None
+        );
         h.headers
             .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
         assert_eq!(
-            endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent).map(|x| x.0),
+            endpoint(&cfg, &h, &LocalAddr::known(local), Mode::Transparent, false).map(|x| x.0),
             Some(Endpoint::Perf)
         );
+        // A TLS transparent listener on port 443: a Host without a port
+        // names it (the URL is `https`), one with port 80 does not.
+        let tls_local: SocketAddr = "127.0.0.1:443".parse().unwrap();
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1"));
+        let on_tls = |h: &RequestHead, tls| endpoint(&cfg, h, &LocalAddr::known(tls_local), Mode::Transparent, tls);
+        assert_eq!(on_tls(&h, true).map(|x| x.0), Some(Endpoint::Perf));
+        assert_eq!(on_tls(&h, false), None);
+        h.headers
+            .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1:80"));
+        assert_eq!(on_tls(&h, true), None);
     }
 
     #[test]

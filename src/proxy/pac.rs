@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 /// True if the request asks for the PAC file: GET or HEAD of `pac_path`,
 /// origin-form (on a transparent listener, with a `Host` naming the
 /// listener) or absolute-form naming the listener itself.
-pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode) -> bool {
+pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode, tls: bool) -> bool {
     let Some(a) = &sh.config.array else {
         return false;
     };
@@ -30,7 +30,7 @@ pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode) -> bool {
                 .get(http::header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .and_then(|h| h.parse().ok())
-                .is_some_and(|auth| super::monitor::names_us(&auth, 80, ex.local.get()));
+                .is_some_and(|auth| super::monitor::names_us(&auth, super::monitor::default_port(tls), ex.local.get()));
             if !names_us {
                 return false;
             }
@@ -40,11 +40,7 @@ pub(super) fn wanted(sh: &Shared, ex: &Exchange<'_>, mode: Mode) -> bool {
         let Ok(uri) = target.parse::<http::Uri>() else {
             return false;
         };
-        let default_port = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
-            443
-        } else {
-            80
-        };
+        let default_port = super::monitor::default_port(uri.scheme() == Some(&http::uri::Scheme::HTTPS));
         if !uri
             .authority()
             .is_some_and(|auth| super::monitor::names_us(auth, default_port, ex.local.get()))

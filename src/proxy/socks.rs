@@ -229,6 +229,7 @@ impl ListenerHandler {
             cache: s.cache,
             hierarchy: s.hierarchy.as_deref(),
             headers: None,
+            tls: false,
         });
         sh.stats.end(&http::Method::CONNECT, s.status, s.up, s.down);
     }
