@@ -276,6 +276,20 @@ pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path
     if let Some(path) = config_file {
         files.insert(0, ("the configuration file".to_string(), path.to_path_buf()));
     }
+    // Each error page is read, not only the directory listed: a page only
+    // root may read fails the reload as surely as the directory would.
+    let pages = &config.error_pages.directory;
+    if !pages.as_os_str().is_empty()
+        && let Ok(entries) = std::fs::read_dir(pages)
+    {
+        files.extend(
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| crate::proxy::ErrorPages::is_page_name(p))
+                .map(|p| ("an error page of error_pages.directory".to_string(), p)),
+        );
+    }
     if files.is_empty() {
         return Vec::new();
     }
@@ -288,7 +302,8 @@ pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path
             as_user_for_files(&target)?;
             Ok(files
                 .into_iter()
-                .filter_map(|(key, path)| match std::fs::File::open(&path) {
+                // Without blocking on a FIFO (refused when read for real).
+                .filter_map(|(key, path)| match open_nonblocking(&path) {
                     Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some((key, path, e)),
                     _ => None,
                 })
@@ -314,6 +329,14 @@ pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path
             "cannot check which of the files the configuration names server.user {user:?} can read: {e}"
         )],
     }
+}
+
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// Gives the calling thread, and only it, `t`'s identity for file access:

@@ -276,6 +276,43 @@ pub(crate) fn log_due(last: &std::sync::atomic::AtomicU64) -> bool {
     last.swap(now, Ordering::Relaxed) != now
 }
 
+/// Reads a file the configuration names whole (a filter list, an error
+/// page): a regular file of at most `max` bytes, the error in plain words
+/// otherwise. Opened with `O_NONBLOCK`, so a FIFO (or a symlink to one)
+/// is refused at once instead of blocking start-up, `portico check` or a
+/// reload until something writes to it; a device or directory is refused
+/// too, and an endless file stops at `max`. Symbolic links are followed:
+/// administrators link these files into place.
+pub(crate) fn read_config_file(path: &std::path::Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| io_cause(&e))?;
+    let meta = file.metadata().map_err(|e| io_cause(&e))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len().min(max)).unwrap_or(0));
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| io_cause(&e))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("larger than {}", size_text(max)));
+    }
+    Ok(bytes)
+}
+
+/// `max` in the largest binary unit that divides it (`1 GiB`, `1024 KiB`).
+fn size_text(max: u64) -> String {
+    match max {
+        m if m >= 1 << 30 && m % (1 << 30) == 0 => format!("{} GiB", m >> 30),
+        m if m >= 1 << 20 && m % (1 << 20) == 0 => format!("{} MiB", m >> 20),
+        m if m >= 1 << 10 && m % (1 << 10) == 0 => format!("{} KiB", m >> 10),
+        m => format!("{m} bytes"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

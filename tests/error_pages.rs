@@ -63,7 +63,7 @@ async fn an_administrators_pages_answer_the_errors_portico_makes() {
     assert_eq!(r.header("cache-control"), Some("no-store"));
 
     // A failed fetch: nothing listens on the origin's port.
-    let dead = free_addr();
+    let dead = dead_addr();
     let r = ask(
         &p,
         &format!("GET http://{dead}/x HTTP/1.1\r\nHost: {dead}\r\nConnection: close\r\n\r\n"),
@@ -84,7 +84,12 @@ async fn an_administrators_pages_answer_the_errors_portico_makes() {
     )
     .await;
     assert_eq!(r.status, 400);
-    assert!(r.body_str().contains("<h1>400 Bad Request</h1>"), "{}", r.body_str());
+    assert!(
+        r.body_str()
+            .starts_with("<style>body { font: 12px sans-serif }</style><h1>400 Bad Request</h1>"),
+        "{}",
+        r.body_str()
+    );
 
     // A reload reads the pages again.
     std::fs::write(dir.path().join("403.html"), "<p>403, newly worded: {message}</p>").expect("rewrite");
@@ -176,4 +181,34 @@ fn check_names_the_key_line_and_file_of_a_page_it_cannot_use() {
         !out.status.success() && stderr.contains("cannot read /nonexistent/portico-pages"),
         "{stderr}"
     );
+}
+
+/// As root with `server.user`: a page only root may read is named by
+/// `portico check`, as a reload (read as that user) would fail on it.
+#[test]
+fn check_warns_of_a_page_the_server_user_cannot_read() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not root, so no server.user to switch to");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = pages(&[("403.html", "readable"), ("502.html", "root's alone")]);
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
+    mode(dir.path(), 0o755);
+    mode(&dir.path().join("403.html"), 0o644);
+    mode(&dir.path().join("502.html"), 0o600);
+    let config = format!("{}\n[server]\nuser = \"nobody\"\n", config("127.0.0.1:1", dir.path()));
+    let out = Portico::check(&config);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let page = dir.path().join("502.html");
+    assert!(
+        said.contains(&format!(
+            "server.user \"nobody\" cannot read {} (an error page of error_pages.directory: ",
+            page.display()
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("403.html"), "{said}");
 }

@@ -618,18 +618,5 @@ const MAX_LIST_FILE: u64 = 1 << 30;
 /// Reads a list file whole: a regular file of at most [`MAX_LIST_FILE`]
 /// bytes, the error in plain words otherwise.
 fn read_list_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| crate::util::io_cause(&e))?;
-    let meta = file.metadata().map_err(|e| crate::util::io_cause(&e))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len().min(MAX_LIST_FILE)).unwrap_or(0));
-    file.take(MAX_LIST_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| crate::util::io_cause(&e))?;
-    if bytes.len() as u64 > MAX_LIST_FILE {
-        return Err(format!("larger than {} MiB", MAX_LIST_FILE >> 20));
-    }
-    Ok(bytes)
+    crate::util::read_config_file(path, MAX_LIST_FILE)
 }

@@ -127,8 +127,10 @@ impl ErrorPages {
                 entry.map_err(|e| format!("cannot read {}: {}", directory.display(), crate::util::io_cause(&e)))?;
             let path = entry.path();
             let name = entry.file_name();
+            if !Self::is_page_name(&path) {
+                continue;
+            }
             let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".html")) else {
-                // A README, an editor's backup, a stylesheet: not a page.
                 continue;
             };
             let status = match stem {
@@ -163,6 +165,16 @@ impl ErrorPages {
         Ok(pages)
     }
 
+    /// Whether the file at `path` is read as a page (or refused as a
+    /// mis-named one): a name ending in `.html`, not hidden. A README, a
+    /// stylesheet, an editor's backup or lock file (`404.html~`,
+    /// `.#404.html`) is not.
+    pub fn is_page_name(path: &Path) -> bool {
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.starts_with('.') && n.ends_with(".html"))
+    }
+
     /// The body of the page for `status`, saying `message`.
     pub fn body(&self, status: StatusCode, message: &str) -> Bytes {
         self.by_status
@@ -175,19 +187,7 @@ impl ErrorPages {
 /// A page's text: a regular file of at most [`MAX_PAGE`] bytes of UTF-8
 /// (the pages are sent as `text/html; charset=utf-8`).
 fn read_page(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| crate::util::io_cause(&e))?;
-    let meta = file.metadata().map_err(|e| crate::util::io_cause(&e))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_PAGE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| crate::util::io_cause(&e))?;
-    if bytes.len() as u64 > MAX_PAGE {
-        return Err(format!("larger than {} KiB", MAX_PAGE >> 10));
-    }
+    let bytes = crate::util::read_config_file(path, MAX_PAGE)?;
     String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }
 
@@ -272,7 +272,23 @@ mod tests {
         assert!(e.contains("not a regular file"), "{e}");
         let big = dir_with(&[("500.html", &vec![b'x'; (MAX_PAGE + 1) as usize])]);
         let e = ErrorPages::load(big.path()).expect_err("big");
-        assert!(e.contains("larger than 1024 KiB"), "{e}");
+        assert!(e.contains("larger than 1 MiB"), "{e}");
+        // A FIFO is refused at once, not waited on until someone writes.
+        let fifo = tempfile::tempdir().expect("dir");
+        let path =
+            std::ffi::CString::new(fifo.path().join("500.html").into_os_string().into_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo reads a NUL-terminated path, which `path` is.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let e = ErrorPages::load(fifo.path()).expect_err("a FIFO");
+        assert!(e.contains("not a regular file"), "{e}");
+        // Hidden files (an editor's lock file) are not pages.
+        let dir = dir_with(&[(".#404.html", b"x"), ("404.html", b"gone")]);
+        assert_eq!(
+            ErrorPages::load(dir.path())
+                .expect("load")
+                .body(StatusCode::NOT_FOUND, ""),
+            "gone"
+        );
     }
 
     #[test]
