@@ -386,6 +386,25 @@ async fn connect_over_h2_tunnels_a_stream_to_the_target() {
         }
     }
     assert_eq!(text(&got), "ping through h2");
+    // Counted as they are relayed, the tunnel still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let tunnels = loop {
+        let doc: serde_json::Value = serde_json::from_str(&page(&p, "/.stats.json").await).expect("JSON statistics");
+        let t = doc["snapshot"]["tunnels"].clone();
+        if t["bytes_down"] == 15 || std::time::Instant::now() > deadline {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (
+            tunnels["open"].as_u64(),
+            tunnels["bytes_up"].as_u64(),
+            tunnels["bytes_down"].as_u64()
+        ),
+        (Some(1), Some(15), Some(15)),
+        "{tunnels}"
+    );
     // END_STREAM from the client half-closes the target, which closes:
     // its end comes back as the stream's end.
     up.send_data(Bytes::new(), true).expect("end");

@@ -494,7 +494,8 @@ pub(crate) async fn send_all(
 /// (END_STREAM one way half-closes the other, as a FIN does in an HTTP/1
 /// tunnel) or neither has carried a byte for `idle`. `early`: bytes the
 /// far end already sent (read with a parent's answer). Returns the bytes
-/// copied (client to upstream, upstream to client).
+/// copied (client to upstream, upstream to client), added to `tally` as
+/// they are copied.
 pub(crate) async fn tunnel(
     mut recv: h2::RecvStream,
     mut send: SendStream<Bytes>,
@@ -502,6 +503,7 @@ pub(crate) async fn tunnel(
     upstream: &ClientStream,
     idle: Duration,
     mut meter: crate::client_bandwidth::Pacer,
+    tally: super::Tally<'_>,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -528,6 +530,7 @@ pub(crate) async fn tunnel(
                         break;
                     }
                     total += data.len() as u64;
+                    tally.add_up(data.len() as u64);
                 }
                 Some(Err(_)) => {
                     let _ = socket2::SockRef::from(upstream.tcp()).shutdown(std::net::Shutdown::Both);
@@ -547,6 +550,7 @@ pub(crate) async fn tunnel(
         if !early.is_empty() && send_all(&mut send, early, false, idle).await.is_err() {
             return 0;
         }
+        tally.add_down(total);
         let mut buf = BytesMut::with_capacity(16 << 10);
         loop {
             let most = meter.read_size(16 << 10);
@@ -578,6 +582,7 @@ pub(crate) async fn tunnel(
                         return total;
                     }
                     total += n as u64;
+                    tally.add_down(n as u64);
                 }
             }
         }

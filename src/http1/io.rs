@@ -14,6 +14,30 @@ use std::io::{self, IoSlice};
 use std::time::Duration;
 use tokio::net::TcpStream;
 
+/// Where a byte relay (a CONNECT tunnel, over HTTP/1 or HTTP/2, or a
+/// SOCKS session) adds the bytes it copies each way, as it copies them:
+/// a tunnel open for hours shows in the statistics while it carries its
+/// bytes, not only once it closes.
+#[derive(Clone, Copy)]
+pub struct Tally<'a> {
+    /// Bytes from the client.
+    pub up: &'a std::sync::atomic::AtomicU64,
+    /// Bytes to the client.
+    pub down: &'a std::sync::atomic::AtomicU64,
+}
+
+impl Tally<'_> {
+    /// Adds `n` bytes from the client.
+    pub fn add_up(&self, n: u64) {
+        self.up.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Adds `n` bytes to the client.
+    pub fn add_down(&self, n: u64) {
+        self.down.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A client connection: plain TCP, or TLS on a listener with certificates.
 pub enum ClientStream {
     /// Plain TCP (and the origin side of a CONNECT tunnel).

@@ -20,5 +20,5 @@ pub(crate) use conn::{
     ConnSettings, Exchange, Handler, LocalAddr, Outcome, RejectInfo, Start, client_closed, lingering_close, serve,
 };
 pub use head::{BodyFraming, HeadError, HeadLimits, RequestHead};
-pub(crate) use io::{ClientStream, read_at_most, read_buf, try_read_drained, write_all};
+pub(crate) use io::{ClientStream, Tally, read_at_most, read_buf, try_read_drained, write_all};
 pub(crate) use response::{BodyLen, PARTS_PER_WRITE, ResponseWriter, StoredLines, stored_field_lines};

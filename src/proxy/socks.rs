@@ -617,17 +617,20 @@ impl ListenerHandler {
         if !early.is_empty() && crate::http1::write_all(stream, &early, send_timeout).await.is_err() {
             return false;
         }
+        add(&counters.bytes_down, early.len() as u64);
         let idle = sh.config.proxy.tunnel_idle_timeout.get();
         let upstream = upstream.into_relay();
         let mut meter = crate::client_bandwidth::Pacer::new(s.peer.ip(), Default::default());
         if let Some(b) = route.bandwidth {
             meter.limit_route(b.rate, b.after);
         }
-        let (up, down) = tunnel::relay(stream, &upstream, idle, meter).await;
+        let tally = crate::http1::Tally {
+            up: &counters.bytes_up,
+            down: &counters.bytes_down,
+        };
+        let (up, down) = tunnel::relay(stream, &upstream, idle, meter, tally).await;
         s.up = up;
         s.down = down + early.len() as u64;
-        add(&counters.bytes_up, s.up);
-        add(&counters.bytes_down, s.down);
         tracing::debug!("SOCKS {host}:{port} closed: {up} bytes up, {} bytes down", s.down);
         false
     }

@@ -6,7 +6,7 @@
 
 use super::Shared;
 use super::reply::error_page;
-use crate::http1::{ClientStream, Exchange, Outcome, read_at_most, write_all};
+use crate::http1::{ClientStream, Exchange, Outcome, Tally, read_at_most, write_all};
 use crate::proxy::admission::Permit;
 use crate::upstream::ConnectErrorKind;
 use bytes::BytesMut;
@@ -21,7 +21,7 @@ pub struct Counters {
     pub established: AtomicU64,
     /// Tunnels open now.
     pub open: AtomicU64,
-    /// Bytes relayed from clients, counted as each tunnel closes.
+    /// Bytes relayed from clients, counted as they are relayed.
     pub bytes_up: AtomicU64,
     /// Bytes relayed to clients, likewise.
     pub bytes_down: AtomicU64,
@@ -39,8 +39,7 @@ pub fn counters() -> &'static Counters {
     &COUNTERS
 }
 
-/// A tunnel established, counted open while it lives; its bytes are
-/// added when it closes.
+/// A tunnel established, counted open while it lives.
 struct Counted;
 
 impl Counted {
@@ -50,9 +49,12 @@ impl Counted {
         Counted
     }
 
-    fn closed(self, up: u64, down: u64) {
-        COUNTERS.bytes_up.fetch_add(up, Ordering::Relaxed);
-        COUNTERS.bytes_down.fetch_add(down, Ordering::Relaxed);
+    /// Where its bytes are added as they are relayed.
+    fn tally(&self) -> Tally<'static> {
+        Tally {
+            up: &COUNTERS.bytes_up,
+            down: &COUNTERS.bytes_down,
+        }
     }
 }
 
@@ -140,8 +142,9 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         let counted = Counted::new();
         let upstream = upstream.into_relay();
         let meter = ex.out.bandwidth();
-        let (up, down) = crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle, meter).await;
-        counted.closed(up, down);
+        let (up, down) =
+            crate::http1::h2::tunnel(recv, send, parent_early, &upstream, idle, meter, counted.tally()).await;
+        drop(counted);
         ex.out.add_body_bytes(down);
         tracing::debug!("tunnel {host}:{port} (HTTP/2) closed: {up} bytes up, {down} bytes down");
         return Outcome::Close;
@@ -162,16 +165,17 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
         return Outcome::Close;
     }
     ex.out.add_body_bytes(parent_early.len() as u64);
+    counted.tally().add_down(parent_early.len() as u64);
     // Bytes the client sent right after the CONNECT head (e.g. a TLS
     // ClientHello) are already in our buffer.
     let early = ex.body.take_buffered();
     let upstream = upstream.into_relay();
     if !early.is_empty() && write_all(&upstream, &early, idle).await.is_err() {
-        counted.closed(0, parent_early.len() as u64);
         return Outcome::Close;
     }
-    let (up, down) = relay(client, &upstream, idle, ex.out.bandwidth()).await;
-    counted.closed(up + early.len() as u64, down + parent_early.len() as u64);
+    counted.tally().add_up(early.len() as u64);
+    let (up, down) = relay(client, &upstream, idle, ex.out.bandwidth(), counted.tally()).await;
+    drop(counted);
     ex.out.add_body_bytes(down);
     tracing::debug!(
         "tunnel {host}:{port} closed: {} bytes up, {down} bytes down",
@@ -183,7 +187,8 @@ pub async fn run(ex: &mut Exchange<'_>, sh: &Shared, to: To<'_>, permit: &mut Op
 /// Copies bytes both ways between the client and the upstream connection
 /// until both directions have ended, or neither has carried a byte for
 /// `idle`; returns the bytes copied (client to upstream, upstream to
-/// client). CONNECT tunnels and SOCKS sessions (`proxy/socks.rs`) share it.
+/// client), added to `tally` as they are copied. CONNECT tunnels and SOCKS
+/// sessions (`proxy/socks.rs`) share it.
 /// What goes to the client waits for its share of `limits.client_bandwidth`
 /// and `limits.total_bandwidth`, and for the route's `bandwidth` (`meter`,
 /// when a limit is set).
@@ -192,6 +197,7 @@ pub(super) async fn relay(
     upstream: &ClientStream,
     idle: Duration,
     meter: crate::client_bandwidth::Pacer,
+    tally: Tally<'_>,
 ) -> (u64, u64) {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -202,9 +208,10 @@ pub(super) async fn relay(
             &last,
             start,
             idle,
-            crate::client_bandwidth::Pacer::unpaced()
+            crate::client_bandwidth::Pacer::unpaced(),
+            tally.up
         ),
-        pipe(upstream, client, &last, start, idle, meter)
+        pipe(upstream, client, &last, start, idle, meter, tally.down)
     )
 }
 
@@ -246,8 +253,9 @@ pub(super) async fn through_parent(
 }
 
 /// Copies `from` to `to` until end of stream (then half-closes `to`), an
-/// error, or an idle period on both directions; returns the bytes copied.
-/// Each write waits for `meter` first (not at all when unpaced).
+/// error, or an idle period on both directions; returns the bytes copied,
+/// added to `count` as each write is done. Each write waits for `meter`
+/// first (not at all when unpaced).
 async fn pipe(
     from: &ClientStream,
     to: &ClientStream,
@@ -255,6 +263,7 @@ async fn pipe(
     start: Instant,
     idle: Duration,
     mut meter: crate::client_bandwidth::Pacer,
+    count: &AtomicU64,
 ) -> u64 {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut total = 0u64;
@@ -300,6 +309,7 @@ async fn pipe(
             return total;
         }
         total += n as u64;
+        count.fetch_add(n as u64, Ordering::Relaxed);
         buf.clear();
     }
 }

@@ -869,8 +869,8 @@ impl Http2Info {
 
 crate::section! {
     /// CONNECT tunnels, over HTTP/1 and HTTP/2 (RFC 9113 8.5): the
-    /// requests themselves are counted in `requests`, the bytes a tunnel
-    /// relayed when it closes. SOCKS sessions are counted apart (`socks`).
+    /// requests themselves are counted in `requests`, the bytes tunnels
+    /// relay as they relay them. SOCKS sessions are counted apart (`socks`).
     pub struct TunnelInfo at "tunnels" {
         /// Tunnels established (the client told `200`).
         established: u64 => Counter, Add, None, "CONNECT tunnels established.",
@@ -878,11 +878,11 @@ crate::section! {
         /// Tunnels open now.
         open: u64 => Gauge, Add, None, "CONNECT tunnels open now.",
             prom "portico_tunnels_open", xml "tunnel-bucket" "countOpen";
-        /// Bytes relayed from clients, as each tunnel closes.
-        bytes_up: u64 => Counter, Add, Bytes, "Bytes relayed from clients through CONNECT tunnels that have closed.",
+        /// Bytes relayed from clients, as they are relayed.
+        bytes_up: u64 => Counter, Add, Bytes, "Bytes relayed from clients through CONNECT tunnels.",
             prom "portico_tunnels_sent_bytes_total", xml "tunnel-bucket" "countBytesSent";
-        /// Bytes relayed to clients, as each tunnel closes.
-        bytes_down: u64 => Counter, Add, Bytes, "Bytes relayed to clients through CONNECT tunnels that have closed.",
+        /// Bytes relayed to clients, as they are relayed.
+        bytes_down: u64 => Counter, Add, Bytes, "Bytes relayed to clients through CONNECT tunnels.",
             prom "portico_tunnels_received_bytes_total", xml "tunnel-bucket" "countBytesReceived";
     }
 }
