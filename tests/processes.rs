@@ -635,8 +635,11 @@ async fn without_a_disk_tier_a_purge_or_a_post_reaches_every_workers_memory_tier
 }
 
 /// Both workers answer `/page` from their memory tiers (with a disk tier
-/// of `disk`); a PURGE, then a POST, each on a new connection; whichever
-/// worker answers after each, it is with a version fetched after it.
+/// of `disk`); a PURGE, then a POST, each on a new connection, then a
+/// prefix purge (`Portico-Purge: prefix` for `/pa`; with a disk tier,
+/// `portico cache purge --prefix`, which removes the files and sends it);
+/// whichever worker answers after each, it is with a version fetched after
+/// it.
 async fn purge_and_post_reach_both_workers(disk: &str) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -680,15 +683,33 @@ async fn purge_and_post_reach_both_workers(disk: &str) {
         }
     }
     assert_eq!(hits.keys().copied().collect::<BTreeSet<_>>(), all, "{hits:?}");
-    for method in ["PURGE", "POST"] {
+    for method in ["PURGE", "POST", "prefix PURGE"] {
         let before = version.load(Ordering::SeqCst);
-        // Read to the end of the connection: a POST's invalidation comes
-        // once its response is sent, before the connection goes on.
-        let mut c = RawClient::connect(p.addr()).await;
-        c.send(format!("{method} /page HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n").as_bytes())
-            .await;
-        let resp = parse_response(&c.read_to_end().await);
-        assert_eq!(resp.status, 200, "{method}: {}", resp.body_str());
+        if method == "prefix PURGE" && disk != "0B" {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+                .current_dir(p.dir())
+                .args(["cache", "purge", "--prefix", "http://www.example.com/pa", "-c"])
+                .arg(p.config_path())
+                .output()
+                .expect("portico cache purge");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+            assert!(said.contains("purged 1 ") && said.contains("from memory"), "{said}");
+        } else {
+            let (method, extra) = match method.split_once(' ') {
+                Some((_, m)) => (m, "Portico-Purge: prefix\r\n"),
+                None => (method, ""),
+            };
+            let target = if extra.is_empty() { "/page" } else { "/pa" };
+            // Read to the end of the connection: a POST's invalidation
+            // comes once its response is sent, before the connection goes on.
+            let mut c = RawClient::connect(p.addr()).await;
+            let request =
+                format!("{method} {target} HTTP/1.1\r\nHost: www.example.com\r\n{extra}Connection: close\r\n\r\n");
+            c.send(request.as_bytes()).await;
+            let resp = parse_response(&c.read_to_end().await);
+            assert_eq!(resp.status, 200, "{method}: {}", resp.body_str());
+        }
         let mut seen = BTreeSet::new();
         for i in 0..400 {
             let (by, resp, n) = ask("GET").await;

@@ -226,6 +226,24 @@ impl PartialStore {
         inner.held = 0;
     }
 
+    /// Drops the parts of every object whose URL starts with `prefix` (a
+    /// prefix purge).
+    pub fn remove_under(&self, prefix: &str) {
+        let mut inner = self.lock();
+        let gone: Vec<ObjectId> = inner
+            .objects
+            .iter()
+            .filter(|(_, p)| crate::cache::key::url_of(&p.meta.key).starts_with(prefix))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some(p) = inner.objects.remove(&id) {
+                inner.held -= p.held();
+            }
+            inner.order.retain(|o| *o != id);
+        }
+    }
+
     /// Drops the parts of `id` (a complete response was stored, or the
     /// object was invalidated).
     pub fn remove(&self, id: ObjectId) {

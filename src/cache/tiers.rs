@@ -908,6 +908,9 @@ impl Cache {
     fn catch_up_told(&self) {
         self.memory.told.catch_up(
             |id| self.forget_in_memory(id),
+            |prefix| {
+                self.forget_under(prefix);
+            },
             || {
                 let n = self.memory.clear();
                 self.partials.clear();
@@ -949,6 +952,29 @@ impl Cache {
             self.memory.remove(id);
             self.partials.remove(id);
         }
+    }
+
+    /// Drops everything whose URL starts with `prefix` from the memory
+    /// tier, the partial responses kept and the held disk files (whose
+    /// paths a `portico cache purge --prefix` may just have removed): the
+    /// objects dropped from the memory tier. The disk tier's files stay.
+    fn forget_under(&self, prefix: &str) -> usize {
+        if let Some(d) = &self.disk {
+            d.forget_held_under(prefix);
+        }
+        self.partials.remove_under(prefix);
+        self.memory.purge_prefix(prefix)
+    }
+
+    /// A prefix purge (`Portico-Purge: prefix`): drops everything whose URL
+    /// starts with `prefix` from this process's memory tier, partial
+    /// responses and held files, and tells the other worker processes to
+    /// do the same (`told`); the objects this memory tier dropped. The
+    /// disk tier is purged by prefix with `portico cache purge --prefix`.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let n = self.forget_under(prefix);
+        super::told::tell_prefix(prefix);
+        n
     }
 
     /// Removes everything stored for `key` (every variant), and tells the

@@ -28,6 +28,16 @@
 //! disk files and kept partial responses are dropped with the memory
 //! tier's copies.
 //!
+//! A prefix purge (`Portico-Purge: prefix`, and `portico cache purge
+//! --prefix` on a running server) is told the same way: the prefix goes
+//! into one of [`PREFIXES`] slots after the ring (a seqlock of its own),
+//! and the ring's entry, flagged, names the slot's number. A reader drops
+//! from its memory tier, kept partial responses and held files everything
+//! under the prefix; one that finds the slot rewritten since (it fell
+//! that many prefix purges behind) drops everything. A prefix longer than
+//! a slot is told cut short, at a character: everything under the whole
+//! prefix is under the shorter one too.
+//!
 //! One process (no supervisor), or a worker that cannot map the memory
 //! (it says so), tells no one: its memory tier is the only one.
 
@@ -51,17 +61,35 @@ const LATE: u64 = 64;
 /// high halves.
 const ENTRY: usize = 3;
 
-/// The word naming the layout, the count of entries ever numbered (on a
-/// cache line of its own: every lookup reads it, only removals write it),
-/// and the first entry.
+/// The word naming the layout, the count of prefixes ever told (beside
+/// it: only prefix purges read or write it), the count of entries ever
+/// numbered (on a cache line of its own: every lookup reads it, only
+/// removals write it), the first entry, the first prefix slot.
 const LAYOUT: usize = 0;
+const PREFIX_COUNT: usize = 1;
 const COUNT: usize = 8;
 const FIRST: usize = 16;
-const WORDS: usize = FIRST + RING as usize * ENTRY;
+const PREFIX_FIRST: usize = FIRST + RING as usize * ENTRY;
+const WORDS: usize = PREFIX_FIRST + PREFIXES as usize * PREFIX_SLOT;
+
+/// The prefix slots: how many prefix purges a worker may fall behind
+/// before it must drop everything.
+const PREFIXES: u64 = 64;
+
+/// The bytes a slot holds of a prefix (a longer one is cut short).
+const PREFIX_BYTES: usize = 2048;
+
+/// Words of a slot: its number (0: never written), the prefix's length in
+/// bytes, the bytes.
+const PREFIX_SLOT: usize = 2 + PREFIX_BYTES / 8;
+
+/// Set in an entry's number word: the entry names a prefix slot's number
+/// (its low word), not an object.
+const PREFIX_FLAG: u64 = 1 << 63;
 
 /// What the [`LAYOUT`] word holds: a worker of another build keeps to
 /// itself.
-const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portold\x01");
+const LAYOUT_MARK: u64 = u64::from_be_bytes(*b"portold\x02");
 
 /// Why this worker could not map the ring it was handed, if so.
 static NOT_MAPPED: OnceLock<String> = OnceLock::new();
@@ -118,14 +146,77 @@ pub fn tell(id: ObjectId) {
 
 /// [`tell`] in `words`.
 fn tell_in(words: &[AtomicU64], id: ObjectId) {
+    write_entry(words, id.0 as u64, (id.0 >> 64) as u64, 0);
+}
+
+/// Numbers an entry and writes `low`, `high` into it, its number word
+/// carrying `flag`.
+fn write_entry(words: &[AtomicU64], low: u64, high: u64, flag: u64) {
     let n = words[COUNT].fetch_add(1, Ordering::AcqRel);
     let e = entry(n);
     // A seqlock's write: the number cleared, the id, the number set.
     words[e].store(0, Ordering::Relaxed);
     std::sync::atomic::fence(Ordering::Release);
-    words[e + 1].store(id.0 as u64, Ordering::Relaxed);
-    words[e + 2].store((id.0 >> 64) as u64, Ordering::Relaxed);
-    words[e].store(n + 1, Ordering::Release);
+    words[e + 1].store(low, Ordering::Relaxed);
+    words[e + 2].store(high, Ordering::Relaxed);
+    words[e].store((n + 1) | flag, Ordering::Release);
+}
+
+/// Tells the other workers that everything whose URL starts with
+/// `prefix` is gone from the cache (a prefix purge): written before this
+/// returns, so before the purge is answered.
+pub fn tell_prefix(prefix: &str) {
+    if let Some(words) = shared() {
+        tell_prefix_in(words, prefix);
+    }
+}
+
+/// [`tell_prefix`] in `words`.
+fn tell_prefix_in(words: &[AtomicU64], prefix: &str) {
+    let mut cut = prefix.len().min(PREFIX_BYTES);
+    while !prefix.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let bytes = &prefix.as_bytes()[..cut];
+    let p = words[PREFIX_COUNT].fetch_add(1, Ordering::AcqRel);
+    let s = slot(p);
+    words[s].store(0, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    words[s + 1].store(bytes.len() as u64, Ordering::Relaxed);
+    for (i, chunk) in bytes.chunks(8).enumerate() {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        words[s + 2 + i].store(u64::from_le_bytes(word), Ordering::Relaxed);
+    }
+    words[s].store(p + 1, Ordering::Release);
+    write_entry(words, p, 0, PREFIX_FLAG);
+}
+
+/// The first word of prefix slot `p`.
+fn slot(p: u64) -> usize {
+    PREFIX_FIRST + (p % PREFIXES) as usize * PREFIX_SLOT
+}
+
+/// The prefix slot `p` holds, None when it holds a later one (or is being
+/// rewritten for it).
+fn read_prefix(words: &[AtomicU64], p: u64) -> Option<String> {
+    let s = slot(p);
+    if words[s].load(Ordering::Acquire) != p + 1 {
+        return None;
+    }
+    let len = usize::try_from(words[s + 1].load(Ordering::Relaxed))
+        .unwrap_or(usize::MAX)
+        .min(PREFIX_BYTES);
+    let mut bytes = Vec::with_capacity(len.next_multiple_of(8));
+    for i in 0..len.div_ceil(8) {
+        bytes.extend_from_slice(&words[s + 2 + i].load(Ordering::Relaxed).to_le_bytes());
+    }
+    std::sync::atomic::fence(Ordering::Acquire);
+    if words[s].load(Ordering::Relaxed) != p + 1 {
+        return None;
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).ok()
 }
 
 /// The first word of entry `n`.
@@ -136,6 +227,8 @@ fn entry(n: u64) -> usize {
 /// Entry `n` as a reader finds it.
 enum Found {
     Id(ObjectId),
+    /// A prefix purge.
+    Prefix(String),
     /// Numbered, not yet written.
     Unwritten,
     /// Overwritten by a later entry: what it said is lost.
@@ -145,11 +238,12 @@ enum Found {
 /// Reads entry `n`, when `count` entries have been numbered.
 fn read(words: &[AtomicU64], n: u64, count: u64) -> Found {
     let e = entry(n);
-    let before = words[e].load(Ordering::Acquire);
+    let flagged = words[e].load(Ordering::Acquire);
     let low = words[e + 1].load(Ordering::Relaxed);
     let high = words[e + 2].load(Ordering::Relaxed);
     std::sync::atomic::fence(Ordering::Acquire);
-    let after = words[e].load(Ordering::Relaxed);
+    let after = words[e].load(Ordering::Relaxed) & !PREFIX_FLAG;
+    let before = flagged & !PREFIX_FLAG;
     // Its slot numbered for entry n + RING: the id read may be that
     // entry's, or half of it (entry n's writer, stalled that long, may
     // even have marked the slot n's over the newer id).
@@ -158,6 +252,9 @@ fn read(words: &[AtomicU64], n: u64, count: u64) -> Found {
         return Found::Lost;
     }
     if before == n + 1 && after == n + 1 {
+        if flagged & PREFIX_FLAG != 0 {
+            return read_prefix(words, low).map_or(Found::Lost, Found::Prefix);
+        }
         return Found::Id(ObjectId(u128::from(high) << 64 | u128::from(low)));
     }
     Found::Unwritten
@@ -178,18 +275,24 @@ impl Default for Reader {
 
 impl Reader {
     /// Applies what the other workers have told since the last call:
-    /// `forget` for each id, or `forget_all` once when what was told
-    /// cannot be known (this tier fell behind, or a writer never
-    /// finished). Costs three loads when nothing new was told (the
-    /// mapping, the count, this reader's place).
-    pub fn catch_up(&self, forget: impl FnMut(ObjectId), forget_all: impl FnOnce()) {
+    /// `forget` for each id, `forget_under` for each prefix purged, or
+    /// `forget_all` once when what was told cannot be known (this tier
+    /// fell behind, or a writer never finished). Costs three loads when
+    /// nothing new was told (the mapping, the count, this reader's place).
+    pub fn catch_up(&self, forget: impl FnMut(ObjectId), forget_under: impl FnMut(&str), forget_all: impl FnOnce()) {
         if let Some(words) = shared() {
-            self.catch_up_in(words, forget, forget_all);
+            self.catch_up_in(words, forget, forget_under, forget_all);
         }
     }
 
     /// [`Reader::catch_up`] in `words`.
-    fn catch_up_in(&self, words: &[AtomicU64], mut forget: impl FnMut(ObjectId), forget_all: impl FnOnce()) {
+    fn catch_up_in(
+        &self,
+        words: &[AtomicU64],
+        mut forget: impl FnMut(ObjectId),
+        mut forget_under: impl FnMut(&str),
+        forget_all: impl FnOnce(),
+    ) {
         let end = count(words);
         let from = self.0.load(Ordering::Acquire);
         if from >= end {
@@ -201,6 +304,7 @@ impl Reader {
         for n in from..end {
             match read(words, n, end) {
                 Found::Id(id) => forget(id),
+                Found::Prefix(prefix) => forget_under(&prefix),
                 Found::Unwritten if end - n - 1 < LATE => {
                     unwritten.get_or_insert(n);
                 }
@@ -234,10 +338,68 @@ mod tests {
 
     /// What a catch-up applies: the ids, and whether it dropped everything.
     fn applied(r: &Reader, words: &[AtomicU64]) -> (Vec<u128>, bool) {
-        let mut ids = Vec::new();
-        let mut all = false;
-        r.catch_up_in(words, |id| ids.push(id.0), || all = true);
+        let (ids, prefixes, all) = applied_all(r, words);
+        assert!(prefixes.is_empty(), "{prefixes:?}");
         (ids, all)
+    }
+
+    /// [`applied`] with the prefixes.
+    fn applied_all(r: &Reader, words: &[AtomicU64]) -> (Vec<u128>, Vec<String>, bool) {
+        let mut ids = Vec::new();
+        let mut prefixes = Vec::new();
+        let mut all = false;
+        r.catch_up_in(
+            words,
+            |id| ids.push(id.0),
+            |p| prefixes.push(p.to_string()),
+            || all = true,
+        );
+        (ids, prefixes, all)
+    }
+
+    #[test]
+    fn a_prefix_is_told_in_order_with_the_ids() {
+        let w = ring();
+        let r = reader_at(w);
+        tell_in(w, ObjectId(1));
+        tell_prefix_in(w, "http://www.example.com/docs/");
+        tell_in(w, ObjectId(2));
+        tell_prefix_in(w, "");
+        assert_eq!(
+            applied_all(&r, w),
+            (
+                vec![1, 2],
+                vec!["http://www.example.com/docs/".to_string(), String::new()],
+                false
+            )
+        );
+        assert_eq!(applied_all(&r, w), (vec![], vec![], false));
+    }
+
+    #[test]
+    fn a_long_prefix_is_told_cut_short_at_a_character() {
+        let w = ring();
+        let r = reader_at(w);
+        // 2047 bytes, then a two-byte character across the slot's end.
+        let long = format!("http://h/{}\u{e9}tail", "a".repeat(PREFIX_BYTES - 1 - 9));
+        tell_prefix_in(w, &long);
+        let (_, prefixes, all) = applied_all(&r, w);
+        assert!(!all);
+        assert_eq!(prefixes, vec![long[..PREFIX_BYTES - 1].to_string()]);
+        assert!(long.starts_with(&prefixes[0]));
+    }
+
+    #[test]
+    fn a_prefix_slot_rewritten_before_it_was_read_drops_everything() {
+        let w = ring();
+        let r = reader_at(w);
+        for i in 0..=PREFIXES {
+            tell_prefix_in(w, &format!("http://h/{i}"));
+        }
+        let (_, prefixes, all) = applied_all(&r, w);
+        assert!(all, "the first slot holds the 65th prefix: {prefixes:?}");
+        tell_prefix_in(w, "http://h/next");
+        assert_eq!(applied_all(&r, w), (vec![], vec!["http://h/next".to_string()], false));
     }
 
     #[test]

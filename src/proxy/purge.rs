@@ -1,7 +1,8 @@
 //! `PURGE`: removes a URL from the cache (every Vary variant), for clients
 //! in `access.admin_allow` only. With `Portico-Purge: prefix`, every object
-//! whose URL starts with the target is dropped from the memory tier (the
-//! disk tier is purged by prefix with `portico cache purge --prefix`).
+//! whose URL starts with the target is dropped from every worker's memory
+//! tier (the disk tier is purged by prefix with `portico cache purge
+//! --prefix`, which then sends this).
 //!
 //! The URL is the public one, on any listener: a PURGE removes every copy
 //! stored for it, the one fetched from its origin (forward and transparent
@@ -56,7 +57,7 @@ pub async fn purge(ex: &mut Exchange<'_>, sh: &Shared, dest: &Dest, fan_out: boo
         .get("portico-purge")
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"prefix"));
     let (mut status, mut text) = if by_prefix {
-        let n = cache.memory().purge_prefix(key.url());
+        let n = cache.purge_prefix(key.url());
         (
             StatusCode::OK,
             format!("purged {n} objects under {} from memory\n", key.url()),

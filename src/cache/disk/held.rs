@@ -313,6 +313,12 @@ impl HeldFiles {
         self.files.clear();
     }
 
+    /// Closes the files of the objects whose URL starts with `prefix`.
+    pub(super) fn forget_under(&self, prefix: &str) {
+        self.files
+            .retain(|_, f| !crate::cache::key::url_of(&f.meta.key).starts_with(prefix));
+    }
+
     /// Whether a file can be held without closing another. Background
     /// checks go only into room: one that pushed out another held file
     /// would trade one file for another (and cost a whole read each time)

@@ -783,6 +783,15 @@ impl DiskStore {
         self.inner.index.remove(id);
     }
 
+    /// Closes the held files of the objects whose URL starts with `prefix`
+    /// (a prefix purge: their paths may have been removed, and a held file
+    /// is used without a look at its path).
+    pub fn forget_held_under(&self, prefix: &str) {
+        if let Some(h) = &self.inner.held {
+            h.forget_under(prefix);
+        }
+    }
+
     /// Closes every held file: this process lost track of what the others
     /// removed (`cache::told`).
     pub fn forget_held_files(&self) {
