@@ -457,6 +457,10 @@ async fn the_pid_file_is_written_once_listening_and_removed_at_exit() {
         let extra = format!("[server]\nprocesses = {processes}\npid_file = \"{{dir}}/portico.pid\"\n");
         let mut p = Portico::start(&logs_config(&free_addr(), &extra)).await;
         let pid_file = p.dir().join("portico.pid");
+        // Written just after the listeners are bound, which is when a
+        // client (and this harness) can first connect: looked at until it
+        // is there, as a service manager reads it after READY=1.
+        eventually(Duration::from_secs(5), || !read(&pid_file).is_empty()).await;
         assert_eq!(read(&pid_file), format!("{}\n", p.pid()), "processes = {processes}");
         p.signal(libc::SIGTERM);
         assert!(
