@@ -236,12 +236,13 @@ impl PartialStore {
             .filter(|(_, p)| crate::cache::key::url_of(&p.meta.key).starts_with(prefix))
             .map(|(id, _)| *id)
             .collect();
-        for id in gone {
-            if let Some(p) = inner.objects.remove(&id) {
+        for id in &gone {
+            if let Some(p) = inner.objects.remove(id) {
                 inner.held -= p.held();
             }
-            inner.order.retain(|o| *o != id);
         }
+        let gone: std::collections::HashSet<ObjectId> = gone.into_iter().collect();
+        inner.order.retain(|o| !gone.contains(o));
     }
 
     /// Drops the parts of `id` (a complete response was stored, or the

@@ -180,7 +180,18 @@ fn tell_prefix_in(words: &[AtomicU64], prefix: &str) {
     let bytes = &prefix.as_bytes()[..cut];
     let p = words[PREFIX_COUNT].fetch_add(1, Ordering::AcqRel);
     let s = slot(p);
-    words[s].store(0, Ordering::Relaxed);
+    // The slot is claimed from the prefix it held (or from never written):
+    // a writer of an earlier turn still writing it (stalled between its
+    // clearing and its marking) keeps it, and this prefix's entry is then
+    // found lost, as a slot rewritten before it was read is.
+    let previous = (p + 1).saturating_sub(PREFIXES);
+    if words[s]
+        .compare_exchange(previous, 0, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        write_entry(words, p, 0, PREFIX_FLAG);
+        return;
+    }
     std::sync::atomic::fence(Ordering::Release);
     words[s + 1].store(bytes.len() as u64, Ordering::Relaxed);
     for (i, chunk) in bytes.chunks(8).enumerate() {
@@ -387,6 +398,23 @@ mod tests {
         assert!(!all);
         assert_eq!(prefixes, vec![long[..PREFIX_BYTES - 1].to_string()]);
         assert!(long.starts_with(&prefixes[0]));
+    }
+
+    #[test]
+    fn a_slot_still_being_written_by_an_earlier_turn_is_left_to_it() {
+        let w = ring();
+        let r = reader_at(w);
+        // Prefix 0's writer cleared its slot and stalled.
+        w[PREFIX_COUNT].store(1, Ordering::Release);
+        w[slot(0)].store(0, Ordering::Release);
+        for i in 1..PREFIXES {
+            tell_prefix_in(w, &format!("http://h/{i}"));
+        }
+        // Prefix 64 finds its slot not yet marked for prefix 0: told lost.
+        tell_prefix_in(w, "http://h/64");
+        assert_eq!(w[slot(0)].load(Ordering::Acquire), 0, "left to its writer");
+        let (_, _, all) = applied_all(&r, w);
+        assert!(all, "prefix 64 cannot be read");
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub struct OpenObject {
     pub(super) verified: AtomicBool,
     /// When the path last named this file (unix seconds).
     pub(super) checked: AtomicU64,
+    /// The store's count of prefix purges when this was opened, or when a
+    /// prefix purge last kept it held (it was not under that prefix).
+    pub(super) purges: AtomicU64,
     pub(super) store: Weak<Inner>,
 }
 
@@ -313,10 +316,16 @@ impl HeldFiles {
         self.files.clear();
     }
 
-    /// Closes the files of the objects whose URL starts with `prefix`.
-    pub(super) fn forget_under(&self, prefix: &str) {
-        self.files
-            .retain(|_, f| !crate::cache::key::url_of(&f.meta.key).starts_with(prefix));
+    /// Closes the files of the objects whose URL starts with `prefix`, and
+    /// marks the others current as of prefix purge `purges`.
+    pub(super) fn forget_under(&self, prefix: &str, purges: u64) {
+        self.files.retain(|_, f| {
+            let under = crate::cache::key::url_of(&f.meta.key).starts_with(prefix);
+            if !under {
+                f.purges.store(purges, Ordering::Release);
+            }
+            !under
+        });
     }
 
     /// Whether a file can be held without closing another. Background
@@ -454,7 +463,9 @@ impl Inner {
             return;
         }
         let _guard = self.lock(obj.id);
-        if self.index.get(obj.id).is_some_and(|e| e.generation == obj.generation) {
+        if self.index.get(obj.id).is_some_and(|e| e.generation == obj.generation)
+            && obj.purges.load(Ordering::Acquire) == self.prefix_purges.load(Ordering::Acquire)
+        {
             if !h.has_room() {
                 h.regrow(now_secs());
             }
@@ -466,10 +477,31 @@ impl Inner {
     /// already, and its path checked within `HELD_VALID_SECS`.
     pub(super) fn held_fresh(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
         let obj = self.held.as_ref()?.get(id)?;
-        if !obj.verified() || now_secs().saturating_sub(obj.checked.load(Ordering::Relaxed)) >= HELD_VALID_SECS {
+        if !obj.verified()
+            || now_secs().saturating_sub(obj.checked.load(Ordering::Relaxed)) >= HELD_VALID_SECS
+            || !self.held_since_last_purge(&obj)
+        {
             return None;
         }
         Some(obj)
+    }
+
+    /// Whether `obj`, held, was kept by the latest prefix purge (or held
+    /// after it). One held as a purge went through the held files (its
+    /// `hold` checked before the purge counted, its insert came after the
+    /// purge passed) may be under the prefix: dropped, so that it is
+    /// opened again.
+    fn held_since_last_purge(&self, obj: &Arc<OpenObject>) -> bool {
+        if obj.purges.load(Ordering::Acquire) == self.prefix_purges.load(Ordering::Acquire) {
+            return true;
+        }
+        let _guard = self.lock(obj.id);
+        if let Some(h) = &self.held
+            && h.get(obj.id).is_some_and(|o| Arc::ptr_eq(&o, obj))
+        {
+            h.remove(obj.id);
+        }
+        false
     }
 
     /// A checksummed held file past `HELD_VALID_SECS`: kept when the path
@@ -479,7 +511,7 @@ impl Inner {
     pub(super) fn held_recheck(&self, id: ObjectId) -> Option<Arc<OpenObject>> {
         use std::os::unix::fs::MetadataExt;
         let obj = self.held.as_ref()?.get(id)?;
-        if !obj.verified() {
+        if !obj.verified() || !self.held_since_last_purge(&obj) {
             return None;
         }
         match std::fs::symlink_metadata(self.layout.path_of(id)) {

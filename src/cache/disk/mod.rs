@@ -194,6 +194,11 @@ struct Inner {
     shared_dir: AtomicBool,
     /// Files kept open between hits (`cache.open_files`); None: none.
     held: Option<Arc<held::HeldFiles>>,
+    /// Prefix purges this store has been told of
+    /// ([`DiskStore::forget_held_under`]): a file opened before the latest
+    /// (its `OpenObject::purges` older) may be under that prefix and is
+    /// neither held nor taken into the memory tier.
+    prefix_purges: AtomicU64,
     /// The directory is on tmpfs or ramfs: reads never wait for a disk.
     memory_fs: bool,
     /// Where the popularity sketch is kept between runs, once a server
@@ -570,6 +575,7 @@ impl DiskStore {
             } else {
                 cfg.open_files
             }),
+            prefix_purges: AtomicU64::new(0),
             popularity_file: std::sync::OnceLock::new(),
             popularity_saved: AtomicU64::new(0),
             popularity_saving: Mutex::new(()),
@@ -785,10 +791,14 @@ impl DiskStore {
 
     /// Closes the held files of the objects whose URL starts with `prefix`
     /// (a prefix purge: their paths may have been removed, and a held file
-    /// is used without a look at its path).
+    /// is used without a look at its path). A file opened before this and
+    /// not held then (a read under way) is never held nor promoted to the
+    /// memory tier afterwards ([`DiskStore::is_current`]): it may be under
+    /// the prefix. The held files kept are not, and stay current.
     pub fn forget_held_under(&self, prefix: &str) {
+        let now = self.inner.prefix_purges.fetch_add(1, Ordering::AcqRel) + 1;
         if let Some(h) = &self.inner.held {
-            h.forget_under(prefix);
+            h.forget_under(prefix, now);
         }
     }
 
@@ -870,6 +880,9 @@ impl DiskStore {
     /// indexed when it was opened (the start-up scan still running) counts
     /// as current.
     pub fn is_current(&self, obj: &OpenObject) -> bool {
+        if obj.purges.load(Ordering::Acquire) != self.inner.prefix_purges.load(Ordering::Acquire) {
+            return false;
+        }
         obj.generation == 0
             || self
                 .inner
@@ -950,6 +963,34 @@ mod tests {
         put(b"two");
         assert!(!store.is_current(&old), "a newer version was stored");
         assert!(store.is_current(&store.open_blocking(id).expect("stored").file));
+    }
+
+    #[test]
+    fn a_file_opened_before_a_prefix_purge_is_neither_promoted_nor_held_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DiskStore::start_offline(&cfg(dir.path()), &mut |_| {}).unwrap();
+        let put = |url: &str| {
+            let id = CacheKey::from_url(url, false).unwrap().id();
+            let mut w = store.writer_blocking(id, &meta(url)).unwrap();
+            w.write_blocking(b"body").unwrap();
+            w.commit_blocking(0).unwrap();
+            id
+        };
+        let under = put("http://example.com/docs/a");
+        let other = put("http://example.com/other");
+        let read_before = store.open_blocking(under).expect("stored").file;
+        let held = store.open_blocking(other).expect("stored").file;
+        let held_by_store = store.inner.held.as_ref().is_some_and(|h| h.get(other).is_some());
+        assert!(held_by_store, "a file opened is held");
+        store.forget_held_under("http://example.com/docs/");
+        // A read under way as the purge came may be under the prefix.
+        assert!(!store.is_current(&read_before));
+        let h = store.inner.held.as_ref().expect("held files");
+        assert!(h.get(under).is_none(), "the held file under the prefix is closed");
+        // A held file the purge kept was not under it.
+        assert!(store.is_current(&held));
+        // Opened after the purge: current again.
+        assert!(store.is_current(&store.open_blocking(under).expect("stored").file));
     }
 
     #[tokio::test]

@@ -19,6 +19,14 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// What an open read of the store before it opened the file.
+struct Before {
+    /// The object's index entry (None: not indexed).
+    entry: Option<Entry>,
+    /// The store's count of prefix purges.
+    purges: u64,
+}
+
 impl Inner {
     pub(super) fn miss(&self) -> Option<DiskObject> {
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -40,6 +48,7 @@ impl Inner {
     /// of a memory-tier object's file (`DiskStore::check_in_background`,
     /// which has its own counter: none of those).
     pub(super) fn open_for(self: &Arc<Self>, id: ObjectId, request: bool) -> Option<DiskObject> {
+        let purges = self.prefix_purges.load(Ordering::Acquire);
         let entry = self.index.get(id);
         if entry.is_none() && !self.may_exist_unindexed() {
             return self.miss();
@@ -105,7 +114,7 @@ impl Inner {
             Ok(_) => return corrupt("empty key"),
             Err(e) => return corrupt(e.0),
         };
-        Some(self.opened(id, entry, file, env, meta, request))
+        Some(self.opened(id, Before { entry, purges }, file, env, meta, request))
     }
 
     /// What a request's open settles before any file job: Some(None) for
@@ -137,6 +146,7 @@ impl Inner {
         if self.held.as_ref().is_some_and(|h| h.get(id).is_some()) {
             return None;
         }
+        let purges = self.prefix_purges.load(Ordering::Acquire);
         let file = open_read_cached(&self.layout.path_of(id))?;
         let read = |f: &File, buf: &mut [u8], off: u64| self.read_exact_nowait(f, buf, off);
         let env = format::read_envelope_with(&file, &read).ok()?;
@@ -145,7 +155,11 @@ impl Inner {
             self.stats.open_file_misses.fetch_add(1, Ordering::Relaxed);
         }
         self.stats.opens_nowait.fetch_add(1, Ordering::Relaxed);
-        Some(self.opened(id, Some(entry), file, env, meta, true))
+        let before = Before {
+            entry: Some(entry),
+            purges,
+        };
+        Some(self.opened(id, before, file, env, meta, true))
     }
 
     /// Reads `buf.len()` bytes at `off` if the page cache holds them all
@@ -160,15 +174,17 @@ impl Inner {
 
     /// The rest of an open, once the file's envelope has been read and its
     /// metadata decoded: the index and statistics told, the file held.
+    /// `before`: what the store said before the file was opened.
     fn opened(
         self: &Arc<Self>,
         id: ObjectId,
-        entry: Option<Entry>,
+        before: Before,
         file: File,
         env: format::Envelope,
         meta: StoredMeta,
         request: bool,
     ) -> DiskObject {
+        let Before { entry, purges } = before;
         if entry.is_none() && self.scan_done() {
             // Written by another process since our scan: count it from now
             // on, so our GC keeps what we serve within our budget.
@@ -220,6 +236,7 @@ impl Inner {
             trailer: env.trailer,
             verified: AtomicBool::new(verified),
             checked: AtomicU64::new(now_secs()),
+            purges: AtomicU64::new(purges),
             store: Arc::downgrade(self),
         });
         self.hold(&obj);
