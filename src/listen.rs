@@ -32,6 +32,7 @@ pub fn listen_on(cfg: &ListenerConfig, socket: Socket) -> Result<std::net::TcpLi
             crate::util::io_cause(&e)
         );
     }
+    set_buffers(cfg, &socket);
     let backlog = i32::try_from(cfg.listen_queue).unwrap_or(i32::MAX);
     socket
         .listen(backlog)
@@ -45,6 +46,64 @@ pub fn listen_on(cfg: &ListenerConfig, socket: Socket) -> Result<std::net::TcpLi
         );
     }
     Ok(socket.into())
+}
+
+/// Sets `cfg`'s `receive_buffer` and `send_buffer` on the listening
+/// `socket` (before listen(2): the window scale a connection offers in its
+/// handshake is chosen from its receive buffer), which its connections
+/// inherit; a size the kernel caps (`net.core.rmem_max`, `wmem_max`) is
+/// said, with the `sysctl` that lifts the cap. A size of 0 leaves the
+/// kernel's autotuning, which a set size turns off for those connections.
+fn set_buffers(cfg: &ListenerConfig, socket: &Socket) {
+    let receive: BufferCalls = (Socket::set_recv_buffer_size, Socket::recv_buffer_size);
+    let send: BufferCalls = (Socket::set_send_buffer_size, Socket::send_buffer_size);
+    set_buffer(
+        cfg,
+        socket,
+        "receive_buffer",
+        cfg.receive_buffer.bytes(),
+        "net.core.rmem_max",
+        receive,
+    );
+    set_buffer(
+        cfg,
+        socket,
+        "send_buffer",
+        cfg.send_buffer.bytes(),
+        "net.core.wmem_max",
+        send,
+    );
+}
+
+/// The setter and getter of one socket buffer.
+type BufferCalls = (
+    fn(&Socket, usize) -> std::io::Result<()>,
+    fn(&Socket) -> std::io::Result<usize>,
+);
+
+/// One of [`set_buffers`]: `want` bytes (0: left alone) through `calls`,
+/// for `key`, which `sysctl` caps.
+fn set_buffer(cfg: &ListenerConfig, socket: &Socket, key: &str, want: u64, sysctl: &str, calls: BufferCalls) {
+    if want == 0 {
+        return;
+    }
+    let addr = cfg.address;
+    let (set, get) = calls;
+    let want = usize::try_from(want).unwrap_or(usize::MAX);
+    if let Err(e) = set(socket, want) {
+        tracing::warn!("listener {addr}: cannot set {key}: {}", crate::util::io_cause(&e));
+        return;
+    }
+    // Linux reports twice what it keeps room for (the rest is its
+    // bookkeeping), and caps the request at the sysctl first.
+    if let Ok(got) = get(socket)
+        && got / 2 < want
+    {
+        tracing::warn!(
+            "listener {addr}: {key} = {want} bytes is capped at {} by the kernel ({sysctl}); raise it with `sysctl -w {sysctl}={want}`",
+            got / 2
+        );
+    }
 }
 
 /// The socket of a listener, bound to its address but not listening: no

@@ -292,6 +292,17 @@ impl Running {
                             slot.cfg.listen_queue
                         );
                     }
+                    for (key, was, now) in [
+                        ("receive_buffer", slot.cfg.receive_buffer, cfg.receive_buffer),
+                        ("send_buffer", slot.cfg.send_buffer, cfg.send_buffer),
+                    ] {
+                        if was != now {
+                            tracing::warn!(
+                                "reload: listener {} {key} changed ({was} -> {now}): needs restart; keeping {was}",
+                                cfg.address
+                            );
+                        }
+                    }
                     match self.serving(&cfg, &self.config) {
                         Ok(serving) => {
                             slot.serving.store(Arc::new(serving));

@@ -1944,3 +1944,63 @@ fn a_client_table_below_1024_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// `ss -tmn`'s `rb` and `tb` (the receive and send buffers the kernel
+/// keeps, twice the size asked for) of Portico's side of the established
+/// connections to `port`.
+fn socket_buffers(port: u16) -> Option<(u64, u64)> {
+    let out = std::process::Command::new("ss")
+        .args(["-tmnH", "state", "established", "sport", "=", &format!(":{port}")])
+        .output()
+        .expect("ss (Debian iproute2, scripts/install-test-deps)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> Option<u64> {
+        let at = text.find(name)? + name.len();
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    Some((field(",rb")?, field(",tb")?))
+}
+
+/// `receive_buffer` and `send_buffer` are the socket buffers of the
+/// listener's connections (set on the listening socket, which they
+/// inherit), as `ss -tm` shows them; a size over the kernel's cap is said
+/// at start-up with the sysctl that lifts it, and one over 512 MiB is
+/// refused by `portico check`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listeners_socket_buffers_are_its_connections() {
+    let config = |addr: &str, extra: &str| format!("[[listener]]\naddress = \"{addr}\"\n{extra}");
+    let addr = free_addr();
+    let p = Portico::start(&config(&addr, "receive_buffer = \"48KiB\"\nsend_buffer = \"24KiB\"\n")).await;
+    // An unfinished request head keeps the connection open, accepted.
+    let mut c = RawClient::connect(p.addr()).await;
+    c.send(b"GET /.perf HTTP/1.1\r\n").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let buffers = loop {
+        if let Some(b) = socket_buffers(p.addr().port()) {
+            break b;
+        }
+        assert!(std::time::Instant::now() < deadline, "no established connection in ss");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(buffers, (2 * 48 * 1024, 2 * 24 * 1024));
+
+    // Over the kernel's cap: said, with the sysctl.
+    let cap: u64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .expect("rmem_max")
+        .trim()
+        .parse()
+        .expect("a number");
+    if cap * 2 <= 512 << 20 {
+        let p = Portico::start(&config(&free_addr(), &format!("receive_buffer = \"{}B\"\n", cap * 2))).await;
+        let said = p.until_logged("net.core.rmem_max", 1).await;
+        assert!(said.contains(&format!("is capped at {cap} by the kernel")), "{said}");
+    }
+
+    // Over what a socket buffer may be: refused, naming the key.
+    let out = Portico::check(&config("127.0.0.1:1", "send_buffer = \"1GiB\"\n"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("key `listener[0].send_buffer`"),
+        "{said}"
+    );
+}

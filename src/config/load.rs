@@ -245,6 +245,10 @@ fn parent_credentials(c: &Config) -> Result<(), Invalid> {
 /// retransmissions (1, 3, 7, 15, 31, 63 s...), so it would be coarse too.
 const MAX_DEFER_ACCEPT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// The largest `listener.receive_buffer` or `send_buffer`: the kernel
+/// takes an int and doubles it.
+const MAX_SOCKET_BUFFER: u64 = 512 << 20;
+
 /// Checks that are about more than one value: references, duplicates, ranges.
 fn validate(c: &Config) -> Result<(), Invalid> {
     use Seg::{Index, Key};
@@ -263,6 +267,17 @@ fn validate(c: &Config) -> Result<(), Invalid> {
                 vec![Key("listener"), Index(i), Key("busy_file")],
                 "set busy_body or busy_file, not both".into(),
             ));
+        }
+        for (key, size) in [("receive_buffer", l.receive_buffer), ("send_buffer", l.send_buffer)] {
+            if size.bytes() > MAX_SOCKET_BUFFER {
+                return Err((
+                    vec![Key("listener"), Index(i), Key(key)],
+                    format!(
+                        "{size} is more than the {} MiB a socket buffer may be (the kernel takes an int, and doubles it)",
+                        MAX_SOCKET_BUFFER >> 20
+                    ),
+                ));
+            }
         }
         if l.defer_accept.get() > MAX_DEFER_ACCEPT {
             return Err((

@@ -178,6 +178,12 @@ pub struct ListenerConfig {
     /// seconds; 0 = off). Every protocol Portico serves has the client
     /// speak first, so no connection is refused by it.
     pub defer_accept: Dur,
+    /// SO_RCVBUF of the listener's connections (set on the listening
+    /// socket before listen(2), which they inherit); 0 = the kernel's
+    /// autotuning.
+    pub receive_buffer: Size,
+    /// SO_SNDBUF of the listener's connections, likewise; 0 = autotuning.
+    pub send_buffer: Size,
     /// Body of this listener's busy (503) responses; empty = the built-in page.
     pub busy_body: String,
     /// File whose content is the body of busy responses (read at start-up); empty = none.
@@ -234,6 +240,8 @@ impl Default for ListenerConfig {
             listen_queue: 4096,
             nodelay: true,
             defer_accept: Dur::secs(1),
+            receive_buffer: Size(0),
+            send_buffer: Size(0),
             busy_body: String::new(),
             busy_file: PathBuf::new(),
             certificate: Vec::new(),
