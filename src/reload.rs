@@ -282,7 +282,7 @@ impl Running {
                 .find(|l| l.address == slot.cfg.address)
                 .cloned()
             {
-                Some(cfg) => {
+                Some(mut cfg) => {
                     if cfg.listen_queue != slot.cfg.listen_queue {
                         tracing::warn!(
                             "reload: listener {} listen_queue changed ({} -> {}): needs restart; keeping {}",
@@ -303,6 +303,11 @@ impl Running {
                             );
                         }
                     }
+                    // The slot keeps what its socket has, so that a later
+                    // reload compares against that (and warns again).
+                    cfg.listen_queue = slot.cfg.listen_queue;
+                    cfg.receive_buffer = slot.cfg.receive_buffer;
+                    cfg.send_buffer = slot.cfg.send_buffer;
                     match self.serving(&cfg, &self.config) {
                         Ok(serving) => {
                             slot.serving.store(Arc::new(serving));
