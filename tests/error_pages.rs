@@ -28,6 +28,9 @@ fn config(addr: &str, pages: &Path) -> String {
     )
 }
 
+/// A request for a port outside `proxy.http_ports`: refused 403.
+const TO_PORT_25: &str = "GET http://127.0.0.1:25/ HTTP/1.1\r\nHost: 127.0.0.1:25\r\nConnection: close\r\n\r\n";
+
 async fn ask(p: &Portico, request: &str) -> ParsedResponse {
     parse_response(&raw_request(p.addr(), request.as_bytes()).await)
 }
@@ -49,11 +52,7 @@ async fn an_administrators_pages_answer_the_errors_portico_makes() {
     let p = Portico::start(&config(&addr, dir.path())).await;
 
     // A refusal: a port outside proxy.http_ports.
-    let r = ask(
-        &p,
-        "GET http://127.0.0.1:25/ HTTP/1.1\r\nHost: 127.0.0.1:25\r\nConnection: close\r\n\r\n",
-    )
-    .await;
+    let r = ask(&p, TO_PORT_25).await;
     assert_eq!(r.status, 403);
     assert_eq!(
         r.body_str(),
@@ -94,11 +93,7 @@ async fn an_administrators_pages_answer_the_errors_portico_makes() {
     // A reload reads the pages again.
     std::fs::write(dir.path().join("403.html"), "<p>403, newly worded: {message}</p>").expect("rewrite");
     p.reload(&config(&addr, dir.path())).await;
-    let r = ask(
-        &p,
-        "GET http://127.0.0.1:25/ HTTP/1.1\r\nHost: 127.0.0.1:25\r\nConnection: close\r\n\r\n",
-    )
-    .await;
+    let r = ask(&p, TO_PORT_25).await;
     assert_eq!(
         r.body_str(),
         "<p>403, newly worded: requests to this port are not allowed</p>"
@@ -111,11 +106,7 @@ async fn an_administrators_pages_answer_the_errors_portico_makes() {
         said.contains("50x.html") && said.contains("error_pages.directory"),
         "{said}"
     );
-    let r = ask(
-        &p,
-        "GET http://127.0.0.1:25/ HTTP/1.1\r\nHost: 127.0.0.1:25\r\nConnection: close\r\n\r\n",
-    )
-    .await;
+    let r = ask(&p, TO_PORT_25).await;
     assert_eq!(
         r.body_str(),
         "<p>403, newly worded: requests to this port are not allowed</p>"
@@ -129,11 +120,7 @@ async fn without_pages_the_built_in_page_is_sent() {
         free_addr()
     ))
     .await;
-    let r = ask(
-        &p,
-        "GET http://127.0.0.1:25/ HTTP/1.1\r\nHost: 127.0.0.1:25\r\nConnection: close\r\n\r\n",
-    )
-    .await;
+    let r = ask(&p, TO_PORT_25).await;
     assert_eq!(r.status, 403);
     assert_eq!(
         r.body_str(),

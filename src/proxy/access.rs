@@ -34,6 +34,19 @@ impl AllowList {
     }
 }
 
+/// The Basic challenge (`reply::auth_required`) with this configuration's
+/// realm and error pages; `proxy`: 407 rather than 401.
+async fn challenge(ex: &mut Exchange<'_>, sh: &Shared, proxy: bool) -> Outcome {
+    reply::auth_required(
+        &mut ex.out,
+        &sh.error_pages,
+        proxy,
+        &sh.config.auth.realm,
+        reply::AUTH_REQUIRED,
+    )
+    .await
+}
+
 impl ListenerHandler {
     /// The credential step (`[auth]`): reads the listener's credentials
     /// field (`Authorization` on a reverse listener, `Proxy-Authorization`
@@ -76,16 +89,7 @@ impl ListenerHandler {
         let Some((field, creds)) = presented else {
             if sh.config.auth.required || value.is_some() {
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                return Some(
-                    reply::auth_required(
-                        &mut ex.out,
-                        &sh.error_pages,
-                        !reverse,
-                        &sh.config.auth.realm,
-                        reply::AUTH_REQUIRED,
-                    )
-                    .await,
-                );
+                return Some(challenge(ex, sh, !reverse).await);
             }
             return None;
         };
@@ -108,16 +112,7 @@ impl ListenerHandler {
                     groups: Vec::new(),
                 }));
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                Some(
-                    reply::auth_required(
-                        &mut ex.out,
-                        &sh.error_pages,
-                        !reverse,
-                        &sh.config.auth.realm,
-                        reply::AUTH_REQUIRED,
-                    )
-                    .await,
-                )
+                Some(challenge(ex, sh, !reverse).await)
             }
             Err(crate::auth::Refusal::Unavailable(why)) => {
                 // Not `fail`: the error log has the episode's one line
@@ -158,16 +153,7 @@ impl ListenerHandler {
                 tracing::debug!(client = %ex.peer.ip(), "{} {}: acl[{entry}] needs an authenticated user", ex.head.method, ex.head.target);
                 let proxy = tunnel || self.mode != Mode::Reverse;
                 ex.cache_result = Some(super::ACCESS_DENIED);
-                Some(
-                    reply::auth_required(
-                        &mut ex.out,
-                        &sh.error_pages,
-                        proxy,
-                        &sh.config.auth.realm,
-                        reply::AUTH_REQUIRED,
-                    )
-                    .await,
-                )
+                Some(challenge(ex, sh, proxy).await)
             }
         }
     }
