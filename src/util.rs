@@ -303,7 +303,7 @@ pub(crate) fn read_config_file(path: &std::path::Path, max: u64) -> Result<Vec<u
     Ok(bytes)
 }
 
-/// `max` in the largest binary unit that divides it (`1 GiB`, `1024 KiB`).
+/// `max` in the largest binary unit that divides it (`1 GiB`, `64 KiB`).
 fn size_text(max: u64) -> String {
     match max {
         m if m >= 1 << 30 && m % (1 << 30) == 0 => format!("{} GiB", m >> 30),
