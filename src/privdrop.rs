@@ -303,7 +303,7 @@ pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path
             Ok(files
                 .into_iter()
                 // Without blocking on a FIFO (refused when read for real).
-                .filter_map(|(key, path)| match open_nonblocking(&path) {
+                .filter_map(|(key, path)| match crate::util::open_nonblocking(&path) {
                     Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some((key, path, e)),
                     _ => None,
                 })
@@ -329,14 +329,6 @@ pub fn unreadable_by(target: &Target, config: &Config, config_file: Option<&Path
             "cannot check which of the files the configuration names server.user {user:?} can read: {e}"
         )],
     }
-}
-
-fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
 }
 
 /// Gives the calling thread, and only it, `t`'s identity for file access:

@@ -285,12 +285,7 @@ pub(crate) fn log_due(last: &std::sync::atomic::AtomicU64) -> bool {
 /// administrators link these files into place.
 pub(crate) fn read_config_file(path: &std::path::Path, max: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| io_cause(&e))?;
+    let file = open_nonblocking(path).map_err(|e| io_cause(&e))?;
     let meta = file.metadata().map_err(|e| io_cause(&e))?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -301,6 +296,17 @@ pub(crate) fn read_config_file(path: &std::path::Path, max: u64) -> Result<Vec<u
         return Err(format!("larger than {}", size_text(max)));
     }
     Ok(bytes)
+}
+
+/// Opens `path` for reading with `O_NONBLOCK`: a FIFO opens at once
+/// instead of waiting for a writer (reads of a regular file are not
+/// affected by the flag).
+pub(crate) fn open_nonblocking(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// `max` in the largest binary unit that divides it (`1 GiB`, `64 KiB`).

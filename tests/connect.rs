@@ -165,8 +165,7 @@ async fn connect_to_dead_port_is_502() {
 
 /// The `tunnels` section of the JSON statistics.
 async fn tunnels(p: &Portico) -> serde_json::Value {
-    let doc: serde_json::Value = serde_json::from_str(&page(p, "/.stats.json").await).expect("JSON statistics");
-    doc["snapshot"]["tunnels"].clone()
+    stats_snapshot(p).await["tunnels"].clone()
 }
 
 /// CONNECT tunnels are counted: established, open now, and the bytes each
@@ -187,14 +186,7 @@ async fn tunnels_are_counted_open_and_their_bytes_as_they_are_relayed() {
     stream.write_all(b"6789").await.expect("write");
     read_at_least(&mut stream, &mut got, ESTABLISHED.len() + 9).await;
     // Counted just after each write: looked at until it is there.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let open = loop {
-        let t = tunnels(&portico).await;
-        if t["bytes_down"] == 9 || std::time::Instant::now() > deadline {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let open = stats_when(&portico, "9 bytes down", |s| s["tunnels"]["bytes_down"] == 9).await["tunnels"].clone();
     assert_eq!(
         (
             open["established"].as_u64(),
@@ -210,14 +202,7 @@ async fn tunnels_are_counted_open_and_their_bytes_as_they_are_relayed() {
     read_until_eof(&mut stream, Duration::from_secs(10))
         .await
         .expect("closed");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let closed = loop {
-        let t = tunnels(&portico).await;
-        if t["open"] == 0 || std::time::Instant::now() > deadline {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let closed = stats_when(&portico, "no tunnel open", |s| s["tunnels"]["open"] == 0).await["tunnels"].clone();
     assert_eq!(
         (
             closed["established"].as_u64(),

@@ -387,15 +387,8 @@ async fn connect_over_h2_tunnels_a_stream_to_the_target() {
     }
     assert_eq!(text(&got), "ping through h2");
     // Counted as they are relayed, the tunnel still open.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let tunnels = loop {
-        let doc: serde_json::Value = serde_json::from_str(&page(&p, "/.stats.json").await).expect("JSON statistics");
-        let t = doc["snapshot"]["tunnels"].clone();
-        if t["bytes_down"] == 15 || std::time::Instant::now() > deadline {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let tunnels =
+        common::stats_when(&p, "15 bytes down", |s| s["tunnels"]["bytes_down"] == 15).await["tunnels"].clone();
     assert_eq!(
         (
             tunnels["open"].as_u64(),

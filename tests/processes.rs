@@ -689,13 +689,9 @@ async fn purge_and_post_reach_both_workers(disk: &str) {
             // The version fetched after the POST is on the disk (written as
             // it was sent): the CLI removes that file, which a write still
             // under way could put back.
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let deadline = Instant::now() + Duration::from_secs(5);
             while disk_objects(p.dir()) != 1 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{} objects on disk",
-                    disk_objects(p.dir())
-                );
+                assert!(Instant::now() < deadline, "{} objects on disk", disk_objects(p.dir()));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_portico"))

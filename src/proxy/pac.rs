@@ -59,28 +59,24 @@ pub(super) async fn serve(ex: &mut Exchange<'_>, sh: &Shared, mode: Mode) -> Out
     if !sh.allow.allows(ip) && !sh.admin.allows(ip) {
         tracing::warn!(client = %ip, "PAC file request refused: {}", ex.head.target);
         ex.cache_result = Some(super::ACCESS_DENIED);
-        return match super::reply::error_page(
+        let _ = super::reply::error_page(
             &mut ex.out,
             &sh.error_pages,
             StatusCode::FORBIDDEN,
             "Cache access denied",
         )
-        .await
-        {
-            Ok(()) | Err(_) => Outcome::Close,
-        };
+        .await;
+        return Outcome::Close;
     }
     let Some(body) = crate::array::pac_file(&sh.config, ex.local.get(), mode) else {
-        return match super::reply::error_page(
+        let _ = super::reply::error_page(
             &mut ex.out,
             &sh.error_pages,
             StatusCode::NOT_FOUND,
             "no PAC file is configured",
         )
-        .await
-        {
-            Ok(()) | Err(_) => Outcome::Close,
-        };
+        .await;
+        return Outcome::Close;
     };
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(crate::array::pac::CONTENT_TYPE));
